@@ -1,0 +1,173 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "shape", "dtype")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class JoinRequest(_message.Message):
+    __slots__ = ("name", "cores")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    cores: float
+    def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ...) -> None: ...
+
+class JoinReply(_message.Message):
+    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_JSON_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    NUM_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    job_json: str
+    layout: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    num_params: int
+    batch_size: int
+    round: int
+    version: int
+    epoch: int
+    index: int
+    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ...) -> None: ...
+
+class PushHeader(_message.Message):
+    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_VALUES_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    round: int
+    version: int
+    batch_size: int
+    compute_ms: float
+    wire_dtype: str
+    num_values: int
+    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ...) -> None: ...
+
+class PushChunk(_message.Message):
+    __slots__ = ("header", "seq", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: PushHeader
+    seq: int
+    data: bytes
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class ParamsHeader(_message.Message):
+    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    WIRE_DTYPE_FIELD_NUMBER: _ClassVar[int]
+    NUM_VALUES_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    version: int
+    epoch: int
+    batch_size: int
+    done: bool
+    wire_dtype: str
+    num_values: int
+    lr: float
+    global_batch: int
+    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ...) -> None: ...
+
+class ParamsChunk(_message.Message):
+    __slots__ = ("header", "seq", "data")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    header: ParamsHeader
+    seq: int
+    data: bytes
+    def __init__(self, header: _Optional[_Union[ParamsHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class LeaveRequest(_message.Message):
+    __slots__ = ("worker_id",)
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+
+class LeaveReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class WorkerStatus(_message.Message):
+    __slots__ = ("worker_id", "name", "cores", "batch_size", "compute_ms", "updates", "mean_staleness")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    CORES_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    UPDATES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    name: str
+    cores: float
+    batch_size: int
+    compute_ms: float
+    updates: int
+    mean_staleness: float
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., cores: _Optional[float] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., updates: _Optional[int] = ..., mean_staleness: _Optional[float] = ...) -> None: ...
+
+class StatusReply(_message.Message):
+    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    CONTROLLER_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    LAST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
+    ADJUSTMENTS_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    controller: str
+    round: int
+    version: int
+    epoch: int
+    epochs: int
+    done: bool
+    global_batch: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerStatus]
+    last_accuracy: float
+    adjustments: int
+    expected_workers: int
+    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ...) -> None: ...

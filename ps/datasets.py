@@ -1,0 +1,90 @@
+"""Built-in datasets, generated or shipped with a package: nothing is downloaded.
+
+A dataset factory takes (seed, **options) -> Dataset. Every process that builds the same
+(name, options, seed) gets the same tensors and the same train/test split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ps.registry import resolve
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """In-memory train/test tensors; inputs are float32, labels int64."""
+
+    train_x: torch.Tensor
+    train_y: torch.Tensor
+    test_x: torch.Tensor
+    test_y: torch.Tensor
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+    def __post_init__(self) -> None:
+        if len(self.train_x) != len(self.train_y) or len(self.test_x) != len(self.test_y):
+            raise ValueError("dataset inputs and labels differ in length")
+        if len(self.train_x) == 0 or len(self.test_x) == 0:
+            raise ValueError("dataset has an empty train or test split")
+
+
+def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, num_classes: int) -> Dataset:
+    if not 0.0 < test_fraction < 1.0:
+        raise ValueError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    order = np.random.default_rng(seed).permutation(len(x))
+    n_test = max(1, int(round(len(x) * test_fraction)))
+    test, train = order[:n_test], order[n_test:]
+    as_x = lambda idx: torch.from_numpy(np.ascontiguousarray(x[idx], dtype=np.float32))  # noqa: E731
+    as_y = lambda idx: torch.from_numpy(np.ascontiguousarray(y[idx], dtype=np.int64))  # noqa: E731
+    return Dataset(as_x(train), as_y(train), as_x(test), as_y(test), num_classes)
+
+
+def digits(seed: int, test_fraction: float = 0.2) -> Dataset:
+    """scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package), as 1x8x8 in [0, 1]."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.images / 16.0).reshape(-1, 1, 8, 8)
+    return _split(x, data.target, test_fraction, seed, 10)
+
+
+def synthetic(
+    seed: int,
+    size: int = 4096,
+    image_size: int = 32,
+    channels: int = 3,
+    num_classes: int = 10,
+    noise: float = 1.0,
+    test_fraction: float = 0.2,
+) -> Dataset:
+    """Generated images: a fixed random template per class plus Gaussian noise (learnable, any size)."""
+    if size < 2 or image_size < 4 or channels < 1 or num_classes < 2:
+        raise ValueError("synthetic needs size >= 2, image_size >= 4, channels >= 1, num_classes >= 2")
+    rng = np.random.default_rng(seed)
+    templates = rng.normal(0.0, 1.0, (num_classes, channels, image_size, image_size)).astype(np.float32)
+    labels = rng.integers(0, num_classes, size)
+    x = templates[labels] + rng.normal(0.0, noise, (size, channels, image_size, image_size)).astype(np.float32)
+    return _split(x, labels, test_fraction, seed + 1, num_classes)
+
+
+DATASETS: dict[str, Callable[..., Dataset]] = {"digits": digits, "synthetic": synthetic}
+
+
+def build_dataset(name: str, options: dict, seed: int) -> Dataset:
+    """Build the named dataset; errors say which option was wrong."""
+    factory = resolve(name, DATASETS, "dataset")
+    try:
+        dataset = factory(seed, **options)
+    except TypeError as exc:
+        raise ValueError(f"dataset {name!r} rejected its options {options}: {exc}") from exc
+    if not isinstance(dataset, Dataset):
+        raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not ps.datasets.Dataset")
+    return dataset

@@ -1,0 +1,21 @@
+"""Errors the server core raises; the servicer maps each to one gRPC status code."""
+
+
+class ServiceError(Exception):
+    """A request the core refused; the message says what was expected."""
+
+
+class InvalidArgument(ServiceError, ValueError):
+    """Malformed input: wrong length, bad chunk order, non-finite values, bad sizes."""
+
+
+class NotFound(ServiceError):
+    """An unknown worker id."""
+
+
+class FailedPrecondition(ServiceError):
+    """A well-formed request that does not fit the server's state (wrong round, stale version, job full)."""
+
+
+class AlreadyExists(ServiceError):
+    """A name that an active worker already holds."""

@@ -1,0 +1,81 @@
+"""The job spec: defined once on the server, handed to every worker at Join."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+MODES = ("bsp", "asp")
+OPTIMIZERS = ("sgd", "adam")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to train and how; validated on construction so a bad spec never starts a job."""
+
+    mode: str = "bsp"
+    workers: int = 4
+    model: str = "mlp"
+    model_options: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "digits"
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    global_batch: int = 128
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    lr_milestones: tuple[int, ...] = ()
+    lr_gamma: float = 0.1
+    epochs: int = 10
+    seed: int = 0
+    wire_dtype: str = "float32"
+    lr_scaling: bool = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.workers < 1:
+            problems.append(f"workers must be >= 1, got {self.workers}")
+        if self.global_batch < self.workers:
+            problems.append(f"global batch {self.global_batch} must be >= the number of workers {self.workers}")
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            problems.append(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            problems.append(f"weight decay must be >= 0, got {self.weight_decay}")
+        if self.nesterov and self.momentum == 0:
+            problems.append("nesterov needs momentum > 0")
+        if self.epochs < 1:
+            problems.append(f"epochs must be >= 1, got {self.epochs}")
+        if any(m < 1 for m in self.lr_milestones) or list(self.lr_milestones) != sorted(set(self.lr_milestones)):
+            problems.append(f"lr milestones must be increasing epochs >= 1, got {list(self.lr_milestones)}")
+        if not 0 < self.lr_gamma <= 1:
+            problems.append(f"lr gamma must be in (0, 1], got {self.lr_gamma}")
+        if self.wire_dtype not in WIRE_DTYPES:
+            problems.append(f"wire dtype must be one of {WIRE_DTYPES}, got {self.wire_dtype!r}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def lr_at(self, epoch: int) -> float:
+        """The epoch-based step schedule: lr * gamma^(milestones passed)."""
+        return self.lr * self.lr_gamma ** sum(1 for m in self.lr_milestones if epoch >= m)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown job spec fields: {sorted(unknown)}")
+        data["lr_milestones"] = tuple(data.get("lr_milestones", ()))
+        return cls(**data)

@@ -1,0 +1,243 @@
+"""`ps-server`: build the job from the command line and serve it over gRPC until it ends."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+from protos import ps_pb2_grpc
+from ps.controller import BatchController, ControllerConfig
+from ps.coordinator import Coordinator
+from ps.datasets import build_dataset
+from ps.evaluator import BackgroundEvaluator
+from ps.jobspec import JobSpec
+from ps.metrics import MetricsLog
+from ps.models import build_model
+from ps.servicer import ParameterServerServicer
+
+# Payload travels as ~1 MiB chunks; the limit leaves room for headers and rejects anything bigger.
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+GRPC_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """`key=value` strings to a dict; values parse as JSON where they can (numbers, booleans)."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"expected key=value, got {pair!r}")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def parse_adjust_every(text: str) -> int | None:
+    """`epoch` -> None (adjust at epoch ends), or a positive step count."""
+    if text == "epoch":
+        return None
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"--adjust-every takes 'epoch' or a positive integer, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ps-server",
+        description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch controller.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    job = p.add_argument_group("job")
+    job.add_argument("--mode", choices=["bsp", "asp"], default="bsp", help="synchronous rounds or asynchronous updates")
+    job.add_argument("--workers", type=int, default=4, help="workers to wait for before training starts")
+    job.add_argument("--model", default="mlp", help="built-in model (mlp, cnn) or package.module:function")
+    job.add_argument("--model-arg", action="append", default=[], metavar="K=V", help="model option, e.g. hidden=512")
+    job.add_argument("--dataset", default="digits", help="built-in dataset (digits, synthetic) or package.module:function")
+    job.add_argument("--dataset-arg", action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
+    job.add_argument("--epochs", type=int, default=10, help="passes over the training split")
+    job.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights and the data split")
+    opt = p.add_argument_group("optimizer")
+    opt.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="server optimizer (BSP)")
+    opt.add_argument("--lr", type=float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
+    opt.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (BSP)")
+    opt.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty")
+    opt.add_argument("--nesterov", action="store_true", help="Nesterov momentum (SGD)")
+    opt.add_argument("--lr-milestones", default="", help="comma-separated epochs where lr is multiplied by --lr-gamma")
+    opt.add_argument("--lr-gamma", type=float, default=0.1, help="lr factor at each milestone")
+    opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
+    ctl = p.add_argument_group("batch controller")
+    ctl.add_argument("--global-batch", type=int, default=128, help="B, split across the workers")
+    ctl.add_argument("--controller", choices=["uniform", "static", "dynamic"], default="dynamic",
+                     help="equal batches, Eq. 4a from declared cores, or Eq. 6 proportional control")
+    ctl.add_argument("--deadband", type=float, default=0.1, help="relative change below which a batch stays (Eq. 7)")
+    ctl.add_argument("--min-batch", type=int, default=1, help="per-worker lower bound")
+    ctl.add_argument("--max-batch", type=int, default=None, help="per-worker upper bound (unset: the global batch)")
+    ctl.add_argument("--adjust-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
+                     help="controller decision at every epoch end (default) or every N steps")
+    ctl.add_argument("--ewma-alpha", type=float, default=0.3, help="weight of the newest compute time in the EWMA")
+    ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
+                     help="first plan of the dynamic controller")
+    ctl.add_argument("--max-staleness", type=int, default=None, help="ASP: refuse updates older than this many versions")
+    net = p.add_argument_group("server")
+    net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    net.add_argument("--port", type=int, default=50051, help="0 picks a free port (printed at start)")
+    net.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
+    net.add_argument("--wire-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                     help="dtype of parameters and gradients on the wire (fp32 accumulation)")
+    net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
+    net.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer and evaluation")
+    net.add_argument("--grace", type=float, default=10.0, help="seconds to wait for workers to hear the job ended")
+    net.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return p
+
+
+@dataclass
+class Job:
+    spec: JobSpec
+    coordinator: Coordinator
+    evaluator: BackgroundEvaluator
+    metrics: MetricsLog
+
+
+def build_job(args: argparse.Namespace) -> Job:
+    """Validate every argument and build the job; raises ValueError with one clear message."""
+    milestones = tuple(int(m) for m in args.lr_milestones.split(",") if m.strip()) if args.lr_milestones else ()
+    spec = JobSpec(
+        mode=args.mode,
+        workers=args.workers,
+        model=args.model,
+        model_options=parse_options(args.model_arg),
+        dataset=args.dataset,
+        dataset_options=parse_options(args.dataset_arg),
+        global_batch=args.global_batch,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        momentum=args.momentum,
+        weight_decay=args.weight_decay,
+        nesterov=args.nesterov,
+        lr_milestones=milestones,
+        lr_gamma=args.lr_gamma,
+        epochs=args.epochs,
+        seed=args.seed,
+        wire_dtype=args.wire_dtype,
+        lr_scaling=not args.no_lr_scaling,
+    )
+    config = ControllerConfig(
+        policy=args.controller,
+        global_batch=args.global_batch,
+        deadband=args.deadband,
+        min_batch=args.min_batch,
+        max_batch=args.max_batch,
+        ewma_alpha=args.ewma_alpha,
+        keep_global_sum=args.mode == "bsp",
+        dynamic_start=args.dynamic_start,
+    )
+    if args.workers * args.min_batch > args.global_batch:
+        raise ValueError(f"{args.workers} workers x --min-batch {args.min_batch} exceeds --global-batch {args.global_batch}")
+    if args.max_staleness is not None and args.max_staleness < 0:
+        raise ValueError("--max-staleness must be >= 0")
+    if args.threads < 1 or args.grace < 0:
+        raise ValueError("--threads must be >= 1 and --grace >= 0")
+    dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
+    model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
+    eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
+    metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else print_progress)
+    evaluator = BackgroundEvaluator(eval_model, dataset)
+    coordinator = Coordinator(
+        spec,
+        BatchController(config),
+        model,
+        dataset,
+        adjust_every=args.adjust_every,
+        max_staleness=args.max_staleness,
+        metrics=metrics,
+        evaluator=evaluator,
+    )
+    return Job(spec, coordinator, evaluator, metrics)
+
+
+def print_progress(record: dict[str, Any]) -> None:
+    """Human progress lines on stderr for the events a person watches."""
+    event = record["event"]
+    if event == "epoch":
+        batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
+        times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
+        line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | compute ms {times}"
+    elif event == "eval":
+        line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
+    elif event == "adjust" and record.get("changed"):
+        line = "plan: " + " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
+    elif event == "summary":
+        line = "summary: " + json.dumps({k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")})
+    else:
+        return
+    print(line, file=sys.stderr, flush=True)
+
+
+async def serve(job: Job, host: str, port: int, port_file: Path | None, grace: float) -> dict[str, Any]:
+    """Serve the job until it ends; returns the summary record."""
+    server = grpc.aio.server(options=GRPC_OPTIONS)
+    ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(job.coordinator), server)
+    bound = server.add_insecure_port(f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    print(f"ps-server: listening on {host}:{bound} ({job.spec.mode}, waiting for {job.spec.workers} workers)", flush=True)
+    if port_file is not None:
+        port_file.write_text(str(bound))
+    try:
+        await job.coordinator.wait_finished(grace)
+        await asyncio.get_running_loop().run_in_executor(None, job.evaluator.drain)
+        if job.coordinator.evaluations:
+            job.coordinator.last_accuracy = job.coordinator.evaluations[-1][1]
+        return job.metrics.write("summary", **job.coordinator.summary())
+    finally:
+        await server.stop(grace=1.0)
+        job.evaluator.close()
+        job.metrics.close()
+
+
+def run_loop(coro: Any) -> Any:
+    """Run a coroutine on uvloop when it is installed, else asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(coro)
+    return uvloop.run(coro)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    torch.set_num_threads(max(1, args.threads))
+    try:
+        job = build_job(args)
+    except ValueError as exc:
+        print(f"ps-server: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run_loop(serve(job, args.host, args.port, args.port_file, args.grace))
+    except OSError as exc:
+        print(f"ps-server: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

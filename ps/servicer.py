@@ -1,0 +1,129 @@
+"""The gRPC servicer: decode, validate the envelope, call the coordinator, encode. No logic."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import grpc
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps.coordinator import Coordinator, PushMeta, StepReply
+from ps.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ServiceError
+
+_CODES: dict[type[ServiceError], grpc.StatusCode] = {
+    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
+    NotFound: grpc.StatusCode.NOT_FOUND,
+    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
+    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+}
+
+
+def status_code(error: ServiceError) -> grpc.StatusCode:
+    for cls in type(error).__mro__:
+        if cls in _CODES:
+            return _CODES[cls]
+    return grpc.StatusCode.INTERNAL
+
+
+def reply_messages(reply: StepReply) -> list[ps_pb2.ParamsChunk]:
+    """The header message followed by the payload chunks."""
+    header = ps_pb2.ParamsHeader(
+        round=reply.round,
+        version=reply.version,
+        epoch=reply.epoch,
+        batch_size=reply.batch_size,
+        done=reply.done,
+        wire_dtype=reply.wire_dtype,
+        num_values=reply.num_values,
+        lr=reply.lr,
+        global_batch=reply.global_batch,
+    )
+    messages = [ps_pb2.ParamsChunk(header=header, seq=0, data=reply.payload[0])]
+    messages += [ps_pb2.ParamsChunk(seq=i, data=data) for i, data in enumerate(reply.payload[1:], start=1)]
+    return messages
+
+
+class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
+    """Translates RPCs to Coordinator calls and ServiceErrors to gRPC statuses."""
+
+    def __init__(self, coordinator: Coordinator) -> None:
+        self.core = coordinator
+
+    async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
+        try:
+            info = await self.core.join(request.name, request.cores)
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        layout = [ps_pb2.TensorSpec(name=e.name, shape=e.shape, dtype=e.dtype) for e in self.core.layout.entries]
+        return ps_pb2.JoinReply(
+            worker_id=info.worker_id,
+            job_json=self.core.spec.to_json(),
+            layout=layout,
+            num_params=self.core.layout.numel,
+            batch_size=info.batch_size,
+            round=info.round,
+            version=info.version,
+            epoch=info.epoch,
+            index=info.index,
+        )
+
+    async def Push(
+        self, request_iterator: AsyncIterator[ps_pb2.PushChunk], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ps_pb2.ParamsChunk]:
+        receiver = None
+        try:
+            first = await anext(aiter(request_iterator), None)
+            if first is None or not first.HasField("header"):
+                raise InvalidArgument("the first push chunk must carry the header")
+            h = first.header
+            meta = PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values)
+            receiver = self.core.begin_push(meta)
+            receiver.feed(first.seq, first.data)
+            async for chunk in request_iterator:
+                if chunk.HasField("header"):
+                    raise InvalidArgument(f"chunk {chunk.seq} carries a second header; one push per stream")
+                receiver.feed(chunk.seq, chunk.data)
+            reply = await self.core.push(meta, receiver.finish())
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        finally:
+            if receiver is not None:
+                self.core.release(receiver)
+        for message in reply_messages(reply):
+            yield message
+        self.core.note_reply_sent()
+
+    async def Pull(
+        self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[ps_pb2.ParamsChunk]:
+        try:
+            reply = self.core.pull(request.worker_id)
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        for message in reply_messages(reply):
+            yield message
+        self.core.note_reply_sent()
+
+    async def Leave(self, request: ps_pb2.LeaveRequest, context: grpc.aio.ServicerContext) -> ps_pb2.LeaveReply:
+        try:
+            await self.core.leave(request.worker_id)
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        return ps_pb2.LeaveReply()
+
+    async def Status(self, request: ps_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> ps_pb2.StatusReply:
+        s = self.core.status()
+        return ps_pb2.StatusReply(
+            mode=s["mode"],
+            controller=s["controller"],
+            round=s["round"],
+            version=s["version"],
+            epoch=s["epoch"],
+            epochs=s["epochs"],
+            done=s["done"],
+            global_batch=s["global_batch"],
+            adjustments=s["adjustments"],
+            last_accuracy=-1.0 if s["last_accuracy"] is None else s["last_accuracy"],
+            expected_workers=s["expected_workers"],
+            workers=[ps_pb2.WorkerStatus(**w) for w in s["workers"]],
+        )

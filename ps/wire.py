@@ -1,0 +1,158 @@
+"""The wire codec: flat parameter buffers as ~1 MiB chunks, decoded without per-element Python.
+
+Pure: no I/O. The layout (names, shapes, dtypes) is fixed at Join; afterwards only flat
+buffers travel, optionally narrowed to bf16/fp16 (the server accumulates in fp32).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from ps.errors import InvalidArgument
+
+CHUNK_BYTES = 1 << 20
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# numpy has no bfloat16: its bytes travel as int16 and are reinterpreted by torch.
+_NUMPY_CARRIERS = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16}
+
+
+def itemsize(wire_dtype: str) -> int:
+    return _TORCH_DTYPES[check_wire_dtype(wire_dtype)].itemsize
+
+
+def check_wire_dtype(wire_dtype: str) -> str:
+    if wire_dtype not in _TORCH_DTYPES:
+        raise InvalidArgument(f"wire dtype must be one of {sorted(_TORCH_DTYPES)}, got {wire_dtype!r}")
+    return wire_dtype
+
+
+@dataclass(frozen=True)
+class TensorEntry:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Order and shapes of the model's parameters inside the flat buffer."""
+
+    entries: tuple[TensorEntry, ...]
+
+    @property
+    def numel(self) -> int:
+        return sum(e.numel for e in self.entries)
+
+    @classmethod
+    def of(cls, model: nn.Module) -> Layout:
+        return cls(tuple(TensorEntry(n, tuple(p.shape), str(p.dtype).removeprefix("torch.")) for n, p in model.named_parameters()))
+
+    def matches(self, model: nn.Module) -> bool:
+        return self == Layout.of(model)
+
+
+def flatten_params(model: nn.Module) -> torch.Tensor:
+    """All parameters as one new contiguous fp32 vector."""
+    return torch.cat([p.detach().reshape(-1).float() for p in model.parameters()])
+
+
+def flatten_grads(model: nn.Module, out: torch.Tensor | None = None) -> torch.Tensor:
+    """All gradients as one contiguous fp32 vector (zeros where a parameter has no grad)."""
+    params = list(model.parameters())
+    out = torch.empty(sum(p.numel() for p in params)) if out is None else out
+    offset = 0
+    for p in params:
+        n = p.numel()
+        if p.grad is None:
+            out[offset : offset + n].zero_()
+        else:
+            out[offset : offset + n].copy_(p.grad.reshape(-1))
+        offset += n
+    return out
+
+
+def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
+    """Copy a flat vector into the model's parameters in place."""
+    torch.nn.utils.vector_to_parameters(flat.to(next(model.parameters()).dtype), model.parameters())
+
+
+def encode(flat: torch.Tensor, wire_dtype: str = "float32") -> memoryview:
+    """The flat vector's bytes in the wire dtype (one conversion, no per-element Python)."""
+    t = flat.detach().reshape(-1)
+    t = t.to(_TORCH_DTYPES[check_wire_dtype(wire_dtype)]).contiguous()
+    if wire_dtype == "bfloat16":
+        t = t.view(torch.int16)
+    return memoryview(t.numpy()).cast("B")
+
+
+def chunks(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """Slices of the buffer, each at most chunk_bytes (at least one, possibly empty)."""
+    if len(buffer) == 0:
+        yield b""
+        return
+    for start in range(0, len(buffer), chunk_bytes):
+        yield bytes(buffer[start : start + chunk_bytes])
+
+
+def split(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
+    return list(chunks(buffer, chunk_bytes))
+
+
+class FlatReceiver:
+    """Reassembles a chunk stream into a preallocated fp32 tensor, validating as it goes."""
+
+    def __init__(self, out: torch.Tensor, num_values: int, wire_dtype: str) -> None:
+        if num_values != out.numel():
+            raise InvalidArgument(f"buffer has {num_values} values, the layout expects {out.numel()}")
+        self.out = out
+        self._out_np = out.numpy()
+        self.wire_dtype = check_wire_dtype(wire_dtype)
+        self._carrier = _NUMPY_CARRIERS[wire_dtype]
+        self._itemsize = itemsize(wire_dtype)
+        self._filled = 0
+        self._next_seq = 0
+
+    def feed(self, seq: int, data: bytes) -> None:
+        if seq != self._next_seq:
+            raise InvalidArgument(f"chunk out of order: expected seq {self._next_seq}, got {seq}")
+        if len(data) % self._itemsize:
+            raise InvalidArgument(f"chunk {seq} has {len(data)} bytes, not a multiple of {self._itemsize} ({self.wire_dtype})")
+        n = len(data) // self._itemsize
+        if self._filled + n > self.out.numel():
+            raise InvalidArgument(f"too much data: chunk {seq} overruns the {self.out.numel()} expected values")
+        if n:
+            src = np.frombuffer(data, dtype=self._carrier)
+            dst = self._out_np[self._filled : self._filled + n]
+            if self.wire_dtype == "bfloat16":
+                # bf16 is the top half of an fp32: widen the bits, no float arithmetic needed
+                np.left_shift(src.view(np.uint16), 16, out=dst.view(np.uint32), dtype=np.uint32)
+            else:
+                dst[:] = src
+        self._filled += n
+        self._next_seq += 1
+
+    def finish(self, check_finite: bool = True) -> torch.Tensor:
+        if self._filled != self.out.numel():
+            raise InvalidArgument(f"too little data: got {self._filled} of {self.out.numel()} values")
+        if check_finite and not bool(torch.isfinite(self.out).all()):
+            raise InvalidArgument("buffer contains NaN or Inf values")
+        return self.out
+
+
+def decode(parts: Sequence[bytes], num_values: int, wire_dtype: str = "float32") -> torch.Tensor:
+    """Decode a whole chunk list into a new fp32 tensor (tests and small messages)."""
+    receiver = FlatReceiver(torch.empty(num_values), num_values, wire_dtype)
+    for seq, data in enumerate(parts):
+        receiver.feed(seq, data)
+    return receiver.finish(check_finite=False)

@@ -1,0 +1,91 @@
+"""Start real ps-server / ps-worker processes on loopback for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ps.metrics import read_metrics
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
+
+
+@dataclass
+class Cluster:
+    """A server process and its workers; stop() kills whatever is still running."""
+
+    server: subprocess.Popen
+    port: int
+    metrics_path: Path
+    workdir: Path
+    workers: list[subprocess.Popen] = field(default_factory=list)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start_worker(self, name: str, *args: str) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "worker.cli", "--server", self.target, "--name", name, "--quiet", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+        )
+        self.workers.append(proc)
+        return proc
+
+    def wait(self, timeout: float) -> int:
+        """Wait for the server to exit; returns its exit code (kills everything on timeout)."""
+        try:
+            code = self.server.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"server did not finish within {timeout}s; log:\n{self.server_log()}") from None
+        for proc in self.workers:
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        return code
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        events = read_metrics(self.metrics_path) if self.metrics_path.exists() else []
+        return [e for e in events if kind is None or e["event"] == kind]
+
+    def server_log(self) -> str:
+        return (self.workdir / "server.log").read_text()
+
+    def worker_log(self, name: str) -> str:
+        return (self.workdir / f"{name}.log").read_text()
+
+    def stop(self) -> None:
+        for proc in [*self.workers, self.server]:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def start_server(workdir: Path, args: Sequence[str], timeout: float = 60.0) -> Cluster:
+    """Start ps-server on a free port and wait until it listens."""
+    port_file = workdir / "port"
+    metrics = workdir / "metrics.jsonl"
+    log = open(workdir / "server.log", "w")  # noqa: SIM115
+    server = subprocess.Popen(
+        [sys.executable, "-m", "ps.server", "--port", "0", "--port-file", str(port_file), "--metrics-log", str(metrics), *args],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=ENV,
+    )
+    deadline = time.monotonic() + timeout
+    while not (port_file.exists() and port_file.read_text().strip()):
+        if server.poll() is not None or time.monotonic() > deadline:
+            server.kill()
+            raise AssertionError(f"server did not start:\n{(workdir / 'server.log').read_text()}")
+        time.sleep(0.1)
+    return Cluster(server, int(port_file.read_text()), metrics, workdir)

@@ -1,0 +1,56 @@
+"""Batch-weighted aggregation equals one process's gradient on the concatenated batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ps.aggregation import WeightedMean, asp_lr, weighted_mean
+from ps.datasets import build_dataset
+from ps.models import build_model
+from ps.wire import flatten_grads
+
+DATA = build_dataset("digits", {}, 0)
+
+
+def mean_gradient(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    model.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    return flatten_grads(model).clone()
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=5))
+def test_streaming_weighted_mean_equals_concatenated_batch(batches: list[int]) -> None:
+    model = build_model("mlp", DATA.input_shape, 10, {"hidden": 32}, seed=1)
+    offsets = [sum(batches[:i]) for i in range(len(batches) + 1)]
+    x, y = DATA.train_x[: offsets[-1]], DATA.train_y[: offsets[-1]]
+    acc = WeightedMean(sum(p.numel() for p in model.parameters()))
+    grads = []
+    for lo, hi in zip(offsets, offsets[1:]):
+        grads.append(mean_gradient(model, x[lo:hi], y[lo:hi]))
+        acc.add(grads[-1], hi - lo)
+    expected = mean_gradient(model, x, y)
+    assert torch.allclose(acc.result(), expected, atol=1e-5)
+    assert torch.allclose(weighted_mean(grads, batches), expected, atol=1e-5)
+
+
+def test_accumulator_resets_and_refuses_bad_batches() -> None:
+    acc = WeightedMean(3)
+    with pytest.raises(ValueError):
+        acc.add(torch.ones(3), 0)
+    with pytest.raises(ValueError):
+        acc.result()
+    acc.add(torch.ones(3), 2)
+    acc.add(torch.zeros(3), 6)
+    assert torch.allclose(acc.result(), torch.full((3,), 0.25))
+    acc.reset()
+    assert acc.weight == 0 and acc.count == 0
+
+
+def test_asp_lr_scales_by_batch_share() -> None:
+    assert asp_lr(0.4, 32, 128) == pytest.approx(0.1)
+    assert asp_lr(0.4, 32, 128, scaling=False) == 0.4

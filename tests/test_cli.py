@@ -1,0 +1,75 @@
+"""Bad command-line input exits non-zero with one clear line and starts nothing."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from ps.server import main as server_main
+from tests.processes import ENV
+
+
+def run(module: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=ENV, timeout=60)
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "resnet9000"], "unknown model 'resnet9000'"),
+        (["--workers", "0"], "workers must be >= 1"),
+        (["--deadband", "1.0"], "deadband"),
+        (["--deadband", "-0.1"], "deadband"),
+        (["--dataset", "nope"], "unknown dataset 'nope'"),
+        (["--model", "no_such_module_xyz:fn"], "cannot import model module"),
+        (["--adjust-every", "soon"], "--adjust-every"),
+        (["--workers", "8", "--global-batch", "16", "--min-batch", "4"], "exceeds --global-batch"),
+        (["--lr-milestones", "5,3"], "lr milestones"),
+    ],
+)
+def test_server_rejects_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = server_main(["--port", "0", *args])
+    except SystemExit as exc:  # argparse's own errors
+        code = exc.code
+    assert code == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert any(needle in line for line in lines), captured.err
+    assert "listening" not in captured.out
+
+
+def test_server_error_is_one_line_from_a_real_process() -> None:
+    result = run("ps.server", "--port", "0", "--model", "resnet9000")
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "unknown model" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--server", "127.0.0.1:1", "--slowdown", "0.5"], "--slowdown"),
+        (["--server", "nohostport"], "HOST:PORT"),
+        (["--server", "127.0.0.1:1", "--threads", "0"], "--threads"),
+    ],
+)
+def test_worker_rejects_bad_input(args: list[str], needle: str) -> None:
+    result = run("worker.cli", *args)
+    assert result.returncode == 2
+    assert needle in result.stderr and "Traceback" not in result.stderr
+
+
+def test_worker_reports_unreachable_server() -> None:
+    result = run("worker.cli", "--server", "127.0.0.1:1", "--timeout", "1")
+    assert result.returncode == 1
+    assert "no parameter server answered at 127.0.0.1:1" in result.stderr
+
+
+def test_help_lists_required_flags() -> None:
+    out = run("ps.server", "--help").stdout
+    for flag in ["--mode", "--workers", "--model", "--dataset", "--global-batch", "--lr", "--momentum",
+                 "--weight-decay", "--epochs", "--controller", "--deadband", "--min-batch", "--max-batch",
+                 "--adjust-every", "--port", "--metrics-log", "--seed"]:
+        assert flag in out

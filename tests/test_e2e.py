@@ -1,0 +1,86 @@
+"""End to end: a real server and real worker processes on loopback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ps.datasets import build_dataset
+from ps.models import build_model
+from ps.wire import flatten_params
+from tests.processes import start_server
+from worker.client import PSClient
+
+SLOWDOWNS = {"w0": 1.0, "w1": 1.0, "w2": 2.0, "w3": 4.0}
+
+
+def run_cluster(tmp_path: Path, server_args: list[str], timeout: float = 240.0):
+    cluster = start_server(tmp_path, server_args)
+    try:
+        for name, slowdown in SLOWDOWNS.items():
+            cluster.start_worker(name, "--slowdown", str(slowdown))
+        code = cluster.wait(timeout)
+        assert code == 0, cluster.server_log()
+        for name, proc in zip(SLOWDOWNS, cluster.workers):
+            assert proc.returncode == 0, cluster.worker_log(name)
+        return cluster
+    finally:
+        cluster.stop()
+
+
+def test_bsp_dynamic_balances_and_learns(tmp_path: Path) -> None:
+    cluster = run_cluster(
+        tmp_path,
+        ["--mode", "bsp", "--workers", "4", "--model-arg", "hidden=512", "--dataset", "digits",
+         "--global-batch", "256", "--lr", "0.1", "--epochs", "12", "--controller", "dynamic", "--adjust-every", "5"],
+    )
+    (summary,) = cluster.events("summary")
+    assert summary["accuracy"] >= 0.90, summary
+    final = cluster.events("adjust")[-1]["batch_sizes"]
+    assert sum(final.values()) == 256
+    assert final["w3"] < final["w2"] < min(final["w0"], final["w1"]), final
+    evals = cluster.events("eval")
+    assert [e["epoch"] for e in evals] == list(range(1, 13))
+
+
+def test_asp_dynamic_learns(tmp_path: Path) -> None:
+    cluster = run_cluster(
+        tmp_path,
+        ["--mode", "asp", "--workers", "4", "--model-arg", "hidden=512", "--dataset", "digits",
+         "--global-batch", "256", "--lr", "0.5", "--epochs", "12", "--controller", "dynamic", "--adjust-every", "5"],
+    )
+    (summary,) = cluster.events("summary")
+    assert summary["accuracy"] >= 0.85, summary
+    counts = summary["update_counts"]
+    assert sum(counts.values()) == summary["updates"] > 0
+
+
+def test_large_model_round_trips_exactly(tmp_path: Path) -> None:
+    """A >4 MB model crosses the wire in chunks and comes back bit-exact."""
+    hidden = 1100  # 64*1100 + 1100*1100 + ... ≈ 1.3 M parameters ≈ 5.2 MB
+    cluster = start_server(
+        tmp_path,
+        ["--workers", "1", "--model-arg", f"hidden={hidden}", "--global-batch", "8", "--momentum", "0",
+         "--epochs", "1", "--lr", "0.5", "--grace", "1"],
+    )
+    client = PSClient(cluster.target)
+    try:
+        joined = client.join("solo", 1.0)
+        dataset = build_dataset("digits", {}, 0)
+        expected = flatten_params(build_model("mlp", dataset.input_shape, 10, {"hidden": hidden}, 0))
+        assert expected.numel() * 4 > 4 * 1024 * 1024
+        pulled = torch.empty_like(expected)
+        client.pull(joined.worker_id, pulled)
+        assert torch.equal(pulled, expected)
+        grad = torch.randn_like(expected)
+        after = torch.empty_like(expected)
+        plan = client.push(joined.worker_id, grad, after, round=0, version=0, batch_size=8, compute_ms=1.0,
+                           wire_dtype="float32")
+        assert plan.round == 1
+        assert torch.allclose(after, expected - 0.5 * grad, atol=1e-6)
+        client.leave(joined.worker_id)
+    finally:
+        client.close()
+        cluster.stop()

@@ -1,0 +1,85 @@
+"""`ps-worker --server HOST:PORT`: join a job and train with the built-in loop until it ends."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from worker.client import ServerError
+from worker.runtime import Session, connect, default_cores
+
+
+def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
+    """The built-in loop: cross-entropy on the job's data, one push per step."""
+    model = session.model
+    last_log = time.monotonic()
+    for x, y in session.batches():
+        loss = F.cross_entropy(model(x), y)
+        model.zero_grad(set_to_none=False)
+        loss.backward()
+        session.step()
+        if not quiet and time.monotonic() - last_log >= log_every:
+            last_log = time.monotonic()
+            print(
+                f"{session.name}: epoch {session.epoch} step {session.steps} batch {session.batch_size} "
+                f"compute {session.last_compute_ms:.1f} ms loss {float(loss):.4f}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ps-worker",
+        description="Join a parameter server, build the job's model and data, and train until the server ends the job.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--server", required=True, metavar="HOST:PORT", help="the parameter server to join")
+    p.add_argument("--name", default=None, help="worker name shown in logs (unset: host-pid)")
+    p.add_argument("--cores", type=float, default=None, help="declared resources for the static plan (unset: usable CPUs)")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--slowdown", type=float, default=1.0, help="multiply compute time by F (sleeps), to emulate a slow worker")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server to answer")
+    p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads < 1 or args.slowdown < 1.0 or (args.cores is not None and args.cores <= 0):
+        print("ps-worker: error: --threads must be >= 1, --slowdown >= 1 and --cores > 0", file=sys.stderr)
+        return 2
+    if ":" not in args.server:
+        print(f"ps-worker: error: --server must be HOST:PORT, got {args.server!r}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
+    signal.signal(signal.SIGTERM, _terminate)
+    cores = args.cores if args.cores is not None else default_cores()
+    try:
+        with connect(args.server, args.name, cores, args.slowdown, args.timeout) as session:
+            if not args.quiet:
+                print(f"{session.name}: joined as {session.worker_id}, batch {session.batch_size}", file=sys.stderr, flush=True)
+            train(session, args.log_every, args.quiet)
+            if not args.quiet:
+                print(f"{session.name}: job done after {session.steps} steps", file=sys.stderr, flush=True)
+    except ServerError as exc:
+        print(f"ps-worker: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

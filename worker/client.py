@@ -1,0 +1,149 @@
+"""The worker's gRPC client: the only worker module that knows about the transport.
+
+It turns RPCs into plain values: a Joined record at Join, a StepPlan after every push or pull
+(the new parameters are decoded straight into a caller-owned fp32 buffer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps.jobspec import JobSpec
+from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encode, split
+
+MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class ServerError(RuntimeError):
+    """The server refused a call or could not be reached; `code` is the gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Joined:
+    worker_id: str
+    spec: JobSpec
+    layout: Layout
+    batch_size: int
+    round: int
+    version: int
+    epoch: int
+    index: int
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """What the server said about the next step."""
+
+    round: int
+    version: int
+    epoch: int
+    batch_size: int
+    done: bool
+    lr: float
+    global_batch: int
+
+
+def _error(exc: grpc.RpcError) -> ServerError:
+    return ServerError(exc.code().name, exc.details() or "")
+
+
+class PSClient:
+    """Blocking client for one parameter server."""
+
+    def __init__(self, target: str, chunk_bytes: int = CHUNK_BYTES) -> None:
+        self.target = target
+        self.chunk_bytes = max(4, chunk_bytes - chunk_bytes % 4)  # whole values of every wire dtype
+        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def wait_ready(self, timeout: float) -> None:
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+        except grpc.FutureTimeoutError as exc:
+            raise ServerError("UNAVAILABLE", f"no parameter server answered at {self.target} within {timeout:.0f}s") from exc
+
+    def join(self, name: str, cores: float) -> Joined:
+        try:
+            reply = self._stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), wait_for_ready=True)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        layout = Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in reply.layout))
+        return Joined(reply.worker_id, JobSpec.from_json(reply.job_json), layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index)
+
+    def push(
+        self,
+        worker_id: str,
+        values: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        round: int,
+        version: int,
+        batch_size: int,
+        compute_ms: float,
+        wire_dtype: str,
+    ) -> StepPlan:
+        """Stream `values` up; the reply's parameters land in `out`."""
+        header = ps_pb2.PushHeader(
+            worker_id=worker_id,
+            round=round,
+            version=version,
+            batch_size=batch_size,
+            compute_ms=compute_ms,
+            wire_dtype=wire_dtype,
+            num_values=values.numel(),
+        )
+
+        def requests() -> Iterator[ps_pb2.PushChunk]:
+            for seq, data in enumerate(split(encode(values, wire_dtype), self.chunk_bytes)):
+                yield ps_pb2.PushChunk(header=header if seq == 0 else None, seq=seq, data=data)
+
+        try:
+            return _receive(self._stub.Push(requests()), out)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def pull(self, worker_id: str, out: torch.Tensor) -> StepPlan:
+        try:
+            return _receive(self._stub.Pull(ps_pb2.PullRequest(worker_id=worker_id)), out)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def leave(self, worker_id: str) -> None:
+        try:
+            self._stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id))
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def status(self) -> ps_pb2.StatusReply:
+        try:
+            return self._stub.Status(ps_pb2.StatusRequest())
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+
+def _receive(stream: Iterator[ps_pb2.ParamsChunk], out: torch.Tensor) -> StepPlan:
+    first = next(stream)
+    h = first.header
+    receiver = FlatReceiver(out, h.num_values, h.wire_dtype)
+    receiver.feed(first.seq, first.data)
+    for chunk in stream:
+        receiver.feed(chunk.seq, chunk.data)
+    receiver.finish(check_finite=False)
+    return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch)

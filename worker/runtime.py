@@ -1,0 +1,174 @@
+"""The worker runtime as a library: join, iterate batches sized by the server's plan, step.
+
+A custom training loop needs three calls::
+
+    from worker import connect
+    import torch.nn.functional as F
+
+    with connect("127.0.0.1:50051", name="w0") as session:
+        model = session.model
+        for x, y in session.batches():          # sizes follow the server's plan
+            loss = F.cross_entropy(model(x), y)
+            model.zero_grad()
+            loss.backward()
+            session.step()                       # returns once the new parameters are in model
+
+Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
+step() is called; it is what the server's controller balances.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ps.datasets import Dataset, build_dataset
+from ps.jobspec import JobSpec
+from ps.models import build_model
+from ps.wire import Layout, flatten_grads, flatten_params, load_flat
+from worker.client import PSClient, ServerError, StepPlan
+from worker.sampler import ElasticBatchSampler
+
+
+def default_cores() -> float:
+    """CPUs this process may run on."""
+    try:
+        return float(len(os.sched_getaffinity(0)))
+    except AttributeError:
+        return float(os.cpu_count() or 1)
+
+
+class Session:
+    """One worker's membership in a job: its model, data, batch size and step()."""
+
+    def __init__(self, client: PSClient, name: str, cores: float, slowdown: float = 1.0) -> None:
+        if not slowdown >= 1.0:
+            raise ValueError(f"slowdown must be >= 1, got {slowdown}")
+        self.client = client
+        self.slowdown = slowdown
+        joined = client.join(name, cores)
+        self.name = name
+        self.worker_id = joined.worker_id
+        self.spec: JobSpec = joined.spec
+        self.dataset: Dataset = build_dataset(self.spec.dataset, self.spec.dataset_options, self.spec.seed)
+        self.model: nn.Module = build_model(
+            self.spec.model, self.dataset.input_shape, self.dataset.num_classes, self.spec.model_options, self.spec.seed
+        )
+        if Layout.of(self.model) != joined.layout:
+            raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
+        self._params = flatten_params(self.model)
+        self._grads = torch.empty_like(self._params)
+        self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
+        self._apply(client.pull(self.worker_id, self._params))
+        self._fetch_started: float | None = None
+        self.steps = 0
+        self.last_compute_ms = 0.0
+
+    # ------------------------------------------------------------------ the plan
+    def _apply(self, plan: StepPlan) -> None:
+        load_flat(self.model, self._params)
+        self.plan = plan
+        if plan.batch_size > 0:
+            self._sampler.batch_size = plan.batch_size
+
+    @property
+    def batch_size(self) -> int:
+        return self.plan.batch_size
+
+    @property
+    def epoch(self) -> int:
+        return self.plan.epoch
+
+    @property
+    def done(self) -> bool:
+        return self.plan.done
+
+    # ---------------------------------------------------------------- training
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """One batch of the planned size; starts this step's compute timer."""
+        self._fetch_started = time.perf_counter()
+        index = self._sampler.next_batch()
+        return self.dataset.train_x[index], self.dataset.train_y[index]
+
+    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """Batches until the server ends the job; call step() after each."""
+        self.model.train()
+        while not self.done:
+            yield self.next_batch()
+
+    def step(self) -> StepPlan:
+        """Push this step's gradients; return once the new parameters are in the model."""
+        if self._fetch_started is None:
+            raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
+        compute_s = time.perf_counter() - self._fetch_started
+        if self.slowdown > 1.0:
+            time.sleep(compute_s * (self.slowdown - 1.0))
+        compute_ms = (time.perf_counter() - self._fetch_started) * 1000.0
+        self._fetch_started = None
+        grads = flatten_grads(self.model, self._grads)
+        if self.spec.mode == "asp":
+            values = self._asp_update(grads)
+        else:
+            values = grads
+        plan = self.client.push(
+            self.worker_id,
+            values,
+            self._params,
+            round=self.plan.round,
+            version=self.plan.version,
+            batch_size=self._sampler.batch_size,
+            compute_ms=compute_ms,
+            wire_dtype=self.spec.wire_dtype,
+        )
+        self.steps += 1
+        self.last_compute_ms = compute_ms
+        self._apply(plan)
+        return plan
+
+    def _asp_update(self, grads: torch.Tensor) -> torch.Tensor:
+        """Δ = -η_k (g + wd·θ), η_k from the server (η·b_k/B, Eq. 5b)."""
+        if self.spec.weight_decay:
+            grads.add_(self._params, alpha=self.spec.weight_decay)
+        return grads.mul_(-self.plan.lr)
+
+    # --------------------------------------------------------------- lifecycle
+    def leave(self) -> None:
+        """Tell the server this worker is going (not needed once the job is done)."""
+        if not self.done:
+            self.client.leave(self.worker_id)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, exc_type: object, *rest: object) -> None:
+        try:
+            if exc_type is not None:
+                self.leave()
+        except ServerError:
+            pass
+        finally:
+            self.close()
+
+
+def connect(
+    target: str,
+    name: str | None = None,
+    cores: float | None = None,
+    slowdown: float = 1.0,
+    timeout: float = 60.0,
+) -> Session:
+    """Join the parameter server at `target` (HOST:PORT); blocks until the job starts."""
+    client = PSClient(target)
+    try:
+        client.wait_ready(timeout)
+        return Session(client, name or f"{os.uname().nodename}-{os.getpid()}", cores or default_cores(), slowdown)
+    except BaseException:
+        client.close()
+        raise
