@@ -1,0 +1,315 @@
+"""Heterogeneity profiles and schedules: the CPU allocations every emulator in ``deploy/`` applies.
+
+A profile (``deploy/profiles/hl*.yaml``) gives CPU cores per worker for BSP and for ASP (plus the
+parameter server's cores), as in OmniLearn's Table I. A schedule (``deploy/profiles/dynamic.yaml``)
+steps through profiles at a fixed interval of epochs or seconds, as in OmniLearn's Fig. 10. The YAML
+files are the single source: docker-compose env files and cgroup quotas are derived from them, and
+users write their own by copying one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+import yaml
+
+from deploy.cgroups import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US
+
+MODES = ("bsp", "asp")
+"""Training modes a profile can define an allocation for."""
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+"""Where the built-in profiles and schedules live."""
+SERVER_RESERVE = 0.5
+"""Cores :func:`default_cpu_budget` leaves to the parameter server and the system."""
+
+_PROFILE_KEYS = {"kind", "name", "description", *MODES}
+_ALLOCATION_KEYS = {"workers", "server"}
+_SCHEDULE_KEYS = {"kind", "name", "description", "every_epochs", "every_seconds", "phases"}
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """CPU cores of each worker (in worker order) and, optionally, of the parameter server."""
+
+    workers: tuple[float, ...]
+    server: float | None = None
+
+    @property
+    def heterogeneity(self) -> float:
+        """OmniLearn's heterogeneity level (Eq. 3): max cores / min cores."""
+        return max(self.workers) / min(self.workers)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A named set of per-mode allocations."""
+
+    name: str
+    description: str
+    modes: Mapping[str, Allocation]
+    source: Path | None = None
+
+    def allocation(self, mode: str) -> Allocation:
+        """The allocation for ``mode``; ValueError if the mode is unknown or not defined here."""
+        mode = check_mode(mode)
+        if mode not in self.modes:
+            raise ValueError(
+                f"profile {self.name!r} defines no {mode} allocation (it has: {', '.join(self.modes)})"
+            )
+        return self.modes[mode]
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Profiles applied one after another, each for ``every_epochs`` epochs or ``every_seconds``."""
+
+    name: str
+    description: str
+    phases: tuple[Profile, ...]
+    every_epochs: int | None = None
+    every_seconds: float | None = None
+    source: Path | None = None
+
+    @property
+    def unit(self) -> str:
+        """``"epochs"`` or ``"seconds"``: what the interval counts."""
+        return "epochs" if self.every_epochs is not None else "seconds"
+
+    @property
+    def interval(self) -> float:
+        """Length of one phase, in :attr:`unit`."""
+        return float(self.every_epochs if self.every_epochs is not None else self.every_seconds)  # type: ignore[arg-type]
+
+    def phase_index(self, progress: float) -> int:
+        """The phase in force after ``progress`` epochs or seconds; the last phase stays on at the end."""
+        if progress < 0:
+            raise ValueError(f"progress must be >= 0, got {progress}")
+        return min(int(progress // self.interval), len(self.phases) - 1)
+
+    def phase_at(self, progress: float) -> Profile:
+        """The profile in force after ``progress`` epochs or seconds."""
+        return self.phases[self.phase_index(progress)]
+
+    def every(self, *, epochs: int | None = None, seconds: float | None = None) -> Schedule:
+        """The same phases with a different interval (exactly one of ``epochs`` or ``seconds``)."""
+        every_epochs, every_seconds = _interval(
+            {"every_epochs": epochs, "every_seconds": seconds}, "the interval override"
+        )
+        return replace(self, every_epochs=every_epochs, every_seconds=every_seconds)
+
+
+def check_mode(mode: str) -> str:
+    """Return ``mode`` lower-cased; ValueError unless it is bsp or asp."""
+    if not isinstance(mode, str) or mode.lower() not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+    return mode.lower()
+
+
+def _check_share(value: Any, where: str) -> float:
+    """A positive, finite number of cores."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{where} must be a number of CPU cores > 0, got {value!r}")
+    return float(value)
+
+
+def _builtin_files() -> dict[str, tuple[str, Path]]:
+    """Built-in YAML files by name: ``name -> (kind, path)``."""
+    found: dict[str, tuple[str, Path]] = {}
+    for path in sorted(PROFILE_DIR.glob("*.yaml")):
+        data = _read_yaml(path)
+        found[path.stem] = (str(data.get("kind", "profile")), path)
+    return found
+
+
+def builtin_profiles() -> list[str]:
+    """Names of the built-in profiles."""
+    return [name for name, (kind, _) in _builtin_files().items() if kind == "profile"]
+
+
+def builtin_schedules() -> list[str]:
+    """Names of the built-in schedules."""
+    return [name for name, (kind, _) in _builtin_files().items() if kind == "schedule"]
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    """A YAML file's top-level mapping, with file-naming errors."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read: {exc}") from exc
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def _is_path(name_or_path: str | os.PathLike[str]) -> bool:
+    """Whether the argument names a file rather than a built-in."""
+    text = os.fspath(name_or_path)
+    return isinstance(name_or_path, os.PathLike) or os.sep in text or "/" in text or text.endswith((".yaml", ".yml"))
+
+
+def _resolve(name_or_path: str | os.PathLike[str], kind: str, base: Path | None = None) -> Path:
+    """The YAML file a profile or schedule argument refers to."""
+    if _is_path(name_or_path):
+        path = Path(name_or_path).expanduser()
+        if base is not None and not path.is_absolute():
+            path = base / path
+        if not path.is_file():
+            raise ValueError(f"{kind} file {path} does not exist")
+        return path
+    name = os.fspath(name_or_path).strip().lower()
+    builtins = _builtin_files()
+    known = [n for n, (k, _) in builtins.items() if k == kind]
+    if name not in builtins or builtins[name][0] != kind:
+        other = f" ({name!r} is a {builtins[name][0]})" if name in builtins else ""
+        raise ValueError(
+            f"unknown {kind} {os.fspath(name_or_path)!r}{other}; known {kind}s: {', '.join(known)} "
+            "(or pass the path of a YAML file)"
+        )
+    return builtins[name][1]
+
+
+def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
+    """Reject unknown keys, which are usually typos."""
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+
+
+def _check_kind(data: Mapping[str, Any], kind: str, path: Path) -> None:
+    """A file's optional ``kind`` must match what the caller loads."""
+    found = data.get("kind", kind)
+    if found != kind:
+        raise ValueError(f"{path}: kind is {found!r}, expected {kind!r}")
+
+
+def _parse_allocation(data: Any, where: str) -> Allocation:
+    """One mode's allocation."""
+    if not isinstance(data, dict):
+        raise ValueError(f"{where} must be a mapping with 'workers' (and optionally 'server')")
+    _check_keys(data, _ALLOCATION_KEYS, where)
+    workers = data.get("workers")
+    if not isinstance(workers, list) or not workers:
+        raise ValueError(f"{where}.workers must be a non-empty list of CPU cores, one per worker")
+    shares = tuple(_check_share(w, f"{where}.workers[{i}]") for i, w in enumerate(workers))
+    server = data.get("server")
+    return Allocation(shares, None if server is None else _check_share(server, f"{where}.server"))
+
+
+def parse_profile(data: Mapping[str, Any], source: Path) -> Profile:
+    """Build a profile from a YAML mapping read from ``source``; ValueError naming the bad field."""
+    _check_kind(data, "profile", source)
+    _check_keys(data, _PROFILE_KEYS, str(source))
+    modes = {mode: _parse_allocation(data[mode], f"{source}: {mode}") for mode in MODES if mode in data}
+    if not modes:
+        raise ValueError(f"{source}: define at least one of {', '.join(MODES)} with a 'workers' list")
+    return Profile(
+        name=str(data.get("name", source.stem)),
+        description=str(data.get("description", "")),
+        modes=MappingProxyType(modes),
+        source=source,
+    )
+
+
+def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
+    """Load a built-in profile by name (``hl8``) or a profile YAML file by path."""
+    path = _resolve(name_or_path, "profile")
+    return parse_profile(_read_yaml(path), path)
+
+
+def _interval(data: Mapping[str, Any], where: str) -> tuple[int | None, float | None]:
+    """Exactly one of ``every_epochs`` (a positive integer) or ``every_seconds`` (positive)."""
+    epochs, seconds = data.get("every_epochs"), data.get("every_seconds")
+    if (epochs is None) == (seconds is None):
+        raise ValueError(f"{where}: give exactly one of every_epochs or every_seconds")
+    if epochs is not None:
+        if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
+            raise ValueError(f"{where}: every_epochs must be a whole number > 0, got {epochs!r}")
+        return epochs, None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"{where}: every_seconds must be a number > 0, got {seconds!r}")
+    return None, float(seconds)
+
+
+def load_schedule(name_or_path: str | os.PathLike[str]) -> Schedule:
+    """Load a built-in schedule by name (``dynamic``) or a schedule YAML file by path.
+
+    Phases name built-in profiles or profile files (relative paths are taken from the schedule's
+    folder); every phase must have the same number of workers in each mode they all define.
+    """
+    path = _resolve(name_or_path, "schedule")
+    data = _read_yaml(path)
+    _check_kind(data, "schedule", path)
+    _check_keys(data, _SCHEDULE_KEYS, str(path))
+    every_epochs, every_seconds = _interval(data, str(path))
+    names = data.get("phases")
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"{path}: phases must be a non-empty list of profile names or paths")
+    loaded: dict[str, Profile] = {}
+    for name in names:
+        if name not in loaded:
+            try:
+                loaded[name] = parse_profile(_read_yaml(p := _resolve(name, "profile", path.parent)), p)
+            except ValueError as exc:
+                raise ValueError(f"{path}: phase {name!r}: {exc}") from exc
+    phases = tuple(loaded[n] for n in names)
+    for mode in MODES:
+        if all(mode in p.modes for p in phases):
+            counts = {p.name: len(p.modes[mode].workers) for p in phases}
+            if len(set(counts.values())) > 1:
+                raise ValueError(
+                    f"{path}: every phase must have the same number of {mode} workers, got {counts}"
+                )
+    return Schedule(
+        name=str(data.get("name", path.stem)),
+        description=str(data.get("description", "")),
+        phases=phases,
+        every_epochs=every_epochs,
+        every_seconds=every_seconds,
+        source=path,
+    )
+
+
+def scale(profile: Profile, mode: str, cpu_budget: float) -> list[float]:
+    """Per-worker CPU shares, in cores, with the profile's ratios and summing to ``cpu_budget``."""
+    budget = _check_share(cpu_budget, "cpu_budget")
+    workers = profile.allocation(mode).workers
+    total = sum(workers)
+    return [w * budget / total for w in workers]
+
+
+def quota_period_us(shares: Sequence[float]) -> int:
+    """The CFS period (us) for a set of CPU shares (cores): the shortest the kernel accepts for all.
+
+    Every quota ``share * period`` must be at least 1 ms and the period at least 1 ms, so the period
+    is ``1 ms / smallest share``, never under 1 ms: 8 ms for a 1/8-core worker, 1 ms when every
+    share is a core or more. Short periods keep throttling smooth; the period goes past 10 ms only
+    when a share is under 0.1 core, and past the kernel's 1 s limit never (ValueError).
+    """
+    if not shares:
+        raise ValueError("shares must not be empty")
+    smallest = min(_check_share(s, f"shares[{i}]") for i, s in enumerate(shares))
+    period = max(MIN_PERIOD_US, math.ceil(MIN_QUOTA_US / smallest - 1e-6))
+    if period > MAX_PERIOD_US:
+        raise ValueError(
+            f"a share of {smallest:g} core needs a CFS period of {period} us, over the kernel's 1 s "
+            "limit; give the smallest worker at least 0.001 core (raise the CPU budget)"
+        )
+    return period
+
+
+def default_cpu_budget() -> float:
+    """Cores for the workers on this machine: the CPUs this process may use minus 0.5, at least 0.5."""
+    return max(SERVER_RESERVE, len(os.sched_getaffinity(0)) - SERVER_RESERVE)

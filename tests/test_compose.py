@@ -1,0 +1,305 @@
+"""docker-compose cluster: the compose file, the generated env files, the Dockerfile, the CLI."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import shlex
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from deploy import cli
+from deploy.compose_env import DEPLOY_DIR, env_filename, format_cpus, parse_env, render_env
+from deploy.profiles import builtin_profiles, load_profile, load_schedule
+
+COMPOSE = DEPLOY_DIR / "docker-compose.yml"
+REPO = DEPLOY_DIR.parent
+WORKERS = [f"worker{k}" for k in range(4)]
+ENV_FILES = [(name, mode) for name in builtin_profiles() for mode in ("bsp", "asp")]
+_VARIABLE = re.compile(r"\$\{(?P<name>\w+)(?:(?P<op>:-|:\?)(?P<arg>[^}]*))?\}")
+
+
+def interpolate(value: Any, env: dict[str, str]) -> Any:
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` substitution, recursively."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match[str]) -> str:
+        name, op, arg = match["name"], match["op"], match["arg"]
+        if env.get(name):
+            return env[name]
+        if op == ":?":
+            raise KeyError(f"{name}: {arg}")
+        return arg if op == ":-" else ""
+
+    return _VARIABLE.sub(substitute, value)
+
+
+def compose() -> dict[str, Any]:
+    return yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+
+
+def resolved(name: str, mode: str) -> dict[str, Any]:
+    """The compose file with an env file's values substituted, as ``docker compose --env-file``."""
+    env = parse_env((DEPLOY_DIR / env_filename(name, mode)).read_text(encoding="utf-8"))
+    return interpolate(compose(), env)
+
+
+def test_every_service_is_present() -> None:
+    services = compose()["services"]
+    assert set(services) == {"ps-server", *WORKERS}
+    for service in services.values():
+        assert service["image"] == "hetero-ps:local"
+        assert service["build"] == {"context": "..", "dockerfile": "deploy/Dockerfile"}
+
+
+def test_commands() -> None:
+    services = compose()["services"]
+    server = shlex.split(services["ps-server"]["command"])
+    assert server[0] == "ps-server"
+    assert server[server.index("--workers") + 1] == "4"
+    assert server[server.index("--port") + 1] == "50051"
+    for flag in ("--mode", "--model", "--dataset", "--controller", "--epochs", "--global-batch"):
+        assert flag in server
+    for k, worker in enumerate(WORKERS):
+        command = shlex.split(services[worker]["command"])
+        assert command[:5] == ["ps-worker", "--server", "ps-server:50051", "--name", f"w{k}"]
+        assert command[command.index("--cores") + 1] == f"${{W{k}_CPUS}}"
+        assert services[worker]["cpus"].startswith(f"${{W{k}_CPUS")
+
+
+def test_top_comment_documents_one_command_per_env_file() -> None:
+    header = COMPOSE.read_text(encoding="utf-8").split("\nname:")[0]
+    for name, mode in ENV_FILES:
+        assert (
+            f"docker compose -f deploy/docker-compose.yml --env-file deploy/{env_filename(name, mode)} up"
+            in header
+        )
+
+
+@pytest.mark.parametrize(("name", "mode"), ENV_FILES)
+def test_env_files_are_fresh(name: str, mode: str) -> None:
+    committed = (DEPLOY_DIR / env_filename(name, mode)).read_text(encoding="utf-8")
+    assert committed == render_env(load_profile(name), mode), (
+        f"deploy/{env_filename(name, mode)} is stale: regenerate it with "
+        f"ps-cluster compose-env --profile {name} --mode {mode} -o deploy/{env_filename(name, mode)}"
+    )
+
+
+def test_no_env_file_without_a_profile() -> None:
+    expected = {env_filename(name, mode) for name, mode in ENV_FILES}
+    assert {p.name for p in DEPLOY_DIR.glob("*.env")} == expected
+
+
+@pytest.mark.parametrize(("name", "mode"), ENV_FILES)
+def test_every_container_gets_the_profile_allocation(name: str, mode: str) -> None:
+    services = resolved(name, mode)["services"]
+    allocation = load_profile(name).allocation(mode)
+    for worker, cores in zip(WORKERS, allocation.workers, strict=True):
+        assert float(services[worker]["cpus"]) == pytest.approx(cores)
+        command = shlex.split(services[worker]["command"])
+        assert float(command[command.index("--cores") + 1]) == pytest.approx(cores)
+        assert int(command[command.index("--threads") + 1]) >= 1
+    server = shlex.split(services["ps-server"]["command"])
+    assert server[server.index("--mode") + 1] == mode
+    expected_server = allocation.server if allocation.server is not None else 0
+    assert float(services["ps-server"]["cpus"]) == pytest.approx(expected_server)
+
+
+def test_missing_env_file_is_an_error_not_an_unlimited_worker() -> None:
+    with pytest.raises(KeyError, match="W0_CPUS: pass an env file"):
+        interpolate(compose()["services"]["worker0"], {})
+
+
+def test_job_defaults() -> None:
+    server = shlex.split(resolved("hl1", "bsp")["services"]["ps-server"]["command"])
+    assert server[server.index("--model") + 1] == "cnn"
+    assert server[server.index("--dataset") + 1] == "synthetic"
+    assert server[server.index("--controller") + 1] == "dynamic"
+    assert server[server.index("--epochs") + 1] == "10"
+    assert server[server.index("--global-batch") + 1] == "512"
+
+
+@functools.cache
+def compose_schema() -> dict[str, Any]:
+    """The compose specification's JSON schema, as vendored by check-jsonschema."""
+    pytest.importorskip("check_jsonschema", reason="pip install check-jsonschema for the compose schema")
+    vendor = resources.files("check_jsonschema.builtin_schemas.vendor")
+    return json.loads(vendor.joinpath("compose-spec.json").read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize(("name", "mode"), [(None, None), *ENV_FILES])
+def test_compose_file_matches_the_compose_specification(name: str | None, mode: str | None) -> None:
+    import jsonschema
+
+    document = compose() if name is None else resolved(name, mode)  # type: ignore[arg-type]
+    schema = compose_schema()
+    validator = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
+    assert errors == []
+
+
+def test_dockerfile_pins_torch_like_pyproject() -> None:
+    dockerfile = (DEPLOY_DIR / "Dockerfile").read_text(encoding="utf-8")
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+    torch = next(d for d in pyproject["project"]["dependencies"] if d.startswith("torch"))
+    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
+    assert f'"{torch}"' in dockerfile
+    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in dockerfile
+    assert re.search(r"pip install .*\s\.\s", dockerfile)
+
+
+@pytest.mark.parametrize(
+    ("cores", "text"), [(6.0, "6"), (0.1875, "0.1875"), (1.0, "1"), (0.125, "0.125"), (2 / 3, "0.6667")]
+)
+def test_format_cpus(cores: float, text: str) -> None:
+    assert format_cpus(cores) == text
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_compose_env_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    code, out, _ = run_cli(capsys, "compose-env", "--profile", "hl8", "--mode", "asp")
+    assert code == 0
+    assert out == (DEPLOY_DIR / "hl8-asp.env").read_text(encoding="utf-8")
+    target = tmp_path / "small.env"
+    assert run_cli(capsys, "compose-env", "--profile", "hl8", "--scale", "0.03125", "-o", str(target))[0] == 0
+    values = parse_env(target.read_text(encoding="utf-8"))
+    assert [float(values[f"W{k}_CPUS"]) for k in range(4)] == [0.1875, 0.1875, 0.125, 1.0]
+    assert [values[f"W{k}_THREADS"] for k in range(4)] == ["1"] * 4
+    assert values["MODE"] == "bsp" and values["PS_CPUS"] == "0"
+    assert "--scale 0.03125" in target.read_text(encoding="utf-8").splitlines()[0]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["compose-env", "--profile", "hl3"], "unknown profile 'hl3'; known profiles: hl1, hl2, hl4, hl8"),
+        (["compose-env", "--profile", "hl8", "--scale", "0"], "expected a number > 0"),
+        (["compose-env", "--profile", "hl8", "--scale", "0.0001"], "docker needs at least 0.01"),
+        (["compose-env", "--profile", "hl8", "--mode", "ssp"], "invalid choice"),
+        (["compose-env"], "--profile"),
+        (["docker-schedule", "--schedule", "dynamic", "--dry-run"], "pass --every-seconds N"),
+        (["docker-schedule", "--schedule", "hl8", "--every-seconds", "5", "--dry-run"], "'hl8' is a profile"),
+        ([], "COMMAND"),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_2(
+    capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    try:
+        code: object
+        code, out, err = run_cli(capsys, *argv)
+    except SystemExit as exc:
+        code, (out, err) = exc.code, capsys.readouterr()
+    assert code == 2
+    assert out == ""
+    assert err.count("\n") == 1 and err.startswith("ps-cluster")
+    assert message in err
+
+
+def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in ([], ["compose-env"], ["docker-schedule"], ["list"]):
+        with pytest.raises(SystemExit) as info:
+            cli.main([*argv, "--help"])
+        assert info.value.code == 0
+    assert "docker-schedule" in capsys.readouterr().out
+
+
+def test_list(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "list")
+    assert code == 0
+    assert "hl8      asp: workers 4, 4, 4, 28, server 8 (HL 7)" in out
+    assert "dynamic  every 5 epochs: hl1 -> hl2 -> hl4 -> hl8 -> hl8 -> hl4 -> hl2 -> hl1" in out
+
+
+def parse_script(script: str) -> list[tuple[str, list[list[str]]]]:
+    """A dry run's phases: (profile, docker commands), checking the sleeps between them."""
+    phases: list[tuple[str, list[list[str]]]] = []
+    for line in script.splitlines():
+        if line.startswith("# phase"):
+            phases.append((line.rsplit(": ", 1)[1], []))
+        elif line.startswith("sleep "):
+            assert phases and phases[-1][1], "sleep before any command"
+        else:
+            phases[-1][1].append(shlex.split(line))
+    return phases
+
+
+@pytest.mark.parametrize("mode", ["bsp", "asp"])
+def test_docker_schedule_dry_run(capsys: pytest.CaptureFixture[str], mode: str) -> None:
+    code, out, _ = run_cli(
+        capsys, "docker-schedule", "--schedule", "dynamic", "--every-seconds", "90", "--mode", mode, "--dry-run"
+    )
+    assert code == 0
+    assert out.count("sleep 90\n") == 7
+    phases = parse_script(out)
+    schedule = load_schedule("dynamic")
+    assert [profile for profile, _ in phases] == [p.name for p in schedule.phases]
+    for (_, commands), profile in zip(phases, schedule.phases, strict=True):
+        allocation = profile.allocation(mode)
+        expected = [
+            ["docker", "update", "--cpus", format_cpus(c), f"hetero-ps-worker{k}-1"]
+            for k, c in enumerate(allocation.workers)
+        ]
+        if mode == "asp":
+            expected.insert(0, ["docker", "update", "--cpus", "8", "hetero-ps-ps-server-1"])
+        assert commands == expected
+
+
+def test_docker_schedule_scale_and_project(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(
+        capsys, "docker-schedule", "--schedule", "dynamic", "--every-seconds", "1", "--scale", "0.25",
+        "--project", "exp1", "--dry-run",
+    )
+    assert code == 0
+    hl8 = parse_script(out)[3]
+    assert hl8[0] == "hl8"
+    assert [c[3] for c in hl8[1]] == ["1.5", "1.5", "1", "8"]
+    assert [c[4] for c in hl8[1]] == [f"exp1-worker{k}-1" for k in range(4)]
+
+
+def test_docker_schedule_uses_the_schedule_seconds(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text("kind: schedule\nevery_seconds: 12\nphases: [hl1, hl8]\n", encoding="utf-8")
+    code, out, _ = run_cli(capsys, "docker-schedule", "--schedule", str(path), "--dry-run")
+    assert code == 0
+    assert "sleep 12\n" in out and len(parse_script(out)) == 2
+
+
+def test_docker_schedule_applies_phases_on_time() -> None:
+    from deploy import docker_schedule
+
+    phases = docker_schedule.plan(load_schedule("dynamic"), "bsp", 10.0)
+    now = [100.0]
+    ran: list[tuple[float, list[str]]] = []
+
+    def sleep(seconds: float) -> None:
+        now[0] += seconds
+
+    class Sink:
+        def write(self, text: str) -> None:
+            pass
+
+        def flush(self) -> None:
+            pass
+
+    docker_schedule.apply(
+        phases, out=Sink(), run=lambda argv: ran.append((now[0], argv)), sleep=sleep, clock=lambda: now[0]  # type: ignore[arg-type]
+    )
+    assert len(ran) == 8 * 4
+    assert [t for t, _ in ran[::4]] == [100.0 + 10 * i for i in range(8)]
