@@ -192,6 +192,20 @@ def proportional_targets(batches: Mapping[str, int], times_ms: Mapping[str, floa
     return {k: b[k] * (mean / t[k]) for k in b}
 
 
+def total_preserving(targets: Mapping[str, float], batches: Mapping[str, int]) -> dict[str, float]:
+    """Eq. 6 targets rescaled so they sum to the same workers' current total (ASP).
+
+    ASP has no sum rule to pull the total back, and Eq. 6 with the arithmetic-mean time inflates it
+    at every step when speeds differ (mean t >= sum b / sum T), compounding (HL8: 128 -> 241).
+    Taking t_bar as the cluster's time at its current total instead keeps sum(b) where it is.
+    """
+    total = math.fsum(targets.values())
+    if not targets or total <= 0:
+        return dict(targets)
+    scale = math.fsum(batches[k] for k in targets) / total
+    return {k: v * scale for k, v in targets.items()}
+
+
 def outside_deadband(current: int, target: float, deadband: float) -> bool:
     """Eq. 7: True when |target - current| / target >= deadband, i.e. the change is worth making.
 
@@ -524,6 +538,8 @@ class BatchController:
         times = {k: w.ewma_ms for k, w in self._workers.items() if w.ewma_ms is not None and w.ewma_ms > 0}
         targets = proportional_targets({k: current[k] for k in times}, times)
         targets = {k: v for k, v in targets.items() if math.isfinite(v)}
+        if not cfg.keep_global_sum:
+            targets = total_preserving(targets, current)
         movers = [k for k, t in targets.items() if outside_deadband(current[k], t, cfg.deadband)]
         if not cfg.keep_global_sum:
             lower, upper = self._bounds()

@@ -19,6 +19,7 @@ from ps.controller import (
     largest_remainder,
     outside_deadband,
     proportional_targets,
+    total_preserving,
 )
 
 FAST = settings(max_examples=40, deadline=None)
@@ -585,7 +586,7 @@ def test_asp_adjust_rounds_and_clips_without_sum_rule() -> None:
     ctl.replan()
     for k, t in {"w0": 2.0, "w1": 8.0, "w2": 5.0}.items():
         ctl.observe(k, {"w0": 22, "w1": 21, "w2": 21}[k], t)
-    assert ctl.adjust() == {"w0": 50, "w1": 13, "w2": 21}
+    assert ctl.adjust() == {"w0": 39, "w1": 9, "w2": 15}  # t_bar = 64 / sum(T): the total stays near 64
     assert ctl.adjustments == 1
 
 
@@ -730,6 +731,8 @@ def checked_adjust(ctl: BatchController) -> None:
     before = ctl.plan()
     times = {k: t for k, t in ctl.smoothed_ms().items() if t is not None and t > 0}
     targets = proportional_targets({k: before[k] for k in times}, times) if times else {}
+    if not cfg.keep_global_sum:
+        targets = total_preserving(targets, before)
     movers = {k for k, t in targets.items() if outside_deadband(before[k], t, cfg.deadband)}
     count = ctl.adjustments
     after = ctl.adjust()
@@ -907,3 +910,20 @@ def test_converges_for_random_speeds_with_fixed_cost(
     assert run_to_steady(ctl, speeds, intercept) <= 8
     assert sum(ctl.plan().values()) == global_batch
     assert balanced(ctl.plan(), speeds, intercept, deadband)
+
+
+def test_asp_total_does_not_drift_on_hl8_speeds() -> None:
+    """Without a sum rule, Eq. 6's arithmetic-mean t_bar would inflate sum(b); ASP keeps it near B."""
+    speeds = {"a": 6.0, "b": 6.0, "c": 4.0, "d": 32.0}
+    ctl = BatchController(ControllerConfig(policy="dynamic", global_batch=128, keep_global_sum=False))
+    for name in speeds:
+        ctl.add_worker(name)
+    ctl.replan()
+    for _ in range(30):
+        for name, b in ctl.plan().items():
+            ctl.observe(name, b, b / speeds[name])
+        ctl.adjust()
+    plan = ctl.plan()
+    assert abs(sum(plan.values()) - 128) <= 0.1 * 128 + len(plan)
+    times = [b / speeds[k] for k, b in plan.items()]
+    assert max(times) / min(times) <= 1.25
