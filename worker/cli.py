@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from worker.client import ServerError
+from ps.security import TOKEN_ENV, resolve_token
+from worker.client import ServerError, channel_credentials
 from worker.runtime import Session, connect, default_cores
 
 
@@ -46,8 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--slowdown", type=float, default=1.0, help="multiply compute time by F (sleeps), to emulate a slow worker")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server to answer")
+    p.add_argument("--retry-for", type=float, default=120.0,
+                   help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
     p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
+    p.add_argument("--tls-ca", default=None, metavar="PATH", help="connect over TLS, trusting this PEM CA")
+    p.add_argument("--tls-cert", default=None, metavar="PATH", help="mutual TLS: this worker's PEM certificate")
+    p.add_argument("--tls-key", default=None, metavar="PATH", help="mutual TLS: the PEM private key of --tls-cert")
+    p.add_argument("--token", default=None, help=f"token sent with every call (unset: ${TOKEN_ENV})")
     return p
 
 
@@ -63,11 +70,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ":" not in args.server:
         print(f"ps-worker: error: --server must be HOST:PORT, got {args.server!r}", file=sys.stderr)
         return 2
+    try:
+        token = resolve_token(args.token)
+        channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+    except ValueError as exc:
+        print(f"ps-worker: error: {exc}", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     signal.signal(signal.SIGTERM, _terminate)
     cores = args.cores if args.cores is not None else default_cores()
     try:
-        with connect(args.server, args.name, cores, args.slowdown, args.timeout) as session:
+        with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for,
+                     token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id}, batch {session.batch_size}", file=sys.stderr, flush=True)
             train(session, args.log_every, args.quiet)

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, NamedTuple
 
 import grpc
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.jobspec import JobSpec
+from ps.security import PathArg, bearer, read_pem, resolve_token
 from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encode, split
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -42,6 +44,7 @@ class Joined:
     version: int
     epoch: int
     index: int
+    heartbeat_interval_s: float
 
 
 @dataclass(frozen=True)
@@ -55,19 +58,107 @@ class StepPlan:
     done: bool
     lr: float
     global_batch: int
+    reason: str = ""
 
 
 def _error(exc: grpc.RpcError) -> ServerError:
     return ServerError(exc.code().name, exc.details() or "")
 
 
+class _CallDetails(NamedTuple):
+    method: str
+    timeout: float | None
+    metadata: Any
+    credentials: Any
+    wait_for_ready: bool | None
+    compression: Any
+
+
+class _TokenInterceptor(
+    grpc.UnaryUnaryClientInterceptor,
+    grpc.UnaryStreamClientInterceptor,
+    grpc.StreamUnaryClientInterceptor,
+    grpc.StreamStreamClientInterceptor,
+):
+    """Adds `authorization: Bearer <token>` to every call made on the channel."""
+
+    def __init__(self, token: str) -> None:
+        self._pair = bearer(token)
+
+    def _with_token(self, details: grpc.ClientCallDetails) -> _CallDetails:
+        metadata = (*(details.metadata or ()), self._pair)
+        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
+                            details.wait_for_ready, getattr(details, "compression", None))
+
+    def intercept_unary_unary(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_unary_stream(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
+        return continuation(self._with_token(details), request)
+
+    def intercept_stream_unary(self, continuation: Any, details: grpc.ClientCallDetails, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+    def intercept_stream_stream(self, continuation: Any, details: grpc.ClientCallDetails, requests: Any) -> Any:
+        return continuation(self._with_token(details), requests)
+
+
+def channel_credentials(
+    tls_ca: PathArg | None, tls_cert: PathArg | None = None, tls_key: PathArg | None = None
+) -> grpc.ChannelCredentials | None:
+    """TLS credentials trusting `tls_ca` (None: plaintext), with a client certificate for mutual TLS.
+
+    Raises ValueError with one clear line for a missing or unreadable file or a bad combination.
+    """
+    if (tls_cert is None) != (tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if tls_ca is None:
+        if tls_cert is not None:
+            raise ValueError("--tls-cert/--tls-key need --tls-ca (the CA that signed the server's certificate)")
+        return None
+    ca = read_pem("--tls-ca", tls_ca)
+    cert = read_pem("--tls-cert", tls_cert) if tls_cert is not None else None
+    key = read_pem("--tls-key", tls_key) if tls_key is not None else None
+    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
+
+
+def open_channel(
+    target: str,
+    *,
+    token: str | None = None,
+    tls_ca: PathArg | None = None,
+    tls_cert: PathArg | None = None,
+    tls_key: PathArg | None = None,
+) -> grpc.Channel:
+    """A channel to `target`: TLS when `tls_ca` is given, the token on every call when given."""
+    credentials = channel_credentials(tls_ca, tls_cert, tls_key)
+    if token is not None:
+        token = resolve_token(token)
+    if credentials is None:
+        channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+    else:
+        channel = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
+    if token is not None:
+        channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
+    return channel
+
+
 class PSClient:
     """Blocking client for one parameter server."""
 
-    def __init__(self, target: str, chunk_bytes: int = CHUNK_BYTES) -> None:
+    def __init__(
+        self,
+        target: str,
+        chunk_bytes: int = CHUNK_BYTES,
+        *,
+        token: str | None = None,
+        tls_ca: PathArg | None = None,
+        tls_cert: PathArg | None = None,
+        tls_key: PathArg | None = None,
+    ) -> None:
         self.target = target
         self.chunk_bytes = max(4, chunk_bytes - chunk_bytes % 4)  # whole values of every wire dtype
-        self._channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
+        self._channel = open_channel(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
 
     def close(self) -> None:
@@ -79,13 +170,15 @@ class PSClient:
         except grpc.FutureTimeoutError as exc:
             raise ServerError("UNAVAILABLE", f"no parameter server answered at {self.target} within {timeout:.0f}s") from exc
 
-    def join(self, name: str, cores: float) -> Joined:
+    def join(self, name: str, cores: float, timeout: float | None = None) -> Joined:
+        """Join; blocks (waiting for the server too) until admitted, or `timeout` seconds."""
         try:
-            reply = self._stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), wait_for_ready=True)
+            reply = self._stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
         layout = Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in reply.layout))
-        return Joined(reply.worker_id, JobSpec.from_json(reply.job_json), layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index)
+        return Joined(reply.worker_id, JobSpec.from_json(reply.job_json), layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index,
+                      reply.heartbeat_interval_s or 1.0)
 
     def push(
         self,
@@ -131,6 +224,12 @@ class PSClient:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
+    def heartbeat(self, worker_id: str) -> ps_pb2.HeartbeatReply:
+        try:
+            return self._stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=worker_id), timeout=10)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
     def status(self) -> ps_pb2.StatusReply:
         try:
             return self._stub.Status(ps_pb2.StatusRequest())
@@ -146,4 +245,4 @@ def _receive(stream: Iterator[ps_pb2.ParamsChunk], out: torch.Tensor) -> StepPla
     for chunk in stream:
         receiver.feed(chunk.seq, chunk.data)
     receiver.finish(check_finite=False)
-    return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch)
+    return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason)

@@ -1,0 +1,169 @@
+"""Transport security and authentication for `ps-server`: TLS / mutual TLS and a shared bearer token.
+
+The token travels as call metadata (`authorization: Bearer <token>`) and is checked by a server
+interceptor before any RPC reaches the servicer, so a refused call changes nothing. Without TLS the
+token crosses the network in clear; `ps-server` warns about it.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import ssl
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+
+PathArg = str | os.PathLike[str]
+
+TOKEN_ENV = "PS_TOKEN"
+METADATA_KEY = "authorization"
+SCHEME = "Bearer"
+
+
+def resolve_token(flag: str | None, env: Mapping[str, str] = os.environ) -> str | None:
+    """The token from `--token`, else from $PS_TOKEN (unset or empty: no token); ValueError if unusable.
+
+    A token must be printable ASCII without spaces: it travels as a gRPC metadata value.
+    """
+    token = flag if flag is not None else (env.get(TOKEN_ENV) or None)
+    if token is None:
+        return None
+    source = "--token" if flag is not None else f"${TOKEN_ENV}"
+    if not token:
+        raise ValueError(f"{source} is empty")
+    if not all("!" <= c <= "~" for c in token):
+        raise ValueError(f"{source} must be printable ASCII without spaces")
+    return token
+
+
+def bearer(token: str) -> tuple[str, str]:
+    """The metadata pair a client sends with every call."""
+    return (METADATA_KEY, f"{SCHEME} {token}")
+
+
+def read_pem(flag: str, path: PathArg) -> bytes:
+    """The bytes of a PEM file named by `flag`; ValueError with one clear line if it is not one."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise ValueError(f"{flag} {path}: cannot read ({exc.strerror or exc})") from None
+    if b"-----BEGIN " not in data:
+        raise ValueError(f"{flag} {path}: not a PEM file")
+    return data
+
+
+def server_credentials(cert: PathArg, key: PathArg, client_ca: PathArg | None = None) -> grpc.ServerCredentials:
+    """TLS credentials from PEM files; with `client_ca`, clients must present a certificate it signed.
+
+    Checks with the standard library that the certificate and key load and match, so a bad pair is
+    an error at startup rather than a failed handshake later.
+    """
+    cert_pem, key_pem = read_pem("--tls-cert", cert), read_pem("--tls-key", key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    try:
+        context.load_cert_chain(cert, key, password=lambda: b"")
+    except ssl.SSLError as exc:
+        raise ValueError(f"--tls-cert {cert} / --tls-key {key}: not a matching certificate and unencrypted private key ({exc.reason or exc})") from None
+    ca_pem = None
+    if client_ca is not None:
+        ca_pem = read_pem("--tls-client-ca", client_ca)
+        try:
+            context.load_verify_locations(cafile=str(client_ca))
+        except ssl.SSLError as exc:
+            raise ValueError(f"--tls-client-ca {client_ca}: not a PEM CA certificate ({exc.reason or exc})") from None
+    return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=ca_pem is not None)
+
+
+class TokenInterceptor(grpc.aio.ServerInterceptor):
+    """Refuses every RPC whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED.
+
+    A refused call is answered by a handler of the same kind that aborts at once: the servicer is
+    never called and request streams are not read. The comparison runs in constant time.
+    """
+
+    def __init__(self, token: str) -> None:
+        self._expected = token.encode()
+
+    def _problem(self, metadata: Any) -> str | None:
+        values = [v for k, v in (metadata or ()) if k == METADATA_KEY]
+        if not values:
+            return f"no token: this server requires '{METADATA_KEY}: {SCHEME} <token>' metadata (ps-worker --token or ${TOKEN_ENV})"
+        value = values[0] if isinstance(values[0], str) else values[0].decode(errors="replace")
+        scheme, _, presented = value.partition(" ")
+        if len(values) != 1 or scheme.lower() != SCHEME.lower():
+            return f"malformed '{METADATA_KEY}' metadata: expected exactly one '{SCHEME} <token>'"
+        if not hmac.compare_digest(presented.strip().encode(errors="replace"), self._expected):
+            return "invalid token"
+        return None
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        problem = self._problem(handler_call_details.invocation_metadata)
+        if handler is None or problem is None:
+            return handler
+        return _refusal(handler, problem)
+
+
+def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+    """A handler of `handler`'s kind that answers UNAUTHENTICATED without touching the request."""
+
+    async def abort(request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+
+    if handler.request_streaming and handler.response_streaming:
+        return grpc.stream_stream_rpc_method_handler(abort)
+    if handler.request_streaming:
+        return grpc.stream_unary_rpc_method_handler(abort)
+    if handler.response_streaming:
+        return grpc.unary_stream_rpc_method_handler(abort)
+    return grpc.unary_unary_rpc_method_handler(abort)
+
+
+@dataclass(frozen=True)
+class ServerSecurity:
+    """What `serve()` needs: TLS credentials (None: plaintext) and the token (None: no check)."""
+
+    credentials: grpc.ServerCredentials | None = None
+    token: str | None = None
+    mutual: bool = False
+
+    @property
+    def warning(self) -> str | None:
+        if self.token is not None and self.credentials is None:
+            return "a token without --tls-cert crosses the network in clear; use TLS outside a trusted network"
+        return None
+
+    @property
+    def description(self) -> str:
+        transport = "mutual TLS" if self.mutual else "TLS" if self.credentials is not None else "plaintext"
+        return transport + (", token" if self.token is not None else "")
+
+    def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
+        return [TokenInterceptor(self.token)] if self.token is not None else []
+
+    def add_port(self, server: grpc.aio.Server, address: str) -> int:
+        """Bind `address` (TLS when configured); returns the port, 0 if binding failed."""
+        if self.credentials is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, self.credentials)
+
+
+def load_server_security(
+    cert: PathArg | None, key: PathArg | None, client_ca: PathArg | None, token_flag: str | None
+) -> ServerSecurity:
+    """Validate the server's security flags; ValueError with one clear line on any problem."""
+    if (cert is None) != (key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    if client_ca is not None and cert is None:
+        raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS runs over TLS)")
+    token = resolve_token(token_flag)
+    credentials = server_credentials(cert, key, client_ca) if cert is not None and key is not None else None
+    return ServerSecurity(credentials, token, mutual=client_ca is not None)
