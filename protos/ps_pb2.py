@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\thetero_ps\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"*\n\x0bJoinRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ores\x18\x02 \x01(\x01\"\xbd\x01\n\tJoinReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08job_json\x18\x02 \x01(\t\x12%\n\x06layout\x18\x03 \x03(\x0b\x32\x15.hetero_ps.TensorSpec\x12\x12\n\nnum_params\x18\x04 \x01(\x03\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12\r\n\x05round\x18\x06 \x01(\x03\x12\x0f\n\x07version\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x05\x12\r\n\x05index\x18\t \x01(\x05\"\x8f\x01\n\nPushHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12\x12\n\nwire_dtype\x18\x06 \x01(\t\x12\x12\n\nnum_values\x18\x07 \x01(\x03\"M\n\tPushChunk\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x15.hetero_ps.PushHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xa9\x01\n\x0cParamsHeader\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x12\n\nwire_dtype\x18\x06 \x01(\t\x12\x12\n\nnum_values\x18\x07 \x01(\x03\x12\n\n\x02lr\x18\x08 \x01(\x01\x12\x14\n\x0cglobal_batch\x18\t \x01(\x03\"Q\n\x0bParamsChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.hetero_ps.ParamsHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\" \n\x0bPullRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x0c\n\nLeaveReply\"\x0f\n\rStatusRequest\"\x8f\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x63ores\x18\x03 \x01(\x01\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12\x0f\n\x07updates\x18\x06 \x01(\x03\x12\x16\n\x0emean_staleness\x18\x07 \x01(\x01\"\x82\x02\n\x0bStatusReply\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x05\x12\x0e\n\x06\x65pochs\x18\x06 \x01(\x05\x12\x0c\n\x04\x64one\x18\x07 \x01(\x08\x12\x14\n\x0cglobal_batch\x18\x08 \x01(\x03\x12(\n\x07workers\x18\t \x03(\x0b\x32\x17.hetero_ps.WorkerStatus\x12\x15\n\rlast_accuracy\x18\n \x01(\x01\x12\x13\n\x0b\x61\x64justments\x18\x0b \x01(\x03\x12\x18\n\x10\x65xpected_workers\x18\x0c \x01(\x05\x32\xb0\x02\n\x0fParameterServer\x12\x34\n\x04Join\x12\x16.hetero_ps.JoinRequest\x1a\x14.hetero_ps.JoinReply\x12\x38\n\x04Push\x12\x14.hetero_ps.PushChunk\x1a\x16.hetero_ps.ParamsChunk(\x01\x30\x01\x12\x38\n\x04Pull\x12\x16.hetero_ps.PullRequest\x1a\x16.hetero_ps.ParamsChunk0\x01\x12\x37\n\x05Leave\x12\x17.hetero_ps.LeaveRequest\x1a\x15.hetero_ps.LeaveReply\x12:\n\x06Status\x12\x18.hetero_ps.StatusRequest\x1a\x16.hetero_ps.StatusReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\thetero_ps\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"*\n\x0bJoinRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ores\x18\x02 \x01(\x01\"\xdb\x01\n\tJoinReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08job_json\x18\x02 \x01(\t\x12%\n\x06layout\x18\x03 \x03(\x0b\x32\x15.hetero_ps.TensorSpec\x12\x12\n\nnum_params\x18\x04 \x01(\x03\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12\r\n\x05round\x18\x06 \x01(\x03\x12\x0f\n\x07version\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x05\x12\r\n\x05index\x18\t \x01(\x05\x12\x1c\n\x14heartbeat_interval_s\x18\n \x01(\x01\"\x8f\x01\n\nPushHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12\x12\n\nwire_dtype\x18\x06 \x01(\t\x12\x12\n\nnum_values\x18\x07 \x01(\x03\"M\n\tPushChunk\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x15.hetero_ps.PushHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"\xb9\x01\n\x0cParamsHeader\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x12\n\nwire_dtype\x18\x06 \x01(\t\x12\x12\n\nnum_values\x18\x07 \x01(\x03\x12\n\n\x02lr\x18\x08 \x01(\x01\x12\x14\n\x0cglobal_batch\x18\t \x01(\x03\x12\x0e\n\x06reason\x18\n \x01(\t\"Q\n\x0bParamsChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.hetero_ps.ParamsHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\" \n\x0bPullRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x0c\n\nLeaveReply\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"M\n\x0eHeartbeatReply\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\"\x0f\n\rStatusRequest\"\x8f\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x63ores\x18\x03 \x01(\x01\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12\x0f\n\x07updates\x18\x06 \x01(\x03\x12\x16\n\x0emean_staleness\x18\x07 \x01(\x01\"\x82\x02\n\x0bStatusReply\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x05\x12\x0e\n\x06\x65pochs\x18\x06 \x01(\x05\x12\x0c\n\x04\x64one\x18\x07 \x01(\x08\x12\x14\n\x0cglobal_batch\x18\x08 \x01(\x03\x12(\n\x07workers\x18\t \x03(\x0b\x32\x17.hetero_ps.WorkerStatus\x12\x15\n\rlast_accuracy\x18\n \x01(\x01\x12\x13\n\x0b\x61\x64justments\x18\x0b \x01(\x03\x12\x18\n\x10\x65xpected_workers\x18\x0c \x01(\x05\x32\xf5\x02\n\x0fParameterServer\x12\x34\n\x04Join\x12\x16.hetero_ps.JoinRequest\x1a\x14.hetero_ps.JoinReply\x12\x38\n\x04Push\x12\x14.hetero_ps.PushChunk\x1a\x16.hetero_ps.ParamsChunk(\x01\x30\x01\x12\x38\n\x04Pull\x12\x16.hetero_ps.PullRequest\x1a\x16.hetero_ps.ParamsChunk0\x01\x12\x37\n\x05Leave\x12\x17.hetero_ps.LeaveRequest\x1a\x15.hetero_ps.LeaveReply\x12\x43\n\tHeartbeat\x12\x1b.hetero_ps.HeartbeatRequest\x1a\x19.hetero_ps.HeartbeatReply\x12:\n\x06Status\x12\x18.hetero_ps.StatusRequest\x1a\x16.hetero_ps.StatusReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -36,27 +36,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_JOINREQUEST']._serialized_start=88
   _globals['_JOINREQUEST']._serialized_end=130
   _globals['_JOINREPLY']._serialized_start=133
-  _globals['_JOINREPLY']._serialized_end=322
-  _globals['_PUSHHEADER']._serialized_start=325
-  _globals['_PUSHHEADER']._serialized_end=468
-  _globals['_PUSHCHUNK']._serialized_start=470
-  _globals['_PUSHCHUNK']._serialized_end=547
-  _globals['_PARAMSHEADER']._serialized_start=550
-  _globals['_PARAMSHEADER']._serialized_end=719
-  _globals['_PARAMSCHUNK']._serialized_start=721
-  _globals['_PARAMSCHUNK']._serialized_end=802
-  _globals['_PULLREQUEST']._serialized_start=804
-  _globals['_PULLREQUEST']._serialized_end=836
-  _globals['_LEAVEREQUEST']._serialized_start=838
-  _globals['_LEAVEREQUEST']._serialized_end=871
-  _globals['_LEAVEREPLY']._serialized_start=873
-  _globals['_LEAVEREPLY']._serialized_end=885
-  _globals['_STATUSREQUEST']._serialized_start=887
-  _globals['_STATUSREQUEST']._serialized_end=902
-  _globals['_WORKERSTATUS']._serialized_start=905
-  _globals['_WORKERSTATUS']._serialized_end=1048
-  _globals['_STATUSREPLY']._serialized_start=1051
-  _globals['_STATUSREPLY']._serialized_end=1309
-  _globals['_PARAMETERSERVER']._serialized_start=1312
-  _globals['_PARAMETERSERVER']._serialized_end=1616
+  _globals['_JOINREPLY']._serialized_end=352
+  _globals['_PUSHHEADER']._serialized_start=355
+  _globals['_PUSHHEADER']._serialized_end=498
+  _globals['_PUSHCHUNK']._serialized_start=500
+  _globals['_PUSHCHUNK']._serialized_end=577
+  _globals['_PARAMSHEADER']._serialized_start=580
+  _globals['_PARAMSHEADER']._serialized_end=765
+  _globals['_PARAMSCHUNK']._serialized_start=767
+  _globals['_PARAMSCHUNK']._serialized_end=848
+  _globals['_PULLREQUEST']._serialized_start=850
+  _globals['_PULLREQUEST']._serialized_end=882
+  _globals['_LEAVEREQUEST']._serialized_start=884
+  _globals['_LEAVEREQUEST']._serialized_end=917
+  _globals['_LEAVEREPLY']._serialized_start=919
+  _globals['_LEAVEREPLY']._serialized_end=931
+  _globals['_HEARTBEATREQUEST']._serialized_start=933
+  _globals['_HEARTBEATREQUEST']._serialized_end=970
+  _globals['_HEARTBEATREPLY']._serialized_start=972
+  _globals['_HEARTBEATREPLY']._serialized_end=1049
+  _globals['_STATUSREQUEST']._serialized_start=1051
+  _globals['_STATUSREQUEST']._serialized_end=1066
+  _globals['_WORKERSTATUS']._serialized_start=1069
+  _globals['_WORKERSTATUS']._serialized_end=1212
+  _globals['_STATUSREPLY']._serialized_start=1215
+  _globals['_STATUSREPLY']._serialized_end=1473
+  _globals['_PARAMETERSERVER']._serialized_start=1476
+  _globals['_PARAMETERSERVER']._serialized_end=1849
 # @@protoc_insertion_point(module_scope)

@@ -54,6 +54,11 @@ class ParameterServerStub:
                 request_serializer=protos_dot_ps__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=protos_dot_ps__pb2.LeaveReply.FromString,
                 _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/hetero_ps.ParameterServer/Heartbeat',
+                request_serializer=protos_dot_ps__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.HeartbeatReply.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/hetero_ps.ParameterServer/Status',
                 request_serializer=protos_dot_ps__pb2.StatusRequest.SerializeToString,
@@ -95,6 +100,13 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Heartbeat(self, request, context):
+        """Liveness: a worker that sends none for --evict-after seconds is evicted.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -123,6 +135,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=protos_dot_ps__pb2.LeaveRequest.FromString,
                     response_serializer=protos_dot_ps__pb2.LeaveReply.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=protos_dot_ps__pb2.HeartbeatRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.HeartbeatReply.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -238,6 +255,33 @@ class ParameterServer:
             '/hetero_ps.ParameterServer/Leave',
             protos_dot_ps__pb2.LeaveRequest.SerializeToString,
             protos_dot_ps__pb2.LeaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero_ps.ParameterServer/Heartbeat',
+            protos_dot_ps__pb2.HeartbeatRequest.SerializeToString,
+            protos_dot_ps__pb2.HeartbeatReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -3,43 +3,36 @@
 It speaks in plain Python values (no gRPC): the servicer decodes a request, calls one method
 here, and encodes what comes back. Every method validates before it mutates, so a refused
 request (a ServiceError) leaves the parameters, the round and the controller as they were.
+The controller is keyed by worker name, so a worker that rejoins (after an eviction or a
+server restart) under its name finds its place in the plan again.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import math
-import secrets
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ps.aggregation import WeightedMean, asp_lr
 from ps.controller import BatchController
 from ps.datasets import Dataset
-from ps.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from ps.errors import FailedPrecondition, InvalidArgument
 from ps.evaluator import BackgroundEvaluator
 from ps.jobspec import JobSpec
+from ps.membership import Member, Membership
 from ps.metrics import MetricsLog
 from ps.store import ParameterStore
 from ps.wire import FlatReceiver, Layout, check_wire_dtype, encode, split
 
 MAX_COMPUTE_MS = 24 * 3600 * 1000.0
-
-
-@dataclass
-class Member:
-    """A joined worker and its counters."""
-
-    worker_id: str
-    name: str
-    cores: float
-    index: int
-    updates: int = 0
-    staleness_sum: int = 0
-    epoch_updates: int = 0
-    epoch_compute_ms: list[float] = field(default_factory=list)
+CHECKPOINT_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -79,14 +72,20 @@ class StepReply:
     wire_dtype: str
     num_values: int
     payload: list[bytes]
+    reason: str = ""
 
 
-@dataclass
-class _RoundResult:
-    payload: list[bytes]
-    round: int
-    epoch: int
+@dataclass(frozen=True)
+class Beat:
     done: bool
+    epoch: int
+    round: int
+    version: int
+
+
+def params_digest(flat: torch.Tensor) -> str:
+    """SHA-256 of the parameters' fp32 bytes (to show a resume restored them exactly)."""
+    return hashlib.sha256(flat.detach().contiguous().numpy().tobytes()).hexdigest()
 
 
 class Coordinator:
@@ -101,8 +100,13 @@ class Coordinator:
         *,
         adjust_every: int | None = None,
         max_staleness: int | None = None,
+        max_workers: int | None = None,
+        evict_after: float = 10.0,
+        checkpoint_every: int | None = None,
+        on_checkpoint: Callable[[dict[str, Any], int], None] | None = None,
         metrics: MetricsLog | None = None,
         evaluator: BackgroundEvaluator | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.spec = spec
         self.controller = controller
@@ -111,18 +115,23 @@ class Coordinator:
         self.samples_per_epoch = len(dataset.train_x)
         self.adjust_every = adjust_every
         self.max_staleness = max_staleness
+        self.evict_after = evict_after
+        self.heartbeat_interval = min(1.0, evict_after / 4)
+        self.checkpoint_every = checkpoint_every
+        self.on_checkpoint = on_checkpoint
         self.metrics = metrics or MetricsLog(None)
         self.evaluator = evaluator
-        self.members: dict[str, Member] = {}
+        self.clock = clock
+        self.membership = Membership(max_workers or spec.workers)
         self.round = 0
         self.version = 0
         self.epoch = 0
         self.samples = 0
         self.done = False
+        self.reason = ""
         self.last_accuracy: float | None = None
         self.last_loss: float | None = None
         self.evaluations: list[tuple[int, float, float, float]] = []
-        self._joined = 0
         self._started = asyncio.Event()
         self._finished = asyncio.Event()
         self._start_time: float | None = None
@@ -132,67 +141,124 @@ class Coordinator:
         self._told_done: set[str] = set()
         self._accumulator = WeightedMean(self.layout.numel) if spec.mode == "bsp" else None
         self._pushed: set[str] = set()
-        self._round_future: asyncio.Future[_RoundResult] | None = None
+        self._round_future: asyncio.Future[bool] | None = None
         self._staging: list[torch.Tensor] = []
         self._payload_cache: tuple[int, list[bytes]] | None = None
-        self._asp_steps_since_adjust = 0
+        self._steps_since_adjust = 0
+        self._steps_since_checkpoint = 0
+        self._saved_controller: dict[str, Any] | None = None
+
+    @property
+    def members(self) -> dict[str, Member]:
+        """Active members by worker id."""
+        return self.membership.active
+
+    @property
+    def step(self) -> int:
+        """The step counter the controller and checkpoints use: BSP rounds, ASP updates."""
+        return self.round if self.spec.mode == "bsp" else self.version
 
     # ----------------------------------------------------------------- membership
     async def join(self, name: str, cores: float) -> JoinInfo:
-        """Register a worker; returns once all expected workers have joined."""
-        if not name or len(name) > 128:
-            raise InvalidArgument("name must be 1-128 characters")
-        if not (math.isfinite(cores) and 0 < cores <= 1e6):
-            raise InvalidArgument(f"cores must be a finite number > 0, got {cores}")
+        """Admit a worker. Before the start it waits for all expected workers; later it
+        enters at the next round boundary (BSP) or at once (ASP) and gets a share of B."""
         if self.done:
-            raise FailedPrecondition("the job has ended")
-        if self._started.is_set() or len(self.members) >= self.spec.workers:
-            raise FailedPrecondition(f"job full: all {self.spec.workers} workers have joined")
-        if any(m.name == name for m in self.members.values()):
-            raise AlreadyExists(f"a worker named {name!r} has already joined; pick another --name")
-        worker_id = f"{name}-{secrets.token_hex(4)}"
-        member = Member(worker_id, name, cores, self._joined)
-        self._joined += 1
-        self.members[worker_id] = member
-        self.controller.add_worker(worker_id, cores=cores)
-        if len(self.members) == self.spec.workers:
-            self.controller.replan()
-            self._log_adjust(changed=True)
-            self._start_time = self._epoch_start_time = time.monotonic()
-            self._started.set()
+            raise FailedPrecondition(f"the job has ended ({self.reason})")
+        member = self.membership.admit(name, cores, self.clock())
         try:
-            await self._started.wait()
+            if not self._started.is_set():
+                if len(self.membership.pending) >= self.spec.workers:
+                    self._start()
+            elif self.spec.mode == "asp" or not self._pushed:
+                self._activate_pending()
+            await member.activated.wait()
         except asyncio.CancelledError:
-            # the caller gave up (deadline, crash) before the job started: free its slot and name
-            if not self._started.is_set() and worker_id in self.members:
-                del self.members[worker_id]
-                self.controller.remove_worker(worker_id)
+            # the caller gave up (deadline, crash) before it was admitted: free its slot and name
+            if member.worker_id in self.membership.pending:
+                self.membership.remove(member.worker_id, "gone before it was admitted")
             raise
-        return JoinInfo(worker_id, member.index, self.controller.plan()[worker_id], self.round, self.version, self.epoch)
+        if self.done or member.worker_id not in self.members:
+            raise FailedPrecondition(f"the job has ended ({self.reason})")
+        member.last_seen = self.clock()
+        return JoinInfo(
+            member.worker_id, member.index, self.controller.plan()[member.name], self.round, self.version, self.epoch
+        )
+
+    def _start(self) -> None:
+        """All expected workers are here: build the first plan and open round 0."""
+        names = {m.name for m in self.membership.pending.values()}
+        saved = self._saved_controller
+        if saved is not None and {w["id"] for w in saved.get("workers", [])} == names:
+            self.controller = BatchController.from_state_dict(saved)
+            for member in list(self.membership.pending.values()):
+                self.membership.activate(member.worker_id)
+                member.activated.set()
+            self._log_adjust(changed=True)
+        else:
+            self._activate_pending()
+        self._start_time = self._epoch_start_time = self.clock()
+        self._started.set()
+
+    def _activate_pending(self) -> None:
+        """Move pending workers into the job and re-split B over everyone."""
+        if not self.membership.pending:
+            return
+        now = self.clock()
+        for member in list(self.membership.pending.values()):
+            self.membership.activate(member.worker_id)
+            self.controller.add_worker(member.name, cores=member.cores)
+            member.last_seen = now
+            self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
+        self.controller.replan()
+        self._log_adjust(changed=True)
+        for member in self.members.values():
+            member.activated.set()
 
     def member(self, worker_id: str) -> Member:
-        member = self.members.get(worker_id)
-        if member is None:
-            raise NotFound(f"unknown worker id {worker_id!r}; Join first")
-        return member
+        return self.membership.get(worker_id)
 
     async def leave(self, worker_id: str) -> None:
         """Remove a worker; a BSP round that only waited on it closes with the others."""
         self.member(worker_id)
-        del self.members[worker_id]
+        self._remove(worker_id, "leave", "left")
+
+    def heartbeat(self, worker_id: str) -> Beat:
+        self.membership.touch(worker_id, self.clock())
+        return Beat(self.done, self.epoch, self.round, self.version)
+
+    def evict_stale(self) -> list[str]:
+        """Evict workers silent for longer than evict_after; returns their names."""
+        if not self._started.is_set() or self.done:
+            return []
+        gone = self.membership.stale(self.clock(), self.evict_after)
+        for member in gone:
+            self._remove(member.worker_id, "evict", f"evicted after {self.evict_after:g}s without a heartbeat")
+        return [m.name for m in gone]
+
+    async def reap_forever(self, interval: float) -> None:
+        """Background task: evict silent workers until the job ends."""
+        while not self.done:
+            await asyncio.sleep(interval)
+            self.evict_stale()
+
+    def _remove(self, worker_id: str, event: str, reason: str) -> None:
+        """Drop a worker (leave or eviction), re-split B over the others, close a round it held up."""
+        member = self.membership.remove(worker_id, reason)
         self._told_done.discard(worker_id)
+        self._pushed.discard(worker_id)
+        self.metrics.write(event, worker=member.name, reason=reason, step=self.step, epoch=self.epoch)
         if self.done:
             self._check_finished()
             return
-        self.controller.remove_worker(worker_id)
-        if self.members:
+        if member.name in self.controller.plan():
+            self.controller.remove_worker(member.name)
+        if not self.members:
+            self._activate_pending()
+        elif self.controller.plan():
             self.controller.replan()
             self._log_adjust(changed=True)
-        self._pushed.discard(worker_id)
         if self._accumulator is not None and self._accumulator.count and self._pushed >= set(self.members):
             self._close_round()
-        if not self.members:
-            self._check_finished()
 
     # ---------------------------------------------------------------------- push
     def begin_push(self, meta: PushMeta) -> FlatReceiver:
@@ -208,8 +274,6 @@ class Coordinator:
             raise InvalidArgument(f"compute_ms must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {meta.compute_ms}")
         if meta.num_values != self.layout.numel:
             raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {self.layout.numel}")
-        if not self._started.is_set():
-            raise FailedPrecondition("the job has not started: waiting for workers to join")
         self._check_sequence(member, meta)
         buffer = self._staging.pop() if self._staging else torch.empty(self.layout.numel)
         return FlatReceiver(buffer, meta.num_values, meta.wire_dtype)
@@ -219,6 +283,8 @@ class Coordinator:
         self._staging.append(receiver.out)
 
     def _check_sequence(self, member: Member, meta: PushMeta) -> None:
+        if self.done:
+            return
         if self.spec.mode == "bsp":
             if meta.round != self.round:
                 raise FailedPrecondition(f"round {meta.round} is not open; the open round is {self.round}")
@@ -237,15 +303,16 @@ class Coordinator:
         """Apply a validated push; BSP returns once the round closes, ASP at once."""
         member = self.member(meta.worker_id)
         self._check_sequence(member, meta)
+        member.last_seen = self.clock()
         if self.done:
-            return self._reply(member, self._current_payload(), done=True)
+            return self._reply(member)
         if self.spec.mode == "bsp":
             return await self._push_bsp(member, meta, values)
         return self._push_asp(member, meta, values)
 
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: torch.Tensor) -> StepReply:
         assert self._accumulator is not None
-        self.controller.observe(member.worker_id, meta.batch_size, meta.compute_ms)
+        self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
         self._accumulator.add(grad, meta.batch_size)
         self._record(member, meta)
         self._pushed.add(member.worker_id)
@@ -254,8 +321,8 @@ class Coordinator:
         future = self._round_future
         if self._pushed >= set(self.members):
             self._close_round()
-        result = await asyncio.shield(future)
-        return self._reply(member, result.payload, done=result.done)
+        await asyncio.shield(future)
+        return self._reply(member)
 
     def _close_round(self) -> None:
         assert self._accumulator is not None
@@ -265,21 +332,24 @@ class Coordinator:
         self._pushed.clear()
         self.round += 1
         self.version += 1
-        self._advance(batch, step=self.round)
-        result = _RoundResult(self._current_payload(), self.round, self.epoch, self.done)
+        self._advance(batch)
+        if not self.done:
+            self._activate_pending()
+        self._resolve_round()
+
+    def _resolve_round(self) -> None:
         future, self._round_future = self._round_future, None
         if future is not None and not future.done():
-            future.set_result(result)
+            future.set_result(True)
 
     def _push_asp(self, member: Member, meta: PushMeta, delta: torch.Tensor) -> StepReply:
-        self.controller.observe(member.worker_id, meta.batch_size, meta.compute_ms)
+        self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
         self.store.apply_update(delta)
         member.staleness_sum += self.version - meta.version
         self.version += 1
         self._record(member, meta)
-        self._asp_steps_since_adjust += 1
-        self._advance(meta.batch_size, step=self.version)
-        return self._reply(member, self._current_payload(), done=self.done)
+        self._advance(meta.batch_size)
+        return self._reply(member)
 
     def _record(self, member: Member, meta: PushMeta) -> None:
         member.updates += 1
@@ -289,58 +359,65 @@ class Coordinator:
     # -------------------------------------------------------------- pull / reply
     def pull(self, worker_id: str) -> StepReply:
         member = self.member(worker_id)
-        return self._reply(member, self._current_payload(), done=self.done)
+        member.last_seen = self.clock()
+        return self._reply(member)
 
     def _current_payload(self) -> list[bytes]:
         if self._payload_cache is None or self._payload_cache[0] != self.version:
             self._payload_cache = (self.version, split(encode(self.store.flat, self.spec.wire_dtype)))
         return self._payload_cache[1]
 
-    def _reply(self, member: Member, payload: list[bytes], done: bool) -> StepReply:
+    def _reply(self, member: Member) -> StepReply:
         plan = self.controller.plan()
-        batch = plan.get(member.worker_id, 0)
+        batch = plan.get(member.name, 0)
         global_batch = sum(plan.values())
-        lr = asp_lr(self.spec.lr_at(self.epoch), batch, global_batch, self.spec.lr_scaling) if batch else 0.0
-        if done:
+        lr = self.spec.lr_at(self.epoch)
+        if self.spec.mode == "asp":
+            lr = asp_lr(lr, batch, global_batch, self.spec.lr_scaling) if batch else 0.0
+        if self.done:
             self._told_done.add(member.worker_id)
         return StepReply(
             round=self.round,
             version=self.version,
             epoch=self.epoch,
             batch_size=batch,
-            done=done,
-            lr=lr if self.spec.mode == "asp" else self.spec.lr_at(self.epoch),
+            done=self.done,
+            lr=lr,
             global_batch=global_batch,
             wire_dtype=self.spec.wire_dtype,
             num_values=self.layout.numel,
-            payload=payload,
+            payload=self._current_payload(),
+            reason=self.reason,
         )
 
     # ------------------------------------------------------- epochs and control
-    def _advance(self, batch: int, step: int) -> None:
-        """Count samples; run epoch ends and step-based controller decisions."""
+    def _advance(self, batch: int) -> None:
+        """Count samples; run epoch ends, step-based controller decisions and checkpoints."""
         self.samples += batch
+        self._steps_since_adjust += 1
+        self._steps_since_checkpoint += 1
         while not self.done and self.samples >= (self.epoch + 1) * self.samples_per_epoch:
-            self._end_epoch(step)
-        if self.done or self.adjust_every is None:
+            self._end_epoch()
+        if self.done:
             return
-        if self.spec.mode == "bsp" and self.round % self.adjust_every == 0:
-            self._adjust(step)
-        elif self.spec.mode == "asp" and self._asp_steps_since_adjust >= self.adjust_every * max(1, len(self.members)):
-            self._adjust(step)
+        per_worker = 1 if self.spec.mode == "bsp" else max(1, len(self.members))
+        if self.adjust_every is not None and self._steps_since_adjust >= self.adjust_every * per_worker:
+            self._adjust()
+        if self.checkpoint_every is not None and self._steps_since_checkpoint >= self.checkpoint_every:
+            self._checkpoint()
 
-    def _end_epoch(self, step: int) -> None:
-        now = time.monotonic()
+    def _end_epoch(self) -> None:
+        now = self.clock()
         self.epoch += 1
         elapsed = now - (self._epoch_start_time or now)
         samples = self.samples - self._epoch_start_samples
         self.metrics.write(
             "epoch",
             epoch=self.epoch,
-            step=step,
+            step=self.step,
             wall_s=round(now - (self._start_time or now), 3),
             samples_per_s=round(samples / elapsed, 2) if elapsed > 0 else None,
-            batch_sizes=self._by_name(self.controller.plan()),
+            batch_sizes=self.controller.plan(),
             compute_ms={
                 m.name: round(sum(m.epoch_compute_ms) / len(m.epoch_compute_ms), 3)
                 for m in self.members.values()
@@ -355,39 +432,37 @@ class Coordinator:
         self._submit_eval(self.epoch)
         self.store.set_lr(self.spec.lr_at(self.epoch))
         if self.epoch >= self.spec.epochs:
-            self.done = True
-            self._end_time = now
+            self._finish("finished")
             return
         if self.adjust_every is None:
-            self._adjust(step)
+            self._adjust()
+        if self.checkpoint_every is None:
+            self._checkpoint()
 
-    def _adjust(self, step: int) -> None:
+    def _adjust(self) -> None:
         before, smoothed = self.controller.plan(), self.controller.smoothed_ms()
         after = self.controller.adjust()
-        self._asp_steps_since_adjust = 0
-        self._log_adjust(changed=after != before, step=step, smoothed=smoothed)
+        self._steps_since_adjust = 0
+        self._log_adjust(changed=after != before, smoothed=smoothed)
 
-    def _log_adjust(self, changed: bool, step: int | None = None, smoothed: dict[str, float | None] | None = None) -> None:
+    def _log_adjust(self, changed: bool, smoothed: dict[str, float | None] | None = None) -> None:
         """One `adjust` event: the plan after the decision and the smoothed times it was based on."""
         smoothed = self.controller.smoothed_ms() if smoothed is None else smoothed
         self.metrics.write(
             "adjust",
-            step=self.round if self.spec.mode == "bsp" else self.version if step is None else step,
+            step=self.step,
             epoch=self.epoch,
-            batch_sizes=self._by_name(self.controller.plan()),
-            compute_ms={self.members[w].name: round(t, 3) for w, t in smoothed.items() if t is not None and w in self.members},
+            batch_sizes=self.controller.plan(),
+            compute_ms={name: round(t, 3) for name, t in smoothed.items() if t is not None},
             changed=changed,
             adjustments=self.controller.adjustments,
         )
-
-    def _by_name(self, values: dict[str, int]) -> dict[str, int]:
-        return {self.members[w].name: v for w, v in values.items() if w in self.members}
 
     def _submit_eval(self, epoch: int) -> None:
         if self.evaluator is None:
             return
         snapshot = self.store.snapshot()
-        wall = time.monotonic() - (self._start_time or time.monotonic())
+        wall = self.clock() - (self._start_time or self.clock())
 
         def done(accuracy: float, loss: float) -> None:
             self.last_accuracy, self.last_loss = accuracy, loss
@@ -396,9 +471,75 @@ class Coordinator:
 
         self.evaluator.submit(snapshot, done)
 
+    # ------------------------------------------------------------- checkpoints
+    def checkpoint_state(self) -> dict[str, Any]:
+        """A self-contained snapshot of everything needed to resume (tensors cloned)."""
+        flat = self.store.snapshot()
+        model, offset = {}, 0
+        for entry in self.layout.entries:
+            model[entry.name] = flat[offset : offset + entry.numel].view(entry.shape).clone()
+            offset += entry.numel
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "spec": self.spec.to_json(),
+            "model": model,
+            "params": flat,
+            "optimizer": self.store.optimizer.state_dict(),
+            "controller": self.controller.state_dict(),
+            "round": self.round,
+            "version": self.version,
+            "epoch": self.epoch,
+            "samples": self.samples,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Load a checkpoint before the job starts; workers then rejoin."""
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}")
+        saved = json.loads(state["spec"])
+        current = json.loads(self.spec.to_json())
+        differ = sorted(k for k in current if saved.get(k) != current[k])
+        if differ:
+            raise ValueError(f"the checkpoint was written for a different job: {', '.join(differ)} differ; "
+                             "start the server with the job's original flags")
+        self.store.load_state_dict({"params": state["params"], "optimizer": state["optimizer"]})
+        self.round, self.version = int(state["round"]), int(state["version"])
+        self.epoch, self.samples = int(state["epoch"]), int(state["samples"])
+        self._epoch_start_samples = self.samples
+        self.store.set_lr(self.spec.lr_at(self.epoch))
+        self._saved_controller = state["controller"]
+        self.metrics.write(
+            "resume", step=self.step, epoch=self.epoch, round=self.round, version=self.version,
+            params_sha256=params_digest(self.store.flat),
+        )
+
+    def _checkpoint(self) -> None:
+        self._steps_since_checkpoint = 0
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(self.checkpoint_state(), self.step)
+
     # ------------------------------------------------------------ end of the job
+    def _finish(self, reason: str) -> None:
+        self.done = True
+        self.reason = reason
+        self._end_time = self.clock()
+        for member in self.membership.pending.values():
+            member.activated.set()
+
+    def stop(self, reason: str = "stopping") -> None:
+        """Graceful shutdown: abort the open round (its partial gradient is dropped) and tell
+        every worker on its next call that the job is stopping."""
+        if self.done:
+            return
+        if self._accumulator is not None:
+            self._accumulator.reset()
+        self._pushed.clear()
+        self._finish(reason)
+        self._resolve_round()
+        self._check_finished()
+
     def _check_finished(self) -> None:
-        if self.done and (not self.members or set(self.members) <= self._told_done):
+        if self.done and set(self.members) <= self._told_done:
             self._finished.set()
 
     def note_reply_sent(self) -> None:
@@ -409,13 +550,14 @@ class Coordinator:
         """Wait until the job is done and every worker has heard so (or grace_s after done)."""
         while not self.done:
             await asyncio.sleep(0.05)
+        self._check_finished()
         try:
             await asyncio.wait_for(self._finished.wait(), timeout=grace_s)
         except TimeoutError:
             pass
 
-    def summary(self) -> dict:
-        end = self._end_time or time.monotonic()
+    def summary(self) -> dict[str, Any]:
+        end = self._end_time or self.clock()
         wall = end - (self._start_time or end)
         return {
             "mode": self.spec.mode,
@@ -428,11 +570,12 @@ class Coordinator:
             "accuracy": self.last_accuracy,
             "loss": self.last_loss,
             "adjustments": self.controller.adjustments,
-            "batch_sizes": self._by_name(self.controller.plan()),
+            "batch_sizes": self.controller.plan(),
             "update_counts": {m.name: m.updates for m in self.members.values()},
+            "reason": self.reason,
         }
 
-    def status(self) -> dict:
+    def status(self) -> dict[str, Any]:
         smoothed = self.controller.smoothed_ms()
         plan = self.controller.plan()
         return {
@@ -452,12 +595,11 @@ class Coordinator:
                     "worker_id": m.worker_id,
                     "name": m.name,
                     "cores": m.cores,
-                    "batch_size": plan.get(m.worker_id, 0),
-                    "compute_ms": smoothed.get(m.worker_id) or 0.0,
+                    "batch_size": plan.get(m.name, 0),
+                    "compute_ms": smoothed.get(m.name) or 0.0,
                     "updates": m.updates,
                     "mean_staleness": m.staleness_sum / m.updates if m.updates else 0.0,
                 }
                 for m in self.members.values()
             ],
         }
-

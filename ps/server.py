@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ import grpc
 import torch
 
 from protos import ps_pb2_grpc
+from ps.checkpoint import Checkpointer, latest_checkpoint
 from ps.controller import BatchController, ControllerConfig
 from ps.coordinator import Coordinator
 from ps.datasets import build_dataset
@@ -22,6 +24,7 @@ from ps.evaluator import BackgroundEvaluator
 from ps.jobspec import JobSpec
 from ps.metrics import MetricsLog
 from ps.models import build_model
+from ps.security import ServerSecurity, load_server_security
 from ps.servicer import ParameterServerServicer
 
 # Payload travels as ~1 MiB chunks; the limit leaves room for headers and rejects anything bigger.
@@ -92,6 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
     ctl.add_argument("--max-staleness", type=int, default=None, help="ASP: refuse updates older than this many versions")
+    rel = p.add_argument_group("reliability")
+    rel.add_argument("--max-workers", type=int, default=None,
+                     help="workers allowed in the job at once, late joiners included (unset: --workers)")
+    rel.add_argument("--evict-after", type=float, default=10.0,
+                     help="evict a worker not heard from (heartbeat or RPC) for this many seconds")
+    rel.add_argument("--checkpoint-dir", type=Path, default=None, help="write checkpoints here")
+    rel.add_argument("--checkpoint-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
+                     help="checkpoint at every epoch end (default) or every N steps")
+    rel.add_argument("--keep-checkpoints", type=int, default=3, help="how many checkpoints to keep")
+    rel.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                     help="continue from the newest valid checkpoint in DIR (also checkpoints there)")
     net = p.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
     net.add_argument("--port", type=int, default=50051, help="0 picks a free port (printed at start)")
@@ -102,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer and evaluation")
     net.add_argument("--grace", type=float, default=10.0, help="seconds to wait for workers to hear the job ended")
     net.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    net.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
+    net.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
+    net.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
+                     help="mutual TLS: require client certificates signed by this PEM CA")
+    net.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
     return p
 
 
@@ -111,6 +130,13 @@ class Job:
     coordinator: Coordinator
     evaluator: BackgroundEvaluator
     metrics: MetricsLog
+    checkpointer: Checkpointer | None = None
+
+    def final_checkpoint(self) -> Path | None:
+        """Checkpoint at shutdown (after any queued write)."""
+        if self.checkpointer is None:
+            return None
+        return self.checkpointer.save(self.coordinator.checkpoint_state(), self.coordinator.step)
 
 
 def build_job(args: argparse.Namespace) -> Job:
@@ -152,11 +178,25 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--max-staleness must be >= 0")
     if args.threads < 1 or args.grace < 0:
         raise ValueError("--threads must be >= 1 and --grace >= 0")
+    if args.max_workers is not None and args.max_workers < args.workers:
+        raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
+    if not args.evict_after > 0:
+        raise ValueError("--evict-after must be > 0 seconds")
+    if args.keep_checkpoints < 1:
+        raise ValueError("--keep-checkpoints must be >= 1")
+    checkpoint_dir = args.checkpoint_dir or args.resume
+    resume_from = None
+    if args.resume is not None:
+        found = latest_checkpoint(args.resume, warn=lambda msg: print(f"ps-server: warning: {msg}", file=sys.stderr))
+        if found is None:
+            raise ValueError(f"--resume {args.resume}: no valid checkpoint there")
+        resume_from = found
     dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
     model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else print_progress)
     evaluator = BackgroundEvaluator(eval_model, dataset)
+    checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
     coordinator = Coordinator(
         spec,
         BatchController(config),
@@ -164,10 +204,18 @@ def build_job(args: argparse.Namespace) -> Job:
         dataset,
         adjust_every=args.adjust_every,
         max_staleness=args.max_staleness,
+        max_workers=args.max_workers,
+        evict_after=args.evict_after,
+        checkpoint_every=args.checkpoint_every,
+        on_checkpoint=checkpointer.save_async if checkpointer else None,
         metrics=metrics,
         evaluator=evaluator,
     )
-    return Job(spec, coordinator, evaluator, metrics)
+    if resume_from is not None:
+        path, state = resume_from
+        coordinator.restore(state)
+        print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
+    return Job(spec, coordinator, evaluator, metrics, checkpointer)
 
 
 def print_progress(record: dict[str, Any]) -> None:
@@ -181,6 +229,10 @@ def print_progress(record: dict[str, Any]) -> None:
         line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
     elif event == "adjust" and record.get("changed"):
         line = "plan: " + " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
+    elif event in ("evict", "leave"):
+        line = f"{record['worker']}: {record['reason']}"
+    elif event == "resume":
+        line = f"resumed at epoch {record['epoch']}, step {record['step']} (params sha256 {record['params_sha256'][:12]})"
     elif event == "summary":
         line = "summary: " + json.dumps({k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")})
     else:
@@ -188,26 +240,42 @@ def print_progress(record: dict[str, Any]) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-async def serve(job: Job, host: str, port: int, port_file: Path | None, grace: float) -> dict[str, Any]:
-    """Serve the job until it ends; returns the summary record."""
-    server = grpc.aio.server(options=GRPC_OPTIONS)
+async def serve(
+    job: Job, host: str, port: int, port_file: Path | None, grace: float, security: ServerSecurity | None = None
+) -> dict[str, Any]:
+    """Serve the job until it ends (TLS and token check as `security` says); returns the summary record."""
+    security = security or ServerSecurity()
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
     ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(job.coordinator), server)
-    bound = server.add_insecure_port(f"{host}:{port}")
+    bound = security.add_port(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
-    print(f"ps-server: listening on {host}:{bound} ({job.spec.mode}, waiting for {job.spec.workers} workers)", flush=True)
+    print(
+        f"ps-server: listening on {host}:{bound} ({job.spec.mode}, {security.description}, waiting for {job.spec.workers} workers)",
+        flush=True,
+    )
     if port_file is not None:
         port_file.write_text(str(bound))
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, job.coordinator.stop)
+    reaper = asyncio.create_task(job.coordinator.reap_forever(job.coordinator.heartbeat_interval))
     try:
         await job.coordinator.wait_finished(grace)
-        await asyncio.get_running_loop().run_in_executor(None, job.evaluator.drain)
+        await loop.run_in_executor(None, job.evaluator.drain)
         if job.coordinator.evaluations:
             job.coordinator.last_accuracy = job.coordinator.evaluations[-1][1]
+        path = await loop.run_in_executor(None, job.final_checkpoint)
+        if path is not None:
+            job.metrics.write("checkpoint", path=str(path), step=job.coordinator.step, epoch=job.coordinator.epoch)
         return job.metrics.write("summary", **job.coordinator.summary())
     finally:
+        reaper.cancel()
         await server.stop(grace=1.0)
         job.evaluator.close()
+        if job.checkpointer is not None:
+            job.checkpointer.close()
         job.metrics.close()
 
 
@@ -225,12 +293,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     try:
+        security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
         job = build_job(args)
     except ValueError as exc:
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 2
+    if security.warning:
+        print(f"ps-server: warning: {security.warning}", file=sys.stderr, flush=True)
     try:
-        run_loop(serve(job, args.host, args.port, args.port_file, args.grace))
+        run_loop(serve(job, args.host, args.port, args.port_file, args.grace, security))
     except OSError as exc:
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 1

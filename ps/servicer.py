@@ -37,6 +37,7 @@ def reply_messages(reply: StepReply) -> list[ps_pb2.ParamsChunk]:
         num_values=reply.num_values,
         lr=reply.lr,
         global_batch=reply.global_batch,
+        reason=reply.reason,
     )
     messages = [ps_pb2.ParamsChunk(header=header, seq=0, data=reply.payload[0])]
     messages += [ps_pb2.ParamsChunk(seq=i, data=data) for i, data in enumerate(reply.payload[1:], start=1)]
@@ -65,6 +66,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             version=info.version,
             epoch=info.epoch,
             index=info.index,
+            heartbeat_interval_s=self.core.heartbeat_interval,
         )
 
     async def Push(
@@ -110,6 +112,15 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return ps_pb2.LeaveReply()
+
+    async def Heartbeat(
+        self, request: ps_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
+    ) -> ps_pb2.HeartbeatReply:
+        try:
+            beat = self.core.heartbeat(request.worker_id)
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        return ps_pb2.HeartbeatReply(done=beat.done, epoch=beat.epoch, round=beat.round, version=beat.version)
 
     async def Status(self, request: ps_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> ps_pb2.StatusReply:
         s = self.core.status()

@@ -102,6 +102,11 @@ def expect_error(call: Callable[[], Any], code: grpc.StatusCode, *fragments: str
     return err.details()
 
 
+def member_fields(member: Any) -> dict[str, Any]:
+    """A member's plain fields (its asyncio.Event is not state worth comparing)."""
+    return {f.name: getattr(member, f.name) for f in dataclasses.fields(member) if f.name != "activated"}
+
+
 def snapshot(server: InProcessServer) -> dict[str, Any]:
     """Everything a refused request must leave alone, copied on the server's loop."""
 
@@ -121,8 +126,10 @@ def snapshot(server: InProcessServer) -> dict[str, Any]:
             "acc_count": None if acc is None else acc.count,
             "acc_sum": None if acc is None else acc._sum.clone(),
             "pushed": set(c._pushed),
-            "members": {k: dataclasses.asdict(m) for k, m in c.members.items()},
-            "joined": c._joined,
+            "members": {k: member_fields(m) for k, m in c.members.items()},
+            "pending": sorted(c.membership.pending),
+            "departed": dict(c.membership.departed),
+            "joined": c.membership._joined,
             "started": c._started.is_set(),
             "status": c.status(),
         }
@@ -244,10 +251,10 @@ def test_join_replies_with_job_layout_and_plan(ps_server, threads) -> None:
     [
         ("", 1.0, "name must be 1-128 characters"),
         ("x" * 129, 1.0, "name must be 1-128 characters"),
-        ("w", 0.0, "cores must be a finite number > 0, got 0.0"),
-        ("w", -2.0, "cores must be a finite number > 0, got -2.0"),
-        ("w", math.nan, "cores must be a finite number > 0, got nan"),
-        ("w", math.inf, "cores must be a finite number > 0, got inf"),
+        ("w", 0.0, "cores must be a finite number in (0, 1000000], got 0.0"),
+        ("w", -2.0, "cores must be a finite number in (0, 1000000], got -2.0"),
+        ("w", math.nan, "cores must be a finite number in (0, 1000000], got nan"),
+        ("w", math.inf, "cores must be a finite number in (0, 1000000], got inf"),
     ],
 )
 def test_join_invalid_argument(ps_server, name: str, cores: float, fragment: str) -> None:
@@ -259,32 +266,33 @@ def test_join_invalid_argument(ps_server, name: str, cores: float, fragment: str
 
 def test_join_duplicate_name_then_job_full(ps_server, threads, signal_after) -> None:
     server = ps_server()
-    added = signal_after(server.coordinator.controller, "add_worker")
+    added = signal_after(server.coordinator.membership, "admit")
     first = threads.submit(join, server.stub(), "a", 2.0)
     assert added.wait(TIMEOUT)
     stub = server.stub()
-    expect_refused(server, lambda: join(stub, "a", 1.0), Code.ALREADY_EXISTS, "a worker named 'a' has already joined", "--name")
+    expect_refused(server, lambda: join(stub, "a", 1.0), Code.ALREADY_EXISTS, "a worker named 'a' is already in the job", "--name")
     assert not first.done()
     second = join(stub, "b", 1.0)
     assert first.result(TIMEOUT).worker_id.startswith("a-") and second.worker_id.startswith("b-")
-    expect_refused(server, lambda: join(stub, "c", 1.0), Code.FAILED_PRECONDITION, "job full: all 2 workers have joined")
+    expect_refused(server, lambda: join(stub, "c", 1.0), Code.FAILED_PRECONDITION, "job full: 2 workers are in the job")
     expect_refused(server, lambda: join(stub, "a", 1.0), Code.FAILED_PRECONDITION, "job full")
 
 
 def test_join_abandoned_while_waiting_frees_its_slot(ps_server, threads, signal_after) -> None:
     """A worker that gives up waiting for the others (cancel, deadline, crash) must not keep its slot or name."""
     server = ps_server()
-    added = signal_after(server.coordinator.controller, "add_worker")
-    removed = signal_after(server.coordinator.controller, "remove_worker")
+    added = signal_after(server.coordinator.membership, "admit")
+    removed = signal_after(server.coordinator.membership, "remove")
     before = snapshot(server)
     call = server.stub().Join.future(ps_pb2.JoinRequest(name="a", cores=1.0), timeout=TIMEOUT)
     assert added.wait(TIMEOUT)
-    assert len(snapshot(server)["members"]) == 1
+    assert len(snapshot(server)["pending"]) == 1
     call.cancel()
     assert removed.wait(TIMEOUT)
     assert call.cancelled()
     after = snapshot(server)
     assert after.pop("joined") == 1 and before.pop("joined") == 0  # join indexes are never reused
+    assert list(after.pop("departed").values()) == ["gone before it was admitted"] and before.pop("departed") == {}
     assert_same(before, after)
     joins = join_all(server, threads, {"a": 1.0, "b": 1.0})  # the same name can join again
     assert server.call(lambda: sorted(m.name for m in server.coordinator.members.values())) == ["a", "b"]
@@ -293,10 +301,10 @@ def test_join_abandoned_while_waiting_frees_its_slot(ps_server, threads, signal_
 
 def test_push_before_the_job_started(ps_server, threads, signal_after) -> None:
     server = ps_server()
-    added = signal_after(server.coordinator.controller, "add_worker")
+    added = signal_after(server.coordinator.membership, "admit")
     pending = threads.submit(join, server.stub(), "a", 1.0)
     assert added.wait(TIMEOUT)
-    (worker_id,) = server.call(lambda: list(server.coordinator.members))
+    (worker_id,) = server.call(lambda: list(server.coordinator.membership.pending))
     numel = server.coordinator.layout.numel
     stub = server.stub()
     grad = rand(numel, 0)
@@ -507,11 +515,11 @@ def test_bsp_leave_closes_a_round_that_waited_only_on_the_leaver(open_round: Ope
     status = c.stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT)
     assert [w.name for w in status.workers] == ["a"] and status.workers[0].batch_size == 32
     for call, fragment in (
-        (lambda: c.stub.Leave(ps_pb2.LeaveRequest(worker_id=c.ids["b"]), timeout=TIMEOUT), "unknown worker id"),
-        (lambda: pull(c.stub, c.ids["b"]), "unknown worker id"),
-        (lambda: push(c.stub, push_chunks(header(c.ids["b"], c.grad_a, round=1), c.grad_a)), "unknown worker id"),
+        (lambda: c.stub.Leave(ps_pb2.LeaveRequest(worker_id=c.ids["b"]), timeout=TIMEOUT), "left; Join again"),
+        (lambda: pull(c.stub, c.ids["b"]), "left; Join again"),
+        (lambda: push(c.stub, push_chunks(header(c.ids["b"], c.grad_a, round=1), c.grad_a)), "left; Join again"),
     ):
-        expect_refused(c.server, call, Code.NOT_FOUND, fragment, "Join first")
+        expect_refused(c.server, call, Code.NOT_FOUND, fragment)
     h, _ = push(c.stub, push_chunks(header(c.ids["a"], c.grad_a, round=1, batch_size=32), c.grad_a))
     assert h.round == 2  # a alone closes the next round at once
 
@@ -521,7 +529,7 @@ def test_leave_then_status(ps_server, threads) -> None:
     assert c.stub.Leave(ps_pb2.LeaveRequest(worker_id=c.ids["a"]), timeout=TIMEOUT) == ps_pb2.LeaveReply()
     state = snapshot(c.server)
     assert list(state["members"]) == [c.ids["b"]]
-    assert [w["id"] for w in state["controller"]["workers"]] == [c.ids["b"]]
+    assert [w["id"] for w in state["controller"]["workers"]] == ["b"]
     assert state["status"]["global_batch"] == 32
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 from torch import nn
@@ -30,7 +31,9 @@ from ps.datasets import Dataset, build_dataset
 from ps.jobspec import JobSpec
 from ps.models import build_model
 from ps.wire import Layout, flatten_grads, flatten_params, load_flat
+from worker.backoff import Backoff
 from worker.client import PSClient, ServerError, StepPlan
+from worker.heartbeat import Heartbeat
 from worker.sampler import ElasticBatchSampler
 
 
@@ -45,11 +48,16 @@ def default_cores() -> float:
 class Session:
     """One worker's membership in a job: its model, data, batch size and step()."""
 
-    def __init__(self, client: PSClient, name: str, cores: float, slowdown: float = 1.0) -> None:
+    def __init__(
+        self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0
+    ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
         self.client = client
         self.slowdown = slowdown
+        self.cores = cores
+        self.retry_for = retry_for
+        self.rejoins = 0
         joined = client.join(name, cores)
         self.name = name
         self.worker_id = joined.worker_id
@@ -64,6 +72,7 @@ class Session:
         self._grads = torch.empty_like(self._params)
         self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
         self._apply(client.pull(self.worker_id, self._params))
+        self._heartbeat = Heartbeat(client.heartbeat, self.worker_id, joined.heartbeat_interval_s)
         self._fetch_started: float | None = None
         self.steps = 0
         self.last_compute_ms = 0.0
@@ -114,20 +123,55 @@ class Session:
             values = self._asp_update(grads)
         else:
             values = grads
-        plan = self.client.push(
-            self.worker_id,
-            values,
-            self._params,
-            round=self.plan.round,
-            version=self.plan.version,
-            batch_size=self._sampler.batch_size,
-            compute_ms=compute_ms,
-            wire_dtype=self.spec.wire_dtype,
-        )
-        self.steps += 1
-        self.last_compute_ms = compute_ms
+        try:
+            plan = self.client.push(
+                self.worker_id,
+                values,
+                self._params,
+                round=self.plan.round,
+                version=self.plan.version,
+                batch_size=self._sampler.batch_size,
+                compute_ms=compute_ms,
+                wire_dtype=self.spec.wire_dtype,
+            )
+        except ServerError as exc:
+            plan = self._recover(exc)
+        else:
+            self.steps += 1
+            self.last_compute_ms = compute_ms
         self._apply(plan)
         return plan
+
+    def _recover(self, error: ServerError) -> StepPlan:
+        """After a failed push: resync (stale round/version), or rejoin with backoff (server
+        restarted, this worker evicted, connection lost). The step's gradient is dropped."""
+        if error.code == "FAILED_PRECONDITION" and "rejoin" not in error.message:
+            return self.client.pull(self.worker_id, self._params)
+        if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
+            raise error
+        for delay in Backoff(total=self.retry_for).delays():
+            time.sleep(delay)
+            try:
+                return self._rejoin()
+            except ServerError as exc:
+                if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"):
+                    raise
+                if "has ended" in exc.message:
+                    return replace(self.plan, done=True, reason="finished")
+                error = exc
+        raise ServerError(error.code, f"gave up after {self.retry_for:.0f}s of retries: {error.message}")
+
+    def _rejoin(self) -> StepPlan:
+        try:
+            self.client.leave(self.worker_id)
+        except ServerError:
+            pass
+        joined = self.client.join(self.name, self.cores, timeout=self.retry_for)
+        if joined.spec != self.spec or joined.layout != Layout.of(self.model):
+            raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
+        self._heartbeat.worker_id = self.worker_id = joined.worker_id
+        self.rejoins += 1
+        return self.client.pull(self.worker_id, self._params)
 
     def _asp_update(self, grads: torch.Tensor) -> torch.Tensor:
         """Δ = -η_k (g + wd·θ), η_k from the server (η·b_k/B, Eq. 5b)."""
@@ -142,6 +186,7 @@ class Session:
             self.client.leave(self.worker_id)
 
     def close(self) -> None:
+        self._heartbeat.stop()
         self.client.close()
 
     def __enter__(self) -> Session:
@@ -163,12 +208,22 @@ def connect(
     cores: float | None = None,
     slowdown: float = 1.0,
     timeout: float = 60.0,
+    *,
+    retry_for: float = 120.0,
+    token: str | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
 ) -> Session:
-    """Join the parameter server at `target` (HOST:PORT); blocks until the job starts."""
-    client = PSClient(target)
+    """Join the parameter server at `target` (HOST:PORT); blocks until the job starts.
+
+    `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
+    and `token` is sent with every call; see README "Security".
+    """
+    client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     try:
         client.wait_ready(timeout)
-        return Session(client, name or f"{os.uname().nodename}-{os.getpid()}", cores or default_cores(), slowdown)
+        return Session(client, name or f"{os.uname().nodename}-{os.getpid()}", cores or default_cores(), slowdown, retry_for)
     except BaseException:
         client.close()
         raise

@@ -1,0 +1,97 @@
+"""Who is in the job: active workers, workers waiting to join at a round boundary, and the departed.
+
+Pure bookkeeping with the clock passed in, so liveness rules are testable without sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import secrets
+from dataclasses import dataclass, field
+
+from ps.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+
+MAX_NAME = 128
+MAX_CORES = 1e6
+MAX_DEPARTED = 10_000
+
+
+@dataclass
+class Member:
+    """A joined worker and its counters."""
+
+    worker_id: str
+    name: str
+    cores: float
+    index: int
+    last_seen: float
+    updates: int = 0
+    staleness_sum: int = 0
+    epoch_updates: int = 0
+    epoch_compute_ms: list[float] = field(default_factory=list)
+    activated: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class Membership:
+    """Active and pending members keyed by worker id; names are unique among them."""
+
+    def __init__(self, max_workers: int) -> None:
+        self.max_workers = max_workers
+        self.active: dict[str, Member] = {}
+        self.pending: dict[str, Member] = {}
+        self.departed: dict[str, str] = {}  # worker id -> why it went ("left", "evicted after ...")
+        self._joined = 0
+
+    def admit(self, name: str, cores: float, now: float) -> Member:
+        """Validate a join and add the worker as pending."""
+        if not name or len(name) > MAX_NAME:
+            raise InvalidArgument(f"name must be 1-{MAX_NAME} characters")
+        if not (math.isfinite(cores) and 0 < cores <= MAX_CORES):
+            raise InvalidArgument(f"cores must be a finite number in (0, {MAX_CORES:.0f}], got {cores}")
+        if len(self.active) + len(self.pending) >= self.max_workers:
+            raise FailedPrecondition(f"job full: {self.max_workers} workers are in the job (--max-workers)")
+        if any(m.name == name for m in self.members()):
+            raise AlreadyExists(f"a worker named {name!r} is already in the job; pick another --name or wait for its eviction")
+        member = Member(f"{name}-{secrets.token_hex(4)}", name, cores, self._joined, now)
+        self._joined += 1
+        self.pending[member.worker_id] = member
+        return member
+
+    def activate(self, worker_id: str) -> Member:
+        member = self.pending.pop(worker_id)
+        self.active[worker_id] = member
+        return member
+
+    def members(self) -> list[Member]:
+        return [*self.active.values(), *self.pending.values()]
+
+    def get(self, worker_id: str) -> Member:
+        """An active member; departed ones are told to rejoin, unknown ones to join."""
+        member = self.active.get(worker_id)
+        if member is not None:
+            return member
+        if worker_id in self.pending:
+            raise FailedPrecondition(
+                f"worker {worker_id!r} is waiting to be admitted: the job has not started or the round it joins at is open"
+            )
+        reason = self.departed.get(worker_id)
+        if reason is not None and reason.startswith("evicted"):
+            raise FailedPrecondition(f"worker {worker_id!r} was {reason}; rejoin")
+        if reason is not None:
+            raise NotFound(f"worker {worker_id!r} {reason}; Join again")
+        raise NotFound(f"unknown worker id {worker_id!r}; Join first")
+
+    def touch(self, worker_id: str, now: float) -> None:
+        self.get(worker_id).last_seen = now
+
+    def stale(self, now: float, timeout: float) -> list[Member]:
+        """Active members not heard from for more than `timeout` seconds."""
+        return [m for m in self.active.values() if now - m.last_seen > timeout]
+
+    def remove(self, worker_id: str, reason: str) -> Member:
+        member = self.active.pop(worker_id, None) or self.pending.pop(worker_id)
+        if len(self.departed) >= MAX_DEPARTED:
+            self.departed.pop(next(iter(self.departed)))
+        self.departed[worker_id] = reason
+        return member
