@@ -1,0 +1,316 @@
+"""``ps-cluster run``: real emulator processes on loopback, with cgroup quotas where they are writable.
+
+Each test starts ``python -m deploy.cli run`` as a process, as a user would, and checks what it
+promises: the quotas the kernel holds while it runs, the phase switches of a schedule, the files it
+writes, the slowdown fallback, and that no cgroup or process outlives the run on any exit path.
+Tests that read quotas skip (with the reason) where no cgroup CPU controller is writable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from deploy.cgroups import CgroupBackend, detect_backend
+from deploy.profiles import load_profile, quota_period_us, scale
+from ps.metrics import read_metrics
+from tests.processes import ENV
+
+BACKEND: CgroupBackend | None = detect_backend()
+needs_cgroups = pytest.mark.skipif(
+    BACKEND is None,
+    reason="no writable cgroup CPU controller (needs root on Linux with cgroup v2 cpu.max or v1 cpu.cfs_quota_us)",
+)
+TINY_JOB = [
+    "--model", "mlp", "--model-arg", "hidden=32", "--dataset", "synthetic", "--dataset-arg", "size=512",
+    "--dataset-arg", "image_size=8", "--dataset-arg", "channels=1", "--global-batch", "64", "--lr", "0.05",
+]
+"""A job whose epochs take well under a second (and whose processes need not import scikit-learn)."""
+
+
+class Emulator:
+    """A running ``ps-cluster run`` process; its stdout and stderr go to files in its out folder."""
+
+    def __init__(self, out: Path, *args: str) -> None:
+        self.out = out
+        out.mkdir(parents=True, exist_ok=True)
+        self._stdout = open(out.parent / f"{out.name}.stdout", "w")  # noqa: SIM115
+        self._stderr = open(out.parent / f"{out.name}.stderr", "w")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "run", "--out", str(out), *args],
+            stdout=self._stdout, stderr=self._stderr, env=ENV,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            self._stdout.close()
+            self._stderr.close()
+
+    @property
+    def stdout(self) -> str:
+        return (self.out.parent / f"{self.out.name}.stdout").read_text()
+
+    @property
+    def stderr(self) -> str:
+        return (self.out.parent / f"{self.out.name}.stderr").read_text()
+
+    def events(self, kind: str) -> list[dict]:
+        path = self.out / "metrics.jsonl"
+        return [e for e in (read_metrics(path) if path.exists() else []) if e["event"] == kind]
+
+    def wait_for(self, predicate: Callable[[], bool], what: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert self.proc.poll() is None, f"the emulator exited before {what}:\n{self.stdout}\n{self.stderr}"
+            assert time.monotonic() < deadline, f"timed out waiting for {what}:\n{self.stdout}"
+            time.sleep(0.02)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def emulators() -> Iterator[Callable[..., Emulator]]:
+    started: list[Emulator] = []
+
+    def start(out: Path, *args: str) -> Emulator:
+        emulator = Emulator(out, *args)
+        started.append(emulator)
+        return emulator
+
+    yield start
+    for emulator in started:
+        emulator.kill()
+
+
+def run_dirs(pid: int) -> list[Path]:
+    """The emulator's cgroup run directories (``hetero-ps/emulator.<pid>.<start>``)."""
+    if BACKEND is None or not BACKEND.parent.is_dir():
+        return []
+    return sorted(BACKEND.parent.glob(f"emulator.{pid}.*"))
+
+
+def quotas(pid: int) -> dict[str, tuple[int | None, int]]:
+    """``{worker: (quota_us, period_us)}`` read from the kernel's files (cpu.cfs_* or cpu.max)."""
+    assert BACKEND is not None
+    found = {}
+    for run_dir in run_dirs(pid):
+        for group in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+            try:
+                found[group.name] = BACKEND.read_limit(group)
+            except (FileNotFoundError, ValueError):
+                continue
+    return found
+
+
+def children(pid: int) -> list[tuple[int, str]]:
+    """``(pid, command line)`` of the live child processes of ``pid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid and fields[0] not in ("Z", "X"):
+            found.append((int(entry.name), cmdline))
+    return found
+
+
+def worker_pid(pid: int, name: str) -> int:
+    for child, cmdline in children(pid):
+        if "worker.cli" in cmdline and f"--name {name} " in cmdline:
+            return child
+    raise AssertionError(f"no worker {name} among the children of {pid}: {children(pid)}")
+
+
+def expected_limits(shares: list[float], period: int) -> dict[str, tuple[int, int]]:
+    return {f"w{k}": (round(s * period), period) for k, s in enumerate(shares)}
+
+
+def write_profile(path: Path, workers: Sequence[float]) -> Path:
+    path.write_text(json.dumps({"kind": "profile", "name": path.stem, "bsp": {"workers": workers}}))
+    return path
+
+
+def test_main_job_quick_runs_end_to_end_with_quotas(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
+    """The main job (--quick): quotas held while it runs (where cgroups work), summary and plots, no group left."""
+    shares = scale(load_profile("hl8"), "bsp", 1.5)
+    period = quota_period_us(shares)
+    emulator = emulators(tmp_path / "quick", "--profile", "hl8", "--quick", "--cpu-budget", "1.5")
+    seen: dict[str, tuple[int | None, int]] = {}
+    if BACKEND is not None:
+        emulator.wait_for(lambda: bool(emulator.events("epoch")), "the first epoch")
+        seen = quotas(emulator.pid)
+    assert emulator.wait() == 0, emulator.stderr
+    out = emulator.stdout
+    assert run_dirs(emulator.pid) == []
+    if BACKEND is not None:
+        assert seen == expected_limits(shares, period)
+        assert f"cgroup-v{BACKEND.version} CPU quotas" in out and "period 8 ms" in out
+    for line in ("epoch  1/4 |", "test accuracy after epoch 4", "final batch", "controller adjustments"):
+        assert line in out, out
+    summary = json.loads((tmp_path / "quick" / "summary.json").read_text())
+    assert [w["worker"] for w in summary["workers"]] == ["w0", "w1", "w2", "w3"]
+    assert summary["epochs"] == 4 and summary["accuracy"] > 0.3
+    batches = [w["final_batch"] for w in summary["workers"]]
+    assert batches[3] > 2 * max(batches[:3]), f"the 1-core worker should get the largest batch: {batches}"
+    for name in ("batch_sizes.png", "compute_times.png", "accuracy.png"):
+        path = tmp_path / "quick" / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert str(path) in out
+
+
+@needs_cgroups
+def test_dynamic_schedule_switches_quotas_at_epoch_boundaries(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
+    """Three phases, one epoch each: phases.jsonl and the kernel's quotas follow the epochs."""
+    profiles = [write_profile(tmp_path / f"p{k}.yaml", w) for k, w in enumerate([[1, 1], [1, 3], [3, 1]])]
+    schedule = tmp_path / "three.yaml"
+    schedule.write_text(json.dumps({"kind": "schedule", "every_epochs": 1, "phases": [str(p) for p in profiles]}))
+    emulator = emulators(
+        tmp_path / "sched", "--schedule", str(schedule), "--cpu-budget", "1", *TINY_JOB, "--global-batch", "16",
+        "--dataset-arg", "size=1024",
+    )
+    phase_shares = [[0.5, 0.5], [0.25, 0.75], [0.75, 0.25]]
+    period = quota_period_us([s for shares in phase_shares for s in shares])
+    expected = [expected_limits(shares, period) for shares in phase_shares]
+    observed: list[dict] = []
+    while emulator.proc.poll() is None:
+        now = quotas(emulator.pid)
+        if now and len(now) == 2 and (not observed or observed[-1] != now):
+            observed.append(now)
+        time.sleep(0.005)
+    assert emulator.wait() == 0, emulator.stderr
+    assert run_dirs(emulator.pid) == []
+    assert [o for o in observed if o in expected] == expected, observed
+    phases = [json.loads(line) for line in (tmp_path / "sched" / "phases.jsonl").read_text().splitlines()]
+    assert [(p["phase"], p["epoch"], p["profile"]) for p in phases] == [(0, 0, "p0"), (1, 1, "p1"), (2, 2, "p2")]
+    assert [p["shares"] for p in phases] == phase_shares
+    ends = {e["epoch"]: e["time"] for e in emulator.events("epoch")}
+    for phase in phases[1:]:
+        assert ends[phase["epoch"]] <= phase["time"] < ends[phase["epoch"] + 1], (phase, ends)
+    assert "phase 3/3 p2 (HL 3) after epoch 2" in emulator.stdout
+
+
+def test_killed_worker_stops_the_run_and_leaves_nothing(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
+    """SIGKILL to a worker mid-run: exit 1 with a line naming it; no process or cgroup is left."""
+    profile = write_profile(tmp_path / "two.yaml", [1, 2])
+    emulator = emulators(tmp_path / "killed", "--profile", str(profile), "--cpu-budget", "1", *TINY_JOB, "--epochs", "200")
+    emulator.wait_for(lambda: bool(emulator.events("epoch")), "the first epoch")
+    if BACKEND is not None:
+        assert len(quotas(emulator.pid)) == 2
+    os.kill(worker_pid(emulator.pid, "w0"), signal.SIGKILL)
+    assert emulator.wait(timeout=30) == 1
+    errors = [line for line in emulator.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "run failed" in errors[0] and "w0 (killed by SIGKILL)" in errors[0], errors
+    assert run_dirs(emulator.pid) == []
+    assert children(emulator.pid) == []
+
+
+@pytest.mark.parametrize(("signum", "code", "message"), [
+    (signal.SIGTERM, 128 + signal.SIGTERM, "terminated by SIGTERM"),
+    (signal.SIGINT, 130, "interrupted"),
+])
+def test_signal_to_the_emulator_removes_everything(
+    tmp_path: Path, emulators: Callable[..., Emulator], signum: int, code: int, message: str
+) -> None:
+    """SIGTERM or Ctrl-C to the emulator while its cluster starts: every process and cgroup is gone after."""
+    profile = write_profile(tmp_path / "two.yaml", [1, 2])
+    emulator = emulators(tmp_path / "sig", "--profile", str(profile), "--cpu-budget", "1", *TINY_JOB, "--epochs", "200")
+    emulator.wait_for(lambda: len(children(emulator.pid)) == 3, "the server and both workers")
+    if BACKEND is not None:
+        emulator.wait_for(lambda: len(quotas(emulator.pid)) == 2, "both workers' groups")
+    pids = [child for child, _ in children(emulator.pid)]
+    emulator.proc.send_signal(signum)
+    assert emulator.wait(timeout=30) == code
+    assert message in emulator.stderr and "cgroups removed" in emulator.stderr
+    assert run_dirs(emulator.pid) == []
+    for pid in pids:
+        assert not Path(f"/proc/{pid}").exists(), f"process {pid} outlived the emulator"
+
+
+def test_slowdown_fallback_when_forced(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
+    """--limiter slowdown: no cgroup, workers slowed by max_share/share, the run completes."""
+    profile = write_profile(tmp_path / "two.yaml", [1, 3])
+    emulator = emulators(
+        tmp_path / "slow", "--profile", str(profile), "--limiter", "slowdown", *TINY_JOB, "--epochs", "2"
+    )
+    emulator.wait_for(lambda: bool(emulator.events("adjust")), "the job start")
+    assert run_dirs(emulator.pid) == []
+    w0 = next(cmd for _, cmd in children(emulator.pid) if "--name w0 " in cmd)
+    w1 = next(cmd for _, cmd in children(emulator.pid) if "--name w1 " in cmd)
+    assert "--slowdown 3.0" in w0 and "--slowdown" not in w1
+    assert emulator.wait() == 0, emulator.stderr
+    assert "emulating with --slowdown (forced by the slowdown limiter)" in emulator.stdout
+    assert "w0=x3" in emulator.stdout
+    assert (tmp_path / "slow" / "summary.json").exists()
+
+
+def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
+    """The slowdown fallback cannot change speeds live: a schedule is refused before anything starts."""
+    result = subprocess.run(
+        [sys.executable, "-m", "deploy.cli", "run", "--schedule", "dynamic", "--limiter", "slowdown", "--out", str(tmp_path / "x")],
+        capture_output=True, text=True, env=ENV, timeout=60, check=False,
+    )
+    assert result.returncode == 2
+    errors = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "cannot change a worker's speed while it runs" in errors[0], result.stderr
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--profile", "hl3"], "unknown profile 'hl3'"),
+        (["--every-epochs", "2"], "need --schedule"),
+        (["--server-arg=--workers 3"], "set by the emulator"),
+        (["--server-arg", "--deadband 0.2 --epochs 3"], "use ps-cluster run --epochs"),
+        (["--cpu-budget", "0"], "expected a number > 0"),
+        (["--model", "resnet9000", "--quick"], "unknown model 'resnet9000'"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
+    with open(tmp_path / "stderr", "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "deploy.cli", "run", "--out", str(tmp_path / "x"), *args],
+            stdout=subprocess.DEVNULL, stderr=stderr, env=ENV,
+        )
+        code = proc.wait(timeout=60)
+    text = (tmp_path / "stderr").read_text()
+    assert code == 2, text
+    errors = [line for line in text.splitlines() if line.strip()]
+    assert len(errors) == 1 and needle in errors[0], text
+    assert run_dirs(proc.pid) == []
+
+
+def test_phase_spans_place_epoch_and_clock_phases_on_the_epoch_axis() -> None:
+    """Pure: the shaded spans of the per-epoch plots, for phases in epochs and in seconds."""
+    from deploy.plots import phase_spans
+
+    events = [
+        {"event": "adjust", "time": 100.0},
+        *({"event": "epoch", "epoch": e, "time": 100.0 + 10 * e} for e in range(1, 7)),
+    ]
+    by_epoch = [{"phase": 0, "profile": "hl1", "epoch": 0}, {"phase": 1, "profile": "hl8", "epoch": 3}]
+    assert phase_spans(events, by_epoch) == [(0.5, 3.5, "HL1"), (3.5, 6.5, "HL8")]
+    by_clock = [{"phase": 0, "profile": "a", "elapsed_s": 0, "time": 100.0}, {"phase": 1, "profile": "b", "elapsed_s": 25, "time": 125.0}]
+    assert phase_spans(events, by_clock) == [(0.5, 3.0, "A"), (3.0, 6.5, "B")]
