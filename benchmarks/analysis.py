@@ -1,0 +1,159 @@
+"""Pure functions from a run's metrics events to the numbers the heterogeneity benchmark reports.
+
+No processes and no clock here: every function takes the parsed ``ps-server --metrics-log`` events
+(see README, "Metrics log") and returns plain numbers, so the definitions are easy to read and test.
+
+Definitions
+-----------
+* steady throughput: samples/s over the last ``fraction`` of the epochs, from ``epoch`` events,
+  as total samples / total time (each epoch's samples = its samples_per_s x its duration, the
+  durations from the cumulative ``wall_s``), not a mean of per-epoch rates.
+* balanced: every worker's compute time is within ``tolerance`` (10%) of the workers' mean.
+* adjustments to steady: the controller decisions (``adjust`` events after the first plan, or after
+  the start of a window such as a phase of a dynamic schedule) made before the first balanced
+  measurement. The measurement is, by ``basis``:
+  ``"epoch"``: the mean compute times of an ``epoch`` event (the plan is constant within an epoch
+  when the controller decides at epoch ends); ``"adjust"``: the smoothed times an ``adjust`` event's
+  decision used (for ``--adjust-every N``, where epochs mix plans).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Event = Mapping[str, Any]
+
+
+def of_kind(events: Sequence[Event], kind: str) -> list[Event]:
+    """The events of one kind, in log order."""
+    return [e for e in events if e.get("event") == kind]
+
+
+def epoch_samples(epochs: Sequence[Event]) -> list[tuple[float, float]]:
+    """``(samples, seconds)`` of each epoch, from its rate and the cumulative wall time."""
+    out: list[tuple[float, float]] = []
+    previous = 0.0
+    for e in epochs:
+        wall = float(e["wall_s"])
+        seconds = max(0.0, wall - previous)
+        previous = wall
+        rate = e.get("samples_per_s")
+        out.append((float(rate) * seconds if rate is not None else 0.0, seconds))
+    return out
+
+
+def steady_throughput(epochs: Sequence[Event], fraction: float = 0.5) -> tuple[float | None, int]:
+    """Samples/s over the last ``fraction`` of the epochs (at least one); ``(rate, epochs used)``."""
+    if not epochs:
+        return None, 0
+    counted = max(1, round(len(epochs) * fraction))
+    tail = epoch_samples(epochs)[-counted:]
+    seconds = sum(s for _, s in tail)
+    if seconds <= 0:
+        return None, counted
+    return sum(n for n, _ in tail) / seconds, counted
+
+
+def spread(values: Mapping[str, float] | None) -> float | None:
+    """max / min of positive values (None if there are fewer than one or a zero)."""
+    if not values:
+        return None
+    vals = [float(v) for v in values.values()]
+    if min(vals) <= 0:
+        return None
+    return max(vals) / min(vals)
+
+
+def balanced(times: Mapping[str, float] | None, workers: Sequence[str], tolerance: float = 0.1) -> bool:
+    """Whether every worker in ``workers`` has a time and all are within ``tolerance`` of their mean."""
+    if not times or any(w not in times or times[w] is None for w in workers):
+        return False
+    vals = [float(times[w]) for w in workers]
+    mean = sum(vals) / len(vals)
+    return mean > 0 and all(abs(v - mean) <= tolerance * mean for v in vals)
+
+
+def to_steady(
+    events: Sequence[Event],
+    workers: Sequence[str],
+    *,
+    basis: str = "epoch",
+    tolerance: float = 0.1,
+    after_epoch: int = 0,
+    until_epoch: int | None = None,
+) -> dict[str, Any]:
+    """Decisions until the workers' compute times are balanced, in the window of epochs
+    ``(after_epoch, until_epoch]``.
+
+    Returns ``adjustments`` (decisions in the window before the first balanced measurement; None if
+    none is balanced), ``plan_changes`` (those of them that changed the plan), ``steady_epoch``
+    (the epoch of that measurement: for basis "adjust", the epoch the decision was logged in),
+    ``stayed_steady`` (every later measurement in the window balanced too) and ``basis``.
+    A decision counts for the window when its event's ``epoch`` (completed epochs when it was made)
+    is in ``[after_epoch + 1, ...]``, or ``>= 1`` for the run's start: the first plan has epoch 0 and
+    the decision at the end of ``after_epoch`` was made on the previous window's data.
+    """
+    if basis not in ("epoch", "adjust"):
+        raise ValueError(f"basis must be 'epoch' or 'adjust', got {basis!r}")
+    hi = float("inf") if until_epoch is None else until_epoch
+    decisions = [e for e in of_kind(events, "adjust") if after_epoch + 1 <= int(e.get("epoch", 0)) <= hi]
+    if basis == "epoch":
+        measurements = [(int(e["epoch"]), e.get("compute_ms")) for e in of_kind(events, "epoch")
+                        if after_epoch < int(e["epoch"]) <= hi]
+    else:
+        measurements = [(int(e["epoch"]), e.get("compute_ms")) for e in decisions]
+    flags = [balanced(times, workers, tolerance) for _, times in measurements]
+    if True not in flags:
+        return {"adjustments": None, "plan_changes": None, "steady_epoch": None, "stayed_steady": False, "basis": basis}
+    first = flags.index(True)
+    steady_epoch = measurements[first][0]
+    if basis == "epoch":
+        before = [e for e in decisions if int(e["epoch"]) < steady_epoch]
+    else:
+        before = decisions[:first]
+    return {
+        "adjustments": len(before),
+        "plan_changes": sum(1 for e in before if e.get("changed")),
+        "steady_epoch": steady_epoch,
+        "stayed_steady": all(flags[first:]),
+        "basis": basis,
+    }
+
+
+def first_reaching(evals: Sequence[Event], target: float) -> Event | None:
+    """The first ``eval`` event whose accuracy is at least ``target`` (None if none)."""
+    for e in evals:
+        if e.get("accuracy") is not None and float(e["accuracy"]) >= target:
+            return e
+    return None
+
+
+def target(name: str, value: float | None, op: str, threshold: float, source: str) -> dict[str, Any]:
+    """A pass/fail record; ``pass`` is None when the value was not measured (counts as not passed)."""
+    if op not in (">=", "<="):
+        raise ValueError(f"op must be >= or <=, got {op!r}")
+    ok = None if value is None else (value >= threshold if op == ">=" else value <= threshold)
+    shown = value if value is None or isinstance(value, int) else round(float(value), 4)
+    return {"name": name, "value": shown, "op": op,
+            "threshold": threshold, "pass": ok, "source": source}
+
+
+def fmt(value: Any, digits: int = 3) -> str:
+    """A table cell: numbers to ``digits`` significant-ish places, None as a dash."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}" if abs(value) < 10 ** digits else f"{value:.0f}"
+    if isinstance(value, Mapping):
+        return " ".join(f"{k}={fmt(v)}" for k, v in value.items())
+    return str(value)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub-flavoured markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

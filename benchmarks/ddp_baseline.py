@@ -1,0 +1,177 @@
+"""The baseline to beat: PyTorch DistributedDataParallel with equal batches (gloo, CPU).
+
+:func:`run_ddp` starts one process per worker, each in its worker's CPU cgroup before it execs
+(or slowed down in software where there is no cgroup backend), all of them training the same model
+on the same data with the same batch ``B / K``. They meet through a ``torch.distributed.TCPStore``
+that rank 0 hosts on 127.0.0.1, on a free port the driver picks. After ``warmup`` steps, rank 0 times ``steps``
+more between two barriers and prints ``{"samples_per_s", "step_ms", ...}`` as one JSON line.
+
+The child entry point is ``python -m benchmarks.ddp_baseline --rank R --world K --store-port P ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from benchmarks.workload import (
+    Workload,
+    add_child_workload_arguments,
+    build,
+    spawn,
+    stop,
+)
+
+INIT_TIMEOUT_S = 300.0
+"""How long ranks wait for each other at start-up (a throttled rank imports torch slowly)."""
+
+
+def run_ddp(
+    workload: Workload,
+    batch_per_worker: int,
+    preexecs: Sequence[Callable[[], None] | None],
+    slowdowns: Sequence[float],
+    *,
+    warmup: int,
+    steps: int,
+    workdir: Path,
+    timeout_s: float,
+) -> dict:
+    """Run the DDP baseline with ``len(preexecs)`` ranks; returns rank 0's measurement.
+
+    ``preexecs[k]`` places rank k in its cgroup (None: no cgroup), ``slowdowns[k]`` slows it down
+    in software (1: not at all). Every child is stopped on every exit path. RuntimeError (with the
+    tail of the failing rank's log) if a rank fails or the run exceeds ``timeout_s``.
+    """
+    world = len(preexecs)
+    port = free_port()
+    workdir.mkdir(parents=True, exist_ok=True)
+    procs = []
+    try:
+        for rank in range(world):
+            argv = [
+                "-m", "benchmarks.ddp_baseline", *workload.cli_args(),
+                "--lr", str(workload.lr), "--momentum", str(workload.momentum),
+                "--rank", str(rank), "--world", str(world), "--store-port", str(port),
+                "--batch", str(batch_per_worker), "--warmup", str(warmup), "--steps", str(steps),
+                "--slowdown", str(slowdowns[rank]),
+            ]
+            procs.append(spawn(argv, preexec=preexecs[rank], log=workdir / f"ddp-rank{rank}.log"))
+        deadline = time.monotonic() + timeout_s
+        while any(proc.poll() is None for proc in procs):
+            # a rank that fails leaves the others blocked in a collective: stop at the first failure
+            for rank, proc in enumerate(procs):
+                if proc.returncode not in (None, 0):
+                    text = (workdir / f"ddp-rank{rank}.log").read_text(encoding="utf-8", errors="replace")
+                    raise RuntimeError(f"DDP rank {rank} exited with {proc.returncode}:\n{text[-2000:]}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"DDP baseline did not finish within {timeout_s:.0f} s (logs: {workdir})")
+            time.sleep(0.1)
+        for rank, proc in enumerate(procs):
+            if proc.returncode != 0:
+                text = (workdir / f"ddp-rank{rank}.log").read_text(encoding="utf-8", errors="replace")
+                raise RuntimeError(f"DDP rank {rank} exited with {proc.returncode}:\n{text[-2000:]}")
+        out = procs[0].stdout.read() if procs[0].stdout else ""
+        lines = [line for line in out.splitlines() if line.startswith("{")]
+        if not lines:
+            raise RuntimeError(f"DDP rank 0 printed no result: {out[-500:]!r}")
+        return json.loads(lines[-1])
+    finally:
+        stop(procs)
+        for proc in procs:
+            if proc.stdout:
+                proc.stdout.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now (rank 0 binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.ddp_baseline",
+        description="One DDP rank (gloo, CPU) of the equal-batch baseline; rank 0 prints samples/s as JSON.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add_child_workload_arguments(p)
+    p.add_argument("--rank", type=int, required=True, help="this process's rank")
+    p.add_argument("--world", type=int, required=True, help="number of ranks")
+    p.add_argument("--store-host", default="127.0.0.1", help="where rank 0's TCPStore listens")
+    p.add_argument("--store-port", type=int, required=True, help="the TCPStore's port (rank 0 binds it)")
+    p.add_argument("--batch", type=int, required=True, help="per-rank batch (B / K)")
+    p.add_argument("--warmup", type=int, default=3, help="steps before timing")
+    p.add_argument("--steps", type=int, default=20, help="timed steps")
+    p.add_argument("--slowdown", type=float, default=1.0, help="software slowdown of this rank's compute")
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if not (0 <= args.rank < args.world) or args.batch < 1 or args.steps < 1 or args.warmup < 0 or args.slowdown < 1:
+        print("benchmarks.ddp_baseline: error: need 0 <= --rank < --world, --batch/--steps >= 1, --warmup >= 0, --slowdown >= 1",
+              file=sys.stderr)
+        return 2
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel
+
+    from worker.sampler import ElasticBatchSampler
+
+    torch.set_num_threads(args.threads)
+    timeout = datetime.timedelta(seconds=INIT_TIMEOUT_S)
+    store = dist.TCPStore(args.store_host, args.store_port, args.world, args.rank == 0, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=args.rank, world_size=args.world, timeout=timeout)
+    try:
+        model, dataset = build(args)
+        ddp = DistributedDataParallel(model)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
+        sampler = ElasticBatchSampler(len(dataset.train_x), seed=args.seed * 1009 + args.rank, batch_size=args.batch)
+        ddp.train()
+        compute_s = 0.0
+        start = 0.0
+        for step in range(args.warmup + args.steps):
+            if step == args.warmup:
+                dist.barrier()
+                start, compute_s = time.perf_counter(), 0.0
+            began = time.perf_counter()
+            idx = sampler.next_batch()
+            x, y = dataset.train_x[idx], dataset.train_y[idx]
+            loss = F.cross_entropy(ddp(x), y)
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()  # the gradient all-reduce runs here, overlapped with backward
+            if args.slowdown > 1.0:
+                time.sleep((time.perf_counter() - began) * (args.slowdown - 1.0))
+            optimizer.step()
+            compute_s += time.perf_counter() - began
+        dist.barrier()
+        seconds = time.perf_counter() - start
+        if args.rank == 0:
+            samples = args.steps * args.batch * args.world
+            print(json.dumps({
+                "samples_per_s": round(samples / seconds, 2),
+                "step_ms": round(1000.0 * seconds / args.steps, 3),
+                "steps": args.steps,
+                "warmup": args.warmup,
+                "seconds": round(seconds, 4),
+                "batch_per_worker": args.batch,
+                "workers": args.world,
+                "rank0_step_incl_allreduce_ms": round(1000.0 * compute_s / args.steps, 3),
+            }), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
