@@ -44,6 +44,7 @@ from typing import Any
 from benchmarks import analysis
 from benchmarks.workload import Workload, spawn, stop
 from deploy.cgroups import CgroupBackend, CpuLimiter, detect_backend, slowdown_factors
+from deploy.cli import positive_float, positive_int
 from deploy.profiles import (
     Profile,
     Schedule,
@@ -599,24 +600,8 @@ def render_table(report: dict) -> str:
 
 
 # ----------------------------------------------------------------------------------------- CLI
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
-    return int(text)
-
-
 def _fraction(text: str) -> float:
-    value = _positive_float(text)
+    value = positive_float(text)
     if value > 1:
         raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
     return value
@@ -655,7 +640,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--schedule", metavar="NAME|PATH",
                       help="dynamic heterogeneity: step the quotas through this schedule's phases (e.g. dynamic); "
                       "replaces --profile")
-    what.add_argument("--every-epochs", type=_positive_int, metavar="N",
+    what.add_argument("--every-epochs", type=positive_int, metavar="N",
                       help="phase length in epochs for --schedule (default: the schedule's)")
     what.add_argument("--tta", type=_fraction, metavar="TARGET",
                       help="time uniform and dynamic to this test accuracy (default workload: digits, mlp hidden=512)")
@@ -669,10 +654,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--model-arg", action="append", metavar="K=V", help="model option (--tta default: hidden=512)")
     job.add_argument("--dataset", help="data set (default: synthetic; --tta: digits)")
     job.add_argument("--dataset-arg", action="append", metavar="K=V", help="data set option (default: size=4096)")
-    job.add_argument("--global-batch", type=_positive_int, help="global batch B (default: 512)")
-    job.add_argument("--epochs", type=_positive_int,
+    job.add_argument("--global-batch", type=positive_int, help="global batch B (default: 512)")
+    job.add_argument("--epochs", type=positive_int,
                      help="epochs per run (default: 12; --schedule: phases x every; --tta: 60, a run stops at the target)")
-    job.add_argument("--lr", type=_positive_float, help="learning rate (default: bsp 0.05, asp 0.1)")
+    job.add_argument("--lr", type=positive_float, help="learning rate (default: bsp 0.05, asp 0.1)")
     job.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, BSP and baselines (default: 0.9)")
     job.add_argument("--seed", type=int, default=0, help="model initialisation and data split (default: 0)")
     job.add_argument("--adjust-every", type=_adjust_every, default="epoch", metavar="{epoch,N}",
@@ -680,9 +665,9 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                      help="extra ps-server argument, repeatable (e.g. --server-arg=--deadband=0.05)")
     emu = p.add_argument_group("emulation")
-    emu.add_argument("--cpu-budget", type=_positive_float, metavar="CORES",
+    emu.add_argument("--cpu-budget", type=positive_float, metavar="CORES",
                      help="cores shared by the workers, in the profile's ratios (default: usable CPUs - 0.5)")
-    emu.add_argument("--server-share", type=_positive_float, metavar="CORES",
+    emu.add_argument("--server-share", type=positive_float, metavar="CORES",
                      help="the server's reserved CPU quota (default: bsp unlimited; asp the profile's server cores, "
                      "scaled like the workers')")
     emu.add_argument("--period-us", type=int, metavar="US", help="CFS period (default: 1 ms / smallest share, e.g. 8000 for 1/8 core)")
@@ -693,7 +678,7 @@ def build_parser() -> argparse.ArgumentParser:
     meas.add_argument("--ddp-seconds", type=float, default=10.0, help="about this many timed seconds of DDP (default: 10)")
     meas.add_argument("--steady-fraction", type=_fraction, default=0.5,
                       help="last fraction of the epochs that counts as steady state (default: 0.5)")
-    meas.add_argument("--run-timeout", type=_positive_float, default=1800.0, help="seconds per run before giving up")
+    meas.add_argument("--run-timeout", type=positive_float, default=1800.0, help="seconds per run before giving up")
     out = p.add_argument_group("output")
     out.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
     out.add_argument("--out", type=Path, metavar="DIR",
