@@ -1,0 +1,211 @@
+"""Smoke tests of the transport benchmark (``benchmarks.transport``): it runs end to end, reports every
+field, and leaves no process behind, also when it is stopped half way.
+
+Benchmarks are not tests: nothing here asserts a throughput or a target's pass/fail. The smoke run uses
+``--tiny`` (1e5 parameters, one repeat, few processes); most of its time is processes importing torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks import transport
+
+REPO = Path(__file__).resolve().parents[1]
+REPORT_KEYS = {"benchmark", "tiny", "environment", "settings", "definitions", "rows", "server_overhead", "profile",
+               "shards", "shards_note", "targets", "timings_s"}
+ROW_KEYS = {"benchmark", "numel", "wire_dtype", "processes", "workers", "bytes_per_iter", "iterations", "median_ms",
+            "p90_ms", "mean_ms", "mb_per_s", "params_per_s", "ratio_to_grpc_ceiling", "ratio_to_torch_rpc",
+            "ratio_to_torch_rpc_tcp", "params_per_s_ratio_to_torch_rpc"}
+PS_KEYS = {"mb_per_s_per_worker", "per_worker_mb_per_s", "params_per_s_per_worker", "ratio_to_grpc_ceiling_per_worker",
+           "params_per_s_per_worker_ratio_to_torch_rpc"}
+OVERHEAD_KEYS = {"method", "numel", "workers", "iterations", "median_ms", "p90_ms"}
+TARGET_KEYS = {"name", "value", "op", "threshold", "pass", "source"}
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Pids of live processes whose command line contains `text` (every child gets a path in --out)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state != "Z":
+            pids.append(int(entry.name))
+    return pids
+
+
+def bench(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.transport", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc to look for leftover processes")
+def test_tiny_run_reports_every_field(tmp_path: Path) -> None:
+    started = time.monotonic()
+    out = tmp_path / "out"
+    proc = bench("--tiny", "--json", "--out", str(out))
+    try:
+        stdout, stderr = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the benchmark stops its children on SIGTERM
+        stdout, stderr = proc.communicate(timeout=30)
+        raise AssertionError(f"benchmark timed out:\n{stderr[-3000:]}") from None
+    assert proc.returncode == 0, stderr[-3000:]
+    report, end = json.JSONDecoder().raw_decode(stdout)
+    table = stdout[end:]
+    assert json.loads((out / "transport.json").read_text()) == report
+    assert (out / "transport.md").read_text().strip() == table.strip()
+
+    assert REPORT_KEYS <= set(report)
+    assert report["tiny"] is True and report["settings"]["sizes"] == [100_000]
+    assert report["shards"] is None and "not built" in report["shards_note"]
+    assert report["profile"] is None
+    rows = report["rows"]
+    for row in rows:
+        assert ROW_KEYS <= set(row), (row["benchmark"], ROW_KEYS - set(row))
+        assert row["numel"] == 100_000 and row["mb_per_s"] > 0 and row["params_per_s"] > 0
+        assert row["iterations"] >= 1 and 0 < row["median_ms"] <= row["p90_ms"]
+    kinds = {(r["benchmark"], r["wire_dtype"], r["workers"]) for r in rows}
+    assert {("grpc_stream_echo", "float32", 1), ("grpc_unary_echo", "float32", 1), ("torch_rpc", "float32", 1),
+            ("ps_push_pull", "float32", 1), ("ps_push_pull", "float32", 2), ("ps_push_pull", "bfloat16", 1),
+            ("gloo_allreduce", "float32", 2)} <= kinds
+
+    echo = next(r for r in rows if r["benchmark"] == "grpc_stream_echo")
+    assert echo["ratio_to_grpc_ceiling"] == 1.0 and echo["bytes_per_iter"] == 2 * 4 * 100_000
+    for r in (r for r in rows if r["benchmark"] == "ps_push_pull"):
+        assert PS_KEYS <= set(r)
+        assert len(r["per_worker_mb_per_s"]) == r["workers"] and r["processes"] == r["workers"] + 1
+        width = 4 if r["wire_dtype"] == "float32" else 2
+        assert r["bytes_per_iter"] == 2 * width * 100_000
+        assert r["ratio_to_grpc_ceiling"] is not None and r["params_per_s_ratio_to_torch_rpc"] is not None
+    gloo = next(r for r in rows if r["benchmark"] == "gloo_allreduce")
+    assert gloo["algbw_mb_per_s"] > 0 and "bus bandwidth" in gloo["note"]
+
+    overhead = report["server_overhead"]
+    for key in ("inprocess", "outside"):
+        assert OVERHEAD_KEYS <= set(overhead[key])
+        assert overhead[key]["workers"] == 4 and overhead[key]["numel"] <= 1_000_000
+    assert overhead["inprocess"]["median_ms"] > 0
+    assert set(overhead["inprocess"]["components_median_ms"]) == {
+        "last_push_finish", "close_round", "payload_encode", "reply_serialize_all_workers"}
+
+    targets = report["targets"]
+    assert len(targets) == 3
+    for t in targets:
+        assert TARGET_KEYS <= set(t)
+        assert isinstance(t["pass"], bool) and t["value"] is not None
+    assert [t["op"] for t in targets] == [">=", ">=", "<="]
+    assert "| benchmark |" in table and "| target |" in table
+    assert processes_mentioning(str(out)) == []
+    print(f"transport smoke run took {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc to look for leftover processes")
+def test_sigterm_stops_every_child(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    proc = bench("--tiny", "--benchmarks", "ps_push_pull", "--workers", "1", "--wire-dtypes", "float32",
+                 "--repeats", "1000", "--out", str(out))
+    try:
+        deadline = time.monotonic() + 60
+        while not list(out.glob("*ps-client*.log")) or len(processes_mentioning(str(out))) < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate(timeout=10)[1][-3000:]
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode != 0
+    deadline = time.monotonic() + 5
+    while processes_mentioning(str(out)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert processes_mentioning(str(out)) == []
+
+
+def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    text = subprocess.run([sys.executable, "-m", "benchmarks.transport", "--help"], cwd=REPO, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert text.returncode == 0
+    for flag in ("--sizes", "--repeats", "--tiny", "--json", "--profile"):
+        assert flag in text.stdout
+    for bad, flag in ((["--sizes", "lots"], "--sizes"), (["--benchmarks", "carrier_pigeon"], "--benchmarks"),
+                      (["--overhead-params", "5e6"], "--overhead-params")):
+        with pytest.raises(SystemExit) as exit_info:
+            transport.main(bad)
+        assert exit_info.value.code == 2 and flag in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ pure parts, on fixed inputs
+def test_flat_model_and_dataset_match_the_job_contract() -> None:
+    from ps.datasets import Dataset
+    from ps.models import build_model
+
+    data = transport.tiny_dataset(0, size=64)
+    assert isinstance(data, Dataset) and len(data.train_x) == 64
+    model = build_model("benchmarks.transport:flat_model", data.input_shape, data.num_classes, {"numel": 1000}, 0)
+    assert sum(p.numel() for p in model.parameters()) == 1000
+    assert model(data.test_x).shape == (len(data.test_x), data.num_classes)
+
+
+def _row(benchmark: str, numel: int, mb: float, **extra: Any) -> dict[str, Any]:
+    return {"benchmark": benchmark, "numel": numel, "mb_per_s": mb, "params_per_s": mb * 1e6 / 4, **extra}
+
+
+def test_ratios_and_targets() -> None:
+    n = 25_000_000
+    rows = [
+        _row("grpc_stream_echo", n, 1000.0),
+        _row("torch_rpc", n, 2000.0),
+        _row("torch_rpc_tcp", n, 500.0),
+        _row("ps_push_pull", n, 850.0, wire_dtype="float32", workers=1, mb_per_s_per_worker=850.0,
+             params_per_s_per_worker=850e6 / 4),
+        {**_row("ps_push_pull", n, 600.0, wire_dtype="bfloat16", workers=1, mb_per_s_per_worker=600.0,
+                params_per_s_per_worker=600e6 / 2), "params_per_s": 600e6 / 2},
+    ]
+    transport.add_ratios(rows)
+    assert rows[3]["ratio_to_grpc_ceiling"] == 0.85 and rows[3]["ratio_to_torch_rpc"] == 0.425
+    assert rows[4]["params_per_s_ratio_to_torch_rpc"] == 0.6  # 300 M params/s against 500 M
+    targets = transport.evaluate_targets(rows, {"inprocess": {"median_ms": 2.5, "numel": 1_000_000}}, [n])
+    assert [(t["value"], t["pass"]) for t in targets] == [(0.85, True), (0.6, False), (2.5, False)]
+    # a size that was not measured gives no value and no verdict, not a failure
+    assert transport.evaluate_targets([], None, [n])[0]["pass"] is None
+
+
+def test_iterations_and_stats() -> None:
+    assert transport.iterations_for(100_000_000, 5) == 5
+    assert transport.iterations_for(1_000_000, 5) == 50
+    assert transport.iterations_for(100_000, 1) == 10
+    s = transport.stats([0.001 * i for i in range(1, 11)])
+    assert s["median_ms"] == 5.5 and s["p90_ms"] == 9.0
+
+
+STACKS = (
+    "thread (1): MainThread;run (uvloop/__init__.py:92);finish (ps/wire.py:148);abs_kernel (libtorch_cpu.so) 6",
+    "thread (1): MainThread;run (uvloop/__init__.py:92);epoll_pwait (libc.so.6) 3",
+    "thread (1): MainThread;run (uvloop/__init__.py:92);feed (ps/wire.py:141);0x7f00 (libc.so.6) 1",
+    "thread (2): Thread-1 (_poll_wrapper);epoll_wait (libc.so.6) 10",
+)
+
+
+def test_profile_summary_groups_by_python_function() -> None:
+    summary = transport.summarize_profile("\n".join(STACKS))
+    assert summary["samples"] == 20 and summary["main_thread_samples"] == 10
+    assert summary["threads_pct"] == {"MainThread": 50.0, "Thread-1 (_poll_wrapper)": 50.0}
+    functions = {f["function"]: f["pct"] for f in summary["main_thread_by_function"]}
+    assert functions == {"finish (ps/wire.py)": 60.0, "<idle: epoll>": 30.0, "feed (ps/wire.py)": 10.0}
+    assert summary["main_thread_by_line"][0] == {"line": "finish (ps/wire.py:148)", "pct": 60.0}
