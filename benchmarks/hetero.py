@@ -419,11 +419,11 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
     report["ideal"], report["ddp_uniform"] = ideal, ddp
     runs: dict[str, Any] = {}
     for name in s.controllers:
-        controller, extra = ("dynamic", ["--no-lr-scaling"]) if name == "dynamic_no_lr_scaling" else (name, [])
+        controller, extra = RUN_VARIANTS.get(name, (name, []))
         t = time.monotonic()
         run = run_cluster(s, emu, f"{s.mode}-{name}", controller, extra_server_args=extra)
         runs[name] = summarize(s, emu, run, controller, ideal, ddp)
-        if extra:
+        if name == "dynamic_no_lr_scaling":
             runs[name]["lr_scaling"] = False
         timings[f"run_{name}"] = round(time.monotonic() - t, 1)
     report["runs"] = runs
@@ -614,6 +614,10 @@ def _adjust_every(text: str) -> str:
 
 
 CONTROLLERS = {"bsp": ["uniform", "static", "dynamic"], "asp": ["uniform", "dynamic", "dynamic_no_lr_scaling"]}
+# runs that are a controller plus server flags; dynamic_allreduce (the BSP collective fast path) is opt-in:
+# --controllers uniform,static,dynamic,dynamic_allreduce
+RUN_VARIANTS = {"dynamic_no_lr_scaling": ("dynamic", ["--no-lr-scaling"]), "dynamic_allreduce": ("dynamic", ["--allreduce"])}
+OPT_IN = {"bsp": ["dynamic_allreduce"], "asp": []}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -645,7 +649,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--tta", type=_fraction, metavar="TARGET",
                       help="time uniform and dynamic to this test accuracy (default workload: digits, mlp hidden=512)")
     what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
-                      "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic)")
+                      "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
+                      "takes dynamic_allreduce, the collective fast path)")
     what.add_argument("--no-baselines", action="store_true",
                       help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
     what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")
@@ -732,7 +737,7 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         epochs = args.epochs or (2 if args.tiny else 12)
         default_runs = CONTROLLERS[args.mode]
     controllers = [c.strip() for c in args.controllers.split(",") if c.strip()] if args.controllers else default_runs
-    allowed = set(CONTROLLERS[args.mode]) if schedule is None and not tta else {"uniform", "static", "dynamic"}
+    allowed = set(CONTROLLERS[args.mode]) | set(OPT_IN[args.mode]) if schedule is None and not tta else {"uniform", "static", "dynamic"}
     unknown = [c for c in controllers if c not in allowed]
     if unknown or not controllers:
         raise SystemExit(f"hetero: error: --controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")

@@ -10,6 +10,7 @@ server restart) under its name finds its place in the plan again.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import json
 import math
@@ -28,11 +29,13 @@ from ps.evaluator import BackgroundEvaluator
 from ps.jobspec import JobSpec
 from ps.membership import Member, Membership
 from ps.metrics import MetricsLog
+from ps.rendezvous import Rendezvous
 from ps.store import ParameterStore
 from ps.wire import FlatReceiver, Layout, check_wire_dtype, encode, split
 
 MAX_COMPUTE_MS = 24 * 3600 * 1000.0
 CHECKPOINT_FORMAT = 1
+PUSH_KINDS = ("values", "report", "snapshot")  # see PushKind in protos/ps.proto
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,17 @@ class PushMeta:
     compute_ms: float
     wire_dtype: str
     num_values: int
+    kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """--allreduce: a worker's place in the current process-group generation."""
+
+    generation: int = 0
+    rank: int = 0
+    world_size: int = 0
+    backend: str = ""
 
 
 @dataclass(frozen=True)
@@ -56,6 +70,9 @@ class JoinInfo:
     round: int
     version: int
     epoch: int
+    group: GroupInfo = GroupInfo()
+    rendezvous_host: str = ""
+    rendezvous_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,8 @@ class StepReply:
     num_values: int
     payload: list[bytes]
     reason: str = ""
+    group: GroupInfo = GroupInfo()
+    snapshot_requested: bool = False
 
 
 @dataclass(frozen=True)
@@ -107,7 +126,10 @@ class Coordinator:
         metrics: MetricsLog | None = None,
         evaluator: BackgroundEvaluator | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rendezvous: Rendezvous | None = None,
     ) -> None:
+        if spec.allreduce and rendezvous is None:
+            raise ValueError("an allreduce job needs a Rendezvous")
         self.spec = spec
         self.controller = controller
         self.layout = Layout.of(model)
@@ -139,7 +161,12 @@ class Coordinator:
         self._epoch_start_time: float | None = None
         self._epoch_start_samples = 0
         self._told_done: set[str] = set()
-        self._accumulator = WeightedMean(self.layout.numel) if spec.mode == "bsp" else None
+        self.rendezvous = rendezvous if spec.allreduce else None
+        self._accumulator = WeightedMean(self.layout.numel) if spec.mode == "bsp" and not spec.allreduce else None
+        self._round_batch = 0  # allreduce: samples reported in the open round
+        self._snapshot_requested = False  # allreduce: rank 0 is asked for its parameters
+        self._after_snapshot: list[Callable[[], None]] = []  # allreduce: evals/checkpoints waiting for them
+        self._loading_snapshot = False
         self._pushed: set[str] = set()
         self._round_future: asyncio.Future[bool] | None = None
         self._staging: list[torch.Tensor] = []
@@ -159,17 +186,21 @@ class Coordinator:
         return self.round if self.spec.mode == "bsp" else self.version
 
     # ----------------------------------------------------------------- membership
-    async def join(self, name: str, cores: float) -> JoinInfo:
+    async def join(self, name: str, cores: float, cuda: bool = False) -> JoinInfo:
         """Admit a worker. Before the start it waits for all expected workers; later it
         enters at the next round boundary (BSP) or at once (ASP) and gets a share of B."""
         if self.done:
             raise FailedPrecondition(f"the job has ended ({self.reason})")
         member = self.membership.admit(name, cores, self.clock())
+        if self.rendezvous is not None:
+            self.rendezvous.declare(member.worker_id, cuda)
         try:
             if not self._started.is_set():
                 if len(self.membership.pending) >= self.spec.workers:
                     self._start()
-            elif self.spec.mode == "asp" or not self._pushed:
+            # allreduce: the workers may be inside the round's all-reduce before any report, so a
+            # newcomer waits for the round to close (unless nobody is training)
+            elif self.spec.mode == "asp" or not self._pushed and not (self.rendezvous is not None and self.members):
                 self._activate_pending()
             await member.activated.wait()
         except asyncio.CancelledError:
@@ -181,7 +212,10 @@ class Coordinator:
             raise FailedPrecondition(f"the job has ended ({self.reason})")
         member.last_seen = self.clock()
         return JoinInfo(
-            member.worker_id, member.index, self.controller.plan()[member.name], self.round, self.version, self.epoch
+            member.worker_id, member.index, self.controller.plan()[member.name], self.round, self.version, self.epoch,
+            self._group_info(member),
+            self.rendezvous.host if self.rendezvous else "",
+            self.rendezvous.port if self.rendezvous else 0,
         )
 
     def _start(self) -> None:
@@ -194,6 +228,7 @@ class Coordinator:
                 self.membership.activate(member.worker_id)
                 member.activated.set()
             self._log_adjust(changed=True)
+            self._regroup()
         else:
             self._activate_pending()
         self._start_time = self._epoch_start_time = self.clock()
@@ -211,6 +246,7 @@ class Coordinator:
             self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
         self.controller.replan()
         self._log_adjust(changed=True)
+        self._regroup()
         for member in self.members.values():
             member.activated.set()
 
@@ -247,6 +283,9 @@ class Coordinator:
         self._told_done.discard(worker_id)
         self._pushed.discard(worker_id)
         self.metrics.write(event, worker=member.name, reason=reason, step=self.step, epoch=self.epoch)
+        if self.rendezvous is not None:
+            self.rendezvous.forget(worker_id)
+            self._regroup()
         if self.done:
             self._check_finished()
             return
@@ -257,7 +296,8 @@ class Coordinator:
         elif self.controller.plan():
             self.controller.replan()
             self._log_adjust(changed=True)
-        if self._accumulator is not None and self._accumulator.count and self._pushed >= set(self.members):
+        pushes = self._accumulator.count if self._accumulator is not None else self._round_batch
+        if pushes and self._pushed >= set(self.members):
             self._close_round()
 
     # ---------------------------------------------------------------------- push
@@ -265,22 +305,57 @@ class Coordinator:
         """Validate a push header and hand back a receiver for its payload."""
         member = self.member(meta.worker_id)
         check_wire_dtype(meta.wire_dtype)
-        if meta.batch_size <= 0:
+        self._check_kind(meta)
+        if meta.kind == "snapshot":
+            self._check_snapshot(member, meta)
+        elif meta.batch_size <= 0:
             raise InvalidArgument(f"batch size must be > 0, got {meta.batch_size}")
         limit = max(self.spec.global_batch, max(self.controller.plan().values(), default=0))
         if meta.batch_size > limit:
             raise InvalidArgument(f"batch size {meta.batch_size} exceeds the global batch {limit}")
         if not (math.isfinite(meta.compute_ms) and 0 <= meta.compute_ms <= MAX_COMPUTE_MS):
             raise InvalidArgument(f"compute_ms must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {meta.compute_ms}")
+        if meta.kind == "report":
+            if meta.num_values != 0:
+                raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
+            self._check_sequence(member, meta)
+            return FlatReceiver(torch.empty(0), 0, meta.wire_dtype)
         if meta.num_values != self.layout.numel:
             raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {self.layout.numel}")
-        self._check_sequence(member, meta)
+        if meta.kind != "snapshot":
+            self._check_sequence(member, meta)
         buffer = self._staging.pop() if self._staging else torch.empty(self.layout.numel)
         return FlatReceiver(buffer, meta.num_values, meta.wire_dtype)
 
     def release(self, receiver: FlatReceiver) -> None:
         """Return a receiver's buffer to the pool (after success or failure)."""
-        self._staging.append(receiver.out)
+        if receiver.out.numel() == self.layout.numel:
+            self._staging.append(receiver.out)
+
+    def _check_kind(self, meta: PushMeta) -> None:
+        """Gradients go to the server only without --allreduce; reports and snapshots only with it."""
+        if meta.kind not in PUSH_KINDS:
+            raise InvalidArgument(f"push kind must be one of {PUSH_KINDS}, got {meta.kind!r}")
+        if self.rendezvous is None and meta.kind != "values":
+            raise InvalidArgument(f"a {meta.kind} push is for --allreduce jobs; this job takes gradients (kind values)")
+        if self.rendezvous is not None and meta.kind == "values":
+            raise InvalidArgument(
+                "this job runs the collective fast path (--allreduce): all-reduce among the workers and push a "
+                "report (num_values 0), or from rank 0 a snapshot when asked"
+            )
+
+    def _check_snapshot(self, member: Member, meta: PushMeta) -> None:
+        assert self.rendezvous is not None
+        rank = self.rendezvous.rank(member.worker_id)
+        if rank != 0:
+            raise FailedPrecondition(
+                f"only rank 0 sends snapshots; worker {member.name} is rank {rank} of generation "
+                f"{self.rendezvous.group.generation}"
+            )
+        if not self._snapshot_requested:
+            raise FailedPrecondition("no snapshot was requested")
+        if meta.round != self.round:
+            raise FailedPrecondition(f"snapshot of round {meta.round}; the open round is {self.round}")
 
     def _check_sequence(self, member: Member, meta: PushMeta) -> None:
         if self.done:
@@ -302,6 +377,11 @@ class Coordinator:
     async def push(self, meta: PushMeta, values: torch.Tensor) -> StepReply:
         """Apply a validated push; BSP returns once the round closes, ASP at once."""
         member = self.member(meta.worker_id)
+        if meta.kind == "snapshot":
+            self._check_snapshot(member, meta)
+            member.last_seen = self.clock()
+            self._load_snapshot(values)
+            return self._reply(member)
         self._check_sequence(member, meta)
         member.last_seen = self.clock()
         if self.done:
@@ -311,9 +391,11 @@ class Coordinator:
         return self._push_asp(member, meta, values)
 
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: torch.Tensor) -> StepReply:
-        assert self._accumulator is not None
         self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
-        self._accumulator.add(grad, meta.batch_size)
+        if self._accumulator is not None:
+            self._accumulator.add(grad, meta.batch_size)
+        else:  # allreduce: the workers applied the step themselves
+            self._round_batch += meta.batch_size
         self._record(member, meta)
         self._pushed.add(member.worker_id)
         if self._round_future is None:
@@ -325,10 +407,12 @@ class Coordinator:
         return self._reply(member)
 
     def _close_round(self) -> None:
-        assert self._accumulator is not None
-        self.store.apply_gradient(self._accumulator.result())
-        batch = self._accumulator.weight
-        self._accumulator.reset()
+        if self._accumulator is not None:
+            self.store.apply_gradient(self._accumulator.result())
+            batch = self._accumulator.weight
+            self._accumulator.reset()
+        else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
+            batch, self._round_batch = self._round_batch, 0
         self._pushed.clear()
         self.round += 1
         self.version += 1
@@ -357,17 +441,32 @@ class Coordinator:
         member.epoch_compute_ms.append(meta.compute_ms)
 
     # -------------------------------------------------------------- pull / reply
-    def pull(self, worker_id: str) -> StepReply:
+    def pull(self, worker_id: str, header_only: bool = False) -> StepReply:
         member = self.member(worker_id)
         member.last_seen = self.clock()
-        return self._reply(member)
+        return self._reply(member, params=not header_only)
+
+    @property
+    def params_dtype(self) -> str:
+        """Wire dtype of the parameters the server sends (allreduce: fp32, they seed every worker's copy)."""
+        return "float32" if self.rendezvous is not None else self.spec.wire_dtype
 
     def _current_payload(self) -> list[bytes]:
         if self._payload_cache is None or self._payload_cache[0] != self.version:
-            self._payload_cache = (self.version, split(encode(self.store.flat, self.spec.wire_dtype)))
+            self._payload_cache = (self.version, split(encode(self.store.flat, self.params_dtype)))
         return self._payload_cache[1]
 
-    def _reply(self, member: Member) -> StepReply:
+    def _group_info(self, member: Member) -> GroupInfo:
+        if self.rendezvous is None:
+            return GroupInfo()
+        group = self.rendezvous.group
+        return GroupInfo(group.generation, group.rank(member.worker_id), group.world_size, group.backend)
+
+    def _reply(self, member: Member, params: bool | None = None) -> StepReply:
+        """The header for the worker's next step, with the parameters unless `params` is False
+        (default: only without --allreduce, whose workers keep the parameters themselves)."""
+        params = self.rendezvous is None if params is None else params
+        group = self._group_info(member)
         plan = self.controller.plan()
         batch = plan.get(member.name, 0)
         global_batch = sum(plan.values())
@@ -384,11 +483,50 @@ class Coordinator:
             done=self.done,
             lr=lr,
             global_batch=global_batch,
-            wire_dtype=self.spec.wire_dtype,
-            num_values=self.layout.numel,
-            payload=self._current_payload(),
+            wire_dtype=self.params_dtype,
+            num_values=self.layout.numel if params else 0,
+            payload=self._current_payload() if params else [b""],
             reason=self.reason,
+            group=group,
+            snapshot_requested=self._snapshot_requested and group.rank == 0 and group.world_size > 0,
         )
+
+    # ------------------------------------------------------- allreduce snapshots
+    def _regroup(self) -> None:
+        """Allreduce: a membership change starts a new group generation (ranks in join order)."""
+        if self.rendezvous is None:
+            return
+        ordered = sorted(self.members.values(), key=lambda m: m.index)
+        group = self.rendezvous.regroup([m.worker_id for m in ordered])
+        if group is not None:
+            self.metrics.write(
+                "regroup", generation=group.generation, world_size=group.world_size, backend=group.backend,
+                ranks={m.name: group.rank(m.worker_id) for m in ordered}, step=self.step, epoch=self.epoch,
+            )
+
+    def _defer_to_snapshot(self, action: Callable[[], None]) -> bool:
+        """Allreduce: the store's parameters are stale until rank 0 sends a snapshot; ask for one
+        and run `action` (an evaluation, a checkpoint) once it is in. False: run it now."""
+        if self.rendezvous is None or self._loading_snapshot:
+            return False
+        self._after_snapshot.append(action)
+        self._snapshot_requested = True
+        return True
+
+    def _load_snapshot(self, values: torch.Tensor) -> None:
+        """Rank 0's parameters become the global model; then the evaluations/checkpoints that waited."""
+        with torch.no_grad():
+            self.store.flat.copy_(values)
+        self._payload_cache = None
+        self._snapshot_requested = False
+        actions, self._after_snapshot = self._after_snapshot, []
+        self.metrics.write("snapshot", step=self.step, epoch=self.epoch)
+        self._loading_snapshot = True
+        try:
+            for action in actions:
+                action()
+        finally:
+            self._loading_snapshot = False
 
     # ------------------------------------------------------- epochs and control
     def _advance(self, batch: int) -> None:
@@ -458,11 +596,13 @@ class Coordinator:
             adjustments=self.controller.adjustments,
         )
 
-    def _submit_eval(self, epoch: int) -> None:
+    def _submit_eval(self, epoch: int, wall: float | None = None) -> None:
         if self.evaluator is None:
             return
+        wall = self.clock() - (self._start_time or self.clock()) if wall is None else wall
+        if self._defer_to_snapshot(functools.partial(self._submit_eval, epoch, wall)):
+            return
         snapshot = self.store.snapshot()
-        wall = self.clock() - (self._start_time or self.clock())
 
         def done(accuracy: float, loss: float) -> None:
             self.last_accuracy, self.last_loss = accuracy, loss
@@ -498,7 +638,8 @@ class Coordinator:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}")
         saved = json.loads(state["spec"])
         current = json.loads(self.spec.to_json())
-        differ = sorted(k for k in current if saved.get(k) != current[k])
+        # the transport (allreduce or not) is not part of the job's math: either may resume the other
+        differ = sorted(k for k in current if saved.get(k) != current[k] and k != "allreduce")
         if differ:
             raise ValueError(f"the checkpoint was written for a different job: {', '.join(differ)} differ; "
                              "start the server with the job's original flags")
@@ -515,14 +656,22 @@ class Coordinator:
 
     def _checkpoint(self) -> None:
         self._steps_since_checkpoint = 0
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(self.checkpoint_state(), self.step)
+        on_checkpoint = self.on_checkpoint
+        if on_checkpoint is None:
+            return
+
+        def save() -> None:
+            on_checkpoint(self.checkpoint_state(), self.step)
+
+        if not self._defer_to_snapshot(save):
+            save()
 
     # ------------------------------------------------------------ end of the job
     def _finish(self, reason: str) -> None:
         self.done = True
         self.reason = reason
         self._end_time = self.clock()
+        self._defer_to_snapshot(lambda: None)  # allreduce: the final global model, for the last checkpoint
         for member in self.membership.pending.values():
             member.activated.set()
 
@@ -533,13 +682,14 @@ class Coordinator:
             return
         if self._accumulator is not None:
             self._accumulator.reset()
+        self._round_batch = 0
         self._pushed.clear()
         self._finish(reason)
         self._resolve_round()
         self._check_finished()
 
     def _check_finished(self) -> None:
-        if self.done and set(self.members) <= self._told_done:
+        if self.done and set(self.members) <= self._told_done and not (self._snapshot_requested and self.members):
             self._finished.set()
 
     def note_reply_sent(self) -> None:

@@ -33,6 +33,7 @@ class JobSpec:
     seed: int = 0
     wire_dtype: str = "float32"
     lr_scaling: bool = True
+    allreduce: bool = False  # BSP collective fast path: workers all-reduce, the server coordinates
 
     def __post_init__(self) -> None:
         problems = []
@@ -60,6 +61,8 @@ class JobSpec:
             problems.append(f"lr gamma must be in (0, 1], got {self.lr_gamma}")
         if self.wire_dtype not in WIRE_DTYPES:
             problems.append(f"wire dtype must be one of {WIRE_DTYPES}, got {self.wire_dtype!r}")
+        if self.allreduce and self.mode != "bsp":
+            problems.append(f"allreduce is the BSP collective fast path; it cannot run with mode {self.mode!r}")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -24,6 +24,7 @@ from ps.evaluator import BackgroundEvaluator
 from ps.jobspec import JobSpec
 from ps.metrics import MetricsLog
 from ps.models import build_model
+from ps.rendezvous import Rendezvous
 from ps.security import ServerSecurity, load_server_security
 from ps.servicer import ParameterServerServicer
 
@@ -73,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset-arg", action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
     job.add_argument("--epochs", type=int, default=10, help="passes over the training split")
     job.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights and the data split")
+    job.add_argument("--allreduce", action="store_true",
+                     help="BSP collective fast path: workers all-reduce their gradients with torch.distributed "
+                          "(NCCL if every worker has CUDA, else gloo); the server coordinates rounds, plan and checkpoints")
     opt = p.add_argument_group("optimizer")
     opt.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="server optimizer (BSP)")
     opt.add_argument("--lr", type=float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
@@ -110,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
     net.add_argument("--port", type=int, default=50051, help="0 picks a free port (printed at start)")
     net.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
+    net.add_argument("--rendezvous-port", type=int, default=None,
+                     help="--allreduce: port of the workers' TCPStore rendezvous on --host (unset: a free port)")
     net.add_argument("--wire-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
     net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
@@ -131,6 +137,7 @@ class Job:
     evaluator: BackgroundEvaluator
     metrics: MetricsLog
     checkpointer: Checkpointer | None = None
+    rendezvous: Rendezvous | None = None
 
     def final_checkpoint(self) -> Path | None:
         """Checkpoint at shutdown (after any queued write)."""
@@ -141,6 +148,12 @@ class Job:
 
 def build_job(args: argparse.Namespace) -> Job:
     """Validate every argument and build the job; raises ValueError with one clear message."""
+    if args.allreduce and args.mode != "bsp":
+        raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
+    if args.rendezvous_port is not None and not args.allreduce:
+        raise ValueError("--rendezvous-port needs --allreduce")
+    if args.rendezvous_port is not None and not 0 <= args.rendezvous_port <= 65535:
+        raise ValueError(f"--rendezvous-port must be in [0, 65535], got {args.rendezvous_port}")
     milestones = tuple(int(m) for m in args.lr_milestones.split(",") if m.strip()) if args.lr_milestones else ()
     spec = JobSpec(
         mode=args.mode,
@@ -161,6 +174,7 @@ def build_job(args: argparse.Namespace) -> Job:
         seed=args.seed,
         wire_dtype=args.wire_dtype,
         lr_scaling=not args.no_lr_scaling,
+        allreduce=args.allreduce,
     )
     config = ControllerConfig(
         policy=args.controller,
@@ -197,6 +211,7 @@ def build_job(args: argparse.Namespace) -> Job:
     metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else print_progress)
     evaluator = BackgroundEvaluator(eval_model, dataset)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
+    rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if args.allreduce else None
     coordinator = Coordinator(
         spec,
         BatchController(config),
@@ -210,12 +225,13 @@ def build_job(args: argparse.Namespace) -> Job:
         on_checkpoint=checkpointer.save_async if checkpointer else None,
         metrics=metrics,
         evaluator=evaluator,
+        rendezvous=rendezvous,
     )
     if resume_from is not None:
         path, state = resume_from
         coordinator.restore(state)
         print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
-    return Job(spec, coordinator, evaluator, metrics, checkpointer)
+    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous)
 
 
 def print_progress(record: dict[str, Any]) -> None:
@@ -231,6 +247,8 @@ def print_progress(record: dict[str, Any]) -> None:
         line = "plan: " + " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
     elif event in ("evict", "leave"):
         line = f"{record['worker']}: {record['reason']}"
+    elif event == "regroup":
+        line = f"group generation {record['generation']}: {record['world_size']} workers over {record['backend']}"
     elif event == "resume":
         line = f"resumed at epoch {record['epoch']}, step {record['step']} (params sha256 {record['params_sha256'][:12]})"
     elif event == "summary":
@@ -251,8 +269,9 @@ async def serve(
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
+    mode = f"{job.spec.mode} allreduce, rendezvous port {job.rendezvous.port}" if job.rendezvous else job.spec.mode
     print(
-        f"ps-server: listening on {host}:{bound} ({job.spec.mode}, {security.description}, waiting for {job.spec.workers} workers)",
+        f"ps-server: listening on {host}:{bound} ({mode}, {security.description}, waiting for {job.spec.workers} workers)",
         flush=True,
     )
     if port_file is not None:

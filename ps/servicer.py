@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.coordinator import Coordinator, PushMeta, StepReply
@@ -16,6 +17,7 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
 }
+_PUSH_KINDS = {ps_pb2.PUSH_VALUES: "values", ps_pb2.PUSH_REPORT: "report", ps_pb2.PUSH_SNAPSHOT: "snapshot"}
 
 
 def status_code(error: ServiceError) -> grpc.StatusCode:
@@ -38,6 +40,11 @@ def reply_messages(reply: StepReply) -> list[ps_pb2.ParamsChunk]:
         lr=reply.lr,
         global_batch=reply.global_batch,
         reason=reply.reason,
+        generation=reply.group.generation,
+        rank=reply.group.rank,
+        world_size=reply.group.world_size,
+        backend=reply.group.backend,
+        snapshot_requested=reply.snapshot_requested,
     )
     messages = [ps_pb2.ParamsChunk(header=header, seq=0, data=reply.payload[0])]
     messages += [ps_pb2.ParamsChunk(seq=i, data=data) for i, data in enumerate(reply.payload[1:], start=1)]
@@ -52,7 +59,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
         try:
-            info = await self.core.join(request.name, request.cores)
+            info = await self.core.join(request.name, request.cores, cuda=request.cuda)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         layout = [ps_pb2.TensorSpec(name=e.name, shape=e.shape, dtype=e.dtype) for e in self.core.layout.entries]
@@ -67,6 +74,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             epoch=info.epoch,
             index=info.index,
             heartbeat_interval_s=self.core.heartbeat_interval,
+            rendezvous_host=info.rendezvous_host,
+            rendezvous_port=info.rendezvous_port,
+            rank=info.group.rank,
+            world_size=info.group.world_size,
+            generation=info.group.generation,
+            backend=info.group.backend,
         )
 
     async def Push(
@@ -78,7 +91,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             if first is None or not first.HasField("header"):
                 raise InvalidArgument("the first push chunk must carry the header")
             h = first.header
-            meta = PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values)
+            meta = PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
+                            kind=_PUSH_KINDS.get(h.kind, f"unknown ({h.kind})"))
             receiver = self.core.begin_push(meta)
             receiver.feed(first.seq, first.data)
             async for chunk in request_iterator:
@@ -88,6 +102,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             reply = await self.core.push(meta, receiver.finish())
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
+        except DecodeError as exc:  # the stream's messages are decoded here, as they are read
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
         finally:
             if receiver is not None:
                 self.core.release(receiver)
@@ -99,7 +115,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[ps_pb2.ParamsChunk]:
         try:
-            reply = self.core.pull(request.worker_id)
+            reply = self.core.pull(request.worker_id, header_only=request.header_only)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         for message in reply_messages(reply):

@@ -19,6 +19,8 @@ from ps.security import PathArg, bearer, read_pem, resolve_token
 from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encode, split
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+PUSH_KINDS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
+_NO_VALUES = torch.empty(0)
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -45,6 +47,8 @@ class Joined:
     epoch: int
     index: int
     heartbeat_interval_s: float
+    rendezvous_host: str = ""  # --allreduce: the TCPStore the workers' process group meets at
+    rendezvous_port: int = 0
 
 
 @dataclass(frozen=True)
@@ -59,6 +63,11 @@ class StepPlan:
     lr: float
     global_batch: int
     reason: str = ""
+    generation: int = 0  # --allreduce: the process group to train in (see ps/rendezvous.py)
+    rank: int = 0
+    world_size: int = 0
+    backend: str = ""
+    snapshot_requested: bool = False  # --allreduce, rank 0: push a snapshot of the parameters now
 
 
 def _error(exc: grpc.RpcError) -> ServerError:
@@ -170,15 +179,16 @@ class PSClient:
         except grpc.FutureTimeoutError as exc:
             raise ServerError("UNAVAILABLE", f"no parameter server answered at {self.target} within {timeout:.0f}s") from exc
 
-    def join(self, name: str, cores: float, timeout: float | None = None) -> Joined:
+    def join(self, name: str, cores: float, timeout: float | None = None, cuda: bool = False) -> Joined:
         """Join; blocks (waiting for the server too) until admitted, or `timeout` seconds."""
         try:
-            reply = self._stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), wait_for_ready=True, timeout=timeout)
+            request = ps_pb2.JoinRequest(name=name, cores=cores, cuda=cuda)
+            reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
         layout = Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in reply.layout))
         return Joined(reply.worker_id, JobSpec.from_json(reply.job_json), layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index,
-                      reply.heartbeat_interval_s or 1.0)
+                      reply.heartbeat_interval_s or 1.0, reply.rendezvous_host, reply.rendezvous_port)
 
     def push(
         self,
@@ -191,8 +201,11 @@ class PSClient:
         batch_size: int,
         compute_ms: float,
         wire_dtype: str,
+        kind: str = "values",
     ) -> StepPlan:
-        """Stream `values` up; the reply's parameters land in `out`."""
+        """Stream `values` up; the reply's parameters (if it carries any) land in `out`.
+
+        `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes."""
         header = ps_pb2.PushHeader(
             worker_id=worker_id,
             round=round,
@@ -201,6 +214,7 @@ class PSClient:
             compute_ms=compute_ms,
             wire_dtype=wire_dtype,
             num_values=values.numel(),
+            kind=PUSH_KINDS[kind],
         )
 
         def requests() -> Iterator[ps_pb2.PushChunk]:
@@ -212,9 +226,10 @@ class PSClient:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
-    def pull(self, worker_id: str, out: torch.Tensor) -> StepPlan:
+    def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False) -> StepPlan:
+        """The current plan, and the parameters into `out` unless `header_only`."""
         try:
-            return _receive(self._stub.Pull(ps_pb2.PullRequest(worker_id=worker_id)), out)
+            return _receive(self._stub.Pull(ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only)), out)
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
@@ -240,9 +255,10 @@ class PSClient:
 def _receive(stream: Iterator[ps_pb2.ParamsChunk], out: torch.Tensor) -> StepPlan:
     first = next(stream)
     h = first.header
-    receiver = FlatReceiver(out, h.num_values, h.wire_dtype)
+    receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype)
     receiver.feed(first.seq, first.data)
     for chunk in stream:
         receiver.feed(chunk.seq, chunk.data)
     receiver.finish(check_finite=False)
-    return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason)
+    return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason,
+                    h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested)

@@ -1,0 +1,77 @@
+"""The collective fast path's meeting point (`ps-server --allreduce`).
+
+The server hosts a `torch.distributed.TCPStore`; workers build their process group on it, each
+generation under its own key prefix (`hetero-ps/gen-<n>/`, so the keys of a dissolved group never
+collide with the next one's). Every membership change (join, leave, eviction) starts a new
+generation: ranks follow join order over the active workers, and the backend is NCCL only when every
+one of them declared CUDA (gloo otherwise). `plan_group` is the pure part; `Rendezvous` adds the store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+
+
+@dataclass(frozen=True)
+class Group:
+    """One generation of the workers' process group: worker ids in rank order."""
+
+    generation: int
+    members: tuple[str, ...]
+    backend: str
+
+    @property
+    def world_size(self) -> int:
+        return len(self.members)
+
+    def rank(self, worker_id: str) -> int:
+        """The worker's rank, or -1 when it is not in this generation."""
+        try:
+            return self.members.index(worker_id)
+        except ValueError:
+            return -1
+
+
+def plan_group(generation: int, worker_ids: Sequence[str], cuda: Mapping[str, bool]) -> Group:
+    """The group of `worker_ids` (already in join order): NCCL iff every worker has CUDA."""
+    members = tuple(worker_ids)
+    backend = "nccl" if members and all(cuda.get(w, False) for w in members) else "gloo"
+    return Group(generation, members, backend)
+
+
+class Rendezvous:
+    """Hosts the TCPStore (on `host`, a free port unless `port` is given) and the current Group."""
+
+    def __init__(self, host: str, port: int = 0, timeout_s: float = 300.0) -> None:
+        from torch.distributed import TCPStore
+
+        if not 0 <= port <= 65535:
+            raise ValueError(f"--rendezvous-port must be in [0, 65535], got {port}")
+        try:
+            self.store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+        except (RuntimeError, OSError) as exc:  # DistNetworkError is a RuntimeError
+            raise ValueError(f"cannot host the rendezvous store on {host}:{port}: {exc}") from None
+        self.host = host
+        self.port = int(self.store.port)
+        self.group = Group(0, (), "gloo")
+        self._cuda: dict[str, bool] = {}
+
+    def declare(self, worker_id: str, cuda: bool) -> None:
+        """Record what a joining worker declared."""
+        self._cuda[worker_id] = bool(cuda)
+
+    def forget(self, worker_id: str) -> None:
+        """A worker left the job (its declaration goes with it)."""
+        self._cuda.pop(worker_id, None)
+
+    def regroup(self, worker_ids: Sequence[str]) -> Group | None:
+        """Start a new generation if the active workers (in join order) changed; returns it, or None."""
+        if tuple(worker_ids) == self.group.members:
+            return None
+        self.group = plan_group(self.group.generation + 1, worker_ids, self._cuda)
+        return self.group
+
+    def rank(self, worker_id: str) -> int:
+        return self.group.rank(worker_id)

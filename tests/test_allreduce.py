@@ -1,0 +1,273 @@
+"""The BSP collective fast path (`ps-server --allreduce`): protocol checks against an in-process
+server, and real processes on gloo: equal to the PS path, and re-forming the group when a worker leaves."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from torch.distributed import TCPStore
+
+from protos import ps_pb2
+from ps.checkpoint import checkpoint_files, read_checkpoint
+from ps.jobspec import JobSpec
+from ps.models import build_model
+from ps.rendezvous import plan_group
+from ps.server import main as server_main
+from ps.store import ParameterStore
+from tests.processes import Cluster, start_server
+from tests.test_rpc import TIMEOUT, expect_refused, header, join_all, push_chunks, rand
+from worker import connect
+from worker.cli import train
+from worker.client import PSClient, ServerError, StepPlan
+from worker.collective import Collective, rendezvous_address
+
+Code = grpc.StatusCode
+# a tiny job for the in-process tests: 64 training samples, so an epoch is two rounds of 32
+TINY = ["--allreduce", "--dataset", "synthetic", "--dataset-arg", "size=80", "--dataset-arg", "image_size=4",
+        "--dataset-arg", "channels=1", "--global-batch", "32", "--controller", "uniform", "--epochs", "2"]
+
+
+def call(stub, chunks: list[ps_pb2.PushChunk]) -> ps_pb2.ParamsHeader:
+    """A push whose reply carries no parameters: returns the header."""
+    messages = list(stub.Push(iter(chunks), timeout=TIMEOUT))
+    assert messages[0].header.num_values == 0 and all(not m.data for m in messages)
+    return messages[0].header
+
+
+def report(worker_id: str, round: int, batch: int = 16) -> list[ps_pb2.PushChunk]:
+    return push_chunks(header(worker_id, 0, round=round, batch_size=batch, kind=ps_pb2.PUSH_REPORT), torch.empty(0))
+
+
+def snapshot_push(worker_id: str, values: torch.Tensor, round: int) -> list[ps_pb2.PushChunk]:
+    return push_chunks(header(worker_id, values, round=round, batch_size=0, kind=ps_pb2.PUSH_SNAPSHOT), values)
+
+
+def report_round(ps_server_stub, threads: concurrent.futures.Executor, ids: dict[str, str], round: int) -> dict[str, ps_pb2.ParamsHeader]:
+    futures = {name: threads.submit(call, ps_server_stub(), report(wid, round)) for name, wid in ids.items()}
+    return {name: f.result(TIMEOUT) for name, f in futures.items()}
+
+
+# ------------------------------------------------------------------ pure parts
+def test_group_backend_is_nccl_only_when_every_worker_has_cuda() -> None:
+    assert plan_group(3, ["a", "b"], {"a": True, "b": True}).backend == "nccl"
+    assert plan_group(3, ["a", "b"], {"a": True, "b": False}).backend == "gloo"
+    group = plan_group(3, ["b", "a"], {})
+    assert (group.generation, group.world_size, group.rank("a"), group.rank("zz"), group.backend) == (3, 2, 1, -1, "gloo")
+
+
+def test_rendezvous_address_falls_back_to_the_server_host() -> None:
+    assert rendezvous_address("0.0.0.0", 7, "10.1.2.3:50051") == ("10.1.2.3", 7)
+    assert rendezvous_address("", 7, "[::1]:50051") == ("::1", 7)
+    assert rendezvous_address("127.0.0.1", 7, "10.1.2.3:50051") == ("127.0.0.1", 7)
+
+
+def test_bucketed_step_equals_the_server_optimizer_step() -> None:
+    """Several buckets in flight, then the server's optimizer (momentum, weight decay) on the local copy
+    (a group of one, in this process: the reduction is the identity)."""
+    spec = JobSpec(workers=1, global_batch=8, momentum=0.9, weight_decay=1e-3, nesterov=True)
+    model = build_model("mlp", (64,), 10, {"hidden": 16}, 0)
+    reference = ParameterStore(model, spec)
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    collective = Collective(spec, model, "127.0.0.1", host.port, timeout_s=30, bucket_bytes=1024)
+    try:
+        assert collective.bucket_numel * 3 < reference.numel
+        for round in range(3):
+            grads = rand(reference.numel, seed=round)
+            plan = StepPlan(round, round, 0, 8, False, 0.0, 8, generation=1, rank=0, world_size=1, backend="gloo")
+            assert collective.step(grads, 8, plan)
+            reference.apply_gradient(grads.clone())
+        assert collective.round == 3 and collective.reduces == 3
+        torch.testing.assert_close(collective.params, reference.flat, rtol=0, atol=1e-7)
+    finally:
+        collective.close()
+
+
+# ------------------------------------------------------- protocol, in process
+def test_join_hands_out_the_rendezvous_and_ranks(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    joins = join_all(server, threads, {"a": 1.0, "b": 1.0})
+    port = server.coordinator.rendezvous.port
+    assert port > 0
+    assert sorted(j.rank for j in joins.values()) == [0, 1]
+    for j in joins.values():
+        assert (j.rendezvous_host, j.rendezvous_port, j.world_size, j.generation, j.backend) == ("127.0.0.1", port, 2, 1, "gloo")
+    assert '"allreduce": true' in joins["a"].job_json
+    h = server.stub().Pull(ps_pb2.PullRequest(worker_id=joins["a"].worker_id, header_only=True), timeout=TIMEOUT)
+    (only,) = list(h)
+    assert only.header.num_values == 0 and only.header.generation == 1
+
+
+def test_pushes_of_the_wrong_kind_are_refused_without_a_trace(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    stub, numel = server.stub(), server.coordinator.layout.numel
+    grad = rand(numel, seed=1)
+    rank1 = next(w for w in ids.values() if server.coordinator.rendezvous.rank(w) == 1)
+    rank0 = next(w for w in ids.values() if w != rank1)
+    cases = [
+        (push_chunks(header(ids["a"], grad), grad), Code.INVALID_ARGUMENT, "collective fast path (--allreduce)"),
+        (push_chunks(header(ids["a"], 4, kind=ps_pb2.PUSH_REPORT), torch.ones(4)), Code.INVALID_ARGUMENT,
+         "a report carries no values (num_values 0), got 4"),
+        (report(ids["a"], round=1), Code.FAILED_PRECONDITION, "round 1 is not open"),
+        (report(ids["a"], round=0, batch=0), Code.INVALID_ARGUMENT, "batch size must be > 0"),
+        (snapshot_push(rank1, grad, 0), Code.FAILED_PRECONDITION, "only rank 0 sends snapshots", "rank 1 of generation 1"),
+        (snapshot_push(rank0, grad, 0), Code.FAILED_PRECONDITION, "no snapshot was requested"),
+        (push_chunks(header(ids["a"], grad, kind=7), grad), Code.INVALID_ARGUMENT, "push kind must be one of"),
+    ]
+    for chunks, code, *fragments in cases:
+        expect_refused(server, lambda chunks=chunks: list(stub.Push(iter(chunks), timeout=TIMEOUT)), code, *fragments)
+    assert server.call(lambda: (server.coordinator._round_batch, server.coordinator._snapshot_requested)) == (0, False)
+
+
+def test_reports_in_a_ps_job_are_refused(ps_server, threads) -> None:
+    server = ps_server("--global-batch", "32")
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    stub = server.stub()
+    expect_refused(server, lambda: list(stub.Push(iter(report(ids["a"], 0)), timeout=TIMEOUT)), Code.INVALID_ARGUMENT,
+                   "a report push is for --allreduce jobs")
+
+
+def test_rounds_close_on_reports_and_rank0_snapshots_at_epoch_end(ps_server, threads, tmp_path: Path) -> None:
+    server = ps_server(*TINY, "--checkpoint-dir", str(tmp_path))
+    core = server.coordinator
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    theta0 = server.call(lambda: core.store.flat.clone())
+    first = report_round(server.stub, threads, ids, 0)
+    assert {(h.round, h.epoch, h.generation, h.snapshot_requested) for h in first.values()} == {(1, 0, 1, False)}
+    assert torch.equal(server.call(lambda: core.store.flat.clone()), theta0)  # no gradient applied on the server
+    second = report_round(server.stub, threads, ids, 1)  # 64 samples: epoch 1 ends
+    rank0 = next(n for n, w in ids.items() if core.rendezvous.rank(w) == 0)
+    assert {n: h.snapshot_requested for n, h in second.items()} == {n: n == rank0 for n in ids}
+    assert all(h.round == 2 and h.epoch == 1 for h in second.values())
+    assert core.evaluations == [] and not list(tmp_path.glob("ckpt-*"))  # both wait for the snapshot
+    params = theta0 + rand(theta0.numel(), seed=3)
+    h = call(server.stub(), snapshot_push(ids[rank0], params, 2))
+    assert not h.snapshot_requested and h.round == 2
+    assert torch.equal(server.call(lambda: core.store.flat.clone()), params)
+    server.job.checkpointer.flush()
+    (ckpt,) = checkpoint_files(tmp_path)
+    assert torch.equal(read_checkpoint(ckpt)["params"], params) and read_checkpoint(ckpt)["round"] == 2
+    deadline = time.monotonic() + TIMEOUT
+    while not core.evaluations and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [e[0] for e in core.evaluations] == [1]
+
+
+def test_leave_starts_a_new_generation(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    stub = server.stub()
+    pending = threads.submit(call, server.stub(), report(ids["a"], 0))
+    deadline = time.monotonic() + TIMEOUT
+    while server.call(lambda: server.coordinator._round_batch) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["b"]), timeout=TIMEOUT)
+    h = pending.result(TIMEOUT)  # the round closed with a alone
+    assert (h.round, h.generation, h.rank, h.world_size, h.batch_size, h.global_batch) == (1, 2, 0, 1, 32, 32)
+
+
+# ------------------------------------------------------------- the command line
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--mode", "asp", "--allreduce"], "--allreduce is the BSP collective fast path; it cannot run with --mode asp"),
+        (["--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce"),
+        (["--allreduce", "--rendezvous-port", "70000"], "--rendezvous-port must be in [0, 65535]"),
+    ],
+)
+def test_bad_allreduce_flags_are_refused(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert server_main(["--port", "0", "--quiet", *args]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith(f"ps-server: error: {needle}"), err
+
+
+# ------------------------------------------------------------ real processes
+JOB = ["--model-arg", "hidden=16", "--dataset", "digits", "--controller", "uniform", "--evict-after", "60", "--grace", "5"]
+
+
+def _finish(cluster: Cluster, timeout: float) -> None:
+    code = cluster.wait(timeout)
+    assert code == 0, cluster.server_log()
+    for i, proc in enumerate(cluster.workers):
+        assert proc.returncode == 0, cluster.worker_log(f"w{i}")
+
+
+def _train_in_process(target: str, name: str) -> int:
+    with connect(target, name=name, cores=1.0) as session:
+        train(session, quiet=True)
+        return session.steps
+
+
+def test_fast_path_equals_the_ps_path(ps_server, threads, tmp_path: Path) -> None:
+    """Same seeds, same batches: after every epoch the fast path's server checkpoint (real processes,
+    gloo) matches the PS path's (an in-process server and two in-process workers) to 1e-5."""
+    job = [*JOB, "--workers", "2", "--global-batch", "64", "--epochs", "2", "--lr-milestones", "1",
+           "--momentum", "0.9", "--nesterov", "--weight-decay", "1e-4"]
+    cluster = start_server(tmp_path, [*job, "--allreduce", "--checkpoint-dir", str(tmp_path / "allreduce")])
+    try:
+        for i in range(2):
+            cluster.start_worker(f"w{i}")
+        server = ps_server(*job, "--checkpoint-dir", str(tmp_path / "ps"))
+        steps = [threads.submit(_train_in_process, server.target, f"w{i}") for i in range(2)]
+        assert [f.result(120) for f in steps] == [45, 45]
+        server.job.checkpointer.flush()
+        server.call(server.job.final_checkpoint)
+        _finish(cluster, 120)
+        ps, ar = ({p.name: read_checkpoint(p) for p in checkpoint_files(tmp_path / name)} for name in ("ps", "allreduce"))
+        assert ps.keys() == ar.keys() and len(ps) == 2  # after epoch 1 and at the end
+        for name in ps:
+            assert (ps[name]["round"], ps[name]["samples"]) == (ar[name]["round"], ar[name]["samples"])
+            torch.testing.assert_close(ar[name]["params"], ps[name]["params"], rtol=0, atol=1e-5)
+        assert [e["world_size"] for e in cluster.events("regroup")] == [2]
+        assert len(cluster.events("snapshot")) == 2 and len(cluster.events("eval")) == 2
+    finally:
+        cluster.stop()
+
+
+def _round(target: str) -> int:
+    client = PSClient(target)
+    try:
+        return client.status().round
+    except ServerError:
+        return -1
+    finally:
+        client.close()
+
+
+def test_group_reforms_when_a_worker_leaves(tmp_path: Path) -> None:
+    """SIGTERM one of three workers mid-run (while the others wait in the all-reduce): the other two
+    re-form a group of two and finish the job."""
+    cluster = start_server(tmp_path, [*JOB, "--allreduce", "--workers", "3", "--global-batch", "48", "--epochs", "3",
+                                      "--checkpoint-dir", str(tmp_path / "ckpt")])
+    try:
+        cluster.start_worker("w0")
+        cluster.start_worker("w1")
+        victim = cluster.start_worker("w2", "--slowdown", "4")  # the others often wait for it inside the all-reduce
+        deadline = time.monotonic() + 120  # process start-up is slow on a busy machine
+        while _round(cluster.target) < 3:
+            assert time.monotonic() < deadline and cluster.server.poll() is None, cluster.server_log()
+            time.sleep(0.05)
+        victim.send_signal(signal.SIGTERM)
+        _finish(cluster, 120)
+        events = cluster.events()
+        kinds = [e["event"] for e in events]
+        left = kinds.index("leave")
+        assert events[left]["worker"] == "w2"
+        regroup = next(e for e in events[left:] if e["event"] == "regroup")
+        assert regroup["world_size"] == 2 and set(regroup["ranks"]) == {"w0", "w1"}
+        (summary,) = cluster.events("summary")
+        assert summary["epochs"] == 3 and summary["reason"] == "finished"
+        assert [e["epoch"] for e in cluster.events("eval")] == [1, 2, 3]
+        assert summary["update_counts"]["w0"] == summary["update_counts"]["w1"] == summary["rounds"]
+        assert sum(cluster.events("adjust")[-1]["batch_sizes"].values()) == 48
+        final = read_checkpoint(checkpoint_files(tmp_path / "ckpt")[-1])
+        assert final["round"] == summary["rounds"] and bool(torch.isfinite(final["params"]).all())
+        assert summary["accuracy"] > 0.5, summary
+    finally:
+        cluster.stop()

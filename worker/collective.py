@@ -1,0 +1,214 @@
+"""The BSP collective fast path on a worker (`ps-server --allreduce`).
+
+Every step: write `b_k·g_k` (then `b_k` and the round, as a check) into one contiguous buffer,
+all-reduce it (SUM) over torch.distributed in buckets of at most 25 MB, divide by the reduced `Σ b`,
+which gives the server's batch-weighted mean (Eq. 4b/4c), and take the server's optimizer step
+(`ps.store.ParameterStore`, the same optimizer and LR schedule) on this worker's copy of the
+parameters. Every worker takes the identical step, so the copies stay equal without the server.
+
+A process group lives for one generation; the server starts a new one at every membership change.
+Its keys go under a per-generation prefix of the server's TCPStore. When a group forms, its ranks
+agree on the most advanced copy (the highest round; the lowest rank among equals) and broadcast its
+parameters and optimizer state, which brings a newcomer (started from the server's last snapshot)
+up to date. NCCL needs CUDA tensors: with it the bucket lives on the current CUDA device.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ps.jobspec import JobSpec
+from ps.store import ParameterStore
+from worker.client import ServerError, StepPlan
+
+BUCKET_BYTES = 25 * 1024 * 1024
+KEY_PREFIX = "hetero-ps/gen-{}/"
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+CHECK_EVERY_S = 0.5  # while a group forms: how often to ask the server whether its generation still stands
+
+
+class CollectiveError(RuntimeError):
+    """The group failed (a peer left or crashed): wait for the next generation and retry the step."""
+
+
+def rendezvous_address(host: str, port: int, server_target: str) -> tuple[str, int]:
+    """The TCPStore's address; a wildcard host (a server bound to all interfaces) means the server's own host."""
+    if host in WILDCARD_HOSTS:
+        host = server_target.rsplit(":", 1)[0].strip("[]")
+    return host, port
+
+
+class Collective:
+    """One worker's side of the fast path: the process group of the current generation, the
+    bucketed batch-weighted all-reduce, and the optimizer step on the local parameter copy."""
+
+    def __init__(
+        self, spec: JobSpec, model: nn.Module, host: str, port: int, timeout_s: float = 120.0,
+        bucket_bytes: int = BUCKET_BYTES,
+    ) -> None:
+        self.spec = spec
+        self.local = ParameterStore(model, spec)
+        self.timeout = timedelta(seconds=timeout_s)
+        self.bucket_numel = max(1, bucket_bytes // 4)
+        self.generation: int | None = None
+        self.rank = 0
+        self.world_size = 0
+        self.backend = ""
+        self.round = -1  # the round this copy is at (known once a group has formed)
+        self.reduces = 0
+        self._device = torch.device("cpu")
+        self._bucket: torch.Tensor | None = None
+        self._store: dist.Store | None = None
+        self.address: tuple[str, int] | None = None
+        self.connect(host, port)
+
+    @property
+    def params(self) -> torch.Tensor:
+        """The local copy of the parameters (flat fp32); the worker's model is loaded from it."""
+        return self.local.flat
+
+    def connect(self, host: str, port: int) -> None:
+        """Use the rendezvous at host:port (again, after a rejoin); the next step forms a new group."""
+        self.close_group()
+        self.round = -1  # the caller loads the server's parameters: a peer's copy wins at the next sync
+        self._store = None  # a new connection also when the address is the same (a restarted server)
+        try:
+            self._store = dist.TCPStore(host, port, is_master=False, timeout=self.timeout)
+        except (RuntimeError, OSError) as exc:
+            raise ServerError("UNAVAILABLE", f"cannot reach the --allreduce rendezvous at {host}:{port}: {exc}") from None
+        self.address = (host, port)
+
+    # --------------------------------------------------------------- the group
+    def ensure_group(self, plan: StepPlan, is_current: Callable[[int], bool] | None = None) -> None:
+        """Form the plan's generation unless this worker is already in it.
+
+        `is_current(generation)` asks the server whether that generation still stands; while the
+        others are awaited it is called every CHECK_EVERY_S, so a generation that a leave or an
+        eviction replaced before it formed is given up at once instead of after the timeout.
+        """
+        if self.generation == plan.generation and dist.is_initialized():
+            return
+        if not 0 <= plan.rank < plan.world_size:
+            raise CollectiveError(f"this worker has no rank in group generation {plan.generation}")
+        self.close_group()
+        assert self._store is not None
+        store = dist.PrefixStore(KEY_PREFIX.format(plan.generation), self._store)
+        try:
+            self._arrive(store, plan, is_current)
+            dist.init_process_group(
+                plan.backend, store=store, rank=plan.rank, world_size=plan.world_size, timeout=self.timeout
+            )
+            self.generation, self.rank, self.world_size, self.backend = (
+                plan.generation, plan.rank, plan.world_size, plan.backend
+            )
+            self._device = torch.device("cuda", torch.cuda.current_device()) if plan.backend == "nccl" else torch.device("cpu")
+            self._sync()
+        except (CollectiveError, ServerError):
+            self.close_group()
+            raise
+        except (RuntimeError, ValueError) as exc:  # DistBackendError / DistNetworkError are RuntimeErrors
+            self.close_group()
+            raise CollectiveError(f"could not form group generation {plan.generation}: {exc}") from exc
+
+    def _arrive(self, store: dist.Store, plan: StepPlan, is_current: Callable[[int], bool] | None) -> None:
+        """Wait until every rank of the generation has arrived (a key each in the store)."""
+        store.set(f"arrived/{plan.rank}", "1")
+        keys = [f"arrived/{r}" for r in range(plan.world_size)]
+        start = last_check = time.monotonic()
+        delay = 0.002
+        while not store.check(keys):
+            now = time.monotonic()
+            if now - start > self.timeout.total_seconds():
+                raise CollectiveError(f"group generation {plan.generation}: not every worker arrived within {self.timeout}")
+            if is_current is not None and now - last_check >= CHECK_EVERY_S:
+                last_check = now
+                if not is_current(plan.generation):
+                    raise CollectiveError(f"group generation {plan.generation} was replaced before it formed")
+            time.sleep(delay)
+            delay = min(0.05, delay * 2)
+
+    def _sync(self) -> None:
+        """Adopt the most advanced copy in the group (highest round, then lowest rank)."""
+        rounds = torch.zeros(self.world_size, dtype=torch.float64, device=self._device)
+        rounds[self.rank] = float(self.round)  # -1: a copy from the server's snapshot, never preferred
+        dist.all_reduce(rounds)
+        best = float(rounds.max())
+        src = int((rounds == best).nonzero()[0])
+        flat = self.local.flat.to(self._device)
+        dist.broadcast(flat, src=src)
+        state = [self.local.optimizer.state_dict() if self.rank == src else None]
+        dist.broadcast_object_list(state, src=src, device=self._device if self._device.type == "cuda" else None)
+        if self.rank != src:
+            assert state[0] is not None
+            with torch.no_grad():
+                self.local.flat.copy_(flat)
+            self.local.optimizer.load_state_dict(state[0])
+        self.round = int(best)
+
+    def close_group(self) -> None:
+        """Leave the current process group (before re-forming, or at the end)."""
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except (RuntimeError, ValueError):
+                pass
+        self.generation = None
+
+    def close(self) -> None:
+        self.close_group()
+        self._store = None
+        self.address = None
+
+    # -------------------------------------------------------------------- step
+    def _bucket_for(self, numel: int) -> torch.Tensor:
+        if self._bucket is None or self._bucket.numel() != numel or self._bucket.device != self._device:
+            self._bucket = torch.empty(numel, dtype=torch.float32, device=self._device)
+        return self._bucket
+
+    def step(
+        self, grads: torch.Tensor, batch: int, plan: StepPlan, is_current: Callable[[int], bool] | None = None
+    ) -> bool:
+        """All-reduce `batch`·`grads` with the group and apply the mean with the local optimizer.
+
+        Returns False when the group's copy was already past `plan.round` (a peer completed this
+        step before the previous group failed): its parameters were adopted, there is nothing to do.
+        Raises CollectiveError when the group fails; the parameters are then unchanged.
+        """
+        self.ensure_group(plan, is_current)
+        if self.round > plan.round:
+            return False
+        n = grads.numel()
+        bucket = self._bucket_for(n + 2)
+        bucket[:n].copy_(grads).mul_(batch)
+        bucket[n] = float(batch)
+        bucket[n + 1] = float(plan.round)
+        try:
+            parts = bucket.split(self.bucket_numel)
+            if len(parts) == 1:
+                dist.all_reduce(bucket)
+            else:  # all buckets in flight at once
+                for work in [dist.all_reduce(part, async_op=True) for part in parts]:
+                    work.wait()
+        except RuntimeError as exc:
+            generation = self.generation
+            self.close_group()
+            raise CollectiveError(f"all-reduce in group generation {generation} failed: {exc}") from exc
+        total, rounds = bucket[n : n + 2].tolist()
+        if rounds != float(plan.round) * self.world_size:
+            self.close_group()
+            raise RuntimeError(
+                f"collective out of step: this worker is at round {plan.round}, the group's rounds sum to {rounds:g} "
+                f"over {self.world_size} workers"
+            )
+        grad = bucket[:n].div_(total)
+        self.local.set_lr(self.spec.lr_at(plan.epoch))
+        self.local.apply_gradient(grad if grad.device.type == "cpu" else grad.cpu())
+        self.round = plan.round + 1
+        self.reduces += 1
+        return True
