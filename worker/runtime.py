@@ -14,11 +14,13 @@ A custom training loop needs three calls::
             session.step()                       # returns once the new parameters are in model
 
 Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
-step() is called; it is what the server's controller balances.
+step() is called; it is what the server's controller balances. In an --allreduce job step()
+all-reduces with the other workers and steps a local optimizer instead (worker/collective.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -32,9 +34,12 @@ from ps.jobspec import JobSpec
 from ps.models import build_model
 from ps.wire import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
-from worker.client import PSClient, ServerError, StepPlan
+from worker.client import Joined, PSClient, ServerError, StepPlan
+from worker.collective import Collective, CollectiveError, rendezvous_address
 from worker.heartbeat import Heartbeat
 from worker.sampler import ElasticBatchSampler
+
+log = logging.getLogger(__name__)
 
 
 def default_cores() -> float:
@@ -58,9 +63,23 @@ class Session:
         self.cores = cores
         self.retry_for = retry_for
         self.rejoins = 0
-        joined = client.join(name, cores)
+        joined = client.join(name, cores, cuda=torch.cuda.is_available())
         self.name = name
         self.worker_id = joined.worker_id
+        # beat from the start: building the data and the model can take longer than --evict-after
+        self._heartbeat = Heartbeat(client.heartbeat, self.worker_id, joined.heartbeat_interval_s)
+        try:
+            self._setup(joined)
+        except BaseException:
+            self._heartbeat.stop()
+            raise
+        self._fetch_started: float | None = None
+        self.steps = 0
+        self.last_compute_ms = 0.0
+
+    def _setup(self, joined: Joined) -> None:
+        """Build the job's data and model and load the global parameters."""
+        client = self.client
         self.spec: JobSpec = joined.spec
         self.dataset: Dataset = build_dataset(self.spec.dataset, self.spec.dataset_options, self.spec.seed)
         self.model: nn.Module = build_model(
@@ -68,14 +87,16 @@ class Session:
         )
         if Layout.of(self.model) != joined.layout:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
-        self._params = flatten_params(self.model)
+        self._collective: Collective | None = None
+        if self.spec.allreduce:  # the local copy of the parameters is the collective's
+            address = rendezvous_address(joined.rendezvous_host, joined.rendezvous_port, client.target)
+            self._collective = Collective(self.spec, self.model, *address, timeout_s=self.retry_for)
+            self._params = self._collective.params
+        else:
+            self._params = flatten_params(self.model)
         self._grads = torch.empty_like(self._params)
         self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
         self._apply(client.pull(self.worker_id, self._params))
-        self._heartbeat = Heartbeat(client.heartbeat, self.worker_id, joined.heartbeat_interval_s)
-        self._fetch_started: float | None = None
-        self.steps = 0
-        self.last_compute_ms = 0.0
 
     # ------------------------------------------------------------------ the plan
     def _apply(self, plan: StepPlan) -> None:
@@ -124,16 +145,19 @@ class Session:
         else:
             values = grads
         try:
-            plan = self.client.push(
-                self.worker_id,
-                values,
-                self._params,
-                round=self.plan.round,
-                version=self.plan.version,
-                batch_size=self._sampler.batch_size,
-                compute_ms=compute_ms,
-                wire_dtype=self.spec.wire_dtype,
-            )
+            if self._collective is not None:
+                plan = self._collective_step(grads, compute_ms)
+            else:
+                plan = self.client.push(
+                    self.worker_id,
+                    values,
+                    self._params,
+                    round=self.plan.round,
+                    version=self.plan.version,
+                    batch_size=self._sampler.batch_size,
+                    compute_ms=compute_ms,
+                    wire_dtype=self.spec.wire_dtype,
+                )
         except ServerError as exc:
             plan = self._recover(exc)
         else:
@@ -142,11 +166,67 @@ class Session:
         self._apply(plan)
         return plan
 
+    def _collective_step(self, grads: torch.Tensor, compute_ms: float) -> StepPlan:
+        """--allreduce: all-reduce and step with the group, then report the step (no values) to the
+        server. A failed group (a peer left or crashed) is re-formed from the server's next generation
+        and the step retried; rank 0 sends the parameters when the server asks for them."""
+        assert self._collective is not None
+        batch, plan = self._sampler.batch_size, self.plan
+        while True:
+            try:
+                self._collective.step(grads, batch, plan, self._generation_stands)
+                break
+            except CollectiveError as exc:
+                log.warning("%s: %s; waiting for the server's next group", self.name, str(exc).splitlines()[0][:300])
+                plan = self._await_regroup(plan)
+                if plan.done:
+                    return self._send_snapshot(plan)
+        plan = self.client.push(
+            self.worker_id, torch.empty(0), self._params, round=plan.round, version=plan.version,
+            batch_size=batch, compute_ms=compute_ms, wire_dtype="float32", kind="report",
+        )
+        return self._send_snapshot(plan)
+
+    def _generation_stands(self, generation: int) -> bool:
+        """Whether the server still trains in `generation` (asked while a group forms)."""
+        plan = self.client.pull(self.worker_id, self._params, header_only=True)
+        return plan.generation == generation and not plan.done
+
+    def _await_regroup(self, failed: StepPlan) -> StepPlan:
+        """Poll the server (headers only) until it starts a group generation after `failed`'s."""
+        deadline = time.monotonic() + self.retry_for
+        delay = 0.02
+        while True:
+            plan = self.client.pull(self.worker_id, self._params, header_only=True)
+            if plan.done or plan.generation != failed.generation:
+                return plan
+            if time.monotonic() > deadline:
+                raise ServerError(
+                    "DEADLINE_EXCEEDED",
+                    f"the process group of generation {failed.generation} failed and the server formed no new one "
+                    f"within {self.retry_for:.0f}s",
+                )
+            time.sleep(delay)
+            delay = min(0.5, delay * 2)
+
+    def _send_snapshot(self, plan: StepPlan) -> StepPlan:
+        """Rank 0, when asked: push the parameters (the server's copy of the global model)."""
+        if not plan.snapshot_requested:
+            return plan
+        try:
+            return self.client.push(
+                self.worker_id, self._params, self._params, round=plan.round, version=plan.version,
+                batch_size=0, compute_ms=0.0, wire_dtype="float32", kind="snapshot",
+            )
+        except ServerError:
+            return plan  # no longer rank 0, or the request was served: the server asks again if needed
+
     def _recover(self, error: ServerError) -> StepPlan:
         """After a failed push: resync (stale round/version), or rejoin with backoff (server
         restarted, this worker evicted, connection lost). The step's gradient is dropped."""
         if error.code == "FAILED_PRECONDITION" and "rejoin" not in error.message:
-            return self.client.pull(self.worker_id, self._params)
+            # allreduce: the local parameters are the group's; keep them
+            return self.client.pull(self.worker_id, self._params, header_only=self.spec.allreduce)
         if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
             raise error
         for delay in Backoff(total=self.retry_for).delays():
@@ -166,9 +246,11 @@ class Session:
             self.client.leave(self.worker_id)
         except ServerError:
             pass
-        joined = self.client.join(self.name, self.cores, timeout=self.retry_for)
+        joined = self.client.join(self.name, self.cores, timeout=self.retry_for, cuda=torch.cuda.is_available())
         if joined.spec != self.spec or joined.layout != Layout.of(self.model):
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
+        if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
+            self._collective.connect(*rendezvous_address(joined.rendezvous_host, joined.rendezvous_port, self.client.target))
         self._heartbeat.worker_id = self.worker_id = joined.worker_id
         self.rejoins += 1
         return self.client.pull(self.worker_id, self._params)
@@ -187,6 +269,8 @@ class Session:
 
     def close(self) -> None:
         self._heartbeat.stop()
+        if self._collective is not None:
+            self._collective.close()
         self.client.close()
 
     def __enter__(self) -> Session:
