@@ -49,7 +49,7 @@ def test_asp_dynamic_learns(tmp_path: Path) -> None:
     cluster = run_cluster(
         tmp_path,
         ["--mode", "asp", "--workers", "4", "--model-arg", "hidden=512", "--dataset", "digits",
-         "--global-batch", "256", "--lr", "0.5", "--epochs", "12", "--controller", "dynamic", "--adjust-every", "5"],
+         "--global-batch", "256", "--lr", "0.5", "--epochs", "16", "--controller", "dynamic", "--adjust-every", "5"],
     )
     (summary,) = cluster.events("summary")
     assert summary["accuracy"] >= 0.85, summary
