@@ -38,6 +38,7 @@ from ps.membership import MAX_CORES, MAX_NAME
 from ps.server import GRPC_OPTIONS, MAX_MESSAGE_BYTES, Job, build_job
 from ps.wire import CHUNK_BYTES, FlatReceiver, decode, encode, split
 from tests.conftest import InProcessServer, job_args
+from tests.state_compare import assert_same
 
 Code = grpc.StatusCode
 OK = Code.OK
@@ -116,22 +117,6 @@ def snapshot(server: InProcessServer) -> dict[str, Any]:
         }
 
     return server.call(take)
-
-
-def assert_same(a: Any, b: Any, path: str = "state") -> None:
-    """Deep equality where tensors must match bit for bit."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {sorted(a)} != {sorted(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def start_server(*argv: str) -> InProcessServer:

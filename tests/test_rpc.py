@@ -34,6 +34,7 @@ from ps.wire import (
     flatten_params,
     split,
 )
+from tests.state_compare import assert_same
 
 if TYPE_CHECKING:
     from tests.conftest import InProcessServer
@@ -135,22 +136,6 @@ def snapshot(server: InProcessServer) -> dict[str, Any]:
         }
 
     return server.call(take)
-
-
-def assert_same(a: Any, b: Any, path: str = "state") -> None:
-    """Deep equality where tensors must match bit for bit."""
-    if isinstance(a, torch.Tensor):
-        assert isinstance(b, torch.Tensor) and torch.equal(a, b), path
-    elif isinstance(a, dict):
-        assert isinstance(b, dict) and a.keys() == b.keys(), f"{path}: keys {sorted(a)} != {sorted(b)}"
-        for k in a:
-            assert_same(a[k], b[k], f"{path}.{k}")
-    elif isinstance(a, (list, tuple)):
-        assert type(a) is type(b) and len(a) == len(b), path
-        for i, (x, y) in enumerate(zip(a, b)):
-            assert_same(x, y, f"{path}[{i}]")
-    else:
-        assert a == b, f"{path}: {a!r} != {b!r}"
 
 
 def expect_refused(server: InProcessServer, call: Callable[[], Any], code: grpc.StatusCode, *fragments: str) -> str:
