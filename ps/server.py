@@ -15,12 +15,12 @@ from typing import Any
 import grpc
 import torch
 
-from protos import ps_pb2_grpc
 from ps.checkpoint import Checkpointer, latest_checkpoint
 from ps.controller import BatchController, ControllerConfig
 from ps.coordinator import Coordinator
 from ps.datasets import build_dataset
 from ps.evaluator import BackgroundEvaluator
+from ps.handlers import register
 from ps.jobspec import JobSpec
 from ps.metrics import MetricsLog
 from ps.models import build_model
@@ -264,7 +264,7 @@ async def serve(
     """Serve the job until it ends (TLS and token check as `security` says); returns the summary record."""
     security = security or ServerSecurity()
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
-    ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(job.coordinator), server)
+    register(ParameterServerServicer(job.coordinator), server)
     bound = security.add_port(server, f"{host}:{port}")
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}")

@@ -15,6 +15,7 @@ import pytest
 from protos import ps_pb2_grpc
 from ps.coordinator import Coordinator
 from ps.server import GRPC_OPTIONS, Job, build_job, build_parser
+from ps.handlers import register
 from ps.servicer import ParameterServerServicer
 
 START_TIMEOUT_S = 10.0
@@ -64,7 +65,7 @@ class InProcessServer:
 
     async def _start(self) -> None:
         self._server = grpc.aio.server(options=self._options)
-        ps_pb2_grpc.add_ParameterServerServicer_to_server(ParameterServerServicer(self.coordinator), self._server)
+        register(ParameterServerServicer(self.coordinator), self._server)
         self.port = self._server.add_insecure_port("127.0.0.1:0")
         if self.port == 0:
             raise OSError("could not bind 127.0.0.1:0")

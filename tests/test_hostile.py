@@ -959,23 +959,12 @@ UNARY_GARBAGE = [("Join", b"\x0a\x02\xff\xfe"), ("Pull", b"\xff\xff\xff"), ("Lea
 
 
 @pytest.mark.parametrize(("method", "garbage"), UNARY_GARBAGE, ids=[m for m, _ in UNARY_GARBAGE])
-def test_undecodable_unary_request_changes_nothing(open_round, method: str, garbage: bytes) -> None:
-    """An undecodable unary request is answered at once with an error and changes nothing.
-
-    Its code is UNKNOWN today: grpc decodes unary requests before the servicer runs and reports the
-    DecodeError as UNKNOWN (see the xfail below); the server itself is unharmed.
-    """
+def test_undecodable_unary_request_is_invalid_argument(open_round, method: str, garbage: bytes) -> None:
+    """An undecodable unary request is INVALID_ARGUMENT (not grpc's UNKNOWN) and changes nothing."""
     server, stub, ids, numel, pending = open_round
     before = snapshot(server)
     answer = ask(lambda: _raw(server, method, streaming=False)(garbage, timeout=TIMEOUT))
-    assert answer.code == INVALID or (answer.code == Code.UNKNOWN and "DecodeError" in answer.details), answer
+    assert answer.code == INVALID, answer
+    assert "not a valid" in answer.details, answer
     assert_same(before, snapshot(server))
     _finish_round(stub, ids, numel, pending)
-
-
-@pytest.mark.xfail(reason="unary requests are decoded by grpc before the servicer: a DecodeError is UNKNOWN; "
-                          "needs request deserializers that map it to INVALID_ARGUMENT where ps/server.py registers the servicer")
-def test_undecodable_unary_request_is_invalid_argument(open_round) -> None:
-    server, *_ = open_round
-    answer = ask(lambda: _raw(server, "Join", streaming=False)(UNARY_GARBAGE[0][1], timeout=TIMEOUT))
-    assert answer.code == INVALID, answer

@@ -1,0 +1,91 @@
+"""Registers the servicer with a grpc.aio server, so that a malformed unary request is INVALID_ARGUMENT.
+
+grpc decodes a unary request before the servicer method runs and reports a DecodeError as UNKNOWN.
+Here the request deserializers never raise: an undecodable request arrives as `Undecodable` and is
+refused before the servicer sees it. Streamed requests (Push) keep the generated deserializer; the
+servicer turns the DecodeError raised while it reads the stream into INVALID_ARGUMENT itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
+
+from protos import ps_pb2
+
+SERVICE = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+
+
+@dataclass(frozen=True)
+class Undecodable:
+    """Stands in for a request whose bytes are not a valid message of its type."""
+
+    type_name: str
+    error: str
+
+    def describe(self) -> str:
+        return f"the request is not a valid {self.type_name} message: {self.error}"
+
+
+def tolerant_parser(message_type: Any) -> Callable[[bytes], Any]:
+    """`message_type.FromString`, answering `Undecodable` instead of raising."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return message_type.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(message_type.DESCRIPTOR.name, str(exc))
+
+    return parse
+
+
+def _guard_unary(behavior: Callable[[Any, Any], Awaitable[Any]]) -> Callable[[Any, Any], Awaitable[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.describe())
+        return await behavior(request, context)
+
+    return handle
+
+
+def _guard_unary_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]]) -> Callable[[Any, Any], AsyncIterator[Any]]:
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        if isinstance(request, Undecodable):
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.describe())
+        async for reply in behavior(request, context):
+            yield reply
+
+    return handle
+
+
+def method_handlers(servicer: Any) -> dict[str, grpc.RpcMethodHandler]:
+    """One handler per method of the ParameterServer service, built from its descriptor."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in SERVICE.methods:
+        request_type = message_factory.GetMessageClass(method.input_type)
+        reply_type = message_factory.GetMessageClass(method.output_type)
+        behavior = getattr(servicer, method.name)
+        serialize = reply_type.SerializeToString
+        if method.client_streaming:
+            make = grpc.stream_stream_rpc_method_handler if method.server_streaming else grpc.stream_unary_rpc_method_handler
+            handlers[method.name] = make(behavior, request_deserializer=request_type.FromString, response_serializer=serialize)
+        elif method.server_streaming:
+            handlers[method.name] = grpc.unary_stream_rpc_method_handler(
+                _guard_unary_stream(behavior), request_deserializer=tolerant_parser(request_type), response_serializer=serialize)
+        else:
+            handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+                _guard_unary(behavior), request_deserializer=tolerant_parser(request_type), response_serializer=serialize)
+    return handlers
+
+
+def register(servicer: Any, server: grpc.aio.Server) -> None:
+    """Adds the servicer's methods to `server` (instead of the generated add_..._to_server)."""
+    handlers = method_handlers(servicer)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+    if hasattr(server, "add_registered_method_handlers"):
+        server.add_registered_method_handlers(SERVICE.full_name, handlers)
