@@ -473,7 +473,8 @@ async def _serialize_all(replies: Any, serialize_s: list[float], done: list[floa
     """Drain a servicer's reply stream, serializing each message as gRPC would; note when it is all out."""
     async for message in replies:
         t0 = time.perf_counter()
-        message.SerializeToString()
+        if not isinstance(message, bytes):  # bytes: a reply chunk serialized once for every worker
+            message.SerializeToString()
         serialize_s[0] += time.perf_counter() - t0
     done.append(time.perf_counter())
 

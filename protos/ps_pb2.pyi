@@ -37,7 +37,7 @@ class JoinRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rendezvous_host", "rendezvous_port", "rank", "world_size", "generation", "backend")
+    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rendezvous_host", "rendezvous_port", "rank", "world_size", "generation", "backend", "shards")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_JSON_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -54,6 +54,7 @@ class JoinReply(_message.Message):
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     job_json: str
     layout: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -70,7 +71,18 @@ class JoinReply(_message.Message):
     world_size: int
     generation: int
     backend: str
-    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., rendezvous_host: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ...) -> None: ...
+    shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
+    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., rendezvous_host: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ...) -> None: ...
+
+class ShardInfo(_message.Message):
+    __slots__ = ("address", "start", "stop")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    start: int
+    stop: int
+    def __init__(self, address: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
     __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind")
@@ -231,3 +243,45 @@ class StatusReply(_message.Message):
     adjustments: int
     expected_workers: int
     def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ...) -> None: ...
+
+class BlobChunk(_message.Message):
+    __slots__ = ("seq", "data")
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    seq: int
+    data: bytes
+    def __init__(self, seq: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Contribution(_message.Message):
+    __slots__ = ("worker_id", "batch_size")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    batch_size: int
+    def __init__(self, worker_id: _Optional[str] = ..., batch_size: _Optional[int] = ...) -> None: ...
+
+class CommitRequest(_message.Message):
+    __slots__ = ("round", "contributors", "lr", "wait_s")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    contributors: _containers.RepeatedCompositeFieldContainer[Contribution]
+    lr: float
+    wait_s: float
+    def __init__(self, round: _Optional[int] = ..., contributors: _Optional[_Iterable[_Union[Contribution, _Mapping]]] = ..., lr: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class ShardAck(_message.Message):
+    __slots__ = ("round", "applied_batch", "missing")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_BATCH_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    applied_batch: int
+    missing: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., applied_batch: _Optional[int] = ..., missing: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

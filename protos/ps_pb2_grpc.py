@@ -318,3 +318,265 @@ class ParameterServer:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class ParameterShardStub:
+    """A shard server (--shards): holds one contiguous range of the flat parameters and its optimizer
+    state. Workers push the range's gradient slice for the open round and get the range's new values
+    once the coordinator (the ParameterServer) commits the round; rounds, the plan and membership stay
+    with the coordinator.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Push = channel.stream_stream(
+                '/hetero_ps.ParameterShard/Push',
+                request_serializer=protos_dot_ps__pb2.PushChunk.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.ParamsChunk.FromString,
+                _registered_method=True)
+        self.Pull = channel.unary_stream(
+                '/hetero_ps.ParameterShard/Pull',
+                request_serializer=protos_dot_ps__pb2.PullRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.ParamsChunk.FromString,
+                _registered_method=True)
+        self.Load = channel.stream_unary(
+                '/hetero_ps.ParameterShard/Load',
+                request_serializer=protos_dot_ps__pb2.BlobChunk.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.ShardAck.FromString,
+                _registered_method=True)
+        self.Commit = channel.unary_unary(
+                '/hetero_ps.ParameterShard/Commit',
+                request_serializer=protos_dot_ps__pb2.CommitRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.ShardAck.FromString,
+                _registered_method=True)
+        self.Fetch = channel.unary_stream(
+                '/hetero_ps.ParameterShard/Fetch',
+                request_serializer=protos_dot_ps__pb2.FetchRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.BlobChunk.FromString,
+                _registered_method=True)
+
+
+class ParameterShardServicer:
+    """A shard server (--shards): holds one contiguous range of the flat parameters and its optimizer
+    state. Workers push the range's gradient slice for the open round and get the range's new values
+    once the coordinator (the ParameterServer) commits the round; rounds, the plan and membership stay
+    with the coordinator.
+    """
+
+    def Push(self, request_iterator, context):
+        """Workers: the slice for the open round (PushHeader.num_values = stop - start); the reply (header
+        with round/num_values, then the values) comes when the round is committed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pull(self, request, context):
+        """Workers: the range's current values.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Load(self, request_iterator, context):
+        """Coordinator: set up the range (job spec, values, optimizer state, open round). Resets the shard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Commit(self, request, context):
+        """Coordinator: close the open round with these contributors' slices and step the optimizer.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Fetch(self, request, context):
+        """Coordinator: the range's values and optimizer state (checkpoints, evaluation).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ParameterShardServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Push': grpc.stream_stream_rpc_method_handler(
+                    servicer.Push,
+                    request_deserializer=protos_dot_ps__pb2.PushChunk.FromString,
+                    response_serializer=protos_dot_ps__pb2.ParamsChunk.SerializeToString,
+            ),
+            'Pull': grpc.unary_stream_rpc_method_handler(
+                    servicer.Pull,
+                    request_deserializer=protos_dot_ps__pb2.PullRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.ParamsChunk.SerializeToString,
+            ),
+            'Load': grpc.stream_unary_rpc_method_handler(
+                    servicer.Load,
+                    request_deserializer=protos_dot_ps__pb2.BlobChunk.FromString,
+                    response_serializer=protos_dot_ps__pb2.ShardAck.SerializeToString,
+            ),
+            'Commit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Commit,
+                    request_deserializer=protos_dot_ps__pb2.CommitRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.ShardAck.SerializeToString,
+            ),
+            'Fetch': grpc.unary_stream_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=protos_dot_ps__pb2.FetchRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.BlobChunk.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'hetero_ps.ParameterShard', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('hetero_ps.ParameterShard', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class ParameterShard:
+    """A shard server (--shards): holds one contiguous range of the flat parameters and its optimizer
+    state. Workers push the range's gradient slice for the open round and get the range's new values
+    once the coordinator (the ParameterServer) commits the round; rounds, the plan and membership stay
+    with the coordinator.
+    """
+
+    @staticmethod
+    def Push(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/hetero_ps.ParameterShard/Push',
+            protos_dot_ps__pb2.PushChunk.SerializeToString,
+            protos_dot_ps__pb2.ParamsChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pull(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hetero_ps.ParameterShard/Pull',
+            protos_dot_ps__pb2.PullRequest.SerializeToString,
+            protos_dot_ps__pb2.ParamsChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Load(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/hetero_ps.ParameterShard/Load',
+            protos_dot_ps__pb2.BlobChunk.SerializeToString,
+            protos_dot_ps__pb2.ShardAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Commit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero_ps.ParameterShard/Commit',
+            protos_dot_ps__pb2.CommitRequest.SerializeToString,
+            protos_dot_ps__pb2.ShardAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/hetero_ps.ParameterShard/Fetch',
+            protos_dot_ps__pb2.FetchRequest.SerializeToString,
+            protos_dot_ps__pb2.BlobChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

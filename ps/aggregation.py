@@ -35,6 +35,12 @@ class WeightedMean:
         self._weight += batch
         self._count += 1
 
+    def remove(self, grad: torch.Tensor, batch: int) -> None:
+        """Take back a gradient added before (a shard's slice from a push the round did not count)."""
+        self._sum.add_(grad, alpha=-float(batch))
+        self._weight -= batch
+        self._count -= 1
+
     def result(self) -> torch.Tensor:
         """g = Σ b_k g_k / Σ b_k, in place; call reset() before the next round."""
         if self._weight == 0:

@@ -30,8 +30,17 @@ from ps.jobspec import JobSpec
 from ps.membership import Member, Membership
 from ps.metrics import MetricsLog
 from ps.rendezvous import Rendezvous
+from ps.shard_client import RemoteShards, ShardFailure
+from ps.shard_ranges import slice_optimizer_state
 from ps.store import ParameterStore
-from ps.wire import FlatReceiver, Layout, check_wire_dtype, encode, split
+from ps.wire import (
+    FlatReceiver,
+    Layout,
+    check_wire_dtype,
+    encode,
+    flatten_params,
+    split,
+)
 
 MAX_COMPUTE_MS = 24 * 3600 * 1000.0
 CHECKPOINT_FORMAT = 1
@@ -73,6 +82,7 @@ class JoinInfo:
     group: GroupInfo = GroupInfo()
     rendezvous_host: str = ""
     rendezvous_port: int = 0
+    shards: tuple[tuple[str, int, int], ...] = ()  # --shards: (address, start, stop) of the remote ranges
 
 
 @dataclass(frozen=True)
@@ -127,13 +137,23 @@ class Coordinator:
         evaluator: BackgroundEvaluator | None = None,
         clock: Callable[[], float] = time.monotonic,
         rendezvous: Rendezvous | None = None,
+        shards: RemoteShards | None = None,
     ) -> None:
         if spec.allreduce and rendezvous is None:
             raise ValueError("an allreduce job needs a Rendezvous")
+        if shards is not None and (spec.mode != "bsp" or spec.allreduce):
+            raise ValueError("--shards serves BSP jobs without --allreduce")
         self.spec = spec
         self.controller = controller
         self.layout = Layout.of(model)
-        self.store = ParameterStore(model, spec)
+        self.shards = shards
+        full = flatten_params(model)
+        # --shards: this server holds range 0 of the flat parameters; the shard servers the rest
+        self.own_numel = shards.own[1] if shards is not None else self.layout.numel
+        self.store = ParameterStore(full[: self.own_numel], spec)
+        self._shard_state: tuple[torch.Tensor, dict[str, Any] | None] | None = (full, None) if shards else None
+        self._full_view: tuple[torch.Tensor, dict[str, Any]] | None = None  # --shards: fetched whole model
+        self._committing = False
         self.samples_per_epoch = len(dataset.train_x)
         self.adjust_every = adjust_every
         self.max_staleness = max_staleness
@@ -162,7 +182,8 @@ class Coordinator:
         self._epoch_start_samples = 0
         self._told_done: set[str] = set()
         self.rendezvous = rendezvous if spec.allreduce else None
-        self._accumulator = WeightedMean(self.layout.numel) if spec.mode == "bsp" and not spec.allreduce else None
+        self._accumulator = WeightedMean(self.own_numel) if spec.mode == "bsp" and not spec.allreduce else None
+        self._contributions: dict[str, int] = {}  # --shards: batch per worker in the open round
         self._round_batch = 0  # allreduce: samples reported in the open round
         self._snapshot_requested = False  # allreduce: rank 0 is asked for its parameters
         self._after_snapshot: list[Callable[[], None]] = []  # allreduce: evals/checkpoints waiting for them
@@ -216,6 +237,7 @@ class Coordinator:
             self._group_info(member),
             self.rendezvous.host if self.rendezvous else "",
             self.rendezvous.port if self.rendezvous else 0,
+            tuple(self.shards.info()) if self.shards else (),
         )
 
     def _start(self) -> None:
@@ -320,16 +342,17 @@ class Coordinator:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
             self._check_sequence(member, meta)
             return FlatReceiver(torch.empty(0), 0, meta.wire_dtype)
-        if meta.num_values != self.layout.numel:
-            raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {self.layout.numel}")
+        if meta.num_values != self.own_numel:
+            where = f"; this server holds values [0, {self.own_numel}), the shards the rest" if self.shards else ""
+            raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {self.own_numel}{where}")
         if meta.kind != "snapshot":
             self._check_sequence(member, meta)
-        buffer = self._staging.pop() if self._staging else torch.empty(self.layout.numel)
+        buffer = self._staging.pop() if self._staging else torch.empty(self.own_numel)
         return FlatReceiver(buffer, meta.num_values, meta.wire_dtype)
 
     def release(self, receiver: FlatReceiver) -> None:
         """Return a receiver's buffer to the pool (after success or failure)."""
-        if receiver.out.numel() == self.layout.numel:
+        if receiver.out.numel() == self.own_numel:
             self._staging.append(receiver.out)
 
     def _check_kind(self, meta: PushMeta) -> None:
@@ -361,7 +384,7 @@ class Coordinator:
         if self.done:
             return
         if self.spec.mode == "bsp":
-            if meta.round != self.round:
+            if meta.round != self.round or self._committing:
                 raise FailedPrecondition(f"round {meta.round} is not open; the open round is {self.round}")
             if member.worker_id in self._pushed:
                 raise FailedPrecondition(f"worker {member.name} already pushed for round {self.round}")
@@ -394,6 +417,7 @@ class Coordinator:
         self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
         if self._accumulator is not None:
             self._accumulator.add(grad, meta.batch_size)
+            self._contributions[member.worker_id] = meta.batch_size
         else:  # allreduce: the workers applied the step themselves
             self._round_batch += meta.batch_size
         self._record(member, meta)
@@ -407,19 +431,52 @@ class Coordinator:
         return self._reply(member)
 
     def _close_round(self) -> None:
+        if self.shards is not None:
+            if not self._committing:
+                self._committing = True
+                asyncio.get_running_loop().create_task(self._commit_sharded())
+            return
         if self._accumulator is not None:
             self.store.apply_gradient(self._accumulator.result())
             batch = self._accumulator.weight
             self._accumulator.reset()
         else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
             batch, self._round_batch = self._round_batch, 0
+        self._next_round(batch)
+        self._resolve_round()
+
+    def _next_round(self, batch: int) -> None:
         self._pushed.clear()
+        self._contributions.clear()
         self.round += 1
         self.version += 1
         self._advance(batch)
         if not self.done:
             self._activate_pending()
-        self._resolve_round()
+
+    async def _commit_sharded(self) -> None:
+        """--shards: step every range at once (the shards' in their processes, range 0 here), then
+        run what needs the whole model (evaluation, checkpoints) before any worker hears of the
+        new round, so the shards hold still while their ranges are fetched."""
+        assert self.shards is not None and self._accumulator is not None
+        try:
+            if not self.done:
+                commit = asyncio.ensure_future(self.shards.commit(
+                    self.round, dict(self._contributions), self.store.lr, wait_s=self.evict_after))
+                self.store.apply_gradient(self._accumulator.result())
+                batch = self._accumulator.weight
+                self._accumulator.reset()
+                acks = await commit
+                if any(ack.missing for ack in acks):
+                    self.metrics.write("shard_missing", step=self.step, missing=sorted({w for a in acks for w in a.missing}))
+                self._next_round(batch)
+                await self._run_whole_model_actions()
+        except ShardFailure as exc:
+            self.metrics.write("shard_failure", step=self.step, error=str(exc))
+            self.stop(f"stopping: {exc}")
+        finally:
+            self._committing = False
+            self._resolve_round()
 
     def _resolve_round(self) -> None:
         future, self._round_future = self._round_future, None
@@ -484,7 +541,7 @@ class Coordinator:
             lr=lr,
             global_batch=global_batch,
             wire_dtype=self.params_dtype,
-            num_values=self.layout.numel if params else 0,
+            num_values=self.own_numel if params else 0,
             payload=self._current_payload() if params else [b""],
             reason=self.reason,
             group=group,
@@ -505,13 +562,58 @@ class Coordinator:
             )
 
     def _defer_to_snapshot(self, action: Callable[[], None]) -> bool:
-        """Allreduce: the store's parameters are stale until rank 0 sends a snapshot; ask for one
-        and run `action` (an evaluation, a checkpoint) once it is in. False: run it now."""
-        if self.rendezvous is None or self._loading_snapshot:
+        """Run `action` (an evaluation, a checkpoint) once the whole model is here; False: run it now.
+        Allreduce: the store's parameters are stale until rank 0 sends a snapshot, so ask for one.
+        --shards: the round's commit fetches the shards' ranges before it answers the workers."""
+        if self._loading_snapshot or (self.rendezvous is None and self.shards is None):
             return False
         self._after_snapshot.append(action)
-        self._snapshot_requested = True
+        if self.rendezvous is not None:
+            self._snapshot_requested = True
         return True
+
+    async def _run_whole_model_actions(self) -> None:
+        """--shards: fetch the whole model if an action waits for it, then run the actions."""
+        if not self._after_snapshot:
+            return
+        await self.fetch_whole_model()
+        self._run_waiting_actions()
+
+    def _run_waiting_actions(self) -> None:
+        """The evaluations/checkpoints that waited for the whole model, now that it is here."""
+        actions, self._after_snapshot = self._after_snapshot, []
+        self._loading_snapshot = True
+        try:
+            for action in actions:
+                action()
+        finally:
+            self._loading_snapshot = False
+
+    async def fetch_whole_model(self) -> None:
+        """--shards: gather every range and the optimizer state (for checkpoint_state and evaluation)."""
+        if self.shards is not None:
+            self._full_view = await self.shards.fetch(self.store.flat, self.store.optimizer.state_dict())
+
+    async def load_shards(self) -> None:
+        """--shards: hand every shard its range (initial or resumed parameters) before workers join."""
+        if self.shards is None or self._shard_state is None:
+            return
+        params, optimizer = self._shard_state
+        await self.shards.load(self.spec.to_json(), params, optimizer, self.round, self.membership.max_workers)
+        self._shard_state = None
+
+    def whole_params(self) -> torch.Tensor:
+        """A copy of all parameters (--shards: as last fetched from the shards)."""
+        if self.shards is None:
+            return self.store.snapshot()
+        assert self._full_view is not None, "fetch_whole_model() first"
+        return self._full_view[0].clone()
+
+    def _whole_optimizer_state(self) -> dict[str, Any]:
+        if self.shards is None:
+            return self.store.optimizer.state_dict()
+        assert self._full_view is not None, "fetch_whole_model() first"
+        return self._full_view[1]
 
     def _load_snapshot(self, values: torch.Tensor) -> None:
         """Rank 0's parameters become the global model; then the evaluations/checkpoints that waited."""
@@ -519,14 +621,8 @@ class Coordinator:
             self.store.flat.copy_(values)
         self._payload_cache = None
         self._snapshot_requested = False
-        actions, self._after_snapshot = self._after_snapshot, []
         self.metrics.write("snapshot", step=self.step, epoch=self.epoch)
-        self._loading_snapshot = True
-        try:
-            for action in actions:
-                action()
-        finally:
-            self._loading_snapshot = False
+        self._run_waiting_actions()
 
     # ------------------------------------------------------- epochs and control
     def _advance(self, batch: int) -> None:
@@ -602,7 +698,7 @@ class Coordinator:
         wall = self.clock() - (self._start_time or self.clock()) if wall is None else wall
         if self._defer_to_snapshot(functools.partial(self._submit_eval, epoch, wall)):
             return
-        snapshot = self.store.snapshot()
+        snapshot = self.whole_params()
 
         def done(accuracy: float, loss: float) -> None:
             self.last_accuracy, self.last_loss = accuracy, loss
@@ -614,7 +710,7 @@ class Coordinator:
     # ------------------------------------------------------------- checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
         """A self-contained snapshot of everything needed to resume (tensors cloned)."""
-        flat = self.store.snapshot()
+        flat = self.whole_params()
         model, offset = {}, 0
         for entry in self.layout.entries:
             model[entry.name] = flat[offset : offset + entry.numel].view(entry.shape).clone()
@@ -624,7 +720,7 @@ class Coordinator:
             "spec": self.spec.to_json(),
             "model": model,
             "params": flat,
-            "optimizer": self.store.optimizer.state_dict(),
+            "optimizer": self._whole_optimizer_state(),
             "controller": self.controller.state_dict(),
             "round": self.round,
             "version": self.version,
@@ -643,7 +739,13 @@ class Coordinator:
         if differ:
             raise ValueError(f"the checkpoint was written for a different job: {', '.join(differ)} differ; "
                              "start the server with the job's original flags")
-        self.store.load_state_dict({"params": state["params"], "optimizer": state["optimizer"]})
+        if self.shards is None:
+            self.store.load_state_dict({"params": state["params"], "optimizer": state["optimizer"]})
+        else:
+            start, stop = self.shards.own
+            own = slice_optimizer_state(state["optimizer"], self.layout.numel, start, stop)
+            self.store.load_state_dict({"params": state["params"][start:stop], "optimizer": own})
+            self._shard_state = (state["params"], state["optimizer"])
         self.round, self.version = int(state["round"]), int(state["version"])
         self.epoch, self.samples = int(state["epoch"]), int(state["samples"])
         self._epoch_start_samples = self.samples
@@ -651,7 +753,7 @@ class Coordinator:
         self._saved_controller = state["controller"]
         self.metrics.write(
             "resume", step=self.step, epoch=self.epoch, round=self.round, version=self.version,
-            params_sha256=params_digest(self.store.flat),
+            params_sha256=params_digest(state["params"]),
         )
 
     def _checkpoint(self) -> None:

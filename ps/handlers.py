@@ -17,8 +17,9 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2
+from ps.serialized import passthrough
 
-SERVICE = ps_pb2.DESCRIPTOR.services_by_name["ParameterServer"]
+SERVICES = ps_pb2.DESCRIPTOR.services_by_name
 
 
 @dataclass(frozen=True)
@@ -63,14 +64,14 @@ def _guard_unary_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]]) -> C
     return handle
 
 
-def method_handlers(servicer: Any) -> dict[str, grpc.RpcMethodHandler]:
-    """One handler per method of the ParameterServer service, built from its descriptor."""
+def method_handlers(servicer: Any, service: str = "ParameterServer") -> dict[str, grpc.RpcMethodHandler]:
+    """One handler per method of `service` (ParameterServer or ParameterShard), built from its descriptor."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
-    for method in SERVICE.methods:
+    for method in SERVICES[service].methods:
         request_type = message_factory.GetMessageClass(method.input_type)
         reply_type = message_factory.GetMessageClass(method.output_type)
         behavior = getattr(servicer, method.name)
-        serialize = reply_type.SerializeToString
+        serialize = passthrough(reply_type.SerializeToString)  # bytes: a reply serialized once for many streams
         if method.client_streaming:
             make = grpc.stream_stream_rpc_method_handler if method.server_streaming else grpc.stream_unary_rpc_method_handler
             handlers[method.name] = make(behavior, request_deserializer=request_type.FromString, response_serializer=serialize)
@@ -83,9 +84,10 @@ def method_handlers(servicer: Any) -> dict[str, grpc.RpcMethodHandler]:
     return handlers
 
 
-def register(servicer: Any, server: grpc.aio.Server) -> None:
+def register(servicer: Any, server: grpc.aio.Server, service: str = "ParameterServer") -> None:
     """Adds the servicer's methods to `server` (instead of the generated add_..._to_server)."""
-    handlers = method_handlers(servicer)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
+    handlers = method_handlers(servicer, service)
+    full_name = SERVICES[service].full_name
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full_name, handlers),))
     if hasattr(server, "add_registered_method_handlers"):
-        server.add_registered_method_handlers(SERVICE.full_name, handlers)
+        server.add_registered_method_handlers(full_name, handlers)

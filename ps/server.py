@@ -18,22 +18,19 @@ import torch
 from ps.checkpoint import Checkpointer, latest_checkpoint
 from ps.controller import BatchController, ControllerConfig
 from ps.coordinator import Coordinator
-from ps.datasets import build_dataset
+from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
 from ps.handlers import register
 from ps.jobspec import JobSpec
 from ps.metrics import MetricsLog
 from ps.models import build_model
 from ps.rendezvous import Rendezvous
-from ps.security import ServerSecurity, load_server_security
+from ps.security import ServerSecurity, load_server_security, resolve_token
+from ps.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, run_loop  # noqa: F401 (re-exported)
 from ps.servicer import ParameterServerServicer
-
-# Payload travels as ~1 MiB chunks; the limit leaves room for headers and rejects anything bigger.
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
-GRPC_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-]
+from ps.shard_client import RemoteShards, ShardFailure
+from ps.shard_processes import LocalShards
+from ps.shard_ranges import split_ranges
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -116,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
     net.add_argument("--rendezvous-port", type=int, default=None,
                      help="--allreduce: port of the workers' TCPStore rendezvous on --host (unset: a free port)")
+    net.add_argument("--shards", type=int, default=1,
+                     help="BSP: split the parameters by contiguous ranges across N server processes (this one and "
+                          "N-1 ps-shard processes it starts on --host); workers push and pull the ranges in parallel")
+    net.add_argument("--shard-addresses", default=None, metavar="HOST:PORT,...",
+                     help="use these running ps-shard servers for ranges 1.. instead of starting them (sets --shards)")
     net.add_argument("--wire-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
     net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
@@ -138,6 +140,13 @@ class Job:
     metrics: MetricsLog
     checkpointer: Checkpointer | None = None
     rendezvous: Rendezvous | None = None
+    local_shards: LocalShards | None = None
+
+    def close_shards(self) -> None:
+        """Stop the shard processes this server started (if any)."""
+        if self.local_shards is not None:
+            self.local_shards.stop()
+            self.local_shards = None
 
     def final_checkpoint(self) -> Path | None:
         """Checkpoint at shutdown (after any queued write)."""
@@ -198,6 +207,7 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--evict-after must be > 0 seconds")
     if args.keep_checkpoints < 1:
         raise ValueError("--keep-checkpoints must be >= 1")
+    shard_addresses = parse_shard_addresses(args)
     checkpoint_dir = args.checkpoint_dir or args.resume
     resume_from = None
     if args.resume is not None:
@@ -212,7 +222,32 @@ def build_job(args: argparse.Namespace) -> Job:
     evaluator = BackgroundEvaluator(eval_model, dataset)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
     rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if args.allreduce else None
-    coordinator = Coordinator(
+    numel = sum(p.numel() for p in model.parameters())
+    if args.shards > numel:
+        raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
+    local_shards = None
+    if args.shards > 1 and shard_addresses is None:
+        local_shards = LocalShards(args.shards - 1, args.host, resolve_token(args.token))
+        shard_addresses = local_shards.addresses
+    shards = RemoteShards(shard_addresses, split_ranges(numel, args.shards), resolve_token(args.token)) if shard_addresses else None
+    try:
+        coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer, rendezvous, shards)
+        if resume_from is not None:
+            path, state = resume_from
+            coordinator.restore(state)
+            print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
+    except BaseException:
+        if local_shards is not None:
+            local_shards.stop()
+        raise
+    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards)
+
+
+def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,
+                      dataset: Dataset, metrics: MetricsLog, evaluator: BackgroundEvaluator,
+                      checkpointer: Checkpointer | None, rendezvous: Rendezvous | None,
+                      shards: RemoteShards | None) -> Coordinator:
+    return Coordinator(
         spec,
         BatchController(config),
         model,
@@ -226,12 +261,32 @@ def build_job(args: argparse.Namespace) -> Job:
         metrics=metrics,
         evaluator=evaluator,
         rendezvous=rendezvous,
+        shards=shards,
     )
-    if resume_from is not None:
-        path, state = resume_from
-        coordinator.restore(state)
-        print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
-    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous)
+
+
+def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
+    """Check --shards/--shard-addresses (setting args.shards from the list); None: no listed shards."""
+    addresses = None
+    if args.shard_addresses is not None:
+        addresses = [a.strip() for a in args.shard_addresses.split(",") if a.strip()]
+        for address in addresses:
+            host, sep, port = address.rpartition(":")
+            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+                raise ValueError(f"--shard-addresses: expected HOST:PORT, got {address!r}")
+        if not addresses:
+            raise ValueError("--shard-addresses lists no address")
+        if args.shards not in (1, len(addresses) + 1):
+            raise ValueError(f"--shards {args.shards} disagrees with the {len(addresses)} --shard-addresses (+1: this server)")
+        args.shards = len(addresses) + 1
+    if args.shards < 1:
+        raise ValueError(f"--shards must be >= 1, got {args.shards}")
+    if args.shards > 1:
+        if args.mode != "bsp" or args.allreduce:
+            raise ValueError("--shards serves BSP jobs without --allreduce (ASP and the collective fast path keep one server)")
+        if args.tls_cert is not None:
+            raise ValueError("--shards with TLS is not supported yet: the shard servers speak plaintext (use a token on a trusted network)")
+    return addresses
 
 
 def print_progress(record: dict[str, Any]) -> None:
@@ -265,11 +320,19 @@ async def serve(
     security = security or ServerSecurity()
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
     register(ParameterServerServicer(job.coordinator), server)
+    try:
+        await job.coordinator.load_shards()
+    except ShardFailure as exc:
+        job.close_shards()
+        raise OSError(str(exc)) from None
     bound = security.add_port(server, f"{host}:{port}")
     if bound == 0:
+        job.close_shards()
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
     mode = f"{job.spec.mode} allreduce, rendezvous port {job.rendezvous.port}" if job.rendezvous else job.spec.mode
+    if job.coordinator.shards is not None:
+        mode += f", {len(job.coordinator.shards.ranges)} shards"
     print(
         f"ps-server: listening on {host}:{bound} ({mode}, {security.description}, waiting for {job.spec.workers} workers)",
         flush=True,
@@ -285,6 +348,11 @@ async def serve(
         await loop.run_in_executor(None, job.evaluator.drain)
         if job.coordinator.evaluations:
             job.coordinator.last_accuracy = job.coordinator.evaluations[-1][1]
+        if job.checkpointer is not None:
+            try:
+                await job.coordinator.fetch_whole_model()
+            except ShardFailure as exc:
+                print(f"ps-server: error: no final checkpoint: {exc}", file=sys.stderr, flush=True)
         path = await loop.run_in_executor(None, job.final_checkpoint)
         if path is not None:
             job.metrics.write("checkpoint", path=str(path), step=job.coordinator.step, epoch=job.coordinator.epoch)
@@ -296,15 +364,9 @@ async def serve(
         if job.checkpointer is not None:
             job.checkpointer.close()
         job.metrics.close()
-
-
-def run_loop(coro: Any) -> Any:
-    """Run a coroutine on uvloop when it is installed, else asyncio's default loop."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+        if job.coordinator.shards is not None:
+            await job.coordinator.shards.close()
+        job.close_shards()
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -10,6 +10,7 @@ from google.protobuf.message import DecodeError
 from protos import ps_pb2, ps_pb2_grpc
 from ps.coordinator import Coordinator, PushMeta, StepReply
 from ps.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from ps.serialized import with_data
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -27,28 +28,44 @@ def status_code(error: ServiceError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def reply_messages(reply: StepReply) -> list[ps_pb2.ParamsChunk]:
-    """The header message followed by the payload chunks."""
-    header = ps_pb2.ParamsHeader(
-        round=reply.round,
-        version=reply.version,
-        epoch=reply.epoch,
-        batch_size=reply.batch_size,
-        done=reply.done,
-        wire_dtype=reply.wire_dtype,
-        num_values=reply.num_values,
-        lr=reply.lr,
-        global_batch=reply.global_batch,
-        reason=reply.reason,
-        generation=reply.group.generation,
-        rank=reply.group.rank,
-        world_size=reply.group.world_size,
-        backend=reply.group.backend,
-        snapshot_requested=reply.snapshot_requested,
-    )
-    messages = [ps_pb2.ParamsChunk(header=header, seq=0, data=reply.payload[0])]
-    messages += [ps_pb2.ParamsChunk(seq=i, data=data) for i, data in enumerate(reply.payload[1:], start=1)]
-    return messages
+class ReplyMessages:
+    """Encodes StepReplies as serialized ParamsChunk streams: the header chunk, then the payload chunks.
+
+    The chunks after the first depend only on the payload, which the coordinator hands out as one
+    list per parameter version: they are serialized once per list and shared by every reply that
+    carries it; a reply costs its header chunk. The response serializer passes bytes through
+    (ps/handlers.py, ps/serialized.py), so gRPC sends these as they are.
+    """
+
+    def __init__(self) -> None:
+        self._payload: list[bytes] | None = None  # held, so its identity cannot be reused
+        self._tail: list[bytes] = []
+
+    def __call__(self, reply: StepReply) -> list[bytes]:
+        header = ps_pb2.ParamsHeader(
+            round=reply.round,
+            version=reply.version,
+            epoch=reply.epoch,
+            batch_size=reply.batch_size,
+            done=reply.done,
+            wire_dtype=reply.wire_dtype,
+            num_values=reply.num_values,
+            lr=reply.lr,
+            global_batch=reply.global_batch,
+            reason=reply.reason,
+            generation=reply.group.generation,
+            rank=reply.group.rank,
+            world_size=reply.group.world_size,
+            backend=reply.group.backend,
+            snapshot_requested=reply.snapshot_requested,
+        )
+        return [with_data(ps_pb2.ParamsChunk(header=header, seq=0), reply.payload[0]), *self._tail_of(reply.payload)]
+
+    def _tail_of(self, payload: list[bytes]) -> list[bytes]:
+        if payload is not self._payload:
+            self._tail = [with_data(ps_pb2.ParamsChunk(seq=i), data) for i, data in enumerate(payload[1:], start=1)]
+            self._payload = payload
+        return self._tail
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
@@ -56,6 +73,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.core = coordinator
+        self.reply_messages = ReplyMessages()
 
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
         try:
@@ -80,6 +98,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             world_size=info.group.world_size,
             generation=info.group.generation,
             backend=info.group.backend,
+            shards=[ps_pb2.ShardInfo(address=a, start=start, stop=stop) for a, start, stop in info.shards],
         )
 
     async def Push(
@@ -107,7 +126,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         finally:
             if receiver is not None:
                 self.core.release(receiver)
-        for message in reply_messages(reply):
+        for message in self.reply_messages(reply):
             yield message
         self.core.note_reply_sent()
 
@@ -118,7 +137,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             reply = self.core.pull(request.worker_id, header_only=request.header_only)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        for message in reply_messages(reply):
+        for message in self.reply_messages(reply):
             yield message
         self.core.note_reply_sent()
 

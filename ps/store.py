@@ -20,9 +20,14 @@ def make_optimizer(params: list[nn.Parameter], spec: JobSpec) -> torch.optim.Opt
 class ParameterStore:
     """Global model state. BSP steps the optimizer with an aggregated gradient; ASP adds updates."""
 
-    def __init__(self, model: nn.Module, spec: JobSpec) -> None:
-        self.param = nn.Parameter(flatten_params(model).clone())
+    def __init__(self, flat: torch.Tensor, spec: JobSpec) -> None:
+        """A store over a copy of `flat` (all parameters, or one shard's range of them)."""
+        self.param = nn.Parameter(flat.detach().reshape(-1).float().clone())
         self.optimizer = make_optimizer([self.param], spec)
+
+    @classmethod
+    def of_model(cls, model: nn.Module, spec: JobSpec) -> ParameterStore:
+        return cls(flatten_params(model), spec)
 
     @property
     def flat(self) -> torch.Tensor:
@@ -31,6 +36,10 @@ class ParameterStore:
     @property
     def numel(self) -> int:
         return self.param.numel()
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def set_lr(self, lr: float) -> None:
         for group in self.optimizer.param_groups:

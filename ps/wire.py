@@ -83,7 +83,8 @@ def flatten_grads(model: nn.Module, out: torch.Tensor | None = None) -> torch.Te
 
 
 def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
-    """Copy a flat vector into the model's parameters in place."""
+    """Make the model's parameters views of the flat vector (fp32 parameters: no copy, so values
+    decoded into `flat` later are in the model at once; other dtypes get a converted copy)."""
     torch.nn.utils.vector_to_parameters(flat.to(next(model.parameters()).dtype), model.parameters())
 
 
@@ -96,17 +97,26 @@ def encode(flat: torch.Tensor, wire_dtype: str = "float32") -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
+def views(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """Views of the buffer's slices, each at most chunk_bytes (at least one, possibly empty); no copy."""
+    for start in range(0, max(len(buffer), 1), chunk_bytes):
+        yield buffer[start : start + chunk_bytes]
+
+
 def chunks(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
-    """Slices of the buffer, each at most chunk_bytes (at least one, possibly empty)."""
-    if len(buffer) == 0:
-        yield b""
-        return
-    for start in range(0, len(buffer), chunk_bytes):
-        yield bytes(buffer[start : start + chunk_bytes])
+    """Slices of the buffer as bytes, each at most chunk_bytes (at least one, possibly empty)."""
+    for view in views(buffer, chunk_bytes):
+        yield bytes(view)
 
 
 def split(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
     return list(chunks(buffer, chunk_bytes))
+
+
+def all_finite(values: torch.Tensor) -> bool:
+    """Whether every value is finite: one fast sum first (NaN/Inf propagate into it), and the exact
+    element-wise check only when the sum is not finite (a sum of large finite values can overflow)."""
+    return math.isfinite(values.sum().item()) or bool(torch.isfinite(values).all())
 
 
 class FlatReceiver:
@@ -145,7 +155,7 @@ class FlatReceiver:
     def finish(self, check_finite: bool = True) -> torch.Tensor:
         if self._filled != self.out.numel():
             raise InvalidArgument(f"too little data: got {self._filled} of {self.out.numel()} values")
-        if check_finite and not bool(torch.isfinite(self.out).all()):
+        if check_finite and not all_finite(self.out):
             raise InvalidArgument("buffer contains NaN or Inf values")
         return self.out
 

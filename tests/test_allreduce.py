@@ -25,7 +25,8 @@ from tests.test_rpc import TIMEOUT, expect_refused, header, join_all, push_chunk
 from worker import connect
 from worker.cli import train
 from worker.client import PSClient, ServerError, StepPlan
-from worker.collective import Collective, rendezvous_address
+from worker.client import reachable_address
+from worker.collective import Collective
 
 Code = grpc.StatusCode
 # a tiny job for the in-process tests: 64 training samples, so an epoch is two rounds of 32
@@ -61,10 +62,10 @@ def test_group_backend_is_nccl_only_when_every_worker_has_cuda() -> None:
     assert (group.generation, group.world_size, group.rank("a"), group.rank("zz"), group.backend) == (3, 2, 1, -1, "gloo")
 
 
-def test_rendezvous_address_falls_back_to_the_server_host() -> None:
-    assert rendezvous_address("0.0.0.0", 7, "10.1.2.3:50051") == ("10.1.2.3", 7)
-    assert rendezvous_address("", 7, "[::1]:50051") == ("::1", 7)
-    assert rendezvous_address("127.0.0.1", 7, "10.1.2.3:50051") == ("127.0.0.1", 7)
+def test_reachable_address_falls_back_to_the_server_host() -> None:
+    assert reachable_address("0.0.0.0", 7, "10.1.2.3:50051") == ("10.1.2.3", 7)
+    assert reachable_address("", 7, "[::1]:50051") == ("::1", 7)
+    assert reachable_address("127.0.0.1", 7, "10.1.2.3:50051") == ("127.0.0.1", 7)
 
 
 def test_bucketed_step_equals_the_server_optimizer_step() -> None:
@@ -72,7 +73,7 @@ def test_bucketed_step_equals_the_server_optimizer_step() -> None:
     (a group of one, in this process: the reduction is the identity)."""
     spec = JobSpec(workers=1, global_batch=8, momentum=0.9, weight_decay=1e-3, nesterov=True)
     model = build_model("mlp", (64,), 10, {"hidden": 16}, 0)
-    reference = ParameterStore(model, spec)
+    reference = ParameterStore.of_model(model, spec)
     host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     collective = Collective(spec, model, "127.0.0.1", host.port, timeout_s=30, bucket_bytes=1024)
     try:

@@ -369,6 +369,33 @@ def test_bsp_large_model_over_default_message_limits(ps_server) -> None:
     assert torch.equal(pulled, params)
 
 
+def test_reply_chunks_are_serialized_once_per_payload_and_exactly_as_protobuf_would() -> None:
+    """ReplyMessages writes the bytes SerializeToString gives for each ParamsChunk, and every reply
+    carrying the same payload list shares the chunks after the header (a new list: new chunks)."""
+    from ps.coordinator import StepReply
+    from ps.servicer import ReplyMessages
+
+    payload = split(encode(rand(3000, seed=5)), 4096)
+    assert len(payload) == 3 and len(payload[-1]) < 4096
+
+    def reply(batch_size: int, parts: list[bytes]) -> StepReply:
+        return StepReply(round=2, version=3, epoch=1, batch_size=batch_size, done=False, lr=0.5, global_batch=8,
+                         wire_dtype="float32", num_values=3000, payload=parts, reason="r")
+
+    encoder = ReplyMessages()
+    first, second = encoder(reply(3, payload)), encoder(reply(5, payload))
+    h = ps_pb2.ParamsHeader(round=2, version=3, epoch=1, batch_size=3, wire_dtype="float32", num_values=3000,
+                            lr=0.5, global_batch=8, reason="r")
+    expected = [ps_pb2.ParamsChunk(header=h, seq=0, data=payload[0])]
+    expected += [ps_pb2.ParamsChunk(seq=i, data=d) for i, d in enumerate(payload[1:], start=1)]
+    assert first == [m.SerializeToString() for m in expected]
+    assert ps_pb2.ParamsChunk.FromString(second[0]).header.batch_size == 5
+    assert all(a is b for a, b in zip(first[1:], second[1:], strict=True))
+    again = encoder(reply(3, list(payload)))
+    assert again == first and again[1] is not first[1]
+    assert encoder(reply(3, [b""])) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
+
+
 # ---------------------------------------------------------- bad pushes (BSP)
 def _bad(name: str, build: Callable[[Cluster], list[ps_pb2.PushChunk]], code: grpc.StatusCode, *fragments: str):
     return pytest.param(build, code, fragments, id=name)

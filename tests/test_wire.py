@@ -188,6 +188,17 @@ def test_values_that_overflow_the_wire_dtype_become_inf_and_are_caught() -> None
         receiver.finish()
 
 
+def test_finite_values_whose_sum_overflows_are_accepted() -> None:
+    """finish() sums first; an fp32 sum of large finite values is inf, which must not reject them."""
+    x = torch.full((1000,), 3e38)
+    assert math.isinf(x.sum().item())
+    receiver = receive(split(encode(x), 1024), 1000, "float32")
+    assert torch.equal(receiver.finish(), x)
+    x[500] = -math.inf
+    with pytest.raises(InvalidArgument, match="NaN or Inf"):
+        receive(split(encode(x), 1024), 1000, "float32").finish()
+
+
 @pytest.mark.parametrize("bad", ["int8", "", "fp32", "FLOAT32", "float64"])
 def test_unknown_wire_dtype(bad: str) -> None:
     expected = "wire dtype must be one of \\['bfloat16', 'float16', 'float32'\\], got"
@@ -249,6 +260,17 @@ def test_flatten_load_round_trip(model: nn.Module) -> None:
 
     flat.add_(1.0)  # the flat copy is independent of the model
     assert not torch.equal(flatten_params(model), flat)
+
+
+def test_load_flat_makes_the_parameters_views_of_the_buffer(model: nn.Module) -> None:
+    """The worker decodes pulled parameters straight into its flat buffer: no copy into the model."""
+    flat = flatten_params(model).mul_(2.0)
+    load_flat(model, flat)
+    assert torch.equal(flatten_params(model), flat)
+    flat.add_(1.0)
+    assert torch.equal(flatten_params(model), flat)
+    start, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+    assert all(start <= p.data_ptr() < end for p in model.parameters())
 
 
 def test_layout_and_wire_round_trip_through_a_model(model: nn.Module) -> None:

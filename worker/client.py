@@ -7,6 +7,7 @@ It turns RPCs into plain values: a Joined record at Join, a StepPlan after every
 from __future__ import annotations
 
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -16,9 +17,11 @@ import torch
 from protos import ps_pb2, ps_pb2_grpc
 from ps.jobspec import JobSpec
 from ps.security import PathArg, bearer, read_pem, resolve_token
-from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encode, split
+from ps.serialized import passthrough, with_data
+from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encode, views
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 PUSH_KINDS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
 _NO_VALUES = torch.empty(0)
 CHANNEL_OPTIONS = [
@@ -36,6 +39,23 @@ class ServerError(RuntimeError):
         self.message = message
 
 
+def reachable_address(host: str, port: int, server_target: str) -> tuple[str, int]:
+    """Where to reach a service the server advertises (a rendezvous, a shard): a wildcard host (bound
+    to all interfaces) means the host of the server's own address."""
+    if host in WILDCARD_HOSTS:
+        host = server_target.rsplit(":", 1)[0].strip("[]")
+    return host, port
+
+
+@dataclass(frozen=True)
+class ShardTarget:
+    """--shards: values [start, stop) of the flat buffer live at `address`."""
+
+    address: str
+    start: int
+    stop: int
+
+
 @dataclass(frozen=True)
 class Joined:
     worker_id: str
@@ -49,6 +69,7 @@ class Joined:
     heartbeat_interval_s: float
     rendezvous_host: str = ""  # --allreduce: the TCPStore the workers' process group meets at
     rendezvous_port: int = 0
+    shards: tuple[ShardTarget, ...] = ()  # --shards: the ranges other servers hold
 
 
 @dataclass(frozen=True)
@@ -167,11 +188,37 @@ class PSClient:
     ) -> None:
         self.target = target
         self.chunk_bytes = max(4, chunk_bytes - chunk_bytes % 4)  # whole values of every wire dtype
-        self._channel = open_channel(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self._security = {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
+        self._channel = open_channel(target, **self._security)
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
+        # --shards: the coordinator holds values [0, own_stop); each shard one range after it
+        self._own_stop: int | None = None
+        self._shards: list[tuple[ShardTarget, grpc.Channel, ps_pb2_grpc.ParameterShardStub]] = []
+        self._pool: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
+        self._close_shards()
         self._channel.close()
+
+    def _close_shards(self) -> None:
+        for _, channel, _ in self._shards:
+            channel.close()
+        self._shards = []
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+    def _use_shards(self, shards: tuple[ShardTarget, ...], numel: int) -> None:
+        """Connect to the shard servers named at Join (again after a rejoin: they may have moved)."""
+        if tuple(t for t, _, _ in self._shards) == shards and self._own_stop is not None:
+            return
+        self._close_shards()
+        self._own_stop = shards[0].start if shards else numel
+        for shard in shards:
+            channel = open_channel(shard.address, **self._security)
+            self._shards.append((shard, channel, ps_pb2_grpc.ParameterShardStub(channel)))
+        if shards:
+            self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
 
     def wait_ready(self, timeout: float) -> None:
         try:
@@ -187,8 +234,15 @@ class PSClient:
         except grpc.RpcError as exc:
             raise _error(exc) from None
         layout = Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in reply.layout))
+        shards = tuple(ShardTarget(self._shard_address(s.address), s.start, s.stop) for s in reply.shards)
+        self._use_shards(shards, layout.numel)
         return Joined(reply.worker_id, JobSpec.from_json(reply.job_json), layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index,
-                      reply.heartbeat_interval_s or 1.0, reply.rendezvous_host, reply.rendezvous_port)
+                      reply.heartbeat_interval_s or 1.0, reply.rendezvous_host, reply.rendezvous_port, shards)
+
+    def _shard_address(self, address: str) -> str:
+        host, _, port = address.rpartition(":")
+        host, _ = reachable_address(host.strip("[]"), 0, self.target)
+        return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
     def push(
         self,
@@ -217,21 +271,55 @@ class PSClient:
             kind=PUSH_KINDS[kind],
         )
 
-        def requests() -> Iterator[ps_pb2.PushChunk]:
-            for seq, data in enumerate(split(encode(values, wire_dtype), self.chunk_bytes)):
-                yield ps_pb2.PushChunk(header=header if seq == 0 else None, seq=seq, data=data)
+        def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
+            """Serialized chunks: each slice of `part` is copied once, into its chunk's bytes."""
+            for seq, view in enumerate(views(encode(part, wire_dtype), self.chunk_bytes)):
+                yield with_data(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), view)
 
+        if not self._shards or kind != "values":
+            try:
+                return _receive(_push_call(self._channel, "ParameterServer")(requests(values, header)), out)
+            except grpc.RpcError as exc:
+                raise _error(exc) from None
+        own = self._own_stop
+        assert own is not None and self._pool is not None
+        header.num_values = own
+        calls = []
+        for shard, channel, _ in self._shards:
+            head = ps_pb2.PushHeader()
+            head.CopyFrom(header)
+            head.num_values = shard.stop - shard.start
+            calls.append(_push_call(channel, "ParameterShard")(requests(values[shard.start : shard.stop], head)))
+        return self._gather(_push_call(self._channel, "ParameterServer")(requests(values[:own], header)), calls, out)
+
+    def _gather(self, main: Iterator[ps_pb2.ParamsChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
+        """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
+        on the pool at once. If any call fails the others are cancelled and its error raised."""
+        assert self._pool is not None and self._own_stop is not None
+        futures: list[Future[StepPlan]] = [
+            self._pool.submit(_receive, call, out[shard.start : shard.stop])
+            for call, (shard, _, _) in zip(calls, self._shards, strict=True)
+        ]
         try:
-            return _receive(self._stub.Push(requests()), out)
+            plan = _receive(main, out[: self._own_stop])
+            for future in futures:
+                future.result()
+            return plan
         except grpc.RpcError as exc:
+            for call in [main, *calls]:
+                call.cancel()
             raise _error(exc) from None
 
     def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False) -> StepPlan:
         """The current plan, and the parameters into `out` unless `header_only`."""
-        try:
-            return _receive(self._stub.Pull(ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only)), out)
-        except grpc.RpcError as exc:
-            raise _error(exc) from None
+        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only)
+        if not self._shards or header_only:
+            try:
+                return _receive(self._stub.Pull(request), out)
+            except grpc.RpcError as exc:
+                raise _error(exc) from None
+        calls = [stub.Pull(request) for _, _, stub in self._shards]
+        return self._gather(self._stub.Pull(request), calls, out)
 
     def leave(self, worker_id: str) -> None:
         try:
@@ -250,6 +338,13 @@ class PSClient:
             return self._stub.Status(ps_pb2.StatusRequest())
         except grpc.RpcError as exc:
             raise _error(exc) from None
+
+
+def _push_call(channel: grpc.Channel, service: str) -> grpc.StreamStreamMultiCallable:
+    """`service`'s Push, taking serialized PushChunks (ps/serialized.py) as well as messages."""
+    full_name = ps_pb2.DESCRIPTOR.services_by_name[service].full_name
+    return channel.stream_stream(f"/{full_name}/Push", request_serializer=passthrough(ps_pb2.PushChunk.SerializeToString),
+                                 response_deserializer=ps_pb2.ParamsChunk.FromString)
 
 
 def _receive(stream: Iterator[ps_pb2.ParamsChunk], out: torch.Tensor) -> StepPlan:

@@ -29,19 +29,11 @@ from worker.client import ServerError, StepPlan
 
 BUCKET_BYTES = 25 * 1024 * 1024
 KEY_PREFIX = "hetero-ps/gen-{}/"
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 CHECK_EVERY_S = 0.5  # while a group forms: how often to ask the server whether its generation still stands
 
 
 class CollectiveError(RuntimeError):
     """The group failed (a peer left or crashed): wait for the next generation and retry the step."""
-
-
-def rendezvous_address(host: str, port: int, server_target: str) -> tuple[str, int]:
-    """The TCPStore's address; a wildcard host (a server bound to all interfaces) means the server's own host."""
-    if host in WILDCARD_HOSTS:
-        host = server_target.rsplit(":", 1)[0].strip("[]")
-    return host, port
 
 
 class Collective:
@@ -53,7 +45,7 @@ class Collective:
         bucket_bytes: int = BUCKET_BYTES,
     ) -> None:
         self.spec = spec
-        self.local = ParameterStore(model, spec)
+        self.local = ParameterStore.of_model(model, spec)
         self.timeout = timedelta(seconds=timeout_s)
         self.bucket_numel = max(1, bucket_bytes // 4)
         self.generation: int | None = None

@@ -34,8 +34,8 @@ from ps.jobspec import JobSpec
 from ps.models import build_model
 from ps.wire import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
-from worker.client import Joined, PSClient, ServerError, StepPlan
-from worker.collective import Collective, CollectiveError, rendezvous_address
+from worker.client import Joined, PSClient, ServerError, StepPlan, reachable_address
+from worker.collective import Collective, CollectiveError
 from worker.heartbeat import Heartbeat
 from worker.sampler import ElasticBatchSampler
 
@@ -48,6 +48,15 @@ def default_cores() -> float:
         return float(len(os.sched_getaffinity(0)))
     except AttributeError:
         return float(os.cpu_count() or 1)
+
+
+def slowdown_delay(wall_s: float, cpu_s: float, slowdown: float) -> float:
+    """The extra sleep that makes a step's compute `slowdown` times longer, as on a slower machine.
+
+    It scales the time the process actually computed: the wall time, but no more than the CPU
+    time it used, so time spent stopped (SIGSTOP) or waiting for a CPU is not multiplied.
+    """
+    return max(0.0, min(wall_s, cpu_s)) * (slowdown - 1.0)
 
 
 class Session:
@@ -74,6 +83,7 @@ class Session:
             self._heartbeat.stop()
             raise
         self._fetch_started: float | None = None
+        self._fetch_cpu = 0.0
         self.steps = 0
         self.last_compute_ms = 0.0
 
@@ -89,7 +99,7 @@ class Session:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
         self._collective: Collective | None = None
         if self.spec.allreduce:  # the local copy of the parameters is the collective's
-            address = rendezvous_address(joined.rendezvous_host, joined.rendezvous_port, client.target)
+            address = reachable_address(joined.rendezvous_host, joined.rendezvous_port, client.target)
             self._collective = Collective(self.spec, self.model, *address, timeout_s=self.retry_for)
             self._params = self._collective.params
         else:
@@ -121,6 +131,7 @@ class Session:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch of the planned size; starts this step's compute timer."""
         self._fetch_started = time.perf_counter()
+        self._fetch_cpu = time.process_time()
         index = self._sampler.next_batch()
         return self.dataset.train_x[index], self.dataset.train_y[index]
 
@@ -134,9 +145,9 @@ class Session:
         """Push this step's gradients; return once the new parameters are in the model."""
         if self._fetch_started is None:
             raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
-        compute_s = time.perf_counter() - self._fetch_started
         if self.slowdown > 1.0:
-            time.sleep(compute_s * (self.slowdown - 1.0))
+            wall_s = time.perf_counter() - self._fetch_started
+            time.sleep(slowdown_delay(wall_s, time.process_time() - self._fetch_cpu, self.slowdown))
         compute_ms = (time.perf_counter() - self._fetch_started) * 1000.0
         self._fetch_started = None
         grads = flatten_grads(self.model, self._grads)
@@ -250,7 +261,7 @@ class Session:
         if joined.spec != self.spec or joined.layout != Layout.of(self.model):
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
         if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
-            self._collective.connect(*rendezvous_address(joined.rendezvous_host, joined.rendezvous_port, self.client.target))
+            self._collective.connect(*reachable_address(joined.rendezvous_host, joined.rendezvous_port, self.client.target))
         self._heartbeat.worker_id = self.worker_id = joined.worker_id
         self.rejoins += 1
         return self.client.pull(self.worker_id, self._params)

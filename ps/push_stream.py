@@ -1,0 +1,40 @@
+"""Reading a push's chunk stream (the ParameterServer's and the shards' Push): header first, then
+the payload, fed into the receiver the core hands out for that header."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+
+from protos import ps_pb2
+from ps.coordinator import PushMeta
+from ps.errors import InvalidArgument
+from ps.wire import FlatReceiver
+
+PUSH_KINDS = {ps_pb2.PUSH_VALUES: "values", ps_pb2.PUSH_REPORT: "report", ps_pb2.PUSH_SNAPSHOT: "snapshot"}
+
+
+def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
+    return PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
+                    kind=PUSH_KINDS.get(h.kind, f"unknown ({h.kind})"))
+
+
+async def receive_push(
+    chunks: AsyncIterator[ps_pb2.PushChunk],
+    begin: Callable[[PushMeta], FlatReceiver],
+    on_receiver: Callable[[FlatReceiver], None],
+) -> tuple[PushMeta, FlatReceiver]:
+    """The push's header and its filled receiver (not yet finished). `on_receiver` is told of the
+    receiver as soon as it exists, so the caller can return its buffer whatever happens next.
+    Raises InvalidArgument for a malformed stream and DecodeError for an undecodable chunk."""
+    first = await anext(aiter(chunks), None)
+    if first is None or not first.HasField("header"):
+        raise InvalidArgument("the first push chunk must carry the header")
+    meta = push_meta(first.header)
+    receiver = begin(meta)
+    on_receiver(receiver)
+    receiver.feed(first.seq, first.data)
+    async for chunk in chunks:
+        if chunk.HasField("header"):
+            raise InvalidArgument(f"chunk {chunk.seq} carries a second header; one push per stream")
+        receiver.feed(chunk.seq, chunk.data)
+    return meta, receiver

@@ -1,0 +1,104 @@
+"""`ps-shard`: a shard server for `ps-server --shards` / `--shard-addresses`.
+
+It waits for its coordinator (a `ps-server`) to load a range of the parameters into it, then serves
+the workers' pushes and pulls of that range until it is stopped (SIGTERM/SIGINT). `ps-server
+--shards N` starts N-1 of these itself on loopback; on other hosts start them by hand and list them
+with `ps-server --shard-addresses`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import ctypes
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+import torch
+
+from ps.handlers import register
+from ps.security import ServerSecurity, load_server_security
+from ps.server_options import GRPC_OPTIONS, run_loop
+from ps.shard import ShardCore
+from ps.shard_servicer import ParameterShardServicer
+
+PR_SET_PDEATHSIG = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ps-shard",
+        description="Shard server: holds one range of the parameters for a ps-server coordinator (see ps-server --shards).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed at start)")
+    p.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer step")
+    p.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
+    p.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
+                   help="mutual TLS: require client certificates signed by this PEM CA")
+    p.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process (the ps-server that started this shard) exits")
+    return p
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Ask the kernel for SIGTERM when the parent exits (Linux); exit now if it already has."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        raise SystemExit(f"ps-shard: parent {parent_pid} is gone")
+
+
+async def serve_shard(host: str, port: int, port_file: Path | None, security: ServerSecurity) -> None:
+    """Serve one ShardCore until SIGTERM/SIGINT."""
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
+    register(ParameterShardServicer(ShardCore()), server, "ParameterShard")
+    bound = security.add_port(server, f"{host}:{port}")
+    if bound == 0:
+        raise OSError(f"cannot listen on {host}:{port}")
+    await server.start()
+    print(f"ps-shard: listening on {host}:{bound} ({security.description})", flush=True)
+    if port_file is not None:
+        port_file.write_text(str(bound))
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        await server.stop(grace=1.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
+    torch.set_num_threads(max(1, args.threads))
+    try:
+        if not 0 <= args.port <= 65535:
+            raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+        security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
+    except ValueError as exc:
+        print(f"ps-shard: error: {exc}", file=sys.stderr)
+        return 2
+    try:
+        run_loop(serve_shard(args.host, args.port, args.port_file, security))
+    except OSError as exc:
+        print(f"ps-shard: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,297 @@
+"""--shards: the parameters split across a coordinator and ps-shard processes, with real processes.
+
+The core claim: a sharded server is the same optimizer as one server. The same pushes give the
+same parameters and the same optimizer state (checkpoints), and a checkpoint moves between a
+sharded and an unsharded server.
+"""
+
+from __future__ import annotations
+
+import itertools
+import signal
+import threading
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps.checkpoint import checkpoint_files, read_checkpoint
+from ps.jobspec import JobSpec
+from ps.server import build_job, build_parser
+from ps.shard_ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
+from ps.store import make_optimizer
+from tests.processes import Cluster, start_server
+from worker.client import PSClient, ServerError
+
+JOB = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--dataset", "digits", "--global-batch", "64",
+       "--controller", "uniform", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "0.001", "--epochs", "50",
+       "--grace", "1", "--quiet"]
+BATCHES = (20, 44)
+ROUNDS = 6
+
+
+# ------------------------------------------------------------------ pure parts
+@pytest.mark.parametrize(("numel", "shards"), [(10, 1), (10, 3), (2410, 2), (7, 7)])
+def test_split_ranges_cover_the_buffer_contiguously(numel: int, shards: int) -> None:
+    ranges = split_ranges(numel, shards)
+    assert len(ranges) == shards and ranges[0][0] == 0 and ranges[-1][1] == numel
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges))
+    sizes = [stop - start for start, stop in ranges]
+    assert max(sizes) - min(sizes) <= 1 and min(sizes) >= 1
+
+
+@pytest.mark.parametrize(("numel", "shards"), [(5, 6), (10, 0)])
+def test_split_ranges_refuses_impossible_splits(numel: int, shards: int) -> None:
+    with pytest.raises(ValueError):
+        split_ranges(numel, shards)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_optimizer_state_slices_and_merges_back(optimizer: str) -> None:
+    spec = JobSpec(optimizer=optimizer, momentum=0.9 if optimizer == "sgd" else 0.0)
+    param = torch.nn.Parameter(torch.randn(11))
+    opt = make_optimizer([param], spec)
+    for _ in range(2):
+        param.grad = torch.randn(11)
+        opt.step()
+    state = opt.state_dict()
+    ranges = split_ranges(11, 3)
+    parts = [slice_optimizer_state(state, 11, start, stop) for start, stop in ranges]
+    merged = merge_optimizer_states(parts, ranges)
+    for name, value in state["state"][0].items():
+        assert torch.equal(merged["state"][0][name], value), name
+    assert merged["param_groups"] == state["param_groups"]
+
+
+# ------------------------------------------------------------- real processes
+def drive(target: str, rounds: int = ROUNDS) -> torch.Tensor:
+    """Two clients push fixed gradients (seeded by round and worker) for `rounds` rounds; the
+    parameters they end with (both must agree)."""
+    results: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def worker(k: int) -> None:
+        client = PSClient(target)
+        try:
+            joined = client.join(f"w{k}", 1.0, timeout=60)
+            params = torch.empty(joined.layout.numel)
+            plan = client.pull(joined.worker_id, params)
+            for r in range(rounds):
+                grad = torch.randn(joined.layout.numel, generator=torch.Generator().manual_seed(1000 * r + k))
+                plan = client.push(joined.worker_id, grad, params, round=plan.round, version=plan.version,
+                                   batch_size=BATCHES[k], compute_ms=1.0, wire_dtype="float32")
+            results[k] = params.clone()
+        except BaseException as exc:  # noqa: BLE001 (re-raised in the test thread)
+            errors.append(exc)
+        finally:
+            client.close()
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert torch.equal(results[0], results[1])
+    return results[0]
+
+
+def stop_and_checkpoint(cluster: Cluster) -> dict:
+    cluster.server.send_signal(signal.SIGTERM)
+    assert cluster.server.wait(60) == 0, cluster.server_log()
+    return read_checkpoint(checkpoint_files(cluster.workdir / "ckpt")[-1])
+
+
+def run(tmp_path: Path, name: str, *extra: str) -> tuple[torch.Tensor, dict]:
+    workdir = tmp_path / name
+    workdir.mkdir()
+    cluster = start_server(workdir, [*JOB, "--checkpoint-dir", str(workdir / "ckpt"), *extra])
+    try:
+        params = drive(cluster.target)
+        return params, stop_and_checkpoint(cluster)
+    finally:
+        cluster.stop()
+
+
+def same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal up to fp32 rounding: torch's vectorized loops may fuse a multiply-add (FMA) where the
+    scalar tail at a range's end does not, so a value can differ in its last bit (1e-7 here)."""
+    return a.shape == b.shape and torch.allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_sharded_server_steps_like_one_server(tmp_path: Path) -> None:
+    one, one_ckpt = run(tmp_path, "one")
+    for shards in ("3",):
+        sharded, ckpt = run(tmp_path, f"shards{shards}", "--shards", shards)
+        assert same(sharded, one), f"--shards {shards}: max diff {(sharded - one).abs().max()}"
+        assert torch.equal(ckpt["params"], sharded) and ckpt["round"] == one_ckpt["round"] == ROUNDS
+        momentum, reference = ckpt["optimizer"]["state"][0], one_ckpt["optimizer"]["state"][0]
+        assert same(momentum["momentum_buffer"], reference["momentum_buffer"])
+        assert not same(sharded, one_ckpt["params"] + 1e-3)  # the comparison can fail
+
+
+def test_checkpoints_move_between_sharded_and_unsharded_servers(tmp_path: Path) -> None:
+    """Resume an unsharded run on 3 shards and go on: same parameters as going on unsharded."""
+    _, first = run(tmp_path, "first")
+    ckpt_dir = tmp_path / "first" / "ckpt"
+    results = {}
+    for name, extra in (("unsharded", ()), ("sharded", ("--shards", "3"))):
+        workdir = tmp_path / name
+        workdir.mkdir()
+        resume = workdir / "resume"
+        resume.mkdir()
+        newest = checkpoint_files(ckpt_dir)[-1]
+        (resume / newest.name).write_bytes(newest.read_bytes())
+        cluster = start_server(workdir, [*JOB, "--resume", str(resume), *extra])
+        try:
+            results[name] = drive(cluster.target, rounds=3)
+        finally:
+            cluster.stop()
+    assert not same(results["unsharded"], first["params"])
+    assert same(results["sharded"], results["unsharded"])
+
+
+def test_sharded_training_end_to_end(tmp_path: Path) -> None:
+    """Real ps-worker processes train through 2 shards to the accuracy bar; no shard is left behind."""
+    cluster = start_server(tmp_path, ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=64", "--epochs", "6",
+                                      "--global-batch", "64", "--shards", "2"])
+    try:
+        for name in ("a", "b"):
+            cluster.start_worker(name)
+        assert cluster.wait(180) == 0, cluster.server_log()
+        (summary,) = cluster.events("summary")
+        assert summary["accuracy"] >= 0.9, summary
+        assert summary["epochs"] == 6
+    finally:
+        cluster.stop()
+    assert not shard_children(cluster.server.pid)
+
+
+def shard_children(parent: int) -> list[int]:
+    """ps-shard processes started by `parent` that are still alive."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"ps.shard_server" in cmdline and str(parent).encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--shards", "0"], "--shards must be >= 1"),
+    (["--shards", "2", "--mode", "asp"], "--shards serves BSP jobs"),
+    (["--shards", "2", "--allreduce"], "--shards serves BSP jobs"),
+    (["--shard-addresses", "nohost"], "expected HOST:PORT"),
+    (["--shard-addresses", "127.0.0.1:1,127.0.0.1:2", "--shards", "2"], "disagrees"),
+    (["--shards", "99999"], "exceeds the model's"),
+])
+def test_bad_shard_flags_are_refused(args: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        build_job(build_parser().parse_args(["--port", "0", "--model-arg", "hidden=8", "--quiet", *args]))
+
+
+# ------------------------------------------------------------ a shard's inputs
+@pytest.fixture
+def shard(tmp_path: Path):
+    """A running ps-shard loaded by a real coordinator (2 shards, one BSP job), and the coordinator."""
+    cluster = start_server(tmp_path, [*JOB, "--shards", "2"])
+    (pid,) = shard_children(cluster.server.pid)
+    port = None
+    for line in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+        if line.endswith(b".port"):
+            port = int(Path(line.decode()).read_text())
+    assert port is not None
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        yield cluster, ps_pb2_grpc.ParameterShardStub(channel)
+    finally:
+        channel.close()
+        cluster.stop()
+
+
+def refused(call, code: grpc.StatusCode, text: str) -> None:
+    with pytest.raises(grpc.RpcError) as info:
+        result = call()
+        if hasattr(result, "__iter__"):
+            list(result)
+    assert info.value.code() == code and text in (info.value.details() or ""), info.value
+
+
+def test_a_shard_refuses_bad_input_and_keeps_its_values(shard) -> None:
+    cluster, stub = shard
+    before = list(stub.Pull(ps_pb2.PullRequest()))
+    numel = before[0].header.num_values
+    assert numel > 0
+
+    def push(round_: int, values: int, batch: int = 8, worker: str = "x", kind: int = ps_pb2.PUSH_VALUES):
+        header = ps_pb2.PushHeader(worker_id=worker, round=round_, batch_size=batch, wire_dtype="float32",
+                                   num_values=values, kind=kind)
+        return stub.Push(iter([ps_pb2.PushChunk(header=header, seq=0, data=b"\0" * 4 * values)]), timeout=10)
+
+    refused(lambda: push(0, numel + 1), grpc.StatusCode.INVALID_ARGUMENT, "this shard holds")
+    refused(lambda: push(5, numel), grpc.StatusCode.FAILED_PRECONDITION, "round 5 is not open")
+    refused(lambda: push(0, numel, batch=0), grpc.StatusCode.INVALID_ARGUMENT, "batch size")
+    refused(lambda: push(0, 0, kind=ps_pb2.PUSH_SNAPSHOT), grpc.StatusCode.INVALID_ARGUMENT, "gradient slices")
+    refused(lambda: stub.Commit(ps_pb2.CommitRequest(round=3, lr=0.1), timeout=10),
+            grpc.StatusCode.FAILED_PRECONDITION, "open round is 0")
+    refused(lambda: stub.Commit(ps_pb2.CommitRequest(round=0, lr=float("nan")), timeout=10),
+            grpc.StatusCode.INVALID_ARGUMENT, "lr must be")
+    bad = ps_pb2.CommitRequest(round=0, lr=0.1, contributors=[ps_pb2.Contribution(worker_id="a", batch_size=1)] * 2)
+    refused(lambda: stub.Commit(bad, timeout=10), grpc.StatusCode.INVALID_ARGUMENT, "distinct worker ids")
+    refused(lambda: stub.Load(iter([ps_pb2.BlobChunk(seq=0, data=b"not a torch archive")]), timeout=10),
+            grpc.StatusCode.INVALID_ARGUMENT, "bad shard load")
+    assert [m.SerializeToString() for m in stub.Pull(ps_pb2.PullRequest())] == [m.SerializeToString() for m in before]
+    # and the job still runs: the coordinator's workers train through this shard
+    drive(cluster.target, rounds=2)
+
+
+def test_a_push_the_round_did_not_count_is_refused_and_leaves_no_trace(shard) -> None:
+    """A stranger's slice, staged at the shard, is dropped when the round commits without it."""
+    cluster, stub = shard
+    numel = next(iter(stub.Pull(ps_pb2.PullRequest()))).header.num_values
+    header = ps_pb2.PushHeader(worker_id="stranger", round=0, batch_size=8, wire_dtype="float32", num_values=numel)
+    stranger = stub.Push(iter([ps_pb2.PushChunk(header=header, seq=0, data=torch.full((numel,), 1.0).numpy().tobytes())]))
+    with_stranger = drive(cluster.target, rounds=1)
+    refused(lambda: stranger, grpc.StatusCode.FAILED_PRECONDITION, "closed without this worker's push")
+    # the same round without the stranger, on a fresh pair of servers, gives the same parameters
+    clean_dir = cluster.workdir / "clean"
+    clean_dir.mkdir()
+    clean = start_server(clean_dir, [*JOB, "--shards", "2"])
+    try:
+        assert same(drive(clean.target, rounds=1), with_stranger)
+    finally:
+        clean.stop()
+
+
+def test_shard_errors_reach_the_client_and_shards_die_with_the_server(tmp_path: Path) -> None:
+    """A push for a closed round fails at the shard as at the coordinator: FAILED_PRECONDITION."""
+    cluster = start_server(tmp_path, [*JOB, "--workers", "1", "--shards", "2"])
+    client = PSClient(cluster.target)
+    try:
+        joined = client.join("solo", 1.0, timeout=60)
+        params = torch.empty(joined.layout.numel)
+        plan = client.pull(joined.worker_id, params)
+        grad = torch.zeros(joined.layout.numel)
+        client.push(joined.worker_id, grad, params, round=plan.round, version=0, batch_size=8, compute_ms=1.0, wire_dtype="float32")
+        with pytest.raises(ServerError) as info:
+            client.push(joined.worker_id, grad, params, round=plan.round, version=0, batch_size=8, compute_ms=1.0, wire_dtype="float32")
+        assert info.value.code == "FAILED_PRECONDITION"
+        # a server killed outright takes its shard processes with it
+        assert len(shard_children(cluster.server.pid)) == 1
+        cluster.server.kill()
+        cluster.server.wait()
+        for _ in range(100):
+            if not shard_children(cluster.server.pid):
+                break
+            time.sleep(0.1)
+        assert not shard_children(cluster.server.pid)
+    finally:
+        client.close()
+        cluster.stop()
