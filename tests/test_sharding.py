@@ -295,3 +295,27 @@ def test_shard_errors_reach_the_client_and_shards_die_with_the_server(tmp_path: 
     finally:
         client.close()
         cluster.stop()
+
+
+def test_the_token_guards_the_shards_too(tmp_path: Path) -> None:
+    """With --token the shard processes check it as well: the workers (and the coordinator) carry it."""
+    cluster = start_server(tmp_path, [*JOB, "--workers", "1", "--shards", "2", "--token", "s3cret-token-for-shards"])
+    try:
+        (pid,) = shard_children(cluster.server.pid)
+        port_file = next(a for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a.endswith(b".port"))
+        with grpc.insecure_channel(f"127.0.0.1:{int(Path(port_file.decode()).read_text())}") as channel:
+            refused(lambda: ps_pb2_grpc.ParameterShardStub(channel).Pull(ps_pb2.PullRequest(), timeout=10),
+                    grpc.StatusCode.UNAUTHENTICATED, "")
+        client = PSClient(cluster.target, token="s3cret-token-for-shards")
+        try:
+            joined = client.join("solo", 1.0, timeout=60)
+            params = torch.empty(joined.layout.numel)
+            plan = client.pull(joined.worker_id, params)
+            before = params.clone()
+            client.push(joined.worker_id, torch.ones(joined.layout.numel), params, round=plan.round, version=0,
+                        batch_size=8, compute_ms=1.0, wire_dtype="float32")
+            assert not torch.equal(params[-10:], before[-10:])  # the shard's range (the end) was stepped
+        finally:
+            client.close()
+    finally:
+        cluster.stop()
