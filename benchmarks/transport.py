@@ -485,7 +485,8 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     Per step, `workers - 1` pushes go in first and wait for the round; then the last push's chunks are
     fed and the clock starts when its request stream ends (the last push has arrived). It stops when
     every worker's reply messages have been produced by ``ParameterServerServicer.Push`` and
-    serialized with ``SerializeToString`` (what gRPC does before writing them). This is the Python
+    serialized as gRPC's response serializer does before writing them (``SerializeToString``; a chunk the
+    servicer already serialized, bytes, passes through as it is). This is the Python
     work between the last push arriving and the replies leaving: payload check, accumulate, optimizer
     step, epoch bookkeeping, encoding the parameters once, building and serializing the replies.
     gRPC's own socket writes are not in it (``measure_overhead_outside`` has those).
@@ -572,7 +573,7 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     return {
         "method": "in-process: the real ParameterServerServicer.Push + Coordinator, fed PushChunk streams on an "
                   "asyncio (uvloop) loop; from the end of the last push's request stream to all replies "
-                  "produced and serialized (SerializeToString); gRPC socket I/O excluded",
+                  "produced and serialized (SerializeToString, or bytes serialized by the servicer); gRPC socket I/O excluded",
         "numel": numel, "workers": workers, "wire_dtype": "float32", "iterations": len(totals),
         **stats(totals),
         "components_median_ms": {
@@ -584,7 +585,7 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
         "components_note": "last_push_finish: FlatReceiver.finish of the last push (length and NaN/Inf check); "
                            "close_round: Coordinator._close_round (accumulate result, optimizer step, bookkeeping); "
                            "payload_encode: Coordinator._current_payload (encode + split, once per version); "
-                           "reply_serialize_all_workers: SerializeToString of every reply message",
+                           "reply_serialize_all_workers: SerializeToString of every reply message not already serialized",
     }
 
 

@@ -16,8 +16,8 @@ from google.protobuf.message import Message
 
 
 @functools.lru_cache(maxsize=32)
-def _data_field_prefix(message_type: type[Message], size: int) -> bytes:
-    """What protobuf writes before `size` bytes of the message's `data` field: its tag and length."""
+def _data_field_prefix(message_type: type, size: int) -> bytes:
+    """What protobuf writes before `size` bytes of the message type's `data` field: its tag and length."""
     return message_type(data=bytes(size)).SerializeToString()[:-size] if size else b""
 
 
@@ -28,7 +28,7 @@ def with_data(fields: Message, data: bytes | memoryview) -> bytes:
     highest-numbered field set, these bytes are exactly what SerializeToString gives (protobuf writes
     fields in number order), and they parse to the same message in any case.
     """
-    return b"".join((fields.SerializeToString(), _data_field_prefix(type(fields), len(data)), data))
+    return b"".join((fields.SerializeToString(), _data_field_prefix(fields.__class__, len(data)), data))
 
 
 def passthrough(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:

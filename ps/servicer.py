@@ -8,9 +8,17 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.coordinator import Coordinator, PushMeta, StepReply
-from ps.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from ps.coordinator import Coordinator, StepReply
+from ps.errors import (
+    AlreadyExists,
+    FailedPrecondition,
+    InvalidArgument,
+    NotFound,
+    ServiceError,
+)
+from ps.push_stream import receive_push
 from ps.serialized import with_data
+from ps.wire import FlatReceiver
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -18,7 +26,6 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
 }
-_PUSH_KINDS = {ps_pb2.PUSH_VALUES: "values", ps_pb2.PUSH_REPORT: "report", ps_pb2.PUSH_SNAPSHOT: "snapshot"}
 
 
 def status_code(error: ServiceError) -> grpc.StatusCode:
@@ -103,28 +110,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def Push(
         self, request_iterator: AsyncIterator[ps_pb2.PushChunk], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[ps_pb2.ParamsChunk]:
-        receiver = None
+    ) -> AsyncIterator[bytes]:
+        receivers: list[FlatReceiver] = []
         try:
-            first = await anext(aiter(request_iterator), None)
-            if first is None or not first.HasField("header"):
-                raise InvalidArgument("the first push chunk must carry the header")
-            h = first.header
-            meta = PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
-                            kind=_PUSH_KINDS.get(h.kind, f"unknown ({h.kind})"))
-            receiver = self.core.begin_push(meta)
-            receiver.feed(first.seq, first.data)
-            async for chunk in request_iterator:
-                if chunk.HasField("header"):
-                    raise InvalidArgument(f"chunk {chunk.seq} carries a second header; one push per stream")
-                receiver.feed(chunk.seq, chunk.data)
+            meta, receiver = await receive_push(request_iterator, self.core.begin_push, receivers.append)
             reply = await self.core.push(meta, receiver.finish())
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         except DecodeError as exc:  # the stream's messages are decoded here, as they are read
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
         finally:
-            if receiver is not None:
+            for receiver in receivers:
                 self.core.release(receiver)
         for message in self.reply_messages(reply):
             yield message
@@ -132,7 +128,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def Pull(
         self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[ps_pb2.ParamsChunk]:
+    ) -> AsyncIterator[bytes]:
         try:
             reply = self.core.pull(request.worker_id, header_only=request.header_only)
         except ServiceError as exc:

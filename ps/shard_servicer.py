@@ -33,7 +33,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
 
     async def Push(
         self, request_iterator: AsyncIterator[ps_pb2.PushChunk], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[ps_pb2.ParamsChunk]:
+    ) -> AsyncIterator[bytes]:
         receivers = []
         taken = False
         try:
@@ -51,7 +51,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
         for message in self.reply_messages(reply):
             yield message
 
-    async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[ps_pb2.ParamsChunk]:
+    async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
             reply = self.core.reply()
         except ServiceError as exc:

@@ -396,6 +396,18 @@ def test_reply_chunks_are_serialized_once_per_payload_and_exactly_as_protobuf_wo
     assert encoder(reply(3, [b""])) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
 
 
+def test_pushes_are_sent_as_the_chunk_messages_serialized() -> None:
+    """The client writes each push chunk straight from a view of the values (ps/serialized.py)."""
+    from ps.serialized import with_data
+    from ps.wire import views
+
+    values = encode(rand(3000, seed=6))
+    h = header("w", 3000)
+    for seq, view in enumerate(views(values, 4096)):
+        expected = ps_pb2.PushChunk(header=h if seq == 0 else None, seq=seq, data=bytes(view))
+        assert with_data(ps_pb2.PushChunk(header=h if seq == 0 else None, seq=seq), view) == expected.SerializeToString()
+
+
 # ---------------------------------------------------------- bad pushes (BSP)
 def _bad(name: str, build: Callable[[Cluster], list[ps_pb2.PushChunk]], code: grpc.StatusCode, *fragments: str):
     return pytest.param(build, code, fragments, id=name)
