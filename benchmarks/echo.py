@@ -27,6 +27,8 @@ from typing import Any
 
 import grpc
 
+from ps.memory import tune_malloc
+
 SERVICE = "bench.Echo"
 STREAM_METHOD = f"/{SERVICE}/Stream"
 UNARY_METHOD = f"/{SERVICE}/Unary"
@@ -116,6 +118,7 @@ def rpc_echo(tensor: Any) -> Any:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_malloc()  # as ps-server does: the ceiling gets the same allocator settings
     p = argparse.ArgumentParser(prog="python -m benchmarks.echo", description="Serve the raw gRPC echo service.")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")

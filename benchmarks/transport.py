@@ -13,7 +13,12 @@
 - ``ps_push_pull``: a real ``ps-server`` process (BSP, ``--momentum 0``, uniform batches, a job that
   cannot end mid-measure) serving ``flat_model`` (one parameter of exactly N values), driven by W
   client processes using ``worker.client.PSClient`` (join, pull, then per step: push a random
-  gradient for the open round and receive the new parameters), fp32 and bf16 on the wire.
+  gradient for the open round and receive the new parameters), fp32 and bf16 on the wire. Each row
+  has ``shards``: 1 is one server process; with ``--shards`` counts above 1 (default 1,2) the fp32 runs
+  are repeated with ``ps-server --shards S`` (the server keeps range 0 and starts S-1 ``ps-shard``
+  children; the workers push and pull every range in parallel), right after the matching 1-shard run,
+  and ``ratio_to_one_shard`` compares them. ``report["shards"]["note"]`` says what the machine's
+  CPU count means for those rows: clients, coordinator and shards all share it.
 - ``gloo_allreduce``: ``torch.distributed.all_reduce`` (gloo) over 2 and 4 processes.
 - ``server_overhead``: the server's per-step cost for a small model with 4 workers (see
   ``measure_overhead_inprocess`` and ``measure_overhead_outside``).
@@ -24,6 +29,9 @@ is the aggregate (all workers' bytes over the common window); ``mb_per_s_per_wor
 gloo rows report bus bandwidth, 2(n-1)/n * bytes / time (NCCL-tests' definition), and ``algbw_mb_per_s``
 = bytes / time. ``params_per_s`` = parameters moved per second (up + down), so bf16 rows compare the
 useful work with torch RPC's fp32. Ratios are taken against the same size in the same run.
+
+Every process (servers, echo, clients, this one) calls ``ps.memory.tune_malloc`` first, as ``ps-server``,
+``ps-shard`` and ``ps-worker`` do, so the ceiling and our path run with the same glibc malloc settings.
 
 Progress goes to stderr; stdout gets the JSON report (with ``--json``) followed by a markdown table.
 Every process the benchmark starts is killed on every exit path (also when the benchmark itself is
@@ -55,11 +63,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from ps.memory import tune_malloc
+
 REPO = Path(__file__).resolve().parents[1]
 ALL_BENCHMARKS = ("grpc_stream_echo", "torch_rpc", "ps_push_pull", "gloo_allreduce", "server_overhead")
 START_TIMEOUT_S = 120.0
-SHARDS_NOTE = ("parameter sharding across several server processes is not built yet; "
-               "this field stays null until it is (then: one row per shard count)")
 
 
 def log(message: str) -> None:
@@ -363,13 +371,19 @@ def measure_torch_rpc(procs: Processes, numel: int, iterations: int, warmup: int
     return _round_trip_row(name, numel, record["bytes_per_iter"], record["times"], note=note)
 
 
-def measure_ps(procs: Processes, numel: int, workers: int, wire_dtype: str, iterations: int, warmup: int) -> dict[str, Any]:
+def measure_ps(procs: Processes, numel: int, workers: int, wire_dtype: str, iterations: int, warmup: int,
+               shards: int = 1) -> dict[str, Any]:
+    """One push+pull row; with `shards` > 1 the server runs ``--shards`` (it starts shards - 1 ps-shard children)."""
     from ps.wire import itemsize
 
-    tag = f"{human(numel)}-w{workers}-{wire_dtype}"
+    tag = f"{human(numel)}-w{workers}-{wire_dtype}-s{shards}"
     port_file = procs.workdir / f"ps-{tag}-{time.monotonic_ns()}.port"
+    # TMPDIR: the ps-shard children's --port-file paths then name the workdir, like every other child's
+    # command line (the smoke test looks for leftovers by it); they are in the server's process group
+    # and die with it
     server = procs.start(f"ps-server-{tag}", [sys.executable, "-m", "ps.server", *server_argv(numel, workers, wire_dtype),
-                                              "--port", "0", "--port-file", str(port_file)])
+                                              "--shards", str(shards), "--port", "0", "--port-file", str(port_file)],
+                         env={"TMPDIR": str(procs.workdir)})
     results = [procs.workdir / f"ps-{tag}-{k}.json" for k in range(workers)]
     # the clients start with the server (importing torch takes a while) and wait for its port file
     clients = [
@@ -391,8 +405,8 @@ def measure_ps(procs: Processes, numel: int, workers: int, wire_dtype: str, iter
     total_steps = sum(len(r["times"]) for r in records)
     all_times = [t for r in records for t in r["times"]]
     return {
-        "benchmark": "ps_push_pull", "numel": numel, "wire_dtype": wire_dtype, "processes": workers + 1,
-        "workers": workers, "bytes_per_iter": per_step, "iterations": iterations, **stats(all_times),
+        "benchmark": "ps_push_pull", "numel": numel, "wire_dtype": wire_dtype, "processes": workers + shards,
+        "workers": workers, "shards": shards, "bytes_per_iter": per_step, "iterations": iterations, **stats(all_times),
         "mb_per_s": rate(per_step * total_steps, window),
         "mb_per_s_per_worker": round(statistics.fmean(per_worker), 2),
         "per_worker_mb_per_s": per_worker,
@@ -819,6 +833,10 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
         row["ratio_to_torch_rpc_tcp"] = ratio(row["mb_per_s"], rpc_tcp, "mb_per_s")
         row["params_per_s_ratio_to_torch_rpc"] = ratio(row["params_per_s"], rpc, "params_per_s")
         if row["benchmark"] == "ps_push_pull":
+            one_shard = next((r for r in rows if r["benchmark"] == "ps_push_pull" and r["numel"] == row["numel"]
+                              and r["wire_dtype"] == row["wire_dtype"] and r["workers"] == row["workers"]
+                              and r["shards"] == 1), None)
+            row["ratio_to_one_shard"] = ratio(row["mb_per_s"], one_shard, "mb_per_s")
             row["ratio_to_grpc_ceiling_per_worker"] = ratio(row["mb_per_s_per_worker"], ceiling, "mb_per_s")
             row["params_per_s_per_worker_ratio_to_torch_rpc"] = ratio(row["params_per_s_per_worker"], rpc, "params_per_s")
             row["params_per_s_per_worker_ratio_to_torch_rpc_tcp"] = ratio(row["params_per_s_per_worker"], rpc_tcp, "params_per_s")
@@ -829,7 +847,10 @@ def target_sizes(sizes: Sequence[int]) -> list[int]:
     return wanted or [max(sizes)]
 
 
-def evaluate_targets(rows: list[dict[str, Any]], overhead: dict[str, Any] | None, sizes: Sequence[int]) -> list[dict[str, Any]]:
+def evaluate_targets(rows: list[dict[str, Any]], overhead: dict[str, Any] | None, sizes: Sequence[int],
+                     shard_workers: int = 4, shards: int = 2) -> list[dict[str, Any]]:
+    """The issue's targets; the sharding one compares `shards` with 1 shard, fp32, `shard_workers` workers."""
+
     def find(benchmark: str, numel: int, **keys: Any) -> dict[str, Any] | None:
         for r in rows:
             if r["benchmark"] == benchmark and r["numel"] == numel and all(r.get(k) == v for k, v in keys.items()):
@@ -842,15 +863,21 @@ def evaluate_targets(rows: list[dict[str, Any]], overhead: dict[str, Any] | None
 
     out = []
     for n in target_sizes(sizes):
-        row = find("ps_push_pull", n, wire_dtype="float32", workers=1)
+        row = find("ps_push_pull", n, wire_dtype="float32", workers=1, shards=1)
         out.append(target(f"fp32 push+pull, 1 worker, {human(n)} params: ratio to the raw gRPC streaming ceiling",
                           row and row["ratio_to_grpc_ceiling"], ">=", 0.8,
                           f"ps_push_pull float32 W=1 numel={n} mb_per_s / grpc_stream_echo mb_per_s"))
     for n in target_sizes(sizes):
-        row = find("ps_push_pull", n, wire_dtype="bfloat16", workers=1)
+        row = find("ps_push_pull", n, wire_dtype="bfloat16", workers=1, shards=1)
         out.append(target(f"bf16 push+pull, 1 worker, {human(n)} params: effective parameters/s vs torch rpc",
                           row and row["params_per_s_ratio_to_torch_rpc"], ">=", 1.0,
                           f"ps_push_pull bfloat16 W=1 numel={n} params_per_s / torch_rpc params_per_s (TensorPipe defaults)"))
+    for n in target_sizes(sizes):
+        row = find("ps_push_pull", n, wire_dtype="float32", workers=shard_workers, shards=shards)
+        out.append(target(f"fp32 push+pull, {shard_workers} workers, {human(n)} params: {shards} shards' aggregate MB/s "
+                          f"vs 1 shard", row["ratio_to_one_shard"] if row else None, ">=", 1.5,
+                          f"ps_push_pull float32 W={shard_workers} numel={n}: mb_per_s with --shards {shards} / "
+                          f"mb_per_s with 1 shard"))
     value = overhead["inprocess"]["median_ms"] if overhead and overhead.get("inprocess") else None
     numel = overhead["inprocess"]["numel"] if overhead and overhead.get("inprocess") else None
     out.append(target(f"server per-step overhead, {human(numel or 0)} params, 4 workers: median ms",
@@ -866,16 +893,18 @@ def markdown(report: dict[str, Any]) -> str:
             return f"{v:,.3g}" if abs(v) < 10 else f"{v:,.0f}"
         return str(v)
 
-    header = ("| benchmark | params | wire | procs | MB/s | MB/s per worker | step ms p50 | vs gRPC ceiling "
-              "| vs torch rpc | vs torch rpc (tcp) | params/s vs torch rpc |")
-    lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|"]
+    header = ("| benchmark | params | wire | procs | shards | MB/s | MB/s per worker | step ms p50 | vs 1 shard "
+              "| vs gRPC ceiling | vs torch rpc | vs torch rpc (tcp) | params/s vs torch rpc |")
+    lines = [header, "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["rows"]:
         lines.append(f"| {r['benchmark']} | {human(r['numel'])} | {r['wire_dtype']} | {r['processes']} | "
-                     f"{fmt(r['mb_per_s'])} | {fmt(r.get('mb_per_s_per_worker'))} | {fmt(r['median_ms'])} | "
+                     f"{fmt(r.get('shards'))} | {fmt(r['mb_per_s'])} | {fmt(r.get('mb_per_s_per_worker'))} | "
+                     f"{fmt(r['median_ms'])} | {fmt(r.get('ratio_to_one_shard'))} | "
                      f"{fmt(r['ratio_to_grpc_ceiling'])} | {fmt(r['ratio_to_torch_rpc'])} | "
                      f"{fmt(r['ratio_to_torch_rpc_tcp'])} | {fmt(r['params_per_s_ratio_to_torch_rpc'])} |")
     lines.append("")
     lines.append("gloo rows: bus bandwidth 2(n-1)/n*bytes/time. Round trips: (up + down bytes) / time. MB = 10^6 bytes.")
+    lines.append(f"shards: {report['shards']['note']}")
     overhead = report.get("server_overhead") or {}
     for key in ("inprocess", "outside"):
         o = overhead.get(key)
@@ -886,6 +915,19 @@ def markdown(report: dict[str, Any]) -> str:
     for t in report["targets"]:
         lines.append(f"| {t['name']} | {fmt(t['value'])} | {t['op']} {t['threshold']} | {t['pass']} |")
     return "\n".join(lines)
+
+
+def shards_note(cpus: int, workers: int, shards: int) -> str:
+    """What bounds the shard rows on this machine: the CPUs all processes of a run share (a fact, not a measurement)."""
+    if shards < 2:
+        return "no run with more than one shard (--shards)"
+    processes = workers + shards
+    fit = (f"{processes} processes on {cpus} CPUs: a shard adds a server process but no core, while sharding is "
+           "meant to give each range its own core (or host); the shard rows here measure it with the CPUs shared"
+           if processes > cpus else f"{processes} processes on {cpus} CPUs: each can have a core")
+    return (f"every process of a push+pull run is on this machine ({cpus} usable CPUs, loopback): with {workers} "
+            f"workers and {shards} shards, {workers} client processes, the coordinator (ps-server) and {shards - 1} "
+            f"ps-shard process(es), {fit}")
 
 
 def environment() -> dict[str, Any]:
@@ -955,6 +997,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_ints, default=None, help="push+pull worker counts (default 1,2,4; --tiny: 1,2)")
     p.add_argument("--wire-dtypes", type=_choices(("float32", "bfloat16", "float16")), default=["float32", "bfloat16"],
                    help="push+pull wire dtypes, comma-separated")
+    p.add_argument("--shards", type=_ints, default=[1, 2],
+                   help="push+pull server shard counts (ps-server --shards), comma-separated; counts above 1 run "
+                        "fp32 only, with every --workers count (--tiny: the largest) (default 1,2)")
     p.add_argument("--torch-rpc-variants", type=_choices(("defaults", "tcp")), default=None,
                    help="torch rpc runs: TensorPipe 'defaults' and/or 'tcp' (uv transport, basic channel) "
                         "(default defaults,tcp; --tiny: defaults)")
@@ -971,7 +1016,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-steps", type=int, default=10, help="timed steps of the profiled run")
     p.add_argument("--tiny", action="store_true",
                    help="smoke test: 1e5 parameters, 1 repeat, push+pull fp32 with 1 and 2 workers and bf16 with 1 "
-                        "(unless --workers is given), torch rpc defaults only, gloo on 2, 5 overhead steps")
+                        "(unless --workers is given), 2 shards with 2 workers, torch rpc defaults only, gloo on 2, "
+                        "5 overhead steps")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
     p.add_argument("--out", type=Path, default=None,
                    help="keep child logs here and write transport.json / transport.md (default: a temporary folder)")
@@ -986,8 +1032,14 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     args.workers = args.workers or ([1, 2] if tiny else [1, 2, 4])
     args.gloo_processes = args.gloo_processes or ([2] if tiny else [2, 4])
     args.torch_rpc_variants = args.torch_rpc_variants or (["defaults"] if tiny else ["defaults", "tcp"])
-    args.ps_runs = [(dtype, w) for dtype in args.wire_dtypes for w in args.workers
-                    if workers_given or not tiny or dtype == "float32" or w == args.workers[0]]
+    shard_dtype = "float32" if "float32" in args.wire_dtypes else args.wire_dtypes[0]
+    # (wire dtype, workers, shards); a run's shard variants follow it, so the two are measured close in time
+    args.ps_runs = [(dtype, w, s) for dtype in args.wire_dtypes for w in args.workers
+                    if workers_given or not tiny or dtype == "float32" or w == args.workers[0]
+                    for s in args.shards
+                    if s == 1 or (dtype == shard_dtype and (not tiny or w == max(args.workers)))]
+    args.shard_workers = 4 if 4 in args.workers else max(args.workers)
+    args.shard_target = 2 if 2 in args.shards else max(args.shards)
     args.overhead_params = int(args.overhead_params if args.overhead_params is not None else (1e5 if tiny else 1e6))
     args.overhead_steps = args.overhead_steps if args.overhead_steps is not None else (5 if tiny else 50)
     if args.repeats < 1 or args.warmup < 0 or args.overhead_steps < 1 or args.profile_steps < 1:
@@ -1023,9 +1075,9 @@ def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
                 log(f"{human(numel)}: torch rpc{' (tcp only)' if tcp_only else ''} ({iters} round trips)")
                 rows.append(timed("torch_rpc", measure_torch_rpc, procs, numel, iters, warm, tcp_only))
         if "ps_push_pull" in selected:
-            for dtype, w in args.ps_runs:
-                log(f"{human(numel)}: ps push+pull, {w} worker(s), {dtype} ({iters} steps)")
-                rows.append(timed("ps_push_pull", measure_ps, procs, numel, w, dtype, iters, warm))
+            for dtype, w, shards in args.ps_runs:
+                log(f"{human(numel)}: ps push+pull, {w} worker(s), {dtype}, {shards} shard(s) ({iters} steps)")
+                rows.append(timed("ps_push_pull", measure_ps, procs, numel, w, dtype, iters, warm, shards))
                 log(f"  -> {rows[-1]['mb_per_s']} MB/s aggregate, {rows[-1]['mb_per_s_per_worker']} per worker")
         if "gloo_allreduce" in selected:
             for world in args.gloo_processes:
@@ -1060,7 +1112,8 @@ def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
             "sizes": args.sizes, "repeats": args.repeats, "warmup": args.warmup,
             "iterations": {str(n): iterations_for(n, args.repeats) for n in args.sizes},
             "workers": args.workers, "wire_dtypes": args.wire_dtypes,
-            "ps_runs": [{"wire_dtype": d, "workers": w} for d, w in args.ps_runs],
+            "ps_runs": [{"wire_dtype": d, "workers": w, "shards": s} for d, w, s in args.ps_runs],
+            "shards": args.shards,
             "torch_rpc_variants": args.torch_rpc_variants, "gloo_processes": args.gloo_processes,
             "chunk_bytes": 1 << 20, "loopback": "127.0.0.1", "benchmarks": args.benchmarks,
         },
@@ -1073,15 +1126,15 @@ def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
             "params_per_s": "parameters moved per second, up + down (gloo: bus parameters)",
             "ratio_to_grpc_ceiling": "row mb_per_s / grpc_stream_echo mb_per_s at the same size",
             "ratio_to_torch_rpc": "row mb_per_s / torch_rpc mb_per_s (TensorPipe defaults) at the same size",
+            "ratio_to_one_shard": "push+pull row mb_per_s / the 1-shard row's with the same size, wire dtype and workers",
             "params_per_s_ratio_to_torch_rpc": "row params_per_s / torch_rpc params_per_s: bf16 rows' effective "
                                                "parameters/s against torch rpc's fp32",
         },
         "rows": rows,
         "server_overhead": overhead,
         "profile": profile,
-        "shards": None,
-        "shards_note": SHARDS_NOTE,
-        "targets": evaluate_targets(rows, overhead, args.sizes),
+        "shards": {"counts": args.shards, "note": shards_note(env["cpus_usable"], args.shard_workers, args.shard_target)},
+        "targets": evaluate_targets(rows, overhead, args.sizes, args.shard_workers, args.shard_target),
         "timings_s": timings,
     }
 
@@ -1094,6 +1147,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     torch.set_num_threads(1)
+    tune_malloc()  # this process is the echo client and runs the in-process overhead measurement
     with contextlib.ExitStack() as stack:
         if args.out is None:
             workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="transport-bench-")))

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ps.memory import tune_malloc
+
 
 def _write(path: Path, record: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
@@ -161,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_malloc()  # as ps-server and ps-worker do, so every side of a comparison gets it
     args = build_parser().parse_args(argv)
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("TP_SOCKET_IFNAME", "lo")

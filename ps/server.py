@@ -22,6 +22,7 @@ from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
 from ps.handlers import register
 from ps.jobspec import JobSpec
+from ps.memory import tune_malloc
 from ps.metrics import MetricsLog
 from ps.models import build_model
 from ps.rendezvous import Rendezvous
@@ -370,6 +371,7 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_malloc()
     parser = build_parser()
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))

@@ -21,6 +21,7 @@ import grpc
 import torch
 
 from ps.handlers import register
+from ps.memory import tune_malloc
 from ps.security import ServerSecurity, load_server_security
 from ps.server_options import GRPC_OPTIONS, run_loop
 from ps.shard import ShardCore
@@ -81,6 +82,7 @@ async def serve_shard(host: str, port: int, port_file: Path | None, security: Se
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_malloc()
     args = build_parser().parse_args(argv)
     if args.parent_pid is not None:
         exit_with_parent(args.parent_pid)

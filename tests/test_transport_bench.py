@@ -22,12 +22,12 @@ from benchmarks import transport
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT_KEYS = {"benchmark", "tiny", "environment", "settings", "definitions", "rows", "server_overhead", "profile",
-               "shards", "shards_note", "targets", "timings_s"}
+               "shards", "targets", "timings_s"}
 ROW_KEYS = {"benchmark", "numel", "wire_dtype", "processes", "workers", "bytes_per_iter", "iterations", "median_ms",
             "p90_ms", "mean_ms", "mb_per_s", "params_per_s", "ratio_to_grpc_ceiling", "ratio_to_torch_rpc",
             "ratio_to_torch_rpc_tcp", "params_per_s_ratio_to_torch_rpc"}
-PS_KEYS = {"mb_per_s_per_worker", "per_worker_mb_per_s", "params_per_s_per_worker", "ratio_to_grpc_ceiling_per_worker",
-           "params_per_s_per_worker_ratio_to_torch_rpc"}
+PS_KEYS = {"shards", "ratio_to_one_shard", "mb_per_s_per_worker", "per_worker_mb_per_s", "params_per_s_per_worker",
+           "ratio_to_grpc_ceiling_per_worker", "params_per_s_per_worker_ratio_to_torch_rpc"}
 OVERHEAD_KEYS = {"method", "numel", "workers", "iterations", "median_ms", "p90_ms"}
 TARGET_KEYS = {"name", "value", "op", "threshold", "pass", "source"}
 
@@ -72,23 +72,27 @@ def test_tiny_run_reports_every_field(tmp_path: Path) -> None:
 
     assert REPORT_KEYS <= set(report)
     assert report["tiny"] is True and report["settings"]["sizes"] == [100_000]
-    assert report["shards"] is None and "not built" in report["shards_note"]
+    assert report["shards"]["counts"] == [1, 2] and "CPUs" in report["shards"]["note"]
     assert report["profile"] is None
     rows = report["rows"]
     for row in rows:
         assert ROW_KEYS <= set(row), (row["benchmark"], ROW_KEYS - set(row))
         assert row["numel"] == 100_000 and row["mb_per_s"] > 0 and row["params_per_s"] > 0
         assert row["iterations"] >= 1 and 0 < row["median_ms"] <= row["p90_ms"]
-    kinds = {(r["benchmark"], r["wire_dtype"], r["workers"]) for r in rows}
-    assert {("grpc_stream_echo", "float32", 1), ("grpc_unary_echo", "float32", 1), ("torch_rpc", "float32", 1),
-            ("ps_push_pull", "float32", 1), ("ps_push_pull", "float32", 2), ("ps_push_pull", "bfloat16", 1),
-            ("gloo_allreduce", "float32", 2)} <= kinds
+    kinds = {(r["benchmark"], r["wire_dtype"], r["workers"], r.get("shards")) for r in rows}
+    assert {("grpc_stream_echo", "float32", 1, None), ("grpc_unary_echo", "float32", 1, None),
+            ("torch_rpc", "float32", 1, None), ("ps_push_pull", "float32", 1, 1), ("ps_push_pull", "float32", 2, 1),
+            ("ps_push_pull", "bfloat16", 1, 1), ("ps_push_pull", "float32", 2, 2),
+            ("gloo_allreduce", "float32", 2, None)} <= kinds
+    # --tiny shards only the largest worker count, fp32
+    assert [(r["wire_dtype"], r["workers"]) for r in rows if r.get("shards", 1) > 1] == [("float32", 2)]
 
     echo = next(r for r in rows if r["benchmark"] == "grpc_stream_echo")
     assert echo["ratio_to_grpc_ceiling"] == 1.0 and echo["bytes_per_iter"] == 2 * 4 * 100_000
     for r in (r for r in rows if r["benchmark"] == "ps_push_pull"):
         assert PS_KEYS <= set(r)
-        assert len(r["per_worker_mb_per_s"]) == r["workers"] and r["processes"] == r["workers"] + 1
+        assert len(r["per_worker_mb_per_s"]) == r["workers"] and r["processes"] == r["workers"] + r["shards"]
+        assert (r["ratio_to_one_shard"] == 1.0) == (r["shards"] == 1) and r["ratio_to_one_shard"] > 0
         width = 4 if r["wire_dtype"] == "float32" else 2
         assert r["bytes_per_iter"] == 2 * width * 100_000
         assert r["ratio_to_grpc_ceiling"] is not None and r["params_per_s_ratio_to_torch_rpc"] is not None
@@ -104,12 +108,14 @@ def test_tiny_run_reports_every_field(tmp_path: Path) -> None:
         "last_push_finish", "close_round", "payload_encode", "reply_serialize_all_workers"}
 
     targets = report["targets"]
-    assert len(targets) == 3
+    assert len(targets) == 4
     for t in targets:
         assert TARGET_KEYS <= set(t)
         assert isinstance(t["pass"], bool) and t["value"] is not None
-    assert [t["op"] for t in targets] == [">=", ">=", "<="]
-    assert "| benchmark |" in table and "| target |" in table
+    assert [t["op"] for t in targets] == [">=", ">=", ">=", "<="]
+    sharded = next(r for r in rows if r.get("shards") == 2)
+    assert "2 shards" in targets[2]["name"] and targets[2]["value"] == sharded["ratio_to_one_shard"]
+    assert "| benchmark |" in table and "| shards |" in table and "| target |" in table
     assert processes_mentioning(str(out)) == []
     print(f"transport smoke run took {time.monotonic() - started:.1f} s")
 
@@ -172,16 +178,23 @@ def test_ratios_and_targets() -> None:
         _row("grpc_stream_echo", n, 1000.0),
         _row("torch_rpc", n, 2000.0),
         _row("torch_rpc_tcp", n, 500.0),
-        _row("ps_push_pull", n, 850.0, wire_dtype="float32", workers=1, mb_per_s_per_worker=850.0,
+        _row("ps_push_pull", n, 850.0, wire_dtype="float32", workers=1, shards=1, mb_per_s_per_worker=850.0,
              params_per_s_per_worker=850e6 / 4),
-        {**_row("ps_push_pull", n, 600.0, wire_dtype="bfloat16", workers=1, mb_per_s_per_worker=600.0,
+        {**_row("ps_push_pull", n, 600.0, wire_dtype="bfloat16", workers=1, shards=1, mb_per_s_per_worker=600.0,
                 params_per_s_per_worker=600e6 / 2), "params_per_s": 600e6 / 2},
+        _row("ps_push_pull", n, 1200.0, wire_dtype="float32", workers=4, shards=1, mb_per_s_per_worker=300.0,
+             params_per_s_per_worker=300e6 / 4),
+        _row("ps_push_pull", n, 1500.0, wire_dtype="float32", workers=4, shards=2, mb_per_s_per_worker=375.0,
+             params_per_s_per_worker=375e6 / 4),
     ]
     transport.add_ratios(rows)
     assert rows[3]["ratio_to_grpc_ceiling"] == 0.85 and rows[3]["ratio_to_torch_rpc"] == 0.425
     assert rows[4]["params_per_s_ratio_to_torch_rpc"] == 0.6  # 300 M params/s against 500 M
+    assert [r["ratio_to_one_shard"] for r in rows[3:]] == [1.0, 1.0, 1.0, 1.25]  # each against its own 1-shard run
     targets = transport.evaluate_targets(rows, {"inprocess": {"median_ms": 2.5, "numel": 1_000_000}}, [n])
-    assert [(t["value"], t["pass"]) for t in targets] == [(0.85, True), (0.6, False), (2.5, False)]
+    assert [(t["value"], t["pass"]) for t in targets] == [(0.85, True), (0.6, False), (1.25, False), (2.5, False)]
+    # the bf16 row is not the fp32 one's 1-shard base; the shard target reads the 4-worker pair only
+    assert "4 workers" in targets[2]["name"] and "2 shards" in targets[2]["name"]
     # a size that was not measured gives no value and no verdict, not a failure
     assert transport.evaluate_targets([], None, [n])[0]["pass"] is None
 
@@ -209,3 +222,16 @@ def test_profile_summary_groups_by_python_function() -> None:
     functions = {f["function"]: f["pct"] for f in summary["main_thread_by_function"]}
     assert functions == {"finish (ps/wire.py)": 60.0, "<idle: epoll>": 30.0, "feed (ps/wire.py)": 10.0}
     assert summary["main_thread_by_line"][0] == {"line": "finish (ps/wire.py:148)", "pct": 60.0}
+
+
+def test_shard_runs_follow_their_one_shard_run() -> None:
+    def runs(*argv: str) -> list[tuple[str, int, int]]:
+        args = transport.build_parser().parse_args(list(argv))
+        transport.resolve_defaults(args)
+        return args.ps_runs
+
+    assert runs() == [("float32", 1, 1), ("float32", 1, 2), ("float32", 2, 1), ("float32", 2, 2), ("float32", 4, 1),
+                      ("float32", 4, 2), ("bfloat16", 1, 1), ("bfloat16", 2, 1), ("bfloat16", 4, 1)]
+    assert runs("--tiny") == [("float32", 1, 1), ("float32", 2, 1), ("float32", 2, 2), ("bfloat16", 1, 1)]
+    assert runs("--shards", "1", "--wire-dtypes", "float32") == [("float32", 1, 1), ("float32", 2, 1), ("float32", 4, 1)]
+    assert runs("--shards", "2", "--workers", "4", "--wire-dtypes", "bfloat16") == [("bfloat16", 4, 2)]

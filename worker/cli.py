@@ -11,6 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ps.memory import tune_malloc
 from ps.security import TOKEN_ENV, resolve_token
 from worker.client import ServerError, channel_credentials
 from worker.runtime import Session, connect, default_cores
@@ -63,6 +64,7 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    tune_malloc()
     args = build_parser().parse_args(argv)
     if args.threads < 1 or args.slowdown < 1.0 or (args.cores is not None and args.cores <= 0):
         print("ps-worker: error: --threads must be >= 1, --slowdown >= 1 and --cores > 0", file=sys.stderr)
