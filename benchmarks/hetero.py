@@ -521,6 +521,11 @@ def bench_tta(s: Settings, emu: Emulation, report: dict) -> None:
         record["time_to_accuracy_after_epoch1_s"] = (
             None if reached is None or not first or reached["epoch"] <= 1
             else round(reached["wall_s"] - first[0]["wall_s"], 3))
+        # from the end of round 0: without the workers' set-up after Join (building data and model
+        # under the quota, and the first step; the same for every controller)
+        started = analysis.of_kind(run.events, "first_round")[:1]
+        record["time_to_accuracy_from_first_round_s"] = (
+            None if reached is None or not started else round(reached["wall_s"] - started[0]["wall_s"], 3))
         record["epochs_to_accuracy"] = None if reached is None else reached["epoch"]
         record["best_accuracy"] = max((e["accuracy"] for e in analysis.of_kind(run.events, "eval")), default=None)
         runs[name] = record
@@ -531,9 +536,16 @@ def bench_tta(s: Settings, emu: Emulation, report: dict) -> None:
     ratio = None if not uni or dyn is None else round(dyn / uni, 4)
     uni1 = runs.get("uniform", {}).get("time_to_accuracy_after_epoch1_s")
     dyn1 = runs.get("dynamic", {}).get("time_to_accuracy_after_epoch1_s")
+    unif = runs.get("uniform", {}).get("time_to_accuracy_from_first_round_s")
+    dynf = runs.get("dynamic", {}).get("time_to_accuracy_from_first_round_s")
+    ratio_f = None if not unif or dynf is None else round(dynf / unif, 4)
     report["tta"] = {"target_accuracy": goal, "uniform_s": uni, "dynamic_s": dyn, "dynamic_over_uniform": ratio,
+                     "dynamic_over_uniform_from_first_round": ratio_f,
                      "dynamic_over_uniform_after_epoch1": None if not uni1 or dyn1 is None else round(dyn1 / uni1, 4)}
-    report["targets"] = [analysis.target(f"TTA({goal}) dynamic / uniform", ratio, "<=", 0.5, SOURCE)]
+    report["targets"] = [
+        analysis.target(f"TTA({goal}) dynamic / uniform, from job start", ratio, "<=", 0.5, SOURCE),
+        analysis.target(f"TTA({goal}) dynamic / uniform, from the end of round 0", ratio_f, "<=", 0.5, SOURCE),
+    ]
 
 
 # ------------------------------------------------------------------------------------ reporting
@@ -647,7 +659,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--every-epochs", type=positive_int, metavar="N",
                       help="phase length in epochs for --schedule (default: the schedule's)")
     what.add_argument("--tta", type=_fraction, metavar="TARGET",
-                      help="time uniform and dynamic to this test accuracy (default workload: digits, mlp hidden=512)")
+                      help="time uniform and dynamic to this test accuracy (default workload: digits, cnn width=96, B=512)")
     what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
                       "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
                       "takes dynamic_allreduce, the collective fast path)")
@@ -655,8 +667,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
     what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")
     job = p.add_argument_group("workload (default: cnn on synthetic 32x32 images, size=4096, global batch 512)")
-    job.add_argument("--model", help="model for every run (default: cnn; --tta: mlp)")
-    job.add_argument("--model-arg", action="append", metavar="K=V", help="model option (--tta default: hidden=512)")
+    job.add_argument("--model", help="model for every run (default: cnn)")
+    job.add_argument("--model-arg", action="append", metavar="K=V", help="model option (--tta default: width=96)")
     job.add_argument("--dataset", help="data set (default: synthetic; --tta: digits)")
     job.add_argument("--dataset-arg", action="append", metavar="K=V", help="data set option (default: size=4096)")
     job.add_argument("--global-batch", type=positive_int, help="global batch B (default: 512)")
@@ -714,7 +726,9 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         if tta:
             workload = Workload(model="mlp", model_args=("hidden=32",), dataset="digits", dataset_args=(), global_batch=64)
     elif tta:
-        workload = Workload(model="mlp", model_args=("hidden=512",), dataset="digits", dataset_args=(), global_batch=512)
+        # compute-bound on digits (a balanced step ~100 ms at HL8, as the throughput runs): the runs
+        # then measure balancing, not the RPC's fixed cost per step
+        workload = Workload(model="cnn", model_args=("width=96",), dataset="digits", dataset_args=(), global_batch=512)
     else:
         workload = Workload()
     lr = args.lr if args.lr is not None else (0.1 if args.mode == "asp" else 0.05 if not tta else 0.1)

@@ -154,6 +154,8 @@ class Coordinator:
         self._shard_state: tuple[torch.Tensor, dict[str, Any] | None] | None = (full, None) if shards else None
         self._full_view: tuple[torch.Tensor, dict[str, Any]] | None = None  # --shards: fetched whole model
         self._committing = False
+        self._commit_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
+        self._first_round_logged = False
         self.samples_per_epoch = len(dataset.train_x)
         self.adjust_every = adjust_every
         self.max_staleness = max_staleness
@@ -434,7 +436,7 @@ class Coordinator:
         if self.shards is not None:
             if not self._committing:
                 self._committing = True
-                asyncio.get_running_loop().create_task(self._commit_sharded())
+                self._commit_task = asyncio.get_running_loop().create_task(self._commit_sharded())
             return
         if self._accumulator is not None:
             self.store.apply_gradient(self._accumulator.result())
@@ -450,6 +452,11 @@ class Coordinator:
         self._contributions.clear()
         self.round += 1
         self.version += 1
+        if not self._first_round_logged:
+            # every worker has built its data and model (after Join) and pushed once: training proper
+            self._first_round_logged = True
+            self.metrics.write("first_round", step=self.step, epoch=self.epoch,
+                               wall_s=round(self.clock() - (self._start_time or self.clock()), 3))
         self._advance(batch)
         if not self.done:
             self._activate_pending()
@@ -471,9 +478,10 @@ class Coordinator:
                     self.metrics.write("shard_missing", step=self.step, missing=sorted({w for a in acks for w in a.missing}))
                 self._next_round(batch)
                 await self._run_whole_model_actions()
-        except ShardFailure as exc:
-            self.metrics.write("shard_failure", step=self.step, error=str(exc))
-            self.stop(f"stopping: {exc}")
+        except Exception as exc:  # noqa: BLE001 (a shard failed, or a bug: either way the ranges may disagree)
+            error = str(exc) if isinstance(exc, ShardFailure) else f"round commit failed: {exc!r}"
+            self.metrics.write("shard_failure", step=self.step, error=error)
+            self.stop(f"stopping: {error}")
         finally:
             self._committing = False
             self._resolve_round()

@@ -36,7 +36,9 @@ class LocalShards:
                 port_files.append(port_file)
                 argv = [sys.executable, "-m", "ps.shard_server", "--host", host, "--port", "0", "--port-file", str(port_file),
                         "--parent-pid", str(os.getpid())]
-                self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL))
+                # a session of its own: a Ctrl-C at the terminal reaches the server, which still needs
+                # its shards for the final checkpoint, and not the shards themselves
+                self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, start_new_session=True))
             for port_file, proc in zip(port_files, self.procs, strict=True):
                 self.addresses.append(f"{connect_host}:{self._wait_port(port_file, proc)}")
         except BaseException:

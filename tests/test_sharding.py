@@ -165,6 +165,7 @@ def test_sharded_training_end_to_end(tmp_path: Path) -> None:
         (summary,) = cluster.events("summary")
         assert summary["accuracy"] >= 0.9, summary
         assert summary["epochs"] == 6
+        assert [e["step"] for e in cluster.events("first_round")] == [1]
     finally:
         cluster.stop()
     assert not shard_children(cluster.server.pid)
