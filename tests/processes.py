@@ -29,10 +29,11 @@ class Cluster:
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start_worker(self, name: str, *args: str) -> subprocess.Popen:
+    def start_worker(self, name: str, *args: str, prefix: Sequence[str] = (), target: str | None = None) -> subprocess.Popen:
+        """A ps-worker for this server (`prefix`: e.g. `ip netns exec NS`; `target`: another address)."""
         log = open(self.workdir / f"{name}.log", "w")  # noqa: SIM115
         proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.cli", "--server", self.target, "--name", name, "--quiet", *args],
+            [*prefix, sys.executable, "-m", "worker.cli", "--server", target or self.target, "--name", name, "--quiet", *args],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=ENV,

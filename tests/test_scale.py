@@ -1,4 +1,4 @@
-"""Smoke run of the scale benchmark: a real ps-server and 8 real ps-worker processes, BSP and ASP.
+"""Smoke run of the scale benchmark: a real ps-server and 4 real ps-worker processes, BSP and ASP.
 
 The two runs go side by side (each on its own free port) so that their idle waits overlap: each
 worker spends a few CPU-seconds importing torch, which is most of the time on a small machine.
@@ -10,7 +10,7 @@ import json
 import subprocess
 import sys
 
-WORKERS = 8
+WORKERS = 4
 RUNS = {"bsp": 8, "asp": 40}  # mode -> target rounds / updates
 
 
