@@ -7,6 +7,7 @@ buffers travel, optionally narrowed to bf16/fp16 (the server accumulates in fp32
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -19,8 +20,6 @@ from ps.errors import InvalidArgument
 CHUNK_BYTES = 1 << 20
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-# numpy has no bfloat16: its bytes travel as int16 and are reinterpreted by torch.
-_NUMPY_CARRIERS = {"float32": np.float32, "bfloat16": np.uint16, "float16": np.float16}
 
 
 def itemsize(wire_dtype: str) -> int:
@@ -128,7 +127,6 @@ class FlatReceiver:
         self.out = out
         self._out_np = out.numpy()
         self.wire_dtype = check_wire_dtype(wire_dtype)
-        self._carrier = _NUMPY_CARRIERS[wire_dtype]
         self._itemsize = itemsize(wire_dtype)
         self._filled = 0
         self._next_seq = 0
@@ -141,14 +139,14 @@ class FlatReceiver:
         n = len(data) // self._itemsize
         if self._filled + n > self.out.numel():
             raise InvalidArgument(f"too much data: chunk {seq} overruns the {self.out.numel()} expected values")
-        if n:
-            src = np.frombuffer(data, dtype=self._carrier)
-            dst = self._out_np[self._filled : self._filled + n]
-            if self.wire_dtype == "bfloat16":
-                # bf16 is the top half of an fp32: widen the bits, no float arithmetic needed
-                np.left_shift(src.view(np.uint16), 16, out=dst.view(np.uint32), dtype=np.uint32)
-            else:
-                dst[:] = src
+        if n and self.wire_dtype == "float32":
+            self._out_np[self._filled : self._filled + n] = np.frombuffer(data, dtype=np.float32)
+        elif n:
+            # torch widens bf16/fp16 ~4x faster than numpy (which has no bf16 and a slow fp16 cast)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: torch only reads it here
+                src = torch.frombuffer(data, dtype=_TORCH_DTYPES[self.wire_dtype])
+            self.out[self._filled : self._filled + n].copy_(src)
         self._filled += n
         self._next_seq += 1
 
