@@ -57,6 +57,16 @@ class ShardTarget:
 
 
 @dataclass(frozen=True)
+class _ShardLink:
+    """An open connection to one shard server: its range, channel, stub and Push callable."""
+
+    target: ShardTarget
+    channel: grpc.Channel
+    stub: ps_pb2_grpc.ParameterShardStub
+    push: grpc.StreamStreamMultiCallable
+
+
+@dataclass(frozen=True)
 class Joined:
     worker_id: str
     spec: JobSpec
@@ -191,9 +201,10 @@ class PSClient:
         self._security = {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         self._channel = open_channel(target, **self._security)
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
+        self._push = _push_call(self._channel, "ParameterServer")
         # --shards: the coordinator holds values [0, own_stop); each shard one range after it
         self._own_stop: int | None = None
-        self._shards: list[tuple[ShardTarget, grpc.Channel, ps_pb2_grpc.ParameterShardStub]] = []
+        self._shards: list[_ShardLink] = []
         self._pool: ThreadPoolExecutor | None = None
 
     def close(self) -> None:
@@ -201,8 +212,8 @@ class PSClient:
         self._channel.close()
 
     def _close_shards(self) -> None:
-        for _, channel, _ in self._shards:
-            channel.close()
+        for link in self._shards:
+            link.channel.close()
         self._shards = []
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
@@ -210,13 +221,14 @@ class PSClient:
 
     def _use_shards(self, shards: tuple[ShardTarget, ...], numel: int) -> None:
         """Connect to the shard servers named at Join (again after a rejoin: they may have moved)."""
-        if tuple(t for t, _, _ in self._shards) == shards and self._own_stop is not None:
+        if tuple(link.target for link in self._shards) == shards and self._own_stop is not None:
             return
         self._close_shards()
         self._own_stop = shards[0].start if shards else numel
         for shard in shards:
             channel = open_channel(shard.address, **self._security)
-            self._shards.append((shard, channel, ps_pb2_grpc.ParameterShardStub(channel)))
+            self._shards.append(_ShardLink(shard, channel, ps_pb2_grpc.ParameterShardStub(channel),
+                                           _push_call(channel, "ParameterShard")))
         if shards:
             self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
 
@@ -278,27 +290,27 @@ class PSClient:
 
         if not self._shards or kind != "values":
             try:
-                return _receive(_push_call(self._channel, "ParameterServer")(requests(values, header)), out)
+                return _receive(self._push(requests(values, header)), out)
             except grpc.RpcError as exc:
                 raise _error(exc) from None
         own = self._own_stop
         assert own is not None and self._pool is not None
         header.num_values = own
         calls = []
-        for shard, channel, _ in self._shards:
+        for link in self._shards:
             head = ps_pb2.PushHeader()
             head.CopyFrom(header)
-            head.num_values = shard.stop - shard.start
-            calls.append(_push_call(channel, "ParameterShard")(requests(values[shard.start : shard.stop], head)))
-        return self._gather(_push_call(self._channel, "ParameterServer")(requests(values[:own], header)), calls, out)
+            head.num_values = link.target.stop - link.target.start
+            calls.append(link.push(requests(values[link.target.start : link.target.stop], head)))
+        return self._gather(self._push(requests(values[:own], header)), calls, out)
 
     def _gather(self, main: Iterator[ps_pb2.ParamsChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
         on the pool at once. If any call fails the others are cancelled and its error raised."""
         assert self._pool is not None and self._own_stop is not None
         futures: list[Future[StepPlan]] = [
-            self._pool.submit(_receive, call, out[shard.start : shard.stop])
-            for call, (shard, _, _) in zip(calls, self._shards, strict=True)
+            self._pool.submit(_receive, call, out[link.target.start : link.target.stop])
+            for call, link in zip(calls, self._shards, strict=True)
         ]
         try:
             plan = _receive(main, out[: self._own_stop])
@@ -318,7 +330,7 @@ class PSClient:
                 return _receive(self._stub.Pull(request), out)
             except grpc.RpcError as exc:
                 raise _error(exc) from None
-        calls = [stub.Pull(request) for _, _, stub in self._shards]
+        calls = [link.stub.Pull(request) for link in self._shards]
         return self._gather(self._stub.Pull(request), calls, out)
 
     def leave(self, worker_id: str) -> None:
