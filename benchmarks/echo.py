@@ -2,8 +2,8 @@
 
 No .proto and no generated code: the methods are registered with ``grpc.method_handlers_generic_handler``
 and move plain ``bytes`` (no serializer), so what is measured is gRPC itself, with the same server stack
-(``grpc.aio`` on uvloop when installed, as ``ps.server.run_loop``) and the same channel options as ``ps-server``
-(``ps.server.GRPC_OPTIONS``, ``worker.client.CHANNEL_OPTIONS``: 8 MiB messages each way).
+(``grpc.aio`` on uvloop when installed: ``ps.server_options.run_loop``) and the same channel options as ``ps-server``
+(``ps.server_options.GRPC_OPTIONS``, ``worker.client.CHANNEL_OPTIONS``: 8 MiB messages each way).
 
 - ``/bench.Echo/Stream`` (stream-stream): the client streams the payload up in chunks; once the last
   chunk is in, the server streams the same chunks back (store and forward, as a push is received
@@ -16,9 +16,7 @@ and move plain ``bytes`` (no serializer), so what is measured is gRPC itself, wi
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -28,6 +26,7 @@ from typing import Any
 import grpc
 
 from ps.memory import tune_malloc
+from ps.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
 
 SERVICE = "bench.Echo"
 STREAM_METHOD = f"/{SERVICE}/Stream"
@@ -65,11 +64,7 @@ async def serve(host: str, port: int, port_file: Path | None, options: Sequence[
     print(f"echo: listening on {host}:{bound}", flush=True)
     if port_file is not None:
         port_file.write_text(str(bound))
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
+    await wait_for_stop_signal()
     await server.stop(grace=None)
 
 
@@ -124,21 +119,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     p.add_argument("--port-file", type=Path, default=None, help="write the bound port here")
     p.add_argument("--options-json", default=None,
-                   help="server options as a JSON list of [name, value] pairs; default ps.server.GRPC_OPTIONS "
-                        "(the benchmark passes them so this process need not import torch)")
+                   help="server options as a JSON list of [name, value] pairs; default ps-server's (GRPC_OPTIONS)")
     args = p.parse_args(argv)
-    if args.options_json is None:
-        from ps.server import GRPC_OPTIONS as options
-    else:
-        options = [tuple(pair) for pair in json.loads(args.options_json)]
+    options = GRPC_OPTIONS if args.options_json is None else [tuple(pair) for pair in json.loads(args.options_json)]
     try:
-        import uvloop
-    except ImportError:
-        runner = asyncio.run
-    else:
-        runner = uvloop.run
-    try:
-        runner(serve(args.host, args.port, args.port_file, options))
+        run_loop(serve(args.host, args.port, args.port_file, options))
     except OSError as exc:
         print(f"echo: error: {exc}", file=sys.stderr)
         return 1

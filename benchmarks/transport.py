@@ -252,10 +252,8 @@ def server_process(procs: Processes, name: str, argv: Sequence[str]) -> Iterator
 
 
 def echo_argv() -> list[str]:
-    """The echo server with exactly ps-server's gRPC options (passed in, so it need not import torch)."""
-    from ps.server import GRPC_OPTIONS
-
-    return [sys.executable, "-m", "benchmarks.echo", "--options-json", json.dumps(GRPC_OPTIONS)]
+    """The echo server (its default gRPC options are ps-server's, ps.server_options.GRPC_OPTIONS)."""
+    return [sys.executable, "-m", "benchmarks.echo"]
 
 
 def child_argv(role: str, result: Path, *args: str) -> list[str]:

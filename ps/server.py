@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from ps.metrics import MetricsLog
 from ps.models import build_model
 from ps.rendezvous import Rendezvous
 from ps.security import ServerSecurity, load_server_security, resolve_token
-from ps.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, run_loop  # noqa: F401 (re-exported)
+from ps.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
 from ps.servicer import ParameterServerServicer
 from ps.shard_client import RemoteShards, ShardFailure
 from ps.shard_processes import LocalShards
@@ -341,8 +340,7 @@ async def serve(
     if port_file is not None:
         port_file.write_text(str(bound))
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, job.coordinator.stop)
+    on_stop_signal(job.coordinator.stop)
     reaper = asyncio.create_task(job.coordinator.reap_forever(job.coordinator.heartbeat_interval))
     try:
         await job.coordinator.wait_finished(grace)

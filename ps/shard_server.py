@@ -9,7 +9,6 @@ with `ps-server --shard-addresses`.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ctypes
 import os
 import signal
@@ -23,7 +22,7 @@ import torch
 from ps.handlers import register
 from ps.memory import tune_malloc
 from ps.security import ServerSecurity, load_server_security
-from ps.server_options import GRPC_OPTIONS, run_loop
+from ps.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
 from ps.shard import ShardCore
 from ps.shard_servicer import ParameterShardServicer
 
@@ -71,12 +70,8 @@ async def serve_shard(host: str, port: int, port_file: Path | None, security: Se
     print(f"ps-shard: listening on {host}:{bound} ({security.description})", flush=True)
     if port_file is not None:
         port_file.write_text(str(bound))
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     try:
-        await stopping.wait()
+        await wait_for_stop_signal()
     finally:
         await server.stop(grace=1.0)
 
