@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import analysis
+from benchmarks.report_output import print_report, save_report
 from benchmarks.workload import Workload, spawn, stop
 from deploy.cgroups import CgroupBackend, CpuLimiter, detect_backend, slowdown_factors
 from deploy.cli import positive_float, positive_int
@@ -851,13 +852,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = render_table(report)
     text = json.dumps(report, indent=2)
     if keep:
-        name = report_name(s)
-        (workdir / f"{name}.json").write_text(text + "\n", encoding="utf-8")
-        (workdir / f"{name}.md").write_text(table + "\n", encoding="utf-8")
-    if args.json:
-        print(text)
-        print()
-    print(table)
+        save_report(workdir, report_name(s), text, table)
+    print_report(text, table, args.json)
     return 0
 
 

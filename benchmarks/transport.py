@@ -63,6 +63,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.report_output import print_report, save_report
 from ps.memory import tune_malloc
 
 REPO = Path(__file__).resolve().parents[1]
@@ -1174,12 +1175,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         text = json.dumps(report, indent=2)
         table = markdown(report)
         if args.out is not None:
-            (workdir / "transport.json").write_text(text + "\n", encoding="utf-8")
-            (workdir / "transport.md").write_text(table + "\n", encoding="utf-8")
-    if args.json:
-        print(text)
-        print()
-    print(table)
+            save_report(workdir, "transport", text, table)
+    print_report(text, table, args.json)
     return 0
 
 
