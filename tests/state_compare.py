@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from typing import Any
 
 import torch
+
+from ps.coordinator import Coordinator
 
 
 def assert_same(a: Any, b: Any, path: str = "state") -> None:
@@ -21,3 +25,39 @@ def assert_same(a: Any, b: Any, path: str = "state") -> None:
             assert_same(x, y, f"{path}[{i}]")
     else:
         assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+def member_fields(member: Any) -> dict[str, Any]:
+    """A member's plain fields (its asyncio.Event is not state worth comparing)."""
+    return {f.name: getattr(member, f.name) for f in dataclasses.fields(member) if f.name != "activated"}
+
+
+def server_state(c: Coordinator, *, with_accuracy: bool = True) -> dict[str, Any]:
+    """Everything a refused request must leave alone, copied; call it on the server's loop.
+
+    `with_accuracy=False` leaves out the evaluator's accuracy, for tests that let evaluations run:
+    it lands from a background thread whenever one finishes."""
+    acc = c._accumulator
+    status = c.status()
+    if not with_accuracy:
+        status.pop("last_accuracy")
+    return {
+        "flat": c.store.flat.clone(),
+        "optimizer": copy.deepcopy(c.store.optimizer.state_dict()),
+        "round": c.round,
+        "version": c.version,
+        "epoch": c.epoch,
+        "samples": c.samples,
+        "done": c.done,
+        "reason": c.reason,
+        "started": c._started.is_set(),
+        "controller": copy.deepcopy(c.controller.state_dict()),
+        "accumulator": None if acc is None else (acc.weight, acc.count, acc._sum.clone()),
+        "pushed": set(c._pushed),
+        "active": {k: member_fields(m) for k, m in c.membership.active.items()},
+        "pending": {k: member_fields(m) for k, m in c.membership.pending.items()},
+        "departed": dict(c.membership.departed),
+        "joined": c.membership._joined,
+        "told_done": set(c._told_done),
+        "status": status,
+    }

@@ -38,7 +38,7 @@ from ps.membership import MAX_CORES, MAX_NAME
 from ps.server import GRPC_OPTIONS, MAX_MESSAGE_BYTES, Job, build_job
 from ps.wire import CHUNK_BYTES, FlatReceiver, decode, encode, split
 from tests.conftest import InProcessServer, job_args
-from tests.state_compare import assert_same
+from tests.state_compare import assert_same, server_state
 
 Code = grpc.StatusCode
 OK = Code.OK
@@ -82,41 +82,10 @@ def read_params(stream: Iterable[ps_pb2.ParamsChunk]) -> tuple[ps_pb2.ParamsHead
     return h, receiver.finish(check_finite=False)
 
 
-def member_fields(member: Any) -> dict[str, Any]:
-    return {f.name: getattr(member, f.name) for f in dataclasses.fields(member) if f.name != "activated"}
-
-
 def snapshot(server: InProcessServer) -> dict[str, Any]:
-    """Everything a refused request must leave alone (test_rpc's snapshot, plus pending, the
-    departed and the done-notifications), copied on the server's loop. The evaluator's accuracy is
-    left out: it lands from a background thread whenever an evaluation finishes."""
-
-    def take() -> dict[str, Any]:
-        c = server.coordinator
-        acc = c._accumulator
-        status = c.status()
-        status.pop("last_accuracy")
-        return {
-            "flat": c.store.flat.clone(),
-            "optimizer": copy.deepcopy(c.store.optimizer.state_dict()),
-            "round": c.round,
-            "version": c.version,
-            "epoch": c.epoch,
-            "samples": c.samples,
-            "done": c.done,
-            "reason": c.reason,
-            "controller": copy.deepcopy(c.controller.state_dict()),
-            "accumulator": None if acc is None else (acc.weight, acc.count, acc._sum.clone()),
-            "pushed": set(c._pushed),
-            "active": {k: member_fields(m) for k, m in c.membership.active.items()},
-            "pending": {k: member_fields(m) for k, m in c.membership.pending.items()},
-            "departed": dict(c.membership.departed),
-            "joined": c.membership._joined,
-            "told_done": set(c._told_done),
-            "status": status,
-        }
-
-    return server.call(take)
+    """Everything a refused request must leave alone (tests/state_compare.py), copied on the
+    server's loop; without the evaluator's accuracy, which lands from a background thread."""
+    return server.call(lambda: server_state(server.coordinator, with_accuracy=False))
 
 
 def start_server(*argv: str) -> InProcessServer:

@@ -8,7 +8,6 @@ exactly what it was before the call.
 from __future__ import annotations
 
 import concurrent.futures
-import copy
 import dataclasses
 import functools
 import json
@@ -34,7 +33,7 @@ from ps.wire import (
     flatten_params,
     split,
 )
-from tests.state_compare import assert_same
+from tests.state_compare import assert_same, server_state
 
 if TYPE_CHECKING:
     from tests.conftest import InProcessServer
@@ -103,39 +102,9 @@ def expect_error(call: Callable[[], Any], code: grpc.StatusCode, *fragments: str
     return err.details()
 
 
-def member_fields(member: Any) -> dict[str, Any]:
-    """A member's plain fields (its asyncio.Event is not state worth comparing)."""
-    return {f.name: getattr(member, f.name) for f in dataclasses.fields(member) if f.name != "activated"}
-
-
 def snapshot(server: InProcessServer) -> dict[str, Any]:
-    """Everything a refused request must leave alone, copied on the server's loop."""
-
-    def take() -> dict[str, Any]:
-        c = server.coordinator
-        acc = c._accumulator
-        return {
-            "flat": c.store.flat.clone(),
-            "optimizer": copy.deepcopy(c.store.optimizer.state_dict()),
-            "round": c.round,
-            "version": c.version,
-            "epoch": c.epoch,
-            "samples": c.samples,
-            "done": c.done,
-            "controller": copy.deepcopy(c.controller.state_dict()),
-            "acc_weight": None if acc is None else acc.weight,
-            "acc_count": None if acc is None else acc.count,
-            "acc_sum": None if acc is None else acc._sum.clone(),
-            "pushed": set(c._pushed),
-            "members": {k: member_fields(m) for k, m in c.members.items()},
-            "pending": sorted(c.membership.pending),
-            "departed": dict(c.membership.departed),
-            "joined": c.membership._joined,
-            "started": c._started.is_set(),
-            "status": c.status(),
-        }
-
-    return server.call(take)
+    """Everything a refused request must leave alone (tests/state_compare.py), copied on the server's loop."""
+    return server.call(lambda: server_state(server.coordinator))
 
 
 def expect_refused(server: InProcessServer, call: Callable[[], Any], code: grpc.StatusCode, *fragments: str) -> str:
@@ -209,7 +178,8 @@ def open_round(ps_server, threads, signal_after) -> OpenRound:
     pending = threads.submit(push, c.server.stub(), push_chunks(header(c.ids["a"], grad_a, batch_size=12), grad_a))
     assert pushed.wait(TIMEOUT)
     state = snapshot(c.server)  # runs on the loop after a's push reached its wait
-    assert state["pushed"] == {c.ids["a"]} and state["acc_count"] == 1 and state["acc_weight"] == 12
+    weight, count, _ = state["accumulator"]
+    assert state["pushed"] == {c.ids["a"]} and count == 1 and weight == 12
     assert state["round"] == 0 and not pending.done()
     return OpenRound(**vars(c), grad_a=grad_a, pending_a=pending)
 
@@ -314,8 +284,9 @@ def test_bsp_round_answers_both_pushes_after_it_closes(open_round: OpenRound) ->
         assert h.batch_size == 16 and h.lr == pytest.approx(0.1)
     state = snapshot(c.server)
     assert state["round"] == 1 and state["version"] == 1 and state["samples"] == 32
-    assert state["pushed"] == set() and state["acc_count"] == 0 and state["acc_weight"] == 0
-    assert not state["acc_sum"].any()
+    weight, count, total = state["accumulator"]
+    assert state["pushed"] == set() and count == 0 and weight == 0
+    assert not total.any()
 
     # round 1: the same again, now from round 1; a push for the closed round 0 is refused
     grad = rand(c.numel, seed=3)
@@ -552,7 +523,7 @@ def test_leave_then_status(ps_server, threads) -> None:
     c = start_cluster(ps_server, threads, "--global-batch", "32")
     assert c.stub.Leave(ps_pb2.LeaveRequest(worker_id=c.ids["a"]), timeout=TIMEOUT) == ps_pb2.LeaveReply()
     state = snapshot(c.server)
-    assert list(state["members"]) == [c.ids["b"]]
+    assert list(state["active"]) == [c.ids["b"]]
     assert [w["id"] for w in state["controller"]["workers"]] == ["b"]
     assert state["status"]["global_batch"] == 32
 
@@ -598,8 +569,8 @@ def test_asp_updates_apply_at_once_and_record_staleness(ps_server, threads) -> N
 
     state = snapshot(c.server)
     assert state["version"] == 3 and state["round"] == 0 and state["samples"] == 48
-    assert state["acc_count"] is None  # ASP keeps no accumulator
-    members = {m["name"]: m for m in state["members"].values()}
+    assert state["accumulator"] is None  # ASP keeps no accumulator
+    members = {m["name"]: m for m in state["active"].values()}
     assert (members["a"]["updates"], members["a"]["staleness_sum"]) == (1, 0)
     assert (members["b"]["updates"], members["b"]["staleness_sum"]) == (2, 3)
     status = c.stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT)
