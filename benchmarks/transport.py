@@ -473,11 +473,14 @@ def _push_chunks(header: Any, payload: Sequence[bytes], mark: dict[str, float]) 
 
 
 async def _apush_chunks(header: Any, payload: Sequence[bytes], mark: dict[str, float] | None) -> Any:
-    """The same as an async request stream; with `mark`, notes when the stream has ended."""
+    """The same as an async request stream, each chunk parsed from its bytes as the server's request
+    deserializer does (ps.handlers); with `mark`, notes when the stream has ended."""
     from protos import ps_pb2
+    from ps.serialized import data_view_parser, with_data
 
+    parse = data_view_parser(ps_pb2.PushChunk)
     for seq, data in enumerate(payload):
-        yield ps_pb2.PushChunk(header=header if seq == 0 else None, seq=seq, data=data)
+        yield parse(with_data(ps_pb2.PushChunk(header=header if seq == 0 else None, seq=seq), data))
     if mark is not None:
         mark["sent"] = time.perf_counter()
 
@@ -595,9 +598,10 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
             "payload_encode": component(encode_per_step, "_current_payload"),
             "reply_serialize_all_workers": round(1e3 * statistics.median(serialize), 3),
         },
-        "components_note": "last_push_finish: FlatReceiver.finish of the last push (length and NaN/Inf check); "
+        "components_note": "last_push_finish: FlatReceiver.finish of the last push (length check; NaN/Inf was "
+                           "checked chunk by chunk as they arrived); "
                            "close_round: Coordinator._close_round (accumulate result, optimizer step, bookkeeping); "
-                           "payload_encode: Coordinator._current_payload (encode + split, once per version); "
+                           "payload_encode: Coordinator._current_payload (encode, framed as ParamsChunk messages, once per version); "
                            "reply_serialize_all_workers: SerializeToString of every reply message not already serialized",
     }
 

@@ -18,6 +18,8 @@ class WeightedMean:
         self._sum = torch.zeros(numel, dtype=torch.float32)
         self._weight = 0
         self._count = 0
+        # nothing added since the last reset: the next add overwrites the buffer (no zeroing pass)
+        self._empty = True
 
     @property
     def count(self) -> int:
@@ -31,7 +33,11 @@ class WeightedMean:
         """Add a worker's mean gradient over `batch` samples."""
         if batch <= 0:
             raise ValueError(f"batch must be > 0, got {batch}")
-        self._sum.add_(grad, alpha=float(batch))
+        if self._empty:
+            torch.mul(grad, float(batch), out=self._sum)
+            self._empty = False
+        else:
+            self._sum.add_(grad, alpha=float(batch))
         self._weight += batch
         self._count += 1
 
@@ -40,6 +46,11 @@ class WeightedMean:
         self._sum.add_(grad, alpha=-float(batch))
         self._weight -= batch
         self._count -= 1
+        self._empty = self._count == 0
+
+    def partial_sum(self) -> torch.Tensor:
+        """Σ b_k g_k of what was added so far (a copy; tests compare states with it)."""
+        return torch.zeros_like(self._sum) if self._empty else self._sum.clone()
 
     def result(self) -> torch.Tensor:
         """g = Σ b_k g_k / Σ b_k, in place; call reset() before the next round."""
@@ -48,9 +59,9 @@ class WeightedMean:
         return self._sum.div_(self._weight)
 
     def reset(self) -> None:
-        self._sum.zero_()
         self._weight = 0
         self._count = 0
+        self._empty = True
 
 
 def weighted_mean(grads: Sequence[torch.Tensor], batches: Sequence[int]) -> torch.Tensor:

@@ -29,18 +29,12 @@ from ps.evaluator import BackgroundEvaluator
 from ps.jobspec import JobSpec
 from ps.membership import Member, Membership
 from ps.metrics import MetricsLog
+from ps.payload import Payload
 from ps.rendezvous import Rendezvous
 from ps.shard_client import RemoteShards, ShardFailure
 from ps.shard_ranges import slice_optimizer_state
 from ps.store import ParameterStore
-from ps.wire import (
-    FlatReceiver,
-    Layout,
-    check_wire_dtype,
-    encode,
-    flatten_params,
-    split,
-)
+from ps.wire import FlatReceiver, Layout, check_wire_dtype, flatten_params
 
 MAX_COMPUTE_MS = 24 * 3600 * 1000.0
 CHECKPOINT_FORMAT = 1
@@ -193,7 +187,7 @@ class Coordinator:
         self._pushed: set[str] = set()
         self._round_future: asyncio.Future[bool] | None = None
         self._staging: list[torch.Tensor] = []
-        self._payload_cache: tuple[int, list[bytes]] | None = None
+        self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
         self._steps_since_adjust = 0
         self._steps_since_checkpoint = 0
         self._saved_controller: dict[str, Any] | None = None
@@ -517,9 +511,7 @@ class Coordinator:
         return "float32" if self.rendezvous is not None else self.spec.wire_dtype
 
     def _current_payload(self) -> list[bytes]:
-        if self._payload_cache is None or self._payload_cache[0] != self.version:
-            self._payload_cache = (self.version, split(encode(self.store.flat, self.params_dtype)))
-        return self._payload_cache[1]
+        return self.payload.get(self.version, self.store.flat, self.params_dtype)
 
     def _group_info(self, member: Member) -> GroupInfo:
         if self.rendezvous is None:
@@ -550,7 +542,7 @@ class Coordinator:
             global_batch=global_batch,
             wire_dtype=self.params_dtype,
             num_values=self.own_numel if params else 0,
-            payload=self._current_payload() if params else [b""],
+            payload=self._current_payload() if params else self.payload.empty(),
             reason=self.reason,
             group=group,
             snapshot_requested=self._snapshot_requested and group.rank == 0 and group.world_size > 0,
@@ -627,7 +619,7 @@ class Coordinator:
         """Rank 0's parameters become the global model; then the evaluations/checkpoints that waited."""
         with torch.no_grad():
             self.store.flat.copy_(values)
-        self._payload_cache = None
+        self.payload.invalidate()
         self._snapshot_requested = False
         self.metrics.write("snapshot", step=self.step, epoch=self.epoch)
         self._run_waiting_actions()

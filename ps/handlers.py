@@ -2,8 +2,9 @@
 
 grpc decodes a unary request before the servicer method runs and reports a DecodeError as UNKNOWN.
 Here the request deserializers never raise: an undecodable request arrives as `Undecodable` and is
-refused before the servicer sees it. Streamed requests (Push) keep the generated deserializer; the
-servicer turns the DecodeError raised while it reads the stream into INVALID_ARGUMENT itself.
+refused before the servicer sees it. Streamed requests (Push, Load) are chunk messages parsed by
+`data_view_parser` (their `data` a view of the received bytes, not a copy); the servicer turns the
+DecodeError raised while it reads the stream into INVALID_ARGUMENT itself.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2
-from ps.serialized import passthrough
+from ps.serialized import data_view_parser, passthrough
 
 SERVICES = ps_pb2.DESCRIPTOR.services_by_name
 
@@ -74,7 +75,7 @@ def method_handlers(servicer: Any, service: str = "ParameterServer") -> dict[str
         serialize = passthrough(reply_type.SerializeToString)  # bytes: a reply serialized once for many streams
         if method.client_streaming:
             make = grpc.stream_stream_rpc_method_handler if method.server_streaming else grpc.stream_unary_rpc_method_handler
-            handlers[method.name] = make(behavior, request_deserializer=request_type.FromString, response_serializer=serialize)
+            handlers[method.name] = make(behavior, request_deserializer=data_view_parser(request_type), response_serializer=serialize)
         elif method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
                 _guard_unary_stream(behavior), request_deserializer=tolerant_parser(request_type), response_serializer=serialize)

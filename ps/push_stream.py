@@ -1,5 +1,6 @@
 """Reading a push's chunk stream (the ParameterServer's and the shards' Push): header first, then
-the payload, fed into the receiver the core hands out for that header."""
+the payload, fed into the receiver the core hands out for that header. The chunks arrive parsed by
+`ps.serialized.data_view_parser` (ps/handlers.py), their data a view of the received bytes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from protos import ps_pb2
 from ps.coordinator import PushMeta
 from ps.errors import InvalidArgument
+from ps.serialized import DataChunk
 from ps.wire import FlatReceiver
 
 PUSH_KINDS = {ps_pb2.PUSH_VALUES: "values", ps_pb2.PUSH_REPORT: "report", ps_pb2.PUSH_SNAPSHOT: "snapshot"}
@@ -19,7 +21,7 @@ def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
 
 
 async def receive_push(
-    chunks: AsyncIterator[ps_pb2.PushChunk],
+    chunks: AsyncIterator[DataChunk],
     begin: Callable[[PushMeta], FlatReceiver],
     on_receiver: Callable[[FlatReceiver], None],
 ) -> tuple[PushMeta, FlatReceiver]:
@@ -27,14 +29,14 @@ async def receive_push(
     receiver as soon as it exists, so the caller can return its buffer whatever happens next.
     Raises InvalidArgument for a malformed stream and DecodeError for an undecodable chunk."""
     first = await anext(aiter(chunks), None)
-    if first is None or not first.HasField("header"):
+    if first is None or not first.fields.HasField("header"):
         raise InvalidArgument("the first push chunk must carry the header")
-    meta = push_meta(first.header)
+    meta = push_meta(first.fields.header)
     receiver = begin(meta)
     on_receiver(receiver)
-    receiver.feed(first.seq, first.data)
+    receiver.feed(first.fields.seq, first.data)
     async for chunk in chunks:
-        if chunk.HasField("header"):
-            raise InvalidArgument(f"chunk {chunk.seq} carries a second header; one push per stream")
-        receiver.feed(chunk.seq, chunk.data)
+        if chunk.fields.HasField("header"):
+            raise InvalidArgument(f"chunk {chunk.fields.seq} carries a second header; one push per stream")
+        receiver.feed(chunk.fields.seq, chunk.data)
     return meta, receiver

@@ -17,7 +17,7 @@ from ps.errors import (
     ServiceError,
 )
 from ps.push_stream import receive_push
-from ps.serialized import with_data
+from ps.serialized import DataChunk, with_data
 from ps.wire import FlatReceiver
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
@@ -35,18 +35,20 @@ def status_code(error: ServiceError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def params_chunk(seq: int, data: memoryview) -> bytes:
+    """A payload chunk as a serialized ParamsChunk (the cores' Payload frame: one copy of the data)."""
+    return with_data(ps_pb2.ParamsChunk(seq=seq), data)
+
+
 class ReplyMessages:
     """Encodes StepReplies as serialized ParamsChunk streams: the header chunk, then the payload chunks.
 
-    The chunks after the first depend only on the payload, which the coordinator hands out as one
-    list per parameter version: they are serialized once per list and shared by every reply that
-    carries it; a reply costs its header chunk. The response serializer passes bytes through
-    (ps/handlers.py, ps/serialized.py), so gRPC sends these as they are.
+    The core's payload chunks are already serialized ParamsChunks (the servicers have the core's
+    Payload frame them with `params_chunk`), built once per parameter version and shared by every
+    reply that carries it; a reply costs its header, joined to the first chunk (serialized protobuf
+    messages concatenate: the result is the ParamsChunk with both). The response serializer passes bytes through (ps/handlers.py,
+    ps/serialized.py), so gRPC sends these as they are.
     """
-
-    def __init__(self) -> None:
-        self._payload: list[bytes] | None = None  # held, so its identity cannot be reused
-        self._tail: list[bytes] = []
 
     def __call__(self, reply: StepReply) -> list[bytes]:
         header = ps_pb2.ParamsHeader(
@@ -66,13 +68,8 @@ class ReplyMessages:
             backend=reply.group.backend,
             snapshot_requested=reply.snapshot_requested,
         )
-        return [with_data(ps_pb2.ParamsChunk(header=header, seq=0), reply.payload[0]), *self._tail_of(reply.payload)]
-
-    def _tail_of(self, payload: list[bytes]) -> list[bytes]:
-        if payload is not self._payload:
-            self._tail = [with_data(ps_pb2.ParamsChunk(seq=i), data) for i, data in enumerate(payload[1:], start=1)]
-            self._payload = payload
-        return self._tail
+        first, *rest = reply.payload
+        return [ps_pb2.ParamsChunk(header=header).SerializeToString() + first, *rest]
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
@@ -81,6 +78,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     def __init__(self, coordinator: Coordinator) -> None:
         self.core = coordinator
         self.reply_messages = ReplyMessages()
+        coordinator.payload.use_frame(params_chunk)
 
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
         try:
@@ -109,7 +107,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         )
 
     async def Push(
-        self, request_iterator: AsyncIterator[ps_pb2.PushChunk], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         receivers: list[FlatReceiver] = []
         try:

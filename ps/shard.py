@@ -20,8 +20,9 @@ from ps.aggregation import WeightedMean
 from ps.coordinator import MAX_COMPUTE_MS, PushMeta, StepReply
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.jobspec import JobSpec
+from ps.payload import Payload
 from ps.store import ParameterStore
-from ps.wire import FlatReceiver, check_wire_dtype, encode, split
+from ps.wire import FlatReceiver, check_wire_dtype
 
 MAX_WAIT_S = 3600.0
 
@@ -53,7 +54,7 @@ class ShardCore:
         self._arrived = asyncio.Event()
         self._decided: asyncio.Future[frozenset[str]] | None = None
         self._pool: list[torch.Tensor] = []
-        self._payload: list[bytes] | None = None
+        self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
 
     @property
     def numel(self) -> int:
@@ -80,7 +81,8 @@ class ShardCore:
         self.spec, self.start, self.stop, self.round = spec, start, stop, round_
         # room for every worker of the job twice over: strangers' slices cannot crowd out the workers'
         self.max_pending = 2 * max(1, int(state.get("max_workers", spec.workers)))
-        self.store, self._sum, self._pool, self._payload = store, WeightedMean(stop - start), [], None
+        self.store, self._sum, self._pool = store, WeightedMean(stop - start), []
+        self.payload.invalidate()
 
     async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> CommitResult:
         """Close the open round: wait (up to wait_s) for the contributors' slices, drop the others',
@@ -112,7 +114,7 @@ class ShardCore:
         if applied:
             store.set_lr(lr)
             store.apply_gradient(total.result())
-            self._payload = None
+            self.payload.invalidate()
         total.reset()
         self._pool.extend(s.values for s in self._staged.values())
         self._staged.clear()
@@ -178,10 +180,9 @@ class ShardCore:
         """The range's current values, in the job's wire dtype."""
         spec = self._require_loaded_spec()
         store = self._require_loaded()
-        if self._payload is None:
-            self._payload = split(encode(store.flat, spec.wire_dtype))
         return StepReply(round=self.round, version=self.round, epoch=0, batch_size=0, done=False, lr=0.0,
-                         global_batch=0, wire_dtype=spec.wire_dtype, num_values=self.numel, payload=self._payload)
+                         global_batch=0, wire_dtype=spec.wire_dtype, num_values=self.numel,
+                         payload=self.payload.get(self.round, store.flat, spec.wire_dtype))
 
     # ---------------------------------------------------------------- helpers
     def _check_open(self, meta: PushMeta) -> None:

@@ -11,7 +11,8 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps import blob
 from ps.errors import InvalidArgument, ServiceError
 from ps.push_stream import receive_push
-from ps.servicer import ReplyMessages, status_code
+from ps.serialized import DataChunk
+from ps.servicer import ReplyMessages, params_chunk, status_code
 from ps.shard import ShardCore
 
 
@@ -30,9 +31,10 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
     def __init__(self, core: ShardCore) -> None:
         self.core = core
         self.reply_messages = ReplyMessages()
+        core.payload.use_frame(params_chunk)
 
     async def Push(
-        self, request_iterator: AsyncIterator[ps_pb2.PushChunk], context: grpc.aio.ServicerContext
+        self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         receivers = []
         taken = False
@@ -59,7 +61,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
         for message in self.reply_messages(reply):
             yield message
 
-    async def Load(self, request_iterator: AsyncIterator[ps_pb2.BlobChunk], context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
+    async def Load(self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
         try:
             parts = [chunk.data async for chunk in request_iterator]
             state = blob.unpack(parts)

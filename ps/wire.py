@@ -96,6 +96,25 @@ def encode(flat: torch.Tensor, wire_dtype: str = "float32") -> memoryview:
     return memoryview(t.numpy()).cast("B")
 
 
+def encoded_views(flat: torch.Tensor, wire_dtype: str = "float32", chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
+    """The bytes of `encode(flat, wire_dtype)` as consecutive chunks of at most chunk_bytes (at least
+    one, possibly empty), without building the whole encoded buffer: fp32 chunks are views of `flat`;
+    bf16/fp16 chunks are converted one at a time into one reused scratch buffer, so each view is only
+    valid until the next one is taken (copy it, as framing does, before moving on)."""
+    dtype = _TORCH_DTYPES[check_wire_dtype(wire_dtype)]
+    t = flat.detach().reshape(-1)
+    if dtype == torch.float32 or t.numel() == 0:
+        yield from views(encode(t, wire_dtype), chunk_bytes)
+        return
+    step = max(1, chunk_bytes // dtype.itemsize)
+    scratch = torch.empty(min(step, t.numel()), dtype=dtype)
+    raw = scratch.view(torch.int16) if dtype == torch.bfloat16 else scratch  # numpy has no bf16
+    for start in range(0, t.numel(), step):
+        n = min(step, t.numel() - start)
+        scratch[:n].copy_(t[start : start + n])
+        yield memoryview(raw[:n].numpy()).cast("B")
+
+
 def views(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
     """Views of the buffer's slices, each at most chunk_bytes (at least one, possibly empty); no copy."""
     for start in range(0, max(len(buffer), 1), chunk_bytes):
@@ -119,9 +138,13 @@ def all_finite(values: torch.Tensor) -> bool:
 
 
 class FlatReceiver:
-    """Reassembles a chunk stream into a preallocated fp32 tensor, validating as it goes."""
+    """Reassembles a chunk stream into a preallocated fp32 tensor, validating as it goes.
 
-    def __init__(self, out: torch.Tensor, num_values: int, wire_dtype: str) -> None:
+    With `check_finite` each chunk is checked for NaN/Inf right after it is copied in (while it is
+    still in cache, and while the rest of the stream is on its way), so `finish` need not read the
+    whole buffer again."""
+
+    def __init__(self, out: torch.Tensor, num_values: int, wire_dtype: str, check_finite: bool = True) -> None:
         if num_values != out.numel():
             raise InvalidArgument(f"buffer has {num_values} values, the layout expects {out.numel()}")
         self.out = out
@@ -130,8 +153,10 @@ class FlatReceiver:
         self._itemsize = itemsize(wire_dtype)
         self._filled = 0
         self._next_seq = 0
+        self._check_finite = check_finite
+        self._finite = True
 
-    def feed(self, seq: int, data: bytes) -> None:
+    def feed(self, seq: int, data: bytes | memoryview) -> None:
         if seq != self._next_seq:
             raise InvalidArgument(f"chunk out of order: expected seq {self._next_seq}, got {seq}")
         if len(data) % self._itemsize:
@@ -147,20 +172,23 @@ class FlatReceiver:
                 warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: torch only reads it here
                 src = torch.frombuffer(data, dtype=_TORCH_DTYPES[self.wire_dtype])
             self.out[self._filled : self._filled + n].copy_(src)
+        if n and self._check_finite and self._finite:
+            self._finite = all_finite(self.out[self._filled : self._filled + n])
         self._filled += n
         self._next_seq += 1
 
     def finish(self, check_finite: bool = True) -> torch.Tensor:
+        """The filled buffer; InvalidArgument if values are missing or (`check_finite`) not finite."""
         if self._filled != self.out.numel():
             raise InvalidArgument(f"too little data: got {self._filled} of {self.out.numel()} values")
-        if check_finite and not all_finite(self.out):
+        if check_finite and not (self._finite if self._check_finite else all_finite(self.out)):
             raise InvalidArgument("buffer contains NaN or Inf values")
         return self.out
 
 
 def decode(parts: Sequence[bytes], num_values: int, wire_dtype: str = "float32") -> torch.Tensor:
     """Decode a whole chunk list into a new fp32 tensor (tests and small messages)."""
-    receiver = FlatReceiver(torch.empty(num_values), num_values, wire_dtype)
+    receiver = FlatReceiver(torch.empty(num_values), num_values, wire_dtype, check_finite=False)
     for seq, data in enumerate(parts):
         receiver.feed(seq, data)
     return receiver.finish(check_finite=False)

@@ -52,7 +52,7 @@ def server_state(c: Coordinator, *, with_accuracy: bool = True) -> dict[str, Any
         "reason": c.reason,
         "started": c._started.is_set(),
         "controller": copy.deepcopy(c.controller.state_dict()),
-        "accumulator": None if acc is None else (acc.weight, acc.count, acc._sum.clone()),
+        "accumulator": None if acc is None else (acc.weight, acc.count, acc.partial_sum()),
         "pushed": set(c._pushed),
         "active": {k: member_fields(m) for k, m in c.membership.active.items()},
         "pending": {k: member_fields(m) for k, m in c.membership.pending.items()},

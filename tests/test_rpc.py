@@ -340,31 +340,66 @@ def test_bsp_large_model_over_default_message_limits(ps_server) -> None:
     assert torch.equal(pulled, params)
 
 
-def test_reply_chunks_are_serialized_once_per_payload_and_exactly_as_protobuf_would() -> None:
-    """ReplyMessages writes the bytes SerializeToString gives for each ParamsChunk, and every reply
-    carrying the same payload list shares the chunks after the header (a new list: new chunks)."""
+def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_would() -> None:
+    """The core's Payload, framed with params_chunk, holds the bytes SerializeToString gives for each
+    ParamsChunk, built once per version; ReplyMessages only adds each reply's header to the first."""
     from ps.coordinator import StepReply
-    from ps.servicer import ReplyMessages
+    from ps.payload import Payload
+    from ps.servicer import ReplyMessages, params_chunk
 
-    payload = split(encode(rand(3000, seed=5)), 4096)
-    assert len(payload) == 3 and len(payload[-1]) < 4096
+    values = rand(3000, seed=5)
+    raw = split(encode(values), 4096)
+    assert len(raw) == 3 and len(raw[-1]) < 4096
+    payload = Payload(params_chunk, chunk_bytes=4096)
+    parts = payload.get(7, values, "float32")
+    assert payload.get(7, values, "float32") is parts  # same version: the same chunks
+    assert payload.get(8, values, "float32") is not parts
 
-    def reply(batch_size: int, parts: list[bytes]) -> StepReply:
+    def reply(batch_size: int, chunks: list[bytes]) -> StepReply:
         return StepReply(round=2, version=3, epoch=1, batch_size=batch_size, done=False, lr=0.5, global_batch=8,
-                         wire_dtype="float32", num_values=3000, payload=parts, reason="r")
+                         wire_dtype="float32", num_values=3000, payload=chunks, reason="r")
 
     encoder = ReplyMessages()
-    first, second = encoder(reply(3, payload)), encoder(reply(5, payload))
+    first, second = encoder(reply(3, parts)), encoder(reply(5, parts))
     h = ps_pb2.ParamsHeader(round=2, version=3, epoch=1, batch_size=3, wire_dtype="float32", num_values=3000,
                             lr=0.5, global_batch=8, reason="r")
-    expected = [ps_pb2.ParamsChunk(header=h, seq=0, data=payload[0])]
-    expected += [ps_pb2.ParamsChunk(seq=i, data=d) for i, d in enumerate(payload[1:], start=1)]
+    expected = [ps_pb2.ParamsChunk(header=h, seq=0, data=raw[0])]
+    expected += [ps_pb2.ParamsChunk(seq=i, data=d) for i, d in enumerate(raw[1:], start=1)]
     assert first == [m.SerializeToString() for m in expected]
     assert ps_pb2.ParamsChunk.FromString(second[0]).header.batch_size == 5
     assert all(a is b for a, b in zip(first[1:], second[1:], strict=True))
-    again = encoder(reply(3, list(payload)))
-    assert again == first and again[1] is not first[1]
-    assert encoder(reply(3, [b""])) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
+    assert encoder(reply(3, payload.empty())) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
+
+
+def test_chunk_data_is_parsed_as_a_view_and_the_rest_as_protobuf_would() -> None:
+    """data_view_parser gives the same fields and data as FromString, data without a copy, and
+    raises DecodeError for bytes FromString refuses or that end inside a field."""
+    from google.protobuf.message import DecodeError
+
+    from ps.serialized import data_view_parser
+
+    parse = data_view_parser(ps_pb2.PushChunk)
+    h = header("w", 3000, round=4)
+    for message in [ps_pb2.PushChunk(header=h, seq=0, data=b"\x01\x02\x03\x04"), ps_pb2.PushChunk(seq=9, data=bytes(5000)),
+                    ps_pb2.PushChunk(seq=3), ps_pb2.PushChunk()]:
+        raw = message.SerializeToString()
+        chunk = parse(raw)
+        assert chunk.fields.HasField("header") == message.HasField("header")
+        assert chunk.fields.header == message.header and chunk.fields.seq == message.seq
+        assert bytes(chunk.data) == message.data and not chunk.fields.data
+        if message.data:
+            assert chunk.data.obj is raw  # a view of the received bytes
+    # fields in any order, data repeated (the last wins), unknown fields skipped, as protobuf does
+    odd = (ps_pb2.PushChunk(data=b"old").SerializeToString() + ps_pb2.PushChunk(seq=2).SerializeToString()
+           + b"\x78\x05" + b"\x81\x01" + bytes(8) + ps_pb2.PushChunk(header=h, data=b"new").SerializeToString())
+    chunk, reference = parse(odd), ps_pb2.PushChunk.FromString(odd)
+    assert bytes(chunk.data) == reference.data == b"new"
+    assert chunk.fields.seq == reference.seq == 2 and chunk.fields.header == reference.header
+    good = ps_pb2.PushChunk(header=h, seq=1, data=bytes(100)).SerializeToString()
+    for bad in [good[:-1], good[:3], b"\x1a\xff", b"\x10", b"\x10\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01",
+                b"\x00\x01", b"\x0b", b"\x0a\x02\xff\xff"]:
+        with pytest.raises(DecodeError):
+            parse(bad)
 
 
 def test_pushes_are_sent_as_the_chunk_messages_serialized() -> None:

@@ -20,11 +20,13 @@ from ps.wire import (
     chunks,
     decode,
     encode,
+    encoded_views,
     flatten_grads,
     flatten_params,
     itemsize,
     load_flat,
     split,
+    views,
 )
 
 WIRE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -90,6 +92,16 @@ def test_large_buffer_is_chunked_into_mebibyte_pieces(wire_dtype: str) -> None:
     assert len(parts) == math.ceil(n * itemsize(wire_dtype) / CHUNK_BYTES)
     assert b"".join(parts) == bytes(buffer)
     assert torch.equal(decode(parts, n, wire_dtype), x.to(WIRE_DTYPES[wire_dtype]).float())
+
+
+@pytest.mark.parametrize("wire_dtype", list(WIRE_DTYPES))
+@pytest.mark.parametrize("n", [0, 1, 255, 256, 4097, 3 * (1 << 18) + 7])
+def test_encoded_views_are_the_encoded_bytes_chunk_by_chunk(wire_dtype: str, n: int) -> None:
+    """encoded_views (chunk-at-a-time conversion) yields exactly encode()'s bytes, cut as views() cuts them."""
+    x = awkward_values(n)[:n] if n <= 4109 else torch.randn(n)
+    for chunk_bytes in (4, 1024, CHUNK_BYTES):
+        expected = [bytes(v) for v in views(encode(x, wire_dtype), chunk_bytes)]
+        assert [bytes(v) for v in encoded_views(x, wire_dtype, chunk_bytes)] == expected
 
 
 def test_chunk_boundaries() -> None:
@@ -173,13 +185,22 @@ def test_byte_count_not_a_multiple_of_the_item_size(wire_dtype: str) -> None:
 
 @pytest.mark.parametrize("wire_dtype", list(WIRE_DTYPES))
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
-def test_nan_and_inf_are_caught_by_finish(wire_dtype: str, bad: float) -> None:
+@pytest.mark.parametrize("where", [0, 1234, 1999])
+def test_nan_and_inf_are_caught_by_finish(wire_dtype: str, bad: float, where: int) -> None:
+    """Caught chunk by chunk as they arrive (a bad first chunk stays caught after good ones), or by
+    one pass in finish for a receiver built without the per-chunk check."""
     x = torch.ones(2000)
-    x[1234] = bad
-    receiver = receive(split(encode(x, wire_dtype), 1024), 2000, wire_dtype)
+    x[where] = bad
+    parts = split(encode(x, wire_dtype), 1024)
+    receiver = receive(parts, 2000, wire_dtype)
     with pytest.raises(InvalidArgument, match="NaN or Inf"):
         receiver.finish()
     assert not bool(torch.isfinite(receiver.finish(check_finite=False)).all())
+    unchecked = FlatReceiver(torch.empty(2000), 2000, wire_dtype, check_finite=False)
+    for seq, data in enumerate(parts):
+        unchecked.feed(seq, data)
+    with pytest.raises(InvalidArgument, match="NaN or Inf"):
+        unchecked.finish()
 
 
 def test_values_that_overflow_the_wire_dtype_become_inf_and_are_caught() -> None:

@@ -17,8 +17,8 @@ import torch
 from protos import ps_pb2, ps_pb2_grpc
 from ps.jobspec import JobSpec
 from ps.security import PathArg, bearer, read_pem, resolve_token
-from ps.serialized import passthrough, with_data
-from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encode, views
+from ps.serialized import DataChunk, data_view_parser, passthrough, with_data
+from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encoded_views
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
@@ -58,12 +58,12 @@ class ShardTarget:
 
 @dataclass(frozen=True)
 class _ShardLink:
-    """An open connection to one shard server: its range, channel, stub and Push callable."""
+    """An open connection to one shard server: its range, channel, and Push and Pull callables."""
 
     target: ShardTarget
     channel: grpc.Channel
-    stub: ps_pb2_grpc.ParameterShardStub
     push: grpc.StreamStreamMultiCallable
+    pull: grpc.UnaryStreamMultiCallable
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,7 @@ class PSClient:
         self._channel = open_channel(target, **self._security)
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
         self._push = _push_call(self._channel, "ParameterServer")
+        self._pull = _pull_call(self._channel, "ParameterServer")
         # --shards: the coordinator holds values [0, own_stop); each shard one range after it
         self._own_stop: int | None = None
         self._shards: list[_ShardLink] = []
@@ -227,8 +228,8 @@ class PSClient:
         self._own_stop = shards[0].start if shards else numel
         for shard in shards:
             channel = open_channel(shard.address, **self._security)
-            self._shards.append(_ShardLink(shard, channel, ps_pb2_grpc.ParameterShardStub(channel),
-                                           _push_call(channel, "ParameterShard")))
+            self._shards.append(_ShardLink(shard, channel, _push_call(channel, "ParameterShard"),
+                                           _pull_call(channel, "ParameterShard")))
         if shards:
             self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
 
@@ -284,8 +285,9 @@ class PSClient:
         )
 
         def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
-            """Serialized chunks: each slice of `part` is copied once, into its chunk's bytes."""
-            for seq, view in enumerate(views(encode(part, wire_dtype), self.chunk_bytes)):
+            """Serialized chunks: each slice of `part` is copied once, into its chunk's bytes (bf16/fp16:
+            converted a chunk at a time first)."""
+            for seq, view in enumerate(encoded_views(part, wire_dtype, self.chunk_bytes)):
                 yield with_data(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), view)
 
         if not self._shards or kind != "values":
@@ -304,7 +306,7 @@ class PSClient:
             calls.append(link.push(requests(values[link.target.start : link.target.stop], head)))
         return self._gather(self._push(requests(values[:own], header)), calls, out)
 
-    def _gather(self, main: Iterator[ps_pb2.ParamsChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
+    def _gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
         on the pool at once. If any call fails the others are cancelled and its error raised."""
         assert self._pool is not None and self._own_stop is not None
@@ -327,11 +329,11 @@ class PSClient:
         request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only)
         if not self._shards or header_only:
             try:
-                return _receive(self._stub.Pull(request), out)
+                return _receive(self._pull(request), out)
             except grpc.RpcError as exc:
                 raise _error(exc) from None
-        calls = [link.stub.Pull(request) for link in self._shards]
-        return self._gather(self._stub.Pull(request), calls, out)
+        calls = [link.pull(request) for link in self._shards]
+        return self._gather(self._pull(request), calls, out)
 
     def leave(self, worker_id: str) -> None:
         try:
@@ -352,20 +354,30 @@ class PSClient:
             raise _error(exc) from None
 
 
+_PARAMS_CHUNK = data_view_parser(ps_pb2.ParamsChunk)  # replies' data as views of the received bytes
+
+
 def _push_call(channel: grpc.Channel, service: str) -> grpc.StreamStreamMultiCallable:
     """`service`'s Push, taking serialized PushChunks (ps/serialized.py) as well as messages."""
     full_name = ps_pb2.DESCRIPTOR.services_by_name[service].full_name
     return channel.stream_stream(f"/{full_name}/Push", request_serializer=passthrough(ps_pb2.PushChunk.SerializeToString),
-                                 response_deserializer=ps_pb2.ParamsChunk.FromString)
+                                 response_deserializer=_PARAMS_CHUNK)
 
 
-def _receive(stream: Iterator[ps_pb2.ParamsChunk], out: torch.Tensor) -> StepPlan:
+def _pull_call(channel: grpc.Channel, service: str) -> grpc.UnaryStreamMultiCallable:
+    """`service`'s Pull, its ParamsChunks parsed as Push's are."""
+    full_name = ps_pb2.DESCRIPTOR.services_by_name[service].full_name
+    return channel.unary_stream(f"/{full_name}/Pull", request_serializer=ps_pb2.PullRequest.SerializeToString,
+                                response_deserializer=_PARAMS_CHUNK)
+
+
+def _receive(stream: Iterator[DataChunk], out: torch.Tensor) -> StepPlan:
     first = next(stream)
-    h = first.header
-    receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype)
-    receiver.feed(first.seq, first.data)
+    h = first.fields.header
+    receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype, check_finite=False)
+    receiver.feed(first.fields.seq, first.data)
     for chunk in stream:
-        receiver.feed(chunk.seq, chunk.data)
+        receiver.feed(chunk.fields.seq, chunk.data)
     receiver.finish(check_finite=False)
     return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason,
                     h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested)
