@@ -49,6 +49,7 @@ class Payload:
             self._key = (key, wire_dtype)
         return self._chunks
 
-    def empty(self) -> list[bytes]:
-        """A reply without parameters: one empty chunk."""
-        return [self.frame(0, memoryview(b""))]
+    @staticmethod
+    def empty() -> list[bytes]:
+        """The payload of a reply without parameters: no chunks."""
+        return []

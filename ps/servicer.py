@@ -36,18 +36,19 @@ def status_code(error: ServiceError) -> grpc.StatusCode:
 
 
 def params_chunk(seq: int, data: memoryview) -> bytes:
-    """A payload chunk as a serialized ParamsChunk (the cores' Payload frame: one copy of the data)."""
-    return with_data(ps_pb2.ParamsChunk(seq=seq), data)
+    """Payload chunk `seq` as a serialized ParamsChunk (the cores' Payload frame: one copy of the
+    data). Its message seq is seq + 1: message 0 of a reply is the header alone."""
+    return with_data(ps_pb2.ParamsChunk(seq=seq + 1), data)
 
 
 class ReplyMessages:
-    """Encodes StepReplies as serialized ParamsChunk streams: the header chunk, then the payload chunks.
+    """Encodes StepReplies as serialized ParamsChunk streams: the header message, then the payload chunks.
 
     The core's payload chunks are already serialized ParamsChunks (the servicers have the core's
     Payload frame them with `params_chunk`), built once per parameter version and shared by every
-    reply that carries it; a reply costs its header, joined to the first chunk (serialized protobuf
-    messages concatenate: the result is the ParamsChunk with both). The response serializer passes bytes through (ps/handlers.py,
-    ps/serialized.py), so gRPC sends these as they are.
+    reply that carries it, as they are: a reply adds only its own header message (seq 0, no data).
+    The response serializer passes bytes through (ps/handlers.py, ps/serialized.py), so gRPC sends
+    these as they are.
     """
 
     def __call__(self, reply: StepReply) -> list[bytes]:
@@ -68,8 +69,7 @@ class ReplyMessages:
             backend=reply.group.backend,
             snapshot_requested=reply.snapshot_requested,
         )
-        first, *rest = reply.payload
-        return [ps_pb2.ParamsChunk(header=header).SerializeToString() + first, *rest]
+        return [ps_pb2.ParamsChunk(header=header).SerializeToString(), *reply.payload]
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):

@@ -342,7 +342,7 @@ def test_bsp_large_model_over_default_message_limits(ps_server) -> None:
 
 def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_would() -> None:
     """The core's Payload, framed with params_chunk, holds the bytes SerializeToString gives for each
-    ParamsChunk, built once per version; ReplyMessages only adds each reply's header to the first."""
+    ParamsChunk, built once per version; ReplyMessages only puts each reply's header message first."""
     from ps.coordinator import StepReply
     from ps.payload import Payload
     from ps.servicer import ReplyMessages, params_chunk
@@ -363,11 +363,12 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     first, second = encoder(reply(3, parts)), encoder(reply(5, parts))
     h = ps_pb2.ParamsHeader(round=2, version=3, epoch=1, batch_size=3, wire_dtype="float32", num_values=3000,
                             lr=0.5, global_batch=8, reason="r")
-    expected = [ps_pb2.ParamsChunk(header=h, seq=0, data=raw[0])]
-    expected += [ps_pb2.ParamsChunk(seq=i, data=d) for i, d in enumerate(raw[1:], start=1)]
+    expected = [ps_pb2.ParamsChunk(header=h, seq=0)]
+    expected += [ps_pb2.ParamsChunk(seq=i, data=d) for i, d in enumerate(raw, start=1)]
     assert first == [m.SerializeToString() for m in expected]
     assert ps_pb2.ParamsChunk.FromString(second[0]).header.batch_size == 5
     assert all(a is b for a, b in zip(first[1:], second[1:], strict=True))
+    assert all(a is b for a, b in zip(first[1:], parts, strict=True))  # the payload's chunks, not copies
     assert encoder(reply(3, payload.empty())) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
 
 
