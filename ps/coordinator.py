@@ -16,13 +16,13 @@ import json
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ps.aggregation import WeightedMean, asp_lr
 from ps.controller import BatchController
+from ps.core_messages import MAX_COMPUTE_MS, PUSH_KINDS, Beat, GroupInfo, JoinInfo, PushMeta, StepReply
 from ps.datasets import Dataset
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.evaluator import BackgroundEvaluator
@@ -36,74 +36,7 @@ from ps.shard_ranges import slice_optimizer_state
 from ps.store import ParameterStore
 from ps.wire import FlatReceiver, Layout, check_wire_dtype, flatten_params
 
-MAX_COMPUTE_MS = 24 * 3600 * 1000.0
 CHECKPOINT_FORMAT = 1
-PUSH_KINDS = ("values", "report", "snapshot")  # see PushKind in protos/ps.proto
-
-
-@dataclass(frozen=True)
-class PushMeta:
-    """The header of a push, as the core sees it."""
-
-    worker_id: str
-    round: int
-    version: int
-    batch_size: int
-    compute_ms: float
-    wire_dtype: str
-    num_values: int
-    kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
-
-
-@dataclass(frozen=True)
-class GroupInfo:
-    """--allreduce: a worker's place in the current process-group generation."""
-
-    generation: int = 0
-    rank: int = 0
-    world_size: int = 0
-    backend: str = ""
-
-
-@dataclass(frozen=True)
-class JoinInfo:
-    worker_id: str
-    index: int
-    batch_size: int
-    round: int
-    version: int
-    epoch: int
-    group: GroupInfo = GroupInfo()
-    rendezvous_host: str = ""
-    rendezvous_port: int = 0
-    shards: tuple[tuple[str, int, int], ...] = ()  # --shards: (address, start, stop) of the remote ranges
-
-
-@dataclass(frozen=True)
-class StepReply:
-    """What a worker needs for its next step; payload is the encoded parameters."""
-
-    round: int
-    version: int
-    epoch: int
-    batch_size: int
-    done: bool
-    lr: float
-    global_batch: int
-    wire_dtype: str
-    num_values: int
-    payload: list[bytes]
-    reason: str = ""
-    group: GroupInfo = GroupInfo()
-    snapshot_requested: bool = False
-
-
-@dataclass(frozen=True)
-class Beat:
-    done: bool
-    epoch: int
-    round: int
-    version: int
 
 
 def params_digest(flat: torch.Tensor) -> str:

@@ -7,17 +7,19 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 
 from protos import ps_pb2
-from ps.coordinator import PushMeta
+from ps.core_messages import PushMeta
 from ps.errors import InvalidArgument
 from ps.serialized import DataChunk
 from ps.wire import FlatReceiver
 
-PUSH_KINDS = {ps_pb2.PUSH_VALUES: "values", ps_pb2.PUSH_REPORT: "report", ps_pb2.PUSH_SNAPSHOT: "snapshot"}
+# the wire's PushKind numbers for the core's kind names (ps.core_messages.PUSH_KINDS), and back
+PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
+PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
 
 
 def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
     return PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
-                    kind=PUSH_KINDS.get(h.kind, f"unknown ({h.kind})"))
+                    kind=PUSH_KIND_NAMES.get(h.kind, f"unknown ({h.kind})"))
 
 
 async def receive_push(

@@ -8,7 +8,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.coordinator import Coordinator, StepReply
+from ps.coordinator import Coordinator
+from ps.core_messages import StepReply
 from ps.errors import (
     AlreadyExists,
     FailedPrecondition,

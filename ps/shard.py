@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from ps.aggregation import WeightedMean
-from ps.coordinator import MAX_COMPUTE_MS, PushMeta, StepReply
+from ps.core_messages import MAX_COMPUTE_MS, PushMeta, StepReply
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.jobspec import JobSpec
 from ps.payload import Payload

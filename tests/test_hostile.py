@@ -33,7 +33,7 @@ from hypothesis.stateful import (
 )
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.coordinator import MAX_COMPUTE_MS
+from ps.core_messages import MAX_COMPUTE_MS
 from ps.membership import MAX_CORES, MAX_NAME
 from ps.server import GRPC_OPTIONS, MAX_MESSAGE_BYTES, Job, build_job
 from ps.wire import CHUNK_BYTES, FlatReceiver, decode, encode, split

@@ -343,7 +343,7 @@ def test_bsp_large_model_over_default_message_limits(ps_server) -> None:
 def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_would() -> None:
     """The core's Payload, framed with params_chunk, holds the bytes SerializeToString gives for each
     ParamsChunk, built once per version; ReplyMessages only puts each reply's header message first."""
-    from ps.coordinator import StepReply
+    from ps.core_messages import StepReply
     from ps.payload import Payload
     from ps.servicer import ReplyMessages, params_chunk
 

@@ -16,13 +16,13 @@ import torch
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.jobspec import JobSpec
+from ps.push_stream import PUSH_KIND_NUMBERS
 from ps.security import PathArg, bearer, read_pem, resolve_token
 from ps.serialized import DataChunk, data_view_parser, passthrough, with_data
 from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encoded_views
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
-PUSH_KINDS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
 _NO_VALUES = torch.empty(0)
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
@@ -281,7 +281,7 @@ class PSClient:
             compute_ms=compute_ms,
             wire_dtype=wire_dtype,
             num_values=values.numel(),
-            kind=PUSH_KINDS[kind],
+            kind=PUSH_KIND_NUMBERS[kind],
         )
 
         def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
