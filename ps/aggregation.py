@@ -12,14 +12,19 @@ import torch
 
 
 class WeightedMean:
-    """Streaming batch-weighted mean of gradients into a preallocated fp32 buffer."""
+    """Streaming batch-weighted mean of gradients into a preallocated fp32 buffer.
+
+    The first gradient of a round is held by reference, not copied: a round with one contributor
+    (one worker, or the others gone) yields that gradient itself, exactly its mean, and a second
+    gradient writes b_1·g_1 + b_2·g_2 into the buffer (no zeroing pass). The caller must leave a
+    gradient it added unchanged until `reset` (`holds` says whether the buffer is still in use).
+    """
 
     def __init__(self, numel: int) -> None:
         self._sum = torch.zeros(numel, dtype=torch.float32)
         self._weight = 0
         self._count = 0
-        # nothing added since the last reset: the next add overwrites the buffer (no zeroing pass)
-        self._empty = True
+        self._single: torch.Tensor | None = None  # the only gradient added so far
 
     @property
     def count(self) -> int:
@@ -29,39 +34,55 @@ class WeightedMean:
     def weight(self) -> int:
         return self._weight
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        """Whether `tensor` is a gradient held by reference (not to be reused before `reset`)."""
+        return self._single is tensor
+
     def add(self, grad: torch.Tensor, batch: int) -> None:
         """Add a worker's mean gradient over `batch` samples."""
         if batch <= 0:
             raise ValueError(f"batch must be > 0, got {batch}")
-        if self._empty:
-            torch.mul(grad, float(batch), out=self._sum)
-            self._empty = False
+        if self._count == 0:
+            self._single = grad
         else:
+            if self._single is not None:
+                torch.mul(self._single, float(self._weight), out=self._sum)
+                self._single = None
             self._sum.add_(grad, alpha=float(batch))
         self._weight += batch
         self._count += 1
 
     def remove(self, grad: torch.Tensor, batch: int) -> None:
         """Take back a gradient added before (a shard's slice from a push the round did not count)."""
-        self._sum.add_(grad, alpha=-float(batch))
+        if self._single is not None:
+            if grad is not self._single:
+                raise ValueError("remove: that gradient was not added")
+            self._single = None
+        else:
+            self._sum.add_(grad, alpha=-float(batch))
         self._weight -= batch
         self._count -= 1
-        self._empty = self._count == 0
 
     def partial_sum(self) -> torch.Tensor:
         """Σ b_k g_k of what was added so far (a copy; tests compare states with it)."""
-        return torch.zeros_like(self._sum) if self._empty else self._sum.clone()
+        if self._count == 0:
+            return torch.zeros_like(self._sum)
+        if self._single is not None:
+            return self._single * float(self._weight)
+        return self._sum.clone()
 
     def result(self) -> torch.Tensor:
-        """g = Σ b_k g_k / Σ b_k, in place; call reset() before the next round."""
+        """g = Σ b_k g_k / Σ b_k (in place, or the one gradient added); call reset() before the next round."""
         if self._weight == 0:
             raise ValueError("no gradient was added")
+        if self._single is not None:
+            return self._single
         return self._sum.div_(self._weight)
 
     def reset(self) -> None:
         self._weight = 0
         self._count = 0
-        self._empty = True
+        self._single = None
 
 
 def weighted_mean(grads: Sequence[torch.Tensor], batches: Sequence[int]) -> torch.Tensor:

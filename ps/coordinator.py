@@ -280,8 +280,10 @@ class Coordinator:
         return FlatReceiver(buffer, meta.num_values, meta.wire_dtype)
 
     def release(self, receiver: FlatReceiver) -> None:
-        """Return a receiver's buffer to the pool (after success or failure)."""
-        if receiver.out.numel() == self.own_numel:
+        """Return a receiver's buffer to the pool (after success or failure), unless the open round's
+        accumulator still holds it (a push cancelled while its round was open)."""
+        held = self._accumulator is not None and self._accumulator.holds(receiver.out)
+        if receiver.out.numel() == self.own_numel and not held:
             self._staging.append(receiver.out)
 
     def _check_kind(self, meta: PushMeta) -> None:

@@ -54,3 +54,27 @@ def test_accumulator_resets_and_refuses_bad_batches() -> None:
 def test_asp_lr_scales_by_batch_share() -> None:
     assert asp_lr(0.4, 32, 128) == pytest.approx(0.1)
     assert asp_lr(0.4, 32, 128, scaling=False) == 0.4
+
+
+def test_one_contribution_is_its_own_mean_and_is_held_until_reset() -> None:
+    """A round with one gradient yields that gradient exactly (no b·g/b rounding) without copying it;
+    the accumulator says it holds it until reset, and removing it or adding a second works as before."""
+    g = torch.tensor([0.1, -3.0, 7.25])
+    acc = WeightedMean(3)
+    acc.add(g, 7)
+    assert acc.holds(g) and acc.result() is g
+    assert torch.equal(acc.partial_sum(), g * 7.0)
+    acc.reset()
+    assert not acc.holds(g) and torch.equal(g, torch.tensor([0.1, -3.0, 7.25]))
+    acc.add(g, 3)
+    acc.add(torch.ones(3), 1)
+    assert not acc.holds(g)
+    torch.testing.assert_close(acc.result(), (g * 3 + 1) / 4)
+    acc.reset()
+    acc.add(g, 2)
+    with pytest.raises(ValueError, match="not added"):
+        acc.remove(torch.ones(3), 2)
+    acc.remove(g, 2)
+    assert acc.count == 0 and acc.weight == 0 and not acc.holds(g)
+    acc.add(torch.full((3,), 2.0), 5)
+    assert torch.equal(acc.result(), torch.full((3,), 2.0))
