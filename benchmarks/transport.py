@@ -23,6 +23,10 @@
 - ``server_overhead``: the server's per-step cost for a small model with 4 workers (see
   ``measure_overhead_inprocess`` and ``measure_overhead_outside``).
 
+``--rounds R`` repeats the whole sweep R times; each row then reports the round with the median MB/s
+and, for each ratio, the median of the R ratios taken within a round (``combine_rounds``), so a slow
+spell of the shared machine moves both sides of a ratio.
+
 Definitions: MB = 10^6 bytes. Round trips (echo, torch RPC, push+pull) count the bytes moved both
 ways: MB/s = (bytes up + bytes down) / wall time, in the wire dtype. A multi-worker row's ``mb_per_s``
 is the aggregate (all workers' bytes over the common window); ``mb_per_s_per_worker`` is their mean.
@@ -845,6 +849,39 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             row["params_per_s_per_worker_ratio_to_torch_rpc_tcp"] = ratio(row["params_per_s_per_worker"], rpc_tcp, "params_per_s")
 
 
+RATIO_KEYS = ("ratio_to_grpc_ceiling", "ratio_to_torch_rpc", "ratio_to_torch_rpc_tcp", "params_per_s_ratio_to_torch_rpc",
+              "ratio_to_one_shard", "ratio_to_grpc_ceiling_per_worker", "params_per_s_per_worker_ratio_to_torch_rpc",
+              "params_per_s_per_worker_ratio_to_torch_rpc_tcp")
+
+
+def combine_rounds(rounds: Sequence[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per measurement from `--rounds` sweeps (each with its ratios already added; every sweep
+    lists its rows in the same order): the row of the round with the median MB/s (the lower median
+    for an even count), with every round's MB/s in ``rounds_mb_per_s``, and each ratio replaced by
+    the median of the rounds' ratios. A ratio is taken within a round, between rows measured minutes
+    apart, so a slow spell of the shared machine moves both sides of it; the median of those is
+    steadier than a ratio of medians taken across rounds."""
+    if len(rounds) == 1:
+        return list(rounds[0])
+    if len({len(r) for r in rounds}) != 1:
+        raise ValueError("every round must measure the same rows")
+    combined = []
+    for same in zip(*rounds, strict=True):
+        if len({(r["benchmark"], r["numel"], r.get("wire_dtype"), r.get("workers"), r.get("shards"), r.get("processes"))
+                for r in same}) != 1:
+            raise ValueError("the rounds list their rows in different orders")
+        by_rate = sorted(same, key=lambda r: r["mb_per_s"])
+        row = dict(by_rate[(len(by_rate) - 1) // 2])
+        row["rounds_mb_per_s"] = [r["mb_per_s"] for r in same]
+        for key in RATIO_KEYS:
+            values = [r[key] for r in same if r.get(key) is not None]
+            if key in row:
+                row[key] = round(statistics.median(values), 3) if values else None
+                row[f"{key}_rounds"] = [r.get(key) for r in same]
+        combined.append(row)
+    return combined
+
+
 def target_sizes(sizes: Sequence[int]) -> list[int]:
     wanted = [n for n in sizes if n in (25_000_000, 100_000_000)]
     return wanted or [max(sizes)]
@@ -907,6 +944,10 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{fmt(r['ratio_to_torch_rpc_tcp'])} | {fmt(r['params_per_s_ratio_to_torch_rpc'])} |")
     lines.append("")
     lines.append("gloo rows: bus bandwidth 2(n-1)/n*bytes/time. Round trips: (up + down bytes) / time. MB = 10^6 bytes.")
+    rounds = report["settings"].get("rounds", 1)
+    if rounds > 1:
+        lines.append(f"{rounds} rounds: MB/s and step ms from the round with the median MB/s; ratios are the medians "
+                     "of the rounds' own ratios (rounds_mb_per_s and *_rounds in the JSON)")
     lines.append(f"shards: {report['shards']['note']}")
     overhead = report.get("server_overhead") or {}
     for key in ("inprocess", "outside"):
@@ -997,6 +1038,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed iterations per measurement at >= 10 M parameters; smaller sizes run "
                         "proportionally more, up to 10x (default 5; --tiny: 1)")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations first (at least 1/10 of the timed ones)")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run the whole sweep (echo, torch rpc, push+pull, gloo) this many times and report, per row, "
+                        "the round with the median MB/s and the median of the rounds' ratios (default 1)")
     p.add_argument("--workers", type=_ints, default=None, help="push+pull worker counts (default 1,2,4; --tiny: 1,2)")
     p.add_argument("--wire-dtypes", type=_choices(("float32", "bfloat16", "float16")), default=["float32", "bfloat16"],
                    help="push+pull wire dtypes, comma-separated")
@@ -1045,8 +1089,8 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     args.shard_target = 2 if 2 in args.shards else max(args.shards)
     args.overhead_params = int(args.overhead_params if args.overhead_params is not None else (1e5 if tiny else 1e6))
     args.overhead_steps = args.overhead_steps if args.overhead_steps is not None else (5 if tiny else 50)
-    if args.repeats < 1 or args.warmup < 0 or args.overhead_steps < 1 or args.profile_steps < 1:
-        raise ValueError("--repeats, --overhead-steps and --profile-steps must be >= 1, --warmup >= 0")
+    if min(args.repeats, args.rounds, args.overhead_steps, args.profile_steps) < 1 or args.warmup < 0:
+        raise ValueError("--repeats, --rounds, --overhead-steps and --profile-steps must be >= 1, --warmup >= 0")
     if not 2 <= args.overhead_params <= 1_000_000:
         raise ValueError("--overhead-params must be in [2, 1e6] (the target is about small models)")
     if args.profile is not None and args.profile < 2:
@@ -1067,26 +1111,33 @@ def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         finally:
             timings[name] = round(timings.get(name, 0.0) + time.monotonic() - t0, 2)
 
-    for numel in args.sizes:
-        iters = iterations_for(numel, args.repeats)
-        warm = warmup_for(iters, args.warmup)
-        if "grpc_stream_echo" in selected:
-            log(f"{human(numel)}: raw gRPC echo ({iters} round trips)")
-            rows += timed("grpc_stream_echo", measure_echo, procs, numel, iters, warm)
-        if "torch_rpc" in selected:
-            for tcp_only in (v == "tcp" for v in args.torch_rpc_variants):
-                log(f"{human(numel)}: torch rpc{' (tcp only)' if tcp_only else ''} ({iters} round trips)")
-                rows.append(timed("torch_rpc", measure_torch_rpc, procs, numel, iters, warm, tcp_only))
-        if "ps_push_pull" in selected:
-            for dtype, w, shards in args.ps_runs:
-                log(f"{human(numel)}: ps push+pull, {w} worker(s), {dtype}, {shards} shard(s) ({iters} steps)")
-                rows.append(timed("ps_push_pull", measure_ps, procs, numel, w, dtype, iters, warm, shards))
-                log(f"  -> {rows[-1]['mb_per_s']} MB/s aggregate, {rows[-1]['mb_per_s_per_worker']} per worker")
-        if "gloo_allreduce" in selected:
-            for world in args.gloo_processes:
-                log(f"{human(numel)}: gloo all_reduce, {world} processes ({iters} ops)")
-                rows.append(timed("gloo_allreduce", measure_gloo, procs, numel, world, iters, warm))
-    add_ratios(rows)
+    sweeps: list[list[dict[str, Any]]] = []
+    for sweep in range(args.rounds):
+        rows = []
+        if args.rounds > 1:
+            log(f"round {sweep + 1} of {args.rounds}")
+        for numel in args.sizes:
+            iters = iterations_for(numel, args.repeats)
+            warm = warmup_for(iters, args.warmup)
+            if "grpc_stream_echo" in selected:
+                log(f"{human(numel)}: raw gRPC echo ({iters} round trips)")
+                rows += timed("grpc_stream_echo", measure_echo, procs, numel, iters, warm)
+            if "torch_rpc" in selected:
+                for tcp_only in (v == "tcp" for v in args.torch_rpc_variants):
+                    log(f"{human(numel)}: torch rpc{' (tcp only)' if tcp_only else ''} ({iters} round trips)")
+                    rows.append(timed("torch_rpc", measure_torch_rpc, procs, numel, iters, warm, tcp_only))
+            if "ps_push_pull" in selected:
+                for dtype, w, shards in args.ps_runs:
+                    log(f"{human(numel)}: ps push+pull, {w} worker(s), {dtype}, {shards} shard(s) ({iters} steps)")
+                    rows.append(timed("ps_push_pull", measure_ps, procs, numel, w, dtype, iters, warm, shards))
+                    log(f"  -> {rows[-1]['mb_per_s']} MB/s aggregate, {rows[-1]['mb_per_s_per_worker']} per worker")
+            if "gloo_allreduce" in selected:
+                for world in args.gloo_processes:
+                    log(f"{human(numel)}: gloo all_reduce, {world} processes ({iters} ops)")
+                    rows.append(timed("gloo_allreduce", measure_gloo, procs, numel, world, iters, warm))
+        add_ratios(rows)
+        sweeps.append(rows)
+    rows = combine_rounds(sweeps)
 
     overhead = None
     if "server_overhead" in selected:
@@ -1112,7 +1163,7 @@ def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
         "tiny": args.tiny,
         "environment": env,
         "settings": {
-            "sizes": args.sizes, "repeats": args.repeats, "warmup": args.warmup,
+            "sizes": args.sizes, "repeats": args.repeats, "warmup": args.warmup, "rounds": args.rounds,
             "iterations": {str(n): iterations_for(n, args.repeats) for n in args.sizes},
             "workers": args.workers, "wire_dtypes": args.wire_dtypes,
             "ps_runs": [{"wire_dtype": d, "workers": w, "shards": s} for d, w, s in args.ps_runs],

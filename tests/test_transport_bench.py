@@ -150,7 +150,7 @@ def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     for flag in ("--sizes", "--repeats", "--tiny", "--json", "--profile"):
         assert flag in text.stdout
     for bad, flag in ((["--sizes", "lots"], "--sizes"), (["--benchmarks", "carrier_pigeon"], "--benchmarks"),
-                      (["--overhead-params", "5e6"], "--overhead-params")):
+                      (["--overhead-params", "5e6"], "--overhead-params"), (["--rounds", "0"], "--rounds")):
         with pytest.raises(SystemExit) as exit_info:
             transport.main(bad)
         assert exit_info.value.code == 2 and flag in capsys.readouterr().err
@@ -197,6 +197,30 @@ def test_ratios_and_targets() -> None:
     assert "4 workers" in targets[2]["name"] and "2 shards" in targets[2]["name"]
     # a size that was not measured gives no value and no verdict, not a failure
     assert transport.evaluate_targets([], None, [n])[0]["pass"] is None
+
+
+def test_rounds_combine_to_the_median_round_and_the_median_ratio() -> None:
+    """--rounds: each row is its median-MB/s round, each ratio the median of the rounds' own ratios."""
+    n = 25_000_000
+
+    def sweep(echo: float, ps: float) -> list[dict[str, Any]]:
+        rows = [_row("grpc_stream_echo", n, echo),
+                _row("ps_push_pull", n, ps, wire_dtype="float32", workers=1, shards=1, mb_per_s_per_worker=ps,
+                     params_per_s_per_worker=ps * 1e6 / 4)]
+        transport.add_ratios(rows)
+        return rows
+
+    # a slow round slows both sides; its ratio stays in line
+    combined = transport.combine_rounds([sweep(1000.0, 800.0), sweep(500.0, 420.0), sweep(1200.0, 900.0)])
+    echo, ps = combined
+    assert echo["mb_per_s"] == 1000.0 and echo["rounds_mb_per_s"] == [1000.0, 500.0, 1200.0]
+    assert ps["mb_per_s"] == 800.0 and ps["ratio_to_grpc_ceiling_rounds"] == [0.8, 0.84, 0.75]
+    assert ps["ratio_to_grpc_ceiling"] == 0.8  # the median of the rounds' ratios
+    assert transport.combine_rounds([sweep(1.0, 1.0)]) == sweep(1.0, 1.0)
+    with pytest.raises(ValueError):
+        transport.combine_rounds([sweep(1.0, 1.0), sweep(1.0, 1.0)[:1]])
+    with pytest.raises(ValueError):
+        transport.combine_rounds([sweep(1.0, 1.0), list(reversed(sweep(1.0, 1.0)))])
 
 
 def test_iterations_and_stats() -> None:
