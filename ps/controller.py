@@ -344,6 +344,14 @@ class BatchController:
                 )
         self._workers[worker_id] = _Worker(cores=c, min_batch=lo, max_batch=hi)
 
+    def can_add(self, count: int = 1) -> bool:
+        """Whether `count` more workers with the default min_batch fit: with `keep_global_sum` every
+        worker needs at least its min_batch of the global batch."""
+        if not self._config.keep_global_sum:
+            return True
+        floor_sum = count * self._config.min_batch + sum(w.min_batch for w in self._workers.values())
+        return floor_sum <= self._config.global_batch
+
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker (left or failed); call `replan` to re-split its share of B."""
         if worker_id not in self._workers:

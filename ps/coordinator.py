@@ -141,6 +141,13 @@ class Coordinator:
         enters at the next round boundary (BSP) or at once (ASP) and gets a share of B."""
         if self.done:
             raise FailedPrecondition(f"the job has ended ({self.reason})")
+        self.membership.check_join(name, cores)
+        if not self.controller.can_add(len(self.membership.pending) + 1):
+            raise FailedPrecondition(
+                f"job full: the global batch {self.spec.global_batch} cannot give one more worker its minimum batch "
+                f"({len(self.members)} in the job, {len(self.membership.pending)} waiting); raise --global-batch "
+                "or lower --min-batch"
+            )
         member = self.membership.admit(name, cores, self.clock())
         if self.rendezvous is not None:
             self.rendezvous.declare(member.worker_id, cuda)

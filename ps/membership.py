@@ -45,6 +45,14 @@ class Membership:
 
     def admit(self, name: str, cores: float, now: float) -> Member:
         """Validate a join and add the worker as pending."""
+        self.check_join(name, cores)
+        member = Member(f"{name}-{secrets.token_hex(4)}", name, cores, self._joined, now)
+        self._joined += 1
+        self.pending[member.worker_id] = member
+        return member
+
+    def check_join(self, name: str, cores: float) -> None:
+        """Raise what `admit` would refuse, changing nothing."""
         if not name or len(name) > MAX_NAME:
             raise InvalidArgument(f"name must be 1-{MAX_NAME} characters")
         if not (math.isfinite(cores) and 0 < cores <= MAX_CORES):
@@ -53,10 +61,6 @@ class Membership:
             raise FailedPrecondition(f"job full: {self.max_workers} workers are in the job (--max-workers)")
         if any(m.name == name for m in self.members()):
             raise AlreadyExists(f"a worker named {name!r} is already in the job; pick another --name or wait for its eviction")
-        member = Member(f"{name}-{secrets.token_hex(4)}", name, cores, self._joined, now)
-        self._joined += 1
-        self.pending[member.worker_id] = member
-        return member
 
     def activate(self, worker_id: str) -> Member:
         member = self.pending.pop(worker_id)

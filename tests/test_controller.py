@@ -927,3 +927,16 @@ def test_asp_total_does_not_drift_on_hl8_speeds() -> None:
     assert abs(sum(plan.values()) - 128) <= 0.1 * 128 + len(plan)
     times = [b / speeds[k] for k, b in plan.items()]
     assert max(times) / min(times) <= 1.25
+
+
+def test_can_add_counts_every_workers_minimum_against_the_global_batch() -> None:
+    """BSP (keep_global_sum): room for another worker only while every minimum still fits in B; ASP: always."""
+    bsp = BatchController(ControllerConfig(global_batch=6, min_batch=2))
+    assert bsp.can_add(3) and not bsp.can_add(4)
+    bsp.add_worker("a", cores=1.0)
+    bsp.add_worker("b", cores=1.0, min_batch=3)
+    assert not bsp.can_add(1)  # 2 + 3 + 2 > 6
+    bsp.remove_worker("b")
+    assert bsp.can_add(2) and not bsp.can_add(3)
+    asp = BatchController(ControllerConfig(global_batch=6, min_batch=2, keep_global_sum=False))
+    assert asp.can_add(100)

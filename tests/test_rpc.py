@@ -233,6 +233,21 @@ def test_join_duplicate_name_then_job_full(ps_server, threads, signal_after) -> 
     expect_refused(server, lambda: join(stub, "a", 1.0), Code.FAILED_PRECONDITION, "job full")
 
 
+def test_join_that_the_global_batch_cannot_split_is_refused(ps_server, threads) -> None:
+    """BSP gives every worker at least --min-batch of B: a join beyond that is refused with a clear
+    FAILED_PRECONDITION and changes nothing (it once got into the job without a share: UNKNOWN);
+    after a worker leaves there is room again."""
+    server = ps_server("--workers", "1", "--global-batch", "4", "--min-batch", "2", "--max-workers", "4")
+    a = join_all(server, threads, {"a": 1.0})["a"]
+    stub = server.stub()
+    b = join(stub, "b", 1.0)
+    assert a.batch_size == 4 and b.batch_size == 2  # b is admitted at once: nobody is mid-round
+    expect_refused(server, lambda: join(stub, "c", 1.0), Code.FAILED_PRECONDITION,
+                   "job full: the global batch 4 cannot give one more worker its minimum batch", "--min-batch")
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=b.worker_id), timeout=TIMEOUT)
+    assert join(stub, "c", 1.0).batch_size == 2
+
+
 def test_join_abandoned_while_waiting_frees_its_slot(ps_server, threads, signal_after) -> None:
     """A worker that gives up waiting for the others (cancel, deadline, crash) must not keep its slot or name."""
     server = ps_server()
