@@ -24,12 +24,13 @@ REPO = Path(__file__).resolve().parents[1]
 SPIN = """
 import time
 n = 0
-start = time.monotonic()
+start, cpu = time.monotonic(), time.process_time()
 end = start + {seconds}
 while time.monotonic() < end:
     for _ in range(1000):
         n += 1
-print(n / (time.monotonic() - start))
+wall = time.monotonic() - start
+print(n / wall, (time.process_time() - cpu) / wall)
 """
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -105,25 +106,32 @@ def spawn(limiter: CpuLimiter, argv: list[str], **kwargs: object) -> subprocess.
     return subprocess.Popen(argv, preexec_fn=limiter.preexec, text=True, **kwargs)  # type: ignore[call-overload]
 
 
-def test_quotas_throttle_throughput_in_proportion(
+def test_quotas_cap_cpu_time_in_proportion(
     backend: CgroupBackend, run_id: str, limiters: list[CpuLimiter]
 ) -> None:
+    """Two spinning processes under quotas of 0.2 and 0.8 cores get CPU time in that proportion, each at
+    most its cap. CPU time is what a quota controls: the work done per CPU-second also moves with CPU
+    steal and cache effects on a shared VM (throughput ratios from 1:2.3 to 1:6.5 were seen here while
+    the CPU shares stayed at 0.20 and 0.80), so throughput is printed, not asserted."""
     shares = [0.2, 0.8]
     period = quota_period_us(shares)
     limiters += [
         CpuLimiter.create(f"w{k}", s, period, run_id=run_id, backend=backend, reserve=True)
         for k, s in enumerate(shares)
     ]
-    ratios = []
-    for _ in range(3):  # retried for a burst of load; no retry can fake a 1:4 ratio
+    ratios, used, rates = [], [], []
+    for _ in range(5):  # retried for a burst of load; no retry can fake a 1:4 ratio or exceed a cap
         spin = [sys.executable, "-I", "-c", SPIN.format(seconds=1.5)]
         children = [spawn(limiter, spin, stdout=subprocess.PIPE) for limiter in limiters]
-        slow, fast = (float(child.communicate(timeout=30)[0]) for child in children)
-        ratios.append(fast / slow)
+        (slow, slow_cpu), (fast, fast_cpu) = (map(float, child.communicate(timeout=30)[0].split()) for child in children)
+        used.append((round(slow_cpu, 3), round(fast_cpu, 3)))
+        rates.append(round(fast / slow, 2))
+        assert slow_cpu <= 0.2 * 1.15 and fast_cpu <= 0.8 * 1.15, f"a quota was exceeded: CPU shares {used[-1]}"
+        ratios.append(fast_cpu / slow_cpu)
         if abs(ratios[-1] / 4 - 1) <= 0.25:
             break
-    print(f"throughput ratio under shares 0.2:0.8 = 1:{ratios[-1]:.2f} (tries: {ratios})")
-    assert abs(ratios[-1] / 4 - 1) <= 0.25, f"1:4 expected within 25%, measured 1:{ratios}"
+    print(f"CPU time under shares 0.2:0.8 = 1:{ratios[-1]:.2f} (tries: {used}; throughput 1:{rates})")
+    assert abs(ratios[-1] / 4 - 1) <= 0.25, f"1:4 expected within 25%, CPU shares {used}"
 
 
 def test_create_writes_and_reads_back_the_limit(
