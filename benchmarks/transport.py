@@ -1100,7 +1100,6 @@ def resolve_defaults(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
     started = time.monotonic()
     env = environment()
-    rows: list[dict[str, Any]] = []
     timings: dict[str, float] = {}
     selected = set(args.benchmarks)
 
@@ -1113,7 +1112,7 @@ def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
 
     sweeps: list[list[dict[str, Any]]] = []
     for sweep in range(args.rounds):
-        rows = []
+        rows: list[dict[str, Any]] = []
         if args.rounds > 1:
             log(f"round {sweep + 1} of {args.rounds}")
         for numel in args.sizes:

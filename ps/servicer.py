@@ -42,8 +42,8 @@ def params_chunk(seq: int, data: memoryview) -> bytes:
     return with_data(ps_pb2.ParamsChunk(seq=seq + 1), data)
 
 
-class ReplyMessages:
-    """Encodes StepReplies as serialized ParamsChunk streams: the header message, then the payload chunks.
+def reply_messages(reply: StepReply) -> list[bytes]:
+    """A StepReply as a serialized ParamsChunk stream: the header message, then the payload chunks.
 
     The core's payload chunks are already serialized ParamsChunks (the servicers have the core's
     Payload frame them with `params_chunk`), built once per parameter version and shared by every
@@ -51,26 +51,24 @@ class ReplyMessages:
     The response serializer passes bytes through (ps/handlers.py, ps/serialized.py), so gRPC sends
     these as they are.
     """
-
-    def __call__(self, reply: StepReply) -> list[bytes]:
-        header = ps_pb2.ParamsHeader(
-            round=reply.round,
-            version=reply.version,
-            epoch=reply.epoch,
-            batch_size=reply.batch_size,
-            done=reply.done,
-            wire_dtype=reply.wire_dtype,
-            num_values=reply.num_values,
-            lr=reply.lr,
-            global_batch=reply.global_batch,
-            reason=reply.reason,
-            generation=reply.group.generation,
-            rank=reply.group.rank,
-            world_size=reply.group.world_size,
-            backend=reply.group.backend,
-            snapshot_requested=reply.snapshot_requested,
-        )
-        return [ps_pb2.ParamsChunk(header=header).SerializeToString(), *reply.payload]
+    header = ps_pb2.ParamsHeader(
+        round=reply.round,
+        version=reply.version,
+        epoch=reply.epoch,
+        batch_size=reply.batch_size,
+        done=reply.done,
+        wire_dtype=reply.wire_dtype,
+        num_values=reply.num_values,
+        lr=reply.lr,
+        global_batch=reply.global_batch,
+        reason=reply.reason,
+        generation=reply.group.generation,
+        rank=reply.group.rank,
+        world_size=reply.group.world_size,
+        backend=reply.group.backend,
+        snapshot_requested=reply.snapshot_requested,
+    )
+    return [ps_pb2.ParamsChunk(header=header).SerializeToString(), *reply.payload]
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
@@ -78,7 +76,6 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.core = coordinator
-        self.reply_messages = ReplyMessages()
         coordinator.payload.use_frame(params_chunk)
 
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
@@ -121,7 +118,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         finally:
             for receiver in receivers:
                 self.core.release(receiver)
-        for message in self.reply_messages(reply):
+        for message in reply_messages(reply):
             yield message
         self.core.note_reply_sent()
 
@@ -132,7 +129,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             reply = self.core.pull(request.worker_id, header_only=request.header_only)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        for message in self.reply_messages(reply):
+        for message in reply_messages(reply):
             yield message
         self.core.note_reply_sent()
 

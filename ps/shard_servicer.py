@@ -12,7 +12,7 @@ from ps import blob
 from ps.errors import InvalidArgument, ServiceError
 from ps.push_stream import receive_push
 from ps.serialized import DataChunk
-from ps.servicer import ReplyMessages, params_chunk, status_code
+from ps.servicer import params_chunk, reply_messages, status_code
 from ps.shard import ShardCore
 
 
@@ -30,7 +30,6 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
 
     def __init__(self, core: ShardCore) -> None:
         self.core = core
-        self.reply_messages = ReplyMessages()
         core.payload.use_frame(params_chunk)
 
     async def Push(
@@ -50,7 +49,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
         finally:
             if receivers and not taken:
                 self.core.release(receivers[0].out)
-        for message in self.reply_messages(reply):
+        for message in reply_messages(reply):
             yield message
 
     async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -58,7 +57,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
             reply = self.core.reply()
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        for message in self.reply_messages(reply):
+        for message in reply_messages(reply):
             yield message
 
     async def Load(self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:

@@ -357,10 +357,10 @@ def test_bsp_large_model_over_default_message_limits(ps_server) -> None:
 
 def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_would() -> None:
     """The core's Payload, framed with params_chunk, holds the bytes SerializeToString gives for each
-    ParamsChunk, built once per version; ReplyMessages only puts each reply's header message first."""
+    ParamsChunk, built once per version; reply_messages only puts each reply's header message first."""
     from ps.core_messages import StepReply
     from ps.payload import Payload
-    from ps.servicer import ReplyMessages, params_chunk
+    from ps.servicer import params_chunk, reply_messages
 
     values = rand(3000, seed=5)
     raw = split(encode(values), 4096)
@@ -374,8 +374,7 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
         return StepReply(round=2, version=3, epoch=1, batch_size=batch_size, done=False, lr=0.5, global_batch=8,
                          wire_dtype="float32", num_values=3000, payload=chunks, reason="r")
 
-    encoder = ReplyMessages()
-    first, second = encoder(reply(3, parts)), encoder(reply(5, parts))
+    first, second = reply_messages(reply(3, parts)), reply_messages(reply(5, parts))
     h = ps_pb2.ParamsHeader(round=2, version=3, epoch=1, batch_size=3, wire_dtype="float32", num_values=3000,
                             lr=0.5, global_batch=8, reason="r")
     expected = [ps_pb2.ParamsChunk(header=h, seq=0)]
@@ -384,7 +383,7 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     assert ps_pb2.ParamsChunk.FromString(second[0]).header.batch_size == 5
     assert all(a is b for a, b in zip(first[1:], second[1:], strict=True))
     assert all(a is b for a, b in zip(first[1:], parts, strict=True))  # the payload's chunks, not copies
-    assert encoder(reply(3, payload.empty())) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
+    assert reply_messages(reply(3, payload.empty())) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
 
 
 def test_chunk_data_is_parsed_as_a_view_and_the_rest_as_protobuf_would() -> None:
