@@ -335,22 +335,22 @@ class BatchController:
         hi = cfg.default_max_batch if max_batch is None else _int(f"max_batch of {worker_id!r}", max_batch, minimum=1)
         if lo > hi:
             raise ValueError(f"worker {worker_id!r}: min_batch {lo} exceeds max_batch {hi}")
-        if cfg.keep_global_sum:
-            floor_sum = lo + sum(w.min_batch for w in self._workers.values())
-            if floor_sum > cfg.global_batch:
-                raise ValueError(
-                    f"cannot add {worker_id!r}: the workers' min_batch would sum to {floor_sum} > global_batch "
-                    f"{cfg.global_batch}; lower min_batch or raise global_batch"
-                )
+        if cfg.keep_global_sum and self._floor_sum(lo) > cfg.global_batch:
+            raise ValueError(
+                f"cannot add {worker_id!r}: the workers' min_batch would sum to {self._floor_sum(lo)} > global_batch "
+                f"{cfg.global_batch}; lower min_batch or raise global_batch"
+            )
         self._workers[worker_id] = _Worker(cores=c, min_batch=lo, max_batch=hi)
 
     def can_add(self, count: int = 1) -> bool:
         """Whether `count` more workers with the default min_batch fit: with `keep_global_sum` every
         worker needs at least its min_batch of the global batch."""
-        if not self._config.keep_global_sum:
-            return True
-        floor_sum = count * self._config.min_batch + sum(w.min_batch for w in self._workers.values())
-        return floor_sum <= self._config.global_batch
+        cfg = self._config
+        return not cfg.keep_global_sum or self._floor_sum(count * cfg.min_batch) <= cfg.global_batch
+
+    def _floor_sum(self, extra: int) -> int:
+        """The registered workers' min_batch summed, plus `extra`."""
+        return extra + sum(w.min_batch for w in self._workers.values())
 
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker (left or failed); call `replan` to re-split its share of B."""
