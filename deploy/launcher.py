@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import json
 import math
 import os
@@ -104,6 +105,9 @@ def signals_as_exceptions() -> Iterator[None]:
             signal.signal(signum, old)
 
 
+_HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
+
+
 @contextlib.contextmanager
 def _signals_deferred() -> Iterator[None]:
     """Hold SIGINT, SIGTERM and SIGHUP until the block ends, so a second Ctrl-C cannot cut a cleanup short.
@@ -113,8 +117,7 @@ def _signals_deferred() -> Iterator[None]:
     if not _in_main_thread():
         yield
         return
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
     try:
         yield
     finally:
@@ -292,20 +295,30 @@ class LocalCluster:
         self._logs.append(log)
         return log
 
-    def _spawn(self, argv: list[str], log_name: str, limiter: CpuLimiter | None) -> subprocess.Popen[bytes]:
+    def _spawn(self, log_name: str, argv: list[str], limiter: CpuLimiter | None,
+               record: Callable[[subprocess.Popen[bytes]], None]) -> None:
+        """Start a process and `record` it where `close` looks (self.server, self.processes).
+
+        SIGINT/SIGTERM/SIGHUP are held from before the fork until the process is recorded: raised
+        in between (inside Popen, or before the assignment), they left a running child that `close`
+        did not know of, and it outlived the cluster. The child unblocks them before exec.
+        """
         arm = _parent_death_signal()
 
         def preexec() -> None:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_SIGNALS)
             arm()
             if limiter is not None:
                 limiter.preexec()
 
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         log = self._open_log(log_name)
-        return subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
-            preexec_fn=preexec, start_new_session=True,  # noqa: PLW1509 (raw syscalls only; see CpuLimiter.preexec)
-        )
+        with _signals_deferred():
+            proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+                preexec_fn=preexec, start_new_session=True,  # noqa: PLW1509 (raw syscalls only; see CpuLimiter.preexec)
+            )
+            record(proc)
 
     def start(self) -> None:
         """Start the server, wait until it listens, then start every worker in its group."""
@@ -335,7 +348,7 @@ class LocalCluster:
             sys.executable, "-m", "ps.server", "--port", "0", "--port-file", str(port_file),
             "--metrics-log", str(self.metrics_path), *self.server_args,
         ]
-        self.server = self._spawn(argv, "server", self.server_limiter)
+        self._spawn("server", argv, self.server_limiter, functools.partial(setattr, self, "server"))
         self._port = self._wait_for_port(port_file)
         factors = self.slowdowns
         boost = self.fast_start and self.backend is not None
@@ -357,7 +370,7 @@ class LocalCluster:
             if self.quiet:
                 argv.append("--quiet")
             argv += list(spec.extra_args)
-            self.processes[spec.name] = self._spawn(argv, spec.name, limiter)
+            self._spawn(spec.name, argv, limiter, functools.partial(self.processes.__setitem__, spec.name))
         if boost:
             threading.Thread(target=self._settle_when_job_starts, name="cluster-settle", daemon=True).start()
         else:

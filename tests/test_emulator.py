@@ -314,3 +314,41 @@ def test_phase_spans_place_epoch_and_clock_phases_on_the_epoch_axis() -> None:
     assert phase_spans(events, by_epoch) == [(0.5, 3.5, "HL1"), (3.5, 6.5, "HL8")]
     by_clock = [{"phase": 0, "profile": "a", "elapsed_s": 0, "time": 100.0}, {"phase": 1, "profile": "b", "elapsed_s": 25, "time": 125.0}]
     assert phase_spans(events, by_clock) == [(0.5, 3.0, "A"), (3.0, 6.5, "B")]
+
+
+def test_a_signal_right_after_a_fork_still_leaves_no_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM arriving just after the launcher forked a process (here: the instant Popen returns) is
+    held until the process is recorded, so close() stops it. It used to raise before the record: under
+    load, a signal to ps-cluster while its cluster started left a worker running after it."""
+    import subprocess as real_subprocess
+
+    from deploy import launcher
+
+    started: list[real_subprocess.Popen[bytes]] = []
+    real_popen = real_subprocess.Popen
+
+    def popen_then_sigterm(*args: object, **kwargs: object) -> real_subprocess.Popen[bytes]:
+        proc = real_popen(*args, **kwargs)  # type: ignore[call-overload]
+        if "preexec_fn" in kwargs:  # the launcher's spawn (not ctypes' ldconfig lookup)
+            started.append(proc)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return proc
+
+    monkeypatch.setattr(launcher.subprocess, "Popen", popen_then_sigterm)
+    cluster = launcher.LocalCluster([], [launcher.WorkerSpec("w0", 1.0)], tmp_path, limiter="slowdown")
+    try:
+        with launcher.signals_as_exceptions(), pytest.raises(launcher.Terminated):
+            cluster._spawn("w0", [sys.executable, "-c", "import time; time.sleep(60)"], None,
+                           lambda proc: cluster.processes.__setitem__("w0", proc))
+        assert [*cluster.processes.values()] == started  # recorded before the signal was let through
+        assert started[0].poll() is None  # the child did not inherit the held signals' block...
+        started[0].terminate()  # ...so SIGTERM ends it at once, as close() relies on
+        assert started[0].wait(timeout=10) == -signal.SIGTERM
+    finally:
+        cluster.close()
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
