@@ -8,6 +8,7 @@ Tests that read quotas skip (with the reason) where no cgroup CPU controller is 
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
@@ -111,11 +112,20 @@ def quotas(pid: int) -> dict[str, tuple[int | None, int]]:
     assert BACKEND is not None
     found = {}
     for run_dir in run_dirs(pid):
-        for group in sorted(p for p in run_dir.iterdir() if p.is_dir()):
+        try:
+            groups = sorted(p for p in run_dir.iterdir() if p.is_dir())
+        except FileNotFoundError:  # the run ended and removed its groups meanwhile
+            continue
+        for group in groups:
             try:
                 found[group.name] = BACKEND.read_limit(group)
-            except (FileNotFoundError, ValueError):
+            except ValueError:
                 continue
+            except OSError as exc:
+                # a group removed while it is read: ENOENT, or ENODEV from a control file of a group
+                # the kernel is tearing down
+                if exc.errno not in (errno.ENOENT, errno.ENODEV):
+                    raise
     return found
 
 
