@@ -137,7 +137,7 @@ def server_argv(s: Settings, port_file: Path, metrics: Path) -> list[str]:
 
 
 def worker_argv(target: str, name: str, s: Settings) -> list[str]:
-    return ["-m", "worker.cli", "--server", target, "--name", name, "--threads", "1", "--quiet",
+    return ["-m", "worker.cli", "--server", target, "--name", name, "--threads", "1", "--quiet", "--device", "cpu",
             "--timeout", str(s.startup_timeout)]
 
 

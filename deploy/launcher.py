@@ -364,6 +364,7 @@ class LocalCluster:
             argv = [
                 sys.executable, "-m", "worker.cli", "--server", self.target, "--name", spec.name,
                 "--cores", repr(float(spec.share)), "--threads", str(spec.threads),
+                "--device", "cpu",  # the emulated differences are CPU quotas; extra_args may name a GPU
             ]
             if self.backend is None and factors[k] != 1.0:
                 argv += ["--slowdown", repr(factors[k])]

@@ -27,14 +27,16 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("name", "cores", "cuda")
+    __slots__ = ("name", "cores", "cuda", "cuda_device")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     CUDA_FIELD_NUMBER: _ClassVar[int]
+    CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     name: str
     cores: float
     cuda: bool
-    def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ...) -> None: ...
+    cuda_device: str
+    def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ..., cuda_device: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rendezvous_host", "rendezvous_port", "rank", "world_size", "generation", "backend", "shards")

@@ -27,7 +27,7 @@ from ps.datasets import Dataset
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.evaluator import BackgroundEvaluator
 from ps.jobspec import JobSpec
-from ps.membership import Member, Membership
+from ps.membership import MAX_NAME, Member, Membership
 from ps.metrics import MetricsLog
 from ps.payload import Payload
 from ps.rendezvous import Rendezvous
@@ -136,12 +136,15 @@ class Coordinator:
         return self.round if self.spec.mode == "bsp" else self.version
 
     # ----------------------------------------------------------------- membership
-    async def join(self, name: str, cores: float, cuda: bool = False) -> JoinInfo:
+    async def join(self, name: str, cores: float, cuda_device: str | None = None) -> JoinInfo:
         """Admit a worker. Before the start it waits for all expected workers; later it
-        enters at the next round boundary (BSP) or at once (ASP) and gets a share of B."""
+        enters at the next round boundary (BSP) or at once (ASP) and gets a share of B.
+        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU."""
         if self.done:
             raise FailedPrecondition(f"the job has ended ({self.reason})")
         self.membership.check_join(name, cores)
+        if cuda_device is not None and (len(cuda_device) > MAX_NAME or not cuda_device.isprintable()):
+            raise InvalidArgument(f"cuda_device must be a GPU UUID: at most {MAX_NAME} printable characters")
         if not self.controller.can_add(len(self.membership.pending) + 1):
             raise FailedPrecondition(
                 f"job full: the global batch {self.spec.global_batch} cannot give one more worker its minimum batch "
@@ -150,7 +153,7 @@ class Coordinator:
             )
         member = self.membership.admit(name, cores, self.clock())
         if self.rendezvous is not None:
-            self.rendezvous.declare(member.worker_id, cuda)
+            self.rendezvous.declare(member.worker_id, cuda_device)
         try:
             if not self._started.is_set():
                 if len(self.membership.pending) >= self.spec.workers:
@@ -499,7 +502,7 @@ class Coordinator:
         group = self.rendezvous.regroup([m.worker_id for m in ordered])
         if group is not None:
             self.metrics.write(
-                "regroup", generation=group.generation, world_size=group.world_size, backend=group.backend,
+                "regroup", generation=group.generation, world_size=group.world_size, backend=group.backend, why=group.why,
                 ranks={m.name: group.rank(m.worker_id) for m in ordered}, step=self.step, epoch=self.epoch,
             )
 

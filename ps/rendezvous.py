@@ -4,7 +4,9 @@ The server hosts a `torch.distributed.TCPStore`; workers build their process gro
 generation under its own key prefix (`hetero-ps/gen-<n>/`, so the keys of a dissolved group never
 collide with the next one's). Every membership change (join, leave, eviction) starts a new
 generation: ranks follow join order over the active workers, and the backend is NCCL only when every
-one of them declared CUDA (gloo otherwise). `plan_group` is the pure part; `Rendezvous` adds the store.
+one of them computes on its own CUDA device (gloo otherwise: NCCL refuses two ranks on one GPU, "Duplicate
+GPU detected", so workers sharing a GPU fall back to gloo instead of failing to form a group).
+`plan_group` is the pure part; `Rendezvous` adds the store.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Group:
     generation: int
     members: tuple[str, ...]
     backend: str
+    why: str = ""  # gloo although some worker has CUDA: the reason
 
     @property
     def world_size(self) -> int:
@@ -34,11 +37,24 @@ class Group:
             return -1
 
 
-def plan_group(generation: int, worker_ids: Sequence[str], cuda: Mapping[str, bool]) -> Group:
-    """The group of `worker_ids` (already in join order): NCCL iff every worker has CUDA."""
+def plan_group(generation: int, worker_ids: Sequence[str], cuda: Mapping[str, str | None]) -> Group:
+    """The group of `worker_ids` (already in join order). `cuda` maps a worker to the UUID of the GPU
+    it computes on ("" when unknown), or None for a CPU worker. NCCL iff every worker has a GPU and no
+    two share one (unknown UUIDs count as distinct)."""
     members = tuple(worker_ids)
-    backend = "nccl" if members and all(cuda.get(w, False) for w in members) else "gloo"
-    return Group(generation, members, backend)
+    devices = [cuda.get(w) for w in members]
+    on_gpu = [d for d in devices if d is not None]
+    if not on_gpu:
+        return Group(generation, members, "gloo")
+    if len(on_gpu) < len(members):
+        cpu = [w for w, d in zip(members, devices) if d is None]
+        return Group(generation, members, "gloo", f"{len(cpu)} of {len(members)} workers have no GPU")
+    owners: dict[str, str] = {}
+    for worker, device in zip(members, devices):
+        if device and device in owners:
+            return Group(generation, members, "gloo", f"{owners[device]} and {worker} share GPU {device}")
+        owners.setdefault(device or f"?{worker}", worker)
+    return Group(generation, members, "nccl")
 
 
 class Rendezvous:
@@ -56,11 +72,11 @@ class Rendezvous:
         self.host = host
         self.port = int(self.store.port)
         self.group = Group(0, (), "gloo")
-        self._cuda: dict[str, bool] = {}
+        self._cuda: dict[str, str | None] = {}
 
-    def declare(self, worker_id: str, cuda: bool) -> None:
-        """Record what a joining worker declared."""
-        self._cuda[worker_id] = bool(cuda)
+    def declare(self, worker_id: str, cuda_device: str | None) -> None:
+        """Record what a joining worker declared: its GPU's UUID ("" if unknown), or None (CPU)."""
+        self._cuda[worker_id] = cuda_device
 
     def forget(self, worker_id: str) -> None:
         """A worker left the job (its declaration goes with it)."""

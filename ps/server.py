@@ -304,6 +304,8 @@ def print_progress(record: dict[str, Any]) -> None:
         line = f"{record['worker']}: {record['reason']}"
     elif event == "regroup":
         line = f"group generation {record['generation']}: {record['world_size']} workers over {record['backend']}"
+        if record.get("why"):
+            line += f" ({record['why']})"
     elif event == "resume":
         line = f"resumed at epoch {record['epoch']}, step {record['step']} (params sha256 {record['params_sha256'][:12]})"
     elif event == "summary":

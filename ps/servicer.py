@@ -80,7 +80,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
         try:
-            info = await self.core.join(request.name, request.cores, cuda=request.cuda)
+            info = await self.core.join(request.name, request.cores, request.cuda_device if request.cuda else None)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         layout = [ps_pb2.TensorSpec(name=e.name, shape=e.shape, dtype=e.dtype) for e in self.core.layout.entries]

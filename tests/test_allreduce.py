@@ -17,7 +17,7 @@ from protos import ps_pb2
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.jobspec import JobSpec
 from ps.models import build_model
-from ps.rendezvous import plan_group
+from ps.rendezvous import Group, plan_group
 from ps.server import main as server_main
 from ps.store import ParameterStore
 from tests.processes import Cluster, start_server
@@ -55,9 +55,15 @@ def report_round(ps_server_stub, threads: concurrent.futures.Executor, ids: dict
 
 
 # ------------------------------------------------------------------ pure parts
-def test_group_backend_is_nccl_only_when_every_worker_has_cuda() -> None:
-    assert plan_group(3, ["a", "b"], {"a": True, "b": True}).backend == "nccl"
-    assert plan_group(3, ["a", "b"], {"a": True, "b": False}).backend == "gloo"
+def test_group_backend_is_nccl_only_when_every_worker_has_its_own_gpu() -> None:
+    assert plan_group(3, ["a", "b"], {"a": "GPU-1", "b": "GPU-2"}) == Group(3, ("a", "b"), "nccl")
+    assert plan_group(3, ["a", "b"], {"a": "", "b": ""}).backend == "nccl"  # UUIDs unknown: trusted to differ
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected", seen on an H100): gloo instead of a hang
+    shared = plan_group(3, ["a", "b", "c"], {"a": "GPU-1", "b": "GPU-2", "c": "GPU-1"})
+    assert (shared.backend, shared.why) == ("gloo", "a and c share GPU GPU-1")
+    mixed = plan_group(3, ["a", "b"], {"a": "GPU-1", "b": None})
+    assert (mixed.backend, mixed.why) == ("gloo", "1 of 2 workers have no GPU")
+    assert plan_group(3, ["a", "b"], {"a": None}) == Group(3, ("a", "b"), "gloo", "")  # all on CPUs: nothing to explain
     group = plan_group(3, ["b", "a"], {})
     assert (group.generation, group.world_size, group.rank("a"), group.rank("zz"), group.backend) == (3, 2, 1, -1, "gloo")
 
@@ -102,6 +108,33 @@ def test_join_hands_out_the_rendezvous_and_ranks(ps_server, threads) -> None:
     h = server.stub().Pull(ps_pb2.PullRequest(worker_id=joins["a"].worker_id, header_only=True), timeout=TIMEOUT)
     (only,) = list(h)
     assert only.header.num_values == 0 and only.header.generation == 1
+
+
+def _join_on(stub, name: str, gpu: str | None) -> ps_pb2.JoinReply:
+    return stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0, cuda=gpu is not None, cuda_device=gpu or ""), timeout=TIMEOUT)
+
+
+@pytest.mark.parametrize(
+    ("gpus", "backend", "why"),
+    [(("GPU-a", "GPU-b"), "nccl", ""), (("GPU-a", "GPU-a"), "gloo", "share GPU GPU-a"), (("GPU-a", None), "gloo", "no GPU")],
+)
+def test_join_plans_nccl_only_for_workers_on_distinct_gpus(
+    ps_server, threads, gpus: tuple[str | None, ...], backend: str, why: str
+) -> None:
+    server = ps_server(*TINY)
+    futures = [threads.submit(_join_on, server.stub(), f"w{i}", gpu) for i, gpu in enumerate(gpus)]
+    assert {f.result(TIMEOUT).backend for f in futures} == {backend}
+    group = server.coordinator.rendezvous.group
+    assert (group.generation, group.backend) == (1, backend) and why in group.why and bool(group.why) == bool(why)
+
+
+def test_a_malformed_gpu_uuid_is_refused_and_changes_nothing(ps_server) -> None:
+    server = ps_server(*TINY)
+    for bad in ("G" * 129, "GPU-1\n"):
+        with pytest.raises(grpc.RpcError) as info:
+            _join_on(server.stub(), "w0", bad)
+        assert info.value.code() == Code.INVALID_ARGUMENT and "GPU UUID" in info.value.details()
+    assert not server.coordinator.membership.pending and not server.coordinator.rendezvous._cuda
 
 
 def test_pushes_of_the_wrong_kind_are_refused_without_a_trace(ps_server, threads) -> None:
@@ -213,7 +246,7 @@ def test_fast_path_equals_the_ps_path(ps_server, threads, tmp_path: Path) -> Non
     cluster = start_server(tmp_path, [*job, "--allreduce", "--checkpoint-dir", str(tmp_path / "allreduce")])
     try:
         for i in range(2):
-            cluster.start_worker(f"w{i}")
+            cluster.start_worker(f"w{i}", "--device", "cpu")  # as the in-process PS-path workers compute
         server = ps_server(*job, "--checkpoint-dir", str(tmp_path / "ps"))
         steps = [threads.submit(_train_in_process, server.target, f"w{i}") for i in range(2)]
         assert [f.result(120) for f in steps] == [45, 45]

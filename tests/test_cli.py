@@ -53,6 +53,8 @@ def test_server_error_is_one_line_from_a_real_process() -> None:
         (["--server", "127.0.0.1:1", "--slowdown", "0.5"], "--slowdown"),
         (["--server", "nohostport"], "HOST:PORT"),
         (["--server", "127.0.0.1:1", "--threads", "0"], "--threads"),
+        (["--server", "127.0.0.1:1", "--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
+        (["--server", "127.0.0.1:1", "--device", "cuda:99"], "--device cuda:99"),
     ],
 )
 def test_worker_rejects_bad_input(args: list[str], needle: str) -> None:

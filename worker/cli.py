@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from ps.memory import tune_malloc
 from ps.security import TOKEN_ENV, resolve_token
 from worker.client import ServerError, channel_credentials
+from worker.device import DEVICE_CHOICES, resolve_device
 from worker.runtime import Session, connect, default_cores
 
 
@@ -46,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default=None, help="worker name shown in logs (unset: host-pid)")
     p.add_argument("--cores", type=float, default=None, help="declared resources for the static plan (unset: usable CPUs)")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--device", default="auto",
+                   help=f"where the model computes: {DEVICE_CHOICES} (auto: a GPU when there is one). In an --allreduce "
+                        "job the group uses NCCL when every worker is on its own GPU, gloo otherwise")
     p.add_argument("--slowdown", type=float, default=1.0, help="multiply compute time by F (sleeps), to emulate a slow worker")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float, default=120.0,
@@ -75,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         token = resolve_token(args.token)
         channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
+        device = resolve_device(args.device)
     except ValueError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         return 2
@@ -82,10 +87,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     cores = args.cores if args.cores is not None else default_cores()
     try:
-        with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for,
+        with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
                      token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
-                print(f"{session.name}: joined as {session.worker_id}, batch {session.batch_size}", file=sys.stderr, flush=True)
+                print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",
+                      file=sys.stderr, flush=True)
             train(session, args.log_every, args.quiet)
             if not args.quiet:
                 print(f"{session.name}: job done after {session.steps} steps", file=sys.stderr, flush=True)

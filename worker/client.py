@@ -239,10 +239,11 @@ class PSClient:
         except grpc.FutureTimeoutError as exc:
             raise ServerError("UNAVAILABLE", f"no parameter server answered at {self.target} within {timeout:.0f}s") from exc
 
-    def join(self, name: str, cores: float, timeout: float | None = None, cuda: bool = False) -> Joined:
-        """Join; blocks (waiting for the server too) until admitted, or `timeout` seconds."""
+    def join(self, name: str, cores: float, timeout: float | None = None, cuda_device: str | None = None) -> Joined:
+        """Join; blocks (waiting for the server too) until admitted, or `timeout` seconds.
+        `cuda_device`: the UUID of the GPU this worker computes on, None on CPU."""
         try:
-            request = ps_pb2.JoinRequest(name=name, cores=cores, cuda=cuda)
+            request = ps_pb2.JoinRequest(name=name, cores=cores, cuda=cuda_device is not None, cuda_device=cuda_device or "")
             reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None

@@ -10,7 +10,8 @@ A process group lives for one generation; the server starts a new one at every m
 Its keys go under a per-generation prefix of the server's TCPStore. When a group forms, its ranks
 agree on the most advanced copy (the highest round; the lowest rank among equals) and broadcast its
 parameters and optimizer state, which brings a newcomer (started from the server's last snapshot)
-up to date. NCCL needs CUDA tensors: with it the bucket lives on the current CUDA device.
+up to date. NCCL needs CUDA tensors: with it the bucket lives on the worker's GPU (its compute device),
+so the gradients reach it without a trip through the CPU; the optimizer's copy stays fp32 on the CPU.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from torch import nn
 
 from ps.jobspec import JobSpec
 from ps.store import ParameterStore
+from ps.wire import flatten_params
 from worker.client import ServerError, StepPlan
 
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -42,10 +44,11 @@ class Collective:
 
     def __init__(
         self, spec: JobSpec, model: nn.Module, host: str, port: int, timeout_s: float = 120.0,
-        bucket_bytes: int = BUCKET_BYTES,
+        bucket_bytes: int = BUCKET_BYTES, device: torch.device | None = None,
     ) -> None:
         self.spec = spec
-        self.local = ParameterStore.of_model(model, spec)
+        self.local = ParameterStore(flatten_params(model).cpu(), spec)
+        self.compute_device = device or torch.device("cpu")
         self.timeout = timedelta(seconds=timeout_s)
         self.bucket_numel = max(1, bucket_bytes // 4)
         self.generation: int | None = None
@@ -91,7 +94,10 @@ class Collective:
         self.close_group()
         assert self._store is not None
         store = dist.PrefixStore(KEY_PREFIX.format(plan.generation), self._store)
+        device = self._group_device(plan.backend)
         try:
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
             self._arrive(store, plan, is_current)
             dist.init_process_group(
                 plan.backend, store=store, rank=plan.rank, world_size=plan.world_size, timeout=self.timeout
@@ -99,7 +105,7 @@ class Collective:
             self.generation, self.rank, self.world_size, self.backend = (
                 plan.generation, plan.rank, plan.world_size, plan.backend
             )
-            self._device = torch.device("cuda", torch.cuda.current_device()) if plan.backend == "nccl" else torch.device("cpu")
+            self._device = device
             self._sync()
         except (CollectiveError, ServerError):
             self.close_group()
@@ -107,6 +113,16 @@ class Collective:
         except (RuntimeError, ValueError) as exc:  # DistBackendError / DistNetworkError are RuntimeErrors
             self.close_group()
             raise CollectiveError(f"could not form group generation {plan.generation}: {exc}") from exc
+
+    def _group_device(self, backend: str) -> torch.device:
+        """Where the bucket lives: NCCL needs the worker's GPU, gloo reduces on the CPU."""
+        if backend != "nccl":
+            return torch.device("cpu")
+        if self.compute_device.type == "cuda":
+            return self.compute_device
+        if not torch.cuda.is_available():
+            raise CollectiveError("the server planned an NCCL group but this worker has no CUDA device")
+        return torch.device("cuda", torch.cuda.current_device())
 
     def _arrive(self, store: dist.Store, plan: StepPlan, is_current: Callable[[int], bool] | None) -> None:
         """Wait until every rank of the generation has arrived (a key each in the store)."""

@@ -36,6 +36,7 @@ from ps.wire import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
 from worker.client import Joined, PSClient, ServerError, StepPlan, reachable_address
 from worker.collective import Collective, CollectiveError
+from worker.device import gpu_uuid, synchronize
 from worker.heartbeat import Heartbeat
 from worker.sampler import ElasticBatchSampler
 
@@ -63,7 +64,8 @@ class Session:
     """One worker's membership in a job: its model, data, batch size and step()."""
 
     def __init__(
-        self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0
+        self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
+        device: torch.device | None = None,
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -71,8 +73,9 @@ class Session:
         self.slowdown = slowdown
         self.cores = cores
         self.retry_for = retry_for
+        self.device = device or torch.device("cpu")
         self.rejoins = 0
-        joined = client.join(name, cores, cuda=torch.cuda.is_available())
+        joined = client.join(name, cores, cuda_device=gpu_uuid(self.device))
         self.name = name
         self.worker_id = joined.worker_id
         # beat from the start: building the data and the model can take longer than --evict-after
@@ -88,7 +91,8 @@ class Session:
         self.last_compute_ms = 0.0
 
     def _setup(self, joined: Joined) -> None:
-        """Build the job's data and model and load the global parameters."""
+        """Build the job's data and model and load the global parameters. The flat parameters
+        (the wire's and the collective's buffer) stay on the CPU; on a GPU the model gets a copy."""
         client = self.client
         self.spec: JobSpec = joined.spec
         self.dataset: Dataset = build_dataset(self.spec.dataset, self.spec.dataset_options, self.spec.seed)
@@ -100,17 +104,26 @@ class Session:
         self._collective: Collective | None = None
         if self.spec.allreduce:  # the local copy of the parameters is the collective's
             address = reachable_address(joined.rendezvous_host, joined.rendezvous_port, client.target)
-            self._collective = Collective(self.spec, self.model, *address, timeout_s=self.retry_for)
+            self._collective = Collective(self.spec, self.model, *address, timeout_s=self.retry_for, device=self.device)
             self._params = self._collective.params
         else:
             self._params = flatten_params(self.model)
         self._grads = torch.empty_like(self._params)
+        self._on_device: tuple[torch.Tensor, torch.Tensor] | None = None  # a GPU's copy of (params, grads)
+        self._train_x, self._train_y = self.dataset.train_x, self.dataset.train_y
+        if self.device.type != "cpu":
+            self.model.to(self.device)
+            self._on_device = (torch.empty_like(self._params, device=self.device), torch.empty_like(self._grads, device=self.device))
+            self._train_x, self._train_y = self._train_x.to(self.device), self._train_y.to(self.device)
         self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
         self._apply(client.pull(self.worker_id, self._params))
 
     # ------------------------------------------------------------------ the plan
     def _apply(self, plan: StepPlan) -> None:
-        load_flat(self.model, self._params)
+        if self._on_device is None:
+            load_flat(self.model, self._params)
+        else:
+            load_flat(self.model, self._on_device[0].copy_(self._params))
         self.plan = plan
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size
@@ -132,8 +145,8 @@ class Session:
         """One batch of the planned size; starts this step's compute timer."""
         self._fetch_started = time.perf_counter()
         self._fetch_cpu = time.process_time()
-        index = self._sampler.next_batch()
-        return self.dataset.train_x[index], self.dataset.train_y[index]
+        index = self._sampler.next_batch().to(self._train_x.device)
+        return self._train_x[index], self._train_y[index]
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches until the server ends the job; call step() after each."""
@@ -145,19 +158,24 @@ class Session:
         """Push this step's gradients; return once the new parameters are in the model."""
         if self._fetch_started is None:
             raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
+        synchronize(self.device)
         if self.slowdown > 1.0:
             wall_s = time.perf_counter() - self._fetch_started
             time.sleep(slowdown_delay(wall_s, time.process_time() - self._fetch_cpu, self.slowdown))
         compute_ms = (time.perf_counter() - self._fetch_started) * 1000.0
         self._fetch_started = None
-        grads = flatten_grads(self.model, self._grads)
+        if self._on_device is None:
+            grads = device_grads = flatten_grads(self.model, self._grads)
+        else:  # the collective takes them where they are (NCCL: no trip through the CPU); the wire from the CPU
+            device_grads = flatten_grads(self.model, self._on_device[1])
+            grads = self._grads if self._collective is not None else self._grads.copy_(device_grads)
         if self.spec.mode == "asp":
             values = self._asp_update(grads)
         else:
             values = grads
         try:
             if self._collective is not None:
-                plan = self._collective_step(grads, compute_ms)
+                plan = self._collective_step(device_grads, compute_ms)
             else:
                 plan = self.client.push(
                     self.worker_id,
@@ -257,7 +275,7 @@ class Session:
             self.client.leave(self.worker_id)
         except ServerError:
             pass
-        joined = self.client.join(self.name, self.cores, timeout=self.retry_for, cuda=torch.cuda.is_available())
+        joined = self.client.join(self.name, self.cores, timeout=self.retry_for, cuda_device=gpu_uuid(self.device))
         if joined.spec != self.spec or joined.layout != Layout.of(self.model):
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
         if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
@@ -305,6 +323,7 @@ def connect(
     timeout: float = 60.0,
     *,
     retry_for: float = 120.0,
+    device: torch.device | None = None,
     token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
@@ -312,13 +331,17 @@ def connect(
 ) -> Session:
     """Join the parameter server at `target` (HOST:PORT); blocks until the job starts.
 
+    `device` is where the model computes (default the CPU; `worker.device.resolve_device("auto")`
+    picks a GPU when there is one).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
     and `token` is sent with every call; see README "Security".
     """
     client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     try:
         client.wait_ready(timeout)
-        return Session(client, name or f"{os.uname().nodename}-{os.getpid()}", cores or default_cores(), slowdown, retry_for)
+        return Session(
+            client, name or f"{os.uname().nodename}-{os.getpid()}", cores or default_cores(), slowdown, retry_for, device
+        )
     except BaseException:
         client.close()
         raise
