@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -121,6 +121,7 @@ class Coordinator:
         self._round_future: asyncio.Future[bool] | None = None
         self._staging: list[torch.Tensor] = []
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
+        self.store.before_change.append(self.payload.complete)  # a reply in flight sends its version whole
         self._steps_since_adjust = 0
         self._steps_since_checkpoint = 0
         self._saved_controller: dict[str, Any] | None = None
@@ -264,6 +265,7 @@ class Coordinator:
     # ---------------------------------------------------------------------- push
     def begin_push(self, meta: PushMeta) -> FlatReceiver:
         """Validate a push header and hand back a receiver for its payload."""
+        self.store.settle()  # a deferred step may still read a pooled buffer or the accumulator's sum
         member = self.member(meta.worker_id)
         check_wire_dtype(meta.wire_dtype)
         self._check_kind(meta)
@@ -378,7 +380,9 @@ class Coordinator:
                 self._commit_task = asyncio.get_running_loop().create_task(self._commit_sharded())
             return
         if self._accumulator is not None:
-            self.store.apply_gradient(self._accumulator.result())
+            # stepped piece by piece as the replies stream the new values (ps.store, ps.payload); the
+            # gradient's buffer is not reused before begin_push settles the step
+            self.store.begin_step(self._accumulator.result())
             batch = self._accumulator.weight
             self._accumulator.reset()
         else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
@@ -455,8 +459,8 @@ class Coordinator:
         """Wire dtype of the parameters the server sends (allreduce: fp32, they seed every worker's copy)."""
         return "float32" if self.rendezvous is not None else self.spec.wire_dtype
 
-    def _current_payload(self) -> list[bytes]:
-        return self.payload.get(self.version, self.store.flat, self.params_dtype)
+    def _current_payload(self) -> Sequence[bytes]:
+        return self.payload.get(self.version, self.store, self.params_dtype)
 
     def _group_info(self, member: Member) -> GroupInfo:
         if self.rendezvous is None:
@@ -537,7 +541,7 @@ class Coordinator:
     async def fetch_whole_model(self) -> None:
         """--shards: gather every range and the optimizer state (for checkpoint_state and evaluation)."""
         if self.shards is not None:
-            self._full_view = await self.shards.fetch(self.store.flat, self.store.optimizer.state_dict())
+            self._full_view = await self.shards.fetch(self.store.flat, self.store.optimizer_state())
 
     async def load_shards(self) -> None:
         """--shards: hand every shard its range (initial or resumed parameters) before workers join."""
@@ -556,14 +560,13 @@ class Coordinator:
 
     def _whole_optimizer_state(self) -> dict[str, Any]:
         if self.shards is None:
-            return self.store.optimizer.state_dict()
+            return self.store.optimizer_state()
         assert self._full_view is not None, "fetch_whole_model() first"
         return self._full_view[1]
 
     def _load_snapshot(self, values: torch.Tensor) -> None:
         """Rank 0's parameters become the global model; then the evaluations/checkpoints that waited."""
-        with torch.no_grad():
-            self.store.flat.copy_(values)
+        self.store.assign(values)
         self.payload.invalidate()
         self._snapshot_requested = False
         self.metrics.write("snapshot", step=self.step, epoch=self.epoch)

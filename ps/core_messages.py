@@ -5,6 +5,7 @@ Plain frozen dataclasses, no gRPC: the servicers translate protobuf messages to 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MAX_COMPUTE_MS = 24 * 3600 * 1000.0
@@ -62,7 +63,7 @@ class StepReply:
     global_batch: int
     wire_dtype: str
     num_values: int
-    payload: list[bytes]
+    payload: Sequence[bytes]  # framed chunks (ps.payload: built as a reply reaches them)
     reason: str = ""
     group: GroupInfo = GroupInfo()
     snapshot_requested: bool = False

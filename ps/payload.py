@@ -5,15 +5,22 @@ Pure: no I/O. The core (Coordinator, ShardCore) owns a `Payload`; the transport 
 `frame` that wraps each chunk in its message while the chunk is copied out of the parameters
 (ps/servicer.py: ParamsChunk bytes), so a reply's data is copied once, not once into a chunk and
 again into a message. The default frame is the chunk's bytes alone.
+
+Chunks are framed when a reply first reaches them (`FramedChunks`), reading the values through
+`ValueSource.values`, which may apply a deferred optimizer step just that far (ps.store): a reply
+streams chunk 0 while the rest of the model is still being stepped and framed. Whatever a version
+still owes is framed by `complete()`, which the core registers as its store's `before_change`
+callback, so the values never change under a reply that is still streaming them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator, Sequence
+from typing import Protocol, overload
 
 import torch
 
-from ps.wire import CHUNK_BYTES, encoded_views
+from ps.wire import CHUNK_BYTES, encoded_views, itemsize
 
 Frame = Callable[[int, memoryview], bytes]  # (seq, the chunk's bytes) -> what is sent
 
@@ -23,6 +30,85 @@ def raw_chunk(seq: int, data: memoryview) -> bytes:
     return bytes(data)
 
 
+class ValueSource(Protocol):
+    """Where framing reads values from (ps.store.ParameterStore; a plain tensor via `TensorSource`)."""
+
+    @property
+    def numel(self) -> int: ...
+
+    def values(self, start: int, stop: int) -> torch.Tensor: ...
+
+
+class TensorSource:
+    """A tensor as a ValueSource."""
+
+    def __init__(self, flat: torch.Tensor) -> None:
+        self._flat = flat.reshape(-1)
+
+    @property
+    def numel(self) -> int:
+        return self._flat.numel()
+
+    def values(self, start: int, stop: int) -> torch.Tensor:
+        return self._flat[start:stop]
+
+
+class FramedChunks(Sequence[bytes]):
+    """One version's framed chunks, each built the first time it is asked for, in order."""
+
+    def __init__(self, source: ValueSource, wire_dtype: str, frame: Frame, chunk_bytes: int) -> None:
+        self._source = source
+        self._wire_dtype = wire_dtype
+        self._frame = frame
+        self._per_chunk = max(1, chunk_bytes // itemsize(wire_dtype))
+        self._chunk_bytes = self._per_chunk * itemsize(wire_dtype)
+        numel = source.numel
+        self._count = max(1, -(-numel // self._per_chunk))  # an empty vector still sends one (empty) chunk
+        self._numel = numel
+        self._built: list[bytes] = []
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> bytes: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[bytes]: ...
+
+    def __getitem__(self, index: int | slice) -> bytes | list[bytes]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(f"chunk {index} of {self._count}")
+        while len(self._built) <= index:
+            self._build_next()
+        return self._built[index]
+
+    def __iter__(self) -> Iterator[bytes]:
+        for index in range(self._count):
+            yield self[index]
+
+    @property
+    def complete(self) -> bool:
+        return len(self._built) == self._count
+
+    def finish(self) -> None:
+        """Frame every chunk not yet framed (the values are about to change)."""
+        while len(self._built) < self._count:
+            self._build_next()
+
+    def _build_next(self) -> None:
+        seq = len(self._built)
+        start = seq * self._per_chunk
+        stop = min(start + self._per_chunk, self._numel)
+        values = self._source.values(start, stop)
+        (view,) = encoded_views(values, self._wire_dtype, self._chunk_bytes)
+        self._built.append(self._frame(seq, view))
+
+
 class Payload:
     """Framed chunks of the parameters, rebuilt only when the key (the parameter version) changes."""
 
@@ -30,7 +116,7 @@ class Payload:
         self.frame = frame
         self.chunk_bytes = chunk_bytes
         self._key: Hashable | None = None
-        self._chunks: list[bytes] = []
+        self._chunks: FramedChunks | None = None
 
     def use_frame(self, frame: Frame) -> None:
         """Frame chunks with `frame` from now on (the transport's message bytes)."""
@@ -40,12 +126,20 @@ class Payload:
     def invalidate(self) -> None:
         """The parameters changed under the same key (a load, a snapshot): rebuild on the next get."""
         self._key = None
+        self._chunks = None
 
-    def get(self, key: Hashable, flat: torch.Tensor, wire_dtype: str) -> list[bytes]:
-        """The chunks of `flat` in `wire_dtype`; the same list object while `key` stays the same."""
-        if self._key is None or self._key != (key, wire_dtype):
-            chunks = encoded_views(flat, wire_dtype, self.chunk_bytes)
-            self._chunks = [self.frame(seq, view) for seq, view in enumerate(chunks)]
+    def complete(self) -> None:
+        """Frame what the current version still owes, from the values as they are now. The core calls
+        this before the values change, so a reply still streaming that version sends it whole."""
+        if self._chunks is not None:
+            self._chunks.finish()
+
+    def get(self, key: Hashable, source: ValueSource | torch.Tensor, wire_dtype: str) -> FramedChunks:
+        """The chunks of the source's values in `wire_dtype`; the same object while `key` stays the same."""
+        if self._chunks is None or self._key != (key, wire_dtype):
+            if isinstance(source, torch.Tensor):
+                source = TensorSource(source)
+            self._chunks = FramedChunks(source, wire_dtype, self.frame, self.chunk_bytes)
             self._key = (key, wire_dtype)
         return self._chunks
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -42,7 +42,7 @@ def params_chunk(seq: int, data: memoryview) -> bytes:
     return with_data(ps_pb2.ParamsChunk(seq=seq + 1), data)
 
 
-def reply_messages(reply: StepReply) -> list[bytes]:
+def reply_messages(reply: StepReply) -> Iterator[bytes]:
     """A StepReply as a serialized ParamsChunk stream: the header message, then the payload chunks.
 
     The core's payload chunks are already serialized ParamsChunks (the servicers have the core's
@@ -68,7 +68,8 @@ def reply_messages(reply: StepReply) -> list[bytes]:
         backend=reply.group.backend,
         snapshot_requested=reply.snapshot_requested,
     )
-    return [ps_pb2.ParamsChunk(header=header).SerializeToString(), *reply.payload]
+    yield ps_pb2.ParamsChunk(header=header).SerializeToString()
+    yield from reply.payload  # framed as they are reached (ps.payload), the first while later ones step
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):

@@ -76,7 +76,8 @@ class ShardCore:
             raise InvalidArgument("shards serve BSP jobs without --allreduce")
         store = ParameterStore(params, spec)
         if state.get("optimizer") is not None:
-            store.optimizer.load_state_dict(state["optimizer"])
+            store.load_optimizer_state(state["optimizer"])
+        store.before_change.append(self.payload.complete)  # a reply in flight sends its round's values whole
         self._abandon("the shard was reloaded (the coordinator restarted?); rejoin")
         self.spec, self.start, self.stop, self.round = spec, start, stop, round_
         # room for every worker of the job twice over: strangers' slices cannot crowd out the workers'
@@ -127,7 +128,7 @@ class ShardCore:
     def fetch(self) -> dict[str, Any]:
         store = self._require_loaded()
         return {"start": self.start, "stop": self.stop, "round": self.round, "params": store.snapshot(),
-                "optimizer": store.optimizer.state_dict()}
+                "optimizer": store.optimizer_state()}
 
     # ---------------------------------------------------------------- workers
     def begin_push(self, meta: PushMeta) -> FlatReceiver:
@@ -182,7 +183,7 @@ class ShardCore:
         store = self._require_loaded()
         return StepReply(round=self.round, version=self.round, epoch=0, batch_size=0, done=False, lr=0.0,
                          global_batch=0, wire_dtype=spec.wire_dtype, num_values=self.numel,
-                         payload=self.payload.get(self.round, store.flat, spec.wire_dtype))
+                         payload=self.payload.get(self.round, store, spec.wire_dtype))
 
     # ---------------------------------------------------------------- helpers
     def _check_open(self, meta: PushMeta) -> None:

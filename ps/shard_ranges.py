@@ -52,8 +52,8 @@ def merge_optimizer_states(states: Sequence[dict[str, Any]], ranges: Sequence[Ra
         for name, value in per_param.items():
             if isinstance(value, torch.Tensor) and value.numel() == ranges[0][1] - ranges[0][0] and value.dim() == 1:
                 merged[key][name] = torch.cat([s["state"][key][name] for s in states])
-            else:
-                merged[key][name] = value
+            else:  # a copy, as _cut makes: the merged state must not alias a live optimizer's step count
+                merged[key][name] = value.clone() if isinstance(value, torch.Tensor) else value
     return {"state": merged, "param_groups": [dict(group) for group in first["param_groups"]]}
 
 

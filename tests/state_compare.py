@@ -43,7 +43,7 @@ def server_state(c: Coordinator, *, with_accuracy: bool = True) -> dict[str, Any
         status.pop("last_accuracy")
     return {
         "flat": c.store.flat.clone(),
-        "optimizer": copy.deepcopy(c.store.optimizer.state_dict()),
+        "optimizer": copy.deepcopy(c.store.optimizer_state()),
         "round": c.round,
         "version": c.version,
         "epoch": c.epoch,

@@ -12,7 +12,7 @@ import dataclasses
 import functools
 import json
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -370,11 +370,11 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     assert payload.get(7, values, "float32") is parts  # same version: the same chunks
     assert payload.get(8, values, "float32") is not parts
 
-    def reply(batch_size: int, chunks: list[bytes]) -> StepReply:
+    def reply(batch_size: int, chunks: Sequence[bytes]) -> StepReply:
         return StepReply(round=2, version=3, epoch=1, batch_size=batch_size, done=False, lr=0.5, global_batch=8,
                          wire_dtype="float32", num_values=3000, payload=chunks, reason="r")
 
-    first, second = reply_messages(reply(3, parts)), reply_messages(reply(5, parts))
+    first, second = list(reply_messages(reply(3, parts))), list(reply_messages(reply(5, parts)))
     h = ps_pb2.ParamsHeader(round=2, version=3, epoch=1, batch_size=3, wire_dtype="float32", num_values=3000,
                             lr=0.5, global_batch=8, reason="r")
     expected = [ps_pb2.ParamsChunk(header=h, seq=0)]
@@ -383,7 +383,7 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     assert ps_pb2.ParamsChunk.FromString(second[0]).header.batch_size == 5
     assert all(a is b for a, b in zip(first[1:], second[1:], strict=True))
     assert all(a is b for a, b in zip(first[1:], parts, strict=True))  # the payload's chunks, not copies
-    assert reply_messages(reply(3, payload.empty())) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
+    assert list(reply_messages(reply(3, payload.empty()))) == [ps_pb2.ParamsChunk(header=h).SerializeToString()]
 
 
 def test_chunk_data_is_parsed_as_a_view_and_the_rest_as_protobuf_would() -> None:

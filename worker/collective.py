@@ -150,13 +150,12 @@ class Collective:
         src = int((rounds == best).nonzero()[0])
         flat = self.local.flat.to(self._device)
         dist.broadcast(flat, src=src)
-        state = [self.local.optimizer.state_dict() if self.rank == src else None]
+        state = [self.local.optimizer_state() if self.rank == src else None]
         dist.broadcast_object_list(state, src=src, device=self._device if self._device.type == "cuda" else None)
         if self.rank != src:
             assert state[0] is not None
-            with torch.no_grad():
-                self.local.flat.copy_(flat)
-            self.local.optimizer.load_state_dict(state[0])
+            self.local.assign(flat)
+            self.local.load_optimizer_state(state[0])
         self.round = int(best)
 
     def close_group(self) -> None:

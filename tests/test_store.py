@@ -1,0 +1,125 @@
+"""The parameter store steps piece by piece, and a deferred step equals a whole one; the payload frames
+a version's chunks as they are reached and never mixes two versions in one reply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ps.jobspec import JobSpec
+from ps.payload import Payload
+from ps.store import ParameterStore
+from ps.wire import encode, split
+
+SPECS = {
+    "sgd": JobSpec(momentum=0.0),
+    "momentum+wd": JobSpec(momentum=0.9, weight_decay=1e-3),
+    "nesterov": JobSpec(momentum=0.9, nesterov=True),
+    "adam": JobSpec(optimizer="adam", momentum=0.0, weight_decay=1e-4),
+}
+
+
+def rand(n: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+def whole_reference(flat: torch.Tensor, grads: list[torch.Tensor], spec: JobSpec, lr_after: float) -> ParameterStore:
+    """The same steps on one optimizer over the whole vector (a piece as large as the vector)."""
+    store = ParameterStore(flat, spec, piece_values=flat.numel())
+    for i, g in enumerate(grads):
+        if i == 1:
+            store.set_lr(lr_after)
+        store.apply_gradient(g)
+    return store
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_piecewise_deferred_steps_equal_whole_steps_bit_for_bit(name: str) -> None:
+    spec, n = SPECS[name], 10_007
+    flat, grads = rand(n, 0), [rand(n, s) for s in (1, 2, 3)]
+    store = ParameterStore(flat, spec, piece_values=1024)
+    assert len(store.pieces) == 10 and store.pieces[-1] == (9216, n)
+    for i, g in enumerate(grads):
+        if i == 1:
+            store.set_lr(0.05)
+        store.begin_step(g)
+        store.values(0, 100)  # read a little; the rest steps when the next change comes
+    reference = whole_reference(flat, grads, spec, 0.05)
+    assert torch.equal(store.flat, reference.flat)
+    ours, theirs = store.optimizer_state(), reference.optimizer_state()
+    assert ours["param_groups"] == theirs["param_groups"]
+    assert ours["state"].keys() == theirs["state"].keys()
+    for key, value in theirs["state"].get(0, {}).items():
+        assert torch.equal(torch.as_tensor(ours["state"][0][key]), torch.as_tensor(value)), key
+
+
+def test_a_deferred_step_applies_only_as_far_as_values_are_read() -> None:
+    flat, g = rand(4000, 0), rand(4000, 1)
+    store = ParameterStore(flat, JobSpec(momentum=0.0, lr=0.5), piece_values=1000)
+    store.begin_step(g)
+    assert torch.equal(store.values(0, 1500), flat[:1500] - 0.5 * g[:1500])
+    untouched = store._flat[2000:].clone()  # noqa: SLF001 (what the store has not stepped yet)
+    assert torch.equal(untouched, flat[2000:])
+    assert torch.equal(store.flat, flat - 0.5 * g)  # reading everything settles everything
+
+
+def test_optimizer_state_round_trips_across_piece_sizes() -> None:
+    """A checkpoint's optimizer state is one optimizer's format, whatever the store's piece size."""
+    spec, n = SPECS["adam"], 5000
+    flat, grads = rand(n, 0), [rand(n, s) for s in (1, 2)]
+    pieces = ParameterStore(flat, spec, piece_values=777)
+    for g in grads:
+        pieces.apply_gradient(g)
+    whole = ParameterStore(flat, spec, piece_values=n)
+    whole.load_state_dict(pieces.state_dict())
+    again = ParameterStore(flat, spec, piece_values=333)
+    again.load_state_dict(whole.state_dict())
+    g = rand(n, 9)
+    for store in (pieces, whole, again):
+        store.apply_gradient(g)
+    assert torch.equal(pieces.flat, whole.flat) and torch.equal(pieces.flat, again.flat)
+
+
+def test_before_change_runs_after_the_deferred_step_and_before_any_change() -> None:
+    store = ParameterStore(rand(3000, 0), JobSpec(momentum=0.0, lr=1.0), piece_values=1000)
+    seen: list[torch.Tensor] = []
+    store.before_change.append(lambda: seen.append(store._flat.clone()))  # noqa: SLF001
+    g = rand(3000, 1)
+    start = store.flat.clone()
+    store.begin_step(g)
+    store.apply_update(torch.ones(3000))
+    store.assign(torch.zeros(3000))
+    assert len(seen) == 3
+    assert torch.equal(seen[0], start)
+    assert torch.equal(seen[1], start - g)  # the deferred step was finished before the update
+    assert torch.equal(seen[2], start - g + 1)
+
+
+def test_payload_frames_chunks_lazily_and_a_version_stays_whole_across_a_step() -> None:
+    """A reply that has read only chunk 0 of version 1 when the next step begins still gets version 1
+    in every chunk (the store's before_change completes the payload), and the chunks equal the
+    eager encoding."""
+    n, per_chunk = 3000, 256  # 1 KiB chunks of fp32
+    spec = JobSpec(momentum=0.0, lr=1.0)
+    store = ParameterStore(rand(n, 0), spec, piece_values=1024)
+    payload = Payload(chunk_bytes=per_chunk * 4)
+    store.before_change.append(payload.complete)
+    g1, g2 = rand(n, 1), rand(n, 2)
+    store.begin_step(g1)
+    version1 = store._flat.clone() - g1  # noqa: SLF001
+    chunks = payload.get(1, store, "float32")
+    assert len(chunks) == 12
+    assert chunks[0] == split(encode(version1), per_chunk * 4)[0]
+    assert not chunks.complete and store._next_piece == 1  # noqa: SLF001 (only the first piece stepped)
+    store.begin_step(g2)  # the next round closes while a reply is still streaming version 1
+    assert chunks.complete
+    assert list(chunks) == split(encode(version1), per_chunk * 4)
+    assert list(payload.get(2, store, "float32")) == split(encode(version1 - g2), per_chunk * 4)
+
+
+@pytest.mark.parametrize("wire_dtype", ["bfloat16", "float16"])
+def test_lazy_chunks_in_a_narrow_wire_dtype_equal_the_eager_encoding(wire_dtype: str) -> None:
+    values = rand(5000, 3)
+    chunks = Payload(chunk_bytes=2048).get(0, values, wire_dtype)
+    assert list(chunks) == split(encode(values, wire_dtype), 2048)
+    assert chunks[-1] == chunks[len(chunks) - 1] and chunks[1:3] == list(chunks)[1:3]
