@@ -508,7 +508,8 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     serialized as gRPC's response serializer does before writing them (``SerializeToString``; a chunk the
     servicer already serialized, bytes, passes through as it is). This is the Python
     work between the last push arriving and the replies leaving: payload check, accumulate, optimizer
-    step, epoch bookkeeping, encoding the parameters once, building and serializing the replies.
+    step (begun when the round closes and applied a piece at a time as the first reply streams),
+    epoch bookkeeping, encoding the parameters once, building and serializing the replies.
     gRPC's own socket writes are not in it (``measure_overhead_outside`` has those).
     """
     from protos import ps_pb2
@@ -604,8 +605,10 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
         },
         "components_note": "last_push_finish: FlatReceiver.finish of the last push (length check; NaN/Inf was "
                            "checked chunk by chunk as they arrived); "
-                           "close_round: Coordinator._close_round (accumulate result, optimizer step, bookkeeping); "
-                           "payload_encode: Coordinator._current_payload (encode, framed as ParamsChunk messages, once per version); "
+                           "close_round: Coordinator._close_round (accumulate result, begin the optimizer step, bookkeeping; "
+                           "the step itself runs a piece at a time as the first reply streams, ps.store); "
+                           "payload_encode: Coordinator._current_payload (the version's lazily framed chunks, ps.payload; "
+                           "the framing happens as the replies are produced, inside the total); "
                            "reply_serialize_all_workers: SerializeToString of every reply message not already serialized",
     }
 
