@@ -40,8 +40,10 @@ class ParameterStore:
     a reader that is still framing the current values (ps.payload) can finish first.
     """
 
-    def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int = PIECE_VALUES) -> None:
-        """A store over a copy of `flat` (all parameters, or one shard's range of them)."""
+    def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> None:
+        """A store over a copy of `flat` (all parameters, or one shard's range of them), stepped in
+        pieces of `piece_values` values (default PIECE_VALUES)."""
+        piece_values = PIECE_VALUES if piece_values is None else piece_values
         if piece_values < 1:
             raise ValueError(f"piece_values must be >= 1, got {piece_values}")
         self._flat = flat.detach().reshape(-1).float().clone()

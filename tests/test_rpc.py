@@ -355,6 +355,35 @@ def test_bsp_large_model_over_default_message_limits(ps_server) -> None:
     assert torch.equal(pulled, params)
 
 
+def test_bsp_steps_piece_by_piece_while_replies_stream(ps_server, threads, monkeypatch) -> None:
+    """With the optimizer stepped in 5 pieces and the replies framed lazily in 5 chunks, three rounds of
+    two workers (momentum, weight decay) give every reply and a pull what one optimizer over the whole
+    vector gives."""
+    import ps.store
+    from ps.aggregation import WeightedMean
+
+    monkeypatch.setattr(ps.store, "PIECE_VALUES", 1 << 18)
+    c = start_cluster(ps_server, threads, "--model-arg", "hidden=1100", "--global-batch", "32", "--lr", "0.1",
+                      "--momentum", "0.9", "--weight-decay", "0.001")
+    assert len(c.server.coordinator.store.pieces) == 5 and c.numel > 4 * (1 << 18)
+    reference = ps.store.ParameterStore(c.theta0, JobSpec(lr=0.1, momentum=0.9, weight_decay=0.001), piece_values=c.numel)
+    for round_ in range(3):
+        g_a, g_b = rand(c.numel, seed=10 + round_), rand(c.numel, seed=20 + round_)
+        pending = threads.submit(push, c.server.stub(), push_chunks(
+            header(c.ids["a"], g_a, batch_size=12, round=round_, version=round_), g_a, chunk_bytes=CHUNK_BYTES))
+        h, params_b = push(c.stub, push_chunks(
+            header(c.ids["b"], g_b, batch_size=20, round=round_, version=round_), g_b, chunk_bytes=CHUNK_BYTES))
+        _, params_a = pending.result(TIMEOUT)
+        mean = WeightedMean(c.numel)
+        mean.add(g_a, 12)
+        mean.add(g_b, 20)
+        reference.apply_gradient(mean.result())
+        assert h.round == round_ + 1 and torch.equal(params_a, params_b)
+        torch.testing.assert_close(params_b, reference.flat, rtol=0, atol=1e-6)
+    _, pulled = pull(c.stub, c.ids["a"])
+    assert torch.equal(pulled, params_b)
+
+
 def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_would() -> None:
     """The core's Payload, framed with params_chunk, holds the bytes SerializeToString gives for each
     ParamsChunk, built once per version; reply_messages only puts each reply's header message first."""
