@@ -192,7 +192,7 @@ class Collective:
             return False
         n = grads.numel()
         bucket = self._bucket_for(n + 2)
-        bucket[:n].copy_(grads).mul_(batch)
+        torch.mul(grads, batch, out=bucket[:n])  # one pass (a copy then a scale was two)
         bucket[n] = float(batch)
         bucket[n + 1] = float(plan.round)
         try:
