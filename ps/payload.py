@@ -124,7 +124,10 @@ class Payload:
         self.invalidate()
 
     def invalidate(self) -> None:
-        """The parameters changed under the same key (a load, a snapshot): rebuild on the next get."""
+        """The parameters changed under the same key (a load, a snapshot): rebuild on the next get.
+        The version being dropped is completed first (already done when a change went through the
+        store's before_change), so a reply still streaming it never reads later values."""
+        self.complete()
         self._key = None
         self._chunks = None
 

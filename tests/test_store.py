@@ -123,3 +123,16 @@ def test_lazy_chunks_in_a_narrow_wire_dtype_equal_the_eager_encoding(wire_dtype:
     chunks = Payload(chunk_bytes=2048).get(0, values, wire_dtype)
     assert list(chunks) == split(encode(values, wire_dtype), 2048)
     assert chunks[-1] == chunks[len(chunks) - 1] and chunks[1:3] == list(chunks)[1:3]
+
+
+def test_a_version_dropped_by_invalidate_is_framed_whole_before_it_goes() -> None:
+    """Payload.invalidate (a new frame, a reload) completes the version a reply may still be reading."""
+    n = 3000
+    values = rand(n, 6)
+    original = values.clone()
+    payload = Payload(chunk_bytes=1024)
+    chunks = payload.get(0, values, "float32")
+    assert chunks[0] == split(encode(values), 1024)[0] and not chunks.complete
+    payload.invalidate()
+    values.add_(1.0)  # a change that no before_change hook saw
+    assert list(chunks) == split(encode(original), 1024)
