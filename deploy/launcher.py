@@ -112,16 +112,38 @@ _HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
 def _signals_deferred() -> Iterator[None]:
     """Hold SIGINT, SIGTERM and SIGHUP until the block ends, so a second Ctrl-C cannot cut a cleanup short.
 
-    A signal that arrives meanwhile is delivered (and raises) right after the block.
+    A signal that arrives meanwhile is delivered (and raises) right after the block. Two layers: the
+    main thread's mask holds a signal sent to it, and the Python-level handlers only note a signal
+    that another thread took (the kernel hands a process-directed signal to any thread that does not
+    block it, e.g. the cluster-settle thread, and CPython then runs the handler in the main thread at
+    its next bytecode, inside the block). At the end the mask and handlers are restored and a noted
+    signal is raised again.
     """
     if not _in_main_thread():
         yield
         return
+    noted: list[int] = []
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        noted.append(signum)
+
+    # a handler installed outside Python (getsignal None) is left as it is: only the mask holds that one
+    handlers = {signum: signal.signal(signum, note) for signum in sorted(_HELD_SIGNALS) if signal.getsignal(signum) is not None}
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a held signal arrives now and is noted
+        raised: BaseException | None = None
+        for signum, handler in handlers.items():
+            try:
+                signal.signal(signum, handler)
+            except BaseException as exc:  # noqa: BLE001 (a signal in this instant, raised by its restored handler)
+                raised = raised or exc
+        if raised is not None:
+            raise raised
+        for signum in dict.fromkeys(noted):
+            signal.raise_signal(signum)  # delivered to this thread at once: its own handler raises
 
 
 def _in_main_thread() -> bool:

@@ -326,6 +326,34 @@ def test_phase_spans_place_epoch_and_clock_phases_on_the_epoch_axis() -> None:
     assert phase_spans(events, by_clock) == [(0.5, 3.0, "A"), (3.0, 6.5, "B")]
 
 
+def test_a_signal_another_thread_takes_is_still_held_until_the_block_ends() -> None:
+    """A process-directed SIGTERM goes to a thread that does not block it (here: a waiting helper
+    thread, as the cluster-settle thread is), and CPython then runs the handler in the main thread at
+    its next bytecode. The deferral still holds it until the block ends, then it raises."""
+    import threading
+
+    from deploy import launcher
+
+    sigint_before = signal.getsignal(signal.SIGINT)
+    stop = threading.Event()
+    helper = threading.Thread(target=stop.wait, daemon=True)
+    helper.start()
+    reached = []
+    try:
+        with launcher.signals_as_exceptions(), pytest.raises(launcher.Terminated):
+            with launcher._signals_deferred():
+                os.kill(os.getpid(), signal.SIGTERM)
+                deadline = time.monotonic() + 0.5
+                while time.monotonic() < deadline:  # bytecodes at which an undeferred handler would run
+                    time.sleep(0.001)
+                reached.append(True)
+        assert reached == [True]
+        assert signal.getsignal(signal.SIGINT) is sigint_before  # the deferral's handlers are gone again
+    finally:
+        stop.set()
+        helper.join()
+
+
 def test_a_signal_right_after_a_fork_still_leaves_no_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
