@@ -401,6 +401,9 @@ class LocalCluster:
 
     def _settle_when_job_starts(self) -> None:
         """Background: at the job's first ``adjust`` event, drop every worker from its startup quota."""
+        # SIGINT/SIGTERM/SIGHUP go to the main thread, which handles them (and defers them, see
+        # _signals_deferred); taken here, a signal's handler could run late, outside a deferred block
+        signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
         offset, pending = 0, b""
         try:
             while not self._closed:

@@ -361,6 +361,7 @@ def test_a_signal_right_after_a_fork_still_leaves_no_process(
     held until the process is recorded, so close() stops it. It used to raise before the record: under
     load, a signal to ps-cluster while its cluster started left a worker running after it."""
     import subprocess as real_subprocess
+    import threading
 
     from deploy import launcher
 
@@ -371,7 +372,9 @@ def test_a_signal_right_after_a_fork_still_leaves_no_process(
         proc = real_popen(*args, **kwargs)  # type: ignore[call-overload]
         if "preexec_fn" in kwargs:  # the launcher's spawn (not ctypes' ldconfig lookup)
             started.append(proc)
-            os.kill(os.getpid(), signal.SIGTERM)
+            # to this (the main) thread: a process-directed signal may go to another thread of the test
+            # process, whose handler can run late (test_a_signal_another_thread_takes_... covers that)
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
         return proc
 
     monkeypatch.setattr(launcher.subprocess, "Popen", popen_then_sigterm)
