@@ -15,6 +15,7 @@ import grpc
 import torch
 
 from ps.checkpoint import Checkpointer, latest_checkpoint
+from ps.stack_dump import enable_stack_dump
 from ps.controller import BatchController, ControllerConfig
 from ps.coordinator import Coordinator
 from ps.datasets import Dataset, build_dataset
@@ -372,6 +373,7 @@ async def serve(
 
 def main(argv: Sequence[str] | None = None) -> int:
     tune_malloc()
+    enable_stack_dump()
     parser = build_parser()
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))

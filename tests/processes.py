@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,8 +52,11 @@ class Cluster:
         for proc in self.workers:
             try:
                 proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
+            except subprocess.TimeoutExpired:  # a worker that did not exit: its stacks go to its log
+                proc.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
                 proc.kill()
+                proc.wait()
         return code
 
     def events(self, kind: str | None = None) -> list[dict]:

@@ -75,3 +75,39 @@ def test_help_lists_required_flags() -> None:
                  "--weight-decay", "--epochs", "--controller", "--deadband", "--min-batch", "--max-batch",
                  "--adjust-every", "--port", "--metrics-log", "--seed"]:
         assert flag in out
+
+
+def test_sigusr1_prints_a_waiting_workers_stacks_and_it_goes_on() -> None:
+    """A worker waiting for a server that never answers prints every thread's stack on SIGUSR1 (what a
+    test sends before it kills a worker that did not exit) and keeps waiting."""
+    import signal
+    import socket
+    import time
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    proc = subprocess.Popen([sys.executable, "-m", "worker.cli", "--server", f"127.0.0.1:{port}", "--timeout", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 60  # until the handler is installed (imports take a while on a busy machine)
+        while not _catches(proc.pid, signal.SIGUSR1):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0]
+            time.sleep(0.1)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        assert proc.poll() is None  # the dump does not stop it
+    finally:
+        proc.kill()
+        out, _ = proc.communicate(timeout=30)
+    assert "Current thread" in out or "Thread 0x" in out, out
+    assert 'File "' in out and "wait_ready" in out, out
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether the process has a handler for `signum` (the SigCgt mask of /proc/PID/status)."""
+    for line in open(f"/proc/{pid}/status", encoding="ascii"):
+        if line.startswith("SigCgt:"):
+            return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    return False

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from ps.memory import tune_malloc
 from ps.security import TOKEN_ENV, resolve_token
+from ps.stack_dump import enable_stack_dump
 from worker.client import ServerError, channel_credentials
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.runtime import Session, connect, default_cores
@@ -85,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     torch.set_num_threads(args.threads)
     signal.signal(signal.SIGTERM, _terminate)
+    enable_stack_dump()
     cores = args.cores if args.cores is not None else default_cores()
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
