@@ -10,6 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ps.chunked import Vector, as_tensor, parts
+
 
 class WeightedMean:
     """Streaming batch-weighted mean of gradients into a preallocated fp32 buffer.
@@ -18,13 +20,14 @@ class WeightedMean:
     (one worker, or the others gone) yields that gradient itself, exactly its mean, and a second
     gradient writes b_1·g_1 + b_2·g_2 into the buffer (no zeroing pass). The caller must leave a
     gradient it added unchanged until `reset` (`holds` says whether the buffer is still in use).
+    A gradient may be a ChunkedVector (ps.chunked: the chunks a push arrived in), read part by part.
     """
 
     def __init__(self, numel: int) -> None:
         self._sum = torch.zeros(numel, dtype=torch.float32)
         self._weight = 0
         self._count = 0
-        self._single: torch.Tensor | None = None  # the only gradient added so far
+        self._single: Vector | None = None  # the only gradient added so far
 
     @property
     def count(self) -> int:
@@ -34,11 +37,11 @@ class WeightedMean:
     def weight(self) -> int:
         return self._weight
 
-    def holds(self, tensor: torch.Tensor) -> bool:
+    def holds(self, tensor: Vector) -> bool:
         """Whether `tensor` is a gradient held by reference (not to be reused before `reset`)."""
         return self._single is tensor
 
-    def add(self, grad: torch.Tensor, batch: int) -> None:
+    def add(self, grad: Vector, batch: int) -> None:
         """Add a worker's mean gradient over `batch` samples."""
         if batch <= 0:
             raise ValueError(f"batch must be > 0, got {batch}")
@@ -46,20 +49,21 @@ class WeightedMean:
             self._single = grad
         else:
             if self._single is not None:
-                torch.mul(self._single, float(self._weight), out=self._sum)
+                for start, part in parts(self._single):
+                    torch.mul(part, float(self._weight), out=self._sum[start : start + part.numel()])
                 self._single = None
-            self._sum.add_(grad, alpha=float(batch))
+            self._add_parts(grad, float(batch))
         self._weight += batch
         self._count += 1
 
-    def remove(self, grad: torch.Tensor, batch: int) -> None:
+    def remove(self, grad: Vector, batch: int) -> None:
         """Take back a gradient added before (a shard's slice from a push the round did not count)."""
         if self._single is not None:
             if grad is not self._single:
                 raise ValueError("remove: that gradient was not added")
             self._single = None
         else:
-            self._sum.add_(grad, alpha=-float(batch))
+            self._add_parts(grad, -float(batch))
         self._weight -= batch
         self._count -= 1
 
@@ -68,16 +72,20 @@ class WeightedMean:
         if self._count == 0:
             return torch.zeros_like(self._sum)
         if self._single is not None:
-            return self._single * float(self._weight)
+            return as_tensor(self._single) * float(self._weight)
         return self._sum.clone()
 
-    def result(self) -> torch.Tensor:
+    def result(self) -> Vector:
         """g = Σ b_k g_k / Σ b_k (in place, or the one gradient added); call reset() before the next round."""
         if self._weight == 0:
             raise ValueError("no gradient was added")
         if self._single is not None:
             return self._single
         return self._sum.div_(self._weight)
+
+    def _add_parts(self, grad: Vector, alpha: float) -> None:
+        for start, part in parts(grad):
+            self._sum[start : start + part.numel()].add_(part, alpha=alpha)
 
     def reset(self) -> None:
         self._weight = 0

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ps.aggregation import WeightedMean, asp_lr
+from ps.chunked import Vector
 from ps.controller import BatchController
 from ps.core_messages import MAX_COMPUTE_MS, PUSH_KINDS, Beat, GroupInfo, JoinInfo, PushMeta, StepReply
 from ps.datasets import Dataset
@@ -34,7 +35,7 @@ from ps.rendezvous import Rendezvous
 from ps.shard_client import RemoteShards, ShardFailure
 from ps.shard_ranges import slice_optimizer_state
 from ps.store import ParameterStore
-from ps.wire import FlatReceiver, Layout, check_wire_dtype, flatten_params
+from ps.wire import FlatReceiver, Layout, Receiver, check_wire_dtype, flatten_params, push_receiver
 
 CHECKPOINT_FORMAT = 1
 
@@ -263,7 +264,7 @@ class Coordinator:
             self._close_round()
 
     # ---------------------------------------------------------------------- push
-    def begin_push(self, meta: PushMeta) -> FlatReceiver:
+    def begin_push(self, meta: PushMeta) -> Receiver:
         """Validate a push header and hand back a receiver for its payload."""
         self.store.settle()  # a deferred step may still read a pooled buffer or the accumulator's sum
         member = self.member(meta.worker_id)
@@ -288,15 +289,17 @@ class Coordinator:
             raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {self.own_numel}{where}")
         if meta.kind != "snapshot":
             self._check_sequence(member, meta)
-        buffer = self._staging.pop() if self._staging else torch.empty(self.own_numel)
-        return FlatReceiver(buffer, meta.num_values, meta.wire_dtype)
+        return push_receiver(meta.num_values, meta.wire_dtype, self._staging)
 
-    def release(self, receiver: FlatReceiver) -> None:
+    def release(self, receiver: Receiver) -> None:
         """Return a receiver's buffer to the pool (after success or failure), unless the open round's
         accumulator still holds it (a push cancelled while its round was open)."""
-        held = self._accumulator is not None and self._accumulator.holds(receiver.out)
-        if receiver.out.numel() == self.own_numel and not held:
-            self._staging.append(receiver.out)
+        buffer = receiver.buffer
+        if buffer is None:
+            return
+        held = self._accumulator is not None and self._accumulator.holds(buffer)
+        if buffer.numel() == self.own_numel and not held:
+            self._staging.append(buffer)
 
     def _check_kind(self, meta: PushMeta) -> None:
         """Gradients go to the server only without --allreduce; reports and snapshots only with it."""
@@ -340,7 +343,7 @@ class Coordinator:
                     f"{self.max_staleness}; pull and recompute"
                 )
 
-    async def push(self, meta: PushMeta, values: torch.Tensor) -> StepReply:
+    async def push(self, meta: PushMeta, values: Vector) -> StepReply:
         """Apply a validated push; BSP returns once the round closes, ASP at once."""
         member = self.member(meta.worker_id)
         if meta.kind == "snapshot":
@@ -356,7 +359,7 @@ class Coordinator:
             return await self._push_bsp(member, meta, values)
         return self._push_asp(member, meta, values)
 
-    async def _push_bsp(self, member: Member, meta: PushMeta, grad: torch.Tensor) -> StepReply:
+    async def _push_bsp(self, member: Member, meta: PushMeta, grad: Vector) -> StepReply:
         self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
         if self._accumulator is not None:
             self._accumulator.add(grad, meta.batch_size)
@@ -434,7 +437,7 @@ class Coordinator:
         if future is not None and not future.done():
             future.set_result(True)
 
-    def _push_asp(self, member: Member, meta: PushMeta, delta: torch.Tensor) -> StepReply:
+    def _push_asp(self, member: Member, meta: PushMeta, delta: Vector) -> StepReply:
         self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
         self.store.apply_update(delta)
         member.staleness_sum += self.version - meta.version
@@ -564,7 +567,7 @@ class Coordinator:
         assert self._full_view is not None, "fetch_whole_model() first"
         return self._full_view[1]
 
-    def _load_snapshot(self, values: torch.Tensor) -> None:
+    def _load_snapshot(self, values: Vector) -> None:
         """Rank 0's parameters become the global model; then the evaluations/checkpoints that waited."""
         self.store.assign(values)
         self.payload.invalidate()

@@ -10,7 +10,7 @@ from protos import ps_pb2
 from ps.core_messages import PushMeta
 from ps.errors import InvalidArgument
 from ps.serialized import DataChunk
-from ps.wire import FlatReceiver
+from ps.wire import Receiver
 
 # the wire's PushKind numbers for the core's kind names (ps.core_messages.PUSH_KINDS), and back
 PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
@@ -24,9 +24,9 @@ def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
 
 async def receive_push(
     chunks: AsyncIterator[DataChunk],
-    begin: Callable[[PushMeta], FlatReceiver],
-    on_receiver: Callable[[FlatReceiver], None],
-) -> tuple[PushMeta, FlatReceiver]:
+    begin: Callable[[PushMeta], Receiver],
+    on_receiver: Callable[[Receiver], None],
+) -> tuple[PushMeta, Receiver]:
     """The push's header and its filled receiver (not yet finished). `on_receiver` is told of the
     receiver as soon as it exists, so the caller can return its buffer whatever happens next.
     Raises InvalidArgument for a malformed stream and DecodeError for an undecodable chunk."""

@@ -19,7 +19,7 @@ from ps.errors import (
 )
 from ps.push_stream import receive_push
 from ps.serialized import DataChunk, with_data
-from ps.wire import FlatReceiver
+from ps.wire import Receiver
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -108,7 +108,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Push(
         self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        receivers: list[FlatReceiver] = []
+        receivers: list[Receiver] = []
         try:
             meta, receiver = await receive_push(request_iterator, self.core.begin_push, receivers.append)
             reply = await self.core.push(meta, receiver.finish())

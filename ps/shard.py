@@ -17,12 +17,13 @@ from typing import Any
 import torch
 
 from ps.aggregation import WeightedMean
+from ps.chunked import Vector
 from ps.core_messages import MAX_COMPUTE_MS, PushMeta, StepReply
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.jobspec import JobSpec
 from ps.payload import Payload
 from ps.store import ParameterStore
-from ps.wire import FlatReceiver, check_wire_dtype
+from ps.wire import Receiver, check_wire_dtype, push_receiver
 
 MAX_WAIT_S = 3600.0
 
@@ -30,7 +31,7 @@ MAX_WAIT_S = 3600.0
 @dataclass
 class _Staged:
     batch: int
-    values: torch.Tensor
+    values: Vector
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,7 @@ class ShardCore:
             store.apply_gradient(total.result())
             self.payload.invalidate()
         total.reset()
-        self._pool.extend(s.values for s in self._staged.values())
+        self._pool.extend(s.values for s in self._staged.values() if isinstance(s.values, torch.Tensor))
         self._staged.clear()
         self.round += 1
         decided, self._decided = self._decided, None
@@ -131,7 +132,7 @@ class ShardCore:
                 "optimizer": store.optimizer_state()}
 
     # ---------------------------------------------------------------- workers
-    def begin_push(self, meta: PushMeta) -> FlatReceiver:
+    def begin_push(self, meta: PushMeta) -> Receiver:
         spec = self._require_loaded_spec()
         check_wire_dtype(meta.wire_dtype)
         if meta.kind != "values":
@@ -148,10 +149,9 @@ class ShardCore:
         self._check_open(meta)
         if len(self._staged) >= self.max_pending:
             raise FailedPrecondition(f"round {self.round} already holds {self.max_pending} slices, the job's worker limit")
-        buffer = self._pool.pop() if self._pool else torch.empty(self.numel)
-        return FlatReceiver(buffer, meta.num_values, meta.wire_dtype)
+        return push_receiver(meta.num_values, meta.wire_dtype, self._pool)
 
-    async def push(self, meta: PushMeta, values: torch.Tensor) -> StepReply:
+    async def push(self, meta: PushMeta, values: Vector) -> StepReply:
         """Stage a received slice; answer with the range's new values once the round is committed."""
         self._check_open(meta)  # re-checked: the round may have moved while the payload streamed in
         assert self._sum is not None
@@ -166,14 +166,16 @@ class ShardCore:
         except asyncio.CancelledError:  # the worker gave up (its coordinator push failed): take the slice out
             if self._decided is decided and meta.worker_id in self._staged:
                 self._unstage(meta.worker_id)
-                self._pool.append(values)
+                self.release(values)
             raise
         if meta.worker_id not in counted:
             raise FailedPrecondition(f"round {meta.round} closed without this worker's push (evicted?); rejoin")
         return self.reply()
 
-    def release(self, values: torch.Tensor) -> None:
-        """Return the buffer of a refused push to the pool."""
+    def release(self, values: Vector | None) -> None:
+        """Return the buffer of a refused push to the pool (a ChunkedVector is gRPC's bytes: nothing)."""
+        if not isinstance(values, torch.Tensor):
+            return
         if values.numel() == self.numel and all(values is not s.values for s in self._staged.values()):
             self._pool.append(values)
 

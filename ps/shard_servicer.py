@@ -48,7 +48,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
         finally:
             if receivers and not taken:
-                self.core.release(receivers[0].out)
+                self.core.release(receivers[0].buffer)
         for message in reply_messages(reply):
             yield message
 

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ps.chunked import ChunkedVector
 from ps.errors import InvalidArgument
 
 CHUNK_BYTES = 1 << 20
@@ -137,18 +138,12 @@ def all_finite(values: torch.Tensor) -> bool:
     return math.isfinite(values.sum().item()) or bool(torch.isfinite(values).all())
 
 
-class FlatReceiver:
-    """Reassembles a chunk stream into a preallocated fp32 tensor, validating as it goes.
+class _StreamCheck:
+    """What every receiver checks of a chunk stream: order, whole values, no overrun, and (with
+    `check_finite`) no NaN/Inf, each chunk checked as it arrives, while it is still in cache."""
 
-    With `check_finite` each chunk is checked for NaN/Inf right after it is copied in (while it is
-    still in cache, and while the rest of the stream is on its way), so `finish` need not read the
-    whole buffer again."""
-
-    def __init__(self, out: torch.Tensor, num_values: int, wire_dtype: str, check_finite: bool = True) -> None:
-        if num_values != out.numel():
-            raise InvalidArgument(f"buffer has {num_values} values, the layout expects {out.numel()}")
-        self.out = out
-        self._out_np = out.numpy()
+    def __init__(self, num_values: int, wire_dtype: str, check_finite: bool) -> None:
+        self.num_values = num_values
         self.wire_dtype = check_wire_dtype(wire_dtype)
         self._itemsize = itemsize(wire_dtype)
         self._filled = 0
@@ -156,34 +151,99 @@ class FlatReceiver:
         self._check_finite = check_finite
         self._finite = True
 
-    def feed(self, seq: int, data: bytes | memoryview) -> None:
+    def _accept(self, seq: int, data: bytes | memoryview) -> int:
+        """The chunk's value count, after checking its place in the stream."""
         if seq != self._next_seq:
             raise InvalidArgument(f"chunk out of order: expected seq {self._next_seq}, got {seq}")
         if len(data) % self._itemsize:
             raise InvalidArgument(f"chunk {seq} has {len(data)} bytes, not a multiple of {self._itemsize} ({self.wire_dtype})")
         n = len(data) // self._itemsize
-        if self._filled + n > self.out.numel():
-            raise InvalidArgument(f"too much data: chunk {seq} overruns the {self.out.numel()} expected values")
+        if self._filled + n > self.num_values:
+            raise InvalidArgument(f"too much data: chunk {seq} overruns the {self.num_values} expected values")
+        return n
+
+    def _advance(self, n: int, values: torch.Tensor) -> None:
+        if n and self._check_finite and self._finite:
+            self._finite = all_finite(values)
+        self._filled += n
+        self._next_seq += 1
+
+    def _check_complete(self, check_finite: bool) -> None:
+        if self._filled != self.num_values:
+            raise InvalidArgument(f"too little data: got {self._filled} of {self.num_values} values")
+        if check_finite and not self._finite:
+            raise InvalidArgument("buffer contains NaN or Inf values")
+
+
+class FlatReceiver(_StreamCheck):
+    """Reassembles a chunk stream into a preallocated fp32 tensor (`out`), validating as it goes."""
+
+    def __init__(self, out: torch.Tensor, num_values: int, wire_dtype: str, check_finite: bool = True) -> None:
+        if num_values != out.numel():
+            raise InvalidArgument(f"buffer has {num_values} values, the layout expects {out.numel()}")
+        super().__init__(num_values, wire_dtype, check_finite)
+        self.out = out
+        self.buffer: torch.Tensor | None = out  # what the owner may pool again once the push is done
+        self._out_np = out.numpy()
+
+    def feed(self, seq: int, data: bytes | memoryview) -> None:
+        n = self._accept(seq, data)
         if n and self.wire_dtype == "float32":
             self._out_np[self._filled : self._filled + n] = np.frombuffer(data, dtype=np.float32)
         elif n:
             # torch widens bf16/fp16 ~4x faster than numpy (which has no bf16 and a slow fp16 cast)
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", UserWarning)  # a read-only buffer: torch only reads it here
-                src = torch.frombuffer(data, dtype=_TORCH_DTYPES[self.wire_dtype])
-            self.out[self._filled : self._filled + n].copy_(src)
-        if n and self._check_finite and self._finite:
-            self._finite = all_finite(self.out[self._filled : self._filled + n])
-        self._filled += n
-        self._next_seq += 1
+            self.out[self._filled : self._filled + n].copy_(_readonly_tensor(data, _TORCH_DTYPES[self.wire_dtype]))
+        self._advance(n, self.out[self._filled : self._filled + n])
 
     def finish(self, check_finite: bool = True) -> torch.Tensor:
         """The filled buffer; InvalidArgument if values are missing or (`check_finite`) not finite."""
-        if self._filled != self.out.numel():
-            raise InvalidArgument(f"too little data: got {self._filled} of {self.out.numel()} values")
-        if check_finite and not (self._finite if self._check_finite else all_finite(self.out)):
-            raise InvalidArgument("buffer contains NaN or Inf values")
+        if check_finite and not self._check_finite and self._filled == self.num_values:
+            self._finite = all_finite(self.out)
+        self._check_complete(check_finite)
         return self.out
+
+
+class ChunkReceiver(_StreamCheck):
+    """Keeps an fp32 chunk stream as it arrived: each chunk's values are a view of its received bytes
+    (no copy into a buffer), and `finish` gives them as one ChunkedVector (ps.chunked). The bytes stay
+    alive, and unchanged (they are immutable), as long as the vector does."""
+
+    def __init__(self, num_values: int, check_finite: bool = True) -> None:
+        super().__init__(num_values, "float32", check_finite)
+        self.buffer: torch.Tensor | None = None  # nothing to pool: the chunks are gRPC's bytes
+        self._parts: list[torch.Tensor] = []
+
+    def feed(self, seq: int, data: bytes | memoryview) -> None:
+        n = self._accept(seq, data)
+        values = _readonly_tensor(data, torch.float32) if n else torch.empty(0)
+        if n:
+            self._parts.append(values)
+        self._advance(n, values)
+
+    def finish(self, check_finite: bool = True) -> ChunkedVector:
+        """The received values; InvalidArgument if values are missing or (`check_finite`) not finite."""
+        self._check_complete(check_finite)
+        return ChunkedVector(self._parts)
+
+
+Receiver = FlatReceiver | ChunkReceiver
+
+
+def push_receiver(num_values: int, wire_dtype: str, pool: list[torch.Tensor]) -> Receiver:
+    """A receiver for a push of `num_values` values: fp32 chunks are kept as they arrive (no copy);
+    bf16/fp16 chunks are widened into a buffer from `pool` (or a new one)."""
+    if check_wire_dtype(wire_dtype) == "float32":
+        return ChunkReceiver(num_values)
+    buffer = pool.pop() if pool else torch.empty(num_values)
+    return FlatReceiver(buffer, num_values, wire_dtype)
+
+
+def _readonly_tensor(data: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
+    """`data` as a tensor sharing its memory. The receivers only read it; torch warns about any
+    read-only buffer, so the warning is silenced here."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(data, dtype=dtype)
 
 
 def decode(parts: Sequence[bytes], num_values: int, wire_dtype: str = "float32") -> torch.Tensor:

@@ -359,10 +359,11 @@ def test_bsp_steps_piece_by_piece_while_replies_stream(ps_server, threads, monke
     """With the optimizer stepped in 5 pieces and the replies framed lazily in 5 chunks, three rounds of
     two workers (momentum, weight decay) give every reply and a pull what one optimizer over the whole
     vector gives."""
+    import ps.stepping
     import ps.store
     from ps.aggregation import WeightedMean
 
-    monkeypatch.setattr(ps.store, "PIECE_VALUES", 1 << 18)
+    monkeypatch.setattr(ps.stepping, "SGD_PIECE_VALUES", 1 << 18)
     c = start_cluster(ps_server, threads, "--model-arg", "hidden=1100", "--global-batch", "32", "--lr", "0.1",
                       "--momentum", "0.9", "--weight-decay", "0.001")
     assert len(c.server.coordinator.store.pieces) == 5 and c.numel > 4 * (1 << 18)

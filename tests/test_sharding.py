@@ -22,7 +22,7 @@ from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.jobspec import JobSpec
 from ps.server import build_job, build_parser
 from ps.shard_ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
-from ps.store import make_optimizer
+from ps.stepping import make_optimizer
 from tests.processes import Cluster, start_server
 from worker.client import PSClient, ServerError
 

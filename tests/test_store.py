@@ -53,6 +53,36 @@ def test_piecewise_deferred_steps_equal_whole_steps_bit_for_bit(name: str) -> No
         assert torch.equal(torch.as_tensor(ours["state"][0][key]), torch.as_tensor(value)), key
 
 
+@pytest.mark.parametrize("name", ["sgd", "momentum+wd", "nesterov"])
+@pytest.mark.parametrize("piece_values", [None, 1000, 10_007])
+def test_sgd_pieces_equal_torch_optim_sgd_bit_for_bit(name: str, piece_values: int | None) -> None:
+    """SGD is written out per piece (ps.stepping.SGDSteps); it must be torch.optim.SGD's arithmetic
+    exactly: the same parameters and momentum buffer after steps with a learning-rate change, and a
+    state dict torch's optimizer loads."""
+    spec, n = SPECS[name], 10_007
+    flat, grads = rand(n, 0), [rand(n, s) for s in (1, 2, 3)]
+    store = ParameterStore(flat, spec, piece_values=piece_values)
+    param = torch.nn.Parameter(flat.clone())
+    torch_sgd = torch.optim.SGD([param], lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay,
+                                nesterov=spec.nesterov)
+    for i, g in enumerate(grads):
+        if i == 1:
+            store.set_lr(0.05)
+            torch_sgd.param_groups[0]["lr"] = 0.05
+        store.begin_step(g)
+        store.values(0, 1500)
+        param.grad = g.clone()
+        torch_sgd.step()
+    assert torch.equal(store.flat, param.detach())
+    ours, theirs = store.optimizer_state(), torch_sgd.state_dict()
+    assert ours["param_groups"] == theirs["param_groups"]
+    if spec.momentum:
+        assert torch.equal(ours["state"][0]["momentum_buffer"], theirs["state"][0]["momentum_buffer"])
+    else:
+        assert ours["state"] == theirs["state"] == {}
+    torch.optim.SGD([torch.nn.Parameter(flat.clone())], lr=1.0).load_state_dict(ours)
+
+
 def test_a_deferred_step_applies_only_as_far_as_values_are_read() -> None:
     flat, g = rand(4000, 0), rand(4000, 1)
     store = ParameterStore(flat, JobSpec(momentum=0.0, lr=0.5), piece_values=1000)
@@ -63,9 +93,10 @@ def test_a_deferred_step_applies_only_as_far_as_values_are_read() -> None:
     assert torch.equal(store.flat, flat - 0.5 * g)  # reading everything settles everything
 
 
-def test_optimizer_state_round_trips_across_piece_sizes() -> None:
+@pytest.mark.parametrize("name", ["adam", "momentum+wd"])
+def test_optimizer_state_round_trips_across_piece_sizes(name: str) -> None:
     """A checkpoint's optimizer state is one optimizer's format, whatever the store's piece size."""
-    spec, n = SPECS["adam"], 5000
+    spec, n = SPECS[name], 5000
     flat, grads = rand(n, 0), [rand(n, s) for s in (1, 2)]
     pieces = ParameterStore(flat, spec, piece_values=777)
     for g in grads:

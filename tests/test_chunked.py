@@ -1,0 +1,146 @@
+"""Pushed fp32 chunks kept as received: ChunkReceiver checks a stream as FlatReceiver does, its
+ChunkedVector reads as the concatenated tensor would, and aggregation and the store give the same
+bits from it as from that tensor."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ps.aggregation import WeightedMean
+from ps.chunked import ChunkedVector, as_tensor, parts
+from ps.errors import InvalidArgument
+from ps.jobspec import JobSpec
+from ps.store import ParameterStore
+from ps.wire import ChunkReceiver, FlatReceiver, encode, push_receiver, split
+
+
+def rand(n: int, seed: int) -> torch.Tensor:
+    return torch.randn(n, generator=torch.Generator().manual_seed(seed))
+
+
+def received(x: torch.Tensor, chunk_bytes: int) -> ChunkedVector:
+    """x sent in chunks of chunk_bytes and kept by a ChunkReceiver, each chunk prefixed by 3 bytes
+    as a message's tag and length prefix it (so the views are not 4-byte aligned)."""
+    receiver = ChunkReceiver(x.numel())
+    for seq, data in enumerate(split(encode(x), chunk_bytes)):
+        receiver.feed(seq, memoryview(b"\x1a\x80\x01" + data)[3:])
+    return receiver.finish()
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 3000), chunk_values=st.integers(1, 700), start=st.integers(0, 3000), length=st.integers(0, 3000))
+def test_a_chunked_vector_reads_as_the_tensor_it_was_cut_from(n: int, chunk_values: int, start: int, length: int) -> None:
+    x = rand(n, 1)
+    vector = received(x, 4 * chunk_values)
+    assert vector.numel() == n and vector.shape == x.shape
+    assert torch.equal(as_tensor(vector), x)
+    assert torch.equal(vector[start : start + length], x[start : start + length])
+    offsets = [offset for offset, _ in parts(vector)]
+    assert offsets == list(range(0, n, chunk_values))
+
+
+def test_a_slice_inside_one_chunk_is_a_view_of_the_received_bytes() -> None:
+    x = rand(1000, 2)
+    data = [bytes(c) for c in split(encode(x), 400)]  # 100 values a chunk
+    receiver = ChunkReceiver(1000)
+    for seq, chunk in enumerate(data):
+        receiver.feed(seq, chunk)
+    vector = receiver.finish()
+    inside = vector[210:290]
+    assert torch.equal(inside, x[210:290])
+    assert inside.untyped_storage().data_ptr() == torch.frombuffer(data[2], dtype=torch.uint8).data_ptr()
+    with pytest.raises(TypeError):
+        vector[::2]
+
+
+@pytest.mark.parametrize("make", [lambda n: ChunkReceiver(n), lambda n: FlatReceiver(torch.empty(n), n, "float32")])
+def test_the_chunk_receiver_refuses_what_the_flat_receiver_refuses(make) -> None:
+    parts8 = split(encode(torch.arange(8, dtype=torch.float32)), 8)
+    r = make(8)
+    r.feed(0, parts8[0])
+    with pytest.raises(InvalidArgument, match="chunk out of order: expected seq 1, got 2"):
+        r.feed(2, parts8[2])
+    with pytest.raises(InvalidArgument, match="too much data: chunk 0 overruns the 8 expected values"):
+        make(8).feed(0, bytes(encode(torch.ones(9))))
+    with pytest.raises(InvalidArgument, match="chunk 0 has 9 bytes, not a multiple of 4"):
+        make(8).feed(0, bytes(9))
+    with pytest.raises(InvalidArgument, match="too little data: got 0 of 8 values"):
+        make(8).finish()
+    short = make(8)
+    short.feed(0, bytes(encode(torch.ones(7))))
+    with pytest.raises(InvalidArgument, match="too little data: got 7 of 8"):
+        short.finish()
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize("where", [0, 1234, 1999])
+def test_nan_and_inf_in_any_chunk_are_refused(bad: float, where: int) -> None:
+    x = torch.ones(2000)
+    x[where] = bad
+    receiver = ChunkReceiver(2000)
+    for seq, data in enumerate(split(encode(x), 1024)):
+        receiver.feed(seq, data)
+    with pytest.raises(InvalidArgument, match="NaN or Inf"):
+        receiver.finish()
+    assert not bool(torch.isfinite(as_tensor(receiver.finish(check_finite=False))).all())
+
+
+def test_push_receiver_keeps_fp32_and_widens_narrow_dtypes_into_a_pooled_buffer() -> None:
+    pool = [torch.empty(10)]
+    assert isinstance(push_receiver(10, "float32", pool), ChunkReceiver) and len(pool) == 1
+    flat = push_receiver(10, "bfloat16", pool)
+    assert isinstance(flat, FlatReceiver) and flat.buffer is not None and not pool
+    assert isinstance(push_receiver(10, "float16", pool), FlatReceiver)
+    with pytest.raises(InvalidArgument, match="wire dtype"):
+        push_receiver(10, "int8", pool)
+
+
+@pytest.mark.parametrize("chunk_values", [256, 300, 4096])
+def test_aggregation_and_the_store_give_the_same_bits_from_chunks_as_from_tensors(chunk_values: int) -> None:
+    """Chunks of 256 values line up with the store's SGD pieces (each piece steps from a view),
+    300 do not (pieces straddle chunks); either way the same parameters and momentum, bit for bit."""
+    n, spec = 5000, JobSpec(lr=0.1, momentum=0.9, weight_decay=1e-3)
+    theta = rand(n, 0)
+    plain = ParameterStore(theta, spec, piece_values=256)
+    chunked = ParameterStore(theta, spec, piece_values=256)
+    for round_ in range(3):
+        grads = [rand(n, 10 * round_ + k) for k in range(3)]
+        batches = [5, 17, 3][: round_ + 1]  # rounds of one, two and three contributors
+        sums = WeightedMean(n), WeightedMean(n)
+        for g, b in zip(grads, batches):
+            sums[0].add(g, b)
+            sums[1].add(received(g, 4 * chunk_values), b)
+        plain.apply_gradient(sums[0].result())
+        chunked.begin_step(sums[1].result())
+        chunked.values(0, 700)  # part now, the rest when the next step begins
+    assert torch.equal(plain.flat, chunked.flat)
+    assert torch.equal(plain.optimizer_state()["state"][0]["momentum_buffer"],
+                       chunked.optimizer_state()["state"][0]["momentum_buffer"])
+
+
+def test_a_staged_chunked_gradient_can_be_taken_out_again() -> None:
+    n = 1000
+    a, b = rand(n, 1), rand(n, 2)
+    acc = WeightedMean(n)
+    acc.add(received(a, 1200), 4)
+    acc.add(received(b, 800), 6)
+    acc.remove(received(b, 800), 6)
+    torch.testing.assert_close(acc.result(), a, rtol=0, atol=1e-6)
+
+
+def test_asp_updates_and_snapshots_apply_chunk_by_chunk() -> None:
+    n = 3000
+    theta, delta = rand(n, 0), rand(n, 1)
+    store = ParameterStore(theta, JobSpec(momentum=0.0))
+    store.apply_update(received(delta, 1000))
+    assert torch.equal(store.flat, theta + delta)
+    store.assign(received(theta, 1200))
+    assert torch.equal(store.flat, theta)
+    with pytest.raises(ValueError, match="2999 values for 3000 parameters"):
+        store.apply_update(received(delta[:-1], 1000))
+    assert torch.equal(store.flat, theta)
