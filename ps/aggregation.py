@@ -20,7 +20,8 @@ class WeightedMean:
     (one worker, or the others gone) yields that gradient itself, exactly its mean, and a second
     gradient writes b_1·g_1 + b_2·g_2 into the buffer (no zeroing pass). The caller must leave a
     gradient it added unchanged until `reset` (`holds` says whether the buffer is still in use).
-    A gradient may be a ChunkedVector (ps.chunked: the chunks a push arrived in), read part by part.
+    A gradient may be a ChunkedVector (ps.chunked: the chunks a push arrived in, in the wire dtype),
+    read part by part; the sum is fp32 whatever the parts' dtype.
     """
 
     def __init__(self, numel: int) -> None:
@@ -50,7 +51,11 @@ class WeightedMean:
         else:
             if self._single is not None:
                 for start, part in parts(self._single):
-                    torch.mul(part, float(self._weight), out=self._sum[start : start + part.numel()])
+                    out = self._sum[start : start + part.numel()]
+                    if part.dtype == out.dtype:
+                        torch.mul(part, float(self._weight), out=out)
+                    else:  # a bf16/fp16 part: widen, then scale in fp32 (mul would round in the part's dtype)
+                        out.copy_(part).mul_(float(self._weight))
                 self._single = None
             self._add_parts(grad, float(batch))
         self._weight += batch

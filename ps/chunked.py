@@ -1,9 +1,11 @@
-"""A flat fp32 vector kept as the chunks it arrived in: views of the received bytes, never copied whole.
+"""A flat vector kept as the chunks it arrived in: views of the received bytes, never copied whole.
 
 Pure: no I/O. A server that copied every pushed chunk into one contiguous buffer made a pass over the
 whole gradient for nothing: the aggregation and the optimizer step read the gradient a range at a
 time anyway. `ChunkedVector` hands out those ranges as views of the chunk they lie in (a copy only
-for a range that straddles two chunks), so a push's gradient is read once, by the step.
+for a range that straddles two chunks), so a push's gradient is read once, by the step. The parts
+keep the wire dtype (fp32, bf16 or fp16): torch's arithmetic with an fp32 operand computes in fp32,
+so a narrow part is widened by the operation that reads it, not by a pass of its own.
 
 `Vector` is what the cores pass around: a plain tensor or a ChunkedVector; `parts` walks either.
 """
@@ -17,7 +19,8 @@ import torch
 
 
 class ChunkedVector:
-    """A 1-d fp32 vector made of consecutive parts (any sizes), read through slices and `parts`."""
+    """A 1-d vector made of consecutive parts (any sizes, one floating dtype), read through slices
+    and `parts`."""
 
     def __init__(self, parts: Sequence[torch.Tensor]) -> None:
         self._parts = [p for p in parts if p.numel()]
@@ -40,7 +43,7 @@ class ChunkedVector:
         yield from zip(self._starts, self._parts, strict=True)
 
     def __getitem__(self, index: slice) -> torch.Tensor:
-        """Values [start, stop): a view when they lie in one part, else a new tensor."""
+        """Values [start, stop) in the parts' dtype: a view when they lie in one part, else a new tensor."""
         if not isinstance(index, slice) or index.step not in (None, 1):
             raise TypeError("a ChunkedVector takes contiguous slices only")
         start, stop, _ = index.indices(self._numel)
@@ -62,8 +65,8 @@ class ChunkedVector:
         return torch.cat(pieces)
 
     def contiguous(self) -> torch.Tensor:
-        """All values as one new tensor."""
-        return torch.cat(self._parts) if self._parts else torch.empty(0)
+        """All values as one new fp32 tensor."""
+        return torch.cat(self._parts).float() if self._parts else torch.empty(0)
 
 
 Vector = torch.Tensor | ChunkedVector
@@ -78,5 +81,5 @@ def parts(vector: Vector) -> Iterator[tuple[int, torch.Tensor]]:
 
 
 def as_tensor(vector: Vector) -> torch.Tensor:
-    """The vector as a tensor (itself, or a ChunkedVector's values copied into one)."""
+    """The vector as a tensor (itself, or a ChunkedVector's values copied into one fp32 tensor)."""
     return vector.contiguous() if isinstance(vector, ChunkedVector) else vector

@@ -35,7 +35,7 @@ from ps.rendezvous import Rendezvous
 from ps.shard_client import RemoteShards, ShardFailure
 from ps.shard_ranges import slice_optimizer_state
 from ps.store import ParameterStore
-from ps.wire import FlatReceiver, Layout, Receiver, check_wire_dtype, flatten_params, push_receiver
+from ps.wire import ChunkReceiver, Layout, check_wire_dtype, flatten_params
 
 CHECKPOINT_FORMAT = 1
 
@@ -120,7 +120,6 @@ class Coordinator:
         self._loading_snapshot = False
         self._pushed: set[str] = set()
         self._round_future: asyncio.Future[bool] | None = None
-        self._staging: list[torch.Tensor] = []
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
         self.store.before_change.append(self.payload.complete)  # a reply in flight sends its version whole
         self._steps_since_adjust = 0
@@ -264,9 +263,9 @@ class Coordinator:
             self._close_round()
 
     # ---------------------------------------------------------------------- push
-    def begin_push(self, meta: PushMeta) -> Receiver:
+    def begin_push(self, meta: PushMeta) -> ChunkReceiver:
         """Validate a push header and hand back a receiver for its payload."""
-        self.store.settle()  # a deferred step may still read a pooled buffer or the accumulator's sum
+        self.store.settle()  # a deferred step may still read the accumulator's sum
         member = self.member(meta.worker_id)
         check_wire_dtype(meta.wire_dtype)
         self._check_kind(meta)
@@ -283,23 +282,14 @@ class Coordinator:
             if meta.num_values != 0:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
             self._check_sequence(member, meta)
-            return FlatReceiver(torch.empty(0), 0, meta.wire_dtype)
+            return ChunkReceiver(0, meta.wire_dtype)
         if meta.num_values != self.own_numel:
             where = f"; this server holds values [0, {self.own_numel}), the shards the rest" if self.shards else ""
             raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {self.own_numel}{where}")
         if meta.kind != "snapshot":
             self._check_sequence(member, meta)
-        return push_receiver(meta.num_values, meta.wire_dtype, self._staging)
-
-    def release(self, receiver: Receiver) -> None:
-        """Return a receiver's buffer to the pool (after success or failure), unless the open round's
-        accumulator still holds it (a push cancelled while its round was open)."""
-        buffer = receiver.buffer
-        if buffer is None:
-            return
-        held = self._accumulator is not None and self._accumulator.holds(buffer)
-        if buffer.numel() == self.own_numel and not held:
-            self._staging.append(buffer)
+        # the chunks are kept as gRPC handed them over: nothing to copy, pool or give back
+        return ChunkReceiver(meta.num_values, meta.wire_dtype)
 
     def _check_kind(self, meta: PushMeta) -> None:
         """Gradients go to the server only without --allreduce; reports and snapshots only with it."""
@@ -384,7 +374,7 @@ class Coordinator:
             return
         if self._accumulator is not None:
             # stepped piece by piece as the replies stream the new values (ps.store, ps.payload); the
-            # gradient's buffer is not reused before begin_push settles the step
+            # accumulator's sum is not reused before begin_push settles the step
             self.store.begin_step(self._accumulator.result())
             batch = self._accumulator.weight
             self._accumulator.reset()

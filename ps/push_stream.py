@@ -10,7 +10,7 @@ from protos import ps_pb2
 from ps.core_messages import PushMeta
 from ps.errors import InvalidArgument
 from ps.serialized import DataChunk
-from ps.wire import Receiver
+from ps.wire import ChunkReceiver
 
 # the wire's PushKind numbers for the core's kind names (ps.core_messages.PUSH_KINDS), and back
 PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
@@ -24,18 +24,15 @@ def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
 
 async def receive_push(
     chunks: AsyncIterator[DataChunk],
-    begin: Callable[[PushMeta], Receiver],
-    on_receiver: Callable[[Receiver], None],
-) -> tuple[PushMeta, Receiver]:
-    """The push's header and its filled receiver (not yet finished). `on_receiver` is told of the
-    receiver as soon as it exists, so the caller can return its buffer whatever happens next.
-    Raises InvalidArgument for a malformed stream and DecodeError for an undecodable chunk."""
+    begin: Callable[[PushMeta], ChunkReceiver],
+) -> tuple[PushMeta, ChunkReceiver]:
+    """The push's header and its filled receiver (not yet finished). Raises InvalidArgument for a
+    malformed stream and DecodeError for an undecodable chunk."""
     first = await anext(aiter(chunks), None)
     if first is None or not first.fields.HasField("header"):
         raise InvalidArgument("the first push chunk must carry the header")
     meta = push_meta(first.fields.header)
     receiver = begin(meta)
-    on_receiver(receiver)
     receiver.feed(first.fields.seq, first.data)
     async for chunk in chunks:
         if chunk.fields.HasField("header"):

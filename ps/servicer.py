@@ -19,7 +19,6 @@ from ps.errors import (
 )
 from ps.push_stream import receive_push
 from ps.serialized import DataChunk, with_data
-from ps.wire import Receiver
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -108,17 +107,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Push(
         self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        receivers: list[Receiver] = []
         try:
-            meta, receiver = await receive_push(request_iterator, self.core.begin_push, receivers.append)
+            meta, receiver = await receive_push(request_iterator, self.core.begin_push)
             reply = await self.core.push(meta, receiver.finish())
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         except DecodeError as exc:  # the stream's messages are decoded here, as they are read
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
-        finally:
-            for receiver in receivers:
-                self.core.release(receiver)
         for message in reply_messages(reply):
             yield message
         self.core.note_reply_sent()

@@ -23,7 +23,7 @@ from ps.errors import FailedPrecondition, InvalidArgument
 from ps.jobspec import JobSpec
 from ps.payload import Payload
 from ps.store import ParameterStore
-from ps.wire import Receiver, check_wire_dtype, push_receiver
+from ps.wire import ChunkReceiver, check_wire_dtype
 
 MAX_WAIT_S = 3600.0
 
@@ -54,7 +54,6 @@ class ShardCore:
         self._staged: dict[str, _Staged] = {}
         self._arrived = asyncio.Event()
         self._decided: asyncio.Future[frozenset[str]] | None = None
-        self._pool: list[torch.Tensor] = []
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
 
     @property
@@ -83,7 +82,7 @@ class ShardCore:
         self.spec, self.start, self.stop, self.round = spec, start, stop, round_
         # room for every worker of the job twice over: strangers' slices cannot crowd out the workers'
         self.max_pending = 2 * max(1, int(state.get("max_workers", spec.workers)))
-        self.store, self._sum, self._pool = store, WeightedMean(stop - start), []
+        self.store, self._sum = store, WeightedMean(stop - start)
         self.payload.invalidate()
 
     async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> CommitResult:
@@ -118,7 +117,6 @@ class ShardCore:
             store.apply_gradient(total.result())
             self.payload.invalidate()
         total.reset()
-        self._pool.extend(s.values for s in self._staged.values() if isinstance(s.values, torch.Tensor))
         self._staged.clear()
         self.round += 1
         decided, self._decided = self._decided, None
@@ -132,7 +130,7 @@ class ShardCore:
                 "optimizer": store.optimizer_state()}
 
     # ---------------------------------------------------------------- workers
-    def begin_push(self, meta: PushMeta) -> Receiver:
+    def begin_push(self, meta: PushMeta) -> ChunkReceiver:
         spec = self._require_loaded_spec()
         check_wire_dtype(meta.wire_dtype)
         if meta.kind != "values":
@@ -149,7 +147,7 @@ class ShardCore:
         self._check_open(meta)
         if len(self._staged) >= self.max_pending:
             raise FailedPrecondition(f"round {self.round} already holds {self.max_pending} slices, the job's worker limit")
-        return push_receiver(meta.num_values, meta.wire_dtype, self._pool)
+        return ChunkReceiver(meta.num_values, meta.wire_dtype)
 
     async def push(self, meta: PushMeta, values: Vector) -> StepReply:
         """Stage a received slice; answer with the range's new values once the round is committed."""
@@ -166,18 +164,10 @@ class ShardCore:
         except asyncio.CancelledError:  # the worker gave up (its coordinator push failed): take the slice out
             if self._decided is decided and meta.worker_id in self._staged:
                 self._unstage(meta.worker_id)
-                self.release(values)
             raise
         if meta.worker_id not in counted:
             raise FailedPrecondition(f"round {meta.round} closed without this worker's push (evicted?); rejoin")
         return self.reply()
-
-    def release(self, values: Vector | None) -> None:
-        """Return the buffer of a refused push to the pool (a ChunkedVector is gRPC's bytes: nothing)."""
-        if not isinstance(values, torch.Tensor):
-            return
-        if values.numel() == self.numel and all(values is not s.values for s in self._staged.values()):
-            self._pool.append(values)
 
     def reply(self) -> StepReply:
         """The range's current values, in the job's wire dtype."""

@@ -35,20 +35,13 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
     async def Push(
         self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        receivers = []
-        taken = False
         try:
-            meta, receiver = await receive_push(request_iterator, self.core.begin_push, receivers.append)
-            values = receiver.finish()
-            taken = True  # from here the core holds the buffer (or pools it when the push is dropped)
-            reply = await self.core.push(meta, values)
+            meta, receiver = await receive_push(request_iterator, self.core.begin_push)
+            reply = await self.core.push(meta, receiver.finish())
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
-        finally:
-            if receivers and not taken:
-                self.core.release(receivers[0].buffer)
         for message in reply_messages(reply):
             yield message
 

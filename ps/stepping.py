@@ -171,7 +171,7 @@ class TorchPieces:
 
     def step_piece(self, index: int, grad: torch.Tensor) -> None:
         param = self._params[index]
-        param.grad = grad
+        param.grad = grad if grad.dtype == param.dtype else grad.float()  # a bf16/fp16 push's chunk
         self._optimizers[index].step()
         param.grad = None
 

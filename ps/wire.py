@@ -183,7 +183,6 @@ class FlatReceiver(_StreamCheck):
             raise InvalidArgument(f"buffer has {num_values} values, the layout expects {out.numel()}")
         super().__init__(num_values, wire_dtype, check_finite)
         self.out = out
-        self.buffer: torch.Tensor | None = out  # what the owner may pool again once the push is done
         self._out_np = out.numpy()
 
     def feed(self, seq: int, data: bytes | memoryview) -> None:
@@ -204,18 +203,20 @@ class FlatReceiver(_StreamCheck):
 
 
 class ChunkReceiver(_StreamCheck):
-    """Keeps an fp32 chunk stream as it arrived: each chunk's values are a view of its received bytes
-    (no copy into a buffer), and `finish` gives them as one ChunkedVector (ps.chunked). The bytes stay
-    alive, and unchanged (they are immutable), as long as the vector does."""
+    """Keeps a chunk stream as it arrived: each chunk's values are a view of its received bytes in
+    the wire dtype (no copy into a buffer, no widening pass), and `finish` gives them as one
+    ChunkedVector (ps.chunked), which the cores read a range at a time (bf16/fp16 ranges are widened
+    by the arithmetic that reads them). The bytes stay alive, and unchanged (they are immutable), as
+    long as the vector does."""
 
-    def __init__(self, num_values: int, check_finite: bool = True) -> None:
-        super().__init__(num_values, "float32", check_finite)
-        self.buffer: torch.Tensor | None = None  # nothing to pool: the chunks are gRPC's bytes
+    def __init__(self, num_values: int, wire_dtype: str = "float32", check_finite: bool = True) -> None:
+        super().__init__(num_values, wire_dtype, check_finite)
+        self._dtype = _TORCH_DTYPES[self.wire_dtype]
         self._parts: list[torch.Tensor] = []
 
     def feed(self, seq: int, data: bytes | memoryview) -> None:
         n = self._accept(seq, data)
-        values = _readonly_tensor(data, torch.float32) if n else torch.empty(0)
+        values = _readonly_tensor(data, self._dtype) if n else torch.empty(0)
         if n:
             self._parts.append(values)
         self._advance(n, values)
@@ -224,18 +225,6 @@ class ChunkReceiver(_StreamCheck):
         """The received values; InvalidArgument if values are missing or (`check_finite`) not finite."""
         self._check_complete(check_finite)
         return ChunkedVector(self._parts)
-
-
-Receiver = FlatReceiver | ChunkReceiver
-
-
-def push_receiver(num_values: int, wire_dtype: str, pool: list[torch.Tensor]) -> Receiver:
-    """A receiver for a push of `num_values` values: fp32 chunks are kept as they arrive (no copy);
-    bf16/fp16 chunks are widened into a buffer from `pool` (or a new one)."""
-    if check_wire_dtype(wire_dtype) == "float32":
-        return ChunkReceiver(num_values)
-    buffer = pool.pop() if pool else torch.empty(num_values)
-    return FlatReceiver(buffer, num_values, wire_dtype)
 
 
 def _readonly_tensor(data: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:

@@ -16,18 +16,18 @@ from ps.chunked import ChunkedVector, as_tensor, parts
 from ps.errors import InvalidArgument
 from ps.jobspec import JobSpec
 from ps.store import ParameterStore
-from ps.wire import ChunkReceiver, FlatReceiver, encode, push_receiver, split
+from ps.wire import ChunkReceiver, FlatReceiver, decode, encode, split
 
 
 def rand(n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, generator=torch.Generator().manual_seed(seed))
 
 
-def received(x: torch.Tensor, chunk_bytes: int) -> ChunkedVector:
+def received(x: torch.Tensor, chunk_bytes: int, wire_dtype: str = "float32") -> ChunkedVector:
     """x sent in chunks of chunk_bytes and kept by a ChunkReceiver, each chunk prefixed by 3 bytes
     as a message's tag and length prefix it (so the views are not 4-byte aligned)."""
-    receiver = ChunkReceiver(x.numel())
-    for seq, data in enumerate(split(encode(x), chunk_bytes)):
+    receiver = ChunkReceiver(x.numel(), wire_dtype)
+    for seq, data in enumerate(split(encode(x, wire_dtype), chunk_bytes)):
         receiver.feed(seq, memoryview(b"\x1a\x80\x01" + data)[3:])
     return receiver.finish()
 
@@ -90,37 +90,53 @@ def test_nan_and_inf_in_any_chunk_are_refused(bad: float, where: int) -> None:
     assert not bool(torch.isfinite(as_tensor(receiver.finish(check_finite=False))).all())
 
 
-def test_push_receiver_keeps_fp32_and_widens_narrow_dtypes_into_a_pooled_buffer() -> None:
-    pool = [torch.empty(10)]
-    assert isinstance(push_receiver(10, "float32", pool), ChunkReceiver) and len(pool) == 1
-    flat = push_receiver(10, "bfloat16", pool)
-    assert isinstance(flat, FlatReceiver) and flat.buffer is not None and not pool
-    assert isinstance(push_receiver(10, "float16", pool), FlatReceiver)
-    with pytest.raises(InvalidArgument, match="wire dtype"):
-        push_receiver(10, "int8", pool)
+@pytest.mark.parametrize("wire_dtype", ["bfloat16", "float16"])
+def test_narrow_chunks_are_kept_in_their_dtype_and_widen_exactly(wire_dtype: str) -> None:
+    x = rand(3000, 4)
+    vector = received(x, 1000, wire_dtype)
+    widened = decode(split(encode(x, wire_dtype), 1000), 3000, wire_dtype)  # what FlatReceiver makes
+    assert all(part.dtype == getattr(torch, wire_dtype) for _, part in parts(vector))
+    assert as_tensor(vector).dtype == torch.float32 and torch.equal(as_tensor(vector), widened)
+    assert torch.equal(vector[400:700].float(), widened[400:700])
+    bad = x.clone()
+    bad[2500] = 1e6 if wire_dtype == "float16" else math.inf  # fp16 overflows to inf on the wire
+    receiver = ChunkReceiver(3000, wire_dtype)
+    for seq, data in enumerate(split(encode(bad, wire_dtype), 1000)):
+        receiver.feed(seq, data)
+    with pytest.raises(InvalidArgument, match="NaN or Inf"):
+        receiver.finish()
 
 
+@pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16", "float16"])
 @pytest.mark.parametrize("chunk_values", [256, 300, 4096])
-def test_aggregation_and_the_store_give_the_same_bits_from_chunks_as_from_tensors(chunk_values: int) -> None:
-    """Chunks of 256 values line up with the store's SGD pieces (each piece steps from a view),
-    300 do not (pieces straddle chunks); either way the same parameters and momentum, bit for bit."""
-    n, spec = 5000, JobSpec(lr=0.1, momentum=0.9, weight_decay=1e-3)
+@pytest.mark.parametrize("spec", [JobSpec(lr=0.1, momentum=0.9, weight_decay=1e-3), JobSpec(lr=0.1, momentum=0.9, nesterov=True),
+                                  JobSpec(optimizer="adam", lr=0.01, momentum=0.0)], ids=["momentum+wd", "nesterov", "adam"])
+def test_aggregation_and_the_store_give_the_same_bits_from_chunks_as_from_tensors(
+        wire_dtype: str, chunk_values: int, spec: JobSpec) -> None:
+    """Kept chunks give the bits that widening every push into one fp32 buffer gives (the
+    FlatReceiver path): rounds of one, two and three contributors, deferred steps. Chunks of 256
+    values line up with the store's SGD pieces (each piece steps from a view), 300 do not (pieces
+    straddle chunks), and bf16/fp16 chunks are widened by the arithmetic that reads them."""
+    n = 5000
     theta = rand(n, 0)
+    itemsize = 4 if wire_dtype == "float32" else 2
     plain = ParameterStore(theta, spec, piece_values=256)
     chunked = ParameterStore(theta, spec, piece_values=256)
     for round_ in range(3):
         grads = [rand(n, 10 * round_ + k) for k in range(3)]
-        batches = [5, 17, 3][: round_ + 1]  # rounds of one, two and three contributors
+        batches = [5, 17, 3][: round_ + 1]
         sums = WeightedMean(n), WeightedMean(n)
         for g, b in zip(grads, batches):
-            sums[0].add(g, b)
-            sums[1].add(received(g, 4 * chunk_values), b)
+            sums[0].add(decode(split(encode(g, wire_dtype)), n, wire_dtype), b)
+            sums[1].add(received(g, itemsize * chunk_values, wire_dtype), b)
         plain.apply_gradient(sums[0].result())
         chunked.begin_step(sums[1].result())
         chunked.values(0, 700)  # part now, the rest when the next step begins
     assert torch.equal(plain.flat, chunked.flat)
-    assert torch.equal(plain.optimizer_state()["state"][0]["momentum_buffer"],
-                       chunked.optimizer_state()["state"][0]["momentum_buffer"])
+    ours, theirs = chunked.optimizer_state()["state"][0], plain.optimizer_state()["state"][0]
+    assert ours.keys() == theirs.keys()
+    for key, value in theirs.items():
+        assert torch.equal(torch.as_tensor(ours[key]), torch.as_tensor(value)), key
 
 
 def test_a_staged_chunked_gradient_can_be_taken_out_again() -> None:

@@ -259,3 +259,24 @@ def test_shard_runs_follow_their_one_shard_run() -> None:
     assert runs("--tiny") == [("float32", 1, 1), ("float32", 2, 1), ("float32", 2, 2), ("bfloat16", 1, 1)]
     assert runs("--shards", "1", "--wire-dtypes", "float32") == [("float32", 1, 1), ("float32", 2, 1), ("float32", 4, 1)]
     assert runs("--shards", "2", "--workers", "4", "--wire-dtypes", "bfloat16") == [("bfloat16", 4, 2)]
+
+
+def test_server_work_benchmark_reports_every_row_and_refuses_bad_flags(tmp_path, capsys) -> None:
+    """benchmarks.server_work runs the server's real cores on a tiny model (no throughput asserted)."""
+    from benchmarks import server_work
+
+    assert server_work.main(["--sizes", "3000,70000", "--wire-dtypes", "float32,bfloat16", "--steps", "2",
+                             "--momentum", "0.9", "--json", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    report = json.JSONDecoder().raw_decode(text)[0]
+    assert [(r["numel"], r["wire_dtype"]) for r in report["rows"]] == [
+        (3000, "float32"), (3000, "bfloat16"), (70000, "float32"), (70000, "bfloat16")]
+    for row in report["rows"]:
+        assert row["steps"] == 2 and row["momentum"] == 0.9
+        assert row["median_ms"] > 0 and row["copy_ms"] > 0 and row["copies"] > 0 and row["params_per_s"] > 0
+    assert "| 70,000 | bfloat16 |" in text
+    assert json.loads((tmp_path / "server_work.json").read_text())["rows"] == report["rows"]
+    for bad in (["--steps", "0"], ["--sizes", "x"], ["--wire-dtypes", "int8"], ["--momentum", "1"]):
+        with pytest.raises(SystemExit) as exc:
+            server_work.main(bad)
+        assert exc.value.code == 2
