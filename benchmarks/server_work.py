@@ -25,7 +25,7 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -120,24 +120,21 @@ def _dtypes(text: str) -> list[str]:
     return dtypes
 
 
-def _steps(text: str) -> int:
-    try:
-        steps = int(text)
-    except ValueError:
-        steps = 0
-    if not 1 <= steps <= 1000:
-        raise argparse.ArgumentTypeError(f"steps must be an integer in [1, 1000], got {text!r}")
-    return steps
+def _bounded(cast: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
+    """An argparse type: `cast(text)`, refused with `what` unless `ok` holds."""
+    def parse(text: str) -> Any:
+        try:
+            value = cast(text)
+        except ValueError:
+            value = None
+        if value is None or not ok(value):
+            raise argparse.ArgumentTypeError(f"{what}, got {text!r}")
+        return value
+    return parse
 
 
-def _momentum(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < 1:
-        raise argparse.ArgumentTypeError(f"momentum must be in [0, 1), got {text!r}")
-    return value
+_steps = _bounded(int, lambda v: 1 <= v <= 1000, "steps must be an integer in [1, 1000]")
+_momentum = _bounded(float, lambda v: 0 <= v < 1, "momentum must be in [0, 1)")
 
 
 def build_parser() -> argparse.ArgumentParser:
