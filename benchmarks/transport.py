@@ -603,7 +603,7 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
             "payload_encode": component(encode_per_step, "_current_payload"),
             "reply_serialize_all_workers": round(1e3 * statistics.median(serialize), 3),
         },
-        "components_note": "last_push_finish: FlatReceiver.finish of the last push (length check; NaN/Inf was "
+        "components_note": "last_push_finish: ChunkReceiver.finish of the last push (length check; NaN/Inf was "
                            "checked chunk by chunk as they arrived); "
                            "close_round: Coordinator._close_round (accumulate result, begin the optimizer step, bookkeeping; "
                            "the step itself runs a piece at a time as the first reply streams, ps.store); "

@@ -25,14 +25,39 @@ def _data_field_prefix(message_type: type, size: int) -> bytes:
     return message_type(data=bytes(size)).SerializeToString()[:-size] if size else b""
 
 
-def with_data(fields: Message, data: bytes | memoryview) -> bytes:
+ALIGN = 16  # where `with_data` puts `data` in the message: at a multiple of this many bytes
+
+
+def with_data(fields: Message, data: bytes | memoryview, align: int = ALIGN) -> bytes:
     """`fields` (a message without data) with `data` as its `data` field, serialized.
 
     A message may be sent as its fields' encodings one after the other; as long as `data` is the
     highest-numbered field set, these bytes are exactly what SerializeToString gives (protobuf writes
     fields in number order), and they parse to the same message in any case.
+
+    With `align` (and a `pad` field in the message type) a `pad` field goes before `data`, sized so
+    that `data` starts at a multiple of `align` bytes into the message. gRPC hands the receiver each
+    message in a bytes object of its own whose buffer is 16-byte aligned, so the receiver's view of
+    `data` is aligned too: torch's elementwise kernels read misaligned fp32 values at up to half
+    speed. The bytes then differ from SerializeToString's order (pad comes before data, not after)
+    and parse to the same message.
     """
-    return b"".join((fields.SerializeToString(), _data_field_prefix(fields.__class__, len(data)), data))
+    head = fields.SerializeToString()
+    prefix = _data_field_prefix(fields.__class__, len(data))
+    pad_tag = _pad_tag(fields.__class__) if align > 1 and len(data) else b""
+    if not pad_tag:
+        return b"".join((head, prefix, data))
+    used = len(head) + len(pad_tag) + 1 + len(prefix)  # the pad's length fits one varint byte (< align <= 127)
+    return b"".join((head, pad_tag, bytes((-used % align,)), bytes(-used % align), prefix, data))
+
+
+@functools.lru_cache(maxsize=32)
+def _pad_tag(message_type: type) -> bytes:
+    """The key of the message type's `pad` field (bytes), or b"" if it has none."""
+    field = message_type.DESCRIPTOR.fields_by_name.get("pad")
+    if field is None:
+        return b""
+    return message_type(pad=b"x").SerializeToString()[:-2]
 
 
 def passthrough(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:

@@ -386,8 +386,9 @@ def test_bsp_steps_piece_by_piece_while_replies_stream(ps_server, threads, monke
 
 
 def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_would() -> None:
-    """The core's Payload, framed with params_chunk, holds the bytes SerializeToString gives for each
-    ParamsChunk, built once per version; reply_messages only puts each reply's header message first."""
+    """The core's Payload, framed with params_chunk, holds for each ParamsChunk bytes that parse to
+    the message (data 16-byte aligned by a zero pad field), built once per version; reply_messages only
+    puts each reply's header message first."""
     from ps.core_messages import StepReply
     from ps.payload import Payload
     from ps.servicer import params_chunk, reply_messages
@@ -409,7 +410,9 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
                             lr=0.5, global_batch=8, reason="r")
     expected = [ps_pb2.ParamsChunk(header=h, seq=0)]
     expected += [ps_pb2.ParamsChunk(seq=i, data=d) for i, d in enumerate(raw, start=1)]
-    assert first == [m.SerializeToString() for m in expected]
+    assert first[0] == expected[0].SerializeToString()
+    assert [unpadded(m, ps_pb2.ParamsChunk) for m in first] == expected
+    assert all((len(m) - len(d)) % 16 == 0 for m, d in zip(first[1:], raw, strict=True))  # data aligned
     assert ps_pb2.ParamsChunk.FromString(second[0]).header.batch_size == 5
     assert all(a is b for a, b in zip(first[1:], second[1:], strict=True))
     assert all(a is b for a, b in zip(first[1:], parts, strict=True))  # the payload's chunks, not copies
@@ -448,15 +451,29 @@ def test_chunk_data_is_parsed_as_a_view_and_the_rest_as_protobuf_would() -> None
 
 
 def test_pushes_are_sent_as_the_chunk_messages_serialized() -> None:
-    """The client writes each push chunk straight from a view of the values (ps/serialized.py)."""
+    """The client writes each push chunk straight from a view of the values (ps/serialized.py): without
+    alignment exactly SerializeToString's bytes; aligned (the default), a zero pad field first, so that
+    data starts at a multiple of 16 bytes into the message, and the same message once parsed."""
     from ps.serialized import with_data
     from ps.wire import views
 
     values = encode(rand(3000, seed=6))
     h = header("w", 3000)
     for seq, view in enumerate(views(values, 4096)):
+        fields = ps_pb2.PushChunk(header=h if seq == 0 else None, seq=seq)
         expected = ps_pb2.PushChunk(header=h if seq == 0 else None, seq=seq, data=bytes(view))
-        assert with_data(ps_pb2.PushChunk(header=h if seq == 0 else None, seq=seq), view) == expected.SerializeToString()
+        assert with_data(fields, view, align=1) == expected.SerializeToString()
+        aligned = with_data(fields, view)
+        assert unpadded(aligned, ps_pb2.PushChunk) == expected and (len(aligned) - len(view)) % 16 == 0
+
+
+def unpadded(raw: bytes, message_type: type) -> Any:
+    """The message `raw` parses to, after checking that its pad (alignment only) is zeros under 16
+    bytes, with the pad cleared."""
+    message = message_type.FromString(raw)
+    assert len(message.pad) < 16 and not any(message.pad)
+    message.ClearField("pad")
+    return message
 
 
 # ---------------------------------------------------------- bad pushes (BSP)
