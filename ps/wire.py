@@ -207,24 +207,46 @@ class ChunkReceiver(_StreamCheck):
     the wire dtype (no copy into a buffer, no widening pass), and `finish` gives them as one
     ChunkedVector (ps.chunked), which the cores read a range at a time (bf16/fp16 ranges are widened
     by the arithmetic that reads them). The bytes stay alive, and unchanged (they are immutable), as
-    long as the vector does."""
+    long as the vector does.
 
-    def __init__(self, num_values: int, wire_dtype: str = "float32", check_finite: bool = True) -> None:
+    Chunks under `min_part_bytes` (default MIN_PART_BYTES) are copied together into parts of at least
+    that size, so a stream of tiny chunks (a client's small chunk size, or a hostile one) costs memory
+    in proportion to its values, not a tensor object per chunk."""
+
+    MIN_PART_BYTES = 64 * 1024
+
+    def __init__(self, num_values: int, wire_dtype: str = "float32", check_finite: bool = True,
+                 min_part_bytes: int = MIN_PART_BYTES) -> None:
         super().__init__(num_values, wire_dtype, check_finite)
         self._dtype = _TORCH_DTYPES[self.wire_dtype]
+        self._min_part_bytes = min_part_bytes
         self._parts: list[torch.Tensor] = []
+        self._small = bytearray()  # consecutive small chunks' bytes, not yet a part
 
     def feed(self, seq: int, data: bytes | memoryview) -> None:
         n = self._accept(seq, data)
         values = _readonly_tensor(data, self._dtype) if n else torch.empty(0)
-        if n:
-            self._parts.append(values)
         self._advance(n, values)
+        if not n:
+            return
+        if len(data) >= self._min_part_bytes:
+            self._flush_small()
+            self._parts.append(values)
+            return
+        self._small += data
+        if len(self._small) >= self._min_part_bytes:
+            self._flush_small()
 
     def finish(self, check_finite: bool = True) -> ChunkedVector:
         """The received values; InvalidArgument if values are missing or (`check_finite`) not finite."""
         self._check_complete(check_finite)
+        self._flush_small()
         return ChunkedVector(self._parts)
+
+    def _flush_small(self) -> None:
+        if self._small:
+            self._parts.append(torch.frombuffer(self._small, dtype=self._dtype))
+            self._small = bytearray()
 
 
 def _readonly_tensor(data: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:

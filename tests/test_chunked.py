@@ -23,10 +23,11 @@ def rand(n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, generator=torch.Generator().manual_seed(seed))
 
 
-def received(x: torch.Tensor, chunk_bytes: int, wire_dtype: str = "float32") -> ChunkedVector:
+def received(x: torch.Tensor, chunk_bytes: int, wire_dtype: str = "float32", min_part_bytes: int = 1) -> ChunkedVector:
     """x sent in chunks of chunk_bytes and kept by a ChunkReceiver, each chunk prefixed by 3 bytes
-    as a message's tag and length prefix it (so the views are not 4-byte aligned)."""
-    receiver = ChunkReceiver(x.numel(), wire_dtype)
+    as a message's tag and length prefix it (so the views are not 4-byte aligned). By default every
+    chunk stays a part of its own (no coalescing), so small test chunks exercise the views."""
+    receiver = ChunkReceiver(x.numel(), wire_dtype, min_part_bytes=min_part_bytes)
     for seq, data in enumerate(split(encode(x, wire_dtype), chunk_bytes)):
         receiver.feed(seq, memoryview(b"\x1a\x80\x01" + data)[3:])
     return receiver.finish()
@@ -47,7 +48,7 @@ def test_a_chunked_vector_reads_as_the_tensor_it_was_cut_from(n: int, chunk_valu
 def test_a_slice_inside_one_chunk_is_a_view_of_the_received_bytes() -> None:
     x = rand(1000, 2)
     data = [bytes(c) for c in split(encode(x), 400)]  # 100 values a chunk
-    receiver = ChunkReceiver(1000)
+    receiver = ChunkReceiver(1000, min_part_bytes=1)
     for seq, chunk in enumerate(data):
         receiver.feed(seq, chunk)
     vector = receiver.finish()
@@ -160,3 +161,28 @@ def test_asp_updates_and_snapshots_apply_chunk_by_chunk() -> None:
     with pytest.raises(ValueError, match="2999 values for 3000 parameters"):
         store.apply_update(received(delta[:-1], 1000))
     assert torch.equal(store.flat, theta)
+
+
+@pytest.mark.parametrize("wire_dtype", ["float32", "bfloat16"])
+def test_tiny_chunks_are_coalesced_so_memory_stays_in_proportion_to_the_values(wire_dtype: str) -> None:
+    """A push in 4-byte chunks (or big and tiny chunks in turn) gives a handful of parts, not one
+    tensor per chunk, and the same values; chunks of MIN_PART_BYTES or more stay views."""
+    itemsize = 4 if wire_dtype == "float32" else 2
+    x = rand(50_000, 7)
+    tiny = received(x, 4, wire_dtype, min_part_bytes=ChunkReceiver.MIN_PART_BYTES)
+    per_part = ChunkReceiver.MIN_PART_BYTES // itemsize
+    assert len(list(parts(tiny))) == -(-50_000 // per_part)
+    assert torch.equal(as_tensor(tiny), decode(split(encode(x, wire_dtype)), 50_000, wire_dtype))
+    big = ChunkReceiver.MIN_PART_BYTES
+    data = encode(x, wire_dtype)
+    receiver = ChunkReceiver(50_000, wire_dtype)
+    offset, seq, sizes = 0, 0, []
+    while offset < len(data):
+        size = big if seq % 2 == 0 else itemsize
+        receiver.feed(seq, data[offset : offset + size])
+        sizes.append(min(size, len(data) - offset))
+        offset, seq = offset + size, seq + 1
+    vector = receiver.finish()
+    assert torch.equal(as_tensor(vector), as_tensor(tiny))
+    assert len(list(parts(vector))) <= sum(1 for s in sizes if s >= big) * 2 + 1
+    assert all(part.numel() * itemsize >= big for _, part in list(parts(vector))[:-1:2])
