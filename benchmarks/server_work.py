@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from benchmarks.cli_types import choices, counts
 from benchmarks.report_output import print_report, save_report
 from ps.memory import tune_malloc
 
@@ -102,24 +103,6 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(float(part)) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"sizes are numbers like 1e6,25e6, got {text!r}") from None
-    if not sizes or any(s < 1 or s > 1_000_000_000 for s in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be in [1, 1e9], got {text!r}")
-    return sizes
-
-
-def _dtypes(text: str) -> list[str]:
-    dtypes = [part.strip() for part in text.split(",") if part.strip()]
-    bad = [d for d in dtypes if d not in WIRE_DTYPES]
-    if not dtypes or bad:
-        raise argparse.ArgumentTypeError(f"wire dtypes must be among {','.join(WIRE_DTYPES)}, got {text!r}")
-    return dtypes
-
-
 def _bounded(cast: Callable[[str], Any], ok: Callable[[Any], bool], what: str) -> Callable[[str], Any]:
     """An argparse type: `cast(text)`, refused with `what` unless `ok` holds."""
     def parse(text: str) -> Any:
@@ -143,9 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="Time the server's own work per BSP step (receive, aggregate, step, frame; one worker) "
                     "in one process, without gRPC, against one memory copy of the parameters measured in the same run.",
     )
-    p.add_argument("--sizes", type=_sizes, default=[1_000_000, 25_000_000, 100_000_000],
+    p.add_argument("--sizes", type=counts(1, 1e9), default=[1_000_000, 25_000_000, 100_000_000],
                    help="parameter counts, comma-separated (default 1e6,25e6,100e6)")
-    p.add_argument("--wire-dtypes", type=_dtypes, default=["float32", "bfloat16"],
+    p.add_argument("--wire-dtypes", type=choices(WIRE_DTYPES), default=["float32", "bfloat16"],
                    help="wire dtypes of the push and the reply (default float32,bfloat16)")
     p.add_argument("--steps", type=_steps, default=10, help="timed steps per row, after one warm-up (default 10)")
     p.add_argument("--momentum", type=_momentum, default=0.0, help="SGD momentum (default 0, as the transport benchmark)")

@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from benchmarks.cli_types import ints
 from benchmarks.workload import add_child_workload_arguments, build
 
 
@@ -30,13 +31,6 @@ def _floats(text: str) -> list[float]:
     return values
 
 
-def _ints(text: str) -> list[int]:
-    values = [int(v) for v in text.split(",") if v.strip()]
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.solo",
@@ -44,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     add_child_workload_arguments(p)
-    p.add_argument("--batch", type=_ints, required=True, help="batch size(s), comma-separated")
+    p.add_argument("--batch", type=ints, required=True, help="batch size(s), comma-separated")
     p.add_argument("--slowdown", type=_floats, default=[1.0],
                    help="software slowdown(s) per configuration (sleep compute*(F-1)), comma-separated")
     p.add_argument("--warmup", type=int, default=2, help="steps before timing starts")

@@ -67,6 +67,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks.cli_types import choices, counts, ints
 from benchmarks.report_output import print_report, save_report
 from ps.memory import tune_malloc
 
@@ -991,37 +992,6 @@ def environment() -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ command line
-def _sizes(text: str) -> list[int]:
-    try:
-        values = [int(float(v)) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 1e6,25e6, got {text!r}") from None
-    if not values or any(v < 2 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated parameter counts >= 2, got {text!r}")
-    return values
-
-
-def _ints(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
-    return values
-
-
-def _choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
-    def parse(text: str) -> list[str]:
-        values = [v.strip() for v in text.split(",") if v.strip()]
-        bad = [v for v in values if v not in allowed]
-        if not values or bad:
-            raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)}; got {text!r}")
-        return values
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m benchmarks.transport",
@@ -1036,7 +1006,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "  python -m benchmarks.transport --sizes 1e6 --profile 25e6   # also py-spy the server at 25 M"),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--sizes", type=_sizes, default=None,
+    p.add_argument("--sizes", type=counts(2), default=None,
                    help="float32 parameter counts, comma-separated (default 1e6,25e6,100e6; --tiny: 1e5)")
     p.add_argument("--repeats", type=int, default=None,
                    help="timed iterations per measurement at >= 10 M parameters; smaller sizes run "
@@ -1045,17 +1015,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=1,
                    help="run the whole sweep (echo, torch rpc, push+pull, gloo) this many times and report, per row, "
                         "the round with the median MB/s and the median of the rounds' ratios (default 1)")
-    p.add_argument("--workers", type=_ints, default=None, help="push+pull worker counts (default 1,2,4; --tiny: 1,2)")
-    p.add_argument("--wire-dtypes", type=_choices(("float32", "bfloat16", "float16")), default=["float32", "bfloat16"],
+    p.add_argument("--workers", type=ints, default=None, help="push+pull worker counts (default 1,2,4; --tiny: 1,2)")
+    p.add_argument("--wire-dtypes", type=choices(("float32", "bfloat16", "float16")), default=["float32", "bfloat16"],
                    help="push+pull wire dtypes, comma-separated")
-    p.add_argument("--shards", type=_ints, default=[1, 2],
+    p.add_argument("--shards", type=ints, default=[1, 2],
                    help="push+pull server shard counts (ps-server --shards), comma-separated; counts above 1 run "
                         "fp32 only, with every --workers count (--tiny: the largest) (default 1,2)")
-    p.add_argument("--torch-rpc-variants", type=_choices(("defaults", "tcp")), default=None,
+    p.add_argument("--torch-rpc-variants", type=choices(("defaults", "tcp")), default=None,
                    help="torch rpc runs: TensorPipe 'defaults' and/or 'tcp' (uv transport, basic channel) "
                         "(default defaults,tcp; --tiny: defaults)")
-    p.add_argument("--gloo-processes", type=_ints, default=None, help="all_reduce group sizes (default 2,4; --tiny: 2)")
-    p.add_argument("--benchmarks", type=_choices(ALL_BENCHMARKS), default=list(ALL_BENCHMARKS),
+    p.add_argument("--gloo-processes", type=ints, default=None, help="all_reduce group sizes (default 2,4; --tiny: 2)")
+    p.add_argument("--benchmarks", type=choices(ALL_BENCHMARKS), default=list(ALL_BENCHMARKS),
                    help=f"which to run, comma-separated (default all: {','.join(ALL_BENCHMARKS)}); "
                         "torch_rpc runs TensorPipe's defaults and its TCP-only variant")
     p.add_argument("--overhead-params", type=float, default=None,

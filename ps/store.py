@@ -69,8 +69,7 @@ class ParameterStore:
         """θ ← optimizer_step(θ, g), applied piece by piece as values are read (`values`, `flat`,
         `settle`). The caller must leave `grad` unchanged until `settle()` has run. A ChunkedVector
         gradient is read where it lies: a piece inside one of its chunks steps from a view of it."""
-        if grad.numel() != self.numel:
-            raise ValueError(f"a gradient of {grad.numel()} values for {self.numel} parameters")
+        self._check_size(grad)
         self._changing()
         self._stepper.begin()
         self._pending, self._next_piece = grad, 0

@@ -1,0 +1,45 @@
+"""argparse types the benchmarks share: comma-separated parameter counts, integers and choices."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Sequence
+
+
+def counts(least: int, most: float | None = None) -> Callable[[str], list[int]]:
+    """Comma-separated parameter counts like 1e6,25e6, each in [least, most]."""
+    bound = f">= {least}" + (f" and <= {most:g}" if most is not None else "")
+
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(float(v)) for v in text.split(",") if v.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 1e6,25e6, got {text!r}") from None
+        if not values or any(v < least or (most is not None and v > most) for v in values):
+            raise argparse.ArgumentTypeError(f"expected comma-separated parameter counts {bound}, got {text!r}")
+        return values
+
+    return parse
+
+
+def ints(text: str) -> list[int]:
+    """Comma-separated integers >= 1."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """Comma-separated names, each one of `allowed`."""
+    def parse(text: str) -> list[str]:
+        values = [v.strip() for v in text.split(",") if v.strip()]
+        bad = [v for v in values if v not in allowed]
+        if not values or bad:
+            raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)}; got {text!r}")
+        return values
+
+    return parse
