@@ -629,8 +629,13 @@ def _adjust_every(text: str) -> str:
 CONTROLLERS = {"bsp": ["uniform", "static", "dynamic"], "asp": ["uniform", "dynamic", "dynamic_no_lr_scaling"]}
 # runs that are a controller plus server flags; dynamic_allreduce (the BSP collective fast path) is opt-in:
 # --controllers uniform,static,dynamic,dynamic_allreduce
-RUN_VARIANTS = {"dynamic_no_lr_scaling": ("dynamic", ["--no-lr-scaling"]), "dynamic_allreduce": ("dynamic", ["--allreduce"])}
-OPT_IN = {"bsp": ["dynamic_allreduce"], "asp": []}
+# (its default all-reduce on CPU workers is the hub; dynamic_allreduce_ring is torch's all_reduce)
+RUN_VARIANTS = {
+    "dynamic_no_lr_scaling": ("dynamic", ["--no-lr-scaling"]),
+    "dynamic_allreduce": ("dynamic", ["--allreduce"]),
+    "dynamic_allreduce_ring": ("dynamic", ["--allreduce", "--allreduce-algorithm", "ring"]),
+}
+OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring"], "asp": []}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -663,7 +668,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="time uniform and dynamic to this test accuracy (default workload: digits, cnn width=96, B=512)")
     what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
                       "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
-                      "takes dynamic_allreduce, the collective fast path)")
+                      "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
+                      "ring all_reduce instead of the hub)")
     what.add_argument("--no-baselines", action="store_true",
                       help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
     what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")

@@ -31,7 +31,7 @@ from ps.jobspec import JobSpec
 from ps.membership import MAX_NAME, Member, Membership
 from ps.metrics import MetricsLog
 from ps.payload import Payload
-from ps.rendezvous import Rendezvous
+from ps.rendezvous import Rendezvous, hub_rank
 from ps.shard_client import RemoteShards, ShardFailure
 from ps.shard_ranges import slice_optimizer_state
 from ps.store import ParameterStore
@@ -459,7 +459,10 @@ class Coordinator:
         if self.rendezvous is None:
             return GroupInfo()
         group = self.rendezvous.group
-        return GroupInfo(group.generation, group.rank(member.worker_id), group.world_size, group.backend)
+        plan = self.controller.plan()
+        batches = {m.worker_id: plan.get(m.name, 0) for m in self.members.values()}
+        return GroupInfo(group.generation, group.rank(member.worker_id), group.world_size, group.backend,
+                         hub_rank(group, batches))
 
     def _reply(self, member: Member, params: bool | None = None) -> StepReply:
         """The header for the worker's next step, with the parameters unless `params` is False
@@ -500,6 +503,7 @@ class Coordinator:
         if group is not None:
             self.metrics.write(
                 "regroup", generation=group.generation, world_size=group.world_size, backend=group.backend, why=group.why,
+                algorithm="hub" if self.spec.hub_reduce(group.backend) else "ring",
                 ranks={m.name: group.rank(m.worker_id) for m in ordered}, step=self.step, epoch=self.epoch,
             )
 

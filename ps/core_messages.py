@@ -34,6 +34,7 @@ class GroupInfo:
     rank: int = 0
     world_size: int = 0
     backend: str = ""
+    hub_rank: int = 0  # the hub algorithm: the rank that sums this step (ps.rendezvous.hub_rank)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,9 @@ from typing import Any
 MODES = ("bsp", "asp")
 OPTIMIZERS = ("sgd", "adam")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
+"""How --allreduce workers reduce: "ring" is torch.distributed.all_reduce (gloo's or NCCL's own
+algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class JobSpec:
     wire_dtype: str = "float32"
     lr_scaling: bool = True
     allreduce: bool = False  # BSP collective fast path: workers all-reduce, the server coordinates
+    allreduce_algorithm: str = "auto"
 
     def __post_init__(self) -> None:
         problems = []
@@ -63,8 +67,14 @@ class JobSpec:
             problems.append(f"wire dtype must be one of {WIRE_DTYPES}, got {self.wire_dtype!r}")
         if self.allreduce and self.mode != "bsp":
             problems.append(f"allreduce is the BSP collective fast path; it cannot run with mode {self.mode!r}")
+        if self.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
+            problems.append(f"allreduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {self.allreduce_algorithm!r}")
         if problems:
             raise ValueError("; ".join(problems))
+
+    def hub_reduce(self, backend: str) -> bool:
+        """Whether an --allreduce group over `backend` sums at a hub rank (else torch's all_reduce)."""
+        return self.allreduce_algorithm == "hub" or (self.allreduce_algorithm == "auto" and backend != "nccl")
 
     def lr_at(self, epoch: int) -> float:
         """The epoch-based step schedule: lr * gamma^(milestones passed)."""

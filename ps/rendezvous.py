@@ -57,6 +57,14 @@ def plan_group(generation: int, worker_ids: Sequence[str], cuda: Mapping[str, st
     return Group(generation, members, "nccl")
 
 
+def hub_rank(group: Group, batches: Mapping[str, int]) -> int:
+    """The rank that sums a hub all-reduce: the member with the largest planned batch (`batches` by
+    worker id; the controller gives the fastest worker the most samples), the lowest rank among equals."""
+    if not group.members:
+        return 0
+    return max(range(group.world_size), key=lambda r: (batches.get(group.members[r], 0), -r))
+
+
 class Rendezvous:
     """Hosts the TCPStore (on `host`, a free port unless `port` is given) and the current Group."""
 

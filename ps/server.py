@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--allreduce", action="store_true",
                      help="BSP collective fast path: workers all-reduce their gradients with torch.distributed "
                           "(NCCL if every worker has CUDA, else gloo); the server coordinates rounds, plan and checkpoints")
+    job.add_argument("--allreduce-algorithm", choices=["auto", "ring", "hub"], default="auto",
+                     help="--allreduce: ring is torch.distributed.all_reduce; hub sums the buckets at the worker with "
+                          "the largest batch and sends the sum back, so a slow worker takes part twice per step instead "
+                          "of 2(W-1) times; auto is hub over gloo, ring over NCCL")
     opt = p.add_argument_group("optimizer")
     opt.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="server optimizer (BSP)")
     opt.add_argument("--lr", type=float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
@@ -160,6 +164,8 @@ def build_job(args: argparse.Namespace) -> Job:
     """Validate every argument and build the job; raises ValueError with one clear message."""
     if args.allreduce and args.mode != "bsp":
         raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
+    if args.allreduce_algorithm != "auto" and not args.allreduce:
+        raise ValueError("--allreduce-algorithm needs --allreduce")
     if args.rendezvous_port is not None and not args.allreduce:
         raise ValueError("--rendezvous-port needs --allreduce")
     if args.rendezvous_port is not None and not 0 <= args.rendezvous_port <= 65535:
@@ -185,6 +191,7 @@ def build_job(args: argparse.Namespace) -> Job:
         wire_dtype=args.wire_dtype,
         lr_scaling=not args.no_lr_scaling,
         allreduce=args.allreduce,
+        allreduce_algorithm=args.allreduce_algorithm,
     )
     config = ControllerConfig(
         policy=args.controller,
@@ -305,6 +312,8 @@ def print_progress(record: dict[str, Any]) -> None:
         line = f"{record['worker']}: {record['reason']}"
     elif event == "regroup":
         line = f"group generation {record['generation']}: {record['world_size']} workers over {record['backend']}"
+        if record.get("algorithm"):
+            line += f", {record['algorithm']} all-reduce"
         if record.get("why"):
             line += f" ({record['why']})"
     elif event == "resume":

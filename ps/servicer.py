@@ -66,6 +66,7 @@ def reply_messages(reply: StepReply) -> Iterator[bytes]:
         world_size=reply.group.world_size,
         backend=reply.group.backend,
         snapshot_requested=reply.snapshot_requested,
+        hub_rank=reply.group.hub_rank,
     )
     yield ps_pb2.ParamsChunk(header=header).SerializeToString()
     yield from reply.payload  # framed as they are reached (ps.payload), the first while later ones step

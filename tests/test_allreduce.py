@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,10 +19,11 @@ from protos import ps_pb2
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.jobspec import JobSpec
 from ps.models import build_model
-from ps.rendezvous import Group, plan_group
+from ps.rendezvous import Group, hub_rank, plan_group
 from ps.server import main as server_main
 from ps.store import ParameterStore
-from tests.processes import Cluster, start_server
+from tests import collective_ranks
+from tests.processes import ENV, Cluster, start_server
 from tests.test_rpc import TIMEOUT, expect_refused, header, join_all, push_chunks, rand
 from worker import connect
 from worker.cli import train
@@ -95,6 +98,53 @@ def test_bucketed_step_equals_the_server_optimizer_step() -> None:
         collective.close()
 
 
+@pytest.mark.parametrize("algorithm", ["hub", "ring"])
+def test_a_group_of_three_reduces_to_the_batch_weighted_mean(tmp_path: Path, algorithm: str) -> None:
+    """Three ranks in their own processes (gloo), several bucket parts, a hub that is not rank 0 and
+    moves: every rank ends with the same bits, equal to the weighted mean stepped in one process."""
+    world = 3
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "tests.collective_ranks", str(r), str(world), str(host.port), algorithm,
+                          str(outs[r])], env=ENV, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for r in range(world)
+    ]
+    for proc in procs:
+        output, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 0, output
+    params = [torch.load(out) for out in outs]
+    assert all(torch.equal(params[0], p) for p in params[1:])
+    reference = ParameterStore.of_model(collective_ranks.model(), collective_ranks.spec(world, algorithm))
+    assert _bucket_parts(reference.numel) > 2
+    for round in range(collective_ranks.ROUNDS):
+        total = sum(collective_ranks.batch(r, round) for r in range(world))
+        mean = sum(collective_ranks.batch(r, round) * collective_ranks.grads(r, round, reference.numel) for r in range(world))
+        reference.apply_gradient(mean / total)
+    torch.testing.assert_close(params[0], reference.flat, rtol=0, atol=1e-6)
+
+
+def _bucket_parts(numel: int) -> int:
+    return -(-(numel + 3) * 4 // collective_ranks.BUCKET_BYTES)
+
+
+def test_the_hub_is_the_largest_batch_and_the_lowest_rank_among_equals() -> None:
+    group = Group(1, ("a", "b", "c"), "gloo")
+    assert hub_rank(group, {"a": 10, "b": 30, "c": 20}) == 1
+    assert hub_rank(group, {"a": 10, "b": 30, "c": 30}) == 1
+    assert hub_rank(group, {"c": 5}) == 2
+    assert hub_rank(group, {}) == 0
+    assert hub_rank(Group(0, (), "gloo"), {"a": 1}) == 0
+
+
+def test_the_algorithm_is_checked() -> None:
+    assert JobSpec(allreduce=True).hub_reduce("gloo") and not JobSpec(allreduce=True).hub_reduce("nccl")
+    assert JobSpec(allreduce=True, allreduce_algorithm="hub").hub_reduce("nccl")
+    assert not JobSpec(allreduce=True, allreduce_algorithm="ring").hub_reduce("gloo")
+    with pytest.raises(ValueError, match="allreduce algorithm must be one of"):
+        JobSpec(allreduce=True, allreduce_algorithm="tree")
+
+
 # ------------------------------------------------------- protocol, in process
 def test_join_hands_out_the_rendezvous_and_ranks(ps_server, threads) -> None:
     server = ps_server(*TINY)
@@ -108,6 +158,17 @@ def test_join_hands_out_the_rendezvous_and_ranks(ps_server, threads) -> None:
     h = server.stub().Pull(ps_pb2.PullRequest(worker_id=joins["a"].worker_id, header_only=True), timeout=TIMEOUT)
     (only,) = list(h)
     assert only.header.num_values == 0 and only.header.generation == 1
+
+
+def test_every_plan_names_the_worker_with_the_largest_batch_as_hub(ps_server, threads) -> None:
+    server = ps_server(*[a if a != "uniform" else "static" for a in TINY], "--workers", "3")
+    joins = join_all(server, threads, {"slow": 1.0, "fast": 3.0, "mid": 2.0})
+    plans = {}
+    for name, j in joins.items():
+        (only,) = list(server.stub().Pull(ps_pb2.PullRequest(worker_id=j.worker_id, header_only=True), timeout=TIMEOUT))
+        plans[name] = only.header
+    assert plans["fast"].batch_size > plans["mid"].batch_size > plans["slow"].batch_size
+    assert {p.hub_rank for p in plans.values()} == {joins["fast"].rank}
 
 
 def _join_on(stub, name: str, gpu: str | None) -> ps_pb2.JoinReply:
@@ -213,6 +274,7 @@ def test_leave_starts_a_new_generation(ps_server, threads) -> None:
         (["--mode", "asp", "--allreduce"], "--allreduce is the BSP collective fast path; it cannot run with --mode asp"),
         (["--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce"),
         (["--allreduce", "--rendezvous-port", "70000"], "--rendezvous-port must be in [0, 65535]"),
+        (["--allreduce-algorithm", "hub"], "--allreduce-algorithm needs --allreduce"),
     ],
 )
 def test_bad_allreduce_flags_are_refused(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:

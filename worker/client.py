@@ -6,7 +6,8 @@ It turns RPCs into plain values: a Joined record at Join, a StepPlan after every
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -99,6 +100,7 @@ class StepPlan:
     world_size: int = 0
     backend: str = ""
     snapshot_requested: bool = False  # --allreduce, rank 0: push a snapshot of the parameters now
+    hub_rank: int = 0  # --allreduce, hub algorithm: the rank that sums this step
 
 
 def _error(exc: grpc.RpcError) -> ServerError:
@@ -292,10 +294,7 @@ class PSClient:
                 yield with_data(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), view)
 
         if not self._shards or kind != "values":
-            try:
-                return _receive(self._push(requests(values, header)), out)
-            except grpc.RpcError as exc:
-                raise _error(exc) from None
+            return _finish(self._push(requests(values, header)), out)
         own = self._own_stop
         assert own is not None and self._pool is not None
         header.num_values = own
@@ -306,6 +305,18 @@ class PSClient:
             head.num_values = link.target.stop - link.target.start
             calls.append(link.push(requests(values[link.target.start : link.target.stop], head)))
         return self._gather(self._push(requests(values[:own], header)), calls, out)
+
+    def start_report(
+        self, worker_id: str, *, round: int, version: int, batch_size: int, compute_ms: float
+    ) -> Callable[[], StepPlan]:
+        """--allreduce: send this step's report (no values) now and return the call that waits for
+        the reply, which the server sends when the round closes; the caller works in between."""
+        header = ps_pb2.PushHeader(
+            worker_id=worker_id, round=round, version=version, batch_size=batch_size, compute_ms=compute_ms,
+            wire_dtype="float32", num_values=0, kind=PUSH_KIND_NUMBERS["report"],
+        )
+        call = self._push(iter([ps_pb2.PushChunk(header=header, seq=0).SerializeToString()]))
+        return functools.partial(_finish, call, _NO_VALUES)
 
     def _gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
@@ -372,6 +383,14 @@ def _pull_call(channel: grpc.Channel, service: str) -> grpc.UnaryStreamMultiCall
                                 response_deserializer=_PARAMS_CHUNK)
 
 
+def _finish(call: Iterator[DataChunk], out: torch.Tensor) -> StepPlan:
+    """The reply of a call already started (its parameters into `out`), a ServerError if it failed."""
+    try:
+        return _receive(call, out)
+    except grpc.RpcError as exc:
+        raise _error(exc) from None
+
+
 def _receive(stream: Iterator[DataChunk], out: torch.Tensor) -> StepPlan:
     first = next(stream)
     h = first.fields.header
@@ -381,4 +400,4 @@ def _receive(stream: Iterator[DataChunk], out: torch.Tensor) -> StepPlan:
         receiver.feed(chunk.fields.seq, chunk.data)
     receiver.finish(check_finite=False)
     return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason,
-                    h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested)
+                    h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested, h.hub_rank)

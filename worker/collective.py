@@ -59,6 +59,7 @@ class Collective:
         self.reduces = 0
         self._device = torch.device("cpu")
         self._bucket: torch.Tensor | None = None
+        self._inbox: list[torch.Tensor] = []
         self._store: dist.Store | None = None
         self.address: tuple[str, int] | None = None
         self.connect(host, port)
@@ -178,44 +179,101 @@ class Collective:
             self._bucket = torch.empty(numel, dtype=torch.float32, device=self._device)
         return self._bucket
 
-    def step(
+    def reduce(
         self, grads: torch.Tensor, batch: int, plan: StepPlan, is_current: Callable[[int], bool] | None = None
-    ) -> bool:
-        """All-reduce `batch`·`grads` with the group and apply the mean with the local optimizer.
+    ) -> torch.Tensor | None:
+        """All-reduce `batch`·`grads` with the group; returns the batch-weighted mean gradient.
 
-        Returns False when the group's copy was already past `plan.round` (a peer completed this
+        Returns None when the group's copy was already past `plan.round` (a peer completed this
         step before the previous group failed): its parameters were adopted, there is nothing to do.
         Raises CollectiveError when the group fails; the parameters are then unchanged.
         """
         self.ensure_group(plan, is_current)
         if self.round > plan.round:
-            return False
+            return None
         n = grads.numel()
-        bucket = self._bucket_for(n + 2)
+        hub = self.world_size > 1 and self.spec.hub_reduce(self.backend)
+        bucket = self._bucket_for(n + 3)
         torch.mul(grads, batch, out=bucket[:n])  # one pass (a copy then a scale was two)
         bucket[n] = float(batch)
         bucket[n + 1] = float(plan.round)
+        bucket[n + 2] = float(plan.hub_rank)  # every rank must agree on the hub, as on the round
         try:
-            parts = bucket.split(self.bucket_numel)
-            if len(parts) == 1:
-                dist.all_reduce(bucket)
-            else:  # all buckets in flight at once
-                for work in [dist.all_reduce(part, async_op=True) for part in parts]:
-                    work.wait()
+            if hub:
+                self._hub_sum(bucket, plan.hub_rank)
+            else:
+                self._all_reduce(bucket)
         except RuntimeError as exc:
             generation = self.generation
             self.close_group()
             raise CollectiveError(f"all-reduce in group generation {generation} failed: {exc}") from exc
-        total, rounds = bucket[n : n + 2].tolist()
-        if rounds != float(plan.round) * self.world_size:
+        total, rounds, hubs = bucket[n : n + 3].tolist()
+        if rounds != float(plan.round) * self.world_size or (hub and hubs != float(plan.hub_rank) * self.world_size):
             self.close_group()
             raise RuntimeError(
-                f"collective out of step: this worker is at round {plan.round}, the group's rounds sum to {rounds:g} "
-                f"over {self.world_size} workers"
+                f"collective out of step: this worker is at round {plan.round} (hub rank {plan.hub_rank}), the group's "
+                f"rounds sum to {rounds:g} (hub ranks to {hubs:g}) over {self.world_size} workers"
             )
-        grad = bucket[:n].div_(total)
+        return bucket[:n].div_(total)
+
+    def apply(self, grad: torch.Tensor, plan: StepPlan) -> None:
+        """Take the optimizer step with the mean gradient `reduce` returned (the same on every rank)."""
         self.local.set_lr(self.spec.lr_at(plan.epoch))
         self.local.apply_gradient(grad if grad.device.type == "cpu" else grad.cpu())
         self.round = plan.round + 1
         self.reduces += 1
+
+    def step(
+        self, grads: torch.Tensor, batch: int, plan: StepPlan, is_current: Callable[[int], bool] | None = None
+    ) -> bool:
+        """`reduce` then `apply`; False when there was nothing to do (see `reduce`)."""
+        grad = self.reduce(grads, batch, plan, is_current)
+        if grad is None:
+            return False
+        self.apply(grad, plan)
         return True
+
+    def _all_reduce(self, bucket: torch.Tensor) -> None:
+        """torch.distributed.all_reduce (SUM), all buckets in flight at once."""
+        parts = bucket.split(self.bucket_numel)
+        if len(parts) == 1:
+            dist.all_reduce(bucket)
+            return
+        for work in [dist.all_reduce(part, async_op=True) for part in parts]:
+            work.wait()
+
+    def _hub_sum(self, bucket: torch.Tensor, hub: int) -> None:
+        """SUM at rank `hub`, which sends the sum back: each other rank sends and receives once.
+
+        A ring all-reduce needs every rank at each of its 2(W-1) steps; a worker held to a small CPU
+        quota is then scheduled late at every step. Here it takes part twice, and the hub (the worker
+        with the largest batch, so the fastest) does the W-1 additions. The sum is taken in rank
+        order and every rank receives the hub's bits, so the copies stay equal.
+        """
+        if not 0 <= hub < self.world_size:
+            raise CollectiveError(f"hub rank {hub} is outside group generation {self.generation} of {self.world_size}")
+        parts = bucket.split(self.bucket_numel)
+        if self.rank != hub:
+            for work in [dist.isend(part, dst=hub) for part in parts]:
+                work.wait()
+            for work in [dist.irecv(part, src=hub) for part in parts]:
+                work.wait()
+            return
+        peers = [r for r in range(self.world_size) if r != hub]
+        inbox = self._inbox_for(len(peers), parts[0].numel())
+        sends = []
+        for part in parts:
+            received = [box[: part.numel()] for box in inbox]
+            for work in [dist.irecv(box, src=peer) for box, peer in zip(received, peers)]:
+                work.wait()
+            for box in received:
+                part.add_(box)
+            sends += [dist.isend(part, dst=peer) for peer in peers]
+        for work in sends:
+            work.wait()
+
+    def _inbox_for(self, peers: int, numel: int) -> list[torch.Tensor]:
+        """The hub's receive buffers: one bucket part per peer, kept between steps."""
+        if len(self._inbox) != peers or any(box.numel() != numel or box.device != self._device for box in self._inbox):
+            self._inbox = [torch.empty(numel, dtype=torch.float32, device=self._device) for _ in range(peers)]
+        return self._inbox

@@ -203,18 +203,20 @@ class Session:
         batch, plan = self._sampler.batch_size, self.plan
         while True:
             try:
-                self._collective.step(grads, batch, plan, self._generation_stands)
+                mean = self._collective.reduce(grads, batch, plan, self._generation_stands)
                 break
             except CollectiveError as exc:
                 log.warning("%s: %s; waiting for the server's next group", self.name, str(exc).splitlines()[0][:300])
                 plan = self._await_regroup(plan)
                 if plan.done:
                     return self._send_snapshot(plan)
-        plan = self.client.push(
-            self.worker_id, torch.empty(0), self._params, round=plan.round, version=plan.version,
-            batch_size=batch, compute_ms=compute_ms, wire_dtype="float32", kind="report",
+        # the report goes out before the optimizer step: the round closes on the server meanwhile
+        reply = self.client.start_report(
+            self.worker_id, round=plan.round, version=plan.version, batch_size=batch, compute_ms=compute_ms
         )
-        return self._send_snapshot(plan)
+        if mean is not None:
+            self._collective.apply(mean, plan)
+        return self._send_snapshot(reply())
 
     def _generation_stands(self, generation: int) -> bool:
         """Whether the server still trains in `generation` (asked while a group forms)."""

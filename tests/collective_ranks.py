@@ -1,0 +1,53 @@
+"""One rank of a fast-path group in its own process, for tests/test_allreduce.py: `python -m
+tests.collective_ranks RANK WORLD PORT ALGORITHM OUT` takes ROUNDS steps with the gradients and batches
+below (`HUBS` names each round's hub) and saves its parameters to OUT."""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from ps.jobspec import JobSpec
+from ps.models import build_model
+from worker.client import StepPlan
+from worker.collective import Collective
+
+ROUNDS = 3
+HUBS = (2, 2, 0)  # the hub moves between rounds, as it does when the controller re-plans
+BUCKET_BYTES = 1024  # several bucket parts in flight
+
+
+def spec(world: int, algorithm: str) -> JobSpec:
+    return JobSpec(workers=world, global_batch=8 * world, momentum=0.9, weight_decay=1e-3, allreduce=True,
+                   allreduce_algorithm=algorithm)
+
+
+def model() -> torch.nn.Module:
+    return build_model("mlp", (64,), 10, {"hidden": 16}, 0)
+
+
+def batch(rank: int, round: int) -> int:
+    return 3 + 2 * rank + round
+
+
+def grads(rank: int, round: int, numel: int) -> torch.Tensor:
+    return torch.randn(numel, generator=torch.Generator().manual_seed(100 * round + rank))
+
+
+def main(argv: list[str]) -> None:
+    rank, world, port, algorithm, out = int(argv[0]), int(argv[1]), int(argv[2]), argv[3], argv[4]
+    collective = Collective(spec(world, algorithm), model(), "127.0.0.1", port, timeout_s=60, bucket_bytes=BUCKET_BYTES)
+    try:
+        for round in range(ROUNDS):
+            b = batch(rank, round)
+            plan = StepPlan(round, round, 0, b, False, 0.0, 0, generation=1, rank=rank, world_size=world,
+                            backend="gloo", hub_rank=HUBS[round])
+            assert collective.step(grads(rank, round, collective.params.numel()), b, plan)
+        torch.save(collective.params.clone(), out)
+    finally:
+        collective.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
