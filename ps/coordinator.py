@@ -172,9 +172,10 @@ class Coordinator:
         if self.done or member.worker_id not in self.members:
             raise FailedPrecondition(f"the job has ended ({self.reason})")
         member.last_seen = self.clock()
+        plan = self.controller.plan()
         return JoinInfo(
-            member.worker_id, member.index, self.controller.plan()[member.name], self.round, self.version, self.epoch,
-            self._group_info(member),
+            member.worker_id, member.index, plan[member.name], self.round, self.version, self.epoch,
+            self._group_info(member, plan),
             self.rendezvous.host if self.rendezvous else "",
             self.rendezvous.port if self.rendezvous else 0,
             tuple(self.shards.info()) if self.shards else (),
@@ -455,11 +456,11 @@ class Coordinator:
     def _current_payload(self) -> Sequence[bytes]:
         return self.payload.get(self.version, self.store, self.params_dtype)
 
-    def _group_info(self, member: Member) -> GroupInfo:
+    def _group_info(self, member: Member, plan: dict[str, int]) -> GroupInfo:
+        """--allreduce: the member's place in the current generation; `plan` (by name) picks the hub."""
         if self.rendezvous is None:
             return GroupInfo()
         group = self.rendezvous.group
-        plan = self.controller.plan()
         batches = {m.worker_id: plan.get(m.name, 0) for m in self.members.values()}
         return GroupInfo(group.generation, group.rank(member.worker_id), group.world_size, group.backend,
                          hub_rank(group, batches))
@@ -468,8 +469,8 @@ class Coordinator:
         """The header for the worker's next step, with the parameters unless `params` is False
         (default: only without --allreduce, whose workers keep the parameters themselves)."""
         params = self.rendezvous is None if params is None else params
-        group = self._group_info(member)
         plan = self.controller.plan()
+        group = self._group_info(member, plan)
         batch = plan.get(member.name, 0)
         global_batch = sum(plan.values())
         lr = self.spec.lr_at(self.epoch)

@@ -276,6 +276,24 @@ class PSClient:
         """Stream `values` up; the reply's parameters (if it carries any) land in `out`.
 
         `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes."""
+        return self.start_push(worker_id, values, out, round=round, version=version, batch_size=batch_size,
+                               compute_ms=compute_ms, wire_dtype=wire_dtype, kind=kind)()
+
+    def start_push(
+        self,
+        worker_id: str,
+        values: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        round: int,
+        version: int,
+        batch_size: int,
+        compute_ms: float,
+        wire_dtype: str,
+        kind: str = "values",
+    ) -> Callable[[], StepPlan]:
+        """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
+        when the round closes), so the caller can work in between (the fast path's optimizer step)."""
         header = ps_pb2.PushHeader(
             worker_id=worker_id,
             round=round,
@@ -294,7 +312,7 @@ class PSClient:
                 yield with_data(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), view)
 
         if not self._shards or kind != "values":
-            return _finish(self._push(requests(values, header)), out)
+            return functools.partial(_finish, self._push(requests(values, header)), out)
         own = self._own_stop
         assert own is not None and self._pool is not None
         header.num_values = own
@@ -304,19 +322,7 @@ class PSClient:
             head.CopyFrom(header)
             head.num_values = link.target.stop - link.target.start
             calls.append(link.push(requests(values[link.target.start : link.target.stop], head)))
-        return self._gather(self._push(requests(values[:own], header)), calls, out)
-
-    def start_report(
-        self, worker_id: str, *, round: int, version: int, batch_size: int, compute_ms: float
-    ) -> Callable[[], StepPlan]:
-        """--allreduce: send this step's report (no values) now and return the call that waits for
-        the reply, which the server sends when the round closes; the caller works in between."""
-        header = ps_pb2.PushHeader(
-            worker_id=worker_id, round=round, version=version, batch_size=batch_size, compute_ms=compute_ms,
-            wire_dtype="float32", num_values=0, kind=PUSH_KIND_NUMBERS["report"],
-        )
-        call = self._push(iter([ps_pb2.PushChunk(header=header, seq=0).SerializeToString()]))
-        return functools.partial(_finish, call, _NO_VALUES)
+        return functools.partial(self._gather, self._push(requests(values[:own], header)), calls, out)
 
     def _gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range

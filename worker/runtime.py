@@ -211,8 +211,9 @@ class Session:
                 if plan.done:
                     return self._send_snapshot(plan)
         # the report goes out before the optimizer step: the round closes on the server meanwhile
-        reply = self.client.start_report(
-            self.worker_id, round=plan.round, version=plan.version, batch_size=batch, compute_ms=compute_ms
+        reply = self.client.start_push(
+            self.worker_id, torch.empty(0), self._params, round=plan.round, version=plan.version,
+            batch_size=batch, compute_ms=compute_ms, wire_dtype="float32", kind="report",
         )
         if mean is not None:
             self._collective.apply(mean, plan)
