@@ -27,6 +27,7 @@ from benchmarks.workload import (
     spawn,
     stop,
 )
+from ps.memory import tune_for_training
 
 INIT_TIMEOUT_S = 300.0
 """How long ranks wait for each other at start-up (a throttled rank imports torch slowly)."""
@@ -121,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("benchmarks.ddp_baseline: error: need 0 <= --rank < --world, --batch/--steps >= 1, --warmup >= 0, --slowdown >= 1",
               file=sys.stderr)
         return 2
+    tune_for_training()  # as ps-worker does, so the baseline gets the same allocator settings
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F

@@ -53,6 +53,7 @@ def test_server_error_is_one_line_from_a_real_process() -> None:
         (["--server", "127.0.0.1:1", "--slowdown", "0.5"], "--slowdown"),
         (["--server", "nohostport"], "HOST:PORT"),
         (["--server", "127.0.0.1:1", "--threads", "0"], "--threads"),
+        (["--server", "127.0.0.1:1", "--heap-reserve", "-1"], "--heap-reserve"),
         (["--server", "127.0.0.1:1", "--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
         (["--server", "127.0.0.1:1", "--device", "cuda:99"], "--device cuda:99"),
     ],
