@@ -2,7 +2,7 @@
 
 Two ways, one interface (`Stepper`):
 - `SGDSteps`: SGD (momentum, dampening, Nesterov, weight decay, maximize) written out as torch's
-  single-tensor SGD computes it, on views of one optimizer's parameter and momentum buffer. A piece
+  single-tensor SGD computes it, on views of the vector and of its own momentum buffer. A piece
   costs a few torch calls (~10 us), so pieces can be as small as one wire chunk: the framing of a
   reply then reads each piece's new values while they are still in cache.
 - `TorchPieces`: any torch optimizer (Adam), one per piece of `PIECE_VALUES` values (an
@@ -88,39 +88,40 @@ def make_stepper(flat: torch.Tensor, spec: JobSpec, piece_values: int | None = N
 
 
 class SGDSteps:
-    """torch.optim.SGD's arithmetic on ranges of one optimizer's parameter (the whole vector).
+    """torch.optim.SGD's arithmetic on ranges of the whole vector.
 
-    The optimizer holds the hyperparameters and the momentum buffer (and gives the checkpoint
-    format); its own `step` is never called. The first step with momentum starts the buffer as a
-    copy of the gradient, as torch does."""
+    It keeps SGD's hyperparameters and momentum buffer itself and reads and writes torch.optim.SGD's
+    state dict (one parameter, index 0), so checkpoints load in either. It builds no torch optimizer:
+    the first torch optimizer a process builds imports torch._dynamo (~1.5 s of CPU, ~12 s for a
+    fast-path worker on a 1/8-core quota). The first step with momentum starts the buffer as a copy
+    of the gradient, as torch does."""
 
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int) -> None:
-        self._param = nn.Parameter(flat, requires_grad=False)  # shares flat's memory
-        self.optimizer = make_optimizer([self._param], spec)
+        self._flat = flat
         self.pieces = piece_ranges(flat.numel(), piece_values)
+        self._group: dict[str, Any] = sgd_group(spec)
+        self._momentum_buffer: torch.Tensor | None = None  # torch's state["momentum_buffer"]
         self._buffer: torch.Tensor | None = None
         self._fresh = False
-        self._group: dict[str, Any] = {}
 
     @property
     def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        return float(self._group["lr"])
 
     def set_lr(self, lr: float) -> None:
-        self.optimizer.param_groups[0]["lr"] = lr
+        self._group["lr"] = lr
 
     def begin(self) -> None:
-        self._group = self.optimizer.param_groups[0]
         self._buffer, self._fresh = None, False
         if self._group["momentum"] != 0:
-            self._buffer = self.optimizer.state[self._param].get("momentum_buffer")
+            self._buffer = self._momentum_buffer
             if self._buffer is None:
-                self._buffer, self._fresh = torch.empty_like(self._param.data), True
+                self._buffer, self._fresh = torch.empty_like(self._flat), True
 
     @torch.no_grad()
     def step_piece(self, index: int, grad: torch.Tensor) -> None:
         start, stop = self.pieces[index]
-        group, param = self._group, self._param.data[start:stop]
+        group, param = self._group, self._flat[start:stop]
         if group["maximize"]:
             grad = -grad
         if group["weight_decay"] != 0:
@@ -138,14 +139,36 @@ class SGDSteps:
 
     def end(self) -> None:
         if self._buffer is not None:
-            self.optimizer.state[self._param]["momentum_buffer"] = self._buffer
+            self._momentum_buffer = self._buffer
         self._buffer, self._fresh = None, False
 
     def state_dict(self) -> dict[str, Any]:
-        return copy_state(self.optimizer.state_dict())
+        state = {} if self._momentum_buffer is None else {0: {"momentum_buffer": self._momentum_buffer.clone()}}
+        return {"state": state, "param_groups": [dict(self._group)]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(copy_state(state))
+        """Take a torch.optim.SGD state dict over one parameter of this vector's size (as torch does,
+        the saved hyperparameters replace the job's); a malformed one is a ValueError and changes nothing."""
+        groups = state.get("param_groups") if isinstance(state, dict) else None
+        per_param = state.get("state") if isinstance(state, dict) else None
+        if not (isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict) and isinstance(per_param, dict)):
+            raise ValueError("an SGD state dict has one parameter group and a per-parameter state")
+        if set(per_param) - {0} or not isinstance(per_param.get(0, {}), dict):
+            raise ValueError(f"an SGD state dict of one parameter has state for {sorted(map(str, per_param))}")
+        buffer = per_param.get(0, {}).get("momentum_buffer")
+        if buffer is not None:
+            if not isinstance(buffer, torch.Tensor) or not buffer.is_floating_point() or buffer.numel() != self._flat.numel():
+                raise ValueError(f"the momentum buffer must be a float tensor of {self._flat.numel()} values")
+            buffer = buffer.detach().reshape(-1).to(self._flat.dtype, copy=True)
+        group = {**self._group, **{k: v for k, v in groups[0].items() if k != "params"}, "params": [0]}
+        self._group, self._momentum_buffer = group, buffer
+
+
+def sgd_group(spec: JobSpec) -> dict[str, Any]:
+    """The parameter group torch.optim.SGD builds for the job's hyperparameters (key order included)."""
+    return {"lr": spec.lr, "momentum": spec.momentum, "dampening": 0, "weight_decay": spec.weight_decay,
+            "nesterov": spec.nesterov, "maximize": False, "foreach": None, "differentiable": False,
+            "fused": None, "params": [0]}
 
 
 class TorchPieces:
