@@ -634,8 +634,9 @@ RUN_VARIANTS = {
     "dynamic_no_lr_scaling": ("dynamic", ["--no-lr-scaling"]),
     "dynamic_allreduce": ("dynamic", ["--allreduce"]),
     "dynamic_allreduce_ring": ("dynamic", ["--allreduce", "--allreduce-algorithm", "ring"]),
+    "dynamic_busy": ("dynamic", ["--balance", "busy"]),
 }
-OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring"], "asp": []}
+OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy"], "asp": ["dynamic_busy"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -669,7 +670,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
                       "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
-                      "ring all_reduce instead of the hub)")
+                      "ring all_reduce instead of the hub; both take dynamic_busy, dynamic with --balance busy)")
     what.add_argument("--no-baselines", action="store_true",
                       help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
     what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")

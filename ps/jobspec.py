@@ -9,6 +9,10 @@ from typing import Any
 MODES = ("bsp", "asp")
 OPTIMIZERS = ("sgd", "adam")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
+BALANCE_TIMES = ("compute", "busy")
+"""What the controller balances: each worker's compute time (fetch + forward + backward), or its busy
+time, which adds the worker's own part of the previous step's push (sending its chunks, and from the
+reply's first chunk to the new parameters in its model) but not the wait for the round in between."""
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
 """How --allreduce workers reduce: "ring" is torch.distributed.all_reduce (gloo's or NCCL's own
 algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""
@@ -38,6 +42,7 @@ class JobSpec:
     lr_scaling: bool = True
     allreduce: bool = False  # BSP collective fast path: workers all-reduce, the server coordinates
     allreduce_algorithm: str = "auto"
+    balance: str = "compute"
 
     def __post_init__(self) -> None:
         problems = []
@@ -69,6 +74,8 @@ class JobSpec:
             problems.append(f"allreduce is the BSP collective fast path; it cannot run with mode {self.mode!r}")
         if self.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
             problems.append(f"allreduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {self.allreduce_algorithm!r}")
+        if self.balance not in BALANCE_TIMES:
+            problems.append(f"balance must be one of {BALANCE_TIMES}, got {self.balance!r}")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -97,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--max-batch", type=int, default=None, help="per-worker upper bound (unset: the global batch)")
     ctl.add_argument("--adjust-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
                      help="controller decision at every epoch end (default) or every N steps")
+    ctl.add_argument("--balance", choices=["compute", "busy"], default="compute",
+                     help="what the controller equalizes: compute time (fetch + forward + backward), or busy time, "
+                          "which adds each worker's own part of its push (sending, and receiving and loading the new "
+                          "parameters, not waiting for the round): on CPU-throttled workers that part is slower too. "
+                          "The --allreduce fast path reports compute time either way")
     ctl.add_argument("--ewma-alpha", type=float, default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
@@ -192,6 +197,7 @@ def build_job(args: argparse.Namespace) -> Job:
         lr_scaling=not args.no_lr_scaling,
         allreduce=args.allreduce,
         allreduce_algorithm=args.allreduce_algorithm,
+        balance=args.balance,
     )
     config = ControllerConfig(
         policy=args.controller,

@@ -7,6 +7,7 @@ It turns RPCs into plain values: a Joined record at Join, a StepPlan after every
 from __future__ import annotations
 
 import functools
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -200,6 +201,7 @@ class PSClient:
     ) -> None:
         self.target = target
         self.chunk_bytes = max(4, chunk_bytes - chunk_bytes % 4)  # whole values of every wire dtype
+        self.last_push = PushTiming()  # the latest push's (not recorded with --shards)
         self._security = {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         self._channel = open_channel(target, **self._security)
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
@@ -305,14 +307,17 @@ class PSClient:
             kind=PUSH_KIND_NUMBERS[kind],
         )
 
+        timing = self.last_push = PushTiming()
+
         def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
             """Serialized chunks: each slice of `part` is copied once, into its chunk's bytes (bf16/fp16:
             converted a chunk at a time first)."""
             for seq, view in enumerate(encoded_views(part, wire_dtype, self.chunk_bytes)):
                 yield with_data(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), view)
+            timing.uploaded = time.perf_counter()
 
         if not self._shards or kind != "values":
-            return functools.partial(_finish, self._push(requests(values, header)), out)
+            return functools.partial(_finish, self._push(requests(values, header)), out, timing)
         own = self._own_stop
         assert own is not None and self._pool is not None
         header.num_values = own
@@ -389,16 +394,27 @@ def _pull_call(channel: grpc.Channel, service: str) -> grpc.UnaryStreamMultiCall
                                 response_deserializer=_PARAMS_CHUNK)
 
 
-def _finish(call: Iterator[DataChunk], out: torch.Tensor) -> StepPlan:
+@dataclass
+class PushTiming:
+    """When a push's last chunk went to gRPC and its reply's first chunk arrived (perf_counter
+    seconds; 0 until then): the worker's own upload ends and its download starts, waiting between."""
+
+    uploaded: float = 0.0
+    replied: float = 0.0
+
+
+def _finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepPlan:
     """The reply of a call already started (its parameters into `out`), a ServerError if it failed."""
     try:
-        return _receive(call, out)
+        return _receive(call, out, timing)
     except grpc.RpcError as exc:
         raise _error(exc) from None
 
 
-def _receive(stream: Iterator[DataChunk], out: torch.Tensor) -> StepPlan:
+def _receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepPlan:
     first = next(stream)
+    if timing is not None:
+        timing.replied = time.perf_counter()
     h = first.fields.header
     receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype, check_finite=False)
     receiver.feed(first.fields.seq, first.data)

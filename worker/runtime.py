@@ -89,6 +89,7 @@ class Session:
         self._fetch_cpu = 0.0
         self.steps = 0
         self.last_compute_ms = 0.0
+        self._push_ms = 0.0  # the previous push's own part (reported with compute time under --balance busy)
 
     def _setup(self, joined: Joined) -> None:
         """Build the job's data and model and load the global parameters. The flat parameters
@@ -173,6 +174,7 @@ class Session:
             values = self._asp_update(grads)
         else:
             values = grads
+        pushed = time.perf_counter()
         try:
             if self._collective is not None:
                 plan = self._collective_step(device_grads, compute_ms)
@@ -184,7 +186,7 @@ class Session:
                     round=self.plan.round,
                     version=self.plan.version,
                     batch_size=self._sampler.batch_size,
-                    compute_ms=compute_ms,
+                    compute_ms=compute_ms + (self._push_ms if self.spec.balance == "busy" else 0.0),
                     wire_dtype=self.spec.wire_dtype,
                 )
         except ServerError as exc:
@@ -193,7 +195,16 @@ class Session:
             self.steps += 1
             self.last_compute_ms = compute_ms
         self._apply(plan)
+        self._push_ms = self._own_push_ms(pushed)
         return plan
+
+    def _own_push_ms(self, pushed: float) -> float:
+        """This worker's own part of the push that began at `pushed`: sending its chunks, and from the
+        reply's first chunk to the parameters in the model; 0 when not recorded (the fast path, --shards)."""
+        timing = self.client.last_push
+        if self._collective is not None or not pushed < timing.uploaded <= timing.replied:
+            return 0.0
+        return ((timing.uploaded - pushed) + (time.perf_counter() - timing.replied)) * 1000.0
 
     def _collective_step(self, grads: torch.Tensor, compute_ms: float) -> StepPlan:
         """--allreduce: all-reduce and step with the group, then report the step (no values) to the

@@ -1,0 +1,55 @@
+"""`ps-server --balance`: what a worker reports as its step time (in-process server, in-process worker)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+import torch.nn.functional as F
+
+from ps.jobspec import JobSpec
+from ps.server import build_job
+from tests.conftest import job_args
+from worker import connect
+
+if TYPE_CHECKING:
+    from tests.conftest import InProcessServer
+
+
+def _steps(server: InProcessServer, steps: int) -> tuple[list[float], list[float]]:
+    """Take `steps` BSP steps with one worker; the compute times it measured and those the server got."""
+    measured: list[float] = []
+    with connect(server.target, name="w0", cores=1.0) as session:
+        for x, y in session.batches():
+            loss = F.cross_entropy(session.model(x), y)
+            session.model.zero_grad(set_to_none=False)
+            loss.backward()
+            session.step()
+            measured.append(session.last_compute_ms)
+            if len(measured) == steps:
+                break
+        received = server.call(lambda: [list(m.epoch_compute_ms) for m in server.coordinator.members.values()])
+    assert len(received) == 1
+    return measured, received[0]
+
+
+@pytest.mark.parametrize("balance", ["compute", "busy"])
+def test_busy_time_adds_the_previous_push_and_compute_does_not(ps_server, balance: str) -> None:
+    # one worker, a global batch of 8: 3 steps stay inside the first epoch (1437 training samples)
+    server = ps_server("--workers", "1", "--global-batch", "8", "--balance", balance)
+    measured, received = _steps(server, 3)
+    assert len(received) == 3
+    assert received[0] == pytest.approx(measured[0], abs=1e-3)  # no push before the first
+    for ours, theirs in zip(measured[1:], received[1:], strict=True):
+        if balance == "compute":
+            assert theirs == pytest.approx(ours, abs=1e-3)
+        else:  # sending 3 KB and loading the reply take well under a second here
+            assert ours < theirs < ours + 1000.0
+
+
+def test_balance_is_checked() -> None:
+    with pytest.raises(ValueError, match="balance must be one of"):
+        JobSpec(balance="wall")
+    with pytest.raises(SystemExit):
+        job_args("--balance", "wall")
+    assert build_job(job_args("--balance", "busy")).coordinator.spec.balance == "busy"
