@@ -26,8 +26,8 @@ from benchmarks.workload import (
     build,
     spawn,
     stop,
+    tune_like_a_worker,
 )
-from ps.memory import tune_for_training
 
 INIT_TIMEOUT_S = 300.0
 """How long ranks wait for each other at start-up (a throttled rank imports torch slowly)."""
@@ -122,7 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("benchmarks.ddp_baseline: error: need 0 <= --rank < --world, --batch/--steps >= 1, --warmup >= 0, --slowdown >= 1",
               file=sys.stderr)
         return 2
-    tune_for_training()  # as ps-worker does, so the baseline gets the same allocator settings
+    if not tune_like_a_worker("benchmarks.ddp_baseline"):  # the workers' allocator settings
+        return 2
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F

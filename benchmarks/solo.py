@@ -21,8 +21,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.cli_types import ints
-from benchmarks.workload import add_child_workload_arguments, build
-from ps.memory import tune_for_training
+from benchmarks.workload import add_child_workload_arguments, build, tune_like_a_worker
 
 
 def _floats(text: str) -> list[float]:
@@ -95,7 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.warmup < 0 or args.min_steps < 1 or args.max_steps < args.min_steps or args.threads < 1:
         print("benchmarks.solo: error: need --warmup >= 0, 1 <= --min-steps <= --max-steps, --threads >= 1", file=sys.stderr)
         return 2
-    tune_for_training()  # as ps-worker does, so the ideal gets the same allocator settings
+    if not tune_like_a_worker("benchmarks.solo"):  # so the ideal is measured with the workers' allocator settings
+        return 2
     slowdowns = args.slowdown if len(args.slowdown) == len(args.batch) else args.slowdown * len(args.batch)
     if len(slowdowns) != len(args.batch):
         print("benchmarks.solo: error: give one --slowdown, or one per --batch", file=sys.stderr)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from ps.memory import heap_reserve_mib, tune_for_training
+
 CHILD_ENV = {
     **os.environ,
     "PYTHONUNBUFFERED": "1",
@@ -79,6 +81,18 @@ def add_child_workload_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and data split")
     parser.add_argument("--lr", type=float, default=Workload.lr, help="SGD learning rate")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
+
+
+def tune_like_a_worker(prog: str) -> bool:
+    """Apply ps-worker's allocator settings (its heap reserve from $PS_WORKER_HEAP_RESERVE_MIB), so a
+    baseline process is measured as the workers are; False, with one line on stderr, for a bad value."""
+    try:
+        reserve = heap_reserve_mib()
+    except ValueError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return False
+    tune_for_training(reserve)
+    return True
 
 
 def build(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -30,6 +30,7 @@ M_MMAP_THRESHOLD = -3
 M_MMAP_MAX = -4
 MMAP_MAX_DEFAULT = 65536  # glibc's default for M_MMAP_MAX
 DEFAULT_HEAP_RESERVE_MIB = 512  # glibc's placement drifts through ~300 MiB before settling (tests/test_memory.py)
+HEAP_RESERVE_ENV = "PS_WORKER_HEAP_RESERVE_MIB"  # for workers that ps-cluster and the benchmarks start
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's upper bound for M_MMAP_THRESHOLD on 64-bit
 TRIM_THRESHOLD_BYTES = 1 << 30
 # (mallopt parameter, value, the environment variable glibc reads for the same setting at start)
@@ -103,7 +104,23 @@ def reserve_heap(nbytes: int) -> bool:
         return False
 
 
-def tune_for_training(reserve_mib: int = DEFAULT_HEAP_RESERVE_MIB) -> None:
+def heap_reserve_mib(flag: int | None = None) -> int:
+    """The heap reserve in MiB: `flag` (ps-worker --heap-reserve), else $PS_WORKER_HEAP_RESERVE_MIB,
+    else the default. ValueError for a value below 0 or a variable that is not an integer."""
+    if flag is not None:
+        value, source = flag, "--heap-reserve"
+    else:
+        source, text = f"${HEAP_RESERVE_ENV}", os.environ.get(HEAP_RESERVE_ENV, str(DEFAULT_HEAP_RESERVE_MIB))
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{source} must be an integer number of MiB, got {text!r}") from None
+    if value < 0:
+        raise ValueError(f"{source} must be >= 0, got {value}")
+    return value
+
+
+def tune_for_training(reserve_mib: int) -> None:
     """What a training process (ps-worker, and the baselines it is compared with) applies at start:
     `tune_malloc`, then a heap reserve of `reserve_mib` MiB."""
     tune_malloc()

@@ -64,6 +64,13 @@ def test_worker_rejects_bad_input(args: list[str], needle: str) -> None:
     assert needle in result.stderr and "Traceback" not in result.stderr
 
 
+def test_worker_refuses_a_bad_heap_reserve_from_the_environment() -> None:
+    result = subprocess.run([sys.executable, "-m", "worker.cli", "--server", "127.0.0.1:1"], capture_output=True,
+                            text=True, env={**ENV, "PS_WORKER_HEAP_RESERVE_MIB": "lots"}, timeout=60)
+    assert result.returncode == 2
+    assert "$PS_WORKER_HEAP_RESERVE_MIB must be an integer" in result.stderr and "Traceback" not in result.stderr
+
+
 def test_worker_reports_unreachable_server() -> None:
     result = run("worker.cli", "--server", "127.0.0.1:1", "--timeout", "1")
     assert result.returncode == 1

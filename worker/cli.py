@@ -11,7 +11,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ps.memory import DEFAULT_HEAP_RESERVE_MIB, tune_for_training
+from ps.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from ps.security import TOKEN_ENV, resolve_token
 from ps.stack_dump import enable_stack_dump
 from worker.client import ServerError, channel_credentials
@@ -61,10 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", default=None, metavar="PATH", help="mutual TLS: this worker's PEM certificate")
     p.add_argument("--tls-key", default=None, metavar="PATH", help="mutual TLS: the PEM private key of --tls-cert")
     p.add_argument("--token", default=None, help=f"token sent with every call (unset: ${TOKEN_ENV})")
-    p.add_argument("--heap-reserve", type=int, default=DEFAULT_HEAP_RESERVE_MIB, metavar="MIB",
+    p.add_argument("--heap-reserve", type=int, default=argparse.SUPPRESS, metavar="MIB",
                    help="grow the heap by this much at start so that blocks over glibc's 32 MiB mmap threshold "
                         "(activations at large CPU batches) reuse memory instead of taking fresh pages every step; "
-                        "memory is only used as such blocks need it; 0: off")
+                        f"memory is only used as such blocks need it; 0: off (unset: ${HEAP_RESERVE_ENV}, else "
+                        f"{DEFAULT_HEAP_RESERVE_MIB})")
     return p
 
 
@@ -74,9 +75,8 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads < 1 or args.slowdown < 1.0 or (args.cores is not None and args.cores <= 0) or args.heap_reserve < 0:
-        print("ps-worker: error: --threads must be >= 1, --slowdown >= 1, --cores > 0 and --heap-reserve >= 0",
-              file=sys.stderr)
+    if args.threads < 1 or args.slowdown < 1.0 or (args.cores is not None and args.cores <= 0):
+        print("ps-worker: error: --threads must be >= 1, --slowdown >= 1 and --cores > 0", file=sys.stderr)
         return 2
     if ":" not in args.server:
         print(f"ps-worker: error: --server must be HOST:PORT, got {args.server!r}", file=sys.stderr)
@@ -85,10 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         token = resolve_token(args.token)
         channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
         device = resolve_device(args.device)
+        heap_reserve = heap_reserve_mib(getattr(args, "heap_reserve", None))
     except ValueError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         return 2
-    tune_for_training(args.heap_reserve)
+    tune_for_training(heap_reserve)
     torch.set_num_threads(args.threads)
     signal.signal(signal.SIGTERM, _terminate)
     enable_stack_dump()
