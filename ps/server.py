@@ -21,7 +21,7 @@ from ps.coordinator import Coordinator
 from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
 from ps.handlers import register
-from ps.jobspec import JobSpec
+from ps.jobspec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec
 from ps.memory import tune_malloc
 from ps.metrics import MetricsLog
 from ps.models import build_model
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     job = p.add_argument_group("job")
-    job.add_argument("--mode", choices=["bsp", "asp"], default="bsp", help="synchronous rounds or asynchronous updates")
+    job.add_argument("--mode", choices=MODES, default="bsp", help="synchronous rounds or asynchronous updates")
     job.add_argument("--workers", type=int, default=4, help="workers to wait for before training starts")
     job.add_argument("--model", default="mlp", help="built-in model (mlp, cnn) or package.module:function")
     job.add_argument("--model-arg", action="append", default=[], metavar="K=V", help="model option, e.g. hidden=512")
@@ -75,12 +75,12 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--allreduce", action="store_true",
                      help="BSP collective fast path: workers all-reduce their gradients with torch.distributed "
                           "(NCCL if every worker has CUDA, else gloo); the server coordinates rounds, plan and checkpoints")
-    job.add_argument("--allreduce-algorithm", choices=["auto", "ring", "hub"], default="auto",
+    job.add_argument("--allreduce-algorithm", choices=ALLREDUCE_ALGORITHMS, default="auto",
                      help="--allreduce: ring is torch.distributed.all_reduce; hub sums the buckets at the worker with "
                           "the largest batch and sends the sum back, so a slow worker takes part twice per step instead "
                           "of 2(W-1) times; auto is hub over gloo, ring over NCCL")
     opt = p.add_argument_group("optimizer")
-    opt.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd", help="server optimizer (BSP)")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="server optimizer (BSP)")
     opt.add_argument("--lr", type=float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
     opt.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (BSP)")
     opt.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty")
@@ -97,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--max-batch", type=int, default=None, help="per-worker upper bound (unset: the global batch)")
     ctl.add_argument("--adjust-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
                      help="controller decision at every epoch end (default) or every N steps")
-    ctl.add_argument("--balance", choices=["compute", "busy"], default="compute",
+    ctl.add_argument("--balance", choices=BALANCE_TIMES, default="compute",
                      help="what the controller equalizes: compute time (fetch + forward + backward), or busy time, "
                           "which adds each worker's own part of its push (sending, and receiving and loading the new "
                           "parameters, not waiting for the round): on CPU-throttled workers that part is slower too. "
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "N-1 ps-shard processes it starts on --host); workers push and pull the ranges in parallel")
     net.add_argument("--shard-addresses", default=None, metavar="HOST:PORT,...",
                      help="use these running ps-shard servers for ranges 1.. instead of starting them (sets --shards)")
-    net.add_argument("--wire-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+    net.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
     net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
     net.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer and evaluation")

@@ -101,8 +101,7 @@ class SGDSteps:
         self.pieces = piece_ranges(flat.numel(), piece_values)
         self._group: dict[str, Any] = sgd_group(spec)
         self._momentum_buffer: torch.Tensor | None = None  # torch's state["momentum_buffer"]
-        self._buffer: torch.Tensor | None = None
-        self._fresh = False
+        self._fresh = False  # this step starts the buffer (copies the gradient into it)
 
     @property
     def lr(self) -> float:
@@ -112,11 +111,9 @@ class SGDSteps:
         self._group["lr"] = lr
 
     def begin(self) -> None:
-        self._buffer, self._fresh = None, False
-        if self._group["momentum"] != 0:
-            self._buffer = self._momentum_buffer
-            if self._buffer is None:
-                self._buffer, self._fresh = torch.empty_like(self._flat), True
+        self._fresh = self._group["momentum"] != 0 and self._momentum_buffer is None
+        if self._fresh:
+            self._momentum_buffer = torch.empty_like(self._flat)
 
     @torch.no_grad()
     def step_piece(self, index: int, grad: torch.Tensor) -> None:
@@ -128,8 +125,8 @@ class SGDSteps:
             grad = grad.add(param, alpha=group["weight_decay"])
         momentum = group["momentum"]
         if momentum != 0:
-            assert self._buffer is not None
-            buf = self._buffer[start:stop]
+            assert self._momentum_buffer is not None
+            buf = self._momentum_buffer[start:stop]
             if self._fresh:
                 buf.copy_(grad)
             else:
@@ -138,9 +135,7 @@ class SGDSteps:
         param.add_(grad, alpha=-group["lr"])
 
     def end(self) -> None:
-        if self._buffer is not None:
-            self._momentum_buffer = self._buffer
-        self._buffer, self._fresh = None, False
+        self._fresh = False
 
     def state_dict(self) -> dict[str, Any]:
         state = {} if self._momentum_buffer is None else {0: {"momentum_buffer": self._momentum_buffer.clone()}}
