@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="what the controller equalizes: compute time (fetch + forward + backward), or busy time, "
                           "which adds each worker's own part of its push (sending, and receiving and loading the new "
                           "parameters, not waiting for the round): on CPU-throttled workers that part is slower too. "
-                          "The --allreduce fast path reports compute time either way")
+                          "PS path with one server only (not with --allreduce or --shards)")
     ctl.add_argument("--ewma-alpha", type=float, default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
@@ -171,6 +171,9 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
     if args.allreduce_algorithm != "auto" and not args.allreduce:
         raise ValueError("--allreduce-algorithm needs --allreduce")
+    if args.balance == "busy" and (args.allreduce or args.shards > 1):
+        raise ValueError("--balance busy is measured on the PS path with one server only; it cannot run with "
+                         "--allreduce or --shards")
     if args.rendezvous_port is not None and not args.allreduce:
         raise ValueError("--rendezvous-port needs --allreduce")
     if args.rendezvous_port is not None and not 0 <= args.rendezvous_port <= 65535:

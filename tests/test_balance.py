@@ -53,3 +53,11 @@ def test_balance_is_checked() -> None:
     with pytest.raises(SystemExit):
         job_args("--balance", "wall")
     assert build_job(job_args("--balance", "busy")).coordinator.spec.balance == "busy"
+
+
+@pytest.mark.parametrize("flags", [["--allreduce"], ["--shards", "2"]])
+def test_busy_time_is_refused_where_it_is_not_measured(flags: list[str]) -> None:
+    """The fast path's wait is inside the all-reduce, and a sharded push records no timing: refused
+    at start rather than silently balancing compute time."""
+    with pytest.raises(ValueError, match="--balance busy is measured on the PS path"):
+        build_job(job_args("--balance", "busy", *flags))
