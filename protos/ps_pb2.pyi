@@ -167,12 +167,14 @@ class ParamsChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[ParamsHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("worker_id", "header_only")
+    __slots__ = ("worker_id", "header_only", "optimizer_state")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HEADER_ONLY_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     header_only: bool
-    def __init__(self, worker_id: _Optional[str] = ..., header_only: _Optional[bool] = ...) -> None: ...
+    optimizer_state: bool
+    def __init__(self, worker_id: _Optional[str] = ..., header_only: _Optional[bool] = ..., optimizer_state: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("worker_id",)

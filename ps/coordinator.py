@@ -16,12 +16,13 @@ import json
 import math
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from ps.aggregation import WeightedMean, asp_lr
-from ps.chunked import Vector
+from ps.chunked import Vector, as_tensor
 from ps.controller import BatchController
 from ps.core_messages import MAX_COMPUTE_MS, PUSH_KINDS, Beat, GroupInfo, JoinInfo, PushMeta, StepReply
 from ps.datasets import Dataset
@@ -30,7 +31,7 @@ from ps.evaluator import BackgroundEvaluator
 from ps.jobspec import JobSpec
 from ps.membership import MAX_NAME, Member, Membership
 from ps.metrics import MetricsLog
-from ps.payload import Payload
+from ps.payload import FramedChunks, Payload, TensorSource
 from ps.rendezvous import Rendezvous, hub_rank
 from ps.shard_client import RemoteShards, ShardFailure
 from ps.shard_ranges import slice_optimizer_state
@@ -284,7 +285,9 @@ class Coordinator:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
             self._check_sequence(member, meta)
             return ChunkReceiver(0, meta.wire_dtype)
-        if meta.num_values != self.own_numel:
+        if meta.kind == "snapshot":
+            self._check_snapshot_size(meta.num_values)
+        elif meta.num_values != self.own_numel:
             where = f"; this server holds values [0, {self.own_numel}), the shards the rest" if self.shards else ""
             raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {self.own_numel}{where}")
         if meta.kind != "snapshot":
@@ -316,6 +319,13 @@ class Coordinator:
             raise FailedPrecondition("no snapshot was requested")
         if meta.round != self.round:
             raise FailedPrecondition(f"snapshot of round {meta.round}; the open round is {self.round}")
+
+    def _check_snapshot_size(self, num_values: int) -> None:
+        """A snapshot is the parameters, then the optimizer's flat state if it has any (ps.flat_state)."""
+        numel, state = self.own_numel, self.store.optimizer_state_numel
+        if num_values not in (numel, numel + state):
+            with_state = f" or {numel + state} (with the optimizer's state)" if state else ""
+            raise InvalidArgument(f"a snapshot has {num_values} values; the layout expects {numel}{with_state}")
 
     def _check_sequence(self, member: Member, meta: PushMeta) -> None:
         if self.done:
@@ -443,10 +453,21 @@ class Coordinator:
         member.epoch_compute_ms.append(meta.compute_ms)
 
     # -------------------------------------------------------------- pull / reply
-    def pull(self, worker_id: str, header_only: bool = False) -> StepReply:
+    def pull(self, worker_id: str, header_only: bool = False, optimizer_state: bool = False) -> StepReply:
+        """The worker's plan with the parameters (`header_only`: without), or with the optimizer's flat
+        state instead (`optimizer_state`: an --allreduce worker starting from the server's copy)."""
         member = self.member(worker_id)
+        if optimizer_state and self.shards is not None:
+            raise InvalidArgument("the optimizer state is pulled from an unsharded server only (--allreduce jobs)")
         member.last_seen = self.clock()
-        return self._reply(member, params=not header_only)
+        if not optimizer_state:
+            return self._reply(member, params=not header_only)
+        state = self.store.flat_optimizer_state()
+        reply = self._reply(member, params=False)
+        if state is None:
+            return replace(reply, wire_dtype="float32")
+        payload = FramedChunks(TensorSource(state), "float32", self.payload.frame, self.payload.chunk_bytes)
+        return replace(reply, wire_dtype="float32", num_values=state.numel(), payload=payload)
 
     @property
     def params_dtype(self) -> str:
@@ -563,8 +584,19 @@ class Coordinator:
         return self._full_view[1]
 
     def _load_snapshot(self, values: Vector) -> None:
-        """Rank 0's parameters become the global model; then the evaluations/checkpoints that waited."""
-        self.store.assign(values)
+        """Rank 0's parameters (and optimizer state) become the global model; then the evaluations and
+        checkpoints that waited."""
+        numel = self.store.numel
+        if values.numel() == numel:
+            self.store.assign(values)
+            self.store.load_flat_optimizer_state(None)
+        else:
+            whole = as_tensor(values)
+            try:  # first: a malformed state changes nothing
+                self.store.load_flat_optimizer_state(whole[numel:])
+            except ValueError as exc:
+                raise InvalidArgument(f"the snapshot's optimizer state: {exc}") from None
+            self.store.assign(whole[:numel])
         self.payload.invalidate()
         self._snapshot_requested = False
         self.metrics.write("snapshot", step=self.step, epoch=self.epoch)

@@ -123,7 +123,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         try:
-            reply = self.core.pull(request.worker_id, header_only=request.header_only)
+            reply = self.core.pull(request.worker_id, header_only=request.header_only,
+                                   optimizer_state=request.optimizer_state)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         for message in reply_messages(reply):

@@ -15,7 +15,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ps.chunked import Vector, parts
+from ps.chunked import Vector, as_tensor, parts
+from ps.flat_state import flatten_state, state_numel, unflatten_state
 from ps.jobspec import JobSpec
 from ps.stepping import make_stepper
 from ps.wire import flatten_params
@@ -31,6 +32,7 @@ class ParameterStore:
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> None:
         """A store over a copy of `flat` (all parameters, or one shard's range of them), stepped in
         pieces of `piece_values` values (default: ps.stepping's for the optimizer)."""
+        self._spec = spec
         self._flat = flat.detach().reshape(-1).float().clone()
         self._stepper = make_stepper(self._flat, spec, piece_values)
         self.pieces = self._stepper.pieces
@@ -121,6 +123,22 @@ class ParameterStore:
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self._changing()
         self._stepper.load_state_dict(state)
+
+    @property
+    def optimizer_state_numel(self) -> int:
+        """How many values `flat_optimizer_state` holds once the optimizer has stepped (0: it keeps none)."""
+        return state_numel(self._spec, self.numel)
+
+    def flat_optimizer_state(self) -> torch.Tensor | None:
+        """The optimizer's state as one new fp32 vector (ps.flat_state); None before its first step."""
+        return flatten_state(self.optimizer_state(), self._spec, self.numel)
+
+    def load_flat_optimizer_state(self, values: Vector | None) -> None:
+        """Replace the optimizer's state with `values` (None: as before its first step), keeping the
+        hyperparameters. A vector of the wrong size is a ValueError and changes nothing."""
+        groups = self.optimizer_state()["param_groups"]
+        state = unflatten_state(None if values is None else as_tensor(values), groups, self._spec, self.numel)
+        self.load_optimizer_state(state)
 
     def state_dict(self) -> dict:
         return {"params": self.snapshot(), "optimizer": self.optimizer_state()}

@@ -4,6 +4,7 @@ server, and real processes on gloo: equal to the PS path, and re-forming the gro
 from __future__ import annotations
 
 import concurrent.futures
+import shutil
 import signal
 import subprocess
 import sys
@@ -254,6 +255,44 @@ def test_rounds_close_on_reports_and_rank0_snapshots_at_epoch_end(ps_server, thr
     assert [e[0] for e in core.evaluations] == [1]
 
 
+def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_server, threads) -> None:
+    """Rank 0's snapshot is the parameters, then the momentum buffer (ps.flat_state); the server keeps
+    both (what its checkpoints hold) and hands the momentum to a worker that asks (after a resume).
+    A snapshot of another size, or a non-finite state, is refused and changes nothing."""
+    server = ps_server(*TINY, "--momentum", "0.9")
+    core = server.coordinator
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    client = PSClient(server.target)
+    try:
+        assert client.pull_optimizer_state(ids["a"], core.store.numel) is None  # not stepped yet
+        report_round(server.stub, threads, ids, 0)
+        second = report_round(server.stub, threads, ids, 1)
+        rank0 = next(n for n, h in second.items() if h.snapshot_requested)
+        n = server.call(lambda: core.store.numel)
+        params, momentum = rand(n, seed=4), rand(n, seed=5)
+        nan_state = torch.cat([params, momentum])
+        nan_state[n + 7] = float("nan")
+        stub = server.stub()
+        for values, needle in [
+            (torch.cat([params, momentum[:-1]]), f"a snapshot has {2 * n - 1} values; the layout expects {n} or {2 * n}"),
+            (nan_state, "NaN or Inf"),
+        ]:
+            chunks = snapshot_push(ids[rank0], values, 2)
+            expect_refused(server, lambda c=chunks: list(stub.Push(iter(c), timeout=TIMEOUT)), Code.INVALID_ARGUMENT, needle)
+        call(stub, snapshot_push(ids[rank0], torch.cat([params, momentum]), 2))
+        state = server.call(lambda: core.store.optimizer_state())
+        assert torch.equal(state["state"][0]["momentum_buffer"], momentum) and state["param_groups"][0]["momentum"] == 0.9
+        assert torch.equal(server.call(lambda: core.store.flat.clone()), params)
+        assert torch.equal(client.pull_optimizer_state(ids["b"], n), momentum)
+        report_round(server.stub, threads, ids, 2)
+        fourth = report_round(server.stub, threads, ids, 3)  # epoch 2 ends: the job's last snapshot
+        rank0 = next(n for n, h in fourth.items() if h.snapshot_requested)
+        call(stub, snapshot_push(ids[rank0], params, 4))  # parameters alone: an optimizer without state
+        assert server.call(lambda: core.store.optimizer_state())["state"] == {}
+    finally:
+        client.close()
+
+
 def test_leave_starts_a_new_generation(ps_server, threads) -> None:
     server = ps_server(*TINY)
     ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
@@ -300,30 +339,65 @@ def _train_in_process(target: str, name: str) -> int:
         return session.steps
 
 
-def test_fast_path_equals_the_ps_path(ps_server, threads, tmp_path: Path) -> None:
-    """Same seeds, same batches: after every epoch the fast path's server checkpoint (real processes,
-    gloo) matches the PS path's (an in-process server and two in-process workers) to 1e-5."""
-    job = [*JOB, "--workers", "2", "--global-batch", "64", "--epochs", "2", "--lr-milestones", "1",
-           "--momentum", "0.9", "--nesterov", "--weight-decay", "1e-4"]
-    cluster = start_server(tmp_path, [*job, "--allreduce", "--checkpoint-dir", str(tmp_path / "allreduce")])
+# two workers, two epochs of 45 steps in all (digits' training samples at a global batch of 64)
+EQUAL_JOB = [*JOB, "--workers", "2", "--global-batch", "64", "--epochs", "2", "--lr-milestones", "1",
+             "--momentum", "0.9", "--nesterov", "--weight-decay", "1e-4"]
+
+
+def _run_both(ps_server, threads, workdir: Path, ar_dir: Path, ps_dir: Path, resume: bool = False) -> tuple[Cluster, int]:
+    """EQUAL_JOB on the fast path (a real server and two worker processes on gloo, checkpoints in
+    `ar_dir`) and on the PS path (an in-process server and two in-process workers, checkpoints in
+    `ps_dir`), each resumed from its directory if `resume`; returns the finished fast-path cluster
+    and the steps each PS-path worker took."""
+    workdir.mkdir()
+    flags = {d: ["--checkpoint-dir", str(d), *(["--resume", str(d)] if resume else [])] for d in (ar_dir, ps_dir)}
+    cluster = start_server(workdir, [*EQUAL_JOB, "--allreduce", *flags[ar_dir]])
     try:
         for i in range(2):
             cluster.start_worker(f"w{i}", "--device", "cpu")  # as the in-process PS-path workers compute
-        server = ps_server(*job, "--checkpoint-dir", str(tmp_path / "ps"))
+        server = ps_server(*EQUAL_JOB, *flags[ps_dir])
         steps = [threads.submit(_train_in_process, server.target, f"w{i}") for i in range(2)]
-        assert [f.result(120) for f in steps] == [45, 45]
+        (taken,) = {f.result(120) for f in steps}
         server.job.checkpointer.flush()
         server.call(server.job.final_checkpoint)
         _finish(cluster, 120)
-        ps, ar = ({p.name: read_checkpoint(p) for p in checkpoint_files(tmp_path / name)} for name in ("ps", "allreduce"))
-        assert ps.keys() == ar.keys() and len(ps) == 2  # after epoch 1 and at the end
-        for name in ps:
-            assert (ps[name]["round"], ps[name]["samples"]) == (ar[name]["round"], ar[name]["samples"])
-            torch.testing.assert_close(ar[name]["params"], ps[name]["params"], rtol=0, atol=1e-5)
-        assert [e["world_size"] for e in cluster.events("regroup")] == [2]
-        assert len(cluster.events("snapshot")) == 2 and len(cluster.events("eval")) == 2
     finally:
         cluster.stop()
+    return cluster, taken
+
+
+def _assert_same_checkpoints(ps_dir: Path, ar_dir: Path, count: int) -> None:
+    """Same rounds, parameters and momentum (to 1e-5) in the two directories' checkpoints."""
+    ps, ar = ({p.name: read_checkpoint(p) for p in checkpoint_files(d)} for d in (ps_dir, ar_dir))
+    assert ps.keys() == ar.keys() and len(ps) == count
+    for name in ps:
+        assert (ps[name]["round"], ps[name]["samples"]) == (ar[name]["round"], ar[name]["samples"])
+        torch.testing.assert_close(ar[name]["params"], ps[name]["params"], rtol=0, atol=1e-5)
+        momentum = [c["optimizer"]["state"][0]["momentum_buffer"] for c in (ar[name], ps[name])]
+        assert momentum[1].abs().max() > 1e-3  # the PS path's has grown: a real comparison
+        torch.testing.assert_close(*momentum, rtol=0, atol=1e-5)
+
+
+def test_fast_path_equals_the_ps_path(ps_server, threads, tmp_path: Path) -> None:
+    """Same seeds, same batches: after every epoch the fast path's server checkpoint (real processes,
+    gloo) matches the PS path's (an in-process server and two in-process workers) to 1e-5, momentum
+    included (rank 0's snapshot carries it). Resumed from the fast path's checkpoint after epoch 1,
+    the last epoch again ends the same on both paths: the fast path's workers start from the
+    checkpoint's momentum as the PS path's server does."""
+    cluster, steps = _run_both(ps_server, threads, tmp_path / "first", tmp_path / "allreduce", tmp_path / "ps")
+    assert steps == 45
+    _assert_same_checkpoints(tmp_path / "ps", tmp_path / "allreduce", 2)  # after epoch 1 and at the end
+    assert [e["world_size"] for e in cluster.events("regroup")] == [2]
+    assert len(cluster.events("snapshot")) == 2 and len(cluster.events("eval")) == 2
+
+    after_epoch_1 = checkpoint_files(tmp_path / "allreduce")[0]
+    for resumed in ("resumed-ps", "resumed-allreduce"):
+        (tmp_path / resumed).mkdir()
+        shutil.copy(after_epoch_1, tmp_path / resumed / after_epoch_1.name)
+    cluster, steps = _run_both(ps_server, threads, tmp_path / "second", tmp_path / "resumed-allreduce",
+                               tmp_path / "resumed-ps", resume=True)
+    assert steps == 45 - read_checkpoint(after_epoch_1)["round"] and [e["epoch"] for e in cluster.events("resume")] == [1]
+    _assert_same_checkpoints(tmp_path / "resumed-ps", tmp_path / "resumed-allreduce", 2)
 
 
 def _round(target: str) -> int:

@@ -172,6 +172,52 @@ def test_optimizer_state_round_trips_across_piece_sizes(name: str) -> None:
     assert torch.equal(pieces.flat, whole.flat) and torch.equal(pieces.flat, again.flat)
 
 
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_the_flat_optimizer_state_carries_the_whole_state(name: str) -> None:
+    """The fast path moves the optimizer state as one fp32 vector (ps.flat_state): a store loaded from
+    it (before its first step: None) steps on exactly as the store it came from."""
+    spec, n = SPECS[name], 5000
+    flat = rand(n, 0)
+    source = ParameterStore(flat, spec, piece_values=777)
+    expected = {"sgd": 0, "momentum+wd": n, "nesterov": n, "adam": 1 + 2 * n}[name]
+    assert source.optimizer_state_numel == expected and source.flat_optimizer_state() is None
+    for g in (rand(n, 1), rand(n, 2)):
+        source.apply_gradient(g)
+    state = source.flat_optimizer_state()
+    assert (state is None) if expected == 0 else (state.shape == (expected,) and state.dtype == torch.float32)
+    target = ParameterStore(flat, spec, piece_values=333)
+    target.assign(source.flat)
+    target.load_flat_optimizer_state(state)
+    g = rand(n, 9)
+    for store in (source, target):
+        store.apply_gradient(g)
+    assert torch.equal(source.flat, target.flat)
+
+
+@pytest.mark.parametrize(
+    ("name", "edit", "needle"),
+    [
+        ("momentum+wd", lambda v: v[:-1], "an optimizer state of 4999 values; this job's sgd keeps 5000"),
+        ("sgd", lambda v: v[:10], "an optimizer state of 10 values; this job's sgd keeps 0"),
+        ("adam", lambda v: torch.cat([torch.tensor([2.5]), v[1:]]), "step count must be a whole number >= 1, got 2.5"),
+        ("adam", lambda v: torch.cat([torch.tensor([0.0]), v[1:]]), "step count must be a whole number >= 1, got 0"),
+    ],
+)
+def test_a_malformed_flat_optimizer_state_is_refused_and_changes_nothing(name: str, edit, needle: str) -> None:
+    spec, n = SPECS[name], 5000
+    store = ParameterStore(rand(n, 0), spec)
+    store.apply_gradient(rand(n, 1))
+    good = ParameterStore(rand(n, 0), SPECS["adam" if name == "adam" else "momentum+wd"])
+    good.apply_gradient(rand(n, 2))
+    before = store.optimizer_state()
+    with pytest.raises(ValueError, match=needle):
+        store.load_flat_optimizer_state(edit(good.flat_optimizer_state()))
+    after = store.optimizer_state()
+    assert before["param_groups"] == after["param_groups"] and before["state"].keys() == after["state"].keys()
+    for key, per in before["state"].items():
+        assert all(torch.equal(per[k], after["state"][key][k]) for k in per)
+
+
 def test_before_change_runs_after_the_deferred_step_and_before_any_change() -> None:
     store = ParameterStore(rand(3000, 0), JobSpec(momentum=0.0, lr=1.0), piece_values=1000)
     seen: list[torch.Tensor] = []

@@ -358,6 +358,17 @@ class PSClient:
         calls = [link.pull(request) for link in self._shards]
         return self._gather(self._pull(request), calls, out)
 
+    def pull_optimizer_state(self, worker_id: str, numel: int) -> torch.Tensor | None:
+        """--allreduce: the server's optimizer state, `numel` fp32 values (ps.flat_state), or None when
+        its optimizer has not stepped yet."""
+        out = torch.empty(numel)
+        request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True)
+        try:
+            header = _receive_into(self._pull(request), out)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+        return out if header.num_values else None
+
     def leave(self, worker_id: str) -> None:
         try:
             self._stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id))
@@ -412,6 +423,13 @@ def _finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | N
 
 
 def _receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepPlan:
+    h = _receive_into(stream, out, timing)
+    return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason,
+                    h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested, h.hub_rank)
+
+
+def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> ps_pb2.ParamsHeader:
+    """A reply's header; its values (if it carries any: header.num_values) land in `out`."""
     first = next(stream)
     if timing is not None:
         timing.replied = time.perf_counter()
@@ -421,5 +439,4 @@ def _receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming 
     for chunk in stream:
         receiver.feed(chunk.fields.seq, chunk.data)
     receiver.finish(check_finite=False)
-    return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason,
-                    h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested, h.hub_rank)
+    return h

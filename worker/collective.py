@@ -69,6 +69,21 @@ class Collective:
         """The local copy of the parameters (flat fp32); the worker's model is loaded from it."""
         return self.local.flat
 
+    @property
+    def state_numel(self) -> int:
+        """How many values the optimizer's flat state holds once it has stepped (0: it keeps none)."""
+        return self.local.optimizer_state_numel
+
+    def snapshot(self) -> torch.Tensor:
+        """What rank 0 sends when the server asks: the parameters, then the optimizer's flat state
+        (ps.flat_state) once it has stepped."""
+        state = self.local.flat_optimizer_state()
+        return self.params if state is None else torch.cat([self.params, state])
+
+    def load_optimizer_state(self, values: torch.Tensor | None) -> None:
+        """Take the server's optimizer state (None: not stepped yet) with its parameters, after a join."""
+        self.local.load_flat_optimizer_state(values)
+
     def connect(self, host: str, port: int) -> None:
         """Use the rendezvous at host:port (again, after a rejoin); the next step forms a new group."""
         self.close_group()

@@ -117,7 +117,15 @@ class Session:
             self._on_device = (torch.empty_like(self._params, device=self.device), torch.empty_like(self._grads, device=self.device))
             self._train_x, self._train_y = self._train_x.to(self.device), self._train_y.to(self.device)
         self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
-        self._apply(client.pull(self.worker_id, self._params))
+        self._apply(self._pull_global_model())
+
+    def _pull_global_model(self) -> StepPlan:
+        """The server's parameters, and with --allreduce its optimizer state too (a resumed job's
+        momentum: the group starts from this copy when no peer's is further along)."""
+        plan = self.client.pull(self.worker_id, self._params)
+        if self._collective is not None and self._collective.state_numel:
+            self._collective.load_optimizer_state(self.client.pull_optimizer_state(self.worker_id, self._collective.state_numel))
+        return plan
 
     # ------------------------------------------------------------------ the plan
     def _apply(self, plan: StepPlan) -> None:
@@ -253,12 +261,14 @@ class Session:
             delay = min(0.5, delay * 2)
 
     def _send_snapshot(self, plan: StepPlan) -> StepPlan:
-        """Rank 0, when asked: push the parameters (the server's copy of the global model)."""
+        """Rank 0, when asked: push the parameters and the optimizer state (the server's copy of the
+        global model, and what a checkpoint resumes from)."""
         if not plan.snapshot_requested:
             return plan
+        assert self._collective is not None
         try:
             return self.client.push(
-                self.worker_id, self._params, self._params, round=plan.round, version=plan.version,
+                self.worker_id, self._collective.snapshot(), self._params, round=plan.round, version=plan.version,
                 batch_size=0, compute_ms=0.0, wire_dtype="float32", kind="snapshot",
             )
         except ServerError:
@@ -296,7 +306,7 @@ class Session:
             self._collective.connect(*reachable_address(joined.rendezvous_host, joined.rendezvous_port, self.client.target))
         self._heartbeat.worker_id = self.worker_id = joined.worker_id
         self.rejoins += 1
-        return self.client.pull(self.worker_id, self._params)
+        return self._pull_global_model()
 
     def _asp_update(self, grads: torch.Tensor) -> torch.Tensor:
         """Δ = -η_k (g + wd·θ), η_k from the server (η·b_k/B, Eq. 5b)."""

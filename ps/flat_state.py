@@ -1,0 +1,73 @@
+"""The optimizer's state as one fp32 vector, so the collective fast path can move it as it moves
+parameters (a snapshot to the server, a pull from it after a resume).
+
+Pure: no I/O. The vector's layout is fixed by the job's optimizer, for a model of `numel` values:
+- SGD with momentum: the momentum buffer (`numel` values); SGD without momentum keeps no state;
+- Adam: the step count, then `exp_avg`, then `exp_avg_sq` (1 + 2·`numel` values). torch keeps the
+  step as an fp32 tensor too, so the vector holds it exactly.
+An optimizer that has not stepped yet has no state: None here, no values on the wire.
+The state dicts are torch.optim's for one parameter over the whole vector (ps.stepping's format).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ps.jobspec import JobSpec
+
+_PER_VALUE = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq")}
+_STEP = {"sgd": False, "adam": True}  # whether the state starts with the step count
+
+
+def _keys(spec: JobSpec) -> tuple[str, ...]:
+    if spec.optimizer == "sgd" and spec.momentum == 0:
+        return ()
+    return _PER_VALUE[spec.optimizer]
+
+
+def state_numel(spec: JobSpec, numel: int) -> int:
+    """How many values the flat state of a `numel`-value model holds (0: the optimizer keeps none)."""
+    keys = _keys(spec)
+    return len(keys) * numel + int(_STEP[spec.optimizer]) if keys else 0
+
+
+def flatten_state(state: dict[str, Any], spec: JobSpec, numel: int) -> torch.Tensor | None:
+    """The state dict's per-parameter state as one new fp32 vector; None when it has none."""
+    per_param = state["state"].get(0)
+    keys = _keys(spec)
+    if not per_param or not keys:
+        return None
+    pieces = [torch.tensor([float(per_param["step"])])] if _STEP[spec.optimizer] else []
+    pieces += [per_param[key].detach().reshape(-1).float() for key in keys]
+    flat = torch.cat(pieces)
+    if flat.numel() != state_numel(spec, numel):
+        raise ValueError(f"the optimizer state has {flat.numel()} values, a model of {numel} needs {state_numel(spec, numel)}")
+    return flat
+
+
+def unflatten_state(
+    values: torch.Tensor | None, param_groups: list[dict[str, Any]], spec: JobSpec, numel: int
+) -> dict[str, Any]:
+    """A state dict with `param_groups` and the state `values` hold (None: no state yet). A vector
+    of the wrong size or with a step count that is not a whole number >= 1 is a ValueError."""
+    if values is None:
+        return {"state": {}, "param_groups": param_groups}
+    expected = state_numel(spec, numel)
+    if values.numel() != expected:
+        raise ValueError(f"an optimizer state of {values.numel()} values; this job's {spec.optimizer} keeps "
+                         f"{expected} for {numel} parameters")
+    values = values.reshape(-1).float()
+    per_param: dict[str, Any] = {}
+    offset = 0
+    if _STEP[spec.optimizer]:
+        step = float(values[0])
+        if not (step >= 1 and step.is_integer()):
+            raise ValueError(f"the optimizer's step count must be a whole number >= 1, got {step:g}")
+        per_param["step"] = torch.tensor(step)
+        offset = 1
+    for key in _keys(spec):
+        per_param[key] = values[offset : offset + numel].clone()
+        offset += numel
+    return {"state": {0: per_param}, "param_groups": param_groups}
