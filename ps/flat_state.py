@@ -51,7 +51,7 @@ def unflatten_state(
     values: torch.Tensor | None, param_groups: list[dict[str, Any]], spec: JobSpec, numel: int
 ) -> dict[str, Any]:
     """A state dict with `param_groups` and the state `values` hold (None: no state yet). A vector
-    of the wrong size or with a step count that is not a whole number >= 1 is a ValueError."""
+    of the wrong size is a ValueError."""
     if values is None:
         return {"state": {}, "param_groups": param_groups}
     expected = state_numel(spec, numel)
@@ -62,10 +62,7 @@ def unflatten_state(
     per_param: dict[str, Any] = {}
     offset = 0
     if _STEP[spec.optimizer]:
-        step = float(values[0])
-        if not (step >= 1 and step.is_integer()):
-            raise ValueError(f"the optimizer's step count must be a whole number >= 1, got {step:g}")
-        per_param["step"] = torch.tensor(step)
+        per_param["step"] = values[0].clone()  # the stepper checks it (a whole number >= 1)
         offset = 1
     for key in _keys(spec):
         per_param[key] = values[offset : offset + numel].clone()

@@ -1,61 +1,38 @@
 """How the parameter store steps its optimizer a piece (a range of the flat vector) at a time.
 
-Two ways, one interface (`Stepper`):
-- `SGDSteps`: SGD (momentum, dampening, Nesterov, weight decay, maximize) written out as torch's
-  single-tensor SGD computes it, on views of the vector and of its own momentum buffer. A piece
-  costs a few torch calls (~10 us), so pieces can be as small as one wire chunk: the framing of a
-  reply then reads each piece's new values while they are still in cache.
-- `TorchPieces`: any torch optimizer (Adam), one per piece of `PIECE_VALUES` values (an
-  `Optimizer.step` costs ~50 us of Python, so its pieces stay large).
+SGD (momentum, dampening, Nesterov, weight decay, maximize) and Adam (weight decay, maximize) are
+written out as torch's single-tensor implementations compute them, on views of the vector and of
+state buffers the stepper keeps itself (`SGDSteps`, `AdamSteps`, one interface: `Stepper`). A piece
+costs a few torch calls (~10-20 us), so pieces can be as small as one wire chunk: the framing of a
+reply then reads each piece's new values while they are still in cache.
 
-Both act value by value, so stepping the pieces one after another equals stepping the whole vector
-(bit for bit: piece sizes are multiples of every SIMD width, so only the last piece has a scalar
-tail, the one the whole vector would have). The state a checkpoint holds is one torch optimizer's
-over the whole vector either way.
+Both act value by value, so stepping the pieces one after another equals stepping the whole vector,
+and equals torch.optim's own step (bit for bit: piece sizes are multiples of every SIMD width, so
+only the last piece has a scalar tail, the one the whole vector would have; tests/test_store.py
+checks both against torch.optim). They read and write torch.optim's state dict for one parameter
+over the whole vector, so checkpoints load in either. No torch optimizer is built: the first one a
+process builds imports torch._dynamo (~1.5 s of CPU, ~12 s for a fast-path worker on a 1/8-core quota).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
-from torch import nn
 
 from ps.jobspec import JobSpec
-from ps.shard_ranges import merge_optimizer_states, slice_optimizer_state
 from ps.wire import CHUNK_BYTES
 
-# torch.optim pieces: 4 Mi values (16 MiB) step in ~1-2 ms; a 100 M model has 24 of them
-PIECE_VALUES = 1 << 22
-# SGD pieces: one fp32 wire chunk (1 MiB), so a reply's chunk is framed from a piece just stepped
-SGD_PIECE_VALUES = CHUNK_BYTES // 4
+# one fp32 wire chunk (1 MiB), so a reply's chunk is framed from a piece just stepped
+PIECE_VALUES = CHUNK_BYTES // 4
 
 Range = tuple[int, int]
-
-
-def make_optimizer(params: list[nn.Parameter], spec: JobSpec) -> torch.optim.Optimizer:
-    if spec.optimizer == "adam":
-        return torch.optim.Adam(params, lr=spec.lr, weight_decay=spec.weight_decay)
-    return torch.optim.SGD(
-        params, lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay, nesterov=spec.nesterov
-    )
 
 
 def piece_ranges(numel: int, piece_values: int) -> list[Range]:
     if piece_values < 1:
         raise ValueError(f"piece_values must be >= 1, got {piece_values}")
     return [(start, min(start + piece_values, numel)) for start in range(0, max(numel, 1), piece_values)]
-
-
-def copy_state(state: dict[str, Any]) -> dict[str, Any]:
-    """An optimizer state dict whose tensors are copies: torch's `state_dict` hands out the live
-    buffers and its `load_state_dict` keeps the caller's, so without a copy a checkpoint (or a second
-    store loaded from it) would change as the optimizer steps."""
-    return {
-        "state": {key: {name: value.clone() if isinstance(value, torch.Tensor) else value for name, value in per.items()}
-                  for key, per in state["state"].items()},
-        "param_groups": [dict(group) for group in state["param_groups"]],
-    }
 
 
 class Stepper(Protocol):
@@ -82,26 +59,23 @@ class Stepper(Protocol):
 
 def make_stepper(flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> Stepper:
     """The stepper for the job's optimizer over `flat` (stepped in place)."""
-    if spec.optimizer == "sgd":
-        return SGDSteps(flat, spec, SGD_PIECE_VALUES if piece_values is None else piece_values)
-    return TorchPieces(flat, spec, PIECE_VALUES if piece_values is None else piece_values)
+    pieces = PIECE_VALUES if piece_values is None else piece_values
+    return SGDSteps(flat, spec, pieces) if spec.optimizer == "sgd" else AdamSteps(flat, spec, pieces)
 
 
-class SGDSteps:
-    """torch.optim.SGD's arithmetic on ranges of the whole vector.
+class _OneParameterState:
+    """What the written-out optimizers share: the pieces, torch's parameter group (its keys, in its
+    order) and the per-value state buffers, read and written as torch.optim's state dict of one
+    parameter (index 0). Before the first step there is no state, as in torch."""
 
-    It keeps SGD's hyperparameters and momentum buffer itself and reads and writes torch.optim.SGD's
-    state dict (one parameter, index 0), so checkpoints load in either. It builds no torch optimizer:
-    the first torch optimizer a process builds imports torch._dynamo (~1.5 s of CPU, ~12 s for a
-    fast-path worker on a 1/8-core quota). The first step with momentum starts the buffer as a copy
-    of the gradient, as torch does."""
+    NAME: ClassVar[str]
+    BUFFERS: ClassVar[tuple[str, ...]]  # the per-value state, in torch's order
 
-    def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int) -> None:
+    def __init__(self, flat: torch.Tensor, group: dict[str, Any], piece_values: int) -> None:
         self._flat = flat
         self.pieces = piece_ranges(flat.numel(), piece_values)
-        self._group: dict[str, Any] = sgd_group(spec)
-        self._momentum_buffer: torch.Tensor | None = None  # torch's state["momentum_buffer"]
-        self._fresh = False  # this step starts the buffer (copies the gradient into it)
+        self._group = group
+        self._buffers: dict[str, torch.Tensor] = {}  # empty until the first step (when the optimizer keeps any)
 
     @property
     def lr(self) -> float:
@@ -110,10 +84,67 @@ class SGDSteps:
     def set_lr(self, lr: float) -> None:
         self._group["lr"] = lr
 
+    def _scalars(self) -> dict[str, Any]:
+        """The state's entries besides the buffers (Adam's step count), as torch writes them."""
+        return {}
+
+    def _load_scalars(self, per_param: dict[str, Any]) -> None:
+        """Take the entries `_scalars` writes (validated by `_check_scalars`)."""
+
+    def _check_scalars(self, per_param: dict[str, Any]) -> None:
+        """ValueError unless `per_param` holds valid entries besides the buffers."""
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        """ValueError for hyperparameters this arithmetic does not implement."""
+
+    def state_dict(self) -> dict[str, Any]:
+        state = {0: {**self._scalars(), **{k: v.clone() for k, v in self._buffers.items()}}} if self._buffers else {}
+        return {"state": state, "param_groups": [dict(self._group)]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Take a torch.optim state dict over one parameter of this vector's size (as torch does, the
+        saved hyperparameters replace the job's); a malformed one is a ValueError and changes nothing."""
+        groups = state.get("param_groups") if isinstance(state, dict) else None
+        per_params = state.get("state") if isinstance(state, dict) else None
+        if not (isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict) and isinstance(per_params, dict)):
+            raise ValueError(f"an {self.NAME} state dict has one parameter group and a per-parameter state")
+        if set(per_params) - {0} or not isinstance(per_params.get(0, {}), dict):
+            raise ValueError(f"an {self.NAME} state dict of one parameter has state for {sorted(map(str, per_params))}")
+        per_param = per_params.get(0, {})
+        present = [key for key in self.BUFFERS if per_param.get(key) is not None]
+        if present and len(present) != len(self.BUFFERS):
+            raise ValueError(f"an {self.NAME} state has all of {', '.join(self.BUFFERS)} or none, got {', '.join(present)}")
+        buffers = {key: self._checked_buffer(key, per_param[key]) for key in present}
+        if buffers:
+            self._check_scalars(per_param)
+        group = {**self._group, **{k: v for k, v in groups[0].items() if k != "params"}, "params": [0]}
+        self._check_group(group)
+        self._group, self._buffers = group, buffers
+        if buffers:
+            self._load_scalars(per_param)
+
+    def _checked_buffer(self, key: str, value: Any) -> torch.Tensor:
+        numel = self._flat.numel()
+        if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() != numel:
+            raise ValueError(f"the {key} must be a float tensor of {numel} values")
+        return value.detach().reshape(-1).to(self._flat.dtype, copy=True)
+
+
+class SGDSteps(_OneParameterState):
+    """torch.optim.SGD's arithmetic on ranges of the whole vector. The first step with momentum
+    starts the buffer as a copy of the gradient, as torch does."""
+
+    NAME = "SGD"
+    BUFFERS = ("momentum_buffer",)
+
+    def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int) -> None:
+        super().__init__(flat, sgd_group(spec), piece_values)
+        self._fresh = False  # this step starts the buffer (copies the gradient into it)
+
     def begin(self) -> None:
-        self._fresh = self._group["momentum"] != 0 and self._momentum_buffer is None
+        self._fresh = self._group["momentum"] != 0 and not self._buffers
         if self._fresh:
-            self._momentum_buffer = torch.empty_like(self._flat)
+            self._buffers = {"momentum_buffer": torch.empty_like(self._flat)}
 
     @torch.no_grad()
     def step_piece(self, index: int, grad: torch.Tensor) -> None:
@@ -125,8 +156,7 @@ class SGDSteps:
             grad = grad.add(param, alpha=group["weight_decay"])
         momentum = group["momentum"]
         if momentum != 0:
-            assert self._momentum_buffer is not None
-            buf = self._momentum_buffer[start:stop]
+            buf = self._buffers["momentum_buffer"][start:stop]
             if self._fresh:
                 buf.copy_(grad)
             else:
@@ -137,27 +167,6 @@ class SGDSteps:
     def end(self) -> None:
         self._fresh = False
 
-    def state_dict(self) -> dict[str, Any]:
-        state = {} if self._momentum_buffer is None else {0: {"momentum_buffer": self._momentum_buffer.clone()}}
-        return {"state": state, "param_groups": [dict(self._group)]}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Take a torch.optim.SGD state dict over one parameter of this vector's size (as torch does,
-        the saved hyperparameters replace the job's); a malformed one is a ValueError and changes nothing."""
-        groups = state.get("param_groups") if isinstance(state, dict) else None
-        per_param = state.get("state") if isinstance(state, dict) else None
-        if not (isinstance(groups, list) and len(groups) == 1 and isinstance(groups[0], dict) and isinstance(per_param, dict)):
-            raise ValueError("an SGD state dict has one parameter group and a per-parameter state")
-        if set(per_param) - {0} or not isinstance(per_param.get(0, {}), dict):
-            raise ValueError(f"an SGD state dict of one parameter has state for {sorted(map(str, per_param))}")
-        buffer = per_param.get(0, {}).get("momentum_buffer")
-        if buffer is not None:
-            if not isinstance(buffer, torch.Tensor) or not buffer.is_floating_point() or buffer.numel() != self._flat.numel():
-                raise ValueError(f"the momentum buffer must be a float tensor of {self._flat.numel()} values")
-            buffer = buffer.detach().reshape(-1).to(self._flat.dtype, copy=True)
-        group = {**self._group, **{k: v for k, v in groups[0].items() if k != "params"}, "params": [0]}
-        self._group, self._momentum_buffer = group, buffer
-
 
 def sgd_group(spec: JobSpec) -> dict[str, Any]:
     """The parameter group torch.optim.SGD builds for the job's hyperparameters (key order included)."""
@@ -166,43 +175,67 @@ def sgd_group(spec: JobSpec) -> dict[str, Any]:
             "fused": None, "params": [0]}
 
 
-class TorchPieces:
-    """One torch optimizer per piece, over views of `flat`."""
+class AdamSteps(_OneParameterState):
+    """torch.optim.Adam's single-tensor arithmetic (no amsgrad, weight decay coupled as in Adam, not
+    AdamW) on ranges of the whole vector. The step count is one for the whole vector: torch keeps one
+    per parameter, and here the vector is the one parameter."""
+
+    NAME = "Adam"
+    BUFFERS = ("exp_avg", "exp_avg_sq")
 
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int) -> None:
-        self.pieces = piece_ranges(flat.numel(), piece_values)
-        self._numel = flat.numel()
-        self._params = [nn.Parameter(flat[start:stop]) for start, stop in self.pieces]  # views: no copy
-        self._optimizers = [make_optimizer([p], spec) for p in self._params]
+        super().__init__(flat, adam_group(spec), piece_values)
+        self._step = 0.0
 
-    @property
-    def lr(self) -> float:
-        return float(self._optimizers[0].param_groups[0]["lr"])
+    def _scalars(self) -> dict[str, Any]:
+        return {"step": torch.tensor(self._step)}
 
-    def set_lr(self, lr: float) -> None:
-        for optimizer in self._optimizers:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+    def _check_scalars(self, per_param: dict[str, Any]) -> None:
+        step = per_param.get("step")
+        one_number = isinstance(step, (int, float)) or (isinstance(step, torch.Tensor) and step.numel() == 1)
+        value = float(step) if one_number else -1.0
+        if not (value >= 1 and value.is_integer()):
+            raise ValueError(f"an Adam state's step count must be a whole number >= 1, got {step!r}")
+
+    def _load_scalars(self, per_param: dict[str, Any]) -> None:
+        self._step = float(per_param["step"])
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        if group.get("amsgrad") or group.get("decoupled_weight_decay"):
+            raise ValueError("the Adam store steps plain Adam: amsgrad and decoupled weight decay are not supported")
 
     def begin(self) -> None:
-        pass
+        if not self._buffers:
+            self._buffers = {key: torch.zeros_like(self._flat) for key in self.BUFFERS}
+        self._step += 1
 
+    @torch.no_grad()
     def step_piece(self, index: int, grad: torch.Tensor) -> None:
-        param = self._params[index]
-        param.grad = grad if grad.dtype == param.dtype else grad.float()  # a bf16/fp16 push's chunk
-        self._optimizers[index].step()
-        param.grad = None
+        start, stop = self.pieces[index]
+        group, param = self._group, self._flat[start:stop]
+        if grad.dtype != param.dtype:  # a bf16/fp16 push's chunk: Adam reads it four times
+            grad = grad.to(param.dtype)
+        if group["maximize"]:
+            grad = -grad
+        if group["weight_decay"] != 0:
+            grad = grad.add(param, alpha=group["weight_decay"])
+        beta1, beta2 = group["betas"]
+        exp_avg = self._buffers["exp_avg"][start:stop]
+        exp_avg_sq = self._buffers["exp_avg_sq"][start:stop]
+        exp_avg.lerp_(grad, 1 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
+        bias_correction1 = 1 - beta1**self._step
+        bias_correction2 = 1 - beta2**self._step
+        step_size = group["lr"] / bias_correction1
+        denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(group["eps"])
+        param.addcdiv_(exp_avg, denom, value=-step_size)
 
     def end(self) -> None:
         pass
 
-    def state_dict(self) -> dict[str, Any]:
-        states = [optimizer.state_dict() for optimizer in self._optimizers]
-        return copy_state(states[0]) if len(states) == 1 else merge_optimizer_states(states, self.pieces)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if len(self._optimizers) == 1:
-            self._optimizers[0].load_state_dict(copy_state(state))
-            return
-        for optimizer, (start, stop) in zip(self._optimizers, self.pieces, strict=True):
-            optimizer.load_state_dict(slice_optimizer_state(state, self._numel, start, stop))
+def adam_group(spec: JobSpec) -> dict[str, Any]:
+    """The parameter group torch.optim.Adam builds for the job's hyperparameters (key order included)."""
+    return {"lr": spec.lr, "betas": (0.9, 0.999), "eps": 1e-08, "weight_decay": spec.weight_decay, "amsgrad": False,
+            "maximize": False, "foreach": None, "capturable": False, "differentiable": False, "fused": None,
+            "decoupled_weight_decay": False, "params": [0]}

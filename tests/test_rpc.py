@@ -363,7 +363,7 @@ def test_bsp_steps_piece_by_piece_while_replies_stream(ps_server, threads, monke
     import ps.store
     from ps.aggregation import WeightedMean
 
-    monkeypatch.setattr(ps.stepping, "SGD_PIECE_VALUES", 1 << 18)
+    monkeypatch.setattr(ps.stepping, "PIECE_VALUES", 1 << 18)
     c = start_cluster(ps_server, threads, "--model-arg", "hidden=1100", "--global-batch", "32", "--lr", "0.1",
                       "--momentum", "0.9", "--weight-decay", "0.001")
     assert len(c.server.coordinator.store.pieces) == 5 and c.numel > 4 * (1 << 18)

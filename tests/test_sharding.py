@@ -22,8 +22,8 @@ from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.jobspec import JobSpec
 from ps.server import build_job, build_parser
 from ps.shard_ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
-from ps.stepping import make_optimizer
 from tests.processes import Cluster, start_server
+from tests.test_store import torch_optimizer
 from worker.client import PSClient, ServerError
 
 JOB = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--dataset", "digits", "--global-batch", "64",
@@ -53,7 +53,7 @@ def test_split_ranges_refuses_impossible_splits(numel: int, shards: int) -> None
 def test_optimizer_state_slices_and_merges_back(optimizer: str) -> None:
     spec = JobSpec(optimizer=optimizer, momentum=0.9 if optimizer == "sgd" else 0.0)
     param = torch.nn.Parameter(torch.randn(11))
-    opt = make_optimizer([param], spec)
+    opt = torch_optimizer(param, spec)
     for _ in range(2):
         param.grad = torch.randn(11)
         opt.step()

@@ -22,6 +22,14 @@ SPECS = {
 }
 
 
+def torch_optimizer(param: torch.nn.Parameter, spec: JobSpec) -> torch.optim.Optimizer:
+    """torch.optim's optimizer for the job's hyperparameters: the reference ps.stepping is checked against."""
+    if spec.optimizer == "adam":
+        return torch.optim.Adam([param], lr=spec.lr, weight_decay=spec.weight_decay)
+    return torch.optim.SGD([param], lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay,
+                           nesterov=spec.nesterov)
+
+
 def rand(n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, generator=torch.Generator().manual_seed(seed))
 
@@ -56,52 +64,52 @@ def test_piecewise_deferred_steps_equal_whole_steps_bit_for_bit(name: str) -> No
         assert torch.equal(torch.as_tensor(ours["state"][0][key]), torch.as_tensor(value)), key
 
 
-@pytest.mark.parametrize("name", ["sgd", "momentum+wd", "nesterov"])
+@pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("piece_values", [None, 1000, 10_007])
-def test_sgd_pieces_equal_torch_optim_sgd_bit_for_bit(name: str, piece_values: int | None) -> None:
-    """SGD is written out per piece (ps.stepping.SGDSteps); it must be torch.optim.SGD's arithmetic
-    exactly: the same parameters and momentum buffer after steps with a learning-rate change, and a
-    state dict torch's optimizer loads."""
+def test_pieces_equal_torch_optim_bit_for_bit(name: str, piece_values: int | None) -> None:
+    """SGD and Adam are written out per piece (ps.stepping); they must be torch.optim's arithmetic
+    exactly: the same parameters and state after steps with a learning-rate change, and a state dict
+    torch's optimizer loads."""
     spec, n = SPECS[name], 10_007
     flat, grads = rand(n, 0), [rand(n, s) for s in (1, 2, 3)]
     store = ParameterStore(flat, spec, piece_values=piece_values)
     param = torch.nn.Parameter(flat.clone())
-    torch_sgd = torch.optim.SGD([param], lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay,
-                                nesterov=spec.nesterov)
+    reference = torch_optimizer(param, spec)
     for i, g in enumerate(grads):
         if i == 1:
             store.set_lr(0.05)
-            torch_sgd.param_groups[0]["lr"] = 0.05
+            reference.param_groups[0]["lr"] = 0.05
         store.begin_step(g)
         store.values(0, 1500)
         param.grad = g.clone()
-        torch_sgd.step()
+        reference.step()
     assert torch.equal(store.flat, param.detach())
-    ours, theirs = store.optimizer_state(), torch_sgd.state_dict()
+    ours, theirs = store.optimizer_state(), reference.state_dict()
     assert ours["param_groups"] == theirs["param_groups"]
-    if spec.momentum:
-        assert torch.equal(ours["state"][0]["momentum_buffer"], theirs["state"][0]["momentum_buffer"])
-    else:
-        assert ours["state"] == theirs["state"] == {}
-    torch.optim.SGD([torch.nn.Parameter(flat.clone())], lr=1.0).load_state_dict(ours)
+    assert ours["state"].keys() == theirs["state"].keys() == ({0} if name != "sgd" else set())
+    for key, value in theirs["state"].get(0, {}).items():
+        assert torch.equal(ours["state"][0][key], value) and ours["state"][0][key].dtype == value.dtype, key
+    torch_optimizer(torch.nn.Parameter(flat.clone()), spec).load_state_dict(ours)
 
 
-def test_sgd_store_continues_from_a_torch_optim_sgd_state_dict() -> None:
-    """A checkpoint written by torch.optim.SGD (momentum buffer included) loads, and the steps after it
-    equal torch's own."""
-    spec, n = SPECS["nesterov"], 3001
+@pytest.mark.parametrize("name", ["nesterov", "adam"])
+def test_a_store_continues_from_a_torch_optim_state_dict(name: str) -> None:
+    """A checkpoint written by torch.optim (momentum buffer, Adam's moments and step count) loads, and
+    the steps after it equal torch's own."""
+    n = 3001
+    spec = SPECS[name]
     flat, grads = rand(n, 0), [rand(n, s) for s in (1, 2, 3)]
     param = torch.nn.Parameter(flat.clone())
-    torch_sgd = torch.optim.SGD([param], lr=0.07, momentum=spec.momentum, nesterov=True, weight_decay=1e-3)
+    reference = torch_optimizer(param, JobSpec(**{**spec.__dict__, "lr": 0.07, "weight_decay": 1e-3}))
     for g in grads[:2]:
         param.grad = g.clone()
-        torch_sgd.step()
+        reference.step()
     store = ParameterStore(param.detach().clone(), spec, piece_values=1000)
-    store.load_optimizer_state(torch_sgd.state_dict())
+    store.load_optimizer_state(reference.state_dict())
     assert store.lr == 0.07  # the saved hyperparameters replace the job's, as in torch
     store.apply_gradient(grads[2])
     param.grad = grads[2].clone()
-    torch_sgd.step()
+    reference.step()
     assert torch.equal(store.flat, param.detach())
 
 
@@ -128,14 +136,45 @@ def test_a_malformed_sgd_state_is_refused_and_changes_nothing(state: object) -> 
     assert torch.equal(after["state"][0]["momentum_buffer"], before["state"][0]["momentum_buffer"])
 
 
-def test_an_sgd_store_builds_no_torch_optimizer() -> None:
+ADAM_GROUP = [{"lr": 0.1, "betas": (0.9, 0.999), "eps": 1e-8}]
+
+
+@pytest.mark.parametrize(
+    ("state", "needle"),
+    [
+        ({"state": {0: {"step": torch.tensor(3.0), "exp_avg": torch.zeros(10)}}, "param_groups": ADAM_GROUP},
+         "all of exp_avg, exp_avg_sq or none"),
+        ({"state": {0: {"step": torch.tensor(0.0), "exp_avg": torch.zeros(10), "exp_avg_sq": torch.zeros(10)}},
+          "param_groups": ADAM_GROUP}, "step count must be a whole number >= 1"),
+        ({"state": {0: {"step": torch.ones(2), "exp_avg": torch.zeros(10), "exp_avg_sq": torch.zeros(10)}},
+          "param_groups": ADAM_GROUP}, "step count must be a whole number >= 1"),
+        ({"state": {0: {"exp_avg": torch.zeros(10), "exp_avg_sq": torch.zeros(10)}}, "param_groups": ADAM_GROUP},
+         "step count must be a whole number >= 1, got None"),
+        ({"state": {0: {"step": 2, "exp_avg": torch.zeros(9), "exp_avg_sq": torch.zeros(10)}}, "param_groups": ADAM_GROUP},
+         "the exp_avg must be a float tensor of 10 values"),
+        ({"state": {}, "param_groups": [{**ADAM_GROUP[0], "amsgrad": True}]}, "amsgrad"),
+    ],
+)
+def test_a_malformed_adam_state_is_refused_and_changes_nothing(state: dict, needle: str) -> None:
+    store = ParameterStore(torch.zeros(10), SPECS["adam"])
+    store.apply_gradient(torch.ones(10))
+    before = store.optimizer_state()
+    with pytest.raises(ValueError, match=needle):
+        store.load_optimizer_state(state)
+    after = store.optimizer_state()
+    assert after["param_groups"] == before["param_groups"]
+    assert all(torch.equal(after["state"][0][k], v) for k, v in before["state"][0].items())
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_a_store_builds_no_torch_optimizer(optimizer: str) -> None:
     """The first torch optimizer a process builds imports torch._dynamo (~1.5 s of CPU, ~12 s for a
-    fast-path worker on a 1/8-core quota); an SGD store steps, saves and loads without one."""
+    fast-path worker on a 1/8-core quota); a store steps, saves and loads without one."""
     code = (
         "import sys, torch\n"
         "from ps.jobspec import JobSpec\n"
         "from ps.store import ParameterStore\n"
-        "store = ParameterStore(torch.zeros(100), JobSpec(momentum=0.9))\n"
+        f"store = ParameterStore(torch.zeros(100), JobSpec(optimizer={optimizer!r}, momentum=0.9))\n"
         "store.apply_gradient(torch.ones(100))\n"
         "store.load_state_dict(store.state_dict())\n"
         "print('torch._dynamo' in sys.modules)\n"
@@ -199,8 +238,8 @@ def test_the_flat_optimizer_state_carries_the_whole_state(name: str) -> None:
     [
         ("momentum+wd", lambda v: v[:-1], "an optimizer state of 4999 values; this job's sgd keeps 5000"),
         ("sgd", lambda v: v[:10], "an optimizer state of 10 values; this job's sgd keeps 0"),
-        ("adam", lambda v: torch.cat([torch.tensor([2.5]), v[1:]]), "step count must be a whole number >= 1, got 2.5"),
-        ("adam", lambda v: torch.cat([torch.tensor([0.0]), v[1:]]), "step count must be a whole number >= 1, got 0"),
+        ("adam", lambda v: torch.cat([torch.tensor([2.5]), v[1:]]), "step count must be a whole number >= 1, got tensor\\(2.5"),
+        ("adam", lambda v: torch.cat([torch.tensor([0.0]), v[1:]]), "step count must be a whole number >= 1, got tensor\\(0."),
     ],
 )
 def test_a_malformed_flat_optimizer_state_is_refused_and_changes_nothing(name: str, edit, needle: str) -> None:
