@@ -6,7 +6,8 @@ and measures, in one run, under the same quotas, with the same model and global 
 
 * ``ideal``: each worker alone under its quota (``benchmarks.solo``: fetch, forward, backward,
   SGD step; one torch thread; no server), one after another. Their sum is what a perfect balancer
-  could reach.
+  could reach. ``ideal.together``: the same solo runs started all at once (a diagnostic: how much
+  co-running processes slow each other down on this machine; ``ratio_to_ideal_together``).
 * ``ddp_uniform``: PyTorch DistributedDataParallel (gloo) with equal batches ``B/K``, one process
   per worker cgroup (``benchmarks.ddp_baseline``).
 * our BSP server (``ps-server`` + ``ps-worker`` via :class:`deploy.launcher.LocalCluster`) with the
@@ -196,19 +197,33 @@ def _solo_argv(s: Settings, batches: Sequence[int], slowdowns: Sequence[float]) 
 
 def _run_child(argv: list[str], preexec: Callable[[], None] | None, logfile: Path, timeout: float) -> list[dict]:
     """Run one benchmark child to completion; its JSON stdout lines (RuntimeError on failure)."""
-    proc = spawn(argv, preexec=_with_death_signal(preexec), log=logfile)
+    return _run_children([(argv, preexec, logfile)], timeout)[0]
+
+
+def _run_children(
+    children: Sequence[tuple[list[str], Callable[[], None] | None, Path]], timeout: float
+) -> list[list[dict]]:
+    """Start benchmark children (argv, preexec, log file) at once and run them to completion; each
+    one's JSON stdout lines. On any failure every child is stopped and RuntimeError raised."""
+    procs = [spawn(argv, preexec=_with_death_signal(preexec), log=logfile) for argv, preexec, logfile in children]
+    deadline = time.monotonic() + timeout
+    results = []
     try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"{argv[1]} did not finish within {timeout:.0f} s (log: {logfile})") from None
+        for proc, (argv, _, logfile) in zip(procs, children, strict=True):
+            try:
+                out, _ = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                raise RuntimeError(f"{argv[1]} did not finish within {timeout:.0f} s (log: {logfile})") from None
+            if proc.returncode != 0:
+                tail = logfile.read_text(encoding="utf-8", errors="replace")[-1500:]
+                raise RuntimeError(f"{argv[1]} exited with {proc.returncode}:\n{tail}")
+            results.append([json.loads(line) for line in out.splitlines() if line.startswith("{")])
     finally:
-        stop([proc])
-        if proc.stdout:
-            proc.stdout.close()
-    if proc.returncode != 0:
-        tail = logfile.read_text(encoding="utf-8", errors="replace")[-1500:]
-        raise RuntimeError(f"{argv[1]} exited with {proc.returncode}:\n{tail}")
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+        stop(procs)
+        for proc in procs:
+            if proc.stdout:
+                proc.stdout.close()
+    return results
 
 
 def measure_ideal(s: Settings, emu: Emulation) -> dict[str, Any]:
@@ -234,8 +249,34 @@ def measure_ideal(s: Settings, emu: Emulation) -> dict[str, Any]:
         log(f"ideal: {name}: {r['samples_per_s']:.1f} samples/s (batch {r['batch']}, {r['step_ms']:.1f} ms/step)")
     total = sum(r["samples_per_s"] for r in per_worker.values())
     log(f"ideal: sum {total:.1f} samples/s")
+    ideal: dict[str, Any] = {
+        "samples_per_s": round(total, 2), "per_worker": per_worker,
+        "note": "each worker alone under its quota at its static share of the global batch; sum = perfect balance",
+    }
+    together = measure_ideal_together(s, emu, batches)
+    if together is not None:
+        ideal["together"] = together
+    return ideal
+
+
+def measure_ideal_together(s: Settings, emu: Emulation, batches: Sequence[int]) -> dict[str, Any] | None:
+    """The same solo runs started all at once, each in its own cgroup: still no server and no waiting,
+    but the workers slow each other down as they do in a cluster on this machine (shared cores,
+    caches, memory bandwidth), which the one-at-a-time ideal leaves out. A diagnostic beside the
+    ideal, not a replacement. None under the slowdown fallback, whose solos share one process."""
+    if emu.backend is None:
+        return None
+    workdir = s.workdir / "ideal"
+    log(f"ideal, all at once: {', '.join(emu.names)} ...")
+    with limiters(emu, "together") as groups:
+        children = [(_solo_argv(s, [batch], [1.0]), group.preexec, workdir / f"together-{name}.log")
+                    for name, batch, group in zip(emu.names, batches, groups, strict=True)]
+        results = _run_children(children, s.run_timeout)
+    per_worker = {name: result["samples_per_s"] for name, (result,) in zip(emu.names, results, strict=True)}
+    total = sum(per_worker.values())
+    log(f"ideal, all at once: sum {total:.1f} samples/s ({', '.join(f'{n} {r:.1f}' for n, r in per_worker.items())})")
     return {"samples_per_s": round(total, 2), "per_worker": per_worker,
-            "note": "each worker alone under its quota at its static share of the global batch; sum = perfect balance"}
+            "note": "the solo runs started together, each under its quota: co-running processes share the machine"}
 
 
 def measure_ddp(s: Settings, emu: Emulation, ideal: dict[str, Any] | None) -> dict[str, Any]:
@@ -370,6 +411,7 @@ def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dic
         "steady_epochs": counted,
         "samples_per_s_overall": summary.get("samples_per_s"),
         "ratio_to_ideal": _ratio(rate, ideal),
+        "ratio_to_ideal_together": _ratio(rate, (ideal or {}).get("together")),
         "ratio_to_ddp_uniform": _ratio(rate, ddp),
         "compute_spread": _round(analysis.spread(last.get("compute_ms"))),
         "adjustments_to_steady": steady["adjustments"],
@@ -573,7 +615,9 @@ def render_table(report: dict) -> str:
     runs = report.get("runs", {})
     parts = []
     if report.get("ideal") or report.get("ddp_uniform"):
-        base = [["ideal (solo sum)", (report.get("ideal") or {}).get("samples_per_s")],
+        ideal = report.get("ideal") or {}
+        base = [["ideal (solo sum)", ideal.get("samples_per_s")],
+                ["ideal, solos all at once (sum)", (ideal.get("together") or {}).get("samples_per_s")],
                 ["ddp_uniform", (report.get("ddp_uniform") or {}).get("samples_per_s")]]
         parts.append(analysis.markdown_table(["baseline", "samples/s"], base))
     if report["kind"] == "tta":
@@ -588,14 +632,15 @@ def render_table(report: dict) -> str:
                          + analysis.markdown_table(["phase change", "after epoch", "adjustments", "plan changes",
                                                     "steady epoch"], rows))
     else:
-        header = ["controller", "samples/s", "overall", "vs ideal", "vs DDP", "spread", "adj to steady", "accuracy"]
+        header = ["controller", "samples/s", "overall", "vs ideal", "vs ideal (all at once)", "vs DDP", "spread",
+                  "adj to steady", "accuracy"]
         if report["mode"] == "asp":
             header.append("update skew")
         header.append("batches")
         rows = []
         for n, r in runs.items():
             row = [n, r.get("samples_per_s"), r.get("samples_per_s_overall"), r.get("ratio_to_ideal"),
-                   r.get("ratio_to_ddp_uniform"), r.get("compute_spread"), r.get("adjustments_to_steady"), r.get("accuracy")]
+                   r.get("ratio_to_ideal_together"), r.get("ratio_to_ddp_uniform"), r.get("compute_spread"), r.get("adjustments_to_steady"), r.get("accuracy")]
             if report["mode"] == "asp":
                 row.append(r.get("update_skew"))
             row.append(r.get("batch_sizes"))
@@ -635,8 +680,10 @@ RUN_VARIANTS = {
     "dynamic_allreduce": ("dynamic", ["--allreduce"]),
     "dynamic_allreduce_ring": ("dynamic", ["--allreduce", "--allreduce-algorithm", "ring"]),
     "dynamic_busy": ("dynamic", ["--balance", "busy"]),
+    "dynamic_compute": ("dynamic", ["--balance", "compute"]),
 }
-OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy"], "asp": ["dynamic_busy"]}
+OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute"],
+          "asp": ["dynamic_busy", "dynamic_compute"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -670,7 +717,8 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
                       "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
-                      "ring all_reduce instead of the hub; both take dynamic_busy, dynamic with --balance busy)")
+                      "ring all_reduce instead of the hub; both take dynamic_busy and dynamic_compute, dynamic with --balance busy or "
+                      "compute instead of the server's default, auto: busy for BSP on the PS path, compute otherwise)")
     what.add_argument("--no-baselines", action="store_true",
                       help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
     what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")

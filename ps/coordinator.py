@@ -712,8 +712,9 @@ class Coordinator:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}")
         saved = json.loads(state["spec"])
         current = json.loads(self.spec.to_json())
-        # the transport (allreduce or not) is not part of the job's math: either may resume the other
-        differ = sorted(k for k in current if saved.get(k) != current[k] and k != "allreduce")
+        # neither the transport (allreduce or not) nor what the controller balances is part of the job's
+        # math: a job may resume with either changed
+        differ = sorted(k for k in current if saved.get(k) != current[k] and k not in ("allreduce", "balance"))
         if differ:
             raise ValueError(f"the checkpoint was written for a different job: {', '.join(differ)} differ; "
                              "start the server with the job's original flags")

@@ -21,7 +21,7 @@ from ps.coordinator import Coordinator
 from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
 from ps.handlers import register
-from ps.jobspec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec
+from ps.jobspec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, default_balance
 from ps.memory import tune_malloc
 from ps.metrics import MetricsLog
 from ps.models import build_model
@@ -97,11 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--max-batch", type=int, default=None, help="per-worker upper bound (unset: the global batch)")
     ctl.add_argument("--adjust-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
                      help="controller decision at every epoch end (default) or every N steps")
-    ctl.add_argument("--balance", choices=BALANCE_TIMES, default="compute",
+    ctl.add_argument("--balance", choices=("auto", *BALANCE_TIMES), default="auto",
                      help="what the controller equalizes: compute time (fetch + forward + backward), or busy time, "
                           "which adds each worker's own part of its push (sending, and receiving and loading the new "
                           "parameters, not waiting for the round): on CPU-throttled workers that part is slower too. "
-                          "PS path with one server only (not with --allreduce or --shards)")
+                          "Busy time is measured on the PS path with one server only (not with --allreduce or "
+                          "--shards). auto (default): busy for BSP where it is measured, compute otherwise (ASP, "
+                          "--allreduce, --shards)")
     ctl.add_argument("--ewma-alpha", type=float, default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
@@ -171,6 +173,7 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
     if args.allreduce_algorithm != "auto" and not args.allreduce:
         raise ValueError("--allreduce-algorithm needs --allreduce")
+    shard_addresses = parse_shard_addresses(args)  # first: a --shard-addresses list sets args.shards
     if args.balance == "busy" and (args.allreduce or args.shards > 1):
         raise ValueError("--balance busy is measured on the PS path with one server only; it cannot run with "
                          "--allreduce or --shards")
@@ -200,7 +203,7 @@ def build_job(args: argparse.Namespace) -> Job:
         lr_scaling=not args.no_lr_scaling,
         allreduce=args.allreduce,
         allreduce_algorithm=args.allreduce_algorithm,
-        balance=args.balance,
+        balance=default_balance(args.mode, args.allreduce, args.shards) if args.balance == "auto" else args.balance,
     )
     config = ControllerConfig(
         policy=args.controller,
@@ -224,7 +227,6 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--evict-after must be > 0 seconds")
     if args.keep_checkpoints < 1:
         raise ValueError("--keep-checkpoints must be >= 1")
-    shard_addresses = parse_shard_addresses(args)
     checkpoint_dir = args.checkpoint_dir or args.resume
     resume_from = None
     if args.resume is not None:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 import torch.nn.functional as F
 
-from ps.jobspec import JobSpec
+from ps.jobspec import JobSpec, default_balance
 from ps.server import build_job
 from tests.conftest import job_args
 from worker import connect
@@ -55,9 +55,50 @@ def test_balance_is_checked() -> None:
     assert build_job(job_args("--balance", "busy")).coordinator.spec.balance == "busy"
 
 
-@pytest.mark.parametrize("flags", [["--allreduce"], ["--shards", "2"]])
+@pytest.mark.parametrize("flags", [["--allreduce"], ["--shards", "2"], ["--shard-addresses", "127.0.0.1:1"]])
 def test_busy_time_is_refused_where_it_is_not_measured(flags: list[str]) -> None:
     """The fast path's wait is inside the all-reduce, and a sharded push records no timing: refused
     at start rather than silently balancing compute time."""
     with pytest.raises(ValueError, match="--balance busy is measured on the PS path"):
         build_job(job_args("--balance", "busy", *flags))
+
+
+@pytest.mark.parametrize(
+    ("mode", "allreduce", "shards", "expected"),
+    [("bsp", False, 1, "busy"), ("asp", False, 1, "compute"), ("bsp", True, 1, "compute"), ("bsp", False, 2, "compute")],
+)
+def test_auto_balances_busy_time_for_bsp_on_the_ps_path_only(mode: str, allreduce: bool, shards: int, expected: str) -> None:
+    """The default (auto): busy time where it is measured and was faster (BSP, one server); compute
+    time in ASP (busy time was slower there), with --allreduce and with --shards."""
+    assert default_balance(mode, allreduce, shards) == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [([], "busy"), (["--mode", "asp"], "compute"), (["--balance", "compute"], "compute"),
+     (["--mode", "asp", "--balance", "busy"], "busy")],
+)
+def test_the_server_resolves_auto_into_the_job_spec(flags: list[str], expected: str) -> None:
+    """Workers read the resolved choice from the job spec; an explicit --balance wins."""
+    job = build_job(job_args(*flags))
+    try:
+        assert job.coordinator.spec.balance == expected
+    finally:
+        job.evaluator.close()
+        job.metrics.close()
+
+
+def test_a_checkpoint_resumes_with_another_balance_but_not_as_another_job() -> None:
+    """What the controller balances is policy, not the job's math: a checkpoint written under
+    --balance compute (the old default) resumes under auto; one with another learning rate does not."""
+    jobs = [build_job(job_args(*flags)) for flags in (["--balance", "compute"], [], ["--lr", "0.5"])]
+    try:
+        state = jobs[0].coordinator.checkpoint_state()
+        jobs[1].coordinator.restore(state)
+        assert jobs[1].coordinator.spec.balance == "busy"
+        with pytest.raises(ValueError, match="written for a different job: lr differ"):
+            jobs[2].coordinator.restore(state)
+    finally:
+        for job in jobs:
+            job.evaluator.close()
+            job.metrics.close()

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from benchmarks import analysis
+from deploy.cgroups import detect_backend
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = """\
@@ -33,7 +34,8 @@ REPORT_KEYS = {"benchmark", "kind", "mode", "profile", "schedule", "tiny", "envi
                "ddp_uniform", "runs", "targets", "timings_s"}
 ENV_KEYS = {"limiter", "cpu_budget", "shares", "server_share", "period_us", "torch", "python", "cpus",
             "loadavg_start", "loadavg_end"}
-RUN_KEYS = {"controller", "samples_per_s", "samples_per_s_overall", "ratio_to_ideal", "ratio_to_ddp_uniform",
+RUN_KEYS = {"controller", "samples_per_s", "samples_per_s_overall", "ratio_to_ideal", "ratio_to_ideal_together",
+            "ratio_to_ddp_uniform",
             "compute_spread", "adjustments_to_steady", "plan_changes_to_steady", "steady_epoch", "steady_basis",
             "adjustments", "accuracy", "batch_sizes", "epochs", "trace"}
 TARGET_KEYS = {"name", "value", "op", "threshold", "pass", "source"}
@@ -101,6 +103,11 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
 
     check_common(bsp_report, {"dynamic"})
     assert bsp_report["ideal"]["samples_per_s"] > 0 and set(bsp_report["ideal"]["per_worker"]) == {"w0", "w1"}
+    together = bsp_report["ideal"].get("together")  # the solos all at once: with cgroups only
+    assert (together is None) == (bsp_report["environment"]["limiter"] == "slowdown")
+    if together is not None:
+        assert together["samples_per_s"] > 0 and set(together["per_worker"]) == {"w0", "w1"}
+        assert bsp_report["runs"]["dynamic"]["ratio_to_ideal_together"] > 0
     assert bsp_report["ddp_uniform"]["samples_per_s"] > 0
     dyn = bsp_report["runs"]["dynamic"]
     assert dyn["ratio_to_ideal"] is not None and dyn["ratio_to_ddp_uniform"] is not None
@@ -117,6 +124,18 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     assert "accuracy_without" in asp_report["asp_lr_scaling"]
     assert "update skew" in asp_table
     print(f"benchmark smoke runs took {time.monotonic() - started:.1f} s")
+
+
+@pytest.mark.skipif(detect_backend() is None, reason="needs a writable cgroup CPU controller")
+def test_the_ideal_is_also_measured_with_the_solos_all_at_once(tmp_path: Path) -> None:
+    """Under cgroup quotas the solo runs are repeated all at once (ideal.together): co-running workers
+    slow each other down on a small machine, which the one-at-a-time ideal leaves out."""
+    report, table = finish_bench(*start_bench(tmp_path, "--mode", "bsp", "--controllers", "uniform", "--limiter", "cgroup"))
+    assert report["environment"]["limiter"].startswith("cgroup")
+    together = report["ideal"]["together"]
+    assert together["samples_per_s"] > 0 and set(together["per_worker"]) == {"w0", "w1"}
+    assert report["runs"]["uniform"]["ratio_to_ideal_together"] > 0
+    assert "| ideal, solos all at once (sum) |" in table
 
 
 def test_help_and_bad_arguments() -> None:
