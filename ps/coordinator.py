@@ -793,6 +793,7 @@ class Coordinator:
         return {
             "mode": self.spec.mode,
             "controller": self.controller.config.policy,
+            "balance": self.spec.balance,  # what the compute_ms the workers reported measure
             "epochs": self.epoch,
             "rounds": self.round,
             "updates": self.version,

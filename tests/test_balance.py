@@ -8,7 +8,7 @@ import pytest
 import torch.nn.functional as F
 
 from ps.jobspec import JobSpec, default_balance
-from ps.server import build_job
+from ps.server import build_job, print_progress
 from tests.conftest import job_args
 from worker import connect
 
@@ -102,3 +102,10 @@ def test_a_checkpoint_resumes_with_another_balance_but_not_as_another_job() -> N
         for job in jobs:
             job.evaluator.close()
             job.metrics.close()
+
+
+@pytest.mark.parametrize("measured", ["compute", "busy"])
+def test_the_epoch_line_names_what_the_times_measure(measured: str, capsys: pytest.CaptureFixture[str]) -> None:
+    record = {"event": "epoch", "epoch": 3, "samples_per_s": 900.0, "batch_sizes": {"w0": 40}, "compute_ms": {"w0": 250.0}}
+    print_progress(record, measured=measured)
+    assert capsys.readouterr().err.strip() == f"epoch 3: 900.0 samples/s | batch w0=40 | {measured} ms w0=250.0"

@@ -177,9 +177,11 @@ def test_main_job_quick_runs_end_to_end_with_quotas(tmp_path: Path, emulators: C
     if BACKEND is not None:
         assert seen == expected_limits(shares, period)
         assert f"cgroup-v{BACKEND.version} CPU quotas" in out and "period 8 ms" in out
-    for line in ("epoch  1/4 |", "test accuracy after epoch 4", "final batch", "controller adjustments"):
+    # BSP on the PS path balances busy time by default (--balance auto); the summary says so
+    for line in ("epoch  1/4 |", "test accuracy after epoch 4", "final batch", "busy ms, last epoch", "controller adjustments"):
         assert line in out, out
     summary = json.loads((tmp_path / "quick" / "summary.json").read_text())
+    assert summary["summary"]["balance"] == "busy"
     assert [w["worker"] for w in summary["workers"]] == ["w0", "w1", "w2", "w3"]
     assert summary["epochs"] == 4 and summary["accuracy"] > 0.3
     batches = [w["final_batch"] for w in summary["workers"]]
