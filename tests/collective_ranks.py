@@ -1,6 +1,8 @@
 """One rank of a fast-path group in its own process, for tests/test_allreduce.py: `python -m
 tests.collective_ranks RANK WORLD PORT ALGORITHM OUT` takes ROUNDS steps with the gradients and batches
-below (`HUBS` names each round's hub) and saves its parameters to OUT."""
+below (`HUBS` names each round's hub) and saves its parameters and optimizer state to OUT. Rank
+VETERAN first takes PRE steps alone, as a worker of an earlier group would have: the group adopts its
+parameters and momentum when it forms, and the others start from them."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from worker.collective import Collective
 
 ROUNDS = 3
 HUBS = (2, 2, 0)  # the hub moves between rounds, as it does when the controller re-plans
+VETERAN, PRE = 1, 2
 BUCKET_BYTES = 1024  # several bucket parts in flight
 
 
@@ -35,16 +38,25 @@ def grads(rank: int, round: int, numel: int) -> torch.Tensor:
     return torch.randn(numel, generator=torch.Generator().manual_seed(100 * round + rank))
 
 
+def veteran_grads(round: int, numel: int) -> torch.Tensor:
+    """The mean gradient of a round the veteran took before this group formed."""
+    return torch.randn(numel, generator=torch.Generator().manual_seed(7000 + round))
+
+
 def main(argv: list[str]) -> None:
     rank, world, port, algorithm, out = int(argv[0]), int(argv[1]), int(argv[2]), argv[3], argv[4]
     collective = Collective(spec(world, algorithm), model(), "127.0.0.1", port, timeout_s=60, bucket_bytes=BUCKET_BYTES)
+    numel = collective.params.numel()
     try:
-        for round in range(ROUNDS):
+        if rank == VETERAN:
+            for round in range(PRE):
+                collective.apply(veteran_grads(round, numel), StepPlan(round, round, 0, 1, False, 0.0, 0))
+        for round in range(PRE, PRE + ROUNDS):
             b = batch(rank, round)
             plan = StepPlan(round, round, 0, b, False, 0.0, 0, generation=1, rank=rank, world_size=world,
-                            backend="gloo", hub_rank=HUBS[round])
-            assert collective.step(grads(rank, round, collective.params.numel()), b, plan)
-        torch.save(collective.params.clone(), out)
+                            backend="gloo", hub_rank=HUBS[round - PRE])
+            assert collective.step(grads(rank, round, numel), b, plan)
+        torch.save({"params": collective.params.clone(), "state": collective.local.flat_optimizer_state()}, out)
     finally:
         collective.close()
 

@@ -102,7 +102,8 @@ def test_bucketed_step_equals_the_server_optimizer_step() -> None:
 @pytest.mark.parametrize("algorithm", ["hub", "ring"])
 def test_a_group_of_three_reduces_to_the_batch_weighted_mean(tmp_path: Path, algorithm: str) -> None:
     """Three ranks in their own processes (gloo), several bucket parts, a hub that is not rank 0 and
-    moves: every rank ends with the same bits, equal to the weighted mean stepped in one process."""
+    moves, one rank further along than the others when the group forms (they adopt its parameters and
+    momentum): every rank ends with the same bits, equal to the same steps taken in one process."""
     world = 3
     host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
@@ -114,15 +115,18 @@ def test_a_group_of_three_reduces_to_the_batch_weighted_mean(tmp_path: Path, alg
     for proc in procs:
         output, _ = proc.communicate(timeout=120)
         assert proc.returncode == 0, output
-    params = [torch.load(out) for out in outs]
-    assert all(torch.equal(params[0], p) for p in params[1:])
+    saved = [torch.load(out) for out in outs]
+    assert all(torch.equal(saved[0]["params"], s["params"]) and torch.equal(saved[0]["state"], s["state"]) for s in saved[1:])
     reference = ParameterStore.of_model(collective_ranks.model(), collective_ranks.spec(world, algorithm))
     assert _bucket_parts(reference.numel) > 2
-    for round in range(collective_ranks.ROUNDS):
+    for round in range(collective_ranks.PRE):
+        reference.apply_gradient(collective_ranks.veteran_grads(round, reference.numel))
+    for round in range(collective_ranks.PRE, collective_ranks.PRE + collective_ranks.ROUNDS):
         total = sum(collective_ranks.batch(r, round) for r in range(world))
         mean = sum(collective_ranks.batch(r, round) * collective_ranks.grads(r, round, reference.numel) for r in range(world))
         reference.apply_gradient(mean / total)
-    torch.testing.assert_close(params[0], reference.flat, rtol=0, atol=1e-6)
+    torch.testing.assert_close(saved[0]["params"], reference.flat, rtol=0, atol=1e-6)
+    torch.testing.assert_close(saved[0]["state"], reference.flat_optimizer_state(), rtol=0, atol=1e-6)
 
 
 def _bucket_parts(numel: int) -> int:

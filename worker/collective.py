@@ -166,13 +166,26 @@ class Collective:
         src = int((rounds == best).nonzero()[0])
         flat = self.local.flat.to(self._device)
         dist.broadcast(flat, src=src)
-        state = [self.local.optimizer_state() if self.rank == src else None]
-        dist.broadcast_object_list(state, src=src, device=self._device if self._device.type == "cuda" else None)
+        state = self._broadcast_optimizer_state(src)
         if self.rank != src:
-            assert state[0] is not None
             self.local.assign(flat)
-            self.local.load_optimizer_state(state[0])
+            self.local.load_flat_optimizer_state(state)
         self.round = int(best)
+
+    def _broadcast_optimizer_state(self, src: int) -> torch.Tensor | None:
+        """Rank `src`'s optimizer state (ps.flat_state) on every rank, as one tensor broadcast: a flag
+        (has it stepped yet) and the values. The hyperparameters are the job's on every rank."""
+        n = self.local.optimizer_state_numel
+        if n == 0:
+            return None
+        buffer = torch.zeros(n + 1, device=self._device)
+        if self.rank == src:
+            state = self.local.flat_optimizer_state()
+            if state is not None:
+                buffer[0] = 1.0
+                buffer[1:].copy_(state)
+        dist.broadcast(buffer, src=src)
+        return buffer[1:].cpu() if float(buffer[0]) else None
 
     def close_group(self) -> None:
         """Leave the current process group (before re-forming, or at the end)."""
