@@ -328,6 +328,18 @@ def test_phase_spans_place_epoch_and_clock_phases_on_the_epoch_axis() -> None:
     assert phase_spans(events, by_clock) == [(0.5, 3.0, "A"), (3.0, 6.5, "B")]
 
 
+@pytest.mark.parametrize("balance", ["compute", "busy"])
+def test_the_time_plot_names_the_time_the_controller_balanced(balance: str) -> None:
+    """Pure: under --balance busy the workers reported busy time; the plot's axis and title say so."""
+    from deploy.plots import plot_compute_times
+
+    events = [*({"event": "epoch", "epoch": e, "time": 10.0 * e, "compute_ms": {"w0": 100.0 + e}} for e in range(1, 3)),
+              {"event": "summary", "balance": balance}]
+    ax = plot_compute_times(events).axes[0]
+    assert ax.get_ylabel() == f"{balance} time per step (ms)"
+    assert ax.get_title() == f"{balance.capitalize()} time per worker"
+
+
 def test_a_signal_another_thread_takes_is_still_held_until_the_block_ends() -> None:
     """A process-directed SIGTERM goes to a thread that does not block it (here: a waiting helper
     thread, as the cluster-settle thread is), and CPython then runs the handler in the main thread at
