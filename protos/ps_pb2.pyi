@@ -119,7 +119,7 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ...) -> None: ...
 
 class ParamsHeader(_message.Message):
-    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank")
+    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -136,6 +136,7 @@ class ParamsHeader(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     HUB_RANK_FIELD_NUMBER: _ClassVar[int]
+    OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
     round: int
     version: int
     epoch: int
@@ -152,7 +153,8 @@ class ParamsHeader(_message.Message):
     backend: str
     snapshot_requested: bool
     hub_rank: int
-    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ...) -> None: ...
+    optimizer_state: bool
+    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ...) -> None: ...
 
 class ParamsChunk(_message.Message):
     __slots__ = ("header", "seq", "data", "pad")

@@ -463,11 +463,11 @@ class Coordinator:
         if not optimizer_state:
             return self._reply(member, params=not header_only)
         state = self.store.flat_optimizer_state()
-        reply = self._reply(member, params=False)
+        reply = replace(self._reply(member, params=False), wire_dtype="float32", optimizer_state=True)
         if state is None:
-            return replace(reply, wire_dtype="float32")
+            return reply
         payload = FramedChunks(TensorSource(state), "float32", self.payload.frame, self.payload.chunk_bytes)
-        return replace(reply, wire_dtype="float32", num_values=state.numel(), payload=payload)
+        return replace(reply, num_values=state.numel(), payload=payload)
 
     @property
     def params_dtype(self) -> str:

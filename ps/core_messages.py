@@ -68,6 +68,7 @@ class StepReply:
     reason: str = ""
     group: GroupInfo = GroupInfo()
     snapshot_requested: bool = False
+    optimizer_state: bool = False  # the payload is the optimizer's flat state (ps.flat_state), not parameters
 
 
 @dataclass(frozen=True)

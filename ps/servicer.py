@@ -67,6 +67,7 @@ def reply_messages(reply: StepReply) -> Iterator[bytes]:
         backend=reply.group.backend,
         snapshot_requested=reply.snapshot_requested,
         hub_rank=reply.group.hub_rank,
+        optimizer_state=reply.optimizer_state,
     )
     yield ps_pb2.ParamsChunk(header=header).SerializeToString()
     yield from reply.payload  # framed as they are reached (ps.payload), the first while later ones step

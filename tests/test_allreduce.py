@@ -288,6 +288,10 @@ def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_serv
         assert torch.equal(state["state"][0]["momentum_buffer"], momentum) and state["param_groups"][0]["momentum"] == 0.9
         assert torch.equal(server.call(lambda: core.store.flat.clone()), params)
         assert torch.equal(client.pull_optimizer_state(ids["b"], n), momentum)
+        flags = [m.header.optimizer_state for m in (
+            next(iter(stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], **extra), timeout=TIMEOUT)))
+            for extra in ({"optimizer_state": True}, {}))]
+        assert flags == [True, False]  # the reply says what its payload is
         report_round(server.stub, threads, ids, 2)
         fourth = report_round(server.stub, threads, ids, 3)  # epoch 2 ends: the job's last snapshot
         rank0 = next(n for n, h in fourth.items() if h.snapshot_requested)
@@ -295,6 +299,26 @@ def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_serv
         assert server.call(lambda: core.store.optimizer_state())["state"] == {}
     finally:
         client.close()
+
+
+def test_a_server_without_optimizer_state_pulls_leaves_the_momentum_at_zero(tmp_path: Path) -> None:
+    """A server that predates `PullRequest.optimizer_state` ignores the field and sends parameters,
+    without the reply's `optimizer_state` flag: the worker must not load them as its momentum."""
+    def old_pull(request: bytes, context: grpc.ServicerContext):
+        yield ps_pb2.ParamsChunk(header=ps_pb2.ParamsHeader(num_values=4, wire_dtype="float32")).SerializeToString()
+        yield ps_pb2.ParamsChunk(seq=1, data=torch.ones(4).numpy().tobytes()).SerializeToString()
+
+    handler = grpc.method_handlers_generic_handler(
+        "hetero_ps.ParameterServer", {"Pull": grpc.unary_stream_rpc_method_handler(old_pull)})
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = PSClient(f"127.0.0.1:{port}")
+    try:
+        assert client.pull_optimizer_state("w-0", 4) is None
+    finally:
+        client.close()
+        server.stop(None)
 
 
 def test_leave_starts_a_new_generation(ps_server, threads) -> None:

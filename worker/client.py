@@ -7,6 +7,8 @@ It turns RPCs into plain values: a Joined record at Join, a StepPlan after every
 from __future__ import annotations
 
 import functools
+import itertools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +24,8 @@ from ps.push_stream import PUSH_KIND_NUMBERS
 from ps.security import PathArg, bearer, read_pem, resolve_token
 from ps.serialized import DataChunk, data_view_parser, passthrough, with_data
 from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encoded_views
+
+log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
@@ -360,11 +364,18 @@ class PSClient:
 
     def pull_optimizer_state(self, worker_id: str, numel: int) -> torch.Tensor | None:
         """--allreduce: the server's optimizer state, `numel` fp32 values (ps.flat_state), or None when
-        its optimizer has not stepped yet."""
-        out = torch.empty(numel)
+        its optimizer has not stepped yet, or when the server predates optimizer-state pulls (it sends
+        parameters instead, and says nothing of a state: a warning, and the momentum starts at zero)."""
         request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True)
         try:
-            header = _receive_into(self._pull(request), out)
+            stream = self._pull(request)
+            first = next(stream)
+            if not first.fields.header.optimizer_state:
+                stream.cancel()
+                log.warning("the server sends no optimizer state (an older version): the momentum starts at zero")
+                return None
+            out = torch.empty(numel)
+            header = _receive_into(itertools.chain([first], stream), out)
         except grpc.RpcError as exc:
             raise _error(exc) from None
         return out if header.num_values else None
