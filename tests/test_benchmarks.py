@@ -90,7 +90,10 @@ def check_common(report: dict[str, Any], runs: set[str]) -> None:
 def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     # both modes at once: most of their time is processes starting one after another, which overlaps well
     started = time.monotonic()
-    bsp = start_bench(tmp_path / "bsp", "--mode", "bsp", "--controllers", "dynamic")
+    # BSP under cgroup quotas where they are writable: that is where the ideal is also measured with
+    # the solo runs all at once (ideal.together)
+    limiter = ["--limiter", "cgroup"] if detect_backend() is not None else []
+    bsp = start_bench(tmp_path / "bsp", "--mode", "bsp", "--controllers", "dynamic", *limiter)
     asp = start_bench(tmp_path / "asp", "--mode", "asp", "--controllers", "dynamic")
     try:
         bsp_report, bsp_table = finish_bench(*bsp)
@@ -104,10 +107,11 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     check_common(bsp_report, {"dynamic"})
     assert bsp_report["ideal"]["samples_per_s"] > 0 and set(bsp_report["ideal"]["per_worker"]) == {"w0", "w1"}
     together = bsp_report["ideal"].get("together")  # the solos all at once: with cgroups only
-    assert (together is None) == (bsp_report["environment"]["limiter"] == "slowdown")
+    assert (together is None) == (bsp_report["environment"]["limiter"] == "slowdown") == (not limiter)
     if together is not None:
         assert together["samples_per_s"] > 0 and set(together["per_worker"]) == {"w0", "w1"}
         assert bsp_report["runs"]["dynamic"]["ratio_to_ideal_together"] > 0
+        assert "| ideal, solos all at once (sum) |" in bsp_table
     assert bsp_report["ddp_uniform"]["samples_per_s"] > 0
     dyn = bsp_report["runs"]["dynamic"]
     assert dyn["ratio_to_ideal"] is not None and dyn["ratio_to_ddp_uniform"] is not None
@@ -124,18 +128,6 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     assert "accuracy_without" in asp_report["asp_lr_scaling"]
     assert "update skew" in asp_table
     print(f"benchmark smoke runs took {time.monotonic() - started:.1f} s")
-
-
-@pytest.mark.skipif(detect_backend() is None, reason="needs a writable cgroup CPU controller")
-def test_the_ideal_is_also_measured_with_the_solos_all_at_once(tmp_path: Path) -> None:
-    """Under cgroup quotas the solo runs are repeated all at once (ideal.together): co-running workers
-    slow each other down on a small machine, which the one-at-a-time ideal leaves out."""
-    report, table = finish_bench(*start_bench(tmp_path, "--mode", "bsp", "--controllers", "uniform", "--limiter", "cgroup"))
-    assert report["environment"]["limiter"].startswith("cgroup")
-    together = report["ideal"]["together"]
-    assert together["samples_per_s"] > 0 and set(together["per_worker"]) == {"w0", "w1"}
-    assert report["runs"]["uniform"]["ratio_to_ideal_together"] > 0
-    assert "| ideal, solos all at once (sum) |" in table
 
 
 def test_help_and_bad_arguments() -> None:
