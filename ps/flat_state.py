@@ -16,31 +16,32 @@ from typing import Any
 import torch
 
 from ps.jobspec import JobSpec
-
-_PER_VALUE = {"sgd": ("momentum_buffer",), "adam": ("exp_avg", "exp_avg_sq")}
-_STEP = {"sgd": False, "adam": True}  # whether the state starts with the step count
+from ps.stepping import STEPPERS
 
 
-def _keys(spec: JobSpec) -> tuple[str, ...]:
+def _keys(spec: JobSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The stepper's single numbers and per-value buffers, in the vector's order (none for SGD
+    without momentum, which keeps no state)."""
     if spec.optimizer == "sgd" and spec.momentum == 0:
-        return ()
-    return _PER_VALUE[spec.optimizer]
+        return (), ()
+    stepper = STEPPERS[spec.optimizer]
+    return stepper.SCALARS, stepper.BUFFERS
 
 
 def state_numel(spec: JobSpec, numel: int) -> int:
     """How many values the flat state of a `numel`-value model holds (0: the optimizer keeps none)."""
-    keys = _keys(spec)
-    return len(keys) * numel + int(_STEP[spec.optimizer]) if keys else 0
+    scalars, buffers = _keys(spec)
+    return len(scalars) + len(buffers) * numel
 
 
 def flatten_state(state: dict[str, Any], spec: JobSpec, numel: int) -> torch.Tensor | None:
     """The state dict's per-parameter state as one new fp32 vector; None when it has none."""
     per_param = state["state"].get(0)
-    keys = _keys(spec)
-    if not per_param or not keys:
+    scalars, buffers = _keys(spec)
+    if not per_param or not buffers:
         return None
-    pieces = [torch.tensor([float(per_param["step"])])] if _STEP[spec.optimizer] else []
-    pieces += [per_param[key].detach().reshape(-1).float() for key in keys]
+    pieces = [torch.tensor([float(per_param[key]) for key in scalars])]
+    pieces += [per_param[key].detach().reshape(-1).float() for key in buffers]
     flat = torch.cat(pieces)
     if flat.numel() != state_numel(spec, numel):
         raise ValueError(f"the optimizer state has {flat.numel()} values, a model of {numel} needs {state_numel(spec, numel)}")
@@ -59,12 +60,10 @@ def unflatten_state(
         raise ValueError(f"an optimizer state of {values.numel()} values; this job's {spec.optimizer} keeps "
                          f"{expected} for {numel} parameters")
     values = values.reshape(-1).float()
-    per_param: dict[str, Any] = {}
-    offset = 0
-    if _STEP[spec.optimizer]:
-        per_param["step"] = values[0].clone()  # the stepper checks it (a whole number >= 1)
-        offset = 1
-    for key in _keys(spec):
+    scalars, buffers = _keys(spec)
+    per_param: dict[str, Any] = {key: values[i].clone() for i, key in enumerate(scalars)}  # the stepper checks them
+    offset = len(scalars)
+    for key in buffers:
         per_param[key] = values[offset : offset + numel].clone()
         offset += numel
     return {"state": {0: per_param}, "param_groups": param_groups}

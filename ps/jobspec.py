@@ -13,15 +13,21 @@ BALANCE_TIMES = ("compute", "busy")
 """What the controller balances: each worker's compute time (fetch + forward + backward), or its busy
 time, which adds the worker's own part of the previous step's push (sending its chunks, and from the
 reply's first chunk to the new parameters in its model) but not the wait for the round in between."""
-
-
-def default_balance(mode: str, allreduce: bool, shards: int) -> str:
-    """Busy time where it is measured and pays: BSP on the PS path with one server (a round waits for
-    every worker's whole push; HL8 1.05-1.21x over compute time, ASP 0.87-0.94x); compute time elsewhere."""
-    return "busy" if mode == "bsp" and not allreduce and shards <= 1 else "compute"
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
 """How --allreduce workers reduce: "ring" is torch.distributed.all_reduce (gloo's or NCCL's own
 algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""
+
+
+def busy_time_measured(allreduce: bool, shards: int) -> bool:
+    """Whether workers can time their own part of a push: on the PS path with one server (the fast
+    path's wait is inside the all-reduce; a sharded push records no timing)."""
+    return not allreduce and shards <= 1
+
+
+def default_balance(mode: str, allreduce: bool, shards: int) -> str:
+    """Busy time where it is measured and pays: BSP (a round waits for every worker's whole push; HL8
+    1.05-1.21x over compute time, ASP 0.87-0.94x); compute time elsewhere."""
+    return "busy" if mode == "bsp" and busy_time_measured(allreduce, shards) else "compute"
 
 
 @dataclass(frozen=True)

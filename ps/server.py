@@ -22,7 +22,9 @@ from ps.coordinator import Coordinator
 from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
 from ps.handlers import register
-from ps.jobspec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, default_balance
+from ps.jobspec import (
+    ALLREDUCE_ALGORITHMS, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured, default_balance,
+)
 from ps.memory import tune_malloc
 from ps.metrics import MetricsLog
 from ps.models import build_model
@@ -175,7 +177,7 @@ def build_job(args: argparse.Namespace) -> Job:
     if args.allreduce_algorithm != "auto" and not args.allreduce:
         raise ValueError("--allreduce-algorithm needs --allreduce")
     shard_addresses = parse_shard_addresses(args)  # first: a --shard-addresses list sets args.shards
-    if args.balance == "busy" and (args.allreduce or args.shards > 1):
+    if args.balance == "busy" and not busy_time_measured(args.allreduce, args.shards):
         raise ValueError("--balance busy is measured on the PS path with one server only; it cannot run with "
                          "--allreduce or --shards")
     if args.rendezvous_port is not None and not args.allreduce:

@@ -59,8 +59,7 @@ class Stepper(Protocol):
 
 def make_stepper(flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> Stepper:
     """The stepper for the job's optimizer over `flat` (stepped in place)."""
-    pieces = PIECE_VALUES if piece_values is None else piece_values
-    return SGDSteps(flat, spec, pieces) if spec.optimizer == "sgd" else AdamSteps(flat, spec, pieces)
+    return STEPPERS[spec.optimizer](flat, spec, PIECE_VALUES if piece_values is None else piece_values)
 
 
 class _OneParameterState:
@@ -70,6 +69,7 @@ class _OneParameterState:
 
     NAME: ClassVar[str]
     BUFFERS: ClassVar[tuple[str, ...]]  # the per-value state, in torch's order
+    SCALARS: ClassVar[tuple[str, ...]] = ()  # the state's single numbers (`_scalars`), in torch's order
 
     def __init__(self, flat: torch.Tensor, group: dict[str, Any], piece_values: int) -> None:
         self._flat = flat
@@ -182,6 +182,7 @@ class AdamSteps(_OneParameterState):
 
     NAME = "Adam"
     BUFFERS = ("exp_avg", "exp_avg_sq")
+    SCALARS = ("step",)
 
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int) -> None:
         super().__init__(flat, adam_group(spec), piece_values)
@@ -239,3 +240,7 @@ def adam_group(spec: JobSpec) -> dict[str, Any]:
     return {"lr": spec.lr, "betas": (0.9, 0.999), "eps": 1e-08, "weight_decay": spec.weight_decay, "amsgrad": False,
             "maximize": False, "foreach": None, "capturable": False, "differentiable": False, "fused": None,
             "decoupled_weight_decay": False, "params": [0]}
+
+
+# the stepper of each --optimizer (ps.flat_state reads their state's layout from these classes)
+STEPPERS: dict[str, type[SGDSteps] | type[AdamSteps]] = {"sgd": SGDSteps, "adam": AdamSteps}

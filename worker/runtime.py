@@ -123,8 +123,9 @@ class Session:
         """The server's parameters, and with --allreduce its optimizer state too (a resumed job's
         momentum: the group starts from this copy when no peer's is further along)."""
         plan = self.client.pull(self.worker_id, self._params)
-        if self._collective is not None and self._collective.state_numel:
-            self._collective.load_optimizer_state(self.client.pull_optimizer_state(self.worker_id, self._collective.state_numel))
+        collective = self._collective
+        if collective is not None and collective.state_numel:
+            collective.load_optimizer_state(self.client.pull_optimizer_state(self.worker_id, collective.state_numel))
         return plan
 
     # ------------------------------------------------------------------ the plan
