@@ -261,8 +261,17 @@ class Coordinator:
             self.controller.replan()
             self._log_adjust(changed=True)
         pushes = self._accumulator.count if self._accumulator is not None else self._round_batch
-        if pushes and self._pushed >= set(self.members):
+        if pushes and (self._pushed >= set(self.members) or self._group_committed()):
             self._close_round()
+
+    def _group_committed(self) -> bool:
+        """Allreduce: whether a member still here reported the open round. A report follows a
+        successful all-reduce, so the group's copy has taken this round's step: the round closes
+        without the members that have not reported. Their all-reduce may have failed (a peer left
+        part way through the hub's sends): they adopt a reporter's copy when the next generation
+        forms, instead of waiting there for reporters that wait for the round to close. Their late
+        reports are refused (the round is not open) and they carry on from a pull."""
+        return self.rendezvous is not None and bool(self._pushed)
 
     # ---------------------------------------------------------------------- push
     def begin_push(self, meta: PushMeta) -> ChunkReceiver:

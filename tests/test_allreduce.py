@@ -334,6 +334,27 @@ def test_leave_starts_a_new_generation(ps_server, threads) -> None:
     assert (h.round, h.generation, h.rank, h.world_size, h.batch_size, h.global_batch) == (1, 2, 0, 1, 32, 32)
 
 
+def test_a_leave_after_a_report_closes_the_round_without_the_others(ps_server, threads) -> None:
+    """a's report says the group's all-reduce of round 0 succeeded. When c leaves, b may be the rank
+    whose all-reduce failed part way (c gone before the hub's send to b): it waits for the next
+    generation and would wait there for a, which waits for b's report. The round closes instead; b
+    forms the next generation at round 1, and a report of round 0 that b still sends is refused."""
+    server = ps_server(*TINY, "--workers", "3")
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
+    stub = server.stub()
+    pending = threads.submit(call, server.stub(), report(ids["a"], 0))
+    deadline = time.monotonic() + TIMEOUT
+    while server.call(lambda: server.coordinator._round_batch) == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"]), timeout=TIMEOUT)
+    h = pending.result(TIMEOUT)
+    assert (h.round, h.generation, h.world_size) == (1, 2, 2)
+    (b_plan,) = stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], header_only=True), timeout=TIMEOUT)
+    assert (b_plan.header.round, b_plan.header.generation, {h.rank, b_plan.header.rank}) == (1, 2, {0, 1})
+    expect_refused(server, lambda: call(stub, report(ids["b"], 0)), Code.FAILED_PRECONDITION, "round 0 is not open")
+    assert server.call(lambda: server.coordinator.samples) == 16  # a's step, counted once
+
+
 # ------------------------------------------------------------- the command line
 @pytest.mark.parametrize(
     ("args", "needle"),
