@@ -321,16 +321,20 @@ def test_a_server_without_optimizer_state_pulls_leaves_the_momentum_at_zero(tmp_
         server.stop(None)
 
 
-def test_leave_starts_a_new_generation(ps_server, threads) -> None:
-    server = ps_server(*TINY)
-    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
-    stub = server.stub()
-    pending = threads.submit(call, server.stub(), report(ids["a"], 0))
+def report_then_leave(server, threads, ids: dict[str, str], reporter: str, leaver: str) -> ps_pb2.ParamsHeader:
+    """`reporter` reports round 0 and waits; once the server has it, `leaver` leaves; the report's reply."""
+    pending = threads.submit(call, server.stub(), report(ids[reporter], 0))
     deadline = time.monotonic() + TIMEOUT
     while server.call(lambda: server.coordinator._round_batch) == 0 and time.monotonic() < deadline:
         time.sleep(0.01)
-    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["b"]), timeout=TIMEOUT)
-    h = pending.result(TIMEOUT)  # the round closed with a alone
+    server.stub().Leave(ps_pb2.LeaveRequest(worker_id=ids[leaver]), timeout=TIMEOUT)
+    return pending.result(TIMEOUT)
+
+
+def test_leave_starts_a_new_generation(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    h = report_then_leave(server, threads, ids, "a", "b")  # the round closed with a alone
     assert (h.round, h.generation, h.rank, h.world_size, h.batch_size, h.global_batch) == (1, 2, 0, 1, 32, 32)
 
 
@@ -341,13 +345,8 @@ def test_a_leave_after_a_report_closes_the_round_without_the_others(ps_server, t
     forms the next generation at round 1, and a report of round 0 that b still sends is refused."""
     server = ps_server(*TINY, "--workers", "3")
     ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
+    h = report_then_leave(server, threads, ids, "a", "c")
     stub = server.stub()
-    pending = threads.submit(call, server.stub(), report(ids["a"], 0))
-    deadline = time.monotonic() + TIMEOUT
-    while server.call(lambda: server.coordinator._round_batch) == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"]), timeout=TIMEOUT)
-    h = pending.result(TIMEOUT)
     assert (h.round, h.generation, h.world_size) == (1, 2, 2)
     (b_plan,) = stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], header_only=True), timeout=TIMEOUT)
     assert (b_plan.header.round, b_plan.header.generation, {h.rank, b_plan.header.rank}) == (1, 2, {0, 1})
