@@ -261,7 +261,11 @@ class Coordinator:
             self.controller.replan()
             self._log_adjust(changed=True)
         pushes = self._accumulator.count if self._accumulator is not None else self._round_batch
-        if pushes and (self._pushed >= set(self.members) or self._group_committed()):
+        if pushes and self._pushed >= set(self.members):
+            self._close_round()
+        elif pushes and self._group_committed():
+            missing = sorted(m.name for m in self.members.values() if m.worker_id not in self._pushed)
+            self.metrics.write("close_without", round=self.round, workers=missing, step=self.step, epoch=self.epoch)
             self._close_round()
 
     def _group_committed(self) -> bool:

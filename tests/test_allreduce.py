@@ -19,6 +19,7 @@ from torch.distributed import TCPStore
 from protos import ps_pb2
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.jobspec import JobSpec
+from ps.metrics import read_metrics
 from ps.models import build_model
 from ps.rendezvous import Group, hub_rank, plan_group
 from ps.server import main as server_main
@@ -338,12 +339,12 @@ def test_leave_starts_a_new_generation(ps_server, threads) -> None:
     assert (h.round, h.generation, h.rank, h.world_size, h.batch_size, h.global_batch) == (1, 2, 0, 1, 32, 32)
 
 
-def test_a_leave_after_a_report_closes_the_round_without_the_others(ps_server, threads) -> None:
+def test_a_leave_after_a_report_closes_the_round_without_the_others(ps_server, threads, tmp_path: Path) -> None:
     """a's report says the group's all-reduce of round 0 succeeded. When c leaves, b may be the rank
     whose all-reduce failed part way (c gone before the hub's send to b): it waits for the next
     generation and would wait there for a, which waits for b's report. The round closes instead; b
     forms the next generation at round 1, and a report of round 0 that b still sends is refused."""
-    server = ps_server(*TINY, "--workers", "3")
+    server = ps_server(*TINY, "--workers", "3", "--metrics-log", str(tmp_path / "metrics.jsonl"))
     ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
     h = report_then_leave(server, threads, ids, "a", "c")
     stub = server.stub()
@@ -352,6 +353,8 @@ def test_a_leave_after_a_report_closes_the_round_without_the_others(ps_server, t
     assert (b_plan.header.round, b_plan.header.generation, {h.rank, b_plan.header.rank}) == (1, 2, {0, 1})
     expect_refused(server, lambda: call(stub, report(ids["b"], 0)), Code.FAILED_PRECONDITION, "round 0 is not open")
     assert server.call(lambda: server.coordinator.samples) == 16  # a's step, counted once
+    (closed,) = [e for e in read_metrics(tmp_path / "metrics.jsonl") if e["event"] == "close_without"]
+    assert (closed["round"], closed["workers"]) == (0, ["b"])
 
 
 # ------------------------------------------------------------- the command line
@@ -482,7 +485,9 @@ def test_group_reforms_when_a_worker_leaves(tmp_path: Path) -> None:
         (summary,) = cluster.events("summary")
         assert summary["epochs"] == 3 and summary["reason"] == "finished"
         assert [e["epoch"] for e in cluster.events("eval")] == [1, 2, 3]
-        assert summary["update_counts"]["w0"] == summary["update_counts"]["w1"] == summary["rounds"]
+        for name in ("w0", "w1"):  # a round the leave closed before a survivor's report is not its update
+            missed = sum(name in e["workers"] for e in cluster.events("close_without"))
+            assert summary["update_counts"][name] == summary["rounds"] - missed
         assert sum(cluster.events("adjust")[-1]["batch_sizes"].values()) == 48
         final = read_checkpoint(checkpoint_files(tmp_path / "ckpt")[-1])
         assert final["round"] == summary["rounds"] and bool(torch.isfinite(final["params"]).all())

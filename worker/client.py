@@ -266,24 +266,10 @@ class PSClient:
         host, _ = reachable_address(host.strip("[]"), 0, self.target)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def push(
-        self,
-        worker_id: str,
-        values: torch.Tensor,
-        out: torch.Tensor,
-        *,
-        round: int,
-        version: int,
-        batch_size: int,
-        compute_ms: float,
-        wire_dtype: str,
-        kind: str = "values",
-    ) -> StepPlan:
-        """Stream `values` up; the reply's parameters (if it carries any) land in `out`.
-
-        `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes."""
-        return self.start_push(worker_id, values, out, round=round, version=version, batch_size=batch_size,
-                               compute_ms=compute_ms, wire_dtype=wire_dtype, kind=kind)()
+    def push(self, worker_id: str, values: torch.Tensor, out: torch.Tensor, **step: Any) -> StepPlan:
+        """Stream `values` up and wait for the reply; its parameters (if it carries any) land in `out`.
+        `step` is start_push's keywords (round, version, batch_size, compute_ms, wire_dtype, kind)."""
+        return self.start_push(worker_id, values, out, **step)()
 
     def start_push(
         self,
@@ -299,7 +285,9 @@ class PSClient:
         kind: str = "values",
     ) -> Callable[[], StepPlan]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
-        when the round closes), so the caller can work in between (the fast path's optimizer step)."""
+        when the round closes), so the caller can work in between (the fast path's optimizer step).
+
+        `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes."""
         header = ps_pb2.PushHeader(
             worker_id=worker_id,
             round=round,
