@@ -377,11 +377,11 @@ def test_bad_allreduce_flags_are_refused(args: list[str], needle: str, capsys: p
 JOB = ["--model-arg", "hidden=16", "--dataset", "digits", "--controller", "uniform", "--evict-after", "60", "--grace", "5"]
 
 
-def _finish(cluster: Cluster, timeout: float) -> None:
+def _finish(cluster: Cluster, timeout: float, killed: subprocess.Popen | None = None) -> None:
     code = cluster.wait(timeout)
     assert code == 0, cluster.server_log()
     for i, proc in enumerate(cluster.workers):
-        assert proc.returncode == 0, cluster.worker_log(f"w{i}")
+        assert proc.returncode == (-signal.SIGKILL if proc is killed else 0), cluster.worker_log(f"w{i}")
 
 
 def _train_in_process(target: str, name: str) -> int:
@@ -461,11 +461,13 @@ def _round(target: str) -> int:
         client.close()
 
 
-def test_group_reforms_when_a_worker_leaves(tmp_path: Path) -> None:
-    """SIGTERM one of three workers mid-run (while the others wait in the all-reduce): the other two
-    re-form a group of two and finish the job."""
+@pytest.mark.parametrize(("sig", "event"), [(signal.SIGTERM, "leave"), (signal.SIGKILL, "evict")])
+def test_group_reforms_when_a_worker_leaves(tmp_path: Path, sig: signal.Signals, event: str) -> None:
+    """SIGTERM one of three workers mid-run (while the others wait in the all-reduce), or SIGKILL it
+    (no Leave: its peers' all-reduce fails and the server evicts it): the other two re-form a group of
+    two and finish the job."""
     cluster = start_server(tmp_path, [*JOB, "--allreduce", "--workers", "3", "--global-batch", "48", "--epochs", "3",
-                                      "--checkpoint-dir", str(tmp_path / "ckpt")])
+                                      "--checkpoint-dir", str(tmp_path / "ckpt"), "--evict-after", "3"])
     try:
         cluster.start_worker("w0")
         cluster.start_worker("w1")
@@ -474,11 +476,11 @@ def test_group_reforms_when_a_worker_leaves(tmp_path: Path) -> None:
         while _round(cluster.target) < 3:
             assert time.monotonic() < deadline and cluster.server.poll() is None, cluster.server_log()
             time.sleep(0.05)
-        victim.send_signal(signal.SIGTERM)
-        _finish(cluster, 120)
+        victim.send_signal(sig)
+        _finish(cluster, 120, killed=victim if sig == signal.SIGKILL else None)
         events = cluster.events()
         kinds = [e["event"] for e in events]
-        left = kinds.index("leave")
+        left = kinds.index(event)
         assert events[left]["worker"] == "w2"
         regroup = next(e for e in events[left:] if e["event"] == "regroup")
         assert regroup["world_size"] == 2 and set(regroup["ranks"]) == {"w0", "w1"}
