@@ -681,8 +681,9 @@ RUN_VARIANTS = {
     "dynamic_allreduce_ring": ("dynamic", ["--allreduce", "--allreduce-algorithm", "ring"]),
     "dynamic_busy": ("dynamic", ["--balance", "busy"]),
     "dynamic_compute": ("dynamic", ["--balance", "compute"]),
+    "dynamic_cycle": ("dynamic", ["--balance", "cycle"]),
 }
-OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute"],
+OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute", "dynamic_cycle"],
           "asp": ["dynamic_busy", "dynamic_compute"]}
 
 
@@ -717,8 +718,9 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
                       "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
-                      "ring all_reduce instead of the hub; both take dynamic_busy and dynamic_compute, dynamic with --balance busy or "
-                      "compute instead of the server's default, auto: busy for BSP on the PS path, compute otherwise)")
+                      "ring all_reduce instead of the hub, and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
+                      "dynamic_compute, dynamic with --balance busy or compute instead of the server's default, auto: busy "
+                      "for BSP on the PS path, compute otherwise)")
     what.add_argument("--no-baselines", action="store_true",
                       help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
     what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")

@@ -463,7 +463,7 @@ class Emulation:
     def _print_summary(self, result: dict[str, Any]) -> None:
         share_head = "share (cores)" if self.plan.schedule is None else "final share"
         self.say("")
-        measured = "busy ms, last epoch" if result["summary"].get("balance") == "busy" else "compute ms, last epoch"
+        measured = f"{result['summary'].get('balance') or 'compute'} ms, last epoch"
         self.say(f"{'worker':<8}{share_head:>14}{'final batch':>13}{measured:>24}")
         for row in result["workers"]:
             compute = row["compute_ms_last_epoch"]

@@ -164,11 +164,11 @@ def plot_compute_times(
     labels: Mapping[str, str] | None = None, title: str = "Compute time per worker",
 ) -> Figure:
     """Mean compute time per step of each worker in each epoch, with schedule phases shaded (Fig. 11).
-    Under --balance busy the workers reported busy time (compute plus their own part of the push),
-    and the axis and title say so."""
-    what = "busy" if any(e.get("balance") == "busy" for e in _of(events, "summary")) else "compute"
-    if what == "busy":
-        title = title.replace("Compute time", "Busy time")
+    Under --balance busy or cycle the times are those (the workers' busy times, or the cycles the
+    server timed), and the axis and title say so."""
+    what = next((e["balance"] for e in _of(events, "summary") if e.get("balance") in ("busy", "cycle")), "compute")
+    if what != "compute":
+        title = title.replace("Compute time", f"{what.capitalize()} time")
     fig, ax = _per_worker_plot(events, "compute_ms", f"{what} time per step (ms)", title, labels)
     _legend(ax, len(ax.lines))
     _shade_phases(ax, events, phases)

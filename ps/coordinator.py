@@ -121,6 +121,8 @@ class Coordinator:
         self._loading_snapshot = False
         self._pushed: set[str] = set()
         self._round_future: asyncio.Future[bool] | None = None
+        self._replies_sent_at: float | None = None  # --balance cycle: when the open round's replies went out
+        self._replied: set[str] = set()  # --balance cycle: the workers they went to (who pushed the last round)
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
         self.store.before_change.append(self.payload.complete)  # a reply in flight sends its version whole
         self._steps_since_adjust = 0
@@ -374,13 +376,15 @@ class Coordinator:
         return self._push_asp(member, meta, values)
 
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: Vector) -> StepReply:
-        self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
+        ms = self._balanced_ms(member, meta)
+        if ms is not None:
+            self.controller.observe(member.name, meta.batch_size, ms)
         if self._accumulator is not None:
             self._accumulator.add(grad, meta.batch_size)
             self._contributions[member.worker_id] = meta.batch_size
         else:  # allreduce: the workers applied the step themselves
             self._round_batch += meta.batch_size
-        self._record(member, meta)
+        self._record(member, ms)
         self._pushed.add(member.worker_id)
         if self._round_future is None:
             self._round_future = asyncio.get_running_loop().create_future()
@@ -408,6 +412,7 @@ class Coordinator:
         self._resolve_round()
 
     def _next_round(self, batch: int) -> None:
+        self._replied = set(self._pushed)
         self._pushed.clear()
         self._contributions.clear()
         self.round += 1
@@ -447,6 +452,7 @@ class Coordinator:
             self._resolve_round()
 
     def _resolve_round(self) -> None:
+        self._replies_sent_at = self.clock()
         future, self._round_future = self._round_future, None
         if future is not None and not future.done():
             future.set_result(True)
@@ -456,14 +462,26 @@ class Coordinator:
         self.store.apply_update(delta)
         member.staleness_sum += self.version - meta.version
         self.version += 1
-        self._record(member, meta)
+        self._record(member, meta.compute_ms)
         self._advance(meta.batch_size)
         return self._reply(member)
 
-    def _record(self, member: Member, meta: PushMeta) -> None:
+    def _balanced_ms(self, member: Member, meta: PushMeta) -> float | None:
+        """The time the controller balances for this BSP push: the worker's report (compute or busy
+        time), or under --balance cycle the server's own measure, from the round's replies going out
+        to this push fully arrived; None (nothing observed) for a worker that did not push the
+        previous round (its cycle began with a join or a pull, not with this round's reply)."""
+        if self.spec.balance != "cycle":
+            return meta.compute_ms
+        if member.worker_id not in self._replied or self._replies_sent_at is None:
+            return None
+        return max(0.0, (self.clock() - self._replies_sent_at) * 1000.0)
+
+    def _record(self, member: Member, ms: float | None) -> None:
         member.updates += 1
         member.epoch_updates += 1
-        member.epoch_compute_ms.append(meta.compute_ms)
+        if ms is not None:
+            member.epoch_compute_ms.append(ms)
 
     # -------------------------------------------------------------- pull / reply
     def pull(self, worker_id: str, header_only: bool = False, optimizer_state: bool = False) -> StepReply:

@@ -9,10 +9,14 @@ from typing import Any
 MODES = ("bsp", "asp")
 OPTIMIZERS = ("sgd", "adam")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
-BALANCE_TIMES = ("compute", "busy")
-"""What the controller balances: each worker's compute time (fetch + forward + backward), or its busy
+BALANCE_TIMES = ("compute", "busy", "cycle")
+"""What the controller balances: each worker's compute time (fetch + forward + backward); its busy
 time, which adds the worker's own part of the previous step's push (sending its chunks, and from the
-reply's first chunk to the new parameters in its model) but not the wait for the round in between."""
+reply's first chunk to the new parameters in its model) but not the wait for the round in between; or
+(BSP) its cycle, timed by the server: from the round's replies going out to the worker's next push
+fully arrived. The cycle also holds the transport work that the worker cannot time itself (gRPC's
+sends and receives in its own threads, under its own CPU quota) and its place in the server's reply
+order: the round closes when the last push arrives, so equal cycles are what a round waits for."""
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
 """How --allreduce workers reduce: "ring" is torch.distributed.all_reduce (gloo's or NCCL's own
 algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""
@@ -22,6 +26,13 @@ def busy_time_measured(allreduce: bool, shards: int) -> bool:
     """Whether workers can time their own part of a push: on the PS path with one server (the fast
     path's wait is inside the all-reduce; a sharded push records no timing)."""
     return not allreduce and shards <= 1
+
+
+def cycle_measured(mode: str, allreduce: bool, shards: int) -> bool:
+    """Whether the server can time each worker's cycle: BSP rounds (ASP has none) on the PS path with
+    one server (a report arrives after the all-reduce, which waits for the slowest peer; with --shards
+    the coordinator sees one range of each push)."""
+    return mode == "bsp" and busy_time_measured(allreduce, shards)
 
 
 def default_balance(mode: str, allreduce: bool, shards: int) -> str:

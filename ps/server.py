@@ -23,7 +23,8 @@ from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
 from ps.handlers import register
 from ps.jobspec import (
-    ALLREDUCE_ALGORITHMS, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured, default_balance,
+    ALLREDUCE_ALGORITHMS, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured, cycle_measured,
+    default_balance,
 )
 from ps.memory import tune_malloc
 from ps.metrics import MetricsLog
@@ -101,11 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--adjust-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
                      help="controller decision at every epoch end (default) or every N steps")
     ctl.add_argument("--balance", choices=("auto", *BALANCE_TIMES), default="auto",
-                     help="what the controller equalizes: compute time (fetch + forward + backward), or busy time, "
+                     help="what the controller equalizes: compute time (fetch + forward + backward); busy time, "
                           "which adds each worker's own part of its push (sending, and receiving and loading the new "
-                          "parameters, not waiting for the round): on CPU-throttled workers that part is slower too. "
-                          "Busy time is measured on the PS path with one server only (not with --allreduce or "
-                          "--shards). auto (default): busy for BSP where it is measured, compute otherwise (ASP, "
+                          "parameters, not waiting for the round): on CPU-throttled workers that part is slower too; "
+                          "or (BSP) the cycle, timed by the server from a round's replies going out to each worker's "
+                          "next push arrived, which also holds the transport work a worker cannot time itself. Busy "
+                          "time and the cycle are measured on the PS path with one server only (not with --allreduce "
+                          "or --shards). auto (default): busy for BSP where it is measured, compute otherwise (ASP, "
                           "--allreduce, --shards)")
     ctl.add_argument("--ewma-alpha", type=float, default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
@@ -180,6 +183,9 @@ def build_job(args: argparse.Namespace) -> Job:
     if args.balance == "busy" and not busy_time_measured(args.allreduce, args.shards):
         raise ValueError("--balance busy is measured on the PS path with one server only; it cannot run with "
                          "--allreduce or --shards")
+    if args.balance == "cycle" and not cycle_measured(args.mode, args.allreduce, args.shards):
+        raise ValueError("--balance cycle is measured in BSP rounds on the PS path with one server only; it cannot "
+                         "run with --mode asp, --allreduce or --shards")
     if args.rendezvous_port is not None and not args.allreduce:
         raise ValueError("--rendezvous-port needs --allreduce")
     if args.rendezvous_port is not None and not 0 <= args.rendezvous_port <= 65535:
@@ -313,7 +319,7 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
 
 def print_progress(record: dict[str, Any], measured: str = "compute") -> None:
     """Human progress lines on stderr for the events a person watches (`measured`: the job's
-    --balance, what the workers' reported times are: compute or busy time)."""
+    --balance, what the balanced times are: compute, busy or cycle time)."""
     event = record["event"]
     if event == "epoch":
         batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import pytest
+import torch
 import torch.nn.functional as F
 
 from ps.jobspec import JobSpec, default_balance
 from ps.server import build_job, print_progress
 from tests.conftest import job_args
+from tests.test_rpc import TIMEOUT, header, join_all, push, push_chunks
 from worker import connect
 
 if TYPE_CHECKING:
@@ -63,6 +66,57 @@ def test_busy_time_is_refused_where_it_is_not_measured(flags: list[str]) -> None
         build_job(job_args("--balance", "busy", *flags))
 
 
+@pytest.mark.parametrize("flags", [["--mode", "asp"], ["--allreduce"], ["--shards", "2"]])
+def test_the_cycle_is_refused_where_it_is_not_measured(flags: list[str]) -> None:
+    """ASP has no rounds; a report arrives after the all-reduce (which waits for the slowest peer);
+    the coordinator sees one range of a sharded push."""
+    with pytest.raises(ValueError, match="--balance cycle is measured in BSP rounds on the PS path"):
+        build_job(job_args("--balance", "cycle", *flags))
+
+
+def test_the_cycle_is_timed_by_the_server_from_the_replies_to_each_push(ps_server, threads) -> None:
+    """Under --balance cycle the controller gets the server's clock, from the round's replies going
+    out to each worker's next push arrived, whatever compute time the worker reports; the first round
+    (which began with a Join, not a reply) is not observed."""
+    server = ps_server("--workers", "2", "--global-batch", "32", "--balance", "cycle", "--controller", "uniform")
+    now = [1000.0]
+    server.call(lambda: setattr(server.coordinator, "clock", lambda: now[0]))
+    joined = join_all(server, threads, {"a": 1.0, "b": 1.0})
+    numel = joined["a"].num_params
+
+    def push_from(name: str, round: int) -> None:
+        values = torch.zeros(numel)
+        chunks = push_chunks(header(joined[name].worker_id, values, round=round, batch_size=16, compute_ms=5.0), values)
+        threads.submit(push, server.stub(), chunks)
+
+    def wait_pushed(count: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while server.call(lambda: len(server.coordinator._pushed)) != count:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    def wait_round(round: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while server.call(lambda: server.coordinator.round) != round:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+
+    push_from("a", 0)
+    push_from("b", 0)
+    wait_round(1)  # the replies went out at 1000.0
+    assert server.call(lambda: server.coordinator.controller.smoothed_ms()) == {"a": None, "b": None}
+    now[0] = 1000.1
+    push_from("a", 1)
+    wait_pushed(1)
+    now[0] = 1000.3
+    push_from("b", 1)
+    wait_round(2)
+    smoothed = server.call(lambda: server.coordinator.controller.smoothed_ms())
+    assert smoothed == {"a": pytest.approx(100.0), "b": pytest.approx(300.0)}
+    epoch_ms = server.call(lambda: {m.name: list(m.epoch_compute_ms) for m in server.coordinator.members.values()})
+    assert epoch_ms == {"a": [pytest.approx(100.0)], "b": [pytest.approx(300.0)]}  # what the epoch line shows
+
+
 @pytest.mark.parametrize(
     ("mode", "allreduce", "shards", "expected"),
     [("bsp", False, 1, "busy"), ("asp", False, 1, "compute"), ("bsp", True, 1, "compute"), ("bsp", False, 2, "compute")],
@@ -104,7 +158,7 @@ def test_a_checkpoint_resumes_with_another_balance_but_not_as_another_job() -> N
             job.metrics.close()
 
 
-@pytest.mark.parametrize("measured", ["compute", "busy"])
+@pytest.mark.parametrize("measured", ["compute", "busy", "cycle"])
 def test_the_epoch_line_names_what_the_times_measure(measured: str, capsys: pytest.CaptureFixture[str]) -> None:
     record = {"event": "epoch", "epoch": 3, "samples_per_s": 900.0, "batch_sizes": {"w0": 40}, "compute_ms": {"w0": 250.0}}
     print_progress(record, measured=measured)

@@ -328,9 +328,9 @@ def test_phase_spans_place_epoch_and_clock_phases_on_the_epoch_axis() -> None:
     assert phase_spans(events, by_clock) == [(0.5, 3.0, "A"), (3.0, 6.5, "B")]
 
 
-@pytest.mark.parametrize("balance", ["compute", "busy"])
+@pytest.mark.parametrize("balance", ["compute", "busy", "cycle"])
 def test_the_time_plot_names_the_time_the_controller_balanced(balance: str) -> None:
-    """Pure: under --balance busy the workers reported busy time; the plot's axis and title say so."""
+    """Pure: under --balance busy (cycle) the times are busy times (cycles); the axis and title say so."""
     from deploy.plots import plot_compute_times
 
     events = [*({"event": "epoch", "epoch": e, "time": 10.0 * e, "compute_ms": {"w0": 100.0 + e}} for e in range(1, 3)),
