@@ -1,0 +1,38 @@
+"""Built-in datasets: digits read from scikit-learn's file without importing it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from sklearn.datasets import load_digits
+
+from ps import datasets
+from ps.datasets import build_dataset, digits_arrays
+from tests.processes import ENV
+
+
+def test_digits_are_load_digits_exactly() -> None:
+    pixels, labels = digits_arrays()
+    reference = load_digits()
+    assert pixels.dtype == reference.data.dtype and labels.dtype == reference.target.dtype
+    assert np.array_equal(pixels, reference.data) and np.array_equal(labels, reference.target)
+    data = build_dataset("digits", {}, 0)
+    assert len(data.train_x) + len(data.test_x) == 1797 and tuple(data.train_x.shape[1:]) == (1, 8, 8)
+    assert 0.0 <= float(data.train_x.min()) and float(data.train_x.max()) <= 1.0
+
+
+def test_building_digits_does_not_import_sklearn() -> None:
+    """The import is what a 1/8-core worker paid for ~11 s after Join; a fresh process shows it."""
+    code = ("import sys; from ps.datasets import build_dataset; build_dataset('digits', {}, 0); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_digits_fall_back_to_load_digits_if_the_file_moves(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(datasets, "DIGITS_FILE", ("datasets", "data", "no-such-file.csv.gz"))
+    pixels, labels = digits_arrays()
+    assert np.array_equal(pixels, load_digits().data) and np.array_equal(labels, load_digits().target)
