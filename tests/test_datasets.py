@@ -1,4 +1,4 @@
-"""Built-in datasets: digits read from scikit-learn's file without importing it."""
+"""Built-in datasets: digits read from scikit-learn's file without importing it; synthetic images."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 from sklearn.datasets import load_digits
 
 from ps import datasets
@@ -36,3 +37,13 @@ def test_digits_fall_back_to_load_digits_if_the_file_moves(monkeypatch: pytest.M
     monkeypatch.setattr(datasets, "DIGITS_FILE", ("datasets", "data", "no-such-file.csv.gz"))
     pixels, labels = digits_arrays()
     assert np.array_equal(pixels, load_digits().data) and np.array_equal(labels, load_digits().target)
+
+
+def test_synthetic_is_the_same_in_every_process_for_a_seed() -> None:
+    a, b, other = (build_dataset("synthetic", {"size": 100, "image_size": 8}, seed) for seed in (3, 3, 4))
+    assert torch.equal(a.train_x, b.train_x) and torch.equal(a.test_y, b.test_y)
+    assert not torch.equal(a.train_x, other.train_x)
+    assert (len(a.train_x), len(a.test_x)) == (80, 20) and a.train_x.dtype == torch.float32 and a.train_y.dtype == torch.int64
+    assert a.train_x.is_contiguous() and set(a.train_y.tolist()) <= set(range(10))
+    with pytest.raises(ValueError, match="test_fraction must be in"):
+        build_dataset("synthetic", {"test_fraction": 1.0}, 0)
