@@ -99,6 +99,10 @@ class JobSpec:
             problems.append(f"allreduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {self.allreduce_algorithm!r}")
         if self.balance not in BALANCE_TIMES:
             problems.append(f"balance must be one of {BALANCE_TIMES}, got {self.balance!r}")
+        if self.balance == "busy" and self.allreduce:
+            problems.append("balance busy is not measured with allreduce (its wait is inside the all-reduce)")
+        if self.balance == "cycle" and (self.mode != "bsp" or self.allreduce):
+            problems.append("balance cycle is timed in BSP rounds on the PS path; it cannot run with mode asp or allreduce")
         if problems:
             raise ValueError("; ".join(problems))
 

@@ -56,6 +56,13 @@ def test_balance_is_checked() -> None:
     with pytest.raises(SystemExit):
         job_args("--balance", "wall")
     assert build_job(job_args("--balance", "busy")).coordinator.spec.balance == "busy"
+    # the spec itself refuses what the server's flags refuse (a spec also comes from JSON and the API)
+    with pytest.raises(ValueError, match="balance busy is not measured with allreduce"):
+        JobSpec(balance="busy", allreduce=True)
+    for fields in ({"mode": "asp"}, {"allreduce": True}):
+        with pytest.raises(ValueError, match="balance cycle is timed in BSP rounds"):
+            JobSpec(balance="cycle", **fields)
+    assert JobSpec(balance="cycle").balance == "cycle"
 
 
 @pytest.mark.parametrize("flags", [["--allreduce"], ["--shards", "2"], ["--shard-addresses", "127.0.0.1:1"]])
