@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\thetero_ps\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"M\n\x0bJoinRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ores\x18\x02 \x01(\x01\x12\x0c\n\x04\x63uda\x18\x03 \x01(\x08\x12\x13\n\x0b\x63uda_device\x18\x04 \x01(\t\"\xfa\x02\n\tJoinReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08job_json\x18\x02 \x01(\t\x12%\n\x06layout\x18\x03 \x03(\x0b\x32\x15.hetero_ps.TensorSpec\x12\x12\n\nnum_params\x18\x04 \x01(\x03\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12\r\n\x05round\x18\x06 \x01(\x03\x12\x0f\n\x07version\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x05\x12\r\n\x05index\x18\t \x01(\x05\x12\x1c\n\x14heartbeat_interval_s\x18\n \x01(\x01\x12\x17\n\x0frendezvous_host\x18\x0b \x01(\t\x12\x17\n\x0frendezvous_port\x18\x0c \x01(\x05\x12\x0c\n\x04rank\x18\r \x01(\x05\x12\x12\n\nworld_size\x18\x0e \x01(\x05\x12\x12\n\ngeneration\x18\x0f \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x10 \x01(\t\x12$\n\x06shards\x18\x11 \x03(\x0b\x32\x14.hetero_ps.ShardInfo\"9\n\tShardInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x03\"\xb2\x01\n\nPushHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12\x12\n\nwire_dtype\x18\x06 \x01(\t\x12\x12\n\nnum_values\x18\x07 \x01(\x03\x12!\n\x04kind\x18\x08 \x01(\x0e\x32\x13.hetero_ps.PushKind\"Z\n\tPushChunk\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x15.hetero_ps.PushHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0b\n\x03pad\x18\x04 \x01(\x0c\"\xc7\x02\n\x0cParamsHeader\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x12\n\nwire_dtype\x18\x06 \x01(\t\x12\x12\n\nnum_values\x18\x07 \x01(\x03\x12\n\n\x02lr\x18\x08 \x01(\x01\x12\x14\n\x0cglobal_batch\x18\t \x01(\x03\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x12\n\ngeneration\x18\x0b \x01(\x03\x12\x0c\n\x04rank\x18\x0c \x01(\x05\x12\x12\n\nworld_size\x18\r \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x0e \x01(\t\x12\x1a\n\x12snapshot_requested\x18\x0f \x01(\x08\x12\x10\n\x08hub_rank\x18\x10 \x01(\x05\x12\x17\n\x0foptimizer_state\x18\x11 \x01(\x08\"^\n\x0bParamsChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.hetero_ps.ParamsHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0b\n\x03pad\x18\x04 \x01(\x0c\"N\n\x0bPullRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bheader_only\x18\x02 \x01(\x08\x12\x17\n\x0foptimizer_state\x18\x03 \x01(\x08\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x0c\n\nLeaveReply\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"M\n\x0eHeartbeatReply\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\"\x0f\n\rStatusRequest\"\x8f\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x63ores\x18\x03 \x01(\x01\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12\x0f\n\x07updates\x18\x06 \x01(\x03\x12\x16\n\x0emean_staleness\x18\x07 \x01(\x01\"\x82\x02\n\x0bStatusReply\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x05\x12\x0e\n\x06\x65pochs\x18\x06 \x01(\x05\x12\x0c\n\x04\x64one\x18\x07 \x01(\x08\x12\x14\n\x0cglobal_batch\x18\x08 \x01(\x03\x12(\n\x07workers\x18\t \x03(\x0b\x32\x17.hetero_ps.WorkerStatus\x12\x15\n\rlast_accuracy\x18\n \x01(\x01\x12\x13\n\x0b\x61\x64justments\x18\x0b \x01(\x03\x12\x18\n\x10\x65xpected_workers\x18\x0c \x01(\x05\"&\n\tBlobChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"5\n\x0c\x43ontribution\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\x05\"i\n\rCommitRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12-\n\x0c\x63ontributors\x18\x02 \x03(\x0b\x32\x17.hetero_ps.Contribution\x12\n\n\x02lr\x18\x03 \x01(\x01\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\"A\n\x08ShardAck\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x15\n\rapplied_batch\x18\x02 \x01(\x03\x12\x0f\n\x07missing\x18\x03 \x03(\t\"\x0e\n\x0c\x46\x65tchRequest*?\n\x08PushKind\x12\x0f\n\x0bPUSH_VALUES\x10\x00\x12\x0f\n\x0bPUSH_REPORT\x10\x01\x12\x11\n\rPUSH_SNAPSHOT\x10\x02\x32\xf5\x02\n\x0fParameterServer\x12\x34\n\x04Join\x12\x16.hetero_ps.JoinRequest\x1a\x14.hetero_ps.JoinReply\x12\x38\n\x04Push\x12\x14.hetero_ps.PushChunk\x1a\x16.hetero_ps.ParamsChunk(\x01\x30\x01\x12\x38\n\x04Pull\x12\x16.hetero_ps.PullRequest\x1a\x16.hetero_ps.ParamsChunk0\x01\x12\x37\n\x05Leave\x12\x17.hetero_ps.LeaveRequest\x1a\x15.hetero_ps.LeaveReply\x12\x43\n\tHeartbeat\x12\x1b.hetero_ps.HeartbeatRequest\x1a\x19.hetero_ps.HeartbeatReply\x12:\n\x06Status\x12\x18.hetero_ps.StatusRequest\x1a\x16.hetero_ps.StatusReply2\xac\x02\n\x0eParameterShard\x12\x38\n\x04Push\x12\x14.hetero_ps.PushChunk\x1a\x16.hetero_ps.ParamsChunk(\x01\x30\x01\x12\x38\n\x04Pull\x12\x16.hetero_ps.PullRequest\x1a\x16.hetero_ps.ParamsChunk0\x01\x12\x33\n\x04Load\x12\x14.hetero_ps.BlobChunk\x1a\x13.hetero_ps.ShardAck(\x01\x12\x37\n\x06\x43ommit\x12\x18.hetero_ps.CommitRequest\x1a\x13.hetero_ps.ShardAck\x12\x38\n\x05\x46\x65tch\x12\x17.hetero_ps.FetchRequest\x1a\x14.hetero_ps.BlobChunk0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0fprotos/ps.proto\x12\thetero_ps\"8\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05shape\x18\x02 \x03(\x03\x12\r\n\x05\x64type\x18\x03 \x01(\t\"M\n\x0bJoinRequest\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x63ores\x18\x02 \x01(\x01\x12\x0c\n\x04\x63uda\x18\x03 \x01(\x08\x12\x13\n\x0b\x63uda_device\x18\x04 \x01(\t\"\xfa\x02\n\tJoinReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x10\n\x08job_json\x18\x02 \x01(\t\x12%\n\x06layout\x18\x03 \x03(\x0b\x32\x15.hetero_ps.TensorSpec\x12\x12\n\nnum_params\x18\x04 \x01(\x03\x12\x12\n\nbatch_size\x18\x05 \x01(\x05\x12\r\n\x05round\x18\x06 \x01(\x03\x12\x0f\n\x07version\x18\x07 \x01(\x03\x12\r\n\x05\x65poch\x18\x08 \x01(\x05\x12\r\n\x05index\x18\t \x01(\x05\x12\x1c\n\x14heartbeat_interval_s\x18\n \x01(\x01\x12\x17\n\x0frendezvous_host\x18\x0b \x01(\t\x12\x17\n\x0frendezvous_port\x18\x0c \x01(\x05\x12\x0c\n\x04rank\x18\r \x01(\x05\x12\x12\n\nworld_size\x18\x0e \x01(\x05\x12\x12\n\ngeneration\x18\x0f \x01(\x03\x12\x0f\n\x07\x62\x61\x63kend\x18\x10 \x01(\t\x12$\n\x06shards\x18\x11 \x03(\x0b\x32\x14.hetero_ps.ShardInfo\"9\n\tShardInfo\x12\x0f\n\x07\x61\x64\x64ress\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x03\x12\x0c\n\x04stop\x18\x03 \x01(\x03\"\xc6\x01\n\nPushHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0f\n\x07version\x18\x03 \x01(\x03\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12\x12\n\nwire_dtype\x18\x06 \x01(\t\x12\x12\n\nnum_values\x18\x07 \x01(\x03\x12!\n\x04kind\x18\x08 \x01(\x0e\x32\x13.hetero_ps.PushKind\x12\x12\n\ngeneration\x18\t \x01(\x03\"Z\n\tPushChunk\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x15.hetero_ps.PushHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0b\n\x03pad\x18\x04 \x01(\x0c\"\xc7\x02\n\x0cParamsHeader\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\r\n\x05\x65poch\x18\x03 \x01(\x05\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x0c\n\x04\x64one\x18\x05 \x01(\x08\x12\x12\n\nwire_dtype\x18\x06 \x01(\t\x12\x12\n\nnum_values\x18\x07 \x01(\x03\x12\n\n\x02lr\x18\x08 \x01(\x01\x12\x14\n\x0cglobal_batch\x18\t \x01(\x03\x12\x0e\n\x06reason\x18\n \x01(\t\x12\x12\n\ngeneration\x18\x0b \x01(\x03\x12\x0c\n\x04rank\x18\x0c \x01(\x05\x12\x12\n\nworld_size\x18\r \x01(\x05\x12\x0f\n\x07\x62\x61\x63kend\x18\x0e \x01(\t\x12\x1a\n\x12snapshot_requested\x18\x0f \x01(\x08\x12\x10\n\x08hub_rank\x18\x10 \x01(\x05\x12\x17\n\x0foptimizer_state\x18\x11 \x01(\x08\"^\n\x0bParamsChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.hetero_ps.ParamsHeader\x12\x0b\n\x03seq\x18\x02 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\x12\x0b\n\x03pad\x18\x04 \x01(\x0c\"N\n\x0bPullRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bheader_only\x18\x02 \x01(\x08\x12\x17\n\x0foptimizer_state\x18\x03 \x01(\x08\"!\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"\x0c\n\nLeaveReply\"%\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\"M\n\x0eHeartbeatReply\x12\x0c\n\x04\x64one\x18\x01 \x01(\x08\x12\r\n\x05\x65poch\x18\x02 \x01(\x05\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\"\x0f\n\rStatusRequest\"\x8f\x01\n\x0cWorkerStatus\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\r\n\x05\x63ores\x18\x03 \x01(\x01\x12\x12\n\nbatch_size\x18\x04 \x01(\x05\x12\x12\n\ncompute_ms\x18\x05 \x01(\x01\x12\x0f\n\x07updates\x18\x06 \x01(\x03\x12\x16\n\x0emean_staleness\x18\x07 \x01(\x01\"\x82\x02\n\x0bStatusReply\x12\x0c\n\x04mode\x18\x01 \x01(\t\x12\x12\n\ncontroller\x18\x02 \x01(\t\x12\r\n\x05round\x18\x03 \x01(\x03\x12\x0f\n\x07version\x18\x04 \x01(\x03\x12\r\n\x05\x65poch\x18\x05 \x01(\x05\x12\x0e\n\x06\x65pochs\x18\x06 \x01(\x05\x12\x0c\n\x04\x64one\x18\x07 \x01(\x08\x12\x14\n\x0cglobal_batch\x18\x08 \x01(\x03\x12(\n\x07workers\x18\t \x03(\x0b\x32\x17.hetero_ps.WorkerStatus\x12\x15\n\rlast_accuracy\x18\n \x01(\x01\x12\x13\n\x0b\x61\x64justments\x18\x0b \x01(\x03\x12\x18\n\x10\x65xpected_workers\x18\x0c \x01(\x05\"&\n\tBlobChunk\x12\x0b\n\x03seq\x18\x01 \x01(\x05\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\"5\n\x0c\x43ontribution\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x12\n\nbatch_size\x18\x02 \x01(\x05\"i\n\rCommitRequest\x12\r\n\x05round\x18\x01 \x01(\x03\x12-\n\x0c\x63ontributors\x18\x02 \x03(\x0b\x32\x17.hetero_ps.Contribution\x12\n\n\x02lr\x18\x03 \x01(\x01\x12\x0e\n\x06wait_s\x18\x04 \x01(\x01\"A\n\x08ShardAck\x12\r\n\x05round\x18\x01 \x01(\x03\x12\x15\n\rapplied_batch\x18\x02 \x01(\x03\x12\x0f\n\x07missing\x18\x03 \x03(\t\"\x0e\n\x0c\x46\x65tchRequest*?\n\x08PushKind\x12\x0f\n\x0bPUSH_VALUES\x10\x00\x12\x0f\n\x0bPUSH_REPORT\x10\x01\x12\x11\n\rPUSH_SNAPSHOT\x10\x02\x32\xf5\x02\n\x0fParameterServer\x12\x34\n\x04Join\x12\x16.hetero_ps.JoinRequest\x1a\x14.hetero_ps.JoinReply\x12\x38\n\x04Push\x12\x14.hetero_ps.PushChunk\x1a\x16.hetero_ps.ParamsChunk(\x01\x30\x01\x12\x38\n\x04Pull\x12\x16.hetero_ps.PullRequest\x1a\x16.hetero_ps.ParamsChunk0\x01\x12\x37\n\x05Leave\x12\x17.hetero_ps.LeaveRequest\x1a\x15.hetero_ps.LeaveReply\x12\x43\n\tHeartbeat\x12\x1b.hetero_ps.HeartbeatRequest\x1a\x19.hetero_ps.HeartbeatReply\x12:\n\x06Status\x12\x18.hetero_ps.StatusRequest\x1a\x16.hetero_ps.StatusReply2\xac\x02\n\x0eParameterShard\x12\x38\n\x04Push\x12\x14.hetero_ps.PushChunk\x1a\x16.hetero_ps.ParamsChunk(\x01\x30\x01\x12\x38\n\x04Pull\x12\x16.hetero_ps.PullRequest\x1a\x16.hetero_ps.ParamsChunk0\x01\x12\x33\n\x04Load\x12\x14.hetero_ps.BlobChunk\x1a\x13.hetero_ps.ShardAck(\x01\x12\x37\n\x06\x43ommit\x12\x18.hetero_ps.CommitRequest\x1a\x13.hetero_ps.ShardAck\x12\x38\n\x05\x46\x65tch\x12\x17.hetero_ps.FetchRequest\x1a\x14.hetero_ps.BlobChunk0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'protos.ps_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_PUSHKIND']._serialized_start=2262
-  _globals['_PUSHKIND']._serialized_end=2325
+  _globals['_PUSHKIND']._serialized_start=2282
+  _globals['_PUSHKIND']._serialized_end=2345
   _globals['_TENSORSPEC']._serialized_start=30
   _globals['_TENSORSPEC']._serialized_end=86
   _globals['_JOINREQUEST']._serialized_start=88
@@ -42,41 +42,41 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SHARDINFO']._serialized_start=548
   _globals['_SHARDINFO']._serialized_end=605
   _globals['_PUSHHEADER']._serialized_start=608
-  _globals['_PUSHHEADER']._serialized_end=786
-  _globals['_PUSHCHUNK']._serialized_start=788
-  _globals['_PUSHCHUNK']._serialized_end=878
-  _globals['_PARAMSHEADER']._serialized_start=881
-  _globals['_PARAMSHEADER']._serialized_end=1208
-  _globals['_PARAMSCHUNK']._serialized_start=1210
-  _globals['_PARAMSCHUNK']._serialized_end=1304
-  _globals['_PULLREQUEST']._serialized_start=1306
-  _globals['_PULLREQUEST']._serialized_end=1384
-  _globals['_LEAVEREQUEST']._serialized_start=1386
-  _globals['_LEAVEREQUEST']._serialized_end=1419
-  _globals['_LEAVEREPLY']._serialized_start=1421
-  _globals['_LEAVEREPLY']._serialized_end=1433
-  _globals['_HEARTBEATREQUEST']._serialized_start=1435
-  _globals['_HEARTBEATREQUEST']._serialized_end=1472
-  _globals['_HEARTBEATREPLY']._serialized_start=1474
-  _globals['_HEARTBEATREPLY']._serialized_end=1551
-  _globals['_STATUSREQUEST']._serialized_start=1553
-  _globals['_STATUSREQUEST']._serialized_end=1568
-  _globals['_WORKERSTATUS']._serialized_start=1571
-  _globals['_WORKERSTATUS']._serialized_end=1714
-  _globals['_STATUSREPLY']._serialized_start=1717
-  _globals['_STATUSREPLY']._serialized_end=1975
-  _globals['_BLOBCHUNK']._serialized_start=1977
-  _globals['_BLOBCHUNK']._serialized_end=2015
-  _globals['_CONTRIBUTION']._serialized_start=2017
-  _globals['_CONTRIBUTION']._serialized_end=2070
-  _globals['_COMMITREQUEST']._serialized_start=2072
-  _globals['_COMMITREQUEST']._serialized_end=2177
-  _globals['_SHARDACK']._serialized_start=2179
-  _globals['_SHARDACK']._serialized_end=2244
-  _globals['_FETCHREQUEST']._serialized_start=2246
-  _globals['_FETCHREQUEST']._serialized_end=2260
-  _globals['_PARAMETERSERVER']._serialized_start=2328
-  _globals['_PARAMETERSERVER']._serialized_end=2701
-  _globals['_PARAMETERSHARD']._serialized_start=2704
-  _globals['_PARAMETERSHARD']._serialized_end=3004
+  _globals['_PUSHHEADER']._serialized_end=806
+  _globals['_PUSHCHUNK']._serialized_start=808
+  _globals['_PUSHCHUNK']._serialized_end=898
+  _globals['_PARAMSHEADER']._serialized_start=901
+  _globals['_PARAMSHEADER']._serialized_end=1228
+  _globals['_PARAMSCHUNK']._serialized_start=1230
+  _globals['_PARAMSCHUNK']._serialized_end=1324
+  _globals['_PULLREQUEST']._serialized_start=1326
+  _globals['_PULLREQUEST']._serialized_end=1404
+  _globals['_LEAVEREQUEST']._serialized_start=1406
+  _globals['_LEAVEREQUEST']._serialized_end=1439
+  _globals['_LEAVEREPLY']._serialized_start=1441
+  _globals['_LEAVEREPLY']._serialized_end=1453
+  _globals['_HEARTBEATREQUEST']._serialized_start=1455
+  _globals['_HEARTBEATREQUEST']._serialized_end=1492
+  _globals['_HEARTBEATREPLY']._serialized_start=1494
+  _globals['_HEARTBEATREPLY']._serialized_end=1571
+  _globals['_STATUSREQUEST']._serialized_start=1573
+  _globals['_STATUSREQUEST']._serialized_end=1588
+  _globals['_WORKERSTATUS']._serialized_start=1591
+  _globals['_WORKERSTATUS']._serialized_end=1734
+  _globals['_STATUSREPLY']._serialized_start=1737
+  _globals['_STATUSREPLY']._serialized_end=1995
+  _globals['_BLOBCHUNK']._serialized_start=1997
+  _globals['_BLOBCHUNK']._serialized_end=2035
+  _globals['_CONTRIBUTION']._serialized_start=2037
+  _globals['_CONTRIBUTION']._serialized_end=2090
+  _globals['_COMMITREQUEST']._serialized_start=2092
+  _globals['_COMMITREQUEST']._serialized_end=2197
+  _globals['_SHARDACK']._serialized_start=2199
+  _globals['_SHARDACK']._serialized_end=2264
+  _globals['_FETCHREQUEST']._serialized_start=2266
+  _globals['_FETCHREQUEST']._serialized_end=2280
+  _globals['_PARAMETERSERVER']._serialized_start=2348
+  _globals['_PARAMETERSERVER']._serialized_end=2721
+  _globals['_PARAMETERSHARD']._serialized_start=2724
+  _globals['_PARAMETERSHARD']._serialized_end=3024
 # @@protoc_insertion_point(module_scope)

@@ -265,19 +265,26 @@ class Coordinator:
         pushes = self._accumulator.count if self._accumulator is not None else self._round_batch
         if pushes and self._pushed >= set(self.members):
             self._close_round()
-        elif pushes and self._group_committed():
-            missing = sorted(m.name for m in self.members.values() if m.worker_id not in self._pushed)
-            self.metrics.write("close_without", round=self.round, workers=missing, step=self.step, epoch=self.epoch)
-            self._close_round()
+        elif pushes and self.rendezvous is not None:
+            self._close_without()  # every report here came from the generation this removal replaced
 
-    def _group_committed(self) -> bool:
-        """Allreduce: whether a member still here reported the open round. A report follows a
-        successful all-reduce, so the group's copy has taken this round's step: the round closes
-        without the members that have not reported. Their all-reduce may have failed (a peer left
-        part way through the hub's sends): they adopt a reporter's copy when the next generation
-        forms, instead of waiting there for reporters that wait for the round to close. Their late
-        reports are refused (the round is not open) and they carry on from a pull."""
-        return self.rendezvous is not None and bool(self._pushed)
+    def _generation(self) -> int:
+        """Allreduce: the current group generation (0 before the first group)."""
+        return self.rendezvous.group.generation if self.rendezvous is not None else 0
+
+    def _close_without(self) -> None:
+        """Allreduce: close the open round before every member reported it, because a group that a
+        leave or eviction has since replaced took its step: a report follows a successful all-reduce.
+
+        That group may have failed part way (a peer gone before the hub's send to some ranks): the
+        ranks with the sum reported, the others wait for the next generation and retry the round
+        there, where they would wait for the reporters, which wait for the round to close. Closing
+        it lets them meet at the next round instead: the next generation adopts a reporter's copy
+        (the most advanced one), a rank whose copy is then past its plan's round skips its
+        all-reduce, and its late report of the closed round is refused and answered with a pull."""
+        missing = sorted(m.name for m in self.members.values() if m.worker_id not in self._pushed)
+        self.metrics.write("close_without", round=self.round, workers=missing, step=self.step, epoch=self.epoch)
+        self._close_round()
 
     # ---------------------------------------------------------------------- push
     def begin_push(self, meta: PushMeta) -> ChunkReceiver:
@@ -298,6 +305,9 @@ class Coordinator:
         if meta.kind == "report":
             if meta.num_values != 0:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
+            if not 0 <= meta.generation <= self._generation():
+                raise InvalidArgument(f"a report's generation must be in [0, {self._generation()}] (0: not said), "
+                                      f"got {meta.generation}")
             self._check_sequence(member, meta)
             return ChunkReceiver(0, meta.wire_dtype)
         if meta.kind == "snapshot":
@@ -391,6 +401,8 @@ class Coordinator:
         future = self._round_future
         if self._pushed >= set(self.members):
             self._close_round()
+        elif meta.kind == "report" and 0 < meta.generation < self._generation():
+            self._close_without()  # this report's group took the step, and a removal has replaced it
         await asyncio.shield(future)
         return self._reply(member)
 

@@ -24,6 +24,7 @@ class PushMeta:
     wire_dtype: str
     num_values: int
     kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
+    generation: int = 0  # a report's group generation (0: not said)
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,9 @@ def call(stub, chunks: list[ps_pb2.PushChunk]) -> ps_pb2.ParamsHeader:
     return messages[0].header
 
 
-def report(worker_id: str, round: int, batch: int = 16) -> list[ps_pb2.PushChunk]:
-    return push_chunks(header(worker_id, 0, round=round, batch_size=batch, kind=ps_pb2.PUSH_REPORT), torch.empty(0))
+def report(worker_id: str, round: int, batch: int = 16, generation: int = 0) -> list[ps_pb2.PushChunk]:
+    return push_chunks(header(worker_id, 0, round=round, batch_size=batch, kind=ps_pb2.PUSH_REPORT, generation=generation),
+                       torch.empty(0))
 
 
 def snapshot_push(worker_id: str, values: torch.Tensor, round: int) -> list[ps_pb2.PushChunk]:
@@ -217,6 +218,8 @@ def test_pushes_of_the_wrong_kind_are_refused_without_a_trace(ps_server, threads
          "a report carries no values (num_values 0), got 4"),
         (report(ids["a"], round=1), Code.FAILED_PRECONDITION, "round 1 is not open"),
         (report(ids["a"], round=0, batch=0), Code.INVALID_ARGUMENT, "batch size must be > 0"),
+        (report(ids["a"], round=0, generation=2), Code.INVALID_ARGUMENT, "a report's generation must be in [0, 1]"),
+        (report(ids["a"], round=0, generation=-1), Code.INVALID_ARGUMENT, "a report's generation must be in [0, 1]"),
         (snapshot_push(rank1, grad, 0), Code.FAILED_PRECONDITION, "only rank 0 sends snapshots", "rank 1 of generation 1"),
         (snapshot_push(rank0, grad, 0), Code.FAILED_PRECONDITION, "no snapshot was requested"),
         (push_chunks(header(ids["a"], grad, kind=7), grad), Code.INVALID_ARGUMENT, "push kind must be one of"),
@@ -355,6 +358,28 @@ def test_a_leave_after_a_report_closes_the_round_without_the_others(ps_server, t
     assert server.call(lambda: server.coordinator.samples) == 16  # a's step, counted once
     (closed,) = [e for e in read_metrics(tmp_path / "metrics.jsonl") if e["event"] == "close_without"]
     assert (closed["round"], closed["workers"]) == (0, ["b"])
+
+
+def test_a_report_from_a_replaced_generation_closes_the_round(ps_server, threads, tmp_path: Path) -> None:
+    """The same failure with the leave first (seen in CI: the leaver's Leave beat a's report): c
+    leaves, then a reports round 0 from generation 1, whose all-reduce gave it the sum. Generation 2
+    exists by then, and b (without the sum) waits there for a, so a's report closes the round at once.
+    A report from the current generation still waits for everyone."""
+    server = ps_server(*TINY, "--workers", "3", "--metrics-log", str(tmp_path / "metrics.jsonl"))
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
+    stub = server.stub()
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"]), timeout=TIMEOUT)
+    h = call(stub, report(ids["a"], 0, generation=1))
+    assert (h.round, h.generation, h.world_size) == (1, 2, 2)
+    expect_refused(server, lambda: call(stub, report(ids["b"], 0, generation=2)), Code.FAILED_PRECONDITION,
+                   "round 0 is not open")
+    (closed,) = [e for e in read_metrics(tmp_path / "metrics.jsonl") if e["event"] == "close_without"]
+    assert (closed["round"], closed["workers"]) == (0, ["b"])
+    pending = threads.submit(call, server.stub(), report(ids["a"], 1, generation=2))
+    time.sleep(0.3)
+    assert not pending.done()  # the current generation's report waits for b's
+    h = call(stub, report(ids["b"], 1, generation=2))
+    assert h.round == pending.result(TIMEOUT).round == 2
 
 
 # ------------------------------------------------------------- the command line

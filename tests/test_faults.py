@@ -7,13 +7,16 @@ run with `pytest -s tests/test_faults.py` to see them.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from ps.checkpoint import checkpoint_files, read_checkpoint
@@ -185,3 +188,20 @@ def test_sigterm_worker_leaves_then_sigterm_server_checkpoints(tmp_path: Path) -
         assert torch.equal(torch.cat([p.reshape(-1) for p in model.parameters()]), state["params"])
     finally:
         cluster.stop()
+
+
+def test_a_channel_close_that_hangs_is_given_up(caplog: pytest.LogCaptureFixture) -> None:
+    """grpc/grpc#19973: a call interrupted by a signal handler's exception (SIGTERM mid-wait) can make
+    gRPC's channel close wait forever. The worker gives the close up after its timeout and says so,
+    so it still exits (worker/cli.py then ends the process with os._exit)."""
+    client = PSClient("127.0.0.1:1")
+    real_close, release = client._channel.close, threading.Event()
+    client._channel.close = lambda: release.wait(30)  # stands in for the close gRPC never finishes
+    started = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="worker.client"):
+        assert client.close(timeout=0.2) is False
+    assert time.monotonic() - started < 5.0
+    assert "did not finish within 0.2 s; giving it up" in caplog.text
+    release.set()
+    real_close()
+    assert PSClient("127.0.0.1:1").close() is True

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -94,6 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     enable_stack_dump()
     cores = args.cores if args.cores is not None else default_cores()
+    session: Session | None = None
+    code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
                      token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
@@ -105,10 +108,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{session.name}: job done after {session.steps} steps", file=sys.stderr, flush=True)
     except ServerError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
-        return 1
+        code = 1
     except KeyboardInterrupt:
-        return 0
-    return 0
+        code = 0
+    if session is not None and not session.closed:
+        # a channel close that hung was given up (PSClient.close); its thread may hold up the exit
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

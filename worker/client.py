@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -26,6 +27,8 @@ from ps.serialized import DataChunk, data_view_parser, passthrough, with_data
 from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encoded_views
 
 log = logging.getLogger(__name__)
+
+CLOSE_TIMEOUT_S = 5.0  # PSClient.close: how long a channel close may take before it is given up
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
@@ -216,9 +219,23 @@ class PSClient:
         self._shards: list[_ShardLink] = []
         self._pool: ThreadPoolExecutor | None = None
 
-    def close(self) -> None:
-        self._close_shards()
-        self._channel.close()
+    def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
+        """Close the channels; False if that did not finish within `timeout` seconds and was given up.
+
+        A call interrupted by an exception from a signal handler (SIGTERM or Ctrl-C while it waits)
+        can make gRPC's channel close wait forever (grpc/grpc#19973); the close then runs on a
+        daemon thread, so the caller can still leave and exit."""
+        def close_all() -> None:
+            self._close_shards()
+            self._channel.close()
+
+        closer = threading.Thread(target=close_all, name="ps-client-close", daemon=True)
+        closer.start()
+        closer.join(timeout)
+        if closer.is_alive():
+            log.warning("closing the connection to %s did not finish within %g s; giving it up", self.target, timeout)
+            return False
+        return True
 
     def _close_shards(self) -> None:
         for link in self._shards:
@@ -283,11 +300,13 @@ class PSClient:
         compute_ms: float,
         wire_dtype: str,
         kind: str = "values",
+        generation: int = 0,
     ) -> Callable[[], StepPlan]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
 
-        `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes."""
+        `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes; a report
+        names the group `generation` it all-reduced in."""
         header = ps_pb2.PushHeader(
             worker_id=worker_id,
             round=round,
@@ -297,6 +316,7 @@ class PSClient:
             wire_dtype=wire_dtype,
             num_values=values.numel(),
             kind=PUSH_KIND_NUMBERS[kind],
+            generation=generation,
         )
 
         timing = self.last_push = PushTiming()

@@ -75,6 +75,7 @@ class Session:
         self.retry_for = retry_for
         self.device = device or torch.device("cpu")
         self.rejoins = 0
+        self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device))
         self.name = name
         self.worker_id = joined.worker_id
@@ -233,7 +234,7 @@ class Session:
         # the report goes out before the optimizer step: the round closes on the server meanwhile
         reply = self.client.start_push(
             self.worker_id, torch.empty(0), self._params, round=plan.round, version=plan.version,
-            batch_size=batch, compute_ms=compute_ms, wire_dtype="float32", kind="report",
+            batch_size=batch, compute_ms=compute_ms, wire_dtype="float32", kind="report", generation=plan.generation,
         )
         if mean is not None:
             self._collective.apply(mean, plan)
@@ -322,10 +323,12 @@ class Session:
             self.client.leave(self.worker_id)
 
     def close(self) -> None:
+        """Stop the heartbeat, leave the process group and close the connection (`closed` then says
+        whether the connection's close finished: see PSClient.close)."""
         self._heartbeat.stop()
         if self._collective is not None:
             self._collective.close()
-        self.client.close()
+        self.closed = self.client.close()
 
     def __enter__(self) -> Session:
         return self
