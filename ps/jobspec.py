@@ -99,9 +99,10 @@ class JobSpec:
             problems.append(f"allreduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {self.allreduce_algorithm!r}")
         if self.balance not in BALANCE_TIMES:
             problems.append(f"balance must be one of {BALANCE_TIMES}, got {self.balance!r}")
-        if self.balance == "busy" and self.allreduce:
+        # the spec does not know --shards: ps-server checks those combinations itself
+        if self.balance == "busy" and not busy_time_measured(self.allreduce, shards=1):
             problems.append("balance busy is not measured with allreduce (its wait is inside the all-reduce)")
-        if self.balance == "cycle" and (self.mode != "bsp" or self.allreduce):
+        if self.balance == "cycle" and not cycle_measured(self.mode, self.allreduce, shards=1):
             problems.append("balance cycle is timed in BSP rounds on the PS path; it cannot run with mode asp or allreduce")
         if problems:
             raise ValueError("; ".join(problems))

@@ -26,6 +26,7 @@ from ps.server import main as server_main
 from ps.store import ParameterStore
 from tests import collective_ranks
 from tests.processes import ENV, Cluster, start_server
+from tests.test_hostile import wait_until
 from tests.test_rpc import TIMEOUT, expect_refused, header, join_all, push_chunks, rand
 from worker import connect
 from worker.cli import train
@@ -328,9 +329,7 @@ def test_a_server_without_optimizer_state_pulls_leaves_the_momentum_at_zero(tmp_
 def report_then_leave(server, threads, ids: dict[str, str], reporter: str, leaver: str) -> ps_pb2.ParamsHeader:
     """`reporter` reports round 0 and waits; once the server has it, `leaver` leaves; the report's reply."""
     pending = threads.submit(call, server.stub(), report(ids[reporter], 0))
-    deadline = time.monotonic() + TIMEOUT
-    while server.call(lambda: server.coordinator._round_batch) == 0 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: server.call(lambda: server.coordinator._round_batch) > 0, f"{reporter}'s report")
     server.stub().Leave(ps_pb2.LeaveRequest(worker_id=ids[leaver]), timeout=TIMEOUT)
     return pending.result(TIMEOUT)
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -12,7 +11,8 @@ import torch.nn.functional as F
 from ps.jobspec import JobSpec, default_balance
 from ps.server import build_job, print_progress
 from tests.conftest import job_args
-from tests.test_rpc import TIMEOUT, header, join_all, push, push_chunks
+from tests.test_hostile import wait_until
+from tests.test_rpc import header, join_all, push, push_chunks
 from worker import connect
 
 if TYPE_CHECKING:
@@ -97,16 +97,10 @@ def test_the_cycle_is_timed_by_the_server_from_the_replies_to_each_push(ps_serve
         threads.submit(push, server.stub(), chunks)
 
     def wait_pushed(count: int) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while server.call(lambda: len(server.coordinator._pushed)) != count:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: server.call(lambda: len(server.coordinator._pushed)) == count, f"{count} pushes")
 
     def wait_round(round: int) -> None:
-        deadline = time.monotonic() + TIMEOUT
-        while server.call(lambda: server.coordinator.round) != round:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_until(lambda: server.call(lambda: server.coordinator.round) == round, f"round {round}")
 
     push_from("a", 0)
     push_from("b", 0)
