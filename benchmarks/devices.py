@@ -42,7 +42,8 @@ def plan(name: str, cpu_workers: int) -> tuple[list[str], list[str]]:
     """A scenario's extra server flags and its workers' devices ("gpu" or "cpu")."""
     devices = {"cpu": ["cpu"], "gpu": ["gpu"], "gpu_allreduce": ["gpu"]}.get(name, ["gpu"] + ["cpu"] * cpu_workers)
     controller = "dynamic" if "dynamic" in name else "uniform"
-    flags = ["--controller", controller] + (["--allreduce"] if name.endswith("allreduce") else [])
+    # the PS-path scenarios pin it: --allreduce auto would take the fast path for a GPU worker alone
+    flags = ["--controller", controller, "--allreduce", "on" if name.endswith("allreduce") else "off"]
     return flags, devices
 
 

@@ -32,7 +32,7 @@ from ps.jobspec import JobSpec
 from ps.membership import MAX_NAME, Member, Membership
 from ps.metrics import MetricsLog
 from ps.payload import FramedChunks, Payload, TensorSource
-from ps.rendezvous import Rendezvous, hub_rank
+from ps.rendezvous import Rendezvous, fast_path_fits, hub_rank
 from ps.shard_client import RemoteShards, ShardFailure
 from ps.shard_ranges import slice_optimizer_state
 from ps.store import ParameterStore
@@ -67,11 +67,19 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         rendezvous: Rendezvous | None = None,
         shards: RemoteShards | None = None,
+        fast_path_on_gpus: Callable[[], Rendezvous] | None = None,
     ) -> None:
+        """`fast_path_on_gpus` (`ps-server --allreduce auto`): a job on the PS path that switches to
+        the collective fast path when the workers that start it all compute on GPUs of their own
+        (ps.rendezvous.fast_path_fits), hosting the rendezvous this callable starts. Decided once, at
+        the start; the balance then becomes compute time (busy time and the cycle are PS-path times)."""
         if spec.allreduce and rendezvous is None:
             raise ValueError("an allreduce job needs a Rendezvous")
         if shards is not None and (spec.mode != "bsp" or spec.allreduce):
             raise ValueError("--shards serves BSP jobs without --allreduce")
+        if fast_path_on_gpus is not None and (spec.mode != "bsp" or spec.allreduce or shards is not None):
+            raise ValueError("the fast path on GPUs is chosen for BSP jobs on one server that are not --allreduce already")
+        self._fast_path_on_gpus = fast_path_on_gpus
         self.spec = spec
         self.controller = controller
         self.layout = Layout.of(model)
@@ -156,6 +164,7 @@ class Coordinator:
                 "or lower --min-batch"
             )
         member = self.membership.admit(name, cores, self.clock())
+        member.cuda_device = cuda_device
         if self.rendezvous is not None:
             self.rendezvous.declare(member.worker_id, cuda_device)
         try:
@@ -185,7 +194,10 @@ class Coordinator:
         )
 
     def _start(self) -> None:
-        """All expected workers are here: build the first plan and open round 0."""
+        """All expected workers are here: choose the path (--allreduce auto), build the first plan and
+        open round 0."""
+        if self._fast_path_on_gpus is not None:
+            self._choose_path(self._fast_path_on_gpus)
         names = {m.name for m in self.membership.pending.values()}
         saved = self._saved_controller
         if saved is not None and {w["id"] for w in saved.get("workers", [])} == names:
@@ -199,6 +211,31 @@ class Coordinator:
             self._activate_pending()
         self._start_time = self._epoch_start_time = self.clock()
         self._started.set()
+
+    @property
+    def may_take_fast_path(self) -> bool:
+        """--allreduce auto, before the start: the path is still to be chosen."""
+        return self._fast_path_on_gpus is not None
+
+    def _choose_path(self, start_rendezvous: Callable[[], Rendezvous]) -> None:
+        """--allreduce auto: take the fast path if the starting workers all compute on GPUs of their
+        own. Before any worker is active, so nothing of the PS path has run yet."""
+        self._fast_path_on_gpus = None
+        starting = sorted(self.membership.pending.values(), key=lambda m: m.index)
+        fits, why = fast_path_fits([m.worker_id for m in starting], {m.worker_id: m.cuda_device for m in starting})
+        rendezvous = None
+        if fits:
+            try:
+                rendezvous = start_rendezvous()
+            except ValueError as exc:
+                why = f"{why}, but {exc}"
+        if rendezvous is not None:
+            self.spec = replace(self.spec, allreduce=True, balance="compute")
+            self.rendezvous = rendezvous
+            self._accumulator = None
+            for member in starting:
+                rendezvous.declare(member.worker_id, member.cuda_device)
+        self.metrics.write("path", allreduce=rendezvous is not None, why=why, balance=self.spec.balance, step=self.step, epoch=self.epoch)
 
     def _activate_pending(self) -> None:
         """Move pending workers into the job and re-split B over everyone."""
@@ -679,6 +716,7 @@ class Coordinator:
                 if m.epoch_compute_ms
             },
             updates={m.name: m.epoch_updates for m in self.members.values()},
+            balance=self.spec.balance,
         )
         for m in self.members.values():
             m.epoch_updates = 0
@@ -837,6 +875,7 @@ class Coordinator:
             "mode": self.spec.mode,
             "controller": self.controller.config.policy,
             "balance": self.spec.balance,  # what the compute_ms the workers reported measure
+            "allreduce": self.spec.allreduce,  # the collective fast path (chosen, or picked by --allreduce auto)
             "epochs": self.epoch,
             "rounds": self.round,
             "updates": self.version,

@@ -30,6 +30,7 @@ class Member:
     staleness_sum: int = 0
     epoch_updates: int = 0
     epoch_compute_ms: list[float] = field(default_factory=list)
+    cuda_device: str | None = None  # the UUID of the GPU it computes on ("" unknown), None on a CPU
     activated: asyncio.Event = field(default_factory=asyncio.Event)
 
 

@@ -7,7 +7,7 @@ import asyncio
 import functools
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
 from ps.handlers import register
 from ps.jobspec import (
-    ALLREDUCE_ALGORITHMS, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured, cycle_measured,
+    ALLREDUCE_ALGORITHMS, FAST_PATH_CHOICES, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured, cycle_measured,
     default_balance,
 )
 from ps.memory import tune_malloc
@@ -76,9 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset-arg", action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
     job.add_argument("--epochs", type=int, default=10, help="passes over the training split")
     job.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights and the data split")
-    job.add_argument("--allreduce", action="store_true",
+    job.add_argument("--allreduce", nargs="?", const="on", choices=FAST_PATH_CHOICES, default="auto",
                      help="BSP collective fast path: workers all-reduce their gradients with torch.distributed "
-                          "(NCCL if every worker has CUDA, else gloo); the server coordinates rounds, plan and checkpoints")
+                          "(NCCL if every worker has its own GPU, else gloo); the server coordinates rounds, plan and "
+                          "checkpoints. --allreduce alone is on; auto (default) takes it when the workers that start "
+                          "the job all compute on GPUs of their own, in a BSP job on one server without --balance busy "
+                          "or cycle, and stays on the PS path otherwise; off never takes it")
     job.add_argument("--allreduce-algorithm", choices=ALLREDUCE_ALGORITHMS, default="auto",
                      help="--allreduce: ring is torch.distributed.all_reduce; hub sums the buckets at the worker with "
                           "the largest batch and sends the sum back, so a slow worker takes part twice per step instead "
@@ -175,19 +178,23 @@ class Job:
 
 def build_job(args: argparse.Namespace) -> Job:
     """Validate every argument and build the job; raises ValueError with one clear message."""
-    if args.allreduce and args.mode != "bsp":
+    allreduce = args.allreduce == "on"
+    if allreduce and args.mode != "bsp":
         raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
-    if args.allreduce_algorithm != "auto" and not args.allreduce:
-        raise ValueError("--allreduce-algorithm needs --allreduce")
     shard_addresses = parse_shard_addresses(args)  # first: a --shard-addresses list sets args.shards
-    if args.balance == "busy" and not busy_time_measured(args.allreduce, args.shards):
+    if args.balance == "busy" and not busy_time_measured(allreduce, args.shards):
         raise ValueError("--balance busy is measured on the PS path with one server only; it cannot run with "
                          "--allreduce or --shards")
-    if args.balance == "cycle" and not cycle_measured(args.mode, args.allreduce, args.shards):
+    if args.balance == "cycle" and not cycle_measured(args.mode, allreduce, args.shards):
         raise ValueError("--balance cycle is measured in BSP rounds on the PS path with one server only; it cannot "
                          "run with --mode asp, --allreduce or --shards")
-    if args.rendezvous_port is not None and not args.allreduce:
-        raise ValueError("--rendezvous-port needs --allreduce")
+    # --allreduce auto: the path is chosen when the job starts, where it can be the fast path at all
+    may_switch = (args.allreduce == "auto" and args.mode == "bsp" and args.shards == 1
+                  and args.balance in ("auto", "compute"))
+    if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
+        raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
+    if args.rendezvous_port is not None and not (allreduce or may_switch):
+        raise ValueError("--rendezvous-port needs --allreduce (on, or auto in a BSP job that may take it)")
     if args.rendezvous_port is not None and not 0 <= args.rendezvous_port <= 65535:
         raise ValueError(f"--rendezvous-port must be in [0, 65535], got {args.rendezvous_port}")
     milestones = tuple(int(m) for m in args.lr_milestones.split(",") if m.strip()) if args.lr_milestones else ()
@@ -210,9 +217,9 @@ def build_job(args: argparse.Namespace) -> Job:
         seed=args.seed,
         wire_dtype=args.wire_dtype,
         lr_scaling=not args.no_lr_scaling,
-        allreduce=args.allreduce,
+        allreduce=allreduce,
         allreduce_algorithm=args.allreduce_algorithm,
-        balance=default_balance(args.mode, args.allreduce, args.shards) if args.balance == "auto" else args.balance,
+        balance=default_balance(args.mode, allreduce, args.shards) if args.balance == "auto" else args.balance,
     )
     config = ControllerConfig(
         policy=args.controller,
@@ -249,7 +256,8 @@ def build_job(args: argparse.Namespace) -> Job:
     metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else functools.partial(print_progress, measured=spec.balance))
     evaluator = BackgroundEvaluator(eval_model, dataset)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
-    rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if args.allreduce else None
+    rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if allreduce else None
+    fast_path_on_gpus = functools.partial(Rendezvous, args.host, args.rendezvous_port or 0) if may_switch else None
     numel = sum(p.numel() for p in model.parameters())
     if args.shards > numel:
         raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
@@ -259,7 +267,8 @@ def build_job(args: argparse.Namespace) -> Job:
         shard_addresses = local_shards.addresses
     shards = RemoteShards(shard_addresses, split_ranges(numel, args.shards), resolve_token(args.token)) if shard_addresses else None
     try:
-        coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer, rendezvous, shards)
+        coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer, rendezvous, shards,
+                                        fast_path_on_gpus)
         if resume_from is not None:
             path, state = resume_from
             coordinator.restore(state)
@@ -274,7 +283,7 @@ def build_job(args: argparse.Namespace) -> Job:
 def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,
                       dataset: Dataset, metrics: MetricsLog, evaluator: BackgroundEvaluator,
                       checkpointer: Checkpointer | None, rendezvous: Rendezvous | None,
-                      shards: RemoteShards | None) -> Coordinator:
+                      shards: RemoteShards | None, fast_path_on_gpus: Callable[[], Rendezvous] | None = None) -> Coordinator:
     return Coordinator(
         spec,
         BatchController(config),
@@ -290,6 +299,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
         evaluator=evaluator,
         rendezvous=rendezvous,
         shards=shards,
+        fast_path_on_gpus=fast_path_on_gpus,
     )
 
 
@@ -310,7 +320,7 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     if args.shards < 1:
         raise ValueError(f"--shards must be >= 1, got {args.shards}")
     if args.shards > 1:
-        if args.mode != "bsp" or args.allreduce:
+        if args.mode != "bsp" or args.allreduce == "on":
             raise ValueError("--shards serves BSP jobs without --allreduce (ASP and the collective fast path keep one server)")
         if args.tls_cert is not None:
             raise ValueError("--shards with TLS is not supported yet: the shard servers speak plaintext (use a token on a trusted network)")
@@ -324,6 +334,7 @@ def print_progress(record: dict[str, Any], measured: str = "compute") -> None:
     if event == "epoch":
         batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
         times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
+        measured = record.get("balance", measured)  # the job's, once --allreduce auto has chosen a path
         line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {measured} ms {times}"
     elif event == "eval":
         line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
@@ -337,6 +348,9 @@ def print_progress(record: dict[str, Any], measured: str = "compute") -> None:
             line += f", {record['algorithm']} all-reduce"
         if record.get("why"):
             line += f" ({record['why']})"
+    elif event == "path":
+        path = "collective fast path" if record["allreduce"] else "PS path"
+        line = f"--allreduce auto: the {path} ({record['why']}; the controller balances {record['balance']} time)"
     elif event == "resume":
         line = f"resumed at epoch {record['epoch']}, step {record['step']} (params sha256 {record['params_sha256'][:12]})"
     elif event == "summary":
@@ -364,6 +378,8 @@ async def serve(
         raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
     mode = f"{job.spec.mode} allreduce, rendezvous port {job.rendezvous.port}" if job.rendezvous else job.spec.mode
+    if job.coordinator.may_take_fast_path:
+        mode += ", allreduce if every worker has a GPU of its own"
     if job.coordinator.shards is not None:
         mode += f", {len(job.coordinator.shards.ranges)} shards"
     print(

@@ -21,7 +21,7 @@ from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.jobspec import JobSpec
 from ps.metrics import read_metrics
 from ps.models import build_model
-from ps.rendezvous import Group, hub_rank, plan_group
+from ps.rendezvous import Group, fast_path_fits, hub_rank, plan_group
 from ps.server import main as server_main
 from ps.store import ParameterStore
 from tests import collective_ranks
@@ -195,6 +195,94 @@ def test_join_plans_nccl_only_for_workers_on_distinct_gpus(
     assert {f.result(TIMEOUT).backend for f in futures} == {backend}
     group = server.coordinator.rendezvous.group
     assert (group.generation, group.backend) == (1, backend) and why in group.why and bool(group.why) == bool(why)
+
+
+# --allreduce auto (the default): the fast path when the starting workers all have GPUs of their own
+AUTO = [a for a in TINY if a != "--allreduce"]
+
+
+def _path_events(path: Path) -> list[dict]:
+    return [e for e in read_metrics(path) if e["event"] == "path"]
+
+
+def test_fast_path_fits_only_workers_on_gpus_of_their_own() -> None:
+    assert fast_path_fits(["a", "b"], {"a": "GPU-1", "b": "GPU-2"}) == (True, "every worker computes on a GPU of its own")
+    assert fast_path_fits(["a"], {"a": ""}) == (True, "every worker computes on a GPU of its own")  # UUID unknown
+    assert fast_path_fits(["a", "b"], {"a": None, "b": None}) == (False, "no worker has a GPU")
+    assert fast_path_fits(["a", "b"], {"a": "GPU-1", "b": None}) == (False, "1 of 2 workers have no GPU")
+    assert fast_path_fits(["a", "b"], {"a": "GPU-1", "b": "GPU-1"}) == (False, "a and b share GPU GPU-1")
+
+
+def test_auto_takes_the_fast_path_when_every_worker_has_its_own_gpu(ps_server, threads, tmp_path: Path) -> None:
+    log = tmp_path / "metrics.jsonl"
+    server = ps_server(*AUTO, "--metrics-log", str(log))
+    core = server.coordinator
+    assert core.may_take_fast_path and core.rendezvous is None and not core.spec.allreduce
+    futures = {name: threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in (("a", "GPU-a"), ("b", "GPU-b"))}
+    joins = {name: f.result(TIMEOUT) for name, f in futures.items()}
+    port = core.rendezvous.port
+    for j in joins.values():
+        assert '"allreduce": true' in j.job_json and '"balance": "compute"' in j.job_json
+        assert (j.rendezvous_port, j.world_size, j.generation, j.backend) == (port, 2, 1, "nccl")
+    assert not core.may_take_fast_path
+    (path,) = _path_events(log)
+    assert (path["allreduce"], path["why"], path["balance"]) == (True, "every worker computes on a GPU of its own", "compute")
+    ids = {n: j.worker_id for n, j in joins.items()}
+    grad = rand(core.layout.numel, seed=1)
+    expect_refused(server, lambda: list(server.stub().Push(iter(push_chunks(header(ids["a"], grad), grad)), timeout=TIMEOUT)),
+                   Code.INVALID_ARGUMENT, "collective fast path (--allreduce)")
+    theta0 = server.call(lambda: core.store.flat.clone())
+    assert {h.round for h in report_round(server.stub, threads, ids, 0).values()} == {1}  # rounds close on reports
+    assert torch.equal(server.call(lambda: core.store.flat.clone()), theta0)
+    assert server.call(lambda: core.summary()["allreduce"]) is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "gpus", "why"),
+    [
+        ([], ("GPU-a", None), "1 of 2 workers have no GPU"),
+        ([], ("GPU-a", "GPU-a"), "share GPU GPU-a"),
+        ([], (None, None), "no worker has a GPU"),
+        (["--allreduce", "off"], ("GPU-a", "GPU-b"), None),  # no choice made: no path event
+        (["--balance", "busy"], ("GPU-a", "GPU-b"), None),  # busy time is a PS-path time
+        (["--balance", "cycle"], ("GPU-a", "GPU-b"), None),
+    ],
+)
+def test_auto_stays_on_the_ps_path_otherwise(
+    ps_server, threads, tmp_path: Path, extra: list[str], gpus: tuple[str | None, ...], why: str | None
+) -> None:
+    log = tmp_path / "metrics.jsonl"
+    server = ps_server(*AUTO, *extra, "--metrics-log", str(log))
+    core = server.coordinator
+    futures = {name: threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in zip("ab", gpus)}
+    joins = {name: f.result(TIMEOUT) for name, f in futures.items()}
+    for j in joins.values():
+        assert '"allreduce": false' in j.job_json and (j.rendezvous_port, j.world_size) == (0, 0)
+    assert core.rendezvous is None and not core.may_take_fast_path
+    events = _path_events(log)
+    if why is None:
+        assert events == []
+    else:
+        (path,) = events
+        assert (path["allreduce"], path["balance"]) == (False, "busy") and why in path["why"], path
+    grad = rand(core.layout.numel, seed=1)  # a PS-path push is taken
+    ids = {n: j.worker_id for n, j in joins.items()}
+    expect_refused(server, lambda: list(server.stub().Push(iter(report(ids["a"], 0)), timeout=TIMEOUT)),
+                   Code.INVALID_ARGUMENT, "a report push is for --allreduce jobs")
+    futures = {n: threads.submit(lambda w=w: list(server.stub().Push(iter(push_chunks(header(w, grad, batch_size=16), grad)),
+                                                                     timeout=TIMEOUT))) for n, w in ids.items()}
+    assert all(f.result(TIMEOUT)[0].header.round == 1 for f in futures.values())
+
+
+def test_auto_stays_on_the_ps_path_when_the_rendezvous_cannot_start(ps_server, threads, tmp_path: Path) -> None:
+    taken = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    log = tmp_path / "metrics.jsonl"
+    server = ps_server(*AUTO, "--rendezvous-port", str(taken.port), "--metrics-log", str(log))
+    futures = [threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in (("a", "GPU-a"), ("b", "GPU-b"))]
+    assert all('"allreduce": false' in f.result(TIMEOUT).job_json for f in futures)
+    (path,) = _path_events(log)
+    assert not path["allreduce"] and path["why"].startswith("every worker computes on a GPU of its own, but cannot host "
+                                                             f"the rendezvous store on 127.0.0.1:{taken.port}")
 
 
 def test_a_malformed_gpu_uuid_is_refused_and_changes_nothing(ps_server) -> None:
@@ -386,9 +474,15 @@ def test_a_report_from_a_replaced_generation_closes_the_round(ps_server, threads
     ("args", "needle"),
     [
         (["--mode", "asp", "--allreduce"], "--allreduce is the BSP collective fast path; it cannot run with --mode asp"),
-        (["--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce"),
+        (["--allreduce", "off", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
+        (["--mode", "asp", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
         (["--allreduce", "--rendezvous-port", "70000"], "--rendezvous-port must be in [0, 65535]"),
-        (["--allreduce-algorithm", "hub"], "--allreduce-algorithm needs --allreduce"),
+        (["--rendezvous-port", "70000"], "--rendezvous-port must be in [0, 65535]"),
+        (["--allreduce", "off", "--allreduce-algorithm", "hub"], "--allreduce-algorithm needs --allreduce (on, or auto"),
+        # auto cannot take the fast path where busy time or the cycle is asked for, or with shards
+        (["--balance", "busy", "--allreduce-algorithm", "hub"], "--allreduce-algorithm needs --allreduce (on, or auto"),
+        (["--shards", "2", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
+        (["--mode", "asp", "--allreduce", "on"], "--allreduce is the BSP collective fast path"),
     ],
 )
 def test_bad_allreduce_flags_are_refused(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -164,3 +164,17 @@ def test_the_epoch_line_names_what_the_times_measure(measured: str, capsys: pyte
     record = {"event": "epoch", "epoch": 3, "samples_per_s": 900.0, "batch_sizes": {"w0": 40}, "compute_ms": {"w0": 250.0}}
     print_progress(record, measured=measured)
     assert capsys.readouterr().err.strip() == f"epoch 3: 900.0 samples/s | batch w0=40 | {measured} ms w0=250.0"
+
+
+def test_the_epoch_line_follows_the_balance_the_job_chose(capsys: pytest.CaptureFixture[str]) -> None:
+    """--allreduce auto may switch the balance at the start: the epoch record's own balance wins."""
+    record = {"event": "epoch", "epoch": 1, "samples_per_s": 10.0, "batch_sizes": {"w0": 4}, "compute_ms": {"w0": 2.0},
+              "balance": "compute"}
+    print_progress(record, measured="busy")
+    print_progress({"event": "path", "allreduce": True, "why": "every worker computes on a GPU of its own",
+                    "balance": "compute"})
+    assert capsys.readouterr().err.splitlines() == [
+        "epoch 1: 10.0 samples/s | batch w0=4 | compute ms w0=2.0",
+        "--allreduce auto: the collective fast path (every worker computes on a GPU of its own; the controller "
+        "balances compute time)",
+    ]

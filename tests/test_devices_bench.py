@@ -14,9 +14,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_scenarios_pick_devices_controller_and_transport() -> None:
-    assert plan("cpu", 3) == (["--controller", "uniform"], ["cpu"])
-    assert plan("gpu_allreduce", 3) == (["--controller", "uniform", "--allreduce"], ["gpu"])
-    assert plan("mixed_dynamic_allreduce", 2) == (["--controller", "dynamic", "--allreduce"], ["gpu", "cpu", "cpu"])
+    assert plan("cpu", 3) == (["--controller", "uniform", "--allreduce", "off"], ["cpu"])
+    assert plan("gpu", 3) == (["--controller", "uniform", "--allreduce", "off"], ["gpu"])
+    assert plan("gpu_allreduce", 3) == (["--controller", "uniform", "--allreduce", "on"], ["gpu"])
+    assert plan("mixed_dynamic_allreduce", 2) == (["--controller", "dynamic", "--allreduce", "on"], ["gpu", "cpu", "cpu"])
 
 
 def test_ideal_is_the_gpu_plus_each_cpu_worker_alone() -> None:

@@ -38,6 +38,10 @@ def test_bsp_dynamic_balances_and_learns(tmp_path: Path) -> None:
     )
     (summary,) = cluster.events("summary")
     assert summary["accuracy"] >= 0.90, summary
+    # --allreduce auto (the default) kept the PS path for CPU workers, and says why
+    (path,) = cluster.events("path")
+    assert (path["allreduce"], path["why"], path["balance"], summary["allreduce"]) == (False, "no worker has a GPU", "busy", False)
+    assert "--allreduce auto: the PS path (no worker has a GPU; the controller balances busy time)" in cluster.server_log()
     final = cluster.events("adjust")[-1]["batch_sizes"]
     assert sum(final.values()) == 256
     assert final["w3"] < final["w2"] < min(final["w0"], final["w1"]), final
@@ -53,6 +57,7 @@ def test_asp_dynamic_learns(tmp_path: Path) -> None:
     )
     (summary,) = cluster.events("summary")
     assert summary["accuracy"] >= 0.85, summary
+    assert cluster.events("path") == [] and summary["allreduce"] is False  # ASP has no fast path to choose
     counts = summary["update_counts"]
     assert sum(counts.values()) == summary["updates"] > 0
 

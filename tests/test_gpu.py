@@ -46,12 +46,15 @@ def _run_job(workdir: Path, server_args: list[str], devices: list[str]) -> tuple
 
 def test_nccl_fast_path_on_a_gpu_equals_the_ps_path_on_a_gpu(tmp_path: Path) -> None:
     """The same job, one GPU worker each way: the fast path over NCCL and the PS path end with the
-    same parameters (to 1e-5) after every epoch."""
-    events, fast, out = _run_job(tmp_path / "nccl", ["--allreduce"], ["cuda"])
+    same parameters (to 1e-5) after every epoch. The fast path is the default's (--allreduce auto)
+    choice for a worker on a GPU of its own; the PS path is pinned with --allreduce off."""
+    events, fast, out = _run_job(tmp_path / "nccl", [], ["cuda"])
     assert "on cuda:0" in out[0], out[0]
+    (path,) = [e for e in events if e["event"] == "path"]
+    assert (path["allreduce"], path["why"]) == (True, "every worker computes on a GPU of its own"), path
     (regroup,) = [e for e in events if e["event"] == "regroup"]
     assert (regroup["backend"], regroup["why"]) == ("nccl", "")
-    _, ps, out = _run_job(tmp_path / "ps", [], ["cuda"])
+    _, ps, out = _run_job(tmp_path / "ps", ["--allreduce", "off"], ["cuda"])
     assert "on cuda:0" in out[0], out[0]
     assert fast.keys() == ps.keys() and len(ps) == 2
     for name in ps:
