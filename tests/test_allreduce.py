@@ -24,6 +24,7 @@ from ps.models import build_model
 from ps.rendezvous import Group, fast_path_fits, hub_rank, plan_group
 from ps.server import main as server_main
 from ps.store import ParameterStore
+from ps.wire import flatten_params
 from tests import collective_ranks
 from tests.processes import ENV, Cluster, start_server
 from tests.test_hostile import wait_until
@@ -567,6 +568,42 @@ def test_fast_path_equals_the_ps_path(ps_server, threads, tmp_path: Path) -> Non
                                tmp_path / "resumed-ps", resume=True)
     assert steps == 45 - read_checkpoint(after_epoch_1)["round"] and [e["epoch"] for e in cluster.events("resume")] == [1]
     _assert_same_checkpoints(tmp_path / "resumed-ps", tmp_path / "resumed-allreduce", 2)
+
+
+def test_a_step_reads_its_reports_reply_at_the_next_step(ps_server) -> None:
+    """The fast path sends a step's report and returns with the new parameters without reading the
+    reply; the next step reads it before its all-reduce, so the server's round close overlaps the next
+    computation. The batch after the job's end is dropped: steps count the rounds taken."""
+    server = ps_server(*TINY, "--workers", "1")
+    with connect(server.target, name="w0", cores=1.0) as session:
+        read: list[bool] = []
+        start_push = session.client.start_push
+
+        def recording_start_push(*args: object, **kwargs: object):
+            reply = start_push(*args, **kwargs)
+            if kwargs["kind"] != "report":  # rank 0's snapshots go through push(), read at once
+                return reply
+            index = len(read)
+            read.append(False)
+
+            def wait():
+                read[index] = True
+                return reply()
+
+            return wait
+
+        session.client.start_push = recording_start_push
+        batches = session.batches()
+        for expected in ([False], [True, False]):
+            x, y = next(batches)
+            session.model.zero_grad()
+            torch.nn.functional.cross_entropy(session.model(x), y).backward()
+            session.step()
+            assert read == expected
+            assert torch.equal(flatten_params(session.model), session._collective.params)  # the new parameters
+        train(session, quiet=True)
+        assert all(read) and session.done
+        assert session.steps == len(read) == server.call(lambda: server.coordinator.round)
 
 
 def _round(target: str) -> int:

@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -88,6 +88,8 @@ class Session:
             raise
         self._fetch_started: float | None = None
         self._fetch_cpu = 0.0
+        self._drawn = 0  # the size of the batch the next step's gradients come from
+        self._report: Callable[[], StepPlan] | None = None  # the fast path's last report, its reply not yet read
         self.steps = 0
         self.last_compute_ms = 0.0
         self._push_ms = 0.0  # the previous push's own part (reported with compute time under --balance busy)
@@ -131,10 +133,15 @@ class Session:
 
     # ------------------------------------------------------------------ the plan
     def _apply(self, plan: StepPlan) -> None:
+        """Load the parameters into the model and follow `plan`."""
         if self._on_device is None:
             load_flat(self.model, self._params)
         else:
             load_flat(self.model, self._on_device[0].copy_(self._params))
+        self._follow(plan)
+
+    def _follow(self, plan: StepPlan) -> None:
+        """Take `plan` as the current one: the next batch is drawn at its size."""
         self.plan = plan
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size
@@ -157,6 +164,7 @@ class Session:
         self._fetch_started = time.perf_counter()
         self._fetch_cpu = time.process_time()
         index = self._sampler.next_batch().to(self._train_x.device)
+        self._drawn = int(index.numel())
         return self._train_x[index], self._train_y[index]
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -187,7 +195,11 @@ class Session:
         pushed = time.perf_counter()
         try:
             if self._collective is not None:
-                plan = self._collective_step(device_grads, compute_ms)
+                plan = self._settle_report()
+                if plan.done:  # the job ended with the previous step: this batch was one too many
+                    self._apply(plan)
+                    return plan
+                plan = self._collective_step(device_grads, compute_ms, plan)
             else:
                 plan = self.client.push(
                     self.worker_id,
@@ -216,12 +228,28 @@ class Session:
             return 0.0
         return ((timing.uploaded - pushed) + (time.perf_counter() - timing.replied)) * 1000.0
 
-    def _collective_step(self, grads: torch.Tensor, compute_ms: float) -> StepPlan:
+    def _settle_report(self) -> StepPlan:
+        """--allreduce: the plan for this step, from the reply to the previous step's report (rank 0
+        first sends the snapshot it asks for); the current plan when no report is outstanding."""
+        report, self._report = self._report, None
+        if report is None:
+            return self.plan
+        plan = self._send_snapshot(report())
+        self._follow(plan)  # the model already holds the parameters: the group's step was local
+        return plan
+
+    def _collective_step(self, grads: torch.Tensor, compute_ms: float, plan: StepPlan) -> StepPlan:
         """--allreduce: all-reduce and step with the group, then report the step (no values) to the
         server. A failed group (a peer left or crashed) is re-formed from the server's next generation
-        and the step retried; rank 0 sends the parameters when the server asks for them."""
+        and the step retried; rank 0 sends the parameters when the server asks for them.
+
+        The report's reply is read at the next step, before its all-reduce (`_settle_report`), not
+        here: the new parameters are already in hand, so the worker computes its next batch while the
+        server waits for the other reports and closes the round. What the reply may change, the batch
+        size and the group, then applies to the batch after that one; the returned plan is the
+        current one moved on a round."""
         assert self._collective is not None
-        batch, plan = self._sampler.batch_size, self.plan
+        batch = self._drawn
         while True:
             try:
                 mean = self._collective.reduce(grads, batch, plan, self._generation_stands)
@@ -232,13 +260,13 @@ class Session:
                 if plan.done:
                     return self._send_snapshot(plan)
         # the report goes out before the optimizer step: the round closes on the server meanwhile
-        reply = self.client.start_push(
+        self._report = self.client.start_push(
             self.worker_id, torch.empty(0), self._params, round=plan.round, version=plan.version,
             batch_size=batch, compute_ms=compute_ms, wire_dtype="float32", kind="report", generation=plan.generation,
         )
         if mean is not None:
             self._collective.apply(mean, plan)
-        return self._send_snapshot(reply())
+        return replace(plan, round=plan.round + 1, snapshot_requested=False)
 
     def _generation_stands(self, generation: int) -> bool:
         """Whether the server still trains in `generation` (asked while a group forms)."""
