@@ -231,7 +231,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., cores: _Optional[float] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., updates: _Optional[int] = ..., mean_staleness: _Optional[float] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers")
+    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers", "path")
     MODE_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -244,6 +244,7 @@ class StatusReply(_message.Message):
     LAST_ACCURACY_FIELD_NUMBER: _ClassVar[int]
     ADJUSTMENTS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_WORKERS_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
     mode: str
     controller: str
     round: int
@@ -256,7 +257,8 @@ class StatusReply(_message.Message):
     last_accuracy: float
     adjustments: int
     expected_workers: int
-    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ...) -> None: ...
+    path: str
+    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
 
 class BlobChunk(_message.Message):
     __slots__ = ("seq", "data")

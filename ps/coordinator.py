@@ -904,6 +904,7 @@ class Coordinator:
             "adjustments": self.controller.adjustments,
             "last_accuracy": self.last_accuracy,
             "expected_workers": self.spec.workers,
+            "path": "auto" if self.may_take_fast_path else "allreduce" if self.spec.allreduce else "ps",
             "workers": [
                 {
                     "worker_id": m.worker_id,

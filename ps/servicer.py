@@ -162,5 +162,6 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             adjustments=s["adjustments"],
             last_accuracy=-1.0 if s["last_accuracy"] is None else s["last_accuracy"],
             expected_workers=s["expected_workers"],
+            path=s["path"],
             workers=[ps_pb2.WorkerStatus(**w) for w in s["workers"]],
         )
