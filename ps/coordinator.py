@@ -235,7 +235,8 @@ class Coordinator:
             self._accumulator = None
             for member in starting:
                 rendezvous.declare(member.worker_id, member.cuda_device)
-        self.metrics.write("path", allreduce=rendezvous is not None, why=why, balance=self.spec.balance, step=self.step, epoch=self.epoch)
+        self.metrics.write("path", allreduce=rendezvous is not None, why=why, balance=self.spec.balance, step=self.step,
+                           epoch=self.epoch)
 
     def _activate_pending(self) -> None:
         """Move pending workers into the job and re-split B over everyone."""

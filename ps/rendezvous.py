@@ -63,7 +63,7 @@ def fast_path_fits(worker_ids: Sequence[str], cuda: Mapping[str, str | None]) ->
     path, and why. Yes when every one computes on a GPU of its own (an NCCL group: gradients are
     reduced on the GPUs and the server is out of the data path); no otherwise, since on CPU workers
     the fast path moves the aggregation and the optimizer step from the server onto the workers'
-    own cores (HL8 on CPU quotas: 0.875-0.95 of the PS path's samples/s)."""
+    own cores (HL8 on CPU quotas: 0.9-1.0 of the PS path's samples/s)."""
     group = plan_group(0, worker_ids, cuda)
     if group.backend == "nccl":
         return True, "every worker computes on a GPU of its own"

@@ -23,8 +23,8 @@ from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
 from ps.handlers import register
 from ps.jobspec import (
-    ALLREDUCE_ALGORITHMS, FAST_PATH_CHOICES, BALANCE_TIMES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured, cycle_measured,
-    default_balance,
+    ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured,
+    cycle_measured, default_balance,
 )
 from ps.memory import tune_malloc
 from ps.metrics import MetricsLog

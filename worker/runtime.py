@@ -245,9 +245,9 @@ class Session:
 
         The report's reply is read at the next step, before its all-reduce (`_settle_report`), not
         here: the new parameters are already in hand, so the worker computes its next batch while the
-        server waits for the other reports and closes the round. What the reply may change, the batch
-        size and the group, then applies to the batch after that one; the returned plan is the
-        current one moved on a round."""
+        server waits for the other reports and closes the round. A batch size the reply names applies
+        to the batch after that one (a group it names, to the next all-reduce, as before); the
+        returned plan is the current one moved on a round."""
         assert self._collective is not None
         batch = self._drawn
         while True:
