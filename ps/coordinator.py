@@ -165,8 +165,6 @@ class Coordinator:
             )
         member = self.membership.admit(name, cores, self.clock())
         member.cuda_device = cuda_device
-        if self.rendezvous is not None:
-            self.rendezvous.declare(member.worker_id, cuda_device)
         try:
             if not self._started.is_set():
                 if len(self.membership.pending) >= self.spec.workers:
@@ -233,8 +231,6 @@ class Coordinator:
             self.spec = replace(self.spec, allreduce=True, balance="compute")
             self.rendezvous = rendezvous
             self._accumulator = None
-            for member in starting:
-                rendezvous.declare(member.worker_id, member.cuda_device)
         self.metrics.write("path", allreduce=rendezvous is not None, why=why, balance=self.spec.balance, step=self.step,
                            epoch=self.epoch)
 
@@ -287,9 +283,7 @@ class Coordinator:
         self._told_done.discard(worker_id)
         self._pushed.discard(worker_id)
         self.metrics.write(event, worker=member.name, reason=reason, step=self.step, epoch=self.epoch)
-        if self.rendezvous is not None:
-            self.rendezvous.forget(worker_id)
-            self._regroup()
+        self._regroup()
         if self.done:
             self._check_finished()
             return
@@ -602,7 +596,7 @@ class Coordinator:
         if self.rendezvous is None:
             return
         ordered = sorted(self.members.values(), key=lambda m: m.index)
-        group = self.rendezvous.regroup([m.worker_id for m in ordered])
+        group = self.rendezvous.regroup([m.worker_id for m in ordered], {m.worker_id: m.cuda_device for m in ordered})
         if group is not None:
             self.metrics.write(
                 "regroup", generation=group.generation, world_size=group.world_size, backend=group.backend, why=group.why,

@@ -93,21 +93,13 @@ class Rendezvous:
         self.host = host
         self.port = int(self.store.port)
         self.group = Group(0, (), "gloo")
-        self._cuda: dict[str, str | None] = {}
 
-    def declare(self, worker_id: str, cuda_device: str | None) -> None:
-        """Record what a joining worker declared: its GPU's UUID ("" if unknown), or None (CPU)."""
-        self._cuda[worker_id] = cuda_device
-
-    def forget(self, worker_id: str) -> None:
-        """A worker left the job (its declaration goes with it)."""
-        self._cuda.pop(worker_id, None)
-
-    def regroup(self, worker_ids: Sequence[str]) -> Group | None:
-        """Start a new generation if the active workers (in join order) changed; returns it, or None."""
+    def regroup(self, worker_ids: Sequence[str], cuda: Mapping[str, str | None]) -> Group | None:
+        """Start a new generation if the active workers (in join order) changed; returns it, or None.
+        `cuda`: what each declared at Join, as `plan_group` takes it."""
         if tuple(worker_ids) == self.group.members:
             return None
-        self.group = plan_group(self.group.generation + 1, worker_ids, self._cuda)
+        self.group = plan_group(self.group.generation + 1, worker_ids, cuda)
         return self.group
 
     def rank(self, worker_id: str) -> int:

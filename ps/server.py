@@ -253,7 +253,7 @@ def build_job(args: argparse.Namespace) -> Job:
     dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
     model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
-    metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else functools.partial(print_progress, measured=spec.balance))
+    metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else print_progress)
     evaluator = BackgroundEvaluator(eval_model, dataset)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
     rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if allreduce else None
@@ -327,15 +327,15 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     return addresses
 
 
-def print_progress(record: dict[str, Any], measured: str = "compute") -> None:
-    """Human progress lines on stderr for the events a person watches (`measured`: the job's
-    --balance, what the balanced times are: compute, busy or cycle time)."""
+def print_progress(record: dict[str, Any]) -> None:
+    """Human progress lines on stderr for the events a person watches. An epoch line names what its
+    times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
+    auto may change at the start)."""
     event = record["event"]
     if event == "epoch":
         batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
         times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
-        measured = record.get("balance", measured)  # the job's, once --allreduce auto has chosen a path
-        line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {measured} ms {times}"
+        line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {record['balance']} ms {times}"
     elif event == "eval":
         line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
     elif event == "adjust" and record.get("changed"):

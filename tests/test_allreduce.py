@@ -295,7 +295,8 @@ def test_a_malformed_gpu_uuid_is_refused_and_changes_nothing(ps_server) -> None:
         with pytest.raises(grpc.RpcError) as info:
             _join_on(server.stub(), "w0", bad)
         assert info.value.code() == Code.INVALID_ARGUMENT and "GPU UUID" in info.value.details()
-    assert not server.coordinator.membership.pending and not server.coordinator.rendezvous._cuda
+    # declarations live on members (Member.cuda_device): none was admitted, active or pending
+    assert not server.coordinator.membership.pending and not server.coordinator.members
 
 
 def test_pushes_of_the_wrong_kind_are_refused_without_a_trace(ps_server, threads) -> None:

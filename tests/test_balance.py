@@ -161,16 +161,17 @@ def test_a_checkpoint_resumes_with_another_balance_but_not_as_another_job() -> N
 
 @pytest.mark.parametrize("measured", ["compute", "busy", "cycle"])
 def test_the_epoch_line_names_what_the_times_measure(measured: str, capsys: pytest.CaptureFixture[str]) -> None:
-    record = {"event": "epoch", "epoch": 3, "samples_per_s": 900.0, "batch_sizes": {"w0": 40}, "compute_ms": {"w0": 250.0}}
-    print_progress(record, measured=measured)
+    record = {"event": "epoch", "epoch": 3, "samples_per_s": 900.0, "batch_sizes": {"w0": 40}, "compute_ms": {"w0": 250.0},
+              "balance": measured}
+    print_progress(record)
     assert capsys.readouterr().err.strip() == f"epoch 3: 900.0 samples/s | batch w0=40 | {measured} ms w0=250.0"
 
 
 def test_the_epoch_line_follows_the_balance_the_job_chose(capsys: pytest.CaptureFixture[str]) -> None:
-    """--allreduce auto may switch the balance at the start: the epoch record's own balance wins."""
+    """--allreduce auto may switch the balance at the start: the epoch line takes the epoch record's."""
     record = {"event": "epoch", "epoch": 1, "samples_per_s": 10.0, "batch_sizes": {"w0": 4}, "compute_ms": {"w0": 2.0},
               "balance": "compute"}
-    print_progress(record, measured="busy")
+    print_progress(record)
     print_progress({"event": "path", "allreduce": True, "why": "every worker computes on a GPU of its own",
                     "balance": "compute"})
     assert capsys.readouterr().err.splitlines() == [

@@ -197,8 +197,7 @@ class Session:
             if self._collective is not None:
                 plan = self._settle_report()
                 if plan.done:  # the job ended with the previous step: this batch was one too many
-                    self._apply(plan)
-                    return plan
+                    return plan  # (settled: the plan followed, the model already holds the parameters)
                 plan = self._collective_step(device_grads, compute_ms, plan)
             else:
                 plan = self.client.push(
