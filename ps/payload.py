@@ -2,32 +2,56 @@
 once per parameter version and shared by every reply that carries that version.
 
 Pure: no I/O. The core (Coordinator, ShardCore) owns a `Payload`; the transport may hand it a
-`frame` that wraps each chunk in its message while the chunk is copied out of the parameters
-(ps/servicer.py: ParamsChunk bytes), so a reply's data is copied once, not once into a chunk and
-again into a message. The default frame is the chunk's bytes alone.
+`frame`: the bytes its message puts before a chunk's data (ps/servicer.py: a ParamsChunk's fields).
+Each message is allocated first and the values are written straight into its data region
+(ps.message_buffer), in the wire dtype: a reply's data costs one write, not a write into a chunk and a
+copy into a message. The default frame is empty: the chunk's bytes alone.
 
-Chunks are framed when a reply first reaches them (`FramedChunks`), reading the values through
-`ValueSource.values`, which may apply a deferred optimizer step just that far (ps.store): a reply
-streams chunk 0 while the rest of the model is still being stepped and framed. Whatever a version
-still owes is framed by `complete()`, which the core registers as its store's `before_change`
-callback, so the values never change under a reply that is still streaming them.
+Chunks are framed when a reply first reaches them (`FramedChunks`), written by
+`ValueSource.values_into`, which may apply a deferred optimizer step just that far (ps.store), with
+its output going straight into the message: a reply streams chunk 0 while the rest of the model is
+still being stepped and framed. Whatever a version still owes is framed by `complete()`, which the
+core registers as its store's `before_change` callback, so the values never change under a reply
+that is still streaming them.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from typing import Protocol, overload
 
 import torch
 
-from ps.wire import CHUNK_BYTES, encoded_views, itemsize
+from ps.message_buffer import MessageBuffer
+from ps.wire import CHUNK_BYTES, itemsize, torch_dtype
 
-Frame = Callable[[int, memoryview], bytes]  # (seq, the chunk's bytes) -> what is sent
+Frame = Callable[[int, int], bytes]  # (seq, the chunk's data size in bytes) -> what the message puts before the data
 
 
-def raw_chunk(seq: int, data: memoryview) -> bytes:
-    """The chunk's bytes as they are."""
-    return bytes(data)
+def raw_chunk(seq: int, nbytes: int) -> bytes:
+    """Nothing before the data: a chunk is its bytes as they are."""
+    return b""
+
+
+def _message(frame: Frame, seq: int, dtype: torch.dtype, numel: int, fill: Callable[[torch.Tensor], None]) -> bytes:
+    """Message `seq`: `frame`'s bytes, then `numel` values of `dtype` that `fill` writes in place."""
+    nbytes = numel * dtype.itemsize
+    message = MessageBuffer(frame(seq, nbytes), nbytes)
+    fill(message.values(dtype))
+    return message.finish()
+
+
+def frame_tensor(values: torch.Tensor, wire_dtype: str, frame: Frame = raw_chunk,
+                 chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """`values` in `wire_dtype` as framed messages of at most `chunk_bytes` of data (at least one,
+    possibly empty), each converted straight into its message and nothing kept: a push's chunks."""
+    dtype = torch_dtype(wire_dtype)
+    flat = values.detach().reshape(-1)
+    per_chunk = max(1, chunk_bytes // dtype.itemsize)
+    for seq, start in enumerate(range(0, max(flat.numel(), 1), per_chunk)):
+        part = flat[start : start + per_chunk]
+        yield _message(frame, seq, dtype, part.numel(), lambda out, part=part: out.copy_(part))
 
 
 class ValueSource(Protocol):
@@ -36,7 +60,8 @@ class ValueSource(Protocol):
     @property
     def numel(self) -> int: ...
 
-    def values(self, start: int, stop: int) -> torch.Tensor: ...
+    def values_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        """Write values [start, stop) into `out` (converted to its dtype: the wire's)."""
 
 
 class TensorSource:
@@ -49,8 +74,8 @@ class TensorSource:
     def numel(self) -> int:
         return self._flat.numel()
 
-    def values(self, start: int, stop: int) -> torch.Tensor:
-        return self._flat[start:stop]
+    def values_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        out.copy_(self._flat[start:stop])
 
 
 class FramedChunks(Sequence[bytes]):
@@ -58,10 +83,9 @@ class FramedChunks(Sequence[bytes]):
 
     def __init__(self, source: ValueSource, wire_dtype: str, frame: Frame, chunk_bytes: int) -> None:
         self._source = source
-        self._wire_dtype = wire_dtype
+        self._dtype = torch_dtype(wire_dtype)
         self._frame = frame
         self._per_chunk = max(1, chunk_bytes // itemsize(wire_dtype))
-        self._chunk_bytes = self._per_chunk * itemsize(wire_dtype)
         numel = source.numel
         self._count = max(1, -(-numel // self._per_chunk))  # an empty vector still sends one (empty) chunk
         self._numel = numel
@@ -104,9 +128,8 @@ class FramedChunks(Sequence[bytes]):
         seq = len(self._built)
         start = seq * self._per_chunk
         stop = min(start + self._per_chunk, self._numel)
-        values = self._source.values(start, stop)
-        (view,) = encoded_views(values, self._wire_dtype, self._chunk_bytes)
-        self._built.append(self._frame(seq, view))
+        fill = functools.partial(self._source.values_into, start, stop)
+        self._built.append(_message(self._frame, seq, self._dtype, stop - start, fill))
 
 
 class Payload:

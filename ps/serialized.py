@@ -42,13 +42,19 @@ def with_data(fields: Message, data: bytes | memoryview, align: int = ALIGN) -> 
     speed. The bytes then differ from SerializeToString's order (pad comes before data, not after)
     and parse to the same message.
     """
+    return b"".join((data_header(fields, len(data), align), data))
+
+
+def data_header(fields: Message, size: int, align: int = ALIGN) -> bytes:
+    """What `with_data` puts before `size` bytes of data: the fields, the pad, the data field's key
+    and length (ps.message_buffer writes the data after it without a copy)."""
     head = fields.SerializeToString()
-    prefix = _data_field_prefix(fields.__class__, len(data))
-    pad_tag = _pad_tag(fields.__class__) if align > 1 and len(data) else b""
+    prefix = _data_field_prefix(fields.__class__, size)
+    pad_tag = _pad_tag(fields.__class__) if align > 1 and size else b""
     if not pad_tag:
-        return b"".join((head, prefix, data))
+        return head + prefix
     used = len(head) + len(pad_tag) + 1 + len(prefix)  # the pad's length fits one varint byte (< align <= 127)
-    return b"".join((head, pad_tag, bytes((-used % align,)), bytes(-used % align), prefix, data))
+    return b"".join((head, pad_tag, bytes((-used % align,)), bytes(-used % align), prefix))
 
 
 @functools.lru_cache(maxsize=32)

@@ -18,7 +18,7 @@ from ps.errors import (
     ServiceError,
 )
 from ps.push_stream import receive_push
-from ps.serialized import DataChunk, with_data
+from ps.serialized import DataChunk, data_header
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -35,10 +35,11 @@ def status_code(error: ServiceError) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def params_chunk(seq: int, data: memoryview) -> bytes:
-    """Payload chunk `seq` as a serialized ParamsChunk (the cores' Payload frame: one copy of the
-    data). Its message seq is seq + 1: message 0 of a reply is the header alone."""
-    return with_data(ps_pb2.ParamsChunk(seq=seq + 1), data)
+def params_chunk(seq: int, nbytes: int) -> bytes:
+    """What a serialized ParamsChunk puts before payload chunk `seq`'s data (the cores' Payload frame;
+    the data is written after it in place). Its message seq is seq + 1: message 0 of a reply is the
+    header alone."""
+    return data_header(ps_pb2.ParamsChunk(seq=seq + 1), nbytes)
 
 
 def reply_messages(reply: StepReply) -> Iterator[bytes]:

@@ -48,7 +48,9 @@ class Stepper(Protocol):
 
     def begin(self) -> None: ...
 
-    def step_piece(self, index: int, grad: torch.Tensor) -> None: ...
+    def step_piece(self, index: int, grad: torch.Tensor, param: torch.Tensor, out: torch.Tensor) -> None:
+        """Step piece `index`: its values are read from `param` and the new ones written to `out`
+        (the same tensor to step in place; ps.store may pass a reply message's data instead)."""
 
     def end(self) -> None: ...
 
@@ -147,9 +149,9 @@ class SGDSteps(_OneParameterState):
             self._buffers = {"momentum_buffer": torch.empty_like(self._flat)}
 
     @torch.no_grad()
-    def step_piece(self, index: int, grad: torch.Tensor) -> None:
+    def step_piece(self, index: int, grad: torch.Tensor, param: torch.Tensor, out: torch.Tensor) -> None:
         start, stop = self.pieces[index]
-        group, param = self._group, self._flat[start:stop]
+        group = self._group
         if group["maximize"]:
             grad = -grad
         if group["weight_decay"] != 0:
@@ -162,7 +164,7 @@ class SGDSteps(_OneParameterState):
             else:
                 buf.mul_(momentum).add_(grad, alpha=1 - group["dampening"])
             grad = grad.add(buf, alpha=momentum) if group["nesterov"] else buf
-        param.add_(grad, alpha=-group["lr"])
+        torch.add(param, grad, alpha=-group["lr"], out=out)
 
     def end(self) -> None:
         self._fresh = False
@@ -211,9 +213,9 @@ class AdamSteps(_OneParameterState):
         self._step += 1
 
     @torch.no_grad()
-    def step_piece(self, index: int, grad: torch.Tensor) -> None:
+    def step_piece(self, index: int, grad: torch.Tensor, param: torch.Tensor, out: torch.Tensor) -> None:
         start, stop = self.pieces[index]
-        group, param = self._group, self._flat[start:stop]
+        group = self._group
         if grad.dtype != param.dtype:  # a bf16/fp16 push's chunk: Adam reads it four times
             grad = grad.to(param.dtype)
         if group["maximize"]:
@@ -229,7 +231,7 @@ class AdamSteps(_OneParameterState):
         bias_correction2 = 1 - beta2**self._step
         step_size = group["lr"] / bias_correction1
         denom = (exp_avg_sq.sqrt() / bias_correction2**0.5).add_(group["eps"])
-        param.addcdiv_(exp_avg, denom, value=-step_size)
+        torch.addcdiv(param, exp_avg, denom, value=-step_size, out=out)
 
     def end(self) -> None:
         pass

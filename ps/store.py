@@ -5,6 +5,14 @@ the pieces stepped one after another equal the vector stepped whole. That lets a
 (`begin_step`) and applied only as far as a reader needs (`values`): a reply streams its first
 chunks while the later pieces are still to be stepped, instead of waiting for the whole step, and
 with SGD (pieces of one wire chunk) each chunk is framed from values still in cache.
+
+When a reply's fp32 chunk is exactly a piece whose step is due (`values_into`), the step writes the
+new values straight into the reply message's data (ps.message_buffer) and those values stay there:
+the piece is "resident" in the message, which nothing writes to again, and the next step reads it
+from there. The contiguous vector catches up only when something reads it whole (`flat`: an
+evaluation, a snapshot, a checkpoint) or changes it otherwise. A BSP step then reads the parameters
+and the gradient and writes the new values once, instead of writing them and copying them again
+into the message.
 """
 
 from __future__ import annotations
@@ -38,6 +46,7 @@ class ParameterStore:
         self.pieces = self._stepper.pieces
         self._pending: Vector | None = None  # the gradient of a step begun and not yet fully applied
         self._next_piece = 0
+        self._resident: dict[int, torch.Tensor] = {}  # piece -> its values, kept where a step wrote them (a sent message)
         self.before_change: list[Callable[[], None]] = []
 
     @classmethod
@@ -48,6 +57,7 @@ class ParameterStore:
     def flat(self) -> torch.Tensor:
         """All values, with any deferred step applied. Change them only through this class's methods."""
         self.settle()
+        self._gather()
         return self._flat
 
     @property
@@ -62,13 +72,23 @@ class ParameterStore:
         self.settle()  # a deferred step keeps the learning rate it began with
         self._stepper.set_lr(lr)
 
-    def values(self, start: int, stop: int) -> torch.Tensor:
-        """Values [start, stop), stepped as far as they need to be (a view: read it before the next change)."""
+    def values_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        """Write values [start, stop), stepped as far as they need to be, into `out` (converted to its
+        dtype). If [start, stop) is the next piece a deferred step owes and `out` is fp32, the step
+        writes into `out` and the piece's values stay there: `out` must never be written again."""
+        self.settle(start)
+        index = self._next_piece
+        if self._pending is not None and index < len(self.pieces) and self.pieces[index] == (start, stop) \
+                and out.dtype == self._flat.dtype:
+            self._step_next(self._pending, out)
+            self._resident[index] = out
+            return
         self.settle(stop)
-        return self._flat[start:stop]
+        self._gather(start, stop)
+        out.copy_(self._flat[start:stop])
 
     def begin_step(self, grad: Vector) -> None:
-        """θ ← optimizer_step(θ, g), applied piece by piece as values are read (`values`, `flat`,
+        """θ ← optimizer_step(θ, g), applied piece by piece as values are read (`values_into`, `flat`,
         `settle`). The caller must leave `grad` unchanged until `settle()` has run. A ChunkedVector
         gradient is read where it lies: a piece inside one of its chunks steps from a view of it."""
         self._check_size(grad)
@@ -82,13 +102,29 @@ class ParameterStore:
         if grad is None:
             return
         stop = self.numel if stop is None else stop
-        while self._next_piece < len(self.pieces) and self.pieces[self._next_piece][0] < stop:
-            start, end = self.pieces[self._next_piece]
-            self._stepper.step_piece(self._next_piece, grad[start:end])
-            self._next_piece += 1
+        while self._pending is not None and self.pieces[self._next_piece][0] < stop:
+            self._step_next(grad)
+
+    def _step_next(self, grad: Vector, out: torch.Tensor | None = None) -> None:
+        """Step the next piece the deferred step owes, from wherever its values are, into `out`
+        (default: the contiguous vector)."""
+        index = self._next_piece
+        start, stop = self.pieces[index]
+        param = self._resident.pop(index, None)
+        if param is None:
+            param = self._flat[start:stop]
+        self._stepper.step_piece(index, grad[start:stop], param, self._flat[start:stop] if out is None else out)
+        self._next_piece += 1
         if self._next_piece == len(self.pieces):
             self._pending = None
             self._stepper.end()
+
+    def _gather(self, start: int = 0, stop: int | None = None) -> None:
+        """Copy the resident pieces that hold values in [start, stop) back into the contiguous vector."""
+        stop = self.numel if stop is None else stop
+        for index in [i for i in self._resident if self.pieces[i][0] < stop and self.pieces[i][1] > start]:
+            first, last = self.pieces[index]
+            self._flat[first:last].copy_(self._resident.pop(index))
 
     def apply_gradient(self, grad: Vector) -> None:
         """θ ← optimizer_step(θ, g), at once."""
@@ -100,6 +136,7 @@ class ParameterStore:
         """θ ← θ + Δ (ASP: Δ is already scaled by the worker's learning rate)."""
         self._check_size(delta)
         self._changing()
+        self._gather()
         for start, part in parts(delta):
             self._flat[start : start + part.numel()].add_(part)
 
@@ -108,6 +145,7 @@ class ParameterStore:
         """θ ← values (a snapshot from the collective fast path; a broadcast)."""
         self._check_size(values)
         self._changing()
+        self._resident.clear()  # every value is replaced
         for start, part in parts(values):
             self._flat[start : start + part.numel()].copy_(part)
 

@@ -24,7 +24,12 @@ _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 
 def itemsize(wire_dtype: str) -> int:
-    return _TORCH_DTYPES[check_wire_dtype(wire_dtype)].itemsize
+    return torch_dtype(wire_dtype).itemsize
+
+
+def torch_dtype(wire_dtype: str) -> torch.dtype:
+    """The torch dtype whose little-endian bytes the wire dtype's chunks carry."""
+    return _TORCH_DTYPES[check_wire_dtype(wire_dtype)]
 
 
 def check_wire_dtype(wire_dtype: str) -> str:
@@ -95,25 +100,6 @@ def encode(flat: torch.Tensor, wire_dtype: str = "float32") -> memoryview:
     if wire_dtype == "bfloat16":
         t = t.view(torch.int16)
     return memoryview(t.numpy()).cast("B")
-
-
-def encoded_views(flat: torch.Tensor, wire_dtype: str = "float32", chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
-    """The bytes of `encode(flat, wire_dtype)` as consecutive chunks of at most chunk_bytes (at least
-    one, possibly empty), without building the whole encoded buffer: fp32 chunks are views of `flat`;
-    bf16/fp16 chunks are converted one at a time into one reused scratch buffer, so each view is only
-    valid until the next one is taken (copy it, as framing does, before moving on)."""
-    dtype = _TORCH_DTYPES[check_wire_dtype(wire_dtype)]
-    t = flat.detach().reshape(-1)
-    if dtype == torch.float32 or t.numel() == 0:
-        yield from views(encode(t, wire_dtype), chunk_bytes)
-        return
-    step = max(1, chunk_bytes // dtype.itemsize)
-    scratch = torch.empty(min(step, t.numel()), dtype=dtype)
-    raw = scratch.view(torch.int16) if dtype == torch.bfloat16 else scratch  # numpy has no bf16
-    for start in range(0, t.numel(), step):
-        n = min(step, t.numel() - start)
-        scratch[:n].copy_(t[start : start + n])
-        yield memoryview(raw[:n].numpy()).cast("B")
 
 
 def views(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:

@@ -54,7 +54,7 @@ def test_piecewise_deferred_steps_equal_whole_steps_bit_for_bit(name: str) -> No
         if i == 1:
             store.set_lr(0.05)
         store.begin_step(g)
-        store.values(0, 100)  # read a little; the rest steps when the next change comes
+        store.values_into(0, 100, torch.empty(100))  # read a little; the rest steps when the next change comes
     reference = whole_reference(flat, grads, spec, 0.05)
     assert torch.equal(store.flat, reference.flat)
     ours, theirs = store.optimizer_state(), reference.optimizer_state()
@@ -80,7 +80,7 @@ def test_pieces_equal_torch_optim_bit_for_bit(name: str, piece_values: int | Non
             store.set_lr(0.05)
             reference.param_groups[0]["lr"] = 0.05
         store.begin_step(g)
-        store.values(0, 1500)
+        store.values_into(0, 1500, torch.empty(1500))
         param.grad = g.clone()
         reference.step()
     assert torch.equal(store.flat, param.detach())
@@ -187,7 +187,9 @@ def test_a_deferred_step_applies_only_as_far_as_values_are_read() -> None:
     flat, g = rand(4000, 0), rand(4000, 1)
     store = ParameterStore(flat, JobSpec(momentum=0.0, lr=0.5), piece_values=1000)
     store.begin_step(g)
-    assert torch.equal(store.values(0, 1500), flat[:1500] - 0.5 * g[:1500])
+    head = torch.empty(1500)
+    store.values_into(0, 1500, head)
+    assert torch.equal(head, flat[:1500] - 0.5 * g[:1500])
     untouched = store._flat[2000:].clone()  # noqa: SLF001 (what the store has not stepped yet)
     assert torch.equal(untouched, flat[2000:])
     assert torch.equal(store.flat, flat - 0.5 * g)  # reading everything settles everything
@@ -313,3 +315,61 @@ def test_a_version_dropped_by_invalidate_is_framed_whole_before_it_goes() -> Non
     payload.invalidate()
     values.add_(1.0)  # a change that no before_change hook saw
     assert list(chunks) == split(encode(original), 1024)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_steps_written_into_reply_messages_equal_steps_in_place(name: str) -> None:
+    """With fp32 chunks of one piece each, a step writes a piece's new values straight into its reply
+    message and reads them from there at the next step (ps.store's resident pieces). Steps framed
+    whole, framed in part, read through `flat`, mixed with an ASP update and a load must give what
+    steps in place give, bit for bit; and a message, once handed out, never changes."""
+    spec, n, per_piece = SPECS[name], 5000, 512
+    flat = rand(n, 0)
+    store = ParameterStore(flat, spec, piece_values=per_piece)
+    reference = ParameterStore(flat, spec, piece_values=per_piece)
+    payload = Payload(chunk_bytes=per_piece * 4)
+    store.before_change.append(payload.complete)
+    sent: list[tuple[list[bytes], list[bytes]]] = []  # (the messages, a copy of their contents)
+    for version in range(6):
+        g = rand(n, version + 1)
+        store.begin_step(g)
+        reference.apply_gradient(g)
+        chunks = payload.get(version, store, "float32")
+        if version == 2:
+            chunks[0]  # noqa: B018 (framed in part: the rest is stepped in place when the next change comes)
+        elif version == 3:
+            assert torch.equal(store.flat, reference.flat)  # read whole between steps
+        elif version == 4:
+            store.apply_update(rand(n, 50))
+            reference.apply_update(rand(n, 50))
+        else:
+            assert list(chunks) == split(encode(reference.flat), per_piece * 4)
+            assert store._resident  # noqa: SLF001 (the step did write into the messages)
+            sent.append((list(chunks), [bytes(bytearray(c)) for c in chunks]))
+    assert torch.equal(store.flat, reference.flat)
+    for messages, contents in sent:
+        assert messages == contents
+    store.assign(rand(n, 99))
+    reference.assign(rand(n, 99))
+    store.begin_step(rand(n, 100))
+    reference.apply_gradient(rand(n, 100))
+    assert list(payload.get(7, store, "float32")) == split(encode(reference.flat), per_piece * 4)
+    assert torch.equal(store.flat, reference.flat)
+    assert torch.equal(store.flat_optimizer_state() if spec.momentum or spec.optimizer == "adam" else torch.zeros(0),
+                       reference.flat_optimizer_state() if spec.momentum or spec.optimizer == "adam" else torch.zeros(0))
+
+
+def test_a_narrow_wire_payload_reads_values_a_step_left_in_messages() -> None:
+    """A bf16 payload of a version whose fp32 pieces live in the previous version's messages encodes
+    the same values as one from a store stepped in place."""
+    spec, n, per_piece = SPECS["momentum+wd"], 3000, 256
+    store = ParameterStore(rand(n, 0), spec, piece_values=per_piece)
+    reference = ParameterStore(rand(n, 0), spec, piece_values=per_piece)
+    payload = Payload(chunk_bytes=per_piece * 4)
+    store.before_change.append(payload.complete)
+    store.begin_step(rand(n, 1))
+    reference.apply_gradient(rand(n, 1))
+    list(payload.get(0, store, "float32"))
+    assert store._resident  # noqa: SLF001
+    narrow = Payload(chunk_bytes=per_piece * 4).get(0, store, "bfloat16")
+    assert list(narrow) == split(encode(reference.flat, "bfloat16"), per_piece * 4)

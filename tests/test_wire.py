@@ -20,7 +20,6 @@ from ps.wire import (
     chunks,
     decode,
     encode,
-    encoded_views,
     flatten_grads,
     flatten_params,
     itemsize,
@@ -96,12 +95,15 @@ def test_large_buffer_is_chunked_into_mebibyte_pieces(wire_dtype: str) -> None:
 
 @pytest.mark.parametrize("wire_dtype", list(WIRE_DTYPES))
 @pytest.mark.parametrize("n", [0, 1, 255, 256, 4097, 3 * (1 << 18) + 7])
-def test_encoded_views_are_the_encoded_bytes_chunk_by_chunk(wire_dtype: str, n: int) -> None:
-    """encoded_views (chunk-at-a-time conversion) yields exactly encode()'s bytes, cut as views() cuts them."""
+def test_framed_chunks_are_the_encoded_bytes_chunk_by_chunk(wire_dtype: str, n: int) -> None:
+    """frame_tensor (chunk-at-a-time conversion into each message) yields exactly encode()'s bytes,
+    cut as views() cuts them."""
+    from ps.payload import frame_tensor
+
     x = awkward_values(n)[:n] if n <= 4109 else torch.randn(n)
     for chunk_bytes in (4, 1024, CHUNK_BYTES):
         expected = [bytes(v) for v in views(encode(x, wire_dtype), chunk_bytes)]
-        assert [bytes(v) for v in encoded_views(x, wire_dtype, chunk_bytes)] == expected
+        assert list(frame_tensor(x, wire_dtype, chunk_bytes=chunk_bytes)) == expected
 
 
 def test_chunk_boundaries() -> None:

@@ -21,10 +21,11 @@ import torch
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.jobspec import JobSpec
+from ps.payload import frame_tensor
 from ps.push_stream import PUSH_KIND_NUMBERS
 from ps.security import PathArg, bearer, read_pem, resolve_token
-from ps.serialized import DataChunk, data_view_parser, passthrough, with_data
-from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry, encoded_views
+from ps.serialized import DataChunk, data_header, data_view_parser, passthrough
+from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry
 
 log = logging.getLogger(__name__)
 
@@ -322,10 +323,13 @@ class PSClient:
         timing = self.last_push = PushTiming()
 
         def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
-            """Serialized chunks: each slice of `part` is copied once, into its chunk's bytes (bf16/fp16:
-            converted a chunk at a time first)."""
-            for seq, view in enumerate(encoded_views(part, wire_dtype, self.chunk_bytes)):
-                yield with_data(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), view)
+            """Serialized chunks: each slice of `part` is written once, straight into its message
+            (bf16/fp16: converted on the way, ps.payload.frame_tensor)."""
+
+            def push_chunk(seq: int, nbytes: int) -> bytes:
+                return data_header(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), nbytes)
+
+            yield from frame_tensor(part, wire_dtype, push_chunk, self.chunk_bytes)
             timing.uploaded = time.perf_counter()
 
         if not self._shards or kind != "values":
