@@ -317,12 +317,16 @@ def test_a_version_dropped_by_invalidate_is_framed_whole_before_it_goes() -> Non
     assert list(chunks) == split(encode(original), 1024)
 
 
+@pytest.mark.parametrize("in_place", [True, False])
 @pytest.mark.parametrize("name", sorted(SPECS))
-def test_steps_written_into_reply_messages_equal_steps_in_place(name: str) -> None:
+def test_steps_written_into_reply_messages_equal_steps_in_place(name: str, in_place: bool,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """With fp32 chunks of one piece each, a step writes a piece's new values straight into its reply
     message and reads them from there at the next step (ps.store's resident pieces). Steps framed
     whole, framed in part, read through `flat`, mixed with an ASP update and a load must give what
-    steps in place give, bit for bit; and a message, once handed out, never changes."""
+    steps in place give, bit for bit; and a message, once handed out, never changes. The same where
+    messages cannot be built in place (ps.message_buffer's bytearray fallback)."""
+    monkeypatch.setattr("ps.message_buffer.IN_PLACE", in_place)
     spec, n, per_piece = SPECS[name], 5000, 512
     flat = rand(n, 0)
     store = ParameterStore(flat, spec, piece_values=per_piece)
