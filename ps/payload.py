@@ -24,7 +24,7 @@ from typing import Protocol, overload
 import torch
 
 from ps.message_buffer import MessageBuffer
-from ps.wire import CHUNK_BYTES, itemsize, torch_dtype
+from ps.wire import CHUNK_BYTES, torch_dtype
 
 Frame = Callable[[int, int], bytes]  # (seq, the chunk's data size in bytes) -> what the message puts before the data
 
@@ -85,7 +85,7 @@ class FramedChunks(Sequence[bytes]):
         self._source = source
         self._dtype = torch_dtype(wire_dtype)
         self._frame = frame
-        self._per_chunk = max(1, chunk_bytes // itemsize(wire_dtype))
+        self._per_chunk = max(1, chunk_bytes // self._dtype.itemsize)
         numel = source.numel
         self._count = max(1, -(-numel // self._per_chunk))  # an empty vector still sends one (empty) chunk
         self._numel = numel

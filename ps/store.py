@@ -2,7 +2,7 @@
 
 The optimizer steps the vector a piece at a time (ps.stepping): SGD and Adam act value by value, so
 the pieces stepped one after another equal the vector stepped whole. That lets a step be deferred
-(`begin_step`) and applied only as far as a reader needs (`values`): a reply streams its first
+(`begin_step`) and applied only as far as a reader needs (`values_into`): a reply streams its first
 chunks while the later pieces are still to be stepped, instead of waiting for the whole step, and
 with SGD (pieces of one wire chunk) each chunk is framed from values still in cache.
 
@@ -78,9 +78,8 @@ class ParameterStore:
         writes into `out` and the piece's values stay there: `out` must never be written again."""
         self.settle(start)
         index = self._next_piece
-        if self._pending is not None and index < len(self.pieces) and self.pieces[index] == (start, stop) \
-                and out.dtype == self._flat.dtype:
-            self._step_next(self._pending, out)
+        if self._pending is not None and self.pieces[index] == (start, stop) and out.dtype == self._flat.dtype:
+            self._step_next(out)
             self._resident[index] = out
             return
         self.settle(stop)
@@ -98,16 +97,15 @@ class ParameterStore:
 
     def settle(self, stop: int | None = None) -> None:
         """Apply the deferred step to every piece that holds a value before `stop` (default: all)."""
-        grad = self._pending
-        if grad is None:
-            return
         stop = self.numel if stop is None else stop
         while self._pending is not None and self.pieces[self._next_piece][0] < stop:
-            self._step_next(grad)
+            self._step_next()
 
-    def _step_next(self, grad: Vector, out: torch.Tensor | None = None) -> None:
+    def _step_next(self, out: torch.Tensor | None = None) -> None:
         """Step the next piece the deferred step owes, from wherever its values are, into `out`
         (default: the contiguous vector)."""
+        grad = self._pending
+        assert grad is not None
         index = self._next_piece
         start, stop = self.pieces[index]
         param = self._resident.pop(index, None)
