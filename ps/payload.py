@@ -24,7 +24,7 @@ from typing import Protocol, overload
 import torch
 
 from ps.message_buffer import MessageBuffer
-from ps.wire import CHUNK_BYTES, torch_dtype
+from ps.wire import CHUNK_BYTES, spans, torch_dtype
 
 Frame = Callable[[int, int], bytes]  # (seq, the chunk's data size in bytes) -> what the message puts before the data
 
@@ -42,16 +42,19 @@ def _message(frame: Frame, seq: int, dtype: torch.dtype, numel: int, fill: Calla
     return message.finish()
 
 
+def _values_per_chunk(dtype: torch.dtype, chunk_bytes: int) -> int:
+    return max(1, chunk_bytes // dtype.itemsize)
+
+
 def frame_tensor(values: torch.Tensor, wire_dtype: str, frame: Frame = raw_chunk,
                  chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
     """`values` in `wire_dtype` as framed messages of at most `chunk_bytes` of data (at least one,
     possibly empty), each converted straight into its message and nothing kept: a push's chunks."""
     dtype = torch_dtype(wire_dtype)
     flat = values.detach().reshape(-1)
-    per_chunk = max(1, chunk_bytes // dtype.itemsize)
-    for seq, start in enumerate(range(0, max(flat.numel(), 1), per_chunk)):
-        part = flat[start : start + per_chunk]
-        yield _message(frame, seq, dtype, part.numel(), lambda out, part=part: out.copy_(part))
+    for seq, (start, stop) in enumerate(spans(flat.numel(), _values_per_chunk(dtype, chunk_bytes))):
+        part = flat[start:stop]
+        yield _message(frame, seq, dtype, stop - start, lambda out, part=part: out.copy_(part))
 
 
 class ValueSource(Protocol):
@@ -85,10 +88,8 @@ class FramedChunks(Sequence[bytes]):
         self._source = source
         self._dtype = torch_dtype(wire_dtype)
         self._frame = frame
-        self._per_chunk = max(1, chunk_bytes // self._dtype.itemsize)
-        numel = source.numel
-        self._count = max(1, -(-numel // self._per_chunk))  # an empty vector still sends one (empty) chunk
-        self._numel = numel
+        self._spans = spans(source.numel, _values_per_chunk(self._dtype, chunk_bytes))
+        self._count = len(self._spans)
         self._built: list[bytes] = []
 
     def __len__(self) -> int:
@@ -126,8 +127,7 @@ class FramedChunks(Sequence[bytes]):
 
     def _build_next(self) -> None:
         seq = len(self._built)
-        start = seq * self._per_chunk
-        stop = min(start + self._per_chunk, self._numel)
+        start, stop = self._spans[seq]
         fill = functools.partial(self._source.values_into, start, stop)
         self._built.append(_message(self._frame, seq, self._dtype, stop - start, fill))
 

@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from ps.jobspec import JobSpec
-from ps.wire import CHUNK_BYTES
+from ps.wire import CHUNK_BYTES, spans
 
 # one fp32 wire chunk (1 MiB), so a reply's chunk is framed from a piece just stepped
 PIECE_VALUES = CHUNK_BYTES // 4
@@ -30,9 +30,7 @@ Range = tuple[int, int]
 
 
 def piece_ranges(numel: int, piece_values: int) -> list[Range]:
-    if piece_values < 1:
-        raise ValueError(f"piece_values must be >= 1, got {piece_values}")
-    return [(start, min(start + piece_values, numel)) for start in range(0, max(numel, 1), piece_values)]
+    return spans(numel, piece_values)
 
 
 class Stepper(Protocol):

@@ -23,6 +23,15 @@ CHUNK_BYTES = 1 << 20
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def spans(total: int, size: int) -> list[tuple[int, int]]:
+    """Consecutive [start, stop) ranges of at most `size` covering [0, total): how a vector is cut
+    into chunks (and the optimizer's pieces). At least one, so an empty vector still sends one
+    (empty) chunk."""
+    if size < 1:
+        raise ValueError(f"a span needs a size >= 1, got {size}")
+    return [(start, min(start + size, total)) for start in range(0, max(total, 1), size)]
+
+
 def itemsize(wire_dtype: str) -> int:
     return torch_dtype(wire_dtype).itemsize
 
@@ -104,8 +113,8 @@ def encode(flat: torch.Tensor, wire_dtype: str = "float32") -> memoryview:
 
 def views(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:
     """Views of the buffer's slices, each at most chunk_bytes (at least one, possibly empty); no copy."""
-    for start in range(0, max(len(buffer), 1), chunk_bytes):
-        yield buffer[start : start + chunk_bytes]
+    for start, stop in spans(len(buffer), chunk_bytes):
+        yield buffer[start:stop]
 
 
 def chunks(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:

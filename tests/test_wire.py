@@ -24,6 +24,7 @@ from ps.wire import (
     flatten_params,
     itemsize,
     load_flat,
+    spans,
     split,
     views,
 )
@@ -104,6 +105,21 @@ def test_framed_chunks_are_the_encoded_bytes_chunk_by_chunk(wire_dtype: str, n: 
     for chunk_bytes in (4, 1024, CHUNK_BYTES):
         expected = [bytes(v) for v in views(encode(x, wire_dtype), chunk_bytes)]
         assert list(frame_tensor(x, wire_dtype, chunk_bytes=chunk_bytes)) == expected
+
+
+@pytest.mark.parametrize(("total", "size", "expected"), [
+    (0, 4, [(0, 0)]),
+    (3, 4, [(0, 3)]),
+    (8, 4, [(0, 4), (4, 8)]),
+    (9, 4, [(0, 4), (4, 8), (8, 9)]),
+])
+def test_spans_cover_the_vector_in_order_and_an_empty_one_once(total: int, size: int, expected: list) -> None:
+    assert spans(total, size) == expected
+
+
+def test_spans_refuse_a_size_below_one() -> None:
+    with pytest.raises(ValueError, match="size >= 1"):
+        spans(10, 0)
 
 
 def test_chunk_boundaries() -> None:
