@@ -68,6 +68,7 @@ import torch
 from torch import nn
 
 from benchmarks.cli_types import choices, counts, ints
+from benchmarks.cpu_time import CpuWindow, cpu_fields
 from benchmarks.report_output import print_report, save_report
 from ps.memory import tune_malloc
 
@@ -324,15 +325,20 @@ def measure_echo(procs: Processes, numel: int, iterations: int, warmup: int) -> 
             chunks = payload_chunks(numel, CHUNK_BYTES)
             nbytes = sum(map(len, chunks))
             times = []
+            cpu = CpuWindow(procs.find("echo").pid)
             for i in range(warmup + iterations):
+                if i == warmup:
+                    cpu.start()
                 t0 = time.perf_counter()
                 got = client.stream(chunks)
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)
                 if got != nbytes:
                     raise RuntimeError(f"echo returned {got} bytes, sent {nbytes}")
+            cpu.stop()
             rows.append(_round_trip_row("grpc_stream_echo", numel, 2 * nbytes, times,
-                                        chunk_bytes=CHUNK_BYTES, chunks=len(chunks)))
+                                        chunk_bytes=CHUNK_BYTES, chunks=len(chunks),
+                                        **cpu_fields(cpu.other_s, [cpu.own_s], [len(times)], sum(times))))
             del chunks
             if numel * 4 + 1024 <= MAX_MESSAGE_BYTES:
                 payload = payload_chunks(numel, numel * 4)[0]
@@ -393,6 +399,7 @@ def measure_ps(procs: Processes, numel: int, workers: int, wire_dtype: str, iter
     clients = [
         procs.start(f"ps-client-{tag}-{k}", child_argv("ps-client", results[k], "--target-file", str(port_file),
                                                         "--name", f"w{k}", "--wire-dtype", wire_dtype, "--seed", str(k),
+                                                        "--server-pid", str(server.pid),
                                                         "--steps", str(iterations), "--warmup", str(warmup)))
         for k in range(workers)
     ]
@@ -416,6 +423,9 @@ def measure_ps(procs: Processes, numel: int, workers: int, wire_dtype: str, iter
         "per_worker_mb_per_s": per_worker,
         "params_per_s": round(2 * numel * total_steps / window, 1),
         "params_per_s_per_worker": round(statistics.fmean(2 * numel * len(r["times"]) / sum(r["times"]) for r in records), 1),
+        # the server's CPU is read over worker 0's timed steps (the workers' windows differ by at most a step)
+        **cpu_fields(records[0].get("server_cpu_s"), [r.get("cpu_s", 0.0) for r in records],
+                     [len(r["times"]) for r in records], window),
     }
 
 
@@ -949,6 +959,14 @@ def markdown(report: dict[str, Any]) -> str:
                      f"{fmt(r['ratio_to_torch_rpc_tcp'])} | {fmt(r['params_per_s_ratio_to_torch_rpc'])} |")
     lines.append("")
     lines.append("gloo rows: bus bandwidth 2(n-1)/n*bytes/time. Round trips: (up + down bytes) / time. MB = 10^6 bytes.")
+    timed = [r for r in report["rows"] if r.get("cpu_ms_per_step")]
+    if timed:
+        lines += ["", "| CPU per step | params | wire | workers | shards | server ms | client ms | cores busy |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in timed:
+            cpu = r["cpu_ms_per_step"]
+            lines.append(f"| {r['benchmark']} | {human(r['numel'])} | {r['wire_dtype']} | {r['workers']} | "
+                         f"{fmt(r.get('shards'))} | {fmt(cpu['server'])} | {fmt(cpu['client'])} | {fmt(r['cores_busy'])} |")
     rounds = report["settings"].get("rounds", 1)
     if rounds > 1:
         lines.append(f"{rounds} rounds: MB/s and step ms from the round with the median MB/s; ratios are the medians "
@@ -1154,6 +1172,11 @@ def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
             "ratio_to_grpc_ceiling": "row mb_per_s / grpc_stream_echo mb_per_s at the same size",
             "ratio_to_torch_rpc": "row mb_per_s / torch_rpc mb_per_s (TensorPipe defaults) at the same size",
             "ratio_to_one_shard": "push+pull row mb_per_s / the 1-shard row's with the same size, wire dtype and workers",
+            "cpu_ms_per_step": "echo and push+pull rows: CPU time (user + system, all threads) per timed step of the "
+                               "server process (from /proc, 10 ms ticks; with --shards the coordinator alone) and of "
+                               "each client process (the mean over the workers)",
+            "cores_busy": "(server + every client) CPU time / the wall window of the timed steps: how much of the "
+                          "machine's cores the measurement used",
             "params_per_s_ratio_to_torch_rpc": "row params_per_s / torch_rpc params_per_s: bf16 rows' effective "
                                                "parameters/s against torch rpc's fp32",
         },

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cpu_time import CpuWindow
 from ps.memory import tune_malloc
 
 
@@ -60,9 +61,11 @@ def ps_client(args: argparse.Namespace) -> dict[str, Any]:
         grad = torch.randn(numel, generator=gen).mul_(1e-3)
         times: list[float] = []
         start = end = 0.0
+        cpu = CpuWindow(args.server_pid)
         for i in range(args.warmup + args.steps):
             if i == args.warmup:
                 start = time.time()
+                cpu.start()
             t0 = time.perf_counter()
             plan = client.push(joined.worker_id, grad, out, round=plan.round, version=plan.version,
                                batch_size=plan.batch_size, compute_ms=0.0, wire_dtype=args.wire_dtype)
@@ -71,12 +74,14 @@ def ps_client(args: argparse.Namespace) -> dict[str, Any]:
             if plan.done:
                 raise RuntimeError(f"the job ended after step {i} ({plan.reason}); raise --epochs or the dataset size")
         end = time.time()
+        cpu.stop()
         with contextlib.suppress(ServerError):  # the parent stops the server anyway
             client.leave(joined.worker_id)
     finally:
         client.close()
     return {"name": args.name, "numel": numel, "wire_dtype": args.wire_dtype,
-            "bytes_per_step": 2 * numel * itemsize(args.wire_dtype), "times": times, "start": start, "end": end}
+            "bytes_per_step": 2 * numel * itemsize(args.wire_dtype), "times": times, "start": start, "end": end,
+            "cpu_s": cpu.own_s, "server_cpu_s": cpu.other_s}
 
 
 def torch_rpc(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -154,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", default="w0", help="ps-client: worker name")
     p.add_argument("--wire-dtype", default="float32", help="ps-client: dtype on the wire")
     p.add_argument("--seed", type=int, default=0, help="ps-client: seed of the random gradient")
+    p.add_argument("--server-pid", type=int, default=0,
+                   help="ps-client: also read this process's CPU time over the timed steps (0: none)")
     p.add_argument("--numel", type=int, help="torch-rpc/gloo: float32 values")
     p.add_argument("--port", type=int, help="torch-rpc/gloo: rendezvous port on 127.0.0.1")
     p.add_argument("--rank", type=int, default=0)

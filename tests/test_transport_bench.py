@@ -96,6 +96,9 @@ def test_tiny_run_reports_every_field(tmp_path: Path) -> None:
         width = 4 if r["wire_dtype"] == "float32" else 2
         assert r["bytes_per_iter"] == 2 * width * 100_000
         assert r["ratio_to_grpc_ceiling"] is not None and r["params_per_s_ratio_to_torch_rpc"] is not None
+    for r in (r for r in rows if r["benchmark"] in ("grpc_stream_echo", "ps_push_pull")):
+        cpu = r["cpu_ms_per_step"]  # the server's from /proc in 10 ms ticks: 0 is possible over a tiny run
+        assert cpu["client"] > 0 and cpu["server"] is not None and cpu["server"] >= 0 and r["cores_busy"] > 0
     gloo = next(r for r in rows if r["benchmark"] == "gloo_allreduce")
     assert gloo["algbw_mb_per_s"] > 0 and "bus bandwidth" in gloo["note"]
 
@@ -115,7 +118,7 @@ def test_tiny_run_reports_every_field(tmp_path: Path) -> None:
     assert [t["op"] for t in targets] == [">=", ">=", ">=", "<="]
     sharded = next(r for r in rows if r.get("shards") == 2)
     assert "2 shards" in targets[2]["name"] and targets[2]["value"] == sharded["ratio_to_one_shard"]
-    assert "| benchmark |" in table and "| shards |" in table and "| target |" in table
+    assert "| benchmark |" in table and "| shards |" in table and "| target |" in table and "| CPU per step |" in table
     assert processes_mentioning(str(out)) == []
     print(f"transport smoke run took {time.monotonic() - started:.1f} s")
 
@@ -221,6 +224,24 @@ def test_rounds_combine_to_the_median_round_and_the_median_ratio() -> None:
         transport.combine_rounds([sweep(1.0, 1.0), sweep(1.0, 1.0)[:1]])
     with pytest.raises(ValueError):
         transport.combine_rounds([sweep(1.0, 1.0), list(reversed(sweep(1.0, 1.0)))])
+
+
+def test_cpu_time_reads_processes_and_sums_a_row() -> None:
+    from benchmarks.cpu_time import CpuWindow, cpu_fields, process_cpu_s
+
+    if Path("/proc/self/stat").exists():
+        window = CpuWindow(os.getpid())
+        window.start()
+        deadline = time.process_time() + 0.05
+        while time.process_time() < deadline:
+            pass
+        window.stop()
+        assert window.own_s >= 0.05 and window.other_s is not None and window.other_s >= 0
+    assert process_cpu_s(2**22 + 1) is None  # above Linux's largest pid
+    assert CpuWindow().other_s is None
+    fields = cpu_fields(0.5, [0.2, 0.4], [10, 20], 1.0)
+    assert fields == {"cpu_ms_per_step": {"server": 50.0, "client": 20.0}, "cores_busy": 1.1}
+    assert cpu_fields(None, [0.2], [10], 1.0) == {"cpu_ms_per_step": {"server": None, "client": 20.0}, "cores_busy": None}
 
 
 def test_iterations_and_stats() -> None:
