@@ -424,7 +424,7 @@ def measure_ps(procs: Processes, numel: int, workers: int, wire_dtype: str, iter
         "params_per_s": round(2 * numel * total_steps / window, 1),
         "params_per_s_per_worker": round(statistics.fmean(2 * numel * len(r["times"]) / sum(r["times"]) for r in records), 1),
         # the server's CPU is read over worker 0's timed steps (the workers' windows differ by at most a step)
-        **cpu_fields(records[0].get("server_cpu_s"), [r.get("cpu_s", 0.0) for r in records],
+        **cpu_fields(records[0]["server_cpu_s"], [r["cpu_s"] for r in records],
                      [len(r["times"]) for r in records], window),
     }
 

@@ -29,10 +29,6 @@ PIECE_VALUES = CHUNK_BYTES // 4
 Range = tuple[int, int]
 
 
-def piece_ranges(numel: int, piece_values: int) -> list[Range]:
-    return spans(numel, piece_values)
-
-
 class Stepper(Protocol):
     """Steps the optimizer over `flat` one piece at a time: `begin`, `step_piece` for every piece in
     order, `end`. Between `begin` and `end` nothing else may touch the optimizer."""
@@ -73,7 +69,7 @@ class _OneParameterState:
 
     def __init__(self, flat: torch.Tensor, group: dict[str, Any], piece_values: int) -> None:
         self._flat = flat
-        self.pieces = piece_ranges(flat.numel(), piece_values)
+        self.pieces = spans(flat.numel(), piece_values)
         self._group = group
         self._buffers: dict[str, torch.Tensor] = {}  # empty until the first step (when the optimizer keeps any)
 
