@@ -4,21 +4,17 @@ round trip can use all of it, and then no faster code path is left to overlap)."
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
+
+from deploy.proc_stat import read_proc_stat
 
 
 def process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds that process `pid` (all its threads) has used; None where /proc
     cannot tell (the process is gone, or no /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(")") + 2 :].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    stat = read_proc_stat(pid)
+    return None if stat is None else stat.cpu_s
 
 
 class CpuWindow:

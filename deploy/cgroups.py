@@ -27,6 +27,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploy.proc_stat import read_proc_stat
+
 MIN_QUOTA_US = 1_000
 """The kernel refuses a CFS quota under 1 ms."""
 MIN_PERIOD_US = 1_000
@@ -119,13 +121,8 @@ def _start_ticks(pid: int) -> int | None:
 
     With the pid it identifies a process even after the pid is reused.
     """
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    stat = read_proc_stat(pid)
+    return None if stat is None or stat.state in ("Z", "X") else stat.start_ticks
 
 
 def _pids(group: Path) -> list[int]:
