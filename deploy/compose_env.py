@@ -35,12 +35,12 @@ def container_cpus(profile: Profile, mode: str, scale: float = 1.0) -> tuple[lis
             f"docker-compose.yml defines {COMPOSE_WORKERS} (worker0..worker{COMPOSE_WORKERS - 1})"
         )
     workers = [w * scale for w in allocation.workers]
-    for k, cores in enumerate(workers):
-        if cores < 0.01:
-            raise ValueError(
-                f"worker{k} would get {cores:.4g} CPUs at scale {scale:g}; docker needs at least 0.01"
-            )
-    return workers, None if allocation.server is None else allocation.server * scale
+    server = None if allocation.server is None else allocation.server * scale
+    named = [(f"worker{k}", cores) for k, cores in enumerate(workers)] + ([("the server", server)] if server is not None else [])
+    for name, cores in named:
+        if cores < 0.01:  # and PS_CPUS=0 would mean no limit at all
+            raise ValueError(f"{name} would get {cores:.4g} CPUs at scale {scale:g}; docker needs at least 0.01")
+    return workers, server
 
 
 def env_filename(profile_name: str, mode: str) -> str:

@@ -73,7 +73,7 @@ def render(phases: list[Phase], every_seconds: float) -> str:
     lines = []
     for phase in phases:
         if phase.index:
-            lines.append(f"sleep {every_seconds:g}")
+            lines.append(f"sleep {every_seconds:.15g}")
         lines.append(f"# phase {phase.index + 1}/{len(phases)} at t={phase.start_s:g}s: {phase.profile}")
         lines.extend(shlex.join(command) for command in phase.commands)
     return "\n".join(lines) + "\n"

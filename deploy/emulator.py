@@ -14,6 +14,7 @@ Everything a run writes goes to its output folder: ``metrics.jsonl`` (the server
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import sys
@@ -22,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from deploy.launcher import (
     LocalCluster,
@@ -123,17 +124,49 @@ def _server_share(profile: Profile, mode: str, budget: float) -> float | None:
     return allocation.server * budget / sum(allocation.workers)
 
 
-def _split_server_args(values: Sequence[str]) -> list[str]:
+def _server_parser() -> argparse.ArgumentParser:
+    """ps-server's own parser, raising ValueError where it would print its usage and exit."""
+    from ps.server import build_parser  # torch and grpc: only once a run is being planned
+
+    parser = build_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise ValueError(f"ps-server would refuse these arguments: {message}")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return parser
+
+
+def _option_named(flag: str, options: Sequence[str]) -> str:
+    """The ps-server option that `flag` names: itself, or the one option it abbreviates (argparse
+    takes a unique prefix, so `--epoch=3` is `--epochs 3`)."""
+    if flag in options or not flag.startswith("--"):
+        return flag
+    matches = [option for option in options if option.startswith(flag)]
+    return matches[0] if len(matches) == 1 else flag
+
+
+def _split_server_args(values: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
     args: list[str] = []
     for value in values:
         args += shlex.split(value)
+    options = [option for action in parser._actions for option in action.option_strings]
     for arg in args:
-        flag = arg.split("=", 1)[0]
+        given = arg.split("=", 1)[0]
+        flag = _option_named(given, options)
+        shown = given if given == flag else f"{given} (that is {flag})"
         if flag in RESERVED_SERVER_FLAGS:
-            raise ValueError(f"--server-arg {flag} is set by the emulator (workers come from the profile)")
+            raise ValueError(f"--server-arg {shown} is set by the emulator (workers come from the profile)")
         if flag in OWN_FLAGS:
-            raise ValueError(f"--server-arg {flag}: use ps-cluster run {flag} instead")
+            raise ValueError(f"--server-arg {shown}: use ps-cluster run {flag} instead")
+        if flag in ("-h", "--help"):
+            raise ValueError("--server-arg --help: run ps-server --help to see its options")
     return args
+
+
+def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} exists and is not a folder")
 
 
 def resolve(config: RunConfig) -> Plan:
@@ -165,6 +198,12 @@ def resolve(config: RunConfig) -> Plan:
     if len(counts) != 1:
         raise ValueError(f"every phase must have the same number of workers, got {sorted(counts)}")
     server_shares = [_server_share(p, mode, budget) for p in profiles]
+    if len({share is None for share in server_shares}) > 1:
+        without = ", ".join(p.name for p, share in zip(profiles, server_shares, strict=True) if share is None)
+        raise ValueError(
+            f"in {mode} every phase must give the server a share of cores, or none must: {without} give none "
+            "(the server's quota could not be set, or lifted, at a phase change)"
+        )
     everything = [s for phase in shares for s in phase] + [s for s in server_shares if s is not None]
     period = quota_period_us(everything)
 
@@ -198,8 +237,11 @@ def resolve(config: RunConfig) -> Plan:
         server_args += ["--dataset-arg", arg]
     if config.adjust_every is not None:
         server_args += ["--adjust-every", str(config.adjust_every)]
-    server_args += _split_server_args(config.server_args)
+    parser = _server_parser()
+    server_args += _split_server_args(config.server_args, parser)
+    parser.parse_args([*server_args, "--port", "0"])  # a value only ps-server checks fails here, not after the run started
     out = config.out if config.out is not None else _fresh(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
+    _check_out(Path(out))
     return Plan(config, profiles, shares, server_shares, schedule, period, server_args, Path(out), names, epochs)
 
 
@@ -267,8 +309,6 @@ class Emulation:
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
         plan = self.plan
-        plan.out.mkdir(parents=True, exist_ok=True)
-        self.phases_path.unlink(missing_ok=True)
         workers = [WorkerSpec(n, s) for n, s in zip(plan.names, plan.shares[0], strict=True)]
         cluster = LocalCluster(
             plan.server_args, workers, plan.out, period_us=plan.period_us, limiter=plan.config.limiter,
@@ -282,6 +322,9 @@ class Emulation:
                 f"--schedule needs live CPU quotas, but the workers would run with fixed --slowdown factors "
                 f"({why}); the slowdown fallback cannot change a worker's speed while it runs"
             )
+        _check_out(plan.out)
+        plan.out.mkdir(parents=True, exist_ok=True)
+        self.phases_path.unlink(missing_ok=True)
         self._describe(cluster)
         started = time.monotonic()
         with signals_as_exceptions(), cluster:

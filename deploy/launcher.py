@@ -567,11 +567,11 @@ class LocalCluster:
         if one fails and raises the first error at the end; Ctrl-C or SIGTERM arriving meanwhile is
         held until the cleanup is done.
         """
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        with _signals_deferred():
+        with _signals_deferred():  # before the flag: a signal between the two skipped the cleanup for good
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True
             self._close()
 
     def _close(self) -> None:

@@ -111,11 +111,30 @@ def check_mode(mode: str) -> str:
     return mode.lower()
 
 
+def _positive_number(value: Any) -> float | None:
+    """`value` as a finite float > 0, or None if it is not one (a bool, a string, an integer too
+    large for a float, NaN, infinity, zero or less)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) and number > 0 else None
+
+
 def _check_share(value: Any, where: str) -> float:
     """A positive, finite number of cores."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{where} must be a number of CPU cores > 0, got {value!r}")
-    return float(value)
+    share = _positive_number(value)
+    if share is None:
+        raise ValueError(f"{where} must be a number of CPU cores > 0, got {_shown(value)}")
+    return share
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    """`value` for an error message, cut short (a 400-digit number in a YAML file stays readable)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _builtin_files() -> dict[str, tuple[str, Path]]:
@@ -183,7 +202,7 @@ def _resolve(name_or_path: str | os.PathLike[str], kind: str, base: Path | None 
 
 def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
     """Reject unknown keys, which are usually typos."""
-    unknown = sorted(set(data) - allowed)
+    unknown = sorted(map(str, set(data) - allowed))  # YAML keys may be numbers, booleans, None
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
 
@@ -236,11 +255,12 @@ def _interval(data: Mapping[str, Any], where: str) -> tuple[int | None, float | 
         raise ValueError(f"{where}: give exactly one of every_epochs or every_seconds")
     if epochs is not None:
         if isinstance(epochs, bool) or not isinstance(epochs, int) or epochs <= 0:
-            raise ValueError(f"{where}: every_epochs must be a whole number > 0, got {epochs!r}")
+            raise ValueError(f"{where}: every_epochs must be a whole number > 0, got {_shown(epochs)}")
         return epochs, None
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError(f"{where}: every_seconds must be a number > 0, got {seconds!r}")
-    return None, float(seconds)
+    every = _positive_number(seconds)
+    if every is None:
+        raise ValueError(f"{where}: every_seconds must be a number > 0, got {_shown(seconds)}")
+    return None, every
 
 
 def load_schedule(name_or_path: str | os.PathLike[str]) -> Schedule:

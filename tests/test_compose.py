@@ -212,6 +212,17 @@ def test_cli_errors_are_one_line_and_exit_2(
     assert message in err
 
 
+def test_a_server_share_under_dockers_minimum_is_refused_not_written_as_no_limit(tmp_path: Path) -> None:
+    from deploy.compose_env import container_cpus
+
+    path = tmp_path / "tiny-server.yaml"
+    path.write_text("asp:\n  workers: [1, 1, 1, 1]\n  server: 0.5\n", encoding="utf-8")
+    profile = load_profile(path)
+    assert container_cpus(profile, "asp", 1.0) == ([1.0] * 4, 0.5)
+    with pytest.raises(ValueError, match="the server would get 0.005 CPUs at scale 0.01; docker needs at least 0.01"):
+        container_cpus(profile, "asp", 0.01)
+
+
 def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
     for argv in ([], ["compose-env"], ["docker-schedule"], ["list"]):
         with pytest.raises(SystemExit) as info:

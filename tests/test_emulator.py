@@ -278,15 +278,36 @@ def test_slowdown_fallback_when_forced(tmp_path: Path, emulators: Callable[..., 
 
 
 def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
-    """The slowdown fallback cannot change speeds live: a schedule is refused before anything starts."""
+    """The slowdown fallback cannot change speeds live: a schedule is refused before anything starts,
+    and the output folder of an earlier run is left as it was."""
+    earlier = tmp_path / "x"
+    earlier.mkdir()
+    (earlier / "phases.jsonl").write_text('{"phase": 0}\n')
     result = subprocess.run(
-        [sys.executable, "-m", "deploy.cli", "run", "--schedule", "dynamic", "--limiter", "slowdown", "--out", str(tmp_path / "x")],
+        [sys.executable, "-m", "deploy.cli", "run", "--schedule", "dynamic", "--limiter", "slowdown", "--out", str(earlier)],
         capture_output=True, text=True, env=ENV, timeout=60, check=False,
     )
     assert result.returncode == 2
     errors = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(errors) == 1 and "cannot change a worker's speed while it runs" in errors[0], result.stderr
-    assert not (tmp_path / "x" / "metrics.jsonl").exists()
+    assert [p.name for p in earlier.iterdir()] == ["phases.jsonl"]
+    assert (earlier / "phases.jsonl").read_text() == '{"phase": 0}\n'
+
+
+def test_bad_output_folder_and_mixed_server_shares_are_refused_when_planned(tmp_path: Path) -> None:
+    from deploy.emulator import RunConfig, resolve
+
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    with pytest.raises(ValueError, match="--out .*afile exists and is not a folder"):
+        resolve(RunConfig(out=afile, quick=True))
+    assert afile.read_text() == "keep"
+    (tmp_path / "plain-asp.yaml").write_text("bsp:\n  workers: [6, 6, 4, 32]\nasp:\n  workers: [4, 4, 4, 28]\n")  # no server share
+    (tmp_path / "mixed.yaml").write_text("kind: schedule\nevery_epochs: 1\nphases: [plain-asp.yaml, hl8]\n")
+    with pytest.raises(ValueError, match="in asp every phase must give the server a share of cores, or none must: plain-asp give none"):
+        resolve(RunConfig(schedule=str(tmp_path / "mixed.yaml"), mode="asp", out=tmp_path / "y"))
+    assert not (tmp_path / "y").exists()
+    assert resolve(RunConfig(schedule=str(tmp_path / "mixed.yaml"), mode="bsp", out=tmp_path / "y")).server_shares == [None, None]
 
 
 @pytest.mark.parametrize(
@@ -297,6 +318,10 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
         (["--server-arg=--workers 3"], "set by the emulator"),
         (["--server-arg", "--deadband 0.2 --epochs 3"], "use ps-cluster run --epochs"),
         (["--cpu-budget", "0"], "expected a number > 0"),
+        (["--server-arg=--epoch=3"], "--server-arg --epoch (that is --epochs): use ps-cluster run --epochs"),
+        (["--server-arg=--work 2"], "--server-arg --work (that is --workers) is set by the emulator"),
+        (["--server-arg=--bogus"], "ps-server would refuse these arguments: unrecognized arguments: --bogus"),
+        (["--adjust-every", "foo"], "--adjust-every takes 'epoch' or a positive integer, got 'foo'"),
         (["--model", "resnet9000", "--quick"], "unknown model 'resnet9000'"),
     ],
 )

@@ -190,6 +190,9 @@ def test_unknown_name_lists_the_known_ones() -> None:
         ("bsp:\n  worker: [1]\n", "unknown key.*worker.*allowed: server, workers"),
         ("ssp:\n  workers: [1]\n", "unknown key.*ssp"),
         ("kind: schedule\nbsp:\n  workers: [1]\n", "kind is 'schedule', expected 'profile'"),
+        ("bsp:\n  workers: [1, 2]\n  1: 2\n  null: 3\n", "unknown key.*1, None; allowed: server, workers"),
+        ("bsp:\n  workers: [1, 1" + "0" * 400 + "]\n", r"workers\[1\] must be a number of CPU cores > 0, got 10+\.\.\.$"),
+        ("asp:\n  workers: [1]\n  server: 1" + "0" * 400 + "\n", "asp.server must be a number of CPU cores"),
     ],
 )
 def test_bad_profile_files_give_clear_errors(tmp_path: Path, text: str, message: str) -> None:
@@ -241,6 +244,7 @@ def test_user_schedule_with_relative_profile_paths(tmp_path: Path) -> None:
         ("every_epochs: 0\nphases: [hl1]\n", "every_epochs must be a whole number > 0"),
         ("every_epochs: 1.5\nphases: [hl1]\n", "every_epochs must be a whole number"),
         ("every_seconds: -3\nphases: [hl1]\n", "every_seconds must be a number > 0"),
+        ("every_seconds: 1" + "0" * 400 + "\nphases: [hl1]\n", "every_seconds must be a number > 0, got 10+\\.\\.\\.$"),
         ("every_epochs: 1\nphases: []\n", "phases must be a non-empty list"),
         ("every_epochs: 1\nphases: hl1\n", "phases must be a non-empty list"),
         ("every_epochs: 1\nphases: [hl1, hl3]\n", "phase 'hl3': unknown profile 'hl3'; known profiles"),
