@@ -46,7 +46,7 @@ from benchmarks import analysis
 from benchmarks.report_output import print_report, save_report
 from benchmarks.workload import Workload, spawn, stop
 from deploy.cgroups import CgroupBackend, CpuLimiter, detect_backend, slowdown_factors
-from deploy.cli import positive_float, positive_int
+from ps.arg_types import positive_float, positive_int
 from deploy.profiles import (
     Profile,
     Schedule,

@@ -29,7 +29,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import json
-import math
 import os
 import platform
 import signal
@@ -45,6 +44,7 @@ from typing import Any
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
+from ps.arg_types import positive_float, positive_int
 from ps.metrics import read_metrics
 
 CHILD_ENV = {
@@ -299,20 +299,6 @@ def render_table(report: dict[str, Any]) -> str:
         ("errors", len(report["errors"])), ("server peak RSS MB", report["server_peak_rss_mb"]),
     ]
     return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    value = float(text)
-    if not value > 0 or not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -8,7 +8,6 @@ arguments and returns an exit code). Errors end with exit status 2 and one line 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import textwrap
 from collections.abc import Callable, Sequence
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn, TypeAlias
 
 from deploy import compose_env, docker_schedule
+from ps.arg_types import positive_float, positive_int
 from deploy.profiles import (
     MODES,
     builtin_profiles,
@@ -36,17 +36,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
-
-
-def positive_float(text: str) -> float:
-    """An argparse type for a finite number > 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
-    return value
 
 
 def _mode_argument(parser: argparse.ArgumentParser) -> None:
@@ -152,17 +141,6 @@ def add_list_command(subcommands: Subcommands) -> None:
         description="Show the built-in profiles (cores per worker) and schedules (phases).",
     )
     parser.set_defaults(handler=_list)
-
-
-def positive_int(text: str) -> int:
-    """An argparse type for a whole number > 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
-    return value
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 import torch
 
+from ps.arg_types import split_host_port
 from ps.checkpoint import Checkpointer, latest_checkpoint
 from ps.stack_dump import enable_stack_dump
 from ps.controller import BatchController, ControllerConfig
@@ -309,8 +310,7 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     if args.shard_addresses is not None:
         addresses = [a.strip() for a in args.shard_addresses.split(",") if a.strip()]
         for address in addresses:
-            host, sep, port = address.rpartition(":")
-            if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            if split_host_port(address) is None:
                 raise ValueError(f"--shard-addresses: expected HOST:PORT, got {address!r}")
         if not addresses:
             raise ValueError("--shard-addresses lists no address")

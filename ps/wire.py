@@ -97,9 +97,18 @@ def flatten_grads(model: nn.Module, out: torch.Tensor | None = None) -> torch.Te
 
 
 def load_flat(model: nn.Module, flat: torch.Tensor) -> None:
-    """Make the model's parameters views of the flat vector (fp32 parameters: no copy, so values
-    decoded into `flat` later are in the model at once; other dtypes get a converted copy)."""
-    torch.nn.utils.vector_to_parameters(flat.to(next(model.parameters()).dtype), model.parameters())
+    """Make the model's parameters views of the flat vector (parameters of its dtype: no copy, so
+    values decoded into `flat` later are in the model at once); a parameter of another dtype gets a
+    converted copy and keeps its dtype (the model's Layout stays the same)."""
+    params = list(model.parameters())
+    if all(p.dtype == flat.dtype for p in params):
+        torch.nn.utils.vector_to_parameters(flat, params)
+        return
+    offset = 0
+    for p in params:
+        n = p.numel()
+        p.data = flat[offset : offset + n].view_as(p).to(p.dtype)
+        offset += n
 
 
 def encode(flat: torch.Tensor, wire_dtype: str = "float32") -> memoryview:

@@ -103,6 +103,23 @@ def test_bucketed_step_equals_the_server_optimizer_step() -> None:
         collective.close()
 
 
+def test_the_round_check_holds_past_the_rounds_fp32_can_count() -> None:
+    """Each rank adds its round into the fp32 bucket to check the group is in step; the round itself
+    stops being exact in fp32 at 2^24 + 1, so the check adds it modulo ROUND_CHECK_MODULUS (it raised
+    "collective out of step" at round 16,777,217 before)."""
+    spec = JobSpec(workers=1, global_batch=8)
+    model = build_model("mlp", (64,), 10, {"hidden": 16}, 0)
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    collective = Collective(spec, model, "127.0.0.1", host.port, timeout_s=30)
+    try:
+        for round in (2**24, 2**24 + 1, 2**31 + 3):
+            plan = StepPlan(round, round, 0, 8, False, 0.0, 8, generation=1, rank=0, world_size=1, backend="gloo")
+            assert collective.step(torch.zeros(collective.params.numel()), 8, plan)
+        assert collective.round == 2**31 + 4
+    finally:
+        collective.close()
+
+
 @pytest.mark.parametrize("algorithm", ["hub", "ring"])
 def test_a_group_of_three_reduces_to_the_batch_weighted_mean(tmp_path: Path, algorithm: str) -> None:
     """Three ranks in their own processes (gloo), several bucket parts, a hub that is not rank 0 and

@@ -52,6 +52,10 @@ def test_server_error_is_one_line_from_a_real_process() -> None:
     [
         (["--server", "127.0.0.1:1", "--slowdown", "0.5"], "--slowdown"),
         (["--server", "nohostport"], "HOST:PORT"),
+        (["--server", "127.0.0.1:99999"], "expected HOST:PORT with a port in 1-65535, got '127.0.0.1:99999'"),
+        (["--server", "127.0.0.1:1", "--timeout", "nan"], "--timeout: expected a finite number, got 'nan'"),
+        (["--server", "127.0.0.1:1", "--slowdown", "inf"], "--slowdown: expected a finite number, got 'inf'"),
+        (["--server", "127.0.0.1:1", "--retry-for", "-5"], "--retry-for: expected a number >= 0, got '-5'"),
         (["--server", "127.0.0.1:1", "--threads", "0"], "--threads"),
         (["--server", "127.0.0.1:1", "--heap-reserve", "-1"], "--heap-reserve"),
         (["--server", "127.0.0.1:1", "--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),

@@ -312,6 +312,20 @@ def test_load_flat_makes_the_parameters_views_of_the_buffer(model: nn.Module) ->
     assert all(start <= p.data_ptr() < end for p in model.parameters())
 
 
+def test_load_flat_keeps_each_parameters_dtype() -> None:
+    """A model with parameters of mixed dtypes keeps them (and its Layout): before, every parameter
+    took the first one's dtype, and a worker's rejoin then saw "a different job"."""
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 2).to(torch.bfloat16))
+    layout = Layout.of(model)
+    flat = flatten_params(model).add_(0.5)
+    load_flat(model, flat)
+    assert Layout.of(model) == layout
+    assert [p.dtype for p in model.parameters()] == [torch.float32, torch.float32, torch.bfloat16, torch.bfloat16]
+    torch.testing.assert_close(flatten_params(model), flat, rtol=0, atol=2e-2)  # bf16's rounding
+    assert torch.equal(model[0].weight.reshape(-1), flat[:12])  # fp32 values exactly; as views, no copy
+    assert model[0].weight.data_ptr() == flat.data_ptr()
+
+
 def test_layout_and_wire_round_trip_through_a_model(model: nn.Module) -> None:
     """flatten -> encode -> chunks -> decode -> load_flat reproduces the model exactly (fp32)."""
     flat = flatten_params(model)

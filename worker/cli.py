@@ -12,12 +12,13 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ps.arg_types import float_at_least, host_port, positive_float, positive_int
 from ps.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from ps.security import TOKEN_ENV, resolve_token
 from ps.stack_dump import enable_stack_dump
 from worker.client import ServerError, channel_credentials
 from worker.device import DEVICE_CHOICES, resolve_device
-from worker.runtime import Session, connect, default_cores
+from worker.runtime import JobSetupError, Session, connect, default_cores
 
 
 def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
@@ -45,18 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Join a parameter server, build the job's model and data, and train until the server ends the job.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--server", required=True, metavar="HOST:PORT", help="the parameter server to join")
+    p.add_argument("--server", required=True, type=host_port, metavar="HOST:PORT", help="the parameter server to join")
     p.add_argument("--name", default=None, help="worker name shown in logs (unset: host-pid)")
-    p.add_argument("--cores", type=float, default=None, help="declared resources for the static plan (unset: usable CPUs)")
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--cores", type=positive_float, default=None, help="declared resources for the static plan (unset: usable CPUs)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
     p.add_argument("--device", default="auto",
                    help=f"where the model computes: {DEVICE_CHOICES} (auto: a GPU when there is one). In an --allreduce "
                         "job the group uses NCCL when every worker is on its own GPU, gloo otherwise")
-    p.add_argument("--slowdown", type=float, default=1.0, help="multiply compute time by F (sleeps), to emulate a slow worker")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the server to answer")
-    p.add_argument("--retry-for", type=float, default=120.0,
+    p.add_argument("--slowdown", type=float_at_least(1.0), default=1.0, help="multiply compute time by F (sleeps), to emulate a slow worker")
+    p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
+    p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
-    p.add_argument("--log-every", type=float, default=5.0, help="seconds between progress lines")
+    p.add_argument("--log-every", type=positive_float, default=5.0, help="seconds between progress lines")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     p.add_argument("--tls-ca", default=None, metavar="PATH", help="connect over TLS, trusting this PEM CA")
     p.add_argument("--tls-cert", default=None, metavar="PATH", help="mutual TLS: this worker's PEM certificate")
@@ -76,12 +77,6 @@ def _terminate(signum: int, frame: object) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.threads < 1 or args.slowdown < 1.0 or (args.cores is not None and args.cores <= 0):
-        print("ps-worker: error: --threads must be >= 1, --slowdown >= 1 and --cores > 0", file=sys.stderr)
-        return 2
-    if ":" not in args.server:
-        print(f"ps-worker: error: --server must be HOST:PORT, got {args.server!r}", file=sys.stderr)
-        return 2
     try:
         token = resolve_token(args.token)
         channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)
@@ -109,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ServerError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         code = 1
+    except JobSetupError as exc:  # the job names a model or dataset this worker cannot build
+        print(f"ps-worker: error: {exc}", file=sys.stderr)
+        code = 2
     except KeyboardInterrupt:
         code = 0
     if session is not None and not session.closed:

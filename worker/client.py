@@ -30,6 +30,7 @@ from ps.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0  # PSClient.close: how long a channel close may take before it is given up
+LEAVE_TIMEOUT_S = 10.0  # PSClient.leave: how long to wait for the server to answer a Leave
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
@@ -392,9 +393,11 @@ class PSClient:
             raise _error(exc) from None
         return out if header.num_values else None
 
-    def leave(self, worker_id: str) -> None:
+    def leave(self, worker_id: str, timeout: float = LEAVE_TIMEOUT_S) -> None:
+        """Tell the server this worker is going; DEADLINE_EXCEEDED after `timeout` s (a server that is
+        reachable but does not answer must not hold up an exit or a rejoin)."""
         try:
-            self._stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id))
+            self._stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id), timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
 

@@ -32,6 +32,9 @@ from worker.client import ServerError, StepPlan
 BUCKET_BYTES = 25 * 1024 * 1024
 KEY_PREFIX = "hetero-ps/gen-{}/"
 CHECK_EVERY_S = 0.5  # while a group forms: how often to ask the server whether its generation still stands
+ROUND_CHECK_MODULUS = 4096
+"""Each rank adds its round modulo this into the fp32 bucket: the sum stays exact (under 2^24) for any
+round and up to 4096 ranks, and a rank one round or a few out of step still shows."""
 
 
 class CollectiveError(RuntimeError):
@@ -222,9 +225,12 @@ class Collective:
         n = grads.numel()
         hub = self.world_size > 1 and self.spec.hub_reduce(self.backend)
         bucket = self._bucket_for(n + 3)
-        torch.mul(grads, batch, out=bucket[:n])  # one pass (a copy then a scale was two)
+        if grads.device == bucket.device:
+            torch.mul(grads, batch, out=bucket[:n])  # one pass (a copy then a scale was two)
+        else:  # a GPU worker in a gloo group: the bucket is on the CPU
+            bucket[:n].copy_(grads).mul_(batch)
         bucket[n] = float(batch)
-        bucket[n + 1] = float(plan.round)
+        bucket[n + 1] = float(plan.round % ROUND_CHECK_MODULUS)
         bucket[n + 2] = float(plan.hub_rank)  # every rank must agree on the hub, as on the round
         try:
             if hub:
@@ -236,11 +242,11 @@ class Collective:
             self.close_group()
             raise CollectiveError(f"all-reduce in group generation {generation} failed: {exc}") from exc
         total, rounds, hubs = bucket[n : n + 3].tolist()
-        if rounds != float(plan.round) * self.world_size or (hub and hubs != float(plan.hub_rank) * self.world_size):
+        if rounds != float(plan.round % ROUND_CHECK_MODULUS) * self.world_size or (hub and hubs != float(plan.hub_rank) * self.world_size):
             self.close_group()
             raise RuntimeError(
                 f"collective out of step: this worker is at round {plan.round} (hub rank {plan.hub_rank}), the group's "
-                f"rounds sum to {rounds:g} (hub ranks to {hubs:g}) over {self.world_size} workers"
+                f"rounds modulo {ROUND_CHECK_MODULUS} sum to {rounds:g} (hub ranks to {hubs:g}) over {self.world_size} workers"
             )
         return bucket[:n].div_(total)
 

@@ -20,6 +20,7 @@ all-reduces with the other workers and steps a local optimizer instead (worker/c
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -34,7 +35,7 @@ from ps.jobspec import JobSpec
 from ps.models import build_model
 from ps.wire import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
-from worker.client import Joined, PSClient, ServerError, StepPlan, reachable_address
+from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPlan, reachable_address
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.heartbeat import Heartbeat
@@ -58,6 +59,11 @@ def slowdown_delay(wall_s: float, cpu_s: float, slowdown: float) -> float:
     time it used, so time spent stopped (SIGSTOP) or waiting for a CPU is not multiplied.
     """
     return max(0.0, min(wall_s, cpu_s)) * (slowdown - 1.0)
+
+
+class JobSetupError(ValueError):
+    """The job the server runs names a model or dataset this worker cannot build (a module it
+    cannot import, options its builder refuses): the worker's set-up, not the server, is at fault."""
 
 
 class Session:
@@ -85,6 +91,8 @@ class Session:
             self._setup(joined)
         except BaseException:
             self._heartbeat.stop()
+            with contextlib.suppress(ServerError):  # a member that will never push: BSP peers need not wait --evict-after
+                client.leave(self.worker_id)
             raise
         self._fetch_started: float | None = None
         self._fetch_cpu = 0.0
@@ -99,10 +107,13 @@ class Session:
         (the wire's and the collective's buffer) stay on the CPU; on a GPU the model gets a copy."""
         client = self.client
         self.spec: JobSpec = joined.spec
-        self.dataset: Dataset = build_dataset(self.spec.dataset, self.spec.dataset_options, self.spec.seed)
-        self.model: nn.Module = build_model(
-            self.spec.model, self.dataset.input_shape, self.dataset.num_classes, self.spec.model_options, self.spec.seed
-        )
+        try:
+            self.dataset: Dataset = build_dataset(self.spec.dataset, self.spec.dataset_options, self.spec.seed)
+            self.model: nn.Module = build_model(
+                self.spec.model, self.dataset.input_shape, self.dataset.num_classes, self.spec.model_options, self.spec.seed
+            )
+        except ValueError as exc:
+            raise JobSetupError(f"this worker cannot build the job's data and model: {exc}") from exc
         if Layout.of(self.model) != joined.layout:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
         self._collective: Collective | None = None
@@ -311,10 +322,13 @@ class Session:
             return self.client.pull(self.worker_id, self._params, header_only=self.spec.allreduce)
         if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
             raise error
+        deadline = time.monotonic() + self.retry_for  # one bound for the waits and the attempts together
         for delay in Backoff(total=self.retry_for).delays():
-            time.sleep(delay)
+            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+            if time.monotonic() >= deadline:
+                break
             try:
-                return self._rejoin()
+                return self._rejoin(deadline)
             except ServerError as exc:
                 if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"):
                     raise
@@ -323,12 +337,12 @@ class Session:
                 error = exc
         raise ServerError(error.code, f"gave up after {self.retry_for:.0f}s of retries: {error.message}")
 
-    def _rejoin(self) -> StepPlan:
-        try:
-            self.client.leave(self.worker_id)
-        except ServerError:
-            pass
-        joined = self.client.join(self.name, self.cores, timeout=self.retry_for, cuda_device=gpu_uuid(self.device))
+    def _rejoin(self, deadline: float) -> StepPlan:
+        """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic)."""
+        with contextlib.suppress(ServerError):
+            self.client.leave(self.worker_id, timeout=max(0.01, min(deadline - time.monotonic(), LEAVE_TIMEOUT_S)))
+        joined = self.client.join(self.name, self.cores, timeout=max(0.01, deadline - time.monotonic()),
+                                  cuda_device=gpu_uuid(self.device))
         if joined.spec != self.spec or joined.layout != Layout.of(self.model):
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
         if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
@@ -360,10 +374,10 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, exc_type: object, *rest: object) -> None:
+    def __exit__(self, *exc: object) -> None:
+        """Leave unless the job is done (an error, or a loop that stopped early), then close."""
         try:
-            if exc_type is not None:
-                self.leave()
+            self.leave()
         except ServerError:
             pass
         finally:

@@ -1,0 +1,65 @@
+"""argparse types for numbers and addresses that must be in range: a flag given nan, inf, a negative
+count or a port that cannot exist is a usage error (exit 2) at once, never a value a program runs
+with until it fails somewhere else."""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    value = _finite(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def float_at_least(least: float) -> Callable[[str], float]:
+    """A type for a finite number >= `least`."""
+
+    def parse(text: str) -> float:
+        value = _finite(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a number >= {least:g}, got {text!r}")
+        return value
+
+    return parse
+
+
+def positive_int(text: str) -> int:
+    """A whole number > 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
+    return value
+
+
+def split_host_port(text: str) -> tuple[str, int] | None:
+    """`text` as (host, port) when it is HOST:PORT with a port in 1-65535 ([::1]:PORT for IPv6), else None."""
+    host, sep, port = text.strip().rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        return None
+    return host, int(port)
+
+
+def host_port(text: str) -> str:
+    """HOST:PORT, as given (stripped), with a port in 1-65535."""
+    if split_host_port(text) is None:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port in 1-65535, got {text!r}")
+    return text.strip()
