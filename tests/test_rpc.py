@@ -763,3 +763,10 @@ def test_job_end_is_reported(ps_server, threads) -> None:
     h, _ = push(c.stub, push_chunks(header(c.ids["b"], grad, round=1), grad))  # a late push just hears "done"
     assert h.done and h.round == 1
     assert json.loads(c.joins["a"].job_json)["epochs"] == 1
+
+
+def test_a_reply_that_ends_before_its_header_is_a_server_error() -> None:
+    from worker.client import ServerError, _receive
+
+    with pytest.raises(ServerError, match="INTERNAL: the server's reply ended before its header"):
+        _receive(iter([]), torch.empty(0))

@@ -359,10 +359,12 @@ class PSClient:
             for future in futures:
                 future.result()
             return plan
-        except grpc.RpcError as exc:
+        except BaseException as exc:  # an RPC error, or a reply that does not decode: no call is left running
             for call in [main, *calls]:
                 call.cancel()
-            raise _error(exc) from None
+            if isinstance(exc, grpc.RpcError):
+                raise _error(exc) from None
+            raise
 
     def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False) -> StepPlan:
         """The current plan, and the parameters into `out` unless `header_only`."""
@@ -382,7 +384,9 @@ class PSClient:
         request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True)
         try:
             stream = self._pull(request)
-            first = next(stream)
+            first = next(stream, None)
+            if first is None:
+                raise ServerError("INTERNAL", "the server's reply ended before its header")
             if not first.fields.header.optimizer_state:
                 stream.cancel()
                 log.warning("the server sends no optimizer state (an older version): the momentum starts at zero")
@@ -456,7 +460,9 @@ def _receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming 
 
 def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> ps_pb2.ParamsHeader:
     """A reply's header; its values (if it carries any: header.num_values) land in `out`."""
-    first = next(stream)
+    first = next(stream, None)
+    if first is None:
+        raise ServerError("INTERNAL", "the server's reply ended before its header")
     if timing is not None:
         timing.replied = time.perf_counter()
     h = first.fields.header
