@@ -63,3 +63,14 @@ def host_port(text: str) -> str:
     if split_host_port(text) is None:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port in 1-65535, got {text!r}")
     return text.strip()
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0-65535 (0: the system picks a free one)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 0-65535, got {text!r}")
+    return value

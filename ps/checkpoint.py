@@ -82,12 +82,25 @@ def latest_checkpoint(directory: Path, warn: Callable[[str], None]) -> tuple[Pat
     return None
 
 
+def _check_writable(directory: Path) -> None:
+    """Create `directory` if needed and write a file in it: OSError naming it now, at start, instead of
+    every checkpoint of the run failing on a background thread."""
+    probe = directory / f".write-test-{os.getpid()}"
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise OSError(f"checkpoint directory {directory} is not writable: {exc.strerror or exc}") from None
+
+
 class Checkpointer:
     """Writes checkpoints on a background thread so the rounds do not wait on the disk."""
 
     def __init__(self, directory: Path, keep: int) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
+        _check_writable(directory)
         self.directory = directory
         self.keep = keep
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")

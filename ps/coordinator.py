@@ -33,6 +33,7 @@ from ps.membership import MAX_NAME, Member, Membership
 from ps.metrics import MetricsLog
 from ps.payload import FramedChunks, Payload, TensorSource
 from ps.rendezvous import Rendezvous, fast_path_fits, hub_rank
+from ps.shard import MAX_WAIT_S
 from ps.shard_client import RemoteShards, ShardFailure
 from ps.shard_ranges import slice_optimizer_state
 from ps.store import ParameterStore
@@ -292,7 +293,11 @@ class Coordinator:
         if not self.members:
             self._activate_pending()
         elif self.controller.plan():
-            self.controller.replan()
+            try:
+                self.controller.replan()
+            except ValueError as exc:  # the survivors' --max-batch cannot make up B: end, do not hang the round
+                self.stop(f"the workers left cannot split --global-batch ({exc})")
+                return
             self._log_adjust(changed=True)
         pushes = self._accumulator.count if self._accumulator is not None else self._round_batch
         if pushes and self._pushed >= set(self.members):
@@ -478,7 +483,7 @@ class Coordinator:
         try:
             if not self.done:
                 commit = asyncio.ensure_future(self.shards.commit(
-                    self.round, dict(self._contributions), self.store.lr, wait_s=self.evict_after))
+                    self.round, dict(self._contributions), self.store.lr, wait_s=min(self.evict_after, MAX_WAIT_S)))
                 self.store.apply_gradient(self._accumulator.result())
                 batch = self._accumulator.weight
                 self._accumulator.reset()

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import torch
 
-from ps.arg_types import split_host_port
+from ps.arg_types import float_at_least, port_number, positive_float, split_host_port
 from ps.checkpoint import Checkpointer, latest_checkpoint
 from ps.stack_dump import enable_stack_dump
 from ps.controller import BatchController, ControllerConfig
@@ -89,18 +89,18 @@ def build_parser() -> argparse.ArgumentParser:
                           "of 2(W-1) times; auto is hub over gloo, ring over NCCL")
     opt = p.add_argument_group("optimizer")
     opt.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="server optimizer (BSP)")
-    opt.add_argument("--lr", type=float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
-    opt.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (BSP)")
-    opt.add_argument("--weight-decay", type=float, default=0.0, help="L2 penalty")
+    opt.add_argument("--lr", type=positive_float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
+    opt.add_argument("--momentum", type=float_at_least(0.0), default=0.9, help="SGD momentum (BSP)")
+    opt.add_argument("--weight-decay", type=float_at_least(0.0), default=0.0, help="L2 penalty")
     opt.add_argument("--nesterov", action="store_true", help="Nesterov momentum (SGD)")
     opt.add_argument("--lr-milestones", default="", help="comma-separated epochs where lr is multiplied by --lr-gamma")
-    opt.add_argument("--lr-gamma", type=float, default=0.1, help="lr factor at each milestone")
+    opt.add_argument("--lr-gamma", type=positive_float, default=0.1, help="lr factor at each milestone")
     opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
     ctl = p.add_argument_group("batch controller")
     ctl.add_argument("--global-batch", type=int, default=128, help="B, split across the workers")
     ctl.add_argument("--controller", choices=["uniform", "static", "dynamic"], default="dynamic",
                      help="equal batches, Eq. 4a from declared cores, or Eq. 6 proportional control")
-    ctl.add_argument("--deadband", type=float, default=0.1, help="relative change below which a batch stays (Eq. 7)")
+    ctl.add_argument("--deadband", type=float_at_least(0.0), default=0.1, help="relative change below which a batch stays (Eq. 7)")
     ctl.add_argument("--min-batch", type=int, default=1, help="per-worker lower bound")
     ctl.add_argument("--max-batch", type=int, default=None, help="per-worker upper bound (unset: the global batch)")
     ctl.add_argument("--adjust-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
@@ -114,14 +114,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "time and the cycle are measured on the PS path with one server only (not with --allreduce "
                           "or --shards). auto (default): busy for BSP where it is measured, compute otherwise (ASP, "
                           "--allreduce, --shards)")
-    ctl.add_argument("--ewma-alpha", type=float, default=0.3, help="weight of the newest compute time in the EWMA")
+    ctl.add_argument("--ewma-alpha", type=positive_float, default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
     ctl.add_argument("--max-staleness", type=int, default=None, help="ASP: refuse updates older than this many versions")
     rel = p.add_argument_group("reliability")
     rel.add_argument("--max-workers", type=int, default=None,
                      help="workers allowed in the job at once, late joiners included (unset: --workers)")
-    rel.add_argument("--evict-after", type=float, default=10.0,
+    rel.add_argument("--evict-after", type=positive_float, default=10.0,
                      help="evict a worker not heard from (heartbeat or RPC) for this many seconds")
     rel.add_argument("--checkpoint-dir", type=Path, default=None, help="write checkpoints here")
     rel.add_argument("--checkpoint-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
@@ -131,9 +131,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="continue from the newest valid checkpoint in DIR (also checkpoints there)")
     net = p.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
-    net.add_argument("--port", type=int, default=50051, help="0 picks a free port (printed at start)")
+    net.add_argument("--port", type=port_number, default=50051, help="0 picks a free port (printed at start)")
     net.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
-    net.add_argument("--rendezvous-port", type=int, default=None,
+    net.add_argument("--rendezvous-port", type=port_number, default=None,
                      help="--allreduce: port of the workers' TCPStore rendezvous on --host (unset: a free port)")
     net.add_argument("--shards", type=int, default=1,
                      help="BSP: split the parameters by contiguous ranges across N server processes (this one and "
@@ -144,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
     net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
     net.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer and evaluation")
-    net.add_argument("--grace", type=float, default=10.0, help="seconds to wait for workers to hear the job ended")
+    net.add_argument("--grace", type=float_at_least(0.0), default=10.0, help="seconds to wait for workers to hear the job ended")
     net.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     net.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
     net.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
@@ -234,6 +234,8 @@ def build_job(args: argparse.Namespace) -> Job:
     )
     if args.workers * args.min_batch > args.global_batch:
         raise ValueError(f"{args.workers} workers x --min-batch {args.min_batch} exceeds --global-batch {args.global_batch}")
+    if args.max_batch is not None and args.workers * args.max_batch < args.global_batch:
+        raise ValueError(f"{args.workers} workers x --max-batch {args.max_batch} cannot make up --global-batch {args.global_batch}")
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ValueError("--max-staleness must be >= 0")
     if args.threads < 1 or args.grace < 0:
@@ -372,7 +374,11 @@ async def serve(
     except ShardFailure as exc:
         job.close_shards()
         raise OSError(str(exc)) from None
-    bound = security.add_port(server, f"{host}:{port}")
+    try:
+        bound = security.add_port(server, f"{host}:{port}")
+    except RuntimeError as exc:  # grpc raises on a port in use or a host it cannot resolve
+        job.close_shards()
+        raise OSError(f"cannot listen on {host}:{port}: {str(exc).split(';')[0]}") from None
     if bound == 0:
         job.close_shards()
         raise OSError(f"cannot listen on {host}:{port}")
@@ -396,12 +402,14 @@ async def serve(
         await loop.run_in_executor(None, job.evaluator.drain)
         if job.coordinator.evaluations:
             job.coordinator.last_accuracy = job.coordinator.evaluations[-1][1]
+        path = None
         if job.checkpointer is not None:
             try:
                 await job.coordinator.fetch_whole_model()
-            except ShardFailure as exc:
+            except ShardFailure as exc:  # the last checkpoint written stays the newest: its values match its step
                 print(f"ps-server: error: no final checkpoint: {exc}", file=sys.stderr, flush=True)
-        path = await loop.run_in_executor(None, job.final_checkpoint)
+            else:
+                path = await loop.run_in_executor(None, job.final_checkpoint)
         if path is not None:
             job.metrics.write("checkpoint", path=str(path), step=job.coordinator.step, epoch=job.coordinator.epoch)
         return job.metrics.write("summary", **job.coordinator.summary())
@@ -426,7 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
         job = build_job(args)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # OSError: a --metrics-log or --checkpoint-dir that cannot be written
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 2
     if security.warning:

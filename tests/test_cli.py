@@ -27,6 +27,13 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
         (["--adjust-every", "soon"], "--adjust-every"),
         (["--workers", "8", "--global-batch", "16", "--min-batch", "4"], "exceeds --global-batch"),
         (["--lr-milestones", "5,3"], "lr milestones"),
+        (["--port", "70000"], "--port: expected a port in 0-65535, got '70000'"),
+        (["--grace", "nan"], "--grace: expected a finite number, got 'nan'"),
+        (["--lr", "inf"], "--lr: expected a finite number, got 'inf'"),
+        (["--weight-decay", "nan"], "--weight-decay: expected a finite number"),
+        (["--workers", "2", "--global-batch", "128", "--max-batch", "10"], "2 workers x --max-batch 10 cannot make up --global-batch 128"),
+        (["--checkpoint-dir", "/dev/null/ckpt"], "checkpoint directory /dev/null/ckpt is not writable"),
+        (["--metrics-log", "/nonexistent-dir/x.jsonl"], "No such file or directory: '/nonexistent-dir/x.jsonl'"),
     ],
 )
 def test_server_rejects_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -123,3 +130,17 @@ def _catches(pid: int, signum: int) -> bool:
         if line.startswith("SigCgt:"):
             return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
     return False
+
+
+def test_server_on_a_port_in_use_says_so_in_one_line() -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = run("ps.server", "--port", str(port), "--model-arg", "hidden=8")
+    assert result.returncode == 1, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]  # gRPC's own log line may come first
+    assert lines[-1].startswith(f"ps-server: error: cannot listen on 127.0.0.1:{port}: Failed to bind"), result.stderr
+    assert "Traceback" not in result.stderr

@@ -205,3 +205,35 @@ def test_a_channel_close_that_hangs_is_given_up(caplog: pytest.LogCaptureFixture
     release.set()
     real_close()
     assert PSClient("127.0.0.1:1").close() is True
+
+
+def test_a_leave_that_leaves_too_few_workers_for_the_global_batch_ends_the_job(tmp_path: Path) -> None:
+    """--max-batch 64, B = 128: after one of two workers leaves, no plan can make up B. The job ends
+    with that reason and the survivor's open push is answered (before: the replan raised, the round
+    never closed and the survivor waited forever)."""
+    cluster = start_server(tmp_path, ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=8", "--global-batch", "128",
+                                      "--max-batch", "64", "--controller", "uniform", "--epochs", "100", "--grace", "1"])
+    clients = [PSClient(cluster.target) for _ in range(2)]
+    try:
+        joined: dict[int, object] = {}
+        threads = [threading.Thread(target=lambda k=k: joined.__setitem__(k, clients[k].join(f"w{k}", 1.0, timeout=60)))
+                   for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        a, b = joined[0], joined[1]
+        out = torch.empty(a.layout.numel)
+        plan = clients[0].pull(a.worker_id, out)
+        pending = clients[0].start_push(a.worker_id, torch.zeros(a.layout.numel), out, round=plan.round, version=plan.version,
+                                        batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+        clients[1].leave(b.worker_id)
+        reply = pending()
+        assert reply.done and "the workers left cannot split --global-batch" in reply.reason, reply
+        assert cluster.wait(60) == 0, cluster.server_log()
+        (summary,) = cluster.events("summary")
+        assert "cannot split --global-batch" in summary["reason"], summary
+    finally:
+        for client in clients:
+            client.close()
+        cluster.stop()
