@@ -46,7 +46,6 @@ from benchmarks import analysis
 from benchmarks.report_output import print_report, save_report
 from benchmarks.workload import Workload, spawn, stop
 from deploy.cgroups import CgroupBackend, CpuLimiter, detect_backend, slowdown_factors
-from ps.arg_types import positive_float, positive_int
 from deploy.profiles import (
     Profile,
     Schedule,
@@ -56,6 +55,7 @@ from deploy.profiles import (
     quota_period_us,
     scale,
 )
+from ps.arg_types import positive_float, positive_int
 
 SOURCE = "issue targets (design.md §7 anchors)"
 POLL_S = 0.1

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import NoReturn, TypeAlias
 
 from deploy import compose_env, docker_schedule
-from ps.arg_types import positive_float, positive_int
 from deploy.profiles import (
     MODES,
     builtin_profiles,
@@ -24,6 +23,7 @@ from deploy.profiles import (
     load_profile,
     load_schedule,
 )
+from ps.arg_types import positive_float, positive_int
 
 PROG = "ps-cluster"
 

@@ -322,7 +322,6 @@ class Emulation:
                 f"--schedule needs live CPU quotas, but the workers would run with fixed --slowdown factors "
                 f"({why}); the slowdown fallback cannot change a worker's speed while it runs"
             )
-        _check_out(plan.out)
         plan.out.mkdir(parents=True, exist_ok=True)
         self.phases_path.unlink(missing_ok=True)
         self._describe(cluster)

@@ -50,17 +50,15 @@ def positive_int(text: str) -> int:
     return value
 
 
-def split_host_port(text: str) -> tuple[str, int] | None:
-    """`text` as (host, port) when it is HOST:PORT with a port in 1-65535 ([::1]:PORT for IPv6), else None."""
+def is_host_port(text: str) -> bool:
+    """Whether `text` is HOST:PORT with a port in 1-65535 ([::1]:PORT for IPv6)."""
     host, sep, port = text.strip().rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
-        return None
-    return host, int(port)
+    return bool(sep and host and port.isdigit() and 0 < int(port) <= 65535)
 
 
 def host_port(text: str) -> str:
     """HOST:PORT, as given (stripped), with a port in 1-65535."""
-    if split_host_port(text) is None:
+    if not is_host_port(text):
         raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port in 1-65535, got {text!r}")
     return text.strip()
 

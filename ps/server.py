@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 import torch
 
-from ps.arg_types import float_at_least, port_number, positive_float, split_host_port
+from ps.arg_types import float_at_least, is_host_port, port_number, positive_float
 from ps.checkpoint import Checkpointer, latest_checkpoint
 from ps.stack_dump import enable_stack_dump
 from ps.controller import BatchController, ControllerConfig
@@ -312,7 +312,7 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     if args.shard_addresses is not None:
         addresses = [a.strip() for a in args.shard_addresses.split(",") if a.strip()]
         for address in addresses:
-            if split_host_port(address) is None:
+            if not is_host_port(address):
                 raise ValueError(f"--shard-addresses: expected HOST:PORT, got {address!r}")
         if not addresses:
             raise ValueError("--shard-addresses lists no address")

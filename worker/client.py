@@ -384,9 +384,7 @@ class PSClient:
         request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True)
         try:
             stream = self._pull(request)
-            first = next(stream, None)
-            if first is None:
-                raise ServerError("INTERNAL", "the server's reply ended before its header")
+            first = _first_chunk(stream)
             if not first.fields.header.optimizer_state:
                 stream.cancel()
                 log.warning("the server sends no optimizer state (an older version): the momentum starts at zero")
@@ -458,11 +456,17 @@ def _receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming 
                     h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested, h.hub_rank)
 
 
-def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> ps_pb2.ParamsHeader:
-    """A reply's header; its values (if it carries any: header.num_values) land in `out`."""
+def _first_chunk(stream: Iterator[DataChunk]) -> DataChunk:
+    """A reply's first chunk (its header); a ServerError if the stream ends before it."""
     first = next(stream, None)
     if first is None:
         raise ServerError("INTERNAL", "the server's reply ended before its header")
+    return first
+
+
+def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> ps_pb2.ParamsHeader:
+    """A reply's header; its values (if it carries any: header.num_values) land in `out`."""
+    first = _first_chunk(stream)
     if timing is not None:
         timing.replied = time.perf_counter()
     h = first.fields.header

@@ -230,7 +230,8 @@ class Collective:
         else:  # a GPU worker in a gloo group: the bucket is on the CPU
             bucket[:n].copy_(grads).mul_(batch)
         bucket[n] = float(batch)
-        bucket[n + 1] = float(plan.round % ROUND_CHECK_MODULUS)
+        round_mark = float(plan.round % ROUND_CHECK_MODULUS)
+        bucket[n + 1] = round_mark
         bucket[n + 2] = float(plan.hub_rank)  # every rank must agree on the hub, as on the round
         try:
             if hub:
@@ -242,7 +243,7 @@ class Collective:
             self.close_group()
             raise CollectiveError(f"all-reduce in group generation {generation} failed: {exc}") from exc
         total, rounds, hubs = bucket[n : n + 3].tolist()
-        if rounds != float(plan.round % ROUND_CHECK_MODULUS) * self.world_size or (hub and hubs != float(plan.hub_rank) * self.world_size):
+        if rounds != round_mark * self.world_size or (hub and hubs != float(plan.hub_rank) * self.world_size):
             self.close_group()
             raise RuntimeError(
                 f"collective out of step: this worker is at round {plan.round} (hub rank {plan.hub_rank}), the group's "
