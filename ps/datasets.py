@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ps.factory_options import built, finite, whole
 from ps.registry import resolve
 
 
@@ -60,6 +61,7 @@ DIGITS_FILE = ("datasets", "data", "digits.csv.gz")  # inside the sklearn packag
 
 def digits(seed: int, test_fraction: float = 0.2) -> Dataset:
     """scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package), as 1x8x8 in [0, 1]."""
+    test_fraction = finite("test_fraction", test_fraction, 0.0, 1.0, open_low=True, open_high=True)
     pixels, labels = digits_arrays()
     x = (pixels / 16.0).reshape(-1, 1, 8, 8)
     return _split(x, labels, test_fraction, seed, 10)
@@ -101,8 +103,10 @@ def synthetic(
     builds its data after Join, at its emulated share, and the float64 draw, its conversion and the
     shuffled split cost 0.65 s of CPU for the default 4096 images (~5 s for a 1/8-core worker),
     against 0.1 s now."""
-    if size < 2 or image_size < 4 or channels < 1 or num_classes < 2:
-        raise ValueError("synthetic needs size >= 2, image_size >= 4, channels >= 1, num_classes >= 2")
+    size, image_size = whole("size", size, 2), whole("image_size", image_size, 4)
+    channels, num_classes = whole("channels", channels, 1), whole("num_classes", num_classes, 2)
+    noise = finite("noise", noise, 0.0)
+    test_fraction = finite("test_fraction", test_fraction, 0.0, 1.0, open_low=True, open_high=True)
     n_test = _test_count(size, test_fraction)
     g = torch.Generator().manual_seed(seed)
     shape = (channels, image_size, image_size)
@@ -118,10 +122,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {"digits": digits, "synthetic": sy
 def build_dataset(name: str, options: dict, seed: int) -> Dataset:
     """Build the named dataset; errors say which option was wrong."""
     factory = resolve(name, DATASETS, "dataset")
-    try:
-        dataset = factory(seed, **options)
-    except TypeError as exc:
-        raise ValueError(f"dataset {name!r} rejected its options {options}: {exc}") from exc
+    dataset = built("dataset", name, options, lambda: factory(seed, **options))
     if not isinstance(dataset, Dataset):
         raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not ps.datasets.Dataset")
     return dataset

@@ -8,12 +8,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from ps.factory_options import built, whole
 from ps.registry import resolve
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128, layers: int = 2) -> nn.Module:
     """A ReLU MLP on the flattened input; ``hidden`` can be raised to make a wide (large) model."""
-    dims = [math.prod(input_shape)] + [int(hidden)] * int(layers)
+    dims = [math.prod(input_shape)] + [whole("hidden", hidden, 1)] * whole("layers", layers, 0)
     body: list[nn.Module] = [nn.Flatten()]
     for d_in, d_out in zip(dims, dims[1:]):
         body += [nn.Linear(d_in, d_out), nn.ReLU()]
@@ -27,7 +28,7 @@ class SmallCNN(nn.Module):
     def __init__(self, input_shape: tuple[int, ...], num_classes: int, width: int = 32) -> None:
         super().__init__()
         channels, height, width_px = input_shape
-        w = int(width)
+        w = whole("width", width, 1)
         self.features = nn.Sequential(
             nn.Conv2d(channels, w, 3, padding=1),
             nn.ReLU(),
@@ -58,10 +59,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, optio
     factory = resolve(name, MODELS, "model")
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        try:
-            model = factory(tuple(input_shape), num_classes, **options)
-        except TypeError as exc:
-            raise ValueError(f"model {name!r} rejected its options {options}: {exc}") from exc
+        model = built("model", name, options, lambda: factory(tuple(input_shape), num_classes, **options))
     if not isinstance(model, nn.Module):
         raise ValueError(f"model factory {name!r} returned {type(model).__name__}, not an nn.Module")
     return model

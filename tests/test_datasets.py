@@ -47,3 +47,21 @@ def test_synthetic_is_the_same_in_every_process_for_a_seed() -> None:
     assert a.train_x.is_contiguous() and set(a.train_y.tolist()) <= set(range(10))
     with pytest.raises(ValueError, match="test_fraction must be in"):
         build_dataset("synthetic", {"test_fraction": 1.0}, 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "options", "needle"),
+    [
+        ("synthetic", {"size": 1}, "size must be >= 2"),
+        ("synthetic", {"image_size": 8.5}, "image_size must be a whole number >= 4"),
+        ("synthetic", {"noise": float("inf")}, "noise must be a finite number"),
+        ("synthetic", {"noise": -1}, "noise must be in [0, inf]"),
+        ("synthetic", {"channels": True}, "channels must be a whole number"),
+        ("digits", {"test_fraction": 0}, "test_fraction must be in (0, 1)"),
+        ("digits", {"colour": 1}, "unexpected keyword argument 'colour'"),
+    ],
+)
+def test_bad_dataset_options_are_one_value_error_naming_the_option(name: str, options: dict, needle: str) -> None:
+    with pytest.raises(ValueError, match=r"dataset '\w+' rejected its options") as caught:
+        build_dataset(name, options, seed=0)
+    assert needle in str(caught.value)

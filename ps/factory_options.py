@@ -1,0 +1,46 @@
+"""Checks for the options a model or dataset factory takes (`--model-arg`, `--dataset-arg`).
+
+The options arrive as JSON-parsed command-line values, so a factory gets whatever a user typed: a
+negative width, a string, `NaN`. These checks turn such a value into a ValueError that names the
+option, before torch fails somewhere deeper with a traceback that does not, or builds a model with
+no parameters that trains nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def whole(name: str, value: Any, minimum: int) -> int:
+    """`value` as an int >= `minimum`; a bool, a fraction or a non-number is a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+        raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def finite(name: str, value: Any, low: float, high: float = math.inf, *, open_low: bool = False,
+           open_high: bool = False) -> float:
+    """`value` as a finite float in [low, high] (either end open when asked); else a ValueError."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    below = value <= low if open_low else value < low
+    above = value >= high if open_high else value > high
+    if below or above:
+        left, right = "(" if open_low else "[", ")" if open_high else "]"
+        raise ValueError(f"{name} must be in {left}{low:g}, {high:g}{right}, got {value!r}")
+    return float(value)
+
+
+def built(kind: str, name: str, options: dict[str, Any], build: Callable[[], T]) -> T:
+    """Call `build()` (a factory applied to `options`); any error it raises becomes one ValueError
+    naming the factory and its options (a user's factory may raise anything)."""
+    try:
+        return build()
+    except Exception as exc:  # noqa: BLE001 - a boundary: the factory is the user's code
+        raise ValueError(f"{kind} {name!r} rejected its options {options}: {exc}") from exc
