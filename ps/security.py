@@ -150,10 +150,18 @@ class ServerSecurity:
         return [TokenInterceptor(self.token)] if self.token is not None else []
 
     def add_port(self, server: grpc.aio.Server, address: str) -> int:
-        """Bind `address` (TLS when configured); returns the port, 0 if binding failed."""
-        if self.credentials is None:
-            return server.add_insecure_port(address)
-        return server.add_secure_port(address, self.credentials)
+        """Bind `address` (TLS when configured); returns the port. OSError with one line when it cannot
+        (grpc raises a RuntimeError for a port in use or a host it cannot resolve, or returns 0)."""
+        try:
+            if self.credentials is None:
+                bound = server.add_insecure_port(address)
+            else:
+                bound = server.add_secure_port(address, self.credentials)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {address}: {str(exc).split(';')[0]}") from None
+        if bound == 0:
+            raise OSError(f"cannot listen on {address}")
+        return bound
 
 
 def load_server_security(

@@ -7,7 +7,7 @@ import asyncio
 import functools
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,7 @@ from ps.jobspec import (
 from ps.memory import tune_malloc
 from ps.metrics import MetricsLog
 from ps.models import build_model
+from ps.port_file import PortFile
 from ps.rendezvous import Rendezvous
 from ps.security import ServerSecurity, load_server_security, resolve_token
 from ps.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
@@ -274,8 +275,10 @@ def build_job(args: argparse.Namespace) -> Job:
                                         fast_path_on_gpus)
         if resume_from is not None:
             path, state = resume_from
-            coordinator.restore(state)
+            changes = coordinator.restore(state)
             print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
+            if changes:
+                print(f"ps-server: warning: {describe_controller_changes(changes)}", file=sys.stderr, flush=True)
     except BaseException:
         if local_shards is not None:
             local_shards.stop()
@@ -304,6 +307,20 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
         shards=shards,
         fast_path_on_gpus=fast_path_on_gpus,
     )
+
+
+CONTROLLER_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
+                    "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start"}
+"""The ps-server flag of each ControllerConfig field a resume may change."""
+
+
+def describe_controller_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    """The warning for a resume whose controller flags differ from the checkpoint's (Coordinator.restore)."""
+    shown = ", ".join(
+        f"{CONTROLLER_FLAGS.get(name, name)} {'unset' if old is None else old} -> {'unset' if new is None else new}"
+        for name, (old, new) in changes.items()
+    )
+    return f"the controller settings differ from the checkpoint's ({shown}); the command line's apply"
 
 
 def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
@@ -363,7 +380,7 @@ def print_progress(record: dict[str, Any]) -> None:
 
 
 async def serve(
-    job: Job, host: str, port: int, port_file: Path | None, grace: float, security: ServerSecurity | None = None
+    job: Job, host: str, port: int, port_file: PortFile | None, grace: float, security: ServerSecurity | None = None
 ) -> dict[str, Any]:
     """Serve the job until it ends (TLS and token check as `security` says); returns the summary record."""
     security = security or ServerSecurity()
@@ -376,12 +393,9 @@ async def serve(
         raise OSError(str(exc)) from None
     try:
         bound = security.add_port(server, f"{host}:{port}")
-    except RuntimeError as exc:  # grpc raises on a port in use or a host it cannot resolve
+    except OSError:
         job.close_shards()
-        raise OSError(f"cannot listen on {host}:{port}: {str(exc).split(';')[0]}") from None
-    if bound == 0:
-        job.close_shards()
-        raise OSError(f"cannot listen on {host}:{port}")
+        raise
     await server.start()
     mode = f"{job.spec.mode} allreduce, rendezvous port {job.rendezvous.port}" if job.rendezvous else job.spec.mode
     if job.coordinator.may_take_fast_path:
@@ -392,12 +406,12 @@ async def serve(
         f"ps-server: listening on {host}:{bound} ({mode}, {security.description}, waiting for {job.spec.workers} workers)",
         flush=True,
     )
-    if port_file is not None:
-        port_file.write_text(str(bound))
     loop = asyncio.get_running_loop()
     on_stop_signal(job.coordinator.stop)
     reaper = asyncio.create_task(job.coordinator.reap_forever(job.coordinator.heartbeat_interval))
     try:
+        if port_file is not None:
+            port_file.write(bound)
         await job.coordinator.wait_finished(grace)
         await loop.run_in_executor(None, job.evaluator.drain)
         if job.coordinator.evaluations:
@@ -433,14 +447,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(max(1, args.threads))
     try:
         security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
+        port_file = PortFile(args.port_file) if args.port_file is not None else None
         job = build_job(args)
-    except (ValueError, OSError) as exc:  # OSError: a --metrics-log or --checkpoint-dir that cannot be written
+    except (ValueError, OSError) as exc:  # OSError: a --metrics-log, --checkpoint-dir or --port-file that cannot be written
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 2
     if security.warning:
         print(f"ps-server: warning: {security.warning}", file=sys.stderr, flush=True)
     try:
-        run_loop(serve(job, args.host, args.port, args.port_file, args.grace, security))
+        run_loop(serve(job, args.host, args.port, port_file, args.grace, security))
     except OSError as exc:
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 1

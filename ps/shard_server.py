@@ -19,8 +19,10 @@ from pathlib import Path
 import grpc
 import torch
 
+from ps.arg_types import port_number
 from ps.handlers import register
 from ps.memory import tune_malloc
+from ps.port_file import PortFile
 from ps.security import ServerSecurity, load_server_security
 from ps.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
 from ps.shard import ShardCore
@@ -36,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed at start)")
+    p.add_argument("--port", type=port_number, default=0, help="0 picks a free port (printed at start)")
     p.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
     p.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer step")
     p.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
@@ -59,18 +61,16 @@ def exit_with_parent(parent_pid: int) -> None:
         raise SystemExit(f"ps-shard: parent {parent_pid} is gone")
 
 
-async def serve_shard(host: str, port: int, port_file: Path | None, security: ServerSecurity) -> None:
+async def serve_shard(host: str, port: int, port_file: PortFile | None, security: ServerSecurity) -> None:
     """Serve one ShardCore until SIGTERM/SIGINT."""
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
     register(ParameterShardServicer(ShardCore()), server, "ParameterShard")
     bound = security.add_port(server, f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}")
     await server.start()
     print(f"ps-shard: listening on {host}:{bound} ({security.description})", flush=True)
-    if port_file is not None:
-        port_file.write_text(str(bound))
     try:
+        if port_file is not None:
+            port_file.write(bound)
         await wait_for_stop_signal()
     finally:
         await server.stop(grace=1.0)
@@ -83,14 +83,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         exit_with_parent(args.parent_pid)
     torch.set_num_threads(max(1, args.threads))
     try:
-        if not 0 <= args.port <= 65535:
-            raise ValueError(f"--port must be in [0, 65535], got {args.port}")
         security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
-    except ValueError as exc:
+        port_file = PortFile(args.port_file) if args.port_file is not None else None
+    except (ValueError, OSError) as exc:
         print(f"ps-shard: error: {exc}", file=sys.stderr)
         return 2
     try:
-        run_loop(serve_shard(args.host, args.port, args.port_file, security))
+        run_loop(serve_shard(args.host, args.port, port_file, security))
     except OSError as exc:
         print(f"ps-shard: error: {exc}", file=sys.stderr)
         return 1

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from ps.port_file import PortFile
 from ps.server import main as server_main
 from tests.processes import ENV
 
@@ -34,6 +36,9 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
         (["--workers", "2", "--global-batch", "128", "--max-batch", "10"], "2 workers x --max-batch 10 cannot make up --global-batch 128"),
         (["--checkpoint-dir", "/dev/null/ckpt"], "checkpoint directory /dev/null/ckpt is not writable"),
         (["--metrics-log", "/nonexistent-dir/x.jsonl"], "No such file or directory: '/nonexistent-dir/x.jsonl'"),
+        (["--model", "mlp", "--model-arg", "hidden=-1"], "model 'mlp' rejected its options {'hidden': -1}: hidden must be >= 1"),
+        (["--model", "cnn", "--model-arg", "width=0"], "width must be >= 1, got 0"),
+        (["--dataset", "synthetic", "--dataset-arg", "noise=NaN"], "noise must be a finite number, got nan"),
     ],
 )
 def test_server_rejects_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -132,15 +137,37 @@ def _catches(pid: int, signum: int) -> bool:
     return False
 
 
-def test_server_on_a_port_in_use_says_so_in_one_line() -> None:
+@pytest.mark.parametrize(("module", "prog", "args"), [("ps.server", "ps-server", ["--model-arg", "hidden=8"]),
+                                                       ("ps.shard_server", "ps-shard", [])])
+def test_server_on_a_port_in_use_says_so_in_one_line(module: str, prog: str, args: list[str]) -> None:
     import socket
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = run("ps.server", "--port", str(port), "--model-arg", "hidden=8")
+        result = run(module, "--port", str(port), *args)
     assert result.returncode == 1, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]  # gRPC's own log line may come first
-    assert lines[-1].startswith(f"ps-server: error: cannot listen on 127.0.0.1:{port}: Failed to bind"), result.stderr
+    assert lines[-1].startswith(f"{prog}: error: cannot listen on 127.0.0.1:{port}: Failed to bind"), result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(("module", "prog"), [("ps.server", "ps-server"), ("ps.shard_server", "ps-shard")])
+def test_an_unwritable_port_file_is_refused_before_anything_listens(module: str, prog: str, tmp_path: Path) -> None:
+    result = run(module, "--port", "0", "--port-file", str(tmp_path / "missing" / "port"))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (f"{prog}: error: --port-file {tmp_path / 'missing' / 'port'} cannot be written: "
+                                     "No such file or directory")
+    assert "listening" not in result.stdout
+    result = run(module, "--port", "0", "--port-file", str(tmp_path))
+    assert result.returncode == 2 and result.stderr.strip() == f"{prog}: error: --port-file {tmp_path} is a directory"
+    assert list(tmp_path.iterdir()) == []  # no probe left behind
+
+
+def test_the_port_file_holds_the_bound_port(tmp_path: Path) -> None:
+    port_file = tmp_path / "port"
+    PortFile(port_file).write(4321)
+    assert port_file.read_text() == "4321"
+    PortFile(port_file).write(1234)  # replaced whole, no temporary left beside it
+    assert port_file.read_text() == "1234" and [p.name for p in tmp_path.iterdir()] == ["port"]
