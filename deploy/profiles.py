@@ -90,7 +90,11 @@ class Schedule:
         """The phase in force after ``progress`` epochs or seconds; the last phase stays on at the end."""
         if progress < 0:
             raise ValueError(f"progress must be >= 0, got {progress}")
-        return min(int(progress // self.interval), len(self.phases) - 1)
+        ratio = progress / self.interval
+        nearest = round(ratio)
+        # an exact boundary in seconds (0.3 s at 0.1 s a phase) divides to just under the whole number
+        index = nearest if math.isclose(ratio, nearest, rel_tol=1e-9, abs_tol=1e-12) else math.floor(ratio)
+        return min(index, len(self.phases) - 1)
 
     def phase_at(self, progress: float) -> Profile:
         """The profile in force after ``progress`` epochs or seconds."""

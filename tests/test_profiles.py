@@ -221,6 +221,7 @@ def test_schedule_interval_override() -> None:
     schedule = load_schedule("dynamic").every(seconds=30)
     assert (schedule.every_epochs, schedule.every_seconds, schedule.unit) == (None, 30.0, "seconds")
     assert schedule.phase_index(59.9) == 1
+    assert [schedule.every(seconds=0.1).phase_index(t) for t in (0.3, 0.6, 0.7, 0.29999)] == [3, 6, 7, 2]
     with pytest.raises(ValueError, match="exactly one"):
         schedule.every(seconds=30, epochs=2)
     with pytest.raises(ValueError, match="progress"):
