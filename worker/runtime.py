@@ -316,10 +316,13 @@ class Session:
 
     def _recover(self, error: ServerError) -> StepPlan:
         """After a failed push: resync (stale round/version), or rejoin with backoff (server
-        restarted, this worker evicted, connection lost). The step's gradient is dropped."""
+        restarted, this worker evicted, connection lost). The step's gradient is dropped. A resync
+        whose pull fails (the server restarted meanwhile) goes on to rejoin, from the pull's error."""
         if error.code == "FAILED_PRECONDITION" and "rejoin" not in error.message:
-            # allreduce: the local parameters are the group's; keep them
-            return self.client.pull(self.worker_id, self._params, header_only=self.spec.allreduce)
+            try:  # allreduce: the local parameters are the group's; keep them
+                return self.client.pull(self.worker_id, self._params, header_only=self.spec.allreduce)
+            except ServerError as exc:
+                error = exc
         if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
             raise error
         deadline = time.monotonic() + self.retry_for  # one bound for the waits and the attempts together
@@ -347,7 +350,8 @@ class Session:
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
         if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
             self._collective.connect(*reachable_address(joined.rendezvous_host, joined.rendezvous_port, self.client.target))
-        self._heartbeat.worker_id = self.worker_id = joined.worker_id
+        self.worker_id = joined.worker_id
+        self._heartbeat.retarget(joined.worker_id, joined.heartbeat_interval_s)  # the new server's --evict-after
         self.rejoins += 1
         return self._pull_global_model()
 
