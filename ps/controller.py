@@ -271,6 +271,12 @@ class ControllerConfig:
         return self.global_batch if self.max_batch is None else self.max_batch
 
 
+def config_changes(before: ControllerConfig, after: ControllerConfig) -> dict[str, tuple[Any, Any]]:
+    """The settings that differ between two configs: {field: (before, after)}, in field order."""
+    old, new = asdict(before), asdict(after)
+    return {name: (old[name], value) for name, value in new.items() if old[name] != value}
+
+
 @dataclass
 class _Worker:
     """Controller-side record of one worker.
@@ -475,6 +481,36 @@ class BatchController:
             if planned > config.global_batch:
                 raise ValueError(f"planned batches sum to {planned} > global_batch {config.global_batch}")
         ctl._adjustments = _int("adjustments", state["adjustments"], minimum=0)
+        return ctl
+
+    def with_config(self, config: ControllerConfig) -> BatchController:
+        """A new controller over the same workers under `config` (a resume with other settings).
+
+        Each worker keeps its cores and measurements (batch, smoothed time, throughput), and the
+        adjustment count carries over; a bound equal to the old config's default (so taken from it)
+        becomes `config`'s, one given per worker stays. The plan is kept only where it still is one
+        of `config`'s: dynamic before and after, the same global batch and sum rule, every batch
+        within its new bounds. Otherwise B is re-split by `replan` (under dynamic, from the measured
+        throughputs). `config` equal to this one's gives a copy. Raises ValueError if the workers'
+        bounds cannot meet `config`'s global batch.
+        """
+        old = self._config
+        ctl = BatchController(config)
+        ctl._adjustments = self._adjustments
+        same_job = (old.global_batch, old.keep_global_sum) == (config.global_batch, config.keep_global_sum)
+        replan = config != old and not (same_job and old.policy == config.policy == "dynamic")
+        for wid, w in self._workers.items():
+            lower = None if w.min_batch == old.min_batch else w.min_batch
+            upper = None if w.max_batch == old.default_max_batch else w.max_batch
+            ctl.add_worker(wid, w.cores, lower, upper)
+            new = ctl._workers[wid]
+            new.throughput = w.throughput
+            if w.batch is not None and new.min_batch <= w.batch <= new.max_batch:
+                new.batch, new.ewma_ms = w.batch, w.ewma_ms
+            elif w.batch is not None:
+                replan = True
+        if replan:
+            ctl.replan()
         return ctl
 
     def _restore_worker(self, worker_id: str, batch: Any, ewma_ms: Any, throughput: Any) -> None:

@@ -23,7 +23,7 @@ import torch
 
 from ps.aggregation import WeightedMean, asp_lr
 from ps.chunked import Vector, as_tensor
-from ps.controller import BatchController
+from ps.controller import BatchController, config_changes
 from ps.core_messages import MAX_COMPUTE_MS, PUSH_KINDS, Beat, GroupInfo, JoinInfo, PushMeta, StepReply
 from ps.datasets import Dataset
 from ps.errors import FailedPrecondition, InvalidArgument
@@ -136,7 +136,7 @@ class Coordinator:
         self.store.before_change.append(self.payload.complete)  # a reply in flight sends its version whole
         self._steps_since_adjust = 0
         self._steps_since_checkpoint = 0
-        self._saved_controller: dict[str, Any] | None = None
+        self._saved_controller: BatchController | None = None  # a checkpoint's, until the start
 
     @property
     def members(self) -> dict[str, Member]:
@@ -199,8 +199,9 @@ class Coordinator:
             self._choose_path(self._fast_path_on_gpus)
         names = {m.name for m in self.membership.pending.values()}
         saved = self._saved_controller
-        if saved is not None and {w["id"] for w in saved.get("workers", [])} == names:
-            self.controller = BatchController.from_state_dict(saved)
+        if saved is not None and set(saved.workers()) == names:
+            # the command line's settings, the checkpoint's measurements (BatchController.with_config)
+            self.controller = saved.with_config(self.controller.config)
             for member in list(self.membership.pending.values()):
                 self.membership.activate(member.worker_id)
                 member.activated.set()
@@ -787,8 +788,10 @@ class Coordinator:
             "samples": self.samples,
         }
 
-    def restore(self, state: dict[str, Any]) -> None:
-        """Load a checkpoint before the job starts; workers then rejoin."""
+    def restore(self, state: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """Load a checkpoint before the job starts; workers then rejoin. Returns the controller
+        settings that differ from the checkpoint's, {field: (checkpoint's, this server's)}: this
+        server's apply."""
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"checkpoint format {state.get('format')!r} is not {CHECKPOINT_FORMAT}")
         saved = json.loads(state["spec"])
@@ -799,6 +802,7 @@ class Coordinator:
         if differ:
             raise ValueError(f"the checkpoint was written for a different job: {', '.join(differ)} differ; "
                              "start the server with the job's original flags")
+        controller = BatchController.from_state_dict(state["controller"])
         if self.shards is None:
             self.store.load_state_dict({"params": state["params"], "optimizer": state["optimizer"]})
         else:
@@ -810,11 +814,14 @@ class Coordinator:
         self.epoch, self.samples = int(state["epoch"]), int(state["samples"])
         self._epoch_start_samples = self.samples
         self.store.set_lr(self.spec.lr_at(self.epoch))
-        self._saved_controller = state["controller"]
+        self._saved_controller = controller
+        changes = config_changes(controller.config, self.controller.config)
         self.metrics.write(
             "resume", step=self.step, epoch=self.epoch, round=self.round, version=self.version,
             params_sha256=params_digest(state["params"]),
+            controller_changes={name: list(pair) for name, pair in changes.items()},
         )
+        return changes
 
     def _checkpoint(self) -> None:
         self._steps_since_checkpoint = 0

@@ -6,6 +6,7 @@ import copy
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from hypothesis import strategies as st
 from ps.controller import (
     BatchController,
     ControllerConfig,
+    config_changes,
     fit_to_sum,
     largest_remainder,
     outside_deadband,
@@ -685,6 +687,87 @@ def test_from_state_dict_rejects_inconsistent_state() -> None:
         BatchController.from_state_dict([])  # type: ignore[arg-type]
 
 
+# ---------------------------------------------------------------- resume under other settings
+
+
+def settled() -> BatchController:
+    """Dynamic over w0 (1 sample/ms) and w1 (3 samples/ms), B = 120, settled at 30/90 and measured there."""
+    ctl = controller(2, global_batch=120)
+    ctl.replan()
+    run_to_steady(ctl, speed_map([1.0, 3.0]))
+    observe_all(ctl, speed_map([1.0, 3.0]))
+    assert ctl.plan() == {"w0": 30, "w1": 90} and ctl.adjustments == 1
+    return ctl
+
+
+def test_with_config_keeps_the_measurements_under_the_new_settings() -> None:
+    ctl = settled()
+    config = replace(ctl.config, deadband=0.3, ewma_alpha=0.5, dynamic_start="static", min_batch=10, max_batch=100)
+    resumed = ctl.with_config(config)
+    assert resumed.config == config
+    assert resumed.plan() == ctl.plan() and resumed.smoothed_ms() == ctl.smoothed_ms()
+    assert resumed.adjustments == 1
+    state = resumed.state_dict()
+    bounds = [(w["min_batch"], w["max_batch"], w["throughput"]) for w in state["workers"]]
+    assert bounds == [(10, 100, 1.0), (10, 100, 3.0)]
+    assert ctl.config.deadband == 0.1  # the original is untouched
+
+
+def test_with_config_moves_the_bounds_taken_from_the_config_only() -> None:
+    ctl = controller(2, global_batch=120)
+    ctl.add_worker("own", min_batch=5, max_batch=50)
+    ctl.replan()
+    state = ctl.with_config(replace(ctl.config, min_batch=2, max_batch=90)).state_dict()
+    assert {w["id"]: (w["min_batch"], w["max_batch"]) for w in state["workers"]} == {
+        "w0": (2, 90), "w1": (2, 90), "own": (5, 50)
+    }
+
+
+@pytest.mark.parametrize(
+    ("change", "plan"),
+    [
+        ({"max_batch": 80}, {"w0": 40, "w1": 80}),  # w1's 90 is out of bounds: re-split by throughput
+        ({"min_batch": 40}, {"w0": 40, "w1": 80}),
+        ({"policy": "static"}, {"w0": 60, "w1": 60}),  # Eq. 4a from the (equal) cores, not the dynamic plan
+        ({"policy": "uniform"}, {"w0": 60, "w1": 60}),
+        ({"global_batch": 60}, {"w0": 15, "w1": 45}),
+    ],
+)
+def test_with_config_replans_when_the_saved_plan_is_not_one_of_the_new_settings(
+    change: dict[str, Any], plan: dict[str, int]
+) -> None:
+    ctl = settled()
+    resumed = ctl.with_config(replace(ctl.config, **change))
+    assert resumed.plan() == plan
+    assert resumed.adjustments == 1
+    assert [w["throughput"] for w in resumed.state_dict()["workers"]] == [1.0, 3.0]
+
+
+def test_with_config_keeps_a_static_plan_only_under_the_same_settings() -> None:
+    """A static plan is a function of the cores and bounds: new bounds re-split it even where it fits them."""
+    ctl = controller(cores=[1.0, 3.0], global_batch=120, policy="static", max_batch=60)
+    assert ctl.replan() == {"w0": 60, "w1": 60}
+    assert ctl.with_config(ctl.config).plan() == {"w0": 60, "w1": 60}
+    assert ctl.with_config(replace(ctl.config, max_batch=None)).plan() == {"w0": 30, "w1": 90}
+
+
+def test_with_config_refuses_bounds_that_cannot_meet_the_global_batch() -> None:
+    ctl = controller(2, global_batch=120)
+    ctl.add_worker("own", min_batch=50)
+    ctl.replan()
+    with pytest.raises(ValueError, match="min_batch would sum to"):
+        ctl.with_config(replace(ctl.config, min_batch=40))
+
+
+def test_config_changes_names_each_setting_that_differs() -> None:
+    before = ControllerConfig()
+    assert config_changes(before, before) == {}
+    after = replace(before, policy="static", deadband=0.25, max_batch=64)
+    assert config_changes(before, after) == {
+        "policy": ("dynamic", "static"), "deadband": (0.1, 0.25), "max_batch": (None, 64)
+    }
+
+
 # ---------------------------------------------------------------- property tests over random histories
 
 
@@ -831,6 +914,36 @@ def test_asp_holds_bounds_without_sum_rule(ctl: BatchController, times: list[flo
             ctl.observe(k, b, t * b)
         checked_adjust(ctl)
         check_invariants(ctl, exact_sum=False)
+
+
+@FAST
+@given(scenarios(), st.data())
+def test_with_config_under_random_settings_keeps_invariants(ctl: BatchController, data: st.DataObject) -> None:
+    """Any new deadband, alpha, policy, start or bounds: the bounds and the sum rule hold, the count and the
+    throughputs carry over, the plan stays if it still is one of the new settings; the same config copies."""
+    for k, b in ctl.plan().items():
+        ctl.observe(k, b, data.draw(st.floats(0.01, 1e4)))
+    checked_adjust(ctl)
+    assert json.dumps(ctl.with_config(ctl.config).state_dict(), sort_keys=True) == snapshot(ctl)
+    old = ctl.config
+    config = replace(
+        old,
+        policy=data.draw(st.sampled_from(["uniform", "static", "dynamic"])),
+        deadband=data.draw(st.sampled_from([0.0, 0.05, 0.3])),
+        ewma_alpha=data.draw(st.sampled_from([0.3, 1.0])),
+        min_batch=data.draw(st.integers(1, 4)),
+        max_batch=data.draw(st.none() | st.integers(old.global_batch // len(ctl.plan()) + 1, 2 * old.global_batch)),
+        dynamic_start=data.draw(st.sampled_from(["uniform", "static"])),
+    )
+    resumed = ctl.with_config(config)
+    assert resumed.config == config and resumed.adjustments == ctl.adjustments
+    check_invariants(resumed, exact_sum=True)
+    before = {w["id"]: w for w in ctl.state_dict()["workers"]}
+    after = {w["id"]: w for w in resumed.state_dict()["workers"]}
+    assert {k: w["throughput"] for k, w in after.items()} == {k: w["throughput"] for k, w in before.items()}
+    if old.policy == config.policy == "dynamic" and all(w["min_batch"] <= before[k]["batch"] <= w["max_batch"]
+                                                          for k, w in after.items()):
+        assert resumed.plan() == ctl.plan() and resumed.smoothed_ms() == ctl.smoothed_ms()
 
 
 # ---------------------------------------------------------------- convergence on simulated workers

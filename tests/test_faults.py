@@ -160,6 +160,45 @@ def wait_for_events(cluster: Cluster, kind: str, timeout: float = 60) -> list[di
     return cluster.events(kind)
 
 
+def test_resume_runs_under_the_command_lines_controller_settings(tmp_path: Path) -> None:
+    """A job stopped under dynamic control resumes with --controller static --deadband 0.3: those apply
+    (a static plan, the new deadband in the checkpoints), the checkpoint's adjustment count carries
+    over, and the server names the changed settings on stderr and in the resume event."""
+    ckpt = tmp_path / "ckpt"
+    job = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--global-batch", "64", "--epochs", "8",
+           "--balance", "compute", "--checkpoint-dir", str(ckpt), "--grace", "5"]
+    slow = {"a": ("--cores", "1", "--slowdown", "40"), "b": ("--cores", "1", "--slowdown", "10")}  # epochs of ~0.5 s
+    runs = {}
+    resumed = ["--resume", str(ckpt), "--controller", "static", "--deadband", "0.3"]
+    for run, extra in (("first", []), ("resumed", resumed)):
+        (tmp_path / run).mkdir()
+        cluster = runs[run] = start_server(tmp_path / run, [*job, *extra])
+        try:
+            for name, args in slow.items():
+                cluster.start_worker(name, *args)
+            if run == "first":
+                wait_for(lambda: bool(cluster.events("adjust")[1:]) and status(cluster.target)["epoch"] >= 1, 120,
+                         "the first epoch-end adjustment")
+                cluster.server.send_signal(signal.SIGTERM)
+            assert cluster.wait(300) == 0, cluster.server_log()
+        finally:
+            cluster.stop()
+        if run == "first":  # read now: the resumed run's checkpoints prune it
+            assert [e["reason"] for e in cluster.events("summary")] == ["stopping"]
+            saved = read_checkpoint(cluster.events("checkpoint")[-1]["path"])["controller"]
+    assert saved["config"]["policy"] == "dynamic" and saved["adjustments"] >= 1
+    assert {w["batch"] for w in saved["workers"]} != {32}  # the slow worker got less: a plan a replan must undo
+    (resume,) = runs["resumed"].events("resume")
+    assert resume["controller_changes"] == {"policy": ["dynamic", "static"], "deadband": [0.1, 0.3]}
+    assert ("ps-server: warning: the controller settings differ from the checkpoint's (--controller dynamic -> "
+            "static, --deadband 0.1 -> 0.3); the command line's apply") in runs["resumed"].server_log()
+    (summary,) = runs["resumed"].events("summary")
+    assert summary["controller"] == "static" and summary["reason"] == "finished", summary
+    assert summary["batch_sizes"] == {"a": 32, "b": 32} and summary["adjustments"] == saved["adjustments"]
+    final = read_checkpoint(runs["resumed"].events("checkpoint")[-1]["path"])["controller"]
+    assert (final["config"]["policy"], final["config"]["deadband"]) == ("static", 0.3)
+
+
 def test_sigterm_worker_leaves_then_sigterm_server_checkpoints(tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt"
     cluster = start_server(tmp_path, [*JOB, "--epochs", "50", "--checkpoint-dir", str(ckpt)])
