@@ -94,6 +94,19 @@ def _check_writable(directory: Path) -> None:
         raise OSError(f"checkpoint directory {directory} is not writable: {exc.strerror or exc}") from None
 
 
+def check_no_other_job(directory: Path, resume: Path | None) -> None:
+    """ValueError when `directory` already holds checkpoints and this run does not continue them
+    (`--resume` of that same folder): a new job writing there would prune the earlier job's files as
+    its own steps pass theirs, and a later `--resume` could pick the earlier job's newest."""
+    existing = checkpoint_files(directory)
+    if not existing or (resume is not None and resume.resolve() == directory.resolve()):
+        return
+    raise ValueError(
+        f"--checkpoint-dir {directory} already holds {len(existing)} checkpoint(s) of another run (newest "
+        f"{existing[-1].name}): continue that job with --resume {directory}, or give this one a folder of its own"
+    )
+
+
 class Checkpointer:
     """Writes checkpoints on a background thread so the rounds do not wait on the disk."""
 

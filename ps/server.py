@@ -16,7 +16,7 @@ import grpc
 import torch
 
 from ps.arg_types import float_at_least, is_host_port, port_number, positive_float
-from ps.checkpoint import Checkpointer, latest_checkpoint
+from ps.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
 from ps.stack_dump import enable_stack_dump
 from ps.controller import BatchController, ControllerConfig
 from ps.coordinator import Coordinator
@@ -248,6 +248,8 @@ def build_job(args: argparse.Namespace) -> Job:
     if args.keep_checkpoints < 1:
         raise ValueError("--keep-checkpoints must be >= 1")
     checkpoint_dir = args.checkpoint_dir or args.resume
+    if checkpoint_dir is not None:
+        check_no_other_job(checkpoint_dir, args.resume)
     resume_from = None
     if args.resume is not None:
         found = latest_checkpoint(args.resume, warn=lambda msg: print(f"ps-server: warning: {msg}", file=sys.stderr))

@@ -171,3 +171,18 @@ def test_the_port_file_holds_the_bound_port(tmp_path: Path) -> None:
     assert port_file.read_text() == "4321"
     PortFile(port_file).write(1234)  # replaced whole, no temporary left beside it
     assert port_file.read_text() == "1234" and [p.name for p in tmp_path.iterdir()] == ["port"]
+
+
+def test_a_checkpoint_dir_holding_another_runs_checkpoints_is_refused(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """A new job there would prune the earlier job's checkpoints, and --resume could pick the wrong one."""
+    earlier, other = tmp_path / "earlier", tmp_path / "other"
+    earlier.mkdir()
+    (earlier / "ckpt-0000000040.pt").write_bytes(b"")
+    for args in (["--checkpoint-dir", str(earlier)], ["--resume", str(other), "--checkpoint-dir", str(earlier)]):
+        assert server_main(["--port", "0", *args]) == 2
+        err = capsys.readouterr().err
+        assert err.strip() == (f"ps-server: error: --checkpoint-dir {earlier} already holds 1 checkpoint(s) of another "
+                               f"run (newest ckpt-0000000040.pt): continue that job with --resume {earlier}, or give "
+                               "this one a folder of its own"), err
+    assert [p.name for p in earlier.iterdir()] == ["ckpt-0000000040.pt"] and not other.exists()
