@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from deploy.cgroups import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US
+from ps.factory_options import real_number
 
 MODES = ("bsp", "asp")
 """Training modes a profile can define an allocation for."""
@@ -118,13 +119,8 @@ def check_mode(mode: str) -> str:
 def _positive_number(value: Any) -> float | None:
     """`value` as a finite float > 0, or None if it is not one (a bool, a string, an integer too
     large for a float, NaN, infinity, zero or less)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) and number > 0 else None
+    number = real_number(value)
+    return number if number is not None and number > 0 else None
 
 
 def _check_share(value: Any, where: str) -> float:

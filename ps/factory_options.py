@@ -15,11 +15,24 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
+def real_number(value: Any) -> float | None:
+    """`value` as a finite float, or None if it is not one: a bool, a string, NaN, infinity, or an
+    integer too large for a float. Also what deploy.profiles reads a profile file's numbers with."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def whole(name: str, value: Any, minimum: int) -> int:
     """`value` as an int >= `minimum`; a bool, a fraction or a non-number is a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not float(value).is_integer():
+    number = real_number(value)
+    if number is None or not number.is_integer():
         raise ValueError(f"{name} must be a whole number >= {minimum}, got {value!r}")
-    if value < minimum:
+    if number < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
     return int(value)
 
@@ -27,14 +40,15 @@ def whole(name: str, value: Any, minimum: int) -> int:
 def finite(name: str, value: Any, low: float, high: float = math.inf, *, open_low: bool = False,
            open_high: bool = False) -> float:
     """`value` as a finite float in [low, high] (either end open when asked); else a ValueError."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    number = real_number(value)
+    if number is None:
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    below = value <= low if open_low else value < low
-    above = value >= high if open_high else value > high
+    below = number <= low if open_low else number < low
+    above = number >= high if open_high else number > high
     if below or above:
         left, right = "(" if open_low else "[", ")" if open_high else "]"
         raise ValueError(f"{name} must be in {left}{low:g}, {high:g}{right}, got {value!r}")
-    return float(value)
+    return number
 
 
 def built(kind: str, name: str, options: dict[str, Any], build: Callable[[], T]) -> T:

@@ -56,6 +56,7 @@ def test_synthetic_is_the_same_in_every_process_for_a_seed() -> None:
         ("synthetic", {"image_size": 8.5}, "image_size must be a whole number >= 4"),
         ("synthetic", {"noise": float("inf")}, "noise must be a finite number"),
         ("synthetic", {"noise": -1}, "noise must be in [0, inf]"),
+        ("synthetic", {"noise": 10**400}, "noise must be a finite number"),
         ("synthetic", {"channels": True}, "channels must be a whole number"),
         ("digits", {"test_fraction": 0}, "test_fraction must be in (0, 1)"),
         ("digits", {"colour": 1}, "unexpected keyword argument 'colour'"),
