@@ -239,12 +239,10 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError(f"{args.workers} workers x --max-batch {args.max_batch} cannot make up --global-batch {args.global_batch}")
     if args.max_staleness is not None and args.max_staleness < 0:
         raise ValueError("--max-staleness must be >= 0")
-    if args.threads < 1 or args.grace < 0:
-        raise ValueError("--threads must be >= 1 and --grace >= 0")
+    if args.threads < 1:
+        raise ValueError("--threads must be >= 1")
     if args.max_workers is not None and args.max_workers < args.workers:
         raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
-    if not args.evict_after > 0:
-        raise ValueError("--evict-after must be > 0 seconds")
     if args.keep_checkpoints < 1:
         raise ValueError("--keep-checkpoints must be >= 1")
     checkpoint_dir = args.checkpoint_dir or args.resume
