@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from tests import processes
 from tests.processes import ENV, Cluster, start_server
+from tests.test_faults import wait_for
 from worker import connect
 from worker.client import ServerError
 from worker.heartbeat import Heartbeat
@@ -21,14 +22,6 @@ from worker.runtime import Session
 
 JOB = ["--mode", "bsp", "--workers", "1", "--model-arg", "hidden=16", "--dataset", "digits", "--global-batch", "32",
        "--epochs", "1000", "--evict-after", "60", "--grace", "0"]
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def restart_server(cluster: Cluster, workdir: Path, args: list[str]) -> Cluster:
