@@ -70,7 +70,8 @@ def feed(est: NoiseScaleEstimator, batches: tuple[int, ...], local: np.ndarray, 
 
 
 @pytest.mark.parametrize("kind", ["gaussian", "exponential"])
-@pytest.mark.parametrize(("noise_scale", "rounds", "tolerance"), [(4.0, 1500, 0.05), (256.0, 1500, 0.1), (1000.0, 3000, 0.2)])
+@pytest.mark.parametrize(("noise_scale", "rounds", "tolerance"),
+                         [(4.0, 1500, 0.05), (256.0, 1500, 0.1), (1000.0, 3000, 0.2)])
 def test_estimator_converges_to_the_known_noise_scale_on_an_unequal_split(
         kind: str, noise_scale: float, rounds: int, tolerance: float) -> None:
     """Tolerances are about 3 standard deviations of φ (measured over seeds); B_noise >> B is the hard case."""

@@ -208,7 +208,8 @@ class NoiseScaleEstimator:
         weight = (1.0 - self.smoothing ** self._rounds) / (1.0 - self.smoothing)
         signal, noise = self._signal_sum / weight, self._noise_sum / weight
         if signal <= 0.0:
-            return NoiseScale(signal, noise, None, self._rounds, "gradient signal estimate |G|² <= 0 (noise-dominated)")
+            reason = "gradient signal estimate |G|² <= 0 (noise-dominated)"
+            return NoiseScale(signal, noise, None, self._rounds, reason)
         if noise < 0.0:
             return NoiseScale(signal, noise, None, self._rounds, "gradient noise estimate tr(Σ) < 0")
         return NoiseScale(signal, noise, noise / signal, self._rounds, "")
