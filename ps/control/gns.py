@@ -9,7 +9,7 @@ al.'s unbiased pair (small batch b_k, big batch B):
 
 Combining weights (Cannikin Theorem 4.1: w = C⁻¹1 / 1ᵀC⁻¹1, C the covariance of the G_k, or of the
 S_k). Write g_k = G + u_k/b_k, u_k the sum of b_k per-sample noises (covariance b_k Σ, independent
-across workers). Up to the mean, G_k = 2Gᵀū_{−k} + Q_k and S_k = 2Gᵀ(B u_k − b_k Σu)/(B − b_k) + Q'_k:
+across workers), and ū_{−k} = Σ_{j≠k} u_j/(B − b_k). Up to the mean, G_k = 2Gᵀū_{−k} + Q_k and S_k = 2Gᵀ(B u_k − b_k Σu)/(B − b_k) + Q'_k:
 a linear part (covariance ∝ GᵀΣG) and a quadratic one (∝ tr(Σ²), Gaussian u; it dominates while
 B < B_noise). Working both out:
 
