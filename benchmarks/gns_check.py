@@ -194,9 +194,9 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     """Train with the heterogeneous split and compare the estimates with the truth at each point."""
     import torch
 
+    from ps.control.controller import largest_remainder
     from ps.control.gns import NoiseScaleEstimator
-    from ps.controller import largest_remainder
-    from ps.evaluator import evaluate
+    from ps.job.evaluator import evaluate
 
     trainer = Trainer(args)
     shares = {str(k): float(s) for k, s in enumerate(args.shares)}

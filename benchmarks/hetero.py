@@ -55,7 +55,7 @@ from deploy.profiles import (
     quota_period_us,
     scale,
 )
-from ps.arg_types import positive_float, positive_int
+from ps.ops.arg_types import positive_float, positive_int
 
 SOURCE = "issue targets (design.md §7 anchors)"
 POLL_S = 0.1
@@ -143,7 +143,7 @@ def resolve_emulation(s: Settings) -> Emulation:
 
 def static_split(shares: Sequence[float], total: int) -> list[int]:
     """Integer batches proportional to ``shares`` summing to ``total`` (the static plan, Eq. 4a)."""
-    from ps.controller import largest_remainder
+    from ps.control.controller import largest_remainder
 
     plan = largest_remainder({str(k): s for k, s in enumerate(shares)}, total)
     return [max(1, plan[str(k)]) for k in range(len(shares))]

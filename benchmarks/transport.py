@@ -34,7 +34,7 @@ gloo rows report bus bandwidth, 2(n-1)/n * bytes / time (NCCL-tests' definition)
 = bytes / time. ``params_per_s`` = parameters moved per second (up + down), so bf16 rows compare the
 useful work with torch RPC's fp32. Ratios are taken against the same size in the same run.
 
-Every process (servers, echo, clients, this one) calls ``ps.memory.tune_malloc`` first, as ``ps-server``,
+Every process (servers, echo, clients, this one) calls ``ps.ops.memory.tune_malloc`` first, as ``ps-server``,
 ``ps-shard`` and ``ps-worker`` do, so the ceiling and our path run with the same glibc malloc settings.
 
 Progress goes to stderr; stdout gets the JSON report (with ``--json``) followed by a markdown table.
@@ -70,7 +70,7 @@ from torch import nn
 from benchmarks.cli_types import choices, counts, ints
 from benchmarks.cpu_time import CpuWindow, cpu_fields
 from benchmarks.report_output import print_report, save_report
-from ps.memory import tune_malloc
+from ps.ops.memory import tune_malloc
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_BENCHMARKS = ("grpc_stream_echo", "torch_rpc", "ps_push_pull", "gloo_allreduce", "server_overhead")
@@ -103,7 +103,7 @@ def flat_model(input_shape: tuple[int, ...], num_classes: int, numel: float = 1_
 
 def tiny_dataset(seed: int, size: int = 1 << 20, num_classes: int = 2) -> Any:
     """Dataset factory: `size` one-feature training samples (so an epoch spans size/B steps), 2 test samples."""
-    from ps.datasets import Dataset
+    from ps.job.datasets import Dataset
 
     g = torch.Generator().manual_seed(seed)
     return Dataset(
@@ -259,7 +259,7 @@ def server_process(procs: Processes, name: str, argv: Sequence[str]) -> Iterator
 
 
 def echo_argv() -> list[str]:
-    """The echo server (its default gRPC options are ps-server's, ps.server_options.GRPC_OPTIONS)."""
+    """The echo server (its default gRPC options are ps-server's, ps.transport.server_options.GRPC_OPTIONS)."""
     return [sys.executable, "-m", "benchmarks.echo"]
 
 
@@ -304,7 +304,7 @@ def human(numel: int) -> str:
 def payload_chunks(numel: int, chunk_bytes: int) -> list[bytes]:
     import numpy as np
 
-    from ps.wire import split
+    from ps.transport.wire import split
 
     data = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
     chunks = split(memoryview(data).cast("B"), chunk_bytes)
@@ -315,7 +315,7 @@ def payload_chunks(numel: int, chunk_bytes: int) -> list[bytes]:
 def measure_echo(procs: Processes, numel: int, iterations: int, warmup: int) -> list[dict[str, Any]]:
     from benchmarks.echo import EchoClient
     from ps.server import MAX_MESSAGE_BYTES
-    from ps.wire import CHUNK_BYTES
+    from ps.transport.wire import CHUNK_BYTES
 
     rows = []
     with server_process(procs, "echo", echo_argv()) as target:
@@ -384,7 +384,7 @@ def measure_torch_rpc(procs: Processes, numel: int, iterations: int, warmup: int
 def measure_ps(procs: Processes, numel: int, workers: int, wire_dtype: str, iterations: int, warmup: int,
                shards: int = 1) -> dict[str, Any]:
     """One push+pull row; with `shards` > 1 the server runs ``--shards`` (it starts shards - 1 ps-shard children)."""
-    from ps.wire import itemsize
+    from ps.transport.wire import itemsize
 
     tag = f"{human(numel)}-w{workers}-{wire_dtype}-s{shards}"
     port_file = procs.workdir / f"ps-{tag}-{time.monotonic_ns()}.port"
@@ -489,9 +489,9 @@ def _push_chunks(header: Any, payload: Sequence[bytes], mark: dict[str, float]) 
 
 async def _apush_chunks(header: Any, payload: Sequence[bytes], mark: dict[str, float] | None) -> Any:
     """The same as an async request stream, each chunk parsed from its bytes as the server's request
-    deserializer does (ps.handlers); with `mark`, notes when the stream has ended."""
+    deserializer does (ps.transport.handlers); with `mark`, notes when the stream has ended."""
     from protos import ps_pb2
-    from ps.serialized import data_view_parser, with_data
+    from ps.transport.serialized import data_view_parser, with_data
 
     parse = data_view_parser(ps_pb2.PushChunk)
     for seq, data in enumerate(payload):
@@ -526,7 +526,7 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     from protos import ps_pb2
     from ps.server import build_job, build_parser, run_loop
     from ps.servicer import ParameterServerServicer
-    from ps.wire import CHUNK_BYTES, encode, split
+    from ps.transport.wire import CHUNK_BYTES, encode, split
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as ps-server --threads 1
@@ -617,8 +617,8 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
         "components_note": "last_push_finish: ChunkReceiver.finish of the last push (length check; NaN/Inf was "
                            "checked chunk by chunk as they arrived); "
                            "close_round: Coordinator._close_round (accumulate result, begin the optimizer step, bookkeeping; "
-                           "the step itself runs a piece at a time as the first reply streams, ps.store); "
-                           "payload_encode: Coordinator._current_payload (the version's lazily framed chunks, ps.payload; "
+                           "the step itself runs a piece at a time as the first reply streams, ps.params.store); "
+                           "payload_encode: Coordinator._current_payload (the version's lazily framed chunks, ps.transport.payload; "
                            "the framing happens as the replies are produced, inside the total); "
                            "reply_serialize_all_workers: SerializeToString of every reply message not already serialized",
     }
@@ -633,7 +633,7 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
 
     from benchmarks.echo import STREAM_METHOD
     from protos import ps_pb2, ps_pb2_grpc
-    from ps.wire import CHUNK_BYTES, FlatReceiver, encode, split
+    from ps.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
     from worker.client import CHANNEL_OPTIONS
 
     options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
@@ -825,7 +825,7 @@ def profile_server(procs: Processes, numel: int, wire_dtype: str, steps: int) ->
     if not raw.exists():
         return {"error": f"py-spy wrote no profile: {procs.log_tail(spy)}"}
     times = read_result(result)["times"]
-    from ps.wire import itemsize
+    from ps.transport.wire import itemsize
 
     return {
         "tool": "py-spy record --native --threads --rate 200, attached to ps-server (1 worker) after it listens",

@@ -15,29 +15,29 @@ from typing import Any
 import grpc
 import torch
 
-from ps.arg_types import float_at_least, is_host_port, port_number, positive_float
-from ps.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
-from ps.stack_dump import enable_stack_dump
-from ps.controller import BatchController, ControllerConfig
-from ps.coordinator import Coordinator
-from ps.datasets import Dataset, build_dataset
-from ps.evaluator import BackgroundEvaluator
-from ps.handlers import register
-from ps.jobspec import (
+from ps.control.controller import BatchController, ControllerConfig
+from ps.job.datasets import Dataset, build_dataset
+from ps.job.evaluator import BackgroundEvaluator
+from ps.job.models import build_model
+from ps.job.spec import (
     ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured,
     cycle_measured, default_balance,
 )
-from ps.memory import tune_malloc
-from ps.metrics import MetricsLog
-from ps.models import build_model
-from ps.port_file import PortFile
-from ps.rendezvous import Rendezvous
-from ps.security import ServerSecurity, load_server_security, resolve_token
-from ps.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
+from ps.ops.arg_types import float_at_least, is_host_port, port_number, positive_float
+from ps.ops.memory import tune_malloc
+from ps.ops.metrics import MetricsLog
+from ps.ops.port_file import PortFile
+from ps.ops.stack_dump import enable_stack_dump
+from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.rounds.coordinator import Coordinator
+from ps.rounds.rendezvous import Rendezvous
 from ps.servicer import ParameterServerServicer
-from ps.shard_client import RemoteShards, ShardFailure
-from ps.shard_processes import LocalShards
-from ps.shard_ranges import split_ranges
+from ps.shards.client import RemoteShards, ShardFailure
+from ps.shards.processes import LocalShards
+from ps.shards.ranges import split_ranges
+from ps.transport.handlers import register
+from ps.transport.security import ServerSecurity, load_server_security, resolve_token
+from ps.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:

@@ -8,8 +8,6 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.coordinator import Coordinator
-from ps.core_messages import StepReply
 from ps.errors import (
     AlreadyExists,
     FailedPrecondition,
@@ -17,8 +15,10 @@ from ps.errors import (
     NotFound,
     ServiceError,
 )
-from ps.push_stream import receive_push
-from ps.serialized import DataChunk, data_header
+from ps.rounds.coordinator import Coordinator
+from ps.transport.messages import StepReply
+from ps.transport.push_stream import receive_push
+from ps.transport.serialized import DataChunk, data_header
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
@@ -48,7 +48,7 @@ def reply_messages(reply: StepReply) -> Iterator[bytes]:
     The core's payload chunks are already serialized ParamsChunks (the servicers have the core's
     Payload frame them with `params_chunk`), built once per parameter version and shared by every
     reply that carries it, as they are: a reply adds only its own header message (seq 0, no data).
-    The response serializer passes bytes through (ps/handlers.py, ps/serialized.py), so gRPC sends
+    The response serializer passes bytes through (ps/transport/handlers.py, ps/transport/serialized.py), so gRPC sends
     these as they are.
     """
     header = ps_pb2.ParamsHeader(
@@ -71,7 +71,7 @@ def reply_messages(reply: StepReply) -> Iterator[bytes]:
         optimizer_state=reply.optimizer_state,
     )
     yield ps_pb2.ParamsChunk(header=header).SerializeToString()
-    yield from reply.payload  # framed as they are reached (ps.payload), the first while later ones step
+    yield from reply.payload  # framed as they are reached (ps.transport.payload), the first while later ones step
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ps.coordinator import Coordinator
+from ps.rounds.coordinator import Coordinator
 
 
 def assert_same(a: Any, b: Any, path: str = "state") -> None:

@@ -1,4 +1,4 @@
-"""Tests for ps.controller, the pure batch controller (design.md section 5)."""
+"""Tests for ps.control.controller, the pure batch controller (design.md section 5)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.controller import (
+from ps.control.controller import (
     BatchController,
     ControllerConfig,
     config_changes,

@@ -18,10 +18,10 @@ import pytest
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.checkpoint import checkpoint_files, read_checkpoint
-from ps.jobspec import JobSpec
+from ps.job.spec import JobSpec
+from ps.params.checkpoint import checkpoint_files, read_checkpoint
 from ps.server import build_job, build_parser
-from ps.shard_ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
+from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
 from tests.processes import Cluster, start_server
 from tests.test_store import torch_optimizer
 from worker.client import PSClient, ServerError
@@ -180,7 +180,7 @@ def shard_children(parent: int) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"ps.shard_server" in cmdline and str(parent).encode() in cmdline:
+            if b"ps.shards.server" in cmdline and str(parent).encode() in cmdline:
                 found.append(int(entry.name))
     return found
 

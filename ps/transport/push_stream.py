@@ -1,18 +1,18 @@
 """Reading a push's chunk stream (the ParameterServer's and the shards' Push): header first, then
 the payload, fed into the receiver the core hands out for that header. The chunks arrive parsed by
-`ps.serialized.data_view_parser` (ps/handlers.py), their data a view of the received bytes."""
+`ps.transport.serialized.data_view_parser` (ps/transport/handlers.py), their data a view of the received bytes."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
 
 from protos import ps_pb2
-from ps.core_messages import PushMeta
 from ps.errors import InvalidArgument
-from ps.serialized import DataChunk
-from ps.wire import ChunkReceiver
+from ps.transport.messages import PushMeta
+from ps.transport.serialized import DataChunk
+from ps.transport.wire import ChunkReceiver
 
-# the wire's PushKind numbers for the core's kind names (ps.core_messages.PUSH_KINDS), and back
+# the wire's PushKind numbers for the core's kind names (ps.transport.messages.PUSH_KINDS), and back
 PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
 PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
 

@@ -19,7 +19,7 @@ sends and receives in its own threads, under its own CPU quota) and its place in
 order: the round closes when the last push arrives, so equal cycles are what a round waits for."""
 FAST_PATH_CHOICES = ("off", "on", "auto")
 """`ps-server --allreduce`: never the collective fast path, always, or when the workers that start the
-job all compute on GPUs of their own (ps.rendezvous.fast_path_fits). A JobSpec holds the outcome."""
+job all compute on GPUs of their own (ps.rounds.rendezvous.fast_path_fits). A JobSpec holds the outcome."""
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
 """How --allreduce workers reduce: "ring" is torch.distributed.all_reduce (gloo's or NCCL's own
 algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""

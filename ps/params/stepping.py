@@ -20,8 +20,8 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from ps.jobspec import JobSpec
-from ps.wire import CHUNK_BYTES, spans
+from ps.job.spec import JobSpec
+from ps.transport.wire import CHUNK_BYTES, spans
 
 # one fp32 wire chunk (1 MiB), so a reply's chunk is framed from a piece just stepped
 PIECE_VALUES = CHUNK_BYTES // 4
@@ -44,7 +44,7 @@ class Stepper(Protocol):
 
     def step_piece(self, index: int, grad: torch.Tensor, param: torch.Tensor, out: torch.Tensor) -> None:
         """Step piece `index`: its values are read from `param` and the new ones written to `out`
-        (the same tensor to step in place; ps.store may pass a reply message's data instead)."""
+        (the same tensor to step in place; ps.params.store may pass a reply message's data instead)."""
 
     def end(self) -> None: ...
 
@@ -238,5 +238,5 @@ def adam_group(spec: JobSpec) -> dict[str, Any]:
             "decoupled_weight_decay": False, "params": [0]}
 
 
-# the stepper of each --optimizer (ps.flat_state reads their state's layout from these classes)
+# the stepper of each --optimizer (ps.params.flat_state reads their state's layout from these classes)
 STEPPERS: dict[str, type[SGDSteps] | type[AdamSteps]] = {"sgd": SGDSteps, "adam": AdamSteps}

@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ps.datasets import Dataset
-from ps.wire import load_flat
+from ps.job.datasets import Dataset
+from ps.transport.wire import load_flat
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024) -> tuple[float, float]:

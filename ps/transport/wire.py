@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ps.chunked import ChunkedVector
 from ps.errors import InvalidArgument
+from ps.transport.chunked import ChunkedVector
 
 CHUNK_BYTES = 1 << 20
 
@@ -209,7 +209,7 @@ class FlatReceiver(_StreamCheck):
 class ChunkReceiver(_StreamCheck):
     """Keeps a chunk stream as it arrived: each chunk's values are a view of its received bytes in
     the wire dtype (no copy into a buffer, no widening pass), and `finish` gives them as one
-    ChunkedVector (ps.chunked), which the cores read a range at a time (bf16/fp16 ranges are widened
+    ChunkedVector (ps.transport.chunked), which the cores read a range at a time (bf16/fp16 ranges are widened
     by the arithmetic that reads them). The bytes stay alive, and unchanged (they are immutable), as
     long as the vector does.
 

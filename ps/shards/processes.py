@@ -1,7 +1,7 @@
 """`ps-server --shards N` on one host: start N-1 `ps-shard` processes on loopback and stop them again.
 
 Each child is started with `--parent-pid`, so it is stopped by the kernel if the server dies
-without cleaning up (see ps.shard_server.exit_with_parent): no shard outlives its coordinator.
+without cleaning up (see ps.shards.server.exit_with_parent): no shard outlives its coordinator.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class LocalShards:
             for i in range(count):
                 port_file = Path(self._dir.name) / f"shard{i + 1}.port"
                 port_files.append(port_file)
-                argv = [sys.executable, "-m", "ps.shard_server", "--host", host, "--port", "0", "--port-file", str(port_file),
+                argv = [sys.executable, "-m", "ps.shards.server", "--host", host, "--port", "0", "--port-file", str(port_file),
                         "--parent-pid", str(os.getpid())]
                 # a session of its own: a Ctrl-C at the terminal reaches the server, which still needs
                 # its shards for the final checkpoint, and not the shards themselves

@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ps.factory_options import built, finite, whole
-from ps.registry import resolve
+from ps.job.registry import resolve
+from ps.number_checks import built, finite, whole
 
 
 @dataclass(frozen=True)
@@ -160,5 +160,5 @@ def build_dataset(name: str, options: dict, seed: int) -> Dataset:
     factory = resolve(name, DATASETS, "dataset")
     dataset = built("dataset", name, options, lambda: factory(seed, **options))
     if not isinstance(dataset, Dataset):
-        raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not ps.datasets.Dataset")
+        raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not ps.job.datasets.Dataset")
     return dataset

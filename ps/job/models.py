@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ps.factory_options import built, whole
-from ps.registry import resolve
+from ps.job.registry import resolve
+from ps.number_checks import built, whole
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128, layers: int = 2) -> nn.Module:

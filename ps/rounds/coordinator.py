@@ -21,23 +21,23 @@ from typing import Any
 
 import torch
 
-from ps.aggregation import WeightedMean, asp_lr
-from ps.chunked import Vector, as_tensor
-from ps.controller import BatchController, config_changes
-from ps.core_messages import MAX_COMPUTE_MS, PUSH_KINDS, Beat, GroupInfo, JoinInfo, PushMeta, StepReply
-from ps.datasets import Dataset
+from ps.control.controller import BatchController, config_changes
 from ps.errors import FailedPrecondition, InvalidArgument
-from ps.evaluator import BackgroundEvaluator
-from ps.jobspec import JobSpec
-from ps.membership import MAX_NAME, Member, Membership
-from ps.metrics import MetricsLog
-from ps.payload import FramedChunks, Payload, TensorSource
-from ps.rendezvous import Rendezvous, fast_path_fits, hub_rank
-from ps.shard import MAX_WAIT_S
-from ps.shard_client import RemoteShards, ShardFailure
-from ps.shard_ranges import slice_optimizer_state
-from ps.store import ParameterStore
-from ps.wire import ChunkReceiver, Layout, check_wire_dtype, flatten_params
+from ps.job.datasets import Dataset
+from ps.job.evaluator import BackgroundEvaluator
+from ps.job.spec import JobSpec
+from ps.ops.metrics import MetricsLog
+from ps.params.aggregation import WeightedMean, asp_lr
+from ps.params.store import ParameterStore
+from ps.rounds.membership import MAX_NAME, Member, Membership
+from ps.rounds.rendezvous import Rendezvous, fast_path_fits, hub_rank
+from ps.shards.client import RemoteShards, ShardFailure
+from ps.shards.core import MAX_WAIT_S
+from ps.shards.ranges import slice_optimizer_state
+from ps.transport.chunked import Vector, as_tensor
+from ps.transport.messages import MAX_COMPUTE_MS, PUSH_KINDS, Beat, GroupInfo, JoinInfo, PushMeta, StepReply
+from ps.transport.payload import FramedChunks, Payload, TensorSource
+from ps.transport.wire import ChunkReceiver, Layout, check_wire_dtype, flatten_params
 
 CHECKPOINT_FORMAT = 1
 
@@ -72,7 +72,7 @@ class Coordinator:
     ) -> None:
         """`fast_path_on_gpus` (`ps-server --allreduce auto`): a job on the PS path that switches to
         the collective fast path when the workers that start it all compute on GPUs of their own
-        (ps.rendezvous.fast_path_fits), hosting the rendezvous this callable starts. Decided once, at
+        (ps.rounds.rendezvous.fast_path_fits), hosting the rendezvous this callable starts. Decided once, at
         the start; the balance then becomes compute time (busy time and the cycle are PS-path times)."""
         if spec.allreduce and rendezvous is None:
             raise ValueError("an allreduce job needs a Rendezvous")
@@ -384,7 +384,7 @@ class Coordinator:
             raise FailedPrecondition(f"snapshot of round {meta.round}; the open round is {self.round}")
 
     def _check_snapshot_size(self, num_values: int) -> None:
-        """A snapshot is the parameters, then the optimizer's flat state if it has any (ps.flat_state)."""
+        """A snapshot is the parameters, then the optimizer's flat state if it has any (ps.params.flat_state)."""
         numel, state = self.own_numel, self.store.optimizer_state_numel
         if num_values not in (numel, numel + state):
             with_state = f" or {numel + state} (with the optimizer's state)" if state else ""
@@ -451,7 +451,7 @@ class Coordinator:
                 self._commit_task = asyncio.get_running_loop().create_task(self._commit_sharded())
             return
         if self._accumulator is not None:
-            # stepped piece by piece as the replies stream the new values (ps.store, ps.payload); the
+            # stepped piece by piece as the replies stream the new values (ps.params.store, ps.transport.payload); the
             # accumulator's sum is not reused before begin_push settles the step
             self.store.begin_step(self._accumulator.result())
             batch = self._accumulator.weight

@@ -19,14 +19,14 @@ from pathlib import Path
 import grpc
 import torch
 
-from ps.arg_types import port_number
-from ps.handlers import register
-from ps.memory import tune_malloc
-from ps.port_file import PortFile
-from ps.security import ServerSecurity, load_server_security
-from ps.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
-from ps.shard import ShardCore
-from ps.shard_servicer import ParameterShardServicer
+from ps.ops.arg_types import port_number
+from ps.ops.memory import tune_malloc
+from ps.ops.port_file import PortFile
+from ps.shards.core import ShardCore
+from ps.shards.servicer import ParameterShardServicer
+from ps.transport.handlers import register
+from ps.transport.security import ServerSecurity, load_server_security
+from ps.transport.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
 
 PR_SET_PDEATHSIG = 1
 

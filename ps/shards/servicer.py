@@ -8,12 +8,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps import blob
 from ps.errors import InvalidArgument, ServiceError
-from ps.push_stream import receive_push
-from ps.serialized import DataChunk
 from ps.servicer import params_chunk, reply_messages, status_code
-from ps.shard import ShardCore
+from ps.shards.core import ShardCore
+from ps.transport import blob
+from ps.transport.push_stream import receive_push
+from ps.transport.serialized import DataChunk
 
 
 def contributors_of(request: ps_pb2.CommitRequest) -> dict[str, int]:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ps.chunked import Vector, as_tensor, parts
+from ps.transport.chunked import Vector, as_tensor, parts
 
 
 class WeightedMean:
@@ -20,7 +20,7 @@ class WeightedMean:
     (one worker, or the others gone) yields that gradient itself, exactly its mean, and a second
     gradient writes b_1·g_1 + b_2·g_2 into the buffer (no zeroing pass). The caller must leave a
     gradient it added unchanged until `reset` (`holds` says whether the buffer is still in use).
-    A gradient may be a ChunkedVector (ps.chunked: the chunks a push arrived in, in the wire dtype),
+    A gradient may be a ChunkedVector (ps.transport.chunked: the chunks a push arrived in, in the wire dtype),
     read part by part; the sum is fp32 whatever the parts' dtype.
     """
 

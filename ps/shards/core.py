@@ -1,6 +1,6 @@
 """The core of a shard server (--shards): one contiguous range of the parameters and its optimizer.
 
-No gRPC here (ps/shard_servicer.py translates). A shard knows nothing of membership or the plan:
+No gRPC here (ps/shards/servicer.py translates). A shard knows nothing of membership or the plan:
 workers push their slice of the gradient for the open round, the slice is summed batch-weighted
 as it arrives (and kept until the round is decided), and the coordinator's Commit names the
 contributors whose slices count. A slice from anyone else is taken out again and its push refused,
@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from ps.aggregation import WeightedMean
-from ps.chunked import Vector
-from ps.core_messages import MAX_COMPUTE_MS, PushMeta, StepReply
 from ps.errors import FailedPrecondition, InvalidArgument
-from ps.jobspec import JobSpec
-from ps.payload import Payload
-from ps.store import ParameterStore
-from ps.wire import ChunkReceiver, check_wire_dtype
+from ps.job.spec import JobSpec
+from ps.params.aggregation import WeightedMean
+from ps.params.store import ParameterStore
+from ps.transport.chunked import Vector
+from ps.transport.messages import MAX_COMPUTE_MS, PushMeta, StepReply
+from ps.transport.payload import Payload
+from ps.transport.wire import ChunkReceiver, check_wire_dtype
 
 MAX_WAIT_S = 3600.0
 

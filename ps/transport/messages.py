@@ -35,7 +35,7 @@ class GroupInfo:
     rank: int = 0
     world_size: int = 0
     backend: str = ""
-    hub_rank: int = 0  # the hub algorithm: the rank that sums this step (ps.rendezvous.hub_rank)
+    hub_rank: int = 0  # the hub algorithm: the rank that sums this step (ps.rounds.rendezvous.hub_rank)
 
 
 @dataclass(frozen=True)
@@ -65,11 +65,11 @@ class StepReply:
     global_batch: int
     wire_dtype: str
     num_values: int
-    payload: Sequence[bytes]  # framed chunks (ps.payload: built as a reply reaches them)
+    payload: Sequence[bytes]  # framed chunks (ps.transport.payload: built as a reply reaches them)
     reason: str = ""
     group: GroupInfo = GroupInfo()
     snapshot_requested: bool = False
-    optimizer_state: bool = False  # the payload is the optimizer's flat state (ps.flat_state), not parameters
+    optimizer_state: bool = False  # the payload is the optimizer's flat state (ps.params.flat_state), not parameters
 
 
 @dataclass(frozen=True)

@@ -14,10 +14,10 @@ import grpc
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps import blob
-from ps.security import bearer
-from ps.server_options import GRPC_OPTIONS
-from ps.shard_ranges import Range, merge_optimizer_states, slice_optimizer_state
+from ps.shards.ranges import Range, merge_optimizer_states, slice_optimizer_state
+from ps.transport import blob
+from ps.transport.security import bearer
+from ps.transport.server_options import GRPC_OPTIONS
 
 
 class ShardFailure(RuntimeError):

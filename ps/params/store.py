@@ -1,13 +1,13 @@
 """The parameter store: one contiguous fp32 tensor of all parameters and a torch optimizer over it.
 
-The optimizer steps the vector a piece at a time (ps.stepping): SGD and Adam act value by value, so
+The optimizer steps the vector a piece at a time (ps.params.stepping): SGD and Adam act value by value, so
 the pieces stepped one after another equal the vector stepped whole. That lets a step be deferred
 (`begin_step`) and applied only as far as a reader needs (`values_into`): a reply streams its first
 chunks while the later pieces are still to be stepped, instead of waiting for the whole step, and
 with SGD (pieces of one wire chunk) each chunk is framed from values still in cache.
 
 When a reply's fp32 chunk is exactly a piece whose step is due (`values_into`), the step writes the
-new values straight into the reply message's data (ps.message_buffer) and those values stay there:
+new values straight into the reply message's data (ps.transport.message_buffer) and those values stay there:
 the piece is "resident" in the message, which nothing writes to again, and the next step reads it
 from there. The contiguous vector catches up only when something reads it whole (`flat`: an
 evaluation, a snapshot, a checkpoint) or changes it otherwise. A BSP step then reads the parameters
@@ -23,23 +23,23 @@ from typing import Any
 import torch
 from torch import nn
 
-from ps.chunked import Vector, as_tensor, parts
-from ps.flat_state import flatten_state, state_numel, unflatten_state
-from ps.jobspec import JobSpec
-from ps.stepping import make_stepper
-from ps.wire import flatten_params
+from ps.job.spec import JobSpec
+from ps.params.flat_state import flatten_state, state_numel, unflatten_state
+from ps.params.stepping import make_stepper
+from ps.transport.chunked import Vector, as_tensor, parts
+from ps.transport.wire import flatten_params
 
 
 class ParameterStore:
     """Global model state. BSP steps the optimizer with an aggregated gradient; ASP adds updates.
 
     `before_change` callbacks run before the values change (a step begins, an update, a load), so
-    a reader that is still framing the current values (ps.payload) can finish first.
+    a reader that is still framing the current values (ps.transport.payload) can finish first.
     """
 
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> None:
         """A store over a copy of `flat` (all parameters, or one shard's range of them), stepped in
-        pieces of `piece_values` values (default: ps.stepping's for the optimizer)."""
+        pieces of `piece_values` values (default: ps.params.stepping's for the optimizer)."""
         self._spec = spec
         self._flat = flat.detach().reshape(-1).float().clone()
         self._stepper = make_stepper(self._flat, spec, piece_values)
@@ -166,7 +166,7 @@ class ParameterStore:
         return state_numel(self._spec, self.numel)
 
     def flat_optimizer_state(self) -> torch.Tensor | None:
-        """The optimizer's state as one new fp32 vector (ps.flat_state); None before its first step."""
+        """The optimizer's state as one new fp32 vector (ps.params.flat_state); None before its first step."""
         return flatten_state(self.optimizer_state(), self._spec, self.numel)
 
     def load_flat_optimizer_state(self, values: Vector | None) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ps.errors import InvalidArgument
-from ps.wire import CHUNK_BYTES, split
+from ps.transport.wire import CHUNK_BYTES, split
 
 
 def pack(obj: Any, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
