@@ -52,8 +52,8 @@ def measure(numel: int, wire_dtype: str, steps: int, momentum: float) -> dict[st
     from ps.job.spec import JobSpec
     from ps.params.aggregation import WeightedMean
     from ps.params.store import ParameterStore
-    from ps.servicer import params_chunk
     from ps.transport.payload import Payload
+    from ps.transport.replies import params_chunk
     from ps.transport.wire import CHUNK_BYTES, ChunkReceiver, encode, split
 
     gen = torch.Generator().manual_seed(0)

@@ -1,18 +1,17 @@
-"""Checks for the options a model or dataset factory takes (`--model-arg`, `--dataset-arg`).
+"""Checks for numbers users give as data: a model or dataset factory's options (`--model-arg`,
+`--dataset-arg`), a profile file's numbers, an estimator's saved state.
 
 The options arrive as JSON-parsed command-line values, so a factory gets whatever a user typed: a
 negative width, a string, `NaN`. These checks turn such a value into a ValueError that names the
 option, before torch fails somewhere deeper with a traceback that does not, or builds a model with
-no parameters that trains nothing.
+no parameters that trains nothing. A leaf: it imports nothing of the project, so every folder of ps
+may use it (ps/control/ too).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import Any, TypeVar
-
-T = TypeVar("T")
+from typing import Any
 
 
 def real_number(value: Any) -> float | None:
@@ -49,12 +48,3 @@ def finite(name: str, value: Any, low: float, high: float = math.inf, *, open_lo
         left, right = "(" if open_low else "[", ")" if open_high else "]"
         raise ValueError(f"{name} must be in {left}{low:g}, {high:g}{right}, got {value!r}")
     return number
-
-
-def built(kind: str, name: str, options: dict[str, Any], build: Callable[[], T]) -> T:
-    """Call `build()` (a factory applied to `options`); any error it raises becomes one ValueError
-    naming the factory and its options (a user's factory may raise anything)."""
-    try:
-        return build()
-    except Exception as exc:  # noqa: BLE001 - a boundary: the factory is the user's code
-        raise ValueError(f"{kind} {name!r} rejected its options {options}: {exc}") from exc

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from ps.job.datasets import build_dataset
 from ps.job.models import build_model
 from ps.params.aggregation import WeightedMean, asp_lr, weighted_mean
-from ps.transport.wire import flatten_grads
+from ps.transport.layout import flatten_grads
 
 DATA = build_dataset("digits", {}, 0)
 

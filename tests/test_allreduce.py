@@ -24,7 +24,7 @@ from ps.params.checkpoint import checkpoint_files, read_checkpoint
 from ps.params.store import ParameterStore
 from ps.rounds.rendezvous import Group, fast_path_fits, hub_rank, plan_group
 from ps.server import main as server_main
-from ps.transport.wire import flatten_params
+from ps.transport.layout import flatten_params
 from tests import collective_ranks
 from tests.processes import ENV, Cluster, start_server
 from tests.test_hostile import wait_until

@@ -9,7 +9,7 @@ import torch
 
 from ps.job.datasets import build_dataset
 from ps.job.models import build_model
-from ps.transport.wire import flatten_params
+from ps.transport.layout import flatten_params
 from tests.processes import start_server
 from worker.client import PSClient
 

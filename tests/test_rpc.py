@@ -24,15 +24,8 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps.job.datasets import build_dataset
 from ps.job.models import build_model
 from ps.job.spec import JobSpec
-from ps.transport.wire import (
-    CHUNK_BYTES,
-    FlatReceiver,
-    Layout,
-    encode,
-    flatten_grads,
-    flatten_params,
-    split,
-)
+from ps.transport.layout import Layout, flatten_grads, flatten_params
+from ps.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
 from tests.state_compare import assert_same, server_state
 
 if TYPE_CHECKING:
@@ -389,9 +382,9 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     """The core's Payload, framed with params_chunk, holds for each ParamsChunk bytes that parse to
     the message (data 16-byte aligned by a zero pad field), built once per version; reply_messages only
     puts each reply's header message first."""
-    from ps.servicer import params_chunk, reply_messages
     from ps.transport.messages import StepReply
     from ps.transport.payload import Payload
+    from ps.transport.replies import params_chunk, reply_messages
 
     values = rand(3000, seed=5)
     raw = split(encode(values), 4096)

@@ -11,19 +11,15 @@ from torch import nn
 
 from ps.errors import InvalidArgument
 from ps.job.models import build_model
+from ps.transport.layout import Layout, TensorEntry, flatten_grads, flatten_params, load_flat
 from ps.transport.wire import (
     CHUNK_BYTES,
     FlatReceiver,
-    Layout,
-    TensorEntry,
     check_wire_dtype,
     chunks,
     decode,
     encode,
-    flatten_grads,
-    flatten_params,
     itemsize,
-    load_flat,
     spans,
     split,
     views,

@@ -21,11 +21,12 @@ import torch
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.job.spec import JobSpec
+from ps.transport.layout import Layout, TensorEntry
 from ps.transport.payload import frame_tensor
 from ps.transport.push_stream import PUSH_KIND_NUMBERS
 from ps.transport.security import PathArg, bearer, read_pem, resolve_token
 from ps.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
-from ps.transport.wire import CHUNK_BYTES, FlatReceiver, Layout, TensorEntry
+from ps.transport.wire import CHUNK_BYTES, FlatReceiver
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from torch import nn
 
 from ps.job.spec import JobSpec
 from ps.params.store import ParameterStore
-from ps.transport.wire import flatten_params
+from ps.transport.layout import flatten_params
 from worker.client import ServerError, StepPlan
 
 BUCKET_BYTES = 25 * 1024 * 1024

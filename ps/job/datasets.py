@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ps.job.registry import resolve
-from ps.number_checks import built, finite, whole
+from ps.job.registry import built, resolve
+from ps.number_checks import finite, whole
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ps.job.datasets import Dataset
-from ps.transport.wire import load_flat
+from ps.transport.layout import load_flat
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024) -> tuple[float, float]:

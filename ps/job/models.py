@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ps.job.registry import resolve
-from ps.number_checks import built, whole
+from ps.job.registry import built, resolve
+from ps.number_checks import whole
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128, layers: int = 2) -> nn.Module:

@@ -27,7 +27,7 @@ from ps.job.spec import JobSpec
 from ps.params.flat_state import flatten_state, state_numel, unflatten_state
 from ps.params.stepping import make_stepper
 from ps.transport.chunked import Vector, as_tensor, parts
-from ps.transport.wire import flatten_params
+from ps.transport.layout import flatten_params
 
 
 class ParameterStore:

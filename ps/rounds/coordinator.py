@@ -35,9 +35,10 @@ from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.core import MAX_WAIT_S
 from ps.shards.ranges import slice_optimizer_state
 from ps.transport.chunked import Vector, as_tensor
+from ps.transport.layout import Layout, flatten_params
 from ps.transport.messages import MAX_COMPUTE_MS, PUSH_KINDS, Beat, GroupInfo, JoinInfo, PushMeta, StepReply
 from ps.transport.payload import FramedChunks, Payload, TensorSource
-from ps.transport.wire import ChunkReceiver, Layout, check_wire_dtype, flatten_params
+from ps.transport.wire import ChunkReceiver, check_wire_dtype
 
 CHECKPOINT_FORMAT = 1
 

@@ -9,10 +9,10 @@ from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.errors import InvalidArgument, ServiceError
-from ps.servicer import params_chunk, reply_messages, status_code
 from ps.shards.core import ShardCore
 from ps.transport import blob
 from ps.transport.push_stream import receive_push
+from ps.transport.replies import params_chunk, reply_messages, status_code
 from ps.transport.serialized import DataChunk
 
 
