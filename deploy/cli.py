@@ -65,9 +65,10 @@ def add_compose_env_command(subcommands: Subcommands) -> None:
     """``compose-env``: print the docker-compose env file of a profile."""
     parser = subcommands.add_parser(
         "compose-env",
-        help="print the docker-compose env file (cpus per container) of a profile",
+        help="print the docker-compose env file (CPU quota per container) of a profile",
         description="Print the env file that gives deploy/docker-compose.yml the CPU allocation of a "
-        "profile: MODE, PS_CPUS and W<k>_CPUS / W<k>_THREADS for worker0..worker3.",
+        "profile: MODE, CPU_PERIOD (the CFS period: 1 ms over the smallest share), PS_CPU_QUOTA and "
+        "W<k>_CPUS / W<k>_CPU_QUOTA / W<k>_THREADS for worker0..worker3.",
         epilog="example: ps-cluster compose-env --profile hl8 --mode asp > deploy/hl8-asp.env",
     )
     parser.add_argument("--profile", required=True, metavar="NAME|PATH",
@@ -100,9 +101,10 @@ def add_docker_schedule_command(subcommands: Subcommands) -> None:
     """``docker-schedule``: apply a dynamic schedule to running containers with docker update."""
     parser = subcommands.add_parser(
         "docker-schedule",
-        help="change the running containers' cpus along a schedule (docker update --cpus)",
+        help="change the running containers' CPU quotas along a schedule (docker update)",
         description="Apply a schedule's phases to the containers of deploy/docker-compose.yml with "
-        "`docker update --cpus`: the first phase at once, the next one every N seconds. Start the "
+        "`docker update --cpu-period P --cpu-quota Q`: the first phase at once, the next one every N "
+        "seconds. Start the "
         "cluster first, with the env file of the first phase.",
         epilog="example: ps-cluster docker-schedule --schedule dynamic --every-seconds 600 --dry-run",
     )
