@@ -376,3 +376,18 @@ def test_docker_schedule_applies_phases_on_time() -> None:
     )
     assert len(ran) == 8 * 4
     assert [t for t, _ in ran[::4]] == [100.0 + 10 * i for i in range(8)]
+
+
+ENGINE = DEPLOY_DIR / "engine.sh"
+
+
+def test_engine_script_parses_and_refuses_unknown_commands() -> None:
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(ENGINE)], capture_output=True).returncode == 0
+    done = subprocess.run([str(ENGINE), "bogus"], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "engine.sh: error: unknown command 'bogus' (all, engine, status)\n"
+    usage = subprocess.run([str(ENGINE), "--help"], capture_output=True, text=True, timeout=30).stdout
+    for needle in ("deploy/engine.sh engine", '"bridge": "none"', "debootstrap", "PS_TORCH_FIND_LINKS"):
+        assert needle in usage
