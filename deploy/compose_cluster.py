@@ -30,6 +30,7 @@ from ps.metrics import read_metrics
 COMPOSE_FILE = DEPLOY_DIR / "docker-compose.yml"
 HOST_OVERRIDE = DEPLOY_DIR / "docker-compose.host.yml"
 HOST_ENV = DEPLOY_DIR / "host-network.env"
+ENGINE_SCRIPT = DEPLOY_DIR / "engine.sh"
 SERVICES = ("ps-server", *(f"worker{k}" for k in range(COMPOSE_WORKERS)))
 MOUNT = "/run/hetero-ps"
 """Where the server's container sees the run folder (its metrics log goes there)."""
@@ -59,9 +60,15 @@ def engine_problem() -> str | None:
     return None
 
 
-def image_present(image: str) -> bool:
-    """Whether the engine holds ``image``."""
-    return subprocess.run(["docker", "image", "inspect", image], capture_output=True, timeout=DOCKER_TIMEOUT_S).returncode == 0
+def build_image(timeout: float = 1800.0) -> None:
+    """Build the image from this working tree with ``deploy/engine.sh`` (seconds when its layers are
+    cached; it starts an engine first where none runs); ComposeError with its last lines if it fails."""
+    try:
+        done = subprocess.run([str(ENGINE_SCRIPT)], capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ComposeError(f"deploy/engine.sh did not finish within {timeout:g} s") from None
+    if done.returncode != 0:
+        raise ComposeError(f"deploy/engine.sh failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
 
 
 def free_port() -> int:

@@ -6,13 +6,12 @@ Deselected by default (the README's ``python -m pytest -q``); ``.ci/run`` starts
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
 
-from deploy.compose_cluster import SERVICES, ComposeCluster, engine_problem
-from deploy.compose_env import DEPLOY_DIR, container_limits, render_env
+from deploy.compose_cluster import SERVICES, ComposeCluster, build_image, engine_problem
+from deploy.compose_env import container_limits, render_env
 from deploy.profiles import default_cpu_budget, load_profile
 
 pytestmark = pytest.mark.compose
@@ -26,8 +25,7 @@ def image() -> None:
     problem = engine_problem()
     if problem is not None:
         pytest.skip(f"no Docker engine: {problem}")
-    built = subprocess.run([str(DEPLOY_DIR / "engine.sh")], capture_output=True, text=True, timeout=1800)
-    assert built.returncode == 0, f"deploy/engine.sh failed:\n{built.stderr[-3000:]}"
+    build_image()
 
 
 def test_hl8_trains_to_the_end_in_containers(image: None, tmp_path: Path) -> None:
