@@ -88,12 +88,13 @@ def test_help_lists_the_variables(monkeypatch: pytest.MonkeyPatch, capsys: pytes
         assert f"{variable} (--{dest.replace('_', '-')})" in out
 
 
-def test_a_worker_configured_only_by_its_environment_trains(tmp_path: Path) -> None:
+def run_worker_from_environment(tmp_path: Path, **variables: str) -> str:
+    """One epoch of a one-worker job whose worker has no flags at all; the worker's output."""
     cluster = start_server(tmp_path, ["--workers", "1", "--dataset", "digits", "--model-arg", "hidden=16",
                                       "--global-batch", "64", "--epochs", "1", "--quiet"])
     try:
         env = {k: v for k, v in ENV.items() if k not in cli.ENVIRONMENT.values()}
-        env |= {"PS_SERVER": cluster.target, "PS_NAME": "from-env", "PS_CORES": "0.5", "PS_QUIET": "1"}
+        env |= {"PS_SERVER": cluster.target, "PYTHONWARNINGS": "default", **variables}
         log = tmp_path / "worker.log"
         with log.open("w") as out:
             worker = subprocess.run([sys.executable, "-m", "worker.cli"], env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -101,7 +102,18 @@ def test_a_worker_configured_only_by_its_environment_trains(tmp_path: Path) -> N
         assert worker.returncode == 0, log.read_text()
         assert cluster.wait(60) == 0, cluster.server_log()
         (join,) = cluster.events("adjust")[:1]
-        assert list(join["batch_sizes"]) == ["from-env"]
-        assert log.read_text() == ""  # PS_QUIET: no progress lines
+        assert list(join["batch_sizes"]) == [variables.get("PS_NAME")]
+        return log.read_text()
     finally:
         cluster.stop()
+
+
+def test_a_worker_configured_only_by_its_environment_trains(tmp_path: Path) -> None:
+    output = run_worker_from_environment(tmp_path, PS_NAME="from-env", PS_CORES="0.5", PS_QUIET="1")
+    assert output == ""  # PS_QUIET: no progress lines
+
+
+def test_progress_lines_without_warnings(tmp_path: Path) -> None:
+    output = run_worker_from_environment(tmp_path, PS_NAME="chatty", PS_LOG_EVERY="0.001")
+    assert "chatty: epoch 0 step" in output and " loss " in output
+    assert "Warning" not in output  # float() of a loss that requires grad warned on every progress line

@@ -57,7 +57,7 @@ def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None
             last_log = time.monotonic()
             print(
                 f"{session.name}: epoch {session.epoch} step {session.steps} batch {session.batch_size} "
-                f"compute {session.last_compute_ms:.1f} ms loss {float(loss):.4f}",
+                f"compute {session.last_compute_ms:.1f} ms loss {float(loss.detach()):.4f}",
                 file=sys.stderr,
                 flush=True,
             )
