@@ -99,8 +99,12 @@ JSON
 }
 
 start_dockerd() {
-    say "starting dockerd (log: $PS_DOCKERD_LOG)"
-    setsid dockerd >>"$PS_DOCKERD_LOG" 2>&1 </dev/null &
+    if [ -d /run/systemd/system ] && systemctl start docker 2>/dev/null; then
+        say "started docker.service"
+    else
+        say "starting dockerd (log: $PS_DOCKERD_LOG)"
+        setsid dockerd >>"$PS_DOCKERD_LOG" 2>&1 </dev/null &
+    fi
     local waited=0
     until engine_up; do
         sleep 0.5
@@ -140,9 +144,13 @@ build_local_base() {
     root="$(mktemp -d)"
     trap 'rm -rf "$root"; trap - RETURN' RETURN
     say "building $PS_LOCAL_BASE with debootstrap (about a minute)"
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
-        bookworm "$root" "$PS_DEBIAN_MIRROR" >"$root.log" 2>&1 \
-        || die "debootstrap failed; last line: $(tail -n 1 "$root.log")"
+    if ! debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates \
+            bookworm "$root" "$PS_DEBIAN_MIRROR" >"$root.log" 2>&1; then
+        local last
+        last="$(tail -n 1 "$root.log")"
+        rm -rf "$root" "$root.log"
+        die "debootstrap failed; last line: $last"
+    fi
     rm -f "$root.log"
     if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
         cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
