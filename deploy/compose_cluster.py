@@ -226,5 +226,9 @@ class ComposeCluster:
     def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.down()
+    def __exit__(self, exc_type: type[BaseException] | None, *rest: object) -> None:
+        try:
+            self.down()
+        except ComposeError:
+            if exc_type is None:
+                raise  # else the error that ended the block is the one to see
