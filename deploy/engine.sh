@@ -231,6 +231,8 @@ build_image() {
         --build-arg "TORCH_FIND_LINKS=$find_links" "$REPO" || status=$?
     [ -z "$server_pid" ] || kill "$server_pid" 2>/dev/null || true
     [ "$status" -eq 0 ] || die "docker build failed (exit $status)"
+    # the image this build replaced, now untagged (its layers below the code stay, shared)
+    docker image prune -f --filter label=org.opencontainers.image.title=hetero-ps >/dev/null
     say "built $PS_IMAGE"
 }
 
