@@ -147,7 +147,7 @@ def gloo(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.transport_child",
+    p = argparse.ArgumentParser(prog="python -m benchmarks.transport.child",
                                 description="A child process of benchmarks.transport (not for direct use).")
     p.add_argument("role", choices=["ps-client", "torch-rpc", "gloo"])
     p.add_argument("--result", type=Path, required=True, help="write the JSON result here")
