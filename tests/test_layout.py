@@ -21,9 +21,6 @@ MAX_LINES = 500
 
 # Modules allowed over MAX_LINES, each one concept that would read worse cut in two.
 LONGER_ALLOWED: dict[str, str] = {
-    # one benchmark's whole experiment: the controllers compared on one emulated cluster, their
-    # runs, the DDP baseline and the ideal, and the report that ranks them, all sharing one config
-    "benchmarks/hetero.py": "the heterogeneous-cluster benchmark, one experiment",
     # the local cluster: server and worker processes, their cgroups, their exit and signal handling
     "deploy/launcher.py": "one process supervisor",
     # an emulation run from profile to report: schedule phases applied to the running cluster

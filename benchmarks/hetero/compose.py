@@ -10,12 +10,11 @@ renderings of one profile. The image is built from the working tree first (``dep
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
+from benchmarks.hetero.runs import Run
+from benchmarks.hetero.settings import Emulation, Settings, log
 from deploy.compose_env import container_limits, render_env
 
-if TYPE_CHECKING:
-    from benchmarks.hetero import Emulation, Run, Settings
 
 COMPOSE_SUFFIX = "_compose"
 """A run named ``<controller>_compose`` is that controller's run in containers."""
@@ -40,7 +39,6 @@ def compose_scale(s: Settings, emu: Emulation) -> float:
 
 def run_compose(s: Settings, emu: Emulation, name: str, controller: str, extra: list[str]) -> Run:
     """The job of ``s`` with ``controller`` in containers, to its end; its metrics as a :class:`Run`."""
-    from benchmarks.hetero import Run, log
     from deploy.compose_cluster import ComposeCluster, ComposeError, build_image, engine_problem
 
     scale = compose_scale(s, emu)
