@@ -22,7 +22,7 @@ from ps.controller import BatchController, ControllerConfig
 from ps.coordinator import Coordinator
 from ps.datasets import Dataset, build_dataset
 from ps.evaluator import BackgroundEvaluator
-from ps.handlers import register
+from ps.handlers import SERVICES, register
 from ps.jobspec import (
     ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured,
     cycle_measured, default_balance,
@@ -30,6 +30,7 @@ from ps.jobspec import (
 from ps.memory import tune_malloc
 from ps.metrics import MetricsLog
 from ps.models import build_model
+from ps.ops.health import NOT_SERVING, SERVING, Health
 from ps.port_file import PortFile
 from ps.rendezvous import Rendezvous
 from ps.security import ServerSecurity, load_server_security, resolve_token
@@ -379,12 +380,22 @@ def print_progress(record: dict[str, Any]) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:
+    """A metrics observer: the health service says NOT_SERVING from the job's end (finished or
+    stopping) on, while the server drains (the workers hear of it, the final checkpoint)."""
+    if record["event"] == "end":
+        health.set_soon(NOT_SERVING)
+
+
 async def serve(
     job: Job, host: str, port: int, port_file: PortFile | None, grace: float, security: ServerSecurity | None = None
 ) -> dict[str, Any]:
     """Serve the job until it ends (TLS and token check as `security` says); returns the summary record."""
     security = security or ServerSecurity()
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
+    health = Health([SERVICES["ParameterServer"].full_name])
+    await health.add_to(server)
+    job.metrics.observe(functools.partial(not_serving_at_end, health))
     register(ParameterServerServicer(job.coordinator), server)
     try:
         await job.coordinator.load_shards()
@@ -397,6 +408,7 @@ async def serve(
         job.close_shards()
         raise
     await server.start()
+    await health.set(SERVING)  # ready: the job is built, its shards hold their ranges, the server listens
     mode = f"{job.spec.mode} allreduce, rendezvous port {job.rendezvous.port}" if job.rendezvous else job.spec.mode
     if job.coordinator.may_take_fast_path:
         mode += ", allreduce if every worker has a GPU of its own"
@@ -428,6 +440,7 @@ async def serve(
             job.metrics.write("checkpoint", path=str(path), step=job.coordinator.step, epoch=job.coordinator.epoch)
         return job.metrics.write("summary", **job.coordinator.summary())
     finally:
+        await health.shut_down()
         reaper.cancel()
         await server.stop(grace=1.0)
         job.evaluator.close()

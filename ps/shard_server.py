@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import os
 import signal
 import sys
@@ -20,8 +21,9 @@ import grpc
 import torch
 
 from ps.arg_types import port_number
-from ps.handlers import register
+from ps.handlers import SERVICES, register
 from ps.memory import tune_malloc
+from ps.ops.health import OVERALL, SERVING, Health
 from ps.port_file import PortFile
 from ps.security import ServerSecurity, load_server_security
 from ps.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
@@ -62,17 +64,26 @@ def exit_with_parent(parent_pid: int) -> None:
 
 
 async def serve_shard(host: str, port: int, port_file: PortFile | None, security: ServerSecurity) -> None:
-    """Serve one ShardCore until SIGTERM/SIGINT."""
+    """Serve one ShardCore until SIGTERM/SIGINT.
+
+    Health: the server ("") is SERVING once it listens (it takes its coordinator's Load then), the
+    ParameterShard service once a Load gave it its range; both NOT_SERVING from SIGTERM/SIGINT on."""
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
-    register(ParameterShardServicer(ShardCore()), server, "ParameterShard")
+    service = SERVICES["ParameterShard"].full_name
+    health = Health([service])
+    await health.add_to(server)
+    register(ParameterShardServicer(ShardCore(), on_load=functools.partial(health.set, SERVING, [service])), server,
+             "ParameterShard")
     bound = security.add_port(server, f"{host}:{port}")
     await server.start()
+    await health.set(SERVING, [OVERALL])
     print(f"ps-shard: listening on {host}:{bound} ({security.description})", flush=True)
     try:
         if port_file is not None:
             port_file.write(bound)
         await wait_for_stop_signal()
     finally:
+        await health.shut_down()
         await server.stop(grace=1.0)
 
 
