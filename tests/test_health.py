@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from protos import ps_pb2, ps_pb2_grpc
 from ps.security import bearer
 from tests.processes import ENV, start_server
+from tests.test_prometheus import scrape, value
 
 SERVER = "hetero_ps.ParameterServer"
 SHARD = "hetero_ps.ParameterShard"
@@ -154,9 +155,10 @@ def test_server_health_without_token_reflection_with_it_and_not_serving_while_it
 
 def test_shard_health_follows_its_load_and_its_stop(tmp_path: Path, channels) -> None:
     """ps-shard: "" SERVING once it listens (its coordinator's Load must reach it), its service once a
-    coordinator loaded its range; both NOT_SERVING on SIGTERM."""
-    port_file = tmp_path / "shard.port"
-    shard = subprocess.Popen([sys.executable, "-m", "ps.shard_server", "--port", "0", "--port-file", str(port_file)],
+    coordinator loaded its range; both NOT_SERVING on SIGTERM. Its /metrics counts the Load's bytes."""
+    port_file, metrics_port_file = tmp_path / "shard.port", tmp_path / "shard-metrics.port"
+    shard = subprocess.Popen([sys.executable, "-m", "ps.shard_server", "--port", "0", "--port-file", str(port_file),
+                              "--metrics-port", "0", "--metrics-port-file", str(metrics_port_file)],
                              env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     cluster = None
     watcher = None
@@ -173,6 +175,8 @@ def test_shard_health_follows_its_load_and_its_stop(tmp_path: Path, channels) ->
         cluster = start_server(tmp_path, [*JOB, "--shard-addresses", f"127.0.0.1:{int(port_file.read_text())}"])
         watcher.until(SERVING)  # the coordinator loaded its range before it listened
         assert check(channel, SHARD) == SERVING
+        loaded = scrape(int(metrics_port_file.read_text()))  # --metrics-port: the shard's own message bytes
+        assert value(loaded, "hetero_ps_grpc_received_bytes_total", method="Load") > 0
 
         shard.send_signal(signal.SIGTERM)
         assert shard.wait(30) == 0
