@@ -114,6 +114,13 @@ def positive(base: str, promql: str, timeout: float = 90.0) -> list[dict]:
         time.sleep(0.5)
 
 
+def documented_queries() -> list[str]:
+    """The expressions of the ```promql block in docs/operations.md (comments dropped)."""
+    text = (ROOT / "docs" / "operations.md").read_text()
+    block = text.split("```promql\n", 1)[1].split("```", 1)[0]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.split("#", 1)[0].strip()]
+
+
 def test_prometheus_scrapes_a_run_and_answers_rate_queries(tmp_path: Path, prometheus) -> None:
     metrics_port_file = tmp_path / "metrics.port"
     cluster = start_server(tmp_path, [*JOB, "--metrics-port", "0", "--metrics-port-file", str(metrics_port_file)])
@@ -130,6 +137,8 @@ def test_prometheus_scrapes_a_run_and_answers_rate_queries(tmp_path: Path, prome
         positive(base, "histogram_quantile(0.9, rate(hetero_ps_round_duration_seconds_bucket[10s]))")
         (up,) = query(base, 'up{job="hetero_ps"}')
         assert up["value"][1] == "1"
+        for promql in documented_queries():  # every example of docs/operations.md is valid PromQL here
+            query(base, promql)
         cluster.server.send_signal(signal.SIGTERM)
         assert cluster.wait(60) == 0, cluster.server_log()
     finally:
