@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import analysis
+from benchmarks.compose_runs import COMPOSE_SUFFIX, run_compose
 from benchmarks.report_output import print_report, save_report
 from benchmarks.workload import Workload, spawn, stop
 from deploy.cgroups import CgroupBackend, CpuLimiter, detect_backend, slowdown_factors
@@ -464,12 +465,21 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
     for name in s.controllers:
         controller, extra = RUN_VARIANTS.get(name, (name, []))
         t = time.monotonic()
-        run = run_cluster(s, emu, f"{s.mode}-{name}", controller, extra_server_args=extra)
+        if name.endswith(COMPOSE_SUFFIX):
+            run = run_compose(s, emu, f"{s.mode}-{name}", controller, extra)
+        else:
+            run = run_cluster(s, emu, f"{s.mode}-{name}", controller, extra_server_args=extra)
         runs[name] = summarize(s, emu, run, controller, ideal, ddp)
+        if name.endswith(COMPOSE_SUFFIX):
+            runs[name]["limiting"] = run.limiting
         if name == "dynamic_no_lr_scaling":
             runs[name]["lr_scaling"] = False
         timings[f"run_{name}"] = round(time.monotonic() - t, 1)
     report["runs"] = runs
+    report["compose_vs_emulator"] = {  # each run in containers against the same controller's on the emulator
+        name: _ratio(r.get("samples_per_s"), runs.get(name.removesuffix(COMPOSE_SUFFIX)))
+        for name, r in runs.items() if name.endswith(COMPOSE_SUFFIX)
+    } or None
     dyn = runs.get("dynamic", {})
     if s.mode == "bsp":
         report["targets"] = [
@@ -646,6 +656,9 @@ def render_table(report: dict) -> str:
             row.append(r.get("batch_sizes"))
             rows.append(row)
         parts.append(analysis.markdown_table(header, rows))
+        if report.get("compose_vs_emulator"):
+            parts.append("in containers vs on the cgroup emulator, steady samples/s: " + ", ".join(
+                f"{name} {ratio}" for name, ratio in report["compose_vs_emulator"].items()))
     targets = report.get("targets", [])
     if targets:
         rows = [[t["name"], t["value"], f"{t['op']} {t['threshold']}",
@@ -682,9 +695,13 @@ RUN_VARIANTS = {
     "dynamic_busy": ("dynamic", ["--balance", "busy"]),
     "dynamic_compute": ("dynamic", ["--balance", "compute"]),
     "dynamic_cycle": ("dynamic", ["--balance", "cycle"]),
+    # the same job in deploy/docker-compose.yml's containers (docker cpu_quota, host networking)
+    "uniform_compose": ("uniform", []),
+    "dynamic_compose": ("dynamic", []),
 }
-OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute", "dynamic_cycle"],
-          "asp": ["dynamic_busy", "dynamic_compute"]}
+OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
+                  "uniform_compose", "dynamic_compose"],
+          "asp": ["dynamic_busy", "dynamic_compute", "uniform_compose", "dynamic_compose"]}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -702,6 +719,8 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m benchmarks.hetero --schedule dynamic --every-epochs 3 --json\n"
             "  python -m benchmarks.hetero --profile hl8 --tta 0.95 --json\n"
             "  python -m benchmarks.hetero --tiny --json            # smoke test (under a minute)\n"
+            "  python -m benchmarks.hetero --profile hl8 --controllers dynamic,dynamic_compose --no-baselines --json\n"
+            "                                                       # the cgroup emulator beside docker compose\n"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -720,7 +739,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
                       "ring all_reduce instead of the hub, and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
                       "dynamic_compute, dynamic with --balance busy or compute instead of the server's default, auto: busy "
-                      "for BSP on the PS path, compute otherwise)")
+                      "for BSP on the PS path, compute otherwise; both take uniform_compose and dynamic_compose, the same "
+                      "job in deploy/docker-compose.yml's containers at the same quotas, which needs a Docker engine: "
+                      "deploy/engine.sh)")
     what.add_argument("--no-baselines", action="store_true",
                       help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
     what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")

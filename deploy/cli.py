@@ -25,6 +25,14 @@ from deploy.profiles import (
 )
 from ps.arg_types import positive_float, positive_int
 
+
+def port_in_range(text: str) -> int:
+    """A TCP port, 1-65535."""
+    port = positive_int(text)
+    if port > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port in 1-65535, got {text!r}")
+    return port
+
 PROG = "ps-cluster"
 
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -65,9 +73,10 @@ def add_compose_env_command(subcommands: Subcommands) -> None:
     """``compose-env``: print the docker-compose env file of a profile."""
     parser = subcommands.add_parser(
         "compose-env",
-        help="print the docker-compose env file (cpus per container) of a profile",
+        help="print the docker-compose env file (CPU quota per container) of a profile",
         description="Print the env file that gives deploy/docker-compose.yml the CPU allocation of a "
-        "profile: MODE, PS_CPUS and W<k>_CPUS / W<k>_THREADS for worker0..worker3.",
+        "profile: MODE, CPU_PERIOD (the CFS period: 1 ms over the smallest share), PS_CPU_QUOTA and "
+        "W<k>_CPUS / W<k>_CPU_QUOTA / W<k>_THREADS for worker0..worker3.",
         epilog="example: ps-cluster compose-env --profile hl8 --mode asp > deploy/hl8-asp.env",
     )
     parser.add_argument("--profile", required=True, metavar="NAME|PATH",
@@ -100,9 +109,10 @@ def add_docker_schedule_command(subcommands: Subcommands) -> None:
     """``docker-schedule``: apply a dynamic schedule to running containers with docker update."""
     parser = subcommands.add_parser(
         "docker-schedule",
-        help="change the running containers' cpus along a schedule (docker update --cpus)",
+        help="change the running containers' CPU quotas along a schedule (docker update)",
         description="Apply a schedule's phases to the containers of deploy/docker-compose.yml with "
-        "`docker update --cpus`: the first phase at once, the next one every N seconds. Start the "
+        "`docker update --cpu-period P --cpu-quota Q`: the first phase at once, the next one every N "
+        "seconds. Start the "
         "cluster first, with the env file of the first phase.",
         epilog="example: ps-cluster docker-schedule --schedule dynamic --every-seconds 600 --dry-run",
     )
@@ -118,6 +128,110 @@ def add_docker_schedule_command(subcommands: Subcommands) -> None:
     parser.add_argument("--dry-run", action="store_true",
                         help="print the commands as a shell script instead of running them")
     parser.set_defaults(handler=_docker_schedule)
+
+
+def _k8s(args: argparse.Namespace) -> int:
+    import yaml
+
+    from deploy import k8s
+    from deploy.server_args import given_options, server_parser, split_server_args
+
+    profile = load_profile(args.profile)
+    profile.allocation(args.mode)  # ValueError if the profile lacks the mode
+    if args.namespace is not None:
+        k8s.check_name(args.namespace, "--namespace", 63)
+    if args.token_secret is not None:
+        k8s.check_name(args.token_secret, "--token-secret", 253)
+    if args.tls_secret is not None:
+        k8s.check_name(args.tls_secret, "--tls-secret", 253)
+    parser = server_parser()
+    extra = split_server_args(
+        args.server_arg, parser,
+        lambda flag: " is set by ps-cluster k8s (from the profile and its options)" if flag in k8s.SET_HERE else None,
+    )
+    job = k8s.job_args(extra, given_options(extra, parser))
+    parsed = parser.parse_args(["--mode", args.mode, *job])
+    options = k8s.K8sOptions(
+        profile=profile, mode=args.mode, scale=args.scale, image=k8s.check_image(args.image),
+        name=k8s.check_name(args.name, "--name"), namespace=args.namespace, port=args.port,
+        rendezvous_port=args.rendezvous_port if k8s.may_take_fast_path(parsed) else None, server_args=extra,
+        checkpoint_size=k8s.check_quantity(args.checkpoint_size, "--checkpoint-size"),
+        storage_class=args.storage_class,
+        memory=None if args.memory is None else k8s.check_quantity(args.memory, "--memory"),
+        gpu_resource=k8s.check_resource_name(args.gpu_resource), tls_secret=args.tls_secret,
+        token_secret=args.token_secret,
+    )
+    if args.port == args.rendezvous_port:
+        raise ValueError(f"--port and --rendezvous-port must differ, both are {args.port}")
+    parser.parse_args(k8s.server_command(options, job)[4:])  # the whole command line, as ps-server will see it
+    documents = k8s.render(options, job)
+    if args.out is None:
+        sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False))
+        return 0
+    out: Path = args.out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".ps-cluster-write-test"
+        probe.write_text("", encoding="utf-8")
+        probe.unlink()
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+    for document in documents:
+        path = out / k8s.filename(document)
+        path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+        if document["kind"] == "Secret":
+            path.chmod(0o600)
+    print(f"{PROG}: wrote {len(documents)} manifests to {out}: kubectl apply -f {out}", file=sys.stderr)
+    return 0
+
+
+def add_k8s_command(subcommands: Subcommands) -> None:
+    """``k8s``: Kubernetes manifests of a profile (server StatefulSet, worker Jobs, Services, Secret)."""
+    from deploy import k8s
+
+    parser = subcommands.add_parser(
+        "k8s",
+        help="write Kubernetes manifests for a profile (CPU limits / GPUs per worker, as the kubelet enforces them)",
+        description=textwrap.fill(
+            "Write the Kubernetes manifests of a profile: the parameter server as a StatefulSet with a "
+            "checkpoint volume (a restarted pod resumes from its newest checkpoint) and gRPC health probes, "
+            "a Service for it, a headless Service that gives the server pod the stable name the workers "
+            "dial (and the collective fast path's rendezvous), one Job per worker with the profile's CPU "
+            "cores (times --scale) as its CPU request and limit and its GPUs as GPU limits, and a Secret "
+            "with a new token that every call carries. See docs/kubernetes.md.", width=88),
+        epilog="examples:\n"
+        "  ps-cluster k8s --profile hl8 --image registry.example/hetero-ps:0.1 --out k8s/\n"
+        "  ps-cluster k8s --profile hl8 --scale 0.25 --server-arg='--epochs 20 --lr 0.05' | kubectl apply -f -\n"
+        "exit status: 0 written, 2 bad input (nothing written).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--profile", default="hl8", metavar="NAME|PATH",
+                        help=f"built-in profile ({', '.join(builtin_profiles())}) or a profile YAML file (default: hl8)")
+    _mode_argument(parser)
+    _scale_argument(parser)
+    parser.add_argument("--image", default="hetero-ps:local", metavar="REF",
+                        help="the image built from deploy/Dockerfile, as the cluster pulls it (default: hetero-ps:local)")
+    parser.add_argument("--out", type=Path, metavar="DIR", help="write one file per object here instead of stdout")
+    parser.add_argument("--name", default=k8s.APP, help=f"prefix of every object's name (default: {k8s.APP})")
+    parser.add_argument("--namespace", help="namespace of every object (default: none: kubectl's)")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARGS",
+                        help="the job, as ps-server flags (repeatable; default: "
+                        f"{' '.join(f'{k} {v}' for k, v in k8s.JOB_DEFAULTS.items())})")
+    parser.add_argument("--port", type=port_in_range, default=50051, help="the server's gRPC port (default: 50051)")
+    parser.add_argument("--rendezvous-port", type=port_in_range, default=29500,
+                        help="the fast path's rendezvous port (default: 29500)")
+    parser.add_argument("--checkpoint-size", default="1Gi", metavar="QUANTITY",
+                        help="the checkpoint volume's size (default: 1Gi)")
+    parser.add_argument("--storage-class", metavar="NAME", help="the checkpoint volume's storage class (default: the cluster's)")
+    parser.add_argument("--memory", metavar="QUANTITY",
+                        help="memory request and limit of every pod, e.g. 4Gi (default: none)")
+    parser.add_argument("--gpu-resource", default="nvidia.com/gpu", metavar="NAME",
+                        help="the resource a profile's gpus request (default: nvidia.com/gpu)")
+    parser.add_argument("--tls-secret", metavar="NAME",
+                        help="serve TLS from this existing Secret (tls.crt, tls.key; workers trust its ca.crt)")
+    parser.add_argument("--token-secret", metavar="NAME",
+                        help="take the token from this existing Secret's 'token' key instead of a new one")
+    parser.set_defaults(handler=_k8s)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -261,6 +375,7 @@ def add_run_command(subcommands: Subcommands) -> None:
 COMMANDS: list[Callable[[Subcommands], None]] = [
     add_compose_env_command,
     add_docker_schedule_command,
+    add_k8s_command,
     add_list_command,
     add_run_command,
 ]
@@ -272,7 +387,7 @@ def build_parser(commands: Sequence[Callable[[Subcommands], None]] = COMMANDS) -
     parser: argparse.ArgumentParser = _Parser(
         prog=PROG,
         description="Emulate heterogeneous clusters (OmniLearn Table I and Fig. 10) for the parameter "
-        "server: docker-compose allocations and dynamic CPU schedules.",
+        "server: on this machine, docker-compose allocations and dynamic CPU schedules, Kubernetes manifests.",
     )
     subcommands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for register in commands:

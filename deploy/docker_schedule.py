@@ -1,8 +1,10 @@
-"""Dynamic heterogeneity for the docker-compose cluster: ``docker update --cpus`` at phase boundaries.
+"""Dynamic heterogeneity for the docker-compose cluster: ``docker update`` of CPU quotas at phase boundaries.
 
 OmniLearn's Fig. 10 changes each worker container's cores at fixed intervals from an external
 process; this is that process. It applies phase 0 at once, then each later phase after
-``every_seconds``. A dry run prints the same steps as a shell script (``docker update`` and
+``every_seconds``, as ``docker update --cpu-period P --cpu-quota Q`` (the compose file's limits:
+Docker refuses ``--cpus`` beside a period). One period serves every phase: the shortest the kernel
+accepts for the smallest share of any phase. A dry run prints the same steps as a shell script (``docker update`` and
 ``sleep`` lines) without running anything.
 """
 
@@ -16,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TextIO
 
-from deploy.compose_env import container_cpus, format_cpus
+from deploy.compose_env import cfs_period_us, container_cpus
 from deploy.profiles import Schedule, check_mode
 
 DEFAULT_PROJECT = "hetero-ps"
@@ -48,20 +50,25 @@ def plan(
 ) -> list[Phase]:
     """The phases of ``schedule`` as docker commands, one phase every ``every_seconds``.
 
-    Workers get the profile's cores times ``scale`` (as ``compose-env --scale``); in ASP the
-    parameter server is updated too when the profile gives it cores.
+    Workers get the profile's cores times ``scale`` (as ``compose-env --scale``) as a quota per
+    period; in ASP the parameter server is updated too when the profile gives it cores.
     """
     mode = check_mode(mode)
     if not every_seconds > 0:
         raise ValueError(f"every_seconds must be > 0, got {every_seconds}")
-    phases = []
-    for index, profile in enumerate(schedule.phases):
+    targets_per_phase = []
+    for profile in schedule.phases:
         workers, server = container_cpus(profile, mode, scale)
         targets = [(f"worker{k}", cores) for k, cores in enumerate(workers)]
         if mode == "asp" and server is not None:
             targets.insert(0, ("ps-server", server))
+        targets_per_phase.append(targets)
+    period = cfs_period_us([cores for targets in targets_per_phase for _, cores in targets], scale)
+    phases = []
+    for index, (profile, targets) in enumerate(zip(schedule.phases, targets_per_phase, strict=True)):
         commands = tuple(
-            ("docker", "update", "--cpus", format_cpus(cores), container_name(project, service))
+            ("docker", "update", "--cpu-period", str(period), "--cpu-quota", str(round(cores * period)),
+             container_name(project, service))
             for service, cores in targets
         )
         phases.append(Phase(index, index * every_seconds, profile.name, commands))

@@ -14,16 +14,14 @@ Everything a run writes goes to its output folder: ``metrics.jsonl`` (the server
 
 from __future__ import annotations
 
-import argparse
 import json
-import shlex
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import Any, TextIO
 
 from deploy.launcher import (
     LocalCluster,
@@ -41,6 +39,7 @@ from deploy.profiles import (
     quota_period_us,
     scale,
 )
+from deploy.server_args import server_parser, split_server_args
 
 DEFAULT_JOB: dict[str, Any] = {
     "model": "cnn",
@@ -124,44 +123,13 @@ def _server_share(profile: Profile, mode: str, budget: float) -> float | None:
     return allocation.server * budget / sum(allocation.workers)
 
 
-def _server_parser() -> argparse.ArgumentParser:
-    """ps-server's own parser, raising ValueError where it would print its usage and exit."""
-    from ps.server import build_parser  # torch and grpc: only once a run is being planned
-
-    parser = build_parser()
-
-    def refuse(message: str) -> NoReturn:
-        raise ValueError(f"ps-server would refuse these arguments: {message}")
-
-    parser.error = refuse  # type: ignore[method-assign]
-    return parser
-
-
-def _option_named(flag: str, options: Sequence[str]) -> str:
-    """The ps-server option that `flag` names: itself, or the one option it abbreviates (argparse
-    takes a unique prefix, so `--epoch=3` is `--epochs 3`)."""
-    if flag in options or not flag.startswith("--"):
-        return flag
-    matches = [option for option in options if option.startswith(flag)]
-    return matches[0] if len(matches) == 1 else flag
-
-
-def _split_server_args(values: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
-    args: list[str] = []
-    for value in values:
-        args += shlex.split(value)
-    options = [option for action in parser._actions for option in action.option_strings]
-    for arg in args:
-        given = arg.split("=", 1)[0]
-        flag = _option_named(given, options)
-        shown = given if given == flag else f"{given} (that is {flag})"
-        if flag in RESERVED_SERVER_FLAGS:
-            raise ValueError(f"--server-arg {shown} is set by the emulator (workers come from the profile)")
-        if flag in OWN_FLAGS:
-            raise ValueError(f"--server-arg {shown}: use ps-cluster run {flag} instead")
-        if flag in ("-h", "--help"):
-            raise ValueError("--server-arg --help: run ps-server --help to see its options")
-    return args
+def _refused(flag: str) -> str | None:
+    """Why ``ps-cluster run --server-arg`` refuses ``flag``, or None."""
+    if flag in RESERVED_SERVER_FLAGS:
+        return " is set by the emulator (workers come from the profile)"
+    if flag in OWN_FLAGS:
+        return f": use ps-cluster run {flag} instead"
+    return None
 
 
 def _check_out(out: Path) -> None:
@@ -237,8 +205,8 @@ def resolve(config: RunConfig) -> Plan:
         server_args += ["--dataset-arg", arg]
     if config.adjust_every is not None:
         server_args += ["--adjust-every", str(config.adjust_every)]
-    parser = _server_parser()
-    server_args += _split_server_args(config.server_args, parser)
+    parser = server_parser()
+    server_args += split_server_args(config.server_args, parser, _refused)
     parser.parse_args([*server_args, "--port", "0"])  # a value only ps-server checks fails here, not after the run started
     out = config.out if config.out is not None else _fresh(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
     _check_out(Path(out))

@@ -30,16 +30,19 @@ SERVER_RESERVE = 0.5
 """Cores :func:`default_cpu_budget` leaves to the parameter server and the system."""
 
 _PROFILE_KEYS = {"kind", "name", "description", *MODES}
-_ALLOCATION_KEYS = {"workers", "server"}
+_ALLOCATION_KEYS = {"workers", "server", "gpus"}
 _SCHEDULE_KEYS = {"kind", "name", "description", "every_epochs", "every_seconds", "phases"}
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """CPU cores of each worker (in worker order) and, optionally, of the parameter server."""
+    """CPU cores of each worker (in worker order) and, optionally, of the parameter server, and the
+    GPUs of each worker (None: none anywhere). GPUs are requested by ``ps-cluster k8s``; the cgroup
+    emulator and docker-compose run every worker on its CPU cores."""
 
     workers: tuple[float, ...]
     server: float | None = None
+    gpus: tuple[int, ...] | None = None
 
     @property
     def heterogeneity(self) -> float:
@@ -224,7 +227,17 @@ def _parse_allocation(data: Any, where: str) -> Allocation:
         raise ValueError(f"{where}.workers must be a non-empty list of CPU cores, one per worker")
     shares = tuple(_check_share(w, f"{where}.workers[{i}]") for i, w in enumerate(workers))
     server = data.get("server")
-    return Allocation(shares, None if server is None else _check_share(server, f"{where}.server"))
+    gpus = data.get("gpus")
+    if gpus is not None:
+        if not isinstance(gpus, list) or len(gpus) != len(shares):
+            raise ValueError(f"{where}.gpus must be a list of GPU counts, one per worker ({len(shares)})")
+        for i, count in enumerate(gpus):
+            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+                raise ValueError(f"{where}.gpus[{i}] must be a whole number of GPUs >= 0, got {_shown(count)}")
+    return Allocation(
+        shares, None if server is None else _check_share(server, f"{where}.server"),
+        None if gpus is None else tuple(gpus),
+    )
 
 
 def parse_profile(data: Mapping[str, Any], source: Path) -> Profile:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import importlib.util
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -116,7 +117,42 @@ def synthetic(
     return Dataset(x[n_test:], labels[n_test:], x[:n_test], labels[:n_test], num_classes)
 
 
-DATASETS: dict[str, Callable[..., Dataset]] = {"digits": digits, "synthetic": synthetic}
+def teacher(
+    seed: int,
+    size: int = 65536,
+    features: int = 32,
+    hidden: int = 32,
+    num_classes: int = 10,
+    label_noise: float = 0.0,
+    test_fraction: float = 0.2,
+) -> Dataset:
+    """Gaussian inputs labelled by a random teacher network: a harder task, on which the batch size matters.
+
+    The teacher scores x ~ N(0, I) with one tanh layer of `hidden` units and a linear read-out; the
+    class is the score's rank bin (`num_classes` equal-count bins: balanced classes). A label depends
+    on the score's exact value, so accuracy grows as a student fits the teacher finer, for tens of epochs
+    (the synthetic images are learnt in three), and SGD noise caps it: B changes the time to a target.
+    `label_noise` replaces that fraction of the training labels with random classes (more gradient
+    noise); test labels stay the teacher's. About 0.04 s of CPU for the default 65536 samples."""
+    size, features = whole("size", size, 2), whole("features", features, 1)
+    hidden, num_classes = whole("hidden", hidden, 1), whole("num_classes", num_classes, 2)
+    label_noise = finite("label_noise", label_noise, 0.0, 1.0)
+    test_fraction = finite("test_fraction", test_fraction, 0.0, 1.0, open_low=True, open_high=True)
+    n_test = _test_count(size, test_fraction)
+    g = torch.Generator().manual_seed(seed)
+    layer = torch.randn((features, hidden), generator=g).mul_(1.5 / math.sqrt(features))  # into tanh's bend
+    readout = torch.randn(hidden, generator=g)
+    x = torch.randn((size, features), generator=g)
+    score = torch.tanh(x @ layer) @ readout
+    labels = torch.empty(size, dtype=torch.int64)
+    labels[score.argsort()] = torch.arange(size) * num_classes // size  # rank -> equal-count bins
+    flip = torch.rand(size, generator=g) < label_noise
+    flip[:n_test] = False
+    labels = torch.where(flip, torch.randint(0, num_classes, (size,), generator=g), labels)
+    return Dataset(x[n_test:], labels[n_test:], x[:n_test], labels[:n_test], num_classes)
+
+
+DATASETS: dict[str, Callable[..., Dataset]] = {"digits": digits, "synthetic": synthetic, "teacher": teacher}
 
 
 def build_dataset(name: str, options: dict, seed: int) -> Dataset:

@@ -15,10 +15,12 @@ import pytest
 import yaml
 
 from deploy import cli
-from deploy.compose_env import DEPLOY_DIR, env_filename, format_cpus, parse_env, render_env
-from deploy.profiles import builtin_profiles, load_profile, load_schedule
+from deploy.compose_env import DEPLOY_DIR, container_limits, env_filename, format_cpus, parse_env, render_env
+from deploy.profiles import builtin_profiles, load_profile, load_schedule, quota_period_us
 
 COMPOSE = DEPLOY_DIR / "docker-compose.yml"
+HOST_OVERRIDE = DEPLOY_DIR / "docker-compose.host.yml"
+HOST_ENV = DEPLOY_DIR / "host-network.env"
 REPO = DEPLOY_DIR.parent
 WORKERS = [f"worker{k}" for k in range(4)]
 ENV_FILES = [(name, mode) for name in builtin_profiles() for mode in ("bsp", "asp")]
@@ -68,14 +70,29 @@ def test_commands() -> None:
     server = shlex.split(services["ps-server"]["command"])
     assert server[0] == "ps-server"
     assert server[server.index("--workers") + 1] == "4"
-    assert server[server.index("--port") + 1] == "50051"
+    assert server[server.index("--port") + 1] == "${PS_PORT:-50051}"
+    assert server[server.index("--host") + 1] == "${PS_HOST:-0.0.0.0}"
     for flag in ("--mode", "--model", "--dataset", "--controller", "--epochs", "--global-batch"):
         assert flag in server
+    assert server[-1] == "${SERVER_ARGS:-}"
     for k, worker in enumerate(WORKERS):
-        command = shlex.split(services[worker]["command"])
-        assert command[:5] == ["ps-worker", "--server", "ps-server:50051", "--name", f"w{k}"]
-        assert command[command.index("--cores") + 1] == f"${{W{k}_CPUS}}"
-        assert services[worker]["cpus"].startswith(f"${{W{k}_CPUS")
+        service = services[worker]
+        assert service["command"] == "ps-worker"  # every setting from the environment (worker/cli.py ENVIRONMENT)
+        env = service["environment"]
+        assert env["PS_SERVER"] == "${PS_SERVER:-ps-server:50051}"
+        assert env["PS_NAME"] == f"w{k}"
+        assert env["PS_CORES"].startswith(f"${{W{k}_CPUS")
+        assert env["PS_THREADS"] == f"${{W{k}_THREADS:-1}}"
+        assert service["cpu_quota"].startswith(f"${{W{k}_CPU_QUOTA:?")
+        assert service["cpu_period"].startswith("${CPU_PERIOD:?")
+        assert "cpus" not in service  # docker refuses cpus beside cpu_period
+
+
+def test_worker_environment_names_are_ps_workers() -> None:
+    from worker.cli import ENVIRONMENT
+
+    for worker in WORKERS:
+        assert set(compose()["services"][worker]["environment"]) <= set(ENVIRONMENT.values())
 
 
 def test_top_comment_documents_one_command_per_env_file() -> None:
@@ -98,22 +115,51 @@ def test_env_files_are_fresh(name: str, mode: str) -> None:
 
 def test_no_env_file_without_a_profile() -> None:
     expected = {env_filename(name, mode) for name, mode in ENV_FILES}
-    assert {p.name for p in DEPLOY_DIR.glob("*.env")} == expected
+    assert {p.name for p in DEPLOY_DIR.glob("*.env")} == expected | {HOST_ENV.name}
 
 
 @pytest.mark.parametrize(("name", "mode"), ENV_FILES)
 def test_every_container_gets_the_profile_allocation(name: str, mode: str) -> None:
     services = resolved(name, mode)["services"]
     allocation = load_profile(name).allocation(mode)
+    period = int(services["ps-server"]["cpu_period"])
+    limited = [*allocation.workers, *([allocation.server] if allocation.server else [])]
+    assert period == quota_period_us(limited) == 1000  # Table I's cores: a core or more each
     for worker, cores in zip(WORKERS, allocation.workers, strict=True):
-        assert float(services[worker]["cpus"]) == pytest.approx(cores)
-        command = shlex.split(services[worker]["command"])
-        assert float(command[command.index("--cores") + 1]) == pytest.approx(cores)
-        assert int(command[command.index("--threads") + 1]) >= 1
+        service = services[worker]
+        assert int(service["cpu_period"]) == period
+        assert int(service["cpu_quota"]) / period == pytest.approx(cores)
+        assert float(service["environment"]["PS_CORES"]) == pytest.approx(cores)
+        assert int(service["environment"]["PS_THREADS"]) >= 1
     server = shlex.split(services["ps-server"]["command"])
     assert server[server.index("--mode") + 1] == mode
-    expected_server = allocation.server if allocation.server is not None else 0
-    assert float(services["ps-server"]["cpus"]) == pytest.approx(expected_server)
+    expected_server = allocation.server * period if allocation.server is not None else 0
+    assert int(services["ps-server"]["cpu_quota"]) == expected_server
+
+
+def test_a_small_share_gets_a_short_period() -> None:
+    values = parse_env(render_env(load_profile("hl8"), "bsp", 1.5 / 48))
+    assert values["CPU_PERIOD"] == "8000"  # 1 ms / (1/8 core): the design brief's period for HL8 on 2 cores
+    assert [values[f"W{k}_CPU_QUOTA"] for k in range(4)] == ["1500", "1500", "1000", "8000"]
+    limits = container_limits(load_profile("hl8"), "asp", 1.5 / 48)
+    assert (limits.period_us, limits.quota_us(limits.server)) == (8000, 2000)  # type: ignore[arg-type]
+
+
+def test_host_network_override() -> None:
+    override = yaml.safe_load(HOST_OVERRIDE.read_text(encoding="utf-8"))["services"]
+    assert set(override) == {"ps-server", *WORKERS}
+    assert {s["network_mode"] for s in override.values()} == {"host"}
+    host_env = parse_env(HOST_ENV.read_text(encoding="utf-8"))
+    assert host_env == {"PS_HOST": "127.0.0.1", "PS_PORT": "50051"}
+    merged = interpolate(override, {**parse_env((DEPLOY_DIR / "hl8.env").read_text(encoding="utf-8")), **host_env})
+    for worker in WORKERS:
+        assert merged[worker]["environment"]["PS_SERVER"] == "127.0.0.1:50051"
+    assert merged["ps-server"]["labels"]["hetero-ps.listen"] == "127.0.0.1:50051"
+    server = shlex.split(interpolate(compose(), host_env | parse_env((DEPLOY_DIR / "hl8.env").read_text()))
+                         ["services"]["ps-server"]["command"])
+    assert server[server.index("--host") + 1] == "127.0.0.1"  # loopback only, not every interface of the host
+    with pytest.raises(KeyError, match="PS_HOST: with host networking pass --env-file deploy/host-network.env"):
+        interpolate(override, {})
 
 
 def test_missing_env_file_is_an_error_not_an_unlimited_worker() -> None:
@@ -123,6 +169,7 @@ def test_missing_env_file_is_an_error_not_an_unlimited_worker() -> None:
 
 def test_job_defaults() -> None:
     server = shlex.split(resolved("hl1", "bsp")["services"]["ps-server"]["command"])
+    assert server[server.index("--host") + 1] == "0.0.0.0" and server[server.index("--port") + 1] == "50051"
     assert server[server.index("--model") + 1] == "cnn"
     assert server[server.index("--dataset") + 1] == "synthetic"
     assert server[server.index("--controller") + 1] == "dynamic"
@@ -138,11 +185,14 @@ def compose_schema() -> dict[str, Any]:
     return json.loads(vendor.joinpath("compose-spec.json").read_text(encoding="utf-8"))
 
 
-@pytest.mark.parametrize(("name", "mode"), [(None, None), *ENV_FILES])
+@pytest.mark.parametrize(("name", "mode"), [(None, None), ("override", None), *ENV_FILES])
 def test_compose_file_matches_the_compose_specification(name: str | None, mode: str | None) -> None:
     import jsonschema
 
-    document = compose() if name is None else resolved(name, mode)  # type: ignore[arg-type]
+    if name == "override":
+        document = yaml.safe_load(HOST_OVERRIDE.read_text(encoding="utf-8"))
+    else:
+        document = compose() if name is None else resolved(name, mode)  # type: ignore[arg-type]
     schema = compose_schema()
     validator = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(document)]
@@ -153,10 +203,12 @@ def test_dockerfile_pins_torch_like_pyproject() -> None:
     dockerfile = (DEPLOY_DIR / "Dockerfile").read_text(encoding="utf-8")
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     torch = next(d for d in pyproject["project"]["dependencies"] if d.startswith("torch"))
-    assert re.search(r"^FROM python:3\.11-slim$", dockerfile, re.M)
-    assert f'"{torch}"' in dockerfile
-    assert "--extra-index-url https://download.pytorch.org/whl/cpu" in dockerfile
-    assert re.search(r"pip install .*\s\.\s", dockerfile)
+    assert re.search(r"^ARG BASE_IMAGE=python:3\.11-slim$", dockerfile, re.M)
+    assert re.search(r"^FROM \$\{BASE_IMAGE\}$", dockerfile, re.M)
+    assert re.search(r"^ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu$", dockerfile, re.M)
+    assert re.search(r"^ARG TORCH_FIND_LINKS=$", dockerfile, re.M)
+    assert dockerfile.count(f'"{torch}"') == 2  # from the wheel folder, then from the index
+    assert "pip install --no-deps --no-build-isolation ." in dockerfile
 
 
 @pytest.mark.parametrize(
@@ -181,7 +233,7 @@ def test_compose_env_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     values = parse_env(target.read_text(encoding="utf-8"))
     assert [float(values[f"W{k}_CPUS"]) for k in range(4)] == [0.1875, 0.1875, 0.125, 1.0]
     assert [values[f"W{k}_THREADS"] for k in range(4)] == ["1"] * 4
-    assert values["MODE"] == "bsp" and values["PS_CPUS"] == "0"
+    assert values["MODE"] == "bsp" and values["PS_CPU_QUOTA"] == "0" and values["CPU_PERIOD"] == "8000"
     assert "--scale 0.03125" in target.read_text(encoding="utf-8").splitlines()[0]
 
 
@@ -190,7 +242,7 @@ def test_compose_env_cli(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> 
     [
         (["compose-env", "--profile", "hl3"], "unknown profile 'hl3'; known profiles: hl1, hl2, hl4, hl8"),
         (["compose-env", "--profile", "hl8", "--scale", "0"], "expected a number > 0"),
-        (["compose-env", "--profile", "hl8", "--scale", "0.0001"], "docker needs at least 0.01"),
+        (["compose-env", "--profile", "hl8", "--scale", "0.00001"], "over the kernel's 1 s limit; give the smallest worker at least 0.001 core (raise --scale)"),
         (["compose-env", "--profile", "hl8", "--mode", "ssp"], "invalid choice"),
         (["compose-env"], "--profile"),
         (["docker-schedule", "--schedule", "dynamic", "--dry-run"], "pass --every-seconds N"),
@@ -212,15 +264,12 @@ def test_cli_errors_are_one_line_and_exit_2(
     assert message in err
 
 
-def test_a_server_share_under_dockers_minimum_is_refused_not_written_as_no_limit(tmp_path: Path) -> None:
-    from deploy.compose_env import container_cpus
-
+def test_a_small_server_share_is_a_quota_not_written_as_no_limit(tmp_path: Path) -> None:
     path = tmp_path / "tiny-server.yaml"
     path.write_text("asp:\n  workers: [1, 1, 1, 1]\n  server: 0.5\n", encoding="utf-8")
-    profile = load_profile(path)
-    assert container_cpus(profile, "asp", 1.0) == ([1.0] * 4, 0.5)
-    with pytest.raises(ValueError, match="the server would get 0.005 CPUs at scale 0.01; docker needs at least 0.01"):
-        container_cpus(profile, "asp", 0.01)
+    values = parse_env(render_env(load_profile(path), "asp", 0.01))
+    # the server's 0.005 core sets the period: its quota is the kernel's 1 ms minimum, never 0 (no limit)
+    assert (values["CPU_PERIOD"], values["PS_CPU_QUOTA"], values["W0_CPU_QUOTA"]) == ("200000", "1000", "2000")
 
 
 def test_cli_help(capsys: pytest.CaptureFixture[str]) -> None:
@@ -263,12 +312,13 @@ def test_docker_schedule_dry_run(capsys: pytest.CaptureFixture[str], mode: str) 
     assert [profile for profile, _ in phases] == [p.name for p in schedule.phases]
     for (_, commands), profile in zip(phases, schedule.phases, strict=True):
         allocation = profile.allocation(mode)
+        # Table I's cores are a core or more each: the shortest period, 1 ms, for every phase
         expected = [
-            ["docker", "update", "--cpus", format_cpus(c), f"hetero-ps-worker{k}-1"]
+            ["docker", "update", "--cpu-period", "1000", "--cpu-quota", str(round(c * 1000)), f"hetero-ps-worker{k}-1"]
             for k, c in enumerate(allocation.workers)
         ]
         if mode == "asp":
-            expected.insert(0, ["docker", "update", "--cpus", "8", "hetero-ps-ps-server-1"])
+            expected.insert(0, ["docker", "update", "--cpu-period", "1000", "--cpu-quota", "8000", "hetero-ps-ps-server-1"])
         assert commands == expected
 
 
@@ -278,10 +328,22 @@ def test_docker_schedule_scale_and_project(capsys: pytest.CaptureFixture[str]) -
         "--project", "exp1", "--dry-run",
     )
     assert code == 0
-    hl8 = parse_script(out)[3]
+    phases = parse_script(out)
+    hl8 = phases[3]
     assert hl8[0] == "hl8"
-    assert [c[3] for c in hl8[1]] == ["1.5", "1.5", "1", "8"]
-    assert [c[4] for c in hl8[1]] == [f"exp1-worker{k}-1" for k in range(4)]
+    assert [c[5] for c in hl8[1]] == ["1500", "1500", "1000", "8000"]  # 1.5, 1.5, 1 and 8 cores
+    assert [c[6] for c in hl8[1]] == [f"exp1-worker{k}-1" for k in range(4)]
+    # one period for every phase: the smallest share of any phase (HL8's 1 core) sets it
+    assert {c[3] for _, commands in phases for c in commands} == {"1000"}
+
+
+def test_docker_schedule_period_covers_every_phase(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_cli(capsys, "docker-schedule", "--schedule", "dynamic", "--every-seconds", "1", "--scale",
+                           str(1.5 / 48), "--dry-run")
+    assert code == 0
+    phases = parse_script(out)
+    assert {c[3] for _, commands in phases for c in commands} == {"8000"}  # HL8's 1/8 core, in the HL1 phase too
+    assert [c[5] for c in phases[0][1]] == ["3000"] * 4  # HL1: 3/8 core each
 
 
 def test_docker_schedule_uses_the_schedule_seconds(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -314,3 +376,18 @@ def test_docker_schedule_applies_phases_on_time() -> None:
     )
     assert len(ran) == 8 * 4
     assert [t for t, _ in ran[::4]] == [100.0 + 10 * i for i in range(8)]
+
+
+ENGINE = DEPLOY_DIR / "engine.sh"
+
+
+def test_engine_script_parses_and_refuses_unknown_commands() -> None:
+    import subprocess
+
+    assert subprocess.run(["bash", "-n", str(ENGINE)], capture_output=True).returncode == 0
+    done = subprocess.run([str(ENGINE), "bogus"], capture_output=True, text=True, timeout=30)
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == "engine.sh: error: unknown command 'bogus' (all, engine, status)\n"
+    usage = subprocess.run([str(ENGINE), "--help"], capture_output=True, text=True, timeout=30).stdout
+    for needle in ("deploy/engine.sh engine", '"bridge": "none"', "debootstrap", "PS_TORCH_FIND_LINKS"):
+        assert needle in usage

@@ -1,9 +1,10 @@
-"""Built-in datasets: digits read from scikit-learn's file without importing it; synthetic images."""
+"""Built-in datasets: digits read from scikit-learn's file without importing it; synthetic images; the teacher task."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -49,6 +50,36 @@ def test_synthetic_is_the_same_in_every_process_for_a_seed() -> None:
         build_dataset("synthetic", {"test_fraction": 1.0}, 0)
 
 
+def test_teacher_is_the_same_in_every_process_for_a_seed() -> None:
+    a, b, other = (build_dataset("teacher", {"size": 1000, "features": 8}, seed) for seed in (3, 3, 4))
+    for name in ("train_x", "train_y", "test_x", "test_y"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+    assert not torch.equal(a.train_x, other.train_x) and not torch.equal(a.test_y, other.test_y)
+    assert (len(a.train_x), len(a.test_x)) == (800, 200) and a.input_shape == (8,) and a.num_classes == 10
+    assert a.train_x.dtype == torch.float32 and a.train_y.dtype == torch.int64 and a.train_x.is_contiguous()
+
+
+def test_teacher_classes_are_balanced() -> None:
+    data = build_dataset("teacher", {"size": 5000, "num_classes": 5}, 0)
+    labels = torch.cat([data.train_y, data.test_y])
+    assert torch.bincount(labels).tolist() == [1000] * 5  # rank bins of the teacher's score
+
+
+def test_teacher_label_noise_changes_training_labels_only() -> None:
+    clean = build_dataset("teacher", {"size": 4000}, 1)
+    noisy = build_dataset("teacher", {"size": 4000, "label_noise": 0.5}, 1)
+    assert torch.equal(noisy.train_x, clean.train_x) and torch.equal(noisy.test_y, clean.test_y)
+    changed = float((noisy.train_y != clean.train_y).float().mean())
+    assert 0.5 * 0.9 * 0.8 < changed < 0.5 * 0.9 * 1.2  # half replaced, a tenth of those by the same class
+
+
+def test_teacher_is_cheap_to_build() -> None:
+    """A 1/8-core worker builds it after Join: the default size must cost well under a second of CPU."""
+    start = time.process_time()
+    build_dataset("teacher", {}, 0)
+    assert time.process_time() - start < 0.5
+
+
 @pytest.mark.parametrize(
     ("name", "options", "needle"),
     [
@@ -59,6 +90,14 @@ def test_synthetic_is_the_same_in_every_process_for_a_seed() -> None:
         ("synthetic", {"noise": 10**400}, "noise must be a finite number"),
         ("synthetic", {"channels": True}, "channels must be a whole number"),
         ("digits", {"test_fraction": 0}, "test_fraction must be in (0, 1)"),
+        ("teacher", {"size": 1}, "size must be >= 2"),
+        ("teacher", {"features": 0}, "features must be >= 1"),
+        ("teacher", {"hidden": 2.5}, "hidden must be a whole number >= 1"),
+        ("teacher", {"num_classes": 1}, "num_classes must be >= 2"),
+        ("teacher", {"label_noise": 1.5}, "label_noise must be in [0, 1]"),
+        ("teacher", {"label_noise": float("nan")}, "label_noise must be a finite number"),
+        ("teacher", {"test_fraction": 1}, "test_fraction must be in (0, 1)"),
+        ("teacher", {"depth": 2}, "unexpected keyword argument 'depth'"),
         ("digits", {"colour": 1}, "unexpected keyword argument 'colour'"),
     ],
 )

@@ -83,6 +83,12 @@ def test_copied_profile_can_have_any_workers_and_one_mode(tmp_path: Path) -> Non
         profile.allocation("asp")
 
 
+def test_gpus_per_worker(tmp_path: Path) -> None:
+    path = write(tmp_path, "bsp:\n  workers: [8, 8]\n  gpus: [0, 2]\n")
+    assert load_profile(path).allocation("bsp").gpus == (0, 2)
+    assert load_profile("hl8").allocation("bsp").gpus is None
+
+
 def test_hl8_on_this_kind_of_machine_matches_the_design_numbers() -> None:
     shares = scale(load_profile("hl8"), "bsp", 1.5)
     assert shares == pytest.approx([0.1875, 0.1875, 0.125, 1.0])
@@ -187,10 +193,14 @@ def test_unknown_name_lists_the_known_ones() -> None:
         ("bsp:\n  workers: [1, two]\n", r"workers\[1\].*'two'"),
         ("bsp:\n  workers: [true]\n", r"workers\[0\]"),
         ("asp:\n  workers: [1]\n  server: 0\n", "asp.server"),
-        ("bsp:\n  worker: [1]\n", "unknown key.*worker.*allowed: server, workers"),
+        ("bsp:\n  worker: [1]\n", "unknown key.*worker.*allowed: gpus, server, workers"),
         ("ssp:\n  workers: [1]\n", "unknown key.*ssp"),
         ("kind: schedule\nbsp:\n  workers: [1]\n", "kind is 'schedule', expected 'profile'"),
-        ("bsp:\n  workers: [1, 2]\n  1: 2\n  null: 3\n", "unknown key.*1, None; allowed: server, workers"),
+        ("bsp:\n  workers: [1, 2]\n  1: 2\n  null: 3\n", "unknown key.*1, None; allowed: gpus, server, workers"),
+        ("bsp:\n  workers: [1, 2]\n  gpus: [1]\n", r"bsp.gpus must be a list of GPU counts, one per worker \(2\)"),
+        ("bsp:\n  workers: [1, 2]\n  gpus: [1, -1]\n", r"bsp.gpus\[1\] must be a whole number of GPUs >= 0, got -1"),
+        ("bsp:\n  workers: [1, 2]\n  gpus: [1, 0.5]\n", r"bsp.gpus\[1\] must be a whole number"),
+        ("bsp:\n  workers: [1, 2]\n  gpus: [true, 1]\n", r"bsp.gpus\[0\] must be a whole number"),
         ("bsp:\n  workers: [1, 1" + "0" * 400 + "]\n", r"workers\[1\] must be a number of CPU cores > 0, got 10+\.\.\.$"),
         ("asp:\n  workers: [1]\n  server: 1" + "0" * 400 + "\n", "asp.server must be a number of CPU cores"),
     ],

@@ -1,4 +1,8 @@
-"""`ps-worker --server HOST:PORT`: join a job and train with the built-in loop until it ends."""
+"""`ps-worker --server HOST:PORT`: join a job and train with the built-in loop until it ends.
+
+Every setting can also come from an environment variable (:data:`ENVIRONMENT`, e.g. ``PS_SERVER``,
+``PS_NAME``), as containers and Kubernetes pods pass them; a flag on the command line wins.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +22,26 @@ from ps.security import TOKEN_ENV, resolve_token
 from ps.stack_dump import enable_stack_dump
 from worker.client import ServerError, channel_credentials
 from worker.device import DEVICE_CHOICES, resolve_device
+from worker.env_flags import env_help, parse_with_environment
 from worker.runtime import JobSetupError, Session, connect, default_cores
+
+ENVIRONMENT = {
+    "server": "PS_SERVER",
+    "name": "PS_NAME",
+    "cores": "PS_CORES",
+    "threads": "PS_THREADS",
+    "device": "PS_DEVICE",
+    "slowdown": "PS_SLOWDOWN",
+    "timeout": "PS_TIMEOUT",
+    "retry_for": "PS_RETRY_FOR",
+    "log_every": "PS_LOG_EVERY",
+    "quiet": "PS_QUIET",
+    "tls_ca": "PS_TLS_CA",
+    "tls_cert": "PS_TLS_CERT",
+    "tls_key": "PS_TLS_KEY",
+}
+"""Options and the environment variables they are read from when the flag is not given
+(``--token`` reads ``PS_TOKEN`` and ``--heap-reserve`` ``PS_WORKER_HEAP_RESERVE_MIB`` on their own)."""
 
 
 def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
@@ -34,7 +57,7 @@ def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None
             last_log = time.monotonic()
             print(
                 f"{session.name}: epoch {session.epoch} step {session.steps} batch {session.batch_size} "
-                f"compute {session.last_compute_ms:.1f} ms loss {float(loss):.4f}",
+                f"compute {session.last_compute_ms:.1f} ms loss {float(loss.detach()):.4f}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -45,8 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ps-worker",
         description="Join a parameter server, build the job's model and data, and train until the server ends the job.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        epilog=env_help(ENVIRONMENT) + f", {TOKEN_ENV} (--token), {HEAP_RESERVE_ENV} (--heap-reserve)",
     )
-    p.add_argument("--server", required=True, type=host_port, metavar="HOST:PORT", help="the parameter server to join")
+    # required, from the flag or $PS_SERVER (parse_args checks)
+    p.add_argument("--server", type=host_port, default=argparse.SUPPRESS, metavar="HOST:PORT",
+                   help="the parameter server to join (required: the flag or $PS_SERVER)")
     p.add_argument("--name", default=None, help="worker name shown in logs (unset: host-pid)")
     p.add_argument("--cores", type=positive_float, default=None, help="declared resources for the static plan (unset: usable CPUs)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
@@ -75,8 +101,15 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command line, with :data:`ENVIRONMENT`'s variables for the flags it does not give."""
+    return parse_with_environment(
+        build_parser(), None if argv is None else list(argv), ENVIRONMENT, required=("server",)
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_args(argv)
     try:
         token = resolve_token(args.token)
         channel_credentials(args.tls_ca, args.tls_cert, args.tls_key)

@@ -1,0 +1,61 @@
+"""ps-server arguments passed through another command (``--server-arg``), checked by ps-server's own parser.
+
+``ps-cluster run`` and ``ps-cluster k8s`` set some ps-server flags themselves and pass the rest on;
+both refuse a flag they set (abbreviated too: argparse takes ``--epoch=3`` for ``--epochs``) and let
+ps-server's parser check the whole command line before anything starts or is written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+from collections.abc import Callable, Sequence
+from typing import NoReturn
+
+
+def server_parser() -> argparse.ArgumentParser:
+    """ps-server's own parser, raising ValueError where it would print its usage and exit."""
+    from ps.server import build_parser  # torch and grpc: only once a command is being planned
+
+    parser = build_parser()
+
+    def refuse(message: str) -> NoReturn:
+        raise ValueError(f"ps-server would refuse these arguments: {message}")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return parser
+
+
+def option_named(flag: str, options: Sequence[str]) -> str:
+    """The ps-server option that `flag` names: itself, or the one option it abbreviates."""
+    if flag in options or not flag.startswith("--"):
+        return flag
+    matches = [option for option in options if option.startswith(flag)]
+    return matches[0] if len(matches) == 1 else flag
+
+
+def split_server_args(
+    values: Sequence[str], parser: argparse.ArgumentParser, refused: Callable[[str], str | None]
+) -> list[str]:
+    """The ``--server-arg`` values split like a shell would; ValueError for a flag ``refused(flag)``
+    gives a reason for (the text after the flag) or for ``--help``."""
+    args: list[str] = []
+    for value in values:
+        args += shlex.split(value)
+    options = [option for action in parser._actions for option in action.option_strings]
+    for arg in args:
+        given = arg.split("=", 1)[0]
+        flag = option_named(given, options)
+        shown = given if given == flag else f"{given} (that is {flag})"
+        reason = refused(flag)
+        if reason is not None:
+            raise ValueError(f"--server-arg {shown}{reason}")
+        if flag in ("-h", "--help"):
+            raise ValueError("--server-arg --help: run ps-server --help to see its options")
+    return args
+
+
+def given_options(args: Sequence[str], parser: argparse.ArgumentParser) -> set[str]:
+    """The ps-server options that ``args`` (already split) give, by their full names."""
+    options = [option for action in parser._actions for option in action.option_strings]
+    return {option_named(arg.split("=", 1)[0], options) for arg in args if arg.startswith("-")}
