@@ -24,9 +24,11 @@ from ps.job.spec import (
     cycle_measured, default_balance,
 )
 from ps.ops.arg_types import float_at_least, is_host_port, port_number, positive_float
+from ps.ops.health import NOT_SERVING, SERVING, Health
 from ps.ops.memory import tune_malloc
 from ps.ops.metrics import MetricsLog
 from ps.ops.port_file import PortFile
+from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
 from ps.rounds.coordinator import Coordinator
@@ -35,7 +37,7 @@ from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
 from ps.shards.ranges import split_ranges
-from ps.transport.handlers import register
+from ps.transport.handlers import SERVICES, OnMessage, register
 from ps.transport.security import ServerSecurity, load_server_security, resolve_token
 from ps.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
 
@@ -144,6 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
     net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
+    net.add_argument("--metrics-port", type=port_number, default=None,
+                     help="serve Prometheus metrics over HTTP at /metrics on --host:PORT (0 picks a free port, printed "
+                          "at start); unset: no endpoint")
+    net.add_argument("--metrics-port-file", type=Path, default=None,
+                     help="write the bound --metrics-port to this file (for scripts)")
     net.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer and evaluation")
     net.add_argument("--grace", type=float_at_least(0.0), default=10.0, help="seconds to wait for workers to hear the job ended")
     net.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -379,13 +386,41 @@ def print_progress(record: dict[str, Any]) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:
+    """A metrics observer: the health service says NOT_SERVING from the job's end (finished or
+    stopping) on, while the server drains (the workers hear of it, the final checkpoint)."""
+    if record["event"] == "end":
+        health.set_soon(NOT_SERVING)
+
+
+def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None) -> tuple[Endpoint, OnMessage]:
+    """--metrics-port: the job's metrics (fed by its metrics log) and the gRPC message sizes (fed by the
+    handlers' hook it returns) served at http://host:port/metrics. OSError if it cannot listen."""
+    endpoint = Endpoint()
+    status = job.coordinator.status()
+    job_metrics = JobMetrics(endpoint.registry, mode=status["mode"], controller=status["controller"],
+                             balance=job.spec.balance, path=status["path"])
+    job.metrics.observe(job_metrics.observe)
+    messages = MessageMetrics(endpoint.registry)
+    bound = endpoint.start(host, port)
+    print(f"ps-server: metrics on http://{host}:{bound}/metrics", flush=True)
+    if port_file is not None:
+        port_file.write(bound)
+    return endpoint, messages.on_message
+
+
 async def serve(
-    job: Job, host: str, port: int, port_file: PortFile | None, grace: float, security: ServerSecurity | None = None
+    job: Job, host: str, port: int, port_file: PortFile | None, grace: float, security: ServerSecurity | None = None,
+    on_message: OnMessage | None = None,
 ) -> dict[str, Any]:
-    """Serve the job until it ends (TLS and token check as `security` says); returns the summary record."""
+    """Serve the job until it ends (TLS and token check as `security` says); returns the summary record.
+    `on_message`: told the size of every gRPC message (the Prometheus metrics)."""
     security = security or ServerSecurity()
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
-    register(ParameterServerServicer(job.coordinator), server)
+    health = Health([SERVICES["ParameterServer"].full_name])
+    await health.add_to(server)
+    job.metrics.observe(functools.partial(not_serving_at_end, health))
+    register(ParameterServerServicer(job.coordinator), server, on_message=on_message)
     try:
         await job.coordinator.load_shards()
     except ShardFailure as exc:
@@ -397,6 +432,7 @@ async def serve(
         job.close_shards()
         raise
     await server.start()
+    await health.set(SERVING)  # ready: the job is built, its shards hold their ranges, the server listens
     mode = f"{job.spec.mode} allreduce, rendezvous port {job.rendezvous.port}" if job.rendezvous else job.spec.mode
     if job.coordinator.may_take_fast_path:
         mode += ", allreduce if every worker has a GPU of its own"
@@ -428,6 +464,7 @@ async def serve(
             job.metrics.write("checkpoint", path=str(path), step=job.coordinator.step, epoch=job.coordinator.epoch)
         return job.metrics.write("summary", **job.coordinator.summary())
     finally:
+        await health.shut_down()
         reaper.cancel()
         await server.stop(grace=1.0)
         job.evaluator.close()
@@ -446,21 +483,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, args.threads))
     try:
+        if args.metrics_port_file is not None and args.metrics_port is None:
+            raise ValueError("--metrics-port-file needs --metrics-port")
         security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
         port_file = PortFile(args.port_file) if args.port_file is not None else None
+        metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
         job = build_job(args)
-    except (ValueError, OSError) as exc:  # OSError: a --metrics-log, --checkpoint-dir or --port-file that cannot be written
+    except (ValueError, OSError) as exc:  # OSError: a --metrics-log, --checkpoint-dir or port file that cannot be written
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 2
     if security.warning:
         print(f"ps-server: warning: {security.warning}", file=sys.stderr, flush=True)
+    endpoint = on_message = None
     try:
-        run_loop(serve(job, args.host, args.port, port_file, args.grace, security))
+        if args.metrics_port is not None:
+            endpoint, on_message = start_prometheus(job, args.host, args.metrics_port, metrics_port_file)
+        run_loop(serve(job, args.host, args.port, port_file, args.grace, security, on_message))
     except OSError as exc:
+        job.close_shards()
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     return 0
 
 

@@ -1,4 +1,9 @@
-"""The metrics log: one JSON object per line, appended and flushed per event."""
+"""The metrics log: one JSON object per line, appended and flushed per event.
+
+Observers (`observe`) see every event as it is written, and the samples (`sample`) that are too
+frequent for the file (one per step, one per push): the Prometheus exporter and the health service
+are fed this way, so the cores report once, to this log.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+Observer = Callable[[dict[str, Any]], None]
+
 
 class MetricsLog:
     """Appends events to a JSON-lines file (none when no path is given) and echoes them for people."""
@@ -18,6 +25,22 @@ class MetricsLog:
         self._file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
         self._lock = threading.Lock()
         self._start = time.monotonic()
+        self._observers: list[Observer] = []
+
+    def observe(self, observer: Observer) -> None:
+        """Hand `observer` every later event and sample, as a dict with its kind under "event".
+
+        It is called on the writer's thread (the server's event loop; an evaluation's thread for
+        `eval`), so it must be quick and must not raise."""
+        self._observers.append(observer)
+
+    def sample(self, kind: str, **fields: Any) -> None:
+        """A measurement for the observers only, never the file: per step or per push, too frequent
+        to log. Costs nothing without observers."""
+        if self._observers:
+            record = {"event": kind, **fields}
+            for observer in self._observers:
+                observer(record)
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
         record = {"event": event, "time": round(time.time(), 3), "elapsed_s": round(time.monotonic() - self._start, 3)}
@@ -29,6 +52,8 @@ class MetricsLog:
                 self._file.flush()
         if self._echo is not None:
             self._echo(record)
+        for observer in self._observers:
+            observer(record)
         return record
 
     def close(self) -> None:

@@ -14,17 +14,17 @@ from pathlib import Path
 class PortFile:
     """The `--port-file` of one server process."""
 
-    def __init__(self, path: Path) -> None:
-        """OSError naming the path unless a file can be written in its folder (and it is no folder)."""
+    def __init__(self, path: Path, flag: str = "--port-file") -> None:
+        """OSError naming the flag and path unless a file can be written in its folder (and it is no folder)."""
         self.path = path
         if path.is_dir():
-            raise OSError(f"--port-file {path} is a directory")
+            raise OSError(f"{flag} {path} is a directory")
         probe = self._temporary()
         try:
             probe.write_text("")
             probe.unlink()
         except OSError as exc:
-            raise OSError(f"--port-file {path} cannot be written: {exc.strerror or exc}") from None
+            raise OSError(f"{flag} {path} cannot be written: {exc.strerror or exc}") from None
 
     def _temporary(self) -> Path:
         return self.path.with_name(f".{self.path.name}.{os.getpid()}.tmp")

@@ -433,7 +433,7 @@ class Coordinator:
             self._contributions[member.worker_id] = meta.batch_size
         else:  # allreduce: the workers applied the step themselves
             self._round_batch += meta.batch_size
-        self._record(member, ms)
+        self._record(member, ms, meta.batch_size)
         self._pushed.add(member.worker_id)
         if self._round_future is None:
             self._round_future = asyncio.get_running_loop().create_future()
@@ -513,7 +513,7 @@ class Coordinator:
         self.store.apply_update(delta)
         member.staleness_sum += self.version - meta.version
         self.version += 1
-        self._record(member, meta.compute_ms)
+        self._record(member, meta.compute_ms, meta.batch_size)
         self._advance(meta.batch_size)
         return self._reply(member)
 
@@ -528,7 +528,8 @@ class Coordinator:
             return None
         return max(0.0, (self.clock() - self._replies_sent_at) * 1000.0)
 
-    def _record(self, member: Member, ms: float | None) -> None:
+    def _record(self, member: Member, ms: float | None, batch: int) -> None:
+        self.metrics.sample("push", worker=member.name, batch=batch, ms=ms)
         member.updates += 1
         member.epoch_updates += 1
         if ms is not None:
@@ -688,6 +689,7 @@ class Coordinator:
     def _advance(self, batch: int) -> None:
         """Count samples; run epoch ends, step-based controller decisions and checkpoints."""
         self.samples += batch
+        self.metrics.sample("step", step=self.step, batch=batch)
         self._steps_since_adjust += 1
         self._steps_since_checkpoint += 1
         while not self.done and self.samples >= (self.epoch + 1) * self.samples_per_epoch:
@@ -841,6 +843,7 @@ class Coordinator:
         self.done = True
         self.reason = reason
         self._end_time = self.clock()
+        self.metrics.write("end", reason=reason, step=self.step, epoch=self.epoch)
         self._defer_to_snapshot(lambda: None)  # allreduce: the final global model, for the last checkpoint
         for member in self.membership.pending.values():
             member.activated.set()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -28,8 +28,10 @@ def contributors_of(request: ps_pb2.CommitRequest) -> dict[str, int]:
 class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
     """Translates shard RPCs to ShardCore calls and ServiceErrors to gRPC statuses."""
 
-    def __init__(self, core: ShardCore) -> None:
+    def __init__(self, core: ShardCore, on_load: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`on_load`: awaited after every load that succeeded (the shard holds a range: health SERVING)."""
         self.core = core
+        self.on_load = on_load
         core.payload.use_frame(params_chunk)
 
     async def Push(
@@ -65,6 +67,8 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
             await context.abort(code, f"bad shard load: {exc}")
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a load chunk is not a valid BlobChunk message: {exc}")
+        if self.on_load is not None:
+            await self.on_load()
         return ps_pb2.ShardAck(round=self.core.round)
 
     async def Commit(self, request: ps_pb2.CommitRequest, context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:

@@ -65,29 +65,55 @@ def _guard_unary_stream(behavior: Callable[[Any, Any], AsyncIterator[Any]]) -> C
     return handle
 
 
-def method_handlers(servicer: Any, service: str = "ParameterServer") -> dict[str, grpc.RpcMethodHandler]:
+OnMessage = Callable[[str, str, int], None]
+"""(method, "received" or "sent", bytes): told of every message a handler parses or sends (metrics)."""
+
+
+def _counted(method: str, parse: Callable[[bytes], Any], serialize: Callable[[Any], bytes],
+             on_message: OnMessage) -> tuple[Callable[[bytes], Any], Callable[[Any], bytes]]:
+    """`parse` and `serialize` telling `on_message` the size of each message they handle."""
+
+    def counted_parse(raw: bytes) -> Any:
+        on_message(method, "received", len(raw))
+        return parse(raw)
+
+    def counted_serialize(message: Any) -> bytes:
+        data = serialize(message)
+        on_message(method, "sent", len(data))
+        return data
+
+    return counted_parse, counted_serialize
+
+
+def method_handlers(servicer: Any, service: str = "ParameterServer",
+                    on_message: OnMessage | None = None) -> dict[str, grpc.RpcMethodHandler]:
     """One handler per method of `service` (ParameterServer or ParameterShard), built from its descriptor."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in SERVICES[service].methods:
         request_type = message_factory.GetMessageClass(method.input_type)
         reply_type = message_factory.GetMessageClass(method.output_type)
         behavior = getattr(servicer, method.name)
+        parse = data_view_parser(request_type) if method.client_streaming else tolerant_parser(request_type)
         serialize = passthrough(reply_type.SerializeToString)  # bytes: a reply serialized once for many streams
+        if on_message is not None:
+            parse, serialize = _counted(method.name, parse, serialize, on_message)
         if method.client_streaming:
             make = grpc.stream_stream_rpc_method_handler if method.server_streaming else grpc.stream_unary_rpc_method_handler
-            handlers[method.name] = make(behavior, request_deserializer=data_view_parser(request_type), response_serializer=serialize)
+            handlers[method.name] = make(behavior, request_deserializer=parse, response_serializer=serialize)
         elif method.server_streaming:
             handlers[method.name] = grpc.unary_stream_rpc_method_handler(
-                _guard_unary_stream(behavior), request_deserializer=tolerant_parser(request_type), response_serializer=serialize)
+                _guard_unary_stream(behavior), request_deserializer=parse, response_serializer=serialize)
         else:
             handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-                _guard_unary(behavior), request_deserializer=tolerant_parser(request_type), response_serializer=serialize)
+                _guard_unary(behavior), request_deserializer=parse, response_serializer=serialize)
     return handlers
 
 
-def register(servicer: Any, server: grpc.aio.Server, service: str = "ParameterServer") -> None:
-    """Adds the servicer's methods to `server` (instead of the generated add_..._to_server)."""
-    handlers = method_handlers(servicer, service)
+def register(servicer: Any, server: grpc.aio.Server, service: str = "ParameterServer",
+             on_message: OnMessage | None = None) -> None:
+    """Adds the servicer's methods to `server` (instead of the generated add_..._to_server); `on_message`
+    is told the size of every message (None: nothing counted, no cost)."""
+    handlers = method_handlers(servicer, service, on_message)
     full_name = SERVICES[service].full_name
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(full_name, handlers),))
     if hasattr(server, "add_registered_method_handlers"):

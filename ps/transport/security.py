@@ -22,6 +22,10 @@ PathArg = str | os.PathLike[str]
 TOKEN_ENV = "PS_TOKEN"
 METADATA_KEY = "authorization"
 SCHEME = "Bearer"
+OPEN_SERVICES = ("grpc.health.v1.Health",)
+"""Services every caller may use without the token: health probes (Kubernetes' `grpc:` probes,
+load balancers, grpc_health_probe) carry no metadata. Reflection is not among them."""
+_OPEN_PREFIXES = tuple(f"/{service}/" for service in OPEN_SERVICES)  # the start of their method paths
 
 
 def resolve_token(flag: str | None, env: Mapping[str, str] = os.environ) -> str | None:
@@ -79,7 +83,8 @@ def server_credentials(cert: PathArg, key: PathArg, client_ca: PathArg | None = 
 
 
 class TokenInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses every RPC whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED.
+    """Refuses every RPC whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED,
+    but those of OPEN_SERVICES.
 
     A refused call is answered by a handler of the same kind that aborts at once: the servicer is
     never called and request streams are not read. The comparison runs in constant time.
@@ -106,8 +111,10 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
+        if handler is None or handler_call_details.method.startswith(_OPEN_PREFIXES):
+            return handler
         problem = self._problem(handler_call_details.invocation_metadata)
-        if handler is None or problem is None:
+        if problem is None:
             return handler
         return _refusal(handler, problem)
 
