@@ -99,7 +99,7 @@ def build(args: argparse.Namespace) -> tuple[Any, Any]:
     """``(model, dataset)`` from a child's parsed workload flags, seeded like the server's."""
     from ps.job.datasets import build_dataset
     from ps.job.models import build_model
-    from ps.server import parse_options
+    from ps.server_flags import parse_options
 
     dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed)
     model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed)

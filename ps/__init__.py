@@ -1,7 +1,7 @@
 """The parameter server, in folders by concern. Each folder's __init__.py says what it holds and what
 it may import; tests/test_layout.py checks that every import follows the arrows:
 
-    server.py, servicer.py   the ps-server CLI and its thin gRPC servicer
+    server.py, servicer.py   the ps-server CLI (its flags: server_flags.py) and its thin gRPC servicer
             |
          rounds/ -----> control/    the coordinator; batch sizing (pure: no torch, gRPC or I/O)
             |

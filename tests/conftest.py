@@ -14,7 +14,8 @@ import pytest
 
 from protos import ps_pb2_grpc
 from ps.rounds.coordinator import Coordinator
-from ps.server import GRPC_OPTIONS, Job, build_job, build_parser
+from ps.server import GRPC_OPTIONS, Job, build_job
+from ps.server_flags import build_parser
 from ps.servicer import ParameterServerServicer
 from ps.transport.handlers import register
 

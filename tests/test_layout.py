@@ -34,7 +34,7 @@ LONGER_ALLOWED: dict[str, str] = {
 # of ps/ is one, worker/, deploy/, benchmarks/ and protos/ are one each.
 ANY = frozenset({"*"})
 PS_PARTS = ("ps.control", "ps.job", "ps.transport", "ps.params", "ps.shards", "ps.rounds", "ps.ops",
-            "ps.errors", "ps.number_checks", "ps.servicer", "ps.server")
+            "ps.errors", "ps.number_checks", "ps.servicer", "ps.server", "ps.server_flags")
 ALLOWED: dict[str, frozenset[str]] = {
     "ps": frozenset(),  # the package map, a docstring
     "ps.errors": frozenset(),  # leaves: they import nothing of the project
@@ -48,6 +48,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ps.rounds": frozenset({"ps.control", "ps.params", "ps.shards", "ps.job", "ps.transport", "ps.ops", "ps.errors"}),
     "ps.servicer": frozenset({*PS_PARTS, "protos"}),
     "ps.server": frozenset({*PS_PARTS, "protos"}),
+    "ps.server_flags": frozenset({"ps.job", "ps.ops"}),  # ps-server's flags, parsed without building anything
     "worker": frozenset({"ps.job", "ps.transport", "ps.params", "ps.ops", "ps.errors", "protos"}),
     "deploy": ANY,
     "benchmarks": ANY,

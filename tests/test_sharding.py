@@ -20,7 +20,8 @@ import torch
 from protos import ps_pb2, ps_pb2_grpc
 from ps.job.spec import JobSpec
 from ps.params.checkpoint import checkpoint_files, read_checkpoint
-from ps.server import build_job, build_parser
+from ps.server import build_job
+from ps.server_flags import build_parser
 from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
 from tests.processes import Cluster, start_server
 from tests.test_store import torch_optimizer

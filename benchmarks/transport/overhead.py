@@ -88,7 +88,8 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     gRPC's own socket writes are not in it (``measure_overhead_outside`` has those).
     """
     from protos import ps_pb2
-    from ps.server import build_job, build_parser, run_loop
+    from ps.server import build_job, run_loop
+    from ps.server_flags import build_parser
     from ps.servicer import ParameterServerServicer
     from ps.transport.wire import CHUNK_BYTES, encode, split
 
