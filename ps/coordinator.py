@@ -29,6 +29,7 @@ from ps.datasets import Dataset
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.evaluator import BackgroundEvaluator
 from ps.jobspec import JobSpec
+from ps.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
 from ps.membership import MAX_NAME, Member, Membership
 from ps.metrics import MetricsLog
 from ps.payload import FramedChunks, Payload, TensorSource
@@ -122,7 +123,8 @@ class Coordinator:
         self._epoch_start_samples = 0
         self._told_done: set[str] = set()
         self.rendezvous = rendezvous if spec.allreduce else None
-        self._accumulator = WeightedMean(self.own_numel) if spec.mode == "bsp" and not spec.allreduce else None
+        self._accumulator = (WeightedMean(self.own_numel, scale=spec.global_batch)
+                             if spec.mode == "bsp" and not spec.allreduce else None)
         self._contributions: dict[str, int] = {}  # --shards: batch per worker in the open round
         self._round_batch = 0  # allreduce: samples reported in the open round
         self._snapshot_requested = False  # allreduce: rank 0 is asked for its parameters
@@ -416,12 +418,31 @@ class Coordinator:
             self._load_snapshot(values)
             return self._reply(member)
         self._check_sequence(member, meta)
+        if not self.done and meta.kind == "values":
+            self._check_values(member, meta, values)
         member.last_seen = self.clock()
         if self.done:
             return self._reply(member)
         if self.spec.mode == "bsp":
             return await self._push_bsp(member, meta, values)
         return self._push_asp(member, meta, values)
+
+    def _check_values(self, member: Member, meta: PushMeta, values: Vector) -> None:
+        """BSP: the round's step stays finite with this gradient in it; ASP: θ + Δ stays finite
+        (ps.magnitude). Otherwise InvalidArgument, and nothing changes."""
+        bound = magnitude_of(values)
+        try:
+            if self._accumulator is None:
+                self.store.check_update(bound)
+                return
+            if not self._accumulator.admits(values, meta.batch_size):
+                raise OverflowRisk(f"gradient values up to {bound:.3g} overflow the round's sum")
+            self.store.check_step(bound * PUSH_MARGIN)
+        except OverflowRisk as exc:
+            self.metrics.write("overflow_refused", worker=member.name, bound=float(f"{bound:.3g}"), step=self.step,
+                               epoch=self.epoch)
+            raise InvalidArgument(f"{exc}: push refused, the model is unchanged (values this large would make "
+                                  "it non-finite)") from None
 
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: Vector) -> StepReply:
         ms = self._balanced_ms(member, meta)
@@ -453,7 +474,7 @@ class Coordinator:
         if self._accumulator is not None:
             # stepped piece by piece as the replies stream the new values (ps.store, ps.payload); the
             # accumulator's sum is not reused before begin_push settles the step
-            self.store.begin_step(self._accumulator.result())
+            self.store.begin_step(self._accumulator.result(), self._accumulator.bound)
             batch = self._accumulator.weight
             self._accumulator.reset()
         else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
@@ -485,7 +506,7 @@ class Coordinator:
             if not self.done:
                 commit = asyncio.ensure_future(self.shards.commit(
                     self.round, dict(self._contributions), self.store.lr, wait_s=min(self.evict_after, MAX_WAIT_S)))
-                self.store.apply_gradient(self._accumulator.result())
+                self.store.apply_gradient(self._accumulator.result(), self._accumulator.bound)
                 batch = self._accumulator.weight
                 self._accumulator.reset()
                 acks = await commit
@@ -508,8 +529,8 @@ class Coordinator:
             future.set_result(True)
 
     def _push_asp(self, member: Member, meta: PushMeta, delta: Vector) -> StepReply:
+        self.store.apply_update(delta, magnitude_of(delta))  # checked by _check_values: it cannot refuse now
         self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
-        self.store.apply_update(delta)
         member.staleness_sum += self.version - meta.version
         self.version += 1
         self._record(member, meta.compute_ms)

@@ -21,6 +21,7 @@ from ps.chunked import Vector
 from ps.core_messages import MAX_COMPUTE_MS, PushMeta, StepReply
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.jobspec import JobSpec
+from ps.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
 from ps.payload import Payload
 from ps.store import ParameterStore
 from ps.wire import ChunkReceiver, check_wire_dtype
@@ -82,7 +83,7 @@ class ShardCore:
         self.spec, self.start, self.stop, self.round = spec, start, stop, round_
         # room for every worker of the job twice over: strangers' slices cannot crowd out the workers'
         self.max_pending = 2 * max(1, int(state.get("max_workers", spec.workers)))
-        self.store, self._sum = store, WeightedMean(stop - start)
+        self.store, self._sum = store, WeightedMean(stop - start, scale=spec.global_batch)
         self.payload.invalidate()
 
     async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> CommitResult:
@@ -114,7 +115,7 @@ class ShardCore:
         applied = total.weight
         if applied:
             store.set_lr(lr)
-            store.apply_gradient(total.result())
+            store.apply_gradient(total.result(), total.bound)
             self.payload.invalidate()
         total.reset()
         self._staged.clear()
@@ -152,6 +153,7 @@ class ShardCore:
     async def push(self, meta: PushMeta, values: Vector) -> StepReply:
         """Stage a received slice; answer with the range's new values once the round is committed."""
         self._check_open(meta)  # re-checked: the round may have moved while the payload streamed in
+        self._check_overflow(values, meta.batch_size)
         assert self._sum is not None
         self._sum.add(values, meta.batch_size)
         self._staged[meta.worker_id] = _Staged(meta.batch_size, values)
@@ -178,6 +180,20 @@ class ShardCore:
                          payload=self.payload.get(self.round, store, spec.wire_dtype))
 
     # ---------------------------------------------------------------- helpers
+    def _check_overflow(self, values: Vector, batch: int) -> None:
+        """The commit's step stays finite with this slice in it (ps.magnitude), or InvalidArgument. The
+        commit's learning rate is not known yet: the job's (the schedule only lowers it) or the current."""
+        store, spec, total = self._require_loaded(), self._require_loaded_spec(), self._sum
+        assert total is not None
+        bound = magnitude_of(values)
+        try:
+            if not total.admits(values, batch):
+                raise OverflowRisk(f"slice values up to {bound:.3g} overflow the round's sum")
+            store.check_step(bound * PUSH_MARGIN, lr=max(spec.lr, store.lr))
+        except OverflowRisk as exc:
+            raise InvalidArgument(f"{exc}: push refused, the range is unchanged (values this large would make it "
+                                  "non-finite)") from None
+
     def _check_open(self, meta: PushMeta) -> None:
         if meta.round != self.round:
             raise FailedPrecondition(f"round {meta.round} is not open; the open round is {self.round}")

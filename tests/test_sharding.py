@@ -7,6 +7,7 @@ sharded and an unsharded server.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import signal
 import threading
@@ -19,10 +20,14 @@ import torch
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.checkpoint import checkpoint_files, read_checkpoint
+from ps.core_messages import PushMeta
+from ps.errors import InvalidArgument
 from ps.jobspec import JobSpec
 from ps.server import build_job, build_parser
+from ps.shard import ShardCore
 from ps.shard_ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
 from tests.processes import Cluster, start_server
+from ps.wire import encode
 from tests.test_store import torch_optimizer
 from worker.client import PSClient, ServerError
 
@@ -251,6 +256,31 @@ def test_a_shard_refuses_bad_input_and_keeps_its_values(shard) -> None:
     assert [m.SerializeToString() for m in stub.Pull(ps_pb2.PullRequest())] == [m.SerializeToString() for m in before]
     # and the job still runs: the coordinator's workers train through this shard
     drive(cluster.target, rounds=2)
+
+
+def loaded_shard(spec: JobSpec, params: torch.Tensor) -> ShardCore:
+    """A ShardCore holding `params` as the range [0, n) of a job (loaded as a coordinator would)."""
+    core = ShardCore()
+    core.load({"spec": spec.to_json(), "start": 0, "stop": params.numel(), "round": 0, "params": params,
+               "optimizer": None, "max_workers": spec.workers})
+    return core
+
+
+def test_a_shard_refuses_a_slice_that_could_overflow_and_keeps_its_values() -> None:
+    """A slice whose values could make the commit's step overflow fp32 is refused when it arrives
+    (INVALID_ARGUMENT), before the shard sums it: the range and the open round stay as they were."""
+
+    async def run() -> None:
+        core = loaded_shard(JobSpec(workers=2, global_batch=64, lr=0.1, momentum=0.9), torch.zeros(8))
+        meta = PushMeta("w", 0, 0, 32, 1.0, "float32", 8)
+        receiver = core.begin_push(meta)
+        receiver.feed(0, encode(torch.full((8,), 3e38)))
+        with pytest.raises(InvalidArgument, match="overflow"):
+            await core.push(meta, receiver.finish())
+        assert core._staged == {} and core._sum is not None and core._sum.count == 0
+        assert torch.equal(core.fetch()["params"], torch.zeros(8)) and core.round == 0
+
+    asyncio.run(run())
 
 
 def test_a_push_the_round_did_not_count_is_refused_and_leaves_no_trace(shard) -> None:
