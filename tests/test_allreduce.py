@@ -448,6 +448,28 @@ def report_then_leave(server, threads, ids: dict[str, str], reporter: str, leave
     return pending.result(TIMEOUT)
 
 
+def test_a_report_carries_the_batch_told_for_its_round_or_the_one_before(ps_server, threads) -> None:
+    """The fast path's worker draws its batch before it reads its previous report's reply, so a report
+    for round r may carry what it was told for r or r - 1, and nothing else. c leaves after round 0:
+    the re-split (24 each) reaches a and b in round 1's replies, after they drew round 1's batches of 16."""
+    server = ps_server(*TINY, "--workers", "3", "--global-batch", "48", "--epochs", "50")
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
+    assert {h.batch_size for h in report_round(server.stub, threads, ids, 0).values()} == {16}
+    stub = server.stub()
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"], secret=SECRETS[ids["c"]]), timeout=TIMEOUT)
+    del ids["c"]
+    expect_refused(server, lambda: call(stub, report(ids["a"], 1, batch=24)), Code.FAILED_PRECONDITION,
+                   "batch size 24 is not what this server planned for worker a at round 1 (told: 16)")
+    first = {n: threads.submit(call, server.stub(), report(w, 1, batch=16)) for n, w in ids.items()}
+    assert {f.result(TIMEOUT).batch_size for f in first.values()} == {24}  # told for round 2
+    for batch in (20, 32):
+        expect_refused(server, lambda batch=batch: call(stub, report(ids["a"], 2, batch=batch)), Code.FAILED_PRECONDITION,
+                       f"batch size {batch} is not what this server planned", "told: 16, 24")
+    lagged = {n: threads.submit(call, server.stub(), report(w, 2, batch=16)) for n, w in ids.items()}  # drawn before
+    assert {f.result(TIMEOUT).round for f in lagged.values()} == {3}
+    expect_refused(server, lambda: call(stub, report(ids["a"], 3, batch=16)), Code.FAILED_PRECONDITION, "told: 24")
+
+
 def test_leave_starts_a_new_generation(ps_server, threads) -> None:
     server = ps_server(*TINY)
     ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
