@@ -12,6 +12,10 @@ only the last piece has a scalar tail, the one the whole vector would have; test
 checks both against torch.optim). They read and write torch.optim's state dict for one parameter
 over the whole vector, so checkpoints load in either. No torch optimizer is built: the first one a
 process builds imports torch._dynamo (~1.5 s of CPU, ~12 s for a fast-path worker on a 1/8-core quota).
+
+Each stepper also bounds its arithmetic (`step_bounds`): from bounds on the gradient, the parameters
+and its state buffers it works out, in a few float operations, bounds on every value one step computes,
+so the store can refuse a step that could overflow fp32 before it changes anything (ps.magnitude).
 """
 
 from __future__ import annotations
