@@ -39,7 +39,7 @@ class JoinRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ..., cuda_device: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rendezvous_host", "rendezvous_port", "rank", "world_size", "generation", "backend", "shards")
+    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rendezvous_host", "rendezvous_port", "rank", "world_size", "generation", "backend", "shards", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_JSON_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -57,6 +57,7 @@ class JoinReply(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     job_json: str
     layout: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -74,7 +75,8 @@ class JoinReply(_message.Message):
     generation: int
     backend: str
     shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
-    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., rendezvous_host: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ...) -> None: ...
+    secret: str
+    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., rendezvous_host: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
     __slots__ = ("address", "start", "stop")
@@ -87,7 +89,7 @@ class ShardInfo(_message.Message):
     def __init__(self, address: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation")
+    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -97,6 +99,7 @@ class PushHeader(_message.Message):
     NUM_VALUES_FIELD_NUMBER: _ClassVar[int]
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     round: int
     version: int
@@ -106,7 +109,8 @@ class PushHeader(_message.Message):
     num_values: int
     kind: PushKind
     generation: int
-    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ...) -> None: ...
+    secret: str
+    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class PushChunk(_message.Message):
     __slots__ = ("header", "seq", "data", "pad")
@@ -171,30 +175,36 @@ class ParamsChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[ParamsHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("worker_id", "header_only", "optimizer_state")
+    __slots__ = ("worker_id", "header_only", "optimizer_state", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HEADER_ONLY_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     header_only: bool
     optimizer_state: bool
-    def __init__(self, worker_id: _Optional[str] = ..., header_only: _Optional[bool] = ..., optimizer_state: _Optional[bool] = ...) -> None: ...
+    secret: str
+    def __init__(self, worker_id: _Optional[str] = ..., header_only: _Optional[bool] = ..., optimizer_state: _Optional[bool] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+    secret: str
+    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class LeaveReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class HeartbeatRequest(_message.Message):
-    __slots__ = ("worker_id",)
+    __slots__ = ("worker_id", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
-    def __init__(self, worker_id: _Optional[str] = ...) -> None: ...
+    secret: str
+    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
     __slots__ = ("done", "epoch", "round", "version")

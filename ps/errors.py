@@ -19,3 +19,11 @@ class FailedPrecondition(ServiceError):
 
 class AlreadyExists(ServiceError):
     """A name that an active worker already holds."""
+
+
+class Unauthenticated(ServiceError):
+    """A call as a worker that carries no secret."""
+
+
+class PermissionDenied(ServiceError):
+    """A call as a worker whose secret is not that worker's."""

@@ -30,6 +30,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         layout = [ps_pb2.TensorSpec(name=e.name, shape=e.shape, dtype=e.dtype) for e in self.core.layout.entries]
         return ps_pb2.JoinReply(
             worker_id=info.worker_id,
+            secret=info.secret,
             job_json=self.core.spec.to_json(),
             layout=layout,
             num_params=self.core.layout.numel,
@@ -66,7 +67,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         try:
-            reply = self.core.pull(request.worker_id, header_only=request.header_only,
+            reply = self.core.pull(request.worker_id, request.secret, header_only=request.header_only,
                                    optimizer_state=request.optimizer_state)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
@@ -76,7 +77,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def Leave(self, request: ps_pb2.LeaveRequest, context: grpc.aio.ServicerContext) -> ps_pb2.LeaveReply:
         try:
-            await self.core.leave(request.worker_id)
+            await self.core.leave(request.worker_id, request.secret)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return ps_pb2.LeaveReply()
@@ -85,7 +86,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> ps_pb2.HeartbeatReply:
         try:
-            beat = self.core.heartbeat(request.worker_id)
+            beat = self.core.heartbeat(request.worker_id, request.secret)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return ps_pb2.HeartbeatReply(done=beat.done, epoch=beat.epoch, round=beat.round, version=beat.version)

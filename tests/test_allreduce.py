@@ -28,7 +28,7 @@ from ps.transport.layout import flatten_params
 from tests import collective_ranks
 from tests.processes import ENV, Cluster, start_server
 from tests.test_hostile import wait_until
-from tests.test_rpc import TIMEOUT, expect_refused, header, join_all, push_chunks, rand
+from tests.test_rpc import SECRETS, TIMEOUT, expect_refused, header, join_all, push_chunks, rand
 from worker import connect
 from worker.cli import train
 from worker.client import PSClient, ServerError, StepPlan
@@ -181,7 +181,7 @@ def test_join_hands_out_the_rendezvous_and_ranks(ps_server, threads) -> None:
     for j in joins.values():
         assert (j.rendezvous_host, j.rendezvous_port, j.world_size, j.generation, j.backend) == ("127.0.0.1", port, 2, 1, "gloo")
     assert '"allreduce": true' in joins["a"].job_json
-    h = server.stub().Pull(ps_pb2.PullRequest(worker_id=joins["a"].worker_id, header_only=True), timeout=TIMEOUT)
+    h = server.stub().Pull(ps_pb2.PullRequest(worker_id=joins["a"].worker_id, secret=SECRETS[joins["a"].worker_id], header_only=True), timeout=TIMEOUT)
     (only,) = list(h)
     assert only.header.num_values == 0 and only.header.generation == 1
 
@@ -191,14 +191,16 @@ def test_every_plan_names_the_worker_with_the_largest_batch_as_hub(ps_server, th
     joins = join_all(server, threads, {"slow": 1.0, "fast": 3.0, "mid": 2.0})
     plans = {}
     for name, j in joins.items():
-        (only,) = list(server.stub().Pull(ps_pb2.PullRequest(worker_id=j.worker_id, header_only=True), timeout=TIMEOUT))
+        (only,) = list(server.stub().Pull(ps_pb2.PullRequest(worker_id=j.worker_id, secret=SECRETS[j.worker_id], header_only=True), timeout=TIMEOUT))
         plans[name] = only.header
     assert plans["fast"].batch_size > plans["mid"].batch_size > plans["slow"].batch_size
     assert {p.hub_rank for p in plans.values()} == {joins["fast"].rank}
 
 
 def _join_on(stub, name: str, gpu: str | None) -> ps_pb2.JoinReply:
-    return stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0, cuda=gpu is not None, cuda_device=gpu or ""), timeout=TIMEOUT)
+    reply = stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0, cuda=gpu is not None, cuda_device=gpu or ""), timeout=TIMEOUT)
+    SECRETS[reply.worker_id] = reply.secret
+    return reply
 
 
 @pytest.mark.parametrize(
@@ -382,6 +384,8 @@ def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_serv
     core = server.coordinator
     ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
     client = PSClient(server.target)
+    for worker_id in ids.values():
+        client.use_secret(worker_id, SECRETS[worker_id])
     try:
         assert client.pull_optimizer_state(ids["a"], core.store.numel) is None  # not stepped yet
         report_round(server.stub, threads, ids, 0)
@@ -404,7 +408,7 @@ def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_serv
         assert torch.equal(server.call(lambda: core.store.flat.clone()), params)
         assert torch.equal(client.pull_optimizer_state(ids["b"], n), momentum)
         flags = [m.header.optimizer_state for m in (
-            next(iter(stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], **extra), timeout=TIMEOUT)))
+            next(iter(stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], secret=SECRETS[ids["b"]], **extra), timeout=TIMEOUT)))
             for extra in ({"optimizer_state": True}, {}))]
         assert flags == [True, False]  # the reply says what its payload is
         report_round(server.stub, threads, ids, 2)
@@ -440,8 +444,30 @@ def report_then_leave(server, threads, ids: dict[str, str], reporter: str, leave
     """`reporter` reports round 0 and waits; once the server has it, `leaver` leaves; the report's reply."""
     pending = threads.submit(call, server.stub(), report(ids[reporter], 0))
     wait_until(lambda: server.call(lambda: server.coordinator._round_batch) > 0, f"{reporter}'s report")
-    server.stub().Leave(ps_pb2.LeaveRequest(worker_id=ids[leaver]), timeout=TIMEOUT)
+    server.stub().Leave(ps_pb2.LeaveRequest(worker_id=ids[leaver], secret=SECRETS[ids[leaver]]), timeout=TIMEOUT)
     return pending.result(TIMEOUT)
+
+
+def test_a_report_carries_the_batch_told_for_its_round_or_the_one_before(ps_server, threads) -> None:
+    """The fast path's worker draws its batch before it reads its previous report's reply, so a report
+    for round r may carry what it was told for r or r - 1, and nothing else. c leaves after round 0:
+    the re-split (24 each) reaches a and b in round 1's replies, after they drew round 1's batches of 16."""
+    server = ps_server(*TINY, "--workers", "3", "--global-batch", "48", "--epochs", "50")
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
+    assert {h.batch_size for h in report_round(server.stub, threads, ids, 0).values()} == {16}
+    stub = server.stub()
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"], secret=SECRETS[ids["c"]]), timeout=TIMEOUT)
+    del ids["c"]
+    expect_refused(server, lambda: call(stub, report(ids["a"], 1, batch=24)), Code.FAILED_PRECONDITION,
+                   "batch size 24 is not what this server planned for worker a at round 1 (told: 16)")
+    first = {n: threads.submit(call, server.stub(), report(w, 1, batch=16)) for n, w in ids.items()}
+    assert {f.result(TIMEOUT).batch_size for f in first.values()} == {24}  # told for round 2
+    for batch in (20, 32):
+        expect_refused(server, lambda batch=batch: call(stub, report(ids["a"], 2, batch=batch)), Code.FAILED_PRECONDITION,
+                       f"batch size {batch} is not what this server planned", "told: 16, 24")
+    lagged = {n: threads.submit(call, server.stub(), report(w, 2, batch=16)) for n, w in ids.items()}  # drawn before
+    assert {f.result(TIMEOUT).round for f in lagged.values()} == {3}
+    expect_refused(server, lambda: call(stub, report(ids["a"], 3, batch=16)), Code.FAILED_PRECONDITION, "told: 24")
 
 
 def test_leave_starts_a_new_generation(ps_server, threads) -> None:
@@ -456,12 +482,12 @@ def test_a_leave_after_a_report_closes_the_round_without_the_others(ps_server, t
     whose all-reduce failed part way (c gone before the hub's send to b): it waits for the next
     generation and would wait there for a, which waits for b's report. The round closes instead; b
     forms the next generation at round 1, and a report of round 0 that b still sends is refused."""
-    server = ps_server(*TINY, "--workers", "3", "--metrics-log", str(tmp_path / "metrics.jsonl"))
+    server = ps_server(*TINY, "--workers", "3", "--global-batch", "48", "--metrics-log", str(tmp_path / "metrics.jsonl"))  # 16 each
     ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
     h = report_then_leave(server, threads, ids, "a", "c")
     stub = server.stub()
     assert (h.round, h.generation, h.world_size) == (1, 2, 2)
-    (b_plan,) = stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], header_only=True), timeout=TIMEOUT)
+    (b_plan,) = stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], secret=SECRETS[ids["b"]], header_only=True), timeout=TIMEOUT)
     assert (b_plan.header.round, b_plan.header.generation, {h.rank, b_plan.header.rank}) == (1, 2, {0, 1})
     expect_refused(server, lambda: call(stub, report(ids["b"], 0)), Code.FAILED_PRECONDITION, "round 0 is not open")
     assert server.call(lambda: server.coordinator.samples) == 16  # a's step, counted once
@@ -474,10 +500,10 @@ def test_a_report_from_a_replaced_generation_closes_the_round(ps_server, threads
     leaves, then a reports round 0 from generation 1, whose all-reduce gave it the sum. Generation 2
     exists by then, and b (without the sum) waits there for a, so a's report closes the round at once.
     A report from the current generation still waits for everyone."""
-    server = ps_server(*TINY, "--workers", "3", "--metrics-log", str(tmp_path / "metrics.jsonl"))
+    server = ps_server(*TINY, "--workers", "3", "--global-batch", "48", "--metrics-log", str(tmp_path / "metrics.jsonl"))  # 16 each
     ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
     stub = server.stub()
-    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"]), timeout=TIMEOUT)
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"], secret=SECRETS[ids["c"]]), timeout=TIMEOUT)
     h = call(stub, report(ids["a"], 0, generation=1))
     assert (h.round, h.generation, h.world_size) == (1, 2, 2)
     expect_refused(server, lambda: call(stub, report(ids["b"], 0, generation=2)), Code.FAILED_PRECONDITION,

@@ -49,6 +49,7 @@ SMALL_CHUNK = 1024  # several chunks per push of the tiny test model
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 MiB = 1 << 20
 HAS_KIND = "kind" in ps_pb2.PushHeader.DESCRIPTOR.fields_by_name  # PushKind: values, or --allreduce reports/snapshots
+SECRETS: dict[str, str] = {}  # worker id -> the secret its Join returned (ids carry random digits: unique)
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -146,6 +147,8 @@ class PushSpec:
     scale: float = 0.01
     seed: int = 0
     kind: int = 0  # PushKind; this job takes values (0) only
+    fill: float | None = None  # every value this one (instead of random values times scale)
+    secret: str | None = None  # None: the worker's own (SECRETS)
 
 
     @property
@@ -157,6 +160,8 @@ class PushSpec:
 
     def values(self) -> torch.Tensor:
         count = max(self.num_values, 0) + {"short": -1, "long": 2}.get(self.stream, 0)
+        if self.fill is not None:
+            return torch.full((max(count, 0),), self.fill)
         values = torch.randn(max(count, 0), generator=torch.Generator().manual_seed(self.seed)) * self.scale
         if self.poison is not None and len(values):
             values[len(values) // 2] = self.poison
@@ -173,6 +178,7 @@ class PushSpec:
         header = ps_pb2.PushHeader(
             worker_id=self.worker_id, round=self.round, version=self.version, batch_size=self.batch_size,
             compute_ms=self.compute_ms, wire_dtype=self.wire_dtype, num_values=self.num_values,
+            secret=SECRETS.get(self.worker_id, "") if self.secret is None else self.secret,
         )
         if HAS_KIND:
             header.kind = self.kind
@@ -240,8 +246,23 @@ POISON = st.sampled_from([None] * 6 + [math.nan, math.inf, -math.inf, 7e4])  # 7
 UNKNOWN_IDS = st.one_of(st.sampled_from(["", "ghost-00000000", "w0", "w0-", "\x00", "x" * 300]), st.text(max_size=16))
 
 
-def worker_id_code(server_ids: dict[str, str], gone: dict[str, str], pending: set[str], worker_id: str) -> grpc.StatusCode:
-    """The code a call naming worker_id gets: active OK, evicted/pending FAILED_PRECONDITION, else NOT_FOUND."""
+def pick(data: st.DataObject, options: list[Any], label: str) -> Any:
+    """One of `options`, drawn the same way whatever their number: they may come from the server's
+    state, which concurrent calls leave in an order of their own (hypothesis replays must draw alike)."""
+    return options[data.draw(st.integers(0, 7), label=label) % len(options)]
+
+
+def worker_id_code(server_ids: dict[str, str], gone: dict[str, str], pending: set[str], worker_id: str,
+                   secret: str, right: str) -> grpc.StatusCode:
+    """The code a call naming worker_id with `secret` gets (`right`: that id's secret): an id the server
+    never issued NOT_FOUND; a known one without a secret UNAUTHENTICATED, with another PERMISSION_DENIED;
+    then active OK, evicted/pending FAILED_PRECONDITION, left NOT_FOUND."""
+    if worker_id not in server_ids.values() and worker_id not in gone and worker_id not in pending:
+        return Code.NOT_FOUND
+    if not secret:
+        return Code.UNAUTHENTICATED
+    if secret != right:
+        return Code.PERMISSION_DENIED
     if worker_id in server_ids.values():
         return OK
     if gone.get(worker_id) == "evicted" or worker_id in pending:
@@ -262,6 +283,10 @@ class View:
     pushed: set[str]
     pending: dict[str, str]  # worker id -> name
     flat: torch.Tensor
+    told: dict[str, dict[int, set[int]]]  # active worker id -> {round (ASP: version): batch sizes told}
+
+    def batches_told(self, worker_id: str, step: int) -> set[int]:
+        return self.told.get(worker_id, {}).get(step, set())
 
 
 # ---------------------------------------------------------------------------- machine
@@ -283,6 +308,7 @@ class HostileMachine(RuleBasedStateMachine):
         self.gone: dict[str, str] = {}   # departed worker id -> "left" | "evicted"
         self.fresh = 0
         self.last_step = (0, 0)
+        self.waiting: dict[str, concurrent.futures.Future] = {}  # name -> a BSP Join waiting for the round boundary
 
     # -------------------------------------------------------------- setup/teardown
     @initialize(
@@ -315,6 +341,7 @@ class HostileMachine(RuleBasedStateMachine):
             answer = f.result(2 * TIMEOUT)
             assert answer.code == OK, answer
             self.ids[n] = answer.value.worker_id
+            SECRETS[answer.value.worker_id] = answer.value.secret
 
     def teardown(self) -> None:
         if self.server is not None:
@@ -328,6 +355,7 @@ class HostileMachine(RuleBasedStateMachine):
             return View(
                 c.done, c.round, c.version, c.epoch, c.samples, c.controller.plan(), set(c._pushed),
                 {k: m.name for k, m in c.membership.pending.items()}, c.store.flat.clone(),
+                {k: {step: set(b) for step, b in m.told.items()} for k, m in c.membership.active.items()},
             )
 
         return self.server.call(take)
@@ -345,8 +373,20 @@ class HostileMachine(RuleBasedStateMachine):
             choices.append(st.sampled_from(extra))
         return data.draw(st.one_of(choices), label="worker id")
 
-    def id_code(self, worker_id: str, v: View) -> grpc.StatusCode:
-        return worker_id_code(self.ids, self.gone, set(v.pending), worker_id)
+    def right_secret(self, worker_id: str) -> str:
+        """The secret the server's Join gives (gave, or will give) that id."""
+        return self.server.coordinator.keys.secret(worker_id)
+
+    def draw_secret(self, data: st.DataObject, worker_id: str) -> str:
+        """Mostly the worker's own secret; sometimes none, another worker's, or a made-up one."""
+        others = sorted(SECRETS[i] for i in self.ids.values() if i != worker_id and i in SECRETS)
+        choices = [st.just(self.right_secret(worker_id))] * 6 + [st.just(""), st.text(max_size=70)]
+        if others:
+            choices.append(st.sampled_from(others))
+        return data.draw(st.one_of(choices), label="secret")
+
+    def id_code(self, worker_id: str, v: View, secret: str) -> grpc.StatusCode:
+        return worker_id_code(self.ids, self.gone, set(v.pending), worker_id, secret, self.right_secret(worker_id))
 
     def refused_leaves_no_trace(self, answer_of: Callable[[], Answer], expected: set[grpc.StatusCode], what: str) -> Answer:
         """Make a call expected to be refused; its code must be expected and the state unchanged."""
@@ -382,7 +422,10 @@ class HostileMachine(RuleBasedStateMachine):
         return codes or {OK}
 
     def join_call(self, name: str, cores: float) -> Answer:
-        return ask(lambda: self.stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), timeout=TIMEOUT))
+        answer = ask(lambda: self.stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), timeout=TIMEOUT))
+        if answer.code == OK:
+            SECRETS[answer.value.worker_id] = answer.value.secret
+        return answer
 
     def admitted(self, name: str, answer: Answer, round_: int) -> None:
         reply = answer.value
@@ -390,35 +433,67 @@ class HostileMachine(RuleBasedStateMachine):
         assert reply.round == round_
         plan = self.server.call(self.server.coordinator.controller.plan)
         assert reply.batch_size == plan[name] >= 1
+        assert reply.secret == self.right_secret(reply.worker_id)
         self.ids[name] = reply.worker_id
         if name == f"n{self.fresh}":
             self.fresh += 1
+
+    def join_later(self, name: str, cores: float) -> None:
+        """A BSP Join while workers compute the open round: it waits for the round to close."""
+        self.waiting[name] = self.pool.submit(self.join_call, name, cores)
+        wait_until(lambda: name in self.view().pending.values() or self.waiting[name].done(), "the late joiner to be pending")
+        assert not self.waiting[name].done(), self.waiting[name].result()
+        if name == f"n{self.fresh}":
+            self.fresh += 1
+
+    def settle_waiting(self, round_: int, done: bool) -> None:
+        """The waiting Joins, once their round boundary came (or the job ended)."""
+        for name, future in self.waiting.items():
+            answer = future.result(2 * TIMEOUT)
+            if done:  # the round ended the job: the late joiner is told so
+                assert answer.code == PRECONDITION and "has ended" in answer.details, answer
+            else:
+                assert answer.code == OK, answer
+                self.admitted(name, answer, round_)
+        self.waiting = {}
 
     @rule(data=st.data())
     def join(self, data: st.DataObject) -> None:
         name, cores = self.draw_join(data)
         v = self.view()
         expected = self.join_codes(name, cores, v)
+        if self.MODE == "bsp" and expected == {OK} and self.ids:
+            self.join_later(name, cores)  # the members are computing the open round
+            return
         answer = self.refused_leaves_no_trace(lambda: self.join_call(name, cores), expected, f"Join({name!r}, {cores})")
-        if answer.code == OK:  # between rounds a late joiner enters at once (BSP: no round is open)
+        if answer.code == OK:  # ASP, or nobody computing: admitted at once
             self.admitted(name, answer, v.round)
 
     # ---------------------------------------------------------- Leave/Pull/Heartbeat
     @rule(data=st.data())
     def leave(self, data: st.DataObject) -> None:
         worker_id = self.draw_worker_id(data)
-        expected = {self.id_code(worker_id, self.view())}
+        secret = self.draw_secret(data, worker_id)
+        v = self.view()
+        expected = {self.id_code(worker_id, v, secret)}
         answer = self.refused_leaves_no_trace(
-            lambda: ask(lambda: self.stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id), timeout=TIMEOUT)), expected, "Leave"
+            lambda: ask(lambda: self.stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id, secret=secret), timeout=TIMEOUT)),
+            expected, "Leave",
         )
         if answer.code == OK:
             del self.ids[self.name_of(worker_id)]
             self.gone[worker_id] = "left"
+            self.admit_waiting_if_alone(v)
 
-    def pull_checked(self, worker_id: str, v: View) -> None:
+    def admit_waiting_if_alone(self, v: View) -> None:
+        """The last active worker went: the Joins waiting for its round are admitted at once."""
+        if not self.ids and self.waiting:
+            self.settle_waiting(v.round, v.done)
+
+    def pull_checked(self, worker_id: str, v: View, secret: str) -> None:
         answer = self.refused_leaves_no_trace(
-            lambda: ask(lambda: read_params(self.stub.Pull(ps_pb2.PullRequest(worker_id=worker_id), timeout=TIMEOUT))),
-            {self.id_code(worker_id, v)}, "Pull",
+            lambda: ask(lambda: read_params(self.stub.Pull(ps_pb2.PullRequest(worker_id=worker_id, secret=secret), timeout=TIMEOUT))),
+            {self.id_code(worker_id, v, secret)}, "Pull",
         )
         if answer.code == OK:
             h, params = answer.value
@@ -427,10 +502,10 @@ class HostileMachine(RuleBasedStateMachine):
             assert h.batch_size == v.plan.get(self.name_of(worker_id), 0) and h.global_batch == sum(v.plan.values())
             assert torch.equal(params, v.flat)
 
-    def heartbeat_checked(self, worker_id: str, v: View) -> None:
+    def heartbeat_checked(self, worker_id: str, v: View, secret: str) -> None:
         answer = self.refused_leaves_no_trace(
-            lambda: ask(lambda: self.stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=worker_id), timeout=TIMEOUT)),
-            {self.id_code(worker_id, v)}, "Heartbeat",
+            lambda: ask(lambda: self.stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=worker_id, secret=secret), timeout=TIMEOUT)),
+            {self.id_code(worker_id, v, secret)}, "Heartbeat",
         )
         if answer.code == OK:
             beat = answer.value
@@ -438,11 +513,13 @@ class HostileMachine(RuleBasedStateMachine):
 
     @rule(data=st.data())
     def pull(self, data: st.DataObject) -> None:
-        self.pull_checked(self.draw_worker_id(data), self.view())
+        worker_id = self.draw_worker_id(data)
+        self.pull_checked(worker_id, self.view(), self.draw_secret(data, worker_id))
 
     @rule(data=st.data())
     def heartbeat(self, data: st.DataObject) -> None:
-        self.heartbeat_checked(self.draw_worker_id(data), self.view())
+        worker_id = self.draw_worker_id(data)
+        self.heartbeat_checked(worker_id, self.view(), self.draw_secret(data, worker_id))
 
     @precondition(lambda self: self.ids)
     @rule(data=st.data())
@@ -456,6 +533,7 @@ class HostileMachine(RuleBasedStateMachine):
             c.members[worker_id].last_seen = c.clock() - c.evict_after - 1.0
             return c.done, c.evict_stale()
 
+        v = self.view()
         done, evicted = self.server.call(silence_and_reap)
         event(f"evict: {'after the end' if done else 'evicted'}")
         if done:
@@ -464,18 +542,23 @@ class HostileMachine(RuleBasedStateMachine):
         assert evicted == [name]
         del self.ids[name]
         self.gone[worker_id] = "evicted"
+        self.admit_waiting_if_alone(v)
 
     # ------------------------------------------------------------------------ Push
     def draw_push(self, data: st.DataObject, v: View, extra_ids: Iterable[str] = ()) -> PushSpec:
         worker_id = self.draw_worker_id(data, extra_ids)
-        planned = v.plan.get(self.name_of(worker_id) or "", 1)
+        round_ = v.round + data.draw(st.sampled_from([0] * 6 + [-1, 1, 2, -v.round - 1, 2**62]), label="round offset")
+        version = v.version - data.draw(st.sampled_from([0] * 4 + [1, 2, 3, -1, -2, v.version + 1, -(2**62)]), label="staleness")
+        told = sorted(v.batches_told(worker_id, round_ if self.MODE == "bsp" else version)) or [v.plan.get(self.name_of(worker_id) or "", 1)]
+        planned = pick(data, told, "told batch")
         B = self.global_batch
         return PushSpec(
             worker_id=worker_id,
-            round=v.round + data.draw(st.sampled_from([0] * 6 + [-1, 1, 2, -v.round - 1, 2**62]), label="round offset"),
-            version=v.version - data.draw(st.sampled_from([0] * 4 + [1, 2, 3, -1, -2, v.version + 1, -(2**62)]), label="staleness"),
+            round=round_,
+            version=version,
             batch_size=data.draw(
-                st.one_of(st.just(planned), st.just(planned), st.integers(1, B), st.sampled_from([0, -1, -(2**31), B + 1, 2**31 - 1])),
+                st.one_of(st.just(planned), st.just(planned), st.integers(1, B),
+                          st.sampled_from([0, -1, -(2**31), B + 1, 2**31 - 1])),
                 label="batch",
             ),
             compute_ms=data.draw(COMPUTE_MS, label="compute_ms"),
@@ -486,6 +569,7 @@ class HostileMachine(RuleBasedStateMachine):
             scale=data.draw(st.sampled_from([0.01, 1.0, 1e3]), label="scale"),
             seed=data.draw(st.integers(0, 2**16), label="seed"),
             kind=data.draw(st.sampled_from([0] * 12 + [1, 2, 7, -3]), label="kind") if HAS_KIND else 0,
+            secret=self.draw_secret(data, worker_id),
         )
 
     def push_codes(self, spec: PushSpec, v: View) -> set[grpc.StatusCode]:
@@ -493,7 +577,7 @@ class HostileMachine(RuleBasedStateMachine):
         if spec.stream in ("empty", "no-header"):
             return {INVALID}  # nothing else can be checked without a header
         codes = set()
-        if (code := self.id_code(spec.worker_id, v)) != OK:
+        if (code := self.id_code(spec.worker_id, v, spec.secret or "")) != OK:
             codes.add(code)
         if spec.wire_dtype not in WIRE_DTYPES or spec.kind != 0:
             codes.add(INVALID)
@@ -510,6 +594,9 @@ class HostileMachine(RuleBasedStateMachine):
                 codes.add(PRECONDITION)
             too_old = self.max_staleness is not None and v.version - spec.version > self.max_staleness
             if self.MODE == "asp" and (not 0 <= spec.version <= v.version or too_old):
+                codes.add(PRECONDITION)
+            step = spec.round if self.MODE == "bsp" else spec.version
+            if spec.batch_size not in v.batches_told(spec.worker_id, step):  # not the server's plan for it
                 codes.add(PRECONDITION)
         return codes or {OK}
 
@@ -553,10 +640,13 @@ class HostileMachine(RuleBasedStateMachine):
         self.check_status()
 
     # ------------------------------------------------------------------ BSP rounds
-    def valid_push(self, data: st.DataObject, name: str, v: View) -> PushSpec:
+    def valid_push(self, data: st.DataObject, name: str, v: View, version: int | None = None) -> PushSpec:
+        """A push as `name` of what the server told it for the open round (ASP: for `version`, default the current)."""
+        version = v.version if version is None else version
+        told = v.batches_told(self.ids[name], v.round if self.MODE == "bsp" else version)
         return PushSpec(
-            worker_id=self.ids[name], round=v.round, version=v.version,
-            batch_size=data.draw(st.one_of(st.just(v.plan.get(name, 1)), st.integers(1, self.global_batch)), label="batch"),
+            worker_id=self.ids[name], round=v.round, version=version,
+            batch_size=pick(data, sorted(told) or [v.plan.get(name, 1)], "batch"),
             compute_ms=data.draw(st.floats(0.0, 1e4), label="compute_ms"),
             wire_dtype=data.draw(st.sampled_from(WIRE_DTYPES), label="wire dtype"), num_values=self.numel,
             seed=data.draw(st.integers(0, 2**16), label="seed"),
@@ -577,7 +667,7 @@ class HostileMachine(RuleBasedStateMachine):
             return
         first = data.draw(st.integers(1, len(names)), label="first pushers")
         waiting = {n: self.pool.submit(self.push_call, specs[n]) for n in names[:first]}
-        late: dict[str, concurrent.futures.Future] = {}
+        late = len(self.waiting)
         if first < len(names):
             wait_until(lambda: self.pushed_ids() >= {self.ids[n] for n in waiting} or any(f.done() for f in waiting.values()),
                        "the first pushes to reach the round")
@@ -588,20 +678,18 @@ class HostileMachine(RuleBasedStateMachine):
                 if op == "push":
                     self.hostile_push_now(data, mid, extra_ids=mid.pending)
                 elif op == "pull":
-                    self.pull_checked(self.draw_worker_id(data, mid.pending), mid)
+                    worker_id = self.draw_worker_id(data, mid.pending)
+                    self.pull_checked(worker_id, mid, self.draw_secret(data, worker_id))
                 elif op == "heartbeat":
-                    self.heartbeat_checked(self.draw_worker_id(data, mid.pending), mid)
+                    worker_id = self.draw_worker_id(data, mid.pending)
+                    self.heartbeat_checked(worker_id, mid, self.draw_secret(data, worker_id))
                 elif op == "status":
                     self.check_status()
                 else:
                     name, cores = self.draw_join(data)
                     expected = self.join_codes(name, cores, mid)
                     if expected == {OK}:  # a late joiner waits for the round boundary
-                        late[name] = self.pool.submit(self.join_call, name, cores)
-                        wait_until(lambda name=name: name in self.view().pending.values() or late[name].done(), "the late joiner to be pending")
-                        assert not late[name].done(), late[name].result()
-                        if name == f"n{self.fresh}":
-                            self.fresh += 1
+                        self.join_later(name, cores)
                     else:
                         self.refused_leaves_no_trace(lambda name=name, cores=cores: self.join_call(name, cores), expected,
                                                      f"Join({name!r}, {cores}) mid-round")
@@ -609,7 +697,8 @@ class HostileMachine(RuleBasedStateMachine):
             leaving = data.draw(st.lists(st.booleans(), min_size=len(rest), max_size=len(rest)), label="leavers")
             for i, (name, leaves) in enumerate(zip(rest, leaving)):
                 if leaves:
-                    answer = ask(lambda name=name: self.stub.Leave(ps_pb2.LeaveRequest(worker_id=self.ids[name]), timeout=TIMEOUT))
+                    answer = ask(lambda name=name: self.stub.Leave(
+                        ps_pb2.LeaveRequest(worker_id=self.ids[name], secret=SECRETS[self.ids[name]]), timeout=TIMEOUT))
                     assert answer.code == OK, answer
                     self.gone[self.ids.pop(name)] = "left"
                 else:
@@ -618,7 +707,8 @@ class HostileMachine(RuleBasedStateMachine):
                         wait_until(lambda name=name: self.ids[name] in self.pushed_ids() or waiting[name].done(), f"{name}'s push")
         answers = {n: f.result(2 * TIMEOUT) for n, f in waiting.items()}
         after = self.view()
-        event(f"round: {len(names) - len(waiting)} left, {len(late)} late joins, {'ended the job' if after.done else 'job goes on'}")
+        event(f"round: {len(names) - len(waiting)} left, {late} joins waiting before it and {len(self.waiting) - late} "
+              f"during it, {'ended the job' if after.done else 'job goes on'}")
         assert after.round == v.round + 1 and after.version == v.version + 1, (v.round, after.round)
         assert after.samples == v.samples + sum(specs[n].batch_size for n in waiting)
         for n, answer in answers.items():
@@ -626,13 +716,7 @@ class HostileMachine(RuleBasedStateMachine):
             h, params = answer.value
             assert (h.round, h.version, h.done) == (after.round, after.version, after.done)
             assert h.batch_size == after.plan.get(n, 0) and torch.equal(params, after.flat)
-        for name, future in late.items():
-            answer = future.result(2 * TIMEOUT)
-            if after.done:  # the round ended the job: the late joiner is told so
-                assert answer.code == PRECONDITION and "has ended" in answer.details, answer
-            else:
-                assert answer.code == OK, answer
-                self.admitted(name, answer, after.round)
+        self.settle_waiting(after.round, after.done)
 
     # ------------------------------------------------------------------ ASP bursts
     def run_burst(self, data: st.DataObject) -> None:
@@ -640,10 +724,10 @@ class HostileMachine(RuleBasedStateMachine):
         staleness limit the others' updates overtook) refused as too old."""
         v = self.view()
         specs = []
-        for name in sorted(self.ids):
-            spec = self.valid_push(data, name, v)
-            lag = data.draw(st.integers(0, min(v.version, self.max_staleness if self.max_staleness is not None else 3)), label="lag")
-            specs.append(dataclasses.replace(spec, version=v.version - lag))
+        for name in sorted(self.ids):  # each from a version it was told (the latest, mostly)
+            told = sorted(v.told[self.ids[name]])
+            version = told[-1] if data.draw(st.booleans(), label="latest version") else pick(data, told, "version")
+            specs.append(self.valid_push(data, name, v, version))
         answers = [f.result(2 * TIMEOUT) for f in [self.pool.submit(self.push_call, s) for s in specs]]
         allowed = {OK} if self.max_staleness is None or v.done else {OK, PRECONDITION}
         assert all(a.code in allowed for a in answers), answers
@@ -704,11 +788,11 @@ class HostileMachine(RuleBasedStateMachine):
         assert active == {i: n for n, i in self.ids.items()}, "membership differs from the calls' outcomes"
         assert all(departed.get(i, "").startswith(r) for i, r in self.gone.items())
         if not s["done"]:
-            assert not pending  # between rounds nobody waits to be admitted
+            assert sorted(pending.values()) == sorted(self.waiting)  # BSP: Joins waiting for the open round to close
             plan = s["plan"]
             assert set(plan) == set(active.values())
             assert all(1 <= b <= self.global_batch for b in plan.values()), plan
-            if self.MODE == "bsp" and plan:
+            if plan:  # ASP too: the workers' bounds (--min-batch 1, no --max-batch) can always meet B
                 assert sum(plan.values()) == self.global_batch, plan
         status = s["status"]
         assert (status["round"], status["version"], status["done"]) == (*s["step"], s["done"])
@@ -793,6 +877,7 @@ def test_join_flood_admits_exactly_the_expected_workers() -> None:
             poller.join(10)
 
         admitted = {names[i]: a.value.worker_id for i, a in enumerate(answers) if a.code == OK}
+        SECRETS.update((a.value.worker_id, a.value.secret) for a in answers if a.code == OK)
         refused = [(i, a) for i, a in enumerate(answers) if a.code != OK]
         assert len(admitted) == 4 and len(refused) == 296
         codes = {a.code for _, a in refused}
@@ -840,7 +925,9 @@ def open_round():
     try:
         stub = ps_pb2_grpc.ParameterServerStub(server.channel())
         joins = [pool.submit(lambda n=n: stub.Join(ps_pb2.JoinRequest(name=n, cores=1.0), timeout=TIMEOUT)) for n in "ab"]
-        ids = dict(zip("ab", (f.result(TIMEOUT).worker_id for f in joins)))
+        replies = [f.result(TIMEOUT) for f in joins]
+        SECRETS.update((r.worker_id, r.secret) for r in replies)
+        ids = dict(zip("ab", (r.worker_id for r in replies)))
         numel = server.coordinator.layout.numel
         pending = pool.submit(lambda: ask(lambda: read_params(stub.Push(iter(PushSpec(ids["a"], 0, 0, 16, 5.0, "float32", numel, seed=1).chunks()), timeout=3 * TIMEOUT))))
         wait_until(lambda: server.call(lambda: set(server.coordinator._pushed)) == {ids["a"]}, "a's push")
@@ -874,7 +961,8 @@ def test_message_size_limits(open_round) -> None:
     assert MAX_MESSAGE_BYTES == 8 * MiB and CHUNK_BYTES == MiB and ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES) in GRPC_OPTIONS
     # a client that does not enforce the limit itself, so the server's limit is what is tested
     loose = ps_pb2_grpc.ParameterServerStub(server.channel(options=[("grpc.max_send_message_length", -1)]))
-    header = ps_pb2.PushHeader(worker_id=ids["b"], round=0, batch_size=16, compute_ms=5.0, wire_dtype="float32", num_values=numel)
+    header = ps_pb2.PushHeader(worker_id=ids["b"], round=0, batch_size=16, compute_ms=5.0, wire_dtype="float32", num_values=numel,
+                               secret=SECRETS[ids["b"]])
 
     def push(chunks: list[ps_pb2.PushChunk], via: Any = loose) -> Answer:
         return ask(lambda: read_params(via.Push(iter(chunks), timeout=TIMEOUT)))
@@ -914,7 +1002,8 @@ def test_undecodable_push_chunks_are_invalid_argument(open_round) -> None:
     """Bytes that are not a PushChunk, first in the stream or after a valid header, are INVALID_ARGUMENT."""
     server, stub, ids, numel, pending = open_round
     raw_push = _raw(server, "Push", streaming=True)
-    header = ps_pb2.PushHeader(worker_id=ids["b"], round=0, batch_size=16, compute_ms=5.0, wire_dtype="float32", num_values=numel)
+    header = ps_pb2.PushHeader(worker_id=ids["b"], round=0, batch_size=16, compute_ms=5.0, wire_dtype="float32", num_values=numel,
+                               secret=SECRETS[ids["b"]])
     good = ps_pb2.PushChunk(header=header, seq=0, data=bytes(16)).SerializeToString()
     for messages in ([b"\xff\xff\xff"], [good, b"\x0a\x05\xff"], [good, b"\x1a\xff\xff\xff\xff\x0f"]):
         before = snapshot(server)
@@ -937,3 +1026,100 @@ def test_undecodable_unary_request_is_invalid_argument(open_round, method: str, 
     assert "not a valid" in answer.details, answer
     assert_same(before, snapshot(server))
     _finish_round(stub, ids, numel, pending)
+
+
+# ---------------------------------------------------------------------------- overflow
+def _join_all(server: InProcessServer, names: Iterable[str]) -> dict[str, str]:
+    stub = ps_pb2_grpc.ParameterServerStub(server.channel())
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        joins = {n: pool.submit(lambda n=n: stub.Join(ps_pb2.JoinRequest(name=n, cores=1.0), timeout=TIMEOUT)) for n in names}
+        replies = {n: f.result(2 * TIMEOUT) for n, f in joins.items()}
+    SECRETS.update((r.worker_id, r.secret) for r in replies.values())
+    return {n: r.worker_id for n, r in replies.items()}
+
+
+def _push(server: InProcessServer, spec: PushSpec) -> Answer:
+    stub = ps_pb2_grpc.ParameterServerStub(server.channel())
+    return ask(lambda: read_params(stub.Push(iter(spec.chunks()), timeout=TIMEOUT)))
+
+
+def _events(path: Any, name: str) -> list[dict[str, Any]]:
+    from ps.ops.metrics import read_metrics
+
+    return [e for e in read_metrics(path) if e["event"] == name]
+
+
+def test_a_gradient_near_the_fp32_limit_is_refused_and_changes_nothing(tmp_path: Any) -> None:
+    """The issue's BSP case: one of four workers pushes finite values of 3e38 with b = 32 of B = 128.
+    Summed in fp32 as b·g that made every parameter +Inf; now the push is refused (INVALID_ARGUMENT,
+    the state bit for bit as it was, an `overflow_refused` event), and the round closes normally."""
+    log = tmp_path / "metrics.jsonl"
+    server = start_server("--workers", "4", "--global-batch", "128", "--controller", "uniform", "--lr", "0.1",
+                          "--momentum", "0.9", "--metrics-log", str(log))
+    try:
+        ids = _join_all(server, ["a", "b", "c", "d"])
+        numel = server.coordinator.layout.numel
+        before = snapshot(server)
+        answer = _push(server, PushSpec(ids["a"], 0, 0, 32, 5.0, "float32", numel, fill=3e38))
+        assert answer.code == INVALID and "overflow" in answer.details, answer
+        assert_same(before, snapshot(server))
+        assert [e["worker"] for e in _events(log, "overflow_refused")] == ["a"]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda n: _push(server, PushSpec(ids[n], 0, 0, 32, 5.0, "float32", numel, seed=ord(n))), ids))
+        assert all(a.code == OK and a.value[0].round == 1 for a in answers), answers
+        assert bool(torch.isfinite(answers[0].value[1]).all())
+    finally:
+        stop_server(server)
+
+
+def test_rounds_of_large_finite_gradients_never_make_the_model_non_finite() -> None:
+    """Momentum adds up: rounds of gradients of 2e37 (each far from the fp32 limit) with lr 1 and
+    momentum 0.9 reached +Inf within ten rounds. Now every round either steps to finite values or its
+    pushes are refused, leaving the parameters and the momentum as they were (then both workers push
+    zeros, until even that could overflow: the momentum alone would carry the parameters past it)."""
+    server = start_server("--workers", "2", "--global-batch", "32", "--controller", "uniform", "--lr", "1",
+                          "--momentum", "0.9", "--epochs", "1000")
+    pool = concurrent.futures.ThreadPoolExecutor(2)
+    try:
+        ids = _join_all(server, ["a", "b"])
+        numel = server.coordinator.layout.numel
+
+        def both(round_: int, fill: float) -> list[Answer]:
+            specs = [PushSpec(ids[n], round_, round_, 16, 5.0, "float32", numel, fill=fill) for n in ("a", "b")]
+            return list(pool.map(lambda spec: _push(server, spec), specs))
+
+        refused = 0
+        for round_ in range(12):
+            before = snapshot(server)
+            answers = both(round_, 2e37)
+            if all(a.code == INVALID and "overflow" in a.details for a in answers):
+                assert_same(before, snapshot(server))
+                refused += 1
+                answers = both(round_, 0.0)
+                if all(a.code == INVALID for a in answers):
+                    assert_same(before, snapshot(server))
+                    break
+            assert all(a.code == OK for a in answers), answers
+            store = server.coordinator.store
+            state = server.call(lambda: [store.flat.clone(), store.flat_optimizer_state()])
+            assert all(bool(torch.isfinite(t).all()) for t in state), f"round {round_}"
+        assert refused, "no push was refused: the test no longer reaches the limit"
+    finally:
+        stop_server(server)
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_asp_updates_that_could_overflow_are_refused_and_change_nothing() -> None:
+    """The issue's ASP case: two updates of 2e38 made the parameters +Inf; each is refused now."""
+    server = start_server("--mode", "asp", "--workers", "2", "--global-batch", "32")
+    try:
+        ids = _join_all(server, ["a", "b"])
+        numel = server.coordinator.layout.numel
+        for name in ("a", "b"):
+            before = snapshot(server)
+            answer = _push(server, PushSpec(ids[name], 0, 0, 16, 5.0, "float32", numel, fill=2e38))
+            assert answer.code == INVALID and "overflow" in answer.details, answer
+            assert_same(before, snapshot(server))
+        assert bool(torch.isfinite(snapshot(server)["flat"]).all())
+    finally:
+        stop_server(server)

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 import json
 import math
+import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +37,19 @@ Code = grpc.StatusCode
 
 
 # ---------------------------------------------------------------------- helpers
+SECRETS: dict[str, str] = {}
+"""Worker id -> the secret its Join returned: the helpers send it with every call naming that id, as
+worker.client.PSClient does (ids are unique: each carries random digits)."""
+
+
 def join(stub: Any, name: str, cores: float = 1.0, timeout: float = TIMEOUT) -> ps_pb2.JoinReply:
-    return stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), timeout=timeout)
+    reply = stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), timeout=timeout)
+    SECRETS[reply.worker_id] = reply.secret
+    return reply
+
+
+def leave(stub: Any, worker_id: str) -> ps_pb2.LeaveReply:
+    return stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id, secret=SECRETS.get(worker_id, "")), timeout=TIMEOUT)
 
 
 def join_all(server: InProcessServer, threads: concurrent.futures.Executor, workers: dict[str, float]) -> dict[str, ps_pb2.JoinReply]:
@@ -58,7 +70,7 @@ def header(worker_id: str, values: torch.Tensor | int, **fields: Any) -> ps_pb2.
     num_values = values if isinstance(values, int) else values.numel()
     base: dict[str, Any] = {
         "worker_id": worker_id, "round": 0, "version": 0, "batch_size": 16,
-        "compute_ms": 5.0, "wire_dtype": "float32", "num_values": num_values,
+        "compute_ms": 5.0, "wire_dtype": "float32", "num_values": num_values, "secret": SECRETS.get(worker_id, ""),
     }
     return ps_pb2.PushHeader(**(base | fields))
 
@@ -81,7 +93,7 @@ def push(stub: Any, chunks: list[ps_pb2.PushChunk], timeout: float = TIMEOUT) ->
 
 
 def pull(stub: Any, worker_id: str) -> tuple[ps_pb2.ParamsHeader, torch.Tensor]:
-    return read_params(stub.Pull(ps_pb2.PullRequest(worker_id=worker_id), timeout=TIMEOUT))
+    return read_params(stub.Pull(ps_pb2.PullRequest(worker_id=worker_id, secret=SECRETS.get(worker_id, "")), timeout=TIMEOUT))
 
 
 def expect_error(call: Callable[[], Any], code: grpc.StatusCode, *fragments: str) -> str:
@@ -163,9 +175,16 @@ class OpenRound(Cluster):
             torch.testing.assert_close(params, expected, rtol=0, atol=1e-7)
 
 
+def planned(c: Cluster, name: str) -> int:
+    """The batch size the server's plan gives worker `name` now."""
+    return c.server.call(lambda: c.server.coordinator.controller.plan()[name])
+
+
 @pytest.fixture
 def open_round(ps_server, threads, signal_after) -> OpenRound:
-    c = start_cluster(ps_server, threads, "--global-batch", "32", "--lr", "0.1", "--momentum", "0")
+    """a (12 of B = 32, the static plan's) has pushed round 0 and waits; b (20) has not."""
+    c = start_cluster(ps_server, threads, "--global-batch", "32", "--lr", "0.1", "--momentum", "0", "--controller", "static",
+                      cores={"a": 12.0, "b": 20.0})
     pushed = signal_after(c.server.coordinator.controller, "observe")
     grad_a = rand(c.numel, seed=1)
     pending = threads.submit(push, c.server.stub(), push_chunks(header(c.ids["a"], grad_a, batch_size=12), grad_a))
@@ -233,12 +252,26 @@ def test_join_that_the_global_batch_cannot_split_is_refused(ps_server, threads) 
     server = ps_server("--workers", "1", "--global-batch", "4", "--min-batch", "2", "--max-workers", "4")
     a = join_all(server, threads, {"a": 1.0})["a"]
     stub = server.stub()
-    b = join(stub, "b", 1.0)
-    assert a.batch_size == 4 and b.batch_size == 2  # b is admitted at once: nobody is mid-round
+    grad = rand(a.num_params, seed=1)
+    b = threads.submit(join, server.stub(), "b", 1.0)  # admitted when a's open round closes
+    wait_pending(server, 1)
+    h, _ = push(stub, push_chunks(header(a.worker_id, grad, batch_size=4), grad))
+    assert a.batch_size == 4 and b.result(TIMEOUT).batch_size == 2 and (h.round, h.batch_size) == (1, 2)
     expect_refused(server, lambda: join(stub, "c", 1.0), Code.FAILED_PRECONDITION,
                    "job full: the global batch 4 cannot give one more worker its minimum batch", "--min-batch")
-    stub.Leave(ps_pb2.LeaveRequest(worker_id=b.worker_id), timeout=TIMEOUT)
-    assert join(stub, "c", 1.0).batch_size == 2
+    leave(stub, b.result().worker_id)
+    c = threads.submit(join, server.stub(), "c", 1.0)
+    wait_pending(server, 1)
+    h, _ = push(stub, push_chunks(header(a.worker_id, grad, round=1, batch_size=2), grad))  # the round b left
+    assert c.result(TIMEOUT).batch_size == 2 and h.batch_size == 2
+
+
+def wait_pending(server: InProcessServer, count: int) -> None:
+    """Until `count` joins wait to be admitted."""
+    deadline = time.monotonic() + TIMEOUT
+    while server.call(lambda: len(server.coordinator.membership.pending)) != count:
+        assert time.monotonic() < deadline, f"{count} joins did not reach the server"
+        time.sleep(0.005)
 
 
 def test_join_abandoned_while_waiting_frees_its_slot(ps_server, threads, signal_after) -> None:
@@ -271,7 +304,9 @@ def test_push_before_the_job_started(ps_server, threads, signal_after) -> None:
     numel = server.coordinator.layout.numel
     stub = server.stub()
     grad = rand(numel, 0)
-    expect_refused(server, lambda: push(stub, push_chunks(header(worker_id, grad), grad)), Code.FAILED_PRECONDITION, "the job has not started")
+    secret = server.coordinator.keys.secret(worker_id)  # as the Join will return it
+    expect_refused(server, lambda: push(stub, push_chunks(header(worker_id, grad, secret=secret), grad)),
+                   Code.FAILED_PRECONDITION, "the job has not started")
     join(stub, "b")
     assert pending.result(TIMEOUT).worker_id == worker_id
 
@@ -289,7 +324,8 @@ def test_bsp_round_answers_both_pushes_after_it_closes(open_round: OpenRound) ->
     for h in (ha, hb):
         assert (h.round, h.version, h.epoch, h.done) == (1, 1, 0, False)
         assert (h.wire_dtype, h.num_values, h.global_batch) == ("float32", c.numel, 32)
-        assert h.batch_size == 16 and h.lr == pytest.approx(0.1)
+        assert h.lr == pytest.approx(0.1)
+    assert (ha.batch_size, hb.batch_size) == (12, 20)
     state = snapshot(c.server)
     assert state["round"] == 1 and state["version"] == 1 and state["samples"] == 32
     weight, count, total = state["accumulator"]
@@ -303,7 +339,8 @@ def test_bsp_round_answers_both_pushes_after_it_closes(open_round: OpenRound) ->
         Code.FAILED_PRECONDITION, "round 0 is not open; the open round is 1",
     )
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(push, c.server.stub(), push_chunks(header(c.ids[n], grad, round=1), grad)) for n in "ab"]
+        futures = [pool.submit(push, c.server.stub(), push_chunks(header(c.ids[n], grad, round=1, batch_size=b), grad))
+                   for n, b in (("a", 12), ("b", 20))]
         replies = [f.result(TIMEOUT) for f in futures]
     assert all(h.round == 2 and h.version == 2 for h, _ in replies)
     assert torch.equal(replies[0][1], replies[1][1])
@@ -311,7 +348,8 @@ def test_bsp_round_answers_both_pushes_after_it_closes(open_round: OpenRound) ->
 
 def test_bsp_weighted_aggregation_is_exact(ps_server, threads) -> None:
     """Mean gradients of 7 and 25 samples, weighted by batch, equal one process on all 32 samples."""
-    c = start_cluster(ps_server, threads, "--global-batch", "32", "--lr", "1", "--momentum", "0", "--weight-decay", "0")
+    c = start_cluster(ps_server, threads, "--global-batch", "32", "--lr", "1", "--momentum", "0", "--weight-decay", "0",
+                      "--controller", "static", cores={"a": 7.0, "b": 25.0})
     data = build_dataset("digits", {}, 0)
     x, y = data.train_x[:32], data.train_y[:32]
 
@@ -358,7 +396,7 @@ def test_bsp_steps_piece_by_piece_while_replies_stream(ps_server, threads, monke
 
     monkeypatch.setattr(ps.params.stepping, "PIECE_VALUES", 1 << 18)
     c = start_cluster(ps_server, threads, "--model-arg", "hidden=1100", "--global-batch", "32", "--lr", "0.1",
-                      "--momentum", "0.9", "--weight-decay", "0.001")
+                      "--momentum", "0.9", "--weight-decay", "0.001", "--controller", "static", cores={"a": 12.0, "b": 20.0})
     assert len(c.server.coordinator.store.pieces) == 5 and c.numel > 4 * (1 << 18)
     reference = ps.params.store.ParameterStore(c.theta0, JobSpec(lr=0.1, momentum=0.9, weight_decay=0.001), piece_values=c.numel)
     for round_ in range(3):
@@ -479,7 +517,9 @@ def _grad(c: Cluster) -> torch.Tensor:
 
 
 def _with(c: Cluster, values: torch.Tensor | None = None, wire: str = "float32", **fields: Any) -> list[ps_pb2.PushChunk]:
+    """A push as b: its planned batch, unless `fields` say otherwise."""
     values = _grad(c) if values is None else values
+    fields.setdefault("batch_size", planned(c, "b"))
     fields.setdefault("num_values", c.numel)
     fields.setdefault("wire_dtype", wire)
     return push_chunks(header(c.ids["b"], values, **fields), values, wire)
@@ -551,6 +591,12 @@ BAD_PUSHES = [
     _bad("batch-negative", lambda c: _with(c, batch_size=-5), Code.INVALID_ARGUMENT, "batch size must be > 0, got -5"),
     _bad("batch-huge", lambda c: _with(c, batch_size=2**31 - 1), Code.INVALID_ARGUMENT, f"batch size {2**31 - 1} exceeds the global batch 32"),
     _bad("batch-over-global", lambda c: _with(c, batch_size=33), Code.INVALID_ARGUMENT, "batch size 33 exceeds the global batch 32"),
+    _bad("batch-not-planned", lambda c: _with(c, batch_size=planned(c, "b") - 1), Code.FAILED_PRECONDITION,
+         "is not what this server planned for worker b", "pull the plan"),
+    _bad("no-secret", lambda c: _with(c, secret=""), Code.UNAUTHENTICATED, "must carry the secret its Join returned"),
+    _bad("another-workers-secret", lambda c: _with(c, secret=SECRETS[c.ids["a"]]), Code.PERMISSION_DENIED,
+         "wrong secret for worker"),
+    _bad("made-up-secret", lambda c: _with(c, secret="0" * 64), Code.PERMISSION_DENIED, "wrong secret for worker"),
     _bad("compute-negative", lambda c: _with(c, compute_ms=-1.0), Code.INVALID_ARGUMENT, "compute_ms must be finite and in [0,", "got -1.0"),
     _bad("compute-nan", lambda c: _with(c, compute_ms=math.nan), Code.INVALID_ARGUMENT, "compute_ms must be finite", "got nan"),
     _bad("compute-inf", lambda c: _with(c, compute_ms=math.inf), Code.INVALID_ARGUMENT, "compute_ms must be finite", "got inf"),
@@ -559,7 +605,7 @@ BAD_PUSHES = [
     _bad("wire-dtype-empty", lambda c: _with(c, wire_dtype=""), Code.INVALID_ARGUMENT, "wire dtype must be one of", "got ''"),
     _bad(
         "wire-dtype-mismatch",  # declared fp16 but the bytes are fp32: twice the values
-        lambda c: push_chunks(header(c.ids["b"], c.numel, wire_dtype="float16"), _grad(c), "float32"),
+        lambda c: push_chunks(header(c.ids["b"], c.numel, wire_dtype="float16", batch_size=planned(c, "b")), _grad(c), "float32"),
         Code.INVALID_ARGUMENT, "too much data",
     ),
 ]
@@ -587,20 +633,20 @@ def test_asp_bad_push_is_refused_without_a_trace(ps_server, threads, build, code
     delta = rand(c.numel, seed=10)
     push(c.stub, push_chunks(header(c.ids["a"], delta), delta))  # some state to keep: version 1, a staleness record
     expect_refused(c.server, lambda: push(c.stub, build(c)), code, *_fill(fragments, c.numel))
-    h, params = push(c.stub, push_chunks(header(c.ids["b"], delta, version=1), delta))
+    h, params = push(c.stub, push_chunks(header(c.ids["b"], delta, version=0), delta))  # b was told version 0
     assert h.version == 2 and torch.equal(params, c.theta0 + delta + delta)
 
 
 def test_bsp_leave_closes_a_round_that_waited_only_on_the_leaver(open_round: OpenRound) -> None:
     c = open_round
-    c.stub.Leave(ps_pb2.LeaveRequest(worker_id=c.ids["b"]), timeout=TIMEOUT)
+    leave(c.stub, c.ids["b"])
     h, params = c.pending_a.result(TIMEOUT)
     assert h.round == 1 and h.batch_size == 32 and h.global_batch == 32  # a now carries the whole batch
     torch.testing.assert_close(params, sgd_step(c.theta0, [(c.grad_a, 12)], lr=0.1), rtol=0, atol=1e-7)
     status = c.stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT)
     assert [w.name for w in status.workers] == ["a"] and status.workers[0].batch_size == 32
     for call, fragment in (
-        (lambda: c.stub.Leave(ps_pb2.LeaveRequest(worker_id=c.ids["b"]), timeout=TIMEOUT), "left; Join again"),
+        (lambda: leave(c.stub, c.ids["b"]), "left; Join again"),
         (lambda: pull(c.stub, c.ids["b"]), "left; Join again"),
         (lambda: push(c.stub, push_chunks(header(c.ids["b"], c.grad_a, round=1), c.grad_a)), "left; Join again"),
     ):
@@ -611,7 +657,7 @@ def test_bsp_leave_closes_a_round_that_waited_only_on_the_leaver(open_round: Ope
 
 def test_leave_then_status(ps_server, threads) -> None:
     c = start_cluster(ps_server, threads, "--global-batch", "32")
-    assert c.stub.Leave(ps_pb2.LeaveRequest(worker_id=c.ids["a"]), timeout=TIMEOUT) == ps_pb2.LeaveReply()
+    assert leave(c.stub, c.ids["a"]) == ps_pb2.LeaveReply()
     state = snapshot(c.server)
     assert list(state["active"]) == [c.ids["b"]]
     assert [w["id"] for w in state["controller"]["workers"]] == ["b"]
@@ -623,9 +669,59 @@ def test_unknown_worker_id_on_pull_and_leave(ps_server, threads, worker_id: str)
     c = start_cluster(ps_server, threads)
     expect_refused(c.server, lambda: pull(c.stub, worker_id), Code.NOT_FOUND, f"unknown worker id {worker_id!r}; Join first")
     expect_refused(
-        c.server, lambda: c.stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id), timeout=TIMEOUT),
+        c.server, lambda: leave(c.stub, worker_id),
         Code.NOT_FOUND, f"unknown worker id {worker_id!r}; Join first",
     )
+
+
+# -------------------------------------------------------------- worker secrets
+def test_join_gives_each_worker_a_secret_that_status_never_shows(ps_server, threads) -> None:
+    c = start_cluster(ps_server, threads, "--global-batch", "32")
+    secrets = [r.secret for r in c.joins.values()]
+    assert len(set(secrets)) == 2 and all(len(x) == 64 and int(x, 16) >= 0 for x in secrets)
+    status = c.stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).SerializeToString()
+    assert not any(x.encode() in status for x in secrets)
+    assert {w.worker_id for w in ps_pb2.StatusReply.FromString(status).workers} == set(c.ids.values())  # ids are public
+
+
+def test_calls_as_a_worker_without_its_secret_are_refused_and_change_nothing(open_round: OpenRound) -> None:
+    """Every call naming a worker: no secret is UNAUTHENTICATED, another worker's or a made-up one is
+    PERMISSION_DENIED, and nothing changes. The issue's case: a client that never joined pushes as b
+    (whose id Status lists); it is refused, and b's own push then closes the round as if nothing had
+    happened."""
+    c = open_round
+    b, a_secret = c.ids["b"], SECRETS[c.ids["a"]]
+    grad = rand(c.numel, seed=5)
+    calls = {
+        "Push": lambda secret: push(c.stub, push_chunks(header(b, grad, batch_size=20, secret=secret), grad)),
+        "Pull": lambda secret: read_params(c.stub.Pull(ps_pb2.PullRequest(worker_id=b, secret=secret), timeout=TIMEOUT)),
+        "Pull header": lambda secret: list(c.stub.Pull(ps_pb2.PullRequest(worker_id=b, secret=secret, header_only=True),
+                                                       timeout=TIMEOUT)),
+        "Leave": lambda secret: c.stub.Leave(ps_pb2.LeaveRequest(worker_id=b, secret=secret), timeout=TIMEOUT),
+        "Heartbeat": lambda secret: c.stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=b, secret=secret), timeout=TIMEOUT),
+    }
+    for call in calls.values():
+        expect_refused(c.server, lambda call=call: call(""), Code.UNAUTHENTICATED, "must carry the secret")
+        for wrong in (a_secret, "f" * 64, SECRETS[b][:-1], SECRETS[b] + "0", SECRETS[b].upper()):
+            expect_refused(c.server, lambda call=call, wrong=wrong: call(wrong), Code.PERMISSION_DENIED, "wrong secret")
+    assert not c.pending_a.done()
+    c.finish_round()
+
+
+def test_a_rejoin_gets_a_new_secret_and_the_old_one_opens_nothing(ps_server, threads) -> None:
+    c = start_cluster(ps_server, threads, "--global-batch", "32")
+    old_id, old_secret = c.ids["b"], SECRETS[c.ids["b"]]
+    leave(c.stub, old_id)
+    rejoin = threads.submit(join, c.server.stub(), "b")  # admitted when a closes the open round
+    wait_pending(c.server, 1)
+    grad = rand(c.numel, seed=3)
+    push(c.stub, push_chunks(header(c.ids["a"], grad, batch_size=16), grad))
+    again = rejoin.result(TIMEOUT)
+    assert again.worker_id != old_id and again.secret != old_secret
+    expect_refused(c.server, lambda: read_params(c.stub.Pull(ps_pb2.PullRequest(worker_id=again.worker_id, secret=old_secret),
+                                                             timeout=TIMEOUT)), Code.PERMISSION_DENIED, "wrong secret")
+    expect_refused(c.server, lambda: read_params(c.stub.Pull(ps_pb2.PullRequest(worker_id=old_id, secret=old_secret),
+                                                             timeout=TIMEOUT)), Code.NOT_FOUND, "left; Join again")
 
 
 # ------------------------------------------------------------------------- ASP
@@ -739,11 +835,10 @@ def test_status_fields(ps_server, threads) -> None:
 def test_job_end_is_reported(ps_server, threads) -> None:
     """One round over the whole train split ends the only epoch: replies and Status say done."""
     c = start_cluster(ps_server, threads, "--global-batch", "2000", "--epochs", "1")
-    per_epoch = c.server.coordinator.samples_per_epoch
-    half = (per_epoch + 1) // 2
+    assert 2000 >= c.server.coordinator.samples_per_epoch
     grad = rand(c.numel, seed=8)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(push, c.server.stub(), push_chunks(header(c.ids[n], grad, batch_size=half), grad)) for n in "ab"]
+        futures = [pool.submit(push, c.server.stub(), push_chunks(header(c.ids[n], grad, batch_size=1000), grad)) for n in "ab"]
         replies = [f.result(TIMEOUT) for f in futures]
     assert all(h.done and h.epoch == 1 and h.round == 1 for h, _ in replies)
     assert c.server.job is not None

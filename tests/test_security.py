@@ -175,6 +175,18 @@ def test_tls_and_token_gate_every_call_and_a_worker_trains(servers: Servers, cer
         with contextlib.closing(PSClient(cluster.target, token=TOKEN)) as plain_client:
             assert_refused(lambda: plain_client.wait_ready(2.0), "UNAVAILABLE")
         assert good.status() == before  # nothing joined, nothing changed
+        # the token opens the server, not another worker's calls: those need that worker's secret
+        probe = good.join("probe", 1.0, timeout=RPC_TIMEOUT)
+        assert good.heartbeat(probe.worker_id).epoch == 0
+        with contextlib.closing(PSClient(cluster.target, token=TOKEN, tls_ca=certs.ca)) as other:
+            assert_refused(lambda: other.heartbeat(probe.worker_id), "UNAUTHENTICATED", "must carry the secret")
+            assert_refused(lambda: other.leave(probe.worker_id), "UNAUTHENTICATED", "must carry the secret")
+        with tls_channel(cluster.target, certs) as channel:
+            forged = ps_pb2.HeartbeatRequest(worker_id=probe.worker_id, secret="0" * 64)
+            with pytest.raises(grpc.RpcError) as info:
+                ps_pb2_grpc.ParameterServerStub(channel).Heartbeat(forged, metadata=[bearer(TOKEN)], timeout=RPC_TIMEOUT)
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        good.leave(probe.worker_id)  # nobody left in the job: the worker below is admitted at once
     assert "warning" not in cluster.server_log()
     worker = cluster.start_worker("w0", "--tls-ca", str(certs.ca), "--token", TOKEN)
     code = cluster.wait(90)

@@ -7,30 +7,38 @@ sharded and an unsharded server.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
+from ps.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
 from ps.job.spec import JobSpec
 from ps.params.checkpoint import checkpoint_files, read_checkpoint
 from ps.server import build_job
 from ps.server_flags import build_parser
+from ps.shards.core import ShardCore
 from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
+from ps.transport.messages import PushMeta
+from ps.transport.wire import encode
+from ps.transport.worker_keys import WorkerKeys
 from tests.processes import Cluster, start_server
 from tests.test_store import torch_optimizer
-from worker.client import PSClient, ServerError
+from worker.client import Joined, PSClient, ServerError
 
 JOB = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--dataset", "digits", "--global-batch", "64",
-       "--controller", "uniform", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "0.001", "--epochs", "50",
+       "--controller", "static", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "0.001", "--epochs", "50",
        "--grace", "1", "--quiet"]
-BATCHES = (20, 44)
+BATCHES = (20, 44)  # the static plan of the workers' declared cores
 ROUNDS = 6
 
 
@@ -68,36 +76,62 @@ def test_optimizer_state_slices_and_merges_back(optimizer: str) -> None:
 
 
 # ------------------------------------------------------------- real processes
-def drive(target: str, rounds: int = ROUNDS) -> torch.Tensor:
-    """Two clients push fixed gradients (seeded by round and worker) for `rounds` rounds; the
-    parameters they end with (both must agree)."""
-    results: dict[int, torch.Tensor] = {}
+def both(work: Callable[[int], Any]) -> list[Any]:
+    """work(0) and work(1) on two threads at once (BSP: each waits for the other's push); their results."""
+    results: dict[int, Any] = {}
     errors: list[BaseException] = []
 
-    def worker(k: int) -> None:
-        client = PSClient(target)
+    def run(k: int) -> None:
         try:
-            joined = client.join(f"w{k}", 1.0, timeout=60)
-            params = torch.empty(joined.layout.numel)
-            plan = client.pull(joined.worker_id, params)
-            for r in range(rounds):
-                grad = torch.randn(joined.layout.numel, generator=torch.Generator().manual_seed(1000 * r + k))
-                plan = client.push(joined.worker_id, grad, params, round=plan.round, version=plan.version,
-                                   batch_size=BATCHES[k], compute_ms=1.0, wire_dtype="float32")
-            results[k] = params.clone()
+            results[k] = work(k)
         except BaseException as exc:  # noqa: BLE001 (re-raised in the test thread)
             errors.append(exc)
-        finally:
-            client.close()
 
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(2)]
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(120)
     assert not errors, errors
+    return [results[0], results[1]]
+
+
+def join_two(target: str) -> list[tuple[PSClient, Joined]]:
+    """Workers w0 and w1 joined (cores BATCHES: the static plan gives them those batch sizes)."""
+    def join(k: int) -> tuple[PSClient, Joined]:
+        client = PSClient(target)
+        return client, client.join(f"w{k}", float(BATCHES[k]), timeout=60)
+
+    return both(join)
+
+
+def train(workers: list[tuple[PSClient, Joined]], rounds: int = ROUNDS) -> torch.Tensor:
+    """Both workers push fixed gradients (seeded by round and worker) for `rounds` rounds; the
+    parameters they end with (both must agree)."""
+    def work(k: int) -> torch.Tensor:
+        client, joined = workers[k]
+        params = torch.empty(joined.layout.numel)
+        plan = client.pull(joined.worker_id, params)
+        for r in range(rounds):
+            grad = torch.randn(joined.layout.numel, generator=torch.Generator().manual_seed(1000 * r + k))
+            assert plan.batch_size == BATCHES[k]
+            plan = client.push(joined.worker_id, grad, params, round=plan.round, version=plan.version,
+                               batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+        return params.clone()
+
+    results = both(work)
     assert torch.equal(results[0], results[1])
     return results[0]
+
+
+def drive(target: str, rounds: int = ROUNDS) -> torch.Tensor:
+    """Two workers join, train for `rounds` rounds and close their connections; the parameters."""
+    workers = join_two(target)
+    try:
+        return train(workers, rounds)
+    finally:
+        for client, _ in workers:
+            client.close()
 
 
 def stop_and_checkpoint(cluster: Cluster) -> dict:
@@ -202,7 +236,8 @@ def test_bad_shard_flags_are_refused(args: list[str], message: str) -> None:
 # ------------------------------------------------------------ a shard's inputs
 @pytest.fixture
 def shard(tmp_path: Path):
-    """A running ps-shard loaded by a real coordinator (2 shards, one BSP job), and the coordinator."""
+    """A running ps-shard loaded by a real coordinator (2 shards, one BSP job), the coordinator, a stub
+    of the shard, and the job's two workers, joined."""
     cluster = start_server(tmp_path, [*JOB, "--shards", "2"])
     (pid,) = shard_children(cluster.server.pid)
     port = None
@@ -211,9 +246,12 @@ def shard(tmp_path: Path):
             port = int(Path(line.decode()).read_text())
     assert port is not None
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    workers = join_two(cluster.target)
     try:
-        yield cluster, ps_pb2_grpc.ParameterShardStub(channel)
+        yield cluster, ps_pb2_grpc.ParameterShardStub(channel), workers
     finally:
+        for client, _ in workers:
+            client.close()
         channel.close()
         cluster.stop()
 
@@ -227,16 +265,25 @@ def refused(call, code: grpc.StatusCode, text: str) -> None:
 
 
 def test_a_shard_refuses_bad_input_and_keeps_its_values(shard) -> None:
-    cluster, stub = shard
-    before = list(stub.Pull(ps_pb2.PullRequest()))
+    cluster, stub, workers = shard
+    client, joined = workers[0]
+    w0, secret = joined.worker_id, client.secret(joined.worker_id)
+    before = list(stub.Pull(ps_pb2.PullRequest(worker_id=w0, secret=secret)))
     numel = before[0].header.num_values
     assert numel > 0
 
-    def push(round_: int, values: int, batch: int = 8, worker: str = "x", kind: int = ps_pb2.PUSH_VALUES):
+    def push(round_: int, values: int, batch: int = 20, worker: str = w0, kind: int = ps_pb2.PUSH_VALUES,
+             key: str = secret):
         header = ps_pb2.PushHeader(worker_id=worker, round=round_, batch_size=batch, wire_dtype="float32",
-                                   num_values=values, kind=kind)
+                                   num_values=values, kind=kind, secret=key)
         return stub.Push(iter([ps_pb2.PushChunk(header=header, seq=0, data=b"\0" * 4 * values)]), timeout=10)
 
+    refused(lambda: push(0, numel, worker="stranger", key=""), grpc.StatusCode.UNAUTHENTICATED, "must carry the secret")
+    refused(lambda: push(0, numel, key=""), grpc.StatusCode.UNAUTHENTICATED, "must carry the secret")
+    refused(lambda: push(0, numel, worker=workers[1][1].worker_id), grpc.StatusCode.PERMISSION_DENIED, "wrong secret")
+    refused(lambda: list(stub.Pull(ps_pb2.PullRequest(worker_id=w0, secret="0" * 64), timeout=10)),
+            grpc.StatusCode.PERMISSION_DENIED, "wrong secret")
+    refused(lambda: list(stub.Pull(ps_pb2.PullRequest(), timeout=10)), grpc.StatusCode.INVALID_ARGUMENT, "needs a worker id")
     refused(lambda: push(0, numel + 1), grpc.StatusCode.INVALID_ARGUMENT, "this shard holds")
     refused(lambda: push(5, numel), grpc.StatusCode.FAILED_PRECONDITION, "round 5 is not open")
     refused(lambda: push(0, numel, batch=0), grpc.StatusCode.INVALID_ARGUMENT, "batch size")
@@ -249,27 +296,88 @@ def test_a_shard_refuses_bad_input_and_keeps_its_values(shard) -> None:
     refused(lambda: stub.Commit(bad, timeout=10), grpc.StatusCode.INVALID_ARGUMENT, "distinct worker ids")
     refused(lambda: stub.Load(iter([ps_pb2.BlobChunk(seq=0, data=b"not a torch archive")]), timeout=10),
             grpc.StatusCode.INVALID_ARGUMENT, "bad shard load")
-    assert [m.SerializeToString() for m in stub.Pull(ps_pb2.PullRequest())] == [m.SerializeToString() for m in before]
+    after = stub.Pull(ps_pb2.PullRequest(worker_id=w0, secret=secret))
+    assert [m.SerializeToString() for m in after] == [m.SerializeToString() for m in before]
     # and the job still runs: the coordinator's workers train through this shard
-    drive(cluster.target, rounds=2)
+    train(workers, rounds=2)
 
 
-def test_a_push_the_round_did_not_count_is_refused_and_leaves_no_trace(shard) -> None:
-    """A stranger's slice, staged at the shard, is dropped when the round commits without it."""
-    cluster, stub = shard
-    numel = next(iter(stub.Pull(ps_pb2.PullRequest()))).header.num_values
-    header = ps_pb2.PushHeader(worker_id="stranger", round=0, batch_size=8, wire_dtype="float32", num_values=numel)
-    stranger = stub.Push(iter([ps_pb2.PushChunk(header=header, seq=0, data=torch.full((numel,), 1.0).numpy().tobytes())]))
-    with_stranger = drive(cluster.target, rounds=1)
-    refused(lambda: stranger, grpc.StatusCode.FAILED_PRECONDITION, "closed without this worker's push")
-    # the same round without the stranger, on a fresh pair of servers, gives the same parameters
-    clean_dir = cluster.workdir / "clean"
-    clean_dir.mkdir()
-    clean = start_server(clean_dir, [*JOB, "--shards", "2"])
-    try:
-        assert same(drive(clean.target, rounds=1), with_stranger)
-    finally:
-        clean.stop()
+def loaded_shard(spec: JobSpec, params: torch.Tensor) -> ShardCore:
+    """A ShardCore holding `params` as the range [0, n) of a job (loaded as a coordinator would)."""
+    core = ShardCore()
+    core.load({"spec": spec.to_json(), "start": 0, "stop": params.numel(), "round": 0, "params": params,
+               "optimizer": None, "max_workers": spec.workers, "worker_key": WorkerKeys().key.hex()})
+    return core
+
+
+def test_a_shard_refuses_a_slice_that_could_overflow_and_keeps_its_values() -> None:
+    """A slice whose values could make the commit's step overflow fp32 is refused when it arrives
+    (INVALID_ARGUMENT), before the shard sums it: the range and the open round stay as they were."""
+
+    async def run() -> None:
+        core = loaded_shard(JobSpec(workers=2, global_batch=64, lr=0.1, momentum=0.9), torch.zeros(8))
+        assert core.keys is not None
+        meta = PushMeta("w", 0, 0, 32, 1.0, "float32", 8, secret=core.keys.secret("w"))
+        receiver = core.begin_push(meta)
+        receiver.feed(0, encode(torch.full((8,), 3e38)))
+        with pytest.raises(InvalidArgument, match="overflow"):
+            await core.push(meta, receiver.finish())
+        assert core._staged == {} and core._sum is not None and core._sum.count == 0
+        assert torch.equal(core.fetch()["params"], torch.zeros(8)) and core.round == 0
+
+    asyncio.run(run())
+
+
+def test_a_slice_the_commit_does_not_count_is_refused_and_leaves_no_trace() -> None:
+    """Slices staged at a shard count only for the commit's contributors, at the batch size the
+    coordinator counted for them: a slice from a worker the round did not count, or at another batch
+    size, is taken out again and its push refused; the range steps as if they had never come."""
+    spec = JobSpec(workers=3, global_batch=64, lr=0.1, momentum=0.9)
+    values = {name: torch.randn(8, generator=torch.Generator().manual_seed(i)) for i, name in enumerate("abcd")}
+
+    async def run(pushes: dict[str, int]) -> tuple[torch.Tensor, dict[str, BaseException | None], int]:
+        core = loaded_shard(spec, torch.zeros(8))
+        keys = WorkerKeys(core.keys.key)
+        tasks = {}
+        for name, batch in pushes.items():
+            meta = PushMeta(name, 0, 0, batch, 1.0, "float32", 8, secret=keys.secret(name))
+            receiver = core.begin_push(meta)
+            receiver.feed(0, encode(values[name]))
+            tasks[name] = asyncio.ensure_future(core.push(meta, receiver.finish()))
+        await asyncio.sleep(0)
+        result = await core.commit(0, {"a": 20, "b": 44}, 0.1, wait_s=0.0)
+        outcomes = {}
+        for name, task in tasks.items():
+            try:
+                await task
+                outcomes[name] = None
+            except FailedPrecondition as exc:
+                outcomes[name] = exc
+        return core.fetch()["params"], outcomes, result.applied_batch
+
+    clean, _, applied = asyncio.run(run({"a": 20, "b": 44}))
+    noisy, outcomes, applied_noisy = asyncio.run(run({"c": 8, "a": 20, "d": 30, "b": 44}))
+    assert applied == applied_noisy == 64
+    assert same(noisy, clean)  # up to the rounding of taking the others' slices out of the sum again
+    assert outcomes["a"] is None and outcomes["b"] is None
+    assert all("closed without this worker's push" in str(outcomes[n]) for n in "cd")
+    mismatched, outcomes, applied = asyncio.run(run({"a": 20, "b": 43}))  # b's slice at a batch not counted for it
+    assert applied == 20 and "closed without this worker's push" in str(outcomes["b"]) and not same(mismatched, clean)
+
+
+def test_a_shard_checks_the_workers_secrets() -> None:
+    async def run() -> None:
+        core = loaded_shard(JobSpec(workers=2, global_batch=64), torch.zeros(8))
+        keys = WorkerKeys(core.keys.key)
+        for secret, error in (("", Unauthenticated), (WorkerKeys().secret("a"), PermissionDenied), (keys.secret("b"), PermissionDenied)):
+            with pytest.raises(error):
+                core.begin_push(PushMeta("a", 0, 0, 20, 1.0, "float32", 8, secret=secret))
+            with pytest.raises(error):
+                core.pull("a", secret)
+        core.begin_push(PushMeta("a", 0, 0, 20, 1.0, "float32", 8, secret=keys.secret("a")))
+        assert core.pull("a", keys.secret("a")).num_values == 8
+
+    asyncio.run(run())
 
 
 def test_shard_errors_reach_the_client_and_shards_die_with_the_server(tmp_path: Path) -> None:
@@ -281,9 +389,9 @@ def test_shard_errors_reach_the_client_and_shards_die_with_the_server(tmp_path: 
         params = torch.empty(joined.layout.numel)
         plan = client.pull(joined.worker_id, params)
         grad = torch.zeros(joined.layout.numel)
-        client.push(joined.worker_id, grad, params, round=plan.round, version=0, batch_size=8, compute_ms=1.0, wire_dtype="float32")
+        client.push(joined.worker_id, grad, params, round=plan.round, version=0, batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
         with pytest.raises(ServerError) as info:
-            client.push(joined.worker_id, grad, params, round=plan.round, version=0, batch_size=8, compute_ms=1.0, wire_dtype="float32")
+            client.push(joined.worker_id, grad, params, round=plan.round, version=0, batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
         assert info.value.code == "FAILED_PRECONDITION"
         # a server killed outright takes its shard processes with it
         assert len(shard_children(cluster.server.pid)) == 1
@@ -307,7 +415,7 @@ def test_the_token_guards_the_shards_too(tmp_path: Path) -> None:
         port_file = next(a for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a.endswith(b".port"))
         with grpc.insecure_channel(f"127.0.0.1:{int(Path(port_file.decode()).read_text())}") as channel:
             refused(lambda: ps_pb2_grpc.ParameterShardStub(channel).Pull(ps_pb2.PullRequest(), timeout=10),
-                    grpc.StatusCode.UNAUTHENTICATED, "")
+                    grpc.StatusCode.UNAUTHENTICATED, "token")
         client = PSClient(cluster.target, token="s3cret-token-for-shards")
         try:
             joined = client.join("solo", 1.0, timeout=60)
@@ -315,7 +423,7 @@ def test_the_token_guards_the_shards_too(tmp_path: Path) -> None:
             plan = client.pull(joined.worker_id, params)
             before = params.clone()
             client.push(joined.worker_id, torch.ones(joined.layout.numel), params, round=plan.round, version=0,
-                        batch_size=8, compute_ms=1.0, wire_dtype="float32")
+                        batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
             assert not torch.equal(params[-10:], before[-10:])  # the shard's range (the end) was stepped
         finally:
             client.close()

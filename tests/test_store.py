@@ -3,16 +3,23 @@ a version's chunks as they are reached and never mixes two versions in one reply
 
 from __future__ import annotations
 
+import copy
+import math
 import subprocess
 import sys
 
 import pytest
 import torch
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
 
 from ps.job.spec import JobSpec
 from ps.params.store import ParameterStore
+from ps.transport.chunked import ChunkedVector
+from ps.transport.magnitude import LIMIT, OverflowRisk, exact_magnitude, magnitude
 from ps.transport.payload import Payload
 from ps.transport.wire import encode, split
+from tests.state_compare import assert_same
 
 SPECS = {
     "sgd": JobSpec(momentum=0.0),
@@ -377,3 +384,93 @@ def test_a_narrow_wire_payload_reads_values_a_step_left_in_messages() -> None:
     assert store._resident  # noqa: SLF001
     narrow = Payload(chunk_bytes=per_piece * 4).get(0, store, "bfloat16")
     assert list(narrow) == split(encode(reference.flat, "bfloat16"), per_piece * 4)
+
+
+# ------------------------------------------------------------------ overflow
+OVERFLOW_SPECS = {**SPECS, "dampened lr 10": JobSpec(lr=10.0, momentum=0.5)}
+MAGNITUDES = st.sampled_from([0.0, 1e-3, 1.0, 1e3, 1e18, 1e19, 1e30, 1e36, 2e37, 8e37, 1e38, 3e38])
+
+
+def fp32_values(n: int, top: float, seed: int) -> torch.Tensor:
+    """n fp32 values whose largest magnitude is `top` (one of them exactly), signs and sizes mixed."""
+    values = (rand(n, seed).clamp(-1.0, 1.0) * top).float()
+    values[seed % n] = top if seed % 2 else -top
+    return values
+
+
+@settings(max_examples=150, deadline=None)
+@given(name=st.sampled_from(sorted(OVERFLOW_SPECS)), params=MAGNITUDES, grads=st.lists(MAGNITUDES, min_size=1, max_size=4),
+       seed=st.integers(0, 1000), chunked=st.booleans())
+def test_no_step_leaves_a_value_that_is_not_finite(name: str, params: float, grads: list[float], seed: int,
+                                                   chunked: bool) -> None:
+    """Any sequence of finite gradients, however large: each step either runs, leaving every parameter and
+    every optimizer state value finite, or is refused (OverflowRisk) with the values and the state
+    bit for bit as they were."""
+    spec, n = OVERFLOW_SPECS[name], 300
+    store = ParameterStore(fp32_values(n, params, seed), spec, piece_values=128)
+    for i, top in enumerate(grads):
+        g = fp32_values(n, top, seed + 1 + i)
+        grad = ChunkedVector([g[:100], g[100:]]) if chunked else g
+        before_flat, before_state = store.flat.clone(), copy.deepcopy(store.optimizer_state())
+        try:
+            store.begin_step(grad)
+        except OverflowRisk:
+            event("a step refused")
+            assert torch.equal(store.flat, before_flat)
+            assert_same(store.optimizer_state(), before_state)
+            continue
+        event("a step ran")
+        assert bool(torch.isfinite(store.flat).all()), f"step {i} left a value that is not finite"
+        state = store.flat_optimizer_state()
+        assert state is None or bool(torch.isfinite(state).all()), f"step {i} left optimizer state that is not finite"
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_training_sized_values_are_never_refused(name: str) -> None:
+    """The bounds are loose but far from what training reaches: a thousand steps of gradients up to 1e3
+    on parameters up to 1e3 all run, and the bound stays far below the limit."""
+    store = ParameterStore(fp32_values(1000, 1e3, 1), SPECS[name], piece_values=256)
+    for step in range(1000):
+        store.begin_step(fp32_values(1000, 1e3, step))
+    store.settle()
+    assert store._bound < 1e-20 * LIMIT
+
+
+def test_an_asp_update_that_could_overflow_is_refused_and_changes_nothing() -> None:
+    """θ + Δ: the issue's two updates of 2e38 are each refused; 5e37 twice: the first is applied (exact
+    bounds then say the second could reach 1e38), the second refused; the parameters stay finite."""
+    store = ParameterStore(torch.zeros(10), JobSpec(mode="asp"))
+    for _ in range(2):
+        with pytest.raises(OverflowRisk, match="could overflow"):
+            store.apply_update(torch.full((10,), 2e38))
+        assert torch.equal(store.flat, torch.zeros(10))
+    store.apply_update(torch.full((10,), 5e37))
+    with pytest.raises(OverflowRisk):
+        store.apply_update(torch.full((10,), 5e37))
+    assert torch.equal(store.flat, torch.full((10,), 5e37))
+
+
+def test_loads_of_values_that_are_not_finite_are_refused() -> None:
+    store = ParameterStore(torch.zeros(4), SPECS["momentum+wd"])
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        store.assign(torch.tensor([0.0, math.inf, 0.0, 0.0]))
+    state = {"state": {0: {"momentum_buffer": torch.tensor([0.0, math.nan, 0.0, 0.0])}},
+             "param_groups": store.optimizer_state()["param_groups"]}
+    with pytest.raises(ValueError, match="NaN or Inf"):
+        store.load_optimizer_state(state)
+    assert torch.equal(store.flat, torch.zeros(4)) and store.flat_optimizer_state() is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(top=MAGNITUDES, n=st.integers(1, 3000), dtype=st.sampled_from(["float32", "bfloat16", "float16"]),
+       seed=st.integers(0, 1000))
+def test_magnitude_is_an_upper_bound_of_the_largest_value(top: float, n: int, dtype: str, seed: int) -> None:
+    values = fp32_values(n, top, seed).to(getattr(torch, dtype))
+    exact = float(values.float().abs().max())
+    if not math.isfinite(exact):  # a value beyond the narrow dtype's range
+        assert magnitude(values) == math.inf
+        return
+    assert exact_magnitude(values) == exact <= magnitude(values)
+    poisoned = values.clone()
+    poisoned[seed % n] = math.nan
+    assert magnitude(poisoned) == exact_magnitude(poisoned) == math.inf

@@ -1,7 +1,8 @@
 """The worker's gRPC client: the only worker module that knows about the transport.
 
 It turns RPCs into plain values: a Joined record at Join, a StepPlan after every push or pull
-(the new parameters are decoded straight into a caller-owned fp32 buffer).
+(the new parameters are decoded straight into a caller-owned fp32 buffer). It keeps the secret each
+Join returned and sends it with every later call that names that worker id (ps/transport/worker_keys.py).
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Joined:
     rendezvous_host: str = ""  # --allreduce: the TCPStore the workers' process group meets at
     rendezvous_port: int = 0
     shards: tuple[ShardTarget, ...] = ()  # --shards: the ranges other servers hold
+    secret: str = ""  # what every later call as this worker carries (the client adds it itself)
 
 
 @dataclass(frozen=True)
@@ -197,7 +199,8 @@ def open_channel(
 
 
 class PSClient:
-    """Blocking client for one parameter server."""
+    """Blocking client for one parameter server. Calls name a worker id; the client adds the secret its
+    Join returned for that id (none for an id it did not join as: the server refuses the call)."""
 
     def __init__(
         self,
@@ -221,6 +224,15 @@ class PSClient:
         self._own_stop: int | None = None
         self._shards: list[_ShardLink] = []
         self._pool: ThreadPoolExecutor | None = None
+        self._secrets: dict[str, str] = {}  # worker id -> the secret its Join returned
+
+    def secret(self, worker_id: str) -> str:
+        """The secret this client's Join got for `worker_id` ("" if none)."""
+        return self._secrets.get(worker_id, "")
+
+    def use_secret(self, worker_id: str, secret: str) -> None:
+        """Send `secret` with the calls naming `worker_id` (a worker that joined through another client)."""
+        self._secrets[worker_id] = secret
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> bool:
         """Close the channels; False if that did not finish within `timeout` seconds and was given up.
@@ -275,11 +287,12 @@ class PSClient:
             reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
+        self._secrets[reply.worker_id] = reply.secret
         layout = Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in reply.layout))
         shards = tuple(ShardTarget(self._shard_address(s.address), s.start, s.stop) for s in reply.shards)
         self._use_shards(shards, layout.numel)
         return Joined(reply.worker_id, JobSpec.from_json(reply.job_json), layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index,
-                      reply.heartbeat_interval_s or 1.0, reply.rendezvous_host, reply.rendezvous_port, shards)
+                      reply.heartbeat_interval_s or 1.0, reply.rendezvous_host, reply.rendezvous_port, shards, reply.secret)
 
     def _shard_address(self, address: str) -> str:
         host, _, port = address.rpartition(":")
@@ -320,6 +333,7 @@ class PSClient:
             num_values=values.numel(),
             kind=PUSH_KIND_NUMBERS[kind],
             generation=generation,
+            secret=self.secret(worker_id),
         )
 
         timing = self.last_push = PushTiming()
@@ -369,7 +383,7 @@ class PSClient:
 
     def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False) -> StepPlan:
         """The current plan, and the parameters into `out` unless `header_only`."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only)
+        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only, secret=self.secret(worker_id))
         if not self._shards or header_only:
             try:
                 return _receive(self._pull(request), out)
@@ -382,7 +396,7 @@ class PSClient:
         """--allreduce: the server's optimizer state, `numel` fp32 values (ps.params.flat_state), or None when
         its optimizer has not stepped yet, or when the server predates optimizer-state pulls (it sends
         parameters instead, and says nothing of a state: a warning, and the momentum starts at zero)."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True)
+        request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True, secret=self.secret(worker_id))
         try:
             stream = self._pull(request)
             first = _first_chunk(stream)
@@ -400,13 +414,15 @@ class PSClient:
         """Tell the server this worker is going; DEADLINE_EXCEEDED after `timeout` s (a server that is
         reachable but does not answer must not hold up an exit or a rejoin)."""
         try:
-            self._stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id), timeout=timeout)
+            self._stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id, secret=self.secret(worker_id)), timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
+        self._secrets.pop(worker_id, None)
 
     def heartbeat(self, worker_id: str) -> ps_pb2.HeartbeatReply:
         try:
-            return self._stub.Heartbeat(ps_pb2.HeartbeatRequest(worker_id=worker_id), timeout=10)
+            request = ps_pb2.HeartbeatRequest(worker_id=worker_id, secret=self.secret(worker_id))
+            return self._stub.Heartbeat(request, timeout=10)
         except grpc.RpcError as exc:
             raise _error(exc) from None
 

@@ -130,12 +130,13 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
         joins = await asyncio.gather(*(servicer.Join(ps_pb2.JoinRequest(name=f"w{k}", cores=1.0), ctx)
                                        for k in range(workers)))
         ids = [j.worker_id for j in joins]
+        secrets = [j.secret for j in joins]
         batch = [j.batch_size for j in joins]
         round_ = joins[0].round
 
         def push(k: int, mark: dict[str, float] | None, round_: int, ser: list[float], done: list[float]) -> Any:
             header = ps_pb2.PushHeader(worker_id=ids[k], round=round_, version=0, batch_size=batch[k],
-                                       compute_ms=1.0, wire_dtype="float32", num_values=numel)
+                                       compute_ms=1.0, wire_dtype="float32", num_values=numel, secret=secrets[k])
             return _serialize_all(servicer.Push(_apush_chunks(header, grads[k], mark), ctx), ser, done)
 
         for step in range(warmup + iterations):
@@ -245,7 +246,8 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
                 for _ in range(warmup + iterations):
                     mark: dict[str, float] = {}
                     header = ps_pb2.PushHeader(worker_id=joined.worker_id, round=round_, version=0, batch_size=batch,
-                                               compute_ms=1.0, wire_dtype="float32", num_values=numel)
+                                               compute_ms=1.0, wire_dtype="float32", num_values=numel,
+                                               secret=joined.secret)
 
                     barrier.wait(60)
                     receiver = None
@@ -256,7 +258,7 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
                             round_, batch = message.header.round, message.header.batch_size
                         receiver.feed(message.seq, message.data)
                     marks.append(mark)
-                stub.Leave(ps_pb2.LeaveRequest(worker_id=joined.worker_id))
+                stub.Leave(ps_pb2.LeaveRequest(worker_id=joined.worker_id, secret=joined.secret))
             finally:
                 channel.close()
 

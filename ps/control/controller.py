@@ -23,6 +23,7 @@ STATE_VERSION = 1
 _POLICIES: tuple[str, ...] = ("uniform", "static", "dynamic")
 _STARTS: tuple[str, ...] = ("uniform", "static")
 _WORKER_KEYS = frozenset({"id", "cores", "min_batch", "max_batch", "batch", "ewma_ms", "throughput"})
+_OPTIONAL_WORKER_KEYS = frozenset({"samples"})  # absent from states written before it was kept
 _STATE_KEYS = frozenset({"version", "config", "workers", "adjustments"})
 
 
@@ -232,6 +233,9 @@ class ControllerConfig:
     ewma_alpha: float = 0.3
     keep_global_sum: bool = True
     dynamic_start: StartPolicy = "uniform"
+    min_samples: int = 3
+    """Observations at a worker's current batch before the dynamic policy uses its time (moves it or
+    counts it in t_bar): one noisy sample right after a batch change is no basis for a decision."""
 
     def __post_init__(self) -> None:
         """Reject settings the controller cannot honour, with a message saying what to change."""
@@ -256,12 +260,14 @@ class ControllerConfig:
         alpha = _real("ewma_alpha", self.ewma_alpha)
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"ewma_alpha must be in (0, 1] (1 = newest observation only), got {alpha}")
+        min_samples = _int("min_samples", self.min_samples, minimum=1)
         for name, value in (
             ("global_batch", global_batch),
             ("min_batch", min_batch),
             ("max_batch", max_batch),
             ("deadband", deadband),
             ("ewma_alpha", alpha),
+            ("min_samples", min_samples),
         ):
             object.__setattr__(self, name, value)
 
@@ -282,7 +288,8 @@ class _Worker:
     """Controller-side record of one worker.
 
     `throughput` (samples per ms at the latest observation) survives batch changes, unlike the
-    EWMA, so that a replan after a membership change can still use it.
+    EWMA, so that a replan after a membership change can still use it. `samples` counts the
+    observations since the batch last changed.
     """
 
     cores: float
@@ -291,14 +298,15 @@ class _Worker:
     batch: int | None = None
     ewma_ms: float | None = None
     throughput: float | None = None
+    samples: int = 0
 
 
 class BatchController:
     """Plans per-worker batch sizes and corrects them from observed compute times (OmniLearn-style).
 
     Usage: `add_worker`/`remove_worker` on membership changes, then `replan`; `observe` every push;
-    `adjust` at the chosen granularity (e.g. each epoch). With `keep_global_sum` every plan sums
-    exactly to `global_batch` (BSP); without it only the bounds hold (ASP).
+    `adjust` at the chosen granularity (e.g. each epoch). Every plan sums exactly to `global_batch`;
+    without `keep_global_sum` (ASP) only where the bounds allow it, and B out of their reach is no error.
     """
 
     def __init__(self, config: ControllerConfig) -> None:
@@ -370,7 +378,7 @@ class BatchController:
         uniform: equal split; static: Eq. 4a, b_k proportional to cores; dynamic: the workers'
         measured throughputs where known (a worker without one is estimated by `dynamic_start`
         relative to the measured ones), else `dynamic_start`. The split of B is fitted to the bounds
-        with an exact sum (BSP) or rounded and clipped (ASP). Raises ValueError, changing nothing,
+        with an exact sum (ASP whose bounds cannot meet B: rounded and clipped). Raises ValueError, changing nothing,
         if the workers' max_batch cannot reach B under `keep_global_sum`.
         """
         if not self._workers:
@@ -400,6 +408,7 @@ class BatchController:
             return
         alpha = self._config.ewma_alpha
         w.ewma_ms = ms if w.ewma_ms is None else alpha * ms + (1.0 - alpha) * w.ewma_ms
+        w.samples += 1
         throughput = b / w.ewma_ms if w.ewma_ms > 0 else math.inf
         if math.isfinite(throughput):
             w.throughput = throughput
@@ -412,8 +421,10 @@ class BatchController:
         """Make one controller decision and return the (possibly unchanged) plan.
 
         uniform/static: no change. dynamic: Eq. 6 targets from the smoothed times of the measured
-        workers (unmeasured ones keep their batch and stay out of t_bar); only workers outside the
-        Eq. 7 deadband move. ASP: their targets are rounded and clipped to the bounds. BSP: the movers
+        workers (those with `min_samples` observations at their current batch; the others keep their
+        batch and stay out of t_bar); nothing moves unless some worker is outside the Eq. 7 deadband.
+        ASP whose bounds cannot meet B: the movers' targets are rounded and clipped to the bounds.
+        Otherwise (BSP, and ASP within its bounds) the movers
         are fitted to what the held workers leave of B; if that cannot bring every mover within the
         deadband of its target (the movers all want to move the same way, a bound binds, or the
         plan no longer sums to B after a removal), all measured workers are fitted to what the
@@ -444,6 +455,7 @@ class BatchController:
                     "batch": w.batch,
                     "ewma_ms": w.ewma_ms,
                     "throughput": w.throughput,
+                    "samples": w.samples,
                 }
                 for k, w in self._workers.items()
             ],
@@ -471,11 +483,14 @@ class BatchController:
         if not isinstance(entries, list):
             raise ValueError("controller state 'workers' must be a list")
         for entry in entries:
-            if not isinstance(entry, Mapping) or set(entry) != _WORKER_KEYS:
-                raise ValueError(f"each worker entry must have exactly the keys {sorted(_WORKER_KEYS)}")
+            if not isinstance(entry, Mapping) or not _WORKER_KEYS <= set(entry) <= _WORKER_KEYS | _OPTIONAL_WORKER_KEYS:
+                raise ValueError(f"each worker entry must have exactly the keys {sorted(_WORKER_KEYS)} "
+                                 f"(and optionally {sorted(_OPTIONAL_WORKER_KEYS)})")
             wid = entry["id"]
             ctl.add_worker(wid, entry["cores"], entry["min_batch"], entry["max_batch"])
-            ctl._restore_worker(wid, entry["batch"], entry["ewma_ms"], entry["throughput"])
+            # a state from before `samples` was kept: its smoothed times count as settled
+            samples = entry.get("samples", config.min_samples if entry["ewma_ms"] is not None else 0)
+            ctl._restore_worker(wid, entry["batch"], entry["ewma_ms"], entry["throughput"], samples)
         if config.keep_global_sum:
             planned = sum(ctl.plan().values())
             if planned > config.global_batch:
@@ -506,14 +521,14 @@ class BatchController:
             new = ctl._workers[wid]
             new.throughput = w.throughput
             if w.batch is not None and new.min_batch <= w.batch <= new.max_batch:
-                new.batch, new.ewma_ms = w.batch, w.ewma_ms
+                new.batch, new.ewma_ms, new.samples = w.batch, w.ewma_ms, w.samples
             elif w.batch is not None:
                 replan = True
         if replan:
             ctl.replan()
         return ctl
 
-    def _restore_worker(self, worker_id: str, batch: Any, ewma_ms: Any, throughput: Any) -> None:
+    def _restore_worker(self, worker_id: str, batch: Any, ewma_ms: Any, throughput: Any, samples: Any) -> None:
         """Validate and set the dynamic part of a worker record read from a state dict."""
         w = self._workers[worker_id]
         if batch is not None:
@@ -528,6 +543,9 @@ class BatchController:
                 raise ValueError(f"ewma_ms of {worker_id!r} must be >= 0, got {w.ewma_ms}")
         if throughput is not None:
             w.throughput = _positive(f"throughput of {worker_id!r}", throughput)
+        w.samples = _int(f"samples of {worker_id!r}", samples, minimum=0)
+        if w.samples and w.ewma_ms is None:
+            raise ValueError(f"worker {worker_id!r} has {w.samples} samples but no smoothed time")
 
     def _bounds(self) -> tuple[dict[str, int], dict[str, int]]:
         """Per-worker lower and upper batch bounds."""
@@ -557,14 +575,23 @@ class BatchController:
         return opening
 
     def _split(self, weights: Mapping[str, float]) -> dict[str, int]:
-        """Split B by `weights` within each worker's bounds: exact sum (BSP) or round-and-clip (ASP)."""
+        """Split B by `weights` within each worker's bounds with an exact sum; without `keep_global_sum`
+        (ASP) round and clip instead when the bounds cannot meet B."""
         cfg = self._config
         lower, upper = self._bounds()
-        if not cfg.keep_global_sum:
+        if not self._exact_sum():
             shares = largest_remainder(weights, cfg.global_batch)
             return {k: _clip(b, lower[k], upper[k]) for k, b in shares.items()}
         self._check_reachable()
         return fit_to_sum(weights, cfg.global_batch, lower, upper)
+
+    def _exact_sum(self) -> bool:
+        """Whether plans sum exactly to B: always with `keep_global_sum` (BSP), and in ASP whenever the
+        workers' bounds allow it (their min_batch sum to at most B, their max_batch to at least B)."""
+        if self._config.keep_global_sum:
+            return True
+        lower, upper = self._bounds()
+        return sum(lower.values()) <= self._config.global_batch <= sum(upper.values())
 
     def _check_reachable(self) -> None:
         """Raise ValueError if the workers' max_batch cannot add up to B."""
@@ -579,13 +606,14 @@ class BatchController:
         """Next plan under Eq. 6-8 (see `adjust`)."""
         cfg = self._config
         current = {k: w.batch for k, w in self._workers.items() if w.batch is not None}
-        times = {k: w.ewma_ms for k, w in self._workers.items() if w.ewma_ms is not None and w.ewma_ms > 0}
+        times = {k: w.ewma_ms for k, w in self._workers.items()
+                 if w.ewma_ms is not None and w.ewma_ms > 0 and w.samples >= cfg.min_samples}
         targets = proportional_targets({k: current[k] for k in times}, times)
         targets = {k: v for k, v in targets.items() if math.isfinite(v)}
         if not cfg.keep_global_sum:
             targets = total_preserving(targets, current)
         movers = [k for k, t in targets.items() if outside_deadband(current[k], t, cfg.deadband)]
-        if not cfg.keep_global_sum:
+        if not self._exact_sum():
             lower, upper = self._bounds()
             moved = {k: _clip(_round_half_up(targets[k]), lower[k], upper[k]) for k in movers}
             return {**current, **moved}
@@ -626,12 +654,14 @@ class BatchController:
         return _round_to_sum(exact, total, lo, hi)
 
     def _apply(self, new_plan: Mapping[str, int]) -> bool:
-        """Install `new_plan`; a worker whose batch changes restarts its EWMA. Returns whether anything changed."""
+        """Install `new_plan`; a worker whose batch changes restarts its EWMA and its sample count (the
+        policy waits for `min_samples` observations at the new batch). Returns whether anything changed."""
         changed = False
         for k, b in new_plan.items():
             w = self._workers[k]
             if w.batch != b:
                 w.batch = b
                 w.ewma_ms = None
+                w.samples = 0
                 changed = True
         return changed

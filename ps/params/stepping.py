@@ -12,21 +12,36 @@ only the last piece has a scalar tail, the one the whole vector would have; test
 checks both against torch.optim). They read and write torch.optim's state dict for one parameter
 over the whole vector, so checkpoints load in either. No torch optimizer is built: the first one a
 process builds imports torch._dynamo (~1.5 s of CPU, ~12 s for a fast-path worker on a 1/8-core quota).
+
+Each stepper also bounds its arithmetic (`step_bounds`): from bounds on the gradient, the parameters
+and its state buffers it works out, in a few float operations, bounds on every value one step computes,
+so the store can refuse a step that could overflow fp32 before it changes anything (ps.transport.magnitude).
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 import torch
 
 from ps.job.spec import JobSpec
+from ps.transport.magnitude import ROUNDING, exact_magnitude, magnitude, within_limit
 from ps.transport.wire import CHUNK_BYTES, spans
 
 # one fp32 wire chunk (1 MiB), so a reply's chunk is framed from a piece just stepped
 PIECE_VALUES = CHUNK_BYTES // 4
 
 Range = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class StepBounds:
+    """Upper bounds on max|value| after a step: the parameters, and each optimizer state buffer."""
+
+    params: float
+    state: dict[str, float] = field(default_factory=dict)
 
 
 class Stepper(Protocol):
@@ -40,13 +55,22 @@ class Stepper(Protocol):
 
     def set_lr(self, lr: float) -> None: ...
 
-    def begin(self) -> None: ...
+    def step_bounds(self, grad: float, params: float, lr: float | None = None) -> StepBounds | None:
+        """Bounds after one step with a gradient whose values are within `grad` on parameters within
+        `params` (at learning rate `lr`, default the group's), or None if some value the step computes
+        could exceed ps.transport.magnitude.LIMIT. Changes nothing."""
+
+    def begin(self, bounds: StepBounds) -> None:
+        """Start a step that `step_bounds` allowed, keeping its state bounds."""
 
     def step_piece(self, index: int, grad: torch.Tensor, param: torch.Tensor, out: torch.Tensor) -> None:
         """Step piece `index`: its values are read from `param` and the new ones written to `out`
         (the same tensor to step in place; ps.params.store may pass a reply message's data instead)."""
 
     def end(self) -> None: ...
+
+    def rescan(self) -> None:
+        """Replace the state bounds by the state's exact maxima (bounds only grow from step to step)."""
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -72,6 +96,7 @@ class _OneParameterState:
         self.pieces = spans(flat.numel(), piece_values)
         self._group = group
         self._buffers: dict[str, torch.Tensor] = {}  # empty until the first step (when the optimizer keeps any)
+        self._bounds: dict[str, float] = {}  # >= max|value| of each buffer (ps.transport.magnitude)
 
     @property
     def lr(self) -> float:
@@ -93,6 +118,12 @@ class _OneParameterState:
     def _check_group(self, group: dict[str, Any]) -> None:
         """ValueError for hyperparameters this arithmetic does not implement."""
 
+    def _bound(self, key: str) -> float:
+        return self._bounds.get(key, 0.0)
+
+    def rescan(self) -> None:
+        self._bounds = {key: exact_magnitude(buffer) for key, buffer in self._buffers.items()}
+
     def state_dict(self) -> dict[str, Any]:
         state = {0: {**self._scalars(), **{k: v.clone() for k, v in self._buffers.items()}}} if self._buffers else {}
         return {"state": state, "param_groups": [dict(self._group)]}
@@ -111,11 +142,14 @@ class _OneParameterState:
         if present and len(present) != len(self.BUFFERS):
             raise ValueError(f"an {self.NAME} state has all of {', '.join(self.BUFFERS)} or none, got {', '.join(present)}")
         buffers = {key: self._checked_buffer(key, per_param[key]) for key in present}
+        bounds = {key: magnitude(buffer) for key, buffer in buffers.items()}
+        if not all(map(math.isfinite, bounds.values())):
+            raise ValueError(f"the {self.NAME} state holds NaN or Inf values")
         if buffers:
             self._check_scalars(per_param)
         group = {**self._group, **{k: v for k, v in groups[0].items() if k != "params"}, "params": [0]}
         self._check_group(group)
-        self._group, self._buffers = group, buffers
+        self._group, self._buffers, self._bounds = group, buffers, bounds
         if buffers:
             self._load_scalars(per_param)
 
@@ -124,6 +158,11 @@ class _OneParameterState:
         if not isinstance(value, torch.Tensor) or not value.is_floating_point() or value.numel() != numel:
             raise ValueError(f"the {key} must be a float tensor of {numel} values")
         return value.detach().reshape(-1).to(self._flat.dtype, copy=True)
+
+    def _step_inputs(self, grad: float, params: float, lr: float | None) -> tuple[float, float, float]:
+        """(bound of the gradient after weight decay, |weight decay| * params, |lr|): every step's start."""
+        decay = abs(self._group["weight_decay"]) * params
+        return grad + decay, decay, abs(self._group["lr"] if lr is None else lr)
 
 
 class SGDSteps(_OneParameterState):
@@ -137,10 +176,31 @@ class SGDSteps(_OneParameterState):
         super().__init__(flat, sgd_group(spec), piece_values)
         self._fresh = False  # this step starts the buffer (copies the gradient into it)
 
-    def begin(self) -> None:
+    def step_bounds(self, grad: float, params: float, lr: float | None = None) -> StepBounds | None:
+        """g' = g + wd·θ; buf = m·buf + (1 - dampening)·g' (the first step: g'); the update is buf, or
+        g' + m·buf with Nesterov (g' without momentum); θ - lr·update."""
+        group = self._group
+        g, decay, rate = self._step_inputs(grad, params, lr)
+        momentum = abs(group["momentum"])
+        state: dict[str, float] = {}
+        values = [g, decay]
+        update = g
+        if momentum != 0:
+            old = self._bound("momentum_buffer")
+            buf = g if not self._buffers else momentum * old + abs(1 - group["dampening"]) * g
+            update = g + momentum * buf if group["nesterov"] else buf
+            state["momentum_buffer"] = buf * ROUNDING
+            values += [momentum * old, buf, update]
+        after = params + rate * update
+        if not within_limit(*values, rate * update, after):
+            return None
+        return StepBounds(after * ROUNDING, state)
+
+    def begin(self, bounds: StepBounds) -> None:
         self._fresh = self._group["momentum"] != 0 and not self._buffers
         if self._fresh:
             self._buffers = {"momentum_buffer": torch.empty_like(self._flat)}
+        self._bounds = dict(bounds.state)
 
     @torch.no_grad()
     def step_piece(self, index: int, grad: torch.Tensor, param: torch.Tensor, out: torch.Tensor) -> None:
@@ -201,10 +261,33 @@ class AdamSteps(_OneParameterState):
         if group.get("amsgrad") or group.get("decoupled_weight_decay"):
             raise ValueError("the Adam store steps plain Adam: amsgrad and decoupled weight decay are not supported")
 
-    def begin(self) -> None:
+    def step_bounds(self, grad: float, params: float, lr: float | None = None) -> StepBounds | None:
+        """g' = g + wd·θ; m = lerp(m, g', 1 - β1) stays within max(|m|, |g'|) (its difference within
+        their sum); v = β2·v + (1 - β2)·g'² (g'² formed first); the update m/(√v/√bc2 + eps) is at most
+        |m|/eps, times lr/bc1. Loose where v is small, and far from any value training reaches."""
+        group = self._group
+        g, decay, rate = self._step_inputs(grad, params, lr)
+        beta1, beta2 = group["betas"]
+        eps = group["eps"]
+        step = self._step + 1
+        correction1, correction2 = 1 - beta1**step, 1 - beta2**step
+        if not (eps > 0 and correction1 > 0 and correction2 > 0):
+            return None
+        old_avg, old_sq = self._bound("exp_avg"), self._bound("exp_avg_sq")
+        avg = max(old_avg, g)
+        square = g * g
+        sq = abs(beta2) * old_sq + abs(1 - beta2) * square
+        update = rate / correction1 * avg / eps
+        after = params + update
+        if not within_limit(g, decay, old_avg + g, square, sq, math.sqrt(sq / correction2) + eps, update, after):
+            return None
+        return StepBounds(after * ROUNDING, {"exp_avg": avg * ROUNDING, "exp_avg_sq": sq * ROUNDING})
+
+    def begin(self, bounds: StepBounds) -> None:
         if not self._buffers:
             self._buffers = {key: torch.zeros_like(self._flat) for key in self.BUFFERS}
         self._step += 1
+        self._bounds = dict(bounds.state)
 
     @torch.no_grad()
     def step_piece(self, index: int, grad: torch.Tensor, param: torch.Tensor, out: torch.Tensor) -> None:

@@ -17,6 +17,7 @@ into the message.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -25,9 +26,10 @@ from torch import nn
 
 from ps.job.spec import JobSpec
 from ps.params.flat_state import flatten_state, state_numel, unflatten_state
-from ps.params.stepping import make_stepper
+from ps.params.stepping import StepBounds, make_stepper
 from ps.transport.chunked import Vector, as_tensor, parts
 from ps.transport.layout import flatten_params
+from ps.transport.magnitude import ROUNDING, OverflowRisk, exact_magnitude, magnitude_of, within_limit
 
 
 class ParameterStore:
@@ -35,6 +37,11 @@ class ParameterStore:
 
     `before_change` callbacks run before the values change (a step begins, an update, a load), so
     a reader that is still framing the current values (ps.transport.payload) can finish first.
+
+    No step or update can leave a value that is not finite: the store keeps a bound on its largest
+    parameter (and the stepper on its state), works out before any change whether the incoming values
+    could make a value exceed ps.transport.magnitude.LIMIT, and refuses (OverflowRisk) before anything changes.
+    The bounds grow from step to step; when one would refuse, the exact maxima are taken first.
     """
 
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> None:
@@ -48,6 +55,8 @@ class ParameterStore:
         self._next_piece = 0
         self._resident: dict[int, torch.Tensor] = {}  # piece -> its values, kept where a step wrote them (a sent message)
         self.before_change: list[Callable[[], None]] = []
+        self._bound = self._finite_bound(self._flat)  # >= max|value| (ps.transport.magnitude)
+        self._exact = False  # whether the bounds are the exact maxima (nothing changed since they were taken)
 
     @classmethod
     def of_model(cls, model: nn.Module, spec: JobSpec) -> ParameterStore:
@@ -86,14 +95,43 @@ class ParameterStore:
         self._gather(start, stop)
         out.copy_(self._flat[start:stop])
 
-    def begin_step(self, grad: Vector) -> None:
+    def check_step(self, grad_bound: float, lr: float | None = None) -> None:
+        """OverflowRisk unless a step with gradient values within `grad_bound` (at learning rate `lr`,
+        default the current one) leaves every value finite. Changes no value."""
+        self._plan_step(grad_bound, lr)
+
+    def begin_step(self, grad: Vector, grad_bound: float | None = None) -> None:
         """θ ← optimizer_step(θ, g), applied piece by piece as values are read (`values_into`, `flat`,
         `settle`). The caller must leave `grad` unchanged until `settle()` has run. A ChunkedVector
-        gradient is read where it lies: a piece inside one of its chunks steps from a view of it."""
+        gradient is read where it lies: a piece inside one of its chunks steps from a view of it.
+        `grad_bound` (>= max|g|; default measured here) decides whether the step is safe: if not, it
+        raises OverflowRisk and changes nothing."""
         self._check_size(grad)
+        bounds = self._plan_step(magnitude_of(grad) if grad_bound is None else grad_bound)
         self._changing()
-        self._stepper.begin()
+        self._stepper.begin(bounds)
+        self._bound, self._exact = bounds.params, False
         self._pending, self._next_piece = grad, 0
+
+    def _plan_step(self, grad_bound: float, lr: float | None = None) -> StepBounds:
+        bounds = self._stepper.step_bounds(grad_bound, self._bound, lr)
+        if bounds is None and self._tighten():
+            bounds = self._stepper.step_bounds(grad_bound, self._bound, lr)
+        if bounds is None:
+            raise OverflowRisk(f"a step with gradient values up to {grad_bound:.3g} on parameters up to "
+                               f"{self._bound:.3g} could overflow fp32")
+        return bounds
+
+    def _tighten(self) -> bool:
+        """Replace the bounds with the exact maxima; False if they already are."""
+        if self._exact:
+            return False
+        self.settle()
+        self._gather()
+        self._bound = exact_magnitude(self._flat)
+        self._stepper.rescan()
+        self._exact = True
+        return True
 
     def settle(self, stop: int | None = None) -> None:
         """Apply the deferred step to every piece that holds a value before `stop` (default: all)."""
@@ -124,28 +162,52 @@ class ParameterStore:
             first, last = self.pieces[index]
             self._flat[first:last].copy_(self._resident.pop(index))
 
-    def apply_gradient(self, grad: Vector) -> None:
-        """θ ← optimizer_step(θ, g), at once."""
-        self.begin_step(grad)
+    def apply_gradient(self, grad: Vector, grad_bound: float | None = None) -> None:
+        """θ ← optimizer_step(θ, g), at once (see `begin_step`)."""
+        self.begin_step(grad, grad_bound)
         self.settle()
 
+    def check_update(self, bound: float) -> float:
+        """OverflowRisk unless θ + Δ with |Δ| within `bound` leaves every value finite; else the bound
+        on the parameters after it. Changes no value."""
+        after = self._bound + bound
+        if not within_limit(after) and self._tighten():
+            after = self._bound + bound
+        if not within_limit(after):
+            raise OverflowRisk(f"an update with values up to {bound:.3g} on parameters up to {self._bound:.3g} "
+                               "could overflow fp32")
+        return after
+
     @torch.no_grad()
-    def apply_update(self, delta: Vector) -> None:
-        """θ ← θ + Δ (ASP: Δ is already scaled by the worker's learning rate)."""
+    def apply_update(self, delta: Vector, bound: float | None = None) -> None:
+        """θ ← θ + Δ (ASP: Δ is already scaled by the worker's learning rate). `bound` (>= max|Δ|;
+        default measured here) decides whether it is safe: if not, OverflowRisk and nothing changes."""
         self._check_size(delta)
+        after = self.check_update(magnitude_of(delta) if bound is None else bound)
         self._changing()
         self._gather()
         for start, part in parts(delta):
             self._flat[start : start + part.numel()].add_(part)
+        self._bound, self._exact = after * ROUNDING, False
 
     @torch.no_grad()
     def assign(self, values: Vector) -> None:
-        """θ ← values (a snapshot from the collective fast path; a broadcast)."""
+        """θ ← values (a snapshot from the collective fast path; a broadcast). ValueError, changing
+        nothing, if a value is NaN or Inf."""
         self._check_size(values)
+        bound = self._finite_bound(values)
         self._changing()
         self._resident.clear()  # every value is replaced
         for start, part in parts(values):
             self._flat[start : start + part.numel()].copy_(part)
+        self._bound, self._exact = bound, False
+
+    @staticmethod
+    def _finite_bound(values: Vector) -> float:
+        bound = magnitude_of(values)
+        if not math.isfinite(bound):
+            raise ValueError("the parameters hold NaN or Inf values")
+        return bound
 
     def snapshot(self) -> torch.Tensor:
         return self.flat.clone()
@@ -159,6 +221,7 @@ class ParameterStore:
     def load_optimizer_state(self, state: dict[str, Any]) -> None:
         self._changing()
         self._stepper.load_state_dict(state)
+        self._exact = False
 
     @property
     def optimizer_state_numel(self) -> int:

@@ -36,9 +36,11 @@ from ps.shards.core import MAX_WAIT_S
 from ps.shards.ranges import slice_optimizer_state
 from ps.transport.chunked import Vector, as_tensor
 from ps.transport.layout import Layout, flatten_params
+from ps.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
 from ps.transport.messages import MAX_COMPUTE_MS, PUSH_KINDS, Beat, GroupInfo, JoinInfo, PushMeta, StepReply
 from ps.transport.payload import FramedChunks, Payload, TensorSource
 from ps.transport.wire import ChunkReceiver, check_wire_dtype
+from ps.transport.worker_keys import WorkerKeys
 
 CHECKPOINT_FORMAT = 1
 
@@ -106,6 +108,7 @@ class Coordinator:
         self.evaluator = evaluator
         self.clock = clock
         self.membership = Membership(max_workers or spec.workers)
+        self.keys = WorkerKeys()  # the workers' secrets (and the shards' key to check them)
         self.round = 0
         self.version = 0
         self.epoch = 0
@@ -123,7 +126,8 @@ class Coordinator:
         self._epoch_start_samples = 0
         self._told_done: set[str] = set()
         self.rendezvous = rendezvous if spec.allreduce else None
-        self._accumulator = WeightedMean(self.own_numel) if spec.mode == "bsp" and not spec.allreduce else None
+        self._accumulator = (WeightedMean(self.own_numel, scale=spec.global_batch)
+                             if spec.mode == "bsp" and not spec.allreduce else None)
         self._contributions: dict[str, int] = {}  # --shards: batch per worker in the open round
         self._round_batch = 0  # allreduce: samples reported in the open round
         self._snapshot_requested = False  # allreduce: rank 0 is asked for its parameters
@@ -171,9 +175,9 @@ class Coordinator:
             if not self._started.is_set():
                 if len(self.membership.pending) >= self.spec.workers:
                     self._start()
-            # allreduce: the workers may be inside the round's all-reduce before any report, so a
-            # newcomer waits for the round to close (unless nobody is training)
-            elif self.spec.mode == "asp" or not self._pushed and not (self.rendezvous is not None and self.members):
+            # BSP: the members are computing the open round with the plan they were told, so a newcomer
+            # enters when it closes, with a re-split that its replies carry (unless nobody is training)
+            elif self.spec.mode == "asp" or not self.members:
                 self._activate_pending()
             await member.activated.wait()
         except asyncio.CancelledError:
@@ -185,12 +189,14 @@ class Coordinator:
             raise FailedPrecondition(f"the job has ended ({self.reason})")
         member.last_seen = self.clock()
         plan = self.controller.plan()
+        self._tell(member, plan[member.name])
         return JoinInfo(
             member.worker_id, member.index, plan[member.name], self.round, self.version, self.epoch,
             self._group_info(member, plan),
             self.rendezvous.host if self.rendezvous else "",
             self.rendezvous.port if self.rendezvous else 0,
             tuple(self.shards.info()) if self.shards else (),
+            self.keys.secret(member.worker_id),
         )
 
     def _start(self) -> None:
@@ -253,16 +259,21 @@ class Coordinator:
         for member in self.members.values():
             member.activated.set()
 
-    def member(self, worker_id: str) -> Member:
+    def member(self, worker_id: str, secret: str) -> Member:
+        """The active member a call names, once it proved to be that worker (ps.transport.worker_keys). An id the
+        server never issued (or has forgotten: a restart) is NOT_FOUND whatever the secret; a known one
+        is checked before its state is told (pending, departed: FAILED_PRECONDITION / NOT_FOUND)."""
+        if self.membership.known(worker_id):
+            self.keys.check(worker_id, secret)
         return self.membership.get(worker_id)
 
-    async def leave(self, worker_id: str) -> None:
+    async def leave(self, worker_id: str, secret: str) -> None:
         """Remove a worker; a BSP round that only waited on it closes with the others."""
-        self.member(worker_id)
+        self.member(worker_id, secret)
         self._remove(worker_id, "leave", "left")
 
-    def heartbeat(self, worker_id: str) -> Beat:
-        self.membership.touch(worker_id, self.clock())
+    def heartbeat(self, worker_id: str, secret: str) -> Beat:
+        self.member(worker_id, secret).last_seen = self.clock()
         return Beat(self.done, self.epoch, self.round, self.version)
 
     def evict_stale(self) -> list[str]:
@@ -292,9 +303,7 @@ class Coordinator:
             return
         if member.name in self.controller.plan():
             self.controller.remove_worker(member.name)
-        if not self.members:
-            self._activate_pending()
-        elif self.controller.plan():
+        if self.members and self.controller.plan():
             try:
                 self.controller.replan()
             except ValueError as exc:  # the survivors' --max-batch cannot make up B: end, do not hang the round
@@ -303,9 +312,11 @@ class Coordinator:
             self._log_adjust(changed=True)
         pushes = self._accumulator.count if self._accumulator is not None else self._round_batch
         if pushes and self._pushed >= set(self.members):
-            self._close_round()
+            self._close_round()  # its boundary admits the workers waiting to join
         elif pushes and self.rendezvous is not None:
             self._close_without()  # every report here came from the generation this removal replaced
+        elif not self.members:
+            self._activate_pending()  # nobody computes the open round: the waiting workers start it
 
     def _generation(self) -> int:
         """Allreduce: the current group generation (0 before the first group)."""
@@ -329,7 +340,7 @@ class Coordinator:
     def begin_push(self, meta: PushMeta) -> ChunkReceiver:
         """Validate a push header and hand back a receiver for its payload."""
         self.store.settle()  # a deferred step may still read the accumulator's sum
-        member = self.member(meta.worker_id)
+        member = self.member(meta.worker_id, meta.secret)
         check_wire_dtype(meta.wire_dtype)
         self._check_kind(meta)
         if meta.kind == "snapshot":
@@ -348,6 +359,7 @@ class Coordinator:
                 raise InvalidArgument(f"a report's generation must be in [0, {self._generation()}] (0: not said), "
                                       f"got {meta.generation}")
             self._check_sequence(member, meta)
+            self._check_batch(member, meta)
             return ChunkReceiver(0, meta.wire_dtype)
         if meta.kind == "snapshot":
             self._check_snapshot_size(meta.num_values)
@@ -356,6 +368,7 @@ class Coordinator:
             raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {self.own_numel}{where}")
         if meta.kind != "snapshot":
             self._check_sequence(member, meta)
+            self._check_batch(member, meta)
         # the chunks are kept as gRPC handed them over: nothing to copy, pool or give back
         return ChunkReceiver(meta.num_values, meta.wire_dtype)
 
@@ -410,19 +423,39 @@ class Coordinator:
 
     async def push(self, meta: PushMeta, values: Vector) -> StepReply:
         """Apply a validated push; BSP returns once the round closes, ASP at once."""
-        member = self.member(meta.worker_id)
+        member = self.member(meta.worker_id, meta.secret)
         if meta.kind == "snapshot":
             self._check_snapshot(member, meta)
             member.last_seen = self.clock()
             self._load_snapshot(values)
             return self._reply(member)
         self._check_sequence(member, meta)
+        self._check_batch(member, meta)
+        if not self.done and meta.kind == "values":
+            self._check_values(member, meta, values)
         member.last_seen = self.clock()
         if self.done:
             return self._reply(member)
         if self.spec.mode == "bsp":
             return await self._push_bsp(member, meta, values)
         return self._push_asp(member, meta, values)
+
+    def _check_values(self, member: Member, meta: PushMeta, values: Vector) -> None:
+        """BSP: the round's step stays finite with this gradient in it; ASP: θ + Δ stays finite
+        (ps.transport.magnitude). Otherwise InvalidArgument, and nothing changes."""
+        bound = magnitude_of(values)
+        try:
+            if self._accumulator is None:
+                self.store.check_update(bound)
+                return
+            if not self._accumulator.admits(values, meta.batch_size):
+                raise OverflowRisk(f"gradient values up to {bound:.3g} overflow the round's sum")
+            self.store.check_step(bound * PUSH_MARGIN)
+        except OverflowRisk as exc:
+            self.metrics.write("overflow_refused", worker=member.name, bound=float(f"{bound:.3g}"), step=self.step,
+                               epoch=self.epoch)
+            raise InvalidArgument(f"{exc}: push refused, the model is unchanged (values this large would make "
+                                  "it non-finite)") from None
 
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: Vector) -> StepReply:
         ms = self._balanced_ms(member, meta)
@@ -454,7 +487,7 @@ class Coordinator:
         if self._accumulator is not None:
             # stepped piece by piece as the replies stream the new values (ps.params.store, ps.transport.payload); the
             # accumulator's sum is not reused before begin_push settles the step
-            self.store.begin_step(self._accumulator.result())
+            self.store.begin_step(self._accumulator.result(), self._accumulator.bound)
             batch = self._accumulator.weight
             self._accumulator.reset()
         else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
@@ -486,7 +519,7 @@ class Coordinator:
             if not self.done:
                 commit = asyncio.ensure_future(self.shards.commit(
                     self.round, dict(self._contributions), self.store.lr, wait_s=min(self.evict_after, MAX_WAIT_S)))
-                self.store.apply_gradient(self._accumulator.result())
+                self.store.apply_gradient(self._accumulator.result(), self._accumulator.bound)
                 batch = self._accumulator.weight
                 self._accumulator.reset()
                 acks = await commit
@@ -509,8 +542,8 @@ class Coordinator:
             future.set_result(True)
 
     def _push_asp(self, member: Member, meta: PushMeta, delta: Vector) -> StepReply:
+        self.store.apply_update(delta, magnitude_of(delta))  # checked by _check_values: it cannot refuse now
         self.controller.observe(member.name, meta.batch_size, meta.compute_ms)
-        self.store.apply_update(delta)
         member.staleness_sum += self.version - meta.version
         self.version += 1
         self._record(member, meta.compute_ms, meta.batch_size)
@@ -536,10 +569,10 @@ class Coordinator:
             member.epoch_compute_ms.append(ms)
 
     # -------------------------------------------------------------- pull / reply
-    def pull(self, worker_id: str, header_only: bool = False, optimizer_state: bool = False) -> StepReply:
+    def pull(self, worker_id: str, secret: str, header_only: bool = False, optimizer_state: bool = False) -> StepReply:
         """The worker's plan with the parameters (`header_only`: without), or with the optimizer's flat
         state instead (`optimizer_state`: an --allreduce worker starting from the server's copy)."""
-        member = self.member(worker_id)
+        member = self.member(worker_id, secret)
         if optimizer_state and self.shards is not None:
             raise InvalidArgument("the optimizer state is pulled from an unsharded server only (--allreduce jobs)")
         member.last_seen = self.clock()
@@ -559,6 +592,32 @@ class Coordinator:
 
     def _current_payload(self) -> Sequence[bytes]:
         return self.payload.get(self.version, self.store, self.params_dtype)
+
+    def _tell(self, member: Member, batch: int) -> None:
+        """Record the batch a join or a reply tells `member` for the open round (ASP: this version)."""
+        if self.spec.mode == "bsp":
+            member.tell(self.round, batch, keep_after=self.round - 1)
+        else:
+            member.tell(self.version, batch)
+
+    def _check_batch(self, member: Member, meta: PushMeta) -> None:
+        """A push's batch size is one the server told this worker for the push's round (ASP: version):
+        the aggregation weight and the sample count are the server's plan, not the worker's claim.
+        The fast path's worker draws a batch before it reads the reply to its previous report, so a
+        report may also carry what it was told for the round before."""
+        if self.done or meta.kind == "snapshot":
+            return
+        step = meta.round if self.spec.mode == "bsp" else meta.version
+        told = set(member.told.get(step, ()))
+        if meta.kind == "report":
+            told |= member.told.get(step - 1, set())
+        if meta.batch_size not in told:
+            where = f"round {step}" if self.spec.mode == "bsp" else f"version {step}"
+            planned = ", ".join(map(str, sorted(told))) or "none"
+            raise FailedPrecondition(
+                f"batch size {meta.batch_size} is not what this server planned for worker {member.name} at {where} "
+                f"(told: {planned}); pull the plan and compute a batch of that size"
+            )
 
     def _group_info(self, member: Member, plan: dict[str, int]) -> GroupInfo:
         """--allreduce: the member's place in the current generation; `plan` (by name) picks the hub."""
@@ -582,6 +641,7 @@ class Coordinator:
             lr = asp_lr(lr, batch, global_batch, self.spec.lr_scaling) if batch else 0.0
         if self.done:
             self._told_done.add(member.worker_id)
+        self._tell(member, batch)
         return StepReply(
             round=self.round,
             version=self.version,
@@ -650,7 +710,8 @@ class Coordinator:
         if self.shards is None or self._shard_state is None:
             return
         params, optimizer = self._shard_state
-        await self.shards.load(self.spec.to_json(), params, optimizer, self.round, self.membership.max_workers)
+        await self.shards.load(self.spec.to_json(), params, optimizer, self.round, self.membership.max_workers,
+                               self.keys.key)
         self._shard_state = None
 
     def whole_params(self) -> torch.Tensor:

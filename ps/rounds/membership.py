@@ -31,7 +31,16 @@ class Member:
     epoch_updates: int = 0
     epoch_compute_ms: list[float] = field(default_factory=list)
     cuda_device: str | None = None  # the UUID of the GPU it computes on ("" unknown), None on a CPU
+    told: dict[int, set[int]] = field(default_factory=dict)  # step (BSP round, ASP version) -> batch sizes told for it
     activated: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def tell(self, step: int, batch: int, keep_after: int | None = None, keep_last: int = 4) -> None:
+        """Record that a reply told this worker `batch` for `step`. Forget the steps before `keep_after`
+        (BSP: the round before the open one), or all but the newest `keep_last` steps (ASP)."""
+        self.told.setdefault(step, set()).add(batch)
+        for old in list(self.told):
+            if (old < keep_after) if keep_after is not None else len(self.told) > keep_last:
+                del self.told[old]
 
 
 class Membership:
@@ -87,8 +96,9 @@ class Membership:
             raise NotFound(f"worker {worker_id!r} {reason}; Join again")
         raise NotFound(f"unknown worker id {worker_id!r}; Join first")
 
-    def touch(self, worker_id: str, now: float) -> None:
-        self.get(worker_id).last_seen = now
+    def known(self, worker_id: str) -> bool:
+        """Whether the id is a member's, pending or active, or a departed one's."""
+        return worker_id in self.active or worker_id in self.pending or worker_id in self.departed
 
     def stale(self, now: float, timeout: float) -> list[Member]:
         """Active members not heard from for more than `timeout` seconds."""

@@ -64,12 +64,14 @@ class RemoteShards:
         return results
 
     async def load(self, spec_json: str, params: torch.Tensor, optimizer: dict[str, Any] | None, round_: int,
-                   max_workers: int) -> None:
-        """Give every shard its range of the full `params` (and `optimizer` state, None: fresh)."""
+                   max_workers: int, worker_key: bytes) -> None:
+        """Give every shard its range of the full `params` (and `optimizer` state, None: fresh), and the
+        key the workers' secrets derive from (ps.transport.worker_keys), so that it can check them."""
         async def one(i: int, stub: ps_pb2_grpc.ParameterShardStub) -> None:
             start, stop = self.ranges[i + 1]
             state = {
                 "spec": spec_json, "start": start, "stop": stop, "round": round_, "max_workers": max_workers,
+                "worker_key": worker_key.hex(),
                 "params": params[start:stop].clone(),
                 "optimizer": None if optimizer is None else slice_optimizer_state(optimizer, self.numel, start, stop),
             }

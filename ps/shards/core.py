@@ -4,7 +4,8 @@ No gRPC here (ps/shards/servicer.py translates). A shard knows nothing of member
 workers push their slice of the gradient for the open round, the slice is summed batch-weighted
 as it arrives (and kept until the round is decided), and the coordinator's Commit names the
 contributors whose slices count. A slice from anyone else is taken out again and its push refused,
-so a shard steps with exactly the batches the coordinator stepped with.
+so a shard steps with exactly the batches the coordinator stepped with. Pushes and pulls carry the
+worker's secret, which the shard checks with the key its coordinator loaded it with (ps.transport.worker_keys).
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ from ps.job.spec import JobSpec
 from ps.params.aggregation import WeightedMean
 from ps.params.store import ParameterStore
 from ps.transport.chunked import Vector
+from ps.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
 from ps.transport.messages import MAX_COMPUTE_MS, PushMeta, StepReply
 from ps.transport.payload import Payload
 from ps.transport.wire import ChunkReceiver, check_wire_dtype
+from ps.transport.worker_keys import KEY_BYTES, WorkerKeys
 
 MAX_WAIT_S = 3600.0
 
@@ -50,6 +53,7 @@ class ShardCore:
         self.round = 0
         self.max_pending = 0
         self.store: ParameterStore | None = None
+        self.keys: WorkerKeys | None = None
         self._sum: WeightedMean | None = None
         self._staged: dict[str, _Staged] = {}
         self._arrived = asyncio.Event()
@@ -74,15 +78,19 @@ class ShardCore:
             raise InvalidArgument(f"a shard load needs a 1-d tensor of stop - start values for [{start}, {stop})")
         if spec.mode != "bsp" or spec.allreduce:
             raise InvalidArgument("shards serve BSP jobs without --allreduce")
+        try:
+            keys = WorkerKeys(bytes.fromhex(state["worker_key"]))
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"a shard load needs the job's worker key (hex, {KEY_BYTES}+ bytes): {exc}") from None
         store = ParameterStore(params, spec)
         if state.get("optimizer") is not None:
             store.load_optimizer_state(state["optimizer"])
         store.before_change.append(self.payload.complete)  # a reply in flight sends its round's values whole
         self._abandon("the shard was reloaded (the coordinator restarted?); rejoin")
-        self.spec, self.start, self.stop, self.round = spec, start, stop, round_
+        self.spec, self.start, self.stop, self.round, self.keys = spec, start, stop, round_, keys
         # room for every worker of the job twice over: strangers' slices cannot crowd out the workers'
         self.max_pending = 2 * max(1, int(state.get("max_workers", spec.workers)))
-        self.store, self._sum = store, WeightedMean(stop - start)
+        self.store, self._sum = store, WeightedMean(stop - start, scale=spec.global_batch)
         self.payload.invalidate()
 
     async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> CommitResult:
@@ -108,13 +116,14 @@ class ShardCore:
                 break
         if round_ != self.round:  # reloaded while waiting
             raise FailedPrecondition(f"commit for round {round_}; the shard's open round is {self.round}")
-        for worker_id in [w for w in self._staged if w not in contributors]:
+        # a slice counts only at the batch the coordinator counted for its worker (the plan's)
+        for worker_id in [w for w, staged in self._staged.items() if contributors.get(w) != staged.batch]:
             self._unstage(worker_id)
         missing = tuple(sorted(set(contributors) - set(self._staged)))
         applied = total.weight
         if applied:
             store.set_lr(lr)
-            store.apply_gradient(total.result())
+            store.apply_gradient(total.result(), total.bound)
             self.payload.invalidate()
         total.reset()
         self._staged.clear()
@@ -132,6 +141,7 @@ class ShardCore:
     # ---------------------------------------------------------------- workers
     def begin_push(self, meta: PushMeta) -> ChunkReceiver:
         spec = self._require_loaded_spec()
+        self._authenticate(meta.worker_id, meta.secret)
         check_wire_dtype(meta.wire_dtype)
         if meta.kind != "values":
             raise InvalidArgument(f"a shard takes gradient slices (kind values), got {meta.kind!r}")
@@ -142,8 +152,6 @@ class ShardCore:
         if meta.num_values != self.numel:
             raise InvalidArgument(f"buffer has {meta.num_values} values; this shard holds [{self.start}, {self.stop}), "
                                   f"{self.numel} values")
-        if not meta.worker_id:
-            raise InvalidArgument("a push needs a worker id")
         self._check_open(meta)
         if len(self._staged) >= self.max_pending:
             raise FailedPrecondition(f"round {self.round} already holds {self.max_pending} slices, the job's worker limit")
@@ -151,7 +159,9 @@ class ShardCore:
 
     async def push(self, meta: PushMeta, values: Vector) -> StepReply:
         """Stage a received slice; answer with the range's new values once the round is committed."""
-        self._check_open(meta)  # re-checked: the round may have moved while the payload streamed in
+        self._authenticate(meta.worker_id, meta.secret)  # re-checked: a reload may have changed the key meanwhile
+        self._check_open(meta)  # and the round may have moved while the payload streamed in
+        self._check_overflow(values, meta.batch_size)
         assert self._sum is not None
         self._sum.add(values, meta.batch_size)
         self._staged[meta.worker_id] = _Staged(meta.batch_size, values)
@@ -166,7 +176,14 @@ class ShardCore:
                 self._unstage(meta.worker_id)
             raise
         if meta.worker_id not in counted:
-            raise FailedPrecondition(f"round {meta.round} closed without this worker's push (evicted?); rejoin")
+            raise FailedPrecondition(f"round {meta.round} closed without this worker's push (evicted, or its batch "
+                                     "size was not the one the coordinator counted); rejoin")
+        return self.reply()
+
+    def pull(self, worker_id: str, secret: str) -> StepReply:
+        """A worker's pull: the range's current values."""
+        self._require_loaded()
+        self._authenticate(worker_id, secret)
         return self.reply()
 
     def reply(self) -> StepReply:
@@ -178,6 +195,28 @@ class ShardCore:
                          payload=self.payload.get(self.round, store, spec.wire_dtype))
 
     # ---------------------------------------------------------------- helpers
+    def _authenticate(self, worker_id: str, secret: str) -> None:
+        """The caller holds the secret of the worker it names (the shard does not know who is in the job:
+        the coordinator's Commit decides whose slices count)."""
+        if not worker_id:
+            raise InvalidArgument("a push or pull needs a worker id")
+        assert self.keys is not None
+        self.keys.check(worker_id, secret)
+
+    def _check_overflow(self, values: Vector, batch: int) -> None:
+        """The commit's step stays finite with this slice in it (ps.transport.magnitude), or InvalidArgument. The
+        commit's learning rate is not known yet: the job's (the schedule only lowers it) or the current."""
+        store, spec, total = self._require_loaded(), self._require_loaded_spec(), self._sum
+        assert total is not None
+        bound = magnitude_of(values)
+        try:
+            if not total.admits(values, batch):
+                raise OverflowRisk(f"slice values up to {bound:.3g} overflow the round's sum")
+            store.check_step(bound * PUSH_MARGIN, lr=max(spec.lr, store.lr))
+        except OverflowRisk as exc:
+            raise InvalidArgument(f"{exc}: push refused, the range is unchanged (values this large would make it "
+                                  "non-finite)") from None
+
     def _check_open(self, meta: PushMeta) -> None:
         if meta.round != self.round:
             raise FailedPrecondition(f"round {meta.round} is not open; the open round is {self.round}")

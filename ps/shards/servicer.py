@@ -49,7 +49,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
 
     async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         try:
-            reply = self.core.reply()
+            reply = self.core.pull(request.worker_id, request.secret)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         for message in reply_messages(reply):

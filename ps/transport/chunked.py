@@ -22,7 +22,9 @@ class ChunkedVector:
     """A 1-d vector made of consecutive parts (any sizes, one floating dtype), read through slices
     and `parts`."""
 
-    def __init__(self, parts: Sequence[torch.Tensor]) -> None:
+    def __init__(self, parts: Sequence[torch.Tensor], bound: float | None = None) -> None:
+        """`bound`: an upper bound on max|value| where the receiver measured one (ps.transport.magnitude)."""
+        self.bound = bound
         self._parts = [p for p in parts if p.numel()]
         self._starts: list[int] = []
         offset = 0

@@ -25,6 +25,7 @@ class PushMeta:
     num_values: int
     kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
     generation: int = 0  # a report's group generation (0: not said)
+    secret: str = ""  # the worker's secret from Join (ps.transport.worker_keys)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class JoinInfo:
     rendezvous_host: str = ""
     rendezvous_port: int = 0
     shards: tuple[tuple[str, int, int], ...] = ()  # --shards: (address, start, stop) of the remote ranges
+    secret: str = ""  # what the worker's later calls must carry (ps.transport.worker_keys)
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,9 @@ from ps.errors import (
     FailedPrecondition,
     InvalidArgument,
     NotFound,
+    PermissionDenied,
     ServiceError,
+    Unauthenticated,
 )
 from ps.transport.messages import StepReply
 from ps.transport.serialized import data_header
@@ -24,6 +26,8 @@ _CODES: dict[type[ServiceError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
+    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
+    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

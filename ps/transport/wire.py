@@ -15,6 +15,7 @@ import torch
 
 from ps.errors import InvalidArgument
 from ps.transport.chunked import ChunkedVector
+from ps.transport.magnitude import magnitude
 
 CHUNK_BYTES = 1 << 20
 
@@ -70,15 +71,10 @@ def split(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
     return list(chunks(buffer, chunk_bytes))
 
 
-def all_finite(values: torch.Tensor) -> bool:
-    """Whether every value is finite: one fast sum first (NaN/Inf propagate into it), and the exact
-    element-wise check only when the sum is not finite (a sum of large finite values can overflow)."""
-    return math.isfinite(values.sum().item()) or bool(torch.isfinite(values).all())
-
-
 class _StreamCheck:
     """What every receiver checks of a chunk stream: order, whole values, no overrun, and (with
-    `check_finite`) no NaN/Inf, each chunk checked as it arrives, while it is still in cache."""
+    `check_finite`) no NaN/Inf, each chunk checked as it arrives, while it is still in cache. The
+    check is a bound on the chunk's largest magnitude (ps.transport.magnitude); `bound` keeps the largest."""
 
     def __init__(self, num_values: int, wire_dtype: str, check_finite: bool) -> None:
         self.num_values = num_values
@@ -87,7 +83,7 @@ class _StreamCheck:
         self._filled = 0
         self._next_seq = 0
         self._check_finite = check_finite
-        self._finite = True
+        self.bound = 0.0  # with check_finite: >= max|value| of the values received so far (inf: NaN/Inf)
 
     def _accept(self, seq: int, data: bytes | memoryview) -> int:
         """The chunk's value count, after checking its place in the stream."""
@@ -101,15 +97,15 @@ class _StreamCheck:
         return n
 
     def _advance(self, n: int, values: torch.Tensor) -> None:
-        if n and self._check_finite and self._finite:
-            self._finite = all_finite(values)
+        if n and self._check_finite and math.isfinite(self.bound):
+            self.bound = max(self.bound, magnitude(values))
         self._filled += n
         self._next_seq += 1
 
     def _check_complete(self, check_finite: bool) -> None:
         if self._filled != self.num_values:
             raise InvalidArgument(f"too little data: got {self._filled} of {self.num_values} values")
-        if check_finite and not self._finite:
+        if check_finite and not math.isfinite(self.bound):
             raise InvalidArgument("buffer contains NaN or Inf values")
 
 
@@ -135,7 +131,7 @@ class FlatReceiver(_StreamCheck):
     def finish(self, check_finite: bool = True) -> torch.Tensor:
         """The filled buffer; InvalidArgument if values are missing or (`check_finite`) not finite."""
         if check_finite and not self._check_finite and self._filled == self.num_values:
-            self._finite = all_finite(self.out)
+            self.bound = magnitude(self.out)
         self._check_complete(check_finite)
         return self.out
 
@@ -179,7 +175,7 @@ class ChunkReceiver(_StreamCheck):
         """The received values; InvalidArgument if values are missing or (`check_finite`) not finite."""
         self._check_complete(check_finite)
         self._flush_small()
-        return ChunkedVector(self._parts)
+        return ChunkedVector(self._parts, self.bound if self._check_finite else None)
 
     def _flush_small(self) -> None:
         if self._small:
