@@ -194,8 +194,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     """Train with the heterogeneous split and compare the estimates with the truth at each point."""
     import torch
 
-    from ps.control.controller import largest_remainder
     from ps.control.gns import NoiseScaleEstimator
+    from ps.control.split import largest_remainder
     from ps.job.evaluator import evaluate
 
     trainer = Trainer(args)

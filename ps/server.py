@@ -15,7 +15,8 @@ from typing import Any
 import grpc
 import torch
 
-from ps.control.controller import BatchController, ControllerConfig
+from ps.control.config import ControllerConfig
+from ps.control.controller import BatchController
 from ps.job.datasets import Dataset, build_dataset
 from ps.job.evaluator import BackgroundEvaluator
 from ps.job.models import build_model

@@ -93,7 +93,7 @@ def resolve_emulation(s: Settings) -> Emulation:
 
 def static_split(shares: Sequence[float], total: int) -> list[int]:
     """Integer batches proportional to ``shares`` summing to ``total`` (the static plan, Eq. 4a)."""
-    from ps.control.controller import largest_remainder
+    from ps.control.split import largest_remainder
 
     plan = largest_remainder({str(k): s for k, s in enumerate(shares)}, total)
     return [max(1, plan[str(k)]) for k in range(len(shares))]

@@ -3,284 +3,28 @@
 A pure state machine: the server tells it who joined or left and how long each worker took to compute
 its batch, and asks it for batch sizes. It has no I/O, no clock and no transport, so every rule
 (Eq. 4a static split, Eq. 6 proportional control, Eq. 7 deadband, Eq. 8 exact global batch) can be
-unit- and property-tested in isolation.
+unit- and property-tested in isolation. The rules are in split.py and proportional.py; its settings in
+config.py.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Any
 
-Policy = Literal["uniform", "static", "dynamic"]
-StartPolicy = Literal["uniform", "static"]
+from ps.control.checks import integer, positive, real
+from ps.control.config import ControllerConfig
+from ps.control.proportional import outside_deadband, proportional_targets, total_preserving
+from ps.control.split import clip, fit_to_sum, largest_remainder, round_half_up, round_to_sum, water_fill
 
 STATE_VERSION = 1
 """Format version written by `BatchController.state_dict` and required by `from_state_dict`."""
 
-_POLICIES: tuple[str, ...] = ("uniform", "static", "dynamic")
-_STARTS: tuple[str, ...] = ("uniform", "static")
 _WORKER_KEYS = frozenset({"id", "cores", "min_batch", "max_batch", "batch", "ewma_ms", "throughput"})
 _OPTIONAL_WORKER_KEYS = frozenset({"samples"})  # absent from states written before it was kept
 _STATE_KEYS = frozenset({"version", "config", "workers", "adjustments"})
-
-
-def _int(name: str, value: Any, minimum: int | None = None) -> int:
-    """Return `value` as an int, or raise ValueError naming `name` (bools are not integers here)."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    result = int(value)
-    if minimum is not None and result < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {result}")
-    return result
-
-
-def _real(name: str, value: Any) -> float:
-    """Return `value` as a finite float, or raise ValueError naming `name`."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ValueError(f"{name} must be a number, got {value!r}")
-    result = float(value)
-    if not math.isfinite(result):
-        raise ValueError(f"{name} must be finite, got {result}")
-    return result
-
-
-def _positive(name: str, value: Any) -> float:
-    """Return `value` as a finite float > 0, or raise ValueError naming `name`."""
-    result = _real(name, value)
-    if result <= 0:
-        raise ValueError(f"{name} must be > 0, got {result}")
-    return result
-
-
-def _same_keys(**maps: Mapping[str, Any]) -> None:
-    """Raise ValueError unless all mappings have the same keys (the per-worker inputs must line up)."""
-    names = list(maps)
-    first = set(maps[names[0]])
-    for name in names[1:]:
-        if set(maps[name]) != first:
-            raise ValueError(f"{names[0]} and {name} must have the same worker ids")
-
-
-def _clip(value: int, lower: int, upper: int) -> int:
-    """Clamp `value` to [lower, upper]."""
-    return max(lower, min(upper, value))
-
-
-def _round_half_up(value: float) -> int:
-    """Round to the nearest integer, halves up (Python's round() goes to even, which is surprising here)."""
-    return math.floor(value + 0.5)
-
-
-def _round_to_sum(
-    exact: Mapping[str, float], total: int, lower: Mapping[str, int], upper: Mapping[str, int]
-) -> dict[str, int]:
-    """Round `exact` (already within bounds, summing to about `total`) to integers summing to `total`.
-
-    Floors first, then hands the missing units to the largest fractional parts (ties: first key
-    first), never past a bound; the reverse if flooring overshot, which only float error can cause.
-    Requires sum(lower) <= total <= sum(upper).
-    """
-    result = {k: _clip(math.floor(x), lower[k], upper[k]) for k, x in exact.items()}
-    left = total - sum(result.values())
-    while left > 0:
-        k = max((k for k in result if result[k] < upper[k]), key=lambda k: exact[k] - result[k])
-        result[k] += 1
-        left -= 1
-    while left < 0:
-        k = min((k for k in result if result[k] > lower[k]), key=lambda k: exact[k] - result[k])
-        result[k] -= 1
-        left += 1
-    return result
-
-
-def largest_remainder(weights: Mapping[str, float], total: int) -> dict[str, int]:
-    """Split `total` into non-negative integers proportional to `weights`, summing exactly to `total`.
-
-    Hamilton's method: floor every exact share, give the units left over to the largest fractional
-    parts (ties go to the first key), so each share is less than one unit from its exact value.
-    """
-    total = _int("total", total, minimum=0)
-    w = {k: _real(f"weight of {k!r}", v) for k, v in weights.items()}
-    if any(v < 0 for v in w.values()):
-        raise ValueError("weights must be >= 0")
-    if total == 0:
-        return {k: 0 for k in w}
-    top = max(w.values(), default=0.0)
-    if top <= 0:
-        raise ValueError(f"cannot split total {total}: no positive weight")
-    norm = {k: v / top for k, v in w.items()}
-    mass = math.fsum(norm.values())
-    exact = {k: v / mass * total for k, v in norm.items()}
-    return _round_to_sum(exact, total, {k: 0 for k in w}, {k: total for k in w})
-
-
-def fit_to_sum(
-    targets: Mapping[str, float], total: int, lower: Mapping[str, int], upper: Mapping[str, int]
-) -> dict[str, int]:
-    """Integers proportional to `targets`, within [lower, upper] per key, summing exactly to `total`.
-
-    Water-filling: scale the free keys so they fill what is left of `total`; if clipping to the
-    bounds then overshoots, pin the keys clipped at their lower bound (they stay there at any smaller
-    scale), if it undershoots pin the ones clipped at their upper bound, and redistribute over the
-    rest; repeat (at most one round per key). The result is clip(s * target, lower, upper) with one
-    common scale s, rounded by largest remainders within the bounds (Eq. 8 without OmniLearn's
-    equal-subtraction bias). Raises ValueError if the bounds cannot meet `total`.
-    """
-    exact, lo, hi = _water_fill(targets, total, lower, upper)
-    return _round_to_sum(exact, total, lo, hi)
-
-
-def _water_fill(
-    targets: Mapping[str, float], total: int, lower: Mapping[str, int], upper: Mapping[str, int]
-) -> tuple[dict[str, float], dict[str, int], dict[str, int]]:
-    """Validate the inputs of `fit_to_sum` and return its real-valued solution with the integer bounds."""
-    _same_keys(targets=targets, lower=lower, upper=upper)
-    total = _int("total", total)
-    lo = {k: _int(f"lower bound of {k!r}", lower[k]) for k in targets}
-    hi = {k: _int(f"upper bound of {k!r}", upper[k]) for k in targets}
-    for k in targets:
-        if lo[k] > hi[k]:
-            raise ValueError(f"lower bound {lo[k]} of {k!r} exceeds its upper bound {hi[k]}")
-    t = {k: _positive(f"target of {k!r}", v) for k, v in targets.items()}
-    if sum(lo.values()) > total:
-        raise ValueError(f"infeasible: lower bounds sum to {sum(lo.values())} > total {total}")
-    if sum(hi.values()) < total:
-        raise ValueError(f"infeasible: upper bounds sum to {sum(hi.values())} < total {total}")
-    if not t:
-        return {}, lo, hi
-    top = max(t.values())
-    t = {k: v / top for k, v in t.items()}
-
-    pinned: dict[str, float] = {}
-    free = list(t)
-    scaled: dict[str, float] = {}
-    while free:
-        rest = total - math.fsum(pinned.values())
-        level = rest / math.fsum(t[k] for k in free)
-        scaled = {k: level * t[k] for k in free}
-        below = [k for k in free if scaled[k] < lo[k]]
-        above = [k for k in free if scaled[k] > hi[k]]
-        if not below and not above:
-            break
-        clipped = {k: min(hi[k], max(lo[k], x)) for k, x in scaled.items()}
-        excess = math.fsum(clipped.values()) - rest
-        if abs(excess) <= 1e-9 * max(1.0, abs(rest)):
-            scaled = clipped
-            break
-        pin = below if excess > 0 else above
-        for k in pin or below + above:
-            pinned[k] = clipped[k]
-        free = [k for k in free if k not in pinned]
-        scaled = {}
-    return {k: pinned[k] if k in pinned else scaled[k] for k in t}, lo, hi
-
-
-def proportional_targets(batches: Mapping[str, int], times_ms: Mapping[str, float]) -> dict[str, float]:
-    """Eq. 6: target b_k' = T_k * t_bar with throughput T_k = b_k / t_k and t_bar = mean_k t_k.
-
-    The batch each worker would finish in the mean compute time at its measured throughput;
-    equivalently b_k - T_k (t_k - t_bar). Slow workers get less, fast ones more.
-    """
-    _same_keys(batches=batches, times_ms=times_ms)
-    b = {k: _positive(f"batch of {k!r}", v) for k, v in batches.items()}
-    t = {k: _positive(f"compute time of {k!r}", v) for k, v in times_ms.items()}
-    if not t:
-        return {}
-    mean = math.fsum(v / len(t) for v in t.values())
-    return {k: b[k] * (mean / t[k]) for k in b}
-
-
-def total_preserving(targets: Mapping[str, float], batches: Mapping[str, int]) -> dict[str, float]:
-    """Eq. 6 targets rescaled so they sum to the same workers' current total (ASP).
-
-    ASP has no sum rule to pull the total back, and Eq. 6 with the arithmetic-mean time inflates it
-    at every step when speeds differ (mean t >= sum b / sum T), compounding (HL8: 128 -> 241).
-    Taking t_bar as the cluster's time at its current total instead keeps sum(b) where it is.
-    """
-    total = math.fsum(targets.values())
-    if not targets or total <= 0:
-        return dict(targets)
-    scale = math.fsum(batches[k] for k in targets) / total
-    return {k: v * scale for k, v in targets.items()}
-
-
-def outside_deadband(current: int, target: float, deadband: float) -> bool:
-    """Eq. 7: True when |target - current| / target >= deadband, i.e. the change is worth making.
-
-    Small corrections are skipped because re-batching costs time (data loader reset, re-sharding)
-    and measured times never settle exactly on the mean.
-    """
-    cur = _real("current batch", current)
-    tgt = _positive("target batch", target)
-    band = _real("deadband", deadband)
-    if not 0.0 <= band < 1.0:
-        raise ValueError(f"deadband must be in [0, 1), got {band}")
-    return abs(tgt - cur) / tgt >= band
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    """Settings of a `BatchController`; validated (and numbers normalised) on construction."""
-
-    policy: Policy = "dynamic"
-    global_batch: int = 128
-    deadband: float = 0.1
-    min_batch: int = 1
-    max_batch: int | None = None
-    ewma_alpha: float = 0.3
-    keep_global_sum: bool = True
-    dynamic_start: StartPolicy = "uniform"
-    min_samples: int = 3
-    """Observations at a worker's current batch before the dynamic policy uses its time (moves it or
-    counts it in t_bar): one noisy sample right after a batch change is no basis for a decision."""
-
-    def __post_init__(self) -> None:
-        """Reject settings the controller cannot honour, with a message saying what to change."""
-        if self.policy not in _POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(_POLICIES)}; got {self.policy!r}")
-        if self.dynamic_start not in _STARTS:
-            raise ValueError(f"dynamic_start must be one of {', '.join(_STARTS)}; got {self.dynamic_start!r}")
-        if not isinstance(self.keep_global_sum, bool):
-            raise ValueError(f"keep_global_sum must be True (BSP) or False (ASP), got {self.keep_global_sum!r}")
-        global_batch = _int("global_batch", self.global_batch, minimum=1)
-        min_batch = _int("min_batch", self.min_batch, minimum=1)
-        if min_batch > global_batch:
-            raise ValueError(f"min_batch {min_batch} exceeds global_batch {global_batch}; lower min_batch")
-        max_batch: int | None = None
-        if self.max_batch is not None:
-            max_batch = _int("max_batch", self.max_batch, minimum=1)
-            if max_batch < min_batch:
-                raise ValueError(f"max_batch {max_batch} is below min_batch {min_batch}; raise max_batch or use None")
-        deadband = _real("deadband", self.deadband)
-        if not 0.0 <= deadband < 1.0:
-            raise ValueError(f"deadband must be in [0, 1) (a fraction of the target batch), got {deadband}")
-        alpha = _real("ewma_alpha", self.ewma_alpha)
-        if not 0.0 < alpha <= 1.0:
-            raise ValueError(f"ewma_alpha must be in (0, 1] (1 = newest observation only), got {alpha}")
-        min_samples = _int("min_samples", self.min_samples, minimum=1)
-        for name, value in (
-            ("global_batch", global_batch),
-            ("min_batch", min_batch),
-            ("max_batch", max_batch),
-            ("deadband", deadband),
-            ("ewma_alpha", alpha),
-            ("min_samples", min_samples),
-        ):
-            object.__setattr__(self, name, value)
-
-    @property
-    def default_max_batch(self) -> int:
-        """Per-worker upper bound used when a worker declares none."""
-        return self.global_batch if self.max_batch is None else self.max_batch
-
-
-def config_changes(before: ControllerConfig, after: ControllerConfig) -> dict[str, tuple[Any, Any]]:
-    """The settings that differ between two configs: {field: (before, after)}, in field order."""
-    old, new = asdict(before), asdict(after)
-    return {name: (old[name], value) for name, value in new.items() if old[name] != value}
 
 
 @dataclass
@@ -343,10 +87,10 @@ class BatchController:
             raise ValueError(f"worker_id must be a non-empty string, got {worker_id!r}")
         if worker_id in self._workers:
             raise ValueError(f"worker {worker_id!r} is already registered; remove it first or use another id")
-        c = _positive(f"cores of {worker_id!r}", cores)
+        c = positive(f"cores of {worker_id!r}", cores)
         cfg = self._config
-        lo = cfg.min_batch if min_batch is None else _int(f"min_batch of {worker_id!r}", min_batch, minimum=1)
-        hi = cfg.default_max_batch if max_batch is None else _int(f"max_batch of {worker_id!r}", max_batch, minimum=1)
+        lo = cfg.min_batch if min_batch is None else integer(f"min_batch of {worker_id!r}", min_batch, minimum=1)
+        hi = cfg.default_max_batch if max_batch is None else integer(f"max_batch of {worker_id!r}", max_batch, minimum=1)
         if lo > hi:
             raise ValueError(f"worker {worker_id!r}: min_batch {lo} exceeds max_batch {hi}")
         if cfg.keep_global_sum and self._floor_sum(lo) > cfg.global_batch:
@@ -399,8 +143,8 @@ class BatchController:
         """
         if worker_id not in self._workers:
             raise ValueError(f"unknown worker {worker_id!r}")
-        b = _int("batch", batch, minimum=1)
-        ms = _real("compute_ms", compute_ms)
+        b = integer("batch", batch, minimum=1)
+        ms = real("compute_ms", compute_ms)
         if ms < 0:
             raise ValueError(f"compute_ms must be >= 0, got {ms}")
         w = self._workers[worker_id]
@@ -495,7 +239,7 @@ class BatchController:
             planned = sum(ctl.plan().values())
             if planned > config.global_batch:
                 raise ValueError(f"planned batches sum to {planned} > global_batch {config.global_batch}")
-        ctl._adjustments = _int("adjustments", state["adjustments"], minimum=0)
+        ctl._adjustments = integer("adjustments", state["adjustments"], minimum=0)
         return ctl
 
     def with_config(self, config: ControllerConfig) -> BatchController:
@@ -532,18 +276,18 @@ class BatchController:
         """Validate and set the dynamic part of a worker record read from a state dict."""
         w = self._workers[worker_id]
         if batch is not None:
-            w.batch = _int(f"batch of {worker_id!r}", batch)
+            w.batch = integer(f"batch of {worker_id!r}", batch)
             if not w.min_batch <= w.batch <= w.max_batch:
                 raise ValueError(f"batch {w.batch} of {worker_id!r} is outside [{w.min_batch}, {w.max_batch}]")
         if ewma_ms is not None:
             if batch is None:
                 raise ValueError(f"worker {worker_id!r} has a smoothed time but no batch")
-            w.ewma_ms = _real(f"ewma_ms of {worker_id!r}", ewma_ms)
+            w.ewma_ms = real(f"ewma_ms of {worker_id!r}", ewma_ms)
             if w.ewma_ms < 0:
                 raise ValueError(f"ewma_ms of {worker_id!r} must be >= 0, got {w.ewma_ms}")
         if throughput is not None:
-            w.throughput = _positive(f"throughput of {worker_id!r}", throughput)
-        w.samples = _int(f"samples of {worker_id!r}", samples, minimum=0)
+            w.throughput = positive(f"throughput of {worker_id!r}", throughput)
+        w.samples = integer(f"samples of {worker_id!r}", samples, minimum=0)
         if w.samples and w.ewma_ms is None:
             raise ValueError(f"worker {worker_id!r} has {w.samples} samples but no smoothed time")
 
@@ -581,7 +325,7 @@ class BatchController:
         lower, upper = self._bounds()
         if not self._exact_sum():
             shares = largest_remainder(weights, cfg.global_batch)
-            return {k: _clip(b, lower[k], upper[k]) for k, b in shares.items()}
+            return {k: clip(b, lower[k], upper[k]) for k, b in shares.items()}
         self._check_reachable()
         return fit_to_sum(weights, cfg.global_batch, lower, upper)
 
@@ -615,7 +359,7 @@ class BatchController:
         movers = [k for k, t in targets.items() if outside_deadband(current[k], t, cfg.deadband)]
         if not self._exact_sum():
             lower, upper = self._bounds()
-            moved = {k: _clip(_round_half_up(targets[k]), lower[k], upper[k]) for k in movers}
+            moved = {k: clip(round_half_up(targets[k]), lower[k], upper[k]) for k in movers}
             return {**current, **moved}
         held_sum = sum(b for k, b in current.items() if k not in movers)
         fitted = self._fit_subset({k: targets[k] for k in movers}, cfg.global_batch - held_sum, current)
@@ -647,11 +391,11 @@ class BatchController:
         upper = {k: self._workers[k].max_batch for k in targets}
         if not sum(lower.values()) <= total <= sum(upper.values()):
             return None
-        exact, lo, hi = _water_fill(targets, total, lower, upper)
+        exact, lo, hi = water_fill(targets, total, lower, upper)
         kept = {k: current[k] for k in targets}
         if sum(kept.values()) == total and all(abs(b - exact[k]) < 1.0 for k, b in kept.items()):
             return kept
-        return _round_to_sum(exact, total, lo, hi)
+        return round_to_sum(exact, total, lo, hi)
 
     def _apply(self, new_plan: Mapping[str, int]) -> bool:
         """Install `new_plan`; a worker whose batch changes restarts its EWMA and its sample count (the

@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from ps.control.controller import BatchController, config_changes
+from ps.control.config import config_changes
+from ps.control.controller import BatchController
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.job.datasets import Dataset
 from ps.job.evaluator import BackgroundEvaluator
