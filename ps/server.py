@@ -329,8 +329,8 @@ async def serve(
             port_file.write(bound)
         await job.coordinator.wait_finished(grace)
         await loop.run_in_executor(None, job.evaluator.drain)
-        if job.coordinator.evaluations:
-            job.coordinator.last_accuracy = job.coordinator.evaluations[-1][1]
+        if job.coordinator.evaluation.results:
+            job.coordinator.evaluation.last_accuracy = job.coordinator.evaluation.results[-1][1]
         path = None
         if job.checkpointer is not None:
             try:

@@ -97,7 +97,7 @@ def test_the_cycle_is_timed_by_the_server_from_the_replies_to_each_push(ps_serve
         threads.submit(push, server.stub(), chunks)
 
     def wait_pushed(count: int) -> None:
-        wait_until(lambda: server.call(lambda: len(server.coordinator._pushed)) == count, f"{count} pushes")
+        wait_until(lambda: server.call(lambda: len(server.coordinator.bsp.pushed)) == count, f"{count} pushes")
 
     def wait_round(round: int) -> None:
         wait_until(lambda: server.call(lambda: server.coordinator.round) == round, f"round {round}")

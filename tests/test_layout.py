@@ -25,8 +25,6 @@ LONGER_ALLOWED: dict[str, str] = {
     "deploy/launcher.py": "one process supervisor",
     # an emulation run from profile to report: schedule phases applied to the running cluster
     "deploy/emulator.py": "one emulation run",
-    # split next, by concern: ps/rounds/ and ps/control/ get one module per concern
-    "ps/rounds/coordinator.py": "the coordinator, before its split",
 }
 
 # The parts of the code and what each may import: a folder of ps/ is one part, a module at the top

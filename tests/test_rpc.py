@@ -835,7 +835,7 @@ def test_status_fields(ps_server, threads) -> None:
 def test_job_end_is_reported(ps_server, threads) -> None:
     """One round over the whole train split ends the only epoch: replies and Status say done."""
     c = start_cluster(ps_server, threads, "--global-batch", "2000", "--epochs", "1")
-    assert 2000 >= c.server.coordinator.samples_per_epoch
+    assert 2000 >= c.server.coordinator.epochs.samples_per_epoch
     grad = rand(c.numel, seed=8)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         futures = [pool.submit(push, c.server.stub(), push_chunks(header(c.ids[n], grad, batch_size=1000), grad)) for n in "ab"]
