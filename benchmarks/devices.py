@@ -28,8 +28,8 @@ from typing import Any
 from benchmarks import analysis
 from benchmarks.report_output import print_report
 from benchmarks.workload import Workload
-from ps.arg_types import positive_float, positive_int
-from ps.metrics import read_metrics
+from ps.ops.arg_types import positive_float, positive_int
+from ps.ops.metrics import read_metrics
 
 SCENARIOS = ("cpu", "gpu", "gpu_allreduce", "mixed_uniform", "mixed_dynamic", "mixed_dynamic_allreduce")
 

@@ -195,8 +195,8 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from ps.control.gns import NoiseScaleEstimator
-    from ps.controller import largest_remainder
-    from ps.evaluator import evaluate
+    from ps.control.split import largest_remainder
+    from ps.job.evaluator import evaluate
 
     trainer = Trainer(args)
     shares = {str(k): float(s) for k, s in enumerate(args.shares)}

@@ -44,8 +44,8 @@ from typing import Any
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.arg_types import positive_float, positive_int
-from ps.metrics import read_metrics
+from ps.ops.arg_types import positive_float, positive_int
+from ps.ops.metrics import read_metrics
 
 CHILD_ENV = {
     **os.environ,

@@ -23,7 +23,7 @@ from deploy.profiles import (
     load_profile,
     load_schedule,
 )
-from ps.arg_types import positive_float, positive_int
+from ps.ops.arg_types import positive_float, positive_int
 
 
 def port_in_range(text: str) -> int:

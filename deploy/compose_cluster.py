@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Self
 
 from deploy.compose_env import COMPOSE_WORKERS, DEPLOY_DIR
-from ps.metrics import read_metrics
+from ps.ops.metrics import read_metrics
 
 COMPOSE_FILE = DEPLOY_DIR / "docker-compose.yml"
 HOST_OVERRIDE = DEPLOY_DIR / "docker-compose.host.yml"

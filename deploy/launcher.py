@@ -43,7 +43,7 @@ from deploy.cgroups import (
     slowdown_factors,
 )
 from deploy.profiles import quota_period_us
-from ps.metrics import read_metrics
+from ps.ops.metrics import read_metrics
 
 LIMITERS = ("auto", "cgroup", "slowdown")
 """Ways to confine workers: a cgroup when one is writable (auto), a cgroup or fail, software slowdown."""

@@ -1,6 +1,6 @@
 """Plots of a run's metrics log, after OmniLearn's Fig. 8 (batch sizes) and Fig. 11 (compute times).
 
-Every function takes parsed events (``ps.metrics.read_metrics``: dicts with an ``event`` key) and
+Every function takes parsed events (``ps.ops.metrics.read_metrics``: dicts with an ``event`` key) and
 returns a matplotlib :class:`~matplotlib.figure.Figure`, saved as PNG when a path is given. They use
 the object API with the Agg canvas, never pyplot, so they work headless and in threads, and leave
 no global state behind. Phases (``phases.jsonl`` of ``ps-cluster run``: ``{"event": "phase",

@@ -12,11 +12,11 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from ps.server_flags import build_parser
+
 
 def server_parser() -> argparse.ArgumentParser:
     """ps-server's own parser, raising ValueError where it would print its usage and exit."""
-    from ps.server import build_parser  # torch and grpc: only once a command is being planned
-
     parser = build_parser()
 
     def refuse(message: str) -> NoReturn:

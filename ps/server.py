@@ -15,151 +15,30 @@ from typing import Any
 import grpc
 import torch
 
-from ps.arg_types import float_at_least, is_host_port, port_number, positive_float
-from ps.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
-from ps.stack_dump import enable_stack_dump
-from ps.controller import BatchController, ControllerConfig
-from ps.coordinator import Coordinator
-from ps.datasets import Dataset, build_dataset
-from ps.evaluator import BackgroundEvaluator
-from ps.handlers import SERVICES, OnMessage, register
-from ps.jobspec import (
-    ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, WIRE_DTYPES, JobSpec, busy_time_measured,
-    cycle_measured, default_balance,
-)
-from ps.memory import tune_malloc
-from ps.metrics import MetricsLog
-from ps.models import build_model
+from ps.control.config import ControllerConfig
+from ps.control.controller import BatchController
+from ps.job.datasets import Dataset, build_dataset
+from ps.job.evaluator import BackgroundEvaluator
+from ps.job.models import build_model
+from ps.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
+from ps.ops.arg_types import is_host_port
 from ps.ops.health import NOT_SERVING, SERVING, Health
+from ps.ops.memory import tune_malloc
+from ps.ops.metrics import MetricsLog
+from ps.ops.port_file import PortFile
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
-from ps.port_file import PortFile
-from ps.rendezvous import Rendezvous
-from ps.security import ServerSecurity, load_server_security, resolve_token
-from ps.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
+from ps.ops.stack_dump import enable_stack_dump
+from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.rounds.coordinator import Coordinator
+from ps.rounds.rendezvous import Rendezvous
+from ps.server_flags import build_parser, parse_options
 from ps.servicer import ParameterServerServicer
-from ps.shard_client import RemoteShards, ShardFailure
-from ps.shard_processes import LocalShards
-from ps.shard_ranges import split_ranges
-
-
-def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
-    """`key=value` strings to a dict; values parse as JSON where they can (numbers, booleans)."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise ValueError(f"expected key=value, got {pair!r}")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
-
-
-def parse_adjust_every(text: str) -> int | None:
-    """`epoch` -> None (adjust at epoch ends), or a positive step count."""
-    if text == "epoch":
-        return None
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    raise argparse.ArgumentTypeError(f"--adjust-every takes 'epoch' or a positive integer, got {text!r}")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="ps-server",
-        description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch controller.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    job = p.add_argument_group("job")
-    job.add_argument("--mode", choices=MODES, default="bsp", help="synchronous rounds or asynchronous updates")
-    job.add_argument("--workers", type=int, default=4, help="workers to wait for before training starts")
-    job.add_argument("--model", default="mlp", help="built-in model (mlp, cnn) or package.module:function")
-    job.add_argument("--model-arg", action="append", default=[], metavar="K=V", help="model option, e.g. hidden=512")
-    job.add_argument("--dataset", default="digits", help="built-in dataset (digits, synthetic) or package.module:function")
-    job.add_argument("--dataset-arg", action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
-    job.add_argument("--epochs", type=int, default=10, help="passes over the training split")
-    job.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights and the data split")
-    job.add_argument("--allreduce", nargs="?", const="on", choices=FAST_PATH_CHOICES, default="auto",
-                     help="BSP collective fast path: workers all-reduce their gradients with torch.distributed "
-                          "(NCCL if every worker has its own GPU, else gloo); the server coordinates rounds, plan and "
-                          "checkpoints. --allreduce alone is on; auto (default) takes it when the workers that start "
-                          "the job all compute on GPUs of their own, in a BSP job on one server without --balance busy "
-                          "or cycle, and stays on the PS path otherwise; off never takes it")
-    job.add_argument("--allreduce-algorithm", choices=ALLREDUCE_ALGORITHMS, default="auto",
-                     help="--allreduce: ring is torch.distributed.all_reduce; hub sums the buckets at the worker with "
-                          "the largest batch and sends the sum back, so a slow worker takes part twice per step instead "
-                          "of 2(W-1) times; auto is hub over gloo, ring over NCCL")
-    opt = p.add_argument_group("optimizer")
-    opt.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="server optimizer (BSP)")
-    opt.add_argument("--lr", type=positive_float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
-    opt.add_argument("--momentum", type=float_at_least(0.0), default=0.9, help="SGD momentum (BSP)")
-    opt.add_argument("--weight-decay", type=float_at_least(0.0), default=0.0, help="L2 penalty")
-    opt.add_argument("--nesterov", action="store_true", help="Nesterov momentum (SGD)")
-    opt.add_argument("--lr-milestones", default="", help="comma-separated epochs where lr is multiplied by --lr-gamma")
-    opt.add_argument("--lr-gamma", type=positive_float, default=0.1, help="lr factor at each milestone")
-    opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
-    ctl = p.add_argument_group("batch controller")
-    ctl.add_argument("--global-batch", type=int, default=128, help="B, split across the workers")
-    ctl.add_argument("--controller", choices=["uniform", "static", "dynamic"], default="dynamic",
-                     help="equal batches, Eq. 4a from declared cores, or Eq. 6 proportional control")
-    ctl.add_argument("--deadband", type=float_at_least(0.0), default=0.1, help="relative change below which a batch stays (Eq. 7)")
-    ctl.add_argument("--min-batch", type=int, default=1, help="per-worker lower bound")
-    ctl.add_argument("--max-batch", type=int, default=None, help="per-worker upper bound (unset: the global batch)")
-    ctl.add_argument("--adjust-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
-                     help="controller decision at every epoch end (default) or every N steps")
-    ctl.add_argument("--balance", choices=("auto", *BALANCE_TIMES), default="auto",
-                     help="what the controller equalizes: compute time (fetch + forward + backward); busy time, "
-                          "which adds each worker's own part of its push (sending, and receiving and loading the new "
-                          "parameters, not waiting for the round): on CPU-throttled workers that part is slower too; "
-                          "or (BSP) the cycle, timed by the server from a round's replies going out to each worker's "
-                          "next push arrived, which also holds the transport work a worker cannot time itself. Busy "
-                          "time and the cycle are measured on the PS path with one server only (not with --allreduce "
-                          "or --shards). auto (default): busy for BSP where it is measured, compute otherwise (ASP, "
-                          "--allreduce, --shards)")
-    ctl.add_argument("--ewma-alpha", type=positive_float, default=0.3, help="weight of the newest compute time in the EWMA")
-    ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
-                     help="first plan of the dynamic controller")
-    ctl.add_argument("--max-staleness", type=int, default=None, help="ASP: refuse updates older than this many versions")
-    rel = p.add_argument_group("reliability")
-    rel.add_argument("--max-workers", type=int, default=None,
-                     help="workers allowed in the job at once, late joiners included (unset: --workers)")
-    rel.add_argument("--evict-after", type=positive_float, default=10.0,
-                     help="evict a worker not heard from (heartbeat or RPC) for this many seconds")
-    rel.add_argument("--checkpoint-dir", type=Path, default=None, help="write checkpoints here")
-    rel.add_argument("--checkpoint-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
-                     help="checkpoint at every epoch end (default) or every N steps")
-    rel.add_argument("--keep-checkpoints", type=int, default=3, help="how many checkpoints to keep")
-    rel.add_argument("--resume", type=Path, default=None, metavar="DIR",
-                     help="continue from the newest valid checkpoint in DIR (also checkpoints there)")
-    net = p.add_argument_group("server")
-    net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
-    net.add_argument("--port", type=port_number, default=50051, help="0 picks a free port (printed at start)")
-    net.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
-    net.add_argument("--rendezvous-port", type=int, default=None,
-                     help="--allreduce: port of the workers' TCPStore rendezvous on --host (unset: a free port)")
-    net.add_argument("--shards", type=int, default=1,
-                     help="BSP: split the parameters by contiguous ranges across N server processes (this one and "
-                          "N-1 ps-shard processes it starts on --host); workers push and pull the ranges in parallel")
-    net.add_argument("--shard-addresses", default=None, metavar="HOST:PORT,...",
-                     help="use these running ps-shard servers for ranges 1.. instead of starting them (sets --shards)")
-    net.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
-                     help="dtype of parameters and gradients on the wire (fp32 accumulation)")
-    net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
-    net.add_argument("--metrics-port", type=port_number, default=None,
-                     help="serve Prometheus metrics over HTTP at /metrics on --host:PORT (0 picks a free port, printed "
-                          "at start); unset: no endpoint")
-    net.add_argument("--metrics-port-file", type=Path, default=None,
-                     help="write the bound --metrics-port to this file (for scripts)")
-    net.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer and evaluation")
-    net.add_argument("--grace", type=float_at_least(0.0), default=10.0, help="seconds to wait for workers to hear the job ended")
-    net.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    net.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
-    net.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
-    net.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
-                     help="mutual TLS: require client certificates signed by this PEM CA")
-    net.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
-    return p
+from ps.shards.client import RemoteShards, ShardFailure
+from ps.shards.processes import LocalShards
+from ps.shards.ranges import split_ranges
+from ps.transport.handlers import SERVICES, OnMessage, register
+from ps.transport.security import ServerSecurity, load_server_security, resolve_token
+from ps.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -450,8 +329,8 @@ async def serve(
             port_file.write(bound)
         await job.coordinator.wait_finished(grace)
         await loop.run_in_executor(None, job.evaluator.drain)
-        if job.coordinator.evaluations:
-            job.coordinator.last_accuracy = job.coordinator.evaluations[-1][1]
+        if job.coordinator.evaluation.results:
+            job.coordinator.evaluation.last_accuracy = job.coordinator.evaluation.results[-1][1]
         path = None
         if job.checkpointer is not None:
             try:

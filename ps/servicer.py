@@ -2,80 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.coordinator import Coordinator
-from ps.core_messages import StepReply
-from ps.errors import (
-    AlreadyExists,
-    FailedPrecondition,
-    InvalidArgument,
-    NotFound,
-    PermissionDenied,
-    ServiceError,
-    Unauthenticated,
-)
-from ps.push_stream import receive_push
-from ps.serialized import DataChunk, data_header
-
-_CODES: dict[type[ServiceError], grpc.StatusCode] = {
-    InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
-    NotFound: grpc.StatusCode.NOT_FOUND,
-    FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
-    AlreadyExists: grpc.StatusCode.ALREADY_EXISTS,
-    Unauthenticated: grpc.StatusCode.UNAUTHENTICATED,
-    PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
-}
-
-
-def status_code(error: ServiceError) -> grpc.StatusCode:
-    for cls in type(error).__mro__:
-        if cls in _CODES:
-            return _CODES[cls]
-    return grpc.StatusCode.INTERNAL
-
-
-def params_chunk(seq: int, nbytes: int) -> bytes:
-    """What a serialized ParamsChunk puts before payload chunk `seq`'s data (the cores' Payload frame;
-    the data is written after it in place). Its message seq is seq + 1: message 0 of a reply is the
-    header alone."""
-    return data_header(ps_pb2.ParamsChunk(seq=seq + 1), nbytes)
-
-
-def reply_messages(reply: StepReply) -> Iterator[bytes]:
-    """A StepReply as a serialized ParamsChunk stream: the header message, then the payload chunks.
-
-    The core's payload chunks are already serialized ParamsChunks (the servicers have the core's
-    Payload frame them with `params_chunk`), built once per parameter version and shared by every
-    reply that carries it, as they are: a reply adds only its own header message (seq 0, no data).
-    The response serializer passes bytes through (ps/handlers.py, ps/serialized.py), so gRPC sends
-    these as they are.
-    """
-    header = ps_pb2.ParamsHeader(
-        round=reply.round,
-        version=reply.version,
-        epoch=reply.epoch,
-        batch_size=reply.batch_size,
-        done=reply.done,
-        wire_dtype=reply.wire_dtype,
-        num_values=reply.num_values,
-        lr=reply.lr,
-        global_batch=reply.global_batch,
-        reason=reply.reason,
-        generation=reply.group.generation,
-        rank=reply.group.rank,
-        world_size=reply.group.world_size,
-        backend=reply.group.backend,
-        snapshot_requested=reply.snapshot_requested,
-        hub_rank=reply.group.hub_rank,
-        optimizer_state=reply.optimizer_state,
-    )
-    yield ps_pb2.ParamsChunk(header=header).SerializeToString()
-    yield from reply.payload  # framed as they are reached (ps.payload), the first while later ones step
+from ps.errors import ServiceError
+from ps.rounds.coordinator import Coordinator
+from ps.transport.push_stream import receive_push
+from ps.transport.replies import params_chunk, reply_messages, status_code
+from ps.transport.serialized import DataChunk
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):

@@ -13,10 +13,11 @@ import grpc
 import pytest
 
 from protos import ps_pb2_grpc
-from ps.coordinator import Coordinator
-from ps.server import GRPC_OPTIONS, Job, build_job, build_parser
-from ps.handlers import register
+from ps.rounds.coordinator import Coordinator
+from ps.server import GRPC_OPTIONS, Job, build_job
+from ps.server_flags import build_parser
 from ps.servicer import ParameterServerServicer
+from ps.transport.handlers import register
 
 START_TIMEOUT_S = 10.0
 

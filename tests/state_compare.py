@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ps.coordinator import Coordinator
+from ps.rounds.coordinator import Coordinator
 
 
 def assert_same(a: Any, b: Any, path: str = "state") -> None:
@@ -37,7 +37,7 @@ def server_state(c: Coordinator, *, with_accuracy: bool = True) -> dict[str, Any
 
     `with_accuracy=False` leaves out the evaluator's accuracy, for tests that let evaluations run:
     it lands from a background thread whenever one finishes."""
-    acc = c._accumulator
+    acc = c.bsp.accumulator
     status = c.status()
     if not with_accuracy:
         status.pop("last_accuracy")
@@ -50,14 +50,14 @@ def server_state(c: Coordinator, *, with_accuracy: bool = True) -> dict[str, Any
         "samples": c.samples,
         "done": c.done,
         "reason": c.reason,
-        "started": c._started.is_set(),
+        "started": c.admission.started.is_set(),
         "controller": copy.deepcopy(c.controller.state_dict()),
         "accumulator": None if acc is None else (acc.weight, acc.count, acc.partial_sum()),
-        "pushed": set(c._pushed),
+        "pushed": set(c.bsp.pushed),
         "active": {k: member_fields(m) for k, m in c.membership.active.items()},
         "pending": {k: member_fields(m) for k, m in c.membership.pending.items()},
         "departed": dict(c.membership.departed),
         "joined": c.membership._joined,
-        "told_done": set(c._told_done),
+        "told_done": set(c.end.told_done),
         "status": status,
     }

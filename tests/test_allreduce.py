@@ -17,14 +17,14 @@ import torch
 from torch.distributed import TCPStore
 
 from protos import ps_pb2
-from ps.checkpoint import checkpoint_files, read_checkpoint
-from ps.jobspec import JobSpec
-from ps.metrics import read_metrics
-from ps.models import build_model
-from ps.rendezvous import Group, fast_path_fits, hub_rank, plan_group
+from ps.job.models import build_model
+from ps.job.spec import JobSpec
+from ps.ops.metrics import read_metrics
+from ps.params.checkpoint import checkpoint_files, read_checkpoint
+from ps.params.store import ParameterStore
+from ps.rounds.rendezvous import Group, fast_path_fits, hub_rank, plan_group
 from ps.server import main as server_main
-from ps.store import ParameterStore
-from ps.wire import flatten_params
+from ps.transport.layout import flatten_params
 from tests import collective_ranks
 from tests.processes import ENV, Cluster, start_server
 from tests.test_hostile import wait_until
@@ -339,7 +339,7 @@ def test_pushes_of_the_wrong_kind_are_refused_without_a_trace(ps_server, threads
     ]
     for chunks, code, *fragments in cases:
         expect_refused(server, lambda chunks=chunks: list(stub.Push(iter(chunks), timeout=TIMEOUT)), code, *fragments)
-    assert server.call(lambda: (server.coordinator._round_batch, server.coordinator._snapshot_requested)) == (0, False)
+    assert server.call(lambda: (server.coordinator.bsp.round_batch, server.coordinator.whole_model.snapshot_requested)) == (0, False)
 
 
 def test_reports_in_a_ps_job_are_refused(ps_server, threads) -> None:
@@ -362,7 +362,7 @@ def test_rounds_close_on_reports_and_rank0_snapshots_at_epoch_end(ps_server, thr
     rank0 = next(n for n, w in ids.items() if core.rendezvous.rank(w) == 0)
     assert {n: h.snapshot_requested for n, h in second.items()} == {n: n == rank0 for n in ids}
     assert all(h.round == 2 and h.epoch == 1 for h in second.values())
-    assert core.evaluations == [] and not list(tmp_path.glob("ckpt-*"))  # both wait for the snapshot
+    assert core.evaluation.results == [] and not list(tmp_path.glob("ckpt-*"))  # both wait for the snapshot
     params = theta0 + rand(theta0.numel(), seed=3)
     h = call(server.stub(), snapshot_push(ids[rank0], params, 2))
     assert not h.snapshot_requested and h.round == 2
@@ -371,13 +371,13 @@ def test_rounds_close_on_reports_and_rank0_snapshots_at_epoch_end(ps_server, thr
     (ckpt,) = checkpoint_files(tmp_path)
     assert torch.equal(read_checkpoint(ckpt)["params"], params) and read_checkpoint(ckpt)["round"] == 2
     deadline = time.monotonic() + TIMEOUT
-    while not core.evaluations and time.monotonic() < deadline:
+    while not core.evaluation.results and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert [e[0] for e in core.evaluations] == [1]
+    assert [e[0] for e in core.evaluation.results] == [1]
 
 
 def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_server, threads) -> None:
-    """Rank 0's snapshot is the parameters, then the momentum buffer (ps.flat_state); the server keeps
+    """Rank 0's snapshot is the parameters, then the momentum buffer (ps.params.flat_state); the server keeps
     both (what its checkpoints hold) and hands the momentum to a worker that asks (after a resume).
     A snapshot of another size, or a non-finite state, is refused and changes nothing."""
     server = ps_server(*TINY, "--momentum", "0.9")
@@ -443,7 +443,7 @@ def test_a_server_without_optimizer_state_pulls_leaves_the_momentum_at_zero(tmp_
 def report_then_leave(server, threads, ids: dict[str, str], reporter: str, leaver: str) -> ps_pb2.ParamsHeader:
     """`reporter` reports round 0 and waits; once the server has it, `leaver` leaves; the report's reply."""
     pending = threads.submit(call, server.stub(), report(ids[reporter], 0))
-    wait_until(lambda: server.call(lambda: server.coordinator._round_batch) > 0, f"{reporter}'s report")
+    wait_until(lambda: server.call(lambda: server.coordinator.bsp.round_batch) > 0, f"{reporter}'s report")
     server.stub().Leave(ps_pb2.LeaveRequest(worker_id=ids[leaver], secret=SECRETS[ids[leaver]]), timeout=TIMEOUT)
     return pending.result(TIMEOUT)
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ps.jobspec import JobSpec, default_balance
+from ps.job.spec import JobSpec, default_balance
 from ps.server import build_job, print_progress
 from tests.conftest import job_args
 from tests.test_hostile import wait_until
@@ -97,7 +97,7 @@ def test_the_cycle_is_timed_by_the_server_from_the_replies_to_each_push(ps_serve
         threads.submit(push, server.stub(), chunks)
 
     def wait_pushed(count: int) -> None:
-        wait_until(lambda: server.call(lambda: len(server.coordinator._pushed)) == count, f"{count} pushes")
+        wait_until(lambda: server.call(lambda: len(server.coordinator.bsp.pushed)) == count, f"{count} pushes")
 
     def wait_round(round: int) -> None:
         wait_until(lambda: server.call(lambda: server.coordinator.round) == round, f"round {round}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ps.port_file import PortFile
+from ps.ops.port_file import PortFile
 from ps.server import main as server_main
 from tests.processes import ENV
 
@@ -138,7 +138,7 @@ def _catches(pid: int, signum: int) -> bool:
 
 
 @pytest.mark.parametrize(("module", "prog", "args"), [("ps.server", "ps-server", ["--model-arg", "hidden=8"]),
-                                                       ("ps.shard_server", "ps-shard", [])])
+                                                       ("ps.shards.server", "ps-shard", [])])
 def test_server_on_a_port_in_use_says_so_in_one_line(module: str, prog: str, args: list[str]) -> None:
     import socket
 
@@ -153,7 +153,7 @@ def test_server_on_a_port_in_use_says_so_in_one_line(module: str, prog: str, arg
     assert "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize(("module", "prog"), [("ps.server", "ps-server"), ("ps.shard_server", "ps-shard")])
+@pytest.mark.parametrize(("module", "prog"), [("ps.server", "ps-server"), ("ps.shards.server", "ps-shard")])
 def test_an_unwritable_port_file_is_refused_before_anything_listens(module: str, prog: str, tmp_path: Path) -> None:
     result = run(module, "--port", "0", "--port-file", str(tmp_path / "missing" / "port"))
     assert result.returncode == 2, result.stderr

@@ -1,4 +1,4 @@
-"""Tests for ps.controller, the pure batch controller (design.md section 5)."""
+"""Tests for ps.control.controller, the pure batch controller (design.md section 5)."""
 
 from __future__ import annotations
 
@@ -13,16 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.controller import (
-    BatchController,
-    ControllerConfig,
-    config_changes,
-    fit_to_sum,
-    largest_remainder,
-    outside_deadband,
-    proportional_targets,
-    total_preserving,
-)
+from ps.control.config import ControllerConfig, config_changes
+from ps.control.controller import BatchController
+from ps.control.proportional import outside_deadband, proportional_targets, total_preserving
+from ps.control.split import fit_to_sum, largest_remainder
 
 FAST = settings(max_examples=40, deadline=None)
 

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ps.datasets import build_dataset
-from ps.models import build_model
-from ps.wire import flatten_params
+from ps.job.datasets import build_dataset
+from ps.job.models import build_model
+from ps.transport.layout import flatten_params
 from tests.processes import start_server
 from worker.client import PSClient
 

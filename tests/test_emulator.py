@@ -22,7 +22,7 @@ import pytest
 
 from deploy.cgroups import CgroupBackend, detect_backend
 from deploy.profiles import load_profile, quota_period_us, scale
-from ps.metrics import read_metrics
+from ps.ops.metrics import read_metrics
 from tests.processes import ENV
 
 BACKEND: CgroupBackend | None = detect_backend()

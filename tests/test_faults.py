@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ps.checkpoint import checkpoint_files, read_checkpoint
-from ps.coordinator import params_digest
-from ps.datasets import build_dataset
-from ps.models import build_model
+from ps.job.datasets import build_dataset
+from ps.job.models import build_model
+from ps.params.checkpoint import checkpoint_files, read_checkpoint
+from ps.rounds.coordinator import params_digest
 from tests.processes import Cluster, start_server
 from worker.client import PSClient, ServerError
 

@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.security import bearer
+from ps.transport.security import bearer
 from tests.processes import ENV, start_server
 from tests.test_prometheus import scrape, value
 
@@ -157,7 +157,7 @@ def test_shard_health_follows_its_load_and_its_stop(tmp_path: Path, channels) ->
     """ps-shard: "" SERVING once it listens (its coordinator's Load must reach it), its service once a
     coordinator loaded its range; both NOT_SERVING on SIGTERM. Its /metrics counts the Load's bytes."""
     port_file, metrics_port_file = tmp_path / "shard.port", tmp_path / "shard-metrics.port"
-    shard = subprocess.Popen([sys.executable, "-m", "ps.shard_server", "--port", "0", "--port-file", str(port_file),
+    shard = subprocess.Popen([sys.executable, "-m", "ps.shards.server", "--port", "0", "--port-file", str(port_file),
                               "--metrics-port", "0", "--metrics-port-file", str(metrics_port_file)],
                              env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     cluster = None

@@ -33,10 +33,10 @@ from hypothesis.stateful import (
 )
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.core_messages import MAX_COMPUTE_MS
-from ps.membership import MAX_CORES, MAX_NAME
+from ps.rounds.membership import MAX_CORES, MAX_NAME
 from ps.server import GRPC_OPTIONS, MAX_MESSAGE_BYTES, Job, build_job
-from ps.wire import CHUNK_BYTES, FlatReceiver, decode, encode, split
+from ps.transport.messages import MAX_COMPUTE_MS
+from ps.transport.wire import CHUNK_BYTES, FlatReceiver, decode, encode, split
 from tests.conftest import InProcessServer, job_args
 from tests.state_compare import assert_same, server_state
 
@@ -353,7 +353,7 @@ class HostileMachine(RuleBasedStateMachine):
         def take() -> View:
             c = self.server.coordinator
             return View(
-                c.done, c.round, c.version, c.epoch, c.samples, c.controller.plan(), set(c._pushed),
+                c.done, c.round, c.version, c.epoch, c.samples, c.controller.plan(), set(c.bsp.pushed),
                 {k: m.name for k, m in c.membership.pending.items()}, c.store.flat.clone(),
                 {k: {step: set(b) for step, b in m.told.items()} for k, m in c.membership.active.items()},
             )
@@ -653,7 +653,7 @@ class HostileMachine(RuleBasedStateMachine):
         )
 
     def pushed_ids(self) -> set[str]:
-        return self.server.call(lambda: set(self.server.coordinator._pushed))
+        return self.server.call(lambda: set(self.server.coordinator.bsp.pushed))
 
     def run_round(self, data: st.DataObject) -> None:
         """A BSP round: some workers push (their calls wait), hostile calls hit the open round, then the
@@ -767,8 +767,8 @@ class HostileMachine(RuleBasedStateMachine):
                 "pending": {k: m.name for k, m in c.membership.pending.items()},
                 "departed": dict(c.membership.departed),
                 "plan": c.controller.plan(),
-                "pushed": set(c._pushed),
-                "acc_count": None if c._accumulator is None else c._accumulator.count,
+                "pushed": set(c.bsp.pushed),
+                "acc_count": None if c.bsp.accumulator is None else c.bsp.accumulator.count,
                 "status": c.status(),
             }
 
@@ -930,7 +930,7 @@ def open_round():
         ids = dict(zip("ab", (r.worker_id for r in replies)))
         numel = server.coordinator.layout.numel
         pending = pool.submit(lambda: ask(lambda: read_params(stub.Push(iter(PushSpec(ids["a"], 0, 0, 16, 5.0, "float32", numel, seed=1).chunks()), timeout=3 * TIMEOUT))))
-        wait_until(lambda: server.call(lambda: set(server.coordinator._pushed)) == {ids["a"]}, "a's push")
+        wait_until(lambda: server.call(lambda: set(server.coordinator.bsp.pushed)) == {ids["a"]}, "a's push")
         yield server, stub, ids, numel, pending
     finally:
         stop_server(server)
@@ -1044,7 +1044,7 @@ def _push(server: InProcessServer, spec: PushSpec) -> Answer:
 
 
 def _events(path: Any, name: str) -> list[dict[str, Any]]:
-    from ps.metrics import read_metrics
+    from ps.ops.metrics import read_metrics
 
     return [e for e in read_metrics(path) if e["event"] == name]
 

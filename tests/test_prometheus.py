@@ -103,7 +103,7 @@ def test_metrics_flags_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         server_main(["--metrics-port", "70000"])
     assert "expected a port in 0-65535" in capsys.readouterr().err
-    shard = subprocess.run([sys.executable, "-m", "ps.shard_server", "--metrics-port-file", str(tmp_path / "p")],
+    shard = subprocess.run([sys.executable, "-m", "ps.shards.server", "--metrics-port-file", str(tmp_path / "p")],
                            env=ENV, capture_output=True, text=True, timeout=60)
     assert shard.returncode == 2 and "ps-shard: error: --metrics-port-file needs --metrics-port" in shard.stderr
 

@@ -16,9 +16,9 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from ps.coordinator import Coordinator
-from ps.core_messages import PushMeta
+from ps.rounds.coordinator import Coordinator
 from ps.server import build_job
+from ps.transport.messages import PushMeta
 from tests.conftest import job_args
 
 B = 24
@@ -56,14 +56,14 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
 
     def recording_remove(worker_id: str, event: str, reason: str) -> None:
         member = c.membership.active.get(worker_id)
-        if member is not None and worker_id not in c._pushed and c._started.is_set():
+        if member is not None and worker_id not in c.bsp.pushed and c.admission.started.is_set():
             lost[c.round] = lost.get(c.round, 0) + min(member.told.get(c.round, {0}))
         remove(worker_id, event, reason)
 
     activate = c._activate_pending
 
     def recording_activate() -> None:
-        if c.membership.pending and c._accumulator is not None and c._accumulator.count == 0:
+        if c.membership.pending and c.bsp.accumulator is not None and c.bsp.accumulator.count == 0:
             lost[c.round] = 0  # the round starts afresh with the newcomers (nobody was left in it)
         activate()
 

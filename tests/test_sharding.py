@@ -21,16 +21,17 @@ import pytest
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.checkpoint import checkpoint_files, read_checkpoint
-from ps.core_messages import PushMeta
 from ps.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
-from ps.jobspec import JobSpec
-from ps.server import build_job, build_parser
-from ps.shard import ShardCore
-from ps.shard_ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
+from ps.job.spec import JobSpec
+from ps.params.checkpoint import checkpoint_files, read_checkpoint
+from ps.server import build_job
+from ps.server_flags import build_parser
+from ps.shards.core import ShardCore
+from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
+from ps.transport.messages import PushMeta
+from ps.transport.wire import encode
+from ps.transport.worker_keys import WorkerKeys
 from tests.processes import Cluster, start_server
-from ps.wire import encode
-from ps.worker_keys import WorkerKeys
 from tests.test_store import torch_optimizer
 from worker.client import Joined, PSClient, ServerError
 
@@ -214,7 +215,7 @@ def shard_children(parent: int) -> list[int]:
                 cmdline = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"ps.shard_server" in cmdline and str(parent).encode() in cmdline:
+            if b"ps.shards.server" in cmdline and str(parent).encode() in cmdline:
                 found.append(int(entry.name))
     return found
 

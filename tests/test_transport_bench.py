@@ -18,7 +18,11 @@ from typing import Any
 
 import pytest
 
-from benchmarks import transport
+from benchmarks.transport.cli import build_parser, main, resolve_defaults
+from benchmarks.transport.job import tiny_dataset
+from benchmarks.transport.profiling import summarize_profile
+from benchmarks.transport.report import add_ratios, combine_rounds, evaluate_targets
+from benchmarks.transport.stats import iterations_for, stats
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT_KEYS = {"benchmark", "tiny", "environment", "settings", "definitions", "rows", "server_overhead", "profile",
@@ -155,18 +159,18 @@ def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     for bad, flag in ((["--sizes", "lots"], "--sizes"), (["--benchmarks", "carrier_pigeon"], "--benchmarks"),
                       (["--overhead-params", "5e6"], "--overhead-params"), (["--rounds", "0"], "--rounds")):
         with pytest.raises(SystemExit) as exit_info:
-            transport.main(bad)
+            main(bad)
         assert exit_info.value.code == 2 and flag in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ pure parts, on fixed inputs
 def test_flat_model_and_dataset_match_the_job_contract() -> None:
-    from ps.datasets import Dataset
-    from ps.models import build_model
+    from ps.job.datasets import Dataset
+    from ps.job.models import build_model
 
-    data = transport.tiny_dataset(0, size=64)
+    data = tiny_dataset(0, size=64)
     assert isinstance(data, Dataset) and len(data.train_x) == 64
-    model = build_model("benchmarks.transport:flat_model", data.input_shape, data.num_classes, {"numel": 1000}, 0)
+    model = build_model("benchmarks.transport.job:flat_model", data.input_shape, data.num_classes, {"numel": 1000}, 0)
     assert sum(p.numel() for p in model.parameters()) == 1000
     assert model(data.test_x).shape == (len(data.test_x), data.num_classes)
 
@@ -190,16 +194,16 @@ def test_ratios_and_targets() -> None:
         _row("ps_push_pull", n, 1500.0, wire_dtype="float32", workers=4, shards=2, mb_per_s_per_worker=375.0,
              params_per_s_per_worker=375e6 / 4),
     ]
-    transport.add_ratios(rows)
+    add_ratios(rows)
     assert rows[3]["ratio_to_grpc_ceiling"] == 0.85 and rows[3]["ratio_to_torch_rpc"] == 0.425
     assert rows[4]["params_per_s_ratio_to_torch_rpc"] == 0.6  # 300 M params/s against 500 M
     assert [r["ratio_to_one_shard"] for r in rows[3:]] == [1.0, 1.0, 1.0, 1.25]  # each against its own 1-shard run
-    targets = transport.evaluate_targets(rows, {"inprocess": {"median_ms": 2.5, "numel": 1_000_000}}, [n])
+    targets = evaluate_targets(rows, {"inprocess": {"median_ms": 2.5, "numel": 1_000_000}}, [n])
     assert [(t["value"], t["pass"]) for t in targets] == [(0.85, True), (0.6, False), (1.25, False), (2.5, False)]
     # the bf16 row is not the fp32 one's 1-shard base; the shard target reads the 4-worker pair only
     assert "4 workers" in targets[2]["name"] and "2 shards" in targets[2]["name"]
     # a size that was not measured gives no value and no verdict, not a failure
-    assert transport.evaluate_targets([], None, [n])[0]["pass"] is None
+    assert evaluate_targets([], None, [n])[0]["pass"] is None
 
 
 def test_rounds_combine_to_the_median_round_and_the_median_ratio() -> None:
@@ -210,20 +214,20 @@ def test_rounds_combine_to_the_median_round_and_the_median_ratio() -> None:
         rows = [_row("grpc_stream_echo", n, echo),
                 _row("ps_push_pull", n, ps, wire_dtype="float32", workers=1, shards=1, mb_per_s_per_worker=ps,
                      params_per_s_per_worker=ps * 1e6 / 4)]
-        transport.add_ratios(rows)
+        add_ratios(rows)
         return rows
 
     # a slow round slows both sides; its ratio stays in line
-    combined = transport.combine_rounds([sweep(1000.0, 800.0), sweep(500.0, 420.0), sweep(1200.0, 900.0)])
+    combined = combine_rounds([sweep(1000.0, 800.0), sweep(500.0, 420.0), sweep(1200.0, 900.0)])
     echo, ps = combined
     assert echo["mb_per_s"] == 1000.0 and echo["rounds_mb_per_s"] == [1000.0, 500.0, 1200.0]
     assert ps["mb_per_s"] == 800.0 and ps["ratio_to_grpc_ceiling_rounds"] == [0.8, 0.84, 0.75]
     assert ps["ratio_to_grpc_ceiling"] == 0.8  # the median of the rounds' ratios
-    assert transport.combine_rounds([sweep(1.0, 1.0)]) == sweep(1.0, 1.0)
+    assert combine_rounds([sweep(1.0, 1.0)]) == sweep(1.0, 1.0)
     with pytest.raises(ValueError):
-        transport.combine_rounds([sweep(1.0, 1.0), sweep(1.0, 1.0)[:1]])
+        combine_rounds([sweep(1.0, 1.0), sweep(1.0, 1.0)[:1]])
     with pytest.raises(ValueError):
-        transport.combine_rounds([sweep(1.0, 1.0), list(reversed(sweep(1.0, 1.0)))])
+        combine_rounds([sweep(1.0, 1.0), list(reversed(sweep(1.0, 1.0)))])
 
 
 def test_cpu_time_reads_processes_and_sums_a_row() -> None:
@@ -245,34 +249,34 @@ def test_cpu_time_reads_processes_and_sums_a_row() -> None:
 
 
 def test_iterations_and_stats() -> None:
-    assert transport.iterations_for(100_000_000, 5) == 5
-    assert transport.iterations_for(1_000_000, 5) == 50
-    assert transport.iterations_for(100_000, 1) == 10
-    s = transport.stats([0.001 * i for i in range(1, 11)])
+    assert iterations_for(100_000_000, 5) == 5
+    assert iterations_for(1_000_000, 5) == 50
+    assert iterations_for(100_000, 1) == 10
+    s = stats([0.001 * i for i in range(1, 11)])
     assert s["median_ms"] == 5.5 and s["p90_ms"] == 9.0
 
 
 STACKS = (
-    "thread (1): MainThread;run (uvloop/__init__.py:92);finish (ps/wire.py:148);abs_kernel (libtorch_cpu.so) 6",
+    "thread (1): MainThread;run (uvloop/__init__.py:92);finish (ps/transport/wire.py:148);abs_kernel (libtorch_cpu.so) 6",
     "thread (1): MainThread;run (uvloop/__init__.py:92);epoll_pwait (libc.so.6) 3",
-    "thread (1): MainThread;run (uvloop/__init__.py:92);feed (ps/wire.py:141);0x7f00 (libc.so.6) 1",
+    "thread (1): MainThread;run (uvloop/__init__.py:92);feed (ps/transport/wire.py:141);0x7f00 (libc.so.6) 1",
     "thread (2): Thread-1 (_poll_wrapper);epoll_wait (libc.so.6) 10",
 )
 
 
 def test_profile_summary_groups_by_python_function() -> None:
-    summary = transport.summarize_profile("\n".join(STACKS))
+    summary = summarize_profile("\n".join(STACKS))
     assert summary["samples"] == 20 and summary["main_thread_samples"] == 10
     assert summary["threads_pct"] == {"MainThread": 50.0, "Thread-1 (_poll_wrapper)": 50.0}
     functions = {f["function"]: f["pct"] for f in summary["main_thread_by_function"]}
-    assert functions == {"finish (ps/wire.py)": 60.0, "<idle: epoll>": 30.0, "feed (ps/wire.py)": 10.0}
-    assert summary["main_thread_by_line"][0] == {"line": "finish (ps/wire.py:148)", "pct": 60.0}
+    assert functions == {"finish (ps/transport/wire.py)": 60.0, "<idle: epoll>": 30.0, "feed (ps/transport/wire.py)": 10.0}
+    assert summary["main_thread_by_line"][0] == {"line": "finish (ps/transport/wire.py:148)", "pct": 60.0}
 
 
 def test_shard_runs_follow_their_one_shard_run() -> None:
     def runs(*argv: str) -> list[tuple[str, int, int]]:
-        args = transport.build_parser().parse_args(list(argv))
-        transport.resolve_defaults(args)
+        args = build_parser().parse_args(list(argv))
+        resolve_defaults(args)
         return args.ps_runs
 
     assert runs() == [("float32", 1, 1), ("float32", 1, 2), ("float32", 2, 1), ("float32", 2, 2), ("float32", 4, 1),

@@ -10,20 +10,16 @@ import torch
 from torch import nn
 
 from ps.errors import InvalidArgument
-from ps.models import build_model
-from ps.wire import (
+from ps.job.models import build_model
+from ps.transport.layout import Layout, TensorEntry, flatten_grads, flatten_params, load_flat
+from ps.transport.wire import (
     CHUNK_BYTES,
     FlatReceiver,
-    Layout,
-    TensorEntry,
     check_wire_dtype,
     chunks,
     decode,
     encode,
-    flatten_grads,
-    flatten_params,
     itemsize,
-    load_flat,
     spans,
     split,
     views,
@@ -99,7 +95,7 @@ def test_large_buffer_is_chunked_into_mebibyte_pieces(wire_dtype: str) -> None:
 def test_framed_chunks_are_the_encoded_bytes_chunk_by_chunk(wire_dtype: str, n: int) -> None:
     """frame_tensor (chunk-at-a-time conversion into each message) yields exactly encode()'s bytes,
     cut as views() cuts them."""
-    from ps.payload import frame_tensor
+    from ps.transport.payload import frame_tensor
 
     x = awkward_values(n)[:n] if n <= 4109 else torch.randn(n)
     for chunk_bytes in (4, 1024, CHUNK_BYTES):

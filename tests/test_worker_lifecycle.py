@@ -142,7 +142,7 @@ def test_a_resync_whose_pull_fails_rejoins_instead_of_raising(tmp_path: Path) ->
     try:
         with connect(first.target, name="w0", timeout=60, retry_for=30) as session:
             second = restart_server(first, tmp_path / "restarted", JOB)
-            stale = ServerError("FAILED_PRECONDITION", "round 3 is not open; the open round is 4")  # ps/coordinator.py
+            stale = ServerError("FAILED_PRECONDITION", "round 3 is not open; the open round is 4")  # ps/rounds/coordinator.py
             plan = session._recover(stale)
             assert session.rejoins == 1
             assert not plan.done and plan.batch_size == 32

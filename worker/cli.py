@@ -16,10 +16,10 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from ps.arg_types import float_at_least, host_port, positive_float, positive_int
-from ps.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
-from ps.security import TOKEN_ENV, resolve_token
-from ps.stack_dump import enable_stack_dump
+from ps.ops.arg_types import float_at_least, host_port, positive_float, positive_int
+from ps.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
+from ps.ops.stack_dump import enable_stack_dump
+from ps.transport.security import TOKEN_ENV, resolve_token
 from worker.client import ServerError, channel_credentials
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment

@@ -30,10 +30,10 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ps.datasets import Dataset, build_dataset
-from ps.jobspec import JobSpec
-from ps.models import build_model
-from ps.wire import Layout, flatten_grads, flatten_params, load_flat
+from ps.job.datasets import Dataset, build_dataset
+from ps.job.models import build_model
+from ps.job.spec import JobSpec
+from ps.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
 from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPlan, reachable_address
 from worker.collective import Collective, CollectiveError

@@ -3,7 +3,7 @@
 Both come from the libraries made for them (grpcio-health-checking, grpcio-reflection). A server
 reports one status for the whole server (service "", what `grpc_health_probe` and Kubernetes' `grpc:`
 probes ask by default) and one per service it serves (e.g. "hetero_ps.ParameterServer"); the
-servers decide when they are SERVING (ps.server, ps.shard_server). Reflection lists the services
+servers decide when they are SERVING (ps.server, ps.shards.server). Reflection lists the services
 and their descriptors, so that grpcurl and similar tools can call the API without the .proto file.
 """
 

@@ -1,0 +1,268 @@
+"""`python -m benchmarks.hetero`: the flags, the settings they resolve to, the run and its output."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_schedule, bench_throughput, bench_tta
+from benchmarks.hetero.report import environment, render_table
+from benchmarks.hetero.runs import CONTROLLERS, OPT_IN
+from benchmarks.hetero.settings import Settings, log, resolve_emulation
+from benchmarks.report_output import print_report, save_report
+from benchmarks.workload import Workload
+from deploy.profiles import default_cpu_budget, load_profile, load_schedule
+from ps.ops.arg_types import positive_float, positive_int
+
+
+def _fraction(text: str) -> float:
+    value = positive_float(text)
+    if value > 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], got {text!r}")
+    return value
+
+
+def _adjust_every(text: str) -> str:
+    if text == "epoch" or (text.isdigit() and int(text) > 0):
+        return text
+    raise argparse.ArgumentTypeError(f"expected 'epoch' or a positive integer, got {text!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m benchmarks.hetero",
+        description=(
+            "Emulate a heterogeneous cluster with per-worker CPU quotas and measure, in one run and under the same "
+            "quotas: each worker alone (the ideal), equal-batch PyTorch DDP, and our parameter server with the "
+            "uniform/static/dynamic batch controllers. Progress on stderr; JSON (--json) then a markdown table on stdout."
+        ),
+        epilog=(
+            "examples:\n"
+            "  python -m benchmarks.hetero --profile hl8 --mode bsp --json\n"
+            "  python -m benchmarks.hetero --profile hl8 --mode asp --json\n"
+            "  python -m benchmarks.hetero --schedule dynamic --every-epochs 3 --json\n"
+            "  python -m benchmarks.hetero --profile hl8 --tta 0.95 --json\n"
+            "  python -m benchmarks.hetero --tiny --json            # smoke test (under a minute)\n"
+            "  python -m benchmarks.hetero --profile hl8 --controllers dynamic,dynamic_compose --no-baselines --json\n"
+            "                                                       # the cgroup emulator beside docker compose\n"
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    what = p.add_argument_group("what to measure")
+    what.add_argument("--profile", default="hl8", metavar="NAME|PATH", help="heterogeneity profile (default: hl8)")
+    what.add_argument("--mode", choices=["bsp", "asp"], default="bsp", help="training mode (default: bsp)")
+    what.add_argument("--schedule", metavar="NAME|PATH",
+                      help="dynamic heterogeneity: step the quotas through this schedule's phases (e.g. dynamic); "
+                      "replaces --profile")
+    what.add_argument("--every-epochs", type=positive_int, metavar="N",
+                      help="phase length in epochs for --schedule (default: the schedule's)")
+    what.add_argument("--tta", type=_fraction, metavar="TARGET",
+                      help="time uniform and dynamic to this test accuracy (default workload: digits, cnn width=96, B=512)")
+    what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
+                      "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
+                      "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
+                      "ring all_reduce instead of the hub, and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
+                      "dynamic_compute, dynamic with --balance busy or compute instead of the server's default, auto: busy "
+                      "for BSP on the PS path, compute otherwise; both take uniform_compose and dynamic_compose, the same "
+                      "job in deploy/docker-compose.yml's containers at the same quotas, which needs a Docker engine: "
+                      "deploy/engine.sh)")
+    what.add_argument("--no-baselines", action="store_true",
+                      help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
+    what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")
+    job = p.add_argument_group("workload (default: cnn on synthetic 32x32 images, size=4096, global batch 512)")
+    job.add_argument("--model", help="model for every run (default: cnn)")
+    job.add_argument("--model-arg", action="append", metavar="K=V", help="model option (--tta default: width=96)")
+    job.add_argument("--dataset", help="data set (default: synthetic; --tta: digits)")
+    job.add_argument("--dataset-arg", action="append", metavar="K=V", help="data set option (default: size=4096)")
+    job.add_argument("--global-batch", type=positive_int, help="global batch B (default: 512)")
+    job.add_argument("--epochs", type=positive_int,
+                     help="epochs per run (default: 12; --schedule: phases x every; --tta: 60, a run stops at the target)")
+    job.add_argument("--lr", type=positive_float, help="learning rate (default: bsp 0.02, asp 0.1)")
+    job.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, BSP and baselines (default: 0.9)")
+    job.add_argument("--seed", type=int, default=0, help="model initialisation and data split (default: 0)")
+    job.add_argument("--adjust-every", type=_adjust_every, default="epoch", metavar="{epoch,N}",
+                     help="controller granularity passed to ps-server (default: epoch)")
+    job.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                     help="extra ps-server argument, repeatable (e.g. --server-arg=--deadband=0.05)")
+    emu = p.add_argument_group("emulation")
+    emu.add_argument("--cpu-budget", type=positive_float, metavar="CORES",
+                     help="cores shared by the workers, in the profile's ratios (default: usable CPUs - 0.5)")
+    emu.add_argument("--server-share", type=positive_float, metavar="CORES",
+                     help="the server's reserved CPU quota (default: bsp unlimited; asp the profile's server cores, "
+                     "scaled like the workers')")
+    emu.add_argument("--period-us", type=int, metavar="US", help="CFS period (default: 1 ms / smallest share, e.g. 8000 for 1/8 core)")
+    emu.add_argument("--limiter", choices=["auto", "cgroup", "slowdown"],
+                     help="cgroup quotas, or software slowdown (default: auto; --tiny: slowdown)")
+    meas = p.add_argument_group("measurement")
+    meas.add_argument("--solo-seconds", type=float, default=6.0, help="timed seconds per solo run (default: 6)")
+    meas.add_argument("--ddp-seconds", type=float, default=10.0, help="about this many timed seconds of DDP (default: 10)")
+    meas.add_argument("--steady-fraction", type=_fraction, default=0.5,
+                      help="last fraction of the epochs that counts as steady state (default: 0.5)")
+    meas.add_argument("--run-timeout", type=positive_float, default=1800.0, help="seconds per run before giving up")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
+    out.add_argument("--out", type=Path, metavar="DIR",
+                     help="keep logs and metrics here and write <name>.json / <name>.md (default: a temporary folder)")
+    out.add_argument("--tiny", action="store_true",
+                     help="smoke test: tiny data and model, 2 epochs, a few steps per measurement, software slowdown")
+    return p
+
+
+def settings(args: argparse.Namespace, workdir: Path) -> Settings:
+    if args.tta is not None and args.schedule:
+        raise SystemExit("hetero: error: choose one of --tta and --schedule")
+    if args.baselines and args.no_baselines:
+        raise SystemExit("hetero: error: choose one of --baselines and --no-baselines")
+    profile = load_profile(args.profile)
+    schedule = load_schedule(args.schedule) if args.schedule else None
+    if schedule is not None and args.every_epochs:
+        schedule = schedule.every(epochs=args.every_epochs)
+    if schedule is not None and schedule.every_epochs is None:
+        raise SystemExit(f"hetero: error: schedule {schedule.name!r} counts seconds; pass --every-epochs N")
+    if schedule is not None:
+        profile = schedule.phases[0]
+    profile.allocation(args.mode)  # ValueError if the profile lacks the mode
+    tta = args.tta is not None
+    if args.tiny:
+        workload = Workload(model="cnn", model_args=("width=8",), dataset="synthetic",
+                            dataset_args=("size=320", "image_size=16"), global_batch=64)
+        if tta:
+            workload = Workload(model="mlp", model_args=("hidden=32",), dataset="digits", dataset_args=(), global_batch=64)
+    elif tta:
+        # compute-bound on digits (a balanced step ~100 ms at HL8, as the throughput runs): the runs
+        # then measure balancing, not the RPC's fixed cost per step
+        workload = Workload(model="cnn", model_args=("width=96",), dataset="digits", dataset_args=(), global_batch=512)
+    else:
+        workload = Workload()
+    lr = args.lr if args.lr is not None else (0.1 if args.mode == "asp" else Workload.lr if not tta else 0.1)
+    workload = replace(
+        workload,
+        model=args.model or workload.model,
+        model_args=tuple(args.model_arg) if args.model_arg else workload.model_args,
+        dataset=args.dataset or workload.dataset,
+        dataset_args=tuple(args.dataset_arg) if args.dataset_arg else workload.dataset_args,
+        global_batch=args.global_batch or workload.global_batch,
+        lr=lr, momentum=args.momentum, seed=args.seed,
+    )
+    if schedule is not None:
+        epochs = args.epochs or int(schedule.interval) * len(schedule.phases)
+        default_runs = ["dynamic"]
+    elif tta:
+        epochs = args.epochs or (3 if args.tiny else 60)
+        default_runs = ["uniform", "dynamic"]
+    else:
+        epochs = args.epochs or (2 if args.tiny else 12)
+        default_runs = CONTROLLERS[args.mode]
+    controllers = [c.strip() for c in args.controllers.split(",") if c.strip()] if args.controllers else default_runs
+    allowed = set(CONTROLLERS[args.mode]) | set(OPT_IN[args.mode]) if schedule is None and not tta else {"uniform", "static", "dynamic"}
+    unknown = [c for c in controllers if c not in allowed]
+    if unknown or not controllers:
+        raise SystemExit(f"hetero: error: --controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
+    baselines = (args.mode == "bsp" and schedule is None and not tta) if not (args.baselines or args.no_baselines) \
+        else args.baselines
+    return Settings(
+        mode=args.mode, profile=profile, schedule=schedule, tta=args.tta, workload=workload, epochs=epochs,
+        controllers=controllers, adjust_every=args.adjust_every,
+        cpu_budget=args.cpu_budget or default_cpu_budget(), server_share=args.server_share, period_us=args.period_us,
+        limiter=args.limiter or ("slowdown" if args.tiny and schedule is None else "auto"),
+        baselines=baselines,
+        solo_seconds=0.0 if args.tiny else args.solo_seconds, solo_warmup=1 if args.tiny else 2,
+        solo_min_steps=2 if args.tiny else 3,
+        ddp_seconds=0.0 if args.tiny else args.ddp_seconds, ddp_warmup=1 if args.tiny else 3,
+        ddp_min_steps=2 if args.tiny else 5,
+        steady_fraction=args.steady_fraction,
+        server_args=["--quiet", *args.server_arg], run_timeout=args.run_timeout, workdir=workdir, tiny=args.tiny,
+    )
+
+
+def report_name(s: Settings) -> str:
+    if s.schedule is not None:
+        return f"hetero-{s.mode}-schedule-{s.schedule.name}"
+    if s.tta is not None:
+        return f"hetero-{s.mode}-{s.profile.name}-tta"
+    return f"hetero-{s.mode}-{s.profile.name}"
+
+
+def run(s: Settings) -> dict[str, Any]:
+    """Measure everything the settings ask for; the report as a dict."""
+    emu = resolve_emulation(s)
+    kind = "schedule" if s.schedule is not None else "tta" if s.tta is not None else "throughput"
+    report: dict[str, Any] = {
+        "benchmark": "hetero",
+        "kind": kind,
+        "mode": s.mode,
+        "profile": s.profile.name,
+        "schedule": None if s.schedule is None else {
+            "name": s.schedule.name, "every_epochs": int(s.schedule.interval),
+            "phases": [p.name for p in s.schedule.phases]},
+        "tiny": s.tiny,
+        "environment": environment(s, emu),
+        "workload": {**s.workload.describe(), "epochs": s.epochs, "adjust_every": s.adjust_every,
+                     "steady_fraction": s.steady_fraction, "balance_tolerance": BALANCE_TOLERANCE,
+                     "server_args": s.server_args},
+        "ideal": None,
+        "ddp_uniform": None,
+        "runs": {},
+        "targets": [],
+        "timings_s": {},
+    }
+    env = report["environment"]
+    log(f"{report_name(s)}: limiter {env['limiter']}, cpu budget {env['cpu_budget']}, shares {env['shares']}"
+        + (f", server {env['server_share']}" if env["server_share"] else "") + f", period {env['period_us']} us, "
+        f"load average {env['loadavg_start']}")
+    started = time.monotonic()
+    if kind == "schedule":
+        bench_schedule(s, emu, report)
+    elif kind == "tta":
+        bench_tta(s, emu, report)
+    else:
+        bench_throughput(s, emu, report)
+    report["timings_s"]["total"] = round(time.monotonic() - started, 1)
+    env["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from deploy.launcher import Terminated, signals_as_exceptions
+
+    keep = args.out is not None
+    workdir = args.out if keep else Path(tempfile.mkdtemp(prefix="hetero-bench-"))
+    try:
+        workdir.mkdir(parents=True, exist_ok=True)
+        with signals_as_exceptions():
+            try:
+                s = settings(args, workdir)
+            except ValueError as exc:
+                print(f"hetero: error: {exc}", file=sys.stderr)
+                return 2
+            report = run(s)
+    except KeyboardInterrupt:
+        print("hetero: interrupted; every process and cgroup was removed", file=sys.stderr)
+        return 130
+    except Terminated as exc:
+        print(f"hetero: {exc}; every process and cgroup was removed", file=sys.stderr)
+        return 143
+    except (RuntimeError, TimeoutError) as exc:
+        print(f"hetero: error: {exc}", file=sys.stderr)
+        if not keep:
+            print("hetero: (pass --out DIR to keep the logs)", file=sys.stderr)
+        return 1
+    finally:
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    table = render_table(report)
+    text = json.dumps(report, indent=2)
+    if keep:
+        save_report(workdir, report_name(s), text, table)
+    print_report(text, table, args.json)
+    return 0

@@ -1,0 +1,226 @@
+"""What a benchmark run measures in each mode: throughput against the baselines, the decisions after
+each phase change of a schedule, and the time to a test accuracy; each run's summary and the targets."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from benchmarks import analysis
+from benchmarks.hetero.baselines import measure_ddp, measure_ideal
+from benchmarks.hetero.compose import COMPOSE_SUFFIX, run_compose
+from benchmarks.hetero.runs import RUN_VARIANTS, Run, run_cluster
+from benchmarks.hetero.settings import Emulation, Settings, log
+from deploy.profiles import scale
+
+
+SOURCE = "issue targets (design.md §7 anchors)"
+
+
+BALANCE_TOLERANCE = 0.1
+
+
+def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dict | None, ddp: dict | None) -> dict:
+    """The per-run JSON record (see analysis.py for the definitions)."""
+    events = run.events
+    epochs = analysis.of_kind(events, "epoch")
+    summaries = analysis.of_kind(events, "summary")
+    summary = summaries[-1] if summaries else {}
+    rate, counted = analysis.steady_throughput(epochs, s.steady_fraction)
+    last = epochs[-1] if epochs else {}
+    basis = "epoch" if s.adjust_every == "epoch" else "adjust"
+    steady = analysis.to_steady(events, emu.names, basis=basis, tolerance=BALANCE_TOLERANCE)
+    evals = analysis.of_kind(events, "eval")
+    accuracy = summary.get("accuracy", evals[-1]["accuracy"] if evals else None)
+    record: dict[str, Any] = {
+        "controller": controller,
+        "samples_per_s": None if rate is None else round(rate, 2),
+        "steady_epochs": counted,
+        "samples_per_s_overall": summary.get("samples_per_s"),
+        "ratio_to_ideal": _ratio(rate, ideal),
+        "ratio_to_ideal_together": _ratio(rate, (ideal or {}).get("together")),
+        "ratio_to_ddp_uniform": _ratio(rate, ddp),
+        "compute_spread": _round(analysis.spread(last.get("compute_ms"))),
+        "adjustments_to_steady": steady["adjustments"],
+        "plan_changes_to_steady": steady["plan_changes"],
+        "steady_epoch": steady["steady_epoch"],
+        "stayed_steady": steady["stayed_steady"],
+        "steady_basis": steady["basis"],
+        "adjustments": summary.get("adjustments"),
+        "accuracy": accuracy,
+        "batch_sizes": summary.get("batch_sizes") or last.get("batch_sizes"),
+        "last_epoch_compute_ms": last.get("compute_ms"),
+        "epochs": len(epochs),
+        "train_wall_s": summary.get("wall_s"),
+        "run_wall_s": run.wall_s,
+        "trace": [{"epoch": e["epoch"], "samples_per_s": e["samples_per_s"], "batch_sizes": e["batch_sizes"],
+                   "compute_ms": e["compute_ms"]} for e in epochs],
+    }
+    if s.mode == "asp":
+        # max/min pushes per worker in the last epoch; null when a worker made none (unbounded)
+        record["update_skew"] = _round(analysis.spread(last.get("updates")))
+        record["last_epoch_updates"] = last.get("updates")
+        record["update_counts"] = summary.get("update_counts")
+    return record
+
+
+def _ratio(rate: float | None, baseline: dict | None) -> float | None:
+    if rate is None or not baseline or not baseline.get("samples_per_s"):
+        return None
+    return round(rate / baseline["samples_per_s"], 4)
+
+
+def _round(value: float | None, digits: int = 4) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
+    """BSP or ASP at a fixed profile: baselines, then one run per controller."""
+    timings = report["timings_s"]
+    ideal = ddp = None
+    if s.baselines:
+        t = time.monotonic()
+        ideal = measure_ideal(s, emu)
+        timings["ideal"] = round(time.monotonic() - t, 1)
+        t = time.monotonic()
+        ddp = measure_ddp(s, emu, ideal)
+        timings["ddp_uniform"] = round(time.monotonic() - t, 1)
+    report["ideal"], report["ddp_uniform"] = ideal, ddp
+    runs: dict[str, Any] = {}
+    for name in s.controllers:
+        controller, extra = RUN_VARIANTS.get(name, (name, []))
+        t = time.monotonic()
+        if name.endswith(COMPOSE_SUFFIX):
+            run = run_compose(s, emu, f"{s.mode}-{name}", controller, extra)
+        else:
+            run = run_cluster(s, emu, f"{s.mode}-{name}", controller, extra_server_args=extra)
+        runs[name] = summarize(s, emu, run, controller, ideal, ddp)
+        if name.endswith(COMPOSE_SUFFIX):
+            runs[name]["limiting"] = run.limiting
+        if name == "dynamic_no_lr_scaling":
+            runs[name]["lr_scaling"] = False
+        timings[f"run_{name}"] = round(time.monotonic() - t, 1)
+    report["runs"] = runs
+    report["compose_vs_emulator"] = {  # each run in containers against the same controller's on the emulator
+        name: _ratio(r.get("samples_per_s"), runs.get(name.removesuffix(COMPOSE_SUFFIX)))
+        for name, r in runs.items() if name.endswith(COMPOSE_SUFFIX)
+    } or None
+    dyn = runs.get("dynamic", {})
+    if s.mode == "bsp":
+        report["targets"] = [
+            analysis.target(f"{s.profile.name} BSP dynamic ratio_to_ideal", dyn.get("ratio_to_ideal"), ">=", 0.85, SOURCE),
+            analysis.target(f"{s.profile.name} BSP dynamic ratio_to_ddp_uniform", dyn.get("ratio_to_ddp_uniform"), ">=", 2.5,
+                            SOURCE),
+            analysis.target("dynamic adjustments_to_steady", dyn.get("adjustments_to_steady"), "<=", 3, SOURCE),
+        ]
+    else:
+        skew = analysis.target(f"{s.profile.name} ASP dynamic update_skew", dyn.get("update_skew"), "<=", 1.3, SOURCE)
+        if skew["value"] is None and 0 in (dyn.get("last_epoch_updates") or {}).values():
+            skew["pass"] = False  # a worker made no update at all in the last epoch: unbounded skew
+        report["targets"] = [skew]
+        report["asp_lr_scaling"] = {  # final accuracy of dynamic with and without eta_k = eta*b_k/B (null: not run)
+            "accuracy_with": dyn.get("accuracy"),
+            "accuracy_without": runs.get("dynamic_no_lr_scaling", {}).get("accuracy"),
+        }
+
+
+def bench_schedule(s: Settings, emu: Emulation, report: dict) -> None:
+    """Dynamic heterogeneity: quotas rewritten at the schedule's epoch boundaries, one run per controller."""
+    assert s.schedule is not None
+    schedule = s.schedule
+    every = int(schedule.interval)
+    phase_shares = [scale(p, s.mode, s.cpu_budget) for p in schedule.phases]
+    runs: dict[str, Any] = {}
+    worst: list[int | None] = []
+    for name in s.controllers:
+        current = {"phase": 0}
+
+        def on_event(cluster: Any, event: dict, run: Run, current: dict = current) -> bool:
+            if event.get("event") != "epoch":
+                return False
+            phase = schedule.phase_index(int(event["epoch"]))
+            if phase != current["phase"] and int(event["epoch"]) < s.epochs:
+                lag = time.time() - float(event["time"])
+                cluster.set_shares(phase_shares[phase])
+                current["phase"] = phase
+                run.switches.append({"phase": phase, "profile": schedule.phases[phase].name,
+                                     "after_epoch": int(event["epoch"]), "switch_lag_s": round(lag, 3),
+                                     "shares": dict(zip(emu.names, [round(x, 4) for x in phase_shares[phase]]))})
+                log(f"{run.name}: phase {phase} ({schedule.phases[phase].name}) after epoch {event['epoch']}: shares "
+                    + " ".join(f"{k}={v:.4g}" for k, v in zip(emu.names, phase_shares[phase])))
+            return False
+
+        t = time.monotonic()
+        run = run_cluster(s, emu, f"{s.mode}-schedule-{name}", name, on_event=on_event)
+        record = summarize(s, emu, run, name, None, None)
+        basis = "epoch" if s.adjust_every == "epoch" else "adjust"
+        first = analysis.to_steady(run.events, emu.names, basis=basis, tolerance=BALANCE_TOLERANCE,
+                                   until_epoch=every)
+        changes = []
+        bounds = [sw["after_epoch"] for sw in run.switches] + [s.epochs]
+        for sw, until in zip(run.switches, bounds[1:]):
+            st = analysis.to_steady(run.events, emu.names, basis=basis, tolerance=BALANCE_TOLERANCE,
+                                    after_epoch=sw["after_epoch"], until_epoch=until)
+            changes.append({**sw, "from_profile": schedule.phases[sw["phase"] - 1].name,
+                            "adjustments_to_steady": st["adjustments"], "plan_changes_to_steady": st["plan_changes"],
+                            "steady_epoch": st["steady_epoch"], "stayed_steady": st["stayed_steady"]})
+        record["initial_phase"] = {"profile": schedule.phases[0].name, **first}
+        record["phase_changes"] = changes
+        runs[name] = record
+        report["timings_s"][f"run_{name}"] = round(time.monotonic() - t, 1)
+        if name == "dynamic":
+            worst = [c["adjustments_to_steady"] for c in changes]
+    report["runs"] = runs
+    value = None if not worst or None in worst else max(worst)  # type: ignore[type-var]
+    report["targets"] = [
+        analysis.target("dynamic schedule: max adjustments_to_steady over phase changes", value, "<=", 2, SOURCE),
+    ]
+
+
+def bench_tta(s: Settings, emu: Emulation, report: dict) -> None:
+    """Time to a test accuracy, uniform against dynamic; each run stops once it gets there."""
+    assert s.tta is not None
+    goal = s.tta
+    runs: dict[str, Any] = {}
+    for name in s.controllers:
+        def on_event(cluster: Any, event: dict, run: Run) -> bool:
+            return event.get("event") == "eval" and event.get("accuracy") is not None and event["accuracy"] >= goal
+
+        t = time.monotonic()
+        run = run_cluster(s, emu, f"{s.mode}-tta-{name}", name, on_event=on_event)
+        record = summarize(s, emu, run, name, None, None)
+        reached = analysis.first_reaching(analysis.of_kind(run.events, "eval"), goal)
+        record["target_accuracy"] = goal
+        record["stopped_at_target"] = run.stopped_early
+        record["time_to_accuracy_s"] = None if reached is None else reached["wall_s"]
+        # epoch 1 runs the same (uniform) plan under both controllers and also holds the workers'
+        # set-up after Join (data and model built, first pull): the time after it isolates the plans
+        first = analysis.of_kind(run.events, "epoch")[:1]
+        record["time_to_accuracy_after_epoch1_s"] = (
+            None if reached is None or not first or reached["epoch"] <= 1
+            else round(reached["wall_s"] - first[0]["wall_s"], 3))
+        # from the end of round 0: without the workers' set-up after Join (building data and model
+        # under the quota, and the first step; the same for every controller)
+        started = analysis.of_kind(run.events, "first_round")[:1]
+        record["time_to_accuracy_from_first_round_s"] = (
+            None if reached is None or not started else round(reached["wall_s"] - started[0]["wall_s"], 3))
+        record["epochs_to_accuracy"] = None if reached is None else reached["epoch"]
+        record["best_accuracy"] = max((e["accuracy"] for e in analysis.of_kind(run.events, "eval")), default=None)
+        runs[name] = record
+        report["timings_s"][f"run_{name}"] = round(time.monotonic() - t, 1)
+    report["runs"] = runs
+    uni = runs.get("uniform", {}).get("time_to_accuracy_s")
+    dyn = runs.get("dynamic", {}).get("time_to_accuracy_s")
+    ratio = None if not uni or dyn is None else round(dyn / uni, 4)
+    uni1 = runs.get("uniform", {}).get("time_to_accuracy_after_epoch1_s")
+    dyn1 = runs.get("dynamic", {}).get("time_to_accuracy_after_epoch1_s")
+    unif = runs.get("uniform", {}).get("time_to_accuracy_from_first_round_s")
+    dynf = runs.get("dynamic", {}).get("time_to_accuracy_from_first_round_s")
+    ratio_f = None if not unif or dynf is None else round(dynf / unif, 4)
+    report["tta"] = {"target_accuracy": goal, "uniform_s": uni, "dynamic_s": dyn, "dynamic_over_uniform": ratio,
+                     "dynamic_over_uniform_from_first_round": ratio_f,
+                     "dynamic_over_uniform_after_epoch1": None if not uni1 or dyn1 is None else round(dyn1 / uni1, 4)}
+    report["targets"] = [
+        analysis.target(f"TTA({goal}) dynamic / uniform, from job start", ratio, "<=", 0.5, SOURCE),
+        analysis.target(f"TTA({goal}) dynamic / uniform, from the end of round 0", ratio_f, "<=", 0.5, SOURCE),
+    ]

@@ -1,0 +1,99 @@
+"""A run's settings as resolved from the command line, and how heterogeneity is emulated: each
+worker's CPU share, the server's, the CFS period and the limiter (cgroups, or a slowdown fallback)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.workload import Workload
+from deploy.cgroups import CgroupBackend, detect_backend, slowdown_factors
+from deploy.profiles import Profile, Schedule, quota_period_us, scale
+
+
+def log(message: str) -> None:
+    """One progress line on stderr."""
+    print(f"[hetero] {message}", file=sys.stderr, flush=True)
+
+
+@dataclass
+class Settings:
+    """Everything a benchmark run needs, resolved from the command line."""
+
+    mode: str
+    profile: Profile
+    schedule: Schedule | None
+    tta: float | None
+    workload: Workload
+    epochs: int
+    controllers: list[str]
+    adjust_every: str
+    cpu_budget: float
+    server_share: float | None
+    period_us: int | None
+    limiter: str
+    baselines: bool
+    solo_seconds: float
+    solo_warmup: int
+    solo_min_steps: int
+    ddp_seconds: float
+    ddp_warmup: int
+    ddp_min_steps: int
+    steady_fraction: float
+    server_args: list[str]
+    run_timeout: float
+    workdir: Path
+    tiny: bool
+
+
+@dataclass
+class Emulation:
+    """How heterogeneity is applied: per-worker shares, the server's share, the CFS period, the backend."""
+
+    names: list[str]
+    shares: list[float]
+    server_share: float | None
+    period_us: int
+    backend: CgroupBackend | None
+    limiter: str  # what LocalCluster is told: "cgroup" or "slowdown"
+
+    @property
+    def limiting(self) -> str:
+        return f"cgroup-v{self.backend.version}" if self.backend is not None else "slowdown"
+
+    @property
+    def slowdowns(self) -> list[float]:
+        return slowdown_factors(self.shares)
+
+
+def resolve_emulation(s: Settings) -> Emulation:
+    """Shares from the profile (or the schedule's first phase), the period, and the limiter backend."""
+    phases = list(s.schedule.phases) if s.schedule is not None else [s.profile]
+    all_shares = [scale(p, s.mode, s.cpu_budget) for p in phases]
+    shares = all_shares[0]
+    allocation = phases[0].allocation(s.mode)
+    server_share = s.server_share
+    if server_share is None and s.mode == "asp" and allocation.server is not None:
+        server_share = allocation.server * s.cpu_budget / sum(allocation.workers)
+    every_share = [x for phase in all_shares for x in phase] + ([server_share] if server_share else [])
+    period = s.period_us if s.period_us is not None else quota_period_us(every_share)
+    backend = None
+    if s.limiter != "slowdown":
+        backend = detect_backend()
+        if backend is None and s.limiter == "cgroup":
+            raise SystemExit("hetero: error: --limiter cgroup: no writable cgroup CPU controller (run as root on Linux)")
+    if backend is None and s.schedule is not None:
+        raise SystemExit("hetero: error: --schedule rewrites quotas while workers run: it needs a writable cgroup "
+                         "CPU controller (the slowdown fallback is fixed at start)")
+    names = [f"w{k}" for k in range(len(shares))]
+    return Emulation(names, shares, server_share, period, backend, "cgroup" if backend is not None else "slowdown")
+
+
+def static_split(shares: Sequence[float], total: int) -> list[int]:
+    """Integer batches proportional to ``shares`` summing to ``total`` (the static plan, Eq. 4a)."""
+    from ps.control.split import largest_remainder
+
+    plan = largest_remainder({str(k): s for k, s in enumerate(shares)}, total)
+    return [max(1, plan[str(k)]) for k in range(len(shares))]

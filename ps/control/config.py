@@ -1,0 +1,78 @@
+"""The batch controller's settings (ControllerConfig, validated on construction), the policy names,
+and the settings that differ between two configs (what a resume with other flags changes)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from ps.control.checks import integer, real
+
+
+Policy = Literal["uniform", "static", "dynamic"]
+StartPolicy = Literal["uniform", "static"]
+
+POLICIES: tuple[str, ...] = ("uniform", "static", "dynamic")
+STARTS: tuple[str, ...] = ("uniform", "static")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Settings of a `BatchController`; validated (and numbers normalised) on construction."""
+
+    policy: Policy = "dynamic"
+    global_batch: int = 128
+    deadband: float = 0.1
+    min_batch: int = 1
+    max_batch: int | None = None
+    ewma_alpha: float = 0.3
+    keep_global_sum: bool = True
+    dynamic_start: StartPolicy = "uniform"
+    min_samples: int = 3
+    """Observations at a worker's current batch before the dynamic policy uses its time (moves it or
+    counts it in t_bar): one noisy sample right after a batch change is no basis for a decision."""
+
+    def __post_init__(self) -> None:
+        """Reject settings the controller cannot honour, with a message saying what to change."""
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
+        if self.dynamic_start not in STARTS:
+            raise ValueError(f"dynamic_start must be one of {', '.join(STARTS)}; got {self.dynamic_start!r}")
+        if not isinstance(self.keep_global_sum, bool):
+            raise ValueError(f"keep_global_sum must be True (BSP) or False (ASP), got {self.keep_global_sum!r}")
+        global_batch = integer("global_batch", self.global_batch, minimum=1)
+        min_batch = integer("min_batch", self.min_batch, minimum=1)
+        if min_batch > global_batch:
+            raise ValueError(f"min_batch {min_batch} exceeds global_batch {global_batch}; lower min_batch")
+        max_batch: int | None = None
+        if self.max_batch is not None:
+            max_batch = integer("max_batch", self.max_batch, minimum=1)
+            if max_batch < min_batch:
+                raise ValueError(f"max_batch {max_batch} is below min_batch {min_batch}; raise max_batch or use None")
+        deadband = real("deadband", self.deadband)
+        if not 0.0 <= deadband < 1.0:
+            raise ValueError(f"deadband must be in [0, 1) (a fraction of the target batch), got {deadband}")
+        alpha = real("ewma_alpha", self.ewma_alpha)
+        if not 0.0 < alpha <= 1.0:
+            raise ValueError(f"ewma_alpha must be in (0, 1] (1 = newest observation only), got {alpha}")
+        min_samples = integer("min_samples", self.min_samples, minimum=1)
+        for name, value in (
+            ("global_batch", global_batch),
+            ("min_batch", min_batch),
+            ("max_batch", max_batch),
+            ("deadband", deadband),
+            ("ewma_alpha", alpha),
+            ("min_samples", min_samples),
+        ):
+            object.__setattr__(self, name, value)
+
+    @property
+    def default_max_batch(self) -> int:
+        """Per-worker upper bound used when a worker declares none."""
+        return self.global_batch if self.max_batch is None else self.max_batch
+
+
+def config_changes(before: ControllerConfig, after: ControllerConfig) -> dict[str, tuple[Any, Any]]:
+    """The settings that differ between two configs: {field: (before, after)}, in field order."""
+    old, new = asdict(before), asdict(after)
+    return {name: (old[name], value) for name, value in new.items() if old[name] != value}

@@ -1,0 +1,65 @@
+"""Built-in models. A model factory takes (input_shape, num_classes, **options) -> nn.Module."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from ps.job.registry import built, resolve
+from ps.number_checks import whole
+
+
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128, layers: int = 2) -> nn.Module:
+    """A ReLU MLP on the flattened input; ``hidden`` can be raised to make a wide (large) model."""
+    dims = [math.prod(input_shape)] + [whole("hidden", hidden, 1)] * whole("layers", layers, 0)
+    body: list[nn.Module] = [nn.Flatten()]
+    for d_in, d_out in zip(dims, dims[1:]):
+        body += [nn.Linear(d_in, d_out), nn.ReLU()]
+    body.append(nn.Linear(dims[-1], num_classes))
+    return nn.Sequential(*body)
+
+
+class SmallCNN(nn.Module):
+    """Two conv blocks and a linear head; works for 8x8 (digits) and 32x32 inputs."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, width: int = 32) -> None:
+        super().__init__()
+        channels, height, width_px = input_shape
+        w = whole("width", width, 1)
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, w, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(w, 2 * w, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        flat = 2 * w * (height // 4) * (width_px // 4)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(flat, 128), nn.ReLU(), nn.Linear(128, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def cnn(input_shape: tuple[int, ...], num_classes: int, width: int = 32) -> nn.Module:
+    """The small CNN; needs (channels, height, width) inputs."""
+    if len(input_shape) != 3:
+        raise ValueError(f"cnn needs image inputs (C, H, W); the dataset gives shape {input_shape}")
+    return SmallCNN(input_shape, num_classes, width)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn}
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: dict, seed: int) -> nn.Module:
+    """Build a model with seeded initial weights, so every process gets the same model."""
+    factory = resolve(name, MODELS, "model")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = built("model", name, options, lambda: factory(tuple(input_shape), num_classes, **options))
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model factory {name!r} returned {type(model).__name__}, not an nn.Module")
+    return model

@@ -1,0 +1,37 @@
+"""Resolve a model or dataset name (a built-in, or a ``package.module:function`` path), and build from
+the factory with errors that name it."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def resolve(name: str, builtins: Mapping[str, Callable[..., Any]], kind: str) -> Callable[..., Any]:
+    """Return the factory for ``name``; raise ValueError naming the choices when unknown."""
+    if name in builtins:
+        return builtins[name]
+    if ":" in name:
+        module_name, _, attr = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {kind} module {module_name!r}: {exc}") from exc
+        factory = getattr(module, attr, None)
+        if not callable(factory):
+            raise ValueError(f"{kind} {name!r}: {module_name} has no callable {attr!r}")
+        return factory
+    known = ", ".join(sorted(builtins))
+    raise ValueError(f"unknown {kind} {name!r}; choose one of {known} or give a package.module:function path")
+
+
+def built(kind: str, name: str, options: dict[str, Any], build: Callable[[], T]) -> T:
+    """Call `build()` (a factory applied to `options`); any error it raises becomes one ValueError
+    naming the factory and its options (a user's factory may raise anything)."""
+    try:
+        return build()
+    except Exception as exc:  # noqa: BLE001 - a boundary: the factory is the user's code
+        raise ValueError(f"{kind} {name!r} rejected its options {options}: {exc}") from exc

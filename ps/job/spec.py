@@ -1,0 +1,132 @@
+"""The job spec: defined once on the server, handed to every worker at Join."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+MODES = ("bsp", "asp")
+OPTIMIZERS = ("sgd", "adam")
+WIRE_DTYPES = ("float32", "bfloat16", "float16")
+BALANCE_TIMES = ("compute", "busy", "cycle")
+"""What the controller balances: each worker's compute time (fetch + forward + backward); its busy
+time, which adds the worker's own part of the previous step's push (sending its chunks, and from the
+reply's first chunk to the new parameters in its model) but not the wait for the round in between; or
+(BSP) its cycle, timed by the server: from the round's replies going out to the worker's next push
+fully arrived. The cycle also holds the transport work that the worker cannot time itself (gRPC's
+sends and receives in its own threads, under its own CPU quota) and its place in the server's reply
+order: the round closes when the last push arrives, so equal cycles are what a round waits for."""
+FAST_PATH_CHOICES = ("off", "on", "auto")
+"""`ps-server --allreduce`: never the collective fast path, always, or when the workers that start the
+job all compute on GPUs of their own (ps.rounds.rendezvous.fast_path_fits). A JobSpec holds the outcome."""
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
+"""How --allreduce workers reduce: "ring" is torch.distributed.all_reduce (gloo's or NCCL's own
+algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""
+
+
+def busy_time_measured(allreduce: bool, shards: int) -> bool:
+    """Whether workers can time their own part of a push: on the PS path with one server (the fast
+    path's wait is inside the all-reduce; a sharded push records no timing)."""
+    return not allreduce and shards <= 1
+
+
+def cycle_measured(mode: str, allreduce: bool, shards: int) -> bool:
+    """Whether the server can time each worker's cycle: BSP rounds (ASP has none) on the PS path with
+    one server (a report arrives after the all-reduce, which waits for the slowest peer; with --shards
+    the coordinator sees one range of each push)."""
+    return mode == "bsp" and busy_time_measured(allreduce, shards)
+
+
+def default_balance(mode: str, allreduce: bool, shards: int) -> str:
+    """Busy time where it is measured and pays: BSP (a round waits for every worker's whole push; HL8
+    1.05-1.21x over compute time, ASP 0.87-0.94x); compute time elsewhere."""
+    return "busy" if mode == "bsp" and busy_time_measured(allreduce, shards) else "compute"
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """What to train and how; validated on construction so a bad spec never starts a job."""
+
+    mode: str = "bsp"
+    workers: int = 4
+    model: str = "mlp"
+    model_options: dict[str, Any] = field(default_factory=dict)
+    dataset: str = "digits"
+    dataset_options: dict[str, Any] = field(default_factory=dict)
+    global_batch: int = 128
+    optimizer: str = "sgd"
+    lr: float = 0.1
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    nesterov: bool = False
+    lr_milestones: tuple[int, ...] = ()
+    lr_gamma: float = 0.1
+    epochs: int = 10
+    seed: int = 0
+    wire_dtype: str = "float32"
+    lr_scaling: bool = True
+    allreduce: bool = False  # BSP collective fast path: workers all-reduce, the server coordinates
+    allreduce_algorithm: str = "auto"
+    balance: str = "compute"
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.mode not in MODES:
+            problems.append(f"mode must be one of {MODES}, got {self.mode!r}")
+        if self.workers < 1:
+            problems.append(f"workers must be >= 1, got {self.workers}")
+        if self.global_batch < self.workers:
+            problems.append(f"global batch {self.global_batch} must be >= the number of workers {self.workers}")
+        if self.optimizer not in OPTIMIZERS:
+            problems.append(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
+        if not self.lr > 0:
+            problems.append(f"lr must be > 0, got {self.lr}")
+        if not 0 <= self.momentum < 1:
+            problems.append(f"momentum must be in [0, 1), got {self.momentum}")
+        if self.weight_decay < 0:
+            problems.append(f"weight decay must be >= 0, got {self.weight_decay}")
+        if self.nesterov and self.momentum == 0:
+            problems.append("nesterov needs momentum > 0")
+        if self.epochs < 1:
+            problems.append(f"epochs must be >= 1, got {self.epochs}")
+        if any(m < 1 for m in self.lr_milestones) or list(self.lr_milestones) != sorted(set(self.lr_milestones)):
+            problems.append(f"lr milestones must be increasing epochs >= 1, got {list(self.lr_milestones)}")
+        if not 0 < self.lr_gamma <= 1:
+            problems.append(f"lr gamma must be in (0, 1], got {self.lr_gamma}")
+        if self.wire_dtype not in WIRE_DTYPES:
+            problems.append(f"wire dtype must be one of {WIRE_DTYPES}, got {self.wire_dtype!r}")
+        if self.allreduce and self.mode != "bsp":
+            problems.append(f"allreduce is the BSP collective fast path; it cannot run with mode {self.mode!r}")
+        if self.allreduce_algorithm not in ALLREDUCE_ALGORITHMS:
+            problems.append(f"allreduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {self.allreduce_algorithm!r}")
+        if self.balance not in BALANCE_TIMES:
+            problems.append(f"balance must be one of {BALANCE_TIMES}, got {self.balance!r}")
+        # the spec does not know --shards: ps-server checks those combinations itself
+        if self.balance == "busy" and not busy_time_measured(self.allreduce, shards=1):
+            problems.append("balance busy is not measured with allreduce (its wait is inside the all-reduce)")
+        if self.balance == "cycle" and not cycle_measured(self.mode, self.allreduce, shards=1):
+            problems.append("balance cycle is timed in BSP rounds on the PS path; it cannot run with mode asp or allreduce")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+    def hub_reduce(self, backend: str) -> bool:
+        """Whether an --allreduce group over `backend` sums at a hub rank (else torch's all_reduce)."""
+        return self.allreduce_algorithm == "hub" or (self.allreduce_algorithm == "auto" and backend != "nccl")
+
+    def lr_at(self, epoch: int) -> float:
+        """The epoch-based step schedule: lr * gamma^(milestones passed)."""
+        return self.lr * self.lr_gamma ** sum(1 for m in self.lr_milestones if epoch >= m)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"unknown job spec fields: {sorted(unknown)}")
+        data["lr_milestones"] = tuple(data.get("lr_milestones", ()))
+        return cls(**data)

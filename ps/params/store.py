@@ -1,0 +1,260 @@
+"""The parameter store: one contiguous fp32 tensor of all parameters and a torch optimizer over it.
+
+The optimizer steps the vector a piece at a time (ps.params.stepping): SGD and Adam act value by value, so
+the pieces stepped one after another equal the vector stepped whole. That lets a step be deferred
+(`begin_step`) and applied only as far as a reader needs (`values_into`): a reply streams its first
+chunks while the later pieces are still to be stepped, instead of waiting for the whole step, and
+with SGD (pieces of one wire chunk) each chunk is framed from values still in cache.
+
+When a reply's fp32 chunk is exactly a piece whose step is due (`values_into`), the step writes the
+new values straight into the reply message's data (ps.transport.message_buffer) and those values stay there:
+the piece is "resident" in the message, which nothing writes to again, and the next step reads it
+from there. The contiguous vector catches up only when something reads it whole (`flat`: an
+evaluation, a snapshot, a checkpoint) or changes it otherwise. A BSP step then reads the parameters
+and the gradient and writes the new values once, instead of writing them and copying them again
+into the message.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ps.job.spec import JobSpec
+from ps.params.flat_state import flatten_state, state_numel, unflatten_state
+from ps.params.stepping import StepBounds, make_stepper
+from ps.transport.chunked import Vector, as_tensor, parts
+from ps.transport.layout import flatten_params
+from ps.transport.magnitude import ROUNDING, OverflowRisk, exact_magnitude, magnitude_of, within_limit
+
+
+class ParameterStore:
+    """Global model state. BSP steps the optimizer with an aggregated gradient; ASP adds updates.
+
+    `before_change` callbacks run before the values change (a step begins, an update, a load), so
+    a reader that is still framing the current values (ps.transport.payload) can finish first.
+
+    No step or update can leave a value that is not finite: the store keeps a bound on its largest
+    parameter (and the stepper on its state), works out before any change whether the incoming values
+    could make a value exceed ps.transport.magnitude.LIMIT, and refuses (OverflowRisk) before anything changes.
+    The bounds grow from step to step; when one would refuse, the exact maxima are taken first.
+    """
+
+    def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> None:
+        """A store over a copy of `flat` (all parameters, or one shard's range of them), stepped in
+        pieces of `piece_values` values (default: ps.params.stepping's for the optimizer)."""
+        self._spec = spec
+        self._flat = flat.detach().reshape(-1).float().clone()
+        self._stepper = make_stepper(self._flat, spec, piece_values)
+        self.pieces = self._stepper.pieces
+        self._pending: Vector | None = None  # the gradient of a step begun and not yet fully applied
+        self._next_piece = 0
+        self._resident: dict[int, torch.Tensor] = {}  # piece -> its values, kept where a step wrote them (a sent message)
+        self.before_change: list[Callable[[], None]] = []
+        self._bound = self._finite_bound(self._flat)  # >= max|value| (ps.transport.magnitude)
+        self._exact = False  # whether the bounds are the exact maxima (nothing changed since they were taken)
+
+    @classmethod
+    def of_model(cls, model: nn.Module, spec: JobSpec) -> ParameterStore:
+        return cls(flatten_params(model), spec)
+
+    @property
+    def flat(self) -> torch.Tensor:
+        """All values, with any deferred step applied. Change them only through this class's methods."""
+        self.settle()
+        self._gather()
+        return self._flat
+
+    @property
+    def numel(self) -> int:
+        return self._flat.numel()
+
+    @property
+    def lr(self) -> float:
+        return self._stepper.lr
+
+    def set_lr(self, lr: float) -> None:
+        self.settle()  # a deferred step keeps the learning rate it began with
+        self._stepper.set_lr(lr)
+
+    def values_into(self, start: int, stop: int, out: torch.Tensor) -> None:
+        """Write values [start, stop), stepped as far as they need to be, into `out` (converted to its
+        dtype). If [start, stop) is the next piece a deferred step owes and `out` is fp32, the step
+        writes into `out` and the piece's values stay there: `out` must never be written again."""
+        self.settle(start)
+        index = self._next_piece
+        if self._pending is not None and self.pieces[index] == (start, stop) and out.dtype == self._flat.dtype:
+            self._step_next(out)
+            self._resident[index] = out
+            return
+        self.settle(stop)
+        self._gather(start, stop)
+        out.copy_(self._flat[start:stop])
+
+    def check_step(self, grad_bound: float, lr: float | None = None) -> None:
+        """OverflowRisk unless a step with gradient values within `grad_bound` (at learning rate `lr`,
+        default the current one) leaves every value finite. Changes no value."""
+        self._plan_step(grad_bound, lr)
+
+    def begin_step(self, grad: Vector, grad_bound: float | None = None) -> None:
+        """θ ← optimizer_step(θ, g), applied piece by piece as values are read (`values_into`, `flat`,
+        `settle`). The caller must leave `grad` unchanged until `settle()` has run. A ChunkedVector
+        gradient is read where it lies: a piece inside one of its chunks steps from a view of it.
+        `grad_bound` (>= max|g|; default measured here) decides whether the step is safe: if not, it
+        raises OverflowRisk and changes nothing."""
+        self._check_size(grad)
+        bounds = self._plan_step(magnitude_of(grad) if grad_bound is None else grad_bound)
+        self._changing()
+        self._stepper.begin(bounds)
+        self._bound, self._exact = bounds.params, False
+        self._pending, self._next_piece = grad, 0
+
+    def _plan_step(self, grad_bound: float, lr: float | None = None) -> StepBounds:
+        bounds = self._stepper.step_bounds(grad_bound, self._bound, lr)
+        if bounds is None and self._tighten():
+            bounds = self._stepper.step_bounds(grad_bound, self._bound, lr)
+        if bounds is None:
+            raise OverflowRisk(f"a step with gradient values up to {grad_bound:.3g} on parameters up to "
+                               f"{self._bound:.3g} could overflow fp32")
+        return bounds
+
+    def _tighten(self) -> bool:
+        """Replace the bounds with the exact maxima; False if they already are."""
+        if self._exact:
+            return False
+        self.settle()
+        self._gather()
+        self._bound = exact_magnitude(self._flat)
+        self._stepper.rescan()
+        self._exact = True
+        return True
+
+    def settle(self, stop: int | None = None) -> None:
+        """Apply the deferred step to every piece that holds a value before `stop` (default: all)."""
+        stop = self.numel if stop is None else stop
+        while self._pending is not None and self.pieces[self._next_piece][0] < stop:
+            self._step_next()
+
+    def _step_next(self, out: torch.Tensor | None = None) -> None:
+        """Step the next piece the deferred step owes, from wherever its values are, into `out`
+        (default: the contiguous vector)."""
+        grad = self._pending
+        assert grad is not None
+        index = self._next_piece
+        start, stop = self.pieces[index]
+        param = self._resident.pop(index, None)
+        if param is None:
+            param = self._flat[start:stop]
+        self._stepper.step_piece(index, grad[start:stop], param, self._flat[start:stop] if out is None else out)
+        self._next_piece += 1
+        if self._next_piece == len(self.pieces):
+            self._pending = None
+            self._stepper.end()
+
+    def _gather(self, start: int = 0, stop: int | None = None) -> None:
+        """Copy the resident pieces that hold values in [start, stop) back into the contiguous vector."""
+        stop = self.numel if stop is None else stop
+        for index in [i for i in self._resident if self.pieces[i][0] < stop and self.pieces[i][1] > start]:
+            first, last = self.pieces[index]
+            self._flat[first:last].copy_(self._resident.pop(index))
+
+    def apply_gradient(self, grad: Vector, grad_bound: float | None = None) -> None:
+        """θ ← optimizer_step(θ, g), at once (see `begin_step`)."""
+        self.begin_step(grad, grad_bound)
+        self.settle()
+
+    def check_update(self, bound: float) -> float:
+        """OverflowRisk unless θ + Δ with |Δ| within `bound` leaves every value finite; else the bound
+        on the parameters after it. Changes no value."""
+        after = self._bound + bound
+        if not within_limit(after) and self._tighten():
+            after = self._bound + bound
+        if not within_limit(after):
+            raise OverflowRisk(f"an update with values up to {bound:.3g} on parameters up to {self._bound:.3g} "
+                               "could overflow fp32")
+        return after
+
+    @torch.no_grad()
+    def apply_update(self, delta: Vector, bound: float | None = None) -> None:
+        """θ ← θ + Δ (ASP: Δ is already scaled by the worker's learning rate). `bound` (>= max|Δ|;
+        default measured here) decides whether it is safe: if not, OverflowRisk and nothing changes."""
+        self._check_size(delta)
+        after = self.check_update(magnitude_of(delta) if bound is None else bound)
+        self._changing()
+        self._gather()
+        for start, part in parts(delta):
+            self._flat[start : start + part.numel()].add_(part)
+        self._bound, self._exact = after * ROUNDING, False
+
+    @torch.no_grad()
+    def assign(self, values: Vector) -> None:
+        """θ ← values (a snapshot from the collective fast path; a broadcast). ValueError, changing
+        nothing, if a value is NaN or Inf."""
+        self._check_size(values)
+        bound = self._finite_bound(values)
+        self._changing()
+        self._resident.clear()  # every value is replaced
+        for start, part in parts(values):
+            self._flat[start : start + part.numel()].copy_(part)
+        self._bound, self._exact = bound, False
+
+    @staticmethod
+    def _finite_bound(values: Vector) -> float:
+        bound = magnitude_of(values)
+        if not math.isfinite(bound):
+            raise ValueError("the parameters hold NaN or Inf values")
+        return bound
+
+    def snapshot(self) -> torch.Tensor:
+        return self.flat.clone()
+
+    def optimizer_state(self) -> dict[str, Any]:
+        """The optimizer's state as one optimizer over the whole vector would have it (a checkpoint
+        resumes with any piece size or shard count)."""
+        self.settle()
+        return self._stepper.state_dict()
+
+    def load_optimizer_state(self, state: dict[str, Any]) -> None:
+        self._changing()
+        self._stepper.load_state_dict(state)
+        self._exact = False
+
+    @property
+    def optimizer_state_numel(self) -> int:
+        """How many values `flat_optimizer_state` holds once the optimizer has stepped (0: it keeps none)."""
+        return state_numel(self._spec, self.numel)
+
+    def flat_optimizer_state(self) -> torch.Tensor | None:
+        """The optimizer's state as one new fp32 vector (ps.params.flat_state); None before its first step."""
+        return flatten_state(self.optimizer_state(), self._spec, self.numel)
+
+    def load_flat_optimizer_state(self, values: Vector | None) -> None:
+        """Replace the optimizer's state with `values` (None: as before its first step), keeping the
+        hyperparameters. A vector of the wrong size is a ValueError and changes nothing."""
+        groups = self.optimizer_state()["param_groups"]
+        state = unflatten_state(None if values is None else as_tensor(values), groups, self._spec, self.numel)
+        self.load_optimizer_state(state)
+
+    def state_dict(self) -> dict:
+        return {"params": self.snapshot(), "optimizer": self.optimizer_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        params = state["params"]
+        if params.shape != self._flat.shape:
+            raise ValueError(f"checkpoint has {params.numel()} parameters, the model has {self.numel}")
+        self.assign(params)
+        self.load_optimizer_state(state["optimizer"])
+
+    def _check_size(self, values: Vector) -> None:
+        if values.numel() != self.numel:
+            raise ValueError(f"{values.numel()} values for {self.numel} parameters")
+
+    def _changing(self) -> None:
+        """Before the values change: finish a deferred step, then let readers of the current values finish."""
+        self.settle()
+        for callback in self.before_change:
+            callback()

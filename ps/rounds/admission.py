@@ -1,0 +1,63 @@
+"""Admission: whether a worker may join (the job has not ended, a valid name, cores and GPU id, room in
+the job and in the global batch), whether the job has started, and the plan a resumed job starts
+from (the checkpoint's controller, kept when the same workers rejoin)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ps.control.policy import BatchPolicy
+from ps.errors import FailedPrecondition, InvalidArgument
+from ps.rounds.epochs import Epochs
+from ps.rounds.fast_path import FastPath
+from ps.rounds.membership import MAX_NAME
+from ps.rounds.state import JobState
+
+
+class Admission:
+    """Join checks and the start."""
+
+    def __init__(self, state: JobState, epochs: Epochs, fast_path: FastPath) -> None:
+        self.state = state
+        self.epochs = epochs
+        self.fast_path = fast_path
+        self.started = asyncio.Event()
+        self.saved_controller: BatchPolicy | None = None  # a checkpoint's, until the start
+
+    def check(self, name: str, cores: float, cuda_device: str | None) -> None:
+        """Refuse a join, changing nothing. `cuda_device`: the UUID of the GPU the worker computes on
+        ("" unknown), None for CPU."""
+        s = self.state
+        if s.done:
+            raise FailedPrecondition(f"the job has ended ({s.reason})")
+        s.membership.check_join(name, cores)
+        if cuda_device is not None and (len(cuda_device) > MAX_NAME or not cuda_device.isprintable()):
+            raise InvalidArgument(f"cuda_device must be a GPU UUID: at most {MAX_NAME} printable characters")
+        if not s.controller.can_add(len(s.membership.pending) + 1):
+            raise FailedPrecondition(
+                f"job full: the global batch {s.spec.global_batch} cannot give one more worker its minimum batch "
+                f"({len(s.members)} in the job, {len(s.membership.pending)} waiting); raise --global-batch "
+                "or lower --min-batch"
+            )
+
+    def all_here(self) -> bool:
+        """Before the start: the expected workers are all waiting."""
+        return len(self.state.membership.pending) >= self.state.spec.workers
+
+    def start_resumed(self) -> bool:
+        """Start with the checkpoint's plan if the workers starting the job are the checkpoint's: its
+        controller under this server's settings (BatchController.with_config), every waiting worker
+        in. False: the job starts with a new plan."""
+        s = self.state
+        names = {m.name for m in s.membership.pending.values()}
+        saved = self.saved_controller
+        if saved is None or set(saved.workers()) != names:
+            return False
+        # the command line's settings, the checkpoint's measurements
+        s.controller = saved.with_config(s.controller.config)
+        for member in list(s.membership.pending.values()):
+            s.membership.activate(member.worker_id)
+            member.activated.set()
+        self.epochs.log_adjust(changed=True)
+        self.fast_path.regroup()
+        return True

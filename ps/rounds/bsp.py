@@ -1,0 +1,123 @@
+"""The open BSP round: who pushed, the batch-weighted sum of their gradients (with --allreduce: the
+samples they reported, the workers having stepped themselves), the future every push of the round
+waits on, and when the last round's replies went out (--balance cycle times a worker's cycle from
+there). The coordinator closes the round once every member pushed, then steps and opens the next."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ps.errors import FailedPrecondition
+from ps.params.aggregation import WeightedMean
+from ps.rounds.membership import Member
+from ps.rounds.state import JobState
+from ps.transport.chunked import Vector
+from ps.transport.messages import PushMeta
+
+
+class BspRound:
+    """The open round's state; a new round starts from `next_round`."""
+
+    def __init__(self, state: JobState) -> None:
+        spec = state.spec
+        self.state = state
+        # the round's sum (None with --allreduce, and on ASP jobs)
+        self.accumulator = (WeightedMean(state.own_numel, scale=spec.global_batch)
+                            if spec.mode == "bsp" and not spec.allreduce else None)
+        self.contributions: dict[str, int] = {}  # --shards: batch per worker in the open round
+        self.round_batch = 0  # allreduce: samples reported in the open round
+        self.pushed: set[str] = set()
+        self.future: asyncio.Future[bool] | None = None
+        self.replies_sent_at: float | None = None  # --balance cycle: when the open round's replies went out
+        self.replied: set[str] = set()  # --balance cycle: the workers they went to (who pushed the last round)
+        self.committing = False  # --shards: the round's commit is under way
+        self.commit_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
+
+    def check_open(self, member: Member, meta: PushMeta) -> None:
+        """A push is for the open round, once per worker (not while --shards commits the last one)."""
+        if meta.round != self.state.round or self.committing:
+            raise FailedPrecondition(f"round {meta.round} is not open; the open round is {self.state.round}")
+        if member.worker_id in self.pushed:
+            raise FailedPrecondition(f"worker {member.name} already pushed for round {self.state.round}")
+
+    def balanced_ms(self, member: Member, meta: PushMeta) -> float | None:
+        """The time the controller balances for this BSP push: the worker's report (compute or busy
+        time), or under --balance cycle the server's own measure, from the round's replies going out
+        to this push fully arrived; None (nothing observed) for a worker that did not push the
+        previous round (its cycle began with a join or a pull, not with this round's reply)."""
+        if self.state.spec.balance != "cycle":
+            return meta.compute_ms
+        if member.worker_id not in self.replied or self.replies_sent_at is None:
+            return None
+        return max(0.0, (self.state.clock() - self.replies_sent_at) * 1000.0)
+
+    def add(self, member: Member, meta: PushMeta, grad: Vector) -> None:
+        """Take a push's gradient into the round's sum (allreduce: count its samples)."""
+        if self.accumulator is not None:
+            self.accumulator.add(grad, meta.batch_size)
+            self.contributions[member.worker_id] = meta.batch_size
+        else:  # allreduce: the workers applied the step themselves
+            self.round_batch += meta.batch_size
+
+    def mark_pushed(self, member: Member) -> asyncio.Future[bool]:
+        """Note the push; the future that resolves when the round closes."""
+        self.pushed.add(member.worker_id)
+        if self.future is None:
+            self.future = asyncio.get_running_loop().create_future()
+        return self.future
+
+    def all_pushed(self) -> bool:
+        """Every active member pushed for the open round."""
+        return self.pushed >= set(self.state.members)
+
+    def pushes(self) -> int:
+        """How many pushes (allreduce: samples reported) the open round holds."""
+        return self.accumulator.count if self.accumulator is not None else self.round_batch
+
+    def step_store(self) -> int:
+        """Close the round's sum into the store's step (begun; it is applied a piece at a time as the
+        replies stream the new values); the round's samples. Allreduce: nothing to apply."""
+        if self.accumulator is not None:
+            # stepped piece by piece as the replies stream the new values (ps.params.store, ps.transport.payload);
+            # the accumulator's sum is not reused before begin_push settles the step
+            self.state.store.begin_step(self.accumulator.result(), self.accumulator.bound)
+            batch = self.accumulator.weight
+            self.accumulator.reset()
+        else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
+            batch, self.round_batch = self.round_batch, 0
+        return batch
+
+    async def commit_shards(self, wait_s: float) -> int:
+        """--shards: step every range at once (the shards' in their processes, range 0 here) with the
+        round's sum; the round's samples. A shard that did not get every push says which it missed."""
+        s = self.state
+        accumulator = self.accumulator
+        assert s.shards is not None and accumulator is not None
+        commit = asyncio.ensure_future(s.shards.commit(s.round, dict(self.contributions), s.store.lr, wait_s=wait_s))
+        s.store.apply_gradient(accumulator.result(), accumulator.bound)
+        batch = accumulator.weight
+        accumulator.reset()
+        acks = await commit
+        if any(ack.missing for ack in acks):
+            s.metrics.write("shard_missing", step=s.step, missing=sorted({w for a in acks for w in a.missing}))
+        return batch
+
+    def next_round(self) -> None:
+        """The open round's pushers become the last round's repliers; nobody has pushed the next."""
+        self.replied = set(self.pushed)
+        self.pushed.clear()
+        self.contributions.clear()
+
+    def resolve(self) -> None:
+        """The round closed (or the job stopped): wake its pushes; their replies go out now."""
+        self.replies_sent_at = self.state.clock()
+        future, self.future = self.future, None
+        if future is not None and not future.done():
+            future.set_result(True)
+
+    def abort(self) -> None:
+        """Drop the open round's partial sum (the job stops)."""
+        if self.accumulator is not None:
+            self.accumulator.reset()
+        self.round_batch = 0
+        self.pushed.clear()

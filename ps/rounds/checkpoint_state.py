@@ -1,0 +1,70 @@
+"""The coordinator's state in a checkpoint: what is written (the whole model, optimizer, controller and
+counters, with the job's spec), and what a resume checks and loads (the same job; the parameters and
+optimizer state of this server's range)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import torch
+
+from ps.control.controller import BatchController
+from ps.rounds.state import JobState
+from ps.shards.ranges import slice_optimizer_state
+
+CHECKPOINT_FORMAT = 1
+
+
+def params_digest(flat: torch.Tensor) -> str:
+    """SHA-256 of the parameters' fp32 bytes (to show a resume restored them exactly)."""
+    return hashlib.sha256(flat.detach().contiguous().numpy().tobytes()).hexdigest()
+
+
+def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, Any]) -> dict[str, Any]:
+    """A self-contained snapshot of everything needed to resume, from the whole model's `flat`
+    parameters (a copy) and `optimizer` state."""
+    model, offset = {}, 0
+    for entry in state.layout.entries:
+        model[entry.name] = flat[offset : offset + entry.numel].view(entry.shape).clone()
+        offset += entry.numel
+    return {
+        "format": CHECKPOINT_FORMAT,
+        "spec": state.spec.to_json(),
+        "model": model,
+        "params": flat,
+        "optimizer": optimizer,
+        "controller": state.controller.state_dict(),
+        "round": state.round,
+        "version": state.version,
+        "epoch": state.epoch,
+        "samples": state.samples,
+    }
+
+
+def saved_controller(checkpoint: dict[str, Any], state: JobState) -> BatchController:
+    """The checkpoint's controller, once the checkpoint is one of this job's (ValueError otherwise)."""
+    if checkpoint.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"checkpoint format {checkpoint.get('format')!r} is not {CHECKPOINT_FORMAT}")
+    saved = json.loads(checkpoint["spec"])
+    current = json.loads(state.spec.to_json())
+    # neither the transport (allreduce or not) nor what the controller balances is part of the job's
+    # math: a job may resume with either changed
+    differ = sorted(k for k in current if saved.get(k) != current[k] and k not in ("allreduce", "balance"))
+    if differ:
+        raise ValueError(f"the checkpoint was written for a different job: {', '.join(differ)} differ; "
+                         "start the server with the job's original flags")
+    return BatchController.from_state_dict(checkpoint["controller"])
+
+
+def load_params(checkpoint: dict[str, Any], state: JobState) -> tuple[torch.Tensor, dict[str, Any]] | None:
+    """Load the checkpoint's parameters and optimizer state into the store: all of them, or with
+    --shards this server's range, returning the whole for the shards (None without --shards)."""
+    if state.shards is None:
+        state.store.load_state_dict({"params": checkpoint["params"], "optimizer": checkpoint["optimizer"]})
+        return None
+    start, stop = state.shards.own
+    own = slice_optimizer_state(checkpoint["optimizer"], state.layout.numel, start, stop)
+    state.store.load_state_dict({"params": checkpoint["params"][start:stop], "optimizer": own})
+    return checkpoint["params"], checkpoint["optimizer"]

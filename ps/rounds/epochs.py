@@ -1,0 +1,113 @@
+"""Epochs and the step counts that schedule decisions: the samples trained on against the training
+set, an epoch's end and its `epoch` record, the steps after which the controller decides (`adjust`)
+and a checkpoint is due (every N steps, or at every epoch end), and the job's start and end times."""
+
+from __future__ import annotations
+
+from ps.rounds.membership import Member
+from ps.rounds.state import JobState
+
+
+class Epochs:
+    """Counts steps and samples; the coordinator asks what is due and runs it."""
+
+    def __init__(self, state: JobState, samples_per_epoch: int, adjust_every: int | None,
+                 checkpoint_every: int | None) -> None:
+        self.state = state
+        self.samples_per_epoch = samples_per_epoch
+        self.adjust_every = adjust_every  # None: at every epoch end
+        self.checkpoint_every = checkpoint_every  # None: at every epoch end
+        self.start_time: float | None = None
+        self.end_time: float | None = None
+        self.epoch_start_time: float | None = None
+        self.epoch_start_samples = 0
+        self.steps_since_adjust = 0
+        self.steps_since_checkpoint = 0
+        self._first_round_logged = False
+
+    def count(self, batch: int) -> None:
+        """One step (a BSP round, an ASP update) of `batch` samples."""
+        s = self.state
+        s.samples += batch
+        s.metrics.sample("step", step=s.step, batch=batch)
+        self.steps_since_adjust += 1
+        self.steps_since_checkpoint += 1
+
+    def count_push(self, member: Member, ms: float | None, batch: int) -> None:
+        """A push's sample for the metrics; the member's updates and compute times this epoch."""
+        self.state.metrics.sample("push", worker=member.name, batch=batch, ms=ms)
+        member.updates += 1
+        member.epoch_updates += 1
+        if ms is not None:
+            member.epoch_compute_ms.append(ms)
+
+    def epoch_over(self) -> bool:
+        """Whether the samples trained on reach the end of the current epoch."""
+        return self.state.samples >= (self.state.epoch + 1) * self.samples_per_epoch
+
+    def adjust_due(self) -> bool:
+        """--adjust-every N: N steps since the last decision (ASP: N updates per worker)."""
+        per_worker = 1 if self.state.spec.mode == "bsp" else max(1, len(self.state.members))
+        return self.adjust_every is not None and self.steps_since_adjust >= self.adjust_every * per_worker
+
+    def checkpoint_due(self) -> bool:
+        """--checkpoint-every N: N steps since the last checkpoint."""
+        return self.checkpoint_every is not None and self.steps_since_checkpoint >= self.checkpoint_every
+
+    def end_epoch(self) -> None:
+        """Count the epoch and write its `epoch` record; the members' per-epoch counters start again."""
+        s = self.state
+        now = s.clock()
+        s.epoch += 1
+        elapsed = now - (self.epoch_start_time or now)
+        samples = s.samples - self.epoch_start_samples
+        s.metrics.write(
+            "epoch",
+            epoch=s.epoch,
+            step=s.step,
+            wall_s=round(now - (self.start_time or now), 3),
+            samples_per_s=round(samples / elapsed, 2) if elapsed > 0 else None,
+            batch_sizes=s.controller.plan(),
+            compute_ms={
+                m.name: round(sum(m.epoch_compute_ms) / len(m.epoch_compute_ms), 3)
+                for m in s.members.values()
+                if m.epoch_compute_ms
+            },
+            updates={m.name: m.epoch_updates for m in s.members.values()},
+            balance=s.spec.balance,
+        )
+        for m in s.members.values():
+            m.epoch_updates = 0
+            m.epoch_compute_ms = []
+        self.epoch_start_time, self.epoch_start_samples = now, s.samples
+
+    def first_round(self) -> None:
+        """The `first_round` record, once: every worker has built its data and model (after Join) and
+        pushed once, so training proper begins."""
+        if self._first_round_logged:
+            return
+        self._first_round_logged = True
+        s = self.state
+        s.metrics.write("first_round", step=s.step, epoch=s.epoch, wall_s=round(s.clock() - (self.start_time or s.clock()), 3))
+
+    def adjust(self) -> None:
+        """One controller decision, and its `adjust` record."""
+        controller = self.state.controller
+        before, smoothed = controller.plan(), controller.smoothed_ms()
+        after = controller.adjust()
+        self.steps_since_adjust = 0
+        self.log_adjust(changed=after != before, smoothed=smoothed)
+
+    def log_adjust(self, changed: bool, smoothed: dict[str, float | None] | None = None) -> None:
+        """One `adjust` event: the plan after the decision and the smoothed times it was based on."""
+        s = self.state
+        smoothed = s.controller.smoothed_ms() if smoothed is None else smoothed
+        s.metrics.write(
+            "adjust",
+            step=s.step,
+            epoch=s.epoch,
+            batch_sizes=s.controller.plan(),
+            compute_ms={name: round(t, 3) for name, t in smoothed.items() if t is not None},
+            changed=changed,
+            adjustments=s.controller.adjustments,
+        )

@@ -1,0 +1,42 @@
+"""Test-split evaluations of the global model at epoch ends: submitted to the background evaluator
+once the whole model is here (ps/rounds/whole_model.py), their results kept and logged (`eval`)."""
+
+from __future__ import annotations
+
+import functools
+
+from ps.job.evaluator import BackgroundEvaluator
+from ps.rounds.epochs import Epochs
+from ps.rounds.state import JobState
+from ps.rounds.whole_model import WholeModel
+
+
+class Evaluations:
+    """The evaluator (None: no evaluations) and what it found."""
+
+    def __init__(self, state: JobState, evaluator: BackgroundEvaluator | None, epochs: Epochs,
+                 whole_model: WholeModel) -> None:
+        self.state = state
+        self.evaluator = evaluator
+        self.epochs = epochs
+        self.whole_model = whole_model
+        self.last_accuracy: float | None = None
+        self.last_loss: float | None = None
+        self.results: list[tuple[int, float, float, float]] = []  # (epoch, accuracy, loss, wall_s)
+
+    def submit(self, epoch: int, wall: float | None = None) -> None:
+        """Evaluate the model as it is at the end of `epoch` (`wall`: seconds into the job)."""
+        if self.evaluator is None:
+            return
+        s = self.state
+        wall = s.clock() - (self.epochs.start_time or s.clock()) if wall is None else wall
+        if self.whole_model.defer(functools.partial(self.submit, epoch, wall)):
+            return
+        snapshot = self.whole_model.params()
+
+        def done(accuracy: float, loss: float) -> None:
+            self.last_accuracy, self.last_loss = accuracy, loss
+            self.results.append((epoch, accuracy, loss, wall))
+            s.metrics.write("eval", epoch=epoch, accuracy=round(accuracy, 5), loss=round(loss, 5), wall_s=round(wall, 3))
+
+        self.evaluator.submit(snapshot, done)

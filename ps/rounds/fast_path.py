@@ -1,0 +1,104 @@
+"""The collective fast path's coordination (--allreduce): whether the job takes it (--allreduce auto
+decides at the start), the workers' group generations with their ranks and hub, and the record of a
+round closed without every report because a newer generation replaced the group that stepped it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from ps.job.spec import JobSpec
+from ps.rounds.membership import Member
+from ps.rounds.rendezvous import Rendezvous, fast_path_fits, hub_rank
+from ps.rounds.state import JobState
+from ps.shards.client import RemoteShards
+from ps.transport.messages import GroupInfo
+
+
+def check_paths(spec: JobSpec, rendezvous: Rendezvous | None, shards: RemoteShards | None,
+                on_gpus: Callable[[], Rendezvous] | None) -> None:
+    """ValueError for a combination of paths the coordinator does not serve."""
+    if spec.allreduce and rendezvous is None:
+        raise ValueError("an allreduce job needs a Rendezvous")
+    if shards is not None and (spec.mode != "bsp" or spec.allreduce):
+        raise ValueError("--shards serves BSP jobs without --allreduce")
+    if on_gpus is not None and (spec.mode != "bsp" or spec.allreduce or shards is not None):
+        raise ValueError("the fast path on GPUs is chosen for BSP jobs on one server that are not --allreduce already")
+
+
+class FastPath:
+    """Group generations over the state's rendezvous (None: the PS path)."""
+
+    def __init__(self, state: JobState, on_gpus: Callable[[], Rendezvous] | None) -> None:
+        self.state = state
+        self.on_gpus = on_gpus  # --allreduce auto, until the start: starts the rendezvous if the path fits
+
+    @property
+    def undecided(self) -> bool:
+        """--allreduce auto, before the start: the path is still to be chosen."""
+        return self.on_gpus is not None
+
+    def choose(self) -> bool:
+        """--allreduce auto: take the fast path if the starting workers all compute on GPUs of their
+        own. Before any worker is active, so nothing of the PS path has run yet. Returns whether it
+        took it (the spec then says allreduce, and balances compute time)."""
+        s = self.state
+        start_rendezvous, self.on_gpus = self.on_gpus, None
+        assert start_rendezvous is not None
+        starting = sorted(s.membership.pending.values(), key=lambda m: m.index)
+        fits, why = fast_path_fits([m.worker_id for m in starting], {m.worker_id: m.cuda_device for m in starting})
+        rendezvous = None
+        if fits:
+            try:
+                rendezvous = start_rendezvous()
+            except ValueError as exc:
+                why = f"{why}, but {exc}"
+        if rendezvous is not None:
+            s.spec = replace(s.spec, allreduce=True, balance="compute")
+            s.rendezvous = rendezvous
+        s.metrics.write("path", allreduce=rendezvous is not None, why=why, balance=s.spec.balance, step=s.step,
+                        epoch=s.epoch)
+        return rendezvous is not None
+
+    def generation(self) -> int:
+        """The current group generation (0 before the first group, and on the PS path)."""
+        return self.state.rendezvous.group.generation if self.state.rendezvous is not None else 0
+
+    def regroup(self) -> None:
+        """A membership change starts a new group generation (ranks in join order)."""
+        s = self.state
+        if s.rendezvous is None:
+            return
+        ordered = sorted(s.members.values(), key=lambda m: m.index)
+        group = s.rendezvous.regroup([m.worker_id for m in ordered], {m.worker_id: m.cuda_device for m in ordered})
+        if group is not None:
+            s.metrics.write(
+                "regroup", generation=group.generation, world_size=group.world_size, backend=group.backend, why=group.why,
+                algorithm="hub" if s.spec.hub_reduce(group.backend) else "ring",
+                ranks={m.name: group.rank(m.worker_id) for m in ordered}, step=s.step, epoch=s.epoch,
+            )
+
+    def group_info(self, member: Member, plan: dict[str, int]) -> GroupInfo:
+        """The member's place in the current generation; `plan` (by name) picks the hub."""
+        s = self.state
+        if s.rendezvous is None:
+            return GroupInfo()
+        group = s.rendezvous.group
+        batches = {m.worker_id: plan.get(m.name, 0) for m in s.members.values()}
+        return GroupInfo(group.generation, group.rank(member.worker_id), group.world_size, group.backend,
+                         hub_rank(group, batches))
+
+    def note_close_without(self, pushed: set[str]) -> None:
+        """The `close_without` record: the open round closes before every member reported it, because a
+        group that a leave or eviction has since replaced took its step (a report follows a successful
+        all-reduce).
+
+        That group may have failed part way (a peer gone before the hub's send to some ranks): the
+        ranks with the sum reported, the others wait for the next generation and retry the round
+        there, where they would wait for the reporters, which wait for the round to close. Closing
+        it lets them meet at the next round instead: the next generation adopts a reporter's copy
+        (the most advanced one), a rank whose copy is then past its plan's round skips its
+        all-reduce, and its late report of the closed round is refused and answered with a pull."""
+        s = self.state
+        missing = sorted(m.name for m in s.members.values() if m.worker_id not in pushed)
+        s.metrics.write("close_without", round=s.round, workers=missing, step=s.step, epoch=s.epoch)

@@ -1,0 +1,152 @@
+"""What a push must be before anything changes: its header against the job (kind, dtype, batch size,
+times, value count), its place in the sequence (the open BSP round once per worker, a known and not too
+old ASP version), its batch size against what the server told that worker, a snapshot against the
+request for one, and its values against overflowing the step. Each refusal is a ServiceError."""
+
+from __future__ import annotations
+
+import math
+
+from ps.errors import FailedPrecondition, InvalidArgument
+from ps.rounds.asp import AspUpdates
+from ps.rounds.bsp import BspRound
+from ps.rounds.fast_path import FastPath
+from ps.rounds.membership import Member
+from ps.rounds.state import JobState
+from ps.rounds.whole_model import WholeModel
+from ps.transport.chunked import Vector
+from ps.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
+from ps.transport.messages import MAX_COMPUTE_MS, PUSH_KINDS, PushMeta
+from ps.transport.wire import ChunkReceiver, check_wire_dtype
+
+
+class PushChecks:
+    """The checks, over the shared state and the rounds' own."""
+
+    def __init__(self, state: JobState, bsp: BspRound, asp: AspUpdates, fast_path: FastPath,
+                 whole_model: WholeModel) -> None:
+        self.state = state
+        self.bsp = bsp
+        self.asp = asp
+        self.fast_path = fast_path
+        self.whole_model = whole_model
+
+    def header(self, member: Member, meta: PushMeta) -> ChunkReceiver:
+        """Validate a push header from `member`; the receiver for its payload."""
+        s = self.state
+        check_wire_dtype(meta.wire_dtype)
+        self.kind(meta)
+        if meta.kind == "snapshot":
+            self.snapshot(member, meta)
+        elif meta.batch_size <= 0:
+            raise InvalidArgument(f"batch size must be > 0, got {meta.batch_size}")
+        limit = max(s.spec.global_batch, max(s.controller.plan().values(), default=0))
+        if meta.batch_size > limit:
+            raise InvalidArgument(f"batch size {meta.batch_size} exceeds the global batch {limit}")
+        if not (math.isfinite(meta.compute_ms) and 0 <= meta.compute_ms <= MAX_COMPUTE_MS):
+            raise InvalidArgument(f"compute_ms must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {meta.compute_ms}")
+        if meta.kind == "report":
+            if meta.num_values != 0:
+                raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
+            generation = self.fast_path.generation()
+            if not 0 <= meta.generation <= generation:
+                raise InvalidArgument(f"a report's generation must be in [0, {generation}] (0: not said), "
+                                      f"got {meta.generation}")
+            self.sequence(member, meta)
+            self.told(member, meta)
+            return ChunkReceiver(0, meta.wire_dtype)
+        if meta.kind == "snapshot":
+            self.snapshot_size(meta.num_values)
+        elif meta.num_values != s.own_numel:
+            where = f"; this server holds values [0, {s.own_numel}), the shards the rest" if s.shards else ""
+            raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {s.own_numel}{where}")
+        if meta.kind != "snapshot":
+            self.sequence(member, meta)
+            self.told(member, meta)
+        # the chunks are kept as gRPC handed them over: nothing to copy, pool or give back
+        return ChunkReceiver(meta.num_values, meta.wire_dtype)
+
+    def kind(self, meta: PushMeta) -> None:
+        """Gradients go to the server only without --allreduce; reports and snapshots only with it."""
+        fast_path = self.state.rendezvous is not None
+        if meta.kind not in PUSH_KINDS:
+            raise InvalidArgument(f"push kind must be one of {PUSH_KINDS}, got {meta.kind!r}")
+        if not fast_path and meta.kind != "values":
+            raise InvalidArgument(f"a {meta.kind} push is for --allreduce jobs; this job takes gradients (kind values)")
+        if fast_path and meta.kind == "values":
+            raise InvalidArgument(
+                "this job runs the collective fast path (--allreduce): all-reduce among the workers and push a "
+                "report (num_values 0), or from rank 0 a snapshot when asked"
+            )
+
+    def snapshot(self, member: Member, meta: PushMeta) -> None:
+        """A snapshot comes from rank 0, when asked, for the open round."""
+        s = self.state
+        assert s.rendezvous is not None
+        rank = s.rendezvous.rank(member.worker_id)
+        if rank != 0:
+            raise FailedPrecondition(
+                f"only rank 0 sends snapshots; worker {member.name} is rank {rank} of generation "
+                f"{s.rendezvous.group.generation}"
+            )
+        if not self.whole_model.snapshot_requested:
+            raise FailedPrecondition("no snapshot was requested")
+        if meta.round != s.round:
+            raise FailedPrecondition(f"snapshot of round {meta.round}; the open round is {s.round}")
+
+    def snapshot_size(self, num_values: int) -> None:
+        """A snapshot is the parameters, then the optimizer's flat state if it has any (ps.params.flat_state)."""
+        s = self.state
+        numel, state = s.own_numel, s.store.optimizer_state_numel
+        if num_values not in (numel, numel + state):
+            with_state = f" or {numel + state} (with the optimizer's state)" if state else ""
+            raise InvalidArgument(f"a snapshot has {num_values} values; the layout expects {numel}{with_state}")
+
+    def sequence(self, member: Member, meta: PushMeta) -> None:
+        """BSP: the open round, once per worker; ASP: a version the server had, within --max-staleness.
+        Anything goes once the job is done (the reply tells the worker so)."""
+        if self.state.done:
+            return
+        if self.state.spec.mode == "bsp":
+            self.bsp.check_open(member, meta)
+        else:
+            self.asp.check_version(meta)
+
+    def told(self, member: Member, meta: PushMeta) -> None:
+        """A push's batch size is one the server told this worker for the push's round (ASP: version):
+        the aggregation weight and the sample count are the server's plan, not the worker's claim.
+        The fast path's worker draws a batch before it reads the reply to its previous report, so a
+        report may also carry what it was told for the round before."""
+        s = self.state
+        if s.done or meta.kind == "snapshot":
+            return
+        step = meta.round if s.spec.mode == "bsp" else meta.version
+        told = set(member.told.get(step, ()))
+        if meta.kind == "report":
+            told |= member.told.get(step - 1, set())
+        if meta.batch_size not in told:
+            where = f"round {step}" if s.spec.mode == "bsp" else f"version {step}"
+            planned = ", ".join(map(str, sorted(told))) or "none"
+            raise FailedPrecondition(
+                f"batch size {meta.batch_size} is not what this server planned for worker {member.name} at {where} "
+                f"(told: {planned}); pull the plan and compute a batch of that size"
+            )
+
+    def values(self, member: Member, meta: PushMeta, values: Vector) -> None:
+        """BSP: the round's step stays finite with this gradient in it; ASP: θ + Δ stays finite
+        (ps.transport.magnitude). Otherwise InvalidArgument, and nothing changes."""
+        s = self.state
+        accumulator = self.bsp.accumulator
+        bound = magnitude_of(values)
+        try:
+            if accumulator is None:
+                s.store.check_update(bound)
+                return
+            if not accumulator.admits(values, meta.batch_size):
+                raise OverflowRisk(f"gradient values up to {bound:.3g} overflow the round's sum")
+            s.store.check_step(bound * PUSH_MARGIN)
+        except OverflowRisk as exc:
+            s.metrics.write("overflow_refused", worker=member.name, bound=float(f"{bound:.3g}"), step=s.step,
+                            epoch=s.epoch)
+            raise InvalidArgument(f"{exc}: push refused, the model is unchanged (values this large would make "
+                                  "it non-finite)") from None

@@ -1,0 +1,67 @@
+"""What the coordinator reports about the job: the summary at its end (and in `ps-server`'s last
+line) and the status a Status call answers with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ps.rounds.state import JobState
+
+
+def summary(state: JobState, start_time: float | None, end_time: float | None, accuracy: float | None,
+            loss: float | None) -> dict[str, Any]:
+    """The job's totals: its rounds, updates and epochs, its throughput, its last evaluation."""
+    s = state
+    end = end_time or s.clock()
+    wall = end - (start_time or end)
+    return {
+        "mode": s.spec.mode,
+        "controller": s.controller.config.policy,
+        "balance": s.spec.balance,  # what the compute_ms the workers reported measure
+        "allreduce": s.spec.allreduce,  # the collective fast path (chosen, or picked by --allreduce auto)
+        "epochs": s.epoch,
+        "rounds": s.round,
+        "updates": s.version,
+        "wall_s": round(wall, 3),
+        "samples_per_s": round(s.samples / wall, 2) if wall > 0 else None,
+        "accuracy": accuracy,
+        "loss": loss,
+        "adjustments": s.controller.adjustments,
+        "batch_sizes": s.controller.plan(),
+        "update_counts": {m.name: m.updates for m in s.members.values()},
+        "reason": s.reason,
+    }
+
+
+def status(state: JobState, path: str, accuracy: float | None) -> dict[str, Any]:
+    """Where the job is and every worker's plan, smoothed time, updates and staleness; `path` is the
+    one it runs on (ps, allreduce, or auto while --allreduce auto has not chosen yet)."""
+    s = state
+    smoothed = s.controller.smoothed_ms()
+    plan = s.controller.plan()
+    return {
+        "mode": s.spec.mode,
+        "controller": s.controller.config.policy,
+        "round": s.round,
+        "version": s.version,
+        "epoch": s.epoch,
+        "epochs": s.spec.epochs,
+        "done": s.done,
+        "global_batch": sum(plan.values()),
+        "adjustments": s.controller.adjustments,
+        "last_accuracy": accuracy,
+        "expected_workers": s.spec.workers,
+        "path": path,
+        "workers": [
+            {
+                "worker_id": m.worker_id,
+                "name": m.name,
+                "cores": m.cores,
+                "batch_size": plan.get(m.name, 0),
+                "compute_ms": smoothed.get(m.name) or 0.0,
+                "updates": m.updates,
+                "mean_staleness": m.staleness_sum / m.updates if m.updates else 0.0,
+            }
+            for m in s.members.values()
+        ],
+    }

@@ -1,0 +1,245 @@
+"""The core of a shard server (--shards): one contiguous range of the parameters and its optimizer.
+
+No gRPC here (ps/shards/servicer.py translates). A shard knows nothing of membership or the plan:
+workers push their slice of the gradient for the open round, the slice is summed batch-weighted
+as it arrives (and kept until the round is decided), and the coordinator's Commit names the
+contributors whose slices count. A slice from anyone else is taken out again and its push refused,
+so a shard steps with exactly the batches the coordinator stepped with. Pushes and pulls carry the
+worker's secret, which the shard checks with the key its coordinator loaded it with (ps.transport.worker_keys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ps.errors import FailedPrecondition, InvalidArgument
+from ps.job.spec import JobSpec
+from ps.params.aggregation import WeightedMean
+from ps.params.store import ParameterStore
+from ps.transport.chunked import Vector
+from ps.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
+from ps.transport.messages import MAX_COMPUTE_MS, PushMeta, StepReply
+from ps.transport.payload import Payload
+from ps.transport.wire import ChunkReceiver, check_wire_dtype
+from ps.transport.worker_keys import KEY_BYTES, WorkerKeys
+
+MAX_WAIT_S = 3600.0
+
+
+@dataclass
+class _Staged:
+    batch: int
+    values: Vector
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    round: int  # the open round after the commit
+    applied_batch: int
+    missing: tuple[str, ...]  # contributors whose slice did not arrive in time
+
+
+class ShardCore:
+    """State of one shard; driven from one asyncio event loop."""
+
+    def __init__(self) -> None:
+        self.spec: JobSpec | None = None
+        self.start = self.stop = 0
+        self.round = 0
+        self.max_pending = 0
+        self.store: ParameterStore | None = None
+        self.keys: WorkerKeys | None = None
+        self._sum: WeightedMean | None = None
+        self._staged: dict[str, _Staged] = {}
+        self._arrived = asyncio.Event()
+        self._decided: asyncio.Future[frozenset[str]] | None = None
+        self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
+
+    @property
+    def numel(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def loaded(self) -> bool:
+        return self.store is not None
+
+    # ------------------------------------------------------------ coordinator
+    def load(self, state: dict[str, Any]) -> None:
+        """(Re)configure: job spec, range, values, optimizer state (or None), open round, push limit."""
+        spec = JobSpec.from_json(state["spec"])
+        start, stop, round_ = int(state["start"]), int(state["stop"]), int(state["round"])
+        params = state["params"]
+        if not (0 <= start < stop) or not isinstance(params, torch.Tensor) or params.shape != (stop - start,):
+            raise InvalidArgument(f"a shard load needs a 1-d tensor of stop - start values for [{start}, {stop})")
+        if spec.mode != "bsp" or spec.allreduce:
+            raise InvalidArgument("shards serve BSP jobs without --allreduce")
+        try:
+            keys = WorkerKeys(bytes.fromhex(state["worker_key"]))
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"a shard load needs the job's worker key (hex, {KEY_BYTES}+ bytes): {exc}") from None
+        store = ParameterStore(params, spec)
+        if state.get("optimizer") is not None:
+            store.load_optimizer_state(state["optimizer"])
+        store.before_change.append(self.payload.complete)  # a reply in flight sends its round's values whole
+        self._abandon("the shard was reloaded (the coordinator restarted?); rejoin")
+        self.spec, self.start, self.stop, self.round, self.keys = spec, start, stop, round_, keys
+        # room for every worker of the job twice over: strangers' slices cannot crowd out the workers'
+        self.max_pending = 2 * max(1, int(state.get("max_workers", spec.workers)))
+        self.store, self._sum = store, WeightedMean(stop - start, scale=spec.global_batch)
+        self.payload.invalidate()
+
+    async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> CommitResult:
+        """Close the open round: wait (up to wait_s) for the contributors' slices, drop the others',
+        step the optimizer on the batch-weighted mean, and answer the waiting pushes."""
+        store, total = self._require_loaded(), self._sum
+        assert total is not None
+        if round_ != self.round:
+            raise FailedPrecondition(f"commit for round {round_}; the shard's open round is {self.round}")
+        if not lr > 0 or not math.isfinite(lr):
+            raise InvalidArgument(f"lr must be finite and > 0, got {lr}")
+        if not 0 <= wait_s <= MAX_WAIT_S:
+            raise InvalidArgument(f"wait_s must be in [0, {MAX_WAIT_S:.0f}], got {wait_s}")
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while not set(contributors) <= set(self._staged):
+            self._arrived.clear()
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                break
+        if round_ != self.round:  # reloaded while waiting
+            raise FailedPrecondition(f"commit for round {round_}; the shard's open round is {self.round}")
+        # a slice counts only at the batch the coordinator counted for its worker (the plan's)
+        for worker_id in [w for w, staged in self._staged.items() if contributors.get(w) != staged.batch]:
+            self._unstage(worker_id)
+        missing = tuple(sorted(set(contributors) - set(self._staged)))
+        applied = total.weight
+        if applied:
+            store.set_lr(lr)
+            store.apply_gradient(total.result(), total.bound)
+            self.payload.invalidate()
+        total.reset()
+        self._staged.clear()
+        self.round += 1
+        decided, self._decided = self._decided, None
+        if decided is not None and not decided.done():
+            decided.set_result(frozenset(contributors) - set(missing))
+        return CommitResult(self.round, applied, missing)
+
+    def fetch(self) -> dict[str, Any]:
+        store = self._require_loaded()
+        return {"start": self.start, "stop": self.stop, "round": self.round, "params": store.snapshot(),
+                "optimizer": store.optimizer_state()}
+
+    # ---------------------------------------------------------------- workers
+    def begin_push(self, meta: PushMeta) -> ChunkReceiver:
+        spec = self._require_loaded_spec()
+        self._authenticate(meta.worker_id, meta.secret)
+        check_wire_dtype(meta.wire_dtype)
+        if meta.kind != "values":
+            raise InvalidArgument(f"a shard takes gradient slices (kind values), got {meta.kind!r}")
+        if not 0 < meta.batch_size <= spec.global_batch:
+            raise InvalidArgument(f"batch size must be in [1, {spec.global_batch}], got {meta.batch_size}")
+        if not 0 <= meta.compute_ms <= MAX_COMPUTE_MS:
+            raise InvalidArgument(f"compute_ms must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {meta.compute_ms}")
+        if meta.num_values != self.numel:
+            raise InvalidArgument(f"buffer has {meta.num_values} values; this shard holds [{self.start}, {self.stop}), "
+                                  f"{self.numel} values")
+        self._check_open(meta)
+        if len(self._staged) >= self.max_pending:
+            raise FailedPrecondition(f"round {self.round} already holds {self.max_pending} slices, the job's worker limit")
+        return ChunkReceiver(meta.num_values, meta.wire_dtype)
+
+    async def push(self, meta: PushMeta, values: Vector) -> StepReply:
+        """Stage a received slice; answer with the range's new values once the round is committed."""
+        self._authenticate(meta.worker_id, meta.secret)  # re-checked: a reload may have changed the key meanwhile
+        self._check_open(meta)  # and the round may have moved while the payload streamed in
+        self._check_overflow(values, meta.batch_size)
+        assert self._sum is not None
+        self._sum.add(values, meta.batch_size)
+        self._staged[meta.worker_id] = _Staged(meta.batch_size, values)
+        if self._decided is None:
+            self._decided = asyncio.get_running_loop().create_future()
+        decided = self._decided
+        self._arrived.set()
+        try:
+            counted = await asyncio.shield(decided)
+        except asyncio.CancelledError:  # the worker gave up (its coordinator push failed): take the slice out
+            if self._decided is decided and meta.worker_id in self._staged:
+                self._unstage(meta.worker_id)
+            raise
+        if meta.worker_id not in counted:
+            raise FailedPrecondition(f"round {meta.round} closed without this worker's push (evicted, or its batch "
+                                     "size was not the one the coordinator counted); rejoin")
+        return self.reply()
+
+    def pull(self, worker_id: str, secret: str) -> StepReply:
+        """A worker's pull: the range's current values."""
+        self._require_loaded()
+        self._authenticate(worker_id, secret)
+        return self.reply()
+
+    def reply(self) -> StepReply:
+        """The range's current values, in the job's wire dtype."""
+        spec = self._require_loaded_spec()
+        store = self._require_loaded()
+        return StepReply(round=self.round, version=self.round, epoch=0, batch_size=0, done=False, lr=0.0,
+                         global_batch=0, wire_dtype=spec.wire_dtype, num_values=self.numel,
+                         payload=self.payload.get(self.round, store, spec.wire_dtype))
+
+    # ---------------------------------------------------------------- helpers
+    def _authenticate(self, worker_id: str, secret: str) -> None:
+        """The caller holds the secret of the worker it names (the shard does not know who is in the job:
+        the coordinator's Commit decides whose slices count)."""
+        if not worker_id:
+            raise InvalidArgument("a push or pull needs a worker id")
+        assert self.keys is not None
+        self.keys.check(worker_id, secret)
+
+    def _check_overflow(self, values: Vector, batch: int) -> None:
+        """The commit's step stays finite with this slice in it (ps.transport.magnitude), or InvalidArgument. The
+        commit's learning rate is not known yet: the job's (the schedule only lowers it) or the current."""
+        store, spec, total = self._require_loaded(), self._require_loaded_spec(), self._sum
+        assert total is not None
+        bound = magnitude_of(values)
+        try:
+            if not total.admits(values, batch):
+                raise OverflowRisk(f"slice values up to {bound:.3g} overflow the round's sum")
+            store.check_step(bound * PUSH_MARGIN, lr=max(spec.lr, store.lr))
+        except OverflowRisk as exc:
+            raise InvalidArgument(f"{exc}: push refused, the range is unchanged (values this large would make it "
+                                  "non-finite)") from None
+
+    def _check_open(self, meta: PushMeta) -> None:
+        if meta.round != self.round:
+            raise FailedPrecondition(f"round {meta.round} is not open; the open round is {self.round}")
+        if meta.worker_id in self._staged:
+            raise FailedPrecondition(f"worker {meta.worker_id} already pushed for round {self.round}")
+
+    def _unstage(self, worker_id: str) -> None:
+        assert self._sum is not None
+        staged = self._staged.pop(worker_id)
+        self._sum.remove(staged.values, staged.batch)
+
+    def _abandon(self, reason: str) -> None:
+        decided, self._decided = self._decided, None
+        if decided is not None and not decided.done():
+            decided.set_exception(FailedPrecondition(reason))
+        self._staged.clear()
+
+    def _require_loaded(self) -> ParameterStore:
+        if self.store is None:
+            raise FailedPrecondition("this shard has not been loaded by its coordinator yet")
+        return self.store
+
+    def _require_loaded_spec(self) -> JobSpec:
+        self._require_loaded()
+        assert self.spec is not None
+        return self.spec

@@ -1,0 +1,70 @@
+"""`ps-server --shards N` on one host: start N-1 `ps-shard` processes on loopback and stop them again.
+
+Each child is started with `--parent-pid`, so it is stopped by the kernel if the server dies
+without cleaning up (see ps.shards.server.exit_with_parent): no shard outlives its coordinator.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+START_TIMEOUT_S = 60.0
+
+
+class LocalShards:
+    """N shard servers started as child processes; `addresses` once they listen."""
+
+    def __init__(self, count: int, host: str = "127.0.0.1", token: str | None = None) -> None:
+        if count < 1:
+            raise ValueError(f"need at least one shard process, got {count}")
+        self._dir = tempfile.TemporaryDirectory(prefix="ps-shards-")
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.addresses: list[str] = []
+        env = dict(os.environ)
+        if token is not None:
+            env["PS_TOKEN"] = token  # not on the command line, where `ps` would show it
+        connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        try:
+            port_files = []
+            for i in range(count):
+                port_file = Path(self._dir.name) / f"shard{i + 1}.port"
+                port_files.append(port_file)
+                argv = [sys.executable, "-m", "ps.shards.server", "--host", host, "--port", "0", "--port-file", str(port_file),
+                        "--parent-pid", str(os.getpid())]
+                # a session of its own: a Ctrl-C at the terminal reaches the server, which still needs
+                # its shards for the final checkpoint, and not the shards themselves
+                self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, start_new_session=True))
+            for port_file, proc in zip(port_files, self.procs, strict=True):
+                self.addresses.append(f"{connect_host}:{self._wait_port(port_file, proc)}")
+        except BaseException:
+            self.stop()
+            raise
+
+    @staticmethod
+    def _wait_port(port_file: Path, proc: subprocess.Popen[bytes]) -> int:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if port_file.exists() and port_file.read_text().strip():
+                return int(port_file.read_text())
+            if proc.poll() is not None:
+                raise OSError(f"shard server exited with status {proc.returncode} before it listened")
+            time.sleep(0.02)
+        raise OSError(f"shard server did not listen within {START_TIMEOUT_S:.0f}s")
+
+    def stop(self) -> None:
+        """SIGTERM every shard, SIGKILL any still running 5 s later."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._dir.cleanup()

@@ -1,0 +1,132 @@
+"""`ps-shard`: a shard server for `ps-server --shards` / `--shard-addresses`.
+
+It waits for its coordinator (a `ps-server`) to load a range of the parameters into it, then serves
+the workers' pushes and pulls of that range until it is stopped (SIGTERM/SIGINT). `ps-server
+--shards N` starts N-1 of these itself on loopback; on other hosts start them by hand and list them
+with `ps-server --shard-addresses`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import grpc
+import torch
+
+from ps.ops.arg_types import port_number
+from ps.ops.health import OVERALL, SERVING, Health
+from ps.ops.memory import tune_malloc
+from ps.ops.port_file import PortFile
+from ps.ops.prometheus import Endpoint, MessageMetrics
+from ps.shards.core import ShardCore
+from ps.shards.servicer import ParameterShardServicer
+from ps.transport.handlers import SERVICES, OnMessage, register
+from ps.transport.security import ServerSecurity, load_server_security
+from ps.transport.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
+
+PR_SET_PDEATHSIG = 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="ps-shard",
+        description="Shard server: holds one range of the parameters for a ps-server coordinator (see ps-server --shards).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    p.add_argument("--port", type=port_number, default=0, help="0 picks a free port (printed at start)")
+    p.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
+    p.add_argument("--metrics-port", type=port_number, default=None,
+                   help="serve Prometheus metrics (this shard's gRPC message bytes) over HTTP at /metrics on "
+                        "--host:PORT (0 picks a free port, printed at start); unset: no endpoint")
+    p.add_argument("--metrics-port-file", type=Path, default=None,
+                   help="write the bound --metrics-port to this file (for scripts)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer step")
+    p.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
+    p.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
+    p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
+                   help="mutual TLS: require client certificates signed by this PEM CA")
+    p.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
+    p.add_argument("--parent-pid", type=int, default=None,
+                   help="exit when this process (the ps-server that started this shard) exits")
+    return p
+
+
+def exit_with_parent(parent_pid: int) -> None:
+    """Ask the kernel for SIGTERM when the parent exits (Linux); exit now if it already has."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        raise SystemExit(f"ps-shard: parent {parent_pid} is gone")
+
+
+async def serve_shard(host: str, port: int, port_file: PortFile | None, security: ServerSecurity,
+                      on_message: OnMessage | None = None) -> None:
+    """Serve one ShardCore until SIGTERM/SIGINT (`on_message`: told the size of every gRPC message).
+
+    Health: the server ("") is SERVING once it listens (it takes its coordinator's Load then), the
+    ParameterShard service once a Load gave it its range; both NOT_SERVING from SIGTERM/SIGINT on."""
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
+    service = SERVICES["ParameterShard"].full_name
+    health = Health([service])
+    await health.add_to(server)
+    register(ParameterShardServicer(ShardCore(), on_load=functools.partial(health.set, SERVING, [service])), server,
+             "ParameterShard", on_message)
+    bound = security.add_port(server, f"{host}:{port}")
+    await server.start()
+    await health.set(SERVING, [OVERALL])
+    print(f"ps-shard: listening on {host}:{bound} ({security.description})", flush=True)
+    try:
+        if port_file is not None:
+            port_file.write(bound)
+        await wait_for_stop_signal()
+    finally:
+        await health.shut_down()
+        await server.stop(grace=1.0)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    tune_malloc()
+    args = build_parser().parse_args(argv)
+    if args.parent_pid is not None:
+        exit_with_parent(args.parent_pid)
+    torch.set_num_threads(max(1, args.threads))
+    try:
+        if args.metrics_port_file is not None and args.metrics_port is None:
+            raise ValueError("--metrics-port-file needs --metrics-port")
+        security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
+        port_file = PortFile(args.port_file) if args.port_file is not None else None
+        metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
+    except (ValueError, OSError) as exc:
+        print(f"ps-shard: error: {exc}", file=sys.stderr)
+        return 2
+    endpoint = on_message = None
+    try:
+        if args.metrics_port is not None:
+            endpoint = Endpoint()
+            on_message = MessageMetrics(endpoint.registry).on_message
+            bound = endpoint.start(args.host, args.metrics_port)
+            print(f"ps-shard: metrics on http://{args.host}:{bound}/metrics", flush=True)
+            if metrics_port_file is not None:
+                metrics_port_file.write(bound)
+        run_loop(serve_shard(args.host, args.port, port_file, security, on_message))
+    except OSError as exc:
+        print(f"ps-shard: error: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        if endpoint is not None:
+            endpoint.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

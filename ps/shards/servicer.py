@@ -1,0 +1,87 @@
+"""The gRPC servicer of a shard server: decode, call the ShardCore, encode. No logic."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from protos import ps_pb2, ps_pb2_grpc
+from ps.errors import InvalidArgument, ServiceError
+from ps.shards.core import ShardCore
+from ps.transport import blob
+from ps.transport.push_stream import receive_push
+from ps.transport.replies import params_chunk, reply_messages, status_code
+from ps.transport.serialized import DataChunk
+
+
+def contributors_of(request: ps_pb2.CommitRequest) -> dict[str, int]:
+    contributors: dict[str, int] = {}
+    for c in request.contributors:
+        if not c.worker_id or c.batch_size <= 0 or c.worker_id in contributors:
+            raise InvalidArgument(f"contributors need distinct worker ids and batch sizes > 0, got {c.worker_id!r}: {c.batch_size}")
+        contributors[c.worker_id] = c.batch_size
+    return contributors
+
+
+class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
+    """Translates shard RPCs to ShardCore calls and ServiceErrors to gRPC statuses."""
+
+    def __init__(self, core: ShardCore, on_load: Callable[[], Awaitable[None]] | None = None) -> None:
+        """`on_load`: awaited after every load that succeeded (the shard holds a range: health SERVING)."""
+        self.core = core
+        self.on_load = on_load
+        core.payload.use_frame(params_chunk)
+
+    async def Push(
+        self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        try:
+            meta, receiver = await receive_push(request_iterator, self.core.begin_push)
+            reply = await self.core.push(meta, receiver.finish())
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
+        for message in reply_messages(reply):
+            yield message
+
+    async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        try:
+            reply = self.core.pull(request.worker_id, request.secret)
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        for message in reply_messages(reply):
+            yield message
+
+    async def Load(self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
+        try:
+            parts = [chunk.data async for chunk in request_iterator]
+            state = blob.unpack(parts)
+            if not isinstance(state, dict):
+                raise InvalidArgument("a shard load is a dict (spec, start, stop, round, params, optimizer)")
+            self.core.load(state)
+        except (ServiceError, KeyError, TypeError, ValueError) as exc:
+            code = status_code(exc) if isinstance(exc, ServiceError) else grpc.StatusCode.INVALID_ARGUMENT
+            await context.abort(code, f"bad shard load: {exc}")
+        except DecodeError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a load chunk is not a valid BlobChunk message: {exc}")
+        if self.on_load is not None:
+            await self.on_load()
+        return ps_pb2.ShardAck(round=self.core.round)
+
+    async def Commit(self, request: ps_pb2.CommitRequest, context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
+        try:
+            result = await self.core.commit(request.round, contributors_of(request), request.lr, request.wait_s)
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        return ps_pb2.ShardAck(round=result.round, applied_batch=result.applied_batch, missing=list(result.missing))
+
+    async def Fetch(self, request: ps_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[ps_pb2.BlobChunk]:
+        try:
+            parts = blob.pack(self.core.fetch())
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        for seq, data in enumerate(parts):
+            yield ps_pb2.BlobChunk(seq=seq, data=data)

@@ -1,0 +1,212 @@
+"""The code's layout holds: every module imports, the folders of ps/ import each other only in the
+directions ps/__init__.py draws, no imports form a cycle, and modules stay short enough to read.
+
+Imports are read from the source (ast), lazy ones inside functions included, so a dependency cannot
+hide in a function body; what a module imports by name at run time (ps.job.registry's factories)
+is the user's and not counted."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("ps", "worker", "deploy", "benchmarks")
+FIRST_PARTY = (*PACKAGES, "protos", "tests")
+MAX_LINES = 500
+
+# Modules allowed over MAX_LINES, each one concept that would read worse cut in two.
+LONGER_ALLOWED: dict[str, str] = {
+    # the local cluster: server and worker processes, their cgroups, their exit and signal handling
+    "deploy/launcher.py": "one process supervisor",
+    # an emulation run from profile to report: schedule phases applied to the running cluster
+    "deploy/emulator.py": "one emulation run",
+}
+
+# The parts of the code and what each may import: a folder of ps/ is one part, a module at the top
+# of ps/ is one, worker/, deploy/, benchmarks/ and protos/ are one each.
+ANY = frozenset({"*"})
+PS_PARTS = ("ps.control", "ps.job", "ps.transport", "ps.params", "ps.shards", "ps.rounds", "ps.ops",
+            "ps.errors", "ps.number_checks", "ps.servicer", "ps.server", "ps.server_flags")
+ALLOWED: dict[str, frozenset[str]] = {
+    "ps": frozenset(),  # the package map, a docstring
+    "ps.errors": frozenset(),  # leaves: they import nothing of the project
+    "ps.number_checks": frozenset(),
+    "ps.control": frozenset({"ps.number_checks"}),  # pure: no transport, no torch (below)
+    "ps.ops": frozenset(),
+    "ps.transport": frozenset({"ps.errors", "protos"}),
+    "ps.job": frozenset({"ps.transport", "ps.errors", "ps.number_checks"}),
+    "ps.params": frozenset({"ps.job", "ps.transport", "ps.errors"}),
+    "ps.shards": frozenset({"ps.params", "ps.job", "ps.transport", "ps.ops", "ps.errors", "protos"}),
+    "ps.rounds": frozenset({"ps.control", "ps.params", "ps.shards", "ps.job", "ps.transport", "ps.ops", "ps.errors"}),
+    "ps.servicer": frozenset({*PS_PARTS, "protos"}),
+    "ps.server": frozenset({*PS_PARTS, "protos"}),
+    "ps.server_flags": frozenset({"ps.job", "ps.ops"}),  # ps-server's flags, parsed without building anything
+    "worker": frozenset({"ps.job", "ps.transport", "ps.params", "ps.ops", "ps.errors", "protos"}),
+    "deploy": ANY,
+    "benchmarks": ANY,
+    "protos": frozenset(),
+}
+# Third-party packages a pure part never imports.
+NEVER: dict[str, tuple[str, ...]] = {
+    "ps.control": ("torch", "grpc", "google.protobuf", "protos"),
+}
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of PACKAGES by dotted name."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+MODULES = module_files()
+
+
+def imports_of(name: str, path: Path) -> Iterator[str]:
+    """The dotted names `name`'s source imports, anywhere in the file (a submodule where
+    `from package import module` names one)."""
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                package = name.split(".")[: len(name.split(".")) - node.level + is_package]
+                base = ".".join([*package, base] if base else package)
+            yield base
+            for alias in node.names:
+                if f"{base}.{alias.name}" in MODULES:
+                    yield f"{base}.{alias.name}"
+
+
+def first_party(target: str) -> str | None:
+    """The module of this tree that `target` names (its longest known prefix), or None."""
+    if target.split(".")[0] not in FIRST_PARTY:
+        return None
+    parts = target.split(".")
+    while parts and ".".join(parts) not in MODULES:
+        parts.pop()
+    return ".".join(parts) if parts else target.split(".")[0]
+
+
+def graph() -> dict[str, set[str]]:
+    """Module -> the first-party modules it imports (protos as "protos")."""
+    edges: dict[str, set[str]] = {}
+    for name, path in MODULES.items():
+        targets = {first_party(t) for t in imports_of(name, path)}
+        edges[name] = {"protos" if t.startswith("protos") else t for t in targets if t and t != name}
+    return edges
+
+
+def part_of(module: str) -> str:
+    """The part a module belongs to (see ALLOWED)."""
+    parts = module.split(".")
+    if parts[0] != "ps" or len(parts) == 1:
+        return parts[0]
+    return ".".join(parts[:2])
+
+
+def cycles(edges: Mapping[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one node (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_every_module_imports(name: str) -> None:
+    importlib.import_module(name)
+
+
+def test_every_part_is_in_the_table_and_ps_folders_say_what_they_hold() -> None:
+    parts = {part_of(m) for m in MODULES}
+    assert parts - set(ALLOWED) == set(), "a new part of the code: add it to ALLOWED and to ps/__init__.py"
+    for folder in (ROOT / "ps").iterdir():
+        if folder.is_dir() and folder.name != "__pycache__":
+            init = folder / "__init__.py"
+            assert init.exists(), f"{folder} has no __init__.py"
+            assert ast.get_docstring(ast.parse(init.read_text())), f"{init} needs a docstring: what it holds, what it may import"
+
+
+def test_folders_import_only_in_the_allowed_directions() -> None:
+    wrong = []
+    for module, targets in graph().items():
+        source = part_of(module)
+        allowed = ALLOWED[source]
+        for target in sorted(targets):
+            goal = part_of(target)
+            if goal != source and allowed != ANY and goal not in allowed:
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_pure_parts_import_no_transport_or_torch() -> None:
+    wrong = []
+    for module, path in MODULES.items():
+        for target in imports_of(module, path):
+            banned = NEVER.get(part_of(module), ())
+            if any(target == b or target.startswith(b + ".") for b in banned):
+                wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+def test_no_import_cycles_between_modules_or_parts() -> None:
+    edges = graph()
+    assert cycles(edges) == []
+    parts: dict[str, set[str]] = {}
+    for module, targets in edges.items():
+        parts.setdefault(part_of(module), set()).update(part_of(t) for t in targets if part_of(t) != part_of(module))
+    assert cycles(parts) == []
+
+
+def test_modules_stay_short() -> None:
+    lengths = {str(path.relative_to(ROOT)): len(path.read_text().splitlines()) for path in MODULES.values()}
+    too_long = {p: n for p, n in lengths.items() if n > MAX_LINES and p not in LONGER_ALLOWED}
+    assert too_long == {}, f"split these by concern, or justify them in LONGER_ALLOWED: {too_long}"
+    stale = {p: lengths.get(p) for p in LONGER_ALLOWED if lengths.get(p, 0) <= MAX_LINES}
+    assert stale == {}, f"no longer over {MAX_LINES} lines (or gone): drop them from LONGER_ALLOWED"
+
+
+def test_the_checks_catch_a_cycle_and_a_wrong_direction() -> None:
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+    assert part_of("ps.transport.wire") == "ps.transport" and part_of("ps.server") == "ps.server"
+    assert "ps.rounds" not in ALLOWED["ps.transport"] and "ps.transport" not in ALLOWED["ps.control"]
