@@ -46,9 +46,15 @@ def build_parser() -> argparse.ArgumentParser:
     job = p.add_argument_group("job")
     job.add_argument("--mode", choices=MODES, default="bsp", help="synchronous rounds or asynchronous updates")
     job.add_argument("--workers", type=int, default=4, help="workers to wait for before training starts")
-    job.add_argument("--model", default="mlp", help="built-in model (mlp, cnn) or package.module:function")
+    job.add_argument("--model", default="mlp",
+                     help="built-in mlp (options hidden=128 layers=2) or cnn (width=32), or package.module:function, "
+                          "a factory fn(input_shape, num_classes, **options) -> torch.nn.Module")
     job.add_argument("--model-arg", action="append", default=[], metavar="K=V", help="model option, e.g. hidden=512")
-    job.add_argument("--dataset", default="digits", help="built-in dataset (digits, synthetic) or package.module:function")
+    job.add_argument("--dataset", default="digits",
+                     help="built-in digits (scikit-learn's, 80/20 split), synthetic (options size=4096 image_size=32 "
+                          "channels=3 num_classes=10 noise=1.0) or teacher (size=65536 features=32 hidden=32 "
+                          "num_classes=10 label_noise=0.0: a task on which the batch size matters, for mlp), or "
+                          "package.module:function, a factory fn(seed, **options) -> ps.job.datasets.Dataset")
     job.add_argument("--dataset-arg", action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
     job.add_argument("--epochs", type=int, default=10, help="passes over the training split")
     job.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights and the data split")
@@ -117,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="use these running ps-shard servers for ranges 1.. instead of starting them (sets --shards)")
     net.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
-    net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
+    net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see docs/metrics.md)")
     net.add_argument("--metrics-port", type=port_number, default=None,
                      help="serve Prometheus metrics over HTTP at /metrics on --host:PORT (0 picks a free port, printed "
                           "at start); unset: no endpoint")
