@@ -72,7 +72,7 @@ def _flag(action: argparse.Action) -> str:
 
 def _default(action: argparse.Action) -> str:
     default = action.default
-    if default is None or default is argparse.SUPPRESS or default is False or default in ("", []) or action.nargs == 0:
+    if default is None or default is argparse.SUPPRESS or default is False or default in ("", [], ()) or action.nargs == 0:
         return ""
     return f"`{action.default}`"
 
