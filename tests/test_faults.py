@@ -144,6 +144,8 @@ def test_killed_server_resumes_from_checkpoint(tmp_path: Path) -> None:
         assert resumed.wait(300) == 0, resumed.server_log()
         for name, proc in workers.items():
             assert proc.wait(30) == 0, cluster.worker_log(name)
+            log = cluster.worker_log(name)  # what each worker said: the loss at once, the rejoin when it came
+            assert f"{name}: lost the server" in log and f"{name}: rejoined {cluster.target} as " in log, log
         (summary,) = resumed.events("summary")
         assert summary["accuracy"] >= TARGET, summary
         report(fault="SIGKILL server, restart with --resume", stall_s=round(stall, 2),
