@@ -29,6 +29,7 @@ from ps.ops.port_file import PortFile
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.rounds.coordinator import Coordinator
 from ps.rounds.rendezvous import Rendezvous
 from ps.server_flags import build_parser, parse_options
@@ -39,6 +40,10 @@ from ps.shards.ranges import split_ranges
 from ps.transport.handlers import SERVICES, OnMessage, register
 from ps.transport.security import ServerSecurity, load_server_security, resolve_token
 from ps.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
+
+
+class JobComplete(Exception):
+    """--resume of a job whose checkpoint is at its last epoch: there is nothing to train."""
 
 
 @dataclass
@@ -121,11 +126,19 @@ def build_job(args: argparse.Namespace) -> Job:
     if checkpoint_dir is not None:
         check_no_other_job(checkpoint_dir, args.resume)
     resume_from = None
+    job_changes: dict[str, tuple[Any, Any]] = {}
     if args.resume is not None:
         found = latest_checkpoint(args.resume, warn=lambda msg: print(f"ps-server: warning: {msg}", file=sys.stderr))
         if found is None:
             raise ValueError(f"--resume {args.resume}: no valid checkpoint there")
         resume_from = found
+        path, state = found
+        job_changes = resume_changes(state, spec)
+        if int(state["epoch"]) >= spec.epochs:
+            raise JobComplete(
+                f"the job in {args.resume} is complete ({path.name}: epoch {state['epoch']} of {spec.epochs}); "
+                f"nothing to train: resume with --epochs above {state['epoch']} to extend it"
+            )
     dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
     model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
@@ -152,6 +165,9 @@ def build_job(args: argparse.Namespace) -> Job:
             path, state = resume_from
             changes = coordinator.restore(state)
             print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
+            if job_changes:
+                print(f"ps-server: warning: the job's settings differ from the checkpoint's ({describe_resume_changes(job_changes)}); "
+                      "the command line's apply", file=sys.stderr, flush=True)
             if changes:
                 print(f"ps-server: warning: {describe_controller_changes(changes)}", file=sys.stderr, flush=True)
     except BaseException:
@@ -374,6 +390,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         port_file = PortFile(args.port_file) if args.port_file is not None else None
         metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
         job = build_job(args)
+    except JobComplete as exc:
+        print(f"ps-server: {exc}", flush=True)
+        return 0
     except (ValueError, OSError) as exc:  # OSError: a --metrics-log, --checkpoint-dir or port file that cannot be written
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 2

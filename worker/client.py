@@ -276,8 +276,7 @@ class PSClient:
             self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
 
     def wait_ready(self, timeout: float) -> None:
-        """Return once the channel connects; UNAVAILABLE after `timeout` seconds (worker/reconnect.py
-        waits in slices of this, saying so)."""
+        """Return once the channel connects; UNAVAILABLE after `timeout` s (worker/reconnect.py: slices)."""
         future = grpc.channel_ready_future(self._channel)
         try:
             future.result(timeout=timeout)
