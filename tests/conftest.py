@@ -18,6 +18,7 @@ from ps.server import GRPC_OPTIONS, Job, build_job
 from ps.server_flags import build_parser
 from ps.servicer import ParameterServerServicer
 from ps.transport.handlers import register
+from tests.leaks import SuiteTmp, report, untracked
 
 START_TIMEOUT_S = 10.0
 
@@ -161,3 +162,20 @@ def signal_after(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, str], thread
         return event
 
     return install
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fails the session when its tests or the processes they start leave anything in the temporary
+    folder (theirs: tests/leaks.py) or in the working tree."""
+    tmp_path_factory.getbasetemp()  # pytest's tmp_path folders stay where pytest keeps them
+    before = untracked()
+    tmp = SuiteTmp()
+    try:
+        yield
+    finally:
+        tmp_left = tmp.close()
+    after = untracked()
+    message = report(tmp_left, after - before if before is not None and after is not None else set())
+    if message is not None:
+        pytest.fail(message, pytrace=False)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +28,7 @@ from ps.params.checkpoint import checkpoint_files, read_checkpoint
 from ps.server import build_job
 from ps.server_flags import build_parser
 from ps.shards.core import ShardCore
+from ps.shards.processes import LocalShards
 from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
 from ps.transport.messages import PushMeta
 from ps.transport.wire import encode
@@ -435,3 +437,15 @@ def test_the_token_guards_the_shards_too(tmp_path: Path) -> None:
             client.close()
     finally:
         cluster.stop()
+
+
+def test_local_shards_keep_no_folder_once_they_listen() -> None:
+    """The shards' port files go as soon as the shards listen: a server killed later (SIGKILL, no
+    stop()) leaves no ps-shards-* folder behind in the temporary folder."""
+    before = set(Path(tempfile.gettempdir()).glob("ps-shards-*"))
+    shards = LocalShards(1)
+    try:
+        assert len(shards.addresses) == 1 and shards.procs[0].poll() is None
+        assert set(Path(tempfile.gettempdir()).glob("ps-shards-*")) == before
+    finally:
+        shards.stop()
