@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from deploy.launcher import (
     LocalCluster,
+    ReceivedSignals,
     WorkerFailedError,
     WorkerSpec,
     signals_as_exceptions,
@@ -294,12 +295,14 @@ class Emulation:
         self.phases_path.unlink(missing_ok=True)
         self._describe(cluster)
         started = time.monotonic()
-        with signals_as_exceptions(), cluster:
+        with signals_as_exceptions() as received, cluster:
             cluster.start()
+            received.check()
             self.say(f"server on {cluster.target}; logs, metrics and plots in {plan.out}/")
-            code = self._follow(cluster)
+            code = self._follow(cluster, received)
             cluster.wait()  # the server has exited: give the workers a moment to exit on their own
             cluster.close()
+            received.check()
         total_s = time.monotonic() - started
         summary = next((e for e in reversed(self.events) if e.get("event") == "summary"), None)
         if code != 0 or summary is None:
@@ -323,9 +326,10 @@ class Emulation:
         self.say(cluster.plan() + "; 1 torch thread per worker")
         self.say(f"ps-server {job}")
 
-    def _follow(self, cluster: LocalCluster) -> int:
+    def _follow(self, cluster: LocalCluster, received: ReceivedSignals) -> int:
         tail = MetricsTail(cluster.metrics_path)
         while True:
+            received.check()  # a Ctrl-C or SIGTERM whose exception a finalizer swallowed
             for event in tail.read():
                 self._on_event(event)
             try:
