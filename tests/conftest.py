@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -169,6 +170,8 @@ def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     """Fails the session when its tests or the processes they start leave anything in the temporary
     folder (theirs: tests/leaks.py) or in the working tree."""
     tmp_path_factory.getbasetemp()  # pytest's tmp_path folders stay where pytest keeps them
+    # torch.compile's cache (by default TMPDIR/torchinductor_USER) goes with them
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("torchinductor")))
     before = untracked()
     tmp = SuiteTmp()
     try:
