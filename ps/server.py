@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import grpc
 import torch
@@ -26,6 +26,7 @@ from ps.ops.health import NOT_SERVING, SERVING, Health
 from ps.ops.memory import tune_malloc
 from ps.ops.metrics import MetricsLog
 from ps.ops.port_file import PortFile
+from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
@@ -143,7 +144,7 @@ def build_job(args: argparse.Namespace) -> Job:
     model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     try:
-        metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else print_progress)
+        metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
     except OSError as exc:
         raise OSError(f"--metrics-log {args.metrics_log}: cannot write there ({exc.strerror or exc})") from None
     evaluator = BackgroundEvaluator(eval_model, dataset)
@@ -254,8 +255,8 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     return addresses
 
 
-def print_progress(record: dict[str, Any]) -> None:
-    """Human progress lines on stderr for the events a person watches. An epoch line names what its
+def progress_line(record: dict[str, Any]) -> str | None:
+    """The human progress line of a record a person watches (None for the others). An epoch line names what its
     times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
     auto may change at the start)."""
     event = record["event"]
@@ -283,8 +284,34 @@ def print_progress(record: dict[str, Any]) -> None:
     elif event == "summary":
         line = "summary: " + json.dumps({k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")})
     else:
-        return
-    print(line, file=sys.stderr, flush=True)
+        return None
+    return line
+
+
+def print_progress(record: dict[str, Any]) -> None:
+    """Plain progress lines on stderr (pipes, logs, CI)."""
+    line = progress_line(record)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+
+
+def progress_echo(epochs: int, stream: TextIO | None = None) -> Callable[[dict[str, Any]], None]:
+    """The metrics log's echo: a bar on `stream` (stderr) when it is a terminal, plain lines otherwise."""
+    stream = stream or sys.stderr
+    if not on_terminal(stream):
+        return print_progress
+    bar = EpochBar(epochs, stream)
+
+    def echo(record: dict[str, Any]) -> None:
+        if record["event"] == "summary":
+            bar.close()
+        if bar.update(record):
+            return
+        line = progress_line(record)
+        if line is not None:
+            bar.write(line)
+
+    return echo
 
 
 def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:
