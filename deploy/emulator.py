@@ -25,6 +25,7 @@ from typing import Any, TextIO
 
 from deploy.launcher import (
     LocalCluster,
+    ReceivedSignals,
     WorkerFailedError,
     WorkerSpec,
     signals_as_exceptions,
@@ -40,6 +41,7 @@ from deploy.profiles import (
     scale,
 )
 from deploy.server_args import server_parser, split_server_args
+from ps.ops.progress import EpochBar, on_terminal
 
 DEFAULT_JOB: dict[str, Any] = {
     "model": "cnn",
@@ -270,9 +272,13 @@ class Emulation:
         self.job_start: float | None = None
         self.cluster: LocalCluster | None = None
         self.phases_path = plan.out / "phases.jsonl"
+        self.bar: EpochBar | None = None  # on a terminal, from the job's start to its end
 
     def say(self, text: str) -> None:
-        print(text, file=self.stdout, flush=True)
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, file=self.stdout, flush=True)
 
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
@@ -294,12 +300,19 @@ class Emulation:
         self.phases_path.unlink(missing_ok=True)
         self._describe(cluster)
         started = time.monotonic()
-        with signals_as_exceptions(), cluster:
-            cluster.start()
-            self.say(f"server on {cluster.target}; logs, metrics and plots in {plan.out}/")
-            code = self._follow(cluster)
-            cluster.wait()  # the server has exited: give the workers a moment to exit on their own
-            cluster.close()
+        try:
+            with signals_as_exceptions() as received, cluster:
+                cluster.start()
+                received.check()
+                self.say(f"server on {cluster.target}; logs, metrics and plots in {plan.out}/")
+                code = self._follow(cluster, received)
+                cluster.wait()  # the server has exited: give the workers a moment to exit on their own
+                cluster.close()
+                received.check()
+        finally:
+            if self.bar is not None:
+                self.bar.close()
+                self.bar = None
         total_s = time.monotonic() - started
         summary = next((e for e in reversed(self.events) if e.get("event") == "summary"), None)
         if code != 0 or summary is None:
@@ -323,9 +336,10 @@ class Emulation:
         self.say(cluster.plan() + "; 1 torch thread per worker")
         self.say(f"ps-server {job}")
 
-    def _follow(self, cluster: LocalCluster) -> int:
+    def _follow(self, cluster: LocalCluster, received: ReceivedSignals) -> int:
         tail = MetricsTail(cluster.metrics_path)
         while True:
+            received.check()  # a Ctrl-C or SIGTERM whose exception a finalizer swallowed
             for event in tail.read():
                 self._on_event(event)
             try:
@@ -350,11 +364,14 @@ class Emulation:
             if self.job_start is None:
                 self.job_start = float(event["time"])
                 self.say(f"job started: every worker joined; first plan {self._batches(event)}")
+                if on_terminal(self.stdout):
+                    self.bar = EpochBar(self.plan.epochs, self.stdout)
                 self._log_phase(0, event)
             elif event.get("changed"):
                 self.say(f"  plan at step {event['step']}: {self._batches(event)} (adjustment {event['adjustments']})")
         elif kind == "epoch":
-            self._print_epoch(event)
+            if self.bar is None or not self.bar.update(event):
+                self._print_epoch(event)
             schedule = self.plan.schedule
             if schedule is not None and schedule.every_epochs is not None:
                 epoch = int(event["epoch"])
@@ -362,7 +379,10 @@ class Emulation:
                     index = schedule.phase_index(epoch)
                     if index != self.phase:
                         self._switch(index, event)
-        elif kind == "eval":
+        elif kind == "summary" and self.bar is not None:
+            self.bar.close()
+            self.bar = None
+        elif kind == "eval" and (self.bar is None or not self.bar.update(event)):
             self.say(f"  test accuracy after epoch {event['epoch']}: {100 * event['accuracy']:.1f}% (loss {event['loss']:.4f})")
 
     def _batches(self, event: dict[str, Any]) -> str:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import functools
 import json
 import math
@@ -83,23 +82,47 @@ class Terminated(Exception):
         super().__init__(f"terminated by {signal.Signals(signum).name}")
 
 
+class ReceivedSignals:
+    """The stop signals that arrived within :func:`signals_as_exceptions`, to raise again at a safe point.
+
+    A handler's exception is lost when the signal lands while a finalizer (``__del__``, a weakref
+    callback) runs: Python prints "Exception ignored" and goes on. :meth:`check` raises it again.
+    """
+
+    def __init__(self) -> None:
+        self.received: list[int] = []
+
+    def check(self) -> None:
+        """Raise the first signal received (KeyboardInterrupt or Terminated); nothing if none was."""
+        if self.received:
+            raise _signal_exception(self.received[0])
+
+
+def _signal_exception(signum: int) -> BaseException:
+    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
+
+
 @contextlib.contextmanager
-def signals_as_exceptions() -> Iterator[None]:
-    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` (Ctrl-C raises KeyboardInterrupt).
+def signals_as_exceptions() -> Iterator[ReceivedSignals]:
+    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` and Ctrl-C KeyboardInterrupt, and
+    each is recorded in the yielded :class:`ReceivedSignals`: a loop calls its ``check()`` so that a
+    signal whose exception a finalizer swallowed still stops it.
 
     So ``with LocalCluster(...)`` unwinds and removes its processes and groups on those signals too.
-    Only from the main thread (signal handlers can only be installed there); elsewhere it does nothing.
+    Only from the main thread (signal handlers can only be installed there); elsewhere it records nothing.
     """
+    received = ReceivedSignals()
     if not _in_main_thread():
-        yield
+        yield received
         return
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise Terminated(signum)
+        received.received.append(signum)
+        raise _signal_exception(signum)
 
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        yield
+        yield received
     finally:
         for signum, old in previous.items():
             signal.signal(signum, old)
@@ -181,9 +204,8 @@ def _event_of(line: bytes) -> str | None:
 
 def _parent_death_signal() -> Callable[[], None]:
     """A preexec step that makes the child get SIGKILL when its parent dies (Linux; no-op elsewhere)."""
-    name = ctypes.util.find_library("c")
-    try:
-        prctl = ctypes.CDLL(name, use_errno=True).prctl if name else None
+    try:  # the C library this process has loaded: find_library("c") would start ldconfig every call
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
         prctl = None
     if prctl is None:

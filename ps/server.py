@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import grpc
 import torch
@@ -26,9 +26,11 @@ from ps.ops.health import NOT_SERVING, SERVING, Health
 from ps.ops.memory import tune_malloc
 from ps.ops.metrics import MetricsLog
 from ps.ops.port_file import PortFile
+from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.rounds.coordinator import Coordinator
 from ps.rounds.rendezvous import Rendezvous
 from ps.server_flags import build_parser, parse_options
@@ -39,6 +41,10 @@ from ps.shards.ranges import split_ranges
 from ps.transport.handlers import SERVICES, OnMessage, register
 from ps.transport.security import ServerSecurity, load_server_security, resolve_token
 from ps.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
+
+
+class JobComplete(Exception):
+    """--resume of a job whose checkpoint is at its last epoch: there is nothing to train."""
 
 
 @dataclass
@@ -121,16 +127,24 @@ def build_job(args: argparse.Namespace) -> Job:
     if checkpoint_dir is not None:
         check_no_other_job(checkpoint_dir, args.resume)
     resume_from = None
+    job_changes: dict[str, tuple[Any, Any]] = {}
     if args.resume is not None:
         found = latest_checkpoint(args.resume, warn=lambda msg: print(f"ps-server: warning: {msg}", file=sys.stderr))
         if found is None:
             raise ValueError(f"--resume {args.resume}: no valid checkpoint there")
         resume_from = found
+        path, state = found
+        job_changes = resume_changes(state, spec)
+        if int(state["epoch"]) >= spec.epochs:
+            raise JobComplete(
+                f"the job in {args.resume} is complete ({path.name}: epoch {state['epoch']} of {spec.epochs}); "
+                f"nothing to train: resume with --epochs above {state['epoch']} to extend it"
+            )
     dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
     model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     try:
-        metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else print_progress)
+        metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
     except OSError as exc:
         raise OSError(f"--metrics-log {args.metrics_log}: cannot write there ({exc.strerror or exc})") from None
     evaluator = BackgroundEvaluator(eval_model, dataset)
@@ -152,6 +166,9 @@ def build_job(args: argparse.Namespace) -> Job:
             path, state = resume_from
             changes = coordinator.restore(state)
             print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
+            if job_changes:
+                print(f"ps-server: warning: the job's settings differ from the checkpoint's ({describe_resume_changes(job_changes)}); "
+                      "the command line's apply", file=sys.stderr, flush=True)
             if changes:
                 print(f"ps-server: warning: {describe_controller_changes(changes)}", file=sys.stderr, flush=True)
     except BaseException:
@@ -238,8 +255,8 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     return addresses
 
 
-def print_progress(record: dict[str, Any]) -> None:
-    """Human progress lines on stderr for the events a person watches. An epoch line names what its
+def progress_line(record: dict[str, Any]) -> str | None:
+    """The human progress line of a record a person watches (None for the others). An epoch line names what its
     times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
     auto may change at the start)."""
     event = record["event"]
@@ -267,8 +284,34 @@ def print_progress(record: dict[str, Any]) -> None:
     elif event == "summary":
         line = "summary: " + json.dumps({k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")})
     else:
-        return
-    print(line, file=sys.stderr, flush=True)
+        return None
+    return line
+
+
+def print_progress(record: dict[str, Any]) -> None:
+    """Plain progress lines on stderr (pipes, logs, CI)."""
+    line = progress_line(record)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+
+
+def progress_echo(epochs: int, stream: TextIO | None = None) -> Callable[[dict[str, Any]], None]:
+    """The metrics log's echo: a bar on `stream` (stderr) when it is a terminal, plain lines otherwise."""
+    stream = stream or sys.stderr
+    if not on_terminal(stream):
+        return print_progress
+    bar = EpochBar(epochs, stream)
+
+    def echo(record: dict[str, Any]) -> None:
+        if record["event"] == "summary":
+            bar.close()
+        if bar.update(record):
+            return
+        line = progress_line(record)
+        if line is not None:
+            bar.write(line)
+
+    return echo
 
 
 def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:
@@ -374,6 +417,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         port_file = PortFile(args.port_file) if args.port_file is not None else None
         metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
         job = build_job(args)
+    except JobComplete as exc:
+        print(f"ps-server: {exc}", flush=True)
+        return 0
     except (ValueError, OSError) as exc:  # OSError: a --metrics-log, --checkpoint-dir or port file that cannot be written
         print(f"ps-server: error: {exc}", file=sys.stderr)
         return 2

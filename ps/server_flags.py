@@ -139,7 +139,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="write the bound --metrics-port to this file (for scripts)")
     net.add_argument("--threads", type=positive_int, default=1, help="torch threads for the optimizer and evaluation")
     net.add_argument("--grace", type=float_at_least(0.0), default=10.0, help="seconds to wait for workers to hear the job ended")
-    net.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    net.add_argument("--quiet", action="store_true", help="no progress on stderr (a bar when stderr is a terminal, plain lines otherwise)")
     net.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
     net.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
     net.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",

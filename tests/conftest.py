@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -18,6 +19,7 @@ from ps.server import GRPC_OPTIONS, Job, build_job
 from ps.server_flags import build_parser
 from ps.servicer import ParameterServerServicer
 from ps.transport.handlers import register
+from tests.leaks import SuiteTmp, report, untracked
 
 START_TIMEOUT_S = 10.0
 
@@ -161,3 +163,22 @@ def signal_after(monkeypatch: pytest.MonkeyPatch) -> Callable[[Any, str], thread
         return event
 
     return install
+
+
+@pytest.fixture(scope="session", autouse=True)
+def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Fails the session when its tests or the processes they start leave anything in the temporary
+    folder (theirs: tests/leaks.py) or in the working tree."""
+    tmp_path_factory.getbasetemp()  # pytest's tmp_path folders stay where pytest keeps them
+    # torch.compile's cache (by default TMPDIR/torchinductor_USER) goes with them
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(tmp_path_factory.mktemp("torchinductor")))
+    before = untracked()
+    tmp = SuiteTmp()
+    try:
+        yield
+    finally:
+        tmp_left = tmp.close()
+    after = untracked()
+    message = report(tmp_left, after - before if before is not None and after is not None else set())
+    if message is not None:
+        pytest.fail(message, pytrace=False)

@@ -184,3 +184,24 @@ def test_spread_and_targets() -> None:
     assert analysis.target("x", 0.9, ">=", 0.85, "s")["pass"] is True
     assert analysis.target("x", 4, "<=", 3, "s")["pass"] is False
     assert analysis.target("x", None, "<=", 3, "s")["pass"] is None
+
+
+def test_library_benchmark_runs_the_readme_loop_as_written() -> None:
+    """benchmarks/library.py takes the README's custom loop and changes only the address and the name."""
+    from benchmarks import library
+
+    loop = library.readme_loop()
+    assert "from worker import connect" in loop and "session.step()" in loop
+    code = library.worker_code(loop, "127.0.0.1:1234", "w3", torch_threads=False)
+    assert code == loop.replace('"127.0.0.1:50051"', '"127.0.0.1:1234"').replace('name="mine"', 'name="w3"')
+    compile(code, "<readme loop>", "exec")
+    assert 'name="w3", threads=None' in library.worker_code(loop, "127.0.0.1:1234", "w3", torch_threads=True)
+
+
+def test_library_benchmark_refuses_a_readme_without_the_loop(tmp_path: Path) -> None:
+    from benchmarks import library
+
+    readme = tmp_path / "README.md"
+    readme.write_text("## Your own training loop\n\n```python\nprint('no address')\n```\n")
+    with pytest.raises(ValueError, match="no longer has"):
+        library.readme_loop(readme)

@@ -393,6 +393,45 @@ def test_a_signal_another_thread_takes_is_still_held_until_the_block_ends() -> N
         helper.join()
 
 
+def test_a_ctrl_c_that_a_finalizer_swallows_still_stops_the_run() -> None:
+    """Ctrl-C landing while a finalizer runs: Python prints "Exception ignored" and goes on, and the
+    emulator ran its job to the end and exited 0. The signal is recorded, and the loop's check()
+    raises it again."""
+    import gc
+
+    from deploy import launcher
+
+    class Finalized:
+        def __del__(self) -> None:
+            signal.raise_signal(signal.SIGINT)  # the handler runs here, inside the finalizer
+
+    sigint_before = signal.getsignal(signal.SIGINT)
+    unraisable: list[object] = []
+    hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
+    try:
+        with launcher.signals_as_exceptions() as received:
+            Finalized()
+            gc.collect()
+            assert len(unraisable) == 1  # the KeyboardInterrupt was swallowed...
+            with pytest.raises(KeyboardInterrupt):
+                received.check()  # ...and comes back at the check
+    finally:
+        sys.unraisablehook = hook
+    assert signal.getsignal(signal.SIGINT) is sigint_before
+
+
+def test_arming_the_parent_death_signal_starts_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ctypes.util.find_library ran ldconfig for every spawn: a short-lived extra child of the emulator."""
+    from deploy import launcher
+
+    def no_process(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"a process was started: {args}")
+
+    monkeypatch.setattr("subprocess.Popen", no_process)
+    arm = launcher._parent_death_signal()
+    assert callable(arm)
+
+
 def test_a_signal_right_after_a_fork_still_leaves_no_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

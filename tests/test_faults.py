@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -23,7 +24,7 @@ from ps.job.datasets import build_dataset
 from ps.job.models import build_model
 from ps.params.checkpoint import checkpoint_files, read_checkpoint
 from ps.rounds.coordinator import params_digest
-from tests.processes import Cluster, start_server
+from tests.processes import ENV, Cluster, start_server
 from worker.client import PSClient, ServerError
 
 JOB = ["--mode", "bsp", "--workers", "4", "--model-arg", "hidden=256", "--dataset", "digits", "--global-batch", "128",
@@ -144,6 +145,8 @@ def test_killed_server_resumes_from_checkpoint(tmp_path: Path) -> None:
         assert resumed.wait(300) == 0, resumed.server_log()
         for name, proc in workers.items():
             assert proc.wait(30) == 0, cluster.worker_log(name)
+            log = cluster.worker_log(name)  # what each worker said: the loss at once, the rejoin when it came
+            assert f"{name}: lost the server" in log and f"{name}: rejoined {cluster.target} as " in log, log
         (summary,) = resumed.events("summary")
         assert summary["accuracy"] >= TARGET, summary
         report(fault="SIGKILL server, restart with --resume", stall_s=round(stall, 2),
@@ -197,6 +200,45 @@ def test_resume_runs_under_the_command_lines_controller_settings(tmp_path: Path)
     assert summary["batch_sizes"] == {"a": 32, "b": 32} and summary["adjustments"] == saved["adjustments"]
     final = read_checkpoint(runs["resumed"].events("checkpoint")[-1]["path"])["controller"]
     assert (final["config"]["policy"], final["config"]["deadband"]) == ("static", 0.3)
+
+
+def test_resume_of_a_finished_job_says_so_or_extends_it(tmp_path: Path) -> None:
+    """--resume of a job that ran to its end: the server says the job is complete and exits 0 at once
+    (no listening, no waiting for workers); with --epochs raised it warns what changed, the workers
+    rejoin and the job trains on to the new last epoch."""
+    ckpt = tmp_path / "ckpt"
+    job = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--global-batch", "64", "--grace", "5",
+           "--checkpoint-dir", str(ckpt)]
+    (tmp_path / "first").mkdir()
+    cluster = start_server(tmp_path / "first", [*job, "--epochs", "1"])
+    try:
+        for name in ("a", "b"):
+            cluster.start_worker(name)
+        assert cluster.wait(120) == 0, cluster.server_log()
+    finally:
+        cluster.stop()
+    first_round = cluster.events("summary")[0]["rounds"]
+    again = subprocess.run(
+        [sys.executable, "-m", "ps.server", "--port", "0", *job, "--epochs", "1", "--resume", str(ckpt)],
+        capture_output=True, text=True, timeout=60, env=ENV, check=False,
+    )
+    assert again.returncode == 0, again.stderr
+    assert f"ps-server: the job in {ckpt} is complete (" in again.stdout and "epoch 1 of 1" in again.stdout, again.stdout
+    assert "--epochs above 1 to extend it" in again.stdout and "listening" not in again.stdout
+    (tmp_path / "extended").mkdir()
+    extended = start_server(tmp_path / "extended", [*job, "--epochs", "2", "--resume", str(ckpt)])
+    try:
+        for name in ("a", "b"):
+            extended.start_worker(name)
+        assert extended.wait(120) == 0, extended.server_log()
+    finally:
+        extended.stop()
+    assert ("ps-server: warning: the job's settings differ from the checkpoint's (--epochs 1 -> 2); "
+            "the command line's apply") in extended.server_log()
+    (resume,) = extended.events("resume")
+    (summary,) = extended.events("summary")
+    assert resume["epoch"] == 1 and summary["reason"] == "finished" and summary["rounds"] > first_round
+    assert [e["epoch"] for e in extended.events("epoch")] == [2]
 
 
 def test_sigterm_worker_leaves_then_sigterm_server_checkpoints(tmp_path: Path) -> None:

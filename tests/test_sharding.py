@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from ps.params.checkpoint import checkpoint_files, read_checkpoint
 from ps.server import build_job
 from ps.server_flags import build_parser
 from ps.shards.core import ShardCore
+from ps.shards.processes import LocalShards
 from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
 from ps.transport.messages import PushMeta
 from ps.transport.wire import encode
@@ -206,6 +209,24 @@ def test_sharded_training_end_to_end(tmp_path: Path) -> None:
     assert not shard_children(cluster.server.pid)
 
 
+def listening_port(pid: int) -> int:
+    """The TCP port process `pid` listens on (its port file is gone once it listens: the kernel's tables)."""
+    sockets = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            sockets.add(target[len("socket:["):-1])
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in sockets:  # LISTEN, one of its sockets
+                return int(fields[1].rsplit(":", 1)[1], 16)
+    raise AssertionError(f"process {pid} listens on no TCP port")
+
+
 def shard_children(parent: int) -> list[int]:
     """ps-shard processes started by `parent` that are still alive."""
     found = []
@@ -246,12 +267,7 @@ def shard(tmp_path: Path):
     of the shard, and the job's two workers, joined."""
     cluster = start_server(tmp_path, [*JOB, "--shards", "2"])
     (pid,) = shard_children(cluster.server.pid)
-    port = None
-    for line in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-        if line.endswith(b".port"):
-            port = int(Path(line.decode()).read_text())
-    assert port is not None
-    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    channel = grpc.insecure_channel(f"127.0.0.1:{listening_port(pid)}")
     workers = join_two(cluster.target)
     try:
         yield cluster, ps_pb2_grpc.ParameterShardStub(channel), workers
@@ -418,8 +434,7 @@ def test_the_token_guards_the_shards_too(tmp_path: Path) -> None:
     cluster = start_server(tmp_path, [*JOB, "--workers", "1", "--shards", "2", "--token", "s3cret-token-for-shards"])
     try:
         (pid,) = shard_children(cluster.server.pid)
-        port_file = next(a for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a.endswith(b".port"))
-        with grpc.insecure_channel(f"127.0.0.1:{int(Path(port_file.decode()).read_text())}") as channel:
+        with grpc.insecure_channel(f"127.0.0.1:{listening_port(pid)}") as channel:
             refused(lambda: ps_pb2_grpc.ParameterShardStub(channel).Pull(ps_pb2.PullRequest(), timeout=10),
                     grpc.StatusCode.UNAUTHENTICATED, "token")
         client = PSClient(cluster.target, token="s3cret-token-for-shards")
@@ -435,3 +450,15 @@ def test_the_token_guards_the_shards_too(tmp_path: Path) -> None:
             client.close()
     finally:
         cluster.stop()
+
+
+def test_local_shards_keep_no_folder_once_they_listen() -> None:
+    """The shards' port files go as soon as the shards listen: a server killed later (SIGKILL, no
+    stop()) leaves no ps-shards-* folder behind in the temporary folder."""
+    before = set(Path(tempfile.gettempdir()).glob("ps-shards-*"))
+    shards = LocalShards(1)
+    try:
+        assert len(shards.addresses) == 1 and shards.procs[0].poll() is None
+        assert set(Path(tempfile.gettempdir()).glob("ps-shards-*")) == before
+    finally:
+        shards.stop()

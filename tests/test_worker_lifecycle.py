@@ -90,9 +90,9 @@ def test_a_worker_that_cannot_build_the_job_says_so_in_one_line_and_leaves(
         cluster.stop()
 
 
-def test_reconnecting_stops_when_retry_for_runs_out(tmp_path: Path) -> None:
-    """--retry-for bounds the whole recovery: before, each attempt could wait --retry-for on its own
-    (19 s for --retry-for 3, about 100 minutes for the default 120 s)."""
+def test_a_worker_whose_server_disappears_says_so_at_once_and_gives_up_when_retry_for_runs_out(tmp_path: Path) -> None:
+    """--retry-for bounds the whole recovery, the waits and the attempts together; the worker says at
+    once that it lost the server and what it will do, and names the flag when it gives up."""
     cluster = start_server(tmp_path, JOB)
     try:
         worker = cluster.start_worker("w0", "--retry-for", "3")
@@ -101,10 +101,15 @@ def test_reconnecting_stops_when_retry_for_runs_out(tmp_path: Path) -> None:
         cluster.server.kill()
         cluster.server.wait()
         killed = time.monotonic()
+        said = wait_for(lambda: "w0: lost the server" in cluster.worker_log("w0"), 10, "the worker to say so")
+        assert said < 2.0, f"said {said:.1f} s after the server died"
         code = worker.wait(timeout=60)
         gave_up_s = time.monotonic() - killed
-        assert code == 1, cluster.worker_log("w0")
-        assert "gave up after 3s of retries" in cluster.worker_log("w0")
+        log = cluster.worker_log("w0")
+        assert code == 1, log
+        assert "rejoining, for up to 3 s (--retry-for), then giving up" in log
+        assert f"ps-worker: error: UNAVAILABLE: server {cluster.target} unreachable for 3 s (--retry-for); giving up" in log
+        assert "Traceback" not in log and "DEADLINE_EXCEEDED" not in log
         assert gave_up_s < 3 + 5, f"gave up {gave_up_s:.1f} s after the server died"
     finally:
         cluster.stop()

@@ -7,13 +7,13 @@ Every setting can also come from an environment variable (:data:`ENVIRONMENT`, e
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import sys
 import time
 from collections.abc import Sequence
 
-import torch
 import torch.nn.functional as F
 
 from ps.ops.arg_types import float_at_least, host_port, positive_float, positive_int
@@ -23,7 +23,7 @@ from ps.transport.security import TOKEN_ENV, resolve_token
 from worker.client import ServerError, channel_credentials
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
-from worker.runtime import JobSetupError, Session, connect, default_cores
+from worker.runtime import DEFAULT_THREADS, JobSetupError, Session, connect, default_cores
 
 ENVIRONMENT = {
     "server": "PS_SERVER",
@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the parameter server to join (required: the flag or $PS_SERVER)")
     p.add_argument("--name", default=None, help="worker name shown in logs (unset: host-pid)")
     p.add_argument("--cores", type=positive_float, default=None, help="declared resources for the static plan (unset: usable CPUs)")
-    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads")
+    p.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS,
+                   help="torch intra-op threads (one per worker: torch's default, one per core, oversubscribes cores "
+                        "that workers share)")
     p.add_argument("--device", default="auto",
                    help=f"where the model computes: {DEVICE_CHOICES} (auto: a GPU when there is one). In an --allreduce "
                         "job the group uses NCCL when every worker is on its own GPU, gloo otherwise")
@@ -96,6 +98,16 @@ def build_parser() -> argparse.ArgumentParser:
                         f"memory is only used as such blocks need it; 0: off (unset: ${HEAP_RESERVE_ENV}, else "
                         f"{DEFAULT_HEAP_RESERVE_MIB})")
     return p
+
+
+def show_worker_lines() -> None:
+    """The runtime's lines for people (the server unreachable, lost, rejoined: the ``worker`` logger)
+    on stderr as they are."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    logger = logging.getLogger("worker")
+    logger.addHandler(handler)
+    logger.propagate = False
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -120,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         return 2
     tune_for_training(heap_reserve)
-    torch.set_num_threads(args.threads)
+    show_worker_lines()
     signal.signal(signal.SIGTERM, _terminate)
     enable_stack_dump()
     cores = args.cores if args.cores is not None else default_cores()
@@ -128,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
-                     token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
+                     threads=args.threads, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",
                       file=sys.stderr, flush=True)

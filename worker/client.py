@@ -40,6 +40,8 @@ _NO_VALUES = torch.empty(0)
 CHANNEL_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    # a server that comes back is reached within seconds (gRPC's default backoff grows to 120 s)
+    ("grpc.max_reconnect_backoff_ms", 2000),
 ]
 
 
@@ -274,9 +276,12 @@ class PSClient:
             self._pool = ThreadPoolExecutor(max_workers=len(shards), thread_name_prefix="shard")
 
     def wait_ready(self, timeout: float) -> None:
+        """Return once the channel connects; UNAVAILABLE after `timeout` s (worker/reconnect.py: slices)."""
+        future = grpc.channel_ready_future(self._channel)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=timeout)
+            future.result(timeout=timeout)
         except grpc.FutureTimeoutError as exc:
+            future.cancel()  # no subscription left behind per slice
             raise ServerError("UNAVAILABLE", f"no parameter server answered at {self.target} within {timeout:.0f}s") from exc
 
     def join(self, name: str, cores: float, timeout: float | None = None, cuda_device: str | None = None) -> Joined:

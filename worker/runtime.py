@@ -39,6 +39,7 @@ from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPl
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.heartbeat import Heartbeat
+from worker.reconnect import Waiting, wait_for_server
 from worker.sampler import ElasticBatchSampler
 
 log = logging.getLogger(__name__)
@@ -325,20 +326,33 @@ class Session:
                 error = exc
         if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
             raise error
-        deadline = time.monotonic() + self.retry_for  # one bound for the waits and the attempts together
+        # one bound for the waits and the attempts together, said at once and while it runs
+        waiting = Waiting(self.name, self.client.target, time.monotonic() + self.retry_for, "--retry-for")
+        waiting.say(f"{lost_because(error)}; {self._what_next()}")
         for delay in Backoff(total=self.retry_for).delays():
-            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            if time.monotonic() >= deadline:
+            time.sleep(min(delay, waiting.remaining()))
+            if waiting.remaining() <= 0:
                 break
             try:
-                return self._rejoin(deadline)
+                wait_for_server(self.client, waiting)
+                plan = self._rejoin(waiting.deadline)
             except ServerError as exc:
                 if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"):
                     raise
                 if "has ended" in exc.message:
                     return replace(self.plan, done=True, reason="finished")
                 error = exc
-        raise ServerError(error.code, f"gave up after {self.retry_for:.0f}s of retries: {error.message}")
+                continue
+            waiting.recovered(f"rejoined {self.client.target} as {self.worker_id}")
+            return plan
+        if error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+            raise waiting.given_up()
+        raise ServerError(error.code, f"gave up after {self.retry_for:.0f} s of retries (--retry-for): {error.message}")
+
+    def _what_next(self) -> str:
+        if self.retry_for <= 0:
+            return "not retrying (--retry-for 0)"
+        return f"rejoining, for up to {self.retry_for:.0f} s (--retry-for), then giving up"
 
     def _rejoin(self, deadline: float) -> StepPlan:
         """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic)."""
@@ -388,6 +402,22 @@ class Session:
             self.close()
 
 
+def lost_because(error: ServerError) -> str:
+    """What a failed call says about this worker's place in the job, for a person (gRPC's detail cut
+    to its last clause: "Connection refused", "Socket closed")."""
+    if error.code == "UNAVAILABLE":
+        return f"lost the server ({error.message.splitlines()[0].rsplit(': ', 1)[-1][:120] or 'unavailable'})"
+    if error.code == "NOT_FOUND":
+        return "the server does not know this worker (restarted?)"
+    return f"the server dropped this worker ({error.message.splitlines()[0][:200]})"
+
+
+DEFAULT_THREADS = 1
+"""torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`):
+one, because workers share a machine's cores with each other and the server, and torch's default of
+one thread per core oversubscribes them (a worker then runs many times slower)."""
+
+
 def connect(
     target: str,
     name: str | None = None,
@@ -397,6 +427,7 @@ def connect(
     *,
     retry_for: float = 120.0,
     device: torch.device | None = None,
+    threads: int | None = DEFAULT_THREADS,
     token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
@@ -404,17 +435,26 @@ def connect(
 ) -> Session:
     """Join the parameter server at `target` (HOST:PORT); blocks until the job starts.
 
+    A server that does not answer is waited for up to `timeout` seconds, and one lost mid-job up to
+    `retry_for`, saying so on the ``worker`` logger within a few seconds and then every ten.
+    `threads` sets torch's thread count for this process, as ``ps-worker --threads`` does (default 1:
+    see :data:`DEFAULT_THREADS`; None leaves torch's own setting).
     `device` is where the model computes (default the CPU; `worker.device.resolve_device("auto")`
     picks a GPU when there is one).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
     and `token` is sent with every call; see docs/security.md.
     """
+    if threads is not None and not (isinstance(threads, int) and threads >= 1):
+        raise ValueError(f"threads must be a whole number >= 1 (or None: torch's own setting), got {threads!r}")
+    who = name or f"{os.uname().nodename}-{os.getpid()}"
     client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     try:
-        client.wait_ready(timeout)
-        return Session(
-            client, name or f"{os.uname().nodename}-{os.getpid()}", cores or default_cores(), slowdown, retry_for, device
-        )
+        waiting = Waiting(who, target, time.monotonic() + timeout, "--timeout")
+        wait_for_server(client, waiting)
+        waiting.recovered(f"server {target} answered")
+        if threads is not None:
+            torch.set_num_threads(threads)
+        return Session(client, who, cores or default_cores(), slowdown, retry_for, device)
     except BaseException:
         client.close()
         raise

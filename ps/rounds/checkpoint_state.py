@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ps.control.controller import BatchController
+from ps.job.spec import JobSpec
 from ps.rounds.state import JobState
 from ps.shards.ranges import slice_optimizer_state
 
@@ -43,18 +44,39 @@ def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, A
     }
 
 
-def saved_controller(checkpoint: dict[str, Any], state: JobState) -> BatchController:
-    """The checkpoint's controller, once the checkpoint is one of this job's (ValueError otherwise)."""
+RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce"}
+"""The job's fields a resume may change, with their flags: how long it runs (a job may be extended),
+and neither the transport (the fast path or not) nor what the controller balances, which are no part
+of the job's math. Every other field differs only in another job."""
+
+
+def resume_changes(checkpoint: dict[str, Any], spec: JobSpec) -> dict[str, tuple[Any, Any]]:
+    """The fields of RESUMABLE_FIELDS that differ between the checkpoint's job and `spec`,
+    {field: (checkpoint's, spec's)}; ValueError if the checkpoint is another job's."""
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint format {checkpoint.get('format')!r} is not {CHECKPOINT_FORMAT}")
     saved = json.loads(checkpoint["spec"])
-    current = json.loads(state.spec.to_json())
-    # neither the transport (allreduce or not) nor what the controller balances is part of the job's
-    # math: a job may resume with either changed
-    differ = sorted(k for k in current if saved.get(k) != current[k] and k not in ("allreduce", "balance"))
-    if differ:
-        raise ValueError(f"the checkpoint was written for a different job: {', '.join(differ)} differ; "
+    current = json.loads(spec.to_json())
+    differ = sorted(k for k in current if saved.get(k) != current[k])
+    refused = [k for k in differ if k not in RESUMABLE_FIELDS]
+    if refused:
+        raise ValueError(f"the checkpoint was written for a different job: {', '.join(refused)} differ; "
                          "start the server with the job's original flags")
+    return {k: (saved.get(k), current[k]) for k in differ}
+
+
+def describe_resume_changes(changes: dict[str, tuple[Any, Any]]) -> str:
+    """'--epochs 4 -> 8, --balance compute -> cycle' for the warning line of a resume that changes them."""
+    return ", ".join(f"{RESUMABLE_FIELDS[k]} {_flag_value(old)} -> {_flag_value(new)}" for k, (old, new) in changes.items())
+
+
+def _flag_value(value: Any) -> str:
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+
+
+def saved_controller(checkpoint: dict[str, Any], state: JobState) -> BatchController:
+    """The checkpoint's controller, once the checkpoint is one of this job's (ValueError otherwise)."""
+    resume_changes(checkpoint, state.spec)
     return BatchController.from_state_dict(checkpoint["controller"])
 
 

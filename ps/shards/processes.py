@@ -22,7 +22,9 @@ class LocalShards:
     def __init__(self, count: int, host: str = "127.0.0.1", token: str | None = None) -> None:
         if count < 1:
             raise ValueError(f"need at least one shard process, got {count}")
-        self._dir = tempfile.TemporaryDirectory(prefix="ps-shards-")
+        # the shards' port files, read once they listen: the folder goes at once, so a server that
+        # is killed later leaves nothing behind
+        ports_dir = tempfile.TemporaryDirectory(prefix="ps-shards-")
         self.procs: list[subprocess.Popen[bytes]] = []
         self.addresses: list[str] = []
         env = dict(os.environ)
@@ -32,7 +34,7 @@ class LocalShards:
         try:
             port_files = []
             for i in range(count):
-                port_file = Path(self._dir.name) / f"shard{i + 1}.port"
+                port_file = Path(ports_dir.name) / f"shard{i + 1}.port"
                 port_files.append(port_file)
                 argv = [sys.executable, "-m", "ps.shards.server", "--host", host, "--port", "0", "--port-file", str(port_file),
                         "--parent-pid", str(os.getpid())]
@@ -44,6 +46,8 @@ class LocalShards:
         except BaseException:
             self.stop()
             raise
+        finally:
+            ports_dir.cleanup()
 
     @staticmethod
     def _wait_port(port_file: Path, proc: subprocess.Popen[bytes]) -> int:
@@ -67,4 +71,3 @@ class LocalShards:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        self._dir.cleanup()
