@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ps.control.controller import BatchController
+from ps.control.registry import policy_from_state
+from ps.control.roster import Roster
 from ps.rounds.state import JobState
 from ps.shards.ranges import slice_optimizer_state
 
@@ -43,7 +44,7 @@ def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, A
     }
 
 
-def saved_controller(checkpoint: dict[str, Any], state: JobState) -> BatchController:
+def saved_controller(checkpoint: dict[str, Any], state: JobState) -> Roster:
     """The checkpoint's controller, once the checkpoint is one of this job's (ValueError otherwise)."""
     if checkpoint.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"checkpoint format {checkpoint.get('format')!r} is not {CHECKPOINT_FORMAT}")
@@ -55,7 +56,10 @@ def saved_controller(checkpoint: dict[str, Any], state: JobState) -> BatchContro
     if differ:
         raise ValueError(f"the checkpoint was written for a different job: {', '.join(differ)} differ; "
                          "start the server with the job's original flags")
-    return BatchController.from_state_dict(checkpoint["controller"])
+    try:
+        return policy_from_state(checkpoint["controller"])
+    except ValueError as exc:
+        raise ValueError(f"the checkpoint's controller state cannot be read: {exc}") from None
 
 
 def load_params(checkpoint: dict[str, Any], state: JobState) -> tuple[torch.Tensor, dict[str, Any]] | None:
