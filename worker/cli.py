@@ -32,6 +32,7 @@ ENVIRONMENT = {
     "threads": "PS_THREADS",
     "device": "PS_DEVICE",
     "slowdown": "PS_SLOWDOWN",
+    "step_overhead_ms": "PS_STEP_OVERHEAD_MS",
     "timeout": "PS_TIMEOUT",
     "retry_for": "PS_RETRY_FOR",
     "log_every": "PS_LOG_EVERY",
@@ -80,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"where the model computes: {DEVICE_CHOICES} (auto: a GPU when there is one). In an --allreduce "
                         "job the group uses NCCL when every worker is on its own GPU, gloo otherwise")
     p.add_argument("--slowdown", type=float_at_least(1.0), default=1.0, help="multiply compute time by F (sleeps), to emulate a slow worker")
+    p.add_argument("--step-overhead-ms", type=float_at_least(0.0), default=0.0, metavar="MS",
+                   help="spend MS of CPU (busy work, not sleep) in every step's compute, to emulate a fixed per-step "
+                        "cost (optimizer, Python, kernel launches); a CPU quota or --slowdown stretches it like real work")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
@@ -127,13 +131,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
-                     token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
+                     step_overhead_ms=args.step_overhead_ms, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert,
+                     tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",
                       file=sys.stderr, flush=True)
             train(session, args.log_every, args.quiet)
             if not args.quiet:
-                print(f"{session.name}: job done after {session.steps} steps", file=sys.stderr, flush=True)
+                parked = f" ({session.parked_polls} polls while parked)" if session.parked_polls else ""
+                print(f"{session.name}: job done after {session.steps} steps{parked}", file=sys.stderr, flush=True)
     except ServerError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         code = 1

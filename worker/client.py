@@ -381,9 +381,12 @@ class PSClient:
                 raise _error(exc) from None
             raise
 
-    def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False) -> StepPlan:
-        """The current plan, and the parameters into `out` unless `header_only`."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only, secret=self.secret(worker_id))
+    def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False, wait_for_batch: bool = False) -> StepPlan:
+        """The current plan, and the parameters into `out` unless `header_only`. `wait_for_batch` (a
+        parked worker, header only): the server answers once it plans this worker a batch, or the job
+        ends, or after a few seconds with the unchanged plan."""
+        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only, secret=self.secret(worker_id),
+                                     wait_for_batch=wait_for_batch)
         if not self._shards or header_only:
             try:
                 return _receive(self._pull(request), out)

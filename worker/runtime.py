@@ -16,6 +16,10 @@ A custom training loop needs three calls::
 Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
 step() is called; it is what the server's controller balances. In an --allreduce job step()
 all-reduces with the other workers and steps a local optimizer instead (worker/collective.py).
+
+A worker the server parks (BSP, `--controller model`: planned at batch 0 because the round is
+shorter without it) gets no batches from batches() until the server plans it one: meanwhile it
+waits in a long poll (heartbeats go on), and it pulls the parameters before it computes again.
 """
 
 from __future__ import annotations
@@ -61,6 +65,18 @@ def slowdown_delay(wall_s: float, cpu_s: float, slowdown: float) -> float:
     return max(0.0, min(wall_s, cpu_s)) * (slowdown - 1.0)
 
 
+def burn_cpu(ms: float) -> None:
+    """Spend `ms` of this process's CPU time on busy work (not sleep): `--step-overhead-ms`, a fixed
+    per-step cost that a CPU quota or a slowdown stretches like the real work of a step."""
+    if ms <= 0:
+        return
+    end = time.process_time() + ms / 1000.0
+    spin = 0
+    while time.process_time() < end:
+        for _ in range(200):
+            spin += 1
+
+
 class JobSetupError(ValueError):
     """The job the server runs names a model or dataset this worker cannot build (a module it
     cannot import, options its builder refuses): the worker's set-up, not the server, is at fault."""
@@ -71,12 +87,15 @@ class Session:
 
     def __init__(
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
-        device: torch.device | None = None,
+        device: torch.device | None = None, step_overhead_ms: float = 0.0,
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
+        if not 0.0 <= step_overhead_ms < float("inf"):
+            raise ValueError(f"step_overhead_ms must be a finite number >= 0, got {step_overhead_ms}")
         self.client = client
         self.slowdown = slowdown
+        self.step_overhead_ms = step_overhead_ms
         self.cores = cores
         self.retry_for = retry_for
         self.device = device or torch.device("cpu")
@@ -99,6 +118,7 @@ class Session:
         self._drawn = 0  # the size of the batch the next step's gradients come from
         self._report: Callable[[], StepPlan] | None = None  # the fast path's last report, its reply not yet read
         self.steps = 0
+        self.parked_polls = 0  # long polls answered while parked
         self.last_compute_ms = 0.0
         self._push_ms = 0.0  # the previous push's own part (reported with compute time under --balance busy)
 
@@ -179,15 +199,35 @@ class Session:
         return self._train_x[index], self._train_y[index]
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Batches until the server ends the job; call step() after each."""
+        """Batches until the server ends the job; call step() after each. While the server parks this
+        worker (batch 0) none come: it waits for a batch (wait_parked)."""
         self.model.train()
         while not self.done:
+            if self.batch_size == 0:
+                self.wait_parked()
+                continue
             yield self.next_batch()
+
+    def wait_parked(self) -> StepPlan:
+        """Parked: wait in the server's long poll until it plans this worker a batch (or the job ends),
+        then pull the parameters; the plan."""
+        try:
+            plan = self.client.pull(self.worker_id, self._params, header_only=True, wait_for_batch=True)
+            self.parked_polls += 1
+            if plan.batch_size > 0 and not plan.done:
+                plan = self.client.pull(self.worker_id, self._params)
+                self._apply(plan)
+            else:
+                self._follow(plan)
+        except ServerError as exc:
+            self._apply(self._recover(exc))
+        return self.plan
 
     def step(self) -> StepPlan:
         """Push this step's gradients; return once the new parameters are in the model."""
         if self._fetch_started is None:
             raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
+        burn_cpu(self.step_overhead_ms)
         synchronize(self.device)
         if self.slowdown > 1.0:
             wall_s = time.perf_counter() - self._fetch_started
@@ -397,6 +437,7 @@ def connect(
     *,
     retry_for: float = 120.0,
     device: torch.device | None = None,
+    step_overhead_ms: float = 0.0,
     token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
@@ -405,7 +446,8 @@ def connect(
     """Join the parameter server at `target` (HOST:PORT); blocks until the job starts.
 
     `device` is where the model computes (default the CPU; `worker.device.resolve_device("auto")`
-    picks a GPU when there is one).
+    picks a GPU when there is one). `step_overhead_ms` adds that much CPU work to every step's compute
+    (emulating a fixed per-step cost).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
     and `token` is sent with every call; see README "Security".
     """
@@ -413,7 +455,8 @@ def connect(
     try:
         client.wait_ready(timeout)
         return Session(
-            client, name or f"{os.uname().nodename}-{os.getpid()}", cores or default_cores(), slowdown, retry_for, device
+            client, name or f"{os.uname().nodename}-{os.getpid()}", cores or default_cores(), slowdown, retry_for, device,
+            step_overhead_ms,
         )
     except BaseException:
         client.close()
