@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto",
                    help=f"where the model computes: {DEVICE_CHOICES} (auto: a GPU when there is one). In an --allreduce "
                         "job the group uses NCCL when every worker is on its own GPU, gloo otherwise")
-    p.add_argument("--slowdown", type=float_at_least(1.0), default=1.0, help="multiply compute time by F (sleeps), to emulate a slow worker")
+    p.add_argument("--slowdown", type=float_at_least(1.0), default=1.0, help="multiply compute time by F by sleeping, to emulate a slow worker (the sleep scales the CPU time the step "
+                        "used, capped at its wall time, so a pause mid-step is not multiplied)")
     p.add_argument("--step-overhead-ms", type=float_at_least(0.0), default=0.0, metavar="MS",
                    help="spend MS of CPU (busy work, not sleep) in every step's compute, to emulate a fixed per-step "
                         "cost (optimizer, Python, kernel launches); a CPU quota or --slowdown stretches it like real work")

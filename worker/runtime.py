@@ -449,7 +449,7 @@ def connect(
     picks a GPU when there is one). `step_overhead_ms` adds that much CPU work to every step's compute
     (emulating a fixed per-step cost).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
-    and `token` is sent with every call; see README "Security".
+    and `token` is sent with every call; see docs/security.md.
     """
     client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     try:
