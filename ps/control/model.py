@@ -209,8 +209,9 @@ class ModelPolicy(Roster):
         new, parked, compared = self._solve(forced_in=reprobe)
         finishes = self._times()
         gain = (round_time(finishes, current) - round_time(finishes, new)) / max(round_time(finishes, new), 1e-9)
-        structural = set(parked) != set(self.parked()) or not self._solved
-        if not (structural or gain > MIN_GAIN):
+        # a new plan must pay for itself (MIN_GAIN) like any other, parking included: two near-equal
+        # workers must not swap places on noise; the first solve and a re-probe are installed anyway
+        if self._solved and not reprobe and not gain > MIN_GAIN:
             self._reprobed = {}
             self._report = {**report, "phase": "hold", "drift": drifted, **self._describe(current)}
             return None
@@ -259,7 +260,9 @@ class ModelPolicy(Roster):
             edge = upper if sum(upper.values()) < B else lower
             return dict(edge), [], {}
         may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
-        return best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms, min_gain=MIN_GAIN)
+        incumbents = [k for k in may_park if k in self._park or k in self._reprobed]
+        return best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms, min_gain=MIN_GAIN,
+                         prefer=incumbents)
 
     def _install_parking(self, parked: list[str], reprobe: list[str]) -> None:
         """Record who is parked after a solve: a worker parked again right after its re-probe waits

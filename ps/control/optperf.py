@@ -97,6 +97,7 @@ def best_plan(
     may_park: Iterable[str] = (),
     overhead: float = 0.0,
     min_gain: float = 0.0,
+    prefer: Iterable[str] = (),
 ) -> tuple[dict[str, int], list[str], dict[str, float]]:
     """The split with the shortest predicted round, parking workers of `may_park` where that pays.
 
@@ -104,13 +105,16 @@ def best_plan(
     worker that can only adds capacity; so the best parked set is always the candidates slowest at
     their minimum batch, a prefix of them in that order. Each prefix is solved (`split` over the
     rest) and the shortest round is taken if it beats the round with everyone in by more than
-    `min_gain` (a fraction). Returns the plan (parked workers at 0), the parked workers (slowest
+    `min_gain` (a fraction). Workers of `prefer` (those parked now) count `min_gain` slower in that
+    order, so a near-tie keeps the same workers parked. Returns the plan (parked workers at 0), the parked workers (slowest
     first), and the predicted rounds compared: {"held": T with every worker in, "parked": T with the
     best prefix out} (empty when nobody was a candidate).
     """
     plan = split(times, total, lower, upper)
     held = round_time(times, plan) + overhead
-    order = sorted((k for k in dict.fromkeys(may_park) if k in times), key=lambda k: times[k](lower[k]), reverse=True)
+    favoured = set(prefer)
+    order = sorted((k for k in dict.fromkeys(may_park) if k in times),
+                   key=lambda k: times[k](lower[k]) * (1.0 + min_gain if k in favoured else 1.0), reverse=True)
     trial: tuple[float, list[str], dict[str, int]] | None = None
     for n in range(1, len(order) + 1):
         out = set(order[:n])
