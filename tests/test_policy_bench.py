@@ -39,3 +39,16 @@ def test_compare_prices_each_plan_against_the_optimum_with_and_without_parking()
     assert out["optimum_held"]["round_ms"] == pytest.approx(0.8 + 120.0 + 2.0)
     assert out["runs"]["model"]["of_optimum"] == 1.0
     assert out["runs"]["dynamic"]["of_optimum"] == pytest.approx(19.8 / (0.8 * 8 + 120 + 2), rel=1e-3)
+
+
+@pytest.mark.parametrize("case", ["quickstart", "hl8-fixed"])
+def test_case_targets_read_the_runs(case: str) -> None:
+    from benchmarks.hetero.modes import case_targets
+
+    runs = {"dynamic": {"samples_per_s": 100.0, "policy": {"decisions": 5}},
+            "model": {"samples_per_s": 120.0, "policy": {"decisions": 2, "decisions_after_probe": 1,
+                                                          "busy_spread_above_min_batch": 1.05,
+                                                          "prediction_error_median": 0.03}}}
+    targets = case_targets(case, runs, {"runs": {"model": {"of_optimum": 0.97}}})
+    assert all(t["pass"] for t in targets), targets
+    assert len(targets) == (6 if case == "hl8-fixed" else 5)
