@@ -17,7 +17,9 @@ minimising the predicted round max_i f_i(b_i) + c (optperf.py). Its life, decisi
    `min_samples` times: a worker off the fit of its older observations by the deadband or more has
    changed speed, and its history is rescaled to the new speed (time_fit.Observations.rescale).
    The split is re-solved and installed if its predicted round beats the current plan's by more
-   than MIN_GAIN, or at once when B changes or a worker joins or leaves (`replan`).
+   than MIN_GAIN or the model's own relative error on the plan in force, whichever is larger (where
+   a fixed cost dominates, many splits predict nearly the same round: noise in the fits must not
+   move B back and forth), or at once when B changes or a worker joins or leaves (`replan`).
 4. **Park.** In BSP (`park`, the default) a worker whose fixed cost alone exceeds the round the
    others reach without it is planned at batch 0 when the predicted round is shorter that way than
    with it held at its share (optperf.best_plan); Σb = B over the others. It stays joined and
@@ -58,7 +60,10 @@ PROBE_SAMPLES = 2
 """A probe or the solve after it waits for this many times `min_samples` observations per worker:
 two points one fit extrapolates from want less noise than a decision that only checks a plan."""
 MIN_GAIN = 0.03
-"""A new split replaces the plan in force only if its predicted round is this much shorter."""
+"""A new split replaces the plan in force only if its predicted round is this much shorter (or by
+the model's relative error on the plan in force, if that is larger)."""
+MIN_ERROR_ROUNDS = 3
+"""Rounds of a plan that its prediction error is taken from."""
 REPROBE_FIRST = 2
 """Decisions a parked worker waits before its first re-probe."""
 REPROBE_MAX = 32
@@ -206,12 +211,16 @@ class ModelPolicy(Roster):
                             **self._describe(new)}
             return new
         reprobe = [k for k, e in self._park.items() if e.waited >= e.every]
-        new, parked, compared = self._solve(forced_in=reprobe)
+        min_gain = max(MIN_GAIN, _error(report["previous"]))
+        new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain)
         finishes = self._times()
         gain = (round_time(finishes, current) - round_time(finishes, new)) / max(round_time(finishes, new), 1e-9)
-        # a new plan must pay for itself (MIN_GAIN) like any other, parking included: two near-equal
-        # workers must not swap places on noise; the first solve and a re-probe are installed anyway
-        if self._solved and not reprobe and not gain > MIN_GAIN:
+        report["min_gain"] = round(min_gain, 4)
+        # a new plan must pay for itself, by more than the model's own error on the plan in force,
+        # parking included: where the optimum is flat (a fixed cost dominates) noise in the fits must
+        # not move B back and forth, nor two near-equal workers swap places; the first solve and a
+        # re-probe are installed anyway
+        if self._solved and not reprobe and not gain > min_gain:
             self._reprobed = {}
             self._report = {**report, "phase": "hold", "drift": drifted, **self._describe(current)}
             return None
@@ -229,7 +238,7 @@ class ModelPolicy(Roster):
             return {}
         report = {"policy": self.name, **self._closing_measurement()}
         if all(self._fit(k) is not None for k in self._workers) and all(self._identified(k) for k in self._workers):
-            new, parked, compared = self._solve(forced_in=[])
+            new, parked, compared = self._solve(forced_in=[], min_gain=MIN_GAIN)
             self._install_parking(parked, [])
             self._apply(new)
             self._report = {**report, "phase": "replan", **({"park": compared} if compared else {}),
@@ -250,7 +259,7 @@ class ModelPolicy(Roster):
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
         return {k: (finishes[k].at if k in finishes else (lambda b, p=per_sample: p * b)) for k in self._workers}
 
-    def _solve(self, forced_in: list[str]) -> tuple[dict[str, int], list[str], dict[str, float]]:
+    def _solve(self, forced_in: list[str], min_gain: float) -> tuple[dict[str, int], list[str], dict[str, float]]:
         """The best split of B over every worker (parked ones included: they are candidates like the
         others, except those brought back for a re-probe), and who is parked."""
         times = self._times()
@@ -261,7 +270,7 @@ class ModelPolicy(Roster):
             return dict(edge), [], {}
         may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
         incumbents = [k for k in may_park if k in self._park or k in self._reprobed]
-        return best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms, min_gain=MIN_GAIN,
+        return best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms, min_gain=min_gain,
                          prefer=incumbents)
 
     def _install_parking(self, parked: list[str], reprobe: list[str]) -> None:
@@ -430,6 +439,15 @@ class ModelPolicy(Roster):
             raise ValueError("model state 'solved' must be true or false")
         self._solved = raw["solved"]
         self._since_decision = integer("since_decision", raw["since_decision"], minimum=0)
+
+
+def _error(previous: Mapping[str, Any]) -> float:
+    """The relative error of the plan in force's predicted round against its measured median (0 when
+    either is missing, or fewer than `MIN_ERROR_ROUNDS` rounds measured it)."""
+    predicted, measured = previous.get("predicted_round_ms"), previous.get("measured_round_ms")
+    if not predicted or not measured or previous.get("rounds", 0) < MIN_ERROR_ROUNDS:
+        return 0.0
+    return abs(predicted - measured) / measured
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
