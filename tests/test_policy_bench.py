@@ -26,6 +26,9 @@ EVENTS = [
 def test_policy_record_counts_decisions_after_the_probe_and_the_prediction_error() -> None:
     record = policy_record(EVENTS)
     assert (record["decisions"], record["probe_decisions"], record["decisions_after_probe"]) == (2, 1, 1)
+    assert record["decisions_after_probe_besides_reprobes"] == 1
+    reprobed = policy_record([*EVENTS[:5], adjust(True, "reprobe"), adjust(False, "wait"), adjust(True, "solve")])
+    assert (reprobed["decisions_after_probe"], reprobed["decisions_after_probe_besides_reprobes"]) == (3, 1)
     assert record["parked"] == ["c"] and record["busy_spread_above_min_batch"] == pytest.approx(1.1)
     # the one-round measurement is left out; median of 1/6 and 1/41
     assert record["prediction_errors_counted"] == 2
@@ -46,7 +49,7 @@ def test_case_targets_read_the_runs(case: str) -> None:
     from benchmarks.hetero.modes import case_targets
 
     runs = {"dynamic": {"samples_per_s": 100.0, "policy": {"decisions": 5}},
-            "model": {"samples_per_s": 120.0, "policy": {"decisions": 2, "decisions_after_probe": 1,
+            "model": {"samples_per_s": 120.0, "policy": {"decisions": 2, "decisions_after_probe_besides_reprobes": 1,
                                                           "busy_spread_above_min_batch": 1.05,
                                                           "prediction_error_median": 0.03}}}
     targets = case_targets(case, runs, {"runs": {"model": {"of_optimum": 0.97}}})

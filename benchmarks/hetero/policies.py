@@ -44,11 +44,25 @@ def policy_record(events: Sequence[Event], min_batch: int = 1) -> dict[str, Any]
         "probe_decisions": len(probes),
         "decisions_after_probe": sum(1 for e in after if e.get("changed")),
         "reprobes": sum(1 for e in adjusts if e.get("phase") == "reprobe"),
+        # a parked worker's re-probe and the decision that measured it (parked again, or back in)
+        "decisions_after_probe_besides_reprobes": sum(
+            1 for i, e in enumerate(after) if e.get("changed") and e.get("phase") != "reprobe"
+            and not _after_reprobe(after, i)),
         "parked": sorted(k for k, b in batches.items() if b == 0),
         "busy_spread_above_min_batch": None if len(busy) < 2 else round(spread(busy) or 0.0, 4) or None,
         "prediction_error_median": round(statistics.median(errors), 4) if errors else None,
         "prediction_errors_counted": len(errors),
     }
+
+
+def _after_reprobe(adjusts: Sequence[Event], index: int) -> bool:
+    """Whether the decision at `index` is the first to measure a re-probe (only `wait` events between)."""
+    for e in reversed(adjusts[:index]):
+        if e.get("phase") == "reprobe":
+            return True
+        if e.get("phase") != "wait":
+            return False
+    return False
 
 
 def measured_costs(events: Sequence[Event]) -> tuple[dict[str, tuple[float, float]], float] | None:
