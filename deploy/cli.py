@@ -23,6 +23,7 @@ from deploy.profiles import (
     load_profile,
     load_schedule,
 )
+from ps.control.config import POLICIES
 from ps.ops.arg_types import positive_float, positive_int
 
 
@@ -340,8 +341,9 @@ def add_run_command(subcommands: Subcommands) -> None:
                        help="auto: cgroup CPU quotas where writable, else --slowdown factors; cgroup: "
                        "quotas or fail; slowdown: force the fallback (default: auto)")
     job = parser.add_argument_group("job (passed to ps-server)")
-    job.add_argument("--controller", choices=("uniform", "static", "dynamic"), default="dynamic",
-                     help="batch policy: equal batches, from the declared cores, or measured (default: dynamic)")
+    job.add_argument("--controller", choices=POLICIES, default="dynamic",
+                     help="batch policy: equal batches, from the declared cores, measured, or fitted with parking "
+                          "(docs/policies.md; default: dynamic)")
     job.add_argument("--epochs", type=positive_int,
                      help=f"passes over the training split (default: {default['epochs']}, "
                      f"{quick['epochs']} with --quick; with a schedule in epochs: phases x interval)")
