@@ -80,7 +80,7 @@ class RunConfig:
     every_seconds: float | None = None
     mode: str = "bsp"
     cpu_budget: float | None = None
-    controller: str = "dynamic"
+    controller: str = "model"  # measured ahead of dynamic on HL8 (docs/benchmarks.md)
     epochs: int | None = None
     model: str | None = None
     model_args: list[str] | None = None
