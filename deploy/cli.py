@@ -23,6 +23,7 @@ from deploy.profiles import (
     load_profile,
     load_schedule,
 )
+from ps.control.config import POLICIES
 from ps.ops.arg_types import positive_float, positive_int
 
 
@@ -306,7 +307,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         "cgroups are not writable, a --slowdown factor with the same ratios), train, and print the "
         "batch size and compute time of every worker per epoch. Ends with a summary table and the "
         "plots batch_sizes.png, compute_times.png and accuracy.png in --out. "
-        f"Without options: BSP, dynamic controller, {default['model']} on "
+        f"Without options: BSP, the model batch policy, {default['model']} on "
         f"{default['dataset']} ({' '.join(emulator.DEFAULT_DATASET_ARGS['synthetic'])}), global batch "
         f"{default['global_batch']}, {default['epochs']} epochs, lr {default['lr']}: 1-3 minutes on 2 cores.", width=88),
         epilog="examples:\n"
@@ -340,8 +341,9 @@ def add_run_command(subcommands: Subcommands) -> None:
                        help="auto: cgroup CPU quotas where writable, else --slowdown factors; cgroup: "
                        "quotas or fail; slowdown: force the fallback (default: auto)")
     job = parser.add_argument_group("job (passed to ps-server)")
-    job.add_argument("--controller", choices=("uniform", "static", "dynamic"), default="dynamic",
-                     help="batch policy: equal batches, from the declared cores, or measured (default: dynamic)")
+    job.add_argument("--controller", choices=POLICIES, default="model",
+                     help="batch policy: equal batches, from the declared cores, measured, or fitted with parking "
+                          "(docs/policies.md; default: model, which measured ahead of dynamic on HL8)")
     job.add_argument("--epochs", type=positive_int,
                      help=f"passes over the training split (default: {default['epochs']}, "
                      f"{quick['epochs']} with --quick; with a schedule in epochs: phases x interval)")

@@ -82,7 +82,7 @@ class RunConfig:
     every_seconds: float | None = None
     mode: str = "bsp"
     cpu_budget: float | None = None
-    controller: str = "dynamic"
+    controller: str = "model"  # measured ahead of dynamic on HL8 (docs/benchmarks.md)
     epochs: int | None = None
     model: str | None = None
     model_args: list[str] | None = None
@@ -283,7 +283,9 @@ class Emulation:
     # ------------------------------------------------------------------ run
     def run(self) -> dict[str, Any]:
         plan = self.plan
-        workers = [WorkerSpec(n, s) for n, s in zip(plan.names, plan.shares[0], strict=True)]
+        allocation = plan.profiles[0].allocation(plan.config.mode)  # a fixed cost is set at the start
+        workers = [WorkerSpec(n, s, extra_args=allocation.worker_args(i))
+                   for i, (n, s) in enumerate(zip(plan.names, plan.shares[0], strict=True))]
         cluster = LocalCluster(
             plan.server_args, workers, plan.out, period_us=plan.period_us, limiter=plan.config.limiter,
             server_share=plan.server_shares[0], run_id="emulator",

@@ -30,19 +30,28 @@ SERVER_RESERVE = 0.5
 """Cores :func:`default_cpu_budget` leaves to the parameter server and the system."""
 
 _PROFILE_KEYS = {"kind", "name", "description", *MODES}
-_ALLOCATION_KEYS = {"workers", "server", "gpus"}
+_ALLOCATION_KEYS = {"workers", "server", "gpus", "step_overhead_ms"}
 _SCHEDULE_KEYS = {"kind", "name", "description", "every_epochs", "every_seconds", "phases"}
 
 
 @dataclass(frozen=True)
 class Allocation:
-    """CPU cores of each worker (in worker order) and, optionally, of the parameter server, and the
-    GPUs of each worker (None: none anywhere). GPUs are requested by ``ps-cluster k8s``; the cgroup
-    emulator and docker-compose run every worker on its CPU cores."""
+    """CPU cores of each worker (in worker order) and, optionally, of the parameter server, the
+    GPUs of each worker (None: none anywhere) and each worker's fixed per-step cost in ms of CPU
+    work (``ps-worker --step-overhead-ms``; None: none). GPUs are requested by ``ps-cluster k8s``; the
+    cgroup emulator and docker-compose run every worker on its CPU cores. The fixed cost is applied
+    by the cgroup emulator (``ps-cluster run``, from the first phase of a schedule) and
+    ``benchmarks.hetero``; its CPU quota stretches it like the rest of the step."""
 
     workers: tuple[float, ...]
     server: float | None = None
     gpus: tuple[int, ...] | None = None
+    step_overhead_ms: tuple[float, ...] | None = None
+
+    def worker_args(self, index: int) -> tuple[str, ...]:
+        """The ps-worker flags worker ``index`` needs for this allocation (its fixed cost)."""
+        ms = self.step_overhead_ms[index] if self.step_overhead_ms is not None else 0.0
+        return ("--step-overhead-ms", repr(float(ms))) if ms > 0 else ()
 
     @property
     def heterogeneity(self) -> float:
@@ -236,8 +245,24 @@ def _parse_allocation(data: Any, where: str) -> Allocation:
                 raise ValueError(f"{where}.gpus[{i}] must be a whole number of GPUs >= 0, got {_shown(count)}")
     return Allocation(
         shares, None if server is None else _check_share(server, f"{where}.server"),
-        None if gpus is None else tuple(gpus),
+        None if gpus is None else tuple(gpus), _step_overheads(data.get("step_overhead_ms"), len(shares), where),
     )
+
+
+def _step_overheads(value: Any, count: int, where: str) -> tuple[float, ...] | None:
+    """``step_overhead_ms``: one number for every worker, or a list with one per worker; each >= 0."""
+    if value is None:
+        return None
+    values = value if isinstance(value, list) else [value] * count
+    if len(values) != count:
+        raise ValueError(f"{where}.step_overhead_ms must be one number or a list of one per worker ({count})")
+    out = []
+    for i, item in enumerate(values):
+        number = real_number(item)
+        if number is None or number < 0:
+            raise ValueError(f"{where}.step_overhead_ms[{i}] must be a number of ms >= 0, got {_shown(item)}")
+        out.append(number)
+    return tuple(out)
 
 
 def parse_profile(data: Mapping[str, Any], source: Path) -> Profile:

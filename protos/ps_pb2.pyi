@@ -175,16 +175,18 @@ class ParamsChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[ParamsHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("worker_id", "header_only", "optimizer_state", "secret")
+    __slots__ = ("worker_id", "header_only", "optimizer_state", "secret", "wait_for_batch")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     HEADER_ONLY_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    WAIT_FOR_BATCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     header_only: bool
     optimizer_state: bool
     secret: str
-    def __init__(self, worker_id: _Optional[str] = ..., header_only: _Optional[bool] = ..., optimizer_state: _Optional[bool] = ..., secret: _Optional[str] = ...) -> None: ...
+    wait_for_batch: bool
+    def __init__(self, worker_id: _Optional[str] = ..., header_only: _Optional[bool] = ..., optimizer_state: _Optional[bool] = ..., secret: _Optional[str] = ..., wait_for_batch: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
     __slots__ = ("worker_id", "secret")
@@ -223,7 +225,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class WorkerStatus(_message.Message):
-    __slots__ = ("worker_id", "name", "cores", "batch_size", "compute_ms", "updates", "mean_staleness")
+    __slots__ = ("worker_id", "name", "cores", "batch_size", "compute_ms", "updates", "mean_staleness", "parked")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     NAME_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
@@ -231,6 +233,7 @@ class WorkerStatus(_message.Message):
     COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
     UPDATES_FIELD_NUMBER: _ClassVar[int]
     MEAN_STALENESS_FIELD_NUMBER: _ClassVar[int]
+    PARKED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     name: str
     cores: float
@@ -238,7 +241,8 @@ class WorkerStatus(_message.Message):
     compute_ms: float
     updates: int
     mean_staleness: float
-    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., cores: _Optional[float] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., updates: _Optional[int] = ..., mean_staleness: _Optional[float] = ...) -> None: ...
+    parked: bool
+    def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., cores: _Optional[float] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., updates: _Optional[int] = ..., mean_staleness: _Optional[float] = ..., parked: _Optional[bool] = ...) -> None: ...
 
 class StatusReply(_message.Message):
     __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers", "path")

@@ -16,7 +16,7 @@ import grpc
 import torch
 
 from ps.control.config import ControllerConfig
-from ps.control.controller import BatchController
+from ps.control.registry import build_policy
 from ps.job.datasets import Dataset, build_dataset
 from ps.job.evaluator import BackgroundEvaluator
 from ps.job.models import build_model
@@ -32,6 +32,7 @@ from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
 from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.rounds.coordinator import Coordinator
+from ps.rounds.fast_path import PARKING_OFF
 from ps.rounds.rendezvous import Rendezvous
 from ps.server_flags import build_parser, parse_options
 from ps.servicer import ParameterServerServicer
@@ -122,6 +123,7 @@ def build_job(args: argparse.Namespace) -> Job:
         ewma_alpha=args.ewma_alpha,
         keep_global_sum=args.mode == "bsp",
         dynamic_start=args.dynamic_start,
+        park=args.park and args.mode == "bsp" and not allreduce,
     )
     checkpoint_dir = args.checkpoint_dir or args.resume
     if checkpoint_dir is not None:
@@ -147,6 +149,9 @@ def build_job(args: argparse.Namespace) -> Job:
         metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
     except OSError as exc:
         raise OSError(f"--metrics-log {args.metrics_log}: cannot write there ({exc.strerror or exc})") from None
+    if allreduce and args.park and args.controller == "model":
+        metrics.write("parking", on=False, why=PARKING_OFF)
+        print(f"ps-server: note: parking is off: {PARKING_OFF}", file=sys.stderr)
     evaluator = BackgroundEvaluator(eval_model, dataset)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
     rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if allreduce else None
@@ -201,7 +206,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
                       shards: RemoteShards | None, fast_path_on_gpus: Callable[[], Rendezvous] | None = None) -> Coordinator:
     return Coordinator(
         spec,
-        BatchController(config),
+        build_policy(config),
         model,
         dataset,
         adjust_every=args.adjust_every,
@@ -219,7 +224,8 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
 
 
 CONTROLLER_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
-                    "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start"}
+                    "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
+                    "park": "parking (--no-park)"}
 """The ps-server flag of each ControllerConfig field a resume may change."""
 
 

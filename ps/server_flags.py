@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ps.control.config import POLICIES
 from ps.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, WIRE_DTYPES
 from ps.ops.arg_types import (
     epoch_or_steps,
@@ -87,8 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
     ctl = p.add_argument_group("batch controller")
     ctl.add_argument("--global-batch", type=positive_int, default=128, help="B, split across the workers")
-    ctl.add_argument("--controller", choices=["uniform", "static", "dynamic"], default="dynamic",
-                     help="equal batches, Eq. 4a from declared cores, or Eq. 6 proportional control")
+    ctl.add_argument("--controller", choices=POLICIES, default="dynamic",
+                     help="the batch policy (docs/policies.md): uniform (equal batches), static (Eq. 4a from the "
+                          "declared cores), dynamic (Eq. 6 proportional control of the measured times) or model "
+                          "(Cannikin's OptPerf: per-worker fits t = q*b + s, a one-step optimal split, parking)")
+    ctl.add_argument("--no-park", dest="park", action="store_false",
+                     help="--controller model in BSP: never park a worker at batch 0, even when the predicted round "
+                          "is shorter without it (parking is off on the --allreduce fast path and in ASP anyway)")
     ctl.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1, help="relative change below which a batch stays (Eq. 7)")
     ctl.add_argument("--min-batch", type=positive_int, default=1, help="per-worker lower bound")
     ctl.add_argument("--max-batch", type=positive_int, default=None, help="per-worker upper bound (unset: the global batch)")

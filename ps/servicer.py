@@ -67,6 +67,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         try:
+            if request.wait_for_batch:
+                await self.core.wait_for_batch(request.worker_id, request.secret)
             reply = self.core.pull(request.worker_id, request.secret, header_only=request.header_only,
                                    optimizer_state=request.optimizer_state)
         except ServiceError as exc:

@@ -60,6 +60,8 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
         (["--model", "mlp", "--model-arg", "hidden=-1"], "model 'mlp' rejected its options {'hidden': -1}: hidden must be >= 1"),
         (["--model", "cnn", "--model-arg", "width=0"], "width must be >= 1, got 0"),
         (["--dataset", "synthetic", "--dataset-arg", "noise=NaN"], "noise must be a finite number, got nan"),
+        (["--controller", "oracle"], "argument --controller: invalid choice: 'oracle'"),
+        (["--no-park=yes"], "--no-park: ignored explicit argument 'yes'"),
     ],
 )
 def test_server_rejects_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,6 +96,8 @@ def test_server_error_is_one_line_from_a_real_process() -> None:
         (["--server", "127.0.0.1:1", "--heap-reserve", "-1"], "--heap-reserve"),
         (["--server", "127.0.0.1:1", "--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
         (["--server", "127.0.0.1:1", "--device", "cuda:99"], "--device cuda:99"),
+        (["--server", "127.0.0.1:1", "--step-overhead-ms", "-1"], "--step-overhead-ms: expected a number >= 0, got '-1'"),
+        (["--server", "127.0.0.1:1", "--step-overhead-ms", "inf"], "--step-overhead-ms: expected a finite number"),
     ],
 )
 def test_worker_rejects_bad_input(args: list[str], needle: str) -> None:

@@ -1,4 +1,4 @@
-"""Tests for ps.control.controller, the pure batch controller (design.md section 5)."""
+"""Tests for the pure batch policies (ps/control/) (design.md section 5)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps.control.config import ControllerConfig, config_changes
-from ps.control.controller import BatchController
+from ps.control.registry import build_policy, policy_from_state, reconfigured
+from ps.control.roster import Roster
 from ps.control.proportional import outside_deadband, proportional_targets, total_preserving
 from ps.control.split import fit_to_sum, largest_remainder
 
@@ -31,10 +32,10 @@ HL_SPEEDS: dict[str, Sequence[float]] = {
 # ---------------------------------------------------------------- helpers
 
 
-def controller(n: int = 0, cores: Sequence[float] | None = None, **config: Any) -> BatchController:
+def controller(n: int = 0, cores: Sequence[float] | None = None, **config: Any) -> Roster:
     """A controller with workers w0..w{n-1} (or one per entry of `cores`), not yet planned. The rules
     are tested on one observation per worker (min_samples 1) unless `config` says otherwise."""
-    ctl = BatchController(ControllerConfig(**{"min_samples": 1, **config}))
+    ctl = build_policy(ControllerConfig(**{"min_samples": 1, **config}))
     for i, c in enumerate(cores if cores is not None else [1.0] * n):
         ctl.add_worker(f"w{i}", cores=c)
     return ctl
@@ -45,13 +46,13 @@ def speed_map(speeds: Sequence[float]) -> dict[str, float]:
     return {f"w{i}": s for i, s in enumerate(speeds)}
 
 
-def observe_all(ctl: BatchController, speeds: Mapping[str, float], intercept: float = 0.0) -> None:
+def observe_all(ctl: Roster, speeds: Mapping[str, float], intercept: float = 0.0) -> None:
     """One step of every worker under the simulated cost model t_k = b_k / speed_k + intercept."""
     for k, b in ctl.plan().items():
         ctl.observe(k, b, b / speeds[k] + intercept)
 
 
-def run_to_steady(ctl: BatchController, speeds: Mapping[str, float], intercept: float = 0.0) -> int:
+def run_to_steady(ctl: Roster, speeds: Mapping[str, float], intercept: float = 0.0) -> int:
     """Alternate one observed step and one `adjust` until an adjust changes nothing; return the adjustments."""
     for _ in range(40):
         observe_all(ctl, speeds, intercept)
@@ -91,7 +92,7 @@ def water_level(
     return {k: min(upper[k], max(lower[k], hi_s * t)) for k, t in targets.items()}
 
 
-def snapshot(ctl: BatchController) -> str:
+def snapshot(ctl: Roster) -> str:
     """Canonical JSON of the full state, to compare before/after."""
     return json.dumps(ctl.state_dict(), sort_keys=True)
 
@@ -335,7 +336,7 @@ def test_dynamic_first_plan_follows_dynamic_start(start: str, expected: list[int
 
 
 def test_replan_respects_per_worker_bounds() -> None:
-    ctl = BatchController(ControllerConfig(policy="static", global_batch=100))
+    ctl = build_policy(ControllerConfig(policy="static", global_batch=100))
     ctl.add_worker("big", cores=10.0, max_batch=30)
     ctl.add_worker("small", cores=1.0, min_batch=20)
     ctl.add_worker("mid", cores=5.0)
@@ -358,21 +359,21 @@ def test_replan_with_no_workers() -> None:
 def test_asp_plan_sums_to_b_within_the_bounds_and_is_clipped_beyond_them() -> None:
     """ASP plans sum exactly to B like BSP's (water-filling, not round-then-clip, which gave 4+4+60 = 68
     here and 129 for B = 128 elsewhere); only B out of the bounds' reach leaves them at a bound."""
-    ctl = BatchController(ControllerConfig(policy="static", keep_global_sum=False, global_batch=64, min_batch=4))
+    ctl = build_policy(ControllerConfig(policy="static", keep_global_sum=False, global_batch=64, min_batch=4))
     for i, c in enumerate([1.0, 1.0, 30.0]):
         ctl.add_worker(f"w{i}", cores=c)
     assert ctl.replan() == {"w0": 4, "w1": 4, "w2": 56}
     for n in (3, 5, 7):
         odd = controller(n, policy="uniform", keep_global_sum=False, global_batch=128)
         assert sum(odd.replan().values()) == 128
-    asp = BatchController(ControllerConfig(policy="uniform", keep_global_sum=False, global_batch=10, min_batch=4))
+    asp = build_policy(ControllerConfig(policy="uniform", keep_global_sum=False, global_batch=10, min_batch=4))
     for i in range(3):
         asp.add_worker(f"w{i}")
     assert asp.replan() == {"w0": 4, "w1": 4, "w2": 4}
 
 
 def test_add_worker_rejects_and_changes_nothing() -> None:
-    ctl = BatchController(ControllerConfig(global_batch=10, min_batch=4))
+    ctl = build_policy(ControllerConfig(global_batch=10, min_batch=4))
     ctl.add_worker("a")
     ctl.add_worker("b")
     ctl.replan()
@@ -405,7 +406,7 @@ def test_remove_unknown_worker() -> None:
 
 
 def test_replan_infeasible_upper_bounds() -> None:
-    ctl = BatchController(ControllerConfig(global_batch=128, max_batch=40))
+    ctl = build_policy(ControllerConfig(global_batch=128, max_batch=40))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     with pytest.raises(ValueError, match="max_batch sum to 120 < global_batch 128"):
@@ -416,7 +417,7 @@ def test_replan_infeasible_upper_bounds() -> None:
 
 
 def test_removal_that_leaves_b_out_of_reach_is_reported() -> None:
-    ctl = BatchController(ControllerConfig(global_batch=100, max_batch=60))
+    ctl = build_policy(ControllerConfig(global_batch=100, max_batch=60))
     for k in ("a", "b"):
         ctl.add_worker(k)
     ctl.replan()
@@ -514,7 +515,7 @@ def test_timing_noise_on_a_balanced_split_makes_no_decision(speeds: tuple[float,
     global_batch = 128 if len(set(speeds)) < 3 else 480
     for seed in NOISE_SEEDS:
         rng = random.Random(seed)
-        ctl = BatchController(ControllerConfig(global_batch=global_batch, dynamic_start="static"))
+        ctl = build_policy(ControllerConfig(global_batch=global_batch, dynamic_start="static"))
         for i, c in enumerate(speeds):
             ctl.add_worker(f"w{i}", cores=c)
         plan = ctl.replan()
@@ -613,7 +614,7 @@ def test_unmeasured_workers_keep_their_batch() -> None:
 
 
 def test_adjust_respects_bounds() -> None:
-    ctl = BatchController(ControllerConfig(global_batch=100, min_samples=1))
+    ctl = build_policy(ControllerConfig(global_batch=100, min_samples=1))
     ctl.add_worker("fast", max_batch=60)
     ctl.add_worker("slow", min_batch=30)
     ctl.replan()
@@ -634,7 +635,7 @@ def test_adjust_after_removal_restores_global_batch() -> None:
 
 
 def test_asp_adjust_keeps_the_sum_at_b_within_the_bounds() -> None:
-    ctl = BatchController(ControllerConfig(global_batch=64, keep_global_sum=False, max_batch=50, min_samples=1))
+    ctl = build_policy(ControllerConfig(global_batch=64, keep_global_sum=False, max_batch=50, min_samples=1))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     ctl.replan()
@@ -645,7 +646,7 @@ def test_asp_adjust_keeps_the_sum_at_b_within_the_bounds() -> None:
 
 
 def test_asp_adjust_rounds_and_clips_when_the_bounds_cannot_meet_b() -> None:
-    ctl = BatchController(ControllerConfig(global_batch=64, keep_global_sum=False, max_batch=20, min_samples=1))
+    ctl = build_policy(ControllerConfig(global_batch=64, keep_global_sum=False, max_batch=20, min_samples=1))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     assert ctl.replan() == {"w0": 20, "w1": 20, "w2": 20}  # 60: the most the bounds allow
@@ -686,7 +687,7 @@ def test_state_dict_round_trip_through_json() -> None:
     ctl.adjust()
     ctl.observe("w0", ctl.plan()["w0"], 2.5)
     state = ctl.state_dict()
-    again = BatchController.from_state_dict(json.loads(json.dumps(state)))
+    again = policy_from_state(json.loads(json.dumps(state)))
     assert again.state_dict() == state
     assert again.adjustments == ctl.adjustments == 1
     assert again.smoothed_ms() == ctl.smoothed_ms()
@@ -737,7 +738,7 @@ def test_from_state_dict_rejects_corrupt_state(path: Sequence[Any], value: Any) 
     ctl.replan()
     ctl.observe("w0", 64, 2.0)
     with pytest.raises(ValueError):
-        BatchController.from_state_dict(_corrupt(ctl.state_dict(), path, value))
+        policy_from_state(_corrupt(ctl.state_dict(), path, value))
 
 
 def test_state_dict_without_sample_counts_counts_its_smoothed_times_as_settled() -> None:
@@ -750,7 +751,7 @@ def test_state_dict_without_sample_counts_counts_its_smoothed_times_as_settled()
     for entry in old["workers"]:
         del entry["samples"]
     del old["config"]["min_samples"]
-    again = BatchController.from_state_dict(old)
+    again = policy_from_state(old)
     assert [w["samples"] for w in again.state_dict()["workers"]] == [3, 3]
     assert again.adjust() == {"w0": 96, "w1": 32}
 
@@ -760,18 +761,18 @@ def test_from_state_dict_rejects_inconsistent_state() -> None:
     ctl.replan()
     state = ctl.state_dict()
     with pytest.raises(ValueError, match="sum to 192 > global_batch 128"):
-        BatchController.from_state_dict(_corrupt(state, ("workers", 0, "batch"), 128))
+        policy_from_state(_corrupt(state, ("workers", 0, "batch"), 128))
     unplanned = _corrupt(state, ("workers", 0, "batch"), None)
     with pytest.raises(ValueError, match="smoothed time but no batch"):
-        BatchController.from_state_dict(_corrupt(unplanned, ("workers", 0, "ewma_ms"), 1.0))
+        policy_from_state(_corrupt(unplanned, ("workers", 0, "ewma_ms"), 1.0))
     with pytest.raises(ValueError):
-        BatchController.from_state_dict([])  # type: ignore[arg-type]
+        policy_from_state([])  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- resume under other settings
 
 
-def settled() -> BatchController:
+def settled() -> Roster:
     """Dynamic over w0 (1 sample/ms) and w1 (3 samples/ms), B = 120, settled at 30/90 and measured there."""
     ctl = controller(2, global_batch=120)
     ctl.replan()
@@ -784,7 +785,7 @@ def settled() -> BatchController:
 def test_with_config_keeps_the_measurements_under_the_new_settings() -> None:
     ctl = settled()
     config = replace(ctl.config, deadband=0.3, ewma_alpha=0.5, dynamic_start="static", min_batch=10, max_batch=100)
-    resumed = ctl.with_config(config)
+    resumed = reconfigured(ctl, config)
     assert resumed.config == config
     assert resumed.plan() == ctl.plan() and resumed.smoothed_ms() == ctl.smoothed_ms()
     assert resumed.adjustments == 1
@@ -798,7 +799,7 @@ def test_with_config_moves_the_bounds_taken_from_the_config_only() -> None:
     ctl = controller(2, global_batch=120)
     ctl.add_worker("own", min_batch=5, max_batch=50)
     ctl.replan()
-    state = ctl.with_config(replace(ctl.config, min_batch=2, max_batch=90)).state_dict()
+    state = reconfigured(ctl, replace(ctl.config, min_batch=2, max_batch=90)).state_dict()
     assert {w["id"]: (w["min_batch"], w["max_batch"]) for w in state["workers"]} == {
         "w0": (2, 90), "w1": (2, 90), "own": (5, 50)
     }
@@ -818,7 +819,7 @@ def test_with_config_replans_when_the_saved_plan_is_not_one_of_the_new_settings(
     change: dict[str, Any], plan: dict[str, int]
 ) -> None:
     ctl = settled()
-    resumed = ctl.with_config(replace(ctl.config, **change))
+    resumed = reconfigured(ctl, replace(ctl.config, **change))
     assert resumed.plan() == plan
     assert resumed.adjustments == 1
     assert [w["throughput"] for w in resumed.state_dict()["workers"]] == [1.0, 3.0]
@@ -828,8 +829,8 @@ def test_with_config_keeps_a_static_plan_only_under_the_same_settings() -> None:
     """A static plan is a function of the cores and bounds: new bounds re-split it even where it fits them."""
     ctl = controller(cores=[1.0, 3.0], global_batch=120, policy="static", max_batch=60)
     assert ctl.replan() == {"w0": 60, "w1": 60}
-    assert ctl.with_config(ctl.config).plan() == {"w0": 60, "w1": 60}
-    assert ctl.with_config(replace(ctl.config, max_batch=None)).plan() == {"w0": 30, "w1": 90}
+    assert reconfigured(ctl, ctl.config).plan() == {"w0": 60, "w1": 60}
+    assert reconfigured(ctl, replace(ctl.config, max_batch=None)).plan() == {"w0": 30, "w1": 90}
 
 
 def test_with_config_refuses_bounds_that_cannot_meet_the_global_batch() -> None:
@@ -837,7 +838,7 @@ def test_with_config_refuses_bounds_that_cannot_meet_the_global_batch() -> None:
     ctl.add_worker("own", min_batch=50)
     ctl.replan()
     with pytest.raises(ValueError, match="min_batch would sum to"):
-        ctl.with_config(replace(ctl.config, min_batch=40))
+        reconfigured(ctl, replace(ctl.config, min_batch=40))
 
 
 def test_config_changes_names_each_setting_that_differs() -> None:
@@ -853,7 +854,7 @@ def test_config_changes_names_each_setting_that_differs() -> None:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, keep_global_sum: bool | None = None) -> BatchController:
+def scenarios(draw: st.DrawFn, keep_global_sum: bool | None = None) -> Roster:
     """A planned controller with random config, workers and bounds (always feasible)."""
     ksum = draw(st.booleans()) if keep_global_sum is None else keep_global_sum
     n = draw(st.integers(1, 6))
@@ -867,7 +868,7 @@ def scenarios(draw: st.DrawFn, keep_global_sum: bool | None = None) -> BatchCont
         dynamic_start=draw(st.sampled_from(["uniform", "static"])),
         min_samples=draw(st.sampled_from([1, 1, 3])),
     )
-    ctl = BatchController(config)
+    ctl = build_policy(config)
     share = global_batch // n
     for i in range(n):
         lo = draw(st.none() | st.integers(1, min(4, share)))
@@ -877,7 +878,7 @@ def scenarios(draw: st.DrawFn, keep_global_sum: bool | None = None) -> BatchCont
     return ctl
 
 
-def check_invariants(ctl: BatchController, exact_sum: bool) -> None:
+def check_invariants(ctl: Roster, exact_sum: bool) -> None:
     """Bounds hold for every planned worker; if `exact_sum` the plan sums to B (ASP: where the bounds allow).
 
     `exact_sum` is False right after a removal: only `replan` (or a dynamic `adjust`) re-splits B.
@@ -892,7 +893,7 @@ def check_invariants(ctl: BatchController, exact_sum: bool) -> None:
         assert sum(ctl.plan().values()) == ctl.config.global_batch
 
 
-def checked_adjust(ctl: BatchController) -> None:
+def checked_adjust(ctl: Roster) -> None:
     """Run `adjust` and check the deadband and sum rules against the state it started from."""
     cfg = ctl.config
     before = ctl.plan()
@@ -930,7 +931,7 @@ def checked_adjust(ctl: BatchController) -> None:
 
 @FAST
 @given(scenarios(), st.data())
-def test_random_histories_keep_invariants(ctl: BatchController, data: st.DataObject) -> None:
+def test_random_histories_keep_invariants(ctl: Roster, data: st.DataObject) -> None:
     check_invariants(ctl, exact_sum=True)
     next_id = 100
     stale = False
@@ -963,7 +964,7 @@ def test_random_histories_keep_invariants(ctl: BatchController, data: st.DataObj
             stale = False
             check_invariants(ctl, exact_sum=True)
     state = ctl.state_dict()
-    again = BatchController.from_state_dict(json.loads(json.dumps(state)))
+    again = policy_from_state(json.loads(json.dumps(state)))
     assert again.state_dict() == state
     assert again.adjust() == ctl.adjust()
     assert again.state_dict() == ctl.state_dict()
@@ -971,7 +972,7 @@ def test_random_histories_keep_invariants(ctl: BatchController, data: st.DataObj
 
 @FAST
 @given(scenarios(), st.data())
-def test_rejected_input_changes_nothing(ctl: BatchController, data: st.DataObject) -> None:
+def test_rejected_input_changes_nothing(ctl: Roster, data: st.DataObject) -> None:
     ids = list(ctl.plan())
     k = data.draw(st.sampled_from(ids))
     ctl.observe(k, ctl.plan()[k], 3.0)
@@ -993,7 +994,7 @@ def test_rejected_input_changes_nothing(ctl: BatchController, data: st.DataObjec
 
 @FAST
 @given(scenarios(keep_global_sum=False), st.lists(st.floats(0.01, 1e4), min_size=6, max_size=6), st.integers(1, 4))
-def test_asp_holds_bounds_without_sum_rule(ctl: BatchController, times: list[float], rounds: int) -> None:
+def test_asp_holds_bounds_without_sum_rule(ctl: Roster, times: list[float], rounds: int) -> None:
     for _ in range(rounds):
         for (k, b), t in zip(ctl.plan().items(), times):
             ctl.observe(k, b, t * b)
@@ -1003,13 +1004,13 @@ def test_asp_holds_bounds_without_sum_rule(ctl: BatchController, times: list[flo
 
 @FAST
 @given(scenarios(), st.data())
-def test_with_config_under_random_settings_keeps_invariants(ctl: BatchController, data: st.DataObject) -> None:
+def test_with_config_under_random_settings_keeps_invariants(ctl: Roster, data: st.DataObject) -> None:
     """Any new deadband, alpha, policy, start or bounds: the bounds and the sum rule hold, the count and the
     throughputs carry over, the plan stays if it still is one of the new settings; the same config copies."""
     for k, b in ctl.plan().items():
         ctl.observe(k, b, data.draw(st.floats(0.01, 1e4)))
     checked_adjust(ctl)
-    assert json.dumps(ctl.with_config(ctl.config).state_dict(), sort_keys=True) == snapshot(ctl)
+    assert json.dumps(reconfigured(ctl, ctl.config).state_dict(), sort_keys=True) == snapshot(ctl)
     old = ctl.config
     config = replace(
         old,
@@ -1020,7 +1021,7 @@ def test_with_config_under_random_settings_keeps_invariants(ctl: BatchController
         max_batch=data.draw(st.none() | st.integers(old.global_batch // len(ctl.plan()) + 1, 2 * old.global_batch)),
         dynamic_start=data.draw(st.sampled_from(["uniform", "static"])),
     )
-    resumed = ctl.with_config(config)
+    resumed = reconfigured(ctl, config)
     assert resumed.config == config and resumed.adjustments == ctl.adjustments
     check_invariants(resumed, exact_sum=True)
     before = {w["id"]: w for w in ctl.state_dict()["workers"]}
@@ -1113,7 +1114,7 @@ def test_converges_for_random_speeds_with_fixed_cost(
 def test_asp_total_does_not_drift_on_hl8_speeds() -> None:
     """Without a sum rule, Eq. 6's arithmetic-mean t_bar would inflate sum(b); ASP keeps it near B."""
     speeds = {"a": 6.0, "b": 6.0, "c": 4.0, "d": 32.0}
-    ctl = BatchController(ControllerConfig(policy="dynamic", global_batch=128, keep_global_sum=False, min_samples=1))
+    ctl = build_policy(ControllerConfig(policy="dynamic", global_batch=128, keep_global_sum=False, min_samples=1))
     for name in speeds:
         ctl.add_worker(name)
     ctl.replan()
@@ -1129,12 +1130,12 @@ def test_asp_total_does_not_drift_on_hl8_speeds() -> None:
 
 def test_can_add_counts_every_workers_minimum_against_the_global_batch() -> None:
     """BSP (keep_global_sum): room for another worker only while every minimum still fits in B; ASP: always."""
-    bsp = BatchController(ControllerConfig(global_batch=6, min_batch=2))
+    bsp = build_policy(ControllerConfig(global_batch=6, min_batch=2))
     assert bsp.can_add(3) and not bsp.can_add(4)
     bsp.add_worker("a", cores=1.0)
     bsp.add_worker("b", cores=1.0, min_batch=3)
     assert not bsp.can_add(1)  # 2 + 3 + 2 > 6
     bsp.remove_worker("b")
     assert bsp.can_add(2) and not bsp.can_add(3)
-    asp = BatchController(ControllerConfig(global_batch=6, min_batch=2, keep_global_sum=False))
+    asp = build_policy(ControllerConfig(global_batch=6, min_batch=2, keep_global_sum=False))
     assert asp.can_add(100)

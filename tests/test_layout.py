@@ -45,7 +45,8 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ps.rounds": frozenset({"ps.control", "ps.params", "ps.shards", "ps.job", "ps.transport", "ps.ops", "ps.errors"}),
     "ps.servicer": frozenset({*PS_PARTS, "protos"}),
     "ps.server": frozenset({*PS_PARTS, "protos"}),
-    "ps.server_flags": frozenset({"ps.job", "ps.ops"}),  # ps-server's flags, parsed without building anything
+    # ps-server's flags, parsed without building anything (the policy names from ps.control.config)
+    "ps.server_flags": frozenset({"ps.control", "ps.job", "ps.ops"}),
     "worker": frozenset({"ps.job", "ps.transport", "ps.params", "ps.ops", "ps.errors", "protos"}),
     "deploy": ANY,
     "benchmarks": ANY,

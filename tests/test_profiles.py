@@ -193,16 +193,19 @@ def test_unknown_name_lists_the_known_ones() -> None:
         ("bsp:\n  workers: [1, two]\n", r"workers\[1\].*'two'"),
         ("bsp:\n  workers: [true]\n", r"workers\[0\]"),
         ("asp:\n  workers: [1]\n  server: 0\n", "asp.server"),
-        ("bsp:\n  worker: [1]\n", "unknown key.*worker.*allowed: gpus, server, workers"),
+        ("bsp:\n  worker: [1]\n", "unknown key.*worker.*allowed: gpus, server, step_overhead_ms, workers"),
         ("ssp:\n  workers: [1]\n", "unknown key.*ssp"),
         ("kind: schedule\nbsp:\n  workers: [1]\n", "kind is 'schedule', expected 'profile'"),
-        ("bsp:\n  workers: [1, 2]\n  1: 2\n  null: 3\n", "unknown key.*1, None; allowed: gpus, server, workers"),
+        ("bsp:\n  workers: [1, 2]\n  1: 2\n  null: 3\n", "unknown key.*1, None; allowed: gpus, server, step_overhead_ms, workers"),
         ("bsp:\n  workers: [1, 2]\n  gpus: [1]\n", r"bsp.gpus must be a list of GPU counts, one per worker \(2\)"),
         ("bsp:\n  workers: [1, 2]\n  gpus: [1, -1]\n", r"bsp.gpus\[1\] must be a whole number of GPUs >= 0, got -1"),
         ("bsp:\n  workers: [1, 2]\n  gpus: [1, 0.5]\n", r"bsp.gpus\[1\] must be a whole number"),
         ("bsp:\n  workers: [1, 2]\n  gpus: [true, 1]\n", r"bsp.gpus\[0\] must be a whole number"),
         ("bsp:\n  workers: [1, 1" + "0" * 400 + "]\n", r"workers\[1\] must be a number of CPU cores > 0, got 10+\.\.\.$"),
         ("asp:\n  workers: [1]\n  server: 1" + "0" * 400 + "\n", "asp.server must be a number of CPU cores"),
+        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5]\n", r"bsp.step_overhead_ms must be one number or a list of one per worker \(2\)"),
+        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5, -1]\n", r"bsp.step_overhead_ms\[1\] must be a number of ms >= 0, got -1"),
+        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: lots\n", r"bsp.step_overhead_ms\[0\] must be a number of ms >= 0, got 'lots'"),
     ],
 )
 def test_bad_profile_files_give_clear_errors(tmp_path: Path, text: str, message: str) -> None:
@@ -267,3 +270,12 @@ def test_bad_schedule_files_give_clear_errors(tmp_path: Path, text: str, message
     write(tmp_path, "bsp:\n  workers: [1, 1, 1, 1, 1, 1]\n", "six.yaml")
     with pytest.raises(ValueError, match=message):
         load_schedule(write(tmp_path, text, "bad.yaml"))
+
+
+def test_a_fixed_step_cost_becomes_the_workers_flag(tmp_path: Path) -> None:
+    """step_overhead_ms: one number for every worker or one per worker; a worker at 0 gets no flag."""
+    every = load_profile(write(tmp_path, "bsp:\n  workers: [1, 2]\n  step_overhead_ms: 20\n")).allocation("bsp")
+    assert [every.worker_args(i) for i in range(2)] == [("--step-overhead-ms", "20.0")] * 2
+    each = load_profile(write(tmp_path, "bsp:\n  workers: [1, 2]\n  step_overhead_ms: [0, 7.5]\n")).allocation("bsp")
+    assert [each.worker_args(i) for i in range(2)] == [(), ("--step-overhead-ms", "7.5")]
+    assert load_profile("hl8").allocation("bsp").worker_args(0) == ()

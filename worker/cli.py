@@ -32,6 +32,7 @@ ENVIRONMENT = {
     "threads": "PS_THREADS",
     "device": "PS_DEVICE",
     "slowdown": "PS_SLOWDOWN",
+    "step_overhead_ms": "PS_STEP_OVERHEAD_MS",
     "timeout": "PS_TIMEOUT",
     "retry_for": "PS_RETRY_FOR",
     "log_every": "PS_LOG_EVERY",
@@ -83,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "job the group uses NCCL when every worker is on its own GPU, gloo otherwise")
     p.add_argument("--slowdown", type=float_at_least(1.0), default=1.0, help="multiply compute time by F by sleeping, to emulate a slow worker (the sleep scales the CPU time the step "
                         "used, capped at its wall time, so a pause mid-step is not multiplied)")
+    p.add_argument("--step-overhead-ms", type=float_at_least(0.0), default=0.0, metavar="MS",
+                   help="spend MS of CPU (busy work, not sleep) in every step's compute, to emulate a fixed per-step "
+                        "cost (optimizer, Python, kernel launches); a CPU quota or --slowdown stretches it like real work")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
@@ -140,13 +144,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
-                     threads=args.threads, token=token, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
+                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, token=token, tls_ca=args.tls_ca,
+                     tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",
                       file=sys.stderr, flush=True)
             train(session, args.log_every, args.quiet)
             if not args.quiet:
-                print(f"{session.name}: job done after {session.steps} steps", file=sys.stderr, flush=True)
+                parked = f" ({session.parked_polls} polls while parked)" if session.parked_polls else ""
+                print(f"{session.name}: job done after {session.steps} steps{parked}", file=sys.stderr, flush=True)
     except ServerError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         code = 1

@@ -27,6 +27,7 @@ from ps.transport.payload import frame_tensor
 from ps.transport.push_stream import PUSH_KIND_NUMBERS
 from ps.transport.security import PathArg, bearer, read_pem, resolve_token
 from ps.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
+from worker.replies import Joined, ShardTarget, StepPlan
 from ps.transport.wire import CHUNK_BYTES, FlatReceiver
 
 log = logging.getLogger(__name__)
@@ -63,15 +64,6 @@ def reachable_address(host: str, port: int, server_target: str) -> tuple[str, in
 
 
 @dataclass(frozen=True)
-class ShardTarget:
-    """--shards: values [start, stop) of the flat buffer live at `address`."""
-
-    address: str
-    start: int
-    stop: int
-
-
-@dataclass(frozen=True)
 class _ShardLink:
     """An open connection to one shard server: its range, channel, and Push and Pull callables."""
 
@@ -79,43 +71,6 @@ class _ShardLink:
     channel: grpc.Channel
     push: grpc.StreamStreamMultiCallable
     pull: grpc.UnaryStreamMultiCallable
-
-
-@dataclass(frozen=True)
-class Joined:
-    worker_id: str
-    spec: JobSpec
-    layout: Layout
-    batch_size: int
-    round: int
-    version: int
-    epoch: int
-    index: int
-    heartbeat_interval_s: float
-    rendezvous_host: str = ""  # --allreduce: the TCPStore the workers' process group meets at
-    rendezvous_port: int = 0
-    shards: tuple[ShardTarget, ...] = ()  # --shards: the ranges other servers hold
-    secret: str = ""  # what every later call as this worker carries (the client adds it itself)
-
-
-@dataclass(frozen=True)
-class StepPlan:
-    """What the server said about the next step."""
-
-    round: int
-    version: int
-    epoch: int
-    batch_size: int
-    done: bool
-    lr: float
-    global_batch: int
-    reason: str = ""
-    generation: int = 0  # --allreduce: the process group to train in (see ps/rounds/rendezvous.py)
-    rank: int = 0
-    world_size: int = 0
-    backend: str = ""
-    snapshot_requested: bool = False  # --allreduce, rank 0: push a snapshot of the parameters now
-    hub_rank: int = 0  # --allreduce, hub algorithm: the rank that sums this step
 
 
 def _error(exc: grpc.RpcError) -> ServerError:
@@ -386,9 +341,12 @@ class PSClient:
                 raise _error(exc) from None
             raise
 
-    def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False) -> StepPlan:
-        """The current plan, and the parameters into `out` unless `header_only`."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only, secret=self.secret(worker_id))
+    def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False, wait_for_batch: bool = False) -> StepPlan:
+        """The current plan, and the parameters into `out` unless `header_only`. `wait_for_batch` (a
+        parked worker, header only): the server answers once it plans this worker a batch, or the job
+        ends, or after a few seconds with the unchanged plan."""
+        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only, secret=self.secret(worker_id),
+                                     wait_for_batch=wait_for_batch)
         if not self._shards or header_only:
             try:
                 return _receive(self._pull(request), out)

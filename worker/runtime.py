@@ -16,6 +16,10 @@ A custom training loop needs three calls::
 Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
 step() is called; it is what the server's controller balances. In an --allreduce job step()
 all-reduces with the other workers and steps a local optimizer instead (worker/collective.py).
+
+A worker the server parks (BSP, `--controller model`: planned at batch 0 because the round is
+shorter without it) gets no batches from batches() until the server plans it one: meanwhile it
+waits in a long poll (heartbeats go on), and it pulls the parameters before it computes again.
 """
 
 from __future__ import annotations
@@ -62,6 +66,18 @@ def slowdown_delay(wall_s: float, cpu_s: float, slowdown: float) -> float:
     return max(0.0, min(wall_s, cpu_s)) * (slowdown - 1.0)
 
 
+def burn_cpu(ms: float) -> None:
+    """Spend `ms` of this process's CPU time on busy work (not sleep): `--step-overhead-ms`, a fixed
+    per-step cost that a CPU quota or a slowdown stretches like the real work of a step."""
+    if ms <= 0:
+        return
+    end = time.process_time() + ms / 1000.0
+    spin = 0
+    while time.process_time() < end:
+        for _ in range(200):
+            spin += 1
+
+
 class JobSetupError(ValueError):
     """The job the server runs names a model or dataset this worker cannot build (a module it
     cannot import, options its builder refuses): the worker's set-up, not the server, is at fault."""
@@ -72,12 +88,15 @@ class Session:
 
     def __init__(
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
-        device: torch.device | None = None,
+        device: torch.device | None = None, step_overhead_ms: float = 0.0,
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
+        if not 0.0 <= step_overhead_ms < float("inf"):
+            raise ValueError(f"step_overhead_ms must be a finite number >= 0, got {step_overhead_ms}")
         self.client = client
         self.slowdown = slowdown
+        self.step_overhead_ms = step_overhead_ms
         self.cores = cores
         self.retry_for = retry_for
         self.device = device or torch.device("cpu")
@@ -100,6 +119,7 @@ class Session:
         self._drawn = 0  # the size of the batch the next step's gradients come from
         self._report: Callable[[], StepPlan] | None = None  # the fast path's last report, its reply not yet read
         self.steps = 0
+        self.parked_polls = 0  # long polls answered while parked
         self.last_compute_ms = 0.0
         self._push_ms = 0.0  # the previous push's own part (reported with compute time under --balance busy)
 
@@ -180,15 +200,35 @@ class Session:
         return self._train_x[index], self._train_y[index]
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Batches until the server ends the job; call step() after each."""
+        """Batches until the server ends the job; call step() after each. While the server parks this
+        worker (batch 0) none come: it waits for a batch (wait_parked)."""
         self.model.train()
         while not self.done:
+            if self.batch_size == 0:
+                self.wait_parked()
+                continue
             yield self.next_batch()
+
+    def wait_parked(self) -> StepPlan:
+        """Parked: wait in the server's long poll until it plans this worker a batch (or the job ends),
+        then pull the parameters; the plan."""
+        try:
+            plan = self.client.pull(self.worker_id, self._params, header_only=True, wait_for_batch=True)
+            self.parked_polls += 1
+            if plan.batch_size > 0 and not plan.done:
+                plan = self.client.pull(self.worker_id, self._params)
+                self._apply(plan)
+            else:
+                self._follow(plan)
+        except ServerError as exc:
+            self._apply(self._recover(exc))
+        return self.plan
 
     def step(self) -> StepPlan:
         """Push this step's gradients; return once the new parameters are in the model."""
         if self._fetch_started is None:
             raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
+        burn_cpu(self.step_overhead_ms)
         synchronize(self.device)
         if self.slowdown > 1.0:
             wall_s = time.perf_counter() - self._fetch_started
@@ -413,9 +453,8 @@ def lost_because(error: ServerError) -> str:
 
 
 DEFAULT_THREADS = 1
-"""torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`):
-one, because workers share a machine's cores with each other and the server, and torch's default of
-one thread per core oversubscribes them (a worker then runs many times slower)."""
+"""torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`): one,
+as workers share cores with each other and the server (torch's thread per core makes them many times slower)."""
 
 
 def connect(
@@ -428,6 +467,7 @@ def connect(
     retry_for: float = 120.0,
     device: torch.device | None = None,
     threads: int | None = DEFAULT_THREADS,
+    step_overhead_ms: float = 0.0,
     token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
@@ -440,7 +480,7 @@ def connect(
     `threads` sets torch's thread count for this process, as ``ps-worker --threads`` does (default 1:
     see :data:`DEFAULT_THREADS`; None leaves torch's own setting).
     `device` is where the model computes (default the CPU; `worker.device.resolve_device("auto")`
-    picks a GPU when there is one).
+    picks a GPU when there is one). `step_overhead_ms` adds that much CPU work to every step (a fixed cost).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
     and `token` is sent with every call; see docs/security.md.
     """
@@ -454,7 +494,7 @@ def connect(
         waiting.recovered(f"server {target} answered")
         if threads is not None:
             torch.set_num_threads(threads)
-        return Session(client, who, cores or default_cores(), slowdown, retry_for, device)
+        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms)
     except BaseException:
         client.close()
         raise

@@ -16,7 +16,7 @@ from typing import Any
 
 from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_schedule, bench_throughput, bench_tta
 from benchmarks.hetero.report import environment, render_table
-from benchmarks.hetero.runs import CONTROLLERS, OPT_IN
+from benchmarks.hetero.runs import CASES, CONTROLLERS, OPT_IN, POLICIES
 from benchmarks.hetero.settings import Settings, log, resolve_emulation
 from benchmarks.report_output import print_report, save_report
 from benchmarks.workload import Workload
@@ -75,6 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "for BSP on the PS path, compute otherwise; both take uniform_compose and dynamic_compose, the same "
                       "job in deploy/docker-compose.yml's containers at the same quotas, which needs a Docker engine: "
                       "deploy/engine.sh)")
+    what.add_argument("--case", choices=sorted(CASES),
+                      help="a batch-policy case (dynamic against model by default; replaces --profile and the workload): "
+                      "quickstart (the README's quick start: MLP hidden=512 on digits, B=256, one worker 4x slower) or "
+                      "hl8-fixed (HL8 with the CNN and 20 ms of CPU per step on every worker)")
     what.add_argument("--no-baselines", action="store_true",
                       help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
     what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")
@@ -89,8 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--lr", type=positive_float, help="learning rate (default: bsp 0.02, asp 0.1)")
     job.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, BSP and baselines (default: 0.9)")
     job.add_argument("--seed", type=int, default=0, help="model initialisation and data split (default: 0)")
-    job.add_argument("--adjust-every", type=_adjust_every, default="epoch", metavar="{epoch,N}",
-                     help="controller granularity passed to ps-server (default: epoch)")
+    job.add_argument("--adjust-every", type=_adjust_every, metavar="{epoch,N}",
+                     help="controller granularity passed to ps-server (default: epoch; --case quickstart: 5)")
     job.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                      help="extra ps-server argument, repeatable (e.g. --server-arg=--deadband=0.05)")
     emu = p.add_argument_group("emulation")
@@ -122,7 +126,10 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         raise SystemExit("hetero: error: choose one of --tta and --schedule")
     if args.baselines and args.no_baselines:
         raise SystemExit("hetero: error: choose one of --baselines and --no-baselines")
-    profile = load_profile(args.profile)
+    if args.case and (args.tta is not None or args.schedule or args.mode != "bsp"):
+        raise SystemExit("hetero: error: --case is a BSP throughput case: leave out --tta, --schedule and --mode asp")
+    case = CASES.get(args.case or "")
+    profile = load_profile(case.profile if case else args.profile)
     schedule = load_schedule(args.schedule) if args.schedule else None
     if schedule is not None and args.every_epochs:
         schedule = schedule.every(epochs=args.every_epochs)
@@ -132,7 +139,9 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         profile = schedule.phases[0]
     profile.allocation(args.mode)  # ValueError if the profile lacks the mode
     tta = args.tta is not None
-    if args.tiny:
+    if case is not None:  # small enough for --tiny as it is
+        workload = case.workload
+    elif args.tiny:
         workload = Workload(model="cnn", model_args=("width=8",), dataset="synthetic",
                             dataset_args=("size=320", "image_size=16"), global_batch=64)
         if tta:
@@ -143,7 +152,7 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         workload = Workload(model="cnn", model_args=("width=96",), dataset="digits", dataset_args=(), global_batch=512)
     else:
         workload = Workload()
-    lr = args.lr if args.lr is not None else (0.1 if args.mode == "asp" else Workload.lr if not tta else 0.1)
+    lr = args.lr if args.lr is not None else (0.1 if args.mode == "asp" else (case.workload.lr if case else Workload.lr) if not tta else 0.1)
     workload = replace(
         workload,
         model=args.model or workload.model,
@@ -159,19 +168,22 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
     elif tta:
         epochs = args.epochs or (3 if args.tiny else 60)
         default_runs = ["uniform", "dynamic"]
+    elif case is not None:
+        epochs = args.epochs or (2 if args.tiny else case.epochs)
+        default_runs = ["dynamic", "model"]
     else:
         epochs = args.epochs or (2 if args.tiny else 12)
         default_runs = CONTROLLERS[args.mode]
     controllers = [c.strip() for c in args.controllers.split(",") if c.strip()] if args.controllers else default_runs
-    allowed = set(CONTROLLERS[args.mode]) | set(OPT_IN[args.mode]) if schedule is None and not tta else {"uniform", "static", "dynamic"}
+    allowed = set(CONTROLLERS[args.mode]) | set(OPT_IN[args.mode]) if schedule is None and not tta else set(POLICIES)
     unknown = [c for c in controllers if c not in allowed]
     if unknown or not controllers:
         raise SystemExit(f"hetero: error: --controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
-    baselines = (args.mode == "bsp" and schedule is None and not tta) if not (args.baselines or args.no_baselines) \
-        else args.baselines
+    baselines = (args.mode == "bsp" and schedule is None and not tta and case is None) \
+        if not (args.baselines or args.no_baselines) else args.baselines
     return Settings(
         mode=args.mode, profile=profile, schedule=schedule, tta=args.tta, workload=workload, epochs=epochs,
-        controllers=controllers, adjust_every=args.adjust_every,
+        controllers=controllers, adjust_every=args.adjust_every or (case.adjust_every if case else "epoch"),
         cpu_budget=args.cpu_budget or default_cpu_budget(), server_share=args.server_share, period_us=args.period_us,
         limiter=args.limiter or ("slowdown" if args.tiny and schedule is None else "auto"),
         baselines=baselines,
@@ -189,6 +201,8 @@ def report_name(s: Settings) -> str:
         return f"hetero-{s.mode}-schedule-{s.schedule.name}"
     if s.tta is not None:
         return f"hetero-{s.mode}-{s.profile.name}-tta"
+    if s.profile.name in CASES:
+        return f"hetero-case-{s.profile.name}"
     return f"hetero-{s.mode}-{s.profile.name}"
 
 

@@ -9,12 +9,14 @@ from typing import Any
 from benchmarks import analysis
 from benchmarks.hetero.baselines import measure_ddp, measure_ideal
 from benchmarks.hetero.compose import COMPOSE_SUFFIX, run_compose
-from benchmarks.hetero.runs import RUN_VARIANTS, Run, run_cluster
+from benchmarks.hetero.policies import compare, measured_costs, policy_record
+from benchmarks.hetero.runs import CASES, RUN_VARIANTS, Run, run_cluster
 from benchmarks.hetero.settings import Emulation, Settings, log
 from deploy.profiles import scale
 
 
 SOURCE = "issue targets (design.md §7 anchors)"
+POLICY_SOURCE = "issue targets (design.md §9, model-based split)"
 
 
 BALANCE_TOLERANCE = 0.1
@@ -56,6 +58,8 @@ def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dic
         "trace": [{"epoch": e["epoch"], "samples_per_s": e["samples_per_s"], "batch_sizes": e["batch_sizes"],
                    "compute_ms": e["compute_ms"]} for e in epochs],
     }
+    if controller in ("dynamic", "model"):
+        record["policy"] = policy_record(events)
     if s.mode == "asp":
         # max/min pushes per worker in the last epoch; null when a worker made none (unbounded)
         record["update_skew"] = _round(analysis.spread(last.get("updates")))
@@ -87,6 +91,7 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
         timings["ddp_uniform"] = round(time.monotonic() - t, 1)
     report["ideal"], report["ddp_uniform"] = ideal, ddp
     runs: dict[str, Any] = {}
+    events_of: dict[str, list[dict]] = {}
     for name in s.controllers:
         controller, extra = RUN_VARIANTS.get(name, (name, []))
         t = time.monotonic()
@@ -95,6 +100,7 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
         else:
             run = run_cluster(s, emu, f"{s.mode}-{name}", controller, extra_server_args=extra)
         runs[name] = summarize(s, emu, run, controller, ideal, ddp)
+        events_of[name] = run.events
         if name.endswith(COMPOSE_SUFFIX):
             runs[name]["limiting"] = run.limiting
         if name == "dynamic_no_lr_scaling":
@@ -106,7 +112,14 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
         for name, r in runs.items() if name.endswith(COMPOSE_SUFFIX)
     } or None
     dyn = runs.get("dynamic", {})
-    if s.mode == "bsp":
+    model_runs = [name for name in runs if RUN_VARIANTS.get(name, (name, []))[0] == "model"]
+    costs = measured_costs(events_of[model_runs[0]]) if model_runs and s.mode == "bsp" else None
+    if costs is not None:
+        report["policy_comparison"] = compare(*costs, s.workload.global_batch, 1,
+                                              {name: r["batch_sizes"] or {} for name, r in runs.items()})
+    if s.profile.name in CASES:
+        report["targets"] = case_targets(s.profile.name, runs, report.get("policy_comparison"))
+    elif s.mode == "bsp":
         report["targets"] = [
             analysis.target(f"{s.profile.name} BSP dynamic ratio_to_ideal", dyn.get("ratio_to_ideal"), ">=", 0.85, SOURCE),
             analysis.target(f"{s.profile.name} BSP dynamic ratio_to_ddp_uniform", dyn.get("ratio_to_ddp_uniform"), ">=", 2.5,
@@ -122,6 +135,31 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
             "accuracy_with": dyn.get("accuracy"),
             "accuracy_without": runs.get("dynamic_no_lr_scaling", {}).get("accuracy"),
         }
+
+
+def case_targets(case: str, runs: dict[str, Any], comparison: dict[str, Any] | None) -> list[dict]:
+    """The issue's targets for a batch-policy case (model against dynamic, both against the optimum)."""
+    model, dyn = runs.get("model", {}), runs.get("dynamic", {})
+    rate = model.get("samples_per_s")
+    ratio = None if not rate or not dyn.get("samples_per_s") else round(rate / dyn["samples_per_s"], 4)
+    policy = model.get("policy", {})
+    of_optimum = ((comparison or {}).get("runs", {}).get("model") or {}).get("of_optimum")
+    targets = [
+        analysis.target(f"{case}: model samples/s over dynamic", ratio, ">=", 1.1 if case == "quickstart" else 1.0,
+                        POLICY_SOURCE),
+        analysis.target(f"{case}: model's final plan of the optimum round", of_optimum, ">=", 0.95, POLICY_SOURCE),
+        analysis.target(f"{case}: model decisions after the probe rounds (besides re-probes of a parked worker)",
+                        policy.get("decisions_after_probe_besides_reprobes"), "<=", 1, POLICY_SOURCE),
+        analysis.target(f"{case}: model busy-time spread above the minimum batch",
+                        policy.get("busy_spread_above_min_batch"), "<=", 1.1, POLICY_SOURCE),
+        analysis.target(f"{case}: model median |predicted - measured| round", policy.get("prediction_error_median"),
+                        "<=", 0.05, POLICY_SOURCE),
+    ]
+    if case == "hl8-fixed":
+        decisions = dyn.get("policy", {}).get("decisions")
+        fewer = None if decisions is None or policy.get("decisions") is None else policy["decisions"] - decisions
+        targets.append(analysis.target(f"{case}: model decisions minus dynamic's", fewer, "<=", -1, POLICY_SOURCE))
+    return targets
 
 
 def bench_schedule(s: Settings, emu: Emulation, report: dict) -> None:

@@ -7,12 +7,40 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from benchmarks.hetero.settings import Emulation, Settings, log
+from benchmarks.workload import Workload
+
+PROFILES = Path(__file__).resolve().parent / "profiles"
+"""The cases' profiles."""
 
 
 CONTROLLERS = {"bsp": ["uniform", "static", "dynamic"], "asp": ["uniform", "dynamic", "dynamic_no_lr_scaling"]}
+POLICIES = ("uniform", "static", "dynamic", "model")
+"""The batch policies (ps-server --controller): what --schedule and --tta runs take."""
+
+
+@dataclass(frozen=True)
+class Case:
+    """A batch-policy case (--case): its profile (benchmarks/hetero/profiles/), workload, epochs and
+    decision granularity."""
+
+    profile: Path
+    workload: Workload
+    epochs: int
+    adjust_every: str
+
+
+CASES = {
+    # the README's quick start
+    "quickstart": Case(PROFILES / "quickstart.yaml",
+                       Workload(model="mlp", model_args=("hidden=512",), dataset="digits", dataset_args=(),
+                                global_batch=256, lr=0.1), epochs=20, adjust_every="5"),
+    # HL8 with the default CNN workload and a fixed per-step cost on every worker
+    "hl8-fixed": Case(PROFILES / "hl8-fixed.yaml", Workload(), epochs=12, adjust_every="epoch"),
+}
 
 
 # runs that are a controller plus server flags; dynamic_allreduce (the BSP collective fast path) is opt-in:
@@ -31,9 +59,9 @@ RUN_VARIANTS = {
 }
 
 
-OPT_IN = {"bsp": ["dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
+OPT_IN = {"bsp": ["model", "dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
                   "uniform_compose", "dynamic_compose"],
-          "asp": ["dynamic_busy", "dynamic_compute", "uniform_compose", "dynamic_compose"]}
+          "asp": ["model", "dynamic_busy", "dynamic_compute", "uniform_compose", "dynamic_compose"]}
 
 
 POLL_S = 0.1
@@ -75,8 +103,9 @@ def run_cluster(
 
     # static declares each worker's cores (Eq. 4a); the launcher also passes them, this makes it explicit
     workers = [
-        WorkerSpec(n, share, extra_args=("--cores", repr(float(share))) if controller == "static" else ())
-        for n, share in zip(emu.names, emu.shares, strict=True)
+        WorkerSpec(n, share, extra_args=(*(("--cores", repr(float(share))) if controller == "static" else ()),
+                                         *emu.worker_args[i]))
+        for i, (n, share) in enumerate(zip(emu.names, emu.shares, strict=True))
     ]
     run = Run(name)
     workdir = s.workdir / "runs" / name

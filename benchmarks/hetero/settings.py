@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from benchmarks.workload import Workload
@@ -58,6 +58,7 @@ class Emulation:
     period_us: int
     backend: CgroupBackend | None
     limiter: str  # what LocalCluster is told: "cgroup" or "slowdown"
+    worker_args: list[tuple[str, ...]] = field(default_factory=list)  # per worker: its fixed cost's flag
 
     @property
     def limiting(self) -> str:
@@ -88,7 +89,9 @@ def resolve_emulation(s: Settings) -> Emulation:
         raise SystemExit("hetero: error: --schedule rewrites quotas while workers run: it needs a writable cgroup "
                          "CPU controller (the slowdown fallback is fixed at start)")
     names = [f"w{k}" for k in range(len(shares))]
-    return Emulation(names, shares, server_share, period, backend, "cgroup" if backend is not None else "slowdown")
+    worker_args = [allocation.worker_args(i) for i in range(len(shares))]
+    return Emulation(names, shares, server_share, period, backend, "cgroup" if backend is not None else "slowdown",
+                     worker_args)
 
 
 def static_split(shares: Sequence[float], total: int) -> list[int]:

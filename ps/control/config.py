@@ -1,4 +1,4 @@
-"""The batch controller's settings (ControllerConfig, validated on construction), the policy names,
+"""The batch policy's settings (ControllerConfig, validated on construction), the policy names,
 and the settings that differ between two configs (what a resume with other flags changes)."""
 
 from __future__ import annotations
@@ -9,16 +9,17 @@ from typing import Any, Literal
 from ps.control.checks import integer, real
 
 
-Policy = Literal["uniform", "static", "dynamic"]
+Policy = Literal["uniform", "static", "dynamic", "model"]
 StartPolicy = Literal["uniform", "static"]
 
-POLICIES: tuple[str, ...] = ("uniform", "static", "dynamic")
+POLICIES: tuple[str, ...] = ("uniform", "static", "dynamic", "model")
+"""The `--controller` names; ps/control/registry.py maps each to its policy class."""
 STARTS: tuple[str, ...] = ("uniform", "static")
 
 
 @dataclass(frozen=True)
 class ControllerConfig:
-    """Settings of a `BatchController`; validated (and numbers normalised) on construction."""
+    """Settings of a batch policy (ps/control/roster.py); validated (and numbers normalised) on construction."""
 
     policy: Policy = "dynamic"
     global_batch: int = 128
@@ -31,6 +32,9 @@ class ControllerConfig:
     min_samples: int = 3
     """Observations at a worker's current batch before the dynamic policy uses its time (moves it or
     counts it in t_bar): one noisy sample right after a batch change is no basis for a decision."""
+    park: bool = True
+    """The model policy in BSP: plan a worker that cannot pay for itself at batch 0 (parked) when the
+    predicted round is shorter without it. Ignored by the other policies and in ASP."""
 
     def __post_init__(self) -> None:
         """Reject settings the controller cannot honour, with a message saying what to change."""
@@ -56,6 +60,8 @@ class ControllerConfig:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"ewma_alpha must be in (0, 1] (1 = newest observation only), got {alpha}")
         min_samples = integer("min_samples", self.min_samples, minimum=1)
+        if not isinstance(self.park, bool):
+            raise ValueError(f"park must be True or False, got {self.park!r}")
         for name, value in (
             ("global_batch", global_batch),
             ("min_batch", min_batch),

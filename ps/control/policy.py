@@ -1,7 +1,9 @@
-"""The batch policy as the coordinator sees it: told who joined and left and what each push took, asked
-for the plan (each worker's batch, summing to the global batch B in BSP), asked to decide at the
-granularity the server chooses, and saved in checkpoints. BatchController (controller.py) is one;
-the coordinator (ps/rounds) knows policies only through this interface."""
+"""The batch policy as the coordinator sees it: told who joined and left and what each push and each
+round took, asked for the plan (each worker's batch, summing to the global batch B in BSP; 0 for a
+parked worker), asked to decide at the granularity the server chooses or when the policy says a
+decision is due, asked what its last decision was based on (for the metrics log), and saved in
+checkpoints. Every policy (ps/control/roster.py's subclasses, built by ps/control/registry.py) is
+one; the coordinator (ps/rounds) knows policies only through this interface."""
 
 from __future__ import annotations
 
@@ -38,20 +40,30 @@ class BatchPolicy(Protocol):
         """Split B over the current workers; the plan."""
 
     def plan(self) -> dict[str, int]:
-        """Each worker's batch."""
+        """Each worker's batch (0: parked, it skips rounds)."""
 
-    def observe(self, worker_id: str, batch: int, compute_ms: float) -> None:
-        """What a push of `batch` samples took."""
+    def parked(self) -> list[str]:
+        """The workers planned at batch 0."""
+
+    def observe(self, worker_id: str, batch: int, compute_ms: float, exposed_ms: float = 0.0) -> None:
+        """What a push of `batch` samples took: the time the policy balances, and `exposed_ms`, the
+        communication the worker waited for between its last backward and this forward (ms; 0 when
+        not measured, as on ASP and the --allreduce fast path)."""
+
+    def observe_round(self, round_ms: float) -> None:
+        """A BSP round closed, `round_ms` after the previous one (the server's clock)."""
 
     def smoothed_ms(self) -> dict[str, float | None]:
         """Each worker's smoothed time at its current batch (None: not measured yet)."""
 
+    def decision_due(self) -> bool:
+        """Whether the policy wants a decision now, ahead of the server's schedule."""
+
     def adjust(self) -> dict[str, int]:
         """One decision; the (possibly unchanged) plan."""
 
+    def report(self) -> dict[str, Any]:
+        """What the last decision or replan was based on: fields for its `adjust` record."""
+
     def state_dict(self) -> dict[str, Any]:
         """The whole state, as plain data, for a checkpoint."""
-
-    def with_config(self, config: ControllerConfig) -> BatchPolicy:
-        """The same workers and measurements under `config` (a resume with other settings)."""
-

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from ps.control.policy import BatchPolicy
+from ps.control.registry import reconfigured
+from ps.control.roster import Roster
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.rounds.epochs import Epochs
 from ps.rounds.fast_path import FastPath
@@ -22,7 +23,7 @@ class Admission:
         self.epochs = epochs
         self.fast_path = fast_path
         self.started = asyncio.Event()
-        self.saved_controller: BatchPolicy | None = None  # a checkpoint's, until the start
+        self.saved_controller: Roster | None = None  # a checkpoint's, until the start
 
     def check(self, name: str, cores: float, cuda_device: str | None) -> None:
         """Refuse a join, changing nothing. `cuda_device`: the UUID of the GPU the worker computes on
@@ -46,7 +47,7 @@ class Admission:
 
     def start_resumed(self) -> bool:
         """Start with the checkpoint's plan if the workers starting the job are the checkpoint's: its
-        controller under this server's settings (BatchController.with_config), every waiting worker
+        policy under this server's settings (ps.control.registry.reconfigured), every waiting worker
         in. False: the job starts with a new plan."""
         s = self.state
         names = {m.name for m in s.membership.pending.values()}
@@ -54,7 +55,7 @@ class Admission:
         if saved is None or set(saved.workers()) != names:
             return False
         # the command line's settings, the checkpoint's measurements
-        s.controller = saved.with_config(s.controller.config)
+        s.controller = reconfigured(saved, s.controller.config)
         for member in list(s.membership.pending.values()):
             s.membership.activate(member.worker_id)
             member.activated.set()

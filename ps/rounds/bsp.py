@@ -1,7 +1,9 @@
 """The open BSP round: who pushed, the batch-weighted sum of their gradients (with --allreduce: the
 samples they reported, the workers having stepped themselves), the future every push of the round
 waits on, and when the last round's replies went out (--balance cycle times a worker's cycle from
-there). The coordinator closes the round once every member pushed, then steps and opens the next."""
+there). The coordinator closes the round once every member the plan gives a batch pushed (a parked
+worker is not waited for: parking.py), then steps and opens the next; the batch policy is told how
+long each round took, close to close."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import asyncio
 
 from ps.errors import FailedPrecondition
 from ps.params.aggregation import WeightedMean
+from ps.rounds.parking import Parking
 from ps.rounds.membership import Member
 from ps.rounds.state import JobState
 from ps.transport.chunked import Vector
@@ -18,9 +21,10 @@ from ps.transport.messages import PushMeta
 class BspRound:
     """The open round's state; a new round starts from `next_round`."""
 
-    def __init__(self, state: JobState) -> None:
+    def __init__(self, state: JobState, parking: Parking) -> None:
         spec = state.spec
         self.state = state
+        self.parking = parking
         # the round's sum (None with --allreduce, and on ASP jobs)
         self.accumulator = (WeightedMean(state.own_numel, scale=spec.global_batch)
                             if spec.mode == "bsp" and not spec.allreduce else None)
@@ -30,6 +34,7 @@ class BspRound:
         self.future: asyncio.Future[bool] | None = None
         self.replies_sent_at: float | None = None  # --balance cycle: when the open round's replies went out
         self.replied: set[str] = set()  # --balance cycle: the workers they went to (who pushed the last round)
+        self.closed_at: float | None = None  # when the last round closed (the policy's round time)
         self.committing = False  # --shards: the round's commit is under way
         self.commit_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
 
@@ -67,8 +72,8 @@ class BspRound:
         return self.future
 
     def all_pushed(self) -> bool:
-        """Every active member pushed for the open round."""
-        return self.pushed >= set(self.state.members)
+        """Every active member the plan gives a batch pushed for the open round."""
+        return self.pushed >= self.parking.required()
 
     def pushes(self) -> int:
         """How many pushes (allreduce: samples reported) the open round holds."""
@@ -103,7 +108,12 @@ class BspRound:
         return batch
 
     def next_round(self) -> None:
-        """The open round's pushers become the last round's repliers; nobody has pushed the next."""
+        """The open round's pushers become the last round's repliers; nobody has pushed the next. The
+        policy hears how long the round took since the one before closed."""
+        now = self.state.clock()
+        if self.closed_at is not None:
+            self.state.controller.observe_round(max(0.0, (now - self.closed_at) * 1000.0))
+        self.closed_at = now
         self.replied = set(self.pushed)
         self.pushed.clear()
         self.contributions.clear()
@@ -114,6 +124,7 @@ class BspRound:
         future, self.future = self.future, None
         if future is not None and not future.done():
             future.set_result(True)
+        self.parking.wake()
 
     def abort(self) -> None:
         """Drop the open round's partial sum (the job stops)."""

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from ps.control.controller import BatchController
+from ps.control.registry import policy_from_state
+from ps.control.roster import Roster
 from ps.job.spec import JobSpec
 from ps.rounds.state import JobState
 from ps.shards.ranges import slice_optimizer_state
@@ -74,10 +75,13 @@ def _flag_value(value: Any) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
-def saved_controller(checkpoint: dict[str, Any], state: JobState) -> BatchController:
+def saved_controller(checkpoint: dict[str, Any], state: JobState) -> Roster:
     """The checkpoint's controller, once the checkpoint is one of this job's (ValueError otherwise)."""
     resume_changes(checkpoint, state.spec)
-    return BatchController.from_state_dict(checkpoint["controller"])
+    try:
+        return policy_from_state(checkpoint["controller"])
+    except ValueError as exc:
+        raise ValueError(f"the checkpoint's controller state cannot be read: {exc}") from None
 
 
 def load_params(checkpoint: dict[str, Any], state: JobState) -> tuple[torch.Tensor, dict[str, Any]] | None:

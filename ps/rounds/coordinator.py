@@ -36,6 +36,7 @@ from ps.rounds.evaluations import Evaluations
 from ps.rounds.fast_path import FastPath, check_paths
 from ps.rounds.job_end import JobEnd
 from ps.rounds.membership import Member, Membership
+from ps.rounds.parking import Parking
 from ps.rounds.push_checks import PushChecks
 from ps.rounds.rendezvous import Rendezvous
 from ps.rounds.reports import status, summary
@@ -104,7 +105,8 @@ class Coordinator(JobState):
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
         self.store.before_change.append(self.payload.complete)  # a reply in flight sends its version whole
         self.fast_path = FastPath(self, fast_path_on_gpus)
-        self.bsp = BspRound(self)
+        self.parking = Parking(self)
+        self.bsp = BspRound(self, self.parking)
         self.asp = AspUpdates(self, max_staleness)
         self.epochs = Epochs(self, len(dataset.train_x), adjust_every, checkpoint_every)
         self.admission = Admission(self, self.epochs, self.fast_path)
@@ -273,7 +275,7 @@ class Coordinator(JobState):
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: Vector) -> StepReply:
         ms = self.bsp.balanced_ms(member, meta)
         if ms is not None:
-            self.controller.observe(member.name, meta.batch_size, ms)
+            self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=meta.exposed_ms)
         self.bsp.add(member, meta, grad)
         self.epochs.count_push(member, ms, meta.batch_size)
         future = self.bsp.mark_pushed(member)
@@ -342,6 +344,10 @@ class Coordinator(JobState):
         payload = FramedChunks(TensorSource(state), "float32", self.payload.frame, self.payload.chunk_bytes)
         return replace(reply, num_values=state.numel(), payload=payload)
 
+    async def wait_for_batch(self, worker_id: str, secret: str) -> None:
+        """A parked worker's long poll (ps.rounds.parking): returns once the plan gives it a batch."""
+        await self.parking.wait_for_batch(self.member(worker_id, secret))
+
     @property
     def params_dtype(self) -> str:
         """Wire dtype of the parameters the server sends (allreduce: fp32, they seed every worker's copy)."""
@@ -372,18 +378,9 @@ class Coordinator(JobState):
             self.end.told_done.add(member.worker_id)
         self._tell(member, batch)
         return StepReply(
-            round=self.round,
-            version=self.version,
-            epoch=self.epoch,
-            batch_size=batch,
-            done=self.done,
-            lr=lr,
-            global_batch=global_batch,
-            wire_dtype=self.params_dtype,
-            num_values=self.own_numel if params else 0,
-            payload=self._current_payload() if params else self.payload.empty(),
-            reason=self.reason,
-            group=group,
+            round=self.round, version=self.version, epoch=self.epoch, batch_size=batch, done=self.done, lr=lr,
+            global_batch=global_batch, wire_dtype=self.params_dtype, num_values=self.own_numel if params else 0,
+            payload=self._current_payload() if params else self.payload.empty(), reason=self.reason, group=group,
             snapshot_requested=self.whole_model.snapshot_requested and group.rank == 0 and group.world_size > 0,
         )
 

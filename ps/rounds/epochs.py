@@ -46,9 +46,11 @@ class Epochs:
         return self.state.samples >= (self.state.epoch + 1) * self.samples_per_epoch
 
     def adjust_due(self) -> bool:
-        """--adjust-every N: N steps since the last decision (ASP: N updates per worker)."""
+        """--adjust-every N: N steps since the last decision (ASP: N updates per worker); or the policy
+        asks for one now (a probe measured)."""
         per_worker = 1 if self.state.spec.mode == "bsp" else max(1, len(self.state.members))
-        return self.adjust_every is not None and self.steps_since_adjust >= self.adjust_every * per_worker
+        scheduled = self.adjust_every is not None and self.steps_since_adjust >= self.adjust_every * per_worker
+        return scheduled or self.state.controller.decision_due()
 
     def checkpoint_due(self) -> bool:
         """--checkpoint-every N: N steps since the last checkpoint."""
@@ -99,7 +101,8 @@ class Epochs:
         self.log_adjust(changed=after != before, smoothed=smoothed)
 
     def log_adjust(self, changed: bool, smoothed: dict[str, float | None] | None = None) -> None:
-        """One `adjust` event: the plan after the decision and the smoothed times it was based on."""
+        """One `adjust` event: the plan after the decision and the smoothed times it was based on, with
+        what the policy reports of it (the model policy: its fits and predicted round)."""
         s = self.state
         smoothed = s.controller.smoothed_ms() if smoothed is None else smoothed
         s.metrics.write(
@@ -110,4 +113,5 @@ class Epochs:
             compute_ms={name: round(t, 3) for name, t in smoothed.items() if t is not None},
             changed=changed,
             adjustments=s.controller.adjustments,
+            **s.controller.report(),
         )

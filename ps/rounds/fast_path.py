@@ -7,12 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+from ps.control.registry import reconfigured
 from ps.job.spec import JobSpec
 from ps.rounds.membership import Member
 from ps.rounds.rendezvous import Rendezvous, fast_path_fits, hub_rank
 from ps.rounds.state import JobState
 from ps.shards.client import RemoteShards
 from ps.transport.messages import GroupInfo
+
+
+PARKING_OFF = "the --allreduce fast path's process group holds every member, so no worker can skip a round"
 
 
 def check_paths(spec: JobSpec, rendezvous: Rendezvous | None, shards: RemoteShards | None,
@@ -56,6 +60,9 @@ class FastPath:
         if rendezvous is not None:
             s.spec = replace(s.spec, allreduce=True, balance="compute")
             s.rendezvous = rendezvous
+            if s.controller.config.park:  # the process group has every member: no parked ranks
+                s.controller = reconfigured(s.controller, replace(s.controller.config, park=False))
+                s.metrics.write("parking", on=False, why=PARKING_OFF, step=s.step, epoch=s.epoch)
         s.metrics.write("path", allreduce=rendezvous is not None, why=why, balance=s.spec.balance, step=s.step,
                         epoch=s.epoch)
         return rendezvous is not None

@@ -28,6 +28,7 @@ def summary(state: JobState, start_time: float | None, end_time: float | None, a
         "loss": loss,
         "adjustments": s.controller.adjustments,
         "batch_sizes": s.controller.plan(),
+        "parked": s.controller.parked(),
         "update_counts": {m.name: m.updates for m in s.members.values()},
         "reason": s.reason,
     }
@@ -61,6 +62,7 @@ def status(state: JobState, path: str, accuracy: float | None) -> dict[str, Any]
                 "compute_ms": smoothed.get(m.name) or 0.0,
                 "updates": m.updates,
                 "mean_staleness": m.staleness_sum / m.updates if m.updates else 0.0,
+                "parked": plan.get(m.name) == 0,
             }
             for m in s.members.values()
         ],

@@ -26,6 +26,7 @@ class PushMeta:
     kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
     generation: int = 0  # a report's group generation (0: not said)
     secret: str = ""  # the worker's secret from Join (ps.transport.worker_keys)
+    exposed_ms: float = 0.0  # blocked on communication between the last backward and this forward (0: unknown)
 
 
 @dataclass(frozen=True)

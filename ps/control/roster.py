@@ -1,10 +1,11 @@
-"""Batch controller: per-worker batch sizes from measured compute times (design.md section 5).
+"""The workers a batch policy plans for, and what every policy shares: their declared cores and batch
+bounds, their current batch, the smoothed time and throughput measured at it, the exact-sum split of
+the global batch B within the bounds, and the policy's state as plain data for checkpoints.
 
-A pure state machine: the server tells it who joined or left and how long each worker took to compute
-its batch, and asks it for batch sizes. It has no I/O, no clock and no transport, so every rule
-(Eq. 4a static split, Eq. 6 proportional control, Eq. 7 deadband, Eq. 8 exact global batch) can be
-unit- and property-tested in isolation. The rules are in split.py and proportional.py; its settings in
-config.py.
+`Roster` is the base of every policy (uniform.py, static.py, dynamic.py, model.py). A policy says
+how B is split when the workers change (`_plan_weights`, or `replan` itself) and what one decision
+does (`_decide`); the roster does the bookkeeping, the bounds and the sum rule (design.md §5, Eq. 8)
+and validates every input before it changes anything. Pure: no I/O, no clock, no transport.
 """
 
 from __future__ import annotations
@@ -12,15 +13,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from ps.control.checks import integer, positive, real
 from ps.control.config import ControllerConfig
-from ps.control.proportional import outside_deadband, proportional_targets, total_preserving
-from ps.control.split import clip, fit_to_sum, largest_remainder, round_half_up, round_to_sum, water_fill
+from ps.control.split import clip, fit_to_sum, largest_remainder
 
 STATE_VERSION = 1
-"""Format version written by `BatchController.state_dict` and required by `from_state_dict`."""
+"""Format version written by `Roster.state_dict` and required by `from_state_dict`."""
 
 _WORKER_KEYS = frozenset({"id", "cores", "min_batch", "max_batch", "batch", "ewma_ms", "throughput"})
 _OPTIONAL_WORKER_KEYS = frozenset({"samples"})  # absent from states written before it was kept
@@ -28,8 +28,8 @@ _STATE_KEYS = frozenset({"version", "config", "workers", "adjustments"})
 
 
 @dataclass
-class _Worker:
-    """Controller-side record of one worker.
+class Worker:
+    """The roster's record of one worker.
 
     `throughput` (samples per ms at the latest observation) survives batch changes, unlike the
     EWMA, so that a replan after a membership change can still use it. `samples` counts the
@@ -45,21 +45,31 @@ class _Worker:
     samples: int = 0
 
 
-class BatchController:
-    """Plans per-worker batch sizes and corrects them from observed compute times (OmniLearn-style).
+class Roster:
+    """Workers, bounds, the plan and its exact sum; the base of every batch policy.
 
     Usage: `add_worker`/`remove_worker` on membership changes, then `replan`; `observe` every push;
     `adjust` at the chosen granularity (e.g. each epoch). Every plan sums exactly to `global_batch`;
     without `keep_global_sum` (ASP) only where the bounds allow it, and B out of their reach is no error.
     """
 
+    name: ClassVar[str] = ""
+    """The `--controller` name of the policy (the registry's key)."""
+    parks: ClassVar[bool] = False
+    """Whether the policy may plan a batch of 0 (a parked worker)."""
+    extra_state_keys: ClassVar[frozenset[str]] = frozenset()
+    """Top-level state keys of the policy's own, beside the roster's."""
+
     def __init__(self, config: ControllerConfig) -> None:
         if not isinstance(config, ControllerConfig):
             raise ValueError(f"config must be a ControllerConfig, got {type(config).__name__}")
+        if config.policy != self.name:
+            raise ValueError(f"a {self.name} policy cannot run under policy {config.policy!r}; build it from the registry")
         self._config = config
-        self._workers: dict[str, _Worker] = {}
+        self._workers: dict[str, Worker] = {}
         self._adjustments = 0
 
+    # ------------------------------------------------------------------ the interface
     @property
     def config(self) -> ControllerConfig:
         """The (immutable) settings."""
@@ -98,7 +108,8 @@ class BatchController:
                 f"cannot add {worker_id!r}: the workers' min_batch would sum to {self._floor_sum(lo)} > global_batch "
                 f"{cfg.global_batch}; lower min_batch or raise global_batch"
             )
-        self._workers[worker_id] = _Worker(cores=c, min_batch=lo, max_batch=hi)
+        self._workers[worker_id] = Worker(cores=c, min_batch=lo, max_batch=hi)
+        self._added(worker_id)
 
     def can_add(self, count: int = 1) -> bool:
         """Whether `count` more workers with the default min_batch fit: with `keep_global_sum` every
@@ -106,24 +117,19 @@ class BatchController:
         cfg = self._config
         return not cfg.keep_global_sum or self._floor_sum(count * cfg.min_batch) <= cfg.global_batch
 
-    def _floor_sum(self, extra: int) -> int:
-        """The registered workers' min_batch summed, plus `extra`."""
-        return extra + sum(w.min_batch for w in self._workers.values())
-
     def remove_worker(self, worker_id: str) -> None:
         """Forget a worker (left or failed); call `replan` to re-split its share of B."""
         if worker_id not in self._workers:
             raise ValueError(f"unknown worker {worker_id!r}")
         del self._workers[worker_id]
+        self._removed(worker_id)
 
     def replan(self) -> dict[str, int]:
-        """Build the plan over the current workers and return it.
+        """Split B over the current workers by the policy's `_plan_weights` and return the plan.
 
-        uniform: equal split; static: Eq. 4a, b_k proportional to cores; dynamic: the workers'
-        measured throughputs where known (a worker without one is estimated by `dynamic_start`
-        relative to the measured ones), else `dynamic_start`. The split of B is fitted to the bounds
-        with an exact sum (ASP whose bounds cannot meet B: rounded and clipped). Raises ValueError, changing nothing,
-        if the workers' max_batch cannot reach B under `keep_global_sum`.
+        The split is fitted to the bounds with an exact sum (ASP whose bounds cannot meet B: rounded
+        and clipped). Raises ValueError, changing nothing, if the workers' max_batch cannot reach B
+        under `keep_global_sum`.
         """
         if not self._workers:
             return {}
@@ -131,59 +137,65 @@ class BatchController:
         return self.plan()
 
     def plan(self) -> dict[str, int]:
-        """Current batch size of every planned worker (a copy)."""
+        """Current batch size of every planned worker (a copy; 0: parked)."""
         return {k: w.batch for k, w in self._workers.items() if w.batch is not None}
 
-    def observe(self, worker_id: str, batch: int, compute_ms: float) -> None:
-        """Feed one compute-time measurement (fetch + forward + backward) into the worker's EWMA.
+    def parked(self) -> list[str]:
+        """The workers planned at batch 0: joined, but skipping rounds."""
+        return [k for k, w in self._workers.items() if w.batch == 0]
 
-        Ignored when `batch` is not the worker's planned batch: it was computed under an older plan.
-        Raises ValueError, changing nothing, on an unknown worker, batch <= 0 or a time that is not
-        finite and >= 0.
+    def observe(self, worker_id: str, batch: int, compute_ms: float, exposed_ms: float = 0.0) -> None:
+        """Feed one measurement into the worker's EWMA: `compute_ms` is the time the policy balances
+        (compute, busy or cycle time, by the job's --balance); `exposed_ms`, where the worker overlaps
+        its push with backward, the communication it was left waiting for (ms; 0: not measured, as on
+        ASP, the --allreduce fast path and a job without overlap).
+
+        The EWMA ignores a `batch` that is not the worker's planned batch (computed under an older
+        plan; a policy that fits time against batch may still use it). Raises ValueError, changing
+        nothing, on an unknown worker, batch <= 0 or a time that is not finite and >= 0.
         """
-        if worker_id not in self._workers:
-            raise ValueError(f"unknown worker {worker_id!r}")
-        b = integer("batch", batch, minimum=1)
-        ms = real("compute_ms", compute_ms)
-        if ms < 0:
-            raise ValueError(f"compute_ms must be >= 0, got {ms}")
+        ms, exposed = self._check_observation(worker_id, batch, compute_ms, exposed_ms)
+        self._record(worker_id, int(batch), ms, exposed)
         w = self._workers[worker_id]
-        if w.batch is None or b != w.batch:
+        if w.batch is None or batch != w.batch:
             return
         alpha = self._config.ewma_alpha
         w.ewma_ms = ms if w.ewma_ms is None else alpha * ms + (1.0 - alpha) * w.ewma_ms
         w.samples += 1
-        throughput = b / w.ewma_ms if w.ewma_ms > 0 else math.inf
+        throughput = batch / w.ewma_ms if w.ewma_ms > 0 else math.inf
         if math.isfinite(throughput):
             w.throughput = throughput
 
+    def observe_round(self, round_ms: float) -> None:
+        """A BSP round closed `round_ms` after the one before (the server's clock, close to close)."""
+        real("round_ms", round_ms)
+
     def smoothed_ms(self) -> dict[str, float | None]:
-        """EWMA compute time per worker at its current batch (None: no observation since it changed)."""
+        """EWMA time per worker at its current batch (None: no observation since it changed)."""
         return {k: w.ewma_ms for k, w in self._workers.items()}
 
-    def adjust(self) -> dict[str, int]:
-        """Make one controller decision and return the (possibly unchanged) plan.
+    def decision_due(self) -> bool:
+        """Whether the policy wants a decision now, before the server's schedule (a probe measured)."""
+        return False
 
-        uniform/static: no change. dynamic: Eq. 6 targets from the smoothed times of the measured
-        workers (those with `min_samples` observations at their current batch; the others keep their
-        batch and stay out of t_bar); nothing moves unless some worker is outside the Eq. 7 deadband.
-        ASP whose bounds cannot meet B: the movers' targets are rounded and clipped to the bounds.
-        Otherwise (BSP, and ASP within its bounds) the movers
-        are fitted to what the held workers leave of B; if that cannot bring every mover within the
-        deadband of its target (the movers all want to move the same way, a bound binds, or the
-        plan no longer sums to B after a removal), all measured workers are fitted to what the
-        unmeasured ones leave of B instead (everyone, if bounds forbid that), so the sum rule cannot
-        freeze an imbalance. Current batches that already are a rounding of that fit are kept.
+    def adjust(self) -> dict[str, int]:
+        """Make one decision (`_decide`) and return the (possibly unchanged) plan.
+
         Raises ValueError if a worker has no batch yet (call `replan` after `add_worker`).
         """
         unplanned = [k for k, w in self._workers.items() if w.batch is None]
         if unplanned:
             raise ValueError(f"workers {unplanned} have no batch yet; call replan() after add_worker()")
-        if self._config.policy != "dynamic" or not self._workers:
+        if not self._workers:
             return self.plan()
-        if self._apply(self._dynamic_step()):
+        new_plan = self._decide()
+        if new_plan is not None and self._apply(new_plan):
             self._adjustments += 1
         return self.plan()
+
+    def report(self) -> dict[str, Any]:
+        """What the last decision was based on, for its `adjust` record (a policy's own fields)."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """Full state as plain JSON-serialisable data (for checkpoints)."""
@@ -204,15 +216,17 @@ class BatchController:
                 for k, w in self._workers.items()
             ],
             "adjustments": self._adjustments,
+            **self._extra_state(),
         }
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any]) -> BatchController:
-        """Rebuild a controller from `state_dict` output; raises ValueError on malformed or inconsistent state."""
+    def from_state_dict(cls, state: Mapping[str, Any]) -> Roster:
+        """Rebuild a policy from `state_dict` output; raises ValueError on malformed or inconsistent state."""
         if not isinstance(state, Mapping):
             raise ValueError(f"controller state must be a mapping, got {type(state).__name__}")
-        if set(state) != _STATE_KEYS:
-            raise ValueError(f"controller state must have exactly the keys {sorted(_STATE_KEYS)}, got {sorted(state)}")
+        if not _STATE_KEYS <= set(state) <= _STATE_KEYS | cls.extra_state_keys:
+            raise ValueError(f"controller state must have exactly the keys {sorted(_STATE_KEYS | cls.extra_state_keys)}, "
+                             f"got {sorted(state)}")
         if state["version"] != STATE_VERSION:
             raise ValueError(f"unsupported controller state version {state['version']!r} (expected {STATE_VERSION})")
         raw_config = state["config"]
@@ -240,44 +254,101 @@ class BatchController:
             if planned > config.global_batch:
                 raise ValueError(f"planned batches sum to {planned} > global_batch {config.global_batch}")
         ctl._adjustments = integer("adjustments", state["adjustments"], minimum=0)
+        ctl._restore_extra(state)
         return ctl
 
-    def with_config(self, config: ControllerConfig) -> BatchController:
-        """A new controller over the same workers under `config` (a resume with other settings).
+    def adopt(self, old: Roster) -> None:
+        """Take `old`'s workers and measurements into this fresh policy (a resume under new settings).
 
         Each worker keeps its cores and measurements (batch, smoothed time, throughput), and the
         adjustment count carries over; a bound equal to the old config's default (so taken from it)
-        becomes `config`'s, one given per worker stays. The plan is kept only where it still is one
-        of `config`'s: dynamic before and after, the same global batch and sum rule, every batch
-        within its new bounds. Otherwise B is re-split by `replan` (under dynamic, from the measured
-        throughputs). `config` equal to this one's gives a copy. Raises ValueError if the workers'
-        bounds cannot meet `config`'s global batch.
+        becomes this config's, one given per worker stays. The plan is kept only where it still is one
+        of this policy's (`_keeps_plan_of`, and every batch within its new bounds); otherwise B is
+        re-split by `replan`. Raises ValueError if the workers' bounds cannot meet the global batch.
         """
-        old = self._config
-        ctl = BatchController(config)
-        ctl._adjustments = self._adjustments
-        same_job = (old.global_batch, old.keep_global_sum) == (config.global_batch, config.keep_global_sum)
-        replan = config != old and not (same_job and old.policy == config.policy == "dynamic")
-        for wid, w in self._workers.items():
-            lower = None if w.min_batch == old.min_batch else w.min_batch
-            upper = None if w.max_batch == old.default_max_batch else w.max_batch
-            ctl.add_worker(wid, w.cores, lower, upper)
-            new = ctl._workers[wid]
+        if self._workers:
+            raise ValueError("adopt() takes the workers into a policy that has none yet")
+        before, config = old.config, self._config
+        self._adjustments = old.adjustments
+        replan = config != before and not (
+            (before.global_batch, before.keep_global_sum) == (config.global_batch, config.keep_global_sum)
+            and self._keeps_plan_of(old))
+        for wid, w in old._workers.items():
+            lower = None if w.min_batch == before.min_batch else w.min_batch
+            upper = None if w.max_batch == before.default_max_batch else w.max_batch
+            self.add_worker(wid, w.cores, lower, upper)
+            new = self._workers[wid]
             new.throughput = w.throughput
-            if w.batch is not None and new.min_batch <= w.batch <= new.max_batch:
+            if w.batch is not None and (new.min_batch <= w.batch <= new.max_batch or (w.batch == 0 and self._may_park())):
                 new.batch, new.ewma_ms, new.samples = w.batch, w.ewma_ms, w.samples
             elif w.batch is not None:
                 replan = True
+        self._adopted(old)
         if replan:
-            ctl.replan()
-        return ctl
+            self.replan()
+
+    # ------------------------------------------------------------------ what a policy defines
+    def _plan_weights(self) -> dict[str, float]:
+        """Relative share of B per worker for `replan`."""
+        raise NotImplementedError
+
+    def _decide(self) -> dict[str, int] | None:
+        """The plan after one decision (None: unchanged)."""
+        return None
+
+    def _keeps_plan_of(self, old: Roster) -> bool:
+        """Whether `old`'s plan (same B and sum rule) stays a plan of this policy after a resume."""
+        return False
+
+    def _may_park(self) -> bool:
+        """Whether this policy, under its settings, may plan a batch of 0."""
+        return self.parks and self._config.park and self._config.keep_global_sum
+
+    def _record(self, worker_id: str, batch: int, compute_ms: float, exposed_ms: float | None) -> None:
+        """Hook: a checked observation, before the EWMA takes it (`exposed_ms` None: not measured)."""
+
+    def _added(self, worker_id: str) -> None:
+        """Hook: a worker was registered."""
+
+    def _removed(self, worker_id: str) -> None:
+        """Hook: a worker was forgotten."""
+
+    def _adopted(self, old: Roster) -> None:
+        """Hook: `adopt` took `old`'s workers (a policy of the same kind may take its own state too)."""
+
+    def _extra_state(self) -> dict[str, Any]:
+        """The policy's own state keys for `state_dict`."""
+        return {}
+
+    def _restore_extra(self, state: Mapping[str, Any]) -> None:
+        """Load and validate the policy's own state keys (after the roster's)."""
+
+    # ------------------------------------------------------------------ shared helpers
+    def _check_observation(self, worker_id: str, batch: int, compute_ms: float,
+                           exposed_ms: float) -> tuple[float, float | None]:
+        """The checked compute time, and the exposed time (None for 0: not measured)."""
+        if worker_id not in self._workers:
+            raise ValueError(f"unknown worker {worker_id!r}")
+        integer("batch", batch, minimum=1)
+        ms = real("compute_ms", compute_ms)
+        if ms < 0:
+            raise ValueError(f"compute_ms must be >= 0, got {ms}")
+        exposed = real("exposed_ms", exposed_ms)
+        if exposed < 0:
+            raise ValueError(f"exposed_ms must be >= 0, got {exposed}")
+        return ms, exposed if exposed > 0 else None
+
+    def _floor_sum(self, extra: int) -> int:
+        """The registered workers' min_batch summed, plus `extra`."""
+        return extra + sum(w.min_batch for w in self._workers.values())
 
     def _restore_worker(self, worker_id: str, batch: Any, ewma_ms: Any, throughput: Any, samples: Any) -> None:
         """Validate and set the dynamic part of a worker record read from a state dict."""
         w = self._workers[worker_id]
         if batch is not None:
             w.batch = integer(f"batch of {worker_id!r}", batch)
-            if not w.min_batch <= w.batch <= w.max_batch:
+            parked = w.batch == 0 and self._may_park()
+            if not (parked or w.min_batch <= w.batch <= w.max_batch):
                 raise ValueError(f"batch {w.batch} of {worker_id!r} is outside [{w.min_batch}, {w.max_batch}]")
         if ewma_ms is not None:
             if batch is None:
@@ -298,15 +369,18 @@ class BatchController:
             {k: w.max_batch for k, w in self._workers.items()},
         )
 
-    def _plan_weights(self) -> dict[str, float]:
-        """Relative share of B per worker for `replan`."""
-        policy = self._config.policy
-        if policy == "uniform" or (policy == "dynamic" and self._config.dynamic_start == "uniform"):
-            opening = {k: 1.0 for k in self._workers}
-        else:
-            opening = {k: w.cores for k, w in self._workers.items()}
+    def _opening_weights(self) -> dict[str, float]:
+        """The first plan's weights: equal, or the declared cores (`dynamic_start` static)."""
+        if self._config.dynamic_start == "uniform":
+            return {k: 1.0 for k in self._workers}
+        return {k: w.cores for k, w in self._workers.items()}
+
+    def _measured_weights(self) -> dict[str, float]:
+        """The workers' measured throughputs where known, the others estimated from the opening
+        weights on the measured workers' scale; the opening weights when nobody is measured."""
+        opening = self._opening_weights()
         known = {k: w.throughput for k, w in self._workers.items() if w.throughput is not None}
-        if policy != "dynamic" or not known:
+        if not known:
             return opening
         top_known, top_opening = max(known.values()), max(opening.values())
         measured = {k: v / top_known for k, v in known.items()}
@@ -345,57 +419,6 @@ class BatchController:
                 f"the workers' max_batch sum to {ceiling} < global_batch {self._config.global_batch}; "
                 "add workers, raise max_batch or lower global_batch"
             )
-
-    def _dynamic_step(self) -> dict[str, int]:
-        """Next plan under Eq. 6-8 (see `adjust`)."""
-        cfg = self._config
-        current = {k: w.batch for k, w in self._workers.items() if w.batch is not None}
-        times = {k: w.ewma_ms for k, w in self._workers.items()
-                 if w.ewma_ms is not None and w.ewma_ms > 0 and w.samples >= cfg.min_samples}
-        targets = proportional_targets({k: current[k] for k in times}, times)
-        targets = {k: v for k, v in targets.items() if math.isfinite(v)}
-        if not cfg.keep_global_sum:
-            targets = total_preserving(targets, current)
-        movers = [k for k, t in targets.items() if outside_deadband(current[k], t, cfg.deadband)]
-        if not self._exact_sum():
-            lower, upper = self._bounds()
-            moved = {k: clip(round_half_up(targets[k]), lower[k], upper[k]) for k in movers}
-            return {**current, **moved}
-        held_sum = sum(b for k, b in current.items() if k not in movers)
-        fitted = self._fit_subset({k: targets[k] for k in movers}, cfg.global_batch - held_sum, current)
-        if fitted is not None and not any(outside_deadband(fitted[k], targets[k], cfg.deadband) for k in movers):
-            return {**current, **fitted}
-        if not movers and held_sum == cfg.global_batch:
-            return current
-        unmeasured_sum = sum(b for k, b in current.items() if k not in targets)
-        fitted = self._fit_subset(targets, cfg.global_batch - unmeasured_sum, current)
-        if fitted is not None:
-            return {**current, **fitted}
-        self._check_reachable()
-        lower, upper = self._bounds()
-        wanted = {k: targets.get(k, float(b)) for k, b in current.items()}
-        return fit_to_sum(wanted, cfg.global_batch, lower, upper)
-
-    def _fit_subset(
-        self, targets: Mapping[str, float], total: int, current: Mapping[str, int]
-    ) -> dict[str, int] | None:
-        """`fit_to_sum` over the workers in `targets`; None if there are none or their bounds cannot meet `total`.
-
-        Sticky rounding: if the `current` batches already are a rounding of the real-valued fit (each
-        less than one sample from it, same sum), they are kept. Otherwise float noise in near-tied
-        remainders could pass the odd sample back and forth between equally fast workers forever.
-        """
-        if not targets:
-            return None
-        lower = {k: self._workers[k].min_batch for k in targets}
-        upper = {k: self._workers[k].max_batch for k in targets}
-        if not sum(lower.values()) <= total <= sum(upper.values()):
-            return None
-        exact, lo, hi = water_fill(targets, total, lower, upper)
-        kept = {k: current[k] for k in targets}
-        if sum(kept.values()) == total and all(abs(b - exact[k]) < 1.0 for k, b in kept.items()):
-            return kept
-        return round_to_sum(exact, total, lo, hi)
 
     def _apply(self, new_plan: Mapping[str, int]) -> bool:
         """Install `new_plan`; a worker whose batch changes restarts its EWMA and its sample count (the

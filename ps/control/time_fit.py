@@ -1,0 +1,259 @@
+"""A worker's step time as a line in its batch, t(b) = q·b + s, fitted online from what it reports
+(Cannikin §3.2.1 and §4.5; design.md §9 "Model-based split").
+
+q is the time per sample (data, forward, backward), s the fixed cost of a step (optimizer, Python,
+kernel launches, the worker's own part of a push): the part proportional control cannot see.
+Observations are grouped by batch size; each group's mean weighs its observations by recency (a
+forgetting factor per newer observation of the same worker, so a changed speed takes over), and
+the groups enter a weighted least-squares line with inverse-variance weights (a group whose times
+scatter counts less, Cannikin's inverse variance weighting). Two batch sizes identify the line;
+with one the fit is proportional (s = 0), which is why the model policy probes a second one.
+
+Where the worker overlaps its push with backward and reports the communication left exposed after
+its last gradient, that exposed time is fitted the same way and added as Cannikin's two cases
+(§3.2.3): a compute-bound worker hides all but the last bucket, a constant floor T_u; a
+communication-bound one exposes more, and less the larger its batch (the backward that hides it
+grows), down to that floor. Pure and deterministic.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+FORGET = 0.9
+"""Weight of an observation relative to the next newer one of the same worker (half-life ~7)."""
+OLDEST_WEIGHT = 0.05
+"""The least weight an observation keeps: an old batch size still anchors the line's slope against
+newer ones that cluster at nearly the same batch (a changed speed is handled by rescaling instead)."""
+PER_BATCH = 16
+"""Observations kept per batch size (the newest)."""
+MAX_BATCHES = 8
+"""Batch sizes kept per worker (those observed most recently)."""
+MIN_REL_NOISE = 0.02
+"""Floor of a group's relative standard deviation: a few identical times are no proof of no noise."""
+ONE_SAMPLE_REL_NOISE = 0.1
+"""Relative standard deviation assumed for a group of one observation."""
+OUTLIER_MADS = 3.0
+"""A time further than this many robust deviations from its group's median is left out of the fit."""
+BOUND_TOLERANCE = 0.05
+"""Exposed communication more than this fraction over its floor counts as communication-bound."""
+
+
+@dataclass(frozen=True)
+class Line:
+    """t(b) = q·b + s in ms (q: ms per sample, s: ms per step)."""
+
+    q: float
+    s: float
+
+    def at(self, batch: float) -> float:
+        return self.q * batch + self.s
+
+    def scaled(self, factor: float) -> Line:
+        return Line(self.q * factor, self.s * factor)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Observations at one batch size: their recency-weighted mean and the weight of that mean."""
+
+    batch: int
+    mean: float
+    weight: float  # the recency mass over the variance: the inverse variance of the mean, discounted by age
+    count: int
+
+
+@dataclass(frozen=True)
+class Finish:
+    """When a worker's push is out at batch b: its step time plus the communication it leaves exposed."""
+
+    line: Line
+    exposed: Line | None = None  # the exposed communication's own line (communication-bound part)
+    floor: float = 0.0  # the exposed communication of a compute-bound step (the last bucket)
+
+    def at(self, batch: float) -> float:
+        return self.line.at(batch) + self.exposed_at(batch)
+
+    def exposed_at(self, batch: float) -> float:
+        if self.exposed is None:
+            return 0.0
+        return max(self.floor, self.exposed.at(batch))
+
+    def bound(self, batch: float) -> str:
+        """Cannikin's case at `batch`: "compute" or "communication"."""
+        if self.exposed is None:
+            return "compute"
+        return "communication" if self.exposed.at(batch) > self.floor * (1 + BOUND_TOLERANCE) + 1e-6 else "compute"
+
+    def scaled(self, factor: float) -> Finish:
+        return Finish(self.line.scaled(factor), self.exposed, self.floor)
+
+
+@dataclass(frozen=True)
+class Fit:
+    """A worker's fitted finish time and how many batch sizes back it (2+: the intercept is measured)."""
+
+    finish: Finish
+    batches: int  # distinct batch sizes with at least min_samples observations
+
+    @property
+    def line(self) -> Line:
+        return self.finish.line
+
+
+def groups(items: Sequence[tuple[int, int, float]]) -> list[Group]:
+    """Recency-weighted groups of (age, batch, ms) observations; age counts the worker's newer
+    observations. Outliers (a step that waited for a CPU, a collection) are left out of a group of
+    four or more: times further from its median than OUTLIER_MADS robust deviations."""
+    by_batch: dict[int, list[tuple[float, float]]] = {}
+    for age, batch, ms in items:
+        by_batch.setdefault(batch, []).append((max(OLDEST_WEIGHT, FORGET ** age), ms))
+    out = []
+    for batch, observed in sorted(by_batch.items()):
+        weighted = _without_outliers(observed)
+        mass = math.fsum(w for w, _ in weighted)
+        mean = math.fsum(w * t for w, t in weighted) / mass
+        if len(weighted) > 1:
+            var = math.fsum(w * (t - mean) ** 2 for w, t in weighted) / mass * len(weighted) / (len(weighted) - 1)
+        else:
+            var = (ONE_SAMPLE_REL_NOISE * mean) ** 2
+        var = max(var, (MIN_REL_NOISE * mean) ** 2, 1e-12)
+        # the mean of n observations of variance var has variance var / n; recency discounts n to the mass
+        out.append(Group(batch, mean, mass / var, len(observed)))
+    return out
+
+
+def _without_outliers(weighted: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The (weight, time) pairs within OUTLIER_MADS scaled median absolute deviations of the median
+    (at least MIN_REL_NOISE of it), for groups of four or more."""
+    if len(weighted) < 4:
+        return weighted
+    times = sorted(t for _, t in weighted)
+    median = _median(times)
+    spread = max(1.4826 * _median(sorted(abs(t - median) for t in times)), MIN_REL_NOISE * abs(median), 1e-9)
+    return [(w, t) for w, t in weighted if abs(t - median) <= OUTLIER_MADS * spread]
+
+
+def _median(ordered: Sequence[float]) -> float:
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def weighted_line(points: Sequence[Group]) -> Line | None:
+    """Weighted least squares over the groups; q > 0 and s >= 0 (a noisy pair of points must not give
+    a negative time per sample or per step). One group: the proportional line through it; none: None."""
+    if not points:
+        return None
+    if len(points) == 1:
+        p = points[0]
+        return Line(p.mean / p.batch, 0.0)
+    w, sb, st, sbb, sbt = _moments(points)
+    q = _slope(points)
+    if q <= 0:  # times that fall with the batch: only noise can say so; a nearly flat line
+        q = 1e-6 * st / sb
+    s = (st - q * sb) / w
+    if s < 0:  # a negative fixed cost: the best line through the origin
+        s, q = 0.0, sbt / sbb
+    return Line(q, s)
+
+
+def _moments(points: Sequence[Group]) -> tuple[float, float, float, float, float]:
+    """The weighted sums of 1, b, t, b² and b·t over the groups."""
+    return (math.fsum(p.weight for p in points), math.fsum(p.weight * p.batch for p in points),
+            math.fsum(p.weight * p.mean for p in points), math.fsum(p.weight * p.batch * p.batch for p in points),
+            math.fsum(p.weight * p.batch * p.mean for p in points))
+
+
+def _slope(points: Sequence[Group]) -> float:
+    """The weighted least-squares slope of t over b (0 when the groups share one batch)."""
+    w, sb, st, sbb, sbt = _moments(points)
+    det = w * sbb - sb * sb
+    return (w * sbt - sb * st) / det if det > 0 else 0.0
+
+
+def exposed_line(points: Sequence[Group], slope_floor: float) -> tuple[Line, float] | None:
+    """The exposed communication's line and its floor (the smallest group mean: the last bucket of a
+    compute-bound step), its slope within [-slope_floor, 0]: exposure never grows with the batch, and
+    never falls faster than the step time grows (the finish time stays nondecreasing in b)."""
+    if not points:
+        return None
+    floor = min(p.mean for p in points)
+    if len(points) == 1:
+        return Line(0.0, points[0].mean), floor
+    w, sb, st, _, _ = _moments(points)
+    slope = min(0.0, max(-slope_floor, _slope(points)))
+    return Line(slope, (st - slope * sb) / w), floor
+
+
+class Observations:
+    """One worker's recent observations, oldest first: (sequence number, batch, ms, exposed ms or
+    None). The newest PER_BATCH per batch size are kept, for the MAX_BATCHES batch sizes seen most
+    recently, so a worker that stays at one batch keeps the other point its line needs."""
+
+    def __init__(self, items: Sequence[tuple[int, int, float, float | None]] = (), seq: int = 0) -> None:
+        self.items: list[tuple[int, int, float, float | None]] = sorted(items)
+        self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
+        self._prune()
+
+    def add(self, batch: int, ms: float, exposed: float | None) -> None:
+        self.items.append((self.seq, batch, ms, exposed))
+        self.seq += 1
+        self._prune()
+
+    def _prune(self) -> None:
+        newest: dict[int, int] = {}
+        count: dict[int, int] = {}
+        for seq, b, _, _ in self.items:
+            newest[b] = seq
+            count[b] = count.get(b, 0) + 1
+        kept = set(sorted(newest, key=newest.__getitem__)[-MAX_BATCHES:])
+        seen: dict[int, int] = {}
+        out = []
+        for item in reversed(self.items):
+            b = item[1]
+            if b in kept and seen.get(b, 0) < PER_BATCH:
+                seen[b] = seen.get(b, 0) + 1
+                out.append(item)
+        self.items = out[::-1]
+
+    def fit(self, min_samples: int, exclude_last: int = 0) -> Fit | None:
+        """The fit over every observation but the newest `exclude_last`; None without any."""
+        items = self.items[: len(self.items) - exclude_last] if exclude_last else self.items
+        if not items:
+            return None
+        last = items[-1][0]
+        points = groups([(last - seq, b, ms) for seq, b, ms, _ in items])
+        line = weighted_line(points)
+        if line is None:
+            return None
+        exposed_points = groups([(last - seq, b, e) for seq, b, _, e in items if e is not None])
+        exposed = exposed_line(exposed_points, line.q)
+        finish = Finish(line) if exposed is None else Finish(line, exposed[0], exposed[1])
+        return Fit(finish, sum(1 for p in points if p.count >= min_samples))
+
+    def run(self, batch: int) -> int:
+        """How many of the newest observations in a row are at `batch`."""
+        count = 0
+        for _, b, _, _ in reversed(self.items):
+            if b != batch:
+                break
+            count += 1
+        return count
+
+    def recent(self, batch: int, count: int) -> list[float] | None:
+        """The newest `count` finish times (ms + exposed) if they all are at `batch`, else None."""
+        tail = self.items[-count:]
+        if len(tail) < count or any(b != batch for _, b, _, _ in tail):
+            return None
+        return [ms + (e or 0.0) for _, _, ms, e in tail]
+
+    def rescale(self, factor: float, run: int, keep: int) -> None:
+        """The worker's speed changed during its newest `run` observations (all at one batch): carry
+        its history before them over to the new speed (step times times `factor`: a CPU share scales
+        the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop the rest
+        of it, which may be from before the change or after."""
+        cut = len(self.items) - run
+        self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]
+                      + self.items[len(self.items) - min(keep, run):])

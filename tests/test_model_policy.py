@@ -1,0 +1,312 @@
+"""Tests for the model policy (ps.control.model, time_fit, optperf): the fit, the one-step split, the
+probes, parking and re-probes, its state in checkpoints; pure, on simulated timings."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from collections.abc import Mapping
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ps.control.config import ControllerConfig
+from ps.control.model import ModelPolicy
+from ps.control.optperf import best_plan, split
+from ps.control.registry import build_policy, policy_from_state, reconfigured
+from ps.control.roster import Roster
+from ps.control.time_fit import Observations
+
+FAST = settings(max_examples=30, deadline=None)
+
+
+def model(costs: Mapping[str, tuple[float, float]], global_batch: int, **config: object) -> Roster:
+    ctl = build_policy(ControllerConfig(policy="model", global_batch=global_batch, **config))  # type: ignore[arg-type]
+    for k in costs:
+        ctl.add_worker(k)
+    ctl.replan()
+    return ctl
+
+
+def run(ctl: Roster, costs: Mapping[str, tuple[float, float]], rounds: int, noise: float = 0.02, seed: int = 0,
+        overhead: float = 2.0, every: int = 10) -> list[dict]:
+    """Simulate BSP rounds (t = q·b + s, relative noise), a decision when the policy asks for one and every
+    `every` rounds; check the sum rule and the bounds after each; return the decisions' reports."""
+    rnd = random.Random(seed)
+    reports = []
+    for r in range(rounds):
+        finishes = []
+        for k, b in ctl.plan().items():
+            if b > 0:
+                q, s = costs[k]
+                t = max(0.0, (q * b + s) * (1.0 + rnd.gauss(0.0, noise)))
+                finishes.append(t)
+                ctl.observe(k, b, t)
+        ctl.observe_round(max(finishes) + overhead)
+        if ctl.decision_due() or r % every == every - 1:
+            ctl.adjust()
+            reports.append({**ctl.report(), "plan": ctl.plan()})
+        check_plan(ctl)
+    return reports
+
+
+def check_plan(ctl: Roster) -> None:
+    """Σb = B over every worker, each within its bounds unless parked (b = 0, only where parking is on)."""
+    state = ctl.state_dict()
+    assert sum(ctl.plan().values()) == ctl.config.global_batch
+    for w in state["workers"]:
+        if w["batch"] == 0:
+            assert ctl.config.park and ctl.config.keep_global_sum
+        else:
+            assert w["min_batch"] <= w["batch"] <= w["max_batch"]
+    assert sum(b > 0 for b in ctl.plan().values()) >= 1
+
+
+def brute_force(costs: Mapping[str, tuple[float, float]], total: int, park: bool) -> float:
+    """The shortest max_i t_i(b_i) over every split of `total` (b_i >= 1, or 0 where parking is allowed)."""
+    keys = list(costs)
+    best = float("inf")
+    low = 0 if park else 1
+    for head in itertools.product(range(low, total + 1), repeat=len(keys) - 1):
+        last = total - sum(head)
+        if last < low:
+            continue
+        plan = dict(zip(keys, (*head, last), strict=True))
+        best = min(best, max(costs[k][0] * b + costs[k][1] for k, b in plan.items() if b > 0))
+    return best
+
+
+# ---------------------------------------------------------------- the fit
+
+
+@FAST
+@given(st.floats(0.05, 5.0), st.floats(0.0, 200.0), st.integers(0, 2**16))
+def test_fit_recovers_q_and_s_from_noisy_times(q: float, s: float, seed: int) -> None:
+    rnd = random.Random(seed)
+    obs = Observations()
+    for b in [16, 48] * 12:
+        obs.add(b, (q * b + s) * (1.0 + rnd.gauss(0.0, 0.02)), None)
+    fit = obs.fit(min_samples=3)
+    assert fit is not None and fit.batches == 2
+    for b in (16, 32, 48):  # the line within the noise where it was measured
+        assert fit.line.at(b) == pytest.approx(q * b + s, rel=0.03)
+    # the slope: two group means 32 samples apart, each within a few noise widths
+    assert fit.line.q == pytest.approx(q, rel=0.1, abs=0.003 * (q * 48 + s))
+    assert fit.line.s == pytest.approx(s, abs=0.1 * (q * 48 + s))
+
+
+def test_fit_forgets_an_old_speed_and_drops_outliers() -> None:
+    obs = Observations()
+    for _ in range(10):
+        obs.add(20, 2.0 * 20 + 10, None)
+        obs.add(40, 2.0 * 40 + 10, None)
+    for _ in range(10):  # twice as fast now; one stall among them
+        obs.add(20, 1.0 * 20 + 5, None)
+        obs.add(40, 1.0 * 40 + 5, None)
+    obs.add(40, 500.0, None)
+    fit = obs.fit(min_samples=3)
+    assert fit is not None
+    assert fit.line.at(40) == pytest.approx(45.0, rel=0.15)
+
+
+def test_one_batch_size_gives_a_proportional_line() -> None:
+    obs = Observations()
+    for _ in range(5):
+        obs.add(32, 64.0, None)
+    fit = obs.fit(min_samples=3)
+    assert fit is not None and fit.batches == 1 and (fit.line.q, fit.line.s) == (2.0, 0.0)
+
+
+# ---------------------------------------------------------------- the split
+
+
+@FAST
+@given(st.lists(st.tuples(st.floats(0.1, 4.0), st.floats(0.0, 100.0)), min_size=2, max_size=3),
+       st.integers(6, 40), st.booleans())
+def test_the_split_is_the_brute_force_optimum(costs: list[tuple[float, float]], total: int, park: bool) -> None:
+    named = {f"w{i}": c for i, c in enumerate(costs)}
+    times = {k: (lambda b, q=q, s=s: q * b + s) for k, (q, s) in named.items()}
+    lower, upper = dict.fromkeys(named, 1), dict.fromkeys(named, total)
+    plan, parked, _ = best_plan(times, total, lower, upper, may_park=list(named) if park else [])
+    assert sum(plan.values()) == total
+    assert all(plan[k] == 0 for k in parked) and all(plan[k] >= 1 for k in named if k not in parked)
+    got = max(times[k](b) for k, b in plan.items() if b > 0)
+    assert got == pytest.approx(brute_force(named, total, park), rel=1e-9)
+
+
+def test_split_respects_bounds_and_refuses_an_infeasible_total() -> None:
+    times = {"a": lambda b: b * 1.0, "b": lambda b: b * 10.0}
+    plan = split(times, 20, {"a": 1, "b": 5}, {"a": 12, "b": 20})
+    assert plan == {"a": 12, "b": 8}
+    with pytest.raises(ValueError, match="infeasible"):
+        split(times, 40, {"a": 1, "b": 5}, {"a": 12, "b": 20})
+
+
+# ---------------------------------------------------------------- the policy
+
+
+@FAST
+@given(st.lists(st.tuples(st.floats(0.05, 3.0), st.floats(0.0, 300.0)), min_size=1, max_size=5),
+       st.integers(0, 400), st.integers(1, 8), st.booleans(), st.integers(0, 2**16))
+def test_every_decision_keeps_the_sum_and_the_bounds(
+    costs: list[tuple[float, float]], extra: int, min_batch: int, park: bool, seed: int,
+) -> None:
+    named = {f"w{i}": c for i, c in enumerate(costs)}
+    global_batch = len(named) * min_batch + extra
+    ctl = model(named, global_batch, min_batch=min_batch, park=park)
+    run(ctl, named, rounds=40, noise=0.05, seed=seed, every=7)
+    ctl.remove_worker("w0")
+    if ctl.workers():
+        ctl.replan()
+        check_plan(ctl)
+        run(ctl, {k: v for k, v in named.items() if k != "w0"}, rounds=10, seed=seed)
+
+
+def test_quick_start_shape_probes_once_solves_once_and_parks_the_slow_worker() -> None:
+    """Three fast workers and one 4x slower whose fixed cost alone exceeds the others' round: one probe,
+    one solve, then parked (Σb = B over the others); with --no-park it is held at a small batch."""
+    costs = {"a": (0.2, 5.0), "b": (0.2, 5.0), "c": (0.2, 5.0), "d": (0.8, 120.0)}
+    reports = run(model(costs, 256), costs, rounds=30)
+    phases = [r["phase"] for r in reports if r["phase"] != "wait"]
+    assert phases[:2] == ["probe", "solve"], phases
+    solved = next(r for r in reports if r["phase"] == "solve")
+    assert solved["parked"] == ["d"] and solved["plan"]["d"] == 0
+    assert solved["park"]["parked"] < solved["park"]["held"]
+    assert solved["fits"]["d"]["s"] == pytest.approx(120.0, rel=0.15)
+    assert solved["predicted_round_ms"] == pytest.approx(brute_force_costs(costs, 256, True) + 2.0, rel=0.05)
+    held = run(model(costs, 256, park=False), costs, rounds=30)
+    assert 1 <= held[-1]["plan"]["d"] <= 3 and held[-1]["parked"] == []
+
+
+def brute_force_costs(costs: Mapping[str, tuple[float, float]], total: int, park: bool) -> float:
+    """The optimum by the integer split (checked against brute force on small cases above)."""
+    times = {k: (lambda b, q=q, s=s: q * b + s) for k, (q, s) in costs.items()}
+    plan, _, _ = best_plan(times, total, dict.fromkeys(costs, 1), dict.fromkeys(costs, total),
+                           may_park=list(costs) if park else [])
+    return max(times[k](b) for k, b in plan.items() if b > 0)
+
+
+def test_steady_one_decision_after_probing_and_predictions_match() -> None:
+    """HL8-like speeds with a fixed cost: after the probe, one solve; then every decision holds, and the
+    measured rounds agree with the prediction."""
+    costs = {"a": (1 / 6, 20.0), "b": (1 / 6, 20.0), "c": (1 / 4, 20.0), "d": (1 / 32, 20.0)}
+    reports = run(model(costs, 128), costs, rounds=80, noise=0.01)
+    changes = [r for r in reports if r["phase"] in ("probe", "solve", "reprobe")]
+    assert [r["phase"] for r in changes] == ["probe", "solve"], [r["phase"] for r in reports]
+    later = [r for r in reports[reports.index(changes[-1]) + 1:] if r["previous"]["rounds"]]
+    assert later and all(r["phase"] == "hold" for r in later)
+    for r in later:
+        prev = r["previous"]
+        assert abs(prev["predicted_round_ms"] - prev["measured_round_ms"]) <= 0.05 * prev["measured_round_ms"]
+    final = max(c[0] * b + c[1] for c, b in ((costs[k], b) for k, b in reports[-1]["plan"].items()))
+    assert final <= 1.05 * brute_force_costs(costs, 128, False)
+
+
+def test_a_parked_worker_is_reprobed_and_comes_back_when_faster() -> None:
+    costs = {"a": (0.2, 5.0), "b": (0.2, 5.0), "d": (0.8, 120.0)}
+    ctl = model(costs, 128)
+    reports = run(ctl, costs, rounds=40)
+    assert ctl.parked() == ["d"] and any(r["phase"] == "reprobe" for r in reports)
+    faster = {**costs, "d": (0.2, 5.0)}
+    run(ctl, faster, rounds=120)
+    assert ctl.parked() == [] and ctl.plan()["d"] > 20
+
+
+def test_asp_splits_by_the_fit_and_never_parks() -> None:
+    costs = {"a": (0.2, 5.0), "d": (0.8, 200.0)}
+    ctl = model(costs, 64, keep_global_sum=False)
+    run(ctl, costs, rounds=30)
+    assert ctl.parked() == [] and all(b >= 1 for b in ctl.plan().values())
+
+
+def test_rejects_bad_observations_without_changing_anything() -> None:
+    costs = {"a": (0.2, 5.0), "b": (0.2, 5.0)}
+    ctl = model(costs, 64)
+    before = json.dumps(ctl.state_dict(), sort_keys=True)
+    for bad in ({"compute_ms": -1.0}, {"compute_ms": float("nan")}, {"exposed_ms": -2.0}):
+        args = {"compute_ms": 10.0, **bad}
+        with pytest.raises(ValueError):
+            ctl.observe("a", 32, args.pop("compute_ms"), **args)
+    with pytest.raises(ValueError):
+        ctl.observe_round(-1.0)
+    assert json.dumps(ctl.state_dict(), sort_keys=True) == before
+
+
+def test_exposed_communication_enters_the_finish_time() -> None:
+    """A worker reporting exposed communication (the overlap hook) is fitted with it: its finish time
+    includes the exposed part, so it gets less of B than a twin that reports none."""
+    ctl = model({"a": (0.0, 0.0), "b": (0.0, 0.0)}, 64)
+    for _ in range(20):
+        for k, b in ctl.plan().items():
+            ctl.observe(k, b, 0.5 * b + 5.0, exposed_ms=30.0 if k == "b" else 0.0)
+        ctl.observe_round(100.0)
+        if ctl.decision_due():
+            ctl.adjust()
+    assert ctl.plan()["b"] < ctl.plan()["a"]
+    assert ctl.report()["fits"]["b"]["exposed_ms"] == pytest.approx(30.0, rel=0.05)
+
+
+# ---------------------------------------------------------------- state
+
+
+def test_state_round_trips_and_resumes_under_other_settings() -> None:
+    costs = {"a": (0.2, 5.0), "b": (0.2, 5.0), "d": (0.8, 120.0)}
+    ctl = model(costs, 128)
+    run(ctl, costs, rounds=25)
+    state = json.loads(json.dumps(ctl.state_dict()))
+    back = policy_from_state(state)
+    assert isinstance(back, ModelPolicy)
+    assert json.dumps(back.state_dict(), sort_keys=True) == json.dumps(state, sort_keys=True)
+    # the restored policy goes on deciding like the original (its workers' first steps after the
+    # restore are warm-up, not fitted: the same decisions, the plans within rounding)
+    resumed, original = run(back, costs, rounds=15, seed=3), run(ctl, costs, rounds=15, seed=3)
+    assert [(r["phase"], r["parked"]) for r in resumed] == [(r["phase"], r["parked"]) for r in original]
+    for r, o in zip(resumed, original, strict=True):
+        assert all(abs(r["plan"][k] - o["plan"][k]) <= 2 for k in costs)
+    # model -> dynamic -> model: the dynamic policy replans the parked worker in, the model's fits are gone
+    dynamic = reconfigured(ctl, ControllerConfig(policy="dynamic", global_batch=128))
+    assert dynamic.parked() == [] and sum(dynamic.plan().values()) == 128
+    again = reconfigured(dynamic, ctl.config)
+    check_plan(again)
+    # --no-park on resume: the parked worker is planned in again
+    unparked = reconfigured(ctl, ControllerConfig(policy="model", global_batch=128, park=False))
+    assert unparked.parked() == [] and sum(unparked.plan().values()) == 128
+
+
+def test_a_state_that_contradicts_itself_is_refused() -> None:
+    costs = {"a": (0.2, 5.0), "b": (0.2, 5.0), "d": (0.8, 120.0)}
+    ctl = model(costs, 128)
+    run(ctl, costs, rounds=25)
+    state = ctl.state_dict()
+    assert ctl.parked() == ["d"]
+    broken = json.loads(json.dumps(state))
+    broken["model"]["workers"]["d"]["parked"] = None
+    with pytest.raises(ValueError, match="batch 0 but is not parked"):
+        policy_from_state(broken)
+    foreign = json.loads(json.dumps(state))
+    foreign["config"]["policy"] = "oracle"
+    with pytest.raises(ValueError, match="names policy 'oracle'"):
+        policy_from_state(foreign)
+    no_model = json.loads(json.dumps(state))
+    del no_model["model"]
+    with pytest.raises(ValueError):
+        policy_from_state(no_model)
+
+
+def test_a_state_written_by_the_single_controller_still_loads() -> None:
+    """A checkpoint's controller state from before the policies were split (no policy-specific keys,
+    no `samples`) loads as the policy its config names."""
+    state = {"version": 1, "adjustments": 2,
+             "config": {"policy": "dynamic", "global_batch": 64, "min_batch": 1, "max_batch": None,
+                        "deadband": 0.1, "ewma_alpha": 0.5, "keep_global_sum": True, "dynamic_start": "uniform",
+                        "min_samples": 3},
+             "workers": [{"id": "a", "cores": 1.0, "min_batch": 1, "max_batch": 64, "batch": 40, "ewma_ms": 40.0,
+                          "throughput": 1.0},
+                         {"id": "b", "cores": 1.0, "min_batch": 1, "max_batch": 64, "batch": 24, "ewma_ms": 48.0,
+                          "throughput": 0.5}]}
+    ctl = policy_from_state(state)
+    assert ctl.config.policy == "dynamic" and ctl.config.park and ctl.plan() == {"a": 40, "b": 24}
+    as_model = reconfigured(ctl, ControllerConfig(policy="model", global_batch=64))
+    assert sum(as_model.plan().values()) == 64
