@@ -29,6 +29,7 @@ from ps.ops.port_file import PortFile
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.rounds.asp import AspSettings
 from ps.rounds.coordinator import Coordinator
 from ps.rounds.rendezvous import Rendezvous
 from ps.server_flags import build_parser, parse_options
@@ -123,8 +124,8 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError(f"{args.workers} workers x --min-batch {args.min_batch} exceeds --global-batch {args.global_batch}")
     if args.max_batch is not None and args.workers * args.max_batch < args.global_batch:
         raise ValueError(f"{args.workers} workers x --max-batch {args.max_batch} cannot make up --global-batch {args.global_batch}")
-    if args.max_staleness is not None and args.max_staleness < 0:
-        raise ValueError("--max-staleness must be >= 0")
+    if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
+        raise ValueError("--staleness-bound and --staleness-lr are for --mode asp")
     if args.threads < 1:
         raise ValueError("--threads must be >= 1")
     if args.max_workers is not None and args.max_workers < args.workers:
@@ -182,7 +183,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
         model,
         dataset,
         adjust_every=args.adjust_every,
-        max_staleness=args.max_staleness,
+        asp=AspSettings(args.max_staleness, args.staleness_bound, args.staleness_lr),
         max_workers=args.max_workers,
         evict_after=args.evict_after,
         checkpoint_every=args.checkpoint_every,

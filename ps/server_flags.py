@@ -10,8 +10,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ps.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, WIRE_DTYPES
-from ps.ops.arg_types import float_at_least, port_number, positive_float
+from ps.job.spec import (
+    ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES,
+)
+from ps.ops.arg_types import float_at_least, non_negative_int, port_number, positive_float
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -63,9 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "the largest batch and sends the sum back, so a slow worker takes part twice per step instead "
                           "of 2(W-1) times; auto is hub over gloo, ring over NCCL")
     opt = p.add_argument_group("optimizer")
-    opt.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="server optimizer (BSP)")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                     help="the job's optimizer: BSP steps it on the server, ASP on every worker, over its own updates")
     opt.add_argument("--lr", type=positive_float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
-    opt.add_argument("--momentum", type=float_at_least(0.0), default=0.9, help="SGD momentum (BSP)")
+    opt.add_argument("--momentum", type=float_at_least(0.0), default=0.9, help="SGD momentum")
     opt.add_argument("--weight-decay", type=float_at_least(0.0), default=0.0, help="L2 penalty")
     opt.add_argument("--nesterov", action="store_true", help="Nesterov momentum (SGD)")
     opt.add_argument("--lr-milestones", default="", help="comma-separated epochs where lr is multiplied by --lr-gamma")
@@ -92,7 +95,17 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--ewma-alpha", type=positive_float, default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
-    ctl.add_argument("--max-staleness", type=int, default=None, help="ASP: refuse updates older than this many versions")
+    asp = p.add_argument_group("asynchronous training (ASP)")
+    asp.add_argument("--max-staleness", type=non_negative_int, default=None,
+                     help="refuse an update computed from a version more than this many versions old (the worker "
+                          "pulls and recomputes; unset: no limit)")
+    asp.add_argument("--staleness-bound", type=non_negative_int, default=None, metavar="S",
+                     help="stale-synchronous parallel: hold a worker's reply while it has applied more than S updates "
+                          "beyond the slowest running worker (left, evicted and parked workers hold nobody back); 0 is "
+                          "lock-step; unset: no bound")
+    asp.add_argument("--staleness-lr", choices=STALENESS_LR, default="off",
+                     help="scale an update by its staleness tau (versions): inverse is eta_k/tau (Zhang et al. 2016), "
+                          "excess eta_k*min(1, (W-1)/tau) with W running workers")
     rel = p.add_argument_group("reliability")
     rel.add_argument("--max-workers", type=int, default=None,
                      help="workers allowed in the job at once, late joiners included (unset: --workers)")

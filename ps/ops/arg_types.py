@@ -50,6 +50,17 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """A whole number >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
 def is_host_port(text: str) -> bool:
     """Whether `text` is HOST:PORT with a port in 1-65535 ([::1]:PORT for IPv6)."""
     host, sep, port = text.strip().rpartition(":")
