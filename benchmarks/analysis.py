@@ -1,7 +1,7 @@
 """Pure functions from a run's metrics events to the numbers the heterogeneity benchmark reports.
 
 No processes and no clock here: every function takes the parsed ``ps-server --metrics-log`` events
-(see README, "Metrics log") and returns plain numbers, so the definitions are easy to read and test.
+(see docs/metrics.md) and returns plain numbers, so the definitions are easy to read and test.
 
 Definitions
 -----------

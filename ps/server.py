@@ -84,9 +84,7 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
     if args.rendezvous_port is not None and not (allreduce or may_switch):
         raise ValueError("--rendezvous-port needs --allreduce (on, or auto in a BSP job that may take it)")
-    if args.rendezvous_port is not None and not 0 <= args.rendezvous_port <= 65535:
-        raise ValueError(f"--rendezvous-port must be in [0, 65535], got {args.rendezvous_port}")
-    milestones = tuple(int(m) for m in args.lr_milestones.split(",") if m.strip()) if args.lr_milestones else ()
+    check_flags_together(args)
     spec = JobSpec(
         mode=args.mode,
         workers=args.workers,
@@ -100,7 +98,7 @@ def build_job(args: argparse.Namespace) -> Job:
         momentum=args.momentum,
         weight_decay=args.weight_decay,
         nesterov=args.nesterov,
-        lr_milestones=milestones,
+        lr_milestones=args.lr_milestones,
         lr_gamma=args.lr_gamma,
         epochs=args.epochs,
         seed=args.seed,
@@ -120,18 +118,6 @@ def build_job(args: argparse.Namespace) -> Job:
         keep_global_sum=args.mode == "bsp",
         dynamic_start=args.dynamic_start,
     )
-    if args.workers * args.min_batch > args.global_batch:
-        raise ValueError(f"{args.workers} workers x --min-batch {args.min_batch} exceeds --global-batch {args.global_batch}")
-    if args.max_batch is not None and args.workers * args.max_batch < args.global_batch:
-        raise ValueError(f"{args.workers} workers x --max-batch {args.max_batch} cannot make up --global-batch {args.global_batch}")
-    if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
-        raise ValueError("--staleness-bound and --staleness-lr are for --mode asp")
-    if args.threads < 1:
-        raise ValueError("--threads must be >= 1")
-    if args.max_workers is not None and args.max_workers < args.workers:
-        raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
-    if args.keep_checkpoints < 1:
-        raise ValueError("--keep-checkpoints must be >= 1")
     checkpoint_dir = args.checkpoint_dir or args.resume
     if checkpoint_dir is not None:
         check_no_other_job(checkpoint_dir, args.resume)
@@ -144,7 +130,10 @@ def build_job(args: argparse.Namespace) -> Job:
     dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
     model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
-    metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else print_progress)
+    try:
+        metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else print_progress)
+    except OSError as exc:
+        raise OSError(f"--metrics-log {args.metrics_log}: cannot write there ({exc.strerror or exc})") from None
     evaluator = BackgroundEvaluator(eval_model, dataset)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
     rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if allreduce else None
@@ -171,6 +160,25 @@ def build_job(args: argparse.Namespace) -> Job:
             local_shards.stop()
         raise
     return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards)
+
+
+def check_flags_together(args: argparse.Namespace) -> None:
+    """The checks of flags against each other (each flag's own range is its argparse type's): a
+    ValueError naming the flags, before anything is built."""
+    if args.global_batch < args.workers:
+        raise ValueError(f"--global-batch {args.global_batch} must be >= --workers {args.workers} (one sample each at least)")
+    if args.max_batch is not None and args.max_batch < args.min_batch:
+        raise ValueError(f"--max-batch {args.max_batch} is below --min-batch {args.min_batch}")
+    if args.workers * args.min_batch > args.global_batch:
+        raise ValueError(f"--workers {args.workers} x --min-batch {args.min_batch} exceeds --global-batch {args.global_batch}")
+    if args.max_batch is not None and args.workers * args.max_batch < args.global_batch:
+        raise ValueError(f"--workers {args.workers} x --max-batch {args.max_batch} cannot make up --global-batch {args.global_batch}")
+    if args.max_workers is not None and args.max_workers < args.workers:
+        raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
+    if args.nesterov and args.momentum == 0:
+        raise ValueError("--nesterov needs --momentum > 0")
+    if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
+        raise ValueError(f"--staleness-bound and --staleness-lr are for --mode asp, not --mode {args.mode}")
 
 
 def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,

@@ -1,6 +1,6 @@
 """`ps-server`'s command line: every flag with its type, default and help, and the parsing of the values
-that argparse's types do not cover (`--model-arg K=V`, `--adjust-every {epoch,N}`). ps/server.py
-builds the job from what this parses."""
+that argparse's types do not cover (`--model-arg K=V`). Every value is checked here, so a bad one is
+a usage error naming its flag; ps/server.py checks the flags against each other and builds the job."""
 
 from __future__ import annotations
 
@@ -10,10 +10,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ps.job.spec import (
-    ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES,
+from ps.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES
+from ps.ops.arg_types import (
+    epoch_or_steps,
+    float_at_least,
+    float_between,
+    increasing_ints,
+    int_at_least,
+    port_number,
+    positive_float,
+    positive_int,
 )
-from ps.ops.arg_types import float_at_least, non_negative_int, port_number, positive_float
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -30,13 +37,12 @@ def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
-def parse_adjust_every(text: str) -> int | None:
-    """`epoch` -> None (adjust at epoch ends), or a positive step count."""
-    if text == "epoch":
-        return None
-    if text.isdigit() and int(text) > 0:
-        return int(text)
-    raise argparse.ArgumentTypeError(f"--adjust-every takes 'epoch' or a positive integer, got {text!r}")
+def key_value(text: str) -> str:
+    """A `key=value` option as given; refuses one without a key or an `=`."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected K=V, got {text!r}")
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,13 +53,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     job = p.add_argument_group("job")
     job.add_argument("--mode", choices=MODES, default="bsp", help="synchronous rounds or asynchronous updates")
-    job.add_argument("--workers", type=int, default=4, help="workers to wait for before training starts")
-    job.add_argument("--model", default="mlp", help="built-in model (mlp, cnn) or package.module:function")
-    job.add_argument("--model-arg", action="append", default=[], metavar="K=V", help="model option, e.g. hidden=512")
-    job.add_argument("--dataset", default="digits", help="built-in dataset (digits, synthetic) or package.module:function")
-    job.add_argument("--dataset-arg", action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
-    job.add_argument("--epochs", type=int, default=10, help="passes over the training split")
-    job.add_argument("--seed", type=int, default=0, help="seeds the model's initial weights and the data split")
+    job.add_argument("--workers", type=positive_int, default=4, help="workers to wait for before training starts")
+    job.add_argument("--model", default="mlp",
+                     help="built-in mlp (options hidden=128 layers=2) or cnn (width=32), or package.module:function, "
+                          "a factory fn(input_shape, num_classes, **options) -> torch.nn.Module")
+    job.add_argument("--model-arg", type=key_value, action="append", default=[], metavar="K=V", help="model option, e.g. hidden=512")
+    job.add_argument("--dataset", default="digits",
+                     help="built-in digits (scikit-learn's, 80/20 split), synthetic (options size=4096 image_size=32 "
+                          "channels=3 num_classes=10 noise=1.0) or teacher (size=65536 features=32 hidden=32 "
+                          "num_classes=10 label_noise=0.0: a task on which the batch size matters, for mlp), or "
+                          "package.module:function, a factory fn(seed, **options) -> ps.job.datasets.Dataset")
+    job.add_argument("--dataset-arg", type=key_value, action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
+    job.add_argument("--epochs", type=positive_int, default=10, help="passes over the training split")
+    job.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the model's initial weights and the data split")
     job.add_argument("--allreduce", nargs="?", const="on", choices=FAST_PATH_CHOICES, default="auto",
                      help="BSP collective fast path: workers all-reduce their gradients with torch.distributed "
                           "(NCCL if every worker has its own GPU, else gloo); the server coordinates rounds, plan and "
@@ -68,20 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
                      help="the job's optimizer: BSP steps it on the server, ASP on every worker, over its own updates")
     opt.add_argument("--lr", type=positive_float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
-    opt.add_argument("--momentum", type=float_at_least(0.0), default=0.9, help="SGD momentum")
+    opt.add_argument("--momentum", type=float_between(0.0, 1.0, high_open=True), default=0.9, help="SGD momentum")
     opt.add_argument("--weight-decay", type=float_at_least(0.0), default=0.0, help="L2 penalty")
     opt.add_argument("--nesterov", action="store_true", help="Nesterov momentum (SGD)")
-    opt.add_argument("--lr-milestones", default="", help="comma-separated epochs where lr is multiplied by --lr-gamma")
-    opt.add_argument("--lr-gamma", type=positive_float, default=0.1, help="lr factor at each milestone")
+    opt.add_argument("--lr-milestones", type=increasing_ints, default=(), metavar="E1,E2,...", help="comma-separated epochs where lr is multiplied by --lr-gamma")
+    opt.add_argument("--lr-gamma", type=float_between(0.0, 1.0, low_open=True), default=0.1, help="lr factor at each milestone")
     opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
     ctl = p.add_argument_group("batch controller")
-    ctl.add_argument("--global-batch", type=int, default=128, help="B, split across the workers")
+    ctl.add_argument("--global-batch", type=positive_int, default=128, help="B, split across the workers")
     ctl.add_argument("--controller", choices=["uniform", "static", "dynamic"], default="dynamic",
                      help="equal batches, Eq. 4a from declared cores, or Eq. 6 proportional control")
-    ctl.add_argument("--deadband", type=float_at_least(0.0), default=0.1, help="relative change below which a batch stays (Eq. 7)")
-    ctl.add_argument("--min-batch", type=int, default=1, help="per-worker lower bound")
-    ctl.add_argument("--max-batch", type=int, default=None, help="per-worker upper bound (unset: the global batch)")
-    ctl.add_argument("--adjust-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
+    ctl.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1, help="relative change below which a batch stays (Eq. 7)")
+    ctl.add_argument("--min-batch", type=positive_int, default=1, help="per-worker lower bound")
+    ctl.add_argument("--max-batch", type=positive_int, default=None, help="per-worker upper bound (unset: the global batch)")
+    ctl.add_argument("--adjust-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
                      help="controller decision at every epoch end (default) or every N steps")
     ctl.add_argument("--balance", choices=("auto", *BALANCE_TIMES), default="auto",
                      help="what the controller equalizes: compute time (fetch + forward + backward); busy time, "
@@ -92,14 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
                           "time and the cycle are measured on the PS path with one server only (not with --allreduce "
                           "or --shards). auto (default): busy for BSP where it is measured, compute otherwise (ASP, "
                           "--allreduce, --shards)")
-    ctl.add_argument("--ewma-alpha", type=positive_float, default=0.3, help="weight of the newest compute time in the EWMA")
+    ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
     asp = p.add_argument_group("asynchronous training (ASP)")
-    asp.add_argument("--max-staleness", type=non_negative_int, default=None,
+    asp.add_argument("--max-staleness", type=int_at_least(0), default=None,
                      help="refuse an update computed from a version more than this many versions old (the worker "
                           "pulls and recomputes; unset: no limit)")
-    asp.add_argument("--staleness-bound", type=non_negative_int, default=None, metavar="S",
+    asp.add_argument("--staleness-bound", type=int_at_least(0), default=None, metavar="S",
                      help="stale-synchronous parallel: hold a worker's reply while it has applied more than S updates "
                           "beyond the slowest running worker (left, evicted and parked workers hold nobody back); 0 is "
                           "lock-step; unset: no bound")
@@ -107,36 +119,36 @@ def build_parser() -> argparse.ArgumentParser:
                      help="scale an update by its staleness tau (versions): inverse is eta_k/tau (Zhang et al. 2016), "
                           "excess eta_k*min(1, (W-1)/tau) with W running workers")
     rel = p.add_argument_group("reliability")
-    rel.add_argument("--max-workers", type=int, default=None,
+    rel.add_argument("--max-workers", type=positive_int, default=None,
                      help="workers allowed in the job at once, late joiners included (unset: --workers)")
     rel.add_argument("--evict-after", type=positive_float, default=10.0,
                      help="evict a worker not heard from (heartbeat or RPC) for this many seconds")
     rel.add_argument("--checkpoint-dir", type=Path, default=None, help="write checkpoints here")
-    rel.add_argument("--checkpoint-every", type=parse_adjust_every, default=None, metavar="{epoch,N}",
+    rel.add_argument("--checkpoint-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
                      help="checkpoint at every epoch end (default) or every N steps")
-    rel.add_argument("--keep-checkpoints", type=int, default=3, help="how many checkpoints to keep")
+    rel.add_argument("--keep-checkpoints", type=positive_int, default=3, help="how many checkpoints to keep")
     rel.add_argument("--resume", type=Path, default=None, metavar="DIR",
                      help="continue from the newest valid checkpoint in DIR (also checkpoints there)")
     net = p.add_argument_group("server")
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
     net.add_argument("--port", type=port_number, default=50051, help="0 picks a free port (printed at start)")
     net.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
-    net.add_argument("--rendezvous-port", type=int, default=None,
+    net.add_argument("--rendezvous-port", type=port_number, default=None,
                      help="--allreduce: port of the workers' TCPStore rendezvous on --host (unset: a free port)")
-    net.add_argument("--shards", type=int, default=1,
+    net.add_argument("--shards", type=positive_int, default=1,
                      help="BSP: split the parameters by contiguous ranges across N server processes (this one and "
                           "N-1 ps-shard processes it starts on --host); workers push and pull the ranges in parallel")
     net.add_argument("--shard-addresses", default=None, metavar="HOST:PORT,...",
                      help="use these running ps-shard servers for ranges 1.. instead of starting them (sets --shards)")
     net.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
-    net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see README)")
+    net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see docs/metrics.md)")
     net.add_argument("--metrics-port", type=port_number, default=None,
                      help="serve Prometheus metrics over HTTP at /metrics on --host:PORT (0 picks a free port, printed "
                           "at start); unset: no endpoint")
     net.add_argument("--metrics-port-file", type=Path, default=None,
                      help="write the bound --metrics-port to this file (for scripts)")
-    net.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer and evaluation")
+    net.add_argument("--threads", type=positive_int, default=1, help="torch threads for the optimizer and evaluation")
     net.add_argument("--grace", type=float_at_least(0.0), default=10.0, help="seconds to wait for workers to hear the job ended")
     net.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     net.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")

@@ -13,6 +13,11 @@ from ps.server import main as server_main
 from tests.processes import ENV
 
 
+# What an error meant for a user never shows: Python's own wording and argparse's defaults.
+PYTHON_INTERNALS = ("Traceback", "invalid literal", "invalid int value", "invalid float value", "use None", "[Errno",
+                    "unexpected keyword argument")
+
+
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=ENV, timeout=60)
 
@@ -21,21 +26,36 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
     ("args", "needle"),
     [
         (["--model", "resnet9000"], "unknown model 'resnet9000'"),
-        (["--workers", "0"], "workers must be >= 1"),
-        (["--deadband", "1.0"], "deadband"),
+        (["--workers", "0"], "argument --workers: expected a whole number > 0, got '0'"),
+        (["--deadband", "1.0"], "argument --deadband: expected a number in [0, 1), got '1.0'"),
         (["--deadband", "-0.1"], "deadband"),
         (["--dataset", "nope"], "unknown dataset 'nope'"),
         (["--model", "no_such_module_xyz:fn"], "cannot import model module"),
-        (["--adjust-every", "soon"], "--adjust-every"),
+        (["--adjust-every", "soon"], "argument --adjust-every: expected 'epoch' or a whole number of steps > 0"),
+        (["--checkpoint-every", "0"], "argument --checkpoint-every: expected 'epoch' or a whole number of steps > 0, got '0'"),
         (["--workers", "8", "--global-batch", "16", "--min-batch", "4"], "exceeds --global-batch"),
-        (["--lr-milestones", "5,3"], "lr milestones"),
+        (["--lr-milestones", "5,3"], "argument --lr-milestones: expected increasing whole numbers >= 1, got '5,3'"),
+        (["--lr-milestones", "a,b"], "argument --lr-milestones: expected comma-separated whole numbers, e.g. 5,8, got 'a,b'"),
+        (["--min-batch", "100", "--max-batch", "10"], "--max-batch 10 is below --min-batch 100"),
+        (["--workers", "3", "--global-batch", "2"], "--global-batch 2 must be >= --workers 3"),
+        (["--seed", "-1"], "argument --seed: expected a whole number >= 0, got '-1'"),
+        (["--momentum", "1"], "argument --momentum: expected a number in [0, 1), got '1'"),
+        (["--lr-gamma", "2"], "argument --lr-gamma: expected a number in (0, 1], got '2'"),
+        (["--ewma-alpha", "1.5"], "argument --ewma-alpha: expected a number in (0, 1], got '1.5'"),
+        (["--max-staleness", "-1"], "argument --max-staleness: expected a whole number >= 0, got '-1'"),
+        (["--threads", "0"], "argument --threads: expected a whole number > 0, got '0'"),
+        (["--keep-checkpoints", "0"], "argument --keep-checkpoints: expected a whole number > 0, got '0'"),
+        (["--rendezvous-port", "70000"], "argument --rendezvous-port: expected a port in 0-65535"),
+        (["--nesterov", "--momentum", "0"], "--nesterov needs --momentum > 0"),
+        (["--model-arg", "hidden"], "argument --model-arg: expected K=V, got 'hidden'"),
+        (["--model-arg", "depth=3"], "model 'mlp' has no option 'depth' (its options: hidden, layers)"),
         (["--port", "70000"], "--port: expected a port in 0-65535, got '70000'"),
         (["--grace", "nan"], "--grace: expected a finite number, got 'nan'"),
         (["--lr", "inf"], "--lr: expected a finite number, got 'inf'"),
         (["--weight-decay", "nan"], "--weight-decay: expected a finite number"),
-        (["--workers", "2", "--global-batch", "128", "--max-batch", "10"], "2 workers x --max-batch 10 cannot make up --global-batch 128"),
+        (["--workers", "2", "--global-batch", "128", "--max-batch", "10"], "--workers 2 x --max-batch 10 cannot make up --global-batch 128"),
         (["--checkpoint-dir", "/dev/null/ckpt"], "checkpoint directory /dev/null/ckpt is not writable"),
-        (["--metrics-log", "/nonexistent-dir/x.jsonl"], "No such file or directory: '/nonexistent-dir/x.jsonl'"),
+        (["--metrics-log", "/nonexistent-dir/x.jsonl"], "--metrics-log /nonexistent-dir/x.jsonl: cannot write there (No such file or directory)"),
         (["--model", "mlp", "--model-arg", "hidden=-1"], "model 'mlp' rejected its options {'hidden': -1}: hidden must be >= 1"),
         (["--model", "cnn", "--model-arg", "width=0"], "width must be >= 1, got 0"),
         (["--dataset", "synthetic", "--dataset-arg", "noise=NaN"], "noise must be a finite number, got nan"),
@@ -50,6 +70,7 @@ def test_server_rejects_bad_input(args: list[str], needle: str, capsys: pytest.C
     captured = capsys.readouterr()
     lines = [line for line in captured.err.splitlines() if line.strip()]
     assert any(needle in line for line in lines), captured.err
+    assert not any(internal in captured.err for internal in PYTHON_INTERNALS), captured.err
     assert "listening" not in captured.out
 
 

@@ -1,5 +1,5 @@
 """Smoke test of the device benchmark (`python -m benchmarks.devices`). Without a GPU its "GPU"
-worker is a CPU worker (`--gpu-device cpu`); the figures on an H100 are in the README."""
+worker is a CPU worker (`--gpu-device cpu`); the figures on an H100 are in docs/benchmarks.md."""
 
 from __future__ import annotations
 

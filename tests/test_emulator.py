@@ -321,7 +321,7 @@ def test_bad_output_folder_and_mixed_server_shares_are_refused_when_planned(tmp_
         (["--server-arg=--epoch=3"], "--server-arg --epoch (that is --epochs): use ps-cluster run --epochs"),
         (["--server-arg=--work 2"], "--server-arg --work (that is --workers) is set by the emulator"),
         (["--server-arg=--bogus"], "ps-server would refuse these arguments: unrecognized arguments: --bogus"),
-        (["--adjust-every", "foo"], "--adjust-every takes 'epoch' or a positive integer, got 'foo'"),
+        (["--adjust-every", "foo"], "argument --adjust-every: expected 'epoch' or a whole number of steps > 0, got 'foo'"),
         (["--model", "resnet9000", "--quick"], "unknown model 'resnet9000'"),
     ],
 )

@@ -2,7 +2,7 @@
 
 Every call carries a deadline, so "the server answered" means a status code arrived in time (a
 DEADLINE_EXCEEDED counts as a hang and fails the test). Expected codes are computed per input
-class from the server's documented checks (README "Validation"); a call with several faults may
+class from the server's documented checks (docs/protocol.md, "Errors"); a call with several faults may
 answer with the code of any of them, but never UNKNOWN or INTERNAL, and a refused call must leave
 the server's state bit-for-bit as it was.
 """

@@ -221,7 +221,6 @@ def shard_children(parent: int) -> list[int]:
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--shards", "0"], "--shards must be >= 1"),
     (["--shards", "2", "--mode", "asp"], "--shards serves BSP jobs"),
     (["--shards", "2", "--allreduce"], "--shards serves BSP jobs"),
     (["--shard-addresses", "nohost"], "expected HOST:PORT"),
@@ -231,6 +230,13 @@ def shard_children(parent: int) -> list[int]:
 def test_bad_shard_flags_are_refused(args: list[str], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         build_job(build_parser().parse_args(["--port", "0", "--model-arg", "hidden=8", "--quiet", *args]))
+
+
+def test_zero_shards_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--shards", "0"])
+    assert exit_.value.code == 2
+    assert "argument --shards:" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------ a shard's inputs

@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto",
                    help=f"where the model computes: {DEVICE_CHOICES} (auto: a GPU when there is one). In an --allreduce "
                         "job the group uses NCCL when every worker is on its own GPU, gloo otherwise")
-    p.add_argument("--slowdown", type=float_at_least(1.0), default=1.0, help="multiply compute time by F (sleeps), to emulate a slow worker")
+    p.add_argument("--slowdown", type=float_at_least(1.0), default=1.0, help="multiply compute time by F by sleeping, to emulate a slow worker (the sleep scales the CPU time the step "
+                        "used, capped at its wall time, so a pause mid-step is not multiplied)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")

@@ -411,7 +411,7 @@ def connect(
     `device` is where the model computes (default the CPU; `worker.device.resolve_device("auto")`
     picks a GPU when there is one).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
-    and `token` is sent with every call; see README "Security".
+    and `token` is sent with every call; see docs/security.md.
     """
     client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
     try:

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ps.job.registry import built, resolve
+from ps.job.registry import built, check_options, resolve
 from ps.number_checks import finite, whole
 
 
@@ -158,6 +158,7 @@ DATASETS: dict[str, Callable[..., Dataset]] = {"digits": digits, "synthetic": sy
 def build_dataset(name: str, options: dict, seed: int) -> Dataset:
     """Build the named dataset; errors say which option was wrong."""
     factory = resolve(name, DATASETS, "dataset")
+    check_options("dataset", name, factory, options, fixed=1)
     dataset = built("dataset", name, options, lambda: factory(seed, **options))
     if not isinstance(dataset, Dataset):
         raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not ps.job.datasets.Dataset")

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ps.job.registry import built, resolve
+from ps.job.registry import built, check_options, resolve
 from ps.number_checks import whole
 
 
@@ -57,6 +57,7 @@ MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn}
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: dict, seed: int) -> nn.Module:
     """Build a model with seeded initial weights, so every process gets the same model."""
     factory = resolve(name, MODELS, "model")
+    check_options("model", name, factory, options, fixed=2)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = built("model", name, options, lambda: factory(tuple(input_shape), num_classes, **options))

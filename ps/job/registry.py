@@ -4,6 +4,7 @@ the factory with errors that name it."""
 from __future__ import annotations
 
 import importlib
+import inspect
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
@@ -26,6 +27,23 @@ def resolve(name: str, builtins: Mapping[str, Callable[..., Any]], kind: str) ->
         return factory
     known = ", ".join(sorted(builtins))
     raise ValueError(f"unknown {kind} {name!r}; choose one of {known} or give a package.module:function path")
+
+
+def check_options(kind: str, name: str, factory: Callable[..., Any], options: Mapping[str, Any], fixed: int) -> None:
+    """A ValueError naming an option `factory` does not take (its first `fixed` parameters are the
+    ones the service passes itself), with the options it does take; nothing for a factory that takes
+    any keyword or whose signature cannot be read."""
+    try:
+        parameters = list(inspect.signature(factory).parameters.values())
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters):
+        return
+    takes = [p.name for p in parameters[fixed:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = [key for key in options if key not in takes]
+    if unknown:
+        offered = ", ".join(takes) if takes else "none"
+        raise ValueError(f"{kind} {name!r} has no option {unknown[0]!r} (its options: {offered})")
 
 
 def built(kind: str, name: str, options: dict[str, Any], build: Callable[[], T]) -> T:

@@ -39,26 +39,65 @@ def float_at_least(least: float) -> Callable[[str], float]:
     return parse
 
 
-def positive_int(text: str) -> int:
-    """A whole number > 0."""
+def float_between(low: float, high: float, *, low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
+    """A type for a finite number in the interval from `low` to `high`, each end open or closed."""
+    interval = f"{'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+    def parse(text: str) -> float:
+        value = _finite(text)
+        if value < low or value > high or (low_open and value == low) or (high_open and value == high):
+            raise argparse.ArgumentTypeError(f"expected a number in {interval}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _whole(text: str) -> int:
     try:
-        value = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+
+
+def int_at_least(least: int) -> Callable[[str], int]:
+    """A type for a whole number >= `least`."""
+
+    def parse(text: str) -> int:
+        value = _whole(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {least}, got {text!r}")
+        return value
+
+    return parse
+
+
+def positive_int(text: str) -> int:
+    """A whole number > 0."""
+    value = _whole(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}")
     return value
 
 
-def non_negative_int(text: str) -> int:
-    """A whole number >= 0."""
+def epoch_or_steps(text: str) -> int | None:
+    """`epoch` -> None (at every epoch end), or a whole number of steps > 0."""
+    if text == "epoch":
+        return None
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
-    return value
+        return positive_int(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected 'epoch' or a whole number of steps > 0, got {text!r}") from None
+
+
+def increasing_ints(text: str) -> tuple[int, ...]:
+    """Comma-separated whole numbers >= 1 in increasing order ("" for none), e.g. epochs `5,8`."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected comma-separated whole numbers, e.g. 5,8, got {text!r}")
+    values = tuple(int(p) for p in parts)
+    if any(v < 1 for v in values) or any(b <= a for a, b in zip(values, values[1:])):
+        raise argparse.ArgumentTypeError(f"expected increasing whole numbers >= 1, got {text!r}")
+    return values
 
 
 def is_host_port(text: str) -> bool:

@@ -20,7 +20,7 @@ from pathlib import Path
 import grpc
 import torch
 
-from ps.ops.arg_types import port_number
+from ps.ops.arg_types import port_number, positive_int
 from ps.ops.health import OVERALL, SERVING, Health
 from ps.ops.memory import tune_malloc
 from ps.ops.port_file import PortFile
@@ -48,13 +48,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "--host:PORT (0 picks a free port, printed at start); unset: no endpoint")
     p.add_argument("--metrics-port-file", type=Path, default=None,
                    help="write the bound --metrics-port to this file (for scripts)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads for the optimizer step")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads for the optimizer step")
     p.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
     p.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
                    help="mutual TLS: require client certificates signed by this PEM CA")
     p.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
-    p.add_argument("--parent-pid", type=int, default=None,
+    p.add_argument("--parent-pid", type=positive_int, default=None,
                    help="exit when this process (the ps-server that started this shard) exits")
     return p
 
