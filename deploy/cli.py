@@ -305,7 +305,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         "machine, each worker confined to its share of the CPU budget (a cgroup CPU quota; where "
         "cgroups are not writable, a --slowdown factor with the same ratios), train, and print the "
         "batch size and compute time of every worker per epoch. Ends with a summary table and the "
-        "plots batch_sizes.png, compute_times.png and accuracy.png in --out. "
+        "plots batch_sizes.png, compute_times.png and accuracy.png in --out (ASP: asp.png too). "
         f"Without options: BSP, dynamic controller, {default['model']} on "
         f"{default['dataset']} ({' '.join(emulator.DEFAULT_DATASET_ARGS['synthetic'])}), global batch "
         f"{default['global_batch']}, {default['epochs']} epochs, lr {default['lr']}: 1-3 minutes on 2 cores.", width=88),
