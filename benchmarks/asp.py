@@ -6,6 +6,12 @@ its default) and prints a JSON report: each run's final test accuracy and wall t
 the mean, the smallest and the largest accuracy, plus ASP's largest update staleness. ``--asp-arg``
 adds a ps-server flag to the ASP runs only (e.g. ``--asp-arg=--staleness-bound=2``), to compare
 variants at the same seeds.
+
+``--hl8`` measures instead what ``ps-cluster run --profile hl8`` does in each mode (cgroup quotas in
+each mode's HL8 shares, the emulator's default workload): BSP, ASP, and ASP with
+``--staleness-bound 2``, one after another. It prints each run's accuracy, samples/s and largest
+staleness (in versions, and in clocks under the bound), and the time each took to reach the
+accuracy BSP ended at.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -22,6 +29,7 @@ from typing import Any
 
 from ps.ops.arg_types import positive_int
 from deploy.launcher import LocalCluster, WorkerSpec
+from ps.ops.metrics import read_metrics
 
 SLOWDOWNS = (1.0, 1.0, 2.0, 4.0)
 JOB = ["--model", "mlp", "--dataset", "digits", "--workers", "4", "--global-batch", "128", "--controller", "dynamic"]
@@ -57,12 +65,63 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+HL8_RUNS = {"bsp": ["--mode", "bsp"], "asp": ["--mode", "asp"],
+            "asp_ssp2": ["--mode", "asp", "--server-arg=--staleness-bound=2"]}
+"""The --hl8 runs: ps-cluster run flags after --profile hl8."""
+
+
+def run_hl8(name: str, flags: Sequence[str], out: Path, timeout: float) -> dict[str, Any]:
+    """One `ps-cluster run --profile hl8` run: its summary figures and every evaluation."""
+    argv = [sys.executable, "-m", "deploy.cli", "run", "--profile", "hl8", *flags, "--out", str(out)]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=timeout)
+    events = read_metrics(out / "metrics.jsonl")
+    (summary,) = [e for e in events if e.get("event") == "summary"]
+    epochs = [e for e in events if e.get("event") == "epoch"]
+    record: dict[str, Any] = {
+        "accuracy": summary["accuracy"],
+        "samples_per_s": summary["samples_per_s"],
+        "wall_s": summary["wall_s"],
+        "evals": [(e["wall_s"], e["accuracy"]) for e in events if e.get("event") == "eval"],
+    }
+    if name != "bsp":
+        for key in ("staleness_max", "clock_staleness_max", "ssp_waits"):
+            record[key] = max((max(e.get(key, {}).values(), default=0) for e in epochs), default=0)
+    return record
+
+
+def time_to(evals: list[tuple[float, float]], accuracy: float) -> float | None:
+    """The training time of the first evaluation at `accuracy` or more (None: never)."""
+    return next((round(t, 2) for t, a in evals if a >= accuracy), None)
+
+
+def bench_hl8(tmp: Path, timeout: float) -> dict[str, Any]:
+    runs = {}
+    for name, flags in HL8_RUNS.items():
+        runs[name] = run_hl8(name, flags, tmp / name, timeout)
+        print(f"hl8 {name}: accuracy {runs[name]['accuracy']}", file=sys.stderr, flush=True)
+    goal = runs["bsp"]["accuracy"]
+    for record in runs.values():
+        record["time_to_bsp_accuracy_s"] = time_to(record.pop("evals"), goal)
+    plain, ssp = runs["asp"], runs["asp_ssp2"]
+    return {
+        "command": "ps-cluster run --profile hl8 --mode {bsp,asp} [--server-arg=--staleness-bound=2]",
+        "bsp_accuracy": goal,
+        "runs": runs,
+        "ssp_over_asp": {
+            "accuracy_diff": round(ssp["accuracy"] - plain["accuracy"], 4),
+            "throughput_ratio": round(ssp["samples_per_s"] / plain["samples_per_s"], 3),
+            "max_clock_staleness": ssp["clock_staleness_max"],
+        },
+    }
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.asp", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", type=positive_int, default=5, help="seeds 0..N-1 (default: 5)")
     p.add_argument("--epochs", type=positive_int, default=8, help="epochs per job (default: 8)")
     p.add_argument("--modes", default="bsp,asp", help="comma-separated modes to run (default: bsp,asp)")
     p.add_argument("--asp-arg", action="append", default=[], metavar="ARG", help="extra ps-server flag for the ASP runs")
+    p.add_argument("--hl8", action="store_true", help="HL8 in the cgroup emulator instead: BSP, ASP, ASP --staleness-bound 2")
     p.add_argument("--run-timeout", type=float, default=600.0, help="seconds per job before giving up")
     return p
 
@@ -72,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [m for m in args.modes.split(",") if m]
     if not modes or any(m not in ("bsp", "asp") for m in modes):
         build_parser().error(f"--modes takes bsp and/or asp, got {args.modes!r}")
+    if args.hl8:
+        with tempfile.TemporaryDirectory(prefix="asp-hl8-") as tmp:
+            print(json.dumps(bench_hl8(Path(tmp), args.run_timeout)))
+        return 0
     report: dict[str, Any] = {
         "case": {"job": " ".join(JOB), "slowdowns": list(SLOWDOWNS), "epochs": args.epochs, "asp_args": args.asp_arg},
     }
