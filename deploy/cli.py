@@ -306,7 +306,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         "machine, each worker confined to its share of the CPU budget (a cgroup CPU quota; where "
         "cgroups are not writable, a --slowdown factor with the same ratios), train, and print the "
         "batch size and compute time of every worker per epoch. Ends with a summary table and the "
-        "plots batch_sizes.png, compute_times.png and accuracy.png in --out. "
+        "plots batch_sizes.png, compute_times.png and accuracy.png in --out (ASP: asp.png too). "
         f"Without options: BSP, the model batch policy, {default['model']} on "
         f"{default['dataset']} ({' '.join(emulator.DEFAULT_DATASET_ARGS['synthetic'])}), global batch "
         f"{default['global_batch']}, {default['epochs']} epochs, lr {default['lr']}: 1-3 minutes on 2 cores.", width=88),
@@ -315,7 +315,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         "  ps-cluster run --profile hl8 --quick                # a short run (about 30 s)\n"
         "  ps-cluster run --schedule dynamic --quick           # HL1->HL8->HL1, 2 epochs per phase\n"
         "  ps-cluster run --profile hl4 --controller uniform   # the baseline: equal batches\n"
-        "  ps-cluster run --mode asp --lr 0.5 --server-arg=--max-staleness=8\n"
+        "  ps-cluster run --mode asp --server-arg=--staleness-bound=2   # ASP, stale-synchronous\n"
         "exit status: 0 done, 1 the run failed (a worker or the server died), 2 bad input.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -216,15 +216,53 @@ def plot_accuracy(
     return _save(fig, path)
 
 
+ASP_PANELS = (
+    ("updates", "updates"),
+    ("staleness_mean", "staleness (versions): mean"),
+    ("staleness_max", "staleness (versions): max"),
+    ("ssp_wait_s", "SSP wait (s)"),
+)
+"""The panels of the ASP plot: an `epoch` record field per worker, and its axis label."""
+
+
+def plot_asp_updates(
+    events: Events, path: str | Path | None = None, *, labels: Mapping[str, str] | None = None,
+    title: str = "ASP updates per worker",
+) -> Figure:
+    """Per worker and epoch (ASP): updates applied, their mean and largest staleness in versions, and
+    the time --staleness-bound held its replies."""
+    fig = Figure(figsize=(FIGSIZE[0], FIGSIZE[1] * 1.6), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(2, 2, sharex=True).flat
+    for ax, (key, ylabel) in zip(axes, ASP_PANELS, strict=True):
+        series = epoch_series(events, key)
+        for name, (epochs, values) in series.items():
+            ax.plot(epochs, values, marker="o", markersize=3, linewidth=1.4, label=_label(name, labels))
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(bottom=0)
+        ax.grid(True, alpha=0.3)
+    for ax in fig.axes[2:]:
+        ax.set_xlabel("epoch")
+    handles, names = fig.axes[0].get_legend_handles_labels()
+    if handles:
+        fig.legend(handles, names, loc="outside right upper", fontsize="small", frameon=False)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
 def write_plots(
     events: Events, out_dir: str | Path, *, phases: Sequence[Mapping[str, Any]] = (),
     labels: Mapping[str, str] | None = None, title: str | None = None,
 ) -> list[Path]:
-    """Write ``batch_sizes.png``, ``compute_times.png`` and ``accuracy.png`` to ``out_dir``; their paths."""
+    """Write ``batch_sizes.png``, ``compute_times.png`` and ``accuracy.png`` to ``out_dir``, and
+    ``asp.png`` for an ASP run (its epochs record staleness); their paths."""
     out = Path(out_dir)
     suffix = f" ({title})" if title else ""
     paths = [out / "batch_sizes.png", out / "compute_times.png", out / "accuracy.png"]
     plot_batch_sizes(events, paths[0], phases=phases, labels=labels, title="Batch size per worker" + suffix)
     plot_compute_times(events, paths[1], phases=phases, labels=labels, title="Compute time per worker" + suffix)
     plot_accuracy(events, paths[2], title="Test accuracy" + suffix)
+    if epoch_series(events, "staleness_max"):
+        paths.append(out / "asp.png")
+        plot_asp_updates(events, paths[-1], labels=labels, title="ASP updates per worker" + suffix)
     return paths

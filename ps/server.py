@@ -30,6 +30,7 @@ from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.rounds.asp import AspSettings
 from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.rounds.coordinator import Coordinator
 from ps.rounds.fast_path import PARKING_OFF
@@ -198,6 +199,8 @@ def check_flags_together(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
+    if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
+        raise ValueError(f"--staleness-bound and --staleness-lr are for --mode asp, not --mode {args.mode}")
 
 
 def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,
@@ -210,7 +213,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
         model,
         dataset,
         adjust_every=args.adjust_every,
-        max_staleness=args.max_staleness,
+        asp=AspSettings(args.max_staleness, args.staleness_bound, args.staleness_lr),
         max_workers=args.max_workers,
         evict_after=args.evict_after,
         checkpoint_every=args.checkpoint_every,

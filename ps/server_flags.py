@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ps.control.config import POLICIES
-from ps.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, WIRE_DTYPES
+from ps.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES
 from ps.ops.arg_types import (
     epoch_or_steps,
     float_at_least,
@@ -78,9 +78,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "the largest batch and sends the sum back, so a slow worker takes part twice per step instead "
                           "of 2(W-1) times; auto is hub over gloo, ring over NCCL")
     opt = p.add_argument_group("optimizer")
-    opt.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd", help="server optimizer (BSP)")
+    opt.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                     help="the job's optimizer: BSP steps it on the server, ASP on every worker, over its own updates")
     opt.add_argument("--lr", type=positive_float, default=0.1, help="learning rate (ASP: eta in eta_k = eta*b_k/B)")
-    opt.add_argument("--momentum", type=float_between(0.0, 1.0, high_open=True), default=0.9, help="SGD momentum (BSP)")
+    opt.add_argument("--momentum", type=float_between(0.0, 1.0, high_open=True), default=0.9, help="SGD momentum")
     opt.add_argument("--weight-decay", type=float_at_least(0.0), default=0.0, help="L2 penalty")
     opt.add_argument("--nesterov", action="store_true", help="Nesterov momentum (SGD)")
     opt.add_argument("--lr-milestones", type=increasing_ints, default=(), metavar="E1,E2,...", help="comma-separated epochs where lr is multiplied by --lr-gamma")
@@ -112,7 +113,17 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
-    ctl.add_argument("--max-staleness", type=int_at_least(0), default=None, help="ASP: refuse updates older than this many versions")
+    asp = p.add_argument_group("asynchronous training (ASP)")
+    asp.add_argument("--max-staleness", type=int_at_least(0), default=None,
+                     help="refuse an update computed from a version more than this many versions old (the worker "
+                          "pulls and recomputes; unset: no limit)")
+    asp.add_argument("--staleness-bound", type=int_at_least(0), default=None, metavar="S",
+                     help="stale-synchronous parallel: hold a worker's reply while it has applied more than S updates "
+                          "beyond the slowest running worker (left, evicted and parked workers hold nobody back); 0 is "
+                          "lock-step; unset: no bound")
+    asp.add_argument("--staleness-lr", choices=STALENESS_LR, default="off",
+                     help="scale an update by its staleness tau (versions): inverse is eta_k/tau (Zhang et al. 2016), "
+                          "excess eta_k*min(1, (W-1)/tau) with W running workers")
     rel = p.add_argument_group("reliability")
     rel.add_argument("--max-workers", type=positive_int, default=None,
                      help="workers allowed in the job at once, late joiners included (unset: --workers)")

@@ -205,3 +205,17 @@ def test_library_benchmark_refuses_a_readme_without_the_loop(tmp_path: Path) -> 
     readme.write_text("## Your own training loop\n\n```python\nprint('no address')\n```\n")
     with pytest.raises(ValueError, match="no longer has"):
         library.readme_loop(readme)
+
+
+def test_asp_benchmark_reports_both_modes_and_the_ssp_waits() -> None:
+    """benchmarks.asp, one seed and one epoch: each mode's accuracy, ASP's staleness and SSP waits."""
+    result = subprocess.run(
+        [sys.executable, "-m", "benchmarks.asp", "--seeds", "1", "--epochs", "1", "--asp-arg=--staleness-bound=0"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(report) == {"case", "bsp", "asp", "asp_minus_bsp"}
+    (asp,) = report["asp"]["runs"]
+    assert 0.0 <= report["bsp"]["min"] <= 1.0 and 0.0 <= asp["accuracy"] <= 1.0
+    assert asp["ssp_waits"] > 0  # lock-step: the fast workers wait for the slow one

@@ -365,6 +365,19 @@ def test_the_time_plot_names_the_time_the_controller_balanced(balance: str) -> N
     assert ax.get_title() == f"{balance.capitalize()} time per worker"
 
 
+def test_an_asp_run_gets_a_plot_of_each_workers_updates_staleness_and_ssp_waits(tmp_path: Path) -> None:
+    """Pure: write_plots adds asp.png when the epochs record staleness, its panels one line per worker."""
+    from deploy.plots import write_plots
+
+    fields = {"updates": {"w0": 9, "w1": 3}, "staleness_mean": {"w0": 1.5, "w1": 4.0}, "staleness_max": {"w0": 3, "w1": 7},
+              "ssp_wait_s": {"w0": 0.4, "w1": 0.0}, "batch_sizes": {"w0": 40, "w1": 24}, "compute_ms": {"w0": 10.0, "w1": 30.0}}
+    events = [{"event": "epoch", "epoch": e, "time": 10.0 * e, **fields} for e in range(1, 4)]
+    paths = write_plots(events, tmp_path)
+    assert [p.name for p in paths] == ["batch_sizes.png", "compute_times.png", "accuracy.png", "asp.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert write_plots([{**e, "staleness_max": None} for e in events], tmp_path)[-1].name == "accuracy.png"
+
+
 def test_a_signal_another_thread_takes_is_still_held_until_the_block_ends() -> None:
     """A process-directed SIGTERM goes to a thread that does not block it (here: a waiting helper
     thread, as the cluster-settle thread is), and CPython then runs the handler in the main thread at

@@ -76,3 +76,13 @@ def wait_for_server(client: PSClient, waiting: Waiting) -> None:
         if waiting.remaining() <= 0:
             raise waiting.given_up()
         waiting.note_if_due()
+
+
+def lost_because(error: ServerError) -> str:
+    """What a failed call says about this worker's place in the job, for a person (gRPC's detail cut
+    to its last clause: "Connection refused", "Socket closed")."""
+    if error.code == "UNAVAILABLE":
+        return f"lost the server ({error.message.splitlines()[0].rsplit(': ', 1)[-1][:120] or 'unavailable'})"
+    if error.code == "NOT_FOUND":
+        return "the server does not know this worker (restarted?)"
+    return f"the server dropped this worker ({error.message.splitlines()[0][:200]})"

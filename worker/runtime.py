@@ -43,7 +43,8 @@ from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPl
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.heartbeat import Heartbeat
-from worker.reconnect import Waiting, wait_for_server
+from worker.local_optimizer import LocalOptimizer, StepRefused
+from worker.reconnect import Waiting, lost_because, wait_for_server
 from worker.sampler import ElasticBatchSampler
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,7 @@ class Session:
             self._on_device = (torch.empty_like(self._params, device=self.device), torch.empty_like(self._grads, device=self.device))
             self._train_x, self._train_y = self._train_x.to(self.device), self._train_y.to(self.device)
         self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
+        self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
         self._apply(self._pull_global_model())
 
     def _pull_global_model(self) -> StepPlan:
@@ -240,8 +242,14 @@ class Session:
         else:  # the collective takes them where they are (NCCL: no trip through the CPU); the wire from the CPU
             device_grads = flatten_grads(self.model, self._on_device[1])
             grads = self._grads if self._collective is not None else self._grads.copy_(device_grads)
-        if self.spec.mode == "asp":
-            values = self._asp_update(grads)
+        if self._optimizer is not None:
+            try:
+                values = self._optimizer.update(grads, self.plan.lr)
+            except StepRefused as exc:
+                log.warning("%s: %s; the batch is dropped", self.name, exc)
+                plan = self.client.pull(self.worker_id, self._params)
+                self._apply(plan)
+                return plan
         else:
             values = grads
         pushed = time.perf_counter()
@@ -407,13 +415,9 @@ class Session:
         self.worker_id = joined.worker_id
         self._heartbeat.retarget(joined.worker_id, joined.heartbeat_interval_s)  # the new server's --evict-after
         self.rejoins += 1
+        if self._optimizer is not None:
+            self._optimizer.reset()
         return self._pull_global_model()
-
-    def _asp_update(self, grads: torch.Tensor) -> torch.Tensor:
-        """Δ = -η_k (g + wd·θ), η_k from the server (η·b_k/B, Eq. 5b)."""
-        if self.spec.weight_decay:
-            grads.add_(self._params, alpha=self.spec.weight_decay)
-        return grads.mul_(-self.plan.lr)
 
     # --------------------------------------------------------------- lifecycle
     def leave(self) -> None:
@@ -440,16 +444,6 @@ class Session:
             pass
         finally:
             self.close()
-
-
-def lost_because(error: ServerError) -> str:
-    """What a failed call says about this worker's place in the job, for a person (gRPC's detail cut
-    to its last clause: "Connection refused", "Socket closed")."""
-    if error.code == "UNAVAILABLE":
-        return f"lost the server ({error.message.splitlines()[0].rsplit(': ', 1)[-1][:120] or 'unavailable'})"
-    if error.code == "NOT_FOUND":
-        return "the server does not know this worker (restarted?)"
-    return f"the server dropped this worker ({error.message.splitlines()[0][:200]})"
 
 
 DEFAULT_THREADS = 1

@@ -90,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--global-batch", type=positive_int, help="global batch B (default: 512)")
     job.add_argument("--epochs", type=positive_int,
                      help="epochs per run (default: 12; --schedule: phases x every; --tta: 60, a run stops at the target)")
-    job.add_argument("--lr", type=positive_float, help="learning rate (default: bsp 0.02, asp 0.1)")
-    job.add_argument("--momentum", type=float, default=0.9, help="SGD momentum, BSP and baselines (default: 0.9)")
+    job.add_argument("--lr", type=positive_float, help="learning rate (default: 0.02; --tta: 0.1)")
+    job.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
     job.add_argument("--seed", type=int, default=0, help="model initialisation and data split (default: 0)")
     job.add_argument("--adjust-every", type=_adjust_every, metavar="{epoch,N}",
                      help="controller granularity passed to ps-server (default: epoch; --case quickstart: 5)")
@@ -152,7 +152,7 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         workload = Workload(model="cnn", model_args=("width=96",), dataset="digits", dataset_args=(), global_batch=512)
     else:
         workload = Workload()
-    lr = args.lr if args.lr is not None else (0.1 if args.mode == "asp" else (case.workload.lr if case else Workload.lr) if not tta else 0.1)
+    lr = args.lr if args.lr is not None else ((case.workload.lr if case else Workload.lr) if not tta else 0.1)
     workload = replace(
         workload,
         model=args.model or workload.model,

@@ -20,6 +20,11 @@ order: the round closes when the last push arrives, so equal cycles are what a r
 FAST_PATH_CHOICES = ("off", "on", "auto")
 """`ps-server --allreduce`: never the collective fast path, always, or when the workers that start the
 job all compute on GPUs of their own (ps.rounds.rendezvous.fast_path_fits). A JobSpec holds the outcome."""
+STALENESS_LR = ("off", "inverse", "excess")
+"""`ps-server --staleness-lr` (ASP): how an update's learning rate falls with its staleness τ, in versions:
+not at all; η_k/τ (Zhang et al. 2016, staleness-aware async SGD; τ = 0 counts as 1); or η_k·min(1, (W−1)/τ)
+with W running workers, which only damps an update older than one update of every other worker
+(ps.rounds.asp.staleness_factor)."""
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
 """How --allreduce workers reduce: "ring" is torch.distributed.all_reduce (gloo's or NCCL's own
 algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""

@@ -179,15 +179,18 @@ class ParameterStore:
         return after
 
     @torch.no_grad()
-    def apply_update(self, delta: Vector, bound: float | None = None) -> None:
-        """θ ← θ + Δ (ASP: Δ is already scaled by the worker's learning rate). `bound` (>= max|Δ|;
-        default measured here) decides whether it is safe: if not, OverflowRisk and nothing changes."""
+    def apply_update(self, delta: Vector, bound: float | None = None, scale: float = 1.0) -> None:
+        """θ ← θ + scale·Δ (ASP: Δ is already scaled by the worker's learning rate, `scale` <= 1 is
+        --staleness-lr's factor). `bound` (>= max|scale·Δ|; default measured here) decides whether it
+        is safe: if not, OverflowRisk and nothing changes."""
         self._check_size(delta)
-        after = self.check_update(magnitude_of(delta) if bound is None else bound)
+        if not 0 < scale <= 1:
+            raise ValueError(f"an update's scale must be in (0, 1], got {scale}")
+        after = self.check_update(magnitude_of(delta) * scale if bound is None else bound)
         self._changing()
         self._gather()
         for start, part in parts(delta):
-            self._flat[start : start + part.numel()].add_(part)
+            self._flat[start : start + part.numel()].add_(part, alpha=scale)
         self._bound, self._exact = after * ROUNDING, False
 
     @torch.no_grad()

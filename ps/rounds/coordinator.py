@@ -25,10 +25,9 @@ from ps.job.datasets import Dataset
 from ps.job.evaluator import BackgroundEvaluator
 from ps.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
-from ps.params.aggregation import asp_lr
 from ps.params.store import ParameterStore
 from ps.rounds.admission import Admission
-from ps.rounds.asp import AspUpdates
+from ps.rounds.asp import AspSettings, AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.checkpoint_state import checkpoint_state, load_params, params_digest, saved_controller
 from ps.rounds.epochs import Epochs
@@ -63,7 +62,7 @@ class Coordinator(JobState):
         dataset: Dataset,
         *,
         adjust_every: int | None = None,
-        max_staleness: int | None = None,
+        asp: AspSettings | None = None,
         max_workers: int | None = None,
         evict_after: float = 10.0,
         checkpoint_every: int | None = None,
@@ -107,8 +106,8 @@ class Coordinator(JobState):
         self.fast_path = FastPath(self, fast_path_on_gpus)
         self.parking = Parking(self)
         self.bsp = BspRound(self, self.parking)
-        self.asp = AspUpdates(self, max_staleness)
         self.epochs = Epochs(self, len(dataset.train_x), adjust_every, checkpoint_every)
+        self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
         self.admission = Admission(self, self.epochs, self.fast_path)
         self.whole_model = WholeModel(self, (full, None) if shards else None)
         self.evaluation = Evaluations(self, evaluator, self.epochs, self.whole_model)
@@ -219,6 +218,7 @@ class Coordinator(JobState):
         member = self.membership.remove(worker_id, reason)
         self.end.told_done.discard(worker_id)
         self.bsp.pushed.discard(worker_id)
+        self.asp.release()  # SSP: a slowest worker gone lets the others go on
         self.metrics.write(event, worker=member.name, reason=reason, step=self.step, epoch=self.epoch)
         self.fast_path.regroup()
         if self.done:
@@ -270,7 +270,7 @@ class Coordinator(JobState):
             return self._reply(member)
         if self.spec.mode == "bsp":
             return await self._push_bsp(member, meta, values)
-        return self._push_asp(member, meta, values)
+        return await self._push_asp(member, meta, values)
 
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: Vector) -> StepReply:
         ms = self.bsp.balanced_ms(member, meta)
@@ -321,10 +321,10 @@ class Coordinator(JobState):
             self.bsp.committing = False
             self.bsp.resolve()
 
-    def _push_asp(self, member: Member, meta: PushMeta, delta: Vector) -> StepReply:
+    async def _push_asp(self, member: Member, meta: PushMeta, delta: Vector) -> StepReply:
         self.asp.apply(member, meta, delta)
-        self.epochs.count_push(member, meta.compute_ms, meta.batch_size)
         self._advance(meta.batch_size)
+        await self.asp.wait_turn(member)  # --staleness-bound: while its worker is too far ahead
         return self._reply(member)
 
     # -------------------------------------------------------------- pull / reply
@@ -371,9 +371,7 @@ class Coordinator(JobState):
         group = self.fast_path.group_info(member, plan)
         batch = plan.get(member.name, 0)
         global_batch = sum(plan.values())
-        lr = self.spec.lr_at(self.epoch)
-        if self.spec.mode == "asp":
-            lr = asp_lr(lr, batch, global_batch, self.spec.lr_scaling) if batch else 0.0
+        lr = self.asp.lr(batch, global_batch) if self.spec.mode == "asp" else self.spec.lr_at(self.epoch)
         if self.done:
             self.end.told_done.add(member.worker_id)
         self._tell(member, batch)
@@ -466,6 +464,7 @@ class Coordinator(JobState):
         self.reason = reason
         self.epochs.end_time = self.clock()
         self.metrics.write("end", reason=reason, step=self.step, epoch=self.epoch)
+        self.asp.release()
         self.whole_model.defer(lambda: None)  # allreduce: the final global model, for the last checkpoint
         for member in self.membership.pending.values():
             member.activated.set()

@@ -5,6 +5,7 @@ and a checkpoint is due (every N steps, or at every epoch end), and the job's st
 from __future__ import annotations
 
 from ps.rounds.membership import Member
+from ps.rounds.ssp import EpochCounts, epoch_fields
 from ps.rounds.state import JobState
 
 
@@ -77,10 +78,12 @@ class Epochs:
             },
             updates={m.name: m.epoch_updates for m in s.members.values()},
             balance=s.spec.balance,
+            **(epoch_fields({m.name: m.asp for m in s.members.values()}) if s.spec.mode == "asp" else {}),
         )
         for m in s.members.values():
             m.epoch_updates = 0
             m.epoch_compute_ms = []
+            m.asp = EpochCounts()
         self.epoch_start_time, self.epoch_start_samples = now, s.samples
 
     def first_round(self) -> None:
