@@ -80,7 +80,8 @@ def test_the_model_state_survives_a_checkpoint_and_resume(tmp_path: Path) -> Non
                 cluster.start_worker(name)
             cluster.start_worker("c", *SLOW)
             if run == "first":
-                wait_for(lambda: any(e.get("phase") == "solve" for e in cluster.events("adjust")), 120, "a solve")
+                wait_for(lambda: any(e.get("phase") == "solve" and "c" in e.get("parked", [])
+                                     for e in cluster.events("adjust")), 240, "a solve that parks c")
                 cluster.server.send_signal(signal.SIGTERM)
             assert cluster.wait(240) == 0, cluster.server_log()
         finally:

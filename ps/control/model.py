@@ -13,10 +13,12 @@ minimising the predicted round max_i f_i(b_i) + c (optperf.py). Its life, decisi
    not move a worker enough. The `adjust` record says `"phase": "probe"` and names the probed workers.
 2. **Solve.** Once the probes are measured it solves and installs the split (again at once), so
    the plan is steady one decision after the probe rounds.
-3. **Hold or re-solve.** At each later decision it checks every worker's fit against its newest
-   `min_samples` times: a worker off the fit of its older observations by the deadband or more has
-   changed speed, and its history is rescaled to the new speed (time_fit.Observations.rescale).
-   The split is re-solved and installed if its predicted round beats the current plan's by more
+3. **Hold or re-solve.** At each later decision it checks every worker's fit against its times
+   since its batch was set: a worker off the fit of its older observations by the deadband or more
+   (and by more than the noise of its mean) has changed speed, and its history is rescaled to the
+   new speed (time_fit.Observations.rescale). A plan measured balanced (`_balanced`) is held.
+   Otherwise the split is re-solved, every plan priced with the fits' uncertainty
+   (time_fit.Finish.cautious), and installed if its predicted round beats the current plan's by more
    than MIN_GAIN or the model's own relative error on the plan in force, whichever is larger (where
    a fixed cost dominates, many splits predict nearly the same round: noise in the fits must not
    move B back and forth), or at once when B changes or a worker joins or leaves (`replan`).
@@ -46,6 +48,7 @@ from typing import Any
 from ps.control.checks import integer, real
 from ps.control.optperf import FinishTime, best_plan, round_time, split
 from ps.control.roster import Roster
+from ps.control.model_state import nonnegative, observations, parking_pair, state_list
 from ps.control.split import clip, fit_to_sum
 from ps.control.time_fit import Fit, Finish, Observations
 
@@ -211,9 +214,12 @@ class ModelPolicy(Roster):
                             **self._describe(new)}
             return new
         reprobe = [k for k, e in self._park.items() if e.waited >= e.every]
+        if self._solved and not reprobe and not self._reprobed and self._balanced(current):
+            self._report = {**report, "phase": "hold", "balanced": True, "drift": drifted, **self._describe(current)}
+            return None
         min_gain = max(MIN_GAIN, _error(report["previous"]))
         new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain)
-        finishes = self._times()
+        finishes = self._times(cautious=True)
         gain = (round_time(finishes, current) - round_time(finishes, new)) / max(round_time(finishes, new), 1e-9)
         report["min_gain"] = round(min_gain, 4)
         # a new plan must pay for itself, by more than the model's own error on the plan in force,
@@ -252,17 +258,19 @@ class ModelPolicy(Roster):
     def report(self) -> dict[str, Any]:
         return dict(self._report)
 
-    def _times(self) -> dict[str, FinishTime]:
+    def _times(self, cautious: bool = False) -> dict[str, FinishTime]:
         """Each worker's finish time as a function of its batch (a worker not measured yet: the
-        slowest measured per-sample time, so it is never predicted fast)."""
+        slowest measured per-sample time, so it is never predicted fast); `cautious`: plus the fit's
+        uncertainty where a plan extrapolates (time_fit.Finish.cautious), for choosing between plans."""
         finishes = self._finishes()
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
-        return {k: (finishes[k].at if k in finishes else (lambda b, p=per_sample: p * b)) for k in self._workers}
+        return {k: ((finishes[k].cautious if cautious else finishes[k].at) if k in finishes
+                    else (lambda b, p=per_sample: p * b)) for k in self._workers}
 
     def _solve(self, forced_in: list[str], min_gain: float) -> tuple[dict[str, int], list[str], dict[str, float]]:
         """The best split of B over every worker (parked ones included: they are candidates like the
         others, except those brought back for a re-probe), and who is parked."""
-        times = self._times()
+        times = self._times(cautious=True)
         lower, upper = self._bounds()
         B = self._config.global_batch
         if not self._exact_sum():  # ASP whose bounds cannot meet B: everyone at the bound B pushes them to
@@ -317,23 +325,57 @@ class ModelPolicy(Roster):
             return dict(current)
         return {**inside, **fit_to_sum(target, total, lo, hi)}
 
+    def _balanced(self, plan: Mapping[str, int]) -> bool:
+        """Whether the plan in force is measured balanced. Each planned worker's finish times since it
+        got its batch (at least `min_samples`) give a mean; the fastest mean of the workers inside
+        their bounds is the level. A worker inside its bounds, or held at its upper bound, must not
+        finish later than the level by more than the deadband; one held at its lower bound must not
+        finish earlier by more than that (it could take samples then; later is what holding it
+        there chose). Differences within twice the two means' standard error count as none: on this
+        many rounds they are noise. Then the split the solver aims for is in force already, and a
+        re-solve would move samples by the noise in the fits."""
+        lower, upper = self._bounds()
+        measured: dict[str, tuple[float, float]] = {}
+        for k, b in plan.items():
+            if b <= 0 or lower[k] == upper[k]:
+                continue
+            times = self._obs[k].recent(b, max(self._config.min_samples, self._obs[k].run(b)))
+            if times is None:
+                return False
+            error = statistics.stdev(times) / math.sqrt(len(times)) if len(times) > 1 else 0.0
+            measured[k] = (statistics.fmean(times), error)
+        inside = [measured[k] for k in measured if lower[k] < plan[k] < upper[k]]
+        if len(inside) < 2:
+            return False
+        level, level_error = min(inside)
+        for k, (mean, error) in measured.items():
+            tolerance = max(self._config.deadband * level, 2.0 * math.hypot(error, level_error))
+            late = plan[k] > lower[k] and mean - level > tolerance
+            early = plan[k] <= lower[k] and level - mean > tolerance
+            if late or early:
+                return False
+        return True
+
     def _drifted(self, worker_id: str) -> bool:
-        """Whether the worker's newest `min_samples` times are off, by the deadband or more, from the
-        fit of what it did before its current run of observations at its batch (a changed speed); if
-        so its history is rescaled to them (time_fit.Observations.rescale)."""
+        """Whether the worker's times at its batch (`min_samples` or more) are off, by the deadband or
+        more and by more than twice their mean's standard error, from the fit of what it did before
+        its current run of observations at its batch (a changed speed); if so its history is rescaled
+        to them (time_fit.Observations.rescale)."""
         n = self._config.min_samples
         b = self._workers[worker_id].batch
         obs = self._obs[worker_id]
         run = obs.run(b) if b else 0
-        recent = obs.recent(b, n) if run >= n else None
+        recent = obs.recent(b, run) if run >= n else None
         if recent is None:
             return False
         before = obs.fit(n, exclude_last=run)
         if before is None or before.batches < 2:
             return False
         predicted = before.finish.at(b)
-        ratio = statistics.fmean(recent) / predicted if predicted > 0 else 1.0
-        if abs(ratio - 1.0) < max(self._config.deadband, 1e-9):
+        mean = statistics.fmean(recent)
+        ratio = mean / predicted if predicted > 0 else 1.0
+        noise = 2.0 * statistics.stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
+        if abs(ratio - 1.0) < max(self._config.deadband, noise, 1e-9):
             return False
         obs.rescale(ratio, run, keep=n)
         return True
@@ -414,10 +456,10 @@ class ModelPolicy(Roster):
         for k, entry in workers.items():
             if not isinstance(entry, Mapping) or set(entry) != {"obs", "seq", "probes", "parked"}:
                 raise ValueError(f"model state of {k!r} must have the keys obs, seq, probes, parked")
-            self._obs[k] = Observations(_observations(k, entry["obs"]), integer(f"seq of {k!r}", entry["seq"], minimum=0))
+            self._obs[k] = Observations(observations(k, entry["obs"]), integer(f"seq of {k!r}", entry["seq"], minimum=0))
             self._probes[k] = integer(f"probes of {k!r}", entry["probes"], minimum=0)
             if entry["parked"] is not None:
-                waited, every = _pair(k, entry["parked"])
+                waited, every = parking_pair(k, entry["parked"])
                 if self._workers[k].batch != 0:
                     raise ValueError(f"worker {k!r} is parked in the model state but has batch {self._workers[k].batch}")
                 self._park[k] = _Parked(waited, every)
@@ -431,10 +473,10 @@ class ModelPolicy(Roster):
         if not isinstance(reprobed, Mapping) or not set(reprobed) <= set(self._workers):
             raise ValueError("model state 'reprobed' must map workers of the roster to their wait")
         self._reprobed = {k: integer(f"re-probe wait of {k!r}", v, minimum=1) for k, v in reprobed.items()}
-        self._overhead = deque((_nonnegative("overhead", v) for v in _list("overhead", raw["overhead"])),
+        self._overhead = deque((nonnegative("overhead", v) for v in state_list("overhead", raw["overhead"])),
                                maxlen=OVERHEAD_ROUNDS)
-        self._measured = [_nonnegative("measured", v) for v in _list("measured", raw["measured"])][-MEASURED_ROUNDS:]
-        self._predicted = None if raw["predicted"] is None else _nonnegative("predicted", raw["predicted"])
+        self._measured = [nonnegative("measured", v) for v in state_list("measured", raw["measured"])][-MEASURED_ROUNDS:]
+        self._predicted = None if raw["predicted"] is None else nonnegative("predicted", raw["predicted"])
         if not isinstance(raw["solved"], bool):
             raise ValueError("model state 'solved' must be true or false")
         self._solved = raw["solved"]
@@ -452,38 +494,3 @@ def _error(previous: Mapping[str, Any]) -> float:
 
 def _round(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
-
-
-def _list(name: str, value: Any) -> list[Any]:
-    if not isinstance(value, list):
-        raise ValueError(f"model state {name!r} must be a list")
-    return value
-
-
-def _nonnegative(name: str, value: Any) -> float:
-    number = real(name, value)
-    if number < 0:
-        raise ValueError(f"{name} must be >= 0, got {number}")
-    return number
-
-
-def _pair(worker_id: str, value: Any) -> tuple[int, int]:
-    if not isinstance(value, list) or len(value) != 2:
-        raise ValueError(f"parking of {worker_id!r} must be [waited, every]")
-    return (integer(f"parking wait of {worker_id!r}", value[0], minimum=0),
-            integer(f"re-probe interval of {worker_id!r}", value[1], minimum=1))
-
-
-def _observations(worker_id: str, value: Any) -> list[tuple[int, int, float, float | None]]:
-    items = []
-    for item in _list(f"obs of {worker_id}", value):
-        if not isinstance(item, list) or len(item) != 4:
-            raise ValueError(f"each observation of {worker_id!r} must be [seq, batch, ms, exposed ms or null]")
-        seq = integer(f"observation number of {worker_id!r}", item[0], minimum=0)
-        batch = integer(f"observed batch of {worker_id!r}", item[1], minimum=1)
-        ms = _nonnegative(f"observed ms of {worker_id!r}", item[2])
-        exposed = None if item[3] is None else _nonnegative(f"observed exposed ms of {worker_id!r}", item[3])
-        items.append((seq, batch, ms, exposed))
-    if len({seq for seq, *_ in items}) != len(items):
-        raise ValueError(f"the observations of {worker_id!r} repeat a sequence number")
-    return items

@@ -37,22 +37,39 @@ ONE_SAMPLE_REL_NOISE = 0.1
 """Relative standard deviation assumed for a group of one observation."""
 OUTLIER_MADS = 3.0
 """A time further than this many robust deviations from its group's median is left out of the fit."""
+CAUTION = 2.0
+"""Standard errors of a fitted time added to it where plans are compared (Finish.cautious)."""
 BOUND_TOLERANCE = 0.05
 """Exposed communication more than this fraction over its floor counts as communication-bound."""
 
 
 @dataclass(frozen=True)
 class Line:
-    """t(b) = q·b + s in ms (q: ms per sample, s: ms per step)."""
+    """t(b) = q·b + s in ms (q: ms per sample, s: ms per step), with the covariance of the fitted
+    (s, q) where the fit knows it (all zero: exact)."""
 
     q: float
     s: float
+    var_s: float = 0.0
+    cov: float = 0.0
+    var_q: float = 0.0
 
     def at(self, batch: float) -> float:
         return self.q * batch + self.s
 
+    def sd(self, batch: float) -> float:
+        """The standard error of the fitted time at `batch`: least at the observations' centre, growing
+        the farther a prediction extrapolates from them."""
+        return math.sqrt(max(0.0, self.var_s + 2.0 * batch * self.cov + batch * batch * self.var_q))
+
+    @property
+    def centre(self) -> float:
+        """The batch at which the fitted time is best known (where `sd` is least)."""
+        return -self.cov / self.var_q if self.var_q > 0 else 0.0
+
     def scaled(self, factor: float) -> Line:
-        return Line(self.q * factor, self.s * factor)
+        f2 = factor * factor
+        return Line(self.q * factor, self.s * factor, self.var_s * f2, self.cov * f2, self.var_q * f2)
 
 
 @dataclass(frozen=True)
@@ -75,6 +92,13 @@ class Finish:
 
     def at(self, batch: float) -> float:
         return self.line.at(batch) + self.exposed_at(batch)
+
+    def cautious(self, batch: float) -> float:
+        """The finish time at `batch` plus CAUTION standard errors of the fit there, counted from no
+        lower than the fit's centre: a plan that moves a worker far above the batches it was measured
+        at is priced at what the measurements can vouch for, so noisy fits cannot carry a solve to an
+        extreme split. Nondecreasing in the batch, like `at`."""
+        return self.at(batch) + CAUTION * self.line.sd(max(batch, self.line.centre))
 
     def exposed_at(self, batch: float) -> float:
         if self.exposed is None:
@@ -148,15 +172,19 @@ def weighted_line(points: Sequence[Group]) -> Line | None:
         return None
     if len(points) == 1:
         p = points[0]
-        return Line(p.mean / p.batch, 0.0)
+        return Line(p.mean / p.batch, 0.0, var_q=1.0 / (p.weight * p.batch * p.batch))
     w, sb, st, sbb, sbt = _moments(points)
+    det = w * sbb - sb * sb
+    # the weights are inverse variances, so (X'WX)^-1 is the covariance of the fitted (s, q)
+    var_s, cov, var_q = (sbb / det, -sb / det, w / det) if det > 0 else (1.0 / w, 0.0, 0.0)
     q = _slope(points)
     if q <= 0:  # times that fall with the batch: only noise can say so; a nearly flat line
         q = 1e-6 * st / sb
     s = (st - q * sb) / w
     if s < 0:  # a negative fixed cost: the best line through the origin
         s, q = 0.0, sbt / sbb
-    return Line(q, s)
+        var_s, cov, var_q = 0.0, 0.0, 1.0 / sbb
+    return Line(q, s, var_s, cov, var_q)
 
 
 def _moments(points: Sequence[Group]) -> tuple[float, float, float, float, float]:

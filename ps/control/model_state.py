@@ -1,0 +1,47 @@
+"""Reading the model policy's checkpoint state back: each value checked as it is read, so a state
+file that contradicts itself or holds garbage is refused with the field it names (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ps.control.checks import integer, real
+
+
+def state_list(name: str, value: Any) -> list[Any]:
+    """`value` if it is a list."""
+    if not isinstance(value, list):
+        raise ValueError(f"model state {name!r} must be a list")
+    return value
+
+
+def nonnegative(name: str, value: Any) -> float:
+    """`value` as a finite float >= 0."""
+    number = real(name, value)
+    if number < 0:
+        raise ValueError(f"{name} must be >= 0, got {number}")
+    return number
+
+
+def parking_pair(worker_id: str, value: Any) -> tuple[int, int]:
+    """A parked worker's [decisions waited, decisions between re-probes]."""
+    if not isinstance(value, list) or len(value) != 2:
+        raise ValueError(f"parking of {worker_id!r} must be [waited, every]")
+    return (integer(f"parking wait of {worker_id!r}", value[0], minimum=0),
+            integer(f"re-probe interval of {worker_id!r}", value[1], minimum=1))
+
+
+def observations(worker_id: str, value: Any) -> list[tuple[int, int, float, float | None]]:
+    """A worker's saved observations: [sequence number, batch, ms, exposed ms or null], no number twice."""
+    items = []
+    for item in state_list(f"obs of {worker_id}", value):
+        if not isinstance(item, list) or len(item) != 4:
+            raise ValueError(f"each observation of {worker_id!r} must be [seq, batch, ms, exposed ms or null]")
+        seq = integer(f"observation number of {worker_id!r}", item[0], minimum=0)
+        batch = integer(f"observed batch of {worker_id!r}", item[1], minimum=1)
+        ms = nonnegative(f"observed ms of {worker_id!r}", item[2])
+        exposed = None if item[3] is None else nonnegative(f"observed exposed ms of {worker_id!r}", item[3])
+        items.append((seq, batch, ms, exposed))
+    if len({seq for seq, *_ in items}) != len(items):
+        raise ValueError(f"the observations of {worker_id!r} repeat a sequence number")
+    return items
