@@ -154,7 +154,10 @@ build_local_base() {
     rm -f "$root.log"
     if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null; then
         cp /usr/local/share/ca-certificates/*.crt "$root/usr/local/share/ca-certificates/"
-        chroot "$root" update-ca-certificates >/dev/null 2>&1 || die "update-ca-certificates failed in the new root"
+        # the caller's TMPDIR (a test suite's own folder, say) does not exist inside the new root
+        local out
+        out="$(TMPDIR=/tmp chroot "$root" update-ca-certificates 2>&1)" \
+            || die "update-ca-certificates failed in the new root: ${out##*$'\n'}"
     fi
     rm -rf "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/*
     tar -C "$root" -c . | docker import \
