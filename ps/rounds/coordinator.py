@@ -120,13 +120,14 @@ class Coordinator(JobState):
         return self.fast_path.undecided
 
     # ----------------------------------------------------------------- membership
-    async def join(self, name: str, cores: float, cuda_device: str | None = None) -> JoinInfo:
+    async def join(self, name: str, cores: float, cuda_device: str | None = None, max_batch: int | None = None) -> JoinInfo:
         """Admit a worker. Before the start it waits for all expected workers; later it
         enters at the next round boundary (BSP) or at once (ASP) and gets a share of B.
-        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU."""
-        self.admission.check(name, cores, cuda_device)
+        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
+        `max_batch`: the most samples its memory holds (None: no bound of its own)."""
+        self.admission.check(name, cores, cuda_device, max_batch)
         member = self.membership.admit(name, cores, self.clock())
-        member.cuda_device = cuda_device
+        member.cuda_device, member.max_batch = cuda_device, max_batch
         try:
             if not self.admission.started.is_set():
                 if self.admission.all_here():
@@ -172,7 +173,7 @@ class Coordinator(JobState):
         now = self.clock()
         for member in list(self.membership.pending.values()):
             self.membership.activate(member.worker_id)
-            self.controller.add_worker(member.name, cores=member.cores)
+            self.controller.add_worker(member.name, cores=member.cores, max_batch=member.max_batch)
             member.last_seen = now
             self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
         self.controller.replan()
