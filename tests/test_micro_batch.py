@@ -139,3 +139,10 @@ def test_a_resume_moves_between_micro_batched_and_plain_plans() -> None:
     assert back.plan() == {"a": 48, "b": 16}  # b keeps the bound as the micro-batched plan held it
     same = reconfigured(micro, micro.config)
     assert isinstance(same, MicroBatched) and same.plan() == micro.plan()
+
+
+def test_a_workers_own_bound_never_lifts_the_servers_max_batch() -> None:
+    from ps.rounds.admission import own_max_batch
+    config = ControllerConfig(global_batch=64, max_batch=32)
+    assert own_max_batch(config, None) is None and own_max_batch(config, 20) == 20
+    assert own_max_batch(config, 10 ** 6) == 32  # a measured CPU bound far above B

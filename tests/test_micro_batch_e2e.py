@@ -5,6 +5,7 @@ impossible flags are refused in one line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -91,3 +92,17 @@ def test_impossible_flags_are_refused_in_one_line() -> None:
     ):
         done = subprocess.run([sys.executable, "-m", "ps.server", *args], capture_output=True, text=True, env=ENV, timeout=60)
         assert (done.returncode, done.stderr.strip()) == (2, message)
+
+
+def test_the_benchmark_reports_the_three_runs_side_by_side() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.micro_batches", "--seeds", "0", "--epochs", "1", "--micro-batch", "4",
+         "--throughput-batch", "0", "--limiter", "slowdown"],
+        capture_output=True, text=True, env=ENV, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert set(report["accuracy"]) == {"uniform", "variable", "micro4"}
+    assert report["slowest_worker_batches"]["uniform"] == [12]
+    assert all(b % 4 == 0 for b in report["slowest_worker_batches"]["micro4"])
+    assert all(r["bn"] and r["accuracy"] > 0.3 for runs in report["accuracy_runs"].values() for r in runs)
+    assert report["bn_distance_to_uniform"]["micro4"][0] is not None

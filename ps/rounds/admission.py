@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ps.control.config import ControllerConfig
 from ps.control.micro import usable_max
 from ps.control.registry import reconfigured
 from ps.control.roster import Roster
@@ -14,6 +15,12 @@ from ps.rounds.epochs import Epochs
 from ps.rounds.fast_path import FastPath
 from ps.rounds.membership import MAX_NAME
 from ps.rounds.state import JobState
+
+
+def own_max_batch(config: ControllerConfig, declared: int | None) -> int | None:
+    """The bound a worker's own max batch puts on its plan: the lower of it and the server's
+    --max-batch (None: the server's alone)."""
+    return None if declared is None else min(declared, config.default_max_batch)
 
 
 class Admission:

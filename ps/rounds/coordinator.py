@@ -26,7 +26,7 @@ from ps.job.evaluator import BackgroundEvaluator
 from ps.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
 from ps.params.store import ParameterStore
-from ps.rounds.admission import Admission
+from ps.rounds.admission import Admission, own_max_batch
 from ps.rounds.asp import AspSettings, AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.checkpoint_state import checkpoint_state, load_params, params_digest, saved_controller
@@ -173,7 +173,8 @@ class Coordinator(JobState):
         now = self.clock()
         for member in list(self.membership.pending.values()):
             self.membership.activate(member.worker_id)
-            self.controller.add_worker(member.name, cores=member.cores, max_batch=member.max_batch)
+            bound = own_max_batch(self.controller.config, member.max_batch)
+            self.controller.add_worker(member.name, cores=member.cores, max_batch=bound)
             member.last_seen = now
             self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
         self.controller.replan()
