@@ -50,6 +50,10 @@ def test_batchnorm_normalises_each_micro_batch_alone(digits) -> None:
         F.cross_entropy(model(x[start:start + 8]), y[start:start + 8]).backward()
         by_hand += grads(model) / 4
     assert torch.allclose(accumulated, by_hand, rtol=1e-5, atol=1e-6)
+    for per_pass in (8, 16, 20):  # passes of one, two and (rounded down) two micro-batches: the same
+        backward_in_micro_batches(model, x, y, 8, per_pass=per_pass)
+        assert torch.allclose(grads(model), by_hand, rtol=1e-5, atol=1e-6), per_pass
+    assert type(model.features[1]).forward is torch.nn.BatchNorm2d.forward and "forward" not in vars(model.features[1])
     backward_in_micro_batches(model, x, y, 1)  # one pass of 32: other batch statistics, another gradient
     assert not torch.allclose(grads(model), accumulated, rtol=1e-3, atol=1e-4)
 
@@ -82,8 +86,10 @@ def test_the_cpu_probe_grows_with_the_model_and_bounds_the_batch(digits) -> None
 
 def test_what_a_worker_declares_at_join() -> None:
     spec = JobSpec(model="cnn-bn", global_batch=64, micro_batch=8)
-    assert declared_max_batch(lambda: spec, None, 24) == 24  # --max-batch wins, the spec is not asked for
-    assert declared_max_batch(lambda: spec, None, None) == 0  # micro-batches: memory bounds m, not k*m
-    assert declared_max_batch(lambda: JobSpec(model="cnn-bn"), None, None) >= 1
+    assert declared_max_batch(lambda: spec, None, 24) == (24, None)  # --max-batch wins, the spec is not asked for
+    bound, per_pass = declared_max_batch(lambda: spec, None, None)
+    assert bound == 0 and per_pass >= 8 and per_pass % 8 == 0  # micro-batches: memory bounds a pass, not k*m
+    bound, per_pass = declared_max_batch(lambda: JobSpec(model="cnn-bn"), None, None)
+    assert bound >= 1 and per_pass is None
     with pytest.raises(JobSetupError, match="cannot build"):
         declared_max_batch(lambda: JobSpec(model="no-such-model"), None, None)

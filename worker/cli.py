@@ -53,7 +53,7 @@ def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None
     model = session.model
     last_log = time.monotonic()
     for x, y in session.batches():
-        loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy)
+        loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
         session.step()
         if not quiet and time.monotonic() - last_log >= log_every:
             last_log = time.monotonic()

@@ -122,16 +122,18 @@ def probe_max_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: 
 INT32_MAX = 2**31 - 1
 
 
-def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None, given: int | None) -> int:
-    """The max batch this worker tells the server at Join (0: no bound of its own).
+def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None,
+                       given: int | None) -> tuple[int, int | None]:
+    """The max batch this worker tells the server at Join (0: no bound of its own), and the most
+    samples one forward pass may take (None: any; worker/accumulate.py).
 
     `given` (ps-worker --max-batch) wins. Otherwise the model of the `job` (asked only then) is probed
     on `device` (None: the CPU; `probe_max_batch`).
     With --micro-batch m the worker computes one micro-batch at a time, so its memory bounds m and not
-    its whole batch: it declares no bound, or raises JobSetupError if m does not fit (or the job's
-    data and model cannot be built here)."""
+    its whole batch: it declares no bound and computes its batch in passes of as many micro-batches
+    as fit, or raises JobSetupError if one does not (or the job's data and model cannot be built here)."""
     if given is not None:
-        return given
+        return given, None
     spec, device = job(), device or torch.device("cpu")
     try:
         dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
@@ -143,5 +145,5 @@ def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None, 
         if found.max_batch < spec.micro_batch:
             raise JobSetupError(f"this worker's memory holds about {found.max_batch} samples of the model at once, "
                                 f"below the job's --micro-batch {spec.micro_batch}")
-        return 0
-    return max(1, min(found.max_batch, INT32_MAX))
+        return 0, found.max_batch // spec.micro_batch * spec.micro_batch
+    return max(1, min(found.max_batch, INT32_MAX)), None

@@ -86,6 +86,7 @@ class Session:
     def __init__(
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
+        pass_samples: int | None = None,
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -99,7 +100,7 @@ class Session:
         self.device = device or torch.device("cpu")
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
-        self.max_batch = max_batch
+        self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
         self.worker_id = joined.worker_id
@@ -489,8 +490,8 @@ def connect(
         if threads is not None:
             torch.set_num_threads(threads)
         # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
-        declared = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
-        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms, declared)
+        bounds = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
+        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms, *bounds)
     except BaseException:
         client.close()
         raise
