@@ -114,6 +114,7 @@ def build_job(args: argparse.Namespace) -> Job:
         allreduce=allreduce,
         allreduce_algorithm=args.allreduce_algorithm,
         balance=default_balance(args.mode, allreduce, args.shards) if args.balance == "auto" else args.balance,
+        micro_batch=args.micro_batch,
     )
     config = ControllerConfig(
         policy=args.controller,
@@ -125,6 +126,7 @@ def build_job(args: argparse.Namespace) -> Job:
         keep_global_sum=args.mode == "bsp",
         dynamic_start=args.dynamic_start,
         park=args.park and args.mode == "bsp" and not allreduce,
+        micro_batch=args.micro_batch,
     )
     checkpoint_dir = args.checkpoint_dir or args.resume
     if checkpoint_dir is not None:
@@ -153,7 +155,7 @@ def build_job(args: argparse.Namespace) -> Job:
     if allreduce and args.park and args.controller == "model":
         metrics.write("parking", on=False, why=PARKING_OFF)
         print(f"ps-server: note: parking is off: {PARKING_OFF}", file=sys.stderr)
-    evaluator = BackgroundEvaluator(eval_model, dataset)
+    evaluator = BackgroundEvaluator(eval_model, dataset, bn_batch=bn_batch(spec), seed=spec.seed)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
     rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if allreduce else None
     fast_path_on_gpus = functools.partial(Rendezvous, args.host, args.rendezvous_port or 0) if may_switch else None
@@ -195,12 +197,35 @@ def check_flags_together(args: argparse.Namespace) -> None:
         raise ValueError(f"--workers {args.workers} x --min-batch {args.min_batch} exceeds --global-batch {args.global_batch}")
     if args.max_batch is not None and args.workers * args.max_batch < args.global_batch:
         raise ValueError(f"--workers {args.workers} x --max-batch {args.max_batch} cannot make up --global-batch {args.global_batch}")
+    if args.micro_batch > 1:
+        check_micro_batch_flags(args)
     if args.max_workers is not None and args.max_workers < args.workers:
         raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
         raise ValueError(f"--staleness-bound and --staleness-lr are for --mode asp, not --mode {args.mode}")
+
+
+def bn_batch(spec: JobSpec) -> int:
+    """The batch the server recomputes BatchNorm statistics over (ps/job/batchnorm.py): the micro-batch,
+    else a uniform split's batch B/n."""
+    return spec.micro_batch if spec.micro_batch > 1 else max(1, spec.global_batch // spec.workers)
+
+
+def check_micro_batch_flags(args: argparse.Namespace) -> None:
+    """--micro-batch against the other flags: BSP only, B a multiple of M, room for every worker's
+    one micro-batch, and --max-batch at least M."""
+    m = args.micro_batch
+    if args.mode != "bsp":
+        raise ValueError(f"--micro-batch is for --mode bsp (ASP updates do not add up to one global batch), not --mode {args.mode}")
+    if args.global_batch % m:
+        raise ValueError(f"--global-batch {args.global_batch} is not a multiple of --micro-batch {m}; use "
+                         f"{max(1, args.global_batch // m) * m} or {(args.global_batch // m + 1) * m}")
+    if args.workers * m > args.global_batch:
+        raise ValueError(f"--workers {args.workers} x --micro-batch {m} exceeds --global-batch {args.global_batch}")
+    if args.max_batch is not None and args.max_batch < m:
+        raise ValueError(f"--max-batch {args.max_batch} is below --micro-batch {m}")
 
 
 def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,
@@ -228,7 +253,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
 
 CONTROLLER_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
                     "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
-                    "park": "parking (--no-park)"}
+                    "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
 """The ps-server flag of each ControllerConfig field a resume may change."""
 
 

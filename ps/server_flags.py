@@ -99,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1, help="relative change below which a batch stays (Eq. 7)")
     ctl.add_argument("--min-batch", type=positive_int, default=1, help="per-worker lower bound")
     ctl.add_argument("--max-batch", type=positive_int, default=None, help="per-worker upper bound (unset: the global batch)")
+    ctl.add_argument("--micro-batch", type=positive_int, default=1, metavar="M",
+                     help="BSP: every worker's batch is a whole number k of micro-batches of M samples (JABAS): the "
+                          "policy plans k, a worker accumulates k micro-batch gradients into one push, and BatchNorm "
+                          "always normalises over M samples; --global-batch must be a multiple of M "
+                          "(docs/micro-batches.md). 1: any batch")
     ctl.add_argument("--adjust-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
                      help="controller decision at every epoch end (default) or every N steps")
     ctl.add_argument("--balance", choices=("auto", *BALANCE_TIMES), default="auto",

@@ -24,7 +24,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
         try:
-            info = await self.core.join(request.name, request.cores, request.cuda_device if request.cuda else None)
+            info = await self.core.join(request.name, request.cores, request.cuda_device if request.cuda else None,
+                                        request.max_batch or None)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         layout = [ps_pb2.TensorSpec(name=e.name, shape=e.shape, dtype=e.dtype) for e in self.core.layout.entries]
@@ -96,6 +97,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Status(self, request: ps_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> ps_pb2.StatusReply:
         s = self.core.status()
         return ps_pb2.StatusReply(
+            job_json=self.core.spec.to_json(),
             mode=s["mode"],
             controller=s["controller"],
             round=s["round"],

@@ -75,14 +75,17 @@ def test_a_worker_that_cannot_build_the_job_says_so_in_one_line_and_leaves(
         patch.setitem(processes.ENV, "PYTHONPATH", str(modules))
         cluster = start_server(tmp_path, [*JOB, "--model", "server_only_model:make"])
     try:
-        worker = subprocess.run(
-            [sys.executable, "-m", "worker.cli", "--server", cluster.target, "--name", "lost", "--quiet"],
-            capture_output=True, text=True, env=ENV, timeout=120, check=False,
-        )
-        assert worker.returncode == 2, worker.stderr
-        lines = [line for line in worker.stderr.splitlines() if line.strip()]
-        assert len(lines) == 1 and lines[0].startswith("ps-worker: error: this worker cannot build the job's data "
-                                                      "and model: cannot import model module"), worker.stderr
+        # measuring its memory before it joins (no --max-batch), it finds out before joining: nobody to leave
+        # with --max-batch it joins, fails to build, and leaves
+        for name, flags in (("probing", []), ("lost", ["--max-batch", "64"])):
+            worker = subprocess.run(
+                [sys.executable, "-m", "worker.cli", "--server", cluster.target, "--name", name, "--quiet", *flags],
+                capture_output=True, text=True, env=ENV, timeout=120, check=False,
+            )
+            assert worker.returncode == 2, worker.stderr
+            lines = [line for line in worker.stderr.splitlines() if line.strip()]
+            assert len(lines) == 1 and lines[0].startswith("ps-worker: error: this worker cannot build the job's data "
+                                                          "and model: cannot import model module"), worker.stderr
         wait_for(lambda: cluster.events("leave"), 10, "the leave event")
         assert [e["worker"] for e in cluster.events("leave")] == ["lost"]
         assert cluster.events("evict") == []

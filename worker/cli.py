@@ -20,6 +20,7 @@ from ps.ops.arg_types import float_at_least, host_port, positive_float, positive
 from ps.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from ps.ops.stack_dump import enable_stack_dump
 from ps.transport.security import TOKEN_ENV, resolve_token
+from worker.accumulate import backward_in_micro_batches
 from worker.client import ServerError, channel_credentials
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
@@ -33,6 +34,7 @@ ENVIRONMENT = {
     "device": "PS_DEVICE",
     "slowdown": "PS_SLOWDOWN",
     "step_overhead_ms": "PS_STEP_OVERHEAD_MS",
+    "max_batch": "PS_MAX_BATCH",
     "timeout": "PS_TIMEOUT",
     "retry_for": "PS_RETRY_FOR",
     "log_every": "PS_LOG_EVERY",
@@ -46,13 +48,12 @@ ENVIRONMENT = {
 
 
 def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
-    """The built-in loop: cross-entropy on the job's data, one push per step."""
+    """The built-in loop: cross-entropy on the job's data, one push per step (accumulated over the
+    job's micro-batches, if it has them)."""
     model = session.model
     last_log = time.monotonic()
     for x, y in session.batches():
-        loss = F.cross_entropy(model(x), y)
-        model.zero_grad(set_to_none=False)
-        loss.backward()
+        loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
         session.step()
         if not quiet and time.monotonic() - last_log >= log_every:
             last_log = time.monotonic()
@@ -87,6 +88,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-overhead-ms", type=float_at_least(0.0), default=0.0, metavar="MS",
                    help="spend MS of CPU (busy work, not sleep) in every step's compute, to emulate a fixed per-step "
                         "cost (optimizer, Python, kernel launches); a CPU quota or --slowdown stretches it like real work")
+    p.add_argument("--max-batch", type=positive_int, default=None, metavar="N",
+                   help="the most samples this worker's memory holds, told to the server at join: every plan keeps "
+                        "its batch at or below N (unset: measured on the job's model before joining, from two probe "
+                        "steps; with --micro-batch the memory bounds one micro-batch, not the batch; "
+                        "docs/micro-batches.md)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
@@ -144,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
-                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, token=token, tls_ca=args.tls_ca,
+                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, max_batch=args.max_batch, token=token, tls_ca=args.tls_ca,
                      tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",

@@ -239,11 +239,14 @@ class PSClient:
             future.cancel()  # no subscription left behind per slice
             raise ServerError("UNAVAILABLE", f"no parameter server answered at {self.target} within {timeout:.0f}s") from exc
 
-    def join(self, name: str, cores: float, timeout: float | None = None, cuda_device: str | None = None) -> Joined:
+    def join(self, name: str, cores: float, timeout: float | None = None, cuda_device: str | None = None,
+             max_batch: int = 0) -> Joined:
         """Join; blocks (waiting for the server too) until admitted, or `timeout` seconds.
-        `cuda_device`: the UUID of the GPU this worker computes on, None on CPU."""
+        `cuda_device`: the UUID of the GPU this worker computes on, None on CPU; `max_batch`: the most
+        samples its memory holds (0: no bound of its own)."""
         try:
-            request = ps_pb2.JoinRequest(name=name, cores=cores, cuda=cuda_device is not None, cuda_device=cuda_device or "")
+            request = ps_pb2.JoinRequest(name=name, cores=cores, cuda=cuda_device is not None, cuda_device=cuda_device or "",
+                                         max_batch=max_batch)
             reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None

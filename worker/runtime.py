@@ -44,6 +44,7 @@ from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.heartbeat import Heartbeat
 from worker.local_optimizer import LocalOptimizer, StepRefused
+from worker.memory_probe import JobSetupError, declared_max_batch
 from worker.reconnect import Waiting, lost_because, wait_for_server
 from worker.sampler import ElasticBatchSampler
 
@@ -79,17 +80,13 @@ def burn_cpu(ms: float) -> None:
             spin += 1
 
 
-class JobSetupError(ValueError):
-    """The job the server runs names a model or dataset this worker cannot build (a module it
-    cannot import, options its builder refuses): the worker's set-up, not the server, is at fault."""
-
-
 class Session:
     """One worker's membership in a job: its model, data, batch size and step()."""
 
     def __init__(
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
-        device: torch.device | None = None, step_overhead_ms: float = 0.0,
+        device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
+        pass_samples: int | None = None,
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -103,7 +100,8 @@ class Session:
         self.device = device or torch.device("cpu")
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
-        joined = client.join(name, cores, cuda_device=gpu_uuid(self.device))
+        self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
+        joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
         self.worker_id = joined.worker_id
         # beat from the start: building the data and the model can take longer than --evict-after
@@ -407,7 +405,7 @@ class Session:
         with contextlib.suppress(ServerError):
             self.client.leave(self.worker_id, timeout=max(0.01, min(deadline - time.monotonic(), LEAVE_TIMEOUT_S)))
         joined = self.client.join(self.name, self.cores, timeout=max(0.01, deadline - time.monotonic()),
-                                  cuda_device=gpu_uuid(self.device))
+                                  cuda_device=gpu_uuid(self.device), max_batch=self.max_batch)
         if joined.spec != self.spec or joined.layout != Layout.of(self.model):
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
         if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
@@ -462,6 +460,7 @@ def connect(
     device: torch.device | None = None,
     threads: int | None = DEFAULT_THREADS,
     step_overhead_ms: float = 0.0,
+    max_batch: int | None = None,
     token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
@@ -477,6 +476,8 @@ def connect(
     picks a GPU when there is one). `step_overhead_ms` adds that much CPU work to every step (a fixed cost).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
     and `token` is sent with every call; see docs/security.md.
+    `max_batch` is the most samples this worker's memory holds, told to the server at Join (None:
+    measured on the job's model before joining, worker/memory_probe.py).
     """
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
         raise ValueError(f"threads must be a whole number >= 1 (or None: torch's own setting), got {threads!r}")
@@ -488,7 +489,9 @@ def connect(
         waiting.recovered(f"server {target} answered")
         if threads is not None:
             torch.set_num_threads(threads)
-        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms)
+        # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
+        bounds = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
+        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms, *bounds)
     except BaseException:
         client.close()
         raise

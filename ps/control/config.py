@@ -35,6 +35,8 @@ class ControllerConfig:
     park: bool = True
     """The model policy in BSP: plan a worker that cannot pay for itself at batch 0 (parked) when the
     predicted round is shorter without it. Ignored by the other policies and in ASP."""
+    micro_batch: int = 1
+    """BSP: every plan is in whole micro-batches of this many samples (ps/control/micro.py); 1: any batch."""
 
     def __post_init__(self) -> None:
         """Reject settings the controller cannot honour, with a message saying what to change."""
@@ -60,6 +62,9 @@ class ControllerConfig:
         if not 0.0 < alpha <= 1.0:
             raise ValueError(f"ewma_alpha must be in (0, 1] (1 = newest observation only), got {alpha}")
         min_samples = integer("min_samples", self.min_samples, minimum=1)
+        micro_batch = integer("micro_batch", self.micro_batch, minimum=1)
+        if micro_batch > 1:
+            check_micro_batch(micro_batch, global_batch, min_batch, max_batch, self.keep_global_sum)
         if not isinstance(self.park, bool):
             raise ValueError(f"park must be True or False, got {self.park!r}")
         for name, value in (
@@ -69,6 +74,7 @@ class ControllerConfig:
             ("deadband", deadband),
             ("ewma_alpha", alpha),
             ("min_samples", min_samples),
+            ("micro_batch", micro_batch),
         ):
             object.__setattr__(self, name, value)
 
@@ -76,6 +82,20 @@ class ControllerConfig:
     def default_max_batch(self) -> int:
         """Per-worker upper bound used when a worker declares none."""
         return self.global_batch if self.max_batch is None else self.max_batch
+
+
+def check_micro_batch(micro_batch: int, global_batch: int, min_batch: int, max_batch: int | None,
+                      keep_global_sum: bool) -> None:
+    """Reject a micro-batch the plan cannot be made of: B not a whole number of micro-batches, a
+    max_batch below one micro-batch, or ASP (whose updates have no common sum to keep)."""
+    if not keep_global_sum:
+        raise ValueError(f"micro_batch {micro_batch} is for BSP: ASP updates do not add up to one global batch")
+    if global_batch % micro_batch:
+        raise ValueError(f"global_batch {global_batch} is not a multiple of micro_batch {micro_batch}; "
+                         f"use a global batch of {max(1, global_batch // micro_batch) * micro_batch} or "
+                         f"{(global_batch // micro_batch + 1) * micro_batch}")
+    if max_batch is not None and max_batch < micro_batch:
+        raise ValueError(f"max_batch {max_batch} is below micro_batch {micro_batch}: no worker could take one micro-batch")
 
 
 def config_changes(before: ControllerConfig, after: ControllerConfig) -> dict[str, tuple[Any, Any]]:

@@ -12,6 +12,7 @@ from typing import Any
 
 from ps.control.config import ControllerConfig
 from ps.control.dynamic import DynamicPolicy
+from ps.control.micro import STATE_KEY, MicroBatched, from_state
 from ps.control.model import ModelPolicy
 from ps.control.roster import Roster
 from ps.control.static import StaticPolicy
@@ -25,14 +26,17 @@ POLICIES: dict[str, type[Roster]] = {
 }
 
 
-def build_policy(config: ControllerConfig) -> Roster:
-    """A new policy of the kind `config.policy` names, with no workers."""
+def build_policy(config: ControllerConfig) -> Roster | MicroBatched:
+    """A new policy of the kind `config.policy` names, with no workers (planning whole micro-batches
+    when `config.micro_batch` > 1)."""
     if not isinstance(config, ControllerConfig):
         raise ValueError(f"config must be a ControllerConfig, got {type(config).__name__}")
+    if config.micro_batch > 1:
+        return MicroBatched(config, POLICIES[config.policy])
     return POLICIES[config.policy](config)
 
 
-def policy_from_state(state: Mapping[str, Any]) -> Roster:
+def policy_from_state(state: Mapping[str, Any]) -> Roster | MicroBatched:
     """The policy a checkpoint's controller state describes (its config names the kind); ValueError,
     saying what is wrong, on a state no policy here can read."""
     if not isinstance(state, Mapping):
@@ -42,12 +46,20 @@ def policy_from_state(state: Mapping[str, Any]) -> Roster:
     if name not in POLICIES:
         raise ValueError(f"the controller state names policy {name!r}, which this server does not have "
                          f"(it has {', '.join(POLICIES)})")
+    if STATE_KEY in state:
+        return from_state(state, POLICIES)
     return POLICIES[name].from_state_dict(state)
 
 
-def reconfigured(policy: Roster, config: ControllerConfig) -> Roster:
+def reconfigured(policy: Roster | MicroBatched, config: ControllerConfig) -> Roster | MicroBatched:
     """A policy of `config`'s kind over `policy`'s workers and measurements (Roster.adopt): a resume
-    whose command line differs from the checkpoint's. The same config gives a copy."""
+    whose command line differs from the checkpoint's. The same config gives a copy. From a
+    micro-batched policy to one without: the workers only, split anew."""
     fresh = build_policy(config)
-    fresh.adopt(policy)
+    if isinstance(fresh, Roster) and isinstance(policy, MicroBatched):
+        for wid, cores, lo, hi in policy.worker_bounds():
+            fresh.add_worker(wid, cores, lo, hi)
+        fresh.replan()
+    else:
+        fresh.adopt(policy)  # type: ignore[arg-type]
     return fresh

@@ -65,6 +65,8 @@ class Roster:
             raise ValueError(f"config must be a ControllerConfig, got {type(config).__name__}")
         if config.policy != self.name:
             raise ValueError(f"a {self.name} policy cannot run under policy {config.policy!r}; build it from the registry")
+        if config.micro_batch != 1:
+            raise ValueError("a micro-batched plan is ps.control.micro.MicroBatched's; build it from the registry")
         self._config = config
         self._workers: dict[str, Worker] = {}
         self._adjustments = 0
@@ -83,6 +85,13 @@ class Roster:
     def workers(self) -> list[str]:
         """Current worker ids, in the order they were added."""
         return list(self._workers)
+
+    def worker_bounds(self) -> list[tuple[str, float, int | None, int | None]]:
+        """(id, cores, min_batch, max_batch) per worker, None where a bound is the config's default
+        (so a policy built under other settings takes its own default)."""
+        cfg = self._config
+        return [(k, w.cores, None if w.min_batch == cfg.min_batch else w.min_batch,
+                 None if w.max_batch == cfg.default_max_batch else w.max_batch) for k, w in self._workers.items()]
 
     def add_worker(
         self, worker_id: str, cores: float = 1.0, min_batch: int | None = None, max_batch: int | None = None

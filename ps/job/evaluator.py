@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ps.job.batchnorm import recalibrate, running_stats
 from ps.job.datasets import Dataset
 from ps.transport.layout import load_flat
 
@@ -27,17 +28,24 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 10
 
 
 class BackgroundEvaluator:
-    """Evaluates parameter snapshots one at a time on its own thread and model copy."""
+    """Evaluates parameter snapshots one at a time on its own thread and model copy. A model with
+    BatchNorm first gets its running statistics recomputed from the snapshot over training batches
+    of `bn_batch` samples (ps/job/batchnorm.py); `last_bn_stats` keeps them for the eval record."""
 
-    def __init__(self, model: nn.Module, dataset: Dataset) -> None:
+    def __init__(self, model: nn.Module, dataset: Dataset, bn_batch: int = 1, seed: int = 0) -> None:
         self._model = model
         self._dataset = dataset
+        self._bn_batch = bn_batch
+        self._seed = seed
+        self.last_bn_stats: dict[str, dict[str, float]] | None = None
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="eval")
         self._pending: list[concurrent.futures.Future] = []
 
     def submit(self, flat: torch.Tensor, on_done: Callable[[float, float], None]) -> concurrent.futures.Future:
         def run() -> None:
             load_flat(self._model, flat)
+            if recalibrate(self._model, self._dataset.train_x, self._bn_batch, self._seed):
+                self.last_bn_stats = running_stats(self._model)
             on_done(*evaluate(self._model, self._dataset.test_x, self._dataset.test_y))
 
         future = self._pool.submit(run)

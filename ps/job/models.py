@@ -51,7 +51,40 @@ def cnn(input_shape: tuple[int, ...], num_classes: int, width: int = 32) -> nn.M
     return SmallCNN(input_shape, num_classes, width)
 
 
-MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn}
+class BatchNormCNN(nn.Module):
+    """The small CNN with BatchNorm after each convolution and before the head's ReLU: its training
+    normalises over the worker's batch, so a tiny batch changes what it learns (docs/micro-batches.md)."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> None:
+        super().__init__()
+        channels, height, width_px = input_shape
+        w = whole("width", width, 1)
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, w, 3, padding=1, bias=False),
+            nn.BatchNorm2d(w),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(w, 2 * w, 3, padding=1, bias=False),
+            nn.BatchNorm2d(2 * w),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        flat = 2 * w * (height // 4) * (width_px // 4)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(flat, 64, bias=False), nn.BatchNorm1d(64), nn.ReLU(),
+                                  nn.Linear(64, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def cnn_bn(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> nn.Module:
+    """The BatchNorm CNN; needs (channels, height, width) inputs."""
+    if len(input_shape) != 3:
+        raise ValueError(f"cnn-bn needs image inputs (C, H, W); the dataset gives shape {input_shape}")
+    return BatchNormCNN(input_shape, num_classes, width)
+
+
+MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn, "cnn-bn": cnn_bn}
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: dict, seed: int) -> nn.Module:

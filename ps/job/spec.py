@@ -74,6 +74,7 @@ class JobSpec:
     allreduce: bool = False  # BSP collective fast path: workers all-reduce, the server coordinates
     allreduce_algorithm: str = "auto"
     balance: str = "compute"
+    micro_batch: int = 1  # BSP: batches are whole micro-batches of this many samples, accumulated by the worker
 
     def __post_init__(self) -> None:
         problems = []
@@ -107,6 +108,9 @@ class JobSpec:
             problems.append(f"allreduce algorithm must be one of {ALLREDUCE_ALGORITHMS}, got {self.allreduce_algorithm!r}")
         if self.balance not in BALANCE_TIMES:
             problems.append(f"balance must be one of {BALANCE_TIMES}, got {self.balance!r}")
+        if self.micro_batch < 1 or (self.micro_batch > 1 and (self.mode != "bsp" or self.global_batch % self.micro_batch)):
+            problems.append(f"micro batch {self.micro_batch} must be >= 1, and above 1 only in bsp with a global batch "
+                            f"({self.global_batch}) that it divides")
         # the spec does not know --shards: ps-server checks those combinations itself
         if self.balance == "busy" and not busy_time_measured(self.allreduce, shards=1):
             problems.append("balance busy is not measured with allreduce (its wait is inside the all-reduce)")

@@ -26,7 +26,7 @@ from ps.job.evaluator import BackgroundEvaluator
 from ps.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
 from ps.params.store import ParameterStore
-from ps.rounds.admission import Admission
+from ps.rounds.admission import Admission, own_max_batch
 from ps.rounds.asp import AspSettings, AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.checkpoint_state import checkpoint_state, load_params, params_digest, saved_controller
@@ -120,13 +120,14 @@ class Coordinator(JobState):
         return self.fast_path.undecided
 
     # ----------------------------------------------------------------- membership
-    async def join(self, name: str, cores: float, cuda_device: str | None = None) -> JoinInfo:
+    async def join(self, name: str, cores: float, cuda_device: str | None = None, max_batch: int | None = None) -> JoinInfo:
         """Admit a worker. Before the start it waits for all expected workers; later it
         enters at the next round boundary (BSP) or at once (ASP) and gets a share of B.
-        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU."""
-        self.admission.check(name, cores, cuda_device)
+        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
+        `max_batch`: the most samples its memory holds (None: no bound of its own)."""
+        self.admission.check(name, cores, cuda_device, max_batch)
         member = self.membership.admit(name, cores, self.clock())
-        member.cuda_device = cuda_device
+        member.cuda_device, member.max_batch = cuda_device, max_batch
         try:
             if not self.admission.started.is_set():
                 if self.admission.all_here():
@@ -172,7 +173,8 @@ class Coordinator(JobState):
         now = self.clock()
         for member in list(self.membership.pending.values()):
             self.membership.activate(member.worker_id)
-            self.controller.add_worker(member.name, cores=member.cores)
+            bound = own_max_batch(self.controller.config, member.max_batch)
+            self.controller.add_worker(member.name, cores=member.cores, max_batch=bound)
             member.last_seen = now
             self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
         self.controller.replan()

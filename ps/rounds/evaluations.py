@@ -37,6 +37,8 @@ class Evaluations:
         def done(accuracy: float, loss: float) -> None:
             self.last_accuracy, self.last_loss = accuracy, loss
             self.results.append((epoch, accuracy, loss, wall))
-            s.metrics.write("eval", epoch=epoch, accuracy=round(accuracy, 5), loss=round(loss, 5), wall_s=round(wall, 3))
+            bn = self.evaluator.last_bn_stats if self.evaluator is not None else None
+            s.metrics.write("eval", epoch=epoch, accuracy=round(accuracy, 5), loss=round(loss, 5), wall_s=round(wall, 3),
+                            **({"bn": bn} if bn is not None else {}))
 
         self.evaluator.submit(snapshot, done)

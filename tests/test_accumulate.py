@@ -1,0 +1,95 @@
+"""The worker's side of --micro-batch and of the memory bound: k micro-batches give the whole batch's
+gradient (a model without BatchNorm), the BatchNorm model normalises each micro-batch alone, the
+server's BatchNorm statistics depend on the parameters only, and the memory probe's line and bound."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from ps.job.batchnorm import batchnorm_layers, recalibrate, running_stats
+from ps.job.datasets import build_dataset
+from ps.job.models import build_model
+from ps.job.spec import JobSpec
+from worker.accumulate import backward_in_micro_batches
+from worker.memory_probe import JobSetupError, declared_max_batch, probe_max_batch
+
+
+def grads(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters()])
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return build_dataset("digits", {}, 0)
+
+
+@pytest.mark.parametrize("name", ["mlp", "cnn"])
+def test_k_micro_batches_give_the_whole_batchs_gradient(digits, name: str) -> None:
+    model = build_model(name, digits.input_shape, digits.num_classes, {}, seed=0)
+    x, y = digits.train_x[:48], digits.train_y[:48]
+    loss_whole = backward_in_micro_batches(model, x, y, 1)
+    whole = grads(model).clone()
+    for m in (8, 16, 48):
+        loss = backward_in_micro_batches(model, x, y, m)
+        assert torch.allclose(grads(model), whole, rtol=1e-5, atol=1e-6), m
+        assert torch.allclose(loss, loss_whole, rtol=1e-5)
+
+
+def test_batchnorm_normalises_each_micro_batch_alone(digits) -> None:
+    model = build_model("cnn-bn", digits.input_shape, digits.num_classes, {}, seed=0).train()
+    x, y = digits.train_x[:32], digits.train_y[:32]
+    backward_in_micro_batches(model, x, y, 8)
+    accumulated = grads(model).clone()
+    by_hand = torch.zeros_like(accumulated)
+    for start in range(0, 32, 8):  # each micro-batch's own gradient, a quarter of the weight each
+        model.zero_grad()
+        F.cross_entropy(model(x[start:start + 8]), y[start:start + 8]).backward()
+        by_hand += grads(model) / 4
+    assert torch.allclose(accumulated, by_hand, rtol=1e-5, atol=1e-6)
+    for per_pass in (8, 16, 20):  # passes of one, two and (rounded down) two micro-batches: the same
+        backward_in_micro_batches(model, x, y, 8, per_pass=per_pass)
+        assert torch.allclose(grads(model), by_hand, rtol=1e-5, atol=1e-6), per_pass
+    assert type(model.features[1]).forward is torch.nn.BatchNorm2d.forward and "forward" not in vars(model.features[1])
+    backward_in_micro_batches(model, x, y, 1)  # one pass of 32: other batch statistics, another gradient
+    assert not torch.allclose(grads(model), accumulated, rtol=1e-3, atol=1e-4)
+
+
+def test_the_servers_batchnorm_statistics_depend_on_the_parameters_only(digits) -> None:
+    model = build_model("cnn-bn", digits.input_shape, digits.num_classes, {}, seed=0)
+    other = copy.deepcopy(model)
+    for layer in batchnorm_layers(other):  # a worker's buffers after its own batches: ignored
+        layer.running_mean.fill_(5.0)
+        layer.running_var.fill_(9.0)
+        layer.num_batches_tracked.fill_(77)
+    assert recalibrate(model, digits.train_x, 8) and recalibrate(other, digits.train_x, 8)
+    assert running_stats(model) == running_stats(other)
+    for a, b in zip(batchnorm_layers(model), batchnorm_layers(other)):
+        assert torch.equal(a.running_mean, b.running_mean) and torch.equal(a.running_var, b.running_var)
+        assert a.momentum == 0.1 and not a.training  # restored, left for evaluation
+    assert not recalibrate(build_model("mlp", digits.input_shape, digits.num_classes, {}, seed=0), digits.train_x, 8)
+
+
+def test_the_cpu_probe_grows_with_the_model_and_bounds_the_batch(digits) -> None:
+    small = build_model("cnn-bn", digits.input_shape, digits.num_classes, {"width": 4}, seed=0)
+    wide = build_model("cnn-bn", digits.input_shape, digits.num_classes, {"width": 32}, seed=0)
+    cpu = torch.device("cpu")
+    a = probe_max_batch(small, digits.train_x, digits.train_y, cpu, available_bytes=64e6)
+    b = probe_max_batch(wide, digits.train_x, digits.train_y, cpu, available_bytes=64e6)
+    assert 0 < a.per_sample_bytes < b.per_sample_bytes
+    assert b.max_batch == int((64e6 - b.fixed_bytes) / b.per_sample_bytes) < a.max_batch
+    assert probe_max_batch(wide, digits.train_x, digits.train_y, cpu, available_bytes=1.0).max_batch == 0
+
+
+def test_what_a_worker_declares_at_join() -> None:
+    spec = JobSpec(model="cnn-bn", global_batch=64, micro_batch=8)
+    assert declared_max_batch(lambda: spec, None, 24) == (24, None)  # --max-batch wins, the spec is not asked for
+    bound, per_pass = declared_max_batch(lambda: spec, None, None)
+    assert bound == 0 and per_pass >= 8 and per_pass % 8 == 0  # micro-batches: memory bounds a pass, not k*m
+    bound, per_pass = declared_max_batch(lambda: JobSpec(model="cnn-bn"), None, None)
+    assert bound >= 1 and per_pass is None
+    with pytest.raises(JobSetupError, match="cannot build"):
+        declared_max_batch(lambda: JobSpec(model="no-such-model"), None, None)
