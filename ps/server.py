@@ -114,6 +114,7 @@ def build_job(args: argparse.Namespace) -> Job:
         allreduce=allreduce,
         allreduce_algorithm=args.allreduce_algorithm,
         balance=default_balance(args.mode, allreduce, args.shards) if args.balance == "auto" else args.balance,
+        overlap=args.overlap,
     )
     config = ControllerConfig(
         policy=args.controller,

@@ -20,10 +20,12 @@ from ps.ops.arg_types import float_at_least, host_port, positive_float, positive
 from ps.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from ps.ops.stack_dump import enable_stack_dump
 from ps.transport.security import TOKEN_ENV, resolve_token
-from worker.client import ServerError, channel_credentials
+from worker.channel import channel_credentials
+from worker.client import ServerError
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
-from worker.runtime import DEFAULT_THREADS, JobSetupError, Session, connect, default_cores
+from worker.resources import default_cores
+from worker.runtime import DEFAULT_THREADS, JobSetupError, Session, connect
 
 ENVIRONMENT = {
     "server": "PS_SERVER",
@@ -87,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-overhead-ms", type=float_at_least(0.0), default=0.0, metavar="MS",
                    help="spend MS of CPU (busy work, not sleep) in every step's compute, to emulate a fixed per-step "
                         "cost (optimizer, Python, kernel launches); a CPU quota or --slowdown stretches it like real work")
+    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+                   help="BSP: push the whole gradient after backward (the serial path) instead of streaming gradient "
+                        "buckets while backward runs (the server's --no-overlap turns it off for every worker)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
@@ -144,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
-                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, token=token, tls_ca=args.tls_ca,
+                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, overlap=args.overlap, token=token, tls_ca=args.tls_ca,
                      tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",

@@ -74,6 +74,9 @@ class JobSpec:
     allreduce: bool = False  # BSP collective fast path: workers all-reduce, the server coordinates
     allreduce_algorithm: str = "auto"
     balance: str = "compute"
+    # BSP on the PS path: workers stream gradient buckets while backward runs (worker/overlap.py);
+    # False (ps-server --no-overlap): the whole gradient after backward, the serial path
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         problems = []

@@ -277,7 +277,7 @@ class Coordinator(JobState):
         if ms is not None:
             self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=meta.exposed_ms)
         self.bsp.add(member, meta, grad)
-        self.epochs.count_push(member, ms, meta.batch_size)
+        self.epochs.count_push(member, ms, meta.batch_size, meta.exposed_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():
             self._close_round()

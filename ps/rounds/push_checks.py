@@ -45,6 +45,8 @@ class PushChecks:
             raise InvalidArgument(f"batch size {meta.batch_size} exceeds the global batch {limit}")
         if not (math.isfinite(meta.compute_ms) and 0 <= meta.compute_ms <= MAX_COMPUTE_MS):
             raise InvalidArgument(f"compute_ms must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {meta.compute_ms}")
+        if not (math.isfinite(meta.exposed_ms) and 0 <= meta.exposed_ms <= MAX_COMPUTE_MS):
+            raise InvalidArgument(f"exposed_ms must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {meta.exposed_ms}")
         if meta.kind == "report":
             if meta.num_values != 0:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
