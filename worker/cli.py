@@ -35,6 +35,7 @@ ENVIRONMENT = {
     "device": "PS_DEVICE",
     "slowdown": "PS_SLOWDOWN",
     "step_overhead_ms": "PS_STEP_OVERHEAD_MS",
+    "no_overlap": "PS_NO_OVERLAP",
     "timeout": "PS_TIMEOUT",
     "retry_for": "PS_RETRY_FOR",
     "log_every": "PS_LOG_EVERY",
@@ -89,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step-overhead-ms", type=float_at_least(0.0), default=0.0, metavar="MS",
                    help="spend MS of CPU (busy work, not sleep) in every step's compute, to emulate a fixed per-step "
                         "cost (optimizer, Python, kernel launches); a CPU quota or --slowdown stretches it like real work")
-    p.add_argument("--no-overlap", dest="overlap", action="store_false",
+    p.add_argument("--no-overlap", action="store_true",
                    help="BSP: push the whole gradient after backward (the serial path) instead of streaming gradient "
                         "buckets while backward runs (the server's --no-overlap turns it off for every worker)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
@@ -149,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
-                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, overlap=args.overlap, token=token, tls_ca=args.tls_ca,
+                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, overlap=not args.no_overlap, token=token, tls_ca=args.tls_ca,
                      tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",

@@ -15,9 +15,8 @@ A custom training loop needs three calls::
 
 Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
 step() is called; it is what the server's controller balances. In BSP on the PS path the gradient
-goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for
-the reply. The time from the end of one step's compute to the next fetch is its exposed
-communication (`exposed_ms`), reported with the next push. In an --allreduce job step()
+goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for the
+reply. The end of a step's compute to the next fetch is its exposed communication (`exposed_ms`). In an --allreduce job step()
 all-reduces with the other workers and steps a local optimizer instead (worker/collective.py).
 
 A worker the server parks (BSP, `--controller model`: planned at batch 0 because the round is
@@ -258,12 +257,15 @@ class Session:
             batch_size=self._sampler.batch_size, compute_ms=reported_ms, wire_dtype=self.spec.wire_dtype,
             exposed_ms=self.exposed_ms if self.spec.mode == "bsp" else 0.0), compute_ms)
 
-    def _finish_step(self, push: Callable[[], StepPlan], compute_ms: float, pushed: float | None = None) -> StepPlan:
+    def _finish_step(self, push: Callable[[], StepPlan | None], compute_ms: float, pushed: float | None = None) -> StepPlan:
         """Run `push` (from `pushed`, default now: where this worker's own part of it begins), or
-        recover from its failure; the new parameters into the model, the plan followed."""
+        recover from its failure; the new parameters into the model, the plan followed. A push that
+        returns None took no step (the plan it settled stands, the model holds its parameters)."""
         pushed = time.perf_counter() if pushed is None else pushed
         try:
             plan = push()
+            if plan is None:
+                return self.plan
         except ServerError as exc:
             plan = self._recover(exc)
         else:
@@ -281,12 +283,11 @@ class Session:
             return 0.0
         return ((timing.uploaded - pushed) + (time.perf_counter() - timing.replied)) * 1000.0
 
-    def _collective_push(self, grads: torch.Tensor, compute_ms: float) -> StepPlan:
-        """--allreduce: settle the previous report, then all-reduce and step with the group. A job that
-        ended with the previous step (this batch was one too many) gets the settled plan back, as a
-        reply that already holds the parameters."""
+    def _collective_push(self, grads: torch.Tensor, compute_ms: float) -> StepPlan | None:
+        """--allreduce: settle the previous report, then all-reduce and step with the group; None if
+        the job ended with the previous step (this batch was one too many: the settled plan stands)."""
         plan = self._settle_report()
-        return plan if plan.done else self._collective_step(grads, compute_ms, plan)
+        return None if plan.done else self._collective_step(grads, compute_ms, plan)
 
     def _settle_report(self) -> StepPlan:
         """--allreduce: the plan for this step, from the reply to the previous step's report (rank 0
@@ -442,9 +443,8 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         """Leave unless the job is done (an error, or a loop that stopped early), then close."""
         try:
-            self.leave()
-        except ServerError:
-            pass
+            with contextlib.suppress(ServerError):
+                self.leave()
         finally:
             self.close()
 
