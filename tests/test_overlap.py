@@ -90,7 +90,8 @@ def _sessions(ps_server, threads, *args: str, overlap_on: bool = True) -> tuple[
     return server, [f.result(TIMEOUT) for f in futures]
 
 
-def _train(ps_server, threads, *args: str, rounds: int = 3, overlap_on: bool = True, edit=None) -> tuple[torch.Tensor, list[Session]]:
+def _train(ps_server, threads, *args: str, rounds: int = 3, overlap_on: bool = True,
+           edit=None) -> tuple[torch.Tensor, list[Session]]:
     """`rounds` BSP rounds of two sessions on fixed data (a the first 12 samples of each 32, b the
     rest), b pushing once a's push is in (the server sums in arrival order); the parameters after
     them and the sessions (closed)."""
@@ -227,3 +228,28 @@ def test_a_worker_killed_mid_push_leaves_the_round_consistent(ps_server, threads
         if killed.poll() is None:
             killed.kill()
             killed.wait()
+
+
+@pytest.mark.parametrize("balance", ["compute", "busy"])
+def test_the_policy_fits_the_workers_own_exposed_time_where_the_balanced_time_leaves_it_out(
+        ps_server, threads, monkeypatch, balance) -> None:
+    """Each push reports the last step's exposed time (the wait for the round included) and its own
+    part of it (sending after compute, receiving the reply); the policy hears the own part under
+    --balance compute, and nothing under busy time (which holds it already)."""
+    from ps.control.roster import Roster
+
+    heard: list[tuple[str, float]] = []
+    observe = Roster.observe
+
+    def recording(self, worker_id: str, batch: int, compute_ms: float, exposed_ms: float = 0.0) -> None:
+        heard.append((worker_id, exposed_ms))
+        observe(self, worker_id, batch, compute_ms, exposed_ms)
+
+    monkeypatch.setattr(Roster, "observe", recording)
+    _, sessions = _train(ps_server, threads, "--balance", balance, "--model-arg", "hidden=16", rounds=3)
+    assert len(heard) == 6 and all(ms == 0.0 for _, ms in heard[:2])  # round 0: nothing measured yet
+    assert all(s.exposed_ms > 0 for s in sessions)
+    if balance == "compute":
+        assert all(ms > 0 for _, ms in heard[2:])
+    else:
+        assert all(ms == 0.0 for _, ms in heard)

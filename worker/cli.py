@@ -150,7 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
-                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, overlap=not args.no_overlap, token=token, tls_ca=args.tls_ca,
+                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, overlap=not args.no_overlap,
+                     token=token, tls_ca=args.tls_ca,
                      tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",

@@ -195,6 +195,7 @@ class PSClient:
         kind: str = "values",
         generation: int = 0,
         exposed_ms: float = 0.0,
+        own_exposed_ms: float = 0.0,
     ) -> Callable[[], StepPlan]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
@@ -213,6 +214,7 @@ class PSClient:
             generation=generation,
             secret=self.secret(worker_id),
             exposed_ms=exposed_ms,
+            own_exposed_ms=own_exposed_ms,
         )
 
         timing = self.last_push = PushTiming()
@@ -405,10 +407,10 @@ class BucketStream:
             if lo < hi:
                 lane.queue.put((lo - lane.start, values[lo - offset : hi - offset]))
 
-    def end(self, compute_ms: float, exposed_ms: float) -> Callable[[], StepPlan]:
-        """Close the push with the step's times; the call that waits for the reply."""
+    def end(self, compute_ms: float, exposed_ms: float, own_exposed_ms: float) -> Callable[[], StepPlan]:
+        """Close the push with the step's times (PushEnd); the call that waits for the reply."""
         for lane in self._lanes:
-            lane.queue.put(ps_pb2.PushEnd(compute_ms=compute_ms, exposed_ms=exposed_ms))
+            lane.queue.put(ps_pb2.PushEnd(compute_ms=compute_ms, exposed_ms=exposed_ms, own_exposed_ms=own_exposed_ms))
         return self._reply
 
     def cancel(self) -> None:

@@ -15,9 +15,9 @@ A custom training loop needs three calls::
 
 Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
 step() is called; it is what the server's controller balances. In BSP on the PS path the gradient
-goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for the
-reply. The end of a step's compute to the next fetch is its exposed communication (`exposed_ms`). In an --allreduce job step()
-all-reduces with the other workers and steps a local optimizer instead (worker/collective.py).
+goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for
+the reply; from a compute's end to the next fetch is the step's exposed communication. In an
+--allreduce job step() all-reduces with the other workers and steps a local optimizer instead.
 
 A worker the server parks (BSP, `--controller model`: planned at batch 0 because the round is
 shorter without it) gets no batches from batches() until the server plans it one: meanwhile it
@@ -44,11 +44,11 @@ from worker.backoff import Backoff
 from worker.client import LEAVE_TIMEOUT_S, BucketStream, Joined, PSClient, ServerError, StepPlan, reachable_address
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
-from worker.resources import burn_cpu, default_cores, slowdown_delay
 from worker.heartbeat import Heartbeat
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.overlap import BucketPush
 from worker.reconnect import Waiting, lost_because, wait_for_server
+from worker.resources import burn_cpu, default_cores, slowdown_delay
 from worker.sampler import ElasticBatchSampler
 
 log = logging.getLogger(__name__)
@@ -190,8 +190,7 @@ class Session:
     def _open_push(self) -> BucketStream:
         """This step's bucketed push (opened by the first bucket backward completes)."""
         return self.client.open_push(self.worker_id, self._params, round=self.plan.round, version=self.plan.version,
-                                     batch_size=self._sampler.batch_size, wire_dtype=self.spec.wire_dtype,
-                                     numel=self._params.numel())
+                                     batch_size=self._sampler.batch_size, wire_dtype=self.spec.wire_dtype, numel=self._params.numel())
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches until the server ends the job; call step() after each. While the server parks this
@@ -232,9 +231,10 @@ class Session:
         compute_ms = (compute_end - self._fetch_started) * 1000.0
         self._fetch_started = None
         reported_ms = compute_ms + (self._push_ms if self.spec.balance == "busy" else 0.0)
+        exposed = (self.exposed_ms, self._push_ms) if self.spec.mode == "bsp" else (0.0, 0.0)  # the last step's
         stream = self._buckets.finish() if self._buckets is not None else None
         if stream is not None:  # the buckets are out (or going): close the push; the reply below
-            return self._finish_step(lambda: stream.end(reported_ms, self.exposed_ms)(), compute_ms, compute_end)
+            return self._finish_step(lambda: stream.end(reported_ms, *exposed)(), compute_ms, compute_end)
         if self._on_device is None:
             grads = device_grads = flatten_grads(self.model, self._grads)
         else:  # the collective takes them where they are (NCCL: no trip through the CPU); the wire from the CPU
@@ -255,7 +255,7 @@ class Session:
         return self._finish_step(lambda: self.client.push(
             self.worker_id, values, self._params, round=self.plan.round, version=self.plan.version,
             batch_size=self._sampler.batch_size, compute_ms=reported_ms, wire_dtype=self.spec.wire_dtype,
-            exposed_ms=self.exposed_ms if self.spec.mode == "bsp" else 0.0), compute_ms)
+            exposed_ms=exposed[0], own_exposed_ms=exposed[1]), compute_ms)
 
     def _finish_step(self, push: Callable[[], StepPlan | None], compute_ms: float, pushed: float | None = None) -> StepPlan:
         """Run `push` (from `pushed`, default now: where this worker's own part of it begins), or

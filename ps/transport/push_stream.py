@@ -22,15 +22,14 @@ PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
 def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
     return PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
                     kind=PUSH_KIND_NAMES.get(h.kind, f"unknown ({h.kind})"), generation=h.generation, secret=h.secret,
-                    exposed_ms=h.exposed_ms, offsets=h.offsets)
+                    exposed_ms=h.exposed_ms, own_exposed_ms=h.own_exposed_ms, offsets=h.offsets)
 
 
-def _times(compute_ms: float, exposed_ms: float) -> tuple[float, float]:
-    """A push's times, checked: finite and in [0, MAX_COMPUTE_MS]."""
-    for name, ms in (("compute_ms", compute_ms), ("exposed_ms", exposed_ms)):
+def check_times(**times: float) -> None:
+    """InvalidArgument unless each of a push's times (ms) is finite and in [0, MAX_COMPUTE_MS]."""
+    for name, ms in times.items():
         if not (math.isfinite(ms) and 0 <= ms <= MAX_COMPUTE_MS):
             raise InvalidArgument(f"{name} must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {ms}")
-    return compute_ms, exposed_ms
 
 
 async def receive_push(
@@ -71,5 +70,5 @@ async def receive_push(
             break
     if end is None:
         raise InvalidArgument("a push with offsets must end with a chunk carrying its end (PushEnd)")
-    compute_ms, exposed_ms = _times(end.compute_ms, end.exposed_ms)
-    return replace(meta, compute_ms=compute_ms, exposed_ms=exposed_ms), placed
+    check_times(compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms)
+    return replace(meta, compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms), placed
