@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -35,6 +35,8 @@ class Stream(Protocol):
     """What the buckets are sent on (worker.client.BucketStream)."""
 
     def send(self, offset: int, values: torch.Tensor) -> None: ...
+
+    def end(self, compute_ms: float, exposed_ms: float, own_exposed_ms: float) -> Callable[[], Any]: ...
 
     def cancel(self) -> None: ...
 
@@ -106,10 +108,6 @@ class BucketPush:
             if self._stream is not None:
                 self._stream.cancel()
             self._open, self._stream = None, None
-
-    @property
-    def sent_any(self) -> bool:
-        return any(self._sent)
 
     def _hook(self, index: int) -> Callable[[torch.Tensor], None]:
         def ready(param: torch.Tensor) -> None:
