@@ -253,3 +253,12 @@ def test_the_policy_fits_the_workers_own_exposed_time_where_the_balanced_time_le
         assert all(ms > 0 for _, ms in heard[2:])
     else:
         assert all(ms == 0.0 for _, ms in heard)
+
+
+def test_a_narrow_wire_dtype_narrows_each_bucket_as_the_whole_push_would(ps_server, threads, monkeypatch) -> None:
+    monkeypatch.setattr(overlap, "BUCKET_VALUES", 100)
+    args = ("--wire-dtype", "bfloat16", "--momentum", "0.9", "--model-arg", "hidden=16")
+    bucketed, sessions = _train(ps_server, threads, *args)
+    assert all(s._buckets is not None and s._buckets.streamed == 3 for s in sessions)
+    whole, _ = _train(ps_server, threads, *args, overlap_on=False)
+    assert torch.equal(bucketed, whole)
