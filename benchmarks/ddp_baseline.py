@@ -1,8 +1,11 @@
-"""The baseline to beat: PyTorch DistributedDataParallel with equal batches (gloo, CPU).
+"""The baseline to beat: PyTorch DistributedDataParallel with equal batches (gloo, CPU), or with
+per-rank batches set by hand (what DDP users do for mixed hardware: the benchmark sets them to our
+controller's final split).
 
 :func:`run_ddp` starts one process per worker, each in its worker's CPU cgroup before it execs
 (or slowed down in software where there is no cgroup backend), all of them training the same model
-on the same data with the same batch ``B / K``. They meet through a ``torch.distributed.TCPStore``
+on the same data with the same batch ``B / K`` (or rank k's own ``b_k``, its loss scaled by
+``K b_k / B`` so that DDP's mean of the ranks' gradients is the gradient of the ``B`` samples). They meet through a ``torch.distributed.TCPStore``
 that rank 0 hosts on 127.0.0.1, on a free port the driver picks. After ``warmup`` steps, rank 0 times ``steps``
 more between two barriers and prints ``{"samples_per_s", "step_ms", ...}`` as one JSON line.
 
@@ -35,7 +38,7 @@ INIT_TIMEOUT_S = 300.0
 
 def run_ddp(
     workload: Workload,
-    batch_per_worker: int,
+    batch_per_worker: int | Sequence[int],
     preexecs: Sequence[Callable[[], None] | None],
     slowdowns: Sequence[float],
     *,
@@ -51,6 +54,7 @@ def run_ddp(
     tail of the failing rank's log) if a rank fails or the run exceeds ``timeout_s``.
     """
     world = len(preexecs)
+    batches = [batch_per_worker] * world if isinstance(batch_per_worker, int) else list(batch_per_worker)
     port = free_port()
     workdir.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -60,7 +64,8 @@ def run_ddp(
                 "-m", "benchmarks.ddp_baseline", *workload.cli_args(),
                 "--lr", str(workload.lr), "--momentum", str(workload.momentum),
                 "--rank", str(rank), "--world", str(world), "--store-port", str(port),
-                "--batch", str(batch_per_worker), "--warmup", str(warmup), "--steps", str(steps),
+                "--batch", str(batches[rank]), "--batches", ",".join(map(str, batches)),
+                "--warmup", str(warmup), "--steps", str(steps),
                 "--slowdown", str(slowdowns[rank]),
             ]
             procs.append(spawn(argv, preexec=preexecs[rank], log=workdir / f"ddp-rank{rank}.log"))
@@ -108,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--world", type=int, required=True, help="number of ranks")
     p.add_argument("--store-host", default="127.0.0.1", help="where rank 0's TCPStore listens")
     p.add_argument("--store-port", type=int, required=True, help="the TCPStore's port (rank 0 binds it)")
-    p.add_argument("--batch", type=int, required=True, help="per-rank batch (B / K)")
+    p.add_argument("--batch", type=int, required=True, help="this rank's batch (B / K, or its b_k)")
+    p.add_argument("--batches", default=None, metavar="B0,B1,...",
+                   help="every rank's batch, when they differ: the loss is scaled by K*b_k/B and samples/s counts them all")
     p.add_argument("--warmup", type=int, default=3, help="steps before timing")
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--slowdown", type=float, default=1.0, help="software slowdown of this rank's compute")
@@ -122,6 +129,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("benchmarks.ddp_baseline: error: need 0 <= --rank < --world, --batch/--steps >= 1, --warmup >= 0, --slowdown >= 1",
               file=sys.stderr)
         return 2
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else [args.batch] * args.world
+    if len(batches) != args.world or batches[args.rank] != args.batch or min(batches) < 1:
+        print("benchmarks.ddp_baseline: error: --batches needs one batch >= 1 per rank, this rank's equal to --batch",
+              file=sys.stderr)
+        return 2
+    scale = args.world * args.batch / sum(batches)
     if not tune_like_a_worker("benchmarks.ddp_baseline"):  # the workers' allocator settings
         return 2
     import torch
@@ -150,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             began = time.perf_counter()
             idx = sampler.next_batch()
             x, y = dataset.train_x[idx], dataset.train_y[idx]
-            loss = F.cross_entropy(ddp(x), y)
+            loss = F.cross_entropy(ddp(x), y) * scale
             optimizer.zero_grad(set_to_none=False)
             loss.backward()  # the gradient all-reduce runs here, overlapped with backward
             if args.slowdown > 1.0:
@@ -160,14 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         dist.barrier()
         seconds = time.perf_counter() - start
         if args.rank == 0:
-            samples = args.steps * args.batch * args.world
+            samples = args.steps * sum(batches)
             print(json.dumps({
                 "samples_per_s": round(samples / seconds, 2),
                 "step_ms": round(1000.0 * seconds / args.steps, 3),
                 "steps": args.steps,
                 "warmup": args.warmup,
                 "seconds": round(seconds, 4),
-                "batch_per_worker": args.batch,
+                "batch_per_worker": args.batch if len(set(batches)) == 1 else batches,
                 "workers": args.world,
                 "rank0_step_incl_allreduce_ms": round(1000.0 * compute_s / args.steps, 3),
             }), flush=True)

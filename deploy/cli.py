@@ -268,7 +268,7 @@ def _run(args: argparse.Namespace) -> int:
         controller=args.controller, epochs=args.epochs, model=args.model, model_args=args.model_arg,
         dataset=args.dataset, dataset_args=args.dataset_arg, global_batch=args.global_batch, lr=args.lr,
         adjust_every=args.adjust_every, limiter=args.limiter, out=args.out, quick=args.quick,
-        server_args=args.server_arg,
+        server_args=[*args.server_arg, *([] if args.overlap else ["--no-overlap"])],
     )
     try:
         emulator.run(config)
@@ -364,6 +364,9 @@ def add_run_command(subcommands: Subcommands) -> None:
     job.add_argument("--server-arg", action="append", default=[], metavar="ARGS",
                      help="more ps-server arguments, e.g. --server-arg=--deadband=0.2 or "
                      "--server-arg='--momentum 0.5' (repeatable)")
+    job.add_argument("--no-overlap", dest="overlap", action="store_false",
+                     help="BSP: the serial path (ps-server --no-overlap): workers push the whole gradient after "
+                     "backward instead of streaming gradient buckets while backward runs")
     output = parser.add_argument_group("output")
     output.add_argument("--out", type=Path, metavar="DIR",
                         help="folder for the metrics log, server/worker logs, summary.json and plots "

@@ -91,7 +91,7 @@ class ShardInfo(_message.Message):
     def __init__(self, address: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret")
+    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret", "offsets", "exposed_ms", "own_exposed_ms")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -102,6 +102,9 @@ class PushHeader(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    EXPOSED_MS_FIELD_NUMBER: _ClassVar[int]
+    OWN_EXPOSED_MS_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     round: int
     version: int
@@ -112,19 +115,36 @@ class PushHeader(_message.Message):
     kind: PushKind
     generation: int
     secret: str
-    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
+    offsets: bool
+    exposed_ms: float
+    own_exposed_ms: float
+    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ..., offsets: _Optional[bool] = ..., exposed_ms: _Optional[float] = ..., own_exposed_ms: _Optional[float] = ...) -> None: ...
+
+class PushEnd(_message.Message):
+    __slots__ = ("compute_ms", "exposed_ms", "own_exposed_ms")
+    COMPUTE_MS_FIELD_NUMBER: _ClassVar[int]
+    EXPOSED_MS_FIELD_NUMBER: _ClassVar[int]
+    OWN_EXPOSED_MS_FIELD_NUMBER: _ClassVar[int]
+    compute_ms: float
+    exposed_ms: float
+    own_exposed_ms: float
+    def __init__(self, compute_ms: _Optional[float] = ..., exposed_ms: _Optional[float] = ..., own_exposed_ms: _Optional[float] = ...) -> None: ...
 
 class PushChunk(_message.Message):
-    __slots__ = ("header", "seq", "data", "pad")
+    __slots__ = ("header", "seq", "data", "pad", "offset", "end")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     SEQ_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     PAD_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
     header: PushHeader
     seq: int
     data: bytes
     pad: bytes
-    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ...) -> None: ...
+    offset: int
+    end: PushEnd
+    def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ..., offset: _Optional[int] = ..., end: _Optional[_Union[PushEnd, _Mapping]] = ...) -> None: ...
 
 class ParamsHeader(_message.Message):
     __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state")

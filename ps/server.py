@@ -115,6 +115,7 @@ def build_job(args: argparse.Namespace) -> Job:
         allreduce_algorithm=args.allreduce_algorithm,
         balance=default_balance(args.mode, allreduce, args.shards) if args.balance == "auto" else args.balance,
         micro_batch=args.micro_batch,
+        overlap=args.overlap,
     )
     config = ControllerConfig(
         policy=args.controller,

@@ -153,6 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="use these running ps-shard servers for ranges 1.. instead of starting them (sets --shards)")
     net.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
+    net.add_argument("--no-overlap", dest="overlap", action="store_false",
+                     help="BSP on the PS path: workers push the whole gradient after backward (the serial path) "
+                          "instead of streaming gradient buckets while backward runs")
     net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see docs/metrics.md)")
     net.add_argument("--metrics-port", type=port_number, default=None,
                      help="serve Prometheus metrics over HTTP at /metrics on --host:PORT (0 picks a free port, printed "

@@ -93,7 +93,7 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     # BSP under cgroup quotas where they are writable: that is where the ideal is also measured with
     # the solo runs all at once (ideal.together)
     limiter = ["--limiter", "cgroup"] if detect_backend() is not None else []
-    bsp = start_bench(tmp_path / "bsp", "--mode", "bsp", "--controllers", "dynamic", *limiter)
+    bsp = start_bench(tmp_path / "bsp", "--mode", "bsp", "--controllers", "dynamic,dynamic_no_overlap", *limiter)
     asp = start_bench(tmp_path / "asp", "--mode", "asp", "--controllers", "dynamic")
     try:
         bsp_report, bsp_table = finish_bench(*bsp)
@@ -104,7 +104,7 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait()
 
-    check_common(bsp_report, {"dynamic"})
+    check_common(bsp_report, {"dynamic", "dynamic_no_overlap"})
     assert bsp_report["ideal"]["samples_per_s"] > 0 and set(bsp_report["ideal"]["per_worker"]) == {"w0", "w1"}
     together = bsp_report["ideal"].get("together")  # the solos all at once: with cgroups only
     assert (together is None) == (bsp_report["environment"]["limiter"] == "slowdown") == (not limiter)
@@ -116,6 +116,11 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     dyn = bsp_report["runs"]["dynamic"]
     assert dyn["ratio_to_ideal"] is not None and dyn["ratio_to_ddp_uniform"] is not None
     assert sum(dyn["batch_sizes"].values()) == bsp_report["workload"]["global_batch"]
+    assert bsp_report["ddp_split"]["batch_per_worker"] in (list(dyn["batch_sizes"].values()), dyn["batch_sizes"]["w0"])
+    assert dyn["ratio_to_ddp_split"] > 0 and set(dyn["exposed_ms"]) == {"w0", "w1"} and dyn["exposed_ms_mean"] > 0
+    overlap = bsp_report["overlap"]
+    assert overlap["overlap_over_no_overlap"] > 0 and overlap["exposed_over_no_overlap"] > 0
+    assert "BSP dynamic overlap over --no-overlap" in {t["name"] for t in bsp_report["targets"]}
     assert {t["name"].split(" ", 1)[1] for t in bsp_report["targets"]} >= {
         "BSP dynamic ratio_to_ideal", "BSP dynamic ratio_to_ddp_uniform", "adjustments_to_steady"}
     assert "| controller |" in bsp_table and "| target |" in bsp_table

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.runtime import slowdown_delay
+from worker.resources import slowdown_delay
 
 
 def test_a_frozen_step_is_not_multiplied() -> None:

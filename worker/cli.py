@@ -21,10 +21,14 @@ from ps.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reser
 from ps.ops.stack_dump import enable_stack_dump
 from ps.transport.security import TOKEN_ENV, resolve_token
 from worker.accumulate import backward_in_micro_batches
-from worker.client import ServerError, channel_credentials
+from worker.channel import channel_credentials
+from worker.client import ServerError
+from worker.connection import DEFAULT_THREADS, connect
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
-from worker.runtime import DEFAULT_THREADS, JobSetupError, Session, connect, default_cores
+from worker.memory_probe import JobSetupError
+from worker.resources import default_cores
+from worker.runtime import Session
 
 ENVIRONMENT = {
     "server": "PS_SERVER",
@@ -35,6 +39,7 @@ ENVIRONMENT = {
     "slowdown": "PS_SLOWDOWN",
     "step_overhead_ms": "PS_STEP_OVERHEAD_MS",
     "max_batch": "PS_MAX_BATCH",
+    "no_overlap": "PS_NO_OVERLAP",
     "timeout": "PS_TIMEOUT",
     "retry_for": "PS_RETRY_FOR",
     "log_every": "PS_LOG_EVERY",
@@ -93,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "its batch at or below N (unset: measured on the job's model before joining, from two probe "
                         "steps; with --micro-batch the memory bounds one micro-batch, not the batch; "
                         "docs/micro-batches.md)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="BSP: push the whole gradient after backward (the serial path) instead of streaming gradient "
+                        "buckets while backward runs (the server's --no-overlap turns it off for every worker)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
@@ -150,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
-                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, max_batch=args.max_batch, token=token, tls_ca=args.tls_ca,
+                     threads=args.threads, step_overhead_ms=args.step_overhead_ms, max_batch=args.max_batch,
+                     overlap=not args.no_overlap, token=token, tls_ca=args.tls_ca,
                      tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",

@@ -15,7 +15,8 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+import queue
+from typing import Any
 
 import grpc
 import torch
@@ -25,25 +26,19 @@ from ps.job.spec import JobSpec
 from ps.transport.layout import Layout, TensorEntry
 from ps.transport.payload import frame_tensor
 from ps.transport.push_stream import PUSH_KIND_NUMBERS
-from ps.transport.security import PathArg, bearer, read_pem, resolve_token
+from ps.transport.security import PathArg
 from ps.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
+from worker.channel import open_channel
 from worker.replies import Joined, ShardTarget, StepPlan
-from ps.transport.wire import CHUNK_BYTES, FlatReceiver
+from ps.transport.wire import CHUNK_BYTES, FlatReceiver, torch_dtype
 
 log = logging.getLogger(__name__)
 
 CLOSE_TIMEOUT_S = 5.0  # PSClient.close: how long a channel close may take before it is given up
 LEAVE_TIMEOUT_S = 10.0  # PSClient.leave: how long to wait for the server to answer a Leave
 
-MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 _NO_VALUES = torch.empty(0)
-CHANNEL_OPTIONS = [
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    # a server that comes back is reached within seconds (gRPC's default backoff grows to 120 s)
-    ("grpc.max_reconnect_backoff_ms", 2000),
-]
 
 
 class ServerError(RuntimeError):
@@ -75,84 +70,6 @@ class _ShardLink:
 
 def _error(exc: grpc.RpcError) -> ServerError:
     return ServerError(exc.code().name, exc.details() or "")
-
-
-class _CallDetails(NamedTuple):
-    method: str
-    timeout: float | None
-    metadata: Any
-    credentials: Any
-    wait_for_ready: bool | None
-    compression: Any
-
-
-class _TokenInterceptor(
-    grpc.UnaryUnaryClientInterceptor,
-    grpc.UnaryStreamClientInterceptor,
-    grpc.StreamUnaryClientInterceptor,
-    grpc.StreamStreamClientInterceptor,
-):
-    """Adds `authorization: Bearer <token>` to every call made on the channel."""
-
-    def __init__(self, token: str) -> None:
-        self._pair = bearer(token)
-
-    def _with_token(self, details: grpc.ClientCallDetails) -> _CallDetails:
-        metadata = (*(details.metadata or ()), self._pair)
-        return _CallDetails(details.method, details.timeout, metadata, details.credentials,
-                            details.wait_for_ready, getattr(details, "compression", None))
-
-    def intercept_unary_unary(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
-        return continuation(self._with_token(details), request)
-
-    def intercept_unary_stream(self, continuation: Any, details: grpc.ClientCallDetails, request: Any) -> Any:
-        return continuation(self._with_token(details), request)
-
-    def intercept_stream_unary(self, continuation: Any, details: grpc.ClientCallDetails, requests: Any) -> Any:
-        return continuation(self._with_token(details), requests)
-
-    def intercept_stream_stream(self, continuation: Any, details: grpc.ClientCallDetails, requests: Any) -> Any:
-        return continuation(self._with_token(details), requests)
-
-
-def channel_credentials(
-    tls_ca: PathArg | None, tls_cert: PathArg | None = None, tls_key: PathArg | None = None
-) -> grpc.ChannelCredentials | None:
-    """TLS credentials trusting `tls_ca` (None: plaintext), with a client certificate for mutual TLS.
-
-    Raises ValueError with one clear line for a missing or unreadable file or a bad combination.
-    """
-    if (tls_cert is None) != (tls_key is None):
-        raise ValueError("--tls-cert and --tls-key go together")
-    if tls_ca is None:
-        if tls_cert is not None:
-            raise ValueError("--tls-cert/--tls-key need --tls-ca (the CA that signed the server's certificate)")
-        return None
-    ca = read_pem("--tls-ca", tls_ca)
-    cert = read_pem("--tls-cert", tls_cert) if tls_cert is not None else None
-    key = read_pem("--tls-key", tls_key) if tls_key is not None else None
-    return grpc.ssl_channel_credentials(root_certificates=ca, private_key=key, certificate_chain=cert)
-
-
-def open_channel(
-    target: str,
-    *,
-    token: str | None = None,
-    tls_ca: PathArg | None = None,
-    tls_cert: PathArg | None = None,
-    tls_key: PathArg | None = None,
-) -> grpc.Channel:
-    """A channel to `target`: TLS when `tls_ca` is given, the token on every call when given."""
-    credentials = channel_credentials(tls_ca, tls_cert, tls_key)
-    if token is not None:
-        token = resolve_token(token)
-    if credentials is None:
-        channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
-    else:
-        channel = grpc.secure_channel(target, credentials, options=CHANNEL_OPTIONS)
-    if token is not None:
-        channel = grpc.intercept_channel(channel, _TokenInterceptor(token))
-    return channel
 
 
 class PSClient:
@@ -280,6 +197,8 @@ class PSClient:
         wire_dtype: str,
         kind: str = "values",
         generation: int = 0,
+        exposed_ms: float = 0.0,
+        own_exposed_ms: float = 0.0,
     ) -> Callable[[], StepPlan]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
@@ -297,6 +216,8 @@ class PSClient:
             kind=PUSH_KIND_NUMBERS[kind],
             generation=generation,
             secret=self.secret(worker_id),
+            exposed_ms=exposed_ms,
+            own_exposed_ms=own_exposed_ms,
         )
 
         timing = self.last_push = PushTiming()
@@ -323,6 +244,24 @@ class PSClient:
             head.num_values = link.target.stop - link.target.start
             calls.append(link.push(requests(values[link.target.start : link.target.stop], head)))
         return functools.partial(self._gather, self._push(requests(values[:own], header)), calls, out)
+
+    def open_push(self, worker_id: str, out: torch.Tensor, *, round: int, version: int, batch_size: int,
+                  wire_dtype: str, numel: int) -> BucketStream:
+        """A push of `numel` gradient values sent in buckets, in any order, as they are ready (BSP, during
+        backward: worker.overlap); its reply's parameters land in `out` (BucketStream.end)."""
+        header = ps_pb2.PushHeader(worker_id=worker_id, round=round, version=version, batch_size=batch_size,
+                                   wire_dtype=wire_dtype, kind=ps_pb2.PUSH_VALUES, offsets=True,
+                                   secret=self.secret(worker_id))
+        ranges = [(0, numel if self._own_stop is None else self._own_stop)]
+        ranges += [(link.target.start, link.target.stop) for link in self._shards]
+        lanes = [_Lane(start, stop, header, wire_dtype, self.chunk_bytes) for start, stop in ranges]
+        calls = [self._push(lanes[0].requests())]
+        calls += [link.push(lane.requests()) for link, lane in zip(self._shards, lanes[1:], strict=True)]
+        timing = self.last_push = PushTiming()
+        lanes[0].timing = timing
+        if self._shards:
+            return BucketStream(lanes, calls, functools.partial(self._gather, calls[0], calls[1:], out))
+        return BucketStream(lanes, calls, functools.partial(_finish, calls[0], out, timing))
 
     def _gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
@@ -414,6 +353,75 @@ def _pull_call(channel: grpc.Channel, service: str) -> grpc.UnaryStreamMultiCall
     full_name = ps_pb2.DESCRIPTOR.services_by_name[service].full_name
     return channel.unary_stream(f"/{full_name}/Pull", request_serializer=ps_pb2.PullRequest.SerializeToString,
                                 response_deserializer=_PARAMS_CHUNK)
+
+
+class _Lane:
+    """One server's part of a bucketed push (the coordinator's range, or a shard's): the chunks of
+    the values it is handed, with their offsets in its range, then the end."""
+
+    def __init__(self, start: int, stop: int, header: ps_pb2.PushHeader, wire_dtype: str, chunk_bytes: int) -> None:
+        self.start, self.stop = start, stop
+        self.header = ps_pb2.PushHeader()
+        self.header.CopyFrom(header)
+        self.header.num_values = stop - start
+        self.wire_dtype = wire_dtype
+        self.chunk_bytes = chunk_bytes
+        self.timing: PushTiming | None = None
+        self.queue: queue.SimpleQueue[tuple[int, torch.Tensor] | ps_pb2.PushEnd | None] = queue.SimpleQueue()
+
+    def requests(self) -> Iterator[bytes]:
+        """The serialized chunks, as the values arrive on the queue (gRPC's thread iterates this)."""
+        seq = 0
+        yield data_header(ps_pb2.PushChunk(header=self.header, seq=seq), 0)
+        per_chunk = max(1, self.chunk_bytes // torch.empty(0, dtype=torch_dtype(self.wire_dtype)).element_size())
+        while True:
+            item = self.queue.get()
+            if item is None:  # cancelled
+                return
+            if isinstance(item, ps_pb2.PushEnd):
+                yield data_header(ps_pb2.PushChunk(seq=seq + 1, end=item), 0)
+                if self.timing is not None:
+                    self.timing.uploaded = time.perf_counter()
+                return
+            offset, values = item
+
+            def chunk(index: int, nbytes: int, first: int = seq + 1, base: int = offset) -> bytes:
+                return data_header(ps_pb2.PushChunk(seq=first + index, offset=base + index * per_chunk), nbytes)
+
+            for message in frame_tensor(values, self.wire_dtype, chunk, self.chunk_bytes):
+                seq += 1
+                yield message
+
+
+class BucketStream:
+    """A push whose buckets go out as they are ready (worker.overlap.BucketPush): `send` each range
+    once, then `end` with the step's times; its reply is the returned call's."""
+
+    def __init__(self, lanes: list[_Lane], calls: list[Any], reply: Callable[[], StepPlan]) -> None:
+        self._lanes = lanes
+        self._calls = calls
+        self._reply = reply
+
+    def send(self, offset: int, values: torch.Tensor) -> None:
+        """Values [offset, offset + len) of the flat vector, split over the servers' ranges."""
+        stop = offset + values.numel()
+        for lane in self._lanes:
+            lo, hi = max(offset, lane.start), min(stop, lane.stop)
+            if lo < hi:
+                lane.queue.put((lo - lane.start, values[lo - offset : hi - offset]))
+
+    def end(self, compute_ms: float, exposed_ms: float, own_exposed_ms: float) -> Callable[[], StepPlan]:
+        """Close the push with the step's times (PushEnd); the call that waits for the reply."""
+        for lane in self._lanes:
+            lane.queue.put(ps_pb2.PushEnd(compute_ms=compute_ms, exposed_ms=exposed_ms, own_exposed_ms=own_exposed_ms))
+        return self._reply
+
+    def cancel(self) -> None:
+        """Give the push up: the servers drop what they received of it."""
+        for lane in self._lanes:
+            lane.queue.put(None)
+        for call in self._calls:
+            call.cancel()
 
 
 @dataclass

@@ -14,8 +14,10 @@ A custom training loop needs three calls::
             session.step()                       # returns once the new parameters are in model
 
 Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
-step() is called; it is what the server's controller balances. In an --allreduce job step()
-all-reduces with the other workers and steps a local optimizer instead (worker/collective.py).
+step() is called; it is what the server's controller balances. In BSP on the PS path the gradient
+goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for
+the reply; from a compute's end to the next fetch is the step's exposed communication. In an
+--allreduce job step() all-reduces with the other workers and steps a local optimizer instead.
 
 A worker the server parks (BSP, `--controller model`: planned at batch 0 because the round is
 shorter without it) gets no batches from batches() until the server plans it one: meanwhile it
@@ -26,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -39,45 +40,18 @@ from ps.job.models import build_model
 from ps.job.spec import JobSpec
 from ps.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
-from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPlan, reachable_address
+from worker.client import LEAVE_TIMEOUT_S, BucketStream, Joined, PSClient, ServerError, StepPlan, reachable_address
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.heartbeat import Heartbeat
 from worker.local_optimizer import LocalOptimizer, StepRefused
-from worker.memory_probe import JobSetupError, declared_max_batch
+from worker.memory_probe import JobSetupError
+from worker.overlap import BucketPush
 from worker.reconnect import Waiting, lost_because, wait_for_server
+from worker.resources import burn_cpu, slowdown_delay
 from worker.sampler import ElasticBatchSampler
 
 log = logging.getLogger(__name__)
-
-
-def default_cores() -> float:
-    """CPUs this process may run on."""
-    try:
-        return float(len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return float(os.cpu_count() or 1)
-
-
-def slowdown_delay(wall_s: float, cpu_s: float, slowdown: float) -> float:
-    """The extra sleep that makes a step's compute `slowdown` times longer, as on a slower machine.
-
-    It scales the time the process actually computed: the wall time, but no more than the CPU
-    time it used, so time spent stopped (SIGSTOP) or waiting for a CPU is not multiplied.
-    """
-    return max(0.0, min(wall_s, cpu_s)) * (slowdown - 1.0)
-
-
-def burn_cpu(ms: float) -> None:
-    """Spend `ms` of this process's CPU time on busy work (not sleep): `--step-overhead-ms`, a fixed
-    per-step cost that a CPU quota or a slowdown stretches like the real work of a step."""
-    if ms <= 0:
-        return
-    end = time.process_time() + ms / 1000.0
-    spin = 0
-    while time.process_time() < end:
-        for _ in range(200):
-            spin += 1
 
 
 class Session:
@@ -86,7 +60,7 @@ class Session:
     def __init__(
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
-        pass_samples: int | None = None,
+        pass_samples: int | None = None, overlap: bool = True,
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -97,6 +71,7 @@ class Session:
         self.step_overhead_ms = step_overhead_ms
         self.cores = cores
         self.retry_for = retry_for
+        self.overlap = overlap  # unless the job says --no-overlap (set up in _setup)
         self.device = device or torch.device("cpu")
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
@@ -121,6 +96,8 @@ class Session:
         self.parked_polls = 0  # long polls answered while parked
         self.last_compute_ms = 0.0
         self._push_ms = 0.0  # the previous push's own part (reported with compute time under --balance busy)
+        self._compute_end: float | None = None  # when the last step's compute ended (perf_counter)
+        self.exposed_ms = 0.0  # the last step's exposed communication: its compute's end to the next fetch
 
     def _setup(self, joined: Joined) -> None:
         """Build the job's data and model and load the global parameters. The flat parameters
@@ -152,6 +129,9 @@ class Session:
             self._train_x, self._train_y = self._train_x.to(self.device), self._train_y.to(self.device)
         self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
         self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
+        # BSP on the PS path: the gradient goes out in buckets while backward runs (worker/overlap.py)
+        self.overlap = self.overlap and self.spec.overlap and self.spec.mode == "bsp" and not self.spec.allreduce
+        self._buckets = BucketPush(self.model, self._grads) if self.overlap else None
         self._apply(self._pull_global_model())
 
     def _pull_global_model(self) -> StepPlan:
@@ -195,9 +175,19 @@ class Session:
         """One batch of the planned size; starts this step's compute timer."""
         self._fetch_started = time.perf_counter()
         self._fetch_cpu = time.process_time()
+        if self._compute_end is not None:
+            self.exposed_ms = (self._fetch_started - self._compute_end) * 1000.0
+            self._compute_end = None
         index = self._sampler.next_batch().to(self._train_x.device)
         self._drawn = int(index.numel())
+        if self._buckets is not None:
+            self._buckets.arm(self._open_push)
         return self._train_x[index], self._train_y[index]
+
+    def _open_push(self) -> BucketStream:
+        """This step's bucketed push (opened by the first bucket backward completes)."""
+        return self.client.open_push(self.worker_id, self._params, round=self.plan.round, version=self.plan.version,
+                                     batch_size=self._sampler.batch_size, wire_dtype=self.spec.wire_dtype, numel=self._params.numel())
 
     def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches until the server ends the job; call step() after each. While the server parks this
@@ -212,6 +202,7 @@ class Session:
     def wait_parked(self) -> StepPlan:
         """Parked: wait in the server's long poll until it plans this worker a batch (or the job ends),
         then pull the parameters; the plan."""
+        self._compute_end = None  # the wait while parked is no communication a step left exposed
         try:
             plan = self.client.pull(self.worker_id, self._params, header_only=True, wait_for_batch=True)
             self.parked_polls += 1
@@ -233,8 +224,14 @@ class Session:
         if self.slowdown > 1.0:
             wall_s = time.perf_counter() - self._fetch_started
             time.sleep(slowdown_delay(wall_s, time.process_time() - self._fetch_cpu, self.slowdown))
-        compute_ms = (time.perf_counter() - self._fetch_started) * 1000.0
+        compute_end = self._compute_end = time.perf_counter()
+        compute_ms = (compute_end - self._fetch_started) * 1000.0
         self._fetch_started = None
+        reported_ms = compute_ms + (self._push_ms if self.spec.balance == "busy" else 0.0)
+        exposed = (self.exposed_ms, self._push_ms) if self.spec.mode == "bsp" else (0.0, 0.0)  # the last step's
+        stream = self._buckets.finish() if self._buckets is not None else None
+        if stream is not None:  # the buckets are out (or going): close the push; the reply below
+            return self._finish_step(lambda: stream.end(reported_ms, *exposed)(), compute_ms, compute_end)
         if self._on_device is None:
             grads = device_grads = flatten_grads(self.model, self._grads)
         else:  # the collective takes them where they are (NCCL: no trip through the CPU); the wire from the CPU
@@ -250,24 +247,22 @@ class Session:
                 return plan
         else:
             values = grads
-        pushed = time.perf_counter()
+        if self._collective is not None:
+            return self._finish_step(lambda: self._collective_push(device_grads, compute_ms), compute_ms)
+        return self._finish_step(lambda: self.client.push(
+            self.worker_id, values, self._params, round=self.plan.round, version=self.plan.version,
+            batch_size=self._sampler.batch_size, compute_ms=reported_ms, wire_dtype=self.spec.wire_dtype,
+            exposed_ms=exposed[0], own_exposed_ms=exposed[1]), compute_ms)
+
+    def _finish_step(self, push: Callable[[], StepPlan | None], compute_ms: float, pushed: float | None = None) -> StepPlan:
+        """Run `push` (from `pushed`, default now: where this worker's own part of it begins), or
+        recover from its failure; the new parameters into the model, the plan followed. A push that
+        returns None took no step (the plan it settled stands, the model holds its parameters)."""
+        pushed = time.perf_counter() if pushed is None else pushed
         try:
-            if self._collective is not None:
-                plan = self._settle_report()
-                if plan.done:  # the job ended with the previous step: this batch was one too many
-                    return plan  # (settled: the plan followed, the model already holds the parameters)
-                plan = self._collective_step(device_grads, compute_ms, plan)
-            else:
-                plan = self.client.push(
-                    self.worker_id,
-                    values,
-                    self._params,
-                    round=self.plan.round,
-                    version=self.plan.version,
-                    batch_size=self._sampler.batch_size,
-                    compute_ms=compute_ms + (self._push_ms if self.spec.balance == "busy" else 0.0),
-                    wire_dtype=self.spec.wire_dtype,
-                )
+            plan = push()
+            if plan is None:
+                return self.plan
         except ServerError as exc:
             plan = self._recover(exc)
         else:
@@ -284,6 +279,12 @@ class Session:
         if self._collective is not None or not pushed < timing.uploaded <= timing.replied:
             return 0.0
         return ((timing.uploaded - pushed) + (time.perf_counter() - timing.replied)) * 1000.0
+
+    def _collective_push(self, grads: torch.Tensor, compute_ms: float) -> StepPlan | None:
+        """--allreduce: settle the previous report, then all-reduce and step with the group; None if
+        the job ended with the previous step (this batch was one too many: the settled plan stands)."""
+        plan = self._settle_report()
+        return None if plan.done else self._collective_step(grads, compute_ms, plan)
 
     def _settle_report(self) -> StepPlan:
         """--allreduce: the plan for this step, from the reply to the previous step's report (rank 0
@@ -427,6 +428,8 @@ class Session:
         """Stop the heartbeat, leave the process group and close the connection (`closed` then says
         whether the connection's close finished: see PSClient.close)."""
         self._heartbeat.stop()
+        if self._buckets is not None:
+            self._buckets.remove()
         if self._collective is not None:
             self._collective.close()
         self.closed = self.client.close()
@@ -437,61 +440,7 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         """Leave unless the job is done (an error, or a loop that stopped early), then close."""
         try:
-            self.leave()
-        except ServerError:
-            pass
+            with contextlib.suppress(ServerError):
+                self.leave()
         finally:
             self.close()
-
-
-DEFAULT_THREADS = 1
-"""torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`): one,
-as workers share cores with each other and the server (torch's thread per core makes them many times slower)."""
-
-
-def connect(
-    target: str,
-    name: str | None = None,
-    cores: float | None = None,
-    slowdown: float = 1.0,
-    timeout: float = 60.0,
-    *,
-    retry_for: float = 120.0,
-    device: torch.device | None = None,
-    threads: int | None = DEFAULT_THREADS,
-    step_overhead_ms: float = 0.0,
-    max_batch: int | None = None,
-    token: str | None = None,
-    tls_ca: str | os.PathLike[str] | None = None,
-    tls_cert: str | os.PathLike[str] | None = None,
-    tls_key: str | os.PathLike[str] | None = None,
-) -> Session:
-    """Join the parameter server at `target` (HOST:PORT); blocks until the job starts.
-
-    A server that does not answer is waited for up to `timeout` seconds, and one lost mid-job up to
-    `retry_for`, saying so on the ``worker`` logger within a few seconds and then every ten.
-    `threads` sets torch's thread count for this process, as ``ps-worker --threads`` does (default 1:
-    see :data:`DEFAULT_THREADS`; None leaves torch's own setting).
-    `device` is where the model computes (default the CPU; `worker.device.resolve_device("auto")`
-    picks a GPU when there is one). `step_overhead_ms` adds that much CPU work to every step (a fixed cost).
-    `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
-    and `token` is sent with every call; see docs/security.md.
-    `max_batch` is the most samples this worker's memory holds, told to the server at Join (None:
-    measured on the job's model before joining, worker/memory_probe.py).
-    """
-    if threads is not None and not (isinstance(threads, int) and threads >= 1):
-        raise ValueError(f"threads must be a whole number >= 1 (or None: torch's own setting), got {threads!r}")
-    who = name or f"{os.uname().nodename}-{os.getpid()}"
-    client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
-    try:
-        waiting = Waiting(who, target, time.monotonic() + timeout, "--timeout")
-        wait_for_server(client, waiting)
-        waiting.recovered(f"server {target} answered")
-        if threads is not None:
-            torch.set_num_threads(threads)
-        # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
-        bounds = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
-        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms, *bounds)
-    except BaseException:
-        client.close()
-        raise

@@ -146,23 +146,27 @@ def measure_ideal_together(s: Settings, emu: Emulation, batches: Sequence[int]) 
             "note": "the solo runs started together, each under its quota: co-running processes share the machine"}
 
 
-def measure_ddp(s: Settings, emu: Emulation, ideal: dict[str, Any] | None) -> dict[str, Any]:
-    """DDP with equal batches B/K, one rank per worker cgroup; steps sized to last about ddp_seconds."""
+def measure_ddp(s: Settings, emu: Emulation, ideal: dict[str, Any] | None,
+                split: dict[str, int] | None = None) -> dict[str, Any]:
+    """DDP, one rank per worker cgroup, with equal batches B/K (`ddp_uniform`) or with `split`'s
+    per-worker batches (`ddp_split`: set by hand, as DDP users do for mixed hardware, here to our
+    controller's final plan); steps sized to last about ddp_seconds."""
     from benchmarks.ddp_baseline import run_ddp
 
     k = len(emu.names)
-    batch = max(1, s.workload.global_batch // k)
+    name = "ddp_uniform" if split is None else "ddp_split"
+    batches = [max(1, s.workload.global_batch // k)] * k if split is None else [max(1, split[n]) for n in emu.names]
     steps = s.ddp_min_steps
     if ideal is not None and not s.tiny:
-        # the slowest worker sets the pace of an equal split; its solo rate predicts the step time
+        # the slowest rank sets the pace; its solo rate predicts the step time
         rates = [ideal["per_worker"][n]["samples_per_s"] for n in emu.names]
-        step_s = max(batch / r for r in rates if r > 0)
+        step_s = max(b / r for b, r in zip(batches, rates, strict=True) if r > 0)
         steps = max(s.ddp_min_steps, min(200, math.ceil(s.ddp_seconds / step_s)))
-    log(f"ddp_uniform: {k} ranks x batch {batch}, {s.ddp_warmup} warm-up + {steps} timed steps ...")
+    log(f"{name}: {k} ranks, batches {batches}, {s.ddp_warmup} warm-up + {steps} timed steps ...")
     with limiters(emu, "ddp") as groups:
         preexecs = [_with_death_signal(g.preexec if g is not None else None) for g in groups]
         slowdowns = emu.slowdowns if emu.backend is None else [1.0] * k
-        result = run_ddp(s.workload, batch, preexecs, slowdowns, warmup=s.ddp_warmup, steps=steps,
-                         workdir=s.workdir / "ddp", timeout_s=s.run_timeout)
-    log(f"ddp_uniform: {result['samples_per_s']:.1f} samples/s ({result['step_ms']:.1f} ms/step)")
+        result = run_ddp(s.workload, batches[0] if split is None else batches, preexecs, slowdowns,
+                         warmup=s.ddp_warmup, steps=steps, workdir=s.workdir / name, timeout_s=s.run_timeout)
+    log(f"{name}: {result['samples_per_s']:.1f} samples/s ({result['step_ms']:.1f} ms/step)")
     return result

@@ -72,7 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
                       "ring all_reduce instead of the hub, and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
                       "dynamic_compute, dynamic with --balance busy or compute instead of the server's default, auto: busy "
-                      "for BSP on the PS path, compute otherwise; both take uniform_compose and dynamic_compose, the same "
+                      "for BSP on the PS path, compute otherwise; bsp takes dynamic_no_overlap, dynamic on the serial path "
+                      "(ps-server --no-overlap: no gradient push during backward), compared with dynamic in the report's "
+                      "overlap record, beside ddp_split (DDP with per-rank batches at dynamic's final plan, measured with "
+                      "the baselines); both take uniform_compose and dynamic_compose, the same "
                       "job in deploy/docker-compose.yml's containers at the same quotas, which needs a Docker engine: "
                       "deploy/engine.sh)")
     what.add_argument("--case", choices=sorted(CASES),
@@ -225,6 +228,7 @@ def run(s: Settings) -> dict[str, Any]:
                      "server_args": s.server_args},
         "ideal": None,
         "ddp_uniform": None,
+        "ddp_split": None,
         "runs": {},
         "targets": [],
         "timings_s": {},

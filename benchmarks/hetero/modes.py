@@ -16,6 +16,7 @@ from deploy.profiles import scale
 
 
 SOURCE = "issue targets (design.md §7 anchors)"
+OVERLAP_SOURCE = "issue targets (communication overlapped with computation on the BSP PS path)"
 POLICY_SOURCE = "issue targets (design.md §9, model-based split)"
 
 
@@ -30,6 +31,7 @@ def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dic
     summary = summaries[-1] if summaries else {}
     rate, counted = analysis.steady_throughput(epochs, s.steady_fraction)
     last = epochs[-1] if epochs else {}
+    exposed = _steady_exposed(epochs[-counted:] if counted else [])
     basis = "epoch" if s.adjust_every == "epoch" else "adjust"
     steady = analysis.to_steady(events, emu.names, basis=basis, tolerance=BALANCE_TOLERANCE)
     evals = analysis.of_kind(events, "eval")
@@ -43,6 +45,10 @@ def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dic
         "ratio_to_ideal_together": _ratio(rate, (ideal or {}).get("together")),
         "ratio_to_ddp_uniform": _ratio(rate, ddp),
         "compute_spread": _round(analysis.spread(last.get("compute_ms"))),
+        # BSP: ms per round each worker waited on communication, from the end of its compute to its next
+        # fetch (the steady epochs' mean), and their mean over the workers
+        "exposed_ms": exposed,
+        "exposed_ms_mean": _round(sum(exposed.values()) / len(exposed), 2) if exposed else None,
         "adjustments_to_steady": steady["adjustments"],
         "plan_changes_to_steady": steady["plan_changes"],
         "steady_epoch": steady["steady_epoch"],
@@ -66,6 +72,38 @@ def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dic
         record["last_epoch_updates"] = last.get("updates")
         record["update_counts"] = summary.get("update_counts")
     return record
+
+
+def _steady_exposed(epochs: list[dict]) -> dict[str, float]:
+    """Each worker's mean exposed communication per round over these epochs' records."""
+    per_worker: dict[str, list[float]] = {}
+    for epoch in epochs:
+        for name, ms in (epoch.get("exposed_ms") or {}).items():
+            per_worker.setdefault(name, []).append(float(ms))
+    return {name: round(sum(v) / len(v), 2) for name, v in sorted(per_worker.items())}
+
+
+def overlap_comparison(runs: dict[str, Any], ddp_split: dict | None) -> tuple[dict[str, Any], list[dict]]:
+    """dynamic (buckets pushed during backward) against dynamic_no_overlap (the serial path) and DDP at
+    dynamic's final split, from the same run: the ratios and the issue's targets."""
+    dyn, serial = runs.get("dynamic", {}), runs.get("dynamic_no_overlap", {})
+    rate, serial_rate = dyn.get("samples_per_s"), serial.get("samples_per_s")
+    exposed, serial_exposed = dyn.get("exposed_ms_mean"), serial.get("exposed_ms_mean")
+    speedup = round(rate / serial_rate, 4) if rate and serial_rate else None
+    exposed_ratio = round(exposed / serial_exposed, 4) if exposed is not None and serial_exposed else None
+    of_split = _ratio(rate, ddp_split)
+    comparison = {"overlap_over_no_overlap": speedup, "exposed_over_no_overlap": exposed_ratio,
+                  "exposed_ms_mean": exposed, "no_overlap_exposed_ms_mean": serial_exposed,
+                  "overlap_over_ddp_split": of_split, "no_overlap_over_ddp_split": _ratio(serial_rate, ddp_split),
+                  "overlap_ratio_to_ideal": dyn.get("ratio_to_ideal"),
+                  "no_overlap_ratio_to_ideal": serial.get("ratio_to_ideal")}
+    targets = [
+        analysis.target("BSP dynamic (overlap) ratio_to_ideal", dyn.get("ratio_to_ideal"), ">=", 0.88, OVERLAP_SOURCE),
+        analysis.target("BSP dynamic overlap over --no-overlap", speedup, ">=", 1.08, OVERLAP_SOURCE),
+        analysis.target("BSP dynamic exposed ms, overlap over --no-overlap", exposed_ratio, "<=", 0.5, OVERLAP_SOURCE),
+        analysis.target("BSP dynamic (overlap) over DDP at its final split", of_split, ">=", 1.1, OVERLAP_SOURCE),
+    ]
+    return comparison, targets
 
 
 def _ratio(rate: float | None, baseline: dict | None) -> float | None:
@@ -107,6 +145,14 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
             runs[name]["lr_scaling"] = False
         timings[f"run_{name}"] = round(time.monotonic() - t, 1)
     report["runs"] = runs
+    ddp_split = None
+    if s.baselines and s.mode == "bsp" and runs.get("dynamic", {}).get("batch_sizes"):
+        t = time.monotonic()
+        ddp_split = measure_ddp(s, emu, ideal, split=runs["dynamic"]["batch_sizes"])
+        timings["ddp_split"] = round(time.monotonic() - t, 1)
+        for record in runs.values():
+            record["ratio_to_ddp_split"] = _ratio(record.get("samples_per_s"), ddp_split)
+    report["ddp_split"] = ddp_split
     report["compose_vs_emulator"] = {  # each run in containers against the same controller's on the emulator
         name: _ratio(r.get("samples_per_s"), runs.get(name.removesuffix(COMPOSE_SUFFIX)))
         for name, r in runs.items() if name.endswith(COMPOSE_SUFFIX)
@@ -126,6 +172,9 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
                             SOURCE),
             analysis.target("dynamic adjustments_to_steady", dyn.get("adjustments_to_steady"), "<=", 3, SOURCE),
         ]
+        if "dynamic_no_overlap" in runs:
+            report["overlap"], targets = overlap_comparison(runs, ddp_split)
+            report["targets"] += targets
     else:
         skew = analysis.target(f"{s.profile.name} ASP dynamic update_skew", dyn.get("update_skew"), "<=", 1.3, SOURCE)
         if skew["value"] is None and 0 in (dyn.get("last_epoch_updates") or {}).values():

@@ -36,7 +36,9 @@ def render_table(report: dict) -> str:
         ideal = report.get("ideal") or {}
         base = [["ideal (solo sum)", ideal.get("samples_per_s")],
                 ["ideal, solos all at once (sum)", (ideal.get("together") or {}).get("samples_per_s")],
-                ["ddp_uniform", (report.get("ddp_uniform") or {}).get("samples_per_s")]]
+                ["ddp_uniform", (report.get("ddp_uniform") or {}).get("samples_per_s")],
+                ["ddp_split (per-rank batches = dynamic's final plan)",
+                 (report.get("ddp_split") or {}).get("samples_per_s")]]
         parts.append(analysis.markdown_table(["baseline", "samples/s"], base))
     if report["kind"] == "tta":
         rows = [[n, r.get("time_to_accuracy_s"), r.get("epochs_to_accuracy"), r.get("best_accuracy"), r.get("samples_per_s")]
@@ -50,15 +52,16 @@ def render_table(report: dict) -> str:
                          + analysis.markdown_table(["phase change", "after epoch", "adjustments", "plan changes",
                                                     "steady epoch"], rows))
     else:
-        header = ["controller", "samples/s", "overall", "vs ideal", "vs ideal (all at once)", "vs DDP", "spread",
-                  "adj to steady", "accuracy"]
+        header = ["controller", "samples/s", "overall", "vs ideal", "vs ideal (all at once)", "vs DDP", "vs DDP split",
+                  "exposed ms", "spread", "adj to steady", "accuracy"]
         if report["mode"] == "asp":
             header.append("update skew")
         header.append("batches")
         rows = []
         for n, r in runs.items():
             row = [n, r.get("samples_per_s"), r.get("samples_per_s_overall"), r.get("ratio_to_ideal"),
-                   r.get("ratio_to_ideal_together"), r.get("ratio_to_ddp_uniform"), r.get("compute_spread"), r.get("adjustments_to_steady"), r.get("accuracy")]
+                   r.get("ratio_to_ideal_together"), r.get("ratio_to_ddp_uniform"), r.get("ratio_to_ddp_split"),
+                   r.get("exposed_ms_mean"), r.get("compute_spread"), r.get("adjustments_to_steady"), r.get("accuracy")]
             if report["mode"] == "asp":
                 row.append(r.get("update_skew"))
             row.append(r.get("batch_sizes"))

@@ -53,6 +53,8 @@ RUN_VARIANTS = {
     "dynamic_busy": ("dynamic", ["--balance", "busy"]),
     "dynamic_compute": ("dynamic", ["--balance", "compute"]),
     "dynamic_cycle": ("dynamic", ["--balance", "cycle"]),
+    # the serial PS path: the whole gradient after backward, parameters before the next forward
+    "dynamic_no_overlap": ("dynamic", ["--no-overlap"]),
     # the same job in deploy/docker-compose.yml's containers (docker cpu_quota, host networking)
     "uniform_compose": ("uniform", []),
     "dynamic_compose": ("dynamic", []),
@@ -60,6 +62,7 @@ RUN_VARIANTS = {
 
 
 OPT_IN = {"bsp": ["model", "dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
+                  "dynamic_no_overlap",
                   "uniform_compose", "dynamic_compose"],
           "asp": ["model", "dynamic_busy", "dynamic_compute", "uniform_compose", "dynamic_compose"]}
 

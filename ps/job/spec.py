@@ -75,6 +75,9 @@ class JobSpec:
     allreduce_algorithm: str = "auto"
     balance: str = "compute"
     micro_batch: int = 1  # BSP: batches are whole micro-batches of this many samples, accumulated by the worker
+    # BSP on the PS path: workers stream gradient buckets while backward runs (worker/overlap.py);
+    # False (ps-server --no-overlap): the whole gradient after backward, the serial path
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         problems = []

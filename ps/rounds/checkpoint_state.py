@@ -45,7 +45,7 @@ def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, A
     }
 
 
-RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce"}
+RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce", "overlap": "--no-overlap"}
 """The job's fields a resume may change, with their flags: how long it runs (a job may be extended),
 and neither the transport (the fast path or not) nor what the controller balances, which are no part
 of the job's math. Every other field differs only in another job."""

@@ -277,9 +277,11 @@ class Coordinator(JobState):
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: Vector) -> StepReply:
         ms = self.bsp.balanced_ms(member, meta)
         if ms is not None:
-            self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=meta.exposed_ms)
+            # the policy fits the worker's own exposed communication, where the balanced time leaves it out
+            own = meta.own_exposed_ms if self.spec.balance == "compute" else 0.0
+            self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=own)
         self.bsp.add(member, meta, grad)
-        self.epochs.count_push(member, ms, meta.batch_size)
+        self.epochs.count_push(member, ms, meta.batch_size, meta.exposed_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():
             self._close_round()

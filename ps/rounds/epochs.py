@@ -34,13 +34,16 @@ class Epochs:
         self.steps_since_adjust += 1
         self.steps_since_checkpoint += 1
 
-    def count_push(self, member: Member, ms: float | None, batch: int) -> None:
-        """A push's sample for the metrics; the member's updates and compute times this epoch."""
-        self.state.metrics.sample("push", worker=member.name, batch=batch, ms=ms)
+    def count_push(self, member: Member, ms: float | None, batch: int, exposed_ms: float = 0.0) -> None:
+        """A push's sample for the metrics; the member's updates, compute and exposed times this epoch
+        (`exposed_ms` 0: not measured)."""
+        self.state.metrics.sample("push", worker=member.name, batch=batch, ms=ms, exposed_ms=exposed_ms)
         member.updates += 1
         member.epoch_updates += 1
         if ms is not None:
             member.epoch_compute_ms.append(ms)
+        if exposed_ms > 0:
+            member.epoch_exposed_ms.append(exposed_ms)
 
     def epoch_over(self) -> bool:
         """Whether the samples trained on reach the end of the current epoch."""
@@ -78,11 +81,15 @@ class Epochs:
             },
             updates={m.name: m.epoch_updates for m in s.members.values()},
             balance=s.spec.balance,
+            **({"exposed_ms": exposed} if (exposed := {
+                m.name: round(sum(m.epoch_exposed_ms) / len(m.epoch_exposed_ms), 3)
+                for m in s.members.values() if m.epoch_exposed_ms}) else {}),
             **(epoch_fields({m.name: m.asp for m in s.members.values()}) if s.spec.mode == "asp" else {}),
         )
         for m in s.members.values():
             m.epoch_updates = 0
             m.epoch_compute_ms = []
+            m.epoch_exposed_ms = []
             m.asp = EpochCounts()
         self.epoch_start_time, self.epoch_start_samples = now, s.samples
 

@@ -5,8 +5,6 @@ request for one, and its values against overflowing the step. Each refusal is a 
 
 from __future__ import annotations
 
-import math
-
 from ps.errors import FailedPrecondition, InvalidArgument
 from ps.rounds.asp import AspUpdates
 from ps.rounds.bsp import BspRound
@@ -16,7 +14,8 @@ from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
 from ps.transport.chunked import Vector
 from ps.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
-from ps.transport.messages import MAX_COMPUTE_MS, PUSH_KINDS, PushMeta
+from ps.transport.messages import PUSH_KINDS, PushMeta
+from ps.transport.push_stream import check_times
 from ps.transport.wire import ChunkReceiver, check_wire_dtype
 
 
@@ -45,8 +44,7 @@ class PushChecks:
         limit = max(s.spec.global_batch, max(s.controller.plan().values(), default=0))
         if meta.batch_size > limit:
             raise InvalidArgument(f"batch size {meta.batch_size} exceeds the global batch {limit}")
-        if not (math.isfinite(meta.compute_ms) and 0 <= meta.compute_ms <= MAX_COMPUTE_MS):
-            raise InvalidArgument(f"compute_ms must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {meta.compute_ms}")
+        check_times(compute_ms=meta.compute_ms, exposed_ms=meta.exposed_ms, own_exposed_ms=meta.own_exposed_ms)
         if meta.kind == "report":
             if meta.num_values != 0:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")

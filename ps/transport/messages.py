@@ -27,6 +27,8 @@ class PushMeta:
     generation: int = 0  # a report's group generation (0: not said)
     secret: str = ""  # the worker's secret from Join (ps.transport.worker_keys)
     exposed_ms: float = 0.0  # blocked on communication between the last backward and this forward (0: unknown)
+    own_exposed_ms: float = 0.0  # of that, the worker's own sending and receiving (not the wait for the round)
+    offsets: bool = False  # the chunks carry their offsets and arrive in any order (buckets sent during backward)
 
 
 @dataclass(frozen=True)

@@ -4,13 +4,15 @@ the payload, fed into the receiver the core hands out for that header. The chunk
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Callable
+from dataclasses import replace
 
 from protos import ps_pb2
 from ps.errors import InvalidArgument
-from ps.transport.messages import PushMeta
+from ps.transport.messages import MAX_COMPUTE_MS, PushMeta
 from ps.transport.serialized import DataChunk
-from ps.transport.wire import ChunkReceiver
+from ps.transport.wire import ChunkReceiver, OffsetReceiver
 
 # the wire's PushKind numbers for the core's kind names (ps.transport.messages.PUSH_KINDS), and back
 PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
@@ -19,7 +21,15 @@ PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
 
 def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
     return PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
-                    kind=PUSH_KIND_NAMES.get(h.kind, f"unknown ({h.kind})"), generation=h.generation, secret=h.secret)
+                    kind=PUSH_KIND_NAMES.get(h.kind, f"unknown ({h.kind})"), generation=h.generation, secret=h.secret,
+                    exposed_ms=h.exposed_ms, own_exposed_ms=h.own_exposed_ms, offsets=h.offsets)
+
+
+def check_times(**times: float) -> None:
+    """InvalidArgument unless each of a push's times (ms) is finite and in [0, MAX_COMPUTE_MS]."""
+    for name, ms in times.items():
+        if not (math.isfinite(ms) and 0 <= ms <= MAX_COMPUTE_MS):
+            raise InvalidArgument(f"{name} must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {ms}")
 
 
 async def receive_push(
@@ -27,15 +37,38 @@ async def receive_push(
     begin: Callable[[PushMeta], ChunkReceiver],
 ) -> tuple[PushMeta, ChunkReceiver]:
     """The push's header and its filled receiver (not yet finished). Raises InvalidArgument for a
-    malformed stream and DecodeError for an undecodable chunk."""
+    malformed stream and DecodeError for an undecodable chunk.
+
+    A push with offsets (PushHeader.offsets: buckets sent during backward) is received in any order
+    and must end with a chunk carrying PushEnd, whose times replace the header's (checked here; the
+    header's were checked by `begin`)."""
     first = await anext(aiter(chunks), None)
     if first is None or not first.fields.HasField("header"):
         raise InvalidArgument("the first push chunk must carry the header")
     meta = push_meta(first.fields.header)
     receiver = begin(meta)
-    receiver.feed(first.fields.seq, first.data)
-    async for chunk in chunks:
-        if chunk.fields.HasField("header"):
+    if not meta.offsets:
+        receiver.feed(first.fields.seq, first.data)
+        async for chunk in chunks:
+            if chunk.fields.HasField("header"):
+                raise InvalidArgument(f"chunk {chunk.fields.seq} carries a second header; one push per stream")
+            receiver.feed(chunk.fields.seq, chunk.data)
+        return meta, receiver
+    placed = receiver.out_of_order()
+    end: ps_pb2.PushEnd | None = None
+    chunk = first
+    while True:
+        if end is not None:
+            raise InvalidArgument(f"chunk {chunk.fields.seq} follows the push's end")
+        if chunk is not first and chunk.fields.HasField("header"):
             raise InvalidArgument(f"chunk {chunk.fields.seq} carries a second header; one push per stream")
-        receiver.feed(chunk.fields.seq, chunk.data)
-    return meta, receiver
+        placed.feed_at(chunk.fields.seq, chunk.fields.offset, chunk.data)
+        if chunk.fields.HasField("end"):
+            end = chunk.fields.end
+        chunk = await anext(chunks, None)
+        if chunk is None:
+            break
+    if end is None:
+        raise InvalidArgument("a push with offsets must end with a chunk carrying its end (PushEnd)")
+    check_times(compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms)
+    return replace(meta, compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms), placed

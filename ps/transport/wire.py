@@ -182,6 +182,49 @@ class ChunkReceiver(_StreamCheck):
             self._parts.append(torch.frombuffer(self._small, dtype=self._dtype))
             self._small = bytearray()
 
+    def out_of_order(self) -> OffsetReceiver:
+        """A receiver with this one's settings for a push whose chunks carry their offsets (gradient
+        buckets streamed during backward, in any order)."""
+        return OffsetReceiver(self.num_values, self.wire_dtype, self._check_finite)
+
+
+class OffsetReceiver(_StreamCheck):
+    """Receives chunks that each say where they go (`offset`, in values) and arrive in any order: a
+    push of gradient buckets sent as backward produces them. Each chunk is copied once into a buffer
+    of the wire dtype (its bytes, no widening), checked as it arrives; `finish` refuses a stream that
+    does not cover every value exactly once, and gives the buffer as a one-part ChunkedVector."""
+
+    def __init__(self, num_values: int, wire_dtype: str = "float32", check_finite: bool = True) -> None:
+        super().__init__(num_values, wire_dtype, check_finite)
+        self._buffer = torch.empty(num_values, dtype=_TORCH_DTYPES[self.wire_dtype])
+        self._ranges: list[tuple[int, int]] = []
+
+    def feed_at(self, seq: int, offset: int, data: bytes | memoryview) -> None:
+        n = self._accept(seq, data)
+        if not 0 <= offset <= self.num_values - n:
+            raise InvalidArgument(f"chunk {seq} at offset {offset} with {n} values lies outside the "
+                                  f"{self.num_values} values of the push")
+        values = self._buffer[offset : offset + n]
+        if n:
+            values.copy_(_readonly_tensor(data, values.dtype))
+            self._ranges.append((offset, offset + n))
+        self._advance(n, values)
+
+    def feed(self, seq: int, data: bytes | memoryview) -> None:
+        raise InvalidArgument(f"chunk {seq} carries no offset; the push's header says its chunks do")
+
+    def finish(self, check_finite: bool = True) -> ChunkedVector:
+        """The received values; InvalidArgument if values are missing, overlap or (`check_finite`) are not finite."""
+        self._ranges.sort()
+        covered = 0
+        for start, stop in self._ranges:
+            if start != covered:
+                what = "overlap" if start < covered else "are missing"
+                raise InvalidArgument(f"the push's chunks {what} at value {min(start, covered)}")
+            covered = stop
+        self._check_complete(check_finite)
+        return ChunkedVector([self._buffer], self.bound if self._check_finite else None)
+
 
 def _readonly_tensor(data: bytes | memoryview, dtype: torch.dtype) -> torch.Tensor:
     """`data` as a tensor sharing its memory. The receivers only read it; torch warns about any

@@ -1,0 +1,72 @@
+"""`connect()`: reach a parameter server, set torch's thread count, measure the job's memory per
+sample where the caller gives no bound, and join, giving back the training Session."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from ps.job.spec import JobSpec
+from worker.client import PSClient
+from worker.memory_probe import declared_max_batch
+from worker.reconnect import Waiting, wait_for_server
+from worker.resources import default_cores
+from worker.runtime import Session
+
+DEFAULT_THREADS = 1
+"""torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`): one,
+as workers share cores with each other and the server (torch's thread per core makes them many times slower)."""
+
+
+def connect(
+    target: str,
+    name: str | None = None,
+    cores: float | None = None,
+    slowdown: float = 1.0,
+    timeout: float = 60.0,
+    *,
+    retry_for: float = 120.0,
+    device: torch.device | None = None,
+    threads: int | None = DEFAULT_THREADS,
+    step_overhead_ms: float = 0.0,
+    max_batch: int | None = None,
+    overlap: bool = True,
+    token: str | None = None,
+    tls_ca: str | os.PathLike[str] | None = None,
+    tls_cert: str | os.PathLike[str] | None = None,
+    tls_key: str | os.PathLike[str] | None = None,
+) -> Session:
+    """Join the parameter server at `target` (HOST:PORT); blocks until the job starts.
+
+    A server that does not answer is waited for up to `timeout` seconds, and one lost mid-job up to
+    `retry_for`, saying so on the ``worker`` logger within a few seconds and then every ten.
+    `threads` sets torch's thread count for this process, as ``ps-worker --threads`` does (default 1:
+    see :data:`DEFAULT_THREADS`; None leaves torch's own setting).
+    `device` is where the model computes (default the CPU; `worker.device.resolve_device("auto")`
+    picks a GPU when there is one). `step_overhead_ms` adds that much CPU work to every step (a fixed cost).
+    `overlap` False pushes the whole gradient after backward even where the job streams buckets during
+    it (``ps-worker --no-overlap``; the job's ``ps-server --no-overlap`` turns it off for every worker).
+    `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
+    and `token` is sent with every call; see docs/security.md.
+    `max_batch` is the most samples this worker's memory holds, told to the server at Join (None:
+    measured on the job's model before joining, worker/memory_probe.py).
+    """
+    if threads is not None and not (isinstance(threads, int) and threads >= 1):
+        raise ValueError(f"threads must be a whole number >= 1 (or None: torch's own setting), got {threads!r}")
+    who = name or f"{os.uname().nodename}-{os.getpid()}"
+    client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    try:
+        waiting = Waiting(who, target, time.monotonic() + timeout, "--timeout")
+        wait_for_server(client, waiting)
+        waiting.recovered(f"server {target} answered")
+        if threads is not None:
+            torch.set_num_threads(threads)
+        # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
+        bounds = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
+        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms, *bounds,
+                       overlap=overlap)
+    except BaseException:
+        client.close()
+        raise
