@@ -15,6 +15,7 @@ from typing import Any, TextIO
 import grpc
 import torch
 
+from ps.control.adaptive import AdaptiveConfig
 from ps.control.config import ControllerConfig
 from ps.control.registry import build_policy
 from ps.job.datasets import Dataset, build_dataset
@@ -30,6 +31,7 @@ from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.rounds.adaptive import AdaptiveSettings
 from ps.rounds.asp import AspSettings
 from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.rounds.coordinator import Coordinator
@@ -85,7 +87,7 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--balance cycle is measured in BSP rounds on the PS path with one server only; it cannot "
                          "run with --mode asp, --allreduce or --shards")
     # --allreduce auto: the path is chosen when the job starts, where it can be the fast path at all
-    may_switch = (args.allreduce == "auto" and args.mode == "bsp" and args.shards == 1
+    may_switch = (args.allreduce == "auto" and args.mode == "bsp" and args.shards == 1 and args.adaptive_batch == "off"
                   and args.balance in ("auto", "compute"))
     if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
         raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
@@ -201,6 +203,29 @@ def check_flags_together(args: argparse.Namespace) -> None:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
         raise ValueError(f"--staleness-bound and --staleness-lr are for --mode asp, not --mode {args.mode}")
+    adaptive_settings(args)
+
+
+def adaptive_settings(args: argparse.Namespace) -> AdaptiveSettings:
+    """--adaptive-batch and its bounds, checked against the job's other flags (ValueError naming them)."""
+    given = [f for f, v in (("--min-global-batch", args.min_global_batch), ("--max-global-batch", args.max_global_batch))
+             if v is not None]
+    if args.adaptive_batch == "off":
+        if given:
+            raise ValueError(f"{given[0]} needs --adaptive-batch gns")
+        return AdaptiveSettings()
+    if args.mode != "bsp":
+        raise ValueError("--adaptive-batch gns is for --mode bsp: the noise scale is measured from a round's pushes, "
+                         "and ASP has no rounds")
+    if args.allreduce == "on" or args.shards > 1:
+        raise ValueError("--adaptive-batch gns runs on the PS path with one server: not with --allreduce on or --shards")
+    floor = args.workers * args.min_batch
+    lower = floor if args.min_global_batch is None else args.min_global_batch
+    upper = 8 * args.global_batch if args.max_global_batch is None else args.max_global_batch
+    if lower < floor:
+        raise ValueError(f"--min-global-batch {lower} is below --workers {args.workers} x --min-batch {args.min_batch}")
+    return AdaptiveSettings(AdaptiveConfig(args.global_batch, lower, upper, args.adapt_threshold, args.lr_scaling),
+                            args.adapt_every)
 
 
 def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,
@@ -214,6 +239,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
         dataset,
         adjust_every=args.adjust_every,
         asp=AspSettings(args.max_staleness, args.staleness_bound, args.staleness_lr),
+        adaptive=adaptive_settings(args),
         max_workers=args.max_workers,
         evict_after=args.evict_after,
         checkpoint_every=args.checkpoint_every,

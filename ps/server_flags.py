@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ps.control.adaptive import LR_SCALINGS
 from ps.control.config import POLICIES
 from ps.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES
 from ps.ops.arg_types import (
@@ -113,6 +114,21 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
+    ada = p.add_argument_group("adaptive global batch (docs/adaptive-batch.md)")
+    ada.add_argument("--adaptive-batch", choices=("off", "gns"), default="off",
+                     help="BSP: gns measures the gradient noise scale from the pushes and moves B to the best "
+                          "goodput (throughput x statistical efficiency) within the bounds below")
+    ada.add_argument("--adapt-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
+                     help="--adaptive-batch decision at every epoch end (default) or every N rounds")
+    ada.add_argument("--min-global-batch", type=positive_int, default=None,
+                     help="--adaptive-batch: the smallest B (default: --workers x --min-batch)")
+    ada.add_argument("--max-global-batch", type=positive_int, default=None,
+                     help="--adaptive-batch: the largest B (default: 8 x --global-batch)")
+    ada.add_argument("--adapt-threshold", type=float_between(0.0, 1.0, high_open=True), default=0.05,
+                     help="--adaptive-batch: change B only for a predicted goodput gain of at least this fraction")
+    ada.add_argument("--lr-scaling", choices=LR_SCALINGS, default=LR_SCALINGS[0],
+                     help="--adaptive-batch: the learning rate at B, times adascale's gain (B/B0)(phi+B0)/(phi+B), "
+                          "linear B/B0 or sqrt(B/B0), B0 the --global-batch")
     asp = p.add_argument_group("asynchronous training (ASP)")
     asp.add_argument("--max-staleness", type=int_at_least(0), default=None,
                      help="refuse an update computed from a version more than this many versions old (the worker "

@@ -252,6 +252,17 @@ class ModelPolicy(Roster):
     def report(self) -> dict[str, Any]:
         return dict(self._report)
 
+    def predicted_round_ms(self, total: int) -> float | None:
+        """The fits' round at the best split of `total` (a default bound follows it) plus c; None until identified."""
+        active, (lower, upper) = self._active(), self._bounds()
+        if not active or not all(self._fit(k) is not None and self._identified(k) for k in active):
+            return None
+        upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
+        if not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
+            return None
+        times = self._times()
+        return round_time(times, split({k: times[k] for k in active}, total, lower, upper)) + self.overhead_ms
+
     def _times(self) -> dict[str, FinishTime]:
         """Each worker's finish time as a function of its batch (a worker not measured yet: the
         slowest measured per-sample time, so it is never predicted fast)."""
