@@ -245,7 +245,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., cores: _Optional[float] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., updates: _Optional[int] = ..., mean_staleness: _Optional[float] = ..., parked: _Optional[bool] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers", "path")
+    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers", "path", "adaptive_batch", "noise_scale", "efficiency", "lr")
     MODE_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -259,6 +259,10 @@ class StatusReply(_message.Message):
     ADJUSTMENTS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_BATCH_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
     mode: str
     controller: str
     round: int
@@ -272,7 +276,11 @@ class StatusReply(_message.Message):
     adjustments: int
     expected_workers: int
     path: str
-    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ..., path: _Optional[str] = ...) -> None: ...
+    adaptive_batch: str
+    noise_scale: float
+    efficiency: float
+    lr: float
+    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ..., path: _Optional[str] = ..., adaptive_batch: _Optional[str] = ..., noise_scale: _Optional[float] = ..., efficiency: _Optional[float] = ..., lr: _Optional[float] = ...) -> None: ...
 
 class BlobChunk(_message.Message):
     __slots__ = ("seq", "data")

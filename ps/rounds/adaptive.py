@@ -111,14 +111,16 @@ class AdaptiveBatchSizing:
             try:
                 s.controller = with_global_batch(ctl, decision.batch)
             except ValueError as exc:  # the workers' bounds cannot make it up after all: keep B
-                s.metrics.write("adapt", step=s.step, epoch=s.epoch, **decision.record(), changed_to=None, error=str(exc))
+                s.metrics.write("adapt", step=s.step, epoch=s.epoch, **{**decision.record(), "batch": current, "changed": False},
+                                global_batch=current, lr=self.lr_at(s.epoch), error=str(exc))
                 return
             decider.apply(decision)
-            self.on_change()
         s.store.set_lr(self.lr_at(s.epoch))  # adascale: φ moved, even where B did not
         self._rounds, self._round_ms = 0, []
         s.metrics.write("adapt", step=s.step, epoch=s.epoch, **decision.record(), lr=self.lr_at(s.epoch),
                         global_batch=decider.batch, rounds=self.estimator.estimate().rounds)
+        if decision.changed:
+            self.on_change()
 
     def _round_model(self, current: int) -> Callable[[int], float] | None:
         """T(B): the policy's model where it has one, else scaled from the times measured at B now."""
