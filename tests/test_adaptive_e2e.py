@@ -12,7 +12,7 @@ import pytest
 
 from ps.control.adaptive import lr_factor
 from ps.params.checkpoint import read_checkpoint
-from ps.server import main as server_main
+from tests import test_cli
 from tests.processes import Cluster, start_server
 from worker.client import PSClient
 
@@ -110,12 +110,4 @@ def test_adaptive_batch_moves_b_with_exact_splits_and_resumes_at_its_b(tmp_path:
     (["--min-global-batch", "16"], "--min-global-batch needs --adaptive-batch gns"),
 ])
 def test_bad_adaptive_flags_are_one_line_and_exit_2(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        code = server_main(["--port", "0", *args])
-    except SystemExit as exc:  # argparse's own errors
-        code = exc.code
-    assert code == 2
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert len([line for line in lines if "error" in line]) == 1 and any(needle in line for line in lines), captured.err
-    assert "Traceback" not in captured.err and "listening" not in captured.out
+    test_cli.test_server_rejects_bad_input(args, needle, capsys)  # exit 2, the needle, no traceback, nothing listens
