@@ -89,7 +89,7 @@ class ShardInfo(_message.Message):
     def __init__(self, address: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret")
+    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret", "local_sq_norm", "global_sq_norm")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -100,6 +100,8 @@ class PushHeader(_message.Message):
     KIND_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     round: int
     version: int
@@ -110,7 +112,9 @@ class PushHeader(_message.Message):
     kind: PushKind
     generation: int
     secret: str
-    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ...) -> None: ...
+    local_sq_norm: float
+    global_sq_norm: float
+    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ..., local_sq_norm: _Optional[float] = ..., global_sq_norm: _Optional[float] = ...) -> None: ...
 
 class PushChunk(_message.Message):
     __slots__ = ("header", "seq", "data", "pad")

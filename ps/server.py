@@ -87,7 +87,7 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--balance cycle is measured in BSP rounds on the PS path with one server only; it cannot "
                          "run with --mode asp, --allreduce or --shards")
     # --allreduce auto: the path is chosen when the job starts, where it can be the fast path at all
-    may_switch = (args.allreduce == "auto" and args.mode == "bsp" and args.shards == 1 and args.adaptive_batch == "off"
+    may_switch = (args.allreduce == "auto" and args.mode == "bsp" and args.shards == 1
                   and args.balance in ("auto", "compute"))
     if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
         raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
@@ -217,8 +217,8 @@ def adaptive_settings(args: argparse.Namespace) -> AdaptiveSettings:
     if args.mode != "bsp":
         raise ValueError("--adaptive-batch gns is for --mode bsp: the noise scale is measured from a round's pushes, "
                          "and ASP has no rounds")
-    if args.allreduce == "on" or args.shards > 1:
-        raise ValueError("--adaptive-batch gns runs on the PS path with one server: not with --allreduce on or --shards")
+    if args.shards > 1:
+        raise ValueError("--adaptive-batch gns runs with one server: not with --shards (each shard holds part of a gradient)")
     floor = args.workers * args.min_batch
     lower = floor if args.min_global_batch is None else args.min_global_batch
     upper = 8 * args.global_batch if args.max_global_batch is None else args.max_global_batch

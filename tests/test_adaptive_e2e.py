@@ -111,3 +111,13 @@ def test_adaptive_batch_moves_b_with_exact_splits_and_resumes_at_its_b(tmp_path:
 ])
 def test_bad_adaptive_flags_are_one_line_and_exit_2(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     test_cli.test_server_rejects_bad_input(args, needle, capsys)  # exit 2, the needle, no traceback, nothing listens
+
+
+def test_on_the_allreduce_fast_path_the_reports_carry_the_norms(tmp_path: Path) -> None:
+    cluster, _ = run(tmp_path / "fast", [*JOB, "--allreduce", "on", "--epochs", "2"])
+    (summary,) = cluster.events("summary")
+    assert summary["allreduce"] is True and summary["reason"] == "finished"
+    batches = check_b_and_splits(cluster, 64)
+    decisions = cluster.events("adapt")
+    assert len(decisions) >= 2 and all(d["rounds"] == d["step"] for d in decisions), decisions  # every round's reports
+    assert len(set(batches)) > 1, batches

@@ -277,6 +277,7 @@ class PSClient:
         wire_dtype: str,
         kind: str = "values",
         generation: int = 0,
+        sq_norms: tuple[float, float] = (0.0, 0.0),
     ) -> Callable[[], StepPlan]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
@@ -294,6 +295,8 @@ class PSClient:
             kind=PUSH_KIND_NUMBERS[kind],
             generation=generation,
             secret=self.secret(worker_id),
+            local_sq_norm=sq_norms[0],
+            global_sq_norm=sq_norms[1],
         )
 
         timing = self.last_push = PushTiming()

@@ -148,6 +148,11 @@ def squared_norm(vector: Vector) -> float:
     so fp32 sums would lose the difference): one read of the vector, no full-size copy."""
     total = 0.0
     for _, part in parts(vector):
-        wide = part.to(torch.float64)
-        total += float(torch.dot(wide, wide))
+        for piece in part.reshape(-1).split(_NORM_PIECE):
+            wide = piece.to(torch.float64)
+            total += float(torch.dot(wide, wide))
     return total
+
+
+_NORM_PIECE = 1 << 18
+"""Elements widened to float64 at a time by `squared_norm` (2 MiB)."""

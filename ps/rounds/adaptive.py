@@ -23,6 +23,7 @@ from ps.params.aggregation import squared_norm
 from ps.rounds.bsp import BspRound
 from ps.rounds.state import JobState
 from ps.transport.chunked import Vector
+from ps.transport.messages import PushMeta
 
 _ROUND_TIMES = 64
 """Round times kept since the last decision (their median is the measured round at the current B)."""
@@ -50,31 +51,40 @@ class AdaptiveBatchSizing:
         self.on_change = on_change  # the coordinator's bookkeeping of a new plan (adjust record, groups)
         self._batches: list[int] = []
         self._norms: list[float] = []
+        self._reported: list[float] = []  # --allreduce: the reports' |g|²
         self._rounds = 0  # since the last decision
         self._round_ms: list[float] = []
         self._closed_at: float | None = None
 
     # ---------------------------------------------------------------- measurement
-    def push(self, batch: int, grad: Vector) -> None:
-        """A BSP push taken into the open round's sum."""
-        if self.on:
-            self._batches.append(batch)
-            self._norms.append(squared_norm(grad))
-
-    def close(self, mean: Vector) -> None:
-        """The open round's batch-weighted mean, before the step: one estimate from its pushes."""
+    def push(self, meta: PushMeta, grad: Vector) -> None:
+        """A BSP push taken into the open round's sum, or an --allreduce report with the norms its worker
+        measured (|g|² of the group's mean the same in every report of a round)."""
         if not self.on:
             return
-        batches, norms = self._batches, self._norms
-        self._batches, self._norms = [], []
+        report = meta.kind == "report"
+        self._batches.append(meta.batch_size)
+        self._norms.append(meta.local_sq_norm if report else squared_norm(grad))
+        if report and meta.global_sq_norm > 0:
+            self._reported.append(meta.global_sq_norm)
+
+    def close(self, mean: Vector | None) -> None:
+        """The open round's batch-weighted mean before the step (--allreduce: None, the reports carry
+        |g|²): one estimate from its pushes."""
+        if not self.on:
+            return
+        batches, norms, reported = self._batches, self._norms, self._reported
+        self._batches, self._norms, self._reported = [], [], []
         now = self.state.clock()
         if self._closed_at is not None:
             self._round_ms.append((now - self._closed_at) * 1000.0)
             del self._round_ms[:-_ROUND_TIMES]
         self._closed_at = now
+        if mean is None and (not reported or 0.0 in norms):
+            return  # a report without norms (a worker that does not measure them)
         if batches:
             try:
-                self.estimator.observe(batches, norms, squared_norm(mean))
+                self.estimator.observe(batches, norms, squared_norm(mean) if mean is not None else statistics.median(reported))
             except ValueError as exc:  # a round the estimator cannot read (say, fp32 rounding of tiny norms)
                 self.state.metrics.sample("gns_skipped", step=self.state.step, why=str(exc))
 

@@ -38,7 +38,7 @@ class BspRound:
         self.closed_at: float | None = None  # when the last round closed (the policy's round time)
         self.committing = False  # --shards: the round's commit is under way
         self.commit_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
-        self.on_sum: Callable[[Vector], None] | None = None  # told the round's mean before its step (--adaptive-batch)
+        self.on_sum: Callable[[Vector | None], None] | None = None  # the round's mean before its step (allreduce: None)
 
     def check_open(self, member: Member, meta: PushMeta) -> None:
         """A push is for the open round, once per worker (not while --shards commits the last one)."""
@@ -95,6 +95,8 @@ class BspRound:
             self.accumulator.reset()
         else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
             batch, self.round_batch = self.round_batch, 0
+            if self.on_sum is not None:
+                self.on_sum(None)
         return batch
 
     async def commit_shards(self, wait_s: float) -> int:

@@ -281,7 +281,7 @@ class Coordinator(JobState):
         if ms is not None:
             self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=meta.exposed_ms)
         self.bsp.add(member, meta, grad)
-        self.adaptive.push(meta.batch_size, grad)
+        self.adaptive.push(meta, grad)
         self.epochs.count_push(member, ms, meta.batch_size)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():

@@ -27,6 +27,8 @@ class PushMeta:
     generation: int = 0  # a report's group generation (0: not said)
     secret: str = ""  # the worker's secret from Join (ps.transport.worker_keys)
     exposed_ms: float = 0.0  # blocked on communication between the last backward and this forward (0: unknown)
+    local_sq_norm: float = 0.0  # a report's |g_k|² (float64; 0: not measured)
+    global_sq_norm: float = 0.0  # a report's |g|² of the group's mean (float64; 0: not measured)
 
 
 @dataclass(frozen=True)
