@@ -200,3 +200,21 @@ def test_squared_norms_are_summed_in_float64_part_by_part() -> None:
     assert squared_norm(chunked) == pytest.approx(exact, rel=1e-12)
     half = values.to(torch.bfloat16)
     assert squared_norm(half) == pytest.approx(float(half.double().pow(2).sum()), rel=1e-12)
+
+
+def test_an_adaptive_run_gets_a_plot_of_b_phi_efficiency_lr_and_accuracy(tmp_path) -> None:
+    """Pure: write_plots adds adaptive_batch.png when the log has adapt records."""
+    from deploy.plots import ADAPTIVE_PANELS, plot_adaptive_batch, write_plots
+
+    events = [{"event": "adapt", "elapsed_s": 1.0 + e, "global_batch": 64 * 2 ** min(e, 2), "phi": 300.0 + 10 * e,
+               "efficiency": 0.9, "lr": 0.1 * (1 + e)} for e in range(4)]
+    events[0]["phi"] = None
+    events += [{"event": "eval", "elapsed_s": 1.5 + e, "wall_s": 1.0 + e, "epoch": e + 1, "accuracy": 0.3 + 0.1 * e}
+               for e in range(3)]
+    paths = write_plots(events, tmp_path)
+    assert paths[-1].name == "adaptive_batch.png" and paths[-1].stat().st_size > 0
+    fig = plot_adaptive_batch(events)
+    assert [ax.get_ylabel() for ax in fig.axes] == [label for _, label in ADAPTIVE_PANELS]
+    b_line, phi_line = fig.axes[0].lines
+    assert list(b_line.get_ydata()) == [64, 128, 256, 256] and len(phi_line.get_ydata()) == 3
+    assert write_plots(events[4:], tmp_path)[-1].name == "accuracy.png"
