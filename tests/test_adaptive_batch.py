@@ -22,6 +22,7 @@ from ps.control.adaptive import (
     goodput,
     lr_factor,
     measured_round,
+    round_line,
 )
 from ps.control.config import POLICIES, ControllerConfig
 from ps.control.registry import build_policy, with_global_batch
@@ -102,11 +103,22 @@ def test_candidates_cover_both_ends_and_the_current_batch() -> None:
     assert candidates(64, 64, 64) == [64]
 
 
+def test_rounds_measured_at_two_batches_give_the_line_of_fixed_and_per_sample_cost() -> None:
+    line = round_line({128: 30.0, 256: 34.0, 1024: 58.0})
+    assert line is not None and line(0) == pytest.approx(26.0) and line(512) == pytest.approx(42.0)
+    assert round_line({128: 30.0}) is None
+    assert round_line({128: 30.0, 256: 29.0}) is None  # no line that grows with B: keep the other model
+    # a fixed cost makes the larger B the better goodput where the per-sample guess saw none
+    config = AdaptiveConfig(128, 32, 1024, threshold=0.0)
+    assert choose(config, 128, 400.0, 32, 1024, line).batch > 128
+
+
 def test_measured_round_scales_compute_and_keeps_the_rest() -> None:
     model = measured_round(100, {"a": 10.0, "b": 20.0}, 25.0)
     assert model is not None
     assert model(100) == pytest.approx(25.0) and model(200) == pytest.approx(45.0)
-    assert measured_round(100, {"a": 10.0, "b": None}, 25.0) is None
+    assert measured_round(100, {"a": 10.0, "b": None}, 25.0)(100) == pytest.approx(25.0)  # b: batch just changed
+    assert measured_round(100, {"a": None}, 25.0) is None
     assert measured_round(100, {"a": 10.0}, None) is None
 
 

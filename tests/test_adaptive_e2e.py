@@ -49,7 +49,7 @@ def run(workdir: Path, args: list[str], watch: bool = False) -> tuple[Cluster, d
     return cluster, seen
 
 
-def check_b_and_splits(cluster: Cluster, start: int) -> list[int]:
+def check_b_and_splits(cluster: Cluster, start: int, phi: float | None = None) -> list[int]:
     """Every plan sums to the B in force; B stays in the flags' bounds; the LR is the rule's. The Bs."""
     b, seen = start, [start]
     for e in cluster.events():
@@ -58,9 +58,12 @@ def check_b_and_splits(cluster: Cluster, start: int) -> list[int]:
             assert e["changed"] == (e["batch"] != b), e
             b = e["global_batch"]
             seen.append(b)
-            assert e["phi"] is not None and e["phi"] > 0
-            assert e["lr"] == pytest.approx(0.05 * lr_factor("adascale", b, 64, e["phi"]), rel=1e-3)
-            assert e["efficiency"] == pytest.approx((e["phi"] + 64) / (e["phi"] + b), rel=1e-3)
+            if e["phi"] is None:  # noise-dominated rounds: unknown, B stays, the LR keeps the last known φ
+                assert not e["changed"], e
+            else:
+                phi = e["phi"]
+                assert e["efficiency"] == pytest.approx((phi + 64) / (phi + b), abs=1e-3)  # rounded to 3 places
+            assert e["lr"] == pytest.approx(0.05 * lr_factor("adascale", b, 64, phi), rel=1e-3)
         elif e["event"] == "adjust":
             assert sum(e["batch_sizes"].values()) == b, e
             assert all(v >= 1 for v in e["batch_sizes"].values()), e
@@ -73,7 +76,7 @@ def test_adaptive_batch_moves_b_with_exact_splits_and_resumes_at_its_b(tmp_path:
     assert seen is not None and seen["mode"] == "gns" and seen["global_batch"] == seen["plan"], seen
     assert 0 < seen["efficiency"] and seen["lr"] > 0 and seen["phi"] > 0, seen
     batches = check_b_and_splits(first, 64)
-    assert len(first.events("adapt")) >= 5
+    assert len(first.events("adapt")) >= 2
     assert len(set(batches)) > 1, batches  # threshold 0: B moved
     (summary,) = first.events("summary")
     assert summary["epochs"] == 3 and summary["reason"] == "finished"
@@ -82,12 +85,12 @@ def test_adaptive_batch_moves_b_with_exact_splits_and_resumes_at_its_b(tmp_path:
     assert saved_b == batches[-1] == sum(w["batch"] for w in final["controller"]["workers"])
     assert final["controller"]["config"]["global_batch"] == saved_b and final["adaptive"]["gns"]["rounds"] > 0
 
-    resumed, _ = run(tmp_path / "resumed", [*JOB, "--epochs", "4", "--resume", str(ckpt)])
+    resumed, _ = run(tmp_path / "resumed", [*JOB, "--epochs", "5", "--resume", str(ckpt)])  # >= 15 rounds at any B
     (resume,) = resumed.events("resume")
     assert resume["epoch"] == 3 and resume["controller_changes"] == {}
     first_plan = resumed.events("adjust")[0]["batch_sizes"]
     assert sum(first_plan.values()) == saved_b, first_plan
-    check_b_and_splits(resumed, saved_b)
+    check_b_and_splits(resumed, saved_b, final["adaptive"]["decider"]["phi"])
     decisions = [e for e in resumed.events("adapt")]
     assert decisions and decisions[0]["rounds"] > final["adaptive"]["gns"]["rounds"]  # the estimator went on
 
@@ -106,7 +109,7 @@ def test_adaptive_batch_moves_b_with_exact_splits_and_resumes_at_its_b(tmp_path:
     (["--adaptive-batch", "gns", "--global-batch", "128", "--max-global-batch", "64"],
      "--global-batch 128 is outside [--min-global-batch 4, --max-global-batch 64]"),
     (["--adaptive-batch", "gns", "--workers", "4", "--min-global-batch", "2"], "--min-global-batch 2 is below --workers 4"),
-    (["--adaptive-batch", "gns", "--allreduce", "on"], "--adaptive-batch gns runs on the PS path"),
+    (["--adaptive-batch", "gns", "--shards", "2"], "--adaptive-batch gns runs with one server: not with --shards"),
     (["--min-global-batch", "16"], "--min-global-batch needs --adaptive-batch gns"),
 ])
 def test_bad_adaptive_flags_are_one_line_and_exit_2(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:

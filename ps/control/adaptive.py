@@ -142,14 +142,32 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
 def measured_round(current: int, compute_ms: Mapping[str, float | None], round_ms: float | None
                    ) -> Callable[[int], float] | None:
     """T(B) from measurements at the current batch, for a policy without a fitted model: the balanced
-    compute (the slowest worker's smoothed time) scales with B, and what the round adds beyond it
-    (server step, wire, waits) stays. None while a worker or the round is unmeasured."""
-    times = list(compute_ms.values())
-    if round_ms is None or not times or any(t is None for t in times):
+    compute (the slowest measured worker's smoothed time; one whose batch just changed has none yet)
+    scales with B, and what the round adds beyond it (server step, wire, waits) stays. None while no
+    worker or the round is unmeasured."""
+    times = [t for t in compute_ms.values() if t is not None]
+    if round_ms is None or not times:
         return None
-    compute = max(t for t in times if t is not None)
+    compute = max(times)
     overhead = max(0.0, round_ms - compute)
     return lambda b: compute * b / current + overhead
+
+
+def round_line(rounds: Mapping[int, float]) -> Callable[[int], float] | None:
+    """T(B) = a + c·B, the least-squares line through the median round times measured at two or more
+    global batches (a ≥ 0, c > 0: a round costs at least its fixed part and grows with B); None with
+    fewer, or where the points give no such line. It replaces `measured_round`'s guess that the
+    workers' time is all per-sample once the job has run at a second B."""
+    if len(rounds) < 2:
+        return None
+    xs, ys = list(rounds), [rounds[b] for b in rounds]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    spread = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / spread
+    if not slope > 0:
+        return None
+    fixed = max(0.0, my - slope * mx)
+    return lambda b: fixed + slope * b
 
 
 class AdaptiveBatch:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ps.control.adaptive import AdaptiveBatch, AdaptiveConfig, measured_round
+from ps.control.adaptive import AdaptiveBatch, AdaptiveConfig, measured_round, round_line
 from ps.control.gns import NoiseScaleEstimator
 from ps.control.registry import build_policy, with_global_batch
 from ps.params.aggregation import squared_norm
@@ -27,6 +27,9 @@ from ps.transport.messages import PushMeta
 
 _ROUND_TIMES = 64
 """Round times kept since the last decision (their median is the measured round at the current B)."""
+_SETTLE, _MIN_ROUNDS = 4, 12
+"""Rounds after a decision left out of the median (the workers settle at new batches), and how many a
+stay needs before its median counts as the round at that B."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class AdaptiveBatchSizing:
         self._rounds = 0  # since the last decision
         self._round_ms: list[float] = []
         self._closed_at: float | None = None
+        self._rounds_at: dict[int, float] = {}  # B -> median round ms measured at it (the latest stay)
 
     # ---------------------------------------------------------------- measurement
     def push(self, meta: PushMeta, grad: Vector) -> None:
@@ -137,6 +141,11 @@ class AdaptiveBatchSizing:
         ctl = self.state.controller
         if ctl.predicted_round_ms(current) is not None:
             return lambda b: ctl.predicted_round_ms(b) or math.inf
+        if len(self._round_ms) >= _MIN_ROUNDS:
+            self._rounds_at[current] = statistics.median(self._round_ms[_SETTLE:])
+        line = round_line(self._rounds_at)
+        if line is not None:
+            return line
         active = {k: t for k, t in ctl.smoothed_ms().items() if ctl.plan().get(k)}
         return measured_round(current, active, statistics.median(self._round_ms) if self._round_ms else None)
 

@@ -408,9 +408,9 @@ class Coordinator(JobState):
             self._end_epoch()
         if self.done:
             return
+        self.adaptive.after_round()  # before the policy's decision resets the times it measured
         if self.epochs.adjust_due():
             self.epochs.adjust()
-        self.adaptive.after_round()
         if self.epochs.checkpoint_due():
             self._checkpoint()
 
@@ -421,9 +421,9 @@ class Coordinator(JobState):
         if self.epoch >= self.spec.epochs:
             self._finish("finished")
             return
+        self.adaptive.at_epoch_end()
         if self.epochs.adjust_every is None:
             self.epochs.adjust()
-        self.adaptive.at_epoch_end()
         if self.epochs.checkpoint_every is None:
             self._checkpoint()
 
