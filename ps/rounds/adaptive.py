@@ -151,15 +151,14 @@ class AdaptiveBatchSizing:
 
     # ---------------------------------------------------------------- reports and checkpoints
     def status(self) -> dict[str, Any]:
-        """The fields of Status: the mode, φ, the efficiency of B now and the LR."""
-        if self.decider is None:
-            return {"adaptive_batch": "off", "noise_scale": self.estimator.estimate().phi,
-                    "efficiency": None, "lr": self.lr_at(self.state.epoch)}
-        return {"adaptive_batch": "gns", "noise_scale": self.estimator.estimate().phi,
-                "efficiency": self.decider.efficiency(), "lr": self.lr_at(self.state.epoch)}
+        """The fields of Status: the mode, φ, the efficiency of B now and the LR (off: no φ)."""
+        decider = self.decider
+        return {"adaptive_batch": "off" if decider is None else "gns", "noise_scale": self.estimator.estimate().phi,
+                "efficiency": None if decider is None else decider.efficiency(), "lr": self.lr_at(self.state.epoch)}
 
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint's `adaptive` entry (None when off)."""
+        """The checkpoint's `adaptive` entry (none when off). The round times measured at each B are
+        not kept: a resumed job measures them again."""
         if self.decider is None:
             return {}
         return {"adaptive": {"decider": self.decider.state_dict(), "gns": self.estimator.state_dict()}}
@@ -170,6 +169,8 @@ class AdaptiveBatchSizing:
         saved = checkpoint.get("adaptive")
         if self.decider is None or saved is None:
             return
+        if not isinstance(saved, dict) or set(saved) != {"decider", "gns"}:
+            raise ValueError("the checkpoint's adaptive-batch state must hold exactly 'decider' and 'gns'")
         estimator = NoiseScaleEstimator.from_state_dict(saved["gns"])
         self.decider.load_state_dict(saved["decider"])
         self.estimator = estimator
