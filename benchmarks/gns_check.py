@@ -282,11 +282,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # a bad --model/--dataset option, or a B the data or shares cannot take
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    if args.json:
+    show(report, table(report), args.json)
+    return 0
+
+
+def show(report: dict[str, Any], text: str, as_json: bool) -> None:
+    """The JSON report (with --json) and a blank line, then the table."""
+    if as_json:
         print(json.dumps(report))
         print()
-    print(table(report))
-    return 0
+    print(text)
 
 
 if __name__ == "__main__":

@@ -250,12 +250,49 @@ def plot_asp_updates(
     return _save(fig, path)
 
 
+ADAPTIVE_PANELS = (
+    ("batch", "global batch B, noise scale φ"),
+    ("efficiency", "statistical efficiency (φ+B₀)/(φ+B)"),
+    ("lr", "learning rate"),
+    ("accuracy", "test accuracy (%)"),
+)
+"""The panels of the --adaptive-batch plot, against the server's elapsed time."""
+
+
+def plot_adaptive_batch(events: Events, path: str | Path | None = None, *, title: str = "Adaptive global batch") -> Figure:
+    """--adaptive-batch: B (a step at each change) and φ at every decision, the efficiency of B, the
+    learning rate, and the test accuracy, over the server's elapsed time (s)."""
+    fig = Figure(figsize=(FIGSIZE[0], FIGSIZE[1] * 1.6), dpi=DPI, layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = list(fig.subplots(2, 2, sharex=True).flat)
+    decisions = sorted(_of(events, "adapt"), key=lambda e: float(e["elapsed_s"]))
+    xs = [float(e["elapsed_s"]) for e in decisions]
+    axes[0].step(xs, [e["global_batch"] for e in decisions], where="post", marker="o", markersize=3, label="B")
+    known = [(x, e["phi"]) for x, e in zip(xs, decisions, strict=True) if e.get("phi") is not None]
+    axes[0].plot([x for x, _ in known], [p for _, p in known], marker="x", linewidth=1.2, label="φ")
+    axes[0].set_yscale("log")
+    axes[0].legend(fontsize="small", frameon=False)
+    for ax, key in ((axes[1], "efficiency"), (axes[2], "lr")):
+        pts = [(x, e[key]) for x, e in zip(xs, decisions, strict=True) if e.get(key) is not None]
+        ax.step([x for x, _ in pts], [v for _, v in pts], where="post", marker="o", markersize=3)
+    evals = sorted(_of(events, "eval"), key=lambda e: float(e["elapsed_s"]))
+    axes[3].plot([float(e["elapsed_s"]) for e in evals], [100.0 * float(e["accuracy"]) for e in evals], marker="o", markersize=3)
+    for ax, (_, ylabel) in zip(axes, ADAPTIVE_PANELS, strict=True):
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    for ax in axes[2:]:
+        ax.set_xlabel("elapsed time (s)")
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
 def write_plots(
     events: Events, out_dir: str | Path, *, phases: Sequence[Mapping[str, Any]] = (),
     labels: Mapping[str, str] | None = None, title: str | None = None,
 ) -> list[Path]:
-    """Write ``batch_sizes.png``, ``compute_times.png`` and ``accuracy.png`` to ``out_dir``, and
-    ``asp.png`` for an ASP run (its epochs record staleness); their paths."""
+    """Write ``batch_sizes.png``, ``compute_times.png`` and ``accuracy.png`` to ``out_dir``,
+    ``asp.png`` for an ASP run (its epochs record staleness) and ``adaptive_batch.png`` for an
+    --adaptive-batch run; their paths."""
     out = Path(out_dir)
     suffix = f" ({title})" if title else ""
     paths = [out / "batch_sizes.png", out / "compute_times.png", out / "accuracy.png"]
@@ -265,4 +302,7 @@ def write_plots(
     if epoch_series(events, "staleness_max"):
         paths.append(out / "asp.png")
         plot_asp_updates(events, paths[-1], labels=labels, title="ASP updates per worker" + suffix)
+    if _of(events, "adapt"):
+        paths.append(out / "adaptive_batch.png")
+        plot_adaptive_batch(events, paths[-1], title="Adaptive global batch" + suffix)
     return paths

@@ -91,7 +91,7 @@ class ShardInfo(_message.Message):
     def __init__(self, address: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret", "offsets", "exposed_ms", "own_exposed_ms")
+    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret", "offsets", "exposed_ms", "own_exposed_ms", "local_sq_norm", "global_sq_norm")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class PushHeader(_message.Message):
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     EXPOSED_MS_FIELD_NUMBER: _ClassVar[int]
     OWN_EXPOSED_MS_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     round: int
     version: int
@@ -118,7 +120,9 @@ class PushHeader(_message.Message):
     offsets: bool
     exposed_ms: float
     own_exposed_ms: float
-    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ..., offsets: _Optional[bool] = ..., exposed_ms: _Optional[float] = ..., own_exposed_ms: _Optional[float] = ...) -> None: ...
+    local_sq_norm: float
+    global_sq_norm: float
+    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ..., offsets: _Optional[bool] = ..., exposed_ms: _Optional[float] = ..., own_exposed_ms: _Optional[float] = ..., local_sq_norm: _Optional[float] = ..., global_sq_norm: _Optional[float] = ...) -> None: ...
 
 class PushEnd(_message.Message):
     __slots__ = ("compute_ms", "exposed_ms", "own_exposed_ms")
@@ -267,7 +271,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., cores: _Optional[float] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., updates: _Optional[int] = ..., mean_staleness: _Optional[float] = ..., parked: _Optional[bool] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers", "path", "job_json")
+    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers", "path", "job_json", "adaptive_batch", "noise_scale", "efficiency", "lr")
     MODE_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -282,6 +286,10 @@ class StatusReply(_message.Message):
     EXPECTED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
     JOB_JSON_FIELD_NUMBER: _ClassVar[int]
+    ADAPTIVE_BATCH_FIELD_NUMBER: _ClassVar[int]
+    NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
+    EFFICIENCY_FIELD_NUMBER: _ClassVar[int]
+    LR_FIELD_NUMBER: _ClassVar[int]
     mode: str
     controller: str
     round: int
@@ -296,7 +304,11 @@ class StatusReply(_message.Message):
     expected_workers: int
     path: str
     job_json: str
-    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ..., path: _Optional[str] = ..., job_json: _Optional[str] = ...) -> None: ...
+    adaptive_batch: str
+    noise_scale: float
+    efficiency: float
+    lr: float
+    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ..., path: _Optional[str] = ..., job_json: _Optional[str] = ..., adaptive_batch: _Optional[str] = ..., noise_scale: _Optional[float] = ..., efficiency: _Optional[float] = ..., lr: _Optional[float] = ...) -> None: ...
 
 class BlobChunk(_message.Message):
     __slots__ = ("seq", "data")

@@ -30,12 +30,13 @@ from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from ps.ops.stack_dump import enable_stack_dump
 from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.rounds.adaptive import AdaptiveSettings
 from ps.rounds.asp import AspSettings
 from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.rounds.coordinator import Coordinator
 from ps.rounds.fast_path import PARKING_OFF
 from ps.rounds.rendezvous import Rendezvous
-from ps.server_flags import build_parser, parse_options
+from ps.server_flags import adaptive_config, build_parser, check_micro_batch_flags, parse_options
 from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
@@ -206,27 +207,13 @@ def check_flags_together(args: argparse.Namespace) -> None:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
         raise ValueError(f"--staleness-bound and --staleness-lr are for --mode asp, not --mode {args.mode}")
+    adaptive_config(args)
 
 
 def bn_batch(spec: JobSpec) -> int:
     """The batch the server recomputes BatchNorm statistics over (ps/job/batchnorm.py): the micro-batch,
     else a uniform split's batch B/n."""
     return spec.micro_batch if spec.micro_batch > 1 else max(1, spec.global_batch // spec.workers)
-
-
-def check_micro_batch_flags(args: argparse.Namespace) -> None:
-    """--micro-batch against the other flags: BSP only, B a multiple of M, room for every worker's
-    one micro-batch, and --max-batch at least M."""
-    m = args.micro_batch
-    if args.mode != "bsp":
-        raise ValueError(f"--micro-batch is for --mode bsp (ASP updates do not add up to one global batch), not --mode {args.mode}")
-    if args.global_batch % m:
-        raise ValueError(f"--global-batch {args.global_batch} is not a multiple of --micro-batch {m}; use "
-                         f"{max(1, args.global_batch // m) * m} or {(args.global_batch // m + 1) * m}")
-    if args.workers * m > args.global_batch:
-        raise ValueError(f"--workers {args.workers} x --micro-batch {m} exceeds --global-batch {args.global_batch}")
-    if args.max_batch is not None and args.max_batch < m:
-        raise ValueError(f"--max-batch {args.max_batch} is below --micro-batch {m}")
 
 
 def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,
@@ -240,6 +227,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
         dataset,
         adjust_every=args.adjust_every,
         asp=AspSettings(args.max_staleness, args.staleness_bound, args.staleness_lr),
+        adaptive=AdaptiveSettings(adaptive_config(args), args.adapt_every),
         max_workers=args.max_workers,
         evict_after=args.evict_after,
         checkpoint_every=args.checkpoint_every,

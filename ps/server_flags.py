@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ps.control.adaptive import LR_SCALINGS, AdaptiveConfig
 from ps.control.config import POLICIES
 from ps.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES
 from ps.ops.arg_types import (
@@ -118,6 +119,21 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic controller")
+    ada = p.add_argument_group("adaptive global batch (docs/adaptive-batch.md)")
+    ada.add_argument("--adaptive-batch", choices=("off", "gns"), default="off",
+                     help="BSP: gns measures the gradient noise scale from the pushes and moves B to the best "
+                          "goodput (throughput x statistical efficiency) within the bounds below")
+    ada.add_argument("--adapt-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
+                     help="--adaptive-batch decision at every epoch end (default) or every N rounds")
+    ada.add_argument("--min-global-batch", type=positive_int, default=None,
+                     help="--adaptive-batch: the smallest B (default: --workers x --min-batch)")
+    ada.add_argument("--max-global-batch", type=positive_int, default=None,
+                     help="--adaptive-batch: the largest B (default: 8 x --global-batch)")
+    ada.add_argument("--adapt-threshold", type=float_between(0.0, 1.0, high_open=True), default=0.05,
+                     help="--adaptive-batch: change B only for a predicted goodput gain of at least this fraction")
+    ada.add_argument("--lr-scaling", choices=LR_SCALINGS, default=LR_SCALINGS[0],
+                     help="--adaptive-batch: the learning rate at B, times adascale's gain (B/B0)(phi+B0)/(phi+B), "
+                          "linear B/B0 or sqrt(B/B0), B0 the --global-batch")
     asp = p.add_argument_group("asynchronous training (ASP)")
     asp.add_argument("--max-staleness", type=int_at_least(0), default=None,
                      help="refuse an update computed from a version more than this many versions old (the worker "
@@ -171,3 +187,43 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mutual TLS: require client certificates signed by this PEM CA")
     net.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
     return p
+
+
+def check_micro_batch_flags(args: argparse.Namespace) -> None:
+    """--micro-batch against the other flags: BSP only, B a multiple of M, room for every worker's
+    one micro-batch, and --max-batch at least M."""
+    m = args.micro_batch
+    if args.mode != "bsp":
+        raise ValueError(f"--micro-batch is for --mode bsp (ASP updates do not add up to one global batch), not --mode {args.mode}")
+    if args.global_batch % m:
+        raise ValueError(f"--global-batch {args.global_batch} is not a multiple of --micro-batch {m}; use "
+                         f"{max(1, args.global_batch // m) * m} or {(args.global_batch // m + 1) * m}")
+    if args.workers * m > args.global_batch:
+        raise ValueError(f"--workers {args.workers} x --micro-batch {m} exceeds --global-batch {args.global_batch}")
+    if args.max_batch is not None and args.max_batch < m:
+        raise ValueError(f"--max-batch {args.max_batch} is below --micro-batch {m}")
+
+
+def adaptive_config(args: argparse.Namespace) -> AdaptiveConfig | None:
+    """--adaptive-batch and its bounds, checked against the job's other flags (ValueError naming them);
+    None when it is off."""
+    given = [f for f, v in (("--min-global-batch", args.min_global_batch), ("--max-global-batch", args.max_global_batch))
+             if v is not None]
+    if args.adaptive_batch == "off":
+        if given:
+            raise ValueError(f"{given[0]} needs --adaptive-batch gns")
+        return None
+    if args.mode != "bsp":
+        raise ValueError("--adaptive-batch gns is for --mode bsp: the noise scale is measured from a round's pushes, "
+                         "and ASP has no rounds")
+    if args.shards > 1:
+        raise ValueError("--adaptive-batch gns runs with one server: not with --shards (each shard holds part of a gradient)")
+    if args.micro_batch > 1:
+        raise ValueError("--adaptive-batch gns does not run with --micro-batch: a new B would have to stay a multiple of "
+                         "the micro-batch, which the adaptive choice does not keep")
+    floor = args.workers * args.min_batch
+    lower = floor if args.min_global_batch is None else args.min_global_batch
+    upper = 8 * args.global_batch if args.max_global_batch is None else args.max_global_batch
+    if lower < floor:
+        raise ValueError(f"--min-global-batch {lower} is below --workers {args.workers} x --min-batch {args.min_batch}")
+    return AdaptiveConfig(args.global_batch, lower, upper, args.adapt_threshold, args.lr_scaling)

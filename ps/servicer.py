@@ -110,5 +110,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             last_accuracy=-1.0 if s["last_accuracy"] is None else s["last_accuracy"],
             expected_workers=s["expected_workers"],
             path=s["path"],
+            adaptive_batch=s["adaptive_batch"],
+            noise_scale=-1.0 if s["noise_scale"] is None else s["noise_scale"],
+            efficiency=-1.0 if s["efficiency"] is None else s["efficiency"],
+            lr=s["lr"],
             workers=[ps_pb2.WorkerStatus(**w) for w in s["workers"]],
         )

@@ -199,6 +199,7 @@ class PSClient:
         generation: int = 0,
         exposed_ms: float = 0.0,
         own_exposed_ms: float = 0.0,
+        sq_norms: tuple[float, float] = (0.0, 0.0),
     ) -> Callable[[], StepPlan]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
@@ -218,6 +219,8 @@ class PSClient:
             secret=self.secret(worker_id),
             exposed_ms=exposed_ms,
             own_exposed_ms=own_exposed_ms,
+            local_sq_norm=sq_norms[0],
+            global_sq_norm=sq_norms[1],
         )
 
         timing = self.last_push = PushTiming()

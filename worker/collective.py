@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ps.job.spec import JobSpec
+from ps.params.aggregation import squared_norm
 from ps.params.store import ParameterStore
 from ps.transport.layout import flatten_params
 from worker.client import ServerError, StepPlan
@@ -58,6 +59,7 @@ class Collective:
         self.rank = 0
         self.world_size = 0
         self.backend = ""
+        self.sq_norms = (0.0, 0.0)  # the last reduce's |g_k|² and |g|² (float64), for the round's report
         self.round = -1  # the round this copy is at (known once a group has formed)
         self.reduces = 0
         self._device = torch.device("cpu")
@@ -223,6 +225,7 @@ class Collective:
         if self.round > plan.round:
             return None
         n = grads.numel()
+        local_sq = squared_norm(grads)  # the server's noise scale (--adaptive-batch): |g_k|², then |g|²
         hub = self.world_size > 1 and self.spec.hub_reduce(self.backend)
         bucket = self._bucket_for(n + 3)
         if grads.device == bucket.device:
@@ -249,11 +252,13 @@ class Collective:
                 f"collective out of step: this worker is at round {plan.round} (hub rank {plan.hub_rank}), the group's "
                 f"rounds modulo {ROUND_CHECK_MODULUS} sum to {rounds:g} (hub ranks to {hubs:g}) over {self.world_size} workers"
             )
-        return bucket[:n].div_(total)
+        mean = bucket[:n].div_(total)
+        self.sq_norms = (local_sq, squared_norm(mean))
+        return mean
 
     def apply(self, grad: torch.Tensor, plan: StepPlan) -> None:
         """Take the optimizer step with the mean gradient `reduce` returned (the same on every rank)."""
-        self.local.set_lr(self.spec.lr_at(plan.epoch))
+        self.local.set_lr(plan.lr if plan.lr > 0 else self.spec.lr_at(plan.epoch))  # the server's (--adaptive-batch)
         self.local.apply_gradient(grad if grad.device.type == "cpu" else grad.cpu())
         self.round = plan.round + 1
         self.reduces += 1

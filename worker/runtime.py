@@ -321,6 +321,7 @@ class Session:
         self._report = self.client.start_push(
             self.worker_id, torch.empty(0), self._params, round=plan.round, version=plan.version,
             batch_size=batch, compute_ms=compute_ms, wire_dtype="float32", kind="report", generation=plan.generation,
+            sq_norms=self._collective.sq_norms,
         )
         if mean is not None:
             self._collective.apply(mean, plan)

@@ -45,6 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ps.control.balance import measured_balanced
 from ps.control.checks import integer, real
 from ps.control.optperf import FinishTime, best_plan, round_time, split
 from ps.control.roster import Roster
@@ -192,7 +193,6 @@ class ModelPolicy(Roster):
                    for k in active)
 
     def _decide(self) -> dict[str, int] | None:
-        cfg = self._config
         active = self._active()
         current = self.plan()
         report: dict[str, Any] = {"policy": self.name, **self._closing_measurement()}
@@ -257,6 +257,17 @@ class ModelPolicy(Roster):
 
     def report(self) -> dict[str, Any]:
         return dict(self._report)
+
+    def predicted_round_ms(self, total: int) -> float | None:
+        """The fits' round at the best split of `total` (a default bound follows it) plus c; None until identified."""
+        active, (lower, upper) = self._active(), self._bounds()
+        if not active or not all(self._fit(k) is not None and self._identified(k) for k in active):
+            return None
+        upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
+        if not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
+            return None
+        times = self._times()
+        return round_time(times, split({k: times[k] for k in active}, total, lower, upper)) + self.overhead_ms
 
     def _times(self, cautious: bool = False) -> dict[str, FinishTime]:
         """Each worker's finish time as a function of its batch (a worker not measured yet: the
@@ -326,35 +337,17 @@ class ModelPolicy(Roster):
         return {**inside, **fit_to_sum(target, total, lo, hi)}
 
     def _balanced(self, plan: Mapping[str, int]) -> bool:
-        """Whether the plan in force is measured balanced. Each planned worker's finish times since it
-        got its batch (at least `min_samples`) give a mean; the fastest mean of the workers inside
-        their bounds is the level. A worker inside its bounds, or held at its upper bound, must not
-        finish later than the level by more than the deadband; one held at its lower bound must not
-        finish earlier by more than that (it could take samples then; later is what holding it
-        there chose). Differences within twice the two means' standard error count as none: on this
-        many rounds they are noise. Then the split the solver aims for is in force already, and a
-        re-solve would move samples by the noise in the fits."""
-        lower, upper = self._bounds()
-        measured: dict[str, tuple[float, float]] = {}
+        """Whether the plan in force is measured balanced (balance.measured_balanced), on each planned
+        worker's finish times since it got its batch (at least `min_samples`)."""
+        times = {}
         for k, b in plan.items():
-            if b <= 0 or lower[k] == upper[k]:
-                continue
-            times = self._obs[k].recent(b, max(self._config.min_samples, self._obs[k].run(b)))
-            if times is None:
-                return False
-            error = statistics.stdev(times) / math.sqrt(len(times)) if len(times) > 1 else 0.0
-            measured[k] = (statistics.fmean(times), error)
-        inside = [measured[k] for k in measured if lower[k] < plan[k] < upper[k]]
-        if len(inside) < 2:
-            return False
-        level, level_error = min(inside)
-        for k, (mean, error) in measured.items():
-            tolerance = max(self._config.deadband * level, 2.0 * math.hypot(error, level_error))
-            late = plan[k] > lower[k] and mean - level > tolerance
-            early = plan[k] <= lower[k] and level - mean > tolerance
-            if late or early:
-                return False
-        return True
+            if b > 0:
+                recent = self._obs[k].recent(b, max(self._config.min_samples, self._obs[k].run(b)))
+                if recent is None:
+                    return False
+                times[k] = recent
+        lower, upper = self._bounds()
+        return measured_balanced(times, plan, lower, upper, self._config.deadband)
 
     def _drifted(self, worker_id: str) -> bool:
         """Whether the worker's times at its batch (`min_samples` or more) are off, by the deadband or

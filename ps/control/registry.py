@@ -8,6 +8,7 @@ the coordinator and the servicer know policies only through policy.BatchPolicy."
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ps.control.config import ControllerConfig
@@ -63,3 +64,9 @@ def reconfigured(policy: Roster | MicroBatched, config: ControllerConfig) -> Ros
     else:
         fresh.adopt(policy)  # type: ignore[arg-type]
     return fresh
+
+
+def with_global_batch(policy: Roster, global_batch: int) -> Roster:
+    """The policy over the same workers and measurements at another global batch, re-split with an
+    exact sum within the workers' bounds (--adaptive-batch); ValueError if the bounds cannot make it up."""
+    return reconfigured(policy, replace(policy.config, global_batch=global_batch))

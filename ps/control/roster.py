@@ -206,6 +206,20 @@ class Roster:
         """What the last decision was based on, for its `adjust` record (a policy's own fields)."""
         return {}
 
+    def global_batch_range(self) -> tuple[int, int | None]:
+        """The global batches the workers' bounds can make up: [Σ min_batch, Σ max_batch], the upper
+        end None where a worker's bound is the default (it follows B). --adaptive-batch keeps to it."""
+        default = self._config.default_max_batch if self._config.max_batch is None else None
+        lower = sum(w.min_batch for w in self._workers.values())
+        if any(w.max_batch == default for w in self._workers.values()):
+            return lower, None
+        return lower, sum(w.max_batch for w in self._workers.values())
+
+    def predicted_round_ms(self, total: int) -> float | None:
+        """The policy's predicted round time (ms) at a global batch of `total`; None: it has no model
+        (--adaptive-batch then predicts from the measured times)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Full state as plain JSON-serialisable data (for checkpoints)."""
         return {

@@ -141,3 +141,18 @@ def weighted_mean(grads: Sequence[torch.Tensor], batches: Sequence[int]) -> torc
 def asp_lr(lr: float, batch: int, global_batch: int, scaling: bool = True) -> float:
     """η_k = η · b_k / B (Eq. 5b); without scaling every worker uses η."""
     return lr * batch / global_batch if scaling else lr
+
+
+def squared_norm(vector: Vector) -> float:
+    """|v|² summed in float64, a ~1 MiB part at a time (the gradient noise scale subtracts such norms,
+    so fp32 sums would lose the difference): one read of the vector, no full-size copy."""
+    total = 0.0
+    for _, part in parts(vector):
+        for piece in part.reshape(-1).split(_NORM_PIECE):
+            wide = piece.to(torch.float64)
+            total += float(torch.dot(wide, wide))
+    return total
+
+
+_NORM_PIECE = 1 << 18
+"""Elements widened to float64 at a time by `squared_norm` (2 MiB)."""

@@ -8,6 +8,7 @@ long each round took, close to close."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from ps.errors import FailedPrecondition
 from ps.params.aggregation import WeightedMean
@@ -37,6 +38,7 @@ class BspRound:
         self.closed_at: float | None = None  # when the last round closed (the policy's round time)
         self.committing = False  # --shards: the round's commit is under way
         self.commit_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
+        self.on_sum: Callable[[Vector | None], None] | None = None  # the round's mean before its step (allreduce: None)
 
     def check_open(self, member: Member, meta: PushMeta) -> None:
         """A push is for the open round, once per worker (not while --shards commits the last one)."""
@@ -85,11 +87,16 @@ class BspRound:
         if self.accumulator is not None:
             # stepped piece by piece as the replies stream the new values (ps.params.store, ps.transport.payload);
             # the accumulator's sum is not reused before begin_push settles the step
-            self.state.store.begin_step(self.accumulator.result(), self.accumulator.bound)
+            mean = self.accumulator.result()
+            if self.on_sum is not None:
+                self.on_sum(mean)
+            self.state.store.begin_step(mean, self.accumulator.bound)
             batch = self.accumulator.weight
             self.accumulator.reset()
         else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
             batch, self.round_batch = self.round_batch, 0
+            if self.on_sum is not None:
+                self.on_sum(None)
         return batch
 
     async def commit_shards(self, wait_s: float) -> int:

@@ -26,6 +26,7 @@ from ps.job.evaluator import BackgroundEvaluator
 from ps.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
 from ps.params.store import ParameterStore
+from ps.rounds.adaptive import AdaptiveBatchSizing, AdaptiveSettings
 from ps.rounds.admission import Admission, own_max_batch
 from ps.rounds.asp import AspSettings, AspUpdates
 from ps.rounds.bsp import BspRound
@@ -63,6 +64,7 @@ class Coordinator(JobState):
         *,
         adjust_every: int | None = None,
         asp: AspSettings | None = None,
+        adaptive: AdaptiveSettings | None = None,
         max_workers: int | None = None,
         evict_after: float = 10.0,
         checkpoint_every: int | None = None,
@@ -74,10 +76,8 @@ class Coordinator(JobState):
         shards: RemoteShards | None = None,
         fast_path_on_gpus: Callable[[], Rendezvous] | None = None,
     ) -> None:
-        """`fast_path_on_gpus` (`ps-server --allreduce auto`): a job on the PS path that switches to
-        the collective fast path when the workers that start it all compute on GPUs of their own
-        (ps.rounds.rendezvous.fast_path_fits), hosting the rendezvous this callable starts. Decided once,
-        at the start; the balance then becomes compute time (busy time and the cycle are PS-path times)."""
+        """`fast_path_on_gpus` (--allreduce auto): switch to the fast path, hosting the rendezvous it starts, when the
+        starting workers all have GPUs of their own (rendezvous.fast_path_fits); the balance becomes compute time."""
         check_paths(spec, rendezvous, shards, fast_path_on_gpus)
         self.spec = spec
         self.controller = controller
@@ -94,18 +94,15 @@ class Coordinator(JobState):
         self.clock = clock
         self.membership = Membership(max_workers or spec.workers)
         self.keys = WorkerKeys()  # the workers' secrets (and the shards' key to check them)
-        self.round = 0
-        self.version = 0
-        self.epoch = 0
-        self.samples = 0
-        self.done = False
-        self.reason = ""
+        self.round = self.version = self.epoch = self.samples = 0
+        self.done, self.reason = False, ""
         self.rendezvous = rendezvous if spec.allreduce else None
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
         self.store.before_change.append(self.payload.complete)  # a reply in flight sends its version whole
         self.fast_path = FastPath(self, fast_path_on_gpus)
         self.parking = Parking(self)
         self.bsp = BspRound(self, self.parking)
+        self.adaptive = AdaptiveBatchSizing(self, self.bsp, adaptive or AdaptiveSettings(), self._replanned)
         self.epochs = Epochs(self, len(dataset.train_x), adjust_every, checkpoint_every)
         self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
         self.admission = Admission(self, self.epochs, self.fast_path)
@@ -178,10 +175,13 @@ class Coordinator(JobState):
             member.last_seen = now
             self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
         self.controller.replan()
-        self.epochs.log_adjust(changed=True)
-        self.fast_path.regroup()
+        self._replanned()
         for member in self.members.values():
             member.activated.set()
+
+    def _replanned(self) -> None:  # a new plan (workers came, --adaptive-batch changed B): its record, the groups
+        self.epochs.log_adjust(changed=True)
+        self.fast_path.regroup()
 
     def member(self, worker_id: str, secret: str) -> Member:
         """The active member a call names, once it proved to be that worker (ps.transport.worker_keys).
@@ -281,6 +281,7 @@ class Coordinator(JobState):
             own = meta.own_exposed_ms if self.spec.balance == "compute" else 0.0
             self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=own)
         self.bsp.add(member, meta, grad)
+        self.adaptive.push(meta, grad)
         self.epochs.count_push(member, ms, meta.batch_size, meta.exposed_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():
@@ -375,7 +376,7 @@ class Coordinator(JobState):
         group = self.fast_path.group_info(member, plan)
         batch = plan.get(member.name, 0)
         global_batch = sum(plan.values())
-        lr = self.asp.lr(batch, global_batch) if self.spec.mode == "asp" else self.spec.lr_at(self.epoch)
+        lr = self.asp.lr(batch, global_batch) if self.spec.mode == "asp" else self.adaptive.lr_at(self.epoch)
         if self.done:
             self.end.told_done.add(member.worker_id)
         self._tell(member, batch)
@@ -407,6 +408,7 @@ class Coordinator(JobState):
             self._end_epoch()
         if self.done:
             return
+        self.adaptive.after_round()  # before the policy's decision resets the times it measured
         if self.epochs.adjust_due():
             self.epochs.adjust()
         if self.epochs.checkpoint_due():
@@ -415,10 +417,11 @@ class Coordinator(JobState):
     def _end_epoch(self) -> None:
         self.epochs.end_epoch()
         self.evaluation.submit(self.epoch)
-        self.store.set_lr(self.spec.lr_at(self.epoch))
+        self.store.set_lr(self.adaptive.lr_at(self.epoch))
         if self.epoch >= self.spec.epochs:
             self._finish("finished")
             return
+        self.adaptive.at_epoch_end()
         if self.epochs.adjust_every is None:
             self.epochs.adjust()
         if self.epochs.checkpoint_every is None:
@@ -427,7 +430,7 @@ class Coordinator(JobState):
     # ------------------------------------------------------------- checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
         """A self-contained snapshot of everything needed to resume (tensors cloned)."""
-        return checkpoint_state(self, self.whole_params(), self.whole_model.optimizer_state())
+        return {**checkpoint_state(self, self.whole_params(), self.whole_model.optimizer_state()), **self.adaptive.state_dict()}
 
     def restore(self, state: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
         """Load a checkpoint before the job starts; workers then rejoin. Returns the controller
@@ -440,7 +443,8 @@ class Coordinator(JobState):
         self.round, self.version = int(state["round"]), int(state["version"])
         self.epoch, self.samples = int(state["epoch"]), int(state["samples"])
         self.epochs.epoch_start_samples = self.samples
-        self.store.set_lr(self.spec.lr_at(self.epoch))
+        self.adaptive.restore(state)  # its B: the policy the checkpoint's is compared with and adopted into
+        self.store.set_lr(self.adaptive.lr_at(self.epoch))
         self.admission.saved_controller = controller
         changes = config_changes(controller.config, self.controller.config)
         self.metrics.write(
@@ -452,15 +456,12 @@ class Coordinator(JobState):
 
     def _checkpoint(self) -> None:
         self.epochs.steps_since_checkpoint = 0
-        on_checkpoint = self.on_checkpoint
-        if on_checkpoint is None:
-            return
+        if self.on_checkpoint is not None and not self.whole_model.defer(self._save):
+            self._save()
 
-        def save() -> None:
-            on_checkpoint(self.checkpoint_state(), self.step)
-
-        if not self.whole_model.defer(save):
-            save()
+    def _save(self) -> None:
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(self.checkpoint_state(), self.step)
 
     # ------------------------------------------------------------ end of the job
     def _finish(self, reason: str) -> None:
@@ -474,8 +475,7 @@ class Coordinator(JobState):
             member.activated.set()
 
     def stop(self, reason: str = "stopping") -> None:
-        """Graceful shutdown: abort the open round (its partial gradient is dropped) and tell
-        every worker on its next call that the job is stopping."""
+        """Graceful shutdown: drop the open round's partial sum; every worker's next call hears the job stops."""
         if self.done:
             return
         self.bsp.abort()
@@ -497,4 +497,4 @@ class Coordinator(JobState):
 
     def status(self) -> dict[str, Any]:
         path = "auto" if self.may_take_fast_path else "allreduce" if self.spec.allreduce else "ps"
-        return status(self, path, self.evaluation.last_accuracy)
+        return {**status(self, path, self.evaluation.last_accuracy), **self.adaptive.status()}

@@ -29,6 +29,8 @@ class PushMeta:
     exposed_ms: float = 0.0  # blocked on communication between the last backward and this forward (0: unknown)
     own_exposed_ms: float = 0.0  # of that, the worker's own sending and receiving (not the wait for the round)
     offsets: bool = False  # the chunks carry their offsets and arrive in any order (buckets sent during backward)
+    local_sq_norm: float = 0.0  # a report's |g_k|² (float64; 0: not measured)
+    global_sq_norm: float = 0.0  # a report's |g|² of the group's mean (float64; 0: not measured)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
 def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
     return PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
                     kind=PUSH_KIND_NAMES.get(h.kind, f"unknown ({h.kind})"), generation=h.generation, secret=h.secret,
-                    exposed_ms=h.exposed_ms, own_exposed_ms=h.own_exposed_ms, offsets=h.offsets)
+                    exposed_ms=h.exposed_ms, own_exposed_ms=h.own_exposed_ms, offsets=h.offsets,
+                    local_sq_norm=h.local_sq_norm, global_sq_norm=h.global_sq_norm)
 
 
 def check_times(**times: float) -> None:

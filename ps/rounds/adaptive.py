@@ -1,0 +1,178 @@
+"""`--adaptive-batch gns` on the coordinator: the gradient noise scale measured round by round from
+the pushes (ps/control/gns.py), and at every `--adapt-every` the decision (ps/control/adaptive.py)
+that may change the global batch B, re-split over the workers in the same step; the learning rate of
+the B in force.
+
+Each BSP push's |g_k|² and b_k is noted as it arrives and the round's |g|² when its sum closes, all
+summed in float64 (ps.params.aggregation.squared_norm); the estimator takes the round then. Epochs
+count samples, whatever B is, so a change of B at a round boundary leaves "every sample once per
+epoch" as it was. Off (the default) it costs nothing: no norms, the job's LR schedule as given."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ps.control.adaptive import AdaptiveBatch, AdaptiveConfig, measured_round, round_line
+from ps.control.gns import NoiseScaleEstimator
+from ps.control.registry import build_policy, with_global_batch
+from ps.params.aggregation import squared_norm
+from ps.rounds.bsp import BspRound
+from ps.rounds.state import JobState
+from ps.transport.chunked import Vector
+from ps.transport.messages import PushMeta
+
+_ROUND_TIMES = 64
+"""Round times kept since the last decision (their median is the measured round at the current B)."""
+_SETTLE, _MIN_ROUNDS = 4, 12
+"""Rounds after a decision left out of the median (the workers settle at new batches), and how many a
+stay needs before its median counts as the round at that B."""
+
+
+@dataclass(frozen=True)
+class AdaptiveSettings:
+    """`--adaptive-batch gns` (config set) or off (None); `every` None: a decision at each epoch's end,
+    N: every N rounds."""
+
+    config: AdaptiveConfig | None = None
+    every: int | None = None
+
+
+class AdaptiveBatchSizing:
+    """The noise-scale measurement and the decisions on B (all no-ops when off)."""
+
+    def __init__(self, state: JobState, bsp: BspRound, settings: AdaptiveSettings, on_change: Callable[[], None]) -> None:
+        self.state = state
+        bsp.on_sum = self.close
+        self.settings = settings
+        self.on = settings.config is not None
+        self.decider = AdaptiveBatch(settings.config) if settings.config is not None else None
+        self.estimator = NoiseScaleEstimator()
+        self.on_change = on_change  # the coordinator's bookkeeping of a new plan (adjust record, groups)
+        self._batches: list[int] = []
+        self._norms: list[float] = []
+        self._reported: list[float] = []  # --allreduce: the reports' |g|²
+        self._rounds = 0  # since the last decision
+        self._round_ms: list[float] = []
+        self._closed_at: float | None = None
+        self._rounds_at: dict[int, float] = {}  # B -> median round ms measured at it (the latest stay)
+
+    # ---------------------------------------------------------------- measurement
+    def push(self, meta: PushMeta, grad: Vector) -> None:
+        """A BSP push taken into the open round's sum, or an --allreduce report with the norms its worker
+        measured (|g|² of the group's mean the same in every report of a round)."""
+        if not self.on:
+            return
+        report = meta.kind == "report"
+        self._batches.append(meta.batch_size)
+        self._norms.append(meta.local_sq_norm if report else squared_norm(grad))
+        if report and meta.global_sq_norm > 0:
+            self._reported.append(meta.global_sq_norm)
+
+    def close(self, mean: Vector | None) -> None:
+        """The open round's batch-weighted mean before the step (--allreduce: None, the reports carry
+        |g|²): one estimate from its pushes."""
+        if not self.on:
+            return
+        batches, norms, reported = self._batches, self._norms, self._reported
+        self._batches, self._norms, self._reported = [], [], []
+        now = self.state.clock()
+        if self._closed_at is not None:
+            self._round_ms.append((now - self._closed_at) * 1000.0)
+            del self._round_ms[:-_ROUND_TIMES]
+        self._closed_at = now
+        if mean is None and (not reported or 0.0 in norms):
+            return  # a report without norms (a worker that does not measure them)
+        if batches:
+            try:
+                self.estimator.observe(batches, norms, squared_norm(mean) if mean is not None else statistics.median(reported))
+            except ValueError as exc:  # a round the estimator cannot read (say, fp32 rounding of tiny norms)
+                self.state.metrics.sample("gns_skipped", step=self.state.step, why=str(exc))
+
+    # ---------------------------------------------------------------- decisions
+    def lr_at(self, epoch: int) -> float:
+        """The job's LR schedule at `epoch`, times the rule's factor for the B in force."""
+        base = self.state.spec.lr_at(epoch)
+        return base * self.decider.lr_factor() if self.decider is not None else base
+
+    def after_round(self) -> None:
+        """--adapt-every N: decide after every N rounds."""
+        if self.on:
+            self._rounds += 1
+            if self.settings.every is not None and self._rounds >= self.settings.every:
+                self.decide()
+
+    def at_epoch_end(self) -> None:
+        """The default schedule: decide at each epoch's end."""
+        if self.on and self.settings.every is None:
+            self.decide()
+
+    def decide(self) -> None:
+        """One decision on B; a change re-splits B over the workers and sets the LR, in this step."""
+        s, decider = self.state, self.decider
+        assert decider is not None
+        ctl = s.controller
+        if not ctl.plan():
+            return
+        current = decider.batch
+        lower, upper = ctl.global_batch_range()
+        upper = decider.config.max_batch if upper is None else upper
+        decision = decider.choose(self.estimator.estimate().phi, lower, upper, self._round_model(current))
+        if decision.changed:
+            try:
+                s.controller = with_global_batch(ctl, decision.batch)
+            except ValueError as exc:  # the workers' bounds cannot make it up after all: keep B
+                s.metrics.write("adapt", step=s.step, epoch=s.epoch, **{**decision.record(), "batch": current, "changed": False},
+                                global_batch=current, lr=self.lr_at(s.epoch), error=str(exc))
+                return
+            decider.apply(decision)
+        s.store.set_lr(self.lr_at(s.epoch))  # adascale: φ moved, even where B did not
+        self._rounds, self._round_ms = 0, []
+        s.metrics.write("adapt", step=s.step, epoch=s.epoch, **decision.record(), lr=self.lr_at(s.epoch),
+                        global_batch=decider.batch, rounds=self.estimator.estimate().rounds)
+        if decision.changed:
+            self.on_change()
+
+    def _round_model(self, current: int) -> Callable[[int], float] | None:
+        """T(B): the policy's model where it has one, else scaled from the times measured at B now."""
+        ctl = self.state.controller
+        if ctl.predicted_round_ms(current) is not None:
+            return lambda b: ctl.predicted_round_ms(b) or math.inf
+        if len(self._round_ms) >= _MIN_ROUNDS:
+            self._rounds_at[current] = statistics.median(self._round_ms[_SETTLE:])
+        line = round_line(self._rounds_at)
+        if line is not None:
+            return line
+        active = {k: t for k, t in ctl.smoothed_ms().items() if ctl.plan().get(k)}
+        return measured_round(current, active, statistics.median(self._round_ms) if self._round_ms else None)
+
+    # ---------------------------------------------------------------- reports and checkpoints
+    def status(self) -> dict[str, Any]:
+        """The fields of Status: the mode, φ, the efficiency of B now and the LR (off: no φ)."""
+        decider = self.decider
+        return {"adaptive_batch": "off" if decider is None else "gns", "noise_scale": self.estimator.estimate().phi,
+                "efficiency": None if decider is None else decider.efficiency(), "lr": self.lr_at(self.state.epoch)}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's `adaptive` entry (none when off). The round times measured at each B are
+        not kept: a resumed job measures them again."""
+        if self.decider is None:
+            return {}
+        return {"adaptive": {"decider": self.decider.state_dict(), "gns": self.estimator.state_dict()}}
+
+    def restore(self, checkpoint: dict[str, Any]) -> None:
+        """Before the start: the checkpoint's B, φ and estimator; the coordinator's fresh policy at
+        that B, so a resumed job goes on at it. A checkpoint written without the flag starts at B₀."""
+        saved = checkpoint.get("adaptive")
+        if self.decider is None or saved is None:
+            return
+        if not isinstance(saved, dict) or set(saved) != {"decider", "gns"}:
+            raise ValueError("the checkpoint's adaptive-batch state must hold exactly 'decider' and 'gns'")
+        estimator = NoiseScaleEstimator.from_state_dict(saved["gns"])
+        self.decider.load_state_dict(saved["decider"])
+        self.estimator = estimator
+        s = self.state
+        s.controller = build_policy(replace(s.controller.config, global_batch=self.decider.batch))

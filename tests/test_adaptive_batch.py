@@ -1,0 +1,232 @@
+"""Tests for --adaptive-batch gns's pure core (ps.control.adaptive): the goodput choice of B, the
+threshold, the bounds, the LR rules, its state; and B changed under every batch policy
+(ps.control.registry.with_global_batch): Σb = B and each worker's bounds after every change."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ps.control.adaptive import (
+    LR_SCALINGS,
+    AdaptiveBatch,
+    AdaptiveConfig,
+    candidates,
+    choose,
+    goodput,
+    lr_factor,
+    measured_round,
+    round_line,
+)
+from ps.control.config import POLICIES, ControllerConfig
+from ps.control.registry import build_policy, with_global_batch
+from ps.params.aggregation import squared_norm
+from ps.transport.chunked import ChunkedVector
+
+FAST = settings(max_examples=40, deadline=None)
+
+
+def linear_round(per_sample_ms: float, overhead_ms: float):
+    return lambda b: per_sample_ms * b + overhead_ms
+
+
+def test_lr_rules_are_one_at_the_starting_batch_and_follow_their_formulas() -> None:
+    for rule in LR_SCALINGS:
+        assert lr_factor(rule, 256, 256, 100.0) == pytest.approx(1.0)
+    assert lr_factor("linear", 512, 128, None) == pytest.approx(4.0)
+    assert lr_factor("sqrt", 512, 128, None) == pytest.approx(2.0)
+    # adascale: (B/B0)(phi+B0)/(phi+B); linear while noise dominates, flat once the signal does
+    assert lr_factor("adascale", 512, 128, 1000.0) == pytest.approx(4 * 1128 / 1512)
+    assert lr_factor("adascale", 512, 128, 1e9) == pytest.approx(4.0, rel=1e-5)
+    assert lr_factor("adascale", 512, 128, 0.0) == pytest.approx(1.0)
+    assert lr_factor("adascale", 512, 128, None) == 1.0  # phi unknown: the schedule as given
+    with pytest.raises(ValueError):
+        lr_factor("cubic", 512, 128, 1.0)
+
+
+def test_the_choice_is_the_goodput_optimum_of_a_linear_round() -> None:
+    # goodput = B/(qB + c) * (phi + B0)/(phi + B) peaks at B* = sqrt(c*phi/q)
+    q, c, phi = 0.01, 40.0, 1000.0
+    config = AdaptiveConfig(base_batch=128, min_batch=16, max_batch=16384, threshold=0.0)
+    decision = choose(config, 128, phi, 16, 16384, linear_round(q, c))
+    best = math.sqrt(c * phi / q)
+    assert decision.changed and abs(math.log(decision.batch / best)) < math.log(16384 / 16) / 47
+    assert decision.gain is not None and decision.gain > 0
+    rate = decision.batch / linear_round(q, c)(decision.batch) * 1000
+    assert decision.samples_per_s == pytest.approx(rate)
+    assert decision.efficiency == pytest.approx((phi + 128) / (phi + decision.batch))
+    # no candidate beats it by much
+    top = max(goodput(b / linear_round(q, c)(b), phi, b, 128) for b in range(16, 16385, 7))
+    assert goodput(decision.batch / linear_round(q, c)(decision.batch), phi, decision.batch, 128) >= 0.99 * top
+
+
+def test_below_the_threshold_b_stays_and_at_zero_it_moves() -> None:
+    q, c, phi = 0.01, 40.0, 1000.0
+    near = 1800  # goodput within a few % of the optimum at ~2000
+    moving = choose(AdaptiveConfig(near, 16, 16384, threshold=0.0), near, phi, 16, 16384, linear_round(q, c))
+    assert moving.changed and 0 < moving.gain < 0.05
+    held = choose(AdaptiveConfig(near, 16, 16384, threshold=0.05), near, phi, 16, 16384, linear_round(q, c))
+    assert not held.changed and held.batch == near and held.reason == "gain below --adapt-threshold"
+
+
+def test_unknown_phi_or_round_time_changes_nothing() -> None:
+    config = AdaptiveConfig(128, 16, 1024)
+    assert not choose(config, 128, None, 16, 1024, linear_round(0.01, 1.0)).changed
+    assert choose(config, 128, 50.0, 16, 1024, None).reason == "round time not measured yet"
+
+
+@FAST
+@given(st.integers(1, 64), st.integers(1, 4096), st.integers(1, 4096), st.floats(0.0, 1e5),
+       st.floats(1e-4, 1.0), st.floats(0.0, 500.0), st.integers(0, 10**6))
+def test_b_stays_within_the_flags_and_the_workers_bounds(lo: int, span: int, workers_hi: int, phi: float,
+                                                         q: float, c: float, seed: int) -> None:
+    hi = lo + span
+    base = random.Random(seed).randint(lo, hi)
+    config = AdaptiveConfig(base, lo, hi, threshold=0.0)
+    decision = choose(config, base, phi, 1, workers_hi, linear_round(q, c))
+    if lo <= workers_hi:
+        assert max(lo, 1) <= decision.batch <= min(hi, workers_hi) or decision.batch == base
+        assert decision.changed or decision.batch == base
+        if decision.changed:
+            assert lo <= decision.batch <= min(hi, workers_hi)
+
+
+def test_candidates_cover_both_ends_and_the_current_batch() -> None:
+    points = candidates(16, 4096, 300)
+    assert points[0] == 16 and points[-1] == 4096 and 300 in points and points == sorted(set(points))
+    assert candidates(64, 64, 64) == [64]
+
+
+def test_rounds_measured_at_two_batches_give_the_line_of_fixed_and_per_sample_cost() -> None:
+    line = round_line({128: 30.0, 256: 34.0, 1024: 58.0})
+    assert line is not None and line(0) == pytest.approx(26.0) and line(512) == pytest.approx(42.0)
+    assert round_line({128: 30.0}) is None
+    assert round_line({128: 30.0, 256: 29.0}) is None  # no line that grows with B: keep the other model
+    # a fixed cost makes the larger B the better goodput where the per-sample guess saw none
+    config = AdaptiveConfig(128, 32, 1024, threshold=0.0)
+    assert choose(config, 128, 400.0, 32, 1024, line).batch > 128
+
+
+def test_measured_round_scales_compute_and_keeps_the_rest() -> None:
+    model = measured_round(100, {"a": 10.0, "b": 20.0}, 25.0)
+    assert model is not None
+    assert model(100) == pytest.approx(25.0) and model(200) == pytest.approx(45.0)
+    assert measured_round(100, {"a": 10.0, "b": None}, 25.0)(100) == pytest.approx(25.0)  # b: batch just changed
+    assert measured_round(100, {"a": None}, 25.0) is None
+    assert measured_round(100, {"a": 10.0}, None) is None
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"base_batch": 128, "min_batch": 300, "max_batch": 200}, "--min-global-batch 300 exceeds --max-global-batch 200"),
+    ({"base_batch": 128, "min_batch": 0, "max_batch": 200}, "--min-global-batch"),
+    ({"base_batch": 128, "min_batch": 16, "max_batch": -4}, "--max-global-batch"),
+    ({"base_batch": 512, "min_batch": 16, "max_batch": 256}, "outside"),
+    ({"base_batch": 128, "min_batch": 16, "max_batch": 256, "threshold": 1.0}, "--adapt-threshold"),
+    ({"base_batch": 128, "min_batch": 16, "max_batch": 256, "threshold": -0.1}, "--adapt-threshold"),
+    ({"base_batch": 128, "min_batch": 16, "max_batch": 256, "lr_scaling": "cubic"}, "--lr-scaling"),
+])
+def test_bad_settings_say_which_flag(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AdaptiveConfig(**kwargs)
+
+
+def test_state_round_trips_through_json_and_refuses_another_start() -> None:
+    a = AdaptiveBatch(AdaptiveConfig(128, 16, 4096, threshold=0.0))
+    decision = a.choose(1000.0, 16, 4096, linear_round(0.01, 40.0))
+    a.apply(decision)
+    assert a.batch == decision.batch != 128 and a.changes == 1 and a.decisions == 1
+    b = AdaptiveBatch(AdaptiveConfig(128, 16, 4096))
+    b.load_state_dict(json.loads(json.dumps(a.state_dict())))
+    assert (b.batch, b.phi, b.decisions, b.changes) == (a.batch, a.phi, a.decisions, a.changes)
+    assert b.lr_factor() == pytest.approx(a.lr_factor())
+    with pytest.raises(ValueError, match="started at --global-batch 128"):
+        AdaptiveBatch(AdaptiveConfig(256, 16, 4096)).load_state_dict(a.state_dict())
+    with pytest.raises(ValueError):
+        b.load_state_dict({**a.state_dict(), "batch": 0})
+
+
+@FAST
+@given(st.sampled_from(POLICIES), st.lists(st.floats(0.2, 5.0), min_size=1, max_size=6),
+       st.lists(st.integers(4, 3000), min_size=1, max_size=12), st.integers(1, 3), st.integers(0, 10**6))
+def test_every_change_of_b_keeps_the_exact_sum_and_the_bounds(policy: str, speeds: list[float], batches: list[int],
+                                                               min_batch: int, seed: int) -> None:
+    rnd = random.Random(seed)
+    n = len(speeds)
+    start = max(n * min_batch, 64)
+    ctl = build_policy(ControllerConfig(policy=policy, global_batch=start, min_batch=min_batch))  # type: ignore[arg-type]
+    for i in range(n):
+        ctl.add_worker(f"w{i}", cores=speeds[i])
+    ctl.replan()
+    for target in batches:
+        for _ in range(4):  # measurements, so the policies have something to move on
+            for k, b in ctl.plan().items():
+                if b:
+                    ctl.observe(k, b, b / speeds[int(k[1:])] * (1 + 0.05 * rnd.random()) + 1.0)
+            ctl.observe_round(10.0)
+        ctl.adjust()
+        target = max(target, n * min_batch)
+        before = {k: w for k, w in ctl.plan().items()}
+        ctl = with_global_batch(ctl, target)
+        plan = ctl.plan()
+        assert sum(plan.values()) == target == ctl.config.global_batch
+        assert set(plan) == set(before)
+        for w in ctl.state_dict()["workers"]:
+            assert w["batch"] == 0 or w["min_batch"] <= w["batch"] <= w["max_batch"]
+        lower, upper = ctl.global_batch_range()
+        assert lower == n * min_batch and upper is None
+
+
+def test_the_model_policy_predicts_rounds_at_other_batches_once_identified() -> None:
+    ctl = build_policy(ControllerConfig(policy="model", global_batch=96))
+    costs = {"a": (0.1, 5.0), "b": (0.3, 5.0)}
+    for k in costs:
+        ctl.add_worker(k)
+    ctl.replan()
+    assert ctl.predicted_round_ms(96) is None
+    for r in range(200):
+        for k, b in ctl.plan().items():
+            if b:
+                ctl.observe(k, b, costs[k][0] * b + costs[k][1])
+        ctl.observe_round(max(costs[k][0] * b + costs[k][1] for k, b in ctl.plan().items() if b) + 2.0)
+        if ctl.decision_due() or r % 10 == 9:
+            ctl.adjust()
+    small, large = ctl.predicted_round_ms(96), ctl.predicted_round_ms(960)
+    assert small is not None and large is not None
+    # the optimum finishes both together: b_a = 3 b_b, T = 0.1 * 0.75 B + 5 (+ c = 2)
+    assert large == pytest.approx(0.075 * 960 + 5 + 2, rel=0.05)
+    assert small == pytest.approx(0.075 * 96 + 5 + 2, rel=0.1)
+
+
+def test_squared_norms_are_summed_in_float64_part_by_part() -> None:
+    torch.manual_seed(0)
+    values = torch.randn(10_000) * 1e-3 + 1.0
+    chunked = ChunkedVector([values[:3000], values[3000:]])
+    exact = float(values.double().pow(2).sum())
+    assert squared_norm(values) == pytest.approx(exact, rel=1e-12)
+    assert squared_norm(chunked) == pytest.approx(exact, rel=1e-12)
+    half = values.to(torch.bfloat16)
+    assert squared_norm(half) == pytest.approx(float(half.double().pow(2).sum()), rel=1e-12)
+
+
+def test_an_adaptive_run_gets_a_plot_of_b_phi_efficiency_lr_and_accuracy(tmp_path) -> None:
+    """Pure: write_plots adds adaptive_batch.png when the log has adapt records."""
+    from deploy.plots import ADAPTIVE_PANELS, plot_adaptive_batch, write_plots
+
+    events = [{"event": "adapt", "elapsed_s": 1.0 + e, "global_batch": 64 * 2 ** min(e, 2), "phi": 300.0 + 10 * e,
+               "efficiency": 0.9, "lr": 0.1 * (1 + e)} for e in range(4)]
+    events[0]["phi"] = None
+    events += [{"event": "eval", "elapsed_s": 1.5 + e, "wall_s": 1.0 + e, "epoch": e + 1, "accuracy": 0.3 + 0.1 * e}
+               for e in range(3)]
+    paths = write_plots(events, tmp_path)
+    assert paths[-1].name == "adaptive_batch.png" and paths[-1].stat().st_size > 0
+    fig = plot_adaptive_batch(events)
+    assert [ax.get_ylabel() for ax in fig.axes] == [label for _, label in ADAPTIVE_PANELS]
+    b_line, phi_line = fig.axes[0].lines
+    assert list(b_line.get_ydata()) == [64, 128, 256, 256] and len(phi_line.get_ydata()) == 3
+    assert write_plots(events[4:], tmp_path)[-1].name == "accuracy.png"
