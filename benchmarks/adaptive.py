@@ -93,6 +93,7 @@ def time_to_target(run: Run, target: float) -> dict[str, Any]:
         "phi": [d["phi"] for d in decisions] or None,
         "lr": [round(d["lr"], 5) for d in decisions] or None,
         "gain": [d["gain"] for d in decisions] or None,
+        "basis": [d.get("basis") for d in decisions] or None,
     }
 
 
@@ -132,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="teacher,digits", help="comma-separated of: " + ", ".join(TASKS))
     p.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")], default=[0, 1, 2], help="e.g. 0,1,2")
     p.add_argument("--epochs", type=int, default=None, help="epoch cap per run (default: the task's)")
-    p.add_argument("--controller", default="dynamic", help="the batch policy of every run (default: dynamic)")
+    p.add_argument("--controller", default="model",
+                   help="the batch policy of every run (default: model, whose fits predict the round at other B)")
     p.add_argument("--profile", default="hl8", help="heterogeneity profile (default: hl8)")
     p.add_argument("--cpu-budget", type=float, default=None, help="cores the quotas share (default: hetero's)")
     p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")

@@ -75,6 +75,20 @@ def test_below_the_threshold_b_stays_and_at_zero_it_moves() -> None:
     assert not held.changed and held.batch == near and held.reason == "gain below --adapt-threshold"
 
 
+def test_on_a_guess_only_a_move_up_is_taken() -> None:
+    # the guess counts all compute as per-sample: flat throughput, so efficiency alone says "smaller"
+    guess = measured_round(256, {"a": 30.0}, 32.0)
+    config = AdaptiveConfig(256, 64, 1024, threshold=0.05)
+    assert choose(config, 256, 200.0, 64, 1024, guess).batch < 256
+    held = choose(config, 256, 200.0, 64, 1024, guess, upward_only=True)
+    assert not held.changed and held.batch == 256
+    # where even the guess says "larger" (a round mostly fixed overhead), the move up is taken
+    up = choose(config, 256, 5000.0, 64, 1024, measured_round(256, {"a": 2.0}, 40.0), upward_only=True)
+    assert up.changed and up.batch > 256
+    # a B outside the bounds moves in whatever the basis
+    assert choose(AdaptiveConfig(256, 64, 1024), 2048, 200.0, 64, 1024, guess, upward_only=True).batch <= 1024
+
+
 def test_unknown_phi_or_round_time_changes_nothing() -> None:
     config = AdaptiveConfig(128, 16, 1024)
     assert not choose(config, 128, None, 16, 1024, linear_round(0.01, 1.0)).changed

@@ -55,3 +55,12 @@ def test_case_targets_read_the_runs(case: str) -> None:
     targets = case_targets(case, runs, {"runs": {"model": {"of_optimum": 0.97}}})
     assert all(t["pass"] for t in targets), targets
     assert len(targets) == (6 if case == "hl8-fixed" else 5)
+
+
+def test_busy_spread_averages_the_trailing_epochs_at_the_final_plan() -> None:
+    plan = {"a": 64, "b": 64, "c": 0}
+    epochs = [{"event": "epoch", "batch_sizes": {"a": 60, "b": 68, "c": 0}, "compute_ms": {"a": 10.0, "b": 40.0}},
+              *({"event": "epoch", "batch_sizes": plan, "compute_ms": {"a": 20.0, "b": t}} for t in (19.0, 21.0, 26.0))]
+    # the epoch at the older plan is left out; b's mean over the three is 22.0
+    assert policy_record(epochs)["busy_spread_above_min_batch"] == pytest.approx(22.0 / 20.0)
+    assert policy_record(epochs[:1] + epochs[-1:])["busy_spread_above_min_batch"] == pytest.approx(26.0 / 20.0)

@@ -22,6 +22,8 @@ from ps.control.optperf import best_plan
 
 MIN_ROUNDS = 3
 """A decision's "previous" measurement counts for the prediction error when it held this many rounds."""
+BUSY_EPOCHS = 3
+"""Trailing epochs at the final plan whose busy times are averaged for the spread."""
 
 
 def policy_record(events: Sequence[Event], min_batch: int = 1) -> dict[str, Any]:
@@ -32,7 +34,7 @@ def policy_record(events: Sequence[Event], min_batch: int = 1) -> dict[str, Any]
     after = adjusts[probes[-1] + 1:] if probes else adjusts[1:]  # the first adjust event is the opening plan
     last = epochs[-1] if epochs else {}
     batches = last.get("batch_sizes") or {}
-    busy = {k: t for k, t in (last.get("compute_ms") or {}).items() if batches.get(k, 0) > min_batch}
+    busy = {k: t for k, t in _busy_at_final_plan(epochs).items() if batches.get(k, 0) > min_batch}
     errors = []
     for e in adjusts:
         prev = e.get("previous") or {}
@@ -53,6 +55,20 @@ def policy_record(events: Sequence[Event], min_batch: int = 1) -> dict[str, Any]
         "prediction_error_median": round(statistics.median(errors), 4) if errors else None,
         "prediction_errors_counted": len(errors),
     }
+
+
+def _busy_at_final_plan(epochs: Sequence[Event]) -> dict[str, float]:
+    """Each worker's busy time (compute ms) averaged over the trailing epochs that ran the final
+    plan, at most BUSY_EPOCHS of them: one epoch's mean on a shared machine moves by several percent."""
+    if not epochs:
+        return {}
+    plan = epochs[-1].get("batch_sizes") or {}
+    window = []
+    for e in reversed(epochs):
+        if (e.get("batch_sizes") or {}) != plan or len(window) == BUSY_EPOCHS:
+            break
+        window.append(e.get("compute_ms") or {})
+    return {k: statistics.fmean(w[k] for w in window) for k in window[0] if all(k in w for w in window)}
 
 
 def _after_reprobe(adjusts: Sequence[Event], index: int) -> bool:

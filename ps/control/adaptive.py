@@ -104,10 +104,13 @@ def goodput(throughput: float, phi: float, batch: int, base_batch: int) -> float
 
 
 def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, upper: int,
-           round_ms: Callable[[int], float] | None) -> Decision:
+           round_ms: Callable[[int], float] | None, upward_only: bool = False) -> Decision:
     """The batch to train at next. `lower`/`upper` are the flags' range narrowed to what the workers'
     bounds can make up; `round_ms(B)` the predicted time of a round of B (None: not measured yet).
-    Unchanged (with the reason) while φ or the round time is unknown or the gain is below threshold."""
+    Unchanged (with the reason) while φ or the round time is unknown or the gain is below threshold.
+    `upward_only`: `round_ms` is `measured_round`'s guess, which overvalues a smaller B (it counts the
+    workers' fixed costs as per-sample time) and undervalues a larger one, so only a move up is
+    trusted (inside the bounds; a B outside them still moves in)."""
     lo, hi = max(lower, config.min_batch), min(upper, config.max_batch)
 
     def unchanged(reason: str, gain: float | None = None) -> Decision:
@@ -129,9 +132,10 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
         return goodput(b / t * 1000.0, phi, b, config.base_batch) if t > 0 else 0.0
 
     now = value(current)
-    best = max(candidates(lo, hi, current), key=lambda b: (value(b), -abs(b - current)))
-    gain = value(best) / now - 1.0 if now > 0 else None
     inside = lo <= current <= hi
+    pool = [b for b in candidates(lo, hi, current) if b >= current or not (upward_only and inside)]
+    best = max(pool, key=lambda b: (value(b), -abs(b - current)))
+    gain = value(best) / now - 1.0 if now > 0 else None
     if best == current or (inside and (gain is None or gain < config.threshold)):
         return unchanged("gain below --adapt-threshold" if best != current else "the current batch is best", gain)
     t = round_ms(best)
@@ -181,10 +185,11 @@ class AdaptiveBatch:
         self.changes = 0
         self.last: Decision | None = None
 
-    def choose(self, phi: float | None, lower: int, upper: int, round_ms: Callable[[int], float] | None) -> Decision:
+    def choose(self, phi: float | None, lower: int, upper: int, round_ms: Callable[[int], float] | None,
+               upward_only: bool = False) -> Decision:
         """One decision at the current batch (counted; φ kept for the LR rule); `apply` it once the
         caller has re-split the new B."""
-        decision = choose(self.config, self.batch, phi, lower, upper, round_ms)
+        decision = choose(self.config, self.batch, phi, lower, upper, round_ms, upward_only)
         self.phi = phi if phi is not None else self.phi
         self.decisions += 1
         self.last = decision

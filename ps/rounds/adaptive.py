@@ -120,7 +120,8 @@ class AdaptiveBatchSizing:
         current = decider.batch
         lower, upper = ctl.global_batch_range()
         upper = decider.config.max_batch if upper is None else upper
-        decision = decider.choose(self.estimator.estimate().phi, lower, upper, self._round_model(current))
+        round_model, basis = self._round_model(current)
+        decision = decider.choose(self.estimator.estimate().phi, lower, upper, round_model, upward_only=basis == "guess")
         if decision.changed:
             try:
                 s.controller = with_global_batch(ctl, decision.batch)
@@ -132,22 +133,24 @@ class AdaptiveBatchSizing:
         s.store.set_lr(self.lr_at(s.epoch))  # adascale: φ moved, even where B did not
         self._rounds, self._round_ms = 0, []
         s.metrics.write("adapt", step=s.step, epoch=s.epoch, **decision.record(), lr=self.lr_at(s.epoch),
-                        global_batch=decider.batch, rounds=self.estimator.estimate().rounds)
+                        global_batch=decider.batch, rounds=self.estimator.estimate().rounds, basis=basis)
         if decision.changed:
             self.on_change()
 
-    def _round_model(self, current: int) -> Callable[[int], float] | None:
-        """T(B): the policy's model where it has one, else scaled from the times measured at B now."""
+    def _round_model(self, current: int) -> tuple[Callable[[int], float] | None, str]:
+        """T(B) and what it rests on: the policy's fitted model where it has one ("model"), else the
+        line through the rounds measured at two or more B ("line"), else the times measured at B now
+        scaled with B ("guess", trusted upward only)."""
         ctl = self.state.controller
         if ctl.predicted_round_ms(current) is not None:
-            return lambda b: ctl.predicted_round_ms(b) or math.inf
+            return (lambda b: ctl.predicted_round_ms(b) or math.inf), "model"
         if len(self._round_ms) >= _MIN_ROUNDS:
             self._rounds_at[current] = statistics.median(self._round_ms[_SETTLE:])
         line = round_line(self._rounds_at)
         if line is not None:
-            return line
+            return line, "line"
         active = {k: t for k, t in ctl.smoothed_ms().items() if ctl.plan().get(k)}
-        return measured_round(current, active, statistics.median(self._round_ms) if self._round_ms else None)
+        return measured_round(current, active, statistics.median(self._round_ms) if self._round_ms else None), "guess"
 
     # ---------------------------------------------------------------- reports and checkpoints
     def status(self) -> dict[str, Any]:
