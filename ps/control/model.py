@@ -21,7 +21,9 @@ minimising the predicted round max_i f_i(b_i) + c (optperf.py). Its life, decisi
    (time_fit.Finish.cautious), and installed if its predicted round beats the current plan's by more
    than MIN_GAIN or the model's own relative error on the plan in force, whichever is larger (where
    a fixed cost dominates, many splits predict nearly the same round: noise in the fits must not
-   move B back and forth), or at once when B changes or a worker joins or leaves (`replan`).
+   move B back and forth), or at once when B changes or a worker joins or leaves (`replan`). What
+   is installed is the split nearest the plan in force among those within half that margin of the
+   optimum (optperf.nearest_plan): a re-solve moves only the workers it must.
 4. **Park.** In BSP (`park`, the default) a worker whose fixed cost alone exceeds the round the
    others reach without it is planned at batch 0 when the predicted round is shorter that way than
    with it held at its share (optperf.best_plan); Σb = B over the others. It stays joined and
@@ -47,7 +49,7 @@ from typing import Any
 
 from ps.control.balance import measured_balanced
 from ps.control.checks import integer, real
-from ps.control.optperf import FinishTime, best_plan, round_time, split
+from ps.control.optperf import FinishTime, best_plan, nearest_plan, round_time, split
 from ps.control.roster import Roster
 from ps.control.model_state import nonnegative, observations, parking_pair, state_list
 from ps.control.split import clip, fit_to_sum
@@ -230,6 +232,9 @@ class ModelPolicy(Roster):
             self._reprobed = {}
             self._report = {**report, "phase": "hold", "drift": drifted, **self._describe(current)}
             return None
+        if self._solved and self._exact_sum():
+            lower, upper = self._bounds()
+            new = nearest_plan(finishes, new, current, lower, upper, slack=min_gain / 2)
         self._install_parking(parked, reprobe)
         self._solved = True
         self._report = {**report, "phase": "reprobe" if reprobe else "solve", "drift": drifted,

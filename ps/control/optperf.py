@@ -21,6 +21,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping
 
+from ps.control.split import fit_to_sum
+
 FinishTime = Callable[[int], float]
 """A worker's predicted finish time (ms) at a batch; nondecreasing."""
 
@@ -133,3 +135,22 @@ def best_plan(
     if not trial[0] < held * (1.0 - min_gain):
         return plan, [], compared
     return {**dict.fromkeys(times, 0), **trial[2]}, trial[1], compared
+
+
+def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], current: Mapping[str, int],
+                 lower: Mapping[str, int], upper: Mapping[str, int], slack: float) -> dict[str, int]:
+    """Among the splits of `plan`'s total over `plan`'s workers (the same ones parked) whose round is
+    within `slack` (a fraction) of `plan`'s, one nearest the plan in force: each worker's share of
+    `current` (a worker not in it keeps its batch in `plan`), scaled to the total and held under the
+    largest batch it finishes within that round. Where a fixed cost dominates, many splits predict
+    nearly the same round, and the optimum among them moves with every wobble of the fits; this
+    keeps what the workers run at unless the fits ask for more."""
+    newcomers = {k: b for k, b in plan.items() if b > 0 and current.get(k, 0) <= 0}
+    stay = [k for k, b in plan.items() if b > 0 and k not in newcomers]
+    if not stay:
+        return dict(plan)
+    level = round_time(times, plan) * (1.0 + slack)
+    caps = {k: max(plan[k], _cap(times[k], level, lower[k], upper[k])) for k in stay}
+    target = {k: float(min(max(current[k], lower[k], 1), caps[k])) for k in stay}
+    kept = fit_to_sum(target, sum(plan[k] for k in stay), {k: lower[k] for k in stay}, caps)
+    return {**{k: 0 for k in plan}, **newcomers, **kept}
