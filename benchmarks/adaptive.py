@@ -46,7 +46,7 @@ TASKS = {
     "teacher": Task("teacher", ("--model", "mlp", "--model-arg", "hidden=128", "--dataset", "teacher"),
                     0.6, (128, 256, 1024), 0.1, 14),
     "digits": Task("digits", ("--model", "mlp", "--model-arg", "hidden=64", "--dataset", "digits"),
-                   0.93, (32, 128, 512), 0.1, 8),
+                   0.93, (32, 128, 512), 0.1, 20),
 }
 
 
