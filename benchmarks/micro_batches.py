@@ -88,8 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="micro-bench-"))
     report: dict[str, Any] = {"profile": "hl8", "model": "cnn-bn", "accuracy_runs": {}, "workdir": str(workdir)}
     acc_args = ["--profile", "hl8", "--model", "cnn-bn", "--dataset", "digits", "--dataset-arg", "test_fraction=0.2", "--global-batch", str(args.global_batch),
-                "--epochs", str(args.epochs), "--lr", "0.05", "--adjust-every", "10",
-                "--server-arg=--min-batch=2", *budget]  # BatchNorm cannot train on one sample
+                "--epochs", str(args.epochs), "--lr", "0.05", "--adjust-every", "10", *budget]
     micro = [int(x) for x in args.micro_batch.split(",") if x.strip()]
     runs = {"uniform": ("uniform", []), "variable": ("dynamic", []),
             **{f"micro{m}": ("dynamic", ["--micro-batch", str(m)]) for m in micro}}
