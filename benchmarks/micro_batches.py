@@ -71,7 +71,7 @@ def spread(values: list[float]) -> dict[str, float | None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.micro_batches", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (each: uniform, variable, micro)")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (each: uniform, variable, micro); empty: skip the accuracy part")
     p.add_argument("--global-batch", type=int, default=48, help="B of the accuracy runs")
     p.add_argument("--micro-batch", default="4,8", help="comma-separated m of the accuracy runs (a micro run each)")
     p.add_argument("--epochs", type=int, default=6, help="epochs of the accuracy runs")
@@ -88,8 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="micro-bench-"))
     report: dict[str, Any] = {"profile": "hl8", "model": "cnn-bn", "accuracy_runs": {}, "workdir": str(workdir)}
     acc_args = ["--profile", "hl8", "--model", "cnn-bn", "--dataset", "digits", "--dataset-arg", "test_fraction=0.2", "--global-batch", str(args.global_batch),
-                "--epochs", str(args.epochs), "--lr", "0.05", "--adjust-every", "10",
-                "--server-arg=--min-batch=2", *budget]  # BatchNorm cannot train on one sample
+                "--epochs", str(args.epochs), "--lr", "0.05", "--adjust-every", "10", *budget]
     micro = [int(x) for x in args.micro_batch.split(",") if x.strip()]
     runs = {"uniform": ("uniform", []), "variable": ("dynamic", []),
             **{f"micro{m}": ("dynamic", ["--micro-batch", str(m)]) for m in micro}}
@@ -98,12 +97,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             record = one_run(workdir, f"{name}-s{seed}", controller, extra, [*acc_args, "--seed", str(seed)])
             report["accuracy_runs"].setdefault(name, []).append({"seed": seed, **record})
     by = report["accuracy_runs"]
-    report["accuracy"] = {name: spread([r["accuracy"] for r in by[name] if r["accuracy"] is not None]) for name in runs}
-    report["bn_distance_to_uniform"] = {
-        name: [bn_distance(r["bn"], u["bn"]) for r, u in zip(by[name], by["uniform"], strict=True)]
-        for name in runs if name != "uniform"}
-    report["slowest_worker_batches"] = {name: sorted({b for r in by[name] for b in r["slowest_batches"]}) for name in runs}
-    report["samples_per_s"] = {name: spread([r["samples_per_s"] for r in by[name]]) for name in runs}
+    if seeds:  # --seeds "": the throughput part only
+        report["accuracy"] = {name: spread([r["accuracy"] for r in by[name] if r["accuracy"] is not None]) for name in runs}
+        report["bn_distance_to_uniform"] = {
+            name: [bn_distance(r["bn"], u["bn"]) for r, u in zip(by[name], by["uniform"], strict=True)]
+            for name in runs if name != "uniform"}
+        report["slowest_worker_batches"] = {name: sorted({b for r in by[name] for b in r["slowest_batches"]}) for name in runs}
+        report["samples_per_s"] = {name: spread([r["samples_per_s"] for r in by[name]]) for name in runs}
     if args.throughput_batch:
         tp_args = ["--profile", "hl8", "--model", "cnn-bn", "--global-batch", str(args.throughput_batch),
                    "--epochs", str(args.throughput_epochs), "--adjust-every", "4", *budget]

@@ -17,6 +17,7 @@ import torch
 
 from ps.control.config import ControllerConfig
 from ps.control.registry import build_policy
+from ps.job.batchnorm import batchnorm_layers
 from ps.job.datasets import Dataset, build_dataset
 from ps.job.evaluator import BackgroundEvaluator
 from ps.job.models import build_model
@@ -36,7 +37,7 @@ from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.rounds.coordinator import Coordinator
 from ps.rounds.fast_path import PARKING_OFF
 from ps.rounds.rendezvous import Rendezvous
-from ps.server_flags import adaptive_config, build_parser, check_micro_batch_flags, parse_options
+from ps.server_flags import adaptive_config, build_parser, check_micro_batch_flags, parse_options, settle_min_batch
 from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
@@ -92,6 +93,10 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
     if args.rendezvous_port is not None and not (allreduce or may_switch):
         raise ValueError("--rendezvous-port needs --allreduce (on, or auto in a BSP job that may take it)")
+    # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
+    dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed)
+    model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed)
+    settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
     spec = JobSpec(
         mode=args.mode,
@@ -147,8 +152,6 @@ def build_job(args: argparse.Namespace) -> Job:
                 f"the job in {args.resume} is complete ({path.name}: epoch {state['epoch']} of {spec.epochs}); "
                 f"nothing to train: resume with --epochs above {state['epoch']} to extend it"
             )
-    dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
-    model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     try:
         metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))

@@ -98,7 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--controller model in BSP: never park a worker at batch 0, even when the predicted round "
                           "is shorter without it (parking is off on the --allreduce fast path and in ASP anyway)")
     ctl.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1, help="relative change below which a batch stays (Eq. 7)")
-    ctl.add_argument("--min-batch", type=positive_int, default=1, help="per-worker lower bound")
+    ctl.add_argument("--min-batch", type=positive_int, default=None, metavar="N",
+                     help="per-worker lower bound (default: 1, or 2 for a model with BatchNorm, which cannot train on "
+                          "one sample: 1 is refused for it)")
     ctl.add_argument("--max-batch", type=positive_int, default=None, help="per-worker upper bound (unset: the global batch)")
     ctl.add_argument("--micro-batch", type=positive_int, default=1, metavar="M",
                      help="BSP: every worker's batch is a whole number k of micro-batches of M samples (JABAS): the "
@@ -187,6 +189,29 @@ def build_parser() -> argparse.ArgumentParser:
                      help="mutual TLS: require client certificates signed by this PEM CA")
     net.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
     return p
+
+
+BATCHNORM_MIN_BATCH = 2
+"""The smallest batch a model with BatchNorm trains on: a layer in train mode cannot take the
+variance of one sample (torch: "Expected more than 1 value per channel")."""
+
+
+def settle_min_batch(args: argparse.Namespace, batchnorm: bool) -> None:
+    """Set --min-batch's default (1; BATCHNORM_MIN_BATCH for a model with BatchNorm, so that no plan,
+    policy or join ever gives a worker one sample), and refuse an explicit one below it for such a model."""
+    if not batchnorm:
+        args.min_batch = 1 if args.min_batch is None else args.min_batch
+    elif args.min_batch is None:
+        args.min_batch = BATCHNORM_MIN_BATCH
+        why = f"the {BATCHNORM_MIN_BATCH} samples a model with BatchNorm (--model {args.model}) needs"
+        if args.workers * BATCHNORM_MIN_BATCH > args.global_batch:
+            raise ValueError(f"--global-batch {args.global_batch} cannot give --workers {args.workers} {why}; use "
+                             f"--global-batch {args.workers * BATCHNORM_MIN_BATCH} or more")
+        if args.max_batch is not None and args.max_batch < BATCHNORM_MIN_BATCH:
+            raise ValueError(f"--max-batch {args.max_batch} is below {why}")
+    elif args.min_batch < BATCHNORM_MIN_BATCH:
+        raise ValueError(f"--min-batch {args.min_batch}: --model {args.model} has BatchNorm, which cannot train on one "
+                         f"sample; give --min-batch {BATCHNORM_MIN_BATCH} or more (its default for this model)")
 
 
 def check_micro_batch_flags(args: argparse.Namespace) -> None:

@@ -14,8 +14,9 @@ from ps.job.batchnorm import batchnorm_layers, recalibrate, running_stats
 from ps.job.datasets import build_dataset
 from ps.job.models import build_model
 from ps.job.spec import JobSpec
+from worker import connect, job_build
 from worker.accumulate import backward_in_micro_batches
-from worker.memory_probe import JobSetupError, declared_max_batch, probe_max_batch
+from worker.memory_probe import Declared, JobSetupError, declared_max_batch, probe_max_batch
 
 
 def grads(model: torch.nn.Module) -> torch.Tensor:
@@ -86,10 +87,38 @@ def test_the_cpu_probe_grows_with_the_model_and_bounds_the_batch(digits) -> None
 
 def test_what_a_worker_declares_at_join() -> None:
     spec = JobSpec(model="cnn-bn", global_batch=64, micro_batch=8)
-    assert declared_max_batch(lambda: spec, None, 24) == (24, None)  # --max-batch wins, the spec is not asked for
-    bound, per_pass = declared_max_batch(lambda: spec, None, None)
-    assert bound == 0 and per_pass >= 8 and per_pass % 8 == 0  # micro-batches: memory bounds a pass, not k*m
-    bound, per_pass = declared_max_batch(lambda: JobSpec(model="cnn-bn"), None, None)
-    assert bound >= 1 and per_pass is None
+    assert declared_max_batch(lambda: spec, None, 24) == Declared(24)  # --max-batch wins, the spec is not asked for
+    found = declared_max_batch(lambda: spec, None, None)
+    assert found.max_batch == 0 and found.pass_samples >= 8 and found.pass_samples % 8 == 0  # a pass, not k*m
+    assert found.built is not None and found.built.spec == spec  # handed to the session, not built again
+    found = declared_max_batch(lambda: JobSpec(model="cnn-bn"), None, None)
+    assert found.max_batch >= 1 and found.pass_samples is None
     with pytest.raises(JobSetupError, match="cannot build"):
         declared_max_batch(lambda: JobSpec(model="no-such-model"), None, None)
+
+
+def test_the_probe_leaves_the_model_as_it_was(digits) -> None:
+    """The probe's steps run on the model the session then trains: its parameters, BatchNorm buffers,
+    gradients (none) and mode are as built."""
+    model = build_model("cnn-bn", digits.input_shape, digits.num_classes, {}, seed=0).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    probe_max_batch(model, digits.train_x, digits.train_y, torch.device("cpu"), small=4, available_bytes=64e6)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters()) and not model.training
+
+
+def test_a_measuring_worker_builds_the_job_once(ps_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+
+    def counted(name: str, *args: object) -> torch.nn.Module:
+        built.append(name)
+        return build_model(name, *args)
+
+    monkeypatch.setattr(job_build, "build_model", counted)
+    server = ps_server("--workers", "1", "--global-batch", "8")  # the mlp: the test's own model for it
+    with connect(server.target, name="w0", cores=1.0) as session:
+        assert session.max_batch >= 2 and built == ["mlp"]
+        x, y = next(iter(session.batches()))
+        backward_in_micro_batches(session.model, x, y, 1)
+        session.step()
+    assert built == ["mlp"]

@@ -7,6 +7,7 @@ broadcast), and two workers on the same GPU must get a gloo group instead of a g
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -71,3 +72,12 @@ def test_workers_without_a_gpu_each_fall_back_to_gloo(tmp_path: Path, devices: l
     assert summary["reason"] == "finished" and summary["epochs"] == 2, summary
     assert all(f"on {torch.device(d if d == 'cpu' else 'cuda:0')}" in o for d, o in zip(devices, out)), out
     assert bool(torch.isfinite(read_checkpoint(checkpoint_files(tmp_path / "run" / "ckpt")[-1])["params"]).all())
+
+
+def test_the_measured_max_batch_is_within_a_tenth_of_what_fits() -> None:
+    """worker/memory_probe.py on the GPU against real steps until out of memory (benchmarks.memory_bound)."""
+    done = subprocess.run([sys.executable, "-m", "benchmarks.memory_bound"], capture_output=True, text=True, env=ENV,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout)
+    assert report["met"], report

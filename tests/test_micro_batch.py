@@ -146,3 +146,61 @@ def test_a_workers_own_bound_never_lifts_the_servers_max_batch() -> None:
     config = ControllerConfig(global_batch=64, max_batch=32)
     assert own_max_batch(config, None) is None and own_max_batch(config, 20) == 20
     assert own_max_batch(config, 10 ** 6) == 32  # a measured CPU bound far above B
+
+
+def round_ms(plan: dict[str, int], per_sample_ms: dict[str, float]) -> float:
+    return max(b * per_sample_ms[k] for k, b in plan.items())
+
+
+def best_round_ms(total_units: int, m: int, per_sample_ms: dict[str, float]) -> float:
+    """The shortest round over every split of `total_units` micro-batches, each worker >= 1 (brute force)."""
+    keys = list(per_sample_ms)
+
+    def splits(left: int, rest: list[str]) -> list[dict[str, int]]:
+        if len(rest) == 1:
+            return [{rest[0]: left}] if left >= 1 else []
+        return [{rest[0]: u, **s} for u in range(1, left) for s in splits(left - u, rest[1:])]
+
+    return min(round_ms({k: u * m for k, u in s.items()}, per_sample_ms) for s in splits(total_units, keys))
+
+
+@pytest.mark.parametrize("policy", ["dynamic", "model"])
+@pytest.mark.parametrize("cores, per_sample_ms", [
+    # HL8's cnn-bn at B=512 as measured: the start puts the slowest at 3 micro-batches of 16, its speed at 2.4
+    ({"w0": 6, "w1": 6, "w2": 4.5, "w3": 32}, {"w0": 2.95, "w1": 2.73, "w2": 4.67, "w3": 0.52}),
+    ({"w0": 1, "w1": 1, "w2": 1}, {"w0": 1.0, "w1": 3.0, "w2": 7.0}),
+    ({"w0": 4, "w1": 4, "w2": 4, "w3": 1, "w4": 1}, {"w0": 0.5, "w1": 0.5, "w2": 0.5, "w3": 6.0, "w4": 9.0}),
+])
+def test_whole_micro_batches_are_rounded_for_the_shortest_round(policy: str, cores: dict[str, float],
+                                                                 per_sample_ms: dict[str, float]) -> None:
+    """A plan that is some rounding of the fit is no longer kept when its round is longer than the
+    deadband allows (a slow worker kept at 3 micro-batches of a 2.4 share makes the round a fifth
+    longer), and units go where they lengthen the round least: the plan settles within the deadband
+    of the best whole split, and stays there."""
+    m, units = 16, 32
+    ctl = build_policy(ControllerConfig(policy=policy, global_batch=units * m, micro_batch=m, min_samples=1,
+                                        park=False, dynamic_start="static"))
+    for k, c in cores.items():
+        ctl.add_worker(k, cores=c)
+    ctl.replan()
+    plans = []
+    for _ in range(12):
+        for _ in range(3):
+            for k, b in ctl.plan().items():
+                ctl.observe(k, b, per_sample_ms[k] * b)
+            ctl.observe_round(round_ms(ctl.plan(), per_sample_ms))
+        ctl.adjust()
+        plans.append(ctl.plan())
+    best = best_round_ms(units, m, per_sample_ms)
+    assert all(round_ms(p, per_sample_ms) <= best * (1 + ctl.config.deadband) for p in plans[2:]), (plans, best)
+    assert plans[-1] == plans[-2] == plans[-3]
+
+
+def test_the_static_split_in_micro_batches_rounds_for_the_shortest_round() -> None:
+    """HL8's cores (6, 6, 4, 32) in 32 micro-batches of 16: shares 4, 4, 2.67, 21.33; largest remainders
+    would give the 4-core worker a third micro-batch (12% over its share), the round-time rounding
+    gives the 32-core one a 22nd (3%)."""
+    ctl = build_policy(ControllerConfig(policy="static", global_batch=512, micro_batch=16))
+    for k, c in {"w0": 6, "w1": 6, "w2": 4, "w3": 32}.items():
+        ctl.add_worker(k, cores=c)
+    assert ctl.replan() == {"w0": 64, "w1": 64, "w2": 32, "w3": 352}

@@ -94,6 +94,46 @@ def test_impossible_flags_are_refused_in_one_line() -> None:
         assert (done.returncode, done.stderr.strip()) == (2, message)
 
 
+def test_a_batchnorm_model_never_gets_one_sample(tmp_path: Path) -> None:
+    """Without --micro-batch a BatchNorm model's workers get 2 samples at least (--min-batch's default
+    for it): a slow worker that the dynamic policy would give 1 sample (torch fails on it in train mode)
+    trains at 2, and a worker whose memory holds 1 sample is refused at Join."""
+    cluster = start_server(tmp_path, ["--workers", "2", "--model", "cnn-bn", "--model-arg", "width=8", "--dataset",
+                                      "digits", "--global-batch", "16", "--controller", "dynamic", "--adjust-every",
+                                      "5", "--epochs", "2", "--grace", "5", "--evict-after", "60"])
+    try:
+        tiny = cluster.start_worker("tiny", "--max-batch", "1")
+        assert tiny.wait(60) == 1
+        cluster.start_worker("fast")
+        cluster.start_worker("slow", "--slowdown", "30")
+        assert cluster.wait(300) == 0, cluster.server_log()
+    finally:
+        cluster.stop()
+    assert cluster.worker_log("tiny").strip() == (
+        "ps-worker: error: FAILED_PRECONDITION: this worker holds at most 1 samples, below the job's smallest batch 2 "
+        "(--min-batch 2, --micro-batch 1)")
+    plans = [e["batch_sizes"] for e in cluster.events("adjust")]
+    assert plans and all(min(p.values()) >= 2 for p in plans), plans
+    assert any(p["slow"] == 2 for p in plans), plans  # the floor binds
+    (summary,) = cluster.events("summary")
+    assert summary["reason"] == "finished", summary
+
+
+def test_a_batchnorm_model_refuses_a_batch_of_one_in_one_line() -> None:
+    bn = ["--model", "cnn-bn", "--dataset", "digits"]
+    for args, message in (
+        ([*bn, "--min-batch", "1"], "ps-server: error: --min-batch 1: --model cnn-bn has BatchNorm, which cannot train "
+                                    "on one sample; give --min-batch 2 or more (its default for this model)"),
+        ([*bn, "--workers", "4", "--global-batch", "6"],
+         "ps-server: error: --global-batch 6 cannot give --workers 4 the 2 samples a model with BatchNorm (--model "
+         "cnn-bn) needs; use --global-batch 8 or more"),
+        ([*bn, "--max-batch", "1"],
+         "ps-server: error: --max-batch 1 is below the 2 samples a model with BatchNorm (--model cnn-bn) needs"),
+    ):
+        done = subprocess.run([sys.executable, "-m", "ps.server", *args], capture_output=True, text=True, env=ENV, timeout=60)
+        assert (done.returncode, done.stderr.strip()) == (2, message)
+
+
 def test_the_benchmark_reports_the_three_runs_side_by_side() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "benchmarks.micro_batches", "--seeds", "0", "--epochs", "1", "--micro-batch", "4",

@@ -26,7 +26,7 @@ from worker.client import ServerError
 from worker.connection import DEFAULT_THREADS, connect
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
-from worker.memory_probe import JobSetupError
+from worker.job_build import JobSetupError
 from worker.resources import default_cores
 from worker.runtime import Session
 

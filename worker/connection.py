@@ -64,9 +64,9 @@ def connect(
         if threads is not None:
             torch.set_num_threads(threads)
         # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
-        bounds = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
-        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms, *bounds,
-                       overlap=overlap)
+        declared = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
+        return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms,
+                       declared.max_batch, declared.pass_samples, overlap=overlap, built=declared.built)
     except BaseException:
         client.close()
         raise

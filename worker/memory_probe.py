@@ -24,14 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ps.job.datasets import build_dataset
-from ps.job.models import build_model
 from ps.job.spec import JobSpec
-
-class JobSetupError(ValueError):
-    """The job the server runs names a model or dataset this worker cannot build (a module it
-    cannot import, options its builder refuses), or one whose micro-batch its memory cannot hold:
-    the worker's set-up, not the server, is at fault."""
+from worker.job_build import BuiltJob, JobSetupError, build_job
 
 
 CPU_FRACTION = 0.8
@@ -93,15 +87,27 @@ def _step_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torc
 
 def probe_max_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device, small: int = 2,
                     available_bytes: float | None = None) -> MemoryProbe:
-    """Measure a step at `small` and `2·small` samples of (x, y) on a copy of `model` and return the
-    line and the largest batch that fits in `available_bytes` (None: measured, see the module)."""
+    """Measure a step at `small` and `2·small` samples of (x, y) with `model` and return the line and
+    the largest batch that fits in `available_bytes` (None: measured, see the module). The model is
+    left as it was: on a CPU the steps run on it and its buffers (BatchNorm's running statistics),
+    gradients and mode are put back; on a GPU they run on a copy there."""
     small = max(2, small)  # BatchNorm needs two samples
     if len(x) < 2 * small:
         raise ValueError(f"the probe needs {2 * small} samples, the data has {len(x)}")
-    probe = copy.deepcopy(model).to(device).train()
+    in_place = device.type == "cpu"
+    probe = model if in_place else copy.deepcopy(model).to(device)
+    buffers = [(b, b.clone()) for b in model.buffers()] if in_place else []
+    training = model.training
     xs, ys = x[: 2 * small].to(device), y[: 2 * small].to(device)
-    at_small = _step_bytes(probe, xs[:small], ys[:small], device)
-    at_large = _step_bytes(probe, xs, ys, device)
+    try:
+        probe.train()
+        at_small = _step_bytes(probe, xs[:small], ys[:small], device)
+        at_large = _step_bytes(probe, xs, ys, device)
+    finally:
+        for buffer, saved in buffers:
+            buffer.copy_(saved)
+        model.zero_grad(set_to_none=True)
+        model.train(training)
     per_sample = max(1.0, (at_large - at_small) / small)
     fixed = max(0.0, at_small - per_sample * small)
     if available_bytes is None:
@@ -122,28 +128,33 @@ def probe_max_batch(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: 
 INT32_MAX = 2**31 - 1
 
 
-def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None,
-                       given: int | None) -> tuple[int, int | None]:
-    """The max batch this worker tells the server at Join (0: no bound of its own), and the most
-    samples one forward pass may take (None: any; worker/accumulate.py).
+@dataclass(frozen=True)
+class Declared:
+    """What a worker tells the server at Join and how it computes: its max batch (0: no bound of its
+    own), the most samples one forward pass may take (None: any; worker/accumulate.py), and the job
+    it built to measure them (None: none built), for the session to use instead of building it again."""
 
-    `given` (ps-worker --max-batch) wins. Otherwise the model of the `job` (asked only then) is probed
-    on `device` (None: the CPU; `probe_max_batch`).
+    max_batch: int
+    pass_samples: int | None = None
+    built: BuiltJob | None = None
+
+
+def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None, given: int | None) -> Declared:
+    """The max batch this worker declares at Join and the size of its passes.
+
+    `given` (ps-worker --max-batch) wins. Otherwise the model of the `job` (asked only then) is built
+    and probed on `device` (None: the CPU; `probe_max_batch`), and handed on in `Declared.built`.
     With --micro-batch m the worker computes one micro-batch at a time, so its memory bounds m and not
     its whole batch: it declares no bound and computes its batch in passes of as many micro-batches
     as fit, or raises JobSetupError if one does not (or the job's data and model cannot be built here)."""
     if given is not None:
-        return given, None
-    spec, device = job(), device or torch.device("cpu")
-    try:
-        dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
-        model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
-    except ValueError as exc:
-        raise JobSetupError(f"this worker cannot build the job's data and model: {exc}") from exc
-    found = probe_max_batch(model, dataset.train_x, dataset.train_y, device, small=max(2, spec.micro_batch))
+        return Declared(given)
+    built, device = build_job(job()), device or torch.device("cpu")
+    spec, data = built.spec, built.dataset
+    found = probe_max_batch(built.model, data.train_x, data.train_y, device, small=max(2, spec.micro_batch))
     if spec.micro_batch > 1:
         if found.max_batch < spec.micro_batch:
             raise JobSetupError(f"this worker's memory holds about {found.max_batch} samples of the model at once, "
                                 f"below the job's --micro-batch {spec.micro_batch}")
-        return 0, found.max_batch // spec.micro_batch * spec.micro_batch
-    return max(1, min(found.max_batch, INT32_MAX)), None
+        return Declared(0, found.max_batch // spec.micro_batch * spec.micro_batch, built)
+    return Declared(max(1, min(found.max_batch, INT32_MAX)), None, built)

@@ -35,8 +35,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ps.job.datasets import Dataset, build_dataset
-from ps.job.models import build_model
+from ps.job.datasets import Dataset
 from ps.job.spec import JobSpec
 from ps.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
@@ -45,7 +44,7 @@ from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.heartbeat import Heartbeat
 from worker.local_optimizer import LocalOptimizer, StepRefused
-from worker.memory_probe import JobSetupError
+from worker.job_build import BuiltJob, build_job
 from worker.overlap import BucketPush
 from worker.reconnect import Waiting, lost_because, wait_for_server
 from worker.resources import burn_cpu, slowdown_delay
@@ -60,7 +59,7 @@ class Session:
     def __init__(
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
-        pass_samples: int | None = None, overlap: bool = True,
+        pass_samples: int | None = None, overlap: bool = True, built: BuiltJob | None = None,
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -76,6 +75,7 @@ class Session:
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
         self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
+        self._built = built  # the job the memory probe built, if it did: not built twice
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
         self.worker_id = joined.worker_id
@@ -104,13 +104,10 @@ class Session:
         (the wire's and the collective's buffer) stay on the CPU; on a GPU the model gets a copy."""
         client = self.client
         self.spec: JobSpec = joined.spec
-        try:
-            self.dataset: Dataset = build_dataset(self.spec.dataset, self.spec.dataset_options, self.spec.seed)
-            self.model: nn.Module = build_model(
-                self.spec.model, self.dataset.input_shape, self.dataset.num_classes, self.spec.model_options, self.spec.seed
-            )
-        except ValueError as exc:
-            raise JobSetupError(f"this worker cannot build the job's data and model: {exc}") from exc
+        built = self._built if self._built is not None and self._built.spec == self.spec else build_job(self.spec)
+        self._built = None
+        self.dataset: Dataset = built.dataset
+        self.model: nn.Module = built.model
         if Layout.of(self.model) != joined.layout:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
         self._collective: Collective | None = None

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from ps.control.proportional import outside_deadband, proportional_targets, total_preserving
 from ps.control.roster import Roster
-from ps.control.split import clip, fit_to_sum, round_half_up, round_to_sum, water_fill
+from ps.control.split import clip, fit_to_sum, round_half_up, round_ms, round_to_sum, water_fill
 
 
 class DynamicPolicy(Roster):
@@ -68,7 +68,7 @@ class DynamicPolicy(Roster):
         self._check_reachable()
         lower, upper = self._bounds()
         wanted = {k: targets.get(k, float(b)) for k, b in current.items()}
-        return fit_to_sum(wanted, cfg.global_batch, lower, upper)
+        return fit_to_sum(wanted, cfg.global_batch, lower, upper, self.round_for_time)
 
     def _fit_subset(
         self, targets: Mapping[str, float], total: int, current: Mapping[str, int]
@@ -76,8 +76,11 @@ class DynamicPolicy(Roster):
         """`fit_to_sum` over the workers in `targets`; None if there are none or their bounds cannot meet `total`.
 
         Sticky rounding: if the `current` batches already are a rounding of the real-valued fit (each
-        less than one sample from it, same sum), they are kept. Otherwise float noise in near-tied
+        less than one unit from it, same sum), they are kept. Otherwise float noise in near-tied
         remainders could pass the odd sample back and forth between equally fast workers forever.
+        With `round_for_time` (a unit is a micro-batch of many samples) they are kept only while
+        their round at the targets' speeds is within the deadband of the new rounding's: a slow
+        worker kept at 3 micro-batches of a 2.5 share makes every round a fifth longer.
         """
         if not targets:
             return None
@@ -87,6 +90,8 @@ class DynamicPolicy(Roster):
             return None
         exact, lo, hi = water_fill(targets, total, lower, upper)
         kept = {k: current[k] for k in targets}
+        fresh = round_to_sum(exact, total, lo, hi, speeds=targets if self.round_for_time else None)
         if sum(kept.values()) == total and all(abs(b - exact[k]) < 1.0 for k, b in kept.items()):
-            return kept
-        return round_to_sum(exact, total, lo, hi)
+            if not self.round_for_time or round_ms(kept, targets) <= round_ms(fresh, targets) * (1 + self._config.deadband):
+                return kept
+        return fresh

@@ -47,6 +47,7 @@ class MicroBatched:
         self._config = config
         self._m = config.micro_batch
         self._inner = policy(unit_config(config))
+        self._inner.round_for_time = True
 
     # ------------------------------------------------------------------ samples <-> micro-batches
     def _samples(self, plan: Mapping[str, int]) -> dict[str, int]:
@@ -160,5 +161,6 @@ def from_state(state: Mapping[str, Any], policies: Mapping[str, type[Roster]]) -
     inner = policies[config.policy].from_state_dict({k: v for k, v in state.items() if k != STATE_KEY})
     if inner.config != unit_config(config):
         raise ValueError("controller state: the unit policy's config is not its settings in micro-batches")
+    inner.round_for_time = True
     fresh._inner = inner
     return fresh

@@ -339,7 +339,7 @@ class ModelPolicy(Roster):
         hi = {k: upper[k] for k in active}
         if not sum(lo.values()) <= total <= sum(hi.values()):
             return dict(current)
-        return {**inside, **fit_to_sum(target, total, lo, hi)}
+        return {**inside, **fit_to_sum(target, total, lo, hi, self.round_for_time)}
 
     def _balanced(self, plan: Mapping[str, int]) -> bool:
         """Whether the plan in force is measured balanced (balance.measured_balanced), on each planned

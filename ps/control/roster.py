@@ -70,6 +70,9 @@ class Roster:
         self._config = config
         self._workers: dict[str, Worker] = {}
         self._adjustments = 0
+        # True where a unit is a micro-batch (set by ps/control/micro.py): plans round to the shortest
+        # round (split.round_to_sum's speeds) instead of by largest remainders, a unit being many samples
+        self.round_for_time = False
 
     # ------------------------------------------------------------------ the interface
     @property
@@ -424,7 +427,7 @@ class Roster:
             shares = largest_remainder(weights, cfg.global_batch)
             return {k: clip(b, lower[k], upper[k]) for k, b in shares.items()}
         self._check_reachable()
-        return fit_to_sum(weights, cfg.global_batch, lower, upper)
+        return fit_to_sum(weights, cfg.global_batch, lower, upper, self.round_for_time)
 
     def _exact_sum(self) -> bool:
         """Whether plans sum exactly to B: always with `keep_global_sum` (BSP), and in ASP whenever the

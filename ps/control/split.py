@@ -21,18 +21,29 @@ def round_half_up(value: float) -> int:
 
 
 def round_to_sum(
-    exact: Mapping[str, float], total: int, lower: Mapping[str, int], upper: Mapping[str, int]
+    exact: Mapping[str, float], total: int, lower: Mapping[str, int], upper: Mapping[str, int],
+    speeds: Mapping[str, float] | None = None,
 ) -> dict[str, int]:
     """Round `exact` (already within bounds, summing to about `total`) to integers summing to `total`.
 
-    Floors first, then hands the missing units to the largest fractional parts (ties: first key
-    first), never past a bound; the reverse if flooring overshot, which only float error can cause.
+    Floors first, then hands the missing units out one at a time, never past a bound: without
+    `speeds`, to the largest fractional parts (Hamilton; ties: first key first); with `speeds` (each
+    worker's samples per unit of time, any scale), to the worker whose time b/speed is the shortest
+    with the unit, so that the round, the slowest worker's time, is as short as whole units allow
+    (ties: the larger fractional part, then the first key). The two differ by one unit at most per
+    worker, which matters when a unit is a micro-batch of many samples: Hamilton gives a slow
+    worker whose share is 2.5 micro-batches a third, and lengthens the round by a fifth.
+    The reverse if flooring overshot, which only float error can cause.
     Requires sum(lower) <= total <= sum(upper).
     """
     result = {k: clip(math.floor(x), lower[k], upper[k]) for k, x in exact.items()}
     left = total - sum(result.values())
     while left > 0:
-        k = max((k for k in result if result[k] < upper[k]), key=lambda k: exact[k] - result[k])
+        room = [k for k in result if result[k] < upper[k]]
+        if speeds is None:
+            k = max(room, key=lambda k: exact[k] - result[k])
+        else:
+            k = min(room, key=lambda k: ((result[k] + 1) / speeds[k], -(exact[k] - result[k])))
         result[k] += 1
         left -= 1
     while left < 0:
@@ -64,7 +75,8 @@ def largest_remainder(weights: Mapping[str, float], total: int) -> dict[str, int
 
 
 def fit_to_sum(
-    targets: Mapping[str, float], total: int, lower: Mapping[str, int], upper: Mapping[str, int]
+    targets: Mapping[str, float], total: int, lower: Mapping[str, int], upper: Mapping[str, int],
+    for_time: bool = False,
 ) -> dict[str, int]:
     """Integers proportional to `targets`, within [lower, upper] per key, summing exactly to `total`.
 
@@ -72,11 +84,17 @@ def fit_to_sum(
     bounds then overshoots, pin the keys clipped at their lower bound (they stay there at any smaller
     scale), if it undershoots pin the ones clipped at their upper bound, and redistribute over the
     rest; repeat (at most one round per key). The result is clip(s * target, lower, upper) with one
-    common scale s, rounded by largest remainders within the bounds (Eq. 8 without OmniLearn's
+    common scale s, rounded within the bounds by largest remainders, or with `for_time` to the
+    shortest round at speeds proportional to `targets` (`round_to_sum`; Eq. 8 without OmniLearn's
     equal-subtraction bias). Raises ValueError if the bounds cannot meet `total`.
     """
     exact, lo, hi = water_fill(targets, total, lower, upper)
-    return round_to_sum(exact, total, lo, hi)
+    return round_to_sum(exact, total, lo, hi, speeds=targets if for_time else None)
+
+
+def round_ms(plan: Mapping[str, int], speeds: Mapping[str, float]) -> float:
+    """The round a plan takes when each worker's time is its batch over its speed: the slowest's."""
+    return max((b / speeds[k] for k, b in plan.items()), default=0.0)
 
 
 def water_fill(

@@ -1,0 +1,37 @@
+"""The job's data and model as this worker builds them: once per join, whether the memory probe
+(worker/memory_probe.py) needs them before joining or the session (worker/runtime.py) after it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from ps.job.datasets import Dataset, build_dataset
+from ps.job.models import build_model
+from ps.job.spec import JobSpec
+
+
+class JobSetupError(ValueError):
+    """The job the server runs names a model or dataset this worker cannot build (a module it
+    cannot import, options its builder refuses), or one whose micro-batch its memory cannot hold:
+    the worker's set-up, not the server, is at fault."""
+
+
+@dataclass
+class BuiltJob:
+    """A job's data set and freshly built model, for the spec they were built for."""
+
+    spec: JobSpec
+    dataset: Dataset
+    model: nn.Module
+
+
+def build_job(spec: JobSpec) -> BuiltJob:
+    """Build `spec`'s data and model (JobSetupError if this worker cannot)."""
+    try:
+        dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
+        model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
+    except ValueError as exc:
+        raise JobSetupError(f"this worker cannot build the job's data and model: {exc}") from exc
+    return BuiltJob(spec, dataset, model)
