@@ -189,3 +189,23 @@ def test_a_reply_of_many_chunks_streams_in_as_the_serial_reply_would(ps_server, 
         for each in started:
             each.job.close_shards()
     assert torch.equal(streamed, whole)
+
+
+def test_worker_processes_train_with_streamed_replies_through_shards_a_narrow_wire_and_a_token(tmp_path) -> None:
+    """Real ps-server, ps-shard and ps-worker processes: the replies (~1.1M parameters, bf16, two
+    shards, each server a lane) stream in during the forward, and the job trains to the bar."""
+    from tests.processes import start_server
+
+    token = "forward-order-token"
+    cluster = start_server(tmp_path, ["--mode", "bsp", "--workers", "2", "--dataset", "digits", "--model-arg", "hidden=1024",
+                                      "--epochs", "3", "--global-batch", "64", "--lr", "0.05", "--shards", "2",
+                                      "--wire-dtype", "bfloat16", "--token", token, "--quiet"])
+    try:
+        for name in ("a", "b"):
+            cluster.start_worker(name, "--token", token)
+        assert cluster.wait(180) == 0, cluster.server_log()
+        assert all(proc.returncode == 0 for proc in cluster.workers), [cluster.worker_log(n) for n in "ab"]
+        (summary,) = cluster.events("summary")
+        assert summary["epochs"] == 3 and summary["accuracy"] >= 0.85, summary
+    finally:
+        cluster.stop()

@@ -81,7 +81,7 @@ class BucketStream:
     def end(self, compute_ms: float, exposed_ms: float, own_exposed_ms: float,
             arrivals: Arrivals | None = None) -> Callable[[], StepPlan]:
         """Close the push with the step's times (PushEnd); the call that waits for the reply (with
-        `arrivals`: for its first chunk, the parameters streaming in after it, worker.forward_order)."""
+        `arrivals`: for its header, the parameters streaming in after it, worker.forward_order)."""
         for lane in self._lanes:
             lane.queue.put(ps_pb2.PushEnd(compute_ms=compute_ms, exposed_ms=exposed_ms, own_exposed_ms=own_exposed_ms))
         if arrivals is not None and self._streamed is not None:

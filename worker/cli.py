@@ -167,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(session, args.log_every, args.quiet)
             if not args.quiet:
                 parked = f" ({session.parked_polls} polls while parked)" if session.parked_polls else ""
-                print(f"{session.name}: job done after {session.steps} steps{parked}", file=sys.stderr, flush=True)
+                streamed = f", {session.streamed_replies} replies streamed in forward order" if session.streamed_replies else ""
+                print(f"{session.name}: job done after {session.steps} steps{parked}{streamed}", file=sys.stderr, flush=True)
     except ServerError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         code = 1

@@ -272,7 +272,7 @@ class PSClient:
 
     def _stream_reply(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor, timing: PushTiming,
                       arrivals: Arrivals) -> StepPlan:
-        """The reply's plan as soon as its first chunk is in; its values (and each shard's range) go on
+        """The reply's plan as soon as its header (its first chunk) is in; its values (and each shard's range) go on
         arriving into `out` on the client's receiving threads, `arrivals` told as each chunk lands."""
         try:
             first = _first_chunk(main)

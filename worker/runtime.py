@@ -11,12 +11,12 @@ A custom training loop needs three calls::
             loss = F.cross_entropy(model(x), y)
             model.zero_grad()
             loss.backward()
-            session.step()                       # returns once the reply's first chunk is in
+            session.step()                       # returns once the reply's header is in
 
 Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
 step() is called; it is what the server's controller balances. In BSP on the PS path the gradient
 goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for
-the reply's first chunk: the parameters go on arriving, first layers first, while the next batch is
+the reply's header: the parameters go on arriving, first layers first, while the next batch is
 drawn and its forward runs, each module waiting for its own (worker/forward_order.py; wait_params()
 waits for them all, and so does the model's state_dict()). From a compute's end to the next fetch,
 plus what the forward waited, is the step's exposed communication. In an
@@ -142,6 +142,7 @@ class Session:
         views = self._on_device is None and all(p.dtype == self._params.dtype for p in self.model.parameters())
         self._forward = ForwardOrder(self.model, self._arrivals) if self._buckets is not None and views else None
         self._streamed = False  # whether the last step's reply streamed in (during this step's forward)
+        self.streamed_replies = 0  # replies whose parameters streamed in while the next forward ran
         self._apply(self._pull_global_model())
 
     def _pull_global_model(self) -> StepPlan:
@@ -279,7 +280,7 @@ class Session:
         """Run `push` (from `pushed`, default now: where this worker's own part of it begins), or
         recover from its failure; the new parameters into the model, the plan followed. A push that
         returns None took no step (the plan it settled stands, the model holds its parameters).
-        `streamed`: the push returns at its reply's first chunk, the parameters streaming in after it."""
+        `streamed`: the push returns at its reply's header, the parameters streaming in after it."""
         pushed = time.perf_counter() if pushed is None else pushed
         self._streamed = False
         try:
@@ -292,6 +293,7 @@ class Session:
             self.steps += 1
             self.last_compute_ms = compute_ms
             self._streamed = streamed
+            self.streamed_replies += streamed
         if self._streamed:  # the model's parameters are views of self._params: they fill in as chunks land
             self._follow(plan)
             if plan.done:
