@@ -209,3 +209,34 @@ def test_worker_processes_train_with_streamed_replies_through_shards_a_narrow_wi
         assert summary["epochs"] == 3 and summary["accuracy"] >= 0.85, summary
     finally:
         cluster.stop()
+
+
+def test_a_reply_that_failed_while_it_streamed_drops_the_next_gradient_and_resyncs(ps_server, threads) -> None:
+    """The step after a failed streamed reply pushes nothing (its forward may have read old values):
+    it pulls the server's parameters instead, and the next step trains on as usual."""
+    from worker.connection import connect
+
+    server = ps_server("--workers", "1", "--global-batch", "16", "--model-arg", "hidden=16", "--lr", "0.05")
+    session = connect(server.target, "solo", 1.0, threads=None)
+
+    def step() -> None:
+        x, y = session.next_batch()
+        session.model.zero_grad()
+        F.cross_entropy(session.model(x), y).backward()
+        session.step()
+
+    try:
+        step()
+        assert session.steps == 1 and session.streamed_replies == 1
+        session.wait_params()
+        session._arrivals.begin([(0, 1)])  # as if the reply's stream had broken off
+        session._arrivals.end(0, ServerError("FAILED_PRECONDITION", "the reply broke off"))
+        round_before = server.call(lambda: server.coordinator.round)
+        step()
+        assert session.steps == 1  # dropped: nothing pushed, the round still open
+        assert server.call(lambda: server.coordinator.round) == round_before
+        assert torch.equal(session._params, server.call(lambda: server.coordinator.store.flat.clone()))
+        step()
+        assert session.steps == 2 and server.call(lambda: server.coordinator.round) == round_before + 1
+    finally:
+        session.close()
