@@ -366,7 +366,8 @@ def add_run_command(subcommands: Subcommands) -> None:
                      "--server-arg='--momentum 0.5' (repeatable)")
     job.add_argument("--no-overlap", dest="overlap", action="store_false",
                      help="BSP: the serial path (ps-server --no-overlap): workers push the whole gradient after "
-                     "backward instead of streaming gradient buckets while backward runs")
+                     "backward and take the whole reply before the next forward, instead of streaming gradient buckets "
+                     "while backward runs and the parameters back while the next forward runs")
     output = parser.add_argument_group("output")
     output.add_argument("--out", type=Path, metavar="DIR",
                         help="folder for the metrics log, server/worker logs, summary.json and plots "

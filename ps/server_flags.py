@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
     net.add_argument("--no-overlap", dest="overlap", action="store_false",
                      help="BSP on the PS path: workers push the whole gradient after backward (the serial path) "
-                          "instead of streaming gradient buckets while backward runs")
+                          "and take the whole reply before the next forward, instead of streaming gradient buckets while backward "
+                          "runs and the parameters back while the next forward runs")
     net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see docs/metrics.md)")
     net.add_argument("--metrics-port", type=port_number, default=None,
                      help="serve Prometheus metrics over HTTP at /metrics on --host:PORT (0 picks a free port, printed "

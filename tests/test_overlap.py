@@ -122,6 +122,8 @@ def _train(ps_server, threads, *args: str, rounds: int = 3, overlap_on: bool = T
                     time.sleep(0.01)
             for future in futures:
                 future.result(TIMEOUT)
+        for session in sessions:
+            session.wait_params()  # the last reply's parameters may still be streaming in
         params = sessions[0]._params.clone()
         assert torch.equal(params, sessions[1]._params)
         return params, sessions

@@ -100,7 +100,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "docs/micro-batches.md)")
     p.add_argument("--no-overlap", action="store_true",
                    help="BSP: push the whole gradient after backward (the serial path) instead of streaming gradient "
-                        "buckets while backward runs (the server's --no-overlap turns it off for every worker)")
+                        "buckets while backward runs, and take the whole reply before the next forward (the server's "
+                        "--no-overlap turns it off for every worker)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
@@ -167,7 +168,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(session, args.log_every, args.quiet)
             if not args.quiet:
                 parked = f" ({session.parked_polls} polls while parked)" if session.parked_polls else ""
-                print(f"{session.name}: job done after {session.steps} steps{parked}", file=sys.stderr, flush=True)
+                streamed = f", {session.streamed_replies} replies streamed in forward order" if session.streamed_replies else ""
+                print(f"{session.name}: job done after {session.steps} steps{parked}{streamed}", file=sys.stderr, flush=True)
     except ServerError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         code = 1

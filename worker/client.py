@@ -15,7 +15,6 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-import queue
 from typing import Any
 
 import grpc
@@ -29,8 +28,10 @@ from ps.transport.push_stream import PUSH_KIND_NUMBERS
 from ps.transport.security import PathArg
 from ps.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
 from worker.channel import open_channel
+from worker.bucket_stream import BucketStream, Lane, PushTiming
+from worker.forward_order import Arrivals
 from worker.replies import Joined, ShardTarget, StepPlan
-from ps.transport.wire import CHUNK_BYTES, FlatReceiver, torch_dtype
+from ps.transport.wire import CHUNK_BYTES, FlatReceiver
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class PSClient:
         self._own_stop: int | None = None
         self._shards: list[_ShardLink] = []
         self._pool: ThreadPoolExecutor | None = None
+        self._receiving: ThreadPoolExecutor | None = None  # streamed replies' values (one thread per server)
         self._secrets: dict[str, str] = {}  # worker id -> the secret its Join returned
 
     def secret(self, worker_id: str) -> str:
@@ -130,9 +132,10 @@ class PSClient:
         for link in self._shards:
             link.channel.close()
         self._shards = []
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        for pool in (self._pool, self._receiving):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+        self._pool = self._receiving = None
 
     def _use_shards(self, shards: tuple[ShardTarget, ...], numel: int) -> None:
         """Connect to the shard servers named at Join (again after a rejoin: they may have moved)."""
@@ -257,14 +260,41 @@ class PSClient:
                                    secret=self.secret(worker_id))
         ranges = [(0, numel if self._own_stop is None else self._own_stop)]
         ranges += [(link.target.start, link.target.stop) for link in self._shards]
-        lanes = [_Lane(start, stop, header, wire_dtype, self.chunk_bytes) for start, stop in ranges]
+        lanes = [Lane(start, stop, header, wire_dtype, self.chunk_bytes) for start, stop in ranges]
         calls = [self._push(lanes[0].requests())]
         calls += [link.push(lane.requests()) for link, lane in zip(self._shards, lanes[1:], strict=True)]
         timing = self.last_push = PushTiming()
         lanes[0].timing = timing
+        streamed = functools.partial(self._stream_reply, calls[0], calls[1:], out, timing)
         if self._shards:
-            return BucketStream(lanes, calls, functools.partial(self._gather, calls[0], calls[1:], out))
-        return BucketStream(lanes, calls, functools.partial(_finish, calls[0], out, timing))
+            return BucketStream(lanes, calls, functools.partial(self._gather, calls[0], calls[1:], out), streamed)
+        return BucketStream(lanes, calls, functools.partial(_finish, calls[0], out, timing), streamed)
+
+    def _stream_reply(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor, timing: PushTiming,
+                      arrivals: Arrivals) -> StepPlan:
+        """The reply's plan as soon as its header (its first chunk) is in; its values (and each shard's range) go on
+        arriving into `out` on the client's receiving threads, `arrivals` told as each chunk lands."""
+        try:
+            first = _first_chunk(main)
+        except BaseException as exc:
+            for call in calls:
+                call.cancel()
+            if isinstance(exc, grpc.RpcError):
+                raise _error(exc) from None
+            raise
+        timing.replied = time.perf_counter()
+        h = first.fields.header
+        lanes: list[tuple[Iterator[DataChunk], torch.Tensor, DataChunk | None]] = []
+        if h.num_values:
+            lanes.append((main, out[: h.num_values], first))
+        lanes += [(call, out[link.target.start : link.target.stop], None) for call, link in zip(calls, self._shards, strict=True)]
+        numbers = arrivals.begin([(_base(view, out), _base(view, out) + view.numel()) for _, view, _ in lanes])
+        if self._receiving is None:
+            self._receiving = ThreadPoolExecutor(max_workers=1 + len(self._shards), thread_name_prefix="reply")
+        everything = [main, *calls]
+        for number, (stream, view, head) in zip(numbers, lanes, strict=True):
+            self._receiving.submit(_receive_lane, stream, view, arrivals, number, everything, head)
+        return _plan_of(h)
 
     def _gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
@@ -358,84 +388,6 @@ def _pull_call(channel: grpc.Channel, service: str) -> grpc.UnaryStreamMultiCall
                                 response_deserializer=_PARAMS_CHUNK)
 
 
-class _Lane:
-    """One server's part of a bucketed push (the coordinator's range, or a shard's): the chunks of
-    the values it is handed, with their offsets in its range, then the end."""
-
-    def __init__(self, start: int, stop: int, header: ps_pb2.PushHeader, wire_dtype: str, chunk_bytes: int) -> None:
-        self.start, self.stop = start, stop
-        self.header = ps_pb2.PushHeader()
-        self.header.CopyFrom(header)
-        self.header.num_values = stop - start
-        self.wire_dtype = wire_dtype
-        self.chunk_bytes = chunk_bytes
-        self.timing: PushTiming | None = None
-        self.queue: queue.SimpleQueue[tuple[int, torch.Tensor] | ps_pb2.PushEnd | None] = queue.SimpleQueue()
-
-    def requests(self) -> Iterator[bytes]:
-        """The serialized chunks, as the values arrive on the queue (gRPC's thread iterates this)."""
-        seq = 0
-        yield data_header(ps_pb2.PushChunk(header=self.header, seq=seq), 0)
-        per_chunk = max(1, self.chunk_bytes // torch.empty(0, dtype=torch_dtype(self.wire_dtype)).element_size())
-        while True:
-            item = self.queue.get()
-            if item is None:  # cancelled
-                return
-            if isinstance(item, ps_pb2.PushEnd):
-                yield data_header(ps_pb2.PushChunk(seq=seq + 1, end=item), 0)
-                if self.timing is not None:
-                    self.timing.uploaded = time.perf_counter()
-                return
-            offset, values = item
-
-            def chunk(index: int, nbytes: int, first: int = seq + 1, base: int = offset) -> bytes:
-                return data_header(ps_pb2.PushChunk(seq=first + index, offset=base + index * per_chunk), nbytes)
-
-            for message in frame_tensor(values, self.wire_dtype, chunk, self.chunk_bytes):
-                seq += 1
-                yield message
-
-
-class BucketStream:
-    """A push whose buckets go out as they are ready (worker.overlap.BucketPush): `send` each range
-    once, then `end` with the step's times; its reply is the returned call's."""
-
-    def __init__(self, lanes: list[_Lane], calls: list[Any], reply: Callable[[], StepPlan]) -> None:
-        self._lanes = lanes
-        self._calls = calls
-        self._reply = reply
-
-    def send(self, offset: int, values: torch.Tensor) -> None:
-        """Values [offset, offset + len) of the flat vector, split over the servers' ranges."""
-        stop = offset + values.numel()
-        for lane in self._lanes:
-            lo, hi = max(offset, lane.start), min(stop, lane.stop)
-            if lo < hi:
-                lane.queue.put((lo - lane.start, values[lo - offset : hi - offset]))
-
-    def end(self, compute_ms: float, exposed_ms: float, own_exposed_ms: float) -> Callable[[], StepPlan]:
-        """Close the push with the step's times (PushEnd); the call that waits for the reply."""
-        for lane in self._lanes:
-            lane.queue.put(ps_pb2.PushEnd(compute_ms=compute_ms, exposed_ms=exposed_ms, own_exposed_ms=own_exposed_ms))
-        return self._reply
-
-    def cancel(self) -> None:
-        """Give the push up: the servers drop what they received of it."""
-        for lane in self._lanes:
-            lane.queue.put(None)
-        for call in self._calls:
-            call.cancel()
-
-
-@dataclass
-class PushTiming:
-    """When a push's last chunk went to gRPC and its reply's first chunk arrived (perf_counter
-    seconds; 0 until then): the worker's own upload ends and its download starts, waiting between."""
-
-    uploaded: float = 0.0
-    replied: float = 0.0
-
-
 def _finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepPlan:
     """The reply of a call already started (its parameters into `out`), a ServerError if it failed."""
     try:
@@ -445,9 +397,43 @@ def _finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | N
 
 
 def _receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepPlan:
-    h = _receive_into(stream, out, timing)
+    return _plan_of(_receive_into(stream, out, timing))
+
+
+def _plan_of(h: ps_pb2.ParamsHeader) -> StepPlan:
     return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason,
                     h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested, h.hub_rank)
+
+
+def _base(view: torch.Tensor, whole: torch.Tensor) -> int:
+    """Where `view` (a slice of the 1-D `whole`) starts in it."""
+    return (view.data_ptr() - whole.data_ptr()) // whole.element_size()
+
+
+def _receive_lane(stream: Iterator[DataChunk], out: torch.Tensor, arrivals: Arrivals, lane: int, calls: list[Any],
+                  first: DataChunk | None = None) -> None:
+    """One server's part of a streamed reply into `out` (its first chunk already read: `first`),
+    `arrivals` told after every chunk. On failure every call of the reply is cancelled and the error
+    handed to `arrivals` (the step that waits for it drops its gradient)."""
+    error: BaseException | None = None
+    try:
+        first = _first_chunk(stream) if first is None else first
+        h = first.fields.header
+        receiver = FlatReceiver(out, h.num_values, h.wire_dtype, check_finite=False)
+        receiver.feed(first.fields.seq, first.data)
+        arrivals.advance(lane, receiver.filled)
+        for chunk in stream:
+            receiver.feed(chunk.fields.seq, chunk.data)
+            arrivals.advance(lane, receiver.filled)
+        receiver.finish(check_finite=False)
+    except grpc.RpcError as exc:
+        error = _error(exc)
+    except BaseException as exc:  # noqa: BLE001 (a reply that does not decode: the step hears of it)
+        error = exc
+    if error is not None:
+        for call in calls:
+            call.cancel()
+    arrivals.end(lane, error)
 
 
 def _first_chunk(stream: Iterator[DataChunk]) -> DataChunk:

@@ -11,12 +11,15 @@ A custom training loop needs three calls::
             loss = F.cross_entropy(model(x), y)
             model.zero_grad()
             loss.backward()
-            session.step()                       # returns once the new parameters are in model
+            session.step()                       # returns once the reply's header is in
 
 Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
 step() is called; it is what the server's controller balances. In BSP on the PS path the gradient
 goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for
-the reply; from a compute's end to the next fetch is the step's exposed communication. In an
+the reply's header: the parameters go on arriving, first layers first, while the next batch is
+drawn and its forward runs, each module waiting for its own (worker/forward_order.py; wait_params()
+waits for them all, and so does the model's state_dict()). From a compute's end to the next fetch,
+plus what the forward waited, is the step's exposed communication. In an
 --allreduce job step() all-reduces with the other workers and steps a local optimizer instead.
 
 A worker the server parks (BSP, `--controller model`: planned at batch 0 because the round is
@@ -39,9 +42,11 @@ from ps.job.datasets import Dataset
 from ps.job.spec import JobSpec
 from ps.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
-from worker.client import LEAVE_TIMEOUT_S, BucketStream, Joined, PSClient, ServerError, StepPlan, reachable_address
+from worker.bucket_stream import BucketStream
+from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPlan, reachable_address
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
+from worker.forward_order import Arrivals, ForwardOrder
 from worker.heartbeat import Heartbeat
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
@@ -129,6 +134,12 @@ class Session:
         # BSP on the PS path: the gradient goes out in buckets while backward runs (worker/overlap.py)
         self.overlap = self.overlap and self.spec.overlap and self.spec.mode == "bsp" and not self.spec.allreduce
         self._buckets = BucketPush(self.model, self._grads) if self.overlap else None
+        # its reply streams in during the next forward where the model's parameters are views of self._params
+        self._arrivals = Arrivals()
+        views = self._on_device is None and all(p.dtype == self._params.dtype for p in self.model.parameters())
+        self._forward = ForwardOrder(self.model, self._arrivals) if self._buckets is not None and views else None
+        self._streamed = False  # whether the last step's reply streamed in (during this step's forward)
+        self.streamed_replies = 0  # replies whose parameters streamed in while the next forward ran
         self._apply(self._pull_global_model())
 
     def _pull_global_model(self) -> StepPlan:
@@ -200,6 +211,8 @@ class Session:
         """Parked: wait in the server's long poll until it plans this worker a batch (or the job ends),
         then pull the parameters; the plan."""
         self._compute_end = None  # the wait while parked is no communication a step left exposed
+        if not self._settle_params():
+            return self.plan
         try:
             plan = self.client.pull(self.worker_id, self._params, header_only=True, wait_for_batch=True)
             self.parked_polls += 1
@@ -218,17 +231,25 @@ class Session:
             raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
         burn_cpu(self.step_overhead_ms)
         synchronize(self.device)
+        waited_ms = self._arrivals.take_waited_ms()  # the forward's wait for parameters: exposed, not compute
         if self.slowdown > 1.0:
-            wall_s = time.perf_counter() - self._fetch_started
+            wall_s = time.perf_counter() - self._fetch_started - waited_ms / 1000.0
             time.sleep(slowdown_delay(wall_s, time.process_time() - self._fetch_cpu, self.slowdown))
         compute_end = self._compute_end = time.perf_counter()
-        compute_ms = (compute_end - self._fetch_started) * 1000.0
+        compute_ms = max(0.0, (compute_end - self._fetch_started) * 1000.0 - waited_ms)
+        self.exposed_ms += waited_ms
         self._fetch_started = None
+        if self._forward is not None:
+            self._forward.check_step(self._streamed)
+        if not self._settle_params():  # the last reply failed while it streamed: this step's gradient is dropped
+            return self.plan
         reported_ms = compute_ms + (self._push_ms if self.spec.balance == "busy" else 0.0)
         exposed = (self.exposed_ms, self._push_ms) if self.spec.mode == "bsp" else (0.0, 0.0)  # the last step's
         stream = self._buckets.finish() if self._buckets is not None else None
         if stream is not None:  # the buckets are out (or going): close the push; the reply below
-            return self._finish_step(lambda: stream.end(reported_ms, *exposed)(), compute_ms, compute_end)
+            arrivals = self._arrivals if self._forward is not None else None
+            return self._finish_step(lambda: stream.end(reported_ms, *exposed, arrivals=arrivals)(), compute_ms,
+                                     compute_end, streamed=arrivals is not None)
         if self._on_device is None:
             grads = device_grads = flatten_grads(self.model, self._grads)
         else:  # the collective takes them where they are (NCCL: no trip through the CPU); the wire from the CPU
@@ -251,11 +272,14 @@ class Session:
             batch_size=self._sampler.batch_size, compute_ms=reported_ms, wire_dtype=self.spec.wire_dtype,
             exposed_ms=exposed[0], own_exposed_ms=exposed[1]), compute_ms)
 
-    def _finish_step(self, push: Callable[[], StepPlan | None], compute_ms: float, pushed: float | None = None) -> StepPlan:
+    def _finish_step(self, push: Callable[[], StepPlan | None], compute_ms: float, pushed: float | None = None,
+                     streamed: bool = False) -> StepPlan:
         """Run `push` (from `pushed`, default now: where this worker's own part of it begins), or
         recover from its failure; the new parameters into the model, the plan followed. A push that
-        returns None took no step (the plan it settled stands, the model holds its parameters)."""
+        returns None took no step (the plan it settled stands, the model holds its parameters).
+        `streamed`: the push returns at its reply's header, the parameters streaming in after it."""
         pushed = time.perf_counter() if pushed is None else pushed
+        self._streamed = False
         try:
             plan = push()
             if plan is None:
@@ -265,9 +289,35 @@ class Session:
         else:
             self.steps += 1
             self.last_compute_ms = compute_ms
-        self._apply(plan)
+            self._streamed = streamed
+            self.streamed_replies += streamed
+        if self._streamed:  # the model's parameters are views of self._params: they fill in as chunks land
+            self._follow(plan)
+            if plan.done:
+                self.wait_params()
+        else:
+            self._apply(plan)
         self._push_ms = self._own_push_ms(pushed)
-        return plan
+        return self.plan
+
+    def wait_params(self) -> StepPlan:
+        """Return once the last reply's parameters are all in the model (step() returns at its first
+        chunk: worker/forward_order.py); the plan."""
+        self._settle_params()
+        return self.plan
+
+    def _settle_params(self) -> bool:
+        """Wait for a reply still streaming parameters in; False if it failed: the gradient computed
+        meanwhile is dropped, and the worker recovered (resync or rejoin, as after a failed push)."""
+        try:
+            self._arrivals.wait_all()
+        except ServerError as exc:
+            if self._buckets is not None:
+                self._buckets.disarm()
+            self._fetch_started = None
+            self._apply(self._recover(exc))
+            return False
+        return True
 
     def _own_push_ms(self, pushed: float) -> float:
         """This worker's own part of the push that began at `pushed`: sending its chunks, and from the
@@ -428,6 +478,8 @@ class Session:
         self._heartbeat.stop()
         if self._buckets is not None:
             self._buckets.remove()
+        if self._forward is not None:
+            self._forward.remove()
         if self._collective is not None:
             self._collective.close()
         self.closed = self.client.close()

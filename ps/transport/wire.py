@@ -85,6 +85,11 @@ class _StreamCheck:
         self._check_finite = check_finite
         self.bound = 0.0  # with check_finite: >= max|value| of the values received so far (inf: NaN/Inf)
 
+    @property
+    def filled(self) -> int:
+        """How many values have arrived (in order: values [0, filled) are in)."""
+        return self._filled
+
     def _accept(self, seq: int, data: bytes | memoryview) -> int:
         """The chunk's value count, after checking its place in the stream."""
         if seq != self._next_seq:
