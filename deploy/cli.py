@@ -341,9 +341,10 @@ def add_run_command(subcommands: Subcommands) -> None:
                        help="auto: cgroup CPU quotas where writable, else --slowdown factors; cgroup: "
                        "quotas or fail; slowdown: force the fallback (default: auto)")
     job = parser.add_argument_group("job (passed to ps-server)")
-    job.add_argument("--controller", choices=POLICIES, default="model",
+    job.add_argument("--controller", choices=POLICIES,
                      help="batch policy: equal batches, from the declared cores, measured, or fitted with parking "
-                          "(docs/policies.md; default: model, which measured ahead of dynamic on HL8)")
+                          "(docs/policies.md; default: model on a profile, where it measured ahead of dynamic on "
+                          "HL8; dynamic with --schedule, whose changing speeds it follows better)")
     job.add_argument("--epochs", type=positive_int,
                      help=f"passes over the training split (default: {default['epochs']}, "
                      f"{quick['epochs']} with --quick; with a schedule in epochs: phases x interval)")

@@ -18,7 +18,7 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
@@ -56,6 +56,9 @@ DEFAULT_DATASET_ARGS: dict[str, list[str]] = {"synthetic": ["size=4096"]}
 QUICK_JOB: dict[str, Any] = {"global_batch": 256, "epochs": 4}
 """--quick: fewer epochs and a smaller dataset, for smoke tests and first impressions."""
 QUICK_DATASET_ARGS: dict[str, list[str]] = {"synthetic": ["size=1536", "image_size=16"]}
+DEFAULT_CONTROLLER = {"profile": "model", "schedule": "dynamic"}
+"""The batch policy without --controller: model fits fixed speeds best (docs/benchmarks.md), but its
+fits trail speeds that change under them, where dynamic's measured times do not (docs/policies.md)."""
 QUICK_EVERY_EPOCHS = 2
 """--quick with an epoch-based schedule: phases this many epochs long (the controller needs one to react)."""
 RESERVED_SERVER_FLAGS = ("--port", "--port-file", "--metrics-log", "--workers", "--host")
@@ -82,7 +85,7 @@ class RunConfig:
     every_seconds: float | None = None
     mode: str = "bsp"
     cpu_budget: float | None = None
-    controller: str = "model"  # measured ahead of dynamic on HL8 (docs/benchmarks.md)
+    controller: str | None = None  # model on a fixed profile, dynamic on a schedule (DEFAULT_CONTROLLER)
     epochs: int | None = None
     model: str | None = None
     model_args: list[str] | None = None
@@ -177,6 +180,8 @@ def resolve(config: RunConfig) -> Plan:
     everything = [s for phase in shares for s in phase] + [s for s in server_shares if s is not None]
     period = quota_period_us(everything)
 
+    if config.controller is None:
+        config = replace(config, controller=DEFAULT_CONTROLLER["schedule" if schedule is not None else "profile"])
     quick = config.quick
     job = {**DEFAULT_JOB, **(QUICK_JOB if quick else {})}
     model = config.model or job["model"]
@@ -199,7 +204,7 @@ def resolve(config: RunConfig) -> Plan:
     server_args = [
         "--mode", mode, "--workers", str(len(names)), "--model", model, "--dataset", dataset,
         "--epochs", str(epochs), "--global-batch", str(global_batch), "--lr", repr(lr),
-        "--controller", config.controller, "--quiet",
+        "--controller", str(config.controller), "--quiet",
     ]
     for arg in config.model_args or []:
         server_args += ["--model-arg", arg]

@@ -21,9 +21,12 @@ minimising the predicted round max_i f_i(b_i) + c (optperf.py). Its life, decisi
    (time_fit.Finish.cautious), and installed if its predicted round beats the current plan's by more
    than MIN_GAIN or the model's own relative error on the plan in force, whichever is larger (where
    a fixed cost dominates, many splits predict nearly the same round: noise in the fits must not
-   move B back and forth), or at once when B changes or a worker joins or leaves (`replan`). What
+   move B back and forth), and, unless a worker drifted, if the decision before found such a gain
+   too (one epoch's noise seldom lasts two); at once when B changes or a worker joins or leaves
+   (`replan`). What
    is installed is the split nearest the plan in force among those within half that margin of the
-   optimum (optperf.nearest_plan): a re-solve moves only the workers it must.
+   optimum (optperf.nearest_plan): a re-solve moves only the workers it must, each at most TRUST
+   times up or down (docs/policies.md, "When speeds change").
 4. **Park.** In BSP (`park`, the default) a worker whose fixed cost alone exceeds the round the
    others reach without it is planned at batch 0 when the predicted round is shorter that way than
    with it held at its share (optperf.best_plan); Σb = B over the others. It stays joined and
@@ -51,7 +54,7 @@ from ps.control.balance import measured_balanced
 from ps.control.checks import integer, real
 from ps.control.optperf import FinishTime, best_plan, nearest_plan, round_time, split
 from ps.control.roster import Roster
-from ps.control.model_state import nonnegative, observations, parking_pair, state_list
+from ps.control.model_state import flag, model_part, nonnegative, observations, parking_pair, state_list
 from ps.control.split import clip, fit_to_sum
 from ps.control.time_fit import Fit, Finish, Observations
 
@@ -66,8 +69,11 @@ PROBE_SAMPLES = 2
 """A probe or the solve after it waits for this many times `min_samples` observations per worker:
 two points one fit extrapolates from want less noise than a decision that only checks a plan."""
 MIN_GAIN = 0.03
-"""A new split replaces the plan in force only if its predicted round is this much shorter (or by
-the model's relative error on the plan in force, if that is larger)."""
+"""A new split replaces the plan in force only if its predicted round is this much shorter (or by the
+model's error on the plan in force, if larger)."""
+TRUST = 2
+"""A re-solve moves a worker's batch at most this factor up (or to an equal share) or down, and parks
+only a worker at its minimum: a fit is surest near the batches it was measured at."""
 MIN_ERROR_ROUNDS = 3
 """Rounds of a plan that its prediction error is taken from."""
 REPROBE_FIRST = 2
@@ -107,6 +113,7 @@ class ModelPolicy(Roster):
         self._measured: list[float] = []  # round times under the plan in force
         self._predicted: float | None = None  # predicted round of the plan in force
         self._solved = False
+        self._confirming = False  # the last decision found a re-solve worth it and held to confirm it
         self._since_decision = 0  # observations since the last decision
         self._report: dict[str, Any] = {}
 
@@ -212,26 +219,34 @@ class ModelPolicy(Roster):
             for k in unknown:
                 self._probes[k] += 1
             self._probing = {k for k in unknown if new[k] != current[k]}
+            self._confirming = False
             self._report = {**report, "phase": "probe", "probe": sorted(self._probing), "drift": drifted,
                             **self._describe(new)}
             return new
         reprobe = [k for k, e in self._park.items() if e.waited >= e.every]
         if self._solved and not reprobe and not self._reprobed and self._balanced(current):
+            self._confirming = False
             self._report = {**report, "phase": "hold", "balanced": True, "drift": drifted, **self._describe(current)}
             return None
-        min_gain = max(MIN_GAIN, _error(report["previous"]))
-        new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain)
+        # the first solve's fits are new: the error of the plan they replace is not theirs
+        min_gain = max(MIN_GAIN, _error(report["previous"]) if self._solved else 0.0)
+        new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain, trust=self._solved)
         finishes = self._times(cautious=True)
         gain = (round_time(finishes, current) - round_time(finishes, new)) / max(round_time(finishes, new), 1e-9)
         report["min_gain"] = round(min_gain, 4)
-        # a new plan must pay for itself, by more than the model's own error on the plan in force,
-        # parking included: where the optimum is flat (a fixed cost dominates) noise in the fits must
-        # not move B back and forth, nor two near-equal workers swap places; the first solve and a
-        # re-probe are installed anyway
+        # a new plan must beat the model's own error on the plan in force, parking included: where the
+        # optimum is flat (a fixed cost dominates) noise in the fits must not move B back and forth, nor
+        # near-equal workers swap places; the first solve and a re-probe are installed anyway
         if self._solved and not reprobe and not gain > min_gain:
-            self._reprobed = {}
+            self._reprobed, self._confirming = {}, False
             self._report = {**report, "phase": "hold", "drift": drifted, **self._describe(current)}
             return None
+        # no worker drifted: the gain must be found twice in a row, one decision's is often noise
+        if self._solved and not reprobe and not self._reprobed and not drifted and not self._confirming:
+            self._confirming = True
+            self._report = {**report, "phase": "hold", "confirm": True, "drift": drifted, **self._describe(current)}
+            return None
+        self._confirming = False
         if self._solved and self._exact_sum():
             lower, upper = self._bounds()
             new = nearest_plan(finishes, new, current, lower, upper, slack=min_gain / 2)
@@ -248,6 +263,7 @@ class ModelPolicy(Roster):
         if not self._workers:
             return {}
         report = {"policy": self.name, **self._closing_measurement()}
+        self._confirming = False
         if all(self._fit(k) is not None for k in self._workers) and all(self._identified(k) for k in self._workers):
             new, parked, compared = self._solve(forced_in=[], min_gain=MIN_GAIN)
             self._install_parking(parked, [])
@@ -283,16 +299,27 @@ class ModelPolicy(Roster):
         return {k: ((finishes[k].cautious if cautious else finishes[k].at) if k in finishes
                     else (lambda b, p=per_sample: p * b)) for k in self._workers}
 
-    def _solve(self, forced_in: list[str], min_gain: float) -> tuple[dict[str, int], list[str], dict[str, float]]:
+    def _solve(self, forced_in: list[str], min_gain: float,
+               trust: bool = False) -> tuple[dict[str, int], list[str], dict[str, float]]:
         """The best split of B over every worker (parked ones included: they are candidates like the
-        others, except those brought back for a re-probe), and who is parked."""
+        others, except those brought back for a re-probe), and who is parked. `trust` (a re-solve):
+        each worker with a batch, but one re-probed, stays within TRUST times of it, up or down."""
         times = self._times(cautious=True)
         lower, upper = self._bounds()
         B = self._config.global_batch
         if not self._exact_sum():  # ASP whose bounds cannot meet B: everyone at the bound B pushes them to
             edge = upper if sum(upper.values()) < B else lower
             return dict(edge), [], {}
+        now = {k: b if k not in forced_in and k not in self._reprobed else 0 for k, b in self.plan().items()}
+        if trust:  # (a re-probed worker, just measured where the split puts it, is free to go further)
+            lo = {k: max(lo, math.ceil(now[k] / TRUST)) if now[k] else lo for k, lo in lower.items()}
+            equal = math.ceil(B / len(self._workers))  # a small worker may always grow to an equal share
+            hi = {k: min(hi, max(TRUST * now[k], equal)) if now[k] else hi for k, hi in upper.items()}
+            if sum(lo.values()) <= B <= sum(hi.values()):  # else (parked workers at their minimum) as it is
+                lower, upper = lo, hi
         may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
+        if trust:  # parking is a move like any other: only from the minimum batch (or parked already)
+            may_park = [k for k in may_park if now[k] <= self._workers[k].min_batch]
         incumbents = [k for k in may_park if k in self._park or k in self._reprobed]
         return best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms, min_gain=min_gain,
                          prefer=incumbents)
@@ -355,27 +382,13 @@ class ModelPolicy(Roster):
         return measured_balanced(times, plan, lower, upper, self._config.deadband)
 
     def _drifted(self, worker_id: str) -> bool:
-        """Whether the worker's times at its batch (`min_samples` or more) are off, by the deadband or
-        more and by more than twice their mean's standard error, from the fit of what it did before
-        its current run of observations at its batch (a changed speed); if so its history is rescaled
-        to them (time_fit.Observations.rescale)."""
-        n = self._config.min_samples
-        b = self._workers[worker_id].batch
-        obs = self._obs[worker_id]
-        run = obs.run(b) if b else 0
-        recent = obs.recent(b, run) if run >= n else None
-        if recent is None:
+        """Whether the worker's speed changed during its current run at its batch (time_fit.
+        Observations.drift); if so its history is rescaled to the new speed."""
+        b, n = self._workers[worker_id].batch, self._config.min_samples
+        ratio = self._obs[worker_id].drift(b, n, self._config.deadband) if b else None
+        if ratio is None:
             return False
-        before = obs.fit(n, exclude_last=run)
-        if before is None or before.batches < 2:
-            return False
-        predicted = before.finish.at(b)
-        mean = statistics.fmean(recent)
-        ratio = mean / predicted if predicted > 0 else 1.0
-        noise = 2.0 * statistics.stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
-        if abs(ratio - 1.0) < max(self._config.deadband, noise, 1e-9):
-            return False
-        obs.rescale(ratio, run, keep=n)
+        self._obs[worker_id].rescale(ratio, self._obs[worker_id].run(b), keep=n)
         return True
 
     # ------------------------------------------------------------------ what a decision reports
@@ -428,13 +441,9 @@ class ModelPolicy(Roster):
                     "parked": None if k not in self._park else [self._park[k].waited, self._park[k].every]}
                 for k in self._workers
             },
-            "probing": sorted(self._probing),
-            "reprobed": dict(self._reprobed),
-            "overhead": list(self._overhead),
-            "measured": list(self._measured),
-            "predicted": self._predicted,
-            "solved": self._solved,
-            "since_decision": self._since_decision,
+            "probing": sorted(self._probing), "reprobed": dict(self._reprobed),
+            "overhead": list(self._overhead), "measured": list(self._measured), "predicted": self._predicted,
+            "solved": self._solved, "confirming": self._confirming, "since_decision": self._since_decision,
         }}
 
     def _restore_extra(self, state: Mapping[str, Any]) -> None:
@@ -445,9 +454,7 @@ class ModelPolicy(Roster):
             if self.parked():
                 raise ValueError(f"workers {self.parked()} have batch 0 but the state has no model part")
             return
-        keys = {"workers", "probing", "reprobed", "overhead", "measured", "predicted", "solved", "since_decision"}
-        if not isinstance(raw, Mapping) or set(raw) != keys:
-            raise ValueError(f"model policy state must have exactly the keys {sorted(keys)}")
+        raw = model_part(raw)
         workers = raw["workers"]
         if not isinstance(workers, Mapping) or set(workers) != set(self._workers):
             raise ValueError("model policy state must have one entry per worker of the roster")
@@ -475,9 +482,8 @@ class ModelPolicy(Roster):
                                maxlen=OVERHEAD_ROUNDS)
         self._measured = [nonnegative("measured", v) for v in state_list("measured", raw["measured"])][-MEASURED_ROUNDS:]
         self._predicted = None if raw["predicted"] is None else nonnegative("predicted", raw["predicted"])
-        if not isinstance(raw["solved"], bool):
-            raise ValueError("model state 'solved' must be true or false")
-        self._solved = raw["solved"]
+        self._solved = flag("solved", raw["solved"])
+        self._confirming = flag("confirming", raw.get("confirming", False))
         self._since_decision = integer("since_decision", raw["since_decision"], minimum=0)
 
 

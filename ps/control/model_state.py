@@ -3,9 +3,30 @@ file that contradicts itself or holds garbage is refused with the field it names
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ps.control.checks import integer, real
+
+MODEL_KEYS = frozenset({"workers", "probing", "reprobed", "overhead", "measured", "predicted", "solved",
+                        "since_decision"})
+OPTIONAL_KEYS = frozenset({"confirming"})
+"""Keys a state may lack: one written before they existed loads with their defaults."""
+
+
+def model_part(value: Any) -> Mapping[str, Any]:
+    """The state's model part, if it has every key MODEL_KEYS names and none but OPTIONAL_KEYS beside."""
+    if not isinstance(value, Mapping) or not MODEL_KEYS <= set(value) <= MODEL_KEYS | OPTIONAL_KEYS:
+        raise ValueError(f"model policy state must have the keys {sorted(MODEL_KEYS)} "
+                         f"(and may have {sorted(OPTIONAL_KEYS)})")
+    return value
+
+
+def flag(name: str, value: Any) -> bool:
+    """`value` if it is true or false."""
+    if not isinstance(value, bool):
+        raise ValueError(f"model state {name!r} must be true or false")
+    return value
 
 
 def state_list(name: str, value: Any) -> list[Any]:

@@ -132,7 +132,7 @@ def best_plan(
     if trial is None:
         return plan, [], {}
     compared = {"held": held, "parked": trial[0]}
-    if not trial[0] < held * (1.0 - min_gain):
+    if not trial[0] * (1.0 + min_gain) < held:  # shorter by more than min_gain of itself, as model.py's gain
         return plan, [], compared
     return {**dict.fromkeys(times, 0), **trial[2]}, trial[1], compared
 

@@ -19,6 +19,7 @@ grows), down to that floor. Pure and deterministic.
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -276,6 +277,20 @@ class Observations:
         if len(tail) < count or any(b != batch for _, b, _, _ in tail):
             return None
         return [ms + (e or 0.0) for _, _, ms, e in tail]
+
+    def drift(self, batch: int, min_samples: int, deadband: float) -> float | None:
+        """The factor by which the newest run of times at `batch` (`min_samples` or more) is off the
+        fit of the observations before it, if it is off by the deadband or more and by more than twice
+        its mean's standard error (a changed speed); else None."""
+        run = self.run(batch)
+        recent = self.recent(batch, run) if run >= min_samples else None
+        before = self.fit(min_samples, exclude_last=run) if recent is not None else None
+        if recent is None or before is None or before.batches < 2:
+            return None
+        predicted, mean = before.finish.at(batch), statistics.fmean(recent)
+        ratio = mean / predicted if predicted > 0 else 1.0
+        noise = 2.0 * statistics.stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
+        return None if abs(ratio - 1.0) < max(deadband, noise, 1e-9) else ratio
 
     def rescale(self, factor: float, run: int, keep: int) -> None:
         """The worker's speed changed during its newest `run` observations (all at one batch): carry
