@@ -280,6 +280,32 @@ def test_the_fig10_schedule_never_runs_far_from_the_optimum(seed: int) -> None:
         assert rounds[-1] < (1.4 if n == len(phases) - 1 else 1.1), (phase, n, rounds[-1])
 
 
+def test_the_round_overhead_is_kept_per_set_of_workers_in_the_round() -> None:
+    """A parked worker's re-probe adds a slow, noisy finish: its rounds run 30 ms past the slowest
+    fitted finish, the others' 2 ms. Once the worker is parked again the plan's predicted round
+    uses the 2 ms of the rounds without it, not a median over both kinds, and matches the measure."""
+    costs = {"a": (0.2, 5.0), "b": (0.2, 5.0), "d": (0.8, 120.0)}
+    ctl = model(costs, 128)
+    rnd = random.Random(0)
+    after_reprobe = []
+    for r in range(200):
+        plan = ctl.plan()
+        finishes = [(costs[k][0] * b + costs[k][1]) * (1.0 + rnd.gauss(0.0, 0.01)) for k, b in plan.items() if b > 0]
+        for (k, b), t in zip([(k, b) for k, b in plan.items() if b > 0], finishes):
+            ctl.observe(k, b, t)
+        ctl.observe_round(max(finishes) + (30.0 if plan["d"] > 0 else 2.0))
+        if ctl.decision_due() or r % 10 == 9:
+            ctl.adjust()
+            report = ctl.report()
+            if report["phase"] == "reprobe":
+                after_reprobe.append(None)
+            elif after_reprobe and after_reprobe[-1] is None and ctl.parked() == ["d"]:
+                after_reprobe[-1] = ctl.overhead_ms
+    measured = [c for c in after_reprobe if c is not None]
+    assert len(measured) >= 2 and all(c == pytest.approx(2.0, abs=0.5) for c in measured), after_reprobe
+    assert ctl.overhead_for({"a": 60, "b": 60, "d": 8}) == pytest.approx(30.0, abs=1.0)
+
+
 def test_a_parked_worker_is_reprobed_and_comes_back_when_faster() -> None:
     costs = {"a": (0.2, 5.0), "b": (0.2, 5.0), "d": (0.8, 120.0)}
     ctl = model(costs, 128)

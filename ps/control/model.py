@@ -1,44 +1,29 @@
 """The model policy: Cannikin's OptPerf behind the batch-policy interface (design.md §9,
-../shared/seeds/cannikin.md §3-4).
+../shared/seeds/cannikin.md §3-4; docs/policies.md tells the same life with its figures).
 
 Per worker it fits the finish time f_i(b) = q_i·b + s_i (+ exposed communication, time_fit.py) from
 the (batch, time) pairs the worker reports, learns the round's overhead c (the server's close-to-
-close round time minus the slowest finish it observed in that round), and splits B in one step by
-minimising the predicted round max_i f_i(b_i) + c (optperf.py). Its life, decision by decision:
+close round time minus the slowest fitted finish of that round, per set of workers in the round),
+and splits B in one step by minimising the predicted round max_i f_i(b_i) + c (optperf.py):
 
 1. **Probe.** One batch size cannot separate q from s, so once every worker has `min_samples`
-   observations at its first batch the policy asks for a decision at once (`decision_due`, before
-   the server's schedule) and moves each worker to a second batch: the split inversely
-   proportional to its time per sample (Cannikin's Eq. 8), nudged by PROBE_STEP where that would
-   not move a worker enough. The `adjust` record says `"phase": "probe"` and names the probed workers.
-2. **Solve.** Once the probes are measured it solves and installs the split (again at once), so
-   the plan is steady one decision after the probe rounds.
-3. **Hold or re-solve.** At each later decision it checks every worker's fit against its times
-   since its batch was set: a worker off the fit of its older observations by the deadband or more
-   (and by more than the noise of its mean) has changed speed, and its history is rescaled to the
-   new speed (time_fit.Observations.rescale). A plan measured balanced (`_balanced`) is held.
-   Otherwise the split is re-solved, every plan priced with the fits' uncertainty
-   (time_fit.Finish.cautious), and installed if its predicted round beats the current plan's by more
-   than MIN_GAIN or the model's own relative error on the plan in force, whichever is larger (where
-   a fixed cost dominates, many splits predict nearly the same round: noise in the fits must not
-   move B back and forth), and, unless a worker drifted, if the decision before found such a gain
-   too (one epoch's noise seldom lasts two); at once when B changes or a worker joins or leaves
-   (`replan`). What
-   is installed is the split nearest the plan in force among those within half that margin of the
-   optimum (optperf.nearest_plan): a re-solve moves only the workers it must, each at most TRUST
-   times up or down (docs/policies.md, "When speeds change").
-4. **Park.** In BSP (`park`, the default) a worker whose fixed cost alone exceeds the round the
-   others reach without it is planned at batch 0 when the predicted round is shorter that way than
-   with it held at its share (optperf.best_plan); Σb = B over the others. It stays joined and
-   skips rounds; after REPROBE_FIRST decisions it is brought back for a probe at the batch the
-   split would give it (measured, then solved again), the interval doubling up to REPROBE_MAX each
-   time it is parked again. ASP has no barrier for a slow worker to hold up, so it never parks
-   there: the same fit splits B for equal step times, without the sum rule where the bounds cannot
-   meet B.
+   observations at its first batch the policy asks for a decision at once (`decision_due`) and
+   moves each worker to a second batch (Cannikin's Eq. 8, nudged by PROBE_STEP).
+2. **Solve.** Once the probes are measured it solves and installs the split, at once.
+3. **Hold or re-solve.** A worker off its older fit by the deadband and the noise changed speed:
+   its history is rescaled (time_fit.Observations.drift, rescale). A plan measured balanced is
+   held. Otherwise the split is re-solved with the fits' uncertainty (time_fit.Finish.cautious) and
+   installed if it beats the plan in force by more than MIN_GAIN or the model's error on that plan,
+   and, unless a worker drifted, if the decision before found such a gain too; at once when B or
+   the workers change (`replan`). The split installed is the one nearest the plan in force within
+   half that margin of the optimum (optperf.nearest_plan), each worker moved at most TRUST times.
+4. **Park.** In BSP a worker whose fixed cost alone exceeds the round the others reach without it
+   is planned at batch 0 where that predicts a shorter round (optperf.best_plan), Σb = B over the
+   others; it is re-probed after REPROBE_FIRST decisions, the wait doubling up to REPROBE_MAX. ASP
+   never parks: the same fit splits B for equal step times.
 
-Every decision's `report` carries the fits (q_i, s_i and the overlap case per worker), c, the
-predicted round of the plan it leaves in force and the measured median round of the plan before
-(with that plan's prediction), so prediction error can be read from the metrics log.
+Every decision's `report` carries the fits, c, the predicted round of the plan it leaves in force
+and the measured median round of the plan before, so prediction error can be read from the log.
 """
 
 from __future__ import annotations
@@ -109,6 +94,7 @@ class ModelPolicy(Roster):
         self._reprobed: dict[str, int] = {}  # brought back for a re-probe: the wait it had while parked
         self._warmup: dict[str, int] = {}  # observations still to be skipped per worker (WARMUP)
         self._overhead: deque[float] = deque(maxlen=OVERHEAD_ROUNDS)
+        self._overhead_of: dict[frozenset[str], deque[float]] = {}  # c per set of workers in the round
         self._round_batches: dict[str, int] = {}  # who pushed what in the open round
         self._measured: list[float] = []  # round times under the plan in force
         self._predicted: float | None = None  # predicted round of the plan in force
@@ -145,8 +131,9 @@ class ModelPolicy(Roster):
             raise ValueError(f"round_ms must be >= 0, got {ms}")
         finishes = self._finishes()
         if self._round_batches and all(k in finishes for k in self._round_batches):
-            slowest = max(finishes[k].at(b) for k, b in self._round_batches.items())
-            self._overhead.append(max(0.0, ms - slowest))
+            c = max(0.0, ms - max(finishes[k].at(b) for k, b in self._round_batches.items()))
+            self._overhead.append(c)
+            self._overhead_of.setdefault(frozenset(self._round_batches), deque(maxlen=OVERHEAD_ROUNDS)).append(c)
         self._measured.append(ms)
         del self._measured[:-MEASURED_ROUNDS]
         self._round_batches = {}
@@ -174,8 +161,17 @@ class ModelPolicy(Roster):
 
     @property
     def overhead_ms(self) -> float:
-        """c: the median round time past the slowest fitted finish (0 before any round, and in ASP)."""
-        return statistics.median(self._overhead) if self._overhead else 0.0
+        """c of the plan in force (`overhead_for`)."""
+        return self.overhead_for(self.plan())
+
+    def overhead_for(self, plan: Mapping[str, int]) -> float:
+        """c for the workers `plan` puts in the round: the median over the recent rounds of that set
+        once it has MIN_ERROR_ROUNDS of them, else over every recent round (0 before any, and in
+        ASP). A re-probed worker adds a slow, noisy finish whose excess c must not carry over to the
+        rounds without it. Kept in memory only: a resumed policy starts from the whole window."""
+        own = self._overhead_of.get(frozenset(k for k, b in plan.items() if b > 0), ())
+        values = own if len(own) >= MIN_ERROR_ROUNDS else self._overhead
+        return statistics.median(values) if values else 0.0
 
     def _active(self) -> list[str]:
         return [k for k, w in self._workers.items() if w.batch]
@@ -414,11 +410,10 @@ class ModelPolicy(Roster):
                 entry["exposed_ms"] = round(f.exposed_at(b), 4)
             fits[k] = entry
         known = all(k in finishes for k, b in plan.items() if b > 0)
-        predicted = round_time(self._times(), plan) + self.overhead_ms if known and plan else None
-        if not self._config.keep_global_sum and predicted is not None:
-            predicted -= self.overhead_ms  # ASP: a step, no round
+        c = self.overhead_for(plan) if self._config.keep_global_sum else 0.0  # ASP: a step, no round
+        predicted = round_time(self._times(), plan) + c if known and plan else None
         self._predicted = predicted
-        return {"fits": fits, "overhead_ms": _round(self.overhead_ms), "predicted_round_ms": _round(predicted),
+        return {"fits": fits, "overhead_ms": _round(c), "predicted_round_ms": _round(predicted),
                 "parked": sorted(k for k, b in plan.items() if b == 0)}
 
     # ------------------------------------------------------------------ resume and checkpoints
