@@ -306,15 +306,15 @@ class ModelPolicy(Roster):
         if not self._exact_sum():  # ASP whose bounds cannot meet B: everyone at the bound B pushes them to
             edge = upper if sum(upper.values()) < B else lower
             return dict(edge), [], {}
-        now = {k: b if k not in forced_in and k not in self._reprobed else 0 for k, b in self.plan().items()}
-        if trust:  # (a re-probed worker, just measured where the split puts it, is free to go further)
+        may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
+        if trust:  # a re-probed worker, just measured where the split puts it, is free to go further
+            now = {k: b if k not in forced_in and k not in self._reprobed else 0 for k, b in self.plan().items()}
             lo = {k: max(lo, math.ceil(now[k] / TRUST)) if now[k] else lo for k, lo in lower.items()}
             equal = math.ceil(B / len(self._workers))  # a small worker may always grow to an equal share
             hi = {k: min(hi, max(TRUST * now[k], equal)) if now[k] else hi for k, hi in upper.items()}
             if sum(lo.values()) <= B <= sum(hi.values()):  # else (parked workers at their minimum) as it is
                 lower, upper = lo, hi
-        may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
-        if trust:  # parking is a move like any other: only from the minimum batch (or parked already)
+            # parking is a move like any other: only from the minimum batch (or parked already)
             may_park = [k for k in may_park if now[k] <= self._workers[k].min_batch]
         incumbents = [k for k in may_park if k in self._park or k in self._reprobed]
         return best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms, min_gain=min_gain,
@@ -384,7 +384,7 @@ class ModelPolicy(Roster):
         ratio = self._obs[worker_id].drift(b, n, self._config.deadband) if b else None
         if ratio is None:
             return False
-        self._obs[worker_id].rescale(ratio, self._obs[worker_id].run(b), keep=n)
+        self._obs[worker_id].rescale(ratio, keep=n)
         return True
 
     # ------------------------------------------------------------------ what a decision reports

@@ -292,11 +292,12 @@ class Observations:
         noise = 2.0 * statistics.stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
         return None if abs(ratio - 1.0) < max(deadband, noise, 1e-9) else ratio
 
-    def rescale(self, factor: float, run: int, keep: int) -> None:
-        """The worker's speed changed during its newest `run` observations (all at one batch): carry
-        its history before them over to the new speed (step times times `factor`: a CPU share scales
-        the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop the rest
-        of it, which may be from before the change or after."""
+    def rescale(self, factor: float, keep: int) -> None:
+        """The worker's speed changed during its newest run of observations at one batch (`drift`):
+        carry its history before the run over to the new speed (step times times `factor`: a CPU share
+        scales the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop
+        the rest of it, which may be from before the change or after."""
+        run = self.run(self.items[-1][1]) if self.items else 0
         cut = len(self.items) - run
         self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]
                       + self.items[len(self.items) - min(keep, run):])
