@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ps.ops.arg_types import positive_int
+from common.ops.arg_types import positive_int
 from deploy.launcher import LocalCluster, WorkerSpec
 from ps.ops.metrics import read_metrics
 

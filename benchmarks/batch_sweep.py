@@ -54,7 +54,7 @@ def sweep_one(args: argparse.Namespace, batch: int) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from ps.job.evaluator import evaluate
+    from ps.rounds.evaluator import evaluate
 
     model, data = build(args)
     if batch > len(data.train_x):

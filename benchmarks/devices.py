@@ -28,7 +28,7 @@ from typing import Any
 from benchmarks import analysis
 from benchmarks.report_output import print_report
 from benchmarks.workload import Workload
-from ps.ops.arg_types import positive_float, positive_int
+from common.ops.arg_types import positive_float, positive_int
 from ps.ops.metrics import read_metrics
 
 SCENARIOS = ("cpu", "gpu", "gpu_allreduce", "mixed_uniform", "mixed_dynamic", "mixed_dynamic_allreduce")

@@ -196,7 +196,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
 
     from ps.control.gns import NoiseScaleEstimator
     from ps.control.split import largest_remainder
-    from ps.job.evaluator import evaluate
+    from ps.rounds.evaluator import evaluate
 
     trainer = Trainer(args)
     shares = {str(k): float(s) for k, s in enumerate(args.shares)}

@@ -30,7 +30,7 @@ def server_point(args: argparse.Namespace, epochs: int, workdir: Path) -> dict[s
     """Train `epochs`, freeze, and read the server's estimate and the weights from its checkpoint."""
     from ps.control.gns import NoiseScaleEstimator
     from ps.ops.metrics import read_metrics
-    from ps.params.checkpoint import latest_checkpoint
+    from ps.checkpoint import latest_checkpoint
 
     B = args.global_batch
     job = ["--workers", str(len(args.shares)), "--controller", "static", "--model", args.model, "--dataset", args.dataset,

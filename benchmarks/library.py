@@ -34,7 +34,7 @@ from typing import Any
 
 from benchmarks.analysis import markdown_table, of_kind, steady_throughput, target
 from benchmarks.report_output import print_report
-from ps.ops.arg_types import positive_int
+from common.ops.arg_types import positive_int
 from ps.ops.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[1]

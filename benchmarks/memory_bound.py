@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ps.job.datasets import build_dataset
-from ps.job.models import build_model
+from common.job.datasets import build_dataset
+from common.job.models import build_model
 from ps.server_flags import parse_options
 from worker.memory_probe import probe_max_batch
 

@@ -6,7 +6,7 @@ Two parts, both printed as one JSON object:
 * accuracy: per seed, three runs of the same job (digits, B=48 by default, so that the variable
   split gives HL8's slowest worker a batch of at most 4): `uniform` (equal batches), `variable`
   (the dynamic policy, any batch) and `microM` (the dynamic policy in micro-batches of M). Each run's
-  final test accuracy, the server's BatchNorm running statistics at the end (ps/job/batchnorm.py)
+  final test accuracy, the server's BatchNorm running statistics at the end (common/job/batchnorm.py)
   and the smallest batch the slowest worker was given; then the mean and spread over seeds and how
   far each run's statistics are from the uniform run's of the same seed.
 * throughput: the dynamic policy with and without --micro-batch on HL8's throughput workload (cnn-bn

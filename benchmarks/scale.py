@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.ops.arg_types import positive_float, positive_int
+from common.ops.arg_types import positive_float, positive_int
 from ps.ops.metrics import read_metrics
 
 CHILD_ENV = {

@@ -3,9 +3,9 @@
 ``python -m benchmarks.server_work --json`` times, in this one process, one worker's step as the
 server's cores run it, for each size and wire dtype:
 
-1. receive the push's chunks (``ps.transport.wire.ChunkReceiver``: views of the bytes, NaN/Inf check per chunk);
-2. aggregate them (``ps.params.aggregation.WeightedMean``) and begin the optimizer step (``ps.params.store``);
-3. frame every reply chunk as a serialized ``ParamsChunk`` (``ps.transport.payload`` with the servicer's
+1. receive the push's chunks (``common.transport.wire.ChunkReceiver``: views of the bytes, NaN/Inf check per chunk);
+2. aggregate them (``common.params.aggregation.WeightedMean``) and begin the optimizer step (``common.params.store``);
+3. frame every reply chunk as a serialized ``ParamsChunk`` (``common.transport.payload`` with the servicer's
    framing), which applies the deferred step piece by piece.
 
 The chunks are fresh bytes objects every step, as gRPC hands them over (making them is not timed).
@@ -33,7 +33,7 @@ import torch
 
 from benchmarks.cli_types import choices, counts
 from benchmarks.report_output import print_report, save_report
-from ps.ops.memory import tune_malloc
+from common.ops.memory import tune_malloc
 
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -49,12 +49,12 @@ def fresh(chunks: Sequence[bytes]) -> list[bytes]:
 
 def measure(numel: int, wire_dtype: str, steps: int, momentum: float) -> dict[str, Any]:
     """One row: our step's times and the copy baseline's, `steps` each after one warm-up."""
-    from ps.job.spec import JobSpec
-    from ps.params.aggregation import WeightedMean
-    from ps.params.store import ParameterStore
-    from ps.transport.payload import Payload
-    from ps.transport.replies import params_chunk
-    from ps.transport.wire import CHUNK_BYTES, ChunkReceiver, encode, split
+    from common.job.spec import JobSpec
+    from common.params.aggregation import WeightedMean
+    from common.params.store import ParameterStore
+    from common.transport.payload import Payload
+    from common.transport.replies import params_chunk
+    from common.transport.wire import CHUNK_BYTES, ChunkReceiver, encode, split
 
     gen = torch.Generator().manual_seed(0)
     store = ParameterStore(torch.randn(numel, generator=gen), JobSpec(lr=1e-3, momentum=momentum))

@@ -2,8 +2,8 @@
 
 The parameter server, the solo runs (``benchmarks.solo``) and the DDP baseline
 (``benchmarks.ddp_baseline``) all build their model and data from a :class:`Workload`, through the
-same registry calls the server and the workers use (``ps.job.models.build_model``,
-``ps.job.datasets.build_dataset``), so the throughput they report is for the same work.
+same registry calls the server and the workers use (``common.job.models.build_model``,
+``common.job.datasets.build_dataset``), so the throughput they report is for the same work.
 
 This module also holds the small process helpers the benchmark drivers share: start a child in a
 CPU cgroup before it execs, and stop exactly the children this process started.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from ps.ops.memory import heap_reserve_mib, tune_for_training
+from common.ops.memory import heap_reserve_mib, tune_for_training
 
 CHILD_ENV = {
     **os.environ,
@@ -97,8 +97,8 @@ def tune_like_a_worker(prog: str) -> bool:
 
 def build(args: argparse.Namespace) -> tuple[Any, Any]:
     """``(model, dataset)`` from a child's parsed workload flags, seeded like the server's."""
-    from ps.job.datasets import build_dataset
-    from ps.job.models import build_model
+    from common.job.datasets import build_dataset
+    from common.job.models import build_model
     from ps.server_flags import parse_options
 
     dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed)

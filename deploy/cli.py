@@ -24,7 +24,7 @@ from deploy.profiles import (
     load_schedule,
 )
 from ps.control.config import POLICIES
-from ps.ops.arg_types import positive_float, positive_int
+from common.ops.arg_types import positive_float, positive_int
 
 
 def port_in_range(text: str) -> int:

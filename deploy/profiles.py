@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from deploy.cgroups import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US
-from ps.number_checks import real_number
+from common.number_checks import real_number
 
 MODES = ("bsp", "asp")
 """Training modes a profile can define an allocation for."""

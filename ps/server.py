@@ -17,20 +17,20 @@ import torch
 
 from ps.control.config import ControllerConfig
 from ps.control.registry import build_policy
-from ps.job.batchnorm import batchnorm_layers
-from ps.job.datasets import Dataset, build_dataset
-from ps.job.evaluator import BackgroundEvaluator
-from ps.job.models import build_model
-from ps.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
-from ps.ops.arg_types import is_host_port
+from common.job.batchnorm import batchnorm_layers
+from common.job.datasets import Dataset, build_dataset
+from ps.rounds.evaluator import BackgroundEvaluator
+from common.job.models import build_model
+from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
+from common.ops.arg_types import is_host_port
 from ps.ops.health import NOT_SERVING, SERVING, Health
-from ps.ops.memory import tune_malloc
+from common.ops.memory import tune_malloc
 from ps.ops.metrics import MetricsLog
 from ps.ops.port_file import PortFile
 from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
-from ps.ops.stack_dump import enable_stack_dump
-from ps.params.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from common.ops.stack_dump import enable_stack_dump
+from ps.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
 from ps.rounds.adaptive import AdaptiveSettings
 from ps.rounds.asp import AspSettings
 from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
@@ -42,9 +42,9 @@ from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
 from ps.shards.ranges import split_ranges
-from ps.transport.handlers import SERVICES, OnMessage, register
-from ps.transport.security import ServerSecurity, load_server_security, resolve_token
-from ps.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
+from common.transport.handlers import SERVICES, OnMessage, register
+from common.transport.security import ServerSecurity, load_server_security, resolve_token
+from common.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
 
 
 class JobComplete(Exception):
@@ -214,7 +214,7 @@ def check_flags_together(args: argparse.Namespace) -> None:
 
 
 def bn_batch(spec: JobSpec) -> int:
-    """The batch the server recomputes BatchNorm statistics over (ps/job/batchnorm.py): the micro-batch,
+    """The batch the server recomputes BatchNorm statistics over (common/job/batchnorm.py): the micro-batch,
     else a uniform split's batch B/n."""
     return spec.micro_batch if spec.micro_batch > 1 else max(1, spec.global_batch // spec.workers)
 

@@ -12,8 +12,8 @@ from typing import Any
 
 from ps.control.adaptive import LR_SCALINGS, AdaptiveConfig
 from ps.control.config import POLICIES
-from ps.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES
-from ps.ops.arg_types import (
+from common.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES
+from common.ops.arg_types import (
     epoch_or_steps,
     float_at_least,
     float_between,
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="built-in digits (scikit-learn's, 80/20 split), synthetic (options size=4096 image_size=32 "
                           "channels=3 num_classes=10 noise=1.0) or teacher (size=65536 features=32 hidden=32 "
                           "num_classes=10 label_noise=0.0: a task on which the batch size matters, for mlp), or "
-                          "package.module:function, a factory fn(seed, **options) -> ps.job.datasets.Dataset")
+                          "package.module:function, a factory fn(seed, **options) -> common.job.datasets.Dataset")
     job.add_argument("--dataset-arg", type=key_value, action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
     job.add_argument("--epochs", type=positive_int, default=10, help="passes over the training split")
     job.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the model's initial weights and the data split")

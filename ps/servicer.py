@@ -8,11 +8,11 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.errors import ServiceError
+from common.errors import ServiceError
 from ps.rounds.coordinator import Coordinator
-from ps.transport.push_stream import receive_push
-from ps.transport.replies import params_chunk, reply_messages, status_code
-from ps.transport.serialized import DataChunk
+from common.transport.push_stream import receive_push
+from common.transport.replies import params_chunk, reply_messages, status_code
+from common.transport.serialized import DataChunk
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):

@@ -10,8 +10,8 @@ import sys
 
 import torch
 
-from ps.job.models import build_model
-from ps.job.spec import JobSpec
+from common.job.models import build_model
+from common.job.spec import JobSpec
 from worker.client import StepPlan
 from worker.collective import Collective
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ps.job.batchnorm import batchnorm_layers, recalibrate, running_stats
-from ps.job.datasets import build_dataset
-from ps.job.models import build_model
-from ps.job.spec import JobSpec
+from common.job.batchnorm import batchnorm_layers, recalibrate, running_stats
+from common.job.datasets import build_dataset
+from common.job.models import build_model
+from common.job.spec import JobSpec
 from worker import connect, job_build
 from worker.accumulate import backward_in_micro_batches
 from worker.memory_probe import Declared, JobSetupError, declared_max_batch, probe_max_batch

@@ -26,8 +26,8 @@ from ps.control.adaptive import (
 )
 from ps.control.config import POLICIES, ControllerConfig
 from ps.control.registry import build_policy, with_global_batch
-from ps.params.aggregation import squared_norm
-from ps.transport.chunked import ChunkedVector
+from common.params.aggregation import squared_norm
+from common.transport.chunked import ChunkedVector
 
 FAST = settings(max_examples=40, deadline=None)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ps.control.adaptive import lr_factor
-from ps.params.checkpoint import read_checkpoint
+from ps.checkpoint import read_checkpoint
 from tests import test_cli
 from tests.processes import Cluster, start_server
 from worker.client import PSClient

@@ -8,10 +8,10 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.job.datasets import build_dataset
-from ps.job.models import build_model
-from ps.params.aggregation import WeightedMean, asp_lr, weighted_mean
-from ps.transport.layout import flatten_grads
+from common.job.datasets import build_dataset
+from common.job.models import build_model
+from common.params.aggregation import WeightedMean, asp_lr, weighted_mean
+from common.transport.layout import flatten_grads
 
 DATA = build_dataset("digits", {}, 0)
 

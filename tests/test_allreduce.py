@@ -17,14 +17,14 @@ import torch
 from torch.distributed import TCPStore
 
 from protos import ps_pb2
-from ps.job.models import build_model
-from ps.job.spec import JobSpec
+from common.job.models import build_model
+from common.job.spec import JobSpec
 from ps.ops.metrics import read_metrics
-from ps.params.checkpoint import checkpoint_files, read_checkpoint
-from ps.params.store import ParameterStore
+from ps.checkpoint import checkpoint_files, read_checkpoint
+from common.params.store import ParameterStore
 from ps.rounds.rendezvous import Group, fast_path_fits, hub_rank, plan_group
 from ps.server import main as server_main
-from ps.transport.layout import flatten_params
+from common.transport.layout import flatten_params
 from tests import collective_ranks
 from tests.processes import ENV, Cluster, start_server
 from tests.test_hostile import wait_until
@@ -377,7 +377,7 @@ def test_rounds_close_on_reports_and_rank0_snapshots_at_epoch_end(ps_server, thr
 
 
 def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_server, threads) -> None:
-    """Rank 0's snapshot is the parameters, then the momentum buffer (ps.params.flat_state); the server keeps
+    """Rank 0's snapshot is the parameters, then the momentum buffer (common.params.flat_state); the server keeps
     both (what its checkpoints hold) and hands the momentum to a worker that asks (after a resume).
     A snapshot of another size, or a non-finite state, is refused and changes nothing."""
     server = ps_server(*TINY, "--momentum", "0.9")

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from ps.job.spec import JobSpec, default_balance
+from common.job.spec import JobSpec, default_balance
 from ps.server import build_job, print_progress
 from tests.conftest import job_args
 from tests.test_hostile import wait_until

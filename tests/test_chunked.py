@@ -11,12 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.errors import InvalidArgument
-from ps.job.spec import JobSpec
-from ps.params.aggregation import WeightedMean
-from ps.params.store import ParameterStore
-from ps.transport.chunked import ChunkedVector, as_tensor, parts
-from ps.transport.wire import ChunkReceiver, FlatReceiver, decode, encode, split
+from common.errors import InvalidArgument
+from common.job.spec import JobSpec
+from common.params.aggregation import WeightedMean
+from common.params.store import ParameterStore
+from common.transport.chunked import ChunkedVector, as_tensor, parts
+from common.transport.wire import ChunkReceiver, FlatReceiver, decode, encode, split
 
 
 def rand(n: int, seed: int) -> torch.Tensor:

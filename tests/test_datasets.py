@@ -11,8 +11,8 @@ import pytest
 import torch
 from sklearn.datasets import load_digits
 
-from ps.job import datasets
-from ps.job.datasets import build_dataset, digits_arrays
+from common.job import datasets
+from common.job.datasets import build_dataset, digits_arrays
 from tests.processes import ENV
 
 
@@ -28,7 +28,7 @@ def test_digits_are_load_digits_exactly() -> None:
 
 def test_building_digits_does_not_import_sklearn() -> None:
     """The import is what a 1/8-core worker paid for ~11 s after Join; a fresh process shows it."""
-    code = ("import sys; from ps.job.datasets import build_dataset; build_dataset('digits', {}, 0); "
+    code = ("import sys; from common.job.datasets import build_dataset; build_dataset('digits', {}, 0); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'sklearn'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=120, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ps.job.datasets import build_dataset
-from ps.job.models import build_model
-from ps.transport.layout import flatten_params
+from common.job.datasets import build_dataset
+from common.job.models import build_model
+from common.transport.layout import flatten_params
 from tests.processes import start_server
 from worker.client import PSClient
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from ps.job.datasets import build_dataset
-from ps.job.models import build_model
-from ps.params.checkpoint import checkpoint_files, read_checkpoint
+from common.job.datasets import build_dataset
+from common.job.models import build_model
+from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.rounds.coordinator import params_digest
 from tests.processes import ENV, Cluster, start_server
 from worker.client import PSClient, ServerError

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ps.transport.layout import flatten_params, load_flat
+from common.transport.layout import flatten_params, load_flat
 from tests.test_overlap import _reference, _train
 from worker import overlap
 from worker.client import ServerError

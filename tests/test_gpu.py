@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ps.params.checkpoint import checkpoint_files, read_checkpoint
+from ps.checkpoint import checkpoint_files, read_checkpoint
 from tests.processes import ENV, start_server
 from tests.test_allreduce import JOB, _finish
 

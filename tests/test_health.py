@@ -18,7 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.transport.security import bearer
+from common.transport.security import bearer
 from tests.processes import ENV, start_server
 from tests.test_prometheus import scrape, value
 

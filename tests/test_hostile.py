@@ -35,8 +35,8 @@ from hypothesis.stateful import (
 from protos import ps_pb2, ps_pb2_grpc
 from ps.rounds.membership import MAX_CORES, MAX_NAME
 from ps.server import GRPC_OPTIONS, MAX_MESSAGE_BYTES, Job, build_job
-from ps.transport.messages import MAX_COMPUTE_MS
-from ps.transport.wire import CHUNK_BYTES, FlatReceiver, decode, encode, split
+from common.transport.messages import MAX_COMPUTE_MS
+from common.transport.wire import CHUNK_BYTES, FlatReceiver, decode, encode, split
 from tests.conftest import InProcessServer, job_args
 from tests.state_compare import assert_same, server_state
 

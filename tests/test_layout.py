@@ -1,8 +1,9 @@
-"""The code's layout holds: every module imports, the folders of ps/ import each other only in the
-directions ps/__init__.py draws, no imports form a cycle, and modules stay short enough to read.
+"""The code's layout holds: every module imports, the folders of common/ and ps/ import each other
+only in the directions their __init__.py files draw (worker/ and ps/ side by side on common/, neither
+importing the other), no imports form a cycle, and modules stay short enough to read.
 
 Imports are read from the source (ast), lazy ones inside functions included, so a dependency cannot
-hide in a function body; what a module imports by name at run time (ps.job.registry's factories)
+hide in a function body; what a module imports by name at run time (common.job.registry's factories)
 is the user's and not counted."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("ps", "worker", "deploy", "benchmarks")
+PACKAGES = ("common", "ps", "worker", "deploy", "benchmarks")
 FIRST_PARTY = (*PACKAGES, "protos", "tests")
 MAX_LINES = 500
 
@@ -27,27 +28,33 @@ LONGER_ALLOWED: dict[str, str] = {
     "deploy/emulator.py": "one emulation run",
 }
 
-# The parts of the code and what each may import: a folder of ps/ is one part, a module at the top
-# of ps/ is one, worker/, deploy/, benchmarks/ and protos/ are one each.
+# The parts of the code and what each may import: a folder of ps/ or common/ is one part, a module
+# at the top of either is one, worker/, deploy/, benchmarks/ and protos/ are one each.
 ANY = frozenset({"*"})
-PS_PARTS = ("ps.control", "ps.job", "ps.transport", "ps.params", "ps.shards", "ps.rounds", "ps.ops",
-            "ps.errors", "ps.number_checks", "ps.servicer", "ps.server", "ps.server_flags")
+COMMON_PARTS = ("common.job", "common.transport", "common.params", "common.ops", "common.errors",
+                "common.number_checks")
+PS_PARTS = ("ps.control", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer", "ps.server",
+            "ps.server_flags")
 ALLOWED: dict[str, frozenset[str]] = {
-    "ps": frozenset(),  # the package map, a docstring
-    "ps.errors": frozenset(),  # leaves: they import nothing of the project
-    "ps.number_checks": frozenset(),
-    "ps.control": frozenset({"ps.number_checks"}),  # pure: no transport, no torch (below)
-    "ps.ops": frozenset(),
-    "ps.transport": frozenset({"ps.errors", "protos"}),
-    "ps.job": frozenset({"ps.transport", "ps.errors", "ps.number_checks"}),
-    "ps.params": frozenset({"ps.job", "ps.transport", "ps.errors"}),
-    "ps.shards": frozenset({"ps.params", "ps.job", "ps.transport", "ps.ops", "ps.errors", "protos"}),
-    "ps.rounds": frozenset({"ps.control", "ps.params", "ps.shards", "ps.job", "ps.transport", "ps.ops", "ps.errors"}),
-    "ps.servicer": frozenset({*PS_PARTS, "protos"}),
-    "ps.server": frozenset({*PS_PARTS, "protos"}),
+    "common": frozenset(),  # the package map, a docstring
+    "common.errors": frozenset(),  # leaves: they import nothing of the project
+    "common.number_checks": frozenset(),
+    "common.ops": frozenset(),
+    "common.transport": frozenset({"common.errors", "protos"}),
+    "common.job": frozenset({"common.transport", "common.errors", "common.number_checks"}),
+    "common.params": frozenset({"common.job", "common.transport", "common.errors"}),
+    "ps": frozenset(),
+    "ps.control": frozenset({"common.number_checks"}),  # pure: no transport, no torch (below)
+    "ps.ops": frozenset(COMMON_PARTS),
+    "ps.checkpoint": frozenset(COMMON_PARTS),
+    "ps.shards": frozenset({*COMMON_PARTS, "ps.ops", "protos"}),
+    "ps.rounds": frozenset({*COMMON_PARTS, "ps.control", "ps.shards", "ps.ops", "ps.checkpoint"}),
+    "ps.servicer": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
+    "ps.server": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     # ps-server's flags, parsed without building anything (the policy names from ps.control.config)
-    "ps.server_flags": frozenset({"ps.control", "ps.job", "ps.ops"}),
-    "worker": frozenset({"ps.job", "ps.transport", "ps.params", "ps.ops", "ps.errors", "protos"}),
+    "ps.server_flags": frozenset({*COMMON_PARTS, "ps.control", "ps.ops"}),
+    # the worker stands beside the server on what they share: it never imports ps
+    "worker": frozenset({*COMMON_PARTS, "protos"}),
     "deploy": ANY,
     "benchmarks": ANY,
     "protos": frozenset(),
@@ -112,7 +119,7 @@ def graph() -> dict[str, set[str]]:
 def part_of(module: str) -> str:
     """The part a module belongs to (see ALLOWED)."""
     parts = module.split(".")
-    if parts[0] != "ps" or len(parts) == 1:
+    if parts[0] not in ("ps", "common") or len(parts) == 1:
         return parts[0]
     return ".".join(parts[:2])
 
@@ -159,8 +166,8 @@ def test_every_module_imports(name: str) -> None:
 
 def test_every_part_is_in_the_table_and_ps_folders_say_what_they_hold() -> None:
     parts = {part_of(m) for m in MODULES}
-    assert parts - set(ALLOWED) == set(), "a new part of the code: add it to ALLOWED and to ps/__init__.py"
-    for folder in (ROOT / "ps").iterdir():
+    assert parts - set(ALLOWED) == set(), "a new part of the code: add it to ALLOWED and to its package's __init__.py"
+    for folder in [*(ROOT / "ps").iterdir(), *(ROOT / "common").iterdir()]:
         if folder.is_dir() and folder.name != "__pycache__":
             init = folder / "__init__.py"
             assert init.exists(), f"{folder} has no __init__.py"
@@ -209,5 +216,5 @@ def test_modules_stay_short() -> None:
 def test_the_checks_catch_a_cycle_and_a_wrong_direction() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
-    assert part_of("ps.transport.wire") == "ps.transport" and part_of("ps.server") == "ps.server"
-    assert "ps.rounds" not in ALLOWED["ps.transport"] and "ps.transport" not in ALLOWED["ps.control"]
+    assert part_of("common.transport.wire") == "common.transport" and part_of("ps.server") == "ps.server"
+    assert "ps.rounds" not in ALLOWED["common.transport"] and "common.transport" not in ALLOWED["ps.control"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ps.job.spec import JobSpec
+from common.job.spec import JobSpec
 from worker.local_optimizer import LocalOptimizer, StepRefused
 
 

@@ -1,4 +1,4 @@
-"""ps.ops.memory: glibc malloc settings applied with mallopt (tune_malloc) and a heap reserve for blocks
+"""common.ops.memory: glibc malloc settings applied with mallopt (tune_malloc) and a heap reserve for blocks
 over the mmap threshold (reserve_heap); no-ops elsewhere, never an error."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ps.ops import memory
+from common.ops import memory
 
 
 def _glibc() -> bool:
@@ -61,7 +61,7 @@ def test_never_raises_when_libc_cannot_be_loaded(monkeypatch: pytest.MonkeyPatch
 # caches keep a freed block's slot from merging again) and then settles: about 20 steps here.
 BIG_BLOCKS = """
 import resource, sys, torch
-from ps.ops.memory import reserve_heap, tune_malloc
+from common.ops.memory import reserve_heap, tune_malloc
 
 def rss_mib():
     return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmRSS")) / 1024

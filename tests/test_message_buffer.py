@@ -1,11 +1,11 @@
-"""A message built in place (ps.transport.message_buffer) holds exactly the header and the data written into it."""
+"""A message built in place (common.transport.message_buffer) holds exactly the header and the data written into it."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ps.transport.message_buffer import IN_PLACE, MessageBuffer
+from common.transport.message_buffer import IN_PLACE, MessageBuffer
 
 
 def test_this_interpreter_builds_messages_in_place() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from ps.job.models import build_model
+from common.job.models import build_model
 
 
 def exploding_model(input_shape: tuple[int, ...], num_classes: int) -> nn.Module:

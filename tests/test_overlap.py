@@ -15,10 +15,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ps.errors import InvalidArgument
-from ps.job.datasets import build_dataset
-from ps.job.models import build_model
-from ps.transport.wire import OffsetReceiver, encode
+from common.errors import InvalidArgument
+from common.job.datasets import build_dataset
+from common.job.models import build_model
+from common.transport.wire import OffsetReceiver, encode
 from worker import overlap
 from worker.connection import connect
 from worker.overlap import plan_buckets

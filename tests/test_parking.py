@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ps.params.checkpoint import read_checkpoint
+from ps.checkpoint import read_checkpoint
 from tests.processes import start_server
 from worker.client import PSClient, ServerError
 

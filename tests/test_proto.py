@@ -10,8 +10,8 @@ def test_generated_code_is_fresh() -> None:
 def test_push_kinds_match_the_proto_enum() -> None:
     """The core's push kinds, the wire's PushKind numbers and their inverse are one mapping."""
     from protos import ps_pb2
-    from ps.transport.messages import PUSH_KINDS
-    from ps.transport.push_stream import PUSH_KIND_NAMES, PUSH_KIND_NUMBERS
+    from common.transport.messages import PUSH_KINDS
+    from common.transport.push_stream import PUSH_KIND_NAMES, PUSH_KIND_NUMBERS
 
     assert set(PUSH_KIND_NUMBERS) == set(PUSH_KINDS)
     assert sorted(PUSH_KIND_NUMBERS.values()) == sorted(ps_pb2.PushKind.values())

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ps.rounds.coordinator import Coordinator
 from ps.server import build_job
-from ps.transport.messages import PushMeta
+from common.transport.messages import PushMeta
 from tests.conftest import job_args
 
 B = 24

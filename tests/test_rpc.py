@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.job.datasets import build_dataset
-from ps.job.models import build_model
-from ps.job.spec import JobSpec
-from ps.transport.layout import Layout, flatten_grads, flatten_params
-from ps.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
+from common.job.datasets import build_dataset
+from common.job.models import build_model
+from common.job.spec import JobSpec
+from common.transport.layout import Layout, flatten_grads, flatten_params
+from common.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
 from tests.state_compare import assert_same, server_state
 
 if TYPE_CHECKING:
@@ -390,15 +390,15 @@ def test_bsp_steps_piece_by_piece_while_replies_stream(ps_server, threads, monke
     """With the optimizer stepped in 5 pieces and the replies framed lazily in 5 chunks, three rounds of
     two workers (momentum, weight decay) give every reply and a pull what one optimizer over the whole
     vector gives."""
-    import ps.params.stepping
-    import ps.params.store
-    from ps.params.aggregation import WeightedMean
+    import common.params.stepping
+    import common.params.store
+    from common.params.aggregation import WeightedMean
 
-    monkeypatch.setattr(ps.params.stepping, "PIECE_VALUES", 1 << 18)
+    monkeypatch.setattr(common.params.stepping, "PIECE_VALUES", 1 << 18)
     c = start_cluster(ps_server, threads, "--model-arg", "hidden=1100", "--global-batch", "32", "--lr", "0.1",
                       "--momentum", "0.9", "--weight-decay", "0.001", "--controller", "static", cores={"a": 12.0, "b": 20.0})
     assert len(c.server.coordinator.store.pieces) == 5 and c.numel > 4 * (1 << 18)
-    reference = ps.params.store.ParameterStore(c.theta0, JobSpec(lr=0.1, momentum=0.9, weight_decay=0.001), piece_values=c.numel)
+    reference = common.params.store.ParameterStore(c.theta0, JobSpec(lr=0.1, momentum=0.9, weight_decay=0.001), piece_values=c.numel)
     for round_ in range(3):
         g_a, g_b = rand(c.numel, seed=10 + round_), rand(c.numel, seed=20 + round_)
         pending = threads.submit(push, c.server.stub(), push_chunks(
@@ -420,9 +420,9 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     """The core's Payload, framed with params_chunk, holds for each ParamsChunk bytes that parse to
     the message (data 16-byte aligned by a zero pad field), built once per version; reply_messages only
     puts each reply's header message first."""
-    from ps.transport.messages import StepReply
-    from ps.transport.payload import Payload
-    from ps.transport.replies import params_chunk, reply_messages
+    from common.transport.messages import StepReply
+    from common.transport.payload import Payload
+    from common.transport.replies import params_chunk, reply_messages
 
     values = rand(3000, seed=5)
     raw = split(encode(values), 4096)
@@ -455,7 +455,7 @@ def test_chunk_data_is_parsed_as_a_view_and_the_rest_as_protobuf_would() -> None
     raises DecodeError for bytes FromString refuses or that end inside a field."""
     from google.protobuf.message import DecodeError
 
-    from ps.transport.serialized import data_view_parser
+    from common.transport.serialized import data_view_parser
 
     parse = data_view_parser(ps_pb2.PushChunk)
     h = header("w", 3000, round=4)
@@ -482,11 +482,11 @@ def test_chunk_data_is_parsed_as_a_view_and_the_rest_as_protobuf_would() -> None
 
 
 def test_pushes_are_sent_as_the_chunk_messages_serialized() -> None:
-    """The client writes each push chunk straight from a view of the values (ps/transport/serialized.py): without
+    """The client writes each push chunk straight from a view of the values (common/transport/serialized.py): without
     alignment exactly SerializeToString's bytes; aligned (the default), a zero pad field first, so that
     data starts at a multiple of 16 bytes into the message, and the same message once parsed."""
-    from ps.transport.serialized import with_data
-    from ps.transport.wire import views
+    from common.transport.serialized import with_data
+    from common.transport.wire import views
 
     values = encode(rand(3000, seed=6))
     h = header("w", 3000)

@@ -24,7 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 import ps.server
 from protos import ps_pb2, ps_pb2_grpc
-from ps.transport.security import TOKEN_ENV, bearer, resolve_token
+from common.transport.security import TOKEN_ENV, bearer, resolve_token
 from tests.processes import ENV, Cluster, start_server
 from worker.cli import main as worker_main
 from worker.client import PSClient, ServerError

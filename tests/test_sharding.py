@@ -23,17 +23,17 @@ import pytest
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
-from ps.job.spec import JobSpec
-from ps.params.checkpoint import checkpoint_files, read_checkpoint
+from common.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
+from common.job.spec import JobSpec
+from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.server import build_job
 from ps.server_flags import build_parser
 from ps.shards.core import ShardCore
 from ps.shards.processes import LocalShards
 from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
-from ps.transport.messages import PushMeta
-from ps.transport.wire import encode
-from ps.transport.worker_keys import WorkerKeys
+from common.transport.messages import PushMeta
+from common.transport.wire import encode
+from common.transport.worker_keys import WorkerKeys
 from tests.processes import Cluster, start_server
 from tests.test_store import torch_optimizer
 from worker.client import Joined, PSClient, ServerError

@@ -13,12 +13,12 @@ import torch
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from ps.job.spec import JobSpec
-from ps.params.store import ParameterStore
-from ps.transport.chunked import ChunkedVector
-from ps.transport.magnitude import LIMIT, OverflowRisk, exact_magnitude, magnitude
-from ps.transport.payload import Payload
-from ps.transport.wire import encode, split
+from common.job.spec import JobSpec
+from common.params.store import ParameterStore
+from common.transport.chunked import ChunkedVector
+from common.transport.magnitude import LIMIT, OverflowRisk, exact_magnitude, magnitude
+from common.transport.payload import Payload
+from common.transport.wire import encode, split
 from tests.state_compare import assert_same
 
 SPECS = {
@@ -30,7 +30,7 @@ SPECS = {
 
 
 def torch_optimizer(param: torch.nn.Parameter, spec: JobSpec) -> torch.optim.Optimizer:
-    """torch.optim's optimizer for the job's hyperparameters: the reference ps.params.stepping is checked against."""
+    """torch.optim's optimizer for the job's hyperparameters: the reference common.params.stepping is checked against."""
     if spec.optimizer == "adam":
         return torch.optim.Adam([param], lr=spec.lr, weight_decay=spec.weight_decay)
     return torch.optim.SGD([param], lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay,
@@ -74,7 +74,7 @@ def test_piecewise_deferred_steps_equal_whole_steps_bit_for_bit(name: str) -> No
 @pytest.mark.parametrize("name", sorted(SPECS))
 @pytest.mark.parametrize("piece_values", [None, 1000, 10_007])
 def test_pieces_equal_torch_optim_bit_for_bit(name: str, piece_values: int | None) -> None:
-    """SGD and Adam are written out per piece (ps.params.stepping); they must be torch.optim's arithmetic
+    """SGD and Adam are written out per piece (common.params.stepping); they must be torch.optim's arithmetic
     exactly: the same parameters and state after steps with a learning-rate change, and a state dict
     torch's optimizer loads."""
     spec, n = SPECS[name], 10_007
@@ -179,8 +179,8 @@ def test_a_store_builds_no_torch_optimizer(optimizer: str) -> None:
     fast-path worker on a 1/8-core quota); a store steps, saves and loads without one."""
     code = (
         "import sys, torch\n"
-        "from ps.job.spec import JobSpec\n"
-        "from ps.params.store import ParameterStore\n"
+        "from common.job.spec import JobSpec\n"
+        "from common.params.store import ParameterStore\n"
         f"store = ParameterStore(torch.zeros(100), JobSpec(optimizer={optimizer!r}, momentum=0.9))\n"
         "store.apply_gradient(torch.ones(100))\n"
         "store.load_state_dict(store.state_dict())\n"
@@ -222,7 +222,7 @@ def test_optimizer_state_round_trips_across_piece_sizes(name: str) -> None:
 
 @pytest.mark.parametrize("name", sorted(SPECS))
 def test_the_flat_optimizer_state_carries_the_whole_state(name: str) -> None:
-    """The fast path moves the optimizer state as one fp32 vector (ps.params.flat_state): a store loaded from
+    """The fast path moves the optimizer state as one fp32 vector (common.params.flat_state): a store loaded from
     it (before its first step: None) steps on exactly as the store it came from."""
     spec, n = SPECS[name], 5000
     flat = rand(n, 0)
@@ -329,11 +329,11 @@ def test_a_version_dropped_by_invalidate_is_framed_whole_before_it_goes() -> Non
 def test_steps_written_into_reply_messages_equal_steps_in_place(name: str, in_place: bool,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """With fp32 chunks of one piece each, a step writes a piece's new values straight into its reply
-    message and reads them from there at the next step (ps.params.store's resident pieces). Steps framed
+    message and reads them from there at the next step (common.params.store's resident pieces). Steps framed
     whole, framed in part, read through `flat`, mixed with an ASP update and a load must give what
     steps in place give, bit for bit; and a message, once handed out, never changes. The same where
-    messages cannot be built in place (ps.transport.message_buffer's bytearray fallback)."""
-    monkeypatch.setattr("ps.transport.message_buffer.IN_PLACE", in_place)
+    messages cannot be built in place (common.transport.message_buffer's bytearray fallback)."""
+    monkeypatch.setattr("common.transport.message_buffer.IN_PLACE", in_place)
     spec, n, per_piece = SPECS[name], 5000, 512
     flat = rand(n, 0)
     store = ParameterStore(flat, spec, piece_values=per_piece)

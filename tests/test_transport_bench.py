@@ -165,8 +165,8 @@ def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
 
 # ------------------------------------------------------------------ pure parts, on fixed inputs
 def test_flat_model_and_dataset_match_the_job_contract() -> None:
-    from ps.job.datasets import Dataset
-    from ps.job.models import build_model
+    from common.job.datasets import Dataset
+    from common.job.models import build_model
 
     data = tiny_dataset(0, size=64)
     assert isinstance(data, Dataset) and len(data.train_x) == 64
@@ -257,9 +257,9 @@ def test_iterations_and_stats() -> None:
 
 
 STACKS = (
-    "thread (1): MainThread;run (uvloop/__init__.py:92);finish (ps/transport/wire.py:148);abs_kernel (libtorch_cpu.so) 6",
+    "thread (1): MainThread;run (uvloop/__init__.py:92);finish (common/transport/wire.py:148);abs_kernel (libtorch_cpu.so) 6",
     "thread (1): MainThread;run (uvloop/__init__.py:92);epoll_pwait (libc.so.6) 3",
-    "thread (1): MainThread;run (uvloop/__init__.py:92);feed (ps/transport/wire.py:141);0x7f00 (libc.so.6) 1",
+    "thread (1): MainThread;run (uvloop/__init__.py:92);feed (common/transport/wire.py:141);0x7f00 (libc.so.6) 1",
     "thread (2): Thread-1 (_poll_wrapper);epoll_wait (libc.so.6) 10",
 )
 
@@ -269,8 +269,8 @@ def test_profile_summary_groups_by_python_function() -> None:
     assert summary["samples"] == 20 and summary["main_thread_samples"] == 10
     assert summary["threads_pct"] == {"MainThread": 50.0, "Thread-1 (_poll_wrapper)": 50.0}
     functions = {f["function"]: f["pct"] for f in summary["main_thread_by_function"]}
-    assert functions == {"finish (ps/transport/wire.py)": 60.0, "<idle: epoll>": 30.0, "feed (ps/transport/wire.py)": 10.0}
-    assert summary["main_thread_by_line"][0] == {"line": "finish (ps/transport/wire.py:148)", "pct": 60.0}
+    assert functions == {"finish (common/transport/wire.py)": 60.0, "<idle: epoll>": 30.0, "feed (common/transport/wire.py)": 10.0}
+    assert summary["main_thread_by_line"][0] == {"line": "finish (common/transport/wire.py:148)", "pct": 60.0}
 
 
 def test_shard_runs_follow_their_one_shard_run() -> None:

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from ps.errors import InvalidArgument
-from ps.job.models import build_model
-from ps.transport.layout import Layout, TensorEntry, flatten_grads, flatten_params, load_flat
-from ps.transport.wire import (
+from common.errors import InvalidArgument
+from common.job.models import build_model
+from common.transport.layout import Layout, TensorEntry, flatten_grads, flatten_params, load_flat
+from common.transport.wire import (
     CHUNK_BYTES,
     FlatReceiver,
     check_wire_dtype,
@@ -95,7 +95,7 @@ def test_large_buffer_is_chunked_into_mebibyte_pieces(wire_dtype: str) -> None:
 def test_framed_chunks_are_the_encoded_bytes_chunk_by_chunk(wire_dtype: str, n: int) -> None:
     """frame_tensor (chunk-at-a-time conversion into each message) yields exactly encode()'s bytes,
     cut as views() cuts them."""
-    from ps.transport.payload import frame_tensor
+    from common.transport.payload import frame_tensor
 
     x = awkward_values(n)[:n] if n <= 4109 else torch.randn(n)
     for chunk_bytes in (4, 1024, CHUNK_BYTES):

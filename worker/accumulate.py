@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ps.job.batchnorm import batchnorm_layers
+from common.job.batchnorm import batchnorm_layers
 
 
 @contextlib.contextmanager

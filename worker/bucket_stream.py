@@ -14,9 +14,9 @@ from typing import Any
 import torch
 
 from protos import ps_pb2
-from ps.transport.payload import frame_tensor
-from ps.transport.serialized import data_header
-from ps.transport.wire import torch_dtype
+from common.transport.payload import frame_tensor
+from common.transport.serialized import data_header
+from common.transport.wire import torch_dtype
 from worker.forward_order import Arrivals
 from worker.replies import StepPlan
 

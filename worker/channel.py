@@ -6,7 +6,7 @@ from typing import Any, NamedTuple
 
 import grpc
 
-from ps.transport.security import PathArg, bearer, read_pem, resolve_token
+from common.transport.security import PathArg, bearer, read_pem, resolve_token
 
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 CHANNEL_OPTIONS = [

@@ -16,10 +16,10 @@ from collections.abc import Sequence
 
 import torch.nn.functional as F
 
-from ps.ops.arg_types import float_at_least, host_port, positive_float, positive_int
-from ps.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
-from ps.ops.stack_dump import enable_stack_dump
-from ps.transport.security import TOKEN_ENV, resolve_token
+from common.ops.arg_types import float_at_least, host_port, positive_float, positive_int
+from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
+from common.ops.stack_dump import enable_stack_dump
+from common.transport.security import TOKEN_ENV, resolve_token
 from worker.accumulate import backward_in_micro_batches
 from worker.channel import channel_credentials
 from worker.client import ServerError

@@ -2,7 +2,7 @@
 
 It turns RPCs into plain values: a Joined record at Join, a StepPlan after every push or pull
 (the new parameters are decoded straight into a caller-owned fp32 buffer). It keeps the secret each
-Join returned and sends it with every later call that names that worker id (ps/transport/worker_keys.py).
+Join returned and sends it with every later call that names that worker id (common/transport/worker_keys.py).
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ import grpc
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.job.spec import JobSpec
-from ps.transport.layout import Layout, TensorEntry
-from ps.transport.payload import frame_tensor
-from ps.transport.push_stream import PUSH_KIND_NUMBERS
-from ps.transport.security import PathArg
-from ps.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
+from common.job.spec import JobSpec
+from common.transport.layout import Layout, TensorEntry
+from common.transport.payload import frame_tensor
+from common.transport.push_stream import PUSH_KIND_NUMBERS
+from common.transport.security import PathArg
+from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
 from worker.channel import open_channel
 from worker.bucket_stream import BucketStream, Lane, PushTiming
 from worker.forward_order import Arrivals
 from worker.replies import Joined, ShardTarget, StepPlan
-from ps.transport.wire import CHUNK_BYTES, FlatReceiver
+from common.transport.wire import CHUNK_BYTES, FlatReceiver
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +230,7 @@ class PSClient:
 
         def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
             """Serialized chunks: each slice of `part` is written once, straight into its message
-            (bf16/fp16: converted on the way, ps.transport.payload.frame_tensor)."""
+            (bf16/fp16: converted on the way, common.transport.payload.frame_tensor)."""
 
             def push_chunk(seq: int, nbytes: int) -> bytes:
                 return data_header(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), nbytes)
@@ -331,7 +331,7 @@ class PSClient:
         return self._gather(self._pull(request), calls, out)
 
     def pull_optimizer_state(self, worker_id: str, numel: int) -> torch.Tensor | None:
-        """--allreduce: the server's optimizer state, `numel` fp32 values (ps.params.flat_state), or None when
+        """--allreduce: the server's optimizer state, `numel` fp32 values (common.params.flat_state), or None when
         its optimizer has not stepped yet, or when the server predates optimizer-state pulls (it sends
         parameters instead, and says nothing of a state: a warning, and the momentum starts at zero)."""
         request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True, secret=self.secret(worker_id))
@@ -375,7 +375,7 @@ _PARAMS_CHUNK = data_view_parser(ps_pb2.ParamsChunk)  # replies' data as views o
 
 
 def _push_call(channel: grpc.Channel, service: str) -> grpc.StreamStreamMultiCallable:
-    """`service`'s Push, taking serialized PushChunks (ps/transport/serialized.py) as well as messages."""
+    """`service`'s Push, taking serialized PushChunks (common/transport/serialized.py) as well as messages."""
     full_name = ps_pb2.DESCRIPTOR.services_by_name[service].full_name
     return channel.stream_stream(f"/{full_name}/Push", request_serializer=passthrough(ps_pb2.PushChunk.SerializeToString),
                                  response_deserializer=_PARAMS_CHUNK)

@@ -3,7 +3,7 @@
 Every step: write `b_k·g_k` (then `b_k` and the round, as a check) into one contiguous buffer,
 all-reduce it (SUM) over torch.distributed in buckets of at most 25 MB, divide by the reduced `Σ b`,
 which gives the server's batch-weighted mean (Eq. 4b/4c), and take the server's optimizer step
-(`ps.params.store.ParameterStore`, the same optimizer and LR schedule) on this worker's copy of the
+(`common.params.store.ParameterStore`, the same optimizer and LR schedule) on this worker's copy of the
 parameters. Every worker takes the identical step, so the copies stay equal without the server.
 
 A process group lives for one generation; the server starts a new one at every membership change.
@@ -24,10 +24,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ps.job.spec import JobSpec
-from ps.params.aggregation import squared_norm
-from ps.params.store import ParameterStore
-from ps.transport.layout import flatten_params
+from common.job.spec import JobSpec
+from common.params.aggregation import squared_norm
+from common.params.store import ParameterStore
+from common.transport.layout import flatten_params
 from worker.client import ServerError, StepPlan
 
 BUCKET_BYTES = 25 * 1024 * 1024
@@ -81,7 +81,7 @@ class Collective:
 
     def snapshot(self) -> torch.Tensor:
         """What rank 0 sends when the server asks: the parameters, then the optimizer's flat state
-        (ps.params.flat_state) once it has stepped."""
+        (common.params.flat_state) once it has stepped."""
         state = self.local.flat_optimizer_state()
         return self.params if state is None else torch.cat([self.params, state])
 
@@ -178,7 +178,7 @@ class Collective:
         self.round = int(best)
 
     def _broadcast_optimizer_state(self, src: int) -> torch.Tensor | None:
-        """Rank `src`'s optimizer state (ps.params.flat_state) on every rank, as one tensor broadcast: a flag
+        """Rank `src`'s optimizer state (common.params.flat_state) on every rank, as one tensor broadcast: a flag
         (has it stepped yet) and the values. The hyperparameters are the job's on every rank."""
         n = self.local.optimizer_state_numel
         if n == 0:

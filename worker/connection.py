@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from ps.job.spec import JobSpec
+from common.job.spec import JobSpec
 from worker.client import PSClient
 from worker.memory_probe import declared_max_batch
 from worker.reconnect import Waiting, wait_for_server

@@ -2,8 +2,8 @@
 
 The server's reply carries the flat parameters in the layout's order, which is the order the model
 registers its modules in, first layers first, and it steps and frames them a chunk at a time
-(ps.params.store). The model's parameters are views of the flat vector the reply is decoded into
-(ps.transport.layout.load_flat), so a value is in the model as soon as its chunk is decoded. Here:
+(common.params.store). The model's parameters are views of the flat vector the reply is decoded into
+(common.transport.layout.load_flat), so a value is in the model as soon as its chunk is decoded. Here:
 
 - `Arrivals` says how far a streamed reply has come: per server (the coordinator's range, and each
   shard's with --shards) the prefix of its range already decoded, or the error that ended it.

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from ps.job.datasets import Dataset, build_dataset
-from ps.job.models import build_model
-from ps.job.spec import JobSpec
+from common.job.datasets import Dataset, build_dataset
+from common.job.models import build_model
+from common.job.spec import JobSpec
 
 
 class JobSetupError(ValueError):

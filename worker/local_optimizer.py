@@ -4,7 +4,7 @@ the server tells it (η_k = η·b_k/B at the schedule's epoch), and pushes the u
 
 The state (momentum buffer, Adam's moments) is this worker's alone: it carries over batch-size and
 learning-rate changes, and a rejoin starts it afresh (`reset`). The arithmetic is the server's own
-(ps.params.stepping: torch.optim's, a piece at a time), with its overflow bounds: a step that could
+(common.params.stepping: torch.optim's, a piece at a time), with its overflow bounds: a step that could
 reach a non-finite value is refused here, before the state changes.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from ps.job.spec import JobSpec
-from ps.params.stepping import Stepper, make_stepper
-from ps.transport.magnitude import magnitude
+from common.job.spec import JobSpec
+from common.params.stepping import Stepper, make_stepper
+from common.transport.magnitude import magnitude
 
 
 class StepRefused(ValueError):

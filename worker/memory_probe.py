@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ps.job.spec import JobSpec
+from common.job.spec import JobSpec
 from worker.job_build import BuiltJob, JobSetupError, build_job
 
 

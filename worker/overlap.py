@@ -25,7 +25,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from ps.transport.wire import CHUNK_BYTES
+from common.transport.wire import CHUNK_BYTES
 
 BUCKET_VALUES = CHUNK_BYTES // 4
 """Values per bucket (at least: a parameter larger than this is a bucket of its own): one fp32 wire chunk."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ps.job.spec import JobSpec
-from ps.transport.layout import Layout
+from common.job.spec import JobSpec
+from common.transport.layout import Layout
 
 
 @dataclass(frozen=True)

@@ -38,9 +38,9 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from ps.job.datasets import Dataset
-from ps.job.spec import JobSpec
-from ps.transport.layout import Layout, flatten_grads, flatten_params, load_flat
+from common.job.datasets import Dataset
+from common.job.spec import JobSpec
+from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
 from worker.bucket_stream import BucketStream
 from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPlan, reachable_address

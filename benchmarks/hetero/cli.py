@@ -21,7 +21,7 @@ from benchmarks.hetero.settings import Settings, log, resolve_emulation
 from benchmarks.report_output import print_report, save_report
 from benchmarks.workload import Workload
 from deploy.profiles import default_cpu_budget, load_profile, load_schedule
-from ps.ops.arg_types import positive_float, positive_int
+from common.ops.arg_types import positive_float, positive_int
 
 
 def _fraction(text: str) -> float:

@@ -34,7 +34,7 @@ gloo rows report bus bandwidth, 2(n-1)/n * bytes / time (NCCL-tests' definition)
 = bytes / time. ``params_per_s`` = parameters moved per second (up + down), so bf16 rows compare the
 useful work with torch RPC's fp32. Ratios are taken against the same size in the same run.
 
-Every process (servers, echo, clients, this one) calls ``ps.ops.memory.tune_malloc`` first, as ``ps-server``,
+Every process (servers, echo, clients, this one) calls ``common.ops.memory.tune_malloc`` first, as ``ps-server``,
 ``ps-shard`` and ``ps-worker`` do, so the ceiling and our path run with the same glibc malloc settings.
 
 Progress goes to stderr; stdout gets the JSON report (with ``--json``) followed by a markdown table.

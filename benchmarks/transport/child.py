@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cpu_time import CpuWindow
-from ps.ops.memory import tune_malloc
+from common.ops.memory import tune_malloc
 
 
 def _write(path: Path, record: dict[str, Any]) -> None:
@@ -47,7 +47,7 @@ def _target_from_file(path: Path, timeout: float) -> str:
 def ps_client(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from ps.transport.wire import itemsize
+    from common.transport.wire import itemsize
     from worker.client import PSClient, ServerError
 
     torch.set_num_threads(1)

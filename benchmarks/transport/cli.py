@@ -24,7 +24,7 @@ from benchmarks.transport.processes import Processes
 from benchmarks.transport.profiling import profile_server
 from benchmarks.transport.report import add_ratios, combine_rounds, environment, evaluate_targets, markdown, shards_note
 from benchmarks.transport.stats import human, iterations_for, warmup_for
-from ps.ops.memory import tune_malloc
+from common.ops.memory import tune_malloc
 
 
 ALL_BENCHMARKS = ("grpc_stream_echo", "torch_rpc", "ps_push_pull", "gloo_allreduce", "server_overhead")

@@ -30,7 +30,7 @@ def flat_model(input_shape: tuple[int, ...], num_classes: int, numel: float = 1_
 
 def tiny_dataset(seed: int, size: int = 1 << 20, num_classes: int = 2) -> Any:
     """Dataset factory: `size` one-feature training samples (so an epoch spans size/B steps), 2 test samples."""
-    from ps.job.datasets import Dataset
+    from common.job.datasets import Dataset
 
     g = torch.Generator().manual_seed(seed)
     return Dataset(

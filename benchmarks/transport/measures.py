@@ -26,7 +26,7 @@ from benchmarks.transport.stats import human, rate, stats
 def payload_chunks(numel: int, chunk_bytes: int) -> list[bytes]:
     import numpy as np
 
-    from ps.transport.wire import split
+    from common.transport.wire import split
 
     data = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
     chunks = split(memoryview(data).cast("B"), chunk_bytes)
@@ -37,7 +37,7 @@ def payload_chunks(numel: int, chunk_bytes: int) -> list[bytes]:
 def measure_echo(procs: Processes, numel: int, iterations: int, warmup: int) -> list[dict[str, Any]]:
     from benchmarks.echo import EchoClient
     from ps.server import MAX_MESSAGE_BYTES
-    from ps.transport.wire import CHUNK_BYTES
+    from common.transport.wire import CHUNK_BYTES
 
     rows = []
     with server_process(procs, "echo", echo_argv()) as target:
@@ -106,7 +106,7 @@ def measure_torch_rpc(procs: Processes, numel: int, iterations: int, warmup: int
 def measure_ps(procs: Processes, numel: int, workers: int, wire_dtype: str, iterations: int, warmup: int,
                shards: int = 1) -> dict[str, Any]:
     """One push+pull row; with `shards` > 1 the server runs ``--shards`` (it starts shards - 1 ps-shard children)."""
-    from ps.transport.wire import itemsize
+    from common.transport.wire import itemsize
 
     tag = f"{human(numel)}-w{workers}-{wire_dtype}-s{shards}"
     port_file = procs.workdir / f"ps-{tag}-{time.monotonic_ns()}.port"

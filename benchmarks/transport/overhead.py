@@ -53,9 +53,9 @@ def _push_chunks(header: Any, payload: Sequence[bytes], mark: dict[str, float]) 
 
 async def _apush_chunks(header: Any, payload: Sequence[bytes], mark: dict[str, float] | None) -> Any:
     """The same as an async request stream, each chunk parsed from its bytes as the server's request
-    deserializer does (ps.transport.handlers); with `mark`, notes when the stream has ended."""
+    deserializer does (common.transport.handlers); with `mark`, notes when the stream has ended."""
     from protos import ps_pb2
-    from ps.transport.serialized import data_view_parser, with_data
+    from common.transport.serialized import data_view_parser, with_data
 
     parse = data_view_parser(ps_pb2.PushChunk)
     for seq, data in enumerate(payload):
@@ -91,7 +91,7 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     from ps.server import build_job, run_loop
     from ps.server_flags import build_parser
     from ps.servicer import ParameterServerServicer
-    from ps.transport.wire import CHUNK_BYTES, encode, split
+    from common.transport.wire import CHUNK_BYTES, encode, split
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as ps-server --threads 1
@@ -183,8 +183,8 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
         "components_note": "last_push_finish: ChunkReceiver.finish of the last push (length check; NaN/Inf was "
                            "checked chunk by chunk as they arrived); "
                            "close_round: Coordinator._close_round (accumulate result, begin the optimizer step, bookkeeping; "
-                           "the step itself runs a piece at a time as the first reply streams, ps.params.store); "
-                           "payload_encode: Coordinator._current_payload (the version's lazily framed chunks, ps.transport.payload; "
+                           "the step itself runs a piece at a time as the first reply streams, common.params.store); "
+                           "payload_encode: Coordinator._current_payload (the version's lazily framed chunks, common.transport.payload; "
                            "the framing happens as the replies are produced, inside the total); "
                            "reply_serialize_all_workers: SerializeToString of every reply message not already serialized",
     }
@@ -199,7 +199,7 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
 
     from benchmarks.echo import STREAM_METHOD
     from protos import ps_pb2, ps_pb2_grpc
-    from ps.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
+    from common.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
     from worker.channel import CHANNEL_OPTIONS
 
     options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]

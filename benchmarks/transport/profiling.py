@@ -112,7 +112,7 @@ def profile_server(procs: Processes, numel: int, wire_dtype: str, steps: int) ->
     if not raw.exists():
         return {"error": f"py-spy wrote no profile: {procs.log_tail(spy)}"}
     times = read_result(result)["times"]
-    from ps.transport.wire import itemsize
+    from common.transport.wire import itemsize
 
     return {
         "tool": "py-spy record --native --threads --rate 200, attached to ps-server (1 worker) after it listens",

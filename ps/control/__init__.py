@@ -6,4 +6,4 @@ proportional.py, Eq. 6-8) and model.py (Cannikin's OptPerf: the time fits of tim
 split and parking of optperf.py); their settings in config.py, the integer splits in split.py and the
 number checks in checks.py. gns.py estimates the gradient noise scale from the workers' gradients.
 Pure: no torch, no gRPC, no clock, no I/O, so each rule is unit- and property-tested alone. Imports
-nothing of ps but the leaf ps.number_checks."""
+nothing of ps but the leaf common.number_checks."""

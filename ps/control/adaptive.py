@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ps.control.gns import statistical_efficiency
-from ps.number_checks import finite, whole
+from common.number_checks import finite, whole
 
 LR_SCALINGS: tuple[str, ...] = ("adascale", "linear", "sqrt")
 """The `--lr-scaling` rules (the first is the default)."""

@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from ps.number_checks import finite, real_number, whole
+from common.number_checks import finite, real_number, whole
 
 STATE_FORMAT = "gns/1"
 """Format written by `NoiseScaleEstimator.state_dict` and required by `from_state_dict`."""

@@ -4,5 +4,5 @@ own state in its own module: who may join and when the job starts (admission.py)
 (epochs.py), the fast path's groups (fast_path.py, on rendezvous.py), the whole model for evaluations
 and checkpoints (whole_model.py, evaluations.py), the checks a push passes (push_checks.py), the
 checkpoint state, the reports and the job's end; state.py is what they share, membership.py who is in
-the job. May import ps.control, ps.params, ps.shards, ps.job, ps.transport, ps.ops and ps.errors;
+the job. May import ps.control, common.params, ps.shards, common.job, common.transport, ps.ops and common.errors;
 never protos (the servicer translates)."""

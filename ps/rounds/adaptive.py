@@ -4,7 +4,7 @@ that may change the global batch B, re-split over the workers in the same step; 
 the B in force.
 
 Each BSP push's |g_k|² and b_k is noted as it arrives and the round's |g|² when its sum closes, all
-summed in float64 (ps.params.aggregation.squared_norm); the estimator takes the round then. Epochs
+summed in float64 (common.params.aggregation.squared_norm); the estimator takes the round then. Epochs
 count samples, whatever B is, so a change of B at a round boundary leaves "every sample once per
 epoch" as it was. Off (the default) it costs nothing: no norms, the job's LR schedule as given."""
 
@@ -19,11 +19,11 @@ from typing import Any
 from ps.control.adaptive import AdaptiveBatch, AdaptiveConfig, measured_round, round_line
 from ps.control.gns import NoiseScaleEstimator
 from ps.control.registry import build_policy, with_global_batch
-from ps.params.aggregation import squared_norm
+from common.params.aggregation import squared_norm
 from ps.rounds.bsp import BspRound
 from ps.rounds.state import JobState
-from ps.transport.chunked import Vector
-from ps.transport.messages import PushMeta
+from common.transport.chunked import Vector
+from common.transport.messages import PushMeta
 
 _ROUND_TIMES = 64
 """Round times kept since the last decision (their median is the measured round at the current B)."""

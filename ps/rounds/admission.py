@@ -10,7 +10,7 @@ from ps.control.config import ControllerConfig
 from ps.control.micro import usable_max
 from ps.control.registry import reconfigured
 from ps.control.roster import Roster
-from ps.errors import FailedPrecondition, InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument
 from ps.rounds.epochs import Epochs
 from ps.rounds.fast_path import FastPath
 from ps.rounds.membership import MAX_NAME

@@ -8,16 +8,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
-from ps.errors import FailedPrecondition
-from ps.job.spec import STALENESS_LR
-from ps.params.aggregation import asp_lr
+from common.errors import FailedPrecondition
+from common.job.spec import STALENESS_LR
+from common.params.aggregation import asp_lr
 from ps.rounds.epochs import Epochs
 from ps.rounds.membership import Member
 from ps.rounds.ssp import WorkerClocks
 from ps.rounds.state import JobState
-from ps.transport.chunked import Vector
-from ps.transport.magnitude import magnitude_of
-from ps.transport.messages import PushMeta
+from common.transport.chunked import Vector
+from common.transport.magnitude import magnitude_of
+from common.transport.messages import PushMeta
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class AspSettings:
 
 def staleness_factor(rule: str, staleness: int, running: int) -> float:
     """The factor --staleness-lr `rule` applies to an update `staleness` versions old, with `running`
-    workers (ps.job.spec.STALENESS_LR)."""
+    workers (common.job.spec.STALENESS_LR)."""
     if rule == "inverse":
         return 1.0 / max(1, staleness)
     if rule == "excess":

@@ -10,13 +10,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from ps.errors import FailedPrecondition
-from ps.params.aggregation import WeightedMean
+from common.errors import FailedPrecondition
+from common.params.aggregation import WeightedMean
 from ps.rounds.parking import Parking
 from ps.rounds.membership import Member
 from ps.rounds.state import JobState
-from ps.transport.chunked import Vector
-from ps.transport.messages import PushMeta
+from common.transport.chunked import Vector
+from common.transport.messages import PushMeta
 
 
 class BspRound:
@@ -85,7 +85,7 @@ class BspRound:
         """Close the round's sum into the store's step (begun; it is applied a piece at a time as the
         replies stream the new values); the round's samples. Allreduce: nothing to apply."""
         if self.accumulator is not None:
-            # stepped piece by piece as the replies stream the new values (ps.params.store, ps.transport.payload);
+            # stepped piece by piece as the replies stream the new values (common.params.store, common.transport.payload);
             # the accumulator's sum is not reused before begin_push settles the step
             mean = self.accumulator.result()
             if self.on_sum is not None:

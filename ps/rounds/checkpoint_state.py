@@ -12,7 +12,7 @@ import torch
 
 from ps.control.registry import policy_from_state
 from ps.control.roster import Roster
-from ps.job.spec import JobSpec
+from common.job.spec import JobSpec
 from ps.rounds.state import JobState
 from ps.shards.ranges import slice_optimizer_state
 

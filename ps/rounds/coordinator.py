@@ -20,12 +20,12 @@ import torch
 
 from ps.control.config import config_changes
 from ps.control.policy import BatchPolicy
-from ps.errors import FailedPrecondition, InvalidArgument
-from ps.job.datasets import Dataset
-from ps.job.evaluator import BackgroundEvaluator
-from ps.job.spec import JobSpec
+from common.errors import FailedPrecondition, InvalidArgument
+from common.job.datasets import Dataset
+from ps.rounds.evaluator import BackgroundEvaluator
+from common.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
-from ps.params.store import ParameterStore
+from common.params.store import ParameterStore
 from ps.rounds.adaptive import AdaptiveBatchSizing, AdaptiveSettings
 from ps.rounds.admission import Admission, own_max_batch
 from ps.rounds.asp import AspSettings, AspUpdates
@@ -44,12 +44,12 @@ from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.core import MAX_WAIT_S
-from ps.transport.chunked import Vector
-from ps.transport.layout import Layout, flatten_params
-from ps.transport.messages import Beat, JoinInfo, PushMeta, StepReply
-from ps.transport.payload import FramedChunks, Payload, TensorSource
-from ps.transport.wire import ChunkReceiver
-from ps.transport.worker_keys import WorkerKeys
+from common.transport.chunked import Vector
+from common.transport.layout import Layout, flatten_params
+from common.transport.messages import Beat, JoinInfo, PushMeta, StepReply
+from common.transport.payload import FramedChunks, Payload, TensorSource
+from common.transport.wire import ChunkReceiver
+from common.transport.worker_keys import WorkerKeys
 
 
 class Coordinator(JobState):
@@ -184,7 +184,7 @@ class Coordinator(JobState):
         self.fast_path.regroup()
 
     def member(self, worker_id: str, secret: str) -> Member:
-        """The active member a call names, once it proved to be that worker (ps.transport.worker_keys).
+        """The active member a call names, once it proved to be that worker (common.transport.worker_keys).
         An id the server never issued (or has forgotten: a restart) is NOT_FOUND whatever the secret; a
         known one is checked before its state is told (pending, departed: FAILED_PRECONDITION / NOT_FOUND)."""
         if self.membership.known(worker_id):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 
-from ps.job.evaluator import BackgroundEvaluator
+from ps.rounds.evaluator import BackgroundEvaluator
 from ps.rounds.epochs import Epochs
 from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel

@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from ps.control.registry import reconfigured
-from ps.job.spec import JobSpec
+from common.job.spec import JobSpec
 from ps.rounds.membership import Member
 from ps.rounds.rendezvous import Rendezvous, fast_path_fits, hub_rank
 from ps.rounds.state import JobState
 from ps.shards.client import RemoteShards
-from ps.transport.messages import GroupInfo
+from common.transport.messages import GroupInfo
 
 
 PARKING_OFF = "the --allreduce fast path's process group holds every member, so no worker can skip a round"

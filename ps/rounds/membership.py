@@ -10,7 +10,7 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
-from ps.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
 from ps.rounds.ssp import EpochCounts
 
 MAX_NAME = 128

@@ -5,18 +5,18 @@ request for one, and its values against overflowing the step. Each refusal is a 
 
 from __future__ import annotations
 
-from ps.errors import FailedPrecondition, InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument
 from ps.rounds.asp import AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.fast_path import FastPath
 from ps.rounds.membership import Member
 from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
-from ps.transport.chunked import Vector
-from ps.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
-from ps.transport.messages import PUSH_KINDS, PushMeta
-from ps.transport.push_stream import check_times
-from ps.transport.wire import ChunkReceiver, check_wire_dtype
+from common.transport.chunked import Vector
+from common.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
+from common.transport.messages import PUSH_KINDS, PushMeta
+from common.transport.push_stream import check_times
+from common.transport.wire import ChunkReceiver, check_wire_dtype
 
 
 class PushChecks:
@@ -95,7 +95,7 @@ class PushChecks:
             raise FailedPrecondition(f"snapshot of round {meta.round}; the open round is {s.round}")
 
     def snapshot_size(self, num_values: int) -> None:
-        """A snapshot is the parameters, then the optimizer's flat state if it has any (ps.params.flat_state)."""
+        """A snapshot is the parameters, then the optimizer's flat state if it has any (common.params.flat_state)."""
         s = self.state
         numel, state = s.own_numel, s.store.optimizer_state_numel
         if num_values not in (numel, numel + state):
@@ -134,7 +134,7 @@ class PushChecks:
 
     def values(self, member: Member, meta: PushMeta, values: Vector) -> None:
         """BSP: the round's step stays finite with this gradient in it; ASP: θ + Δ stays finite
-        (ps.transport.magnitude). Otherwise InvalidArgument, and nothing changes."""
+        (common.transport.magnitude). Otherwise InvalidArgument, and nothing changes."""
         s = self.state
         accumulator = self.bsp.accumulator
         bound = magnitude_of(values)

@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ps.control.policy import BatchPolicy
-from ps.job.spec import JobSpec
+from common.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
-from ps.params.store import ParameterStore
+from common.params.store import ParameterStore
 from ps.rounds.membership import Member, Membership
 from ps.rounds.rendezvous import Rendezvous
 from ps.shards.client import RemoteShards
-from ps.transport.layout import Layout
-from ps.transport.payload import Payload
+from common.transport.layout import Layout
+from common.transport.payload import Payload
 
 
 class JobState:

@@ -10,9 +10,9 @@ from typing import Any
 
 import torch
 
-from ps.errors import InvalidArgument
+from common.errors import InvalidArgument
 from ps.rounds.state import JobState
-from ps.transport.chunked import Vector, as_tensor
+from common.transport.chunked import Vector, as_tensor
 
 
 class WholeModel:

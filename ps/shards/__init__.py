@@ -1,5 +1,5 @@
 """--shards: the flat parameters cut into contiguous ranges, each stepped on a shard server of its
 own. The shard's core, its gRPC servicer and the ps-shard CLI, the coordinator's client for the
 shard servers, the local shard processes, and how ranges and optimizer state are cut and merged.
-May import ps.params, ps.job, ps.transport, ps.ops, ps.errors and protos; never ps.rounds (the
+May import common.params, common.job, common.transport, ps.ops, common.errors and protos; never ps.rounds (the
 coordinator drives the shards, not the other way)."""

@@ -15,9 +15,9 @@ import torch
 
 from protos import ps_pb2, ps_pb2_grpc
 from ps.shards.ranges import Range, merge_optimizer_states, slice_optimizer_state
-from ps.transport import blob
-from ps.transport.security import bearer
-from ps.transport.server_options import GRPC_OPTIONS
+from common.transport import blob
+from common.transport.security import bearer
+from common.transport.server_options import GRPC_OPTIONS
 
 
 class ShardFailure(RuntimeError):
@@ -66,7 +66,7 @@ class RemoteShards:
     async def load(self, spec_json: str, params: torch.Tensor, optimizer: dict[str, Any] | None, round_: int,
                    max_workers: int, worker_key: bytes) -> None:
         """Give every shard its range of the full `params` (and `optimizer` state, None: fresh), and the
-        key the workers' secrets derive from (ps.transport.worker_keys), so that it can check them."""
+        key the workers' secrets derive from (common.transport.worker_keys), so that it can check them."""
         async def one(i: int, stub: ps_pb2_grpc.ParameterShardStub) -> None:
             start, stop = self.ranges[i + 1]
             state = {

@@ -5,7 +5,7 @@ workers push their slice of the gradient for the open round, the slice is summed
 as it arrives (and kept until the round is decided), and the coordinator's Commit names the
 contributors whose slices count. A slice from anyone else is taken out again and its push refused,
 so a shard steps with exactly the batches the coordinator stepped with. Pushes and pulls carry the
-worker's secret, which the shard checks with the key its coordinator loaded it with (ps.transport.worker_keys).
+worker's secret, which the shard checks with the key its coordinator loaded it with (common.transport.worker_keys).
 """
 
 from __future__ import annotations
@@ -17,16 +17,16 @@ from typing import Any
 
 import torch
 
-from ps.errors import FailedPrecondition, InvalidArgument
-from ps.job.spec import JobSpec
-from ps.params.aggregation import WeightedMean
-from ps.params.store import ParameterStore
-from ps.transport.chunked import Vector
-from ps.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
-from ps.transport.messages import MAX_COMPUTE_MS, PushMeta, StepReply
-from ps.transport.payload import Payload
-from ps.transport.wire import ChunkReceiver, check_wire_dtype
-from ps.transport.worker_keys import KEY_BYTES, WorkerKeys
+from common.errors import FailedPrecondition, InvalidArgument
+from common.job.spec import JobSpec
+from common.params.aggregation import WeightedMean
+from common.params.store import ParameterStore
+from common.transport.chunked import Vector
+from common.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
+from common.transport.messages import MAX_COMPUTE_MS, PushMeta, StepReply
+from common.transport.payload import Payload
+from common.transport.wire import ChunkReceiver, check_wire_dtype
+from common.transport.worker_keys import KEY_BYTES, WorkerKeys
 
 MAX_WAIT_S = 3600.0
 
@@ -204,7 +204,7 @@ class ShardCore:
         self.keys.check(worker_id, secret)
 
     def _check_overflow(self, values: Vector, batch: int) -> None:
-        """The commit's step stays finite with this slice in it (ps.transport.magnitude), or InvalidArgument. The
+        """The commit's step stays finite with this slice in it (common.transport.magnitude), or InvalidArgument. The
         commit's learning rate is not known yet: the job's (the schedule only lowers it) or the current."""
         store, spec, total = self._require_loaded(), self._require_loaded_spec(), self._sum
         assert total is not None

@@ -20,16 +20,16 @@ from pathlib import Path
 import grpc
 import torch
 
-from ps.ops.arg_types import port_number, positive_int
+from common.ops.arg_types import port_number, positive_int
 from ps.ops.health import OVERALL, SERVING, Health
-from ps.ops.memory import tune_malloc
+from common.ops.memory import tune_malloc
 from ps.ops.port_file import PortFile
 from ps.ops.prometheus import Endpoint, MessageMetrics
 from ps.shards.core import ShardCore
 from ps.shards.servicer import ParameterShardServicer
-from ps.transport.handlers import SERVICES, OnMessage, register
-from ps.transport.security import ServerSecurity, load_server_security
-from ps.transport.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
+from common.transport.handlers import SERVICES, OnMessage, register
+from common.transport.security import ServerSecurity, load_server_security
+from common.transport.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
 
 PR_SET_PDEATHSIG = 1
 

@@ -8,12 +8,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.errors import InvalidArgument, ServiceError
+from common.errors import InvalidArgument, ServiceError
 from ps.shards.core import ShardCore
-from ps.transport import blob
-from ps.transport.push_stream import receive_push
-from ps.transport.replies import params_chunk, reply_messages, status_code
-from ps.transport.serialized import DataChunk
+from common.transport import blob
+from common.transport.push_stream import receive_push
+from common.transport.replies import params_chunk, reply_messages, status_code
+from common.transport.serialized import DataChunk
 
 
 def contributors_of(request: ps_pb2.CommitRequest) -> dict[str, int]:

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import grpc
 
 from protos import ps_pb2
-from ps.errors import (
+from common.errors import (
     AlreadyExists,
     FailedPrecondition,
     InvalidArgument,
@@ -17,8 +17,8 @@ from ps.errors import (
     ServiceError,
     Unauthenticated,
 )
-from ps.transport.messages import StepReply
-from ps.transport.serialized import data_header
+from common.transport.messages import StepReply
+from common.transport.serialized import data_header
 
 
 _CODES: dict[type[ServiceError], grpc.StatusCode] = {
@@ -51,7 +51,7 @@ def reply_messages(reply: StepReply) -> Iterator[bytes]:
     The core's payload chunks are already serialized ParamsChunks (the servicers have the core's
     Payload frame them with `params_chunk`), built once per parameter version and shared by every
     reply that carries it, as they are: a reply adds only its own header message (seq 0, no data).
-    The response serializer passes bytes through (ps/transport/handlers.py, ps/transport/serialized.py), so gRPC sends
+    The response serializer passes bytes through (common/transport/handlers.py, common/transport/serialized.py), so gRPC sends
     these as they are.
     """
     header = ps_pb2.ParamsHeader(
@@ -74,4 +74,4 @@ def reply_messages(reply: StepReply) -> Iterator[bytes]:
         optimizer_state=reply.optimizer_state,
     )
     yield ps_pb2.ParamsChunk(header=header).SerializeToString()
-    yield from reply.payload  # framed as they are reached (ps.transport.payload), the first while later ones step
+    yield from reply.payload  # framed as they are reached (common.transport.payload), the first while later ones step

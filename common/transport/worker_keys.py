@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import secrets
 
-from ps.errors import PermissionDenied, Unauthenticated
+from common.errors import PermissionDenied, Unauthenticated
 
 KEY_BYTES = 32
 

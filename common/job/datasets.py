@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ps.job.registry import built, check_options, resolve
-from ps.number_checks import finite, whole
+from common.job.registry import built, check_options, resolve
+from common.number_checks import finite, whole
 
 
 @dataclass(frozen=True)
@@ -161,5 +161,5 @@ def build_dataset(name: str, options: dict, seed: int) -> Dataset:
     check_options("dataset", name, factory, options, fixed=1)
     dataset = built("dataset", name, options, lambda: factory(seed, **options))
     if not isinstance(dataset, Dataset):
-        raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not ps.job.datasets.Dataset")
+        raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not common.job.datasets.Dataset")
     return dataset

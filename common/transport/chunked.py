@@ -23,7 +23,7 @@ class ChunkedVector:
     and `parts`."""
 
     def __init__(self, parts: Sequence[torch.Tensor], bound: float | None = None) -> None:
-        """`bound`: an upper bound on max|value| where the receiver measured one (ps.transport.magnitude)."""
+        """`bound`: an upper bound on max|value| where the receiver measured one (common.transport.magnitude)."""
         self.bound = bound
         self._parts = [p for p in parts if p.numel()]
         self._starts: list[int] = []

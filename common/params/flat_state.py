@@ -6,7 +6,7 @@ Pure: no I/O. The vector's layout is fixed by the job's optimizer, for a model o
 - Adam: the step count, then `exp_avg`, then `exp_avg_sq` (1 + 2·`numel` values). torch keeps the
   step as an fp32 tensor too, so the vector holds it exactly.
 An optimizer that has not stepped yet has no state: None here, no values on the wire.
-The state dicts are torch.optim's for one parameter over the whole vector (ps.params.stepping's format).
+The state dicts are torch.optim's for one parameter over the whole vector (common.params.stepping's format).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
-from ps.job.spec import JobSpec
-from ps.params.stepping import STEPPERS
+from common.job.spec import JobSpec
+from common.params.stepping import STEPPERS
 
 
 def _keys(spec: JobSpec) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -15,7 +15,7 @@ process builds imports torch._dynamo (~1.5 s of CPU, ~12 s for a fast-path worke
 
 Each stepper also bounds its arithmetic (`step_bounds`): from bounds on the gradient, the parameters
 and its state buffers it works out, in a few float operations, bounds on every value one step computes,
-so the store can refuse a step that could overflow fp32 before it changes anything (ps.transport.magnitude).
+so the store can refuse a step that could overflow fp32 before it changes anything (common.transport.magnitude).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from typing import Any, ClassVar, Protocol
 
 import torch
 
-from ps.job.spec import JobSpec
-from ps.transport.magnitude import ROUNDING, exact_magnitude, magnitude, within_limit
-from ps.transport.wire import CHUNK_BYTES, spans
+from common.job.spec import JobSpec
+from common.transport.magnitude import ROUNDING, exact_magnitude, magnitude, within_limit
+from common.transport.wire import CHUNK_BYTES, spans
 
 # one fp32 wire chunk (1 MiB), so a reply's chunk is framed from a piece just stepped
 PIECE_VALUES = CHUNK_BYTES // 4
@@ -58,14 +58,14 @@ class Stepper(Protocol):
     def step_bounds(self, grad: float, params: float, lr: float | None = None) -> StepBounds | None:
         """Bounds after one step with a gradient whose values are within `grad` on parameters within
         `params` (at learning rate `lr`, default the group's), or None if some value the step computes
-        could exceed ps.transport.magnitude.LIMIT. Changes nothing."""
+        could exceed common.transport.magnitude.LIMIT. Changes nothing."""
 
     def begin(self, bounds: StepBounds) -> None:
         """Start a step that `step_bounds` allowed, keeping its state bounds."""
 
     def step_piece(self, index: int, grad: torch.Tensor, param: torch.Tensor, out: torch.Tensor) -> None:
         """Step piece `index`: its values are read from `param` and the new ones written to `out`
-        (the same tensor to step in place; ps.params.store may pass a reply message's data instead)."""
+        (the same tensor to step in place; common.params.store may pass a reply message's data instead)."""
 
     def end(self) -> None: ...
 
@@ -96,7 +96,7 @@ class _OneParameterState:
         self.pieces = spans(flat.numel(), piece_values)
         self._group = group
         self._buffers: dict[str, torch.Tensor] = {}  # empty until the first step (when the optimizer keeps any)
-        self._bounds: dict[str, float] = {}  # >= max|value| of each buffer (ps.transport.magnitude)
+        self._bounds: dict[str, float] = {}  # >= max|value| of each buffer (common.transport.magnitude)
 
     @property
     def lr(self) -> float:
@@ -321,5 +321,5 @@ def adam_group(spec: JobSpec) -> dict[str, Any]:
             "decoupled_weight_decay": False, "params": [0]}
 
 
-# the stepper of each --optimizer (ps.params.flat_state reads their state's layout from these classes)
+# the stepper of each --optimizer (common.params.flat_state reads their state's layout from these classes)
 STEPPERS: dict[str, type[SGDSteps] | type[AdamSteps]] = {"sgd": SGDSteps, "adam": AdamSteps}

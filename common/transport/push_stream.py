@@ -1,6 +1,6 @@
 """Reading a push's chunk stream (the ParameterServer's and the shards' Push): header first, then
 the payload, fed into the receiver the core hands out for that header. The chunks arrive parsed by
-`ps.transport.serialized.data_view_parser` (ps/transport/handlers.py), their data a view of the received bytes."""
+`common.transport.serialized.data_view_parser` (common/transport/handlers.py), their data a view of the received bytes."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from protos import ps_pb2
-from ps.errors import InvalidArgument
-from ps.transport.messages import MAX_COMPUTE_MS, PushMeta
-from ps.transport.serialized import DataChunk
-from ps.transport.wire import ChunkReceiver, OffsetReceiver
+from common.errors import InvalidArgument
+from common.transport.messages import MAX_COMPUTE_MS, PushMeta
+from common.transport.serialized import DataChunk
+from common.transport.wire import ChunkReceiver, OffsetReceiver
 
-# the wire's PushKind numbers for the core's kind names (ps.transport.messages.PUSH_KINDS), and back
+# the wire's PushKind numbers for the core's kind names (common.transport.messages.PUSH_KINDS), and back
 PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
 PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
 

@@ -47,7 +47,7 @@ def with_data(fields: Message, data: bytes | memoryview, align: int = ALIGN) -> 
 
 def data_header(fields: Message, size: int, align: int = ALIGN) -> bytes:
     """What `with_data` puts before `size` bytes of data: the fields, the pad, the data field's key
-    and length (ps.transport.message_buffer writes the data after it without a copy)."""
+    and length (common.transport.message_buffer writes the data after it without a copy)."""
     head = fields.SerializeToString()
     prefix = _data_field_prefix(fields.__class__, size)
     pad_tag = _pad_tag(fields.__class__) if align > 1 and size else b""

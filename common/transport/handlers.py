@@ -18,7 +18,7 @@ from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from protos import ps_pb2
-from ps.transport.serialized import data_view_parser, passthrough
+from common.transport.serialized import data_view_parser, passthrough
 
 SERVICES = ps_pb2.DESCRIPTOR.services_by_name
 

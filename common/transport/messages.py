@@ -25,7 +25,7 @@ class PushMeta:
     num_values: int
     kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
     generation: int = 0  # a report's group generation (0: not said)
-    secret: str = ""  # the worker's secret from Join (ps.transport.worker_keys)
+    secret: str = ""  # the worker's secret from Join (common.transport.worker_keys)
     exposed_ms: float = 0.0  # blocked on communication between the last backward and this forward (0: unknown)
     own_exposed_ms: float = 0.0  # of that, the worker's own sending and receiving (not the wait for the round)
     offsets: bool = False  # the chunks carry their offsets and arrive in any order (buckets sent during backward)
@@ -56,7 +56,7 @@ class JoinInfo:
     rendezvous_host: str = ""
     rendezvous_port: int = 0
     shards: tuple[tuple[str, int, int], ...] = ()  # --shards: (address, start, stop) of the remote ranges
-    secret: str = ""  # what the worker's later calls must carry (ps.transport.worker_keys)
+    secret: str = ""  # what the worker's later calls must carry (common.transport.worker_keys)
 
 
 @dataclass(frozen=True)
@@ -72,11 +72,11 @@ class StepReply:
     global_batch: int
     wire_dtype: str
     num_values: int
-    payload: Sequence[bytes]  # framed chunks (ps.transport.payload: built as a reply reaches them)
+    payload: Sequence[bytes]  # framed chunks (common.transport.payload: built as a reply reaches them)
     reason: str = ""
     group: GroupInfo = GroupInfo()
     snapshot_requested: bool = False
-    optimizer_state: bool = False  # the payload is the optimizer's flat state (ps.params.flat_state), not parameters
+    optimizer_state: bool = False  # the payload is the optimizer's flat state (common.params.flat_state), not parameters
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from ps.errors import InvalidArgument
-from ps.transport.wire import CHUNK_BYTES, split
+from common.errors import InvalidArgument
+from common.transport.wire import CHUNK_BYTES, split
 
 
 def pack(obj: Any, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:

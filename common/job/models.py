@@ -8,8 +8,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from ps.job.registry import built, check_options, resolve
-from ps.number_checks import whole
+from common.job.registry import built, check_options, resolve
+from common.number_checks import whole
 
 
 def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 128, layers: int = 2) -> nn.Module:

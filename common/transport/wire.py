@@ -1,6 +1,6 @@
 """The wire codec: flat parameter buffers as ~1 MiB chunks, decoded without per-element Python.
 
-Pure: no I/O. The layout (names, shapes, dtypes; ps/transport/layout.py) is fixed at Join; afterwards
+Pure: no I/O. The layout (names, shapes, dtypes; common/transport/layout.py) is fixed at Join; afterwards
 only flat buffers travel, optionally narrowed to bf16/fp16 (the server accumulates in fp32).
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from ps.errors import InvalidArgument
-from ps.transport.chunked import ChunkedVector
-from ps.transport.magnitude import magnitude
+from common.errors import InvalidArgument
+from common.transport.chunked import ChunkedVector
+from common.transport.magnitude import magnitude
 
 CHUNK_BYTES = 1 << 20
 
@@ -74,7 +74,7 @@ def split(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
 class _StreamCheck:
     """What every receiver checks of a chunk stream: order, whole values, no overrun, and (with
     `check_finite`) no NaN/Inf, each chunk checked as it arrives, while it is still in cache. The
-    check is a bound on the chunk's largest magnitude (ps.transport.magnitude); `bound` keeps the largest."""
+    check is a bound on the chunk's largest magnitude (common.transport.magnitude); `bound` keeps the largest."""
 
     def __init__(self, num_values: int, wire_dtype: str, check_finite: bool) -> None:
         self.num_values = num_values
@@ -144,7 +144,7 @@ class FlatReceiver(_StreamCheck):
 class ChunkReceiver(_StreamCheck):
     """Keeps a chunk stream as it arrived: each chunk's values are a view of its received bytes in
     the wire dtype (no copy into a buffer, no widening pass), and `finish` gives them as one
-    ChunkedVector (ps.transport.chunked), which the cores read a range at a time (bf16/fp16 ranges are widened
+    ChunkedVector (common.transport.chunked), which the cores read a range at a time (bf16/fp16 ranges are widened
     by the arithmetic that reads them). The bytes stay alive, and unchanged (they are immutable), as
     long as the vector does.
 

@@ -4,7 +4,7 @@ File layout: an 8-byte magic, the SHA-256 of the payload, then a `torch.save` pa
 that is truncated or corrupt fails the checksum and is skipped with a warning on resume.
 To load the model into your own module::
 
-    from ps.params.checkpoint import read_checkpoint
+    from ps.checkpoint import read_checkpoint
     model.load_state_dict(read_checkpoint("ckpts/ckpt-0000000120.pt")["model"])
 """
 

@@ -1,4 +1,4 @@
-"""Errors the server core raises; the servicer maps each to one gRPC status code."""
+"""Errors a service core raises (server or shard); the servicers map each to one gRPC status code."""
 
 
 class ServiceError(Exception):

@@ -10,8 +10,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ps.transport.chunked import Vector, as_tensor, parts
-from ps.transport.magnitude import magnitude_of, within_limit
+from common.transport.chunked import Vector, as_tensor, parts
+from common.transport.magnitude import magnitude_of, within_limit
 
 
 class WeightedMean:
@@ -25,12 +25,12 @@ class WeightedMean:
     (one worker, or the others gone) yields that gradient itself, exactly its mean, and a second
     gradient writes w_1·g_1 + w_2·g_2 into the buffer (no zeroing pass). The caller must leave a
     gradient it added unchanged until `reset` (`holds` says whether the buffer is still in use).
-    A gradient may be a ChunkedVector (ps.transport.chunked: the chunks a push arrived in, in the wire dtype),
+    A gradient may be a ChunkedVector (common.transport.chunked: the chunks a push arrived in, in the wire dtype),
     read part by part; the sum is fp32 whatever the parts' dtype.
 
-    `bound` is an upper bound on the mean's largest magnitude (ps.transport.magnitude), from the gradients' own
+    `bound` is an upper bound on the mean's largest magnitude (common.transport.magnitude), from the gradients' own
     bounds, for the store's overflow check; `admits` says whether a gradient keeps the sum within
-    ps.transport.magnitude.LIMIT.
+    common.transport.magnitude.LIMIT.
     """
 
     def __init__(self, numel: int, scale: int = 1) -> None:
@@ -66,7 +66,7 @@ class WeightedMean:
         return self._single is tensor
 
     def admits(self, grad: Vector, batch: int) -> bool:
-        """Whether adding `grad` over `batch` samples keeps every partial sum within ps.transport.magnitude.LIMIT."""
+        """Whether adding `grad` over `batch` samples keeps every partial sum within common.transport.magnitude.LIMIT."""
         return within_limit((self._bound_sum + batch * magnitude_of(grad)) / self._scale)
 
     def add(self, grad: Vector, batch: int) -> None:

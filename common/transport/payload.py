@@ -4,11 +4,11 @@ once per parameter version and shared by every reply that carries that version.
 Pure: no I/O. The core (Coordinator, ShardCore) owns a `Payload`; the transport may hand it a
 `frame`: the bytes its message puts before a chunk's data (ps/servicer.py: a ParamsChunk's fields).
 Each message is allocated first and the values are written straight into its data region
-(ps.transport.message_buffer), in the wire dtype: a reply's data costs one write, not a write into a chunk and a
+(common.transport.message_buffer), in the wire dtype: a reply's data costs one write, not a write into a chunk and a
 copy into a message. The default frame is empty: the chunk's bytes alone.
 
 Chunks are framed when a reply first reaches them (`FramedChunks`), written by
-`ValueSource.values_into`, which may apply a deferred optimizer step just that far (ps.params.store), with
+`ValueSource.values_into`, which may apply a deferred optimizer step just that far (common.params.store), with
 its output going straight into the message: a reply streams chunk 0 while the rest of the model is
 still being stepped and framed. Whatever a version still owes is framed by `complete()`, which the
 core registers as its store's `before_change` callback, so the values never change under a reply
@@ -23,8 +23,8 @@ from typing import Protocol, overload
 
 import torch
 
-from ps.transport.message_buffer import MessageBuffer
-from ps.transport.wire import CHUNK_BYTES, spans, torch_dtype
+from common.transport.message_buffer import MessageBuffer
+from common.transport.wire import CHUNK_BYTES, spans, torch_dtype
 
 Frame = Callable[[int, int], bytes]  # (seq, the chunk's data size in bytes) -> what the message puts before the data
 
@@ -58,7 +58,7 @@ def frame_tensor(values: torch.Tensor, wire_dtype: str, frame: Frame = raw_chunk
 
 
 class ValueSource(Protocol):
-    """Where framing reads values from (ps.params.store.ParameterStore; a plain tensor via `TensorSource`)."""
+    """Where framing reads values from (common.params.store.ParameterStore; a plain tensor via `TensorSource`)."""
 
     @property
     def numel(self) -> int: ...

@@ -1,7 +1,7 @@
 """The model's parameters as one flat vector: the layout (names, shapes, dtypes) fixed at Join, and
 the copies between a model and its flat fp32 vector.
 
-Pure: no I/O. The wire codec (ps/transport/wire.py) moves such flat vectors as chunks.
+Pure: no I/O. The wire codec (common/transport/wire.py) moves such flat vectors as chunks.
 """
 
 from __future__ import annotations

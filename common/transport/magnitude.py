@@ -4,7 +4,7 @@ Pure: no I/O. A pushed value is finite, but sums and steps of finite values can 
 (a gradient near 3e38 times its batch size, momentum adding two of them, θ + Δ with both near the
 limit). The store keeps a bound on max|value| of its parameters and optimizer state and, before a
 step or an update, works out from the incoming values' bound whether any value the step computes
-could exceed `LIMIT`; if so the step is refused before anything changes (ps/params/store.py, ps/params/stepping.py).
+could exceed `LIMIT`; if so the step is refused before anything changes (common/params/store.py, common/params/stepping.py).
 
 A chunk's bound costs about what the NaN/Inf check it replaces cost: the Euclidean norm bounds the
 largest value, and for fp32 it is one BLAS dot product. Only when that overflows (values above
@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from ps.transport.chunked import ChunkedVector, Vector, parts
+from common.transport.chunked import ChunkedVector, Vector, parts
 
 FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 LIMIT = FLOAT32_MAX / 4

@@ -1,13 +1,13 @@
 """The parameter store: one contiguous fp32 tensor of all parameters and a torch optimizer over it.
 
-The optimizer steps the vector a piece at a time (ps.params.stepping): SGD and Adam act value by value, so
+The optimizer steps the vector a piece at a time (common.params.stepping): SGD and Adam act value by value, so
 the pieces stepped one after another equal the vector stepped whole. That lets a step be deferred
 (`begin_step`) and applied only as far as a reader needs (`values_into`): a reply streams its first
 chunks while the later pieces are still to be stepped, instead of waiting for the whole step, and
 with SGD (pieces of one wire chunk) each chunk is framed from values still in cache.
 
 When a reply's fp32 chunk is exactly a piece whose step is due (`values_into`), the step writes the
-new values straight into the reply message's data (ps.transport.message_buffer) and those values stay there:
+new values straight into the reply message's data (common.transport.message_buffer) and those values stay there:
 the piece is "resident" in the message, which nothing writes to again, and the next step reads it
 from there. The contiguous vector catches up only when something reads it whole (`flat`: an
 evaluation, a snapshot, a checkpoint) or changes it otherwise. A BSP step then reads the parameters
@@ -24,29 +24,29 @@ from typing import Any
 import torch
 from torch import nn
 
-from ps.job.spec import JobSpec
-from ps.params.flat_state import flatten_state, state_numel, unflatten_state
-from ps.params.stepping import StepBounds, make_stepper
-from ps.transport.chunked import Vector, as_tensor, parts
-from ps.transport.layout import flatten_params
-from ps.transport.magnitude import ROUNDING, OverflowRisk, exact_magnitude, magnitude_of, within_limit
+from common.job.spec import JobSpec
+from common.params.flat_state import flatten_state, state_numel, unflatten_state
+from common.params.stepping import StepBounds, make_stepper
+from common.transport.chunked import Vector, as_tensor, parts
+from common.transport.layout import flatten_params
+from common.transport.magnitude import ROUNDING, OverflowRisk, exact_magnitude, magnitude_of, within_limit
 
 
 class ParameterStore:
     """Global model state. BSP steps the optimizer with an aggregated gradient; ASP adds updates.
 
     `before_change` callbacks run before the values change (a step begins, an update, a load), so
-    a reader that is still framing the current values (ps.transport.payload) can finish first.
+    a reader that is still framing the current values (common.transport.payload) can finish first.
 
     No step or update can leave a value that is not finite: the store keeps a bound on its largest
     parameter (and the stepper on its state), works out before any change whether the incoming values
-    could make a value exceed ps.transport.magnitude.LIMIT, and refuses (OverflowRisk) before anything changes.
+    could make a value exceed common.transport.magnitude.LIMIT, and refuses (OverflowRisk) before anything changes.
     The bounds grow from step to step; when one would refuse, the exact maxima are taken first.
     """
 
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> None:
         """A store over a copy of `flat` (all parameters, or one shard's range of them), stepped in
-        pieces of `piece_values` values (default: ps.params.stepping's for the optimizer)."""
+        pieces of `piece_values` values (default: common.params.stepping's for the optimizer)."""
         self._spec = spec
         self._flat = flat.detach().reshape(-1).float().clone()
         self._stepper = make_stepper(self._flat, spec, piece_values)
@@ -55,7 +55,7 @@ class ParameterStore:
         self._next_piece = 0
         self._resident: dict[int, torch.Tensor] = {}  # piece -> its values, kept where a step wrote them (a sent message)
         self.before_change: list[Callable[[], None]] = []
-        self._bound = self._finite_bound(self._flat)  # >= max|value| (ps.transport.magnitude)
+        self._bound = self._finite_bound(self._flat)  # >= max|value| (common.transport.magnitude)
         self._exact = False  # whether the bounds are the exact maxima (nothing changed since they were taken)
 
     @classmethod
@@ -232,7 +232,7 @@ class ParameterStore:
         return state_numel(self._spec, self.numel)
 
     def flat_optimizer_state(self) -> torch.Tensor | None:
-        """The optimizer's state as one new fp32 vector (ps.params.flat_state); None before its first step."""
+        """The optimizer's state as one new fp32 vector (common.params.flat_state); None before its first step."""
         return flatten_state(self.optimizer_state(), self._spec, self.numel)
 
     def load_flat_optimizer_state(self, values: Vector | None) -> None:

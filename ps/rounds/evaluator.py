@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ps.job.batchnorm import recalibrate, running_stats
-from ps.job.datasets import Dataset
-from ps.transport.layout import load_flat
+from common.job.batchnorm import recalibrate, running_stats
+from common.job.datasets import Dataset
+from common.transport.layout import load_flat
 
 
 def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024) -> tuple[float, float]:
@@ -30,7 +30,7 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 10
 class BackgroundEvaluator:
     """Evaluates parameter snapshots one at a time on its own thread and model copy. A model with
     BatchNorm first gets its running statistics recomputed from the snapshot over training batches
-    of `bn_batch` samples (ps/job/batchnorm.py); `last_bn_stats` keeps them for the eval record."""
+    of `bn_batch` samples (common/job/batchnorm.py); `last_bn_stats` keeps them for the eval record."""
 
     def __init__(self, model: nn.Module, dataset: Dataset, bn_batch: int = 1, seed: int = 0) -> None:
         self._model = model

@@ -1,0 +1,2 @@
+"""Running any process of the service, server or worker: argparse types for numbers and addresses,
+glibc malloc tuning, stack dumps on SIGUSR1. Imports nothing of the project."""
