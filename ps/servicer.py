@@ -10,6 +10,7 @@ from google.protobuf.message import DecodeError
 from protos import ps_pb2, ps_pb2_grpc
 from common.errors import ServiceError
 from ps.rounds.coordinator import Coordinator
+from common.transport.proto_convert import join_to_proto
 from common.transport.push_stream import receive_push
 from common.transport.replies import params_chunk, reply_messages, status_code
 from common.transport.serialized import DataChunk
@@ -28,27 +29,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                                         request.max_batch or None)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        layout = [ps_pb2.TensorSpec(name=e.name, shape=e.shape, dtype=e.dtype) for e in self.core.layout.entries]
-        return ps_pb2.JoinReply(
-            worker_id=info.worker_id,
-            secret=info.secret,
-            job_json=self.core.spec.to_json(),
-            layout=layout,
-            num_params=self.core.layout.numel,
-            batch_size=info.batch_size,
-            round=info.round,
-            version=info.version,
-            epoch=info.epoch,
-            index=info.index,
-            heartbeat_interval_s=self.core.heartbeat_interval,
-            rendezvous_host=info.rendezvous_host,
-            rendezvous_port=info.rendezvous_port,
-            rank=info.group.rank,
-            world_size=info.group.world_size,
-            generation=info.group.generation,
-            backend=info.group.backend,
-            shards=[ps_pb2.ShardInfo(address=a, start=start, stop=stop) for a, start, stop in info.shards],
-        )
+        return join_to_proto(info)
 
     async def Push(
         self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext

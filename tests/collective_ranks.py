@@ -12,7 +12,7 @@ import torch
 
 from common.job.models import build_model
 from common.job.spec import JobSpec
-from worker.client import StepPlan
+from common.transport.messages import GroupInfo, StepHeader
 from worker.collective import Collective
 
 ROUNDS = 3
@@ -50,11 +50,11 @@ def main(argv: list[str]) -> None:
     try:
         if rank == VETERAN:
             for round in range(PRE):
-                collective.apply(veteran_grads(round, numel), StepPlan(round, round, 0, 1, False, 0.0, 0))
+                collective.apply(veteran_grads(round, numel), StepHeader(round, round, 0, 1, False, 0.0, 0))
         for round in range(PRE, PRE + ROUNDS):
             b = batch(rank, round)
-            plan = StepPlan(round, round, 0, b, False, 0.0, 0, generation=1, rank=rank, world_size=world,
-                            backend="gloo", hub_rank=HUBS[round - PRE])
+            plan = StepHeader(round, round, 0, b, False, 0.0, 0,
+                              group=GroupInfo(1, rank, world, "gloo", hub_rank=HUBS[round - PRE]))
             assert collective.step(grads(rank, round, numel), b, plan)
         torch.save({"params": collective.params.clone(), "state": collective.local.flat_optimizer_state()}, out)
     finally:

@@ -31,7 +31,8 @@ from tests.test_hostile import wait_until
 from tests.test_rpc import SECRETS, TIMEOUT, expect_refused, header, join_all, push_chunks, rand
 from worker import connect
 from worker.cli import train
-from worker.client import PSClient, ServerError, StepPlan
+from common.transport.messages import GroupInfo, StepHeader
+from worker.client import PSClient, ServerError
 from worker.client import reachable_address
 from worker.collective import Collective
 
@@ -94,7 +95,7 @@ def test_bucketed_step_equals_the_server_optimizer_step() -> None:
         assert collective.bucket_numel * 3 < reference.numel
         for round in range(3):
             grads = rand(reference.numel, seed=round)
-            plan = StepPlan(round, round, 0, 8, False, 0.0, 8, generation=1, rank=0, world_size=1, backend="gloo")
+            plan = StepHeader(round, round, 0, 8, False, 0.0, 8, group=GroupInfo(1, 0, 1, "gloo"))
             assert collective.step(grads, 8, plan)
             reference.apply_gradient(grads.clone())
         assert collective.round == 3 and collective.reduces == 3
@@ -113,7 +114,7 @@ def test_the_round_check_holds_past_the_rounds_fp32_can_count() -> None:
     collective = Collective(spec, model, "127.0.0.1", host.port, timeout_s=30)
     try:
         for round in (2**24, 2**24 + 1, 2**31 + 3):
-            plan = StepPlan(round, round, 0, 8, False, 0.0, 8, generation=1, rank=0, world_size=1, backend="gloo")
+            plan = StepHeader(round, round, 0, 8, False, 0.0, 8, group=GroupInfo(1, 0, 1, "gloo"))
             assert collective.step(torch.zeros(collective.params.numel()), 8, plan)
         assert collective.round == 2**31 + 4
     finally:

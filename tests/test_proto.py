@@ -1,6 +1,20 @@
-"""The committed generated code matches protos/ps.proto, and so do the Python mappings of its enums."""
+"""The committed generated code matches protos/ps.proto, and so do the Python mappings of its enums
+and messages (common/transport/proto_convert.py): every field of a message's dataclass goes through
+its protobuf message and back, and every field of that message is written."""
 
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+import pytest
+
+from protos import ps_pb2
 from protos.generate import stale_files
+from common.transport import proto_convert
+from common.transport.layout import Layout, TensorEntry
+from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader
 
 
 def test_generated_code_is_fresh() -> None:
@@ -9,10 +23,85 @@ def test_generated_code_is_fresh() -> None:
 
 def test_push_kinds_match_the_proto_enum() -> None:
     """The core's push kinds, the wire's PushKind numbers and their inverse are one mapping."""
-    from protos import ps_pb2
     from common.transport.messages import PUSH_KINDS
-    from common.transport.push_stream import PUSH_KIND_NAMES, PUSH_KIND_NUMBERS
+    from common.transport.proto_convert import PUSH_KIND_NAMES, PUSH_KIND_NUMBERS
 
     assert set(PUSH_KIND_NUMBERS) == set(PUSH_KINDS)
     assert sorted(PUSH_KIND_NUMBERS.values()) == sorted(ps_pb2.PushKind.values())
     assert all(PUSH_KIND_NAMES[number] == name for name, number in PUSH_KIND_NUMBERS.items())
+
+
+# Values no field has by default, for the field types the messages use: a field of a type not here
+# fails the test until it gets one (and its conversion is checked like the others').
+SAMPLES: dict[Any, Any] = {
+    Layout: Layout((TensorEntry("fc.weight", (3, 2)), TensorEntry("fc.bias", (3,), "bfloat16"))),
+    tuple[ShardTarget, ...]: (ShardTarget("10.0.0.2:50052", 6, 9), ShardTarget("[::1]:50053", 9, 12)),
+}
+KINDS = {"kind": "report"}  # fields whose values are names from a fixed list
+
+
+def sample(cls: type, offset: int = 0) -> Any:
+    """An instance of the dataclass `cls` with every field set apart from its default and the others."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for k, field in enumerate(dataclasses.fields(cls), start=offset + 1):
+        kind = hints[field.name]
+        if field.name in KINDS:
+            values[field.name] = KINDS[field.name]
+        elif kind in SAMPLES:
+            values[field.name] = SAMPLES[kind]
+        elif dataclasses.is_dataclass(kind):
+            values[field.name] = sample(kind, offset=10 * k)
+        elif kind is bool:
+            values[field.name] = True
+        elif kind in (int, float):
+            values[field.name] = kind(k) + (0.25 if kind is float else 0)
+        elif kind is str:
+            values[field.name] = f"{field.name}-{k}"
+        else:
+            pytest.fail(f"{cls.__name__}.{field.name}: no sample value for {kind}; add one to SAMPLES")
+    instance = cls(**values)
+    for field in dataclasses.fields(cls):
+        default = field.default if field.default is not dataclasses.MISSING else None
+        assert getattr(instance, field.name) != default, f"{cls.__name__}.{field.name} sampled as its default"
+    return instance
+
+
+def all_written(message: Any) -> list[str]:
+    """The fields of `message` left at their default (a field a conversion forgot to write)."""
+    written = {f.name for f, _ in message.ListFields()}
+    return [f.name for f in message.DESCRIPTOR.fields if f.name not in written]
+
+
+def test_a_step_header_goes_through_its_params_header_field_for_field() -> None:
+    header = sample(StepHeader)
+    message = proto_convert.step_header_to_proto(header)
+    assert all_written(message) == []
+    assert proto_convert.step_header_from_proto(ps_pb2.ParamsHeader.FromString(message.SerializeToString())) == header
+
+
+def test_a_join_goes_through_its_join_reply_field_for_field() -> None:
+    """All but the group's hub rank, which the JoinReply does not carry (each step's header does)."""
+    join = sample(JoinInfo)
+    message = proto_convert.join_to_proto(join)
+    assert all_written(message) == []
+    assert message.num_params == join.layout.numel
+    back = proto_convert.join_from_proto(ps_pb2.JoinReply.FromString(message.SerializeToString()))
+    assert back == dataclasses.replace(join, group=dataclasses.replace(join.group, hub_rank=0))
+
+
+def test_a_push_header_and_its_end_go_through_their_messages_field_for_field() -> None:
+    meta = sample(PushMeta)
+    message = proto_convert.push_meta_to_proto(meta)
+    assert all_written(message) == []
+    assert proto_convert.push_meta_from_proto(ps_pb2.PushHeader.FromString(message.SerializeToString())) == meta
+    times = sample(PushTimes)
+    end = proto_convert.push_times_to_proto(times)
+    assert all_written(end) == []
+    assert proto_convert.push_times_from_proto(end) == times
+
+
+def test_a_join_reply_without_a_heartbeat_interval_reads_as_the_default() -> None:
+    """A server that says no interval (0) gets heartbeats every DEFAULT_HEARTBEAT_S."""
+    join = proto_convert.join_from_proto(ps_pb2.JoinReply(worker_id="w"))
+    assert join.heartbeat_interval_s == proto_convert.DEFAULT_HEARTBEAT_S and join.group == GroupInfo()

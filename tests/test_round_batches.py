@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ps.rounds.coordinator import Coordinator
 from ps.server import build_job
-from common.transport.messages import PushMeta
+from common.transport.messages import PushMeta, PushTimes
 from tests.conftest import job_args
 
 B = 24
@@ -81,10 +81,10 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
         admitted.append(info.round)
 
     async def push(w: Worker) -> None:
-        meta = PushMeta(w.worker_id, w.round, 0, w.batch, 1.0, "float32", c.own_numel, secret=w.secret)
+        meta = PushMeta(w.worker_id, w.round, 0, w.batch, PushTimes(1.0), "float32", c.own_numel, secret=w.secret)
         c.begin_push(meta)
         reply = await c.push(meta, grad)
-        w.round, w.batch = reply.round, reply.batch_size
+        w.round, w.batch = reply.header.round, reply.header.batch_size
 
     async def settle() -> None:
         for _ in range(5):

@@ -420,7 +420,7 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     """The core's Payload, framed with params_chunk, holds for each ParamsChunk bytes that parse to
     the message (data 16-byte aligned by a zero pad field), built once per version; reply_messages only
     puts each reply's header message first."""
-    from common.transport.messages import StepReply
+    from common.transport.messages import StepHeader, StepReply
     from common.transport.payload import Payload
     from common.transport.replies import params_chunk, reply_messages
 
@@ -433,8 +433,8 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     assert payload.get(8, values, "float32") is not parts
 
     def reply(batch_size: int, chunks: Sequence[bytes]) -> StepReply:
-        return StepReply(round=2, version=3, epoch=1, batch_size=batch_size, done=False, lr=0.5, global_batch=8,
-                         wire_dtype="float32", num_values=3000, payload=chunks, reason="r")
+        return StepReply(StepHeader(round=2, version=3, epoch=1, batch_size=batch_size, done=False, lr=0.5,
+                                    global_batch=8, wire_dtype="float32", num_values=3000, reason="r"), chunks)
 
     first, second = list(reply_messages(reply(3, parts))), list(reply_messages(reply(5, parts)))
     h = ps_pb2.ParamsHeader(round=2, version=3, epoch=1, batch_size=3, wire_dtype="float32", num_values=3000,

@@ -31,7 +31,7 @@ from ps.server_flags import build_parser
 from ps.shards.core import ShardCore
 from ps.shards.processes import LocalShards
 from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, split_ranges
-from common.transport.messages import PushMeta
+from common.transport.messages import PushMeta, PushTimes
 from common.transport.wire import encode
 from common.transport.worker_keys import WorkerKeys
 from tests.processes import Cluster, start_server
@@ -339,7 +339,7 @@ def test_a_shard_refuses_a_slice_that_could_overflow_and_keeps_its_values() -> N
     async def run() -> None:
         core = loaded_shard(JobSpec(workers=2, global_batch=64, lr=0.1, momentum=0.9), torch.zeros(8))
         assert core.keys is not None
-        meta = PushMeta("w", 0, 0, 32, 1.0, "float32", 8, secret=core.keys.secret("w"))
+        meta = PushMeta("w", 0, 0, 32, PushTimes(1.0), "float32", 8, secret=core.keys.secret("w"))
         receiver = core.begin_push(meta)
         receiver.feed(0, encode(torch.full((8,), 3e38)))
         with pytest.raises(InvalidArgument, match="overflow"):
@@ -362,7 +362,7 @@ def test_a_slice_the_commit_does_not_count_is_refused_and_leaves_no_trace() -> N
         keys = WorkerKeys(core.keys.key)
         tasks = {}
         for name, batch in pushes.items():
-            meta = PushMeta(name, 0, 0, batch, 1.0, "float32", 8, secret=keys.secret(name))
+            meta = PushMeta(name, 0, 0, batch, PushTimes(1.0), "float32", 8, secret=keys.secret(name))
             receiver = core.begin_push(meta)
             receiver.feed(0, encode(values[name]))
             tasks[name] = asyncio.ensure_future(core.push(meta, receiver.finish()))
@@ -393,11 +393,11 @@ def test_a_shard_checks_the_workers_secrets() -> None:
         keys = WorkerKeys(core.keys.key)
         for secret, error in (("", Unauthenticated), (WorkerKeys().secret("a"), PermissionDenied), (keys.secret("b"), PermissionDenied)):
             with pytest.raises(error):
-                core.begin_push(PushMeta("a", 0, 0, 20, 1.0, "float32", 8, secret=secret))
+                core.begin_push(PushMeta("a", 0, 0, 20, PushTimes(1.0), "float32", 8, secret=secret))
             with pytest.raises(error):
                 core.pull("a", secret)
-        core.begin_push(PushMeta("a", 0, 0, 20, 1.0, "float32", 8, secret=keys.secret("a")))
-        assert core.pull("a", keys.secret("a")).num_values == 8
+        core.begin_push(PushMeta("a", 0, 0, 20, PushTimes(1.0), "float32", 8, secret=keys.secret("a")))
+        assert core.pull("a", keys.secret("a")).header.num_values == 8
 
     asyncio.run(run())
 

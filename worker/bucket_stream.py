@@ -14,11 +14,12 @@ from typing import Any
 import torch
 
 from protos import ps_pb2
+from common.transport.messages import PushTimes, StepHeader
 from common.transport.payload import frame_tensor
+from common.transport.proto_convert import push_times_to_proto
 from common.transport.serialized import data_header
 from common.transport.wire import torch_dtype
 from worker.forward_order import Arrivals
-from worker.replies import StepPlan
 
 
 class Lane:
@@ -63,8 +64,8 @@ class BucketStream:
     """A push whose buckets go out as they are ready (worker.overlap.BucketPush): `send` each range
     once, then `end` with the step's times; its reply is the returned call's."""
 
-    def __init__(self, lanes: list[Lane], calls: list[Any], reply: Callable[[], StepPlan],
-                 streamed: Callable[[Arrivals], StepPlan] | None = None) -> None:
+    def __init__(self, lanes: list[Lane], calls: list[Any], reply: Callable[[], StepHeader],
+                 streamed: Callable[[Arrivals], StepHeader] | None = None) -> None:
         self._lanes = lanes
         self._calls = calls
         self._reply = reply
@@ -78,12 +79,11 @@ class BucketStream:
             if lo < hi:
                 lane.queue.put((lo - lane.start, values[lo - offset : hi - offset]))
 
-    def end(self, compute_ms: float, exposed_ms: float, own_exposed_ms: float,
-            arrivals: Arrivals | None = None) -> Callable[[], StepPlan]:
+    def end(self, times: PushTimes, arrivals: Arrivals | None = None) -> Callable[[], StepHeader]:
         """Close the push with the step's times (PushEnd); the call that waits for the reply (with
         `arrivals`: for its header, the parameters streaming in after it, worker.forward_order)."""
         for lane in self._lanes:
-            lane.queue.put(ps_pb2.PushEnd(compute_ms=compute_ms, exposed_ms=exposed_ms, own_exposed_ms=own_exposed_ms))
+            lane.queue.put(push_times_to_proto(times))
         if arrivals is not None and self._streamed is not None:
             return functools.partial(self._streamed, arrivals)
         return self._reply

@@ -1,7 +1,8 @@
 """The worker's gRPC client: the only worker module that knows about the transport.
 
-It turns RPCs into plain values: a Joined record at Join, a StepPlan after every push or pull
-(the new parameters are decoded straight into a caller-owned fp32 buffer). It keeps the secret each
+It turns RPCs into plain values (common.transport.messages, converted by
+common.transport.proto_convert): a Joined record at Join, a StepHeader after every push or pull (the new
+parameters are decoded straight into a caller-owned fp32 buffer). It keeps the secret each
 Join returned and sends it with every later call that names that worker id (common/transport/worker_keys.py).
 """
 
@@ -14,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import grpc
@@ -22,15 +23,14 @@ import torch
 
 from protos import ps_pb2, ps_pb2_grpc
 from common.job.spec import JobSpec
-from common.transport.layout import Layout, TensorEntry
+from common.transport.messages import JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader
 from common.transport.payload import frame_tensor
-from common.transport.push_stream import PUSH_KIND_NUMBERS
+from common.transport.proto_convert import join_from_proto, push_meta_to_proto, step_header_from_proto
 from common.transport.security import PathArg
 from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
 from worker.channel import open_channel
 from worker.bucket_stream import BucketStream, Lane, PushTiming
 from worker.forward_order import Arrivals
-from worker.replies import Joined, ShardTarget, StepPlan
 from common.transport.wire import CHUNK_BYTES, FlatReceiver
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,17 @@ def reachable_address(host: str, port: int, server_target: str) -> tuple[str, in
     if host in WILDCARD_HOSTS:
         host = server_target.rsplit(":", 1)[0].strip("[]")
     return host, port
+
+
+@dataclass(frozen=True, kw_only=True)
+class Joined(JoinInfo):
+    """A Join's reply as the worker holds it: the job spec decoded, the shards' addresses reachable."""
+
+    spec: JobSpec
+
+    @classmethod
+    def of(cls, info: JoinInfo, spec: JobSpec) -> Joined:
+        return cls(**{f.name: getattr(info, f.name) for f in fields(info)}, spec=spec)
 
 
 @dataclass(frozen=True)
@@ -170,19 +181,18 @@ class PSClient:
             reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
-        self._secrets[reply.worker_id] = reply.secret
-        layout = Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in reply.layout))
-        shards = tuple(ShardTarget(self._shard_address(s.address), s.start, s.stop) for s in reply.shards)
-        self._use_shards(shards, layout.numel)
-        return Joined(reply.worker_id, JobSpec.from_json(reply.job_json), layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index,
-                      reply.heartbeat_interval_s or 1.0, reply.rendezvous_host, reply.rendezvous_port, shards, reply.secret)
+        info = join_from_proto(reply)
+        self._secrets[info.worker_id] = info.secret
+        info = replace(info, shards=tuple(replace(s, address=self._shard_address(s.address)) for s in info.shards))
+        self._use_shards(info.shards, info.layout.numel)
+        return Joined.of(info, JobSpec.from_json(info.job_json))
 
     def _shard_address(self, address: str) -> str:
         host, _, port = address.rpartition(":")
         host, _ = reachable_address(host.strip("[]"), 0, self.target)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def push(self, worker_id: str, values: torch.Tensor, out: torch.Tensor, **step: Any) -> StepPlan:
+    def push(self, worker_id: str, values: torch.Tensor, out: torch.Tensor, **step: Any) -> StepHeader:
         """Stream `values` up and wait for the reply; its parameters (if it carries any) land in `out`.
         `step` is start_push's keywords (round, version, batch_size, compute_ms, wire_dtype, kind)."""
         return self.start_push(worker_id, values, out, **step)()
@@ -203,28 +213,17 @@ class PSClient:
         exposed_ms: float = 0.0,
         own_exposed_ms: float = 0.0,
         sq_norms: tuple[float, float] = (0.0, 0.0),
-    ) -> Callable[[], StepPlan]:
+    ) -> Callable[[], StepHeader]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
 
         `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes; a report
         names the group `generation` it all-reduced in."""
-        header = ps_pb2.PushHeader(
-            worker_id=worker_id,
-            round=round,
-            version=version,
-            batch_size=batch_size,
-            compute_ms=compute_ms,
-            wire_dtype=wire_dtype,
-            num_values=values.numel(),
-            kind=PUSH_KIND_NUMBERS[kind],
-            generation=generation,
-            secret=self.secret(worker_id),
-            exposed_ms=exposed_ms,
-            own_exposed_ms=own_exposed_ms,
-            local_sq_norm=sq_norms[0],
-            global_sq_norm=sq_norms[1],
-        )
+        times = PushTimes(compute_ms, exposed_ms, own_exposed_ms)  # what they mean: PushTimes.of_step
+        header = push_meta_to_proto(PushMeta(
+            worker_id, round, version, batch_size, times, wire_dtype, values.numel(), kind=kind, generation=generation,
+            secret=self.secret(worker_id), local_sq_norm=sq_norms[0], global_sq_norm=sq_norms[1],
+        ))
 
         timing = self.last_push = PushTiming()
 
@@ -255,9 +254,8 @@ class PSClient:
                   wire_dtype: str, numel: int) -> BucketStream:
         """A push of `numel` gradient values sent in buckets, in any order, as they are ready (BSP, during
         backward: worker.overlap); its reply's parameters land in `out` (BucketStream.end)."""
-        header = ps_pb2.PushHeader(worker_id=worker_id, round=round, version=version, batch_size=batch_size,
-                                   wire_dtype=wire_dtype, kind=ps_pb2.PUSH_VALUES, offsets=True,
-                                   secret=self.secret(worker_id))
+        header = push_meta_to_proto(PushMeta(worker_id, round, version, batch_size, PushTimes(), wire_dtype, 0,
+                                             offsets=True, secret=self.secret(worker_id)))
         ranges = [(0, numel if self._own_stop is None else self._own_stop)]
         ranges += [(link.target.start, link.target.stop) for link in self._shards]
         lanes = [Lane(start, stop, header, wire_dtype, self.chunk_bytes) for start, stop in ranges]
@@ -271,7 +269,7 @@ class PSClient:
         return BucketStream(lanes, calls, functools.partial(_finish, calls[0], out, timing), streamed)
 
     def _stream_reply(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor, timing: PushTiming,
-                      arrivals: Arrivals) -> StepPlan:
+                      arrivals: Arrivals) -> StepHeader:
         """The reply's plan as soon as its header (its first chunk) is in; its values (and each shard's range) go on
         arriving into `out` on the client's receiving threads, `arrivals` told as each chunk lands."""
         try:
@@ -294,13 +292,13 @@ class PSClient:
         everything = [main, *calls]
         for number, (stream, view, head) in zip(numbers, lanes, strict=True):
             self._receiving.submit(_receive_lane, stream, view, arrivals, number, everything, head)
-        return _plan_of(h)
+        return step_header_from_proto(h)
 
-    def _gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepPlan:
+    def _gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepHeader:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
         on the pool at once. If any call fails the others are cancelled and its error raised."""
         assert self._pool is not None and self._own_stop is not None
-        futures: list[Future[StepPlan]] = [
+        futures: list[Future[StepHeader]] = [
             self._pool.submit(_receive, call, out[link.target.start : link.target.stop])
             for call, link in zip(calls, self._shards, strict=True)
         ]
@@ -316,7 +314,7 @@ class PSClient:
                 raise _error(exc) from None
             raise
 
-    def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False, wait_for_batch: bool = False) -> StepPlan:
+    def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False, wait_for_batch: bool = False) -> StepHeader:
         """The current plan, and the parameters into `out` unless `header_only`. `wait_for_batch` (a
         parked worker, header only): the server answers once it plans this worker a batch, or the job
         ends, or after a few seconds with the unchanged plan."""
@@ -388,7 +386,7 @@ def _pull_call(channel: grpc.Channel, service: str) -> grpc.UnaryStreamMultiCall
                                 response_deserializer=_PARAMS_CHUNK)
 
 
-def _finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepPlan:
+def _finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepHeader:
     """The reply of a call already started (its parameters into `out`), a ServerError if it failed."""
     try:
         return _receive(call, out, timing)
@@ -396,13 +394,8 @@ def _finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | N
         raise _error(exc) from None
 
 
-def _receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepPlan:
-    return _plan_of(_receive_into(stream, out, timing))
-
-
-def _plan_of(h: ps_pb2.ParamsHeader) -> StepPlan:
-    return StepPlan(h.round, h.version, h.epoch, h.batch_size, h.done, h.lr, h.global_batch, h.reason,
-                    h.generation, h.rank, h.world_size, h.backend, h.snapshot_requested, h.hub_rank)
+def _receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepHeader:
+    return step_header_from_proto(_receive_into(stream, out, timing))
 
 
 def _base(view: torch.Tensor, whole: torch.Tensor) -> int:

@@ -28,7 +28,8 @@ from common.job.spec import JobSpec
 from common.params.aggregation import squared_norm
 from common.params.store import ParameterStore
 from common.transport.layout import flatten_params
-from worker.client import ServerError, StepPlan
+from common.transport.messages import GroupInfo, StepHeader
+from worker.client import ServerError
 
 BUCKET_BYTES = 25 * 1024 * 1024
 KEY_PREFIX = "hetero-ps/gen-{}/"
@@ -101,30 +102,31 @@ class Collective:
         self.address = (host, port)
 
     # --------------------------------------------------------------- the group
-    def ensure_group(self, plan: StepPlan, is_current: Callable[[int], bool] | None = None) -> None:
+    def ensure_group(self, plan: StepHeader, is_current: Callable[[int], bool] | None = None) -> None:
         """Form the plan's generation unless this worker is already in it.
 
         `is_current(generation)` asks the server whether that generation still stands; while the
         others are awaited it is called every CHECK_EVERY_S, so a generation that a leave or an
         eviction replaced before it formed is given up at once instead of after the timeout.
         """
-        if self.generation == plan.generation and dist.is_initialized():
+        group = plan.group
+        if self.generation == group.generation and dist.is_initialized():
             return
-        if not 0 <= plan.rank < plan.world_size:
-            raise CollectiveError(f"this worker has no rank in group generation {plan.generation}")
+        if not 0 <= group.rank < group.world_size:
+            raise CollectiveError(f"this worker has no rank in group generation {group.generation}")
         self.close_group()
         assert self._store is not None
-        store = dist.PrefixStore(KEY_PREFIX.format(plan.generation), self._store)
-        device = self._group_device(plan.backend)
+        store = dist.PrefixStore(KEY_PREFIX.format(group.generation), self._store)
+        device = self._group_device(group.backend)
         try:
             if device.type == "cuda":
                 torch.cuda.set_device(device)
-            self._arrive(store, plan, is_current)
+            self._arrive(store, group, is_current)
             dist.init_process_group(
-                plan.backend, store=store, rank=plan.rank, world_size=plan.world_size, timeout=self.timeout
+                group.backend, store=store, rank=group.rank, world_size=group.world_size, timeout=self.timeout
             )
             self.generation, self.rank, self.world_size, self.backend = (
-                plan.generation, plan.rank, plan.world_size, plan.backend
+                group.generation, group.rank, group.world_size, group.backend
             )
             self._device = device
             self._sync()
@@ -133,7 +135,7 @@ class Collective:
             raise
         except (RuntimeError, ValueError) as exc:  # DistBackendError / DistNetworkError are RuntimeErrors
             self.close_group()
-            raise CollectiveError(f"could not form group generation {plan.generation}: {exc}") from exc
+            raise CollectiveError(f"could not form group generation {group.generation}: {exc}") from exc
 
     def _group_device(self, backend: str) -> torch.device:
         """Where the bucket lives: NCCL needs the worker's GPU, gloo reduces on the CPU."""
@@ -145,20 +147,20 @@ class Collective:
             raise CollectiveError("the server planned an NCCL group but this worker has no CUDA device")
         return torch.device("cuda", torch.cuda.current_device())
 
-    def _arrive(self, store: dist.Store, plan: StepPlan, is_current: Callable[[int], bool] | None) -> None:
+    def _arrive(self, store: dist.Store, group: GroupInfo, is_current: Callable[[int], bool] | None) -> None:
         """Wait until every rank of the generation has arrived (a key each in the store)."""
-        store.set(f"arrived/{plan.rank}", "1")
-        keys = [f"arrived/{r}" for r in range(plan.world_size)]
+        store.set(f"arrived/{group.rank}", "1")
+        keys = [f"arrived/{r}" for r in range(group.world_size)]
         start = last_check = time.monotonic()
         delay = 0.002
         while not store.check(keys):
             now = time.monotonic()
             if now - start > self.timeout.total_seconds():
-                raise CollectiveError(f"group generation {plan.generation}: not every worker arrived within {self.timeout}")
+                raise CollectiveError(f"group generation {group.generation}: not every worker arrived within {self.timeout}")
             if is_current is not None and now - last_check >= CHECK_EVERY_S:
                 last_check = now
-                if not is_current(plan.generation):
-                    raise CollectiveError(f"group generation {plan.generation} was replaced before it formed")
+                if not is_current(group.generation):
+                    raise CollectiveError(f"group generation {group.generation} was replaced before it formed")
             time.sleep(delay)
             delay = min(0.05, delay * 2)
 
@@ -213,7 +215,7 @@ class Collective:
         return self._bucket
 
     def reduce(
-        self, grads: torch.Tensor, batch: int, plan: StepPlan, is_current: Callable[[int], bool] | None = None
+        self, grads: torch.Tensor, batch: int, plan: StepHeader, is_current: Callable[[int], bool] | None = None
     ) -> torch.Tensor | None:
         """All-reduce `batch`·`grads` with the group; returns the batch-weighted mean gradient.
 
@@ -235,10 +237,10 @@ class Collective:
         bucket[n] = float(batch)
         round_mark = float(plan.round % ROUND_CHECK_MODULUS)
         bucket[n + 1] = round_mark
-        bucket[n + 2] = float(plan.hub_rank)  # every rank must agree on the hub, as on the round
+        bucket[n + 2] = float(plan.group.hub_rank)  # every rank must agree on the hub, as on the round
         try:
             if hub:
-                self._hub_sum(bucket, plan.hub_rank)
+                self._hub_sum(bucket, plan.group.hub_rank)
             else:
                 self._all_reduce(bucket)
         except RuntimeError as exc:
@@ -246,17 +248,17 @@ class Collective:
             self.close_group()
             raise CollectiveError(f"all-reduce in group generation {generation} failed: {exc}") from exc
         total, rounds, hubs = bucket[n : n + 3].tolist()
-        if rounds != round_mark * self.world_size or (hub and hubs != float(plan.hub_rank) * self.world_size):
+        if rounds != round_mark * self.world_size or (hub and hubs != float(plan.group.hub_rank) * self.world_size):
             self.close_group()
             raise RuntimeError(
-                f"collective out of step: this worker is at round {plan.round} (hub rank {plan.hub_rank}), the group's "
+                f"collective out of step: this worker is at round {plan.round} (hub rank {plan.group.hub_rank}), the group's "
                 f"rounds modulo {ROUND_CHECK_MODULUS} sum to {rounds:g} (hub ranks to {hubs:g}) over {self.world_size} workers"
             )
         mean = bucket[:n].div_(total)
         self.sq_norms = (local_sq, squared_norm(mean))
         return mean
 
-    def apply(self, grad: torch.Tensor, plan: StepPlan) -> None:
+    def apply(self, grad: torch.Tensor, plan: StepHeader) -> None:
         """Take the optimizer step with the mean gradient `reduce` returned (the same on every rank)."""
         self.local.set_lr(plan.lr if plan.lr > 0 else self.spec.lr_at(plan.epoch))  # the server's (--adaptive-batch)
         self.local.apply_gradient(grad if grad.device.type == "cpu" else grad.cpu())
@@ -264,7 +266,7 @@ class Collective:
         self.reduces += 1
 
     def step(
-        self, grads: torch.Tensor, batch: int, plan: StepPlan, is_current: Callable[[int], bool] | None = None
+        self, grads: torch.Tensor, batch: int, plan: StepHeader, is_current: Callable[[int], bool] | None = None
     ) -> bool:
         """`reduce` then `apply`; False when there was nothing to do (see `reduce`)."""
         grad = self.reduce(grads, batch, plan, is_current)

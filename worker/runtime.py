@@ -43,7 +43,8 @@ from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
 from worker.bucket_stream import BucketStream
-from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPlan, reachable_address
+from common.transport.messages import PushTimes, StepHeader
+from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, reachable_address
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.forward_order import Arrivals, ForwardOrder
@@ -96,7 +97,7 @@ class Session:
         self._fetch_started: float | None = None
         self._fetch_cpu = 0.0
         self._drawn = 0  # the size of the batch the next step's gradients come from
-        self._report: Callable[[], StepPlan] | None = None  # the fast path's last report, its reply not yet read
+        self._report: Callable[[], StepHeader] | None = None  # the fast path's last report, its reply not yet read
         self.steps = 0
         self.parked_polls = 0  # long polls answered while parked
         self.last_compute_ms = 0.0
@@ -142,7 +143,7 @@ class Session:
         self.streamed_replies = 0  # replies whose parameters streamed in while the next forward ran
         self._apply(self._pull_global_model())
 
-    def _pull_global_model(self) -> StepPlan:
+    def _pull_global_model(self) -> StepHeader:
         """The server's parameters, and with --allreduce its optimizer state too (a resumed job's
         momentum: the group starts from this copy when no peer's is further along)."""
         plan = self.client.pull(self.worker_id, self._params)
@@ -152,7 +153,7 @@ class Session:
         return plan
 
     # ------------------------------------------------------------------ the plan
-    def _apply(self, plan: StepPlan) -> None:
+    def _apply(self, plan: StepHeader) -> None:
         """Load the parameters into the model and follow `plan`."""
         if self._on_device is None:
             load_flat(self.model, self._params)
@@ -160,7 +161,7 @@ class Session:
             load_flat(self.model, self._on_device[0].copy_(self._params))
         self._follow(plan)
 
-    def _follow(self, plan: StepPlan) -> None:
+    def _follow(self, plan: StepHeader) -> None:
         """Take `plan` as the current one: the next batch is drawn at its size."""
         self.plan = plan
         if plan.batch_size > 0:
@@ -207,7 +208,7 @@ class Session:
                 continue
             yield self.next_batch()
 
-    def wait_parked(self) -> StepPlan:
+    def wait_parked(self) -> StepHeader:
         """Parked: wait in the server's long poll until it plans this worker a batch (or the job ends),
         then pull the parameters; the plan."""
         self._compute_end = None  # the wait while parked is no communication a step left exposed
@@ -225,7 +226,7 @@ class Session:
             self._apply(self._recover(exc))
         return self.plan
 
-    def step(self) -> StepPlan:
+    def step(self) -> StepHeader:
         """Push this step's gradients; return once the new parameters are in the model."""
         if self._fetch_started is None:
             raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
@@ -243,12 +244,12 @@ class Session:
             self._forward.check_step(self._streamed)
         if not self._settle_params():  # the last reply failed while it streamed: this step's gradient is dropped
             return self.plan
-        reported_ms = compute_ms + (self._push_ms if self.spec.balance == "busy" else 0.0)
-        exposed = (self.exposed_ms, self._push_ms) if self.spec.mode == "bsp" else (0.0, 0.0)  # the last step's
+        # what the step reports (exposed_ms and _push_ms are the last step's)
+        times = PushTimes.of_step(compute_ms, self.exposed_ms, self._push_ms, self.spec.balance, self.spec.mode, self.spec.allreduce)
         stream = self._buckets.finish() if self._buckets is not None else None
         if stream is not None:  # the buckets are out (or going): close the push; the reply below
             arrivals = self._arrivals if self._forward is not None else None
-            return self._finish_step(lambda: stream.end(reported_ms, *exposed, arrivals=arrivals)(), compute_ms,
+            return self._finish_step(lambda: stream.end(times, arrivals=arrivals)(), compute_ms,
                                      compute_end, streamed=arrivals is not None)
         if self._on_device is None:
             grads = device_grads = flatten_grads(self.model, self._grads)
@@ -266,14 +267,14 @@ class Session:
         else:
             values = grads
         if self._collective is not None:
-            return self._finish_step(lambda: self._collective_push(device_grads, compute_ms), compute_ms)
+            return self._finish_step(lambda: self._collective_push(device_grads, times), compute_ms)
         return self._finish_step(lambda: self.client.push(
             self.worker_id, values, self._params, round=self.plan.round, version=self.plan.version,
-            batch_size=self._sampler.batch_size, compute_ms=reported_ms, wire_dtype=self.spec.wire_dtype,
-            exposed_ms=exposed[0], own_exposed_ms=exposed[1]), compute_ms)
+            batch_size=self._sampler.batch_size, compute_ms=times.compute_ms, wire_dtype=self.spec.wire_dtype,
+            exposed_ms=times.exposed_ms, own_exposed_ms=times.own_exposed_ms), compute_ms)
 
-    def _finish_step(self, push: Callable[[], StepPlan | None], compute_ms: float, pushed: float | None = None,
-                     streamed: bool = False) -> StepPlan:
+    def _finish_step(self, push: Callable[[], StepHeader | None], compute_ms: float, pushed: float | None = None,
+                     streamed: bool = False) -> StepHeader:
         """Run `push` (from `pushed`, default now: where this worker's own part of it begins), or
         recover from its failure; the new parameters into the model, the plan followed. A push that
         returns None took no step (the plan it settled stands, the model holds its parameters).
@@ -300,7 +301,7 @@ class Session:
         self._push_ms = self._own_push_ms(pushed)
         return self.plan
 
-    def wait_params(self) -> StepPlan:
+    def wait_params(self) -> StepHeader:
         """Return once the last reply's parameters are all in the model (step() returns at its first
         chunk: worker/forward_order.py); the plan."""
         self._settle_params()
@@ -327,13 +328,13 @@ class Session:
             return 0.0
         return ((timing.uploaded - pushed) + (time.perf_counter() - timing.replied)) * 1000.0
 
-    def _collective_push(self, grads: torch.Tensor, compute_ms: float) -> StepPlan | None:
+    def _collective_push(self, grads: torch.Tensor, times: PushTimes) -> StepHeader | None:
         """--allreduce: settle the previous report, then all-reduce and step with the group; None if
         the job ended with the previous step (this batch was one too many: the settled plan stands)."""
         plan = self._settle_report()
-        return None if plan.done else self._collective_step(grads, compute_ms, plan)
+        return None if plan.done else self._collective_step(grads, times, plan)
 
-    def _settle_report(self) -> StepPlan:
+    def _settle_report(self) -> StepHeader:
         """--allreduce: the plan for this step, from the reply to the previous step's report (rank 0
         first sends the snapshot it asks for); the current plan when no report is outstanding."""
         report, self._report = self._report, None
@@ -343,7 +344,7 @@ class Session:
         self._follow(plan)  # the model already holds the parameters: the group's step was local
         return plan
 
-    def _collective_step(self, grads: torch.Tensor, compute_ms: float, plan: StepPlan) -> StepPlan:
+    def _collective_step(self, grads: torch.Tensor, times: PushTimes, plan: StepHeader) -> StepHeader:
         """--allreduce: all-reduce and step with the group, then report the step (no values) to the
         server. A failed group (a peer left or crashed) is re-formed from the server's next generation
         and the step retried; rank 0 sends the parameters when the server asks for them.
@@ -367,7 +368,7 @@ class Session:
         # the report goes out before the optimizer step: the round closes on the server meanwhile
         self._report = self.client.start_push(
             self.worker_id, torch.empty(0), self._params, round=plan.round, version=plan.version,
-            batch_size=batch, compute_ms=compute_ms, wire_dtype="float32", kind="report", generation=plan.generation,
+            batch_size=batch, compute_ms=times.compute_ms, wire_dtype="float32", kind="report", generation=plan.group.generation,
             sq_norms=self._collective.sq_norms,
         )
         if mean is not None:
@@ -377,26 +378,26 @@ class Session:
     def _generation_stands(self, generation: int) -> bool:
         """Whether the server still trains in `generation` (asked while a group forms)."""
         plan = self.client.pull(self.worker_id, self._params, header_only=True)
-        return plan.generation == generation and not plan.done
+        return plan.group.generation == generation and not plan.done
 
-    def _await_regroup(self, failed: StepPlan) -> StepPlan:
+    def _await_regroup(self, failed: StepHeader) -> StepHeader:
         """Poll the server (headers only) until it starts a group generation after `failed`'s."""
         deadline = time.monotonic() + self.retry_for
         delay = 0.02
         while True:
             plan = self.client.pull(self.worker_id, self._params, header_only=True)
-            if plan.done or plan.generation != failed.generation:
+            if plan.done or plan.group.generation != failed.group.generation:
                 return plan
             if time.monotonic() > deadline:
                 raise ServerError(
                     "DEADLINE_EXCEEDED",
-                    f"the process group of generation {failed.generation} failed and the server formed no new one "
+                    f"the process group of generation {failed.group.generation} failed and the server formed no new one "
                     f"within {self.retry_for:.0f}s",
                 )
             time.sleep(delay)
             delay = min(0.5, delay * 2)
 
-    def _send_snapshot(self, plan: StepPlan) -> StepPlan:
+    def _send_snapshot(self, plan: StepHeader) -> StepHeader:
         """Rank 0, when asked: push the parameters and the optimizer state (the server's copy of the
         global model, and what a checkpoint resumes from)."""
         if not plan.snapshot_requested:
@@ -410,7 +411,7 @@ class Session:
         except ServerError:
             return plan  # no longer rank 0, or the request was served: the server asks again if needed
 
-    def _recover(self, error: ServerError) -> StepPlan:
+    def _recover(self, error: ServerError) -> StepHeader:
         """After a failed push: resync (stale round/version), or rejoin with backoff (server
         restarted, this worker evicted, connection lost). The step's gradient is dropped. A resync
         whose pull fails (the server restarted meanwhile) goes on to rejoin, from the pull's error."""
@@ -449,7 +450,7 @@ class Session:
             return "not retrying (--retry-for 0)"
         return f"rejoining, for up to {self.retry_for:.0f} s (--retry-for), then giving up"
 
-    def _rejoin(self, deadline: float) -> StepPlan:
+    def _rejoin(self, deadline: float) -> StepHeader:
         """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic)."""
         with contextlib.suppress(ServerError):
             self.client.leave(self.worker_id, timeout=max(0.01, min(deadline - time.monotonic(), LEAVE_TIMEOUT_S)))

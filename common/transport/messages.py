@@ -1,33 +1,80 @@
-"""The values the server's cores (Coordinator, ShardCore) take from and give to their transport.
-
-Plain frozen dataclasses, no gRPC: the servicers translate protobuf messages to and from these.
+"""The messages the server and the worker exchange, as plain frozen dataclasses: one type per message,
+used by the server's cores (Coordinator, ShardCore), its servicers and the worker. No gRPC: each is
+converted to and from its protobuf message in common/transport/proto_convert.py, and nowhere else.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+
+from common.errors import InvalidArgument
+from common.transport.layout import Layout
 
 MAX_COMPUTE_MS = 24 * 3600 * 1000.0
 PUSH_KINDS = ("values", "report", "snapshot")  # see PushKind in protos/ps.proto
 
 
 @dataclass(frozen=True)
+class PushTimes:
+    """What a push says of the worker's step, in ms: what the batch policy balances and fits and the
+    metrics show. Each is finite and in [0, MAX_COMPUTE_MS] (`check`).
+
+    compute_ms: data fetch + forward + backward of the step, without the forward's wait for parameters
+    still streaming in; under --balance busy the worker adds its own part of its previous push (busy
+    time). exposed_ms (BSP on the PS path; 0: not measured): how long the worker's previous step left it
+    waiting on communication, from the end of its compute to the start of this one, plus the forward's
+    wait for parameters. own_exposed_ms: of that, the worker's own part (its push still going out, and
+    from the reply's first chunk to the parameters in its model), not the wait for the round."""
+
+    compute_ms: float = 0.0
+    exposed_ms: float = 0.0
+    own_exposed_ms: float = 0.0
+
+    @classmethod
+    def of_step(cls, compute_ms: float, exposed_ms: float, push_ms: float, balance: str, mode: str,
+                allreduce: bool) -> PushTimes:
+        """What a worker reports for a step that computed `compute_ms`, after a previous step that left
+        it `exposed_ms` exposed, `push_ms` of it its own push (the job's `balance`, `mode`, `allreduce`)."""
+        reported = compute_ms + (push_ms if balance == "busy" else 0.0)
+        if mode != "bsp" or allreduce:  # exposed communication is measured in BSP rounds on the PS path
+            return cls(reported)
+        return cls(reported, exposed_ms, push_ms)
+
+    def check(self) -> None:
+        """InvalidArgument unless each time is finite and in [0, MAX_COMPUTE_MS]."""
+        for field in fields(self):
+            ms = getattr(self, field.name)
+            if not (math.isfinite(ms) and 0 <= ms <= MAX_COMPUTE_MS):
+                raise InvalidArgument(f"{field.name} must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {ms}")
+
+    def balanced_ms(self, balance: str, cycle_ms: float | None = None) -> float | None:
+        """The time the batch policy balances for this push: the worker's compute_ms (its compute or busy
+        time, as `balance` had it report), or under --balance cycle the server's own measure `cycle_ms`
+        (None: not measured for this push)."""
+        return cycle_ms if balance == "cycle" else self.compute_ms
+
+    def fitted_exposed_ms(self, balance: str) -> float:
+        """The exposed communication the batch policy fits beside the balanced time: the worker's own
+        part under --balance compute; 0 otherwise (busy time and the cycle already hold it)."""
+        return self.own_exposed_ms if balance == "compute" else 0.0
+
+
+@dataclass(frozen=True)
 class PushMeta:
-    """The header of a push, as the core sees it."""
+    """The header of a push (PushHeader; its times, with offsets, from its PushEnd)."""
 
     worker_id: str
     round: int
     version: int
     batch_size: int
-    compute_ms: float
+    times: PushTimes
     wire_dtype: str
     num_values: int
     kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
     generation: int = 0  # a report's group generation (0: not said)
     secret: str = ""  # the worker's secret from Join (common.transport.worker_keys)
-    exposed_ms: float = 0.0  # blocked on communication between the last backward and this forward (0: unknown)
-    own_exposed_ms: float = 0.0  # of that, the worker's own sending and receiving (not the wait for the round)
     offsets: bool = False  # the chunks carry their offsets and arrive in any order (buckets sent during backward)
     local_sq_norm: float = 0.0  # a report's |g_k|² (float64; 0: not measured)
     global_sq_norm: float = 0.0  # a report's |g|² of the group's mean (float64; 0: not measured)
@@ -45,23 +92,38 @@ class GroupInfo:
 
 
 @dataclass(frozen=True)
+class ShardTarget:
+    """--shards: values [start, stop) of the flat buffer live at `address` (HOST:PORT)."""
+
+    address: str
+    start: int
+    stop: int
+
+
+@dataclass(frozen=True)
 class JoinInfo:
+    """What a Join answers (JoinReply): the worker's id, secret and place, its first batch, the job
+    (`job_json`: common.job.spec.JobSpec's JSON) and the parameters' layout."""
+
     worker_id: str
-    index: int
+    index: int  # join order, seeds this worker's data order
     batch_size: int
     round: int
     version: int
     epoch: int
-    group: GroupInfo = GroupInfo()
-    rendezvous_host: str = ""
+    job_json: str
+    layout: Layout
+    heartbeat_interval_s: float  # how often the worker sends Heartbeat
+    group: GroupInfo = GroupInfo()  # its hub_rank is not on the wire: every step's header says it
+    rendezvous_host: str = ""  # --allreduce: the TCPStore the workers' process group meets at
     rendezvous_port: int = 0
-    shards: tuple[tuple[str, int, int], ...] = ()  # --shards: (address, start, stop) of the remote ranges
+    shards: tuple[ShardTarget, ...] = ()  # --shards: the ranges other servers hold
     secret: str = ""  # what the worker's later calls must carry (common.transport.worker_keys)
 
 
 @dataclass(frozen=True)
-class StepReply:
-    """What a worker needs for its next step; payload is the encoded parameters."""
+class StepHeader:
+    """What the server tells a worker for its next step (ParamsHeader), ahead of a reply's values."""
 
     round: int
     version: int
@@ -70,13 +132,21 @@ class StepReply:
     done: bool
     lr: float
     global_batch: int
-    wire_dtype: str
-    num_values: int
-    payload: Sequence[bytes]  # framed chunks (common.transport.payload: built as a reply reaches them)
-    reason: str = ""
-    group: GroupInfo = GroupInfo()
-    snapshot_requested: bool = False
-    optimizer_state: bool = False  # the payload is the optimizer's flat state (common.params.flat_state), not parameters
+    wire_dtype: str = "float32"  # of the values that follow
+    num_values: int = 0
+    reason: str = ""  # with done: "finished" or "stopping"
+    group: GroupInfo = GroupInfo()  # --allreduce: the process group to train in (ps/rounds/rendezvous.py)
+    snapshot_requested: bool = False  # --allreduce, rank 0: push a snapshot of the parameters now
+    optimizer_state: bool = False  # the values are the optimizer's flat state (common.params.flat_state), not parameters
+
+
+@dataclass(frozen=True)
+class StepReply:
+    """A push's or pull's reply: the header, then the payload of framed chunks (common.transport.payload:
+    built as a reply reaches them)."""
+
+    header: StepHeader
+    payload: Sequence[bytes]
 
 
 @dataclass(frozen=True)

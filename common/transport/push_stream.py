@@ -4,33 +4,15 @@ the payload, fed into the receiver the core hands out for that header. The chunk
 
 from __future__ import annotations
 
-import math
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 from protos import ps_pb2
 from common.errors import InvalidArgument
-from common.transport.messages import MAX_COMPUTE_MS, PushMeta
+from common.transport.messages import PushMeta
+from common.transport.proto_convert import push_meta_from_proto, push_times_from_proto
 from common.transport.serialized import DataChunk
 from common.transport.wire import ChunkReceiver, OffsetReceiver
-
-# the wire's PushKind numbers for the core's kind names (common.transport.messages.PUSH_KINDS), and back
-PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
-PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
-
-
-def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
-    return PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
-                    kind=PUSH_KIND_NAMES.get(h.kind, f"unknown ({h.kind})"), generation=h.generation, secret=h.secret,
-                    exposed_ms=h.exposed_ms, own_exposed_ms=h.own_exposed_ms, offsets=h.offsets,
-                    local_sq_norm=h.local_sq_norm, global_sq_norm=h.global_sq_norm)
-
-
-def check_times(**times: float) -> None:
-    """InvalidArgument unless each of a push's times (ms) is finite and in [0, MAX_COMPUTE_MS]."""
-    for name, ms in times.items():
-        if not (math.isfinite(ms) and 0 <= ms <= MAX_COMPUTE_MS):
-            raise InvalidArgument(f"{name} must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {ms}")
 
 
 async def receive_push(
@@ -46,7 +28,7 @@ async def receive_push(
     first = await anext(aiter(chunks), None)
     if first is None or not first.fields.HasField("header"):
         raise InvalidArgument("the first push chunk must carry the header")
-    meta = push_meta(first.fields.header)
+    meta = push_meta_from_proto(first.fields.header)
     receiver = begin(meta)
     if not meta.offsets:
         receiver.feed(first.fields.seq, first.data)
@@ -71,5 +53,6 @@ async def receive_push(
             break
     if end is None:
         raise InvalidArgument("a push with offsets must end with a chunk carrying its end (PushEnd)")
-    check_times(compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms)
-    return replace(meta, compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms), placed
+    times = push_times_from_proto(end)
+    times.check()
+    return replace(meta, times=times), placed

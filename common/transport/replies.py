@@ -1,5 +1,6 @@
 """The servicers' shared encoding: a ServiceError's gRPC status code, and a core's StepReply as the
-serialized ParamsChunk stream that Push and Pull answer with (the ParameterServer's and the shards')."""
+serialized ParamsChunk stream that Push and Pull answer with (the ParameterServer's and the shards';
+the header converted by common.transport.proto_convert)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from common.errors import (
     Unauthenticated,
 )
 from common.transport.messages import StepReply
+from common.transport.proto_convert import step_header_to_proto
 from common.transport.serialized import data_header
 
 
@@ -54,24 +56,5 @@ def reply_messages(reply: StepReply) -> Iterator[bytes]:
     The response serializer passes bytes through (common/transport/handlers.py, common/transport/serialized.py), so gRPC sends
     these as they are.
     """
-    header = ps_pb2.ParamsHeader(
-        round=reply.round,
-        version=reply.version,
-        epoch=reply.epoch,
-        batch_size=reply.batch_size,
-        done=reply.done,
-        wire_dtype=reply.wire_dtype,
-        num_values=reply.num_values,
-        lr=reply.lr,
-        global_batch=reply.global_batch,
-        reason=reply.reason,
-        generation=reply.group.generation,
-        rank=reply.group.rank,
-        world_size=reply.group.world_size,
-        backend=reply.group.backend,
-        snapshot_requested=reply.snapshot_requested,
-        hub_rank=reply.group.hub_rank,
-        optimizer_state=reply.optimizer_state,
-    )
-    yield ps_pb2.ParamsChunk(header=header).SerializeToString()
+    yield ps_pb2.ParamsChunk(header=step_header_to_proto(reply.header)).SerializeToString()
     yield from reply.payload  # framed as they are reached (common.transport.payload), the first while later ones step

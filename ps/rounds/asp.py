@@ -88,10 +88,10 @@ class AspUpdates:
         self.clocks.sync(self.running())
         factor = staleness_factor(self.settings.staleness_lr, staleness, len(self.clocks.clocks))
         s.store.apply_update(delta, magnitude_of(delta) * factor, scale=factor)
-        s.controller.observe(member.name, meta.batch_size, meta.compute_ms)
+        s.controller.observe(member.name, meta.batch_size, meta.times.compute_ms)
         member.staleness_sum += staleness
         member.asp.update(staleness, self.clocks.tick(member.worker_id))
-        self.epochs.count_push(member, meta.compute_ms, meta.batch_size)
+        self.epochs.count_push(member, meta.times.compute_ms, meta.batch_size)
         s.version += 1
 
     async def wait_turn(self, member: Member) -> None:

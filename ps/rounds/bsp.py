@@ -48,15 +48,14 @@ class BspRound:
             raise FailedPrecondition(f"worker {member.name} already pushed for round {self.state.round}")
 
     def balanced_ms(self, member: Member, meta: PushMeta) -> float | None:
-        """The time the controller balances for this BSP push: the worker's report (compute or busy
-        time), or under --balance cycle the server's own measure, from the round's replies going out
-        to this push fully arrived; None (nothing observed) for a worker that did not push the
-        previous round (its cycle began with a join or a pull, not with this round's reply)."""
-        if self.state.spec.balance != "cycle":
-            return meta.compute_ms
-        if member.worker_id not in self.replied or self.replies_sent_at is None:
-            return None
-        return max(0.0, (self.state.clock() - self.replies_sent_at) * 1000.0)
+        """The time the controller balances for this BSP push (PushTimes.balanced_ms). The cycle is the
+        server's own measure, from the round's replies going out to this push fully arrived; None
+        (nothing observed) for a worker that did not push the previous round (its cycle began with a
+        join or a pull, not with this round's reply)."""
+        cycle_ms = None
+        if member.worker_id in self.replied and self.replies_sent_at is not None:
+            cycle_ms = max(0.0, (self.state.clock() - self.replies_sent_at) * 1000.0)
+        return meta.times.balanced_ms(self.state.spec.balance, cycle_ms)
 
     def add(self, member: Member, meta: PushMeta, grad: Vector) -> None:
         """Take a push's gradient into the round's sum (allreduce: count its samples)."""

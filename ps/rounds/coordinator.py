@@ -46,7 +46,7 @@ from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.core import MAX_WAIT_S
 from common.transport.chunked import Vector
 from common.transport.layout import Layout, flatten_params
-from common.transport.messages import Beat, JoinInfo, PushMeta, StepReply
+from common.transport.messages import Beat, JoinInfo, PushMeta, StepHeader, StepReply
 from common.transport.payload import FramedChunks, Payload, TensorSource
 from common.transport.wire import ChunkReceiver
 from common.transport.worker_keys import WorkerKeys
@@ -146,11 +146,9 @@ class Coordinator(JobState):
         self._tell(member, plan[member.name])
         return JoinInfo(
             member.worker_id, member.index, plan[member.name], self.round, self.version, self.epoch,
-            self.fast_path.group_info(member, plan),
-            self.rendezvous.host if self.rendezvous else "",
-            self.rendezvous.port if self.rendezvous else 0,
-            tuple(self.shards.info()) if self.shards else (),
-            self.keys.secret(member.worker_id),
+            self.spec.to_json(), self.layout, self.heartbeat_interval, self.fast_path.group_info(member, plan),
+            self.rendezvous.host if self.rendezvous else "", self.rendezvous.port if self.rendezvous else 0,
+            tuple(self.shards.info()) if self.shards else (), self.keys.secret(member.worker_id),
         )
 
     def _start(self) -> None:
@@ -277,12 +275,11 @@ class Coordinator(JobState):
     async def _push_bsp(self, member: Member, meta: PushMeta, grad: Vector) -> StepReply:
         ms = self.bsp.balanced_ms(member, meta)
         if ms is not None:
-            # the policy fits the worker's own exposed communication, where the balanced time leaves it out
-            own = meta.own_exposed_ms if self.spec.balance == "compute" else 0.0
-            self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=own)
+            exposed = meta.times.fitted_exposed_ms(self.spec.balance)
+            self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=exposed)
         self.bsp.add(member, meta, grad)
         self.adaptive.push(meta, grad)
-        self.epochs.count_push(member, ms, meta.batch_size, meta.exposed_ms)
+        self.epochs.count_push(member, ms, meta.batch_size, meta.times.exposed_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():
             self._close_round()
@@ -343,11 +340,12 @@ class Coordinator(JobState):
         if not optimizer_state:
             return self._reply(member, params=not header_only)
         state = self.store.flat_optimizer_state()
-        reply = replace(self._reply(member, params=False), wire_dtype="float32", optimizer_state=True)
+        reply = self._reply(member, params=False)
+        header = replace(reply.header, wire_dtype="float32", optimizer_state=True)
         if state is None:
-            return reply
+            return StepReply(header, reply.payload)
         payload = FramedChunks(TensorSource(state), "float32", self.payload.frame, self.payload.chunk_bytes)
-        return replace(reply, num_values=state.numel(), payload=payload)
+        return StepReply(replace(header, num_values=state.numel()), payload)
 
     async def wait_for_batch(self, worker_id: str, secret: str) -> None:
         """A parked worker's long poll (ps.rounds.parking): returns once the plan gives it a batch."""
@@ -380,12 +378,13 @@ class Coordinator(JobState):
         if self.done:
             self.end.told_done.add(member.worker_id)
         self._tell(member, batch)
-        return StepReply(
+        header = StepHeader(
             round=self.round, version=self.version, epoch=self.epoch, batch_size=batch, done=self.done, lr=lr,
             global_batch=global_batch, wire_dtype=self.params_dtype, num_values=self.own_numel if params else 0,
-            payload=self._current_payload() if params else self.payload.empty(), reason=self.reason, group=group,
+            reason=self.reason, group=group,
             snapshot_requested=self.whole_model.snapshot_requested and group.rank == 0 and group.world_size > 0,
         )
+        return StepReply(header, self._current_payload() if params else self.payload.empty())
 
     # ------------------------------------------------------------ the whole model
     async def fetch_whole_model(self) -> None:

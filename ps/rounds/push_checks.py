@@ -15,7 +15,6 @@ from ps.rounds.whole_model import WholeModel
 from common.transport.chunked import Vector
 from common.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
 from common.transport.messages import PUSH_KINDS, PushMeta
-from common.transport.push_stream import check_times
 from common.transport.wire import ChunkReceiver, check_wire_dtype
 
 
@@ -44,7 +43,7 @@ class PushChecks:
         limit = max(s.spec.global_batch, max(s.controller.plan().values(), default=0))
         if meta.batch_size > limit:
             raise InvalidArgument(f"batch size {meta.batch_size} exceeds the global batch {limit}")
-        check_times(compute_ms=meta.compute_ms, exposed_ms=meta.exposed_ms, own_exposed_ms=meta.own_exposed_ms)
+        meta.times.check()
         if meta.kind == "report":
             if meta.num_values != 0:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")

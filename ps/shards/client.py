@@ -16,6 +16,7 @@ import torch
 from protos import ps_pb2, ps_pb2_grpc
 from ps.shards.ranges import Range, merge_optimizer_states, slice_optimizer_state
 from common.transport import blob
+from common.transport.messages import ShardTarget
 from common.transport.security import bearer
 from common.transport.server_options import GRPC_OPTIONS
 
@@ -43,9 +44,9 @@ class RemoteShards:
     def own(self) -> Range:
         return self.ranges[0]
 
-    def info(self) -> list[tuple[str, int, int]]:
-        """(address, start, stop) of every remote range, for the workers' JoinReply."""
-        return [(a, start, stop) for a, (start, stop) in zip(self.addresses, self.ranges[1:], strict=True)]
+    def info(self) -> list[ShardTarget]:
+        """Every remote range and its server, for the workers' JoinReply."""
+        return [ShardTarget(a, start, stop) for a, (start, stop) in zip(self.addresses, self.ranges[1:], strict=True)]
 
     def _open(self) -> None:
         if not self._stubs:

@@ -23,7 +23,7 @@ from common.params.aggregation import WeightedMean
 from common.params.store import ParameterStore
 from common.transport.chunked import Vector
 from common.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
-from common.transport.messages import MAX_COMPUTE_MS, PushMeta, StepReply
+from common.transport.messages import PushMeta, StepHeader, StepReply
 from common.transport.payload import Payload
 from common.transport.wire import ChunkReceiver, check_wire_dtype
 from common.transport.worker_keys import KEY_BYTES, WorkerKeys
@@ -147,8 +147,7 @@ class ShardCore:
             raise InvalidArgument(f"a shard takes gradient slices (kind values), got {meta.kind!r}")
         if not 0 < meta.batch_size <= spec.global_batch:
             raise InvalidArgument(f"batch size must be in [1, {spec.global_batch}], got {meta.batch_size}")
-        if not 0 <= meta.compute_ms <= MAX_COMPUTE_MS:
-            raise InvalidArgument(f"compute_ms must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {meta.compute_ms}")
+        meta.times.check()
         if meta.num_values != self.numel:
             raise InvalidArgument(f"buffer has {meta.num_values} values; this shard holds [{self.start}, {self.stop}), "
                                   f"{self.numel} values")
@@ -190,9 +189,9 @@ class ShardCore:
         """The range's current values, in the job's wire dtype."""
         spec = self._require_loaded_spec()
         store = self._require_loaded()
-        return StepReply(round=self.round, version=self.round, epoch=0, batch_size=0, done=False, lr=0.0,
-                         global_batch=0, wire_dtype=spec.wire_dtype, num_values=self.numel,
-                         payload=self.payload.get(self.round, store, spec.wire_dtype))
+        header = StepHeader(round=self.round, version=self.round, epoch=0, batch_size=0, done=False, lr=0.0,
+                            global_batch=0, wire_dtype=spec.wire_dtype, num_values=self.numel)
+        return StepReply(header, self.payload.get(self.round, store, spec.wire_dtype))
 
     # ---------------------------------------------------------------- helpers
     def _authenticate(self, worker_id: str, secret: str) -> None:

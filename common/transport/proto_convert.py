@@ -1,0 +1,84 @@
+"""The messages of protos/ps.proto to and from the plain values both sides hold
+(common.transport.messages), each conversion written once: the servicers encode what the cores return
+and decode what the workers send, the worker's client the other way round."""
+
+from __future__ import annotations
+
+from protos import ps_pb2
+from common.transport.layout import Layout, TensorEntry
+from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader
+
+# the wire's PushKind numbers for the kind names (common.transport.messages.PUSH_KINDS), and back
+PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
+PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
+DEFAULT_HEARTBEAT_S = 1.0  # a JoinReply that says no heartbeat interval (0)
+
+
+def step_header_to_proto(h: StepHeader) -> ps_pb2.ParamsHeader:
+    return ps_pb2.ParamsHeader(
+        round=h.round, version=h.version, epoch=h.epoch, batch_size=h.batch_size, done=h.done,
+        wire_dtype=h.wire_dtype, num_values=h.num_values, lr=h.lr, global_batch=h.global_batch, reason=h.reason,
+        generation=h.group.generation, rank=h.group.rank, world_size=h.group.world_size, backend=h.group.backend,
+        hub_rank=h.group.hub_rank, snapshot_requested=h.snapshot_requested, optimizer_state=h.optimizer_state,
+    )
+
+
+def step_header_from_proto(p: ps_pb2.ParamsHeader) -> StepHeader:
+    return StepHeader(
+        round=p.round, version=p.version, epoch=p.epoch, batch_size=p.batch_size, done=p.done, lr=p.lr,
+        global_batch=p.global_batch, wire_dtype=p.wire_dtype, num_values=p.num_values, reason=p.reason,
+        group=GroupInfo(p.generation, p.rank, p.world_size, p.backend, p.hub_rank),
+        snapshot_requested=p.snapshot_requested, optimizer_state=p.optimizer_state,
+    )
+
+
+def join_to_proto(j: JoinInfo) -> ps_pb2.JoinReply:
+    """The JoinReply; the group's hub_rank is not on it (every step's header says it)."""
+    return ps_pb2.JoinReply(
+        worker_id=j.worker_id, secret=j.secret, job_json=j.job_json,
+        layout=[ps_pb2.TensorSpec(name=e.name, shape=e.shape, dtype=e.dtype) for e in j.layout.entries],
+        num_params=j.layout.numel, batch_size=j.batch_size, round=j.round, version=j.version, epoch=j.epoch,
+        index=j.index, heartbeat_interval_s=j.heartbeat_interval_s, rendezvous_host=j.rendezvous_host,
+        rendezvous_port=j.rendezvous_port, rank=j.group.rank, world_size=j.group.world_size,
+        generation=j.group.generation, backend=j.group.backend,
+        shards=[ps_pb2.ShardInfo(address=s.address, start=s.start, stop=s.stop) for s in j.shards],
+    )
+
+
+def join_from_proto(p: ps_pb2.JoinReply) -> JoinInfo:
+    return JoinInfo(
+        worker_id=p.worker_id, index=p.index, batch_size=p.batch_size, round=p.round, version=p.version,
+        epoch=p.epoch, job_json=p.job_json,
+        layout=Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in p.layout)),
+        heartbeat_interval_s=p.heartbeat_interval_s or DEFAULT_HEARTBEAT_S,
+        group=GroupInfo(p.generation, p.rank, p.world_size, p.backend),
+        rendezvous_host=p.rendezvous_host, rendezvous_port=p.rendezvous_port,
+        shards=tuple(ShardTarget(s.address, s.start, s.stop) for s in p.shards), secret=p.secret,
+    )
+
+
+def push_times_to_proto(t: PushTimes) -> ps_pb2.PushEnd:
+    return ps_pb2.PushEnd(compute_ms=t.compute_ms, exposed_ms=t.exposed_ms, own_exposed_ms=t.own_exposed_ms)
+
+
+def push_times_from_proto(p: ps_pb2.PushEnd | ps_pb2.PushHeader) -> PushTimes:
+    """A push's times, from its PushEnd or (without offsets) its PushHeader."""
+    return PushTimes(p.compute_ms, p.exposed_ms, p.own_exposed_ms)
+
+
+def push_meta_to_proto(m: PushMeta) -> ps_pb2.PushHeader:
+    return ps_pb2.PushHeader(
+        worker_id=m.worker_id, round=m.round, version=m.version, batch_size=m.batch_size,
+        compute_ms=m.times.compute_ms, exposed_ms=m.times.exposed_ms, own_exposed_ms=m.times.own_exposed_ms,
+        wire_dtype=m.wire_dtype, num_values=m.num_values, kind=PUSH_KIND_NUMBERS[m.kind], generation=m.generation,
+        secret=m.secret, offsets=m.offsets, local_sq_norm=m.local_sq_norm, global_sq_norm=m.global_sq_norm,
+    )
+
+
+def push_meta_from_proto(p: ps_pb2.PushHeader) -> PushMeta:
+    """The header as the core sees it; a kind number it does not know is named so (the core refuses it)."""
+    return PushMeta(
+        p.worker_id, p.round, p.version, p.batch_size, push_times_from_proto(p), p.wire_dtype, p.num_values,
+        kind=PUSH_KIND_NAMES.get(p.kind, f"unknown ({p.kind})"), generation=p.generation, secret=p.secret,
+        offsets=p.offsets, local_sq_norm=p.local_sq_norm, global_sq_norm=p.global_sq_norm,
+    )
