@@ -1,6 +1,6 @@
-"""Tests for --adaptive-batch gns's pure core (ps.control.adaptive): the goodput choice of B, the
+"""Tests for --adaptive-batch gns's pure core (ps.control.global_batch.goodput): the goodput choice of B, the
 threshold, the bounds, the LR rules, its state; and B changed under every batch policy
-(ps.control.registry.with_global_batch): Σb = B and each worker's bounds after every change."""
+(ps.control.policy.with_global_batch): Σb = B and each worker's bounds after every change."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.adaptive import (
+from ps.control.global_batch.goodput import (
     LR_SCALINGS,
     AdaptiveBatch,
     AdaptiveConfig,
@@ -24,8 +24,9 @@ from ps.control.adaptive import (
     measured_round,
     round_line,
 )
-from ps.control.config import POLICIES, ControllerConfig
-from ps.control.registry import build_policy, with_global_batch
+from ps.control.config import PolicyConfig
+from ps.control.policy import build_policy, with_global_batch
+from ps.control.registry import POLICIES
 from common.params.aggregation import squared_norm
 from common.transport.chunked import ChunkedVector
 
@@ -166,14 +167,14 @@ def test_state_round_trips_through_json_and_refuses_another_start() -> None:
 
 
 @FAST
-@given(st.sampled_from(POLICIES), st.lists(st.floats(0.2, 5.0), min_size=1, max_size=6),
+@given(st.sampled_from(tuple(POLICIES)), st.lists(st.floats(0.2, 5.0), min_size=1, max_size=6),
        st.lists(st.integers(4, 3000), min_size=1, max_size=12), st.integers(1, 3), st.integers(0, 10**6))
 def test_every_change_of_b_keeps_the_exact_sum_and_the_bounds(policy: str, speeds: list[float], batches: list[int],
                                                                min_batch: int, seed: int) -> None:
     rnd = random.Random(seed)
     n = len(speeds)
     start = max(n * min_batch, 64)
-    ctl = build_policy(ControllerConfig(policy=policy, global_batch=start, min_batch=min_batch))  # type: ignore[arg-type]
+    ctl = build_policy(PolicyConfig(policy=policy, global_batch=start, min_batch=min_batch))  # type: ignore[arg-type]
     for i in range(n):
         ctl.add_worker(f"w{i}", cores=speeds[i])
     ctl.replan()
@@ -197,7 +198,7 @@ def test_every_change_of_b_keeps_the_exact_sum_and_the_bounds(policy: str, speed
 
 
 def test_the_model_policy_predicts_rounds_at_other_batches_once_identified() -> None:
-    ctl = build_policy(ControllerConfig(policy="model", global_batch=96))
+    ctl = build_policy(PolicyConfig(policy="model", global_batch=96))
     costs = {"a": (0.1, 5.0), "b": (0.3, 5.0)}
     for k in costs:
         ctl.add_worker(k)

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.config import ControllerConfig, config_changes
-from ps.control.registry import build_policy, policy_from_state, reconfigured
-from ps.control.roster import Roster
+from ps.control.config import PolicyConfig, config_changes
+from ps.control.policy import build_policy, policy_from_state, reconfigured
+from ps.control.worker_plan import WorkerPlan
 from ps.control.proportional import outside_deadband, proportional_targets, total_preserving
 from ps.control.split import fit_to_sum, largest_remainder
 
@@ -32,10 +32,10 @@ HL_SPEEDS: dict[str, Sequence[float]] = {
 # ---------------------------------------------------------------- helpers
 
 
-def controller(n: int = 0, cores: Sequence[float] | None = None, **config: Any) -> Roster:
+def controller(n: int = 0, cores: Sequence[float] | None = None, **config: Any) -> WorkerPlan:
     """A controller with workers w0..w{n-1} (or one per entry of `cores`), not yet planned. The rules
     are tested on one observation per worker (min_samples 1) unless `config` says otherwise."""
-    ctl = build_policy(ControllerConfig(**{"min_samples": 1, **config}))
+    ctl = build_policy(PolicyConfig(**{"min_samples": 1, **config}))
     for i, c in enumerate(cores if cores is not None else [1.0] * n):
         ctl.add_worker(f"w{i}", cores=c)
     return ctl
@@ -46,13 +46,13 @@ def speed_map(speeds: Sequence[float]) -> dict[str, float]:
     return {f"w{i}": s for i, s in enumerate(speeds)}
 
 
-def observe_all(ctl: Roster, speeds: Mapping[str, float], intercept: float = 0.0) -> None:
+def observe_all(ctl: WorkerPlan, speeds: Mapping[str, float], intercept: float = 0.0) -> None:
     """One step of every worker under the simulated cost model t_k = b_k / speed_k + intercept."""
     for k, b in ctl.plan().items():
         ctl.observe(k, b, b / speeds[k] + intercept)
 
 
-def run_to_steady(ctl: Roster, speeds: Mapping[str, float], intercept: float = 0.0) -> int:
+def run_to_steady(ctl: WorkerPlan, speeds: Mapping[str, float], intercept: float = 0.0) -> int:
     """Alternate one observed step and one `adjust` until an adjust changes nothing; return the adjustments."""
     for _ in range(40):
         observe_all(ctl, speeds, intercept)
@@ -92,7 +92,7 @@ def water_level(
     return {k: min(upper[k], max(lower[k], hi_s * t)) for k, t in targets.items()}
 
 
-def snapshot(ctl: Roster) -> str:
+def snapshot(ctl: WorkerPlan) -> str:
     """Canonical JSON of the full state, to compare before/after."""
     return json.dumps(ctl.state_dict(), sort_keys=True)
 
@@ -305,14 +305,14 @@ def test_outside_deadband_rejects(current: int, target: float, deadband: float) 
 )
 def test_config_rejects(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ControllerConfig(**kwargs)
+        PolicyConfig(**kwargs)
 
 
 def test_config_normalises_numbers() -> None:
-    cfg = ControllerConfig(deadband=0, ewma_alpha=1)
+    cfg = PolicyConfig(deadband=0, ewma_alpha=1)
     assert isinstance(cfg.deadband, float) and isinstance(cfg.ewma_alpha, float)
     assert cfg.default_max_batch == cfg.global_batch
-    assert ControllerConfig(max_batch=40).default_max_batch == 40
+    assert PolicyConfig(max_batch=40).default_max_batch == 40
 
 
 # ---------------------------------------------------------------- membership and replan
@@ -336,7 +336,7 @@ def test_dynamic_first_plan_follows_dynamic_start(start: str, expected: list[int
 
 
 def test_replan_respects_per_worker_bounds() -> None:
-    ctl = build_policy(ControllerConfig(policy="static", global_batch=100))
+    ctl = build_policy(PolicyConfig(policy="static", global_batch=100))
     ctl.add_worker("big", cores=10.0, max_batch=30)
     ctl.add_worker("small", cores=1.0, min_batch=20)
     ctl.add_worker("mid", cores=5.0)
@@ -359,21 +359,21 @@ def test_replan_with_no_workers() -> None:
 def test_asp_plan_sums_to_b_within_the_bounds_and_is_clipped_beyond_them() -> None:
     """ASP plans sum exactly to B like BSP's (water-filling, not round-then-clip, which gave 4+4+60 = 68
     here and 129 for B = 128 elsewhere); only B out of the bounds' reach leaves them at a bound."""
-    ctl = build_policy(ControllerConfig(policy="static", keep_global_sum=False, global_batch=64, min_batch=4))
+    ctl = build_policy(PolicyConfig(policy="static", keep_global_sum=False, global_batch=64, min_batch=4))
     for i, c in enumerate([1.0, 1.0, 30.0]):
         ctl.add_worker(f"w{i}", cores=c)
     assert ctl.replan() == {"w0": 4, "w1": 4, "w2": 56}
     for n in (3, 5, 7):
         odd = controller(n, policy="uniform", keep_global_sum=False, global_batch=128)
         assert sum(odd.replan().values()) == 128
-    asp = build_policy(ControllerConfig(policy="uniform", keep_global_sum=False, global_batch=10, min_batch=4))
+    asp = build_policy(PolicyConfig(policy="uniform", keep_global_sum=False, global_batch=10, min_batch=4))
     for i in range(3):
         asp.add_worker(f"w{i}")
     assert asp.replan() == {"w0": 4, "w1": 4, "w2": 4}
 
 
 def test_add_worker_rejects_and_changes_nothing() -> None:
-    ctl = build_policy(ControllerConfig(global_batch=10, min_batch=4))
+    ctl = build_policy(PolicyConfig(global_batch=10, min_batch=4))
     ctl.add_worker("a")
     ctl.add_worker("b")
     ctl.replan()
@@ -406,7 +406,7 @@ def test_remove_unknown_worker() -> None:
 
 
 def test_replan_infeasible_upper_bounds() -> None:
-    ctl = build_policy(ControllerConfig(global_batch=128, max_batch=40))
+    ctl = build_policy(PolicyConfig(global_batch=128, max_batch=40))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     with pytest.raises(ValueError, match="max_batch sum to 120 < global_batch 128"):
@@ -417,7 +417,7 @@ def test_replan_infeasible_upper_bounds() -> None:
 
 
 def test_removal_that_leaves_b_out_of_reach_is_reported() -> None:
-    ctl = build_policy(ControllerConfig(global_batch=100, max_batch=60))
+    ctl = build_policy(PolicyConfig(global_batch=100, max_batch=60))
     for k in ("a", "b"):
         ctl.add_worker(k)
     ctl.replan()
@@ -497,7 +497,7 @@ def test_a_changed_worker_is_not_moved_again_on_one_sample() -> None:
 def test_min_samples_is_a_positive_integer() -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="min_samples"):
-            ControllerConfig(min_samples=bad)
+            PolicyConfig(min_samples=bad)
 
 
 NOISE_SEEDS = range(40)
@@ -515,7 +515,7 @@ def test_timing_noise_on_a_balanced_split_makes_no_decision(speeds: tuple[float,
     global_batch = 128 if len(set(speeds)) < 3 else 480
     for seed in NOISE_SEEDS:
         rng = random.Random(seed)
-        ctl = build_policy(ControllerConfig(global_batch=global_batch, dynamic_start="static"))
+        ctl = build_policy(PolicyConfig(global_batch=global_batch, dynamic_start="static"))
         for i, c in enumerate(speeds):
             ctl.add_worker(f"w{i}", cores=c)
         plan = ctl.replan()
@@ -614,7 +614,7 @@ def test_unmeasured_workers_keep_their_batch() -> None:
 
 
 def test_adjust_respects_bounds() -> None:
-    ctl = build_policy(ControllerConfig(global_batch=100, min_samples=1))
+    ctl = build_policy(PolicyConfig(global_batch=100, min_samples=1))
     ctl.add_worker("fast", max_batch=60)
     ctl.add_worker("slow", min_batch=30)
     ctl.replan()
@@ -635,7 +635,7 @@ def test_adjust_after_removal_restores_global_batch() -> None:
 
 
 def test_asp_adjust_keeps_the_sum_at_b_within_the_bounds() -> None:
-    ctl = build_policy(ControllerConfig(global_batch=64, keep_global_sum=False, max_batch=50, min_samples=1))
+    ctl = build_policy(PolicyConfig(global_batch=64, keep_global_sum=False, max_batch=50, min_samples=1))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     ctl.replan()
@@ -646,7 +646,7 @@ def test_asp_adjust_keeps_the_sum_at_b_within_the_bounds() -> None:
 
 
 def test_asp_adjust_rounds_and_clips_when_the_bounds_cannot_meet_b() -> None:
-    ctl = build_policy(ControllerConfig(global_batch=64, keep_global_sum=False, max_batch=20, min_samples=1))
+    ctl = build_policy(PolicyConfig(global_batch=64, keep_global_sum=False, max_batch=20, min_samples=1))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     assert ctl.replan() == {"w0": 20, "w1": 20, "w2": 20}  # 60: the most the bounds allow
@@ -772,7 +772,7 @@ def test_from_state_dict_rejects_inconsistent_state() -> None:
 # ---------------------------------------------------------------- resume under other settings
 
 
-def settled() -> Roster:
+def settled() -> WorkerPlan:
     """Dynamic over w0 (1 sample/ms) and w1 (3 samples/ms), B = 120, settled at 30/90 and measured there."""
     ctl = controller(2, global_batch=120)
     ctl.replan()
@@ -842,7 +842,7 @@ def test_with_config_refuses_bounds_that_cannot_meet_the_global_batch() -> None:
 
 
 def test_config_changes_names_each_setting_that_differs() -> None:
-    before = ControllerConfig()
+    before = PolicyConfig()
     assert config_changes(before, before) == {}
     after = replace(before, policy="static", deadband=0.25, max_batch=64)
     assert config_changes(before, after) == {
@@ -854,12 +854,12 @@ def test_config_changes_names_each_setting_that_differs() -> None:
 
 
 @st.composite
-def scenarios(draw: st.DrawFn, keep_global_sum: bool | None = None) -> Roster:
+def scenarios(draw: st.DrawFn, keep_global_sum: bool | None = None) -> WorkerPlan:
     """A planned controller with random config, workers and bounds (always feasible)."""
     ksum = draw(st.booleans()) if keep_global_sum is None else keep_global_sum
     n = draw(st.integers(1, 6))
     global_batch = draw(st.integers(8 * n, 512))
-    config = ControllerConfig(
+    config = PolicyConfig(
         policy=draw(st.sampled_from(["uniform", "static", "dynamic", "dynamic"])),
         global_batch=global_batch,
         deadband=draw(st.sampled_from([0.0, 0.05, 0.1, 0.3])),
@@ -878,7 +878,7 @@ def scenarios(draw: st.DrawFn, keep_global_sum: bool | None = None) -> Roster:
     return ctl
 
 
-def check_invariants(ctl: Roster, exact_sum: bool) -> None:
+def check_invariants(ctl: WorkerPlan, exact_sum: bool) -> None:
     """Bounds hold for every planned worker; if `exact_sum` the plan sums to B (ASP: where the bounds allow).
 
     `exact_sum` is False right after a removal: only `replan` (or a dynamic `adjust`) re-splits B.
@@ -893,7 +893,7 @@ def check_invariants(ctl: Roster, exact_sum: bool) -> None:
         assert sum(ctl.plan().values()) == ctl.config.global_batch
 
 
-def checked_adjust(ctl: Roster) -> None:
+def checked_adjust(ctl: WorkerPlan) -> None:
     """Run `adjust` and check the deadband and sum rules against the state it started from."""
     cfg = ctl.config
     before = ctl.plan()
@@ -931,7 +931,7 @@ def checked_adjust(ctl: Roster) -> None:
 
 @FAST
 @given(scenarios(), st.data())
-def test_random_histories_keep_invariants(ctl: Roster, data: st.DataObject) -> None:
+def test_random_histories_keep_invariants(ctl: WorkerPlan, data: st.DataObject) -> None:
     check_invariants(ctl, exact_sum=True)
     next_id = 100
     stale = False
@@ -972,7 +972,7 @@ def test_random_histories_keep_invariants(ctl: Roster, data: st.DataObject) -> N
 
 @FAST
 @given(scenarios(), st.data())
-def test_rejected_input_changes_nothing(ctl: Roster, data: st.DataObject) -> None:
+def test_rejected_input_changes_nothing(ctl: WorkerPlan, data: st.DataObject) -> None:
     ids = list(ctl.plan())
     k = data.draw(st.sampled_from(ids))
     ctl.observe(k, ctl.plan()[k], 3.0)
@@ -994,7 +994,7 @@ def test_rejected_input_changes_nothing(ctl: Roster, data: st.DataObject) -> Non
 
 @FAST
 @given(scenarios(keep_global_sum=False), st.lists(st.floats(0.01, 1e4), min_size=6, max_size=6), st.integers(1, 4))
-def test_asp_holds_bounds_without_sum_rule(ctl: Roster, times: list[float], rounds: int) -> None:
+def test_asp_holds_bounds_without_sum_rule(ctl: WorkerPlan, times: list[float], rounds: int) -> None:
     for _ in range(rounds):
         for (k, b), t in zip(ctl.plan().items(), times):
             ctl.observe(k, b, t * b)
@@ -1004,7 +1004,7 @@ def test_asp_holds_bounds_without_sum_rule(ctl: Roster, times: list[float], roun
 
 @FAST
 @given(scenarios(), st.data())
-def test_with_config_under_random_settings_keeps_invariants(ctl: Roster, data: st.DataObject) -> None:
+def test_with_config_under_random_settings_keeps_invariants(ctl: WorkerPlan, data: st.DataObject) -> None:
     """Any new deadband, alpha, policy, start or bounds: the bounds and the sum rule hold, the count and the
     throughputs carry over, the plan stays if it still is one of the new settings; the same config copies."""
     for k, b in ctl.plan().items():
@@ -1114,7 +1114,7 @@ def test_converges_for_random_speeds_with_fixed_cost(
 def test_asp_total_does_not_drift_on_hl8_speeds() -> None:
     """Without a sum rule, Eq. 6's arithmetic-mean t_bar would inflate sum(b); ASP keeps it near B."""
     speeds = {"a": 6.0, "b": 6.0, "c": 4.0, "d": 32.0}
-    ctl = build_policy(ControllerConfig(policy="dynamic", global_batch=128, keep_global_sum=False, min_samples=1))
+    ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=128, keep_global_sum=False, min_samples=1))
     for name in speeds:
         ctl.add_worker(name)
     ctl.replan()
@@ -1130,12 +1130,12 @@ def test_asp_total_does_not_drift_on_hl8_speeds() -> None:
 
 def test_can_add_counts_every_workers_minimum_against_the_global_batch() -> None:
     """BSP (keep_global_sum): room for another worker only while every minimum still fits in B; ASP: always."""
-    bsp = build_policy(ControllerConfig(global_batch=6, min_batch=2))
+    bsp = build_policy(PolicyConfig(global_batch=6, min_batch=2))
     assert bsp.can_add(3) and not bsp.can_add(4)
     bsp.add_worker("a", cores=1.0)
     bsp.add_worker("b", cores=1.0, min_batch=3)
     assert not bsp.can_add(1)  # 2 + 3 + 2 > 6
     bsp.remove_worker("b")
     assert bsp.can_add(2) and not bsp.can_add(3)
-    asp = build_policy(ControllerConfig(global_batch=6, min_batch=2, keep_global_sum=False))
+    asp = build_policy(PolicyConfig(global_batch=6, min_batch=2, keep_global_sum=False))
     assert asp.can_add(100)

@@ -35,13 +35,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ps.control.balance import measured_balanced
+from ps.control.model.balance import measured_balanced
 from ps.control.checks import integer, real
-from ps.control.optperf import FinishTime, best_plan, nearest_plan, round_time, split
-from ps.control.roster import Roster
-from ps.control.model_state import flag, model_part, nonnegative, observations, parking_pair, state_list
+from ps.control.model.optperf import FinishTime, best_plan, nearest_plan, round_time, split
+from ps.control.worker_plan import WorkerPlan
+from ps.control.model.state import flag, model_part, nonnegative, observations, parking_pair, state_list
 from ps.control.split import clip, fit_to_sum
-from ps.control.time_fit import Fit, Finish, Observations
+from ps.control.model.time_fit import Fit, Finish, Observations
 
 PROBE_STEP = 0.3
 """A probe moves a worker's batch by at least this fraction (and 2 samples)."""
@@ -78,7 +78,7 @@ class _Parked:
     every: int
 
 
-class ModelPolicy(Roster):
+class ModelPolicy(WorkerPlan):
     """Fitted per-worker times, a one-step optimal split, probes, and parking."""
 
     name = "model"
@@ -417,10 +417,10 @@ class ModelPolicy(Roster):
                 "parked": sorted(k for k, b in plan.items() if b == 0)}
 
     # ------------------------------------------------------------------ resume and checkpoints
-    def _keeps_plan_of(self, old: Roster) -> bool:
+    def _keeps_plan_of(self, old: WorkerPlan) -> bool:
         return isinstance(old, ModelPolicy)
 
-    def _adopted(self, old: Roster) -> None:
+    def _adopted(self, old: WorkerPlan) -> None:
         """A model policy's fits carry over; its parking only where this one keeps the worker at 0."""
         if isinstance(old, ModelPolicy):
             state = old._extra_state()

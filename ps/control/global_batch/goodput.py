@@ -3,7 +3,7 @@
 Goodput (Pollux, Cannikin §4) is progress per second: throughput(B), samples per second as the batch
 policy predicts a round of B, times the statistical efficiency E(B) = (φ + B₀)/(φ + B), the progress a
 sample at batch B makes relative to one at the starting batch B₀ (φ the gradient noise scale,
-ps/control/gns.py). A larger B is faster per sample where a round has fixed costs, and worth less
+ps/control/global_batch/gns.py). A larger B is faster per sample where a round has fixed costs, and worth less
 per sample once B passes φ. `choose` scans B in [lower, upper] and moves only when the best predicted
 goodput beats the current one by the threshold (a change costs re-measuring every worker).
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ps.control.gns import statistical_efficiency
+from ps.control.global_batch.gns import statistical_efficiency
 from common.number_checks import finite, whole
 
 LR_SCALINGS: tuple[str, ...] = ("adascale", "linear", "sqrt")

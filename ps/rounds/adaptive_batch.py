@@ -1,5 +1,5 @@
 """`--adaptive-batch gns` on the coordinator: the gradient noise scale measured round by round from
-the pushes (ps/control/gns.py), and at every `--adapt-every` the decision (ps/control/adaptive.py)
+the pushes (ps/control/global_batch/gns.py), and at every `--adapt-every` the decision (ps/control/global_batch/goodput.py)
 that may change the global batch B, re-split over the workers in the same step; the learning rate of
 the B in force.
 
@@ -16,9 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ps.control.adaptive import AdaptiveBatch, AdaptiveConfig, measured_round, round_line
-from ps.control.gns import NoiseScaleEstimator
-from ps.control.registry import build_policy, with_global_batch
+from ps.control.global_batch.goodput import AdaptiveBatch, AdaptiveConfig, measured_round, round_line
+from ps.control.global_batch.gns import NoiseScaleEstimator
+from ps.control.policy import build_policy, with_global_batch
 from common.params.aggregation import squared_norm
 from ps.rounds.bsp import BspRound
 from ps.rounds.state import JobState
@@ -114,7 +114,7 @@ class AdaptiveBatchSizing:
         """One decision on B; a change re-splits B over the workers and sets the LR, in this step."""
         s, decider = self.state, self.decider
         assert decider is not None
-        ctl = s.controller
+        ctl = s.policy
         if not ctl.plan():
             return
         current = decider.batch
@@ -124,7 +124,7 @@ class AdaptiveBatchSizing:
         decision = decider.choose(self.estimator.estimate().phi, lower, upper, round_model, upward_only=basis == "guess")
         if decision.changed:
             try:
-                s.controller = with_global_batch(ctl, decision.batch)
+                s.policy = with_global_batch(ctl, decision.batch)
             except ValueError as exc:  # the workers' bounds cannot make it up after all: keep B
                 s.metrics.write("adapt", step=s.step, epoch=s.epoch, **{**decision.record(), "batch": current, "changed": False},
                                 global_batch=current, lr=self.lr_at(s.epoch), error=str(exc))
@@ -141,7 +141,7 @@ class AdaptiveBatchSizing:
         """T(B) and what it rests on: the policy's fitted model where it has one ("model"), else the
         line through the rounds measured at two or more B ("line"), else the times measured at B now
         scaled with B ("guess", trusted upward only)."""
-        ctl = self.state.controller
+        ctl = self.state.policy
         if ctl.predicted_round_ms(current) is not None:
             return (lambda b: ctl.predicted_round_ms(b) or math.inf), "model"
         if len(self._round_ms) >= _MIN_ROUNDS:
@@ -178,4 +178,4 @@ class AdaptiveBatchSizing:
         self.decider.load_state_dict(saved["decider"])
         self.estimator = estimator
         s = self.state
-        s.controller = build_policy(replace(s.controller.config, global_batch=self.decider.batch))
+        s.policy = build_policy(replace(s.policy.config, global_batch=self.decider.batch))
