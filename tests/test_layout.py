@@ -197,10 +197,10 @@ def test_pure_parts_import_no_transport_or_torch() -> None:
 
 
 CONTROL_FACES = ("ps.control.policy", "ps.control.registry", "ps.control.config", "ps.control.micro",
-                 "ps.control.global_batch")
-"""What the rest of ps sees of ps.control: the batch-policy Protocol, the registry that builds and reads
-policies, their settings, the micro-batch bounds and the global-batch choice; the policies' shared base
-(worker_plan) and each policy's modules stay inside."""
+                 "ps.control.performance", "ps.control.global_batch")
+"""What the rest of ps sees of ps.control: the batch-policy contract (policy.py), the list of policies,
+their settings, the micro-batch bounds, the model of a round's time and the global-batch choice; the
+policies' shared base (worker_plan) and each policy's own modules stay inside."""
 
 
 def test_the_rounds_know_batch_policies_only_through_their_interface() -> None:

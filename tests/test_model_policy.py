@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from ps.control.config import PolicyConfig
 from ps.control.model.policy import MIN_GAIN, ModelPolicy
-from ps.control.model.optperf import best_plan, split
+from ps.control.model.optperf import best_plan
+from ps.control.performance import split
 from ps.control.policy import build_policy, policy_from_state, reconfigured
 from ps.control.worker_plan import WorkerPlan
 from ps.control.model.time_fit import Observations

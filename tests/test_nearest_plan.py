@@ -8,7 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.model.optperf import nearest_plan, round_time, split
+from ps.control.model.optperf import nearest_plan
+from ps.control.performance import round_time, split
 
 FAST = settings(max_examples=60, deadline=None)
 

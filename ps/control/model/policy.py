@@ -37,9 +37,10 @@ from typing import Any
 
 from ps.control.model.balance import measured_balanced
 from ps.control.checks import integer, real
-from ps.control.model.optperf import FinishTime, best_plan, nearest_plan, round_time, split
+from ps.control.model.optperf import best_plan, nearest_plan
 from ps.control.worker_plan import WorkerPlan
 from ps.control.model.state import flag, model_part, nonnegative, observations, parking_pair, state_list
+from ps.control.performance import FinishTime, FittedRounds
 from ps.control.split import clip, fit_to_sum
 from ps.control.model.time_fit import Fit, Finish, Observations
 
@@ -228,7 +229,8 @@ class ModelPolicy(WorkerPlan):
         min_gain = max(MIN_GAIN, _error(report["previous"]) if self._solved else 0.0)
         new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain, trust=self._solved)
         finishes = self._times(cautious=True)
-        gain = (round_time(finishes, current) - round_time(finishes, new)) / max(round_time(finishes, new), 1e-9)
+        compare = FittedRounds(finishes)
+        gain = (compare.predict(current) - compare.predict(new)) / max(compare.predict(new), 1e-9)
         report["min_gain"] = round(min_gain, 4)
         # a new plan must beat the model's own error on the plan in force, parking included: where the
         # optimum is flat (a fixed cost dominates) noise in the fits must not move B back and forth, nor
@@ -276,15 +278,14 @@ class ModelPolicy(WorkerPlan):
         return dict(self._report)
 
     def predicted_round_ms(self, total: int) -> float | None:
-        """The fits' round at the best split of `total` (a default bound follows it) plus c; None until identified."""
+        """The fits' round at the best split of `total` (a default bound follows it) plus c
+        (performance.FittedRounds); None until identified."""
         active, (lower, upper) = self._active(), self._bounds()
         if not active or not all(self._fit(k) is not None and self._identified(k) for k in active):
             return None
         upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
-        if not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
-            return None
         times = self._times()
-        return round_time(times, split({k: times[k] for k in active}, total, lower, upper)) + self.overhead_ms
+        return FittedRounds({k: times[k] for k in active}, self.overhead_ms, lower, upper).predict_global(total)
 
     def _times(self, cautious: bool = False) -> dict[str, FinishTime]:
         """Each worker's finish time as a function of its batch (a worker not measured yet: the
@@ -411,7 +412,7 @@ class ModelPolicy(WorkerPlan):
             fits[k] = entry
         known = all(k in finishes for k, b in plan.items() if b > 0)
         c = self.overhead_for(plan) if self._config.keep_global_sum else 0.0  # ASP: a step, no round
-        predicted = round_time(self._times(), plan) + c if known and plan else None
+        predicted = FittedRounds(self._times(), c).predict(plan) if known and plan else None
         self._predicted = predicted
         return {"fits": fits, "overhead_ms": _round(c), "predicted_round_ms": _round(predicted),
                 "parked": sorted(k for k, b in plan.items() if b == 0)}
