@@ -265,7 +265,7 @@ def _run(args: argparse.Namespace) -> int:
     config = emulator.RunConfig(
         profile=args.profile, schedule=args.schedule, every_epochs=args.every_epochs,
         every_seconds=args.every_seconds, mode=args.mode, cpu_budget=args.cpu_budget,
-        controller=args.policy, epochs=args.epochs, model=args.model, model_args=args.model_arg,
+        policy=args.policy, epochs=args.epochs, model=args.model, model_args=args.model_arg,
         dataset=args.dataset, dataset_args=args.dataset_arg, global_batch=args.global_batch, lr=args.lr,
         adjust_every=args.adjust_every, limiter=args.limiter, out=args.out, quick=args.quick,
         server_args=[*args.server_arg, *([] if args.overlap else ["--no-overlap"])],

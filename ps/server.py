@@ -183,7 +183,7 @@ def build_job(args: argparse.Namespace) -> Job:
                 print(f"ps-server: warning: the job's settings differ from the checkpoint's ({describe_resume_changes(job_changes)}); "
                       "the command line's apply", file=sys.stderr, flush=True)
             if changes:
-                print(f"ps-server: warning: {describe_controller_changes(changes)}", file=sys.stderr, flush=True)
+                print(f"ps-server: warning: {describe_policy_changes(changes)}", file=sys.stderr, flush=True)
     except BaseException:
         if local_shards is not None:
             local_shards.stop()
@@ -243,16 +243,16 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyCon
     )
 
 
-CONTROLLER_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
-                    "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
-                    "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
-"""The ps-server flag of each PolicyConfig field a resume may change."""
+POLICY_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
+                "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
+                "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
+"""The ps-server flag of each PolicyConfig field a resume may change, as its warning names it."""
 
 
-def describe_controller_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
-    """The warning for a resume whose controller flags differ from the checkpoint's (Coordinator.restore)."""
+def describe_policy_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    """The warning for a resume whose batch-policy flags differ from the checkpoint's (Coordinator.restore)."""
     shown = ", ".join(
-        f"{CONTROLLER_FLAGS.get(name, name)} {'unset' if old is None else old} -> {'unset' if new is None else new}"
+        f"{POLICY_FLAGS.get(name, name)} {'unset' if old is None else old} -> {'unset' if new is None else new}"
         for name, (old, new) in changes.items()
     )
     return f"the controller settings differ from the checkpoint's ({shown}); the command line's apply"

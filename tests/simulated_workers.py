@@ -24,8 +24,8 @@ HL_SPEEDS: dict[str, Sequence[float]] = {
 # ---------------------------------------------------------------- helpers
 
 
-def controller(n: int = 0, cores: Sequence[float] | None = None, **config: Any) -> WorkerPlan:
-    """A controller with workers w0..w{n-1} (or one per entry of `cores`), not yet planned. The rules
+def make_policy(n: int = 0, cores: Sequence[float] | None = None, **config: Any) -> WorkerPlan:
+    """A policy with workers w0..w{n-1} (or one per entry of `cores`), not yet planned. The rules
     are tested on one observation per worker (min_samples 1) unless `config` says otherwise."""
     ctl = build_policy(PolicyConfig(**{"min_samples": 1, **config}))
     for i, c in enumerate(cores if cores is not None else [1.0] * n):
@@ -34,7 +34,7 @@ def controller(n: int = 0, cores: Sequence[float] | None = None, **config: Any) 
 
 
 def speed_map(speeds: Sequence[float]) -> dict[str, float]:
-    """Speeds (samples per ms) keyed like `controller`'s workers."""
+    """Speeds (samples per ms) keyed like `make_policy`'s workers."""
     return {f"w{i}": s for i, s in enumerate(speeds)}
 
 
@@ -52,7 +52,7 @@ def run_to_steady(ctl: WorkerPlan, speeds: Mapping[str, float], intercept: float
         ctl.adjust()
         if ctl.adjustments == before:
             return ctl.adjustments
-    pytest.fail(f"controller did not settle: plan {ctl.plan()}")
+    pytest.fail(f"policy did not settle: plan {ctl.plan()}")
 
 
 def balanced(plan: Mapping[str, int], speeds: Mapping[str, float], intercept: float, deadband: float) -> bool:

@@ -17,7 +17,7 @@ from ps.control.config import PolicyConfig
 from ps.control.policy import build_policy, policy_from_state, reconfigured
 from ps.control.worker_plan import WorkerPlan
 from ps.control.proportional import outside_deadband, proportional_targets, total_preserving
-from tests.simulated_workers import HL_SPEEDS, controller, speed_map, run_to_steady, balanced, water_level, snapshot
+from tests.simulated_workers import HL_SPEEDS, make_policy, speed_map, run_to_steady, balanced, water_level, snapshot
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -27,7 +27,7 @@ FAST = settings(max_examples=40, deadline=None)
 
 @pytest.mark.parametrize("policy", ["uniform", "static"])
 def test_open_loop_policies_do_not_adjust(policy: str) -> None:
-    ctl = controller(cores=[1.0, 3.0], policy=policy)
+    ctl = make_policy(cores=[1.0, 3.0], policy=policy)
     plan = ctl.replan()
     ctl.observe("w0", plan["w0"], 1.0)
     ctl.observe("w1", plan["w1"], 100.0)
@@ -36,7 +36,7 @@ def test_open_loop_policies_do_not_adjust(policy: str) -> None:
 
 
 def test_inside_deadband_nothing_changes() -> None:
-    ctl = controller(2, deadband=0.1)
+    ctl = make_policy(2, deadband=0.1)
     ctl.replan()
     ctl.observe("w0", 64, 10.0)
     ctl.observe("w1", 64, 11.5)
@@ -46,7 +46,7 @@ def test_inside_deadband_nothing_changes() -> None:
 
 
 def test_only_movers_change_when_they_absorb_the_difference() -> None:
-    ctl = controller(4, deadband=0.1)
+    ctl = make_policy(4, deadband=0.1)
     ctl.replan()
     inside = 2 * 32 - (25.6 + 32 * 32 / 24) / 2
     for k, t in {"w0": 25.6, "w1": 32 * 32 / 24, "w2": inside, "w3": inside}.items():
@@ -57,7 +57,7 @@ def test_only_movers_change_when_they_absorb_the_difference() -> None:
 
 
 def test_lone_mover_falls_back_to_fitting_everyone() -> None:
-    ctl = controller(4, deadband=0.1)
+    ctl = make_policy(4, deadband=0.1)
     ctl.replan()
     ctl.observe("w0", 32, 40.0)
     for k in ("w1", "w2", "w3"):
@@ -69,7 +69,7 @@ def test_lone_mover_falls_back_to_fitting_everyone() -> None:
 
 
 def test_unmeasured_workers_keep_their_batch() -> None:
-    ctl = controller(3, global_batch=120)
+    ctl = make_policy(3, global_batch=120)
     ctl.replan()
     ctl.observe("w0", 40, 10.0)
     ctl.observe("w1", 40, 30.0)
@@ -88,7 +88,7 @@ def test_adjust_respects_bounds() -> None:
 
 
 def test_adjust_after_removal_restores_global_batch() -> None:
-    ctl = controller(4)
+    ctl = make_policy(4)
     ctl.replan()
     for k in ("w0", "w1", "w2", "w3"):
         ctl.observe(k, 32, 10.0)
@@ -120,7 +120,7 @@ def test_asp_adjust_rounds_and_clips_when_the_bounds_cannot_meet_b() -> None:
 
 
 def test_dynamic_replan_keeps_relative_throughputs() -> None:
-    ctl = controller(3, global_batch=120)
+    ctl = make_policy(3, global_batch=120)
     speeds = speed_map([1.0, 2.0, 3.0])
     ctl.replan()
     run_to_steady(ctl, speeds)
@@ -132,7 +132,7 @@ def test_dynamic_replan_keeps_relative_throughputs() -> None:
 
 
 def test_dynamic_replan_estimates_newcomers_from_cores() -> None:
-    ctl = controller(cores=[1.0, 1.0], global_batch=120, dynamic_start="static")
+    ctl = make_policy(cores=[1.0, 1.0], global_batch=120, dynamic_start="static")
     ctl.replan()
     run_to_steady(ctl, speed_map([1.0, 3.0]))
     assert ctl.plan() == {"w0": 30, "w1": 90}
@@ -145,7 +145,7 @@ def test_dynamic_replan_estimates_newcomers_from_cores() -> None:
 
 @st.composite
 def scenarios(draw: st.DrawFn, keep_global_sum: bool | None = None) -> WorkerPlan:
-    """A planned controller with random config, workers and bounds (always feasible)."""
+    """A planned policy with random config, workers and bounds (always feasible)."""
     ksum = draw(st.booleans()) if keep_global_sum is None else keep_global_sum
     n = draw(st.integers(1, 6))
     global_batch = draw(st.integers(8 * n, 512))
@@ -329,7 +329,7 @@ def test_with_config_under_random_settings_keeps_invariants(ctl: WorkerPlan, dat
 @pytest.mark.parametrize("keep_global_sum", [True, False])
 def test_converges_from_uniform_without_intercept(name: str, keep_global_sum: bool) -> None:
     speeds = speed_map(HL_SPEEDS[name])
-    ctl = controller(4, deadband=0.1, keep_global_sum=keep_global_sum, max_batch=1024)
+    ctl = make_policy(4, deadband=0.1, keep_global_sum=keep_global_sum, max_batch=1024)
     ctl.replan()
     assert run_to_steady(ctl, speeds) <= 3
     assert balanced(ctl.plan(), speeds, 0.0, 0.1)
@@ -350,7 +350,7 @@ def speed_sets(draw: st.DrawFn) -> tuple[list[float], int]:
 def test_converges_for_random_speeds_without_intercept(problem: tuple[list[float], int], deadband: float) -> None:
     speed_list, global_batch = problem
     speeds = speed_map(speed_list)
-    ctl = controller(len(speed_list), global_batch=global_batch, deadband=deadband)
+    ctl = make_policy(len(speed_list), global_batch=global_batch, deadband=deadband)
     ctl.replan()
     assert run_to_steady(ctl, speeds) <= 3
     assert sum(ctl.plan().values()) == global_batch
@@ -379,7 +379,7 @@ INTERCEPT_CASES = [
 def test_converges_with_fixed_cost(name: str, fixed_cost: float, measured: int) -> None:
     speeds = speed_map(HL_SPEEDS[name])
     intercept = fixed_cost * 128 / sum(speeds.values())
-    ctl = controller(4, deadband=0.1)
+    ctl = make_policy(4, deadband=0.1)
     ctl.replan()
     assert run_to_steady(ctl, speeds, intercept) == measured
     assert sum(ctl.plan().values()) == 128
@@ -394,7 +394,7 @@ def test_converges_for_random_speeds_with_fixed_cost(
     speed_list, global_batch = problem
     speeds = speed_map(speed_list)
     intercept = fixed_cost * global_batch / sum(speed_list)
-    ctl = controller(len(speed_list), global_batch=global_batch, deadband=deadband)
+    ctl = make_policy(len(speed_list), global_batch=global_batch, deadband=deadband)
     ctl.replan()
     assert run_to_steady(ctl, speeds, intercept) <= 8
     assert sum(ctl.plan().values()) == global_batch

@@ -16,7 +16,7 @@ import pytest
 from ps.control.config import PolicyConfig, config_changes
 from ps.control.policy import build_policy, policy_from_state, reconfigured
 from ps.control.worker_plan import WorkerPlan
-from tests.simulated_workers import HL_SPEEDS, controller, speed_map, observe_all, run_to_steady, balanced, snapshot
+from tests.simulated_workers import HL_SPEEDS, make_policy, speed_map, observe_all, run_to_steady, balanced, snapshot
 
 
 # ---------------------------------------------------------------- config
@@ -56,19 +56,19 @@ def test_config_normalises_numbers() -> None:
 
 
 def test_uniform_plan() -> None:
-    ctl = controller(3, policy="uniform")
+    ctl = make_policy(3, policy="uniform")
     assert ctl.replan() == {"w0": 43, "w1": 43, "w2": 42}
     assert ctl.plan() == {"w0": 43, "w1": 43, "w2": 42}
 
 
 def test_static_plan_is_eq_4a() -> None:
-    ctl = controller(cores=HL_SPEEDS["HL8"], policy="static")
+    ctl = make_policy(cores=HL_SPEEDS["HL8"], policy="static")
     assert ctl.replan() == {"w0": 16, "w1": 16, "w2": 11, "w3": 85}
 
 
 @pytest.mark.parametrize(("start", "expected"), [("uniform", [32, 32, 32, 32]), ("static", [16, 16, 11, 85])])
 def test_dynamic_first_plan_follows_dynamic_start(start: str, expected: list[int]) -> None:
-    ctl = controller(cores=HL_SPEEDS["HL8"], dynamic_start=start)
+    ctl = make_policy(cores=HL_SPEEDS["HL8"], dynamic_start=start)
     assert list(ctl.replan().values()) == expected
 
 
@@ -82,15 +82,15 @@ def test_replan_respects_per_worker_bounds() -> None:
 
 
 def test_plan_is_a_copy() -> None:
-    ctl = controller(2)
+    ctl = make_policy(2)
     ctl.replan()
     ctl.plan()["w0"] = 999
     assert ctl.plan()["w0"] == 64
 
 
 def test_replan_with_no_workers() -> None:
-    assert controller(0).replan() == {}
-    assert controller(0).adjust() == {}
+    assert make_policy(0).replan() == {}
+    assert make_policy(0).adjust() == {}
 
 
 def test_asp_plan_sums_to_b_within_the_bounds_and_is_clipped_beyond_them() -> None:
@@ -101,7 +101,7 @@ def test_asp_plan_sums_to_b_within_the_bounds_and_is_clipped_beyond_them() -> No
         ctl.add_worker(f"w{i}", cores=c)
     assert ctl.replan() == {"w0": 4, "w1": 4, "w2": 56}
     for n in (3, 5, 7):
-        odd = controller(n, policy="uniform", keep_global_sum=False, global_batch=128)
+        odd = make_policy(n, policy="uniform", keep_global_sum=False, global_batch=128)
         assert sum(odd.replan().values()) == 128
     asp = build_policy(PolicyConfig(policy="uniform", keep_global_sum=False, global_batch=10, min_batch=4))
     for i in range(3):
@@ -137,7 +137,7 @@ def test_add_worker_rejects_and_changes_nothing() -> None:
 
 
 def test_remove_unknown_worker() -> None:
-    ctl = controller(2)
+    ctl = make_policy(2)
     with pytest.raises(ValueError, match="unknown worker"):
         ctl.remove_worker("nope")
 
@@ -169,7 +169,7 @@ def test_removal_that_leaves_b_out_of_reach_is_reported() -> None:
 
 
 def test_adjust_needs_a_plan_for_every_worker() -> None:
-    ctl = controller(2)
+    ctl = make_policy(2)
     ctl.replan()
     ctl.add_worker("late")
     with pytest.raises(ValueError, match="replan"):
@@ -182,7 +182,7 @@ def test_adjust_needs_a_plan_for_every_worker() -> None:
 
 
 def test_ewma_and_stale_observations() -> None:
-    ctl = controller(2, ewma_alpha=0.5)
+    ctl = make_policy(2, ewma_alpha=0.5)
     ctl.replan()
     assert ctl.smoothed_ms() == {"w0": None, "w1": None}
     ctl.observe("w0", 64, 10.0)
@@ -192,13 +192,13 @@ def test_ewma_and_stale_observations() -> None:
 
 
 def test_observation_before_first_plan_is_ignored() -> None:
-    ctl = controller(1)
+    ctl = make_policy(1)
     ctl.observe("w0", 128, 5.0)
     assert ctl.smoothed_ms() == {"w0": None}
 
 
 def test_ewma_restarts_when_batch_changes() -> None:
-    ctl = controller(2, deadband=0.1)
+    ctl = make_policy(2, deadband=0.1)
     ctl.replan()
     ctl.observe("w0", 64, 10.0)
     ctl.observe("w1", 64, 30.0)
@@ -214,7 +214,7 @@ def test_ewma_restarts_when_batch_changes() -> None:
 def test_a_changed_worker_is_not_moved_again_on_one_sample() -> None:
     """After a batch change the policy waits for `min_samples` observations at the new batch: one or
     two wild samples move nobody, and the worker is left out of t_bar meanwhile; the third counts."""
-    ctl = controller(2, deadband=0.1, min_samples=3)
+    ctl = make_policy(2, deadband=0.1, min_samples=3)
     ctl.replan()
     for _ in range(3):
         ctl.observe("w0", 64, 10.0)
@@ -278,7 +278,7 @@ def test_timing_noise_on_a_balanced_split_makes_no_decision(speeds: tuple[float,
     ],
 )
 def test_observe_rejects_and_changes_nothing(worker: str, batch: Any, ms: Any) -> None:
-    ctl = controller(2)
+    ctl = make_policy(2)
     ctl.replan()
     ctl.observe("w0", 64, 3.0)
     before = snapshot(ctl)
@@ -288,7 +288,7 @@ def test_observe_rejects_and_changes_nothing(worker: str, batch: Any, ms: Any) -
 
 
 def test_zero_compute_time_is_accepted_but_not_used() -> None:
-    ctl = controller(2)
+    ctl = make_policy(2)
     ctl.replan()
     ctl.observe("w0", 64, 0.0)
     ctl.observe("w1", 64, 5.0)
@@ -299,7 +299,7 @@ def test_zero_compute_time_is_accepted_but_not_used() -> None:
 
 
 def test_state_dict_round_trip_through_json() -> None:
-    ctl = controller(cores=[1.0, 2.0, 4.0], global_batch=96)
+    ctl = make_policy(cores=[1.0, 2.0, 4.0], global_batch=96)
     ctl.add_worker("bounded", cores=2.0, min_batch=5, max_batch=50)
     ctl.replan()
     observe_all(ctl, {"w0": 1.0, "w1": 2.0, "w2": 4.0, "bounded": 3.0})
@@ -353,7 +353,7 @@ def _corrupt(state: dict[str, Any], path: Sequence[Any], value: Any) -> dict[str
     ],
 )
 def test_from_state_dict_rejects_corrupt_state(path: Sequence[Any], value: Any) -> None:
-    ctl = controller(2)
+    ctl = make_policy(2)
     ctl.replan()
     ctl.observe("w0", 64, 2.0)
     with pytest.raises(ValueError):
@@ -362,7 +362,7 @@ def test_from_state_dict_rejects_corrupt_state(path: Sequence[Any], value: Any) 
 
 def test_state_dict_without_sample_counts_counts_its_smoothed_times_as_settled() -> None:
     """A state written before the sample count was kept loads; its measured workers may move at once."""
-    ctl = controller(2, min_samples=3)
+    ctl = make_policy(2, min_samples=3)
     ctl.replan()
     ctl.observe("w0", 64, 10.0)
     ctl.observe("w1", 64, 30.0)
@@ -376,7 +376,7 @@ def test_state_dict_without_sample_counts_counts_its_smoothed_times_as_settled()
 
 
 def test_from_state_dict_rejects_inconsistent_state() -> None:
-    ctl = controller(2)
+    ctl = make_policy(2)
     ctl.replan()
     state = ctl.state_dict()
     with pytest.raises(ValueError, match="sum to 192 > global_batch 128"):
@@ -393,7 +393,7 @@ def test_from_state_dict_rejects_inconsistent_state() -> None:
 
 def settled() -> WorkerPlan:
     """Dynamic over w0 (1 sample/ms) and w1 (3 samples/ms), B = 120, settled at 30/90 and measured there."""
-    ctl = controller(2, global_batch=120)
+    ctl = make_policy(2, global_batch=120)
     ctl.replan()
     run_to_steady(ctl, speed_map([1.0, 3.0]))
     observe_all(ctl, speed_map([1.0, 3.0]))
@@ -415,7 +415,7 @@ def test_with_config_keeps_the_measurements_under_the_new_settings() -> None:
 
 
 def test_with_config_moves_the_bounds_taken_from_the_config_only() -> None:
-    ctl = controller(2, global_batch=120)
+    ctl = make_policy(2, global_batch=120)
     ctl.add_worker("own", min_batch=5, max_batch=50)
     ctl.replan()
     state = reconfigured(ctl, replace(ctl.config, min_batch=2, max_batch=90)).state_dict()
@@ -446,14 +446,14 @@ def test_with_config_replans_when_the_saved_plan_is_not_one_of_the_new_settings(
 
 def test_with_config_keeps_a_static_plan_only_under_the_same_settings() -> None:
     """A static plan is a function of the cores and bounds: new bounds re-split it even where it fits them."""
-    ctl = controller(cores=[1.0, 3.0], global_batch=120, policy="static", max_batch=60)
+    ctl = make_policy(cores=[1.0, 3.0], global_batch=120, policy="static", max_batch=60)
     assert ctl.replan() == {"w0": 60, "w1": 60}
     assert reconfigured(ctl, ctl.config).plan() == {"w0": 60, "w1": 60}
     assert reconfigured(ctl, replace(ctl.config, max_batch=None)).plan() == {"w0": 30, "w1": 90}
 
 
 def test_with_config_refuses_bounds_that_cannot_meet_the_global_batch() -> None:
-    ctl = controller(2, global_batch=120)
+    ctl = make_policy(2, global_batch=120)
     ctl.add_worker("own", min_batch=50)
     ctl.replan()
     with pytest.raises(ValueError, match="min_batch would sum to"):
