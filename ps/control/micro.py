@@ -22,7 +22,7 @@ from ps.control.registry import POLICIES, policy_class
 from ps.control.worker_plan import WorkerPlan
 
 STATE_KEY = "micro"
-"""The key of a micro-batched policy's own part in its state dict (beside the unit roster's keys)."""
+"""The key of a micro-batched policy's own part in its state dict (beside the unit policy's keys)."""
 
 
 def unit_config(config: PolicyConfig) -> PolicyConfig:
@@ -135,7 +135,7 @@ class MicroBatched:
         return None if total % self._m else self._inner.predicted_round_ms(total // self._m)
 
     def state_dict(self) -> dict[str, Any]:
-        """The unit roster's state, and under `STATE_KEY` the micro-batch and the settings in samples."""
+        """The unit policy's state, and under `STATE_KEY` the micro-batch and the settings in samples."""
         return {**self._inner.state_dict(), STATE_KEY: {"micro_batch": self._m, "config": asdict(self._config)}}
 
     def worker_bounds(self) -> list[tuple[str, float, int | None, int | None]]:

@@ -2,9 +2,9 @@
 bounds, their current batch, the smoothed time and throughput measured at it, the exact-sum split of
 the global batch B within the bounds, and the policy's state as plain data for checkpoints.
 
-`WorkerPlan` is the base of every policy (uniform.py, static.py, dynamic.py, model.py). A policy says
+`WorkerPlan` is the base of every policy (uniform.py, static.py, dynamic.py, model/policy.py). A policy says
 how B is split when the workers change (`_plan_weights`, or `replan` itself) and what one decision
-does (`_decide`); the roster does the bookkeeping, the bounds and the sum rule (design.md §5, Eq. 8)
+does (`_decide`); the WorkerPlan does the bookkeeping, the bounds and the sum rule (OmniLearn Eq. 8)
 and validates every input before it changes anything. Pure: no I/O, no clock, no transport.
 """
 
@@ -29,7 +29,7 @@ _STATE_KEYS = frozenset({"version", "config", "workers", "adjustments"})
 
 @dataclass
 class Worker:
-    """The roster's record of one worker.
+    """The record of one worker.
 
     `throughput` (samples per ms at the latest observation) survives batch changes, unlike the
     EWMA, so that a replan after a membership change can still use it. `samples` counts the
@@ -58,7 +58,7 @@ class WorkerPlan:
     parks: ClassVar[bool] = False
     """Whether the policy may plan a batch of 0 (a parked worker)."""
     extra_state_keys: ClassVar[frozenset[str]] = frozenset()
-    """Top-level state keys of the policy's own, beside the roster's."""
+    """Top-level state keys of the policy's own, beside the WorkerPlan's."""
 
     def __init__(self, config: PolicyConfig) -> None:
         if not isinstance(config, PolicyConfig):
@@ -347,7 +347,7 @@ class WorkerPlan:
         return {}
 
     def _restore_extra(self, state: Mapping[str, Any]) -> None:
-        """Load and validate the policy's own state keys (after the roster's)."""
+        """Load and validate the policy's own state keys (after the WorkerPlan's)."""
 
     # ------------------------------------------------------------------ shared helpers
     def _check_observation(self, worker_id: str, batch: int, compute_ms: float,

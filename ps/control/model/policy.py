@@ -1,5 +1,5 @@
-"""The model policy: Cannikin's OptPerf behind the batch-policy interface (design.md §9,
-../shared/seeds/cannikin.md §3-4; docs/policies.md tells the same life with its figures).
+"""The model policy: Cannikin's OptPerf behind the batch-policy interface (Cannikin §3-4;
+docs/policies.md tells the same life with its figures).
 
 Per worker it fits the finish time f_i(b) = q_i·b + s_i (+ exposed communication, time_fit.py) from
 the (batch, time) pairs the worker reports, learns the round's overhead c (the server's close-to-
@@ -453,7 +453,7 @@ class ModelPolicy(WorkerPlan):
         raw = model_part(raw)
         workers = raw["workers"]
         if not isinstance(workers, Mapping) or set(workers) != set(self._workers):
-            raise ValueError("model policy state must have one entry per worker of the roster")
+            raise ValueError("model policy state must have one entry per worker of the policy")
         for k, entry in workers.items():
             if not isinstance(entry, Mapping) or set(entry) != {"obs", "seq", "probes", "parked"}:
                 raise ValueError(f"model state of {k!r} must have the keys obs, seq, probes, parked")
@@ -468,11 +468,11 @@ class ModelPolicy(WorkerPlan):
                 raise ValueError(f"worker {k!r} has batch 0 but is not parked in the model state")
         probing = raw["probing"]
         if not isinstance(probing, list) or not set(probing) <= set(self._workers):
-            raise ValueError("model state 'probing' must list workers of the roster")
+            raise ValueError("model state 'probing' must list workers of the policy")
         self._probing = set(probing)
         reprobed = raw["reprobed"]
         if not isinstance(reprobed, Mapping) or not set(reprobed) <= set(self._workers):
-            raise ValueError("model state 'reprobed' must map workers of the roster to their wait")
+            raise ValueError("model state 'reprobed' must map workers of the policy to their wait")
         self._reprobed = {k: integer(f"re-probe wait of {k!r}", v, minimum=1) for k, v in reprobed.items()}
         self._overhead = deque((nonnegative("overhead", v) for v in state_list("overhead", raw["overhead"])),
                                maxlen=OVERHEAD_ROUNDS)
