@@ -1,4 +1,4 @@
-"""The GNS estimator (ps.control.gns) against brute force, on one process.
+"""The GNS estimator (ps.control.global_batch.gns) against brute force, on one process.
 
 ``python -m benchmarks.gns_check`` trains the workload as a BSP job would with a heterogeneous split
 (default: B = 256 split 6/6/4/32, HL8's core shares): every step, each simulated worker computes the
@@ -133,7 +133,7 @@ def round_norms(grads: Sequence[Any], batches: Sequence[int]) -> tuple[list[floa
 
 def frozen_estimate(trainer: Trainer, batches: Sequence[int], rounds: int) -> dict[str, Any]:
     """A fresh estimator over `rounds` fresh batches at the current weights (equal weight per round)."""
-    from ps.control.gns import NoiseScaleEstimator
+    from ps.control.global_batch.gns import NoiseScaleEstimator
 
     est = NoiseScaleEstimator(smoothing=1.0 - 1.0 / rounds)
     for _ in range(rounds):
@@ -194,7 +194,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     """Train with the heterogeneous split and compare the estimates with the truth at each point."""
     import torch
 
-    from ps.control.gns import NoiseScaleEstimator
+    from ps.control.global_batch.gns import NoiseScaleEstimator
     from ps.control.split import largest_remainder
     from ps.rounds.evaluator import evaluate
 

@@ -28,7 +28,7 @@ from benchmarks.workload import CHILD_ENV
 
 def server_point(args: argparse.Namespace, epochs: int, workdir: Path) -> dict[str, Any]:
     """Train `epochs`, freeze, and read the server's estimate and the weights from its checkpoint."""
-    from ps.control.gns import NoiseScaleEstimator
+    from ps.control.global_batch.gns import NoiseScaleEstimator
     from ps.ops.metrics import read_metrics
     from ps.checkpoint import latest_checkpoint
 

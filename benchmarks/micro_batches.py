@@ -36,7 +36,7 @@ SLOWEST = "w2"
 
 def one_run(workdir: Path, name: str, controller: str, extra: Sequence[str], hetero_args: Sequence[str]) -> dict[str, Any]:
     """A run on the emulated cluster; its accuracy, BatchNorm statistics, batches and throughput."""
-    s = settings(hetero_parser().parse_args([*hetero_args, "--no-baselines", "--controllers", controller]), workdir)
+    s = settings(hetero_parser().parse_args([*hetero_args, "--no-baselines", "--policies", controller]), workdir)
     emu = resolve_emulation(s)
     run = run_cluster(s, emu, name, controller, extra_server_args=extra)
     evals = [e for e in run.events if e["event"] == "eval"]

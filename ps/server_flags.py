@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ps.control.adaptive import LR_SCALINGS, AdaptiveConfig
-from ps.control.config import POLICIES
+from ps.control.global_batch.goodput import LR_SCALINGS, AdaptiveConfig
+from ps.control.registry import POLICIES
 from common.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES
 from common.ops.arg_types import (
     epoch_or_steps,
@@ -50,7 +50,7 @@ def key_value(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server",
-        description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch controller.",
+        description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch policy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     job = p.add_argument_group("job")
@@ -88,14 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--lr-milestones", type=increasing_ints, default=(), metavar="E1,E2,...", help="comma-separated epochs where lr is multiplied by --lr-gamma")
     opt.add_argument("--lr-gamma", type=float_between(0.0, 1.0, low_open=True), default=0.1, help="lr factor at each milestone")
     opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
-    ctl = p.add_argument_group("batch controller")
+    ctl = p.add_argument_group("batch policy")
     ctl.add_argument("--global-batch", type=positive_int, default=128, help="B, split across the workers")
-    ctl.add_argument("--controller", choices=POLICIES, default="dynamic",
-                     help="the batch policy (docs/policies.md): uniform (equal batches), static (Eq. 4a from the "
+    ctl.add_argument("--controller", dest="policy", choices=tuple(POLICIES), default="dynamic", help=argparse.SUPPRESS)
+    ctl.add_argument("--policy", choices=tuple(POLICIES), default="dynamic",
+                     help="the batch policy (docs/policies.md; --controller is another name for this flag): uniform "
+                          "(equal batches), static (Eq. 4a from the "
                           "declared cores), dynamic (Eq. 6 proportional control of the measured times) or model "
                           "(Cannikin's OptPerf: per-worker fits t = q*b + s, a one-step optimal split, parking)")
     ctl.add_argument("--no-park", dest="park", action="store_false",
-                     help="--controller model in BSP: never park a worker at batch 0, even when the predicted round "
+                     help="--policy model in BSP: never park a worker at batch 0, even when the predicted round "
                           "is shorter without it (parking is off on the --allreduce fast path and in ASP anyway)")
     ctl.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1, help="relative change below which a batch stays (Eq. 7)")
     ctl.add_argument("--min-batch", type=positive_int, default=None, metavar="N",
@@ -108,9 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "always normalises over M samples; --global-batch must be a multiple of M "
                           "(docs/micro-batches.md). 1: any batch")
     ctl.add_argument("--adjust-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
-                     help="controller decision at every epoch end (default) or every N steps")
+                     help="batch policy decision at every epoch end (default) or every N steps")
     ctl.add_argument("--balance", choices=("auto", *BALANCE_TIMES), default="auto",
-                     help="what the controller equalizes: compute time (fetch + forward + backward); busy time, "
+                     help="what the batch policy equalizes: compute time (fetch + forward + backward); busy time, "
                           "which adds each worker's own part of its push (sending, and receiving and loading the new "
                           "parameters, not waiting for the round): on CPU-throttled workers that part is slower too; "
                           "or (BSP) the cycle, timed by the server from a round's replies going out to each worker's "
@@ -120,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "--allreduce, --shards)")
     ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
-                     help="first plan of the dynamic controller")
+                     help="first plan of the dynamic policy")
     ada = p.add_argument_group("adaptive global batch (docs/adaptive-batch.md)")
     ada.add_argument("--adaptive-batch", choices=("off", "gns"), default="off",
                      help="BSP: gns measures the gradient noise scale from the pushes and moves B to the best "

@@ -295,20 +295,20 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_default_policy_is_model_on_a_profile_and_dynamic_on_a_schedule(tmp_path: Path) -> None:
-    """Without --controller: the model policy for fixed speeds, dynamic where a schedule changes them;
+    """Without --policy: the model policy for fixed speeds, dynamic where a schedule changes them;
     a named one is kept either way, and is what the server is started with."""
     from deploy.emulator import RunConfig, resolve
 
-    def controller(**config: object) -> str:
+    def policy(**config: object) -> str:
         plan = resolve(RunConfig(out=tmp_path / f"run{len(list(tmp_path.iterdir()))}", quick=True, **config))  # type: ignore[arg-type]
         args = plan.server_args
-        assert args[args.index("--controller") + 1] == plan.config.controller
-        return str(plan.config.controller)
+        assert args[args.index("--controller") + 1] == plan.config.policy
+        return str(plan.config.policy)
 
-    assert controller() == "model"
-    assert controller(schedule="dynamic") == "dynamic"
-    assert controller(schedule="dynamic", controller="model") == "model"
-    assert controller(controller="uniform") == "uniform"
+    assert policy() == "model"
+    assert policy(schedule="dynamic") == "dynamic"
+    assert policy(schedule="dynamic", policy="model") == "model"
+    assert policy(policy="uniform") == "uniform"
 
 
 def test_bad_output_folder_and_mixed_server_shares_are_refused_when_planned(tmp_path: Path) -> None:

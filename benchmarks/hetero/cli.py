@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m benchmarks.hetero --schedule dynamic --every-epochs 3 --json\n"
             "  python -m benchmarks.hetero --profile hl8 --tta 0.95 --json\n"
             "  python -m benchmarks.hetero --tiny --json            # smoke test (under a minute)\n"
-            "  python -m benchmarks.hetero --profile hl8 --controllers dynamic,dynamic_compose --no-baselines --json\n"
+            "  python -m benchmarks.hetero --profile hl8 --policies dynamic,dynamic_compose --no-baselines --json\n"
             "                                                       # the cgroup emulator beside docker compose\n"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="phase length in epochs for --schedule (default: the schedule's)")
     what.add_argument("--tta", type=_fraction, metavar="TARGET",
                       help="time uniform and dynamic to this test accuracy (default workload: digits, cnn width=96, B=512)")
-    what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
+    what.add_argument("--controllers", dest="controllers", metavar="LIST", help=argparse.SUPPRESS)
+    what.add_argument("--policies", dest="controllers", metavar="LIST", help="comma-separated runs to make, each a batch "
+                      "policy or a variant of one (--controllers is the same flag; default: bsp uniform,static,dynamic; asp "
                       "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
                       "ring all_reduce instead of the hub, and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
@@ -181,7 +183,7 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
     allowed = set(CONTROLLERS[args.mode]) | set(OPT_IN[args.mode]) if schedule is None and not tta else set(POLICIES)
     unknown = [c for c in controllers if c not in allowed]
     if unknown or not controllers:
-        raise SystemExit(f"hetero: error: --controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
+        raise SystemExit(f"hetero: error: --policies/--controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
     baselines = (args.mode == "bsp" and schedule is None and not tta and case is None) \
         if not (args.baselines or args.no_baselines) else args.baselines
     return Settings(

@@ -1,5 +1,5 @@
 """Epochs and the step counts that schedule decisions: the samples trained on against the training
-set, an epoch's end and its `epoch` record, the steps after which the controller decides (`adjust`)
+set, an epoch's end and its `epoch` record, the steps after which the batch policy decides (`adjust`)
 and a checkpoint is due (every N steps, or at every epoch end), and the job's start and end times."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class Epochs:
         asks for one now (a probe measured)."""
         per_worker = 1 if self.state.spec.mode == "bsp" else max(1, len(self.state.members))
         scheduled = self.adjust_every is not None and self.steps_since_adjust >= self.adjust_every * per_worker
-        return scheduled or self.state.controller.decision_due()
+        return scheduled or self.state.policy.decision_due()
 
     def checkpoint_due(self) -> bool:
         """--checkpoint-every N: N steps since the last checkpoint."""
@@ -73,7 +73,7 @@ class Epochs:
             step=s.step,
             wall_s=round(now - (self.start_time or now), 3),
             samples_per_s=round(samples / elapsed, 2) if elapsed > 0 else None,
-            batch_sizes=s.controller.plan(),
+            batch_sizes=s.policy.plan(),
             compute_ms={
                 m.name: round(sum(m.epoch_compute_ms) / len(m.epoch_compute_ms), 3)
                 for m in s.members.values()
@@ -103,10 +103,10 @@ class Epochs:
         s.metrics.write("first_round", step=s.step, epoch=s.epoch, wall_s=round(s.clock() - (self.start_time or s.clock()), 3))
 
     def adjust(self) -> None:
-        """One controller decision, and its `adjust` record."""
-        controller = self.state.controller
-        before, smoothed = controller.plan(), controller.smoothed_ms()
-        after = controller.adjust()
+        """One batch-policy decision, and its `adjust` record."""
+        policy = self.state.policy
+        before, smoothed = policy.plan(), policy.smoothed_ms()
+        after = policy.adjust()
         self.steps_since_adjust = 0
         self.log_adjust(changed=after != before, smoothed=smoothed)
 
@@ -114,14 +114,14 @@ class Epochs:
         """One `adjust` event: the plan after the decision and the smoothed times it was based on, with
         what the policy reports of it (the model policy: its fits and predicted round)."""
         s = self.state
-        smoothed = s.controller.smoothed_ms() if smoothed is None else smoothed
+        smoothed = s.policy.smoothed_ms() if smoothed is None else smoothed
         s.metrics.write(
             "adjust",
             step=s.step,
             epoch=s.epoch,
-            batch_sizes=s.controller.plan(),
+            batch_sizes=s.policy.plan(),
             compute_ms={name: round(t, 3) for name, t in smoothed.items() if t is not None},
             changed=changed,
-            adjustments=s.controller.adjustments,
-            **s.controller.report(),
+            adjustments=s.policy.adjustments,
+            **s.policy.report(),
         )
