@@ -1,4 +1,4 @@
-"""Tests for the pure batch policies (ps/control/) (design.md section 5)."""
+"""Tests for the pure batch policies (ps/control/)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Tests for ps.control.gns, the N-worker gradient noise scale estimator (design.md section 9)."""
+"""Tests for ps.control.gns, the N-worker gradient noise scale estimator."""
 
 from __future__ import annotations
 

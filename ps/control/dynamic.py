@@ -1,4 +1,4 @@
-"""The dynamic policy: OmniLearn's proportional control (design.md §5, Eq. 6-8).
+"""The dynamic policy: OmniLearn's proportional control (OmniLearn, Eq. 6-8).
 
 Each decision moves a worker whose smoothed time is off the mean towards the batch it would finish
 in the mean time at its measured throughput (Eq. 6), only outside the deadband (Eq. 7), and fits the

@@ -1,5 +1,5 @@
-"""The model policy: Cannikin's OptPerf behind the batch-policy interface (design.md §9,
-../shared/seeds/cannikin.md §3-4; docs/policies.md tells the same life with its figures).
+"""The model policy: Cannikin's OptPerf behind the batch-policy interface (Cannikin
+§3-4; docs/policies.md tells the same life with its figures).
 
 Per worker it fits the finish time f_i(b) = q_i·b + s_i (+ exposed communication, time_fit.py) from
 the (batch, time) pairs the worker reports, learns the round's overhead c (the server's close-to-

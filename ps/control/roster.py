@@ -4,7 +4,7 @@ the global batch B within the bounds, and the policy's state as plain data for c
 
 `Roster` is the base of every policy (uniform.py, static.py, dynamic.py, model.py). A policy says
 how B is split when the workers change (`_plan_weights`, or `replan` itself) and what one decision
-does (`_decide`); the roster does the bookkeeping, the bounds and the sum rule (design.md §5, Eq. 8)
+does (`_decide`); the roster does the bookkeeping, the bounds and the sum rule (OmniLearn, Eq. 8)
 and validates every input before it changes anything. Pure: no I/O, no clock, no transport.
 """
 
