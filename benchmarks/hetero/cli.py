@@ -252,7 +252,7 @@ def run(s: Settings) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from deploy.launcher import Terminated, signals_as_exceptions
+    from deploy.signals import Terminated, signals_as_exceptions
 
     keep = args.out is not None
     workdir = args.out if keep else Path(tempfile.mkdtemp(prefix="hetero-bench-"))
