@@ -26,6 +26,7 @@ from benchmarks.hetero.cli import build_parser as hetero_parser
 from benchmarks.hetero.cli import settings as hetero_settings
 from benchmarks.hetero.runs import Run, run_cluster
 from benchmarks.hetero.settings import Settings, log, resolve_emulation
+from benchmarks.report_output import add_result_options, save_result
 
 SOURCE = "issue: adaptive global batch (Cannikin §4 goodput; Pollux efficiency)"
 
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs per task and seed: fixed (every fixed B), adaptive, adaptive_linear, adaptive_sqrt")
     p.add_argument("--tiny", action="store_true", help="a smoke run: software slowdown, small data")
     p.add_argument("--json", action="store_true", help="print the JSON report")
+    add_result_options(p)
     return p
 
 
@@ -164,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["targets"] = [t for v in report["tasks"].values() for t in v["targets"]]
     report["wall_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(report, indent=None if args.json else 2))
+    save_result(args, "adaptive", report, argv)
     return 0
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cli_types import ints
+from benchmarks.report_output import add_result_options, save_result
 from benchmarks.workload import add_child_workload_arguments, build, tune_like_a_worker
 
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frozen-rounds", type=int, default=200, help="rounds fed to the frozen-model estimates")
     p.add_argument("--tolerance", type=float, default=0.25, help="target: |online/true - 1| <= this")
     p.add_argument("--json", action="store_true", help="print the JSON report before the table")
+    add_result_options(p)
     return p
 
 
@@ -283,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     show(report, table(report), args.json)
+    save_result(args, "gns_check", report, argv)
     return 0
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gns_check
+from benchmarks.report_output import save_result
 from benchmarks.workload import CHILD_ENV
 
 
@@ -129,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     report = server_check(args)
     gns_check.show(report, table(report), args.json)
+    save_result(args, "gns_server", report, argv)
     return 0
 
 

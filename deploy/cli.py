@@ -260,7 +260,8 @@ def add_list_command(subcommands: Subcommands) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from deploy import emulator
-    from deploy.launcher import ServerStartError, Terminated
+    from deploy.launcher import ServerStartError
+    from deploy.signals import Terminated
 
     config = emulator.RunConfig(
         profile=args.profile, schedule=args.schedule, every_epochs=args.every_epochs,

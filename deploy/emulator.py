@@ -23,13 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from deploy.launcher import (
-    LocalCluster,
-    ReceivedSignals,
-    WorkerFailedError,
-    WorkerSpec,
-    signals_as_exceptions,
-)
+from deploy.launcher import LocalCluster, WorkerFailedError, WorkerSpec
 from deploy.profiles import (
     Profile,
     Schedule,
@@ -41,6 +35,7 @@ from deploy.profiles import (
     scale,
 )
 from deploy.server_args import server_parser, split_server_args
+from deploy.signals import ReceivedSignals, signals_as_exceptions
 from ps.ops.progress import EpochBar, on_terminal
 
 DEFAULT_JOB: dict[str, Any] = {

@@ -18,7 +18,7 @@ from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_schedule, bench_thr
 from benchmarks.hetero.report import environment, render_table
 from benchmarks.hetero.runs import CASES, CONTROLLERS, OPT_IN, POLICIES
 from benchmarks.hetero.settings import Settings, log, resolve_emulation
-from benchmarks.report_output import print_report, save_report
+from benchmarks.report_output import add_result_options, print_report, save_report, save_result
 from benchmarks.workload import Workload
 from deploy.profiles import default_cpu_budget, load_profile, load_schedule
 from common.ops.arg_types import positive_float, positive_int
@@ -121,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
     out.add_argument("--out", type=Path, metavar="DIR",
                      help="keep logs and metrics here and write <name>.json / <name>.md (default: a temporary folder)")
+    add_result_options(out)
     out.add_argument("--tiny", action="store_true",
                      help="smoke test: tiny data and model, 2 epochs, a few steps per measurement, software slowdown")
     return p
@@ -253,7 +254,7 @@ def run(s: Settings) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from deploy.launcher import Terminated, signals_as_exceptions
+    from deploy.signals import Terminated, signals_as_exceptions
 
     keep = args.out is not None
     workdir = args.out if keep else Path(tempfile.mkdtemp(prefix="hetero-bench-"))
@@ -285,4 +286,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     if keep:
         save_report(workdir, report_name(s), text, table)
     print_report(text, table, args.json)
+    save_result(args, "hetero", report, argv)
     return 0
