@@ -18,7 +18,7 @@ import torch
 from ps.control.config import ControllerConfig
 from ps.control.registry import build_policy
 from common.job.batchnorm import batchnorm_layers
-from common.job.datasets import Dataset, build_dataset
+from common.job.datasets import TrainingData, build_dataset
 from ps.rounds.evaluator import BackgroundEvaluator
 from common.job.models import build_model
 from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
@@ -220,7 +220,7 @@ def bn_batch(spec: JobSpec) -> int:
 
 
 def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,
-                      dataset: Dataset, metrics: MetricsLog, evaluator: BackgroundEvaluator,
+                      dataset: TrainingData, metrics: MetricsLog, evaluator: BackgroundEvaluator,
                       checkpointer: Checkpointer | None, rendezvous: Rendezvous | None,
                       shards: RemoteShards | None, fast_path_on_gpus: Callable[[], Rendezvous] | None = None) -> Coordinator:
     return Coordinator(

@@ -79,11 +79,12 @@ class BucketStream:
                 lane.queue.put((lo - lane.start, values[lo - offset : hi - offset]))
 
     def end(self, compute_ms: float, exposed_ms: float, own_exposed_ms: float,
-            arrivals: Arrivals | None = None) -> Callable[[], StepPlan]:
+            arrivals: Arrivals | None = None, data_wait_ms: float = 0.0) -> Callable[[], StepPlan]:
         """Close the push with the step's times (PushEnd); the call that waits for the reply (with
         `arrivals`: for its header, the parameters streaming in after it, worker.forward_order)."""
         for lane in self._lanes:
-            lane.queue.put(ps_pb2.PushEnd(compute_ms=compute_ms, exposed_ms=exposed_ms, own_exposed_ms=own_exposed_ms))
+            lane.queue.put(ps_pb2.PushEnd(compute_ms=compute_ms, exposed_ms=exposed_ms, own_exposed_ms=own_exposed_ms,
+                                          data_wait_ms=data_wait_ms))
         if arrivals is not None and self._streamed is not None:
             return functools.partial(self._streamed, arrivals)
         return self._reply

@@ -203,6 +203,7 @@ class PSClient:
         exposed_ms: float = 0.0,
         own_exposed_ms: float = 0.0,
         sq_norms: tuple[float, float] = (0.0, 0.0),
+        data_wait_ms: float = 0.0,
     ) -> Callable[[], StepPlan]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
@@ -224,6 +225,7 @@ class PSClient:
             own_exposed_ms=own_exposed_ms,
             local_sq_norm=sq_norms[0],
             global_sq_norm=sq_norms[1],
+            data_wait_ms=data_wait_ms,
         )
 
         timing = self.last_push = PushTiming()

@@ -13,8 +13,8 @@ A custom training loop needs three calls::
             loss.backward()
             session.step()                       # returns once the reply's header is in
 
-Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
-step() is called; it is what the server's controller balances. In BSP on the PS path the gradient
+Compute time (data fetch, its wait for the loader sent apart too + forward + backward) runs from
+the moment a batch is fetched until step() is called; it is what the server's controller balances. In BSP on the PS path the gradient
 goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for
 the reply's header: the parameters go on arriving, first layers first, while the next batch is
 drawn and its forward runs, each module waiting for its own (worker/forward_order.py; wait_params()
@@ -38,7 +38,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from common.job.datasets import Dataset
+from common.job.datasets import TrainingData
 from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from worker.backoff import Backoff
@@ -48,6 +48,7 @@ from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.forward_order import Arrivals, ForwardOrder
 from worker.heartbeat import Heartbeat
+from worker.loader import Batches, LoaderOptions
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
 from worker.overlap import BucketPush
@@ -65,6 +66,7 @@ class Session:
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
         pass_samples: int | None = None, overlap: bool = True, built: BuiltJob | None = None,
+        loader: LoaderOptions = LoaderOptions(),
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -80,6 +82,7 @@ class Session:
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
         self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
+        self._loader, self.data_wait_ms = loader, 0.0  # how batches are read (worker/loader.py); the last one's wait
         self._built = built  # the job the memory probe built, if it did: not built twice
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
@@ -111,7 +114,7 @@ class Session:
         self.spec: JobSpec = joined.spec
         built = self._built if self._built is not None and self._built.spec == self.spec else build_job(self.spec)
         self._built = None
-        self.dataset: Dataset = built.dataset
+        self.dataset: TrainingData = built.dataset
         self.model: nn.Module = built.model
         if Layout.of(self.model) != joined.layout:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
@@ -124,12 +127,11 @@ class Session:
             self._params = flatten_params(self.model)
         self._grads = torch.empty_like(self._params)
         self._on_device: tuple[torch.Tensor, torch.Tensor] | None = None  # a GPU's copy of (params, grads)
-        self._train_x, self._train_y = self.dataset.train_x, self.dataset.train_y
         if self.device.type != "cpu":
             self.model.to(self.device)
             self._on_device = (torch.empty_like(self._params, device=self.device), torch.empty_like(self._grads, device=self.device))
-            self._train_x, self._train_y = self._train_x.to(self.device), self._train_y.to(self.device)
-        self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
+        self._sampler = ElasticBatchSampler(len(self.dataset.train), seed=self.spec.seed * 1009 + joined.index)
+        self._batches = Batches(self.dataset.train, self._sampler, self._loader, self.device)
         self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
         # BSP on the PS path: the gradient goes out in buckets while backward runs (worker/overlap.py)
         self.overlap = self.overlap and self.spec.overlap and self.spec.mode == "bsp" and not self.spec.allreduce
@@ -186,11 +188,11 @@ class Session:
         if self._compute_end is not None:
             self.exposed_ms = (self._fetch_started - self._compute_end) * 1000.0
             self._compute_end = None
-        index = self._sampler.next_batch().to(self._train_x.device)
-        self._drawn = int(index.numel())
+        x, y = self._batches.next(self._sampler.batch_size)
+        self._drawn, self.data_wait_ms = len(y), self._batches.wait_ms
         if self._buckets is not None:
             self._buckets.arm(self._open_push)
-        return self._train_x[index], self._train_y[index]
+        return x, y
 
     def _open_push(self) -> BucketStream:
         """This step's bucketed push (opened by the first bucket backward completes)."""
@@ -248,7 +250,8 @@ class Session:
         stream = self._buckets.finish() if self._buckets is not None else None
         if stream is not None:  # the buckets are out (or going): close the push; the reply below
             arrivals = self._arrivals if self._forward is not None else None
-            return self._finish_step(lambda: stream.end(reported_ms, *exposed, arrivals=arrivals)(), compute_ms,
+            return self._finish_step(lambda: stream.end(reported_ms, *exposed, arrivals=arrivals,
+                                                        data_wait_ms=self.data_wait_ms)(), compute_ms,
                                      compute_end, streamed=arrivals is not None)
         if self._on_device is None:
             grads = device_grads = flatten_grads(self.model, self._grads)
@@ -270,7 +273,7 @@ class Session:
         return self._finish_step(lambda: self.client.push(
             self.worker_id, values, self._params, round=self.plan.round, version=self.plan.version,
             batch_size=self._sampler.batch_size, compute_ms=reported_ms, wire_dtype=self.spec.wire_dtype,
-            exposed_ms=exposed[0], own_exposed_ms=exposed[1]), compute_ms)
+            exposed_ms=exposed[0], own_exposed_ms=exposed[1], data_wait_ms=self.data_wait_ms), compute_ms)
 
     def _finish_step(self, push: Callable[[], StepPlan | None], compute_ms: float, pushed: float | None = None,
                      streamed: bool = False) -> StepPlan:
@@ -476,6 +479,7 @@ class Session:
         """Stop the heartbeat, leave the process group and close the connection (`closed` then says
         whether the connection's close finished: see PSClient.close)."""
         self._heartbeat.stop()
+        self._batches.close()
         if self._buckets is not None:
             self._buckets.remove()
         if self._forward is not None:

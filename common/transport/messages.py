@@ -31,6 +31,7 @@ class PushMeta:
     offsets: bool = False  # the chunks carry their offsets and arrive in any order (buckets sent during backward)
     local_sq_norm: float = 0.0  # a report's |g_k|² (float64; 0: not measured)
     global_sq_norm: float = 0.0  # a report's |g|² of the group's mean (float64; 0: not measured)
+    data_wait_ms: float = 0.0  # of compute_ms, the wait for the batch from the worker's loader (0: none)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ def push_meta(h: ps_pb2.PushHeader) -> PushMeta:
     return PushMeta(h.worker_id, h.round, h.version, h.batch_size, h.compute_ms, h.wire_dtype, h.num_values,
                     kind=PUSH_KIND_NAMES.get(h.kind, f"unknown ({h.kind})"), generation=h.generation, secret=h.secret,
                     exposed_ms=h.exposed_ms, own_exposed_ms=h.own_exposed_ms, offsets=h.offsets,
-                    local_sq_norm=h.local_sq_norm, global_sq_norm=h.global_sq_norm)
+                    local_sq_norm=h.local_sq_norm, global_sq_norm=h.global_sq_norm, data_wait_ms=h.data_wait_ms)
 
 
 def check_times(**times: float) -> None:
@@ -71,5 +71,7 @@ async def receive_push(
             break
     if end is None:
         raise InvalidArgument("a push with offsets must end with a chunk carrying its end (PushEnd)")
-    check_times(compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms)
-    return replace(meta, compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms), placed
+    check_times(compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms,
+                data_wait_ms=end.data_wait_ms)
+    return replace(meta, compute_ms=end.compute_ms, exposed_ms=end.exposed_ms, own_exposed_ms=end.own_exposed_ms,
+                   data_wait_ms=end.data_wait_ms), placed

@@ -44,7 +44,8 @@ class PushChecks:
         limit = max(s.spec.global_batch, max(s.controller.plan().values(), default=0))
         if meta.batch_size > limit:
             raise InvalidArgument(f"batch size {meta.batch_size} exceeds the global batch {limit}")
-        check_times(compute_ms=meta.compute_ms, exposed_ms=meta.exposed_ms, own_exposed_ms=meta.own_exposed_ms)
+        check_times(compute_ms=meta.compute_ms, exposed_ms=meta.exposed_ms, own_exposed_ms=meta.own_exposed_ms,
+                    data_wait_ms=meta.data_wait_ms)
         if meta.kind == "report":
             if meta.num_values != 0:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
