@@ -290,6 +290,8 @@ def progress_line(record: dict[str, Any]) -> str | None:
         batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
         times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
         line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {record['balance']} ms {times}"
+        if any(record.get("data_wait_ms", {}).values()):  # of those times, the wait for the loader's batches
+            line += " | data wait ms " + " ".join(f"{k}={v:.1f}" for k, v in record["data_wait_ms"].items())
     elif event == "eval":
         line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
     elif event == "adjust" and record.get("changed"):

@@ -7,7 +7,7 @@ DataLoader: its batch_sampler is the queue of submitted index lists, read by a f
 iterates the DataLoader and hands each batch on. So with `workers` 0 the samples are read and
 collated by that thread beside the training step; with `workers` N by N loader processes (spawned:
 a fork of a process whose gRPC threads run is not safe), kept for the loader's life (persistent
-workers), each with `prefetch` batches in flight. On a GPU the batches come in pinned memory and
+workers), `prefetch` batches in flight between them. On a GPU the batches come in pinned memory and
 are copied with non_blocking.
 
 Nothing is rebuilt when the batch size changes: the next index lists are simply of the new size.
@@ -82,9 +82,12 @@ class BatchLoader:
         self._dropped: set[int] = set()
         self._taken = 0  # tickets the feeder delivered and take() consumed (kept or dropped)
         workers = options.workers
+        per_process = -(-options.prefetch // workers) if workers else 0
+        # DataLoader asks for its next index list before it hands a batch on, and holds this many
+        self.ahead = per_process * workers
         self._loader = DataLoader(
             dataset, batch_sampler=self._requests, num_workers=workers, pin_memory=self.device.type == "cuda",
-            prefetch_factor=options.prefetch if workers else None, persistent_workers=workers > 0,
+            prefetch_factor=per_process or None, persistent_workers=workers > 0,
             multiprocessing_context="spawn" if workers else None,
         )
         self._closed = False
@@ -112,6 +115,9 @@ class BatchLoader:
         if index.numel() == 0:
             raise ValueError("a batch needs at least one index")
         self._submitted.append((self._tickets, index))
+        self._put(index)
+
+    def _put(self, index: torch.Tensor) -> None:
         self._tickets += 1
         self._requests.queue.put(index.tolist())
 
@@ -127,6 +133,9 @@ class BatchLoader:
         if not self._submitted:
             raise RuntimeError("take() without a submitted batch")
         ticket, _ = self._submitted.popleft()
+        while self._tickets - ticket - 1 < self.ahead:  # too little asked for after it: one-sample fillers, dropped
+            self._dropped.add(self._tickets)
+            self._put(torch.zeros(1, dtype=torch.int64))
         while True:
             item = self._ready.get()
             if item is _END:
@@ -198,7 +207,7 @@ class Batches:
             assert loader is not None
             if any(size != batch_size for size in loader.pending):
                 self.source.put_back(loader.discard())
-            while len(loader.pending) < 1 + self.options.prefetch:
+            while len(loader.pending) < 1 + max(self.options.prefetch, loader.ahead):
                 loader.submit(self.source.draw(batch_size))
             batch = loader.take()
         self.wait_ms = (time.perf_counter() - started) * 1000.0

@@ -91,7 +91,7 @@ class AspUpdates:
         s.controller.observe(member.name, meta.batch_size, meta.compute_ms)
         member.staleness_sum += staleness
         member.asp.update(staleness, self.clocks.tick(member.worker_id))
-        self.epochs.count_push(member, meta.compute_ms, meta.batch_size)
+        self.epochs.count_push(member, meta.compute_ms, meta.batch_size, data_wait_ms=meta.data_wait_ms)
         s.version += 1
 
     async def wait_turn(self, member: Member) -> None:

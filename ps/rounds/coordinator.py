@@ -282,7 +282,7 @@ class Coordinator(JobState):
             self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=own)
         self.bsp.add(member, meta, grad)
         self.adaptive.push(meta, grad)
-        self.epochs.count_push(member, ms, meta.batch_size, meta.exposed_ms)
+        self.epochs.count_push(member, ms, meta.batch_size, meta.exposed_ms, meta.data_wait_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():
             self._close_round()
