@@ -3,6 +3,9 @@ job that trains on an image folder with real server and worker processes."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -210,3 +213,13 @@ def test_a_job_trains_on_an_image_folder_on_disk(tmp_path: Path) -> None:
     epochs = cluster.events("epoch")
     assert set(epochs[-1]["data_wait_ms"]) == {"w0", "w1"}
     assert "data wait ms" in cluster.server_log()
+
+
+def test_the_data_benchmark_reports_each_figure_against_its_baseline() -> None:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.data", "--files", "300", "--image-size", "8", "--batch", "16",
+                          "--cnn-steps", "5"], capture_output=True, text=True, timeout=300, check=True)
+    report = json.loads(out.stdout)
+    assert report["files"] == 300 and report["throughput"]["samples"] == (240 // 16 - 1) * 16
+    assert report["throughput"]["ours_samples_per_s"] > 0 and report["throughput"]["dataloader_samples_per_s"] > 0
+    assert 0 <= report["cnn_step"]["wait_fraction"] <= 1 and report["cnn_step"]["steps"] == 4
+    assert report["memory"]["folder_mb"] > 0 and report["memory"]["trainer_peak_rss_mb"] > 0
