@@ -6,9 +6,10 @@ permutation that the server hands out one or more steps ahead. Under it is `torc
 DataLoader: its batch_sampler is the queue of submitted index lists, read by a feeder thread that
 iterates the DataLoader and hands each batch on. So with `workers` 0 the samples are read and
 collated by that thread beside the training step; with `workers` N by N loader processes (spawned:
-a fork of a process whose gRPC threads run is not safe), kept for the loader's life (persistent
-workers), `prefetch` batches in flight between them. On a GPU the batches come in pinned memory and
-are copied with non_blocking.
+a fork of a process whose gRPC threads run is not safe), `prefetch` batches in flight between them.
+The DataLoader is iterated once, over an endless stream of index lists, so its processes live as long
+as the loader, across epochs (what `persistent_workers` gives an ordinary DataLoader between epochs),
+and end when it closes. On a GPU the batches come in pinned memory and are copied with non_blocking.
 
 Nothing is rebuilt when the batch size changes: the next index lists are simply of the new size.
 Batches submitted at the old size and not yet taken can be given up (`discard`: their indices come
@@ -87,7 +88,7 @@ class BatchLoader:
         self.ahead = per_process * workers
         self._loader = DataLoader(
             dataset, batch_sampler=self._requests, num_workers=workers, pin_memory=self.device.type == "cuda",
-            prefetch_factor=per_process or None, persistent_workers=workers > 0,
+            prefetch_factor=per_process or None,
             multiprocessing_context="spawn" if workers else None,
         )
         self._closed = False
