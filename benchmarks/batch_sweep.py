@@ -76,7 +76,7 @@ def sweep_one(args: argparse.Namespace, batch: int) -> dict[str, Any]:
             loss.backward()
             optimizer.step()
         spent += time.perf_counter() - started
-        accuracy.append(round(evaluate(model, data.test_x, data.test_y)[0], 4))
+        accuracy.append(round(evaluate(model, data.test)[0], 4))
         seconds.append(round(spent, 3))
     reached = {}
     for target in args.target:

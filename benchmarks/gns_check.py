@@ -229,7 +229,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         now = described(online)
         hetero = frozen_estimate(trainer, batches, args.frozen_rounds)
         homo = frozen_estimate(trainer, equal, args.frozen_rounds)
-        accuracy = evaluate(trainer.model, trainer.data.test_x, trainer.data.test_y)[0]
+        accuracy = evaluate(trainer.model, trainer.data.test)[0]
         trainer.model.train()  # evaluate() left it in eval mode
         error = None if now["phi"] is None else abs(now["phi"] / smoothed["b_noise"] - 1.0)
         points.append({

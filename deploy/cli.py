@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn, TypeAlias
 
 from deploy import compose_env, docker_schedule
+from deploy.make_data import add_make_data_command
 from deploy.profiles import (
     MODES,
     builtin_profiles,
@@ -387,6 +388,7 @@ COMMANDS: list[Callable[[Subcommands], None]] = [
     add_docker_schedule_command,
     add_k8s_command,
     add_list_command,
+    add_make_data_command,
     add_run_command,
 ]
 """Subcommand registrations, in the order ``--help`` lists them."""

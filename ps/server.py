@@ -18,7 +18,7 @@ import torch
 from ps.control.config import PolicyConfig
 from ps.control.policy import build_policy
 from common.job.batchnorm import batchnorm_layers
-from common.job.datasets import Dataset, build_dataset
+from common.job.datasets import TrainingData, build_dataset
 from ps.rounds.evaluator import BackgroundEvaluator
 from common.job.models import build_model
 from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
@@ -220,7 +220,7 @@ def bn_batch(spec: JobSpec) -> int:
 
 
 def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyConfig, model: torch.nn.Module,
-                      dataset: Dataset, metrics: MetricsLog, evaluator: BackgroundEvaluator,
+                      dataset: TrainingData, metrics: MetricsLog, evaluator: BackgroundEvaluator,
                       checkpointer: Checkpointer | None, rendezvous: Rendezvous | None,
                       shards: RemoteShards | None, fast_path_on_gpus: Callable[[], Rendezvous] | None = None) -> Coordinator:
     return Coordinator(
@@ -290,6 +290,8 @@ def progress_line(record: dict[str, Any]) -> str | None:
         batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
         times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
         line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {record['balance']} ms {times}"
+        if any(record.get("data_wait_ms", {}).values()):  # of those times, the wait for the loader's batches
+            line += " | data wait ms " + " ".join(f"{k}={v:.1f}" for k, v in record["data_wait_ms"].items())
     elif event == "eval":
         line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
     elif event == "adjust" and record.get("changed"):

@@ -63,8 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset", default="digits",
                      help="built-in digits (scikit-learn's, 80/20 split), synthetic (options size=4096 image_size=32 "
                           "channels=3 num_classes=10 noise=1.0) or teacher (size=65536 features=32 hidden=32 "
-                          "num_classes=10 label_noise=0.0: a task on which the batch size matters, for mlp), or "
-                          "package.module:function, a factory fn(seed, **options) -> common.job.datasets.Dataset")
+                          "num_classes=10 label_noise=0.0: a task on which the batch size matters, for mlp); files on "
+                          "disk: image_folder (root=PATH: one subfolder per class) or npy_arrays (root=PATH: "
+                          "features.npy, labels.npy); or package.module:function, a factory fn(seed, **options) -> "
+                          "common.job.datasets.Dataset or common.job.splits.Splits (docs/data.md)")
     job.add_argument("--dataset-arg", type=key_value, action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
     job.add_argument("--epochs", type=positive_int, default=10, help="passes over the training split")
     job.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the model's initial weights and the data split")

@@ -91,7 +91,7 @@ class AspUpdates:
         s.policy.observe(member.name, meta.batch_size, meta.times.compute_ms)
         member.staleness_sum += staleness
         member.asp.update(staleness, self.clocks.tick(member.worker_id))
-        self.epochs.count_push(member, meta.times.compute_ms, meta.batch_size)
+        self.epochs.count_push(member, meta.times.compute_ms, meta.batch_size, data_wait_ms=meta.times.data_wait_ms)
         s.version += 1
 
     async def wait_turn(self, member: Member) -> None:

@@ -21,7 +21,7 @@ import torch
 from ps.control.config import config_changes
 from ps.control.policy import BatchPolicy
 from common.errors import FailedPrecondition, InvalidArgument
-from common.job.datasets import Dataset
+from common.job.datasets import TrainingData
 from ps.rounds.evaluator import BackgroundEvaluator
 from common.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
@@ -60,7 +60,7 @@ class Coordinator(JobState):
         spec: JobSpec,
         policy: BatchPolicy,
         model: torch.nn.Module,
-        dataset: Dataset,
+        dataset: TrainingData,
         *,
         adjust_every: int | None = None,
         asp: AspSettings | None = None,
@@ -103,7 +103,7 @@ class Coordinator(JobState):
         self.parking = Parking(self)
         self.bsp = BspRound(self, self.parking)
         self.adaptive = AdaptiveBatchSizing(self, self.bsp, adaptive or AdaptiveSettings(), self._replanned)
-        self.epochs = Epochs(self, len(dataset.train_x), adjust_every, checkpoint_every)
+        self.epochs = Epochs(self, len(dataset.train), adjust_every, checkpoint_every)
         self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
         self.admission = Admission(self, self.epochs, self.fast_path)
         self.whole_model = WholeModel(self, (full, None) if shards else None)
@@ -279,7 +279,7 @@ class Coordinator(JobState):
             self.policy.observe(member.name, meta.batch_size, ms, exposed_ms=exposed)
         self.bsp.add(member, meta, grad)
         self.adaptive.push(meta, grad)
-        self.epochs.count_push(member, ms, meta.batch_size, meta.times.exposed_ms)
+        self.epochs.count_push(member, ms, meta.batch_size, meta.times.exposed_ms, meta.times.data_wait_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():
             self._close_round()

@@ -34,10 +34,13 @@ class Epochs:
         self.steps_since_adjust += 1
         self.steps_since_checkpoint += 1
 
-    def count_push(self, member: Member, ms: float | None, batch: int, exposed_ms: float = 0.0) -> None:
-        """A push's sample for the metrics; the member's updates, compute and exposed times this epoch
-        (`exposed_ms` 0: not measured)."""
-        self.state.metrics.sample("push", worker=member.name, batch=batch, ms=ms, exposed_ms=exposed_ms)
+    def count_push(self, member: Member, ms: float | None, batch: int, exposed_ms: float = 0.0,
+                   data_wait_ms: float = 0.0) -> None:
+        """A push's sample for the metrics; the member's updates, compute, exposed and data-wait times this
+        epoch (`exposed_ms` 0: not measured; `data_wait_ms`: of the compute time, the wait for the batch)."""
+        self.state.metrics.sample("push", worker=member.name, batch=batch, ms=ms, exposed_ms=exposed_ms,
+                                  data_wait_ms=data_wait_ms)
+        member.epoch_data_wait_ms.append(data_wait_ms)
         member.updates += 1
         member.epoch_updates += 1
         if ms is not None:
@@ -84,12 +87,15 @@ class Epochs:
             **({"exposed_ms": exposed} if (exposed := {
                 m.name: round(sum(m.epoch_exposed_ms) / len(m.epoch_exposed_ms), 3)
                 for m in s.members.values() if m.epoch_exposed_ms}) else {}),
+            data_wait_ms={m.name: round(sum(m.epoch_data_wait_ms) / len(m.epoch_data_wait_ms), 3)
+                          for m in s.members.values() if m.epoch_data_wait_ms},
             **(epoch_fields({m.name: m.asp for m in s.members.values()}) if s.spec.mode == "asp" else {}),
         )
         for m in s.members.values():
             m.epoch_updates = 0
             m.epoch_compute_ms = []
             m.epoch_exposed_ms = []
+            m.epoch_data_wait_ms = []
             m.asp = EpochCounts()
         self.epoch_start_time, self.epoch_start_samples = now, s.samples
 
