@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,10 +30,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report_output import add_result_options, save_result
 from common.ops.arg_types import int_at_least, positive_int
 
 THROUGHPUT_TARGET = 0.9
 WAIT_TARGET = 0.10
+MEMORY_TARGET = 10.0  # the folder's size on disk over the peak RSS of the training process or its loader
 
 
 def folder_bytes(root: Path) -> int:
@@ -45,6 +48,22 @@ def write_folder(root: Path, files: int, image_size: int) -> float:
 
     started = time.perf_counter()
     make_data("synthetic", {"size": files, "image_size": image_size, "channels": 3}, 0, root, "png", progress=False)
+    return time.perf_counter() - started
+
+
+def write_noise_folder(root: Path, files: int, side: int, classes: int = 4) -> float:
+    """`files` incompressible PNG images (3 x side^2 of random bytes, stored uncompressed) in `classes`
+    class subfolders: a folder whose size on disk is its pixels; seconds taken."""
+    import numpy as np
+    from PIL import Image
+
+    started = time.perf_counter()
+    rng = np.random.default_rng(0)
+    for c in range(classes):
+        (root / f"c{c}").mkdir(parents=True, exist_ok=True)
+    for i in range(files):
+        pixels = rng.integers(0, 256, size=(side, side, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(root / f"c{i % classes}" / f"{i:06d}.png", compress_level=0)
     return time.perf_counter() - started
 
 
@@ -83,7 +102,8 @@ def throughput(root: Path, workers: int, batch: int, prefetch: int) -> dict[str,
             "meets_target": ours_rate / plain_rate >= THROUGHPUT_TARGET}
 
 
-def train_epoch(root: Path, workers: int, batch: int, prefetch: int, steps: int | None = None) -> dict[str, Any]:
+def train_epoch(root: Path, workers: int, batch: int, prefetch: int, steps: int | None = None,
+                train_size: int = 0) -> dict[str, Any]:
     """CNN steps fed by the loader: the wait for data as a fraction of the steps' time (after the first)."""
     import torch
     import torch.nn.functional as F
@@ -94,7 +114,7 @@ def train_epoch(root: Path, workers: int, batch: int, prefetch: int, steps: int 
     from worker.sampler import ElasticBatchSampler
 
     torch.set_num_threads(1)
-    data = build_dataset("image_folder", {"root": str(root)}, seed=0)
+    data = build_dataset("image_folder", {"root": str(root), "image_size": train_size}, seed=0)
     model = build_model("cnn", data.input_shape, data.num_classes, {}, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     batches = Batches(data.train, ElasticBatchSampler(len(data.train), seed=0), LoaderOptions(workers, prefetch))
@@ -115,24 +135,29 @@ def train_epoch(root: Path, workers: int, batch: int, prefetch: int, steps: int 
             "target": WAIT_TARGET, "meets_target": waited / total <= WAIT_TARGET}
 
 
-def memory(root: Path, batch: int) -> dict[str, Any]:
-    """One epoch in a fresh process (one loader process): peak RSS of each against the folder on disk."""
-    out = subprocess.run([sys.executable, "-m", "benchmarks.data", "--rss-child", str(root), "--batch", str(batch)],
-                         capture_output=True, text=True, check=True)
+def memory(root: Path, batch: int, train_size: int = 0) -> dict[str, Any]:
+    """One epoch in a fresh process (one loader process, images resized to `train_size` as they are
+    read): peak RSS of each against the folder on disk."""
+    command = [sys.executable, "-m", "benchmarks.data", "--rss-child", str(root), "--batch", str(batch),
+               "--train-size", str(train_size)]
+    out = subprocess.run(command, capture_output=True, text=True, check=True)
     child = json.loads(out.stdout.strip().splitlines()[-1])
     disk = folder_bytes(root)
+    peak = max(child["trainer_peak_rss_mb"], child["loader_peak_rss_mb"])
     return {"folder_mb": round(disk / 2**20, 1), "trainer_peak_rss_mb": child["trainer_peak_rss_mb"],
             "loader_process_peak_rss_mb": child["loader_peak_rss_mb"],
             "folder_over_trainer_rss": round(disk / 2**20 / child["trainer_peak_rss_mb"], 2),
+            "folder_over_peak_rss": round(disk / 2**20 / peak, 2), "target": MEMORY_TARGET,
+            "meets_target": disk / 2**20 / peak >= MEMORY_TARGET,
             "trainer_rss_after_setup_mb": child["rss_after_setup_mb"], "epoch": child["epoch"]}
 
 
-def rss_child(root: Path, batch: int) -> None:
+def rss_child(root: Path, batch: int, train_size: int) -> None:
     """--rss-child: train one epoch and print the process's and its loader's peak RSS (JSON)."""
     import torch  # noqa: F401 - counted in the setup's resident memory
 
     setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    epoch = train_epoch(root, 1, batch, 2)
+    epoch = train_epoch(root, 1, batch, 2, train_size=train_size)
     print(json.dumps({"trainer_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
                       "loader_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
                       "rss_after_setup_mb": round(setup, 1), "epoch": epoch}))
@@ -147,24 +172,51 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--prefetch", type=positive_int, default=2, help="batches prepared ahead")
     p.add_argument("--cnn-steps", type=int_at_least(2), default=100, help="CNN steps timed for the exposed wait")
     p.add_argument("--root", type=Path, help="an image folder to use instead of writing one")
+    p.add_argument("--memory-files", type=int_at_least(0), default=1500,
+                   help="images of the folder written for the memory run (0: train over the throughput folder)")
+    p.add_argument("--memory-image-side", type=positive_int, default=1024,
+                   help="their side: random pixels stored uncompressed, so the folder is files x 3 x side^2 bytes")
+    p.add_argument("--train-size", type=positive_int, default=32, help="the memory run resizes each image to this side")
     p.add_argument("--rss-child", type=Path, help=argparse.SUPPRESS)
+    add_result_options(p)
     args = p.parse_args(argv)
     if args.rss_child is not None:
-        rss_child(args.rss_child, args.batch)
+        rss_child(args.rss_child, args.batch, args.train_size)
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         root = args.root or Path(tmp) / "images"
         wrote = 0.0 if args.root else write_folder(root, args.files, args.image_size)
-        report = {
+        report: dict[str, Any] = {
             "benchmark": "data", "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
             "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "files": args.files,
             "image_size": args.image_size, "write_s": round(wrote, 1),
             "throughput": throughput(root, args.loader_workers, args.batch, args.prefetch),
             "cnn_step": train_epoch(root, 1, args.batch, args.prefetch, args.cnn_steps),
-            "memory": memory(root, args.batch),
         }
+        if args.memory_files:
+            big = Path(tmp) / "large-images"
+            report["memory_write_s"] = round(write_noise_folder(big, args.memory_files, args.memory_image_side), 1)
+            report["memory"] = memory(big, args.batch, args.train_size)
+            shutil.rmtree(big)
+        else:
+            report["memory"] = memory(root, args.batch)
+    report["targets"] = targets(report)
     print(json.dumps(report, indent=1))
+    save_result(args, "data", report, argv)
     return 0
+
+
+def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """The issue's three figures, in the form the results table reads."""
+    t, c, m = report["throughput"], report["cnn_step"], report["memory"]
+    return [
+        {"name": f"our loader / DataLoader, samples/s ({t['loader_workers']} loader process)", "value": t["ratio"],
+         "op": ">=", "threshold": THROUGHPUT_TARGET, "pass": t["meets_target"]},
+        {"name": "CNN step's wait for data, --loader-workers 1", "value": c["wait_fraction"], "op": "<=",
+         "threshold": WAIT_TARGET, "pass": c["meets_target"]},
+        {"name": "folder on disk / peak RSS of a process training over it", "value": m["folder_over_peak_rss"],
+         "op": ">=", "threshold": MEMORY_TARGET, "pass": m["meets_target"]},
+    ]
 
 
 if __name__ == "__main__":
