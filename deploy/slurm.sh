@@ -136,6 +136,10 @@ EOF
         done
         echo "PartitionName=local Nodes=n[1-$PS_SLURM_NODES] Default=YES MaxTime=INFINITE State=UP"
     } >"$CONF.new"
+    if [ -e "$CONF" ] && ! cmp -s "$CONF.new" "$CONF" && ctld_up; then
+        say "the configuration changed (nodes, CPUs, ports): restarting the daemons"
+        stop_daemons
+    fi
     mv "$CONF.new" "$CONF"
 }
 
@@ -184,7 +188,7 @@ stop_daemons() {
     for pidfile in "$PS_SLURM_DIR"/run/slurmd-*.pid "$PS_SLURM_DIR/run/slurmctld.pid"; do
         pid_alive "$pidfile" && pids+=("$(cat "$pidfile")")
     done
-    if [ -f "$PS_SLURM_DIR/run/munged.started" ] && [ -s /run/munge/munged.pid ]; then
+    if [ "${1:-}" = "and-munge" ] && [ -f "$PS_SLURM_DIR/run/munged.started" ] && [ -s /run/munge/munged.pid ]; then
         pids+=("$(cat /run/munge/munged.pid)")
         rm -f "$PS_SLURM_DIR/run/munged.started"
     fi
@@ -216,7 +220,7 @@ case "${1:-start}" in
         status_line
         ;;
     status) status_line ;;
-    stop) need_root; stop_daemons ;;
+    stop) need_root; stop_daemons and-munge ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' ;;
     *) echo "slurm.sh: error: unknown command '$1' (start, status, stop)" >&2; exit 2 ;;
 esac
