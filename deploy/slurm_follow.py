@@ -29,7 +29,12 @@ Runner = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False)
+    try:
+        return subprocess.run(list(argv), capture_output=True, text=True, timeout=60, check=False)
+    except FileNotFoundError:
+        raise RuntimeError(f"{argv[0]} is not on PATH: submit from a machine with Slurm's commands") from None
+    except subprocess.TimeoutExpired:
+        raise RuntimeError(f"{' '.join(argv)} did not answer within 60 s (is slurmctld up?)") from None
 
 
 @dataclass(frozen=True)

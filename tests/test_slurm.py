@@ -160,6 +160,14 @@ def test_bad_input_is_one_error_and_writes_nothing(
     assert not (tmp_path / "job").exists()
 
 
+def test_submit_without_slurm_is_one_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    code, out, err = run_cli(capsys, "--profile", "hl4", "--out", str(tmp_path / "job"), "--submit")
+    assert code == 2 and out == ""
+    assert err.strip() == "ps-cluster: error: sbatch is not on PATH: submit from a machine with Slurm's commands"
+
+
 def test_out_writes_the_script_and_no_secret(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     code, _, err = run_cli(capsys, "--profile", "hl4", "--out", str(tmp_path / "job"))
     assert code == 0 and "sbatch" in err
