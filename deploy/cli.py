@@ -383,6 +383,15 @@ def add_run_command(subcommands: Subcommands) -> None:
     parser.set_defaults(handler=_run)
 
 
+def add_slurm_command(subcommands: Subcommands) -> None:
+    """``slurm``: a heterogeneous Slurm batch job of a profile (deploy/slurm_command.py)."""
+    from deploy.slurm_command import add_slurm_parser
+
+    parser = add_slurm_parser(subcommands)
+    _mode_argument(parser)
+    _scale_argument(parser)
+
+
 COMMANDS: list[Callable[[Subcommands], None]] = [
     add_compose_env_command,
     add_docker_schedule_command,
@@ -390,6 +399,7 @@ COMMANDS: list[Callable[[Subcommands], None]] = [
     add_list_command,
     add_make_data_command,
     add_run_command,
+    add_slurm_command,
 ]
 """Subcommand registrations, in the order ``--help`` lists them."""
 
