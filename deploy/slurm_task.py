@@ -29,7 +29,7 @@ from pathlib import Path
 from common.ops.arg_types import positive_float, positive_int
 from deploy.cgroups import CgroupError, CpuLimiter, cleanup_stale, detect_backend
 from deploy.emulator import MetricsTail
-from deploy.launcher import Terminated, signals_as_exceptions
+from deploy.signals import Terminated, signals_as_exceptions
 
 STOP_GRACE_S = 10.0
 """How long COMMAND gets after SIGTERM before SIGKILL (Slurm's KillWait is usually 30 s)."""
