@@ -7,12 +7,13 @@ Join returned and sends it with every later call that names that worker id (comm
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ import grpc
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
-from common.job.spec import JobSpec
+from common.errors import InvalidArgument
 from common.transport.layout import Layout, TensorEntry
 from common.transport.payload import frame_tensor
 from common.transport.push_stream import PUSH_KIND_NUMBERS
@@ -30,6 +31,7 @@ from common.transport.serialized import DataChunk, data_header, data_view_parser
 from worker.channel import open_channel
 from worker.bucket_stream import BucketStream, Lane, PushTiming
 from worker.forward_order import Arrivals
+import worker.server_checks as server_checks
 from worker.replies import Joined, ShardTarget, StepPlan
 from common.transport.wire import CHUNK_BYTES, FlatReceiver
 
@@ -86,8 +88,12 @@ class PSClient:
         tls_ca: PathArg | None = None,
         tls_cert: PathArg | None = None,
         tls_key: PathArg | None = None,
+        allowed_shard_hosts: Sequence[str] = (),
     ) -> None:
+        """`allowed_shard_hosts`: hosts other than the server's own where this client follows the
+        server to shard servers (worker.server_checks.shard_ranges)."""
         self.target = target
+        self.allowed_shard_hosts = tuple(allowed_shard_hosts)
         self.chunk_bytes = max(4, chunk_bytes - chunk_bytes % 4)  # whole values of every wire dtype
         self.last_push = PushTiming()  # the latest push's (not recorded with --shards)
         self._security = {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
@@ -171,11 +177,25 @@ class PSClient:
         except grpc.RpcError as exc:
             raise _error(exc) from None
         self._secrets[reply.worker_id] = reply.secret
+        try:
+            return self._joined(reply, max_batch)
+        except server_checks.UntrustedReply:  # a member that will never push: leave at once
+            with contextlib.suppress(ServerError):
+                self.leave(reply.worker_id, timeout=CLOSE_TIMEOUT_S)
+            raise
+
+    def _joined(self, reply: ps_pb2.JoinReply, max_batch: int) -> Joined:
+        """The Join reply as a Joined record, checked (worker.server_checks) before a shard is reached."""
+        spec = server_checks.job_spec(reply.job_json)
         layout = Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in reply.layout))
         shards = tuple(ShardTarget(self._shard_address(s.address), s.start, s.stop) for s in reply.shards)
+        server_checks.shard_ranges([(s.address, s.start, s.stop) for s in shards], layout.numel, self.target,
+                                   self.allowed_shard_hosts)
+        server_checks.batch_size(reply.batch_size, spec.global_batch, max_batch, spec.micro_batch)
+        heartbeat_s = server_checks.heartbeat_interval(reply.heartbeat_interval_s or 1.0)
         self._use_shards(shards, layout.numel)
-        return Joined(reply.worker_id, JobSpec.from_json(reply.job_json), layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index,
-                      reply.heartbeat_interval_s or 1.0, reply.rendezvous_host, reply.rendezvous_port, shards, reply.secret)
+        return Joined(reply.worker_id, spec, layout, reply.batch_size, reply.round, reply.version, reply.epoch, reply.index,
+                      heartbeat_s, reply.rendezvous_host, reply.rendezvous_port, shards, reply.secret)
 
     def _shard_address(self, address: str) -> str:
         host, _, port = address.rpartition(":")
@@ -284,6 +304,7 @@ class PSClient:
             raise
         timing.replied = time.perf_counter()
         h = first.fields.header
+        server_checks.reply_length(h.num_values, self._own_stop or 0)
         lanes: list[tuple[Iterator[DataChunk], torch.Tensor, DataChunk | None]] = []
         if h.num_values:
             lanes.append((main, out[: h.num_values], first))
@@ -419,13 +440,14 @@ def _receive_lane(stream: Iterator[DataChunk], out: torch.Tensor, arrivals: Arri
     try:
         first = _first_chunk(stream) if first is None else first
         h = first.fields.header
-        receiver = FlatReceiver(out, h.num_values, h.wire_dtype, check_finite=False)
-        receiver.feed(first.fields.seq, first.data)
-        arrivals.advance(lane, receiver.filled)
-        for chunk in stream:
-            receiver.feed(chunk.fields.seq, chunk.data)
+        with _checked_reply():
+            receiver = FlatReceiver(out, h.num_values, h.wire_dtype)
+            receiver.feed(first.fields.seq, first.data)
             arrivals.advance(lane, receiver.filled)
-        receiver.finish(check_finite=False)
+            for chunk in stream:
+                receiver.feed(chunk.fields.seq, chunk.data)
+                arrivals.advance(lane, receiver.filled)
+            receiver.finish()
     except grpc.RpcError as exc:
         error = _error(exc)
     except BaseException as exc:  # noqa: BLE001 (a reply that does not decode: the step hears of it)
@@ -450,9 +472,20 @@ def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTi
     if timing is not None:
         timing.replied = time.perf_counter()
     h = first.fields.header
-    receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype, check_finite=False)
-    receiver.feed(first.fields.seq, first.data)
-    for chunk in stream:
-        receiver.feed(chunk.fields.seq, chunk.data)
-    receiver.finish(check_finite=False)
+    with _checked_reply():
+        receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype)
+        receiver.feed(first.fields.seq, first.data)
+        for chunk in stream:
+            receiver.feed(chunk.fields.seq, chunk.data)
+        receiver.finish()
     return h
+
+
+@contextlib.contextmanager
+def _checked_reply() -> Iterator[None]:
+    """A reply's values that the receiver refuses (the wrong length, out of order, NaN or infinity:
+    worker.server_checks) are an UntrustedReply: the worker leaves rather than train on them."""
+    try:
+        yield
+    except InvalidArgument as exc:
+        raise server_checks.UntrustedReply(f"the server's reply is refused: {exc}") from None

@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 
 import torch
@@ -41,6 +41,7 @@ from torch import nn
 from common.job.datasets import Dataset
 from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
+import worker.server_checks as server_checks
 from worker.backoff import Backoff
 from worker.bucket_stream import BucketStream
 from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, StepPlan, reachable_address
@@ -65,6 +66,7 @@ class Session:
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
         pass_samples: int | None = None, overlap: bool = True, built: BuiltJob | None = None,
+        allowed_imports: Sequence[str] = (),
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -81,6 +83,7 @@ class Session:
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
         self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
         self._built = built  # the job the memory probe built, if it did: not built twice
+        self.allowed_imports = tuple(allowed_imports)  # modules a job's factory path may come from (worker.job_build)
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
         self.worker_id = joined.worker_id
@@ -109,7 +112,7 @@ class Session:
         (the wire's and the collective's buffer) stay on the CPU; on a GPU the model gets a copy."""
         client = self.client
         self.spec: JobSpec = joined.spec
-        built = self._built if self._built is not None and self._built.spec == self.spec else build_job(self.spec)
+        built = self._built if self._built is not None and self._built.spec == self.spec else build_job(self.spec, self.allowed_imports)
         self._built = None
         self.dataset: Dataset = built.dataset
         self.model: nn.Module = built.model
@@ -161,7 +164,8 @@ class Session:
         self._follow(plan)
 
     def _follow(self, plan: StepPlan) -> None:
-        """Take `plan` as the current one: the next batch is drawn at its size."""
+        """Take `plan` as the current one, once checked: the next batch is drawn at its size."""
+        server_checks.step_plan(plan, self.max_batch, self.spec.micro_batch)
         self.plan = plan
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size

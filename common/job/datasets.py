@@ -9,7 +9,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,9 +155,10 @@ def teacher(
 DATASETS: dict[str, Callable[..., Dataset]] = {"digits": digits, "synthetic": synthetic, "teacher": teacher}
 
 
-def build_dataset(name: str, options: dict, seed: int) -> Dataset:
-    """Build the named dataset; errors say which option was wrong."""
-    factory = resolve(name, DATASETS, "dataset")
+def build_dataset(name: str, options: dict, seed: int, allowed: Sequence[str] | None = None) -> Dataset:
+    """Build the named dataset; errors say which option was wrong. A factory path only from a module
+    `allowed` admits (common.job.registry.resolve)."""
+    factory = resolve(name, DATASETS, "dataset", allowed)
     check_options("dataset", name, factory, options, fixed=1)
     dataset = built("dataset", name, options, lambda: factory(seed, **options))
     if not isinstance(dataset, Dataset):
