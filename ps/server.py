@@ -440,6 +440,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.metrics_port_file is not None and args.metrics_port is None:
             raise ValueError("--metrics-port-file needs --metrics-port")
         security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
+        if problem := security.exposure_problem(args.host, args.insecure):
+            raise ValueError(problem)
         port_file = PortFile(args.port_file) if args.port_file is not None else None
         metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
         job = build_job(args)

@@ -188,7 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
     net.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
                      help="mutual TLS: require client certificates signed by this PEM CA")
-    net.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
+    net.add_argument("--token", default=None,
+                     help="shared token every call must carry (unset: $PS_TOKEN, else the file $PS_TOKEN_FILE names, "
+                          "else no check)")
+    net.add_argument("--insecure", action="store_true",
+                     help="listen beyond loopback (--host) without a token or mutual TLS: refused unless given, as "
+                          "anyone who reaches the port may then join, read the model and push into it")
     return p
 
 

@@ -2,12 +2,15 @@
 
 The token travels as call metadata (`authorization: Bearer <token>`) and is checked by a server
 interceptor before any RPC reaches the servicer, so a refused call changes nothing. Without TLS the
-token crosses the network in clear; `ps-server` warns about it.
+token crosses the network in clear; `ps-server` warns about it. A server that listens beyond loopback
+with neither a token nor mutual TLS lets anyone who reaches it join, read the model and push into it:
+it refuses to start unless told that is intended (`--insecure`).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -20,6 +23,9 @@ import grpc
 PathArg = str | os.PathLike[str]
 
 TOKEN_ENV = "PS_TOKEN"
+TOKEN_FILE_ENV = "PS_TOKEN_FILE"
+"""A file that holds the token (a mounted secret: /run/secrets/..., a Kubernetes Secret volume), read
+when neither --token nor $PS_TOKEN gives it."""
 METADATA_KEY = "authorization"
 SCHEME = "Bearer"
 OPEN_SERVICES = ("grpc.health.v1.Health",)
@@ -29,14 +35,21 @@ _OPEN_PREFIXES = tuple(f"/{service}/" for service in OPEN_SERVICES)  # the start
 
 
 def resolve_token(flag: str | None, env: Mapping[str, str] = os.environ) -> str | None:
-    """The token from `--token`, else from $PS_TOKEN (unset or empty: no token); ValueError if unusable.
+    """The token from `--token`, else from $PS_TOKEN, else from the file $PS_TOKEN_FILE names (its
+    text without the line end); None when none is set. ValueError if unusable.
 
     A token must be printable ASCII without spaces: it travels as a gRPC metadata value.
     """
     token = flag if flag is not None else (env.get(TOKEN_ENV) or None)
+    source = "--token" if flag is not None else f"${TOKEN_ENV}"
+    if token is None and env.get(TOKEN_FILE_ENV):
+        source = f"${TOKEN_FILE_ENV} ({env[TOKEN_FILE_ENV]})"
+        try:
+            token = Path(env[TOKEN_FILE_ENV]).read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"{source}: cannot read the token ({getattr(exc, 'strerror', None) or exc})") from None
     if token is None:
         return None
-    source = "--token" if flag is not None else f"${TOKEN_ENV}"
     if not token:
         raise ValueError(f"{source} is empty")
     if not all("!" <= c <= "~" for c in token):
@@ -153,6 +166,15 @@ class ServerSecurity:
         transport = "mutual TLS" if self.mutual else "TLS" if self.credentials is not None else "plaintext"
         return transport + (", token" if self.token is not None else "")
 
+    def exposure_problem(self, host: str, insecure: bool) -> str | None:
+        """Why listening on `host` as configured is refused (one line), None if it is not: beyond
+        loopback, neither a token nor mutual TLS, and no `--insecure`."""
+        if insecure or is_loopback(host) or self.token is not None or self.mutual:
+            return None
+        return (f"--host {host} listens beyond loopback without authentication: anyone who reaches it may join, read "
+                f"the model and push into it; give a token (--token, ${TOKEN_ENV} or ${TOKEN_FILE_ENV}) or mutual TLS "
+                "(--tls-client-ca), or --insecure if that is intended")
+
     def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         return [TokenInterceptor(self.token)] if self.token is not None else []
 
@@ -169,6 +191,17 @@ class ServerSecurity:
         if bound == 0:
             raise OSError(f"cannot listen on {address}")
         return bound
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback only (127.0.0.0/8, ::1, localhost)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to any interface
+        return False
 
 
 def load_server_security(
