@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "N-1 ps-shard processes it starts on --host); workers push and pull the ranges in parallel")
     net.add_argument("--shard-addresses", default=None, metavar="HOST:PORT,...",
                      help="use these running ps-shard servers for ranges 1.. instead of starting them (sets --shards)")
+    net.add_argument("--shard-tls-ca", type=Path, default=None, metavar="PATH",
+                     help="--shards with TLS: the PEM CA that signed the shard servers' certificates (the shards "
+                          "--shards N starts serve --tls-cert); the coordinator checks them against it")
     net.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
     net.add_argument("--no-overlap", dest="overlap", action="store_false",

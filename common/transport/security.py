@@ -40,14 +40,10 @@ def resolve_token(flag: str | None, env: Mapping[str, str] = os.environ) -> str 
 
     A token must be printable ASCII without spaces: it travels as a gRPC metadata value.
     """
-    token = flag if flag is not None else (env.get(TOKEN_ENV) or None)
-    source = "--token" if flag is not None else f"${TOKEN_ENV}"
-    if token is None and env.get(TOKEN_FILE_ENV):
-        source = f"${TOKEN_FILE_ENV} ({env[TOKEN_FILE_ENV]})"
-        try:
-            token = Path(env[TOKEN_FILE_ENV]).read_text(encoding="ascii").strip()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{source}: cannot read the token ({getattr(exc, 'strerror', None) or exc})") from None
+    if flag is not None:
+        token, source = flag, "--token"
+    else:
+        token, source = secret_from_environment(env, TOKEN_ENV, TOKEN_FILE_ENV, "token")
     if token is None:
         return None
     if not token:
@@ -55,6 +51,22 @@ def resolve_token(flag: str | None, env: Mapping[str, str] = os.environ) -> str 
     if not all("!" <= c <= "~" for c in token):
         raise ValueError(f"{source} must be printable ASCII without spaces")
     return token
+
+
+def secret_from_environment(env: Mapping[str, str], variable: str, file_variable: str,
+                            what: str) -> tuple[str | None, str]:
+    """A credential from $`variable`, else the text (without the line end) of the file $`file_variable`
+    names (a mounted secret), and where it came from; (None, "") when neither is set. ValueError
+    (one line) for a file that cannot be read."""
+    if env.get(variable):
+        return env[variable], f"${variable}"
+    if not env.get(file_variable):
+        return None, ""
+    source = f"${file_variable} ({env[file_variable]})"
+    try:
+        return Path(env[file_variable]).read_text(encoding="ascii").strip(), source
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source}: cannot read the {what} ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def bearer(token: str) -> tuple[str, str]:
@@ -95,7 +107,29 @@ def server_credentials(cert: PathArg, key: PathArg, client_ca: PathArg | None = 
     return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=ca_pem is not None)
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
+class MetadataCheck(grpc.aio.ServerInterceptor):
+    """Refuses with UNAUTHENTICATED every RPC that `checks(method)` and whose metadata `_problem` finds
+    fault with; a refused call is answered by a handler of the same kind that aborts at once (`refusal`)."""
+
+    def checks(self, method: str) -> bool:
+        raise NotImplementedError
+
+    def _problem(self, metadata: Any) -> str | None:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or not self.checks(handler_call_details.method):
+            return handler
+        problem = self._problem(handler_call_details.invocation_metadata)
+        return handler if problem is None else refusal(handler, problem)
+
+
+class TokenInterceptor(MetadataCheck):
     """Refuses every RPC whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED,
     but those of OPEN_SERVICES.
 
@@ -105,6 +139,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, token: str) -> None:
         self._expected = token.encode()
+
+    def checks(self, method: str) -> bool:
+        return not method.startswith(_OPEN_PREFIXES)
 
     def _problem(self, metadata: Any) -> str | None:
         values = [v for k, v in (metadata or ()) if k == METADATA_KEY]
@@ -118,21 +155,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             return "invalid token"
         return None
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(_OPEN_PREFIXES):
-            return handler
-        problem = self._problem(handler_call_details.invocation_metadata)
-        if problem is None:
-            return handler
-        return _refusal(handler, problem)
 
-
-def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     """A handler of `handler`'s kind that answers UNAUTHENTICATED without touching the request."""
 
     async def abort(request: Any, context: grpc.aio.ServicerContext) -> None:
