@@ -57,6 +57,8 @@ def test_a_spec_from_the_wire_is_refused_in_one_line(text: str) -> None:
 def test_plans_and_batches_within_the_workers_bounds() -> None:
     checks.step_plan(plan(), max_batch=8)
     checks.step_plan(plan(batch_size=0), max_batch=8)  # parked
+    checks.step_plan(plan(batch_size=0, global_batch=0), max_batch=8)  # nobody planned
+    checks.step_plan(plan(batch_size=99, done=True), max_batch=8)  # the job is over: nothing is drawn
     checks.step_plan(plan(batch_size=24), max_batch=8, micro_batch=4)  # the memory bounds a micro-batch
     for bad, max_batch, micro in ((plan(batch_size=9), 8, 1), (plan(batch_size=33), 0, 1), (plan(batch_size=-1), 0, 1),
                                   (plan(batch_size=6), 0, 4), (plan(lr=float("inf")), 0, 1), (plan(round=-1), 0, 1),

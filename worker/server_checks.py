@@ -37,6 +37,7 @@ class Plan(Protocol):
     version: int
     epoch: int
     batch_size: int
+    done: bool
     lr: float
     global_batch: int
     rank: int
@@ -64,8 +65,8 @@ def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int =
     """A batch the server plans for this worker: in [0, global_batch] (0: parked), within this
     worker's own `max_batch` (0: no bound; with micro-batches it bounds one micro-batch, not the
     batch) and a whole number of micro-batches."""
-    if not 0 < global_batch <= INT32_MAX:
-        raise UntrustedReply(f"the server's global batch {global_batch} is outside [1, {INT32_MAX}]")
+    if not 0 <= global_batch <= INT32_MAX:
+        raise UntrustedReply(f"the server's global batch {global_batch} is outside [0, {INT32_MAX}]")
     if not 0 <= batch <= global_batch:
         raise UntrustedReply(f"the server planned a batch of {batch}, outside [0, the global batch {global_batch}]")
     if micro_batch <= 1 and max_batch > 0 and batch > max_batch:
@@ -77,7 +78,7 @@ def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int =
 
 def step_plan(plan: Plan, max_batch: int, micro_batch: int = 1) -> None:
     """A plan's numbers: counters >= 0, a finite learning rate >= 0, a batch within bounds
-    (batch_size), a rank inside its group."""
+    (batch_size) unless the job is done (nothing more is drawn), a rank inside its group."""
     if min(plan.round, plan.version, plan.epoch) < 0:
         raise UntrustedReply(f"the server's plan has a negative round, version or epoch "
                              f"({plan.round}, {plan.version}, {plan.epoch})")
@@ -86,7 +87,8 @@ def step_plan(plan: Plan, max_batch: int, micro_batch: int = 1) -> None:
     if plan.world_size and not (0 <= plan.rank < plan.world_size and 0 <= plan.hub_rank < plan.world_size):
         raise UntrustedReply(f"the server's group ranks (rank {plan.rank}, hub {plan.hub_rank}) are outside its size "
                              f"{plan.world_size}")
-    batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch)
+    if not plan.done:
+        batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch)
 
 
 def reply_length(num_values: int, expected: int) -> None:
