@@ -296,15 +296,15 @@ class PSClient:
         arriving into `out` on the client's receiving threads, `arrivals` told as each chunk lands."""
         try:
             first = _first_chunk(main)
+            server_checks.reply_length(first.fields.header.num_values, self._own_stop or 0)
         except BaseException as exc:
-            for call in calls:
+            for call in [main, *calls]:
                 call.cancel()
             if isinstance(exc, grpc.RpcError):
                 raise _error(exc) from None
             raise
         timing.replied = time.perf_counter()
         h = first.fields.header
-        server_checks.reply_length(h.num_values, self._own_stop or 0)
         lanes: list[tuple[Iterator[DataChunk], torch.Tensor, DataChunk | None]] = []
         if h.num_values:
             lanes.append((main, out[: h.num_values], first))
