@@ -32,9 +32,6 @@ def check_shard_security(args: argparse.Namespace) -> None:
                          "(for --shards N, the CA of --tls-cert, which the shards it starts serve)")
     if args.shard_tls_ca is not None and args.tls_cert is None:
         raise ValueError("--shard-tls-ca needs --tls-cert and --tls-key: the shards speak TLS when the server does")
-    if args.shard_addresses is not None and resolve_shard_key() is None:
-        raise ValueError(f"--shard-addresses needs the shards' coordinator key: set ${SHARD_KEY_ENV} or "
-                         f"${SHARD_KEY_FILE_ENV} here and for every ps-shard")
 
 
 def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
@@ -65,11 +62,14 @@ def open_shards(args: argparse.Namespace, addresses: list[str] | None,
         return None, None
     token = resolve_token(args.token)
     key = resolve_shard_key()
+    if addresses is not None and key is None:
+        raise ValueError(f"--shard-addresses needs the shards' coordinator key: set ${SHARD_KEY_ENV} or "
+                         f"${SHARD_KEY_FILE_ENV} here and for every ps-shard")
     local = None
     if addresses is None:
         local = LocalShards(args.shards - 1, args.host, token, shard_key=key, tls_flags=_tls_flags(args))
         addresses, key = local.addresses, local.shard_key
-    assert key is not None  # check_shard_security: listed shards come with a key
+    assert key is not None  # listed shards come with a key, started ones got one
     try:
         remote = RemoteShards(addresses, split_ranges(numel, args.shards), token, shard_key=key,
                               credentials=_credentials(args))
