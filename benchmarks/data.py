@@ -16,14 +16,15 @@ Prints one JSON object; each figure is measured in this run, its baseline beside
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -67,8 +68,9 @@ def write_noise_folder(root: Path, files: int, side: int, classes: int = 4) -> f
     return time.perf_counter() - started
 
 
-def throughput(root: Path, workers: int, batch: int, prefetch: int) -> dict[str, Any]:
-    """Samples/s over one epoch of the training split: ours and DataLoader's, after their first batch."""
+def throughput(root: Path, workers: int, batch: int, prefetch: int, rounds: int = 4) -> dict[str, Any]:
+    """Samples/s over one epoch of the training split, ours and DataLoader's after their first batch,
+    timed in `rounds` alternating stretches so that a change in the machine's load falls on both."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -79,24 +81,26 @@ def throughput(root: Path, workers: int, batch: int, prefetch: int) -> dict[str,
     data = build_dataset("image_folder", {"root": str(root)}, seed=0)
     steps = len(data.train) // batch
     ours = Batches(data.train, ElasticBatchSampler(len(data.train), seed=0), LoaderOptions(workers, prefetch))
-    ours.next(batch)
-    started = time.perf_counter()
-    for _ in range(steps - 1):
-        ours.next(batch)
-    ours_rate = (steps - 1) * batch / (time.perf_counter() - started)
-    ours.close()
     plain = DataLoader(data.train, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
                        prefetch_factor=max(1, -(-prefetch // workers)) if workers else None,
                        persistent_workers=workers > 0, multiprocessing_context="spawn" if workers else None,
                        generator=torch.Generator().manual_seed(0))
-    it = iter(plain)
-    next(it)
-    started = time.perf_counter()
-    for _ in range(steps - 1):
-        next(it)
-    plain_rate = (steps - 1) * batch / (time.perf_counter() - started)
-    del it
-    return {"loader_workers": workers, "batch": batch, "samples": (steps - 1) * batch,
+    theirs = iter(plain)
+    ours.next(batch)
+    next(theirs)
+    stretch = max(1, (steps - 1) // rounds)
+    elapsed = {"ours": 0.0, "theirs": 0.0}
+    for _ in range(rounds):
+        for name, draw in (("ours", lambda: ours.next(batch)), ("theirs", lambda: next(theirs))):
+            started = time.perf_counter()
+            for _ in range(stretch):
+                draw()
+            elapsed[name] += time.perf_counter() - started
+    ours.close()
+    del theirs
+    samples = rounds * stretch * batch
+    ours_rate, plain_rate = samples / elapsed["ours"], samples / elapsed["theirs"]
+    return {"loader_workers": workers, "batch": batch, "samples": samples, "rounds": rounds,
             "ours_samples_per_s": round(ours_rate, 1), "dataloader_samples_per_s": round(plain_rate, 1),
             "ratio": round(ours_rate / plain_rate, 3), "target": THROUGHPUT_TARGET,
             "meets_target": ours_rate / plain_rate >= THROUGHPUT_TARGET}
@@ -152,14 +156,47 @@ def memory(root: Path, batch: int, train_size: int = 0) -> dict[str, Any]:
             "trainer_rss_after_setup_mb": child["rss_after_setup_mb"], "epoch": child["epoch"]}
 
 
+def resident_mb(pid: int | str) -> float:
+    """A process's resident memory now (VmRSS), 0 when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def child_pids() -> list[str]:
+    """This process's children (its loader processes), from /proc."""
+    pids: list[str] = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids += (task / "children").read_text().split()
+    return pids
+
+
 def rss_child(root: Path, batch: int, train_size: int) -> None:
-    """--rss-child: train one epoch and print the process's and its loader's peak RSS (JSON)."""
+    """--rss-child: train one epoch and print the peak resident memory of this process and of its
+    loader processes, sampled from /proc every 50 ms (getrusage's high-water mark would count the
+    parent's memory this process was forked from)."""
     import torch  # noqa: F401 - counted in the setup's resident memory
 
-    setup = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    setup = resident_mb("self")
+    peaks = {"trainer": setup, "loader": 0.0}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.05):
+            peaks["trainer"] = max(peaks["trainer"], resident_mb("self"))
+            peaks["loader"] = max([peaks["loader"], *(resident_mb(pid) for pid in child_pids())])
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
     epoch = train_epoch(root, 1, batch, 2, train_size=train_size)
-    print(json.dumps({"trainer_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-                      "loader_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024, 1),
+    stop.set()
+    sampler.join()
+    print(json.dumps({"trainer_peak_rss_mb": round(peaks["trainer"], 1), "loader_peak_rss_mb": round(peaks["loader"], 1),
                       "rss_after_setup_mb": round(setup, 1), "epoch": epoch}))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
 import socket
@@ -115,6 +116,8 @@ class ComposeCluster:
     host_network: bool = True
     project: str = field(default_factory=lambda: f"hetero-ps-{uuid.uuid4().hex[:8]}")
     port: int = 0
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    """The compose secret ps-token of this run (the shell's PS_TOKEN wins), so every call carries one."""
     _started: float = 0.0
 
     def __post_init__(self) -> None:
@@ -147,6 +150,7 @@ class ComposeCluster:
         """The compose variables of the job (the shell's win over the env files)."""
         server_args = [*self.server_args, "--metrics-log", f"{MOUNT}/metrics.jsonl"]
         env = {**os.environ, **self.job, "SERVER_ARGS": shlex.join(server_args)}
+        env["PS_TOKEN"] = os.environ.get("PS_TOKEN") or self.token
         if self.host_network:
             env["PS_PORT"] = str(self.port)
         return env

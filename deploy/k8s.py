@@ -12,7 +12,10 @@ docker-compose:
   fast path's rendezvous (``--rendezvous-port``);
 * one Job per worker, with the profile's CPU cores as its CPU request and limit (Guaranteed CPU)
   and its GPUs as ``nvidia.com/gpu`` limits, its settings in ``PS_*`` environment variables
-  (worker/cli.py); a worker that fails is restarted, one that ends with the job completes.
+  (worker/cli.py); a worker that fails is restarted, one that ends with the job completes;
+* a NetworkPolicy that admits to the job's pods only traffic from the job's own pods (the server's
+  gRPC port and rendezvous, the fast path's process group between workers); the kubelet's probes
+  come from the node, which network plugins let through.
 
 Everything here is pure: :func:`render` turns a :class:`K8sOptions` into manifest dicts.
 """
@@ -184,6 +187,15 @@ def _probe(o: K8sOptions, **timing: int) -> dict[str, Any]:
     return {**check, **timing}
 
 
+def network_policy(o: K8sOptions) -> dict[str, Any]:
+    """Ingress to every pod of this job only from pods of this job (its name and instance labels)."""
+    job_pods = {"matchLabels": {"app.kubernetes.io/name": APP, "app.kubernetes.io/instance": o.name}}
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy", "metadata": _meta(o, f"{o.name}-job-only", "network"),
+        "spec": {"podSelector": job_pods, "policyTypes": ["Ingress"], "ingress": [{"from": [{"podSelector": job_pods}]}]},
+    }
+
+
 def secret(o: K8sOptions) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": _meta(o, f"{o.name}-token", "auth"),
             "type": "Opaque", "stringData": {"token": o.token}}
@@ -302,7 +314,7 @@ def render(o: K8sOptions, job: Sequence[str]) -> list[dict[str, Any]]:
     documents = [] if o.token_secret else [secret(o)]
     documents += [rendezvous_service(o), server_service(o), server_statefulset(o, job)]
     documents += [worker_job(o, k) for k in range(workers)]
-    return documents
+    return [*documents, network_policy(o)]
 
 
 def filename(document: dict[str, Any]) -> str:

@@ -41,9 +41,9 @@ from ps.server_flags import adaptive_config, build_parser, check_micro_batch_fla
 from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
-from ps.shards.ranges import split_ranges
+from ps.shards.setup import check_shard_security, open_shards
 from common.transport.handlers import SERVICES, OnMessage, register
-from common.transport.security import ServerSecurity, load_server_security, resolve_token
+from common.transport.security import ServerSecurity, load_server_security
 from common.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
 
 
@@ -167,11 +167,7 @@ def build_job(args: argparse.Namespace) -> Job:
     numel = sum(p.numel() for p in model.parameters())
     if args.shards > numel:
         raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
-    local_shards = None
-    if args.shards > 1 and shard_addresses is None:
-        local_shards = LocalShards(args.shards - 1, args.host, resolve_token(args.token))
-        shard_addresses = local_shards.addresses
-    shards = RemoteShards(shard_addresses, split_ranges(numel, args.shards), resolve_token(args.token)) if shard_addresses else None
+    local_shards, shards = open_shards(args, shard_addresses, numel)
     try:
         coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer, rendezvous, shards,
                                         fast_path_on_gpus)
@@ -276,8 +272,7 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     if args.shards > 1:
         if args.mode != "bsp" or args.allreduce == "on":
             raise ValueError("--shards serves BSP jobs without --allreduce (ASP and the collective fast path keep one server)")
-        if args.tls_cert is not None:
-            raise ValueError("--shards with TLS is not supported yet: the shard servers speak plaintext (use a token on a trusted network)")
+    check_shard_security(args)
     return addresses
 
 
@@ -442,6 +437,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.metrics_port_file is not None and args.metrics_port is None:
             raise ValueError("--metrics-port-file needs --metrics-port")
         security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
+        if problem := security.exposure_problem(args.host, args.insecure):
+            raise ValueError(problem)
         port_file = PortFile(args.port_file) if args.port_file is not None else None
         metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
         job = build_job(args)

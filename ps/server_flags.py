@@ -173,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "N-1 ps-shard processes it starts on --host); workers push and pull the ranges in parallel")
     net.add_argument("--shard-addresses", default=None, metavar="HOST:PORT,...",
                      help="use these running ps-shard servers for ranges 1.. instead of starting them (sets --shards)")
+    net.add_argument("--shard-tls-ca", type=Path, default=None, metavar="PATH",
+                     help="--shards with TLS: the PEM CA that signed the shard servers' certificates (the shards "
+                          "--shards N starts serve --tls-cert); the coordinator checks them against it")
     net.add_argument("--wire-dtype", choices=WIRE_DTYPES, default="float32",
                      help="dtype of parameters and gradients on the wire (fp32 accumulation)")
     net.add_argument("--no-overlap", dest="overlap", action="store_false",
@@ -192,7 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
     net.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
                      help="mutual TLS: require client certificates signed by this PEM CA")
-    net.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
+    net.add_argument("--token", default=None,
+                     help="shared token every call must carry (unset: $PS_TOKEN, else the file $PS_TOKEN_FILE names, "
+                          "else no check)")
+    net.add_argument("--insecure", action="store_true",
+                     help="listen beyond loopback (--host) without a token or mutual TLS: refused unless given, as "
+                          "anyone who reaches the port may then join, read the model and push into it")
     return p
 
 

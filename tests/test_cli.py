@@ -20,7 +20,8 @@ PYTHON_INTERNALS = ("Traceback", "invalid literal", "invalid int value", "invali
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=ENV, timeout=60)
+    env = {**ENV, "PS_SHARD_KEY": "a-coordinator-key-for-tests"}  # ps-shard starts only with one
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env, timeout=60)
 
 
 @pytest.mark.parametrize(

@@ -89,10 +89,11 @@ def test_commands() -> None:
 
 
 def test_worker_environment_names_are_ps_workers() -> None:
+    from common.transport.security import TOKEN_FILE_ENV
     from worker.cli import ENVIRONMENT
 
     for worker in WORKERS:
-        assert set(compose()["services"][worker]["environment"]) <= set(ENVIRONMENT.values())
+        assert set(compose()["services"][worker]["environment"]) <= {*ENVIRONMENT.values(), TOKEN_FILE_ENV}
 
 
 def test_top_comment_documents_one_command_per_env_file() -> None:

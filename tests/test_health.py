@@ -153,9 +153,10 @@ def test_server_health_without_token_reflection_with_it_and_not_serving_while_it
         cluster.stop()
 
 
-def test_shard_health_follows_its_load_and_its_stop(tmp_path: Path, channels) -> None:
+def test_shard_health_follows_its_load_and_its_stop(tmp_path: Path, channels, monkeypatch: pytest.MonkeyPatch) -> None:
     """ps-shard: "" SERVING once it listens (its coordinator's Load must reach it), its service once a
     coordinator loaded its range; both NOT_SERVING on SIGTERM. Its /metrics counts the Load's bytes."""
+    monkeypatch.setitem(ENV, "PS_SHARD_KEY", "a-coordinator-key-for-tests")  # the shard's and its coordinator's
     port_file, metrics_port_file = tmp_path / "shard.port", tmp_path / "shard-metrics.port"
     shard = subprocess.Popen([sys.executable, "-m", "ps.shards.server", "--port", "0", "--port-file", str(port_file),
                               "--metrics-port", "0", "--metrics-port-file", str(metrics_port_file)],

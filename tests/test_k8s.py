@@ -59,7 +59,7 @@ def test_every_manifest_validates_and_limits_match_the_profile(
     documents = manifests(capsys, "--profile", name, "--mode", mode, "--scale", "0.25")
     for document in documents:
         validate(document)
-    assert [d["kind"] for d in documents] == ["Secret", "Service", "Service", "StatefulSet", *["Job"] * 4]
+    assert [d["kind"] for d in documents] == ["Secret", "Service", "Service", "StatefulSet", *["Job"] * 4, "NetworkPolicy"]
     allocation = load_profile(name).allocation(mode)
     jobs = by_kind(documents, "Job")
     for k, (job, share) in enumerate(zip(jobs, allocation.workers, strict=True)):
@@ -196,11 +196,12 @@ def test_out_writes_one_file_per_object(capsys: pytest.CaptureFixture[str], tmp_
     out = tmp_path / "k8s" / "hl8"
     code, stdout, err = run_cli(capsys, "k8s", "--profile", "hl8", "--out", str(out))
     assert (code, stdout) == (0, "")
-    assert err == f"ps-cluster: wrote 8 manifests to {out}: kubectl apply -f {out}\n"
+    assert err == f"ps-cluster: wrote 9 manifests to {out}: kubectl apply -f {out}\n"
     files = sorted(p.name for p in out.iterdir())
     assert files == sorted([
         "secret-hetero-ps-token.yaml", "service-hetero-ps-rendezvous.yaml", "service-hetero-ps-server.yaml",
-        "statefulset-hetero-ps-server.yaml", *[f"job-hetero-ps-worker{k}.yaml" for k in range(4)]])
+        "statefulset-hetero-ps-server.yaml", *[f"job-hetero-ps-worker{k}.yaml" for k in range(4)],
+        "networkpolicy-hetero-ps-job-only.yaml"])
     for path in out.iterdir():
         validate(yaml.safe_load(path.read_text(encoding="utf-8")))
     assert stat.S_IMODE((out / "secret-hetero-ps-token.yaml").stat().st_mode) == 0o600

@@ -86,7 +86,7 @@ def test_offset_receiver_refuses_a_push_that_does_not_cover_every_value_once(pie
 # ------------------------------------------------------------- whole rounds
 def _sessions(ps_server, threads, *args: str, overlap_on: bool = True) -> tuple[object, list[Session]]:
     server = ps_server("--global-batch", "32", "--controller", "static", "--lr", "0.05", *args)
-    futures = [threads.submit(connect, server.target, name, cores, overlap=overlap_on, threads=None)
+    futures = [threads.submit(connect, server.target, name, cores, overlap=overlap_on, threads=None, allow_imports=("tests",))
                for name, cores in (("a", 12.0), ("b", 20.0))]
     return server, [f.result(TIMEOUT) for f in futures]
 

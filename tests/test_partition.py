@@ -58,7 +58,7 @@ def test_partitioned_worker_is_evicted_and_rejoins_when_the_link_returns(tmp_pat
     ns, host_link = namespace
     # enough epochs that the job cannot end before the worker is back: the rejoin comes ~6 s after
     # the link, and with 8 epochs the three others were then within a step or two of the end
-    cluster = start_server(tmp_path, [*JOB, "--epochs", "16", "--host", "0.0.0.0"])
+    cluster = start_server(tmp_path, [*JOB, "--epochs", "16", "--host", "0.0.0.0", "--insecure"])
     try:
         for name in ("w0", "w1", "w2"):
             cluster.start_worker(name, *WORKER)

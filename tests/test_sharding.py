@@ -34,6 +34,7 @@ from ps.shards.ranges import merge_optimizer_states, slice_optimizer_state, spli
 from common.transport.messages import PushMeta, PushTimes
 from common.transport.wire import encode
 from common.transport.worker_keys import WorkerKeys
+from tests import processes
 from tests.processes import Cluster, start_server
 from tests.test_store import torch_optimizer
 from worker.client import Joined, PSClient, ServerError
@@ -261,11 +262,17 @@ def test_zero_shards_is_refused_by_the_parser(capsys: pytest.CaptureFixture[str]
 
 
 # ------------------------------------------------------------ a shard's inputs
+SHARD_KEY = "a-coordinator-key-for-tests"
+CONTROL = [("x-ps-shard-key", SHARD_KEY)]  # the coordinator's credential (ps/shards/control_key.py)
+
+
 @pytest.fixture
-def shard(tmp_path: Path):
-    """A running ps-shard loaded by a real coordinator (2 shards, one BSP job), the coordinator, a stub
-    of the shard, and the job's two workers, joined."""
-    cluster = start_server(tmp_path, [*JOB, "--shards", "2"])
+def shard(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """A running ps-shard loaded by a real coordinator (2 shards, one BSP job; the coordinator's key
+    SHARD_KEY), the coordinator, a stub of the shard, and the job's two workers, joined."""
+    with monkeypatch.context() as patch:
+        patch.setitem(processes.ENV, "PS_SHARD_KEY", SHARD_KEY)
+        cluster = start_server(tmp_path, [*JOB, "--shards", "2"])
     (pid,) = shard_children(cluster.server.pid)
     channel = grpc.insecure_channel(f"127.0.0.1:{listening_port(pid)}")
     workers = join_two(cluster.target)
@@ -310,13 +317,13 @@ def test_a_shard_refuses_bad_input_and_keeps_its_values(shard) -> None:
     refused(lambda: push(5, numel), grpc.StatusCode.FAILED_PRECONDITION, "round 5 is not open")
     refused(lambda: push(0, numel, batch=0), grpc.StatusCode.INVALID_ARGUMENT, "batch size")
     refused(lambda: push(0, 0, kind=ps_pb2.PUSH_SNAPSHOT), grpc.StatusCode.INVALID_ARGUMENT, "gradient slices")
-    refused(lambda: stub.Commit(ps_pb2.CommitRequest(round=3, lr=0.1), timeout=10),
+    refused(lambda: stub.Commit(ps_pb2.CommitRequest(round=3, lr=0.1), timeout=10, metadata=CONTROL),
             grpc.StatusCode.FAILED_PRECONDITION, "open round is 0")
-    refused(lambda: stub.Commit(ps_pb2.CommitRequest(round=0, lr=float("nan")), timeout=10),
+    refused(lambda: stub.Commit(ps_pb2.CommitRequest(round=0, lr=float("nan")), timeout=10, metadata=CONTROL),
             grpc.StatusCode.INVALID_ARGUMENT, "lr must be")
     bad = ps_pb2.CommitRequest(round=0, lr=0.1, contributors=[ps_pb2.Contribution(worker_id="a", batch_size=1)] * 2)
-    refused(lambda: stub.Commit(bad, timeout=10), grpc.StatusCode.INVALID_ARGUMENT, "distinct worker ids")
-    refused(lambda: stub.Load(iter([ps_pb2.BlobChunk(seq=0, data=b"not a torch archive")]), timeout=10),
+    refused(lambda: stub.Commit(bad, timeout=10, metadata=CONTROL), grpc.StatusCode.INVALID_ARGUMENT, "distinct worker ids")
+    refused(lambda: stub.Load(iter([ps_pb2.BlobChunk(seq=0, data=b"not a torch archive")]), timeout=10, metadata=CONTROL),
             grpc.StatusCode.INVALID_ARGUMENT, "bad shard load")
     after = stub.Pull(ps_pb2.PullRequest(worker_id=w0, secret=secret))
     assert [m.SerializeToString() for m in after] == [m.SerializeToString() for m in before]

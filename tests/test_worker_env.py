@@ -27,7 +27,7 @@ def test_every_setting_comes_from_its_variable(monkeypatch: pytest.MonkeyPatch) 
         "PS_DEVICE": "cpu", "PS_SLOWDOWN": "1.5", "PS_STEP_OVERHEAD_MS": "20", "PS_TIMEOUT": "30", "PS_RETRY_FOR": "0",
         "PS_LOG_EVERY": "2", "PS_QUIET": "true", "PS_TLS_CA": "/ca.pem", "PS_TLS_CERT": "/c.pem",
         "PS_TLS_KEY": "/k.pem", "PS_MAX_BATCH": "24", "PS_NO_OVERLAP": "1", "PS_LOADER_WORKERS": "2",
-        "PS_PREFETCH": "3",
+        "PS_PREFETCH": "3", "PS_ALLOW_IMPORT": "mypkg, other.models", "PS_ALLOW_SHARD_HOST": "10.0.0.7",
     }
     assert set(values) == set(cli.ENVIRONMENT.values())
     for variable, value in values.items():
@@ -38,6 +38,13 @@ def test_every_setting_comes_from_its_variable(monkeypatch: pytest.MonkeyPatch) 
     assert args.step_overhead_ms == 20.0 and args.max_batch == 24 and args.no_overlap
     assert (args.loader_workers, args.prefetch) == (2, 3)
     assert (args.tls_ca, args.tls_cert, args.tls_key) == ("/ca.pem", "/c.pem", "/k.pem")
+    assert args.allow_import == ["mypkg", "other.models"] and args.allow_shard_host == ["10.0.0.7"]
+
+
+def test_repeated_flags_win_over_their_list_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PS_ALLOW_IMPORT", "from_env")
+    args = cli.parse_args(["--server", "h:1", "--allow-import", "a", "--allow-import", "b.c"])
+    assert args.allow_import == ["a", "b.c"] and args.allow_shard_host is None
 
 
 def test_flags_win_and_unset_variables_keep_the_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -79,7 +79,8 @@ def test_a_worker_that_cannot_build_the_job_says_so_in_one_line_and_leaves(
         # with --max-batch it joins, fails to build, and leaves
         for name, flags in (("probing", []), ("lost", ["--max-batch", "64"])):
             worker = subprocess.run(
-                [sys.executable, "-m", "worker.cli", "--server", cluster.target, "--name", name, "--quiet", *flags],
+                [sys.executable, "-m", "worker.cli", "--server", cluster.target, "--name", name, "--quiet",
+                 "--allow-import", "server_only_model", *flags],
                 capture_output=True, text=True, env=ENV, timeout=120, check=False,
             )
             assert worker.returncode == 2, worker.stderr

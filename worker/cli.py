@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import torch.nn.functional as F
 
+from common.job.registry import ALLOW_IMPORT_FLAG
 from common.ops.arg_types import float_at_least, host_port, int_at_least, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
@@ -28,6 +29,7 @@ from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
 from worker.job_build import JobSetupError
 from worker.loader import LoaderError, LoaderOptions
+from worker.server_checks import ALLOW_SHARD_HOST_FLAG, UntrustedReply
 from worker.resources import default_cores
 from worker.runtime import Session
 
@@ -50,9 +52,12 @@ ENVIRONMENT = {
     "tls_ca": "PS_TLS_CA",
     "tls_cert": "PS_TLS_CERT",
     "tls_key": "PS_TLS_KEY",
+    "allow_import": "PS_ALLOW_IMPORT",
+    "allow_shard_host": "PS_ALLOW_SHARD_HOST",
 }
 """Options and the environment variables they are read from when the flag is not given
-(``--token`` reads ``PS_TOKEN`` and ``--heap-reserve`` ``PS_WORKER_HEAP_RESERVE_MIB`` on their own)."""
+(``--token`` reads ``PS_TOKEN`` and ``--heap-reserve`` ``PS_WORKER_HEAP_RESERVE_MIB`` on their own; a
+repeatable flag's variable holds a comma-separated list)."""
 
 
 def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
@@ -120,6 +125,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-cert", default=None, metavar="PATH", help="mutual TLS: this worker's PEM certificate")
     p.add_argument("--tls-key", default=None, metavar="PATH", help="mutual TLS: the PEM private key of --tls-cert")
     p.add_argument("--token", default=None, help=f"token sent with every call (unset: ${TOKEN_ENV})")
+    p.add_argument(ALLOW_IMPORT_FLAG, dest="allow_import", action="append", default=None, metavar="MODULE",
+                   help="run a job whose model or dataset is a package.module:function factory from MODULE or a "
+                        "module inside it (repeatable); the built-in models and data sets need none, and a job "
+                        "naming any other module is refused before anything of it is imported")
+    p.add_argument(ALLOW_SHARD_HOST_FLAG, dest="allow_shard_host", action="append", default=None, metavar="HOST",
+                   help="follow the server to shard servers on HOST too (repeatable); unset: only on the host of "
+                        "--server, since the worker sends its token and secret there")
     p.add_argument("--heap-reserve", type=int, default=argparse.SUPPRESS, metavar="MIB",
                    help="grow the heap by this much at start so that blocks over glibc's 32 MiB mmap threshold "
                         "(activations at large CPU batches) reuse memory instead of taking fresh pages every step; "
@@ -169,8 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
                      threads=args.threads, step_overhead_ms=args.step_overhead_ms, max_batch=args.max_batch,
-                     overlap=not args.no_overlap, loader=LoaderOptions(args.loader_workers, args.prefetch), token=token, tls_ca=args.tls_ca,
-                     tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
+                     overlap=not args.no_overlap, loader=LoaderOptions(args.loader_workers, args.prefetch), token=token,
+                     tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                     allow_imports=args.allow_import or (), allow_shard_hosts=args.allow_shard_host or ()) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",
                       file=sys.stderr, flush=True)
@@ -188,6 +201,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobSetupError as exc:  # the job names a model or dataset this worker cannot build
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         code = 2
+    except UntrustedReply as exc:  # the server told this worker something it does not take: it left
+        print(f"ps-worker: error: {exc}; leaving the job", file=sys.stderr)
+        code = 3
     except KeyboardInterrupt:
         code = 0
     if session is not None and not session.closed:

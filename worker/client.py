@@ -8,12 +8,13 @@ Join returned and sends it with every later call that names that worker id (comm
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -22,12 +23,14 @@ import grpc
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
+from common.errors import InvalidArgument
 from common.job.spec import JobSpec
 from common.transport.messages import JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader
 from common.transport.payload import frame_tensor
 from common.transport.proto_convert import join_from_proto, push_meta_to_proto, step_header_from_proto
 from common.transport.security import PathArg
 from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
+import worker.server_checks as server_checks
 from worker.channel import open_channel
 from worker.bucket_stream import BucketStream, Lane, PushTiming
 from worker.forward_order import Arrivals
@@ -97,8 +100,12 @@ class PSClient:
         tls_ca: PathArg | None = None,
         tls_cert: PathArg | None = None,
         tls_key: PathArg | None = None,
+        allowed_shard_hosts: Sequence[str] = (),
     ) -> None:
+        """`allowed_shard_hosts`: hosts other than the server's own where this client follows the
+        server to shard servers (worker.server_checks.shard_ranges)."""
         self.target = target
+        self.allowed_shard_hosts = tuple(allowed_shard_hosts)
         self.chunk_bytes = max(4, chunk_bytes - chunk_bytes % 4)  # whole values of every wire dtype
         self.last_push = PushTiming()  # the latest push's (not recorded with --shards)
         self._security = {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
@@ -183,9 +190,23 @@ class PSClient:
             raise _error(exc) from None
         info = join_from_proto(reply)
         self._secrets[info.worker_id] = info.secret
-        info = replace(info, shards=tuple(replace(s, address=self._shard_address(s.address)) for s in info.shards))
-        self._use_shards(info.shards, info.layout.numel)
-        return Joined.of(info, JobSpec.from_json(info.job_json))
+        try:
+            return self._joined(info, max_batch)
+        except server_checks.UntrustedReply:  # a member that will never push: leave at once
+            with contextlib.suppress(ServerError):
+                self.leave(info.worker_id, timeout=CLOSE_TIMEOUT_S)
+            raise
+
+    def _joined(self, info: JoinInfo, max_batch: int) -> Joined:
+        """The Join reply as a Joined record, checked (worker.server_checks) before a shard is reached."""
+        spec = server_checks.job_spec(info.job_json)
+        shards = tuple(replace(s, address=self._shard_address(s.address)) for s in info.shards)
+        server_checks.shard_ranges([(s.address, s.start, s.stop) for s in shards], info.layout.numel, self.target,
+                                   self.allowed_shard_hosts)
+        server_checks.batch_size(info.batch_size, spec.global_batch, max_batch, spec.micro_batch)
+        heartbeat_s = server_checks.heartbeat_interval(info.heartbeat_interval_s)
+        self._use_shards(shards, info.layout.numel)
+        return Joined.of(replace(info, shards=shards, heartbeat_interval_s=heartbeat_s), spec)
 
     def _shard_address(self, address: str) -> str:
         host, _, port = address.rpartition(":")
@@ -275,8 +296,9 @@ class PSClient:
         arriving into `out` on the client's receiving threads, `arrivals` told as each chunk lands."""
         try:
             first = _first_chunk(main)
+            server_checks.reply_length(first.fields.header.num_values, self._own_stop or 0)
         except BaseException as exc:
-            for call in calls:
+            for call in [main, *calls]:
                 call.cancel()
             if isinstance(exc, grpc.RpcError):
                 raise _error(exc) from None
@@ -413,13 +435,14 @@ def _receive_lane(stream: Iterator[DataChunk], out: torch.Tensor, arrivals: Arri
     try:
         first = _first_chunk(stream) if first is None else first
         h = first.fields.header
-        receiver = FlatReceiver(out, h.num_values, h.wire_dtype, check_finite=False)
-        receiver.feed(first.fields.seq, first.data)
-        arrivals.advance(lane, receiver.filled)
-        for chunk in stream:
-            receiver.feed(chunk.fields.seq, chunk.data)
+        with _checked_reply():
+            receiver = FlatReceiver(out, h.num_values, h.wire_dtype)
+            receiver.feed(first.fields.seq, first.data)
             arrivals.advance(lane, receiver.filled)
-        receiver.finish(check_finite=False)
+            for chunk in stream:
+                receiver.feed(chunk.fields.seq, chunk.data)
+                arrivals.advance(lane, receiver.filled)
+            receiver.finish()
     except grpc.RpcError as exc:
         error = _error(exc)
     except BaseException as exc:  # noqa: BLE001 (a reply that does not decode: the step hears of it)
@@ -444,9 +467,20 @@ def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTi
     if timing is not None:
         timing.replied = time.perf_counter()
     h = first.fields.header
-    receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype, check_finite=False)
-    receiver.feed(first.fields.seq, first.data)
-    for chunk in stream:
-        receiver.feed(chunk.fields.seq, chunk.data)
-    receiver.finish(check_finite=False)
+    with _checked_reply():
+        receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype)
+        receiver.feed(first.fields.seq, first.data)
+        for chunk in stream:
+            receiver.feed(chunk.fields.seq, chunk.data)
+        receiver.finish()
     return h
+
+
+@contextlib.contextmanager
+def _checked_reply() -> Iterator[None]:
+    """A reply's values that the receiver refuses (the wrong length, out of order, NaN or infinity:
+    worker.server_checks) are an UntrustedReply: the worker leaves rather than train on them."""
+    try:
+        yield
+    except InvalidArgument as exc:
+        raise server_checks.UntrustedReply(f"the server's reply is refused: {exc}") from None

@@ -16,8 +16,9 @@ so the gradients reach it without a trip through the CPU; the optimizer's copy s
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
@@ -37,6 +38,15 @@ CHECK_EVERY_S = 0.5  # while a group forms: how often to ask the server whether 
 ROUND_CHECK_MODULUS = 4096
 """Each rank adds its round modulo this into the fp32 bucket: the sum stays exact (under 2^24) for any
 round and up to 4096 ranks, and a rank one round or a few out of step still shows."""
+
+
+def most_advanced(rounds: Sequence[float], cap: int) -> tuple[int, int]:
+    """(rank, round) of the copy a forming group adopts: the highest round at most `cap`, the lowest
+    rank among equals. A member that claims a round beyond its server's (`cap`) is not believed: it
+    would otherwise overwrite every peer's model with its own."""
+    believed = [r if r <= cap else -math.inf for r in rounds]
+    best = max(believed)
+    return believed.index(best), int(best) if math.isfinite(best) else -1
 
 
 class CollectiveError(RuntimeError):
@@ -129,7 +139,7 @@ class Collective:
                 group.generation, group.rank, group.world_size, group.backend
             )
             self._device = device
-            self._sync()
+            self._sync(plan.round + 1)
         except (CollectiveError, ServerError):
             self.close_group()
             raise
@@ -164,20 +174,20 @@ class Collective:
             time.sleep(delay)
             delay = min(0.05, delay * 2)
 
-    def _sync(self) -> None:
-        """Adopt the most advanced copy in the group (highest round, then lowest rank)."""
+    def _sync(self, cap: int) -> None:
+        """Adopt the most advanced copy in the group (highest round, then lowest rank) that is at most
+        at round `cap` (the server's round, plus one for a copy that already applied it)."""
         rounds = torch.zeros(self.world_size, dtype=torch.float64, device=self._device)
         rounds[self.rank] = float(self.round)  # -1: a copy from the server's snapshot, never preferred
         dist.all_reduce(rounds)
-        best = float(rounds.max())
-        src = int((rounds == best).nonzero()[0])
+        src, best = most_advanced(rounds.tolist(), cap)
         flat = self.local.flat.to(self._device)
         dist.broadcast(flat, src=src)
         state = self._broadcast_optimizer_state(src)
         if self.rank != src:
             self.local.assign(flat)
             self.local.load_flat_optimizer_state(state)
-        self.round = int(best)
+        self.round = best
 
     def _broadcast_optimizer_state(self, src: int) -> torch.Tensor | None:
         """Rank `src`'s optimizer state (common.params.flat_state) on every rank, as one tensor broadcast: a flag

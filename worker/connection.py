@@ -5,16 +5,17 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Sequence
 
 import torch
 
-from common.job.spec import JobSpec
 from worker.client import PSClient
 from worker.loader import LoaderOptions
 from worker.memory_probe import declared_max_batch
 from worker.reconnect import Waiting, wait_for_server
 from worker.resources import default_cores
 from worker.runtime import Session
+from worker.server_checks import job_spec
 
 DEFAULT_THREADS = 1
 """torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`): one,
@@ -39,6 +40,8 @@ def connect(
     tls_ca: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
     tls_key: str | os.PathLike[str] | None = None,
+    allow_imports: Sequence[str] = (),
+    allow_shard_hosts: Sequence[str] = (),
 ) -> Session:
     """Join the parameter server at `target` (HOST:PORT); blocks until the job starts.
 
@@ -53,13 +56,18 @@ def connect(
     `loader` says how batches are read: loader processes and batches prepared ahead (worker/loader.py).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
     and `token` is sent with every call; see docs/security.md.
+    `allow_imports`: modules (and their submodules) a job's ``module:function`` model or dataset may
+    come from (``ps-worker --allow-import``); the built-in ones need none, and a job naming any other
+    module is refused before it is imported. `allow_shard_hosts`: hosts besides the server's own
+    where this worker follows the server to its shard servers (``ps-worker --allow-shard-host``).
     `max_batch` is the most samples this worker's memory holds, told to the server at Join (None:
     measured on the job's model before joining, worker/memory_probe.py).
     """
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
         raise ValueError(f"threads must be a whole number >= 1 (or None: torch's own setting), got {threads!r}")
     who = name or f"{os.uname().nodename}-{os.getpid()}"
-    client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+    client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
+                      allowed_shard_hosts=allow_shard_hosts)
     try:
         waiting = Waiting(who, target, time.monotonic() + timeout, "--timeout")
         wait_for_server(client, waiting)
@@ -67,9 +75,10 @@ def connect(
         if threads is not None:
             torch.set_num_threads(threads)
         # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
-        declared = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
+        declared = declared_max_batch(lambda: job_spec(client.status().job_json), device, max_batch, allow_imports)
         return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms,
-                       declared.max_batch, declared.pass_samples, overlap=overlap, built=declared.built, loader=loader)
+                       declared.max_batch, declared.pass_samples, overlap=overlap, built=declared.built, loader=loader,
+                       allowed_imports=allow_imports)
     except BaseException:
         client.close()
         raise

@@ -3,14 +3,15 @@
 Containers and Kubernetes pods pass settings as environment variables (a compose file's
 ``environment:``, a Deployment's ``env:`` with values from a Secret), so ``ps-worker`` reads each of
 its settings from ``PS_<NAME>`` when the flag is not given. The value goes through the option's own
-type and choices; a bad value is a usage error that names the variable.
+type and choices; a bad value is a usage error that names the variable. A repeatable option takes
+a comma-separated list.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, NoReturn
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -52,9 +53,11 @@ def parse_with_environment(
     missing = set(variables) - set(actions)
     if missing:
         raise ValueError(f"no such option(s): {', '.join(sorted(missing))}")
-    args = parser.parse_args(argv, argparse.Namespace(**{dest: _NOT_GIVEN for dest in actions}))
+    # a repeatable option (default None) appends to what the namespace holds: None is its "not given"
+    appended = {dest for dest, action in actions.items() if isinstance(action, argparse._AppendAction)}
+    args = parser.parse_args(argv, argparse.Namespace(**{dest: _NOT_GIVEN for dest in actions if dest not in appended}))
     for dest, action in actions.items():
-        if getattr(args, dest) is not _NOT_GIVEN:
+        if getattr(args, dest) is not (None if dest in appended else _NOT_GIVEN):
             continue  # the flag wins
         variable = variables[dest]
         raw = environ.get(variable, "")
@@ -79,8 +82,15 @@ def _convert(parser: argparse.ArgumentParser, action: argparse.Action, variable:
         if raw.lower() in _FALSE:
             return False
         refuse("expected one of " + ", ".join(sorted(_TRUE | _FALSE)))
+    if isinstance(action, argparse._AppendAction):
+        return [_convert_one(action, variable, part.strip(), refuse) for part in raw.split(",") if part.strip()]
     if action.nargs not in (None, 1) and not isinstance(action, argparse._StoreAction):
         raise ValueError(f"option {action.dest} cannot come from the environment")
+    return _convert_one(action, variable, raw, refuse)
+
+
+def _convert_one(action: argparse.Action, variable: str, raw: str, refuse: Callable[[str], NoReturn]) -> Any:
+    """One value of ``raw`` through the option's type and choices."""
     value: Any = raw
     if action.type is not None:
         try:

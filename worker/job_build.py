@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -27,11 +28,14 @@ class BuiltJob:
     model: nn.Module
 
 
-def build_job(spec: JobSpec) -> BuiltJob:
-    """Build `spec`'s data and model (JobSetupError if this worker cannot)."""
+def build_job(spec: JobSpec, allowed_imports: Sequence[str] = ()) -> BuiltJob:
+    """Build `spec`'s data and model (JobSetupError if this worker cannot). A model or dataset given
+    as a `module:function` path is imported only from a module under one of `allowed_imports`
+    (the worker's own choice, never its server's: importing runs the module's code)."""
+    allowed = tuple(allowed_imports)
     try:
-        dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed)
-        model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
+        dataset = build_dataset(spec.dataset, spec.dataset_options, spec.seed, allowed)
+        model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed, allowed)
     except ValueError as exc:
         raise JobSetupError(f"this worker cannot build the job's data and model: {exc}") from exc
     return BuiltJob(spec, dataset, model)

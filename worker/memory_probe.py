@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,7 +140,8 @@ class Declared:
     built: BuiltJob | None = None
 
 
-def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None, given: int | None) -> Declared:
+def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None, given: int | None,
+                       allowed_imports: Sequence[str] = ()) -> Declared:
     """The max batch this worker declares at Join and the size of its passes.
 
     `given` (ps-worker --max-batch) wins. Otherwise the model of the `job` (asked only then) is built
@@ -150,7 +151,7 @@ def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None, 
     as fit, or raises JobSetupError if one does not (or the job's data and model cannot be built here)."""
     if given is not None:
         return Declared(given)
-    built, device = build_job(job()), device or torch.device("cpu")
+    built, device = build_job(job(), allowed_imports), device or torch.device("cpu")
     spec, data = built.spec, built.dataset
     small = max(2, spec.micro_batch)
     x, y = sample_batch(data.train, list(range(min(len(data.train), 2 * small))))  # the probe's samples only

@@ -31,8 +31,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 
 import torch
 from torch import nn
@@ -41,6 +42,7 @@ from common.job.datasets import TrainingData
 from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from common.transport.messages import PushTimes, StepHeader
+import worker.server_checks as server_checks
 from worker.backoff import Backoff
 from worker.bucket_stream import BucketStream
 from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, reachable_address
@@ -53,6 +55,7 @@ from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
 from worker.overlap import BucketPush
 from worker.reconnect import Waiting, lost_because, wait_for_server
+from worker.regroup import await_regroup, generation_stands
 from worker.resources import burn_cpu, slowdown_delay
 from worker.sampler import ElasticBatchSampler
 
@@ -67,6 +70,7 @@ class Session:
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
         pass_samples: int | None = None, overlap: bool = True, built: BuiltJob | None = None,
         loader: LoaderOptions = LoaderOptions(),
+        allowed_imports: Sequence[str] = (),
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -84,6 +88,7 @@ class Session:
         self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
         self._loader, self.data_wait_ms = loader, 0.0  # how batches are read (worker/loader.py); the last one's wait
         self._built = built  # the job the memory probe built, if it did: not built twice
+        self.allowed_imports = tuple(allowed_imports)  # modules a job's factory path may come from (worker.job_build)
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
         self.worker_id = joined.worker_id
@@ -112,7 +117,7 @@ class Session:
         (the wire's and the collective's buffer) stay on the CPU; on a GPU the model gets a copy."""
         client = self.client
         self.spec: JobSpec = joined.spec
-        built = self._built if self._built is not None and self._built.spec == self.spec else build_job(self.spec)
+        built = self._built if self._built is not None and self._built.spec == self.spec else build_job(self.spec, self.allowed_imports)
         self._built = None
         self.dataset: TrainingData = built.dataset
         self.model: nn.Module = built.model
@@ -163,7 +168,8 @@ class Session:
         self._follow(plan)
 
     def _follow(self, plan: StepHeader) -> None:
-        """Take `plan` as the current one: the next batch is drawn at its size."""
+        """Take `plan` as the current one, once checked: the next batch is drawn at its size."""
+        server_checks.step_plan(plan, self.max_batch, self.spec.micro_batch)
         self.plan = plan
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size
@@ -360,11 +366,12 @@ class Session:
         batch = self._drawn
         while True:
             try:
-                mean = self._collective.reduce(grads, batch, plan, self._generation_stands)
+                mean = self._collective.reduce(grads, batch, plan, partial(generation_stands, self.client, self.worker_id,
+                                                                           self._params))
                 break
             except CollectiveError as exc:
                 log.warning("%s: %s; waiting for the server's next group", self.name, str(exc).splitlines()[0][:300])
-                plan = self._await_regroup(plan)
+                plan = await_regroup(self.client, self.worker_id, self._params, plan, self.retry_for)
                 if plan.done:
                     return self._send_snapshot(plan)
         # the report goes out before the optimizer step: the round closes on the server meanwhile
@@ -376,28 +383,6 @@ class Session:
         if mean is not None:
             self._collective.apply(mean, plan)
         return replace(plan, round=plan.round + 1, snapshot_requested=False)
-
-    def _generation_stands(self, generation: int) -> bool:
-        """Whether the server still trains in `generation` (asked while a group forms)."""
-        plan = self.client.pull(self.worker_id, self._params, header_only=True)
-        return plan.group.generation == generation and not plan.done
-
-    def _await_regroup(self, failed: StepHeader) -> StepHeader:
-        """Poll the server (headers only) until it starts a group generation after `failed`'s."""
-        deadline = time.monotonic() + self.retry_for
-        delay = 0.02
-        while True:
-            plan = self.client.pull(self.worker_id, self._params, header_only=True)
-            if plan.done or plan.group.generation != failed.group.generation:
-                return plan
-            if time.monotonic() > deadline:
-                raise ServerError(
-                    "DEADLINE_EXCEEDED",
-                    f"the process group of generation {failed.group.generation} failed and the server formed no new one "
-                    f"within {self.retry_for:.0f}s",
-                )
-            time.sleep(delay)
-            delay = min(0.5, delay * 2)
 
     def _send_snapshot(self, plan: StepHeader) -> StepHeader:
         """Rank 0, when asked: push the parameters and the optimizer state (the server's copy of the

@@ -10,7 +10,7 @@ from __future__ import annotations
 import gzip
 import importlib.util
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -180,10 +180,10 @@ def _builtins() -> dict[str, Callable[..., TrainingData]]:
 DATASETS: dict[str, Callable[..., TrainingData]] = _builtins()
 
 
-def build_dataset(name: str, options: dict, seed: int) -> TrainingData:
+def build_dataset(name: str, options: dict, seed: int, allowed: Sequence[str] | None = None) -> TrainingData:
     """Build the named dataset; errors say which option was wrong, or that the factory's result is
-    not a dataset."""
-    factory = resolve(name, DATASETS, "dataset")
+    not a dataset. A factory path only from a module `allowed` admits (common.job.registry.resolve)."""
+    factory = resolve(name, DATASETS, "dataset", allowed)
     check_options("dataset", name, factory, options, fixed=1)
     dataset = built("dataset", name, options, lambda: factory(seed, **options))
     if not isinstance(dataset, (Dataset, Splits)):

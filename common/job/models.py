@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -87,9 +87,11 @@ def cnn_bn(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> n
 MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn, "cnn-bn": cnn_bn}
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: dict, seed: int) -> nn.Module:
-    """Build a model with seeded initial weights, so every process gets the same model."""
-    factory = resolve(name, MODELS, "model")
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: dict, seed: int,
+                allowed: Sequence[str] | None = None) -> nn.Module:
+    """Build a model with seeded initial weights, so every process gets the same model; a factory
+    path only from a module `allowed` admits (common.job.registry.resolve)."""
+    factory = resolve(name, MODELS, "model", allowed)
     check_options("model", name, factory, options, fixed=2)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)

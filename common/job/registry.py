@@ -1,22 +1,46 @@
 """Resolve a model or dataset name (a built-in, or a ``package.module:function`` path), and build from
-the factory with errors that name it."""
+the factory with errors that name it.
+
+Importing a module runs its code, so a path is imported only from modules the caller allows: the
+server imports what its operator names on its command line (any module), a worker only what it
+allowed itself (``ps-worker --allow-import``), whatever its server names."""
 
 from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-def resolve(name: str, builtins: Mapping[str, Callable[..., Any]], kind: str) -> Callable[..., Any]:
-    """Return the factory for ``name``; raise ValueError naming the choices when unknown."""
+ALLOW_IMPORT_FLAG = "--allow-import"
+
+
+class ImportRefused(ValueError):
+    """A factory path names a module outside the caller's allowed prefixes: nothing was imported."""
+
+
+def import_allowed(module_name: str, allowed: Sequence[str] | None) -> bool:
+    """Whether `module_name` is one of `allowed` or inside one (a package prefix: ``mypkg`` allows
+    ``mypkg.models``, not ``mypkgs``); None allows every module."""
+    if allowed is None:
+        return True
+    return any(module_name == prefix or module_name.startswith(prefix + ".") for prefix in allowed if prefix)
+
+
+def resolve(name: str, builtins: Mapping[str, Callable[..., Any]], kind: str,
+            allowed: Sequence[str] | None = None) -> Callable[..., Any]:
+    """Return the factory for ``name``; raise ValueError naming the choices when unknown, and
+    ImportRefused, before any import, for a path whose module `allowed` does not admit."""
     if name in builtins:
         return builtins[name]
     if ":" in name:
         module_name, _, attr = name.partition(":")
+        if not import_allowed(module_name, allowed):
+            raise ImportRefused(f"the job's {kind} {name!r} is code from module {module_name!r}, which this worker does "
+                                f"not run unless allowed: {ALLOW_IMPORT_FLAG} {module_name.split('.')[0]}")
         try:
             module = importlib.import_module(module_name)
         except ImportError as exc:

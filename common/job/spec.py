@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -28,6 +29,35 @@ with W running workers, which only damps an update older than one update of ever
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
 """How --allreduce workers reduce: "ring" is torch.distributed.all_reduce (gloo's or NCCL's own
 algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""
+
+
+INT32_MAX = 2**31 - 1
+"""The wire's batch fields are int32: no batch, global batch or worker count beyond it."""
+MAX_NAME_CHARS = 256  # a model or dataset name: a built-in or a package.module:function path
+MAX_EPOCHS = 10**6
+SEED_LIMIT = 2**62  # seeds stay well inside int64 after the per-worker mixing (seed * 1009 + index)
+_JSON_VALUES = (str, int, float, bool, type(None), list, dict)
+
+
+def _type_problem(name: str, value: Any, annotation: str) -> str | None:
+    """What is wrong with the type of field `name` (its annotation as written), None if nothing: a
+    spec from the wire may hold any JSON value, and a string where a number belongs must not reach a
+    factory (which may do anything with it)."""
+    if annotation == "str":
+        ok = isinstance(value, str)
+    elif annotation == "bool":
+        ok = isinstance(value, bool)
+    elif annotation == "int":
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif annotation == "float":
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif annotation.startswith("tuple[int"):
+        ok = isinstance(value, tuple) and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    elif annotation.startswith("dict[str"):
+        ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, _JSON_VALUES) for k, v in value.items())
+    else:  # a field added without a check here
+        return f"{name}: no type check for {annotation}"
+    return None if ok else f"{name} must be {annotation.replace('[str, Any]', ' of options')}, got {type(value).__name__} {value!r:.60}"
 
 
 def busy_time_measured(allreduce: bool, shards: int) -> bool:
@@ -80,7 +110,18 @@ class JobSpec:
     overlap: bool = True
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = [p for f in fields(self) if (p := _type_problem(f.name, getattr(self, f.name), str(f.type)))]
+        if problems:  # the range checks below assume the types
+            raise ValueError("; ".join(problems))
+        for kind, name in (("model", self.model), ("dataset", self.dataset)):
+            if not name or len(name) > MAX_NAME_CHARS or not name.isprintable():
+                problems.append(f"{kind} name must be 1 to {MAX_NAME_CHARS} printable characters, got {name!r:.80}")
+        if not 0 <= self.seed < SEED_LIMIT:
+            problems.append(f"seed must be in [0, 2^62), got {self.seed}")
+        if self.workers > INT32_MAX or self.global_batch > INT32_MAX:
+            problems.append(f"workers and global batch must be at most {INT32_MAX}")
+        if self.epochs > MAX_EPOCHS:
+            problems.append(f"epochs must be at most {MAX_EPOCHS}, got {self.epochs}")
         if self.mode not in MODES:
             problems.append(f"mode must be one of {MODES}, got {self.mode!r}")
         if self.workers < 1:
@@ -135,10 +176,19 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        data = json.loads(text)
+        """The spec in `text`; ValueError (one line) for anything that is not a valid spec."""
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ValueError(f"the job spec is not JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"the job spec must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown job spec fields: {sorted(unknown)}")
-        data["lr_milestones"] = tuple(data.get("lr_milestones", ()))
+        milestones = data.get("lr_milestones", [])
+        if not isinstance(milestones, list):
+            raise ValueError(f"lr_milestones must be a list of epochs, got {milestones!r:.60}")
+        data["lr_milestones"] = tuple(milestones)
         return cls(**data)

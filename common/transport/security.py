@@ -2,12 +2,15 @@
 
 The token travels as call metadata (`authorization: Bearer <token>`) and is checked by a server
 interceptor before any RPC reaches the servicer, so a refused call changes nothing. Without TLS the
-token crosses the network in clear; `ps-server` warns about it.
+token crosses the network in clear; `ps-server` warns about it. A server that listens beyond loopback
+with neither a token nor mutual TLS lets anyone who reaches it join, read the model and push into it:
+it refuses to start unless told that is intended (`--insecure`).
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import os
 import ssl
 from collections.abc import Awaitable, Callable, Mapping
@@ -20,6 +23,9 @@ import grpc
 PathArg = str | os.PathLike[str]
 
 TOKEN_ENV = "PS_TOKEN"
+TOKEN_FILE_ENV = "PS_TOKEN_FILE"
+"""A file that holds the token (a mounted secret: /run/secrets/..., a Kubernetes Secret volume), read
+when neither --token nor $PS_TOKEN gives it."""
 METADATA_KEY = "authorization"
 SCHEME = "Bearer"
 OPEN_SERVICES = ("grpc.health.v1.Health",)
@@ -29,19 +35,38 @@ _OPEN_PREFIXES = tuple(f"/{service}/" for service in OPEN_SERVICES)  # the start
 
 
 def resolve_token(flag: str | None, env: Mapping[str, str] = os.environ) -> str | None:
-    """The token from `--token`, else from $PS_TOKEN (unset or empty: no token); ValueError if unusable.
+    """The token from `--token`, else from $PS_TOKEN, else from the file $PS_TOKEN_FILE names (its
+    text without the line end); None when none is set. ValueError if unusable.
 
     A token must be printable ASCII without spaces: it travels as a gRPC metadata value.
     """
-    token = flag if flag is not None else (env.get(TOKEN_ENV) or None)
+    if flag is not None:
+        token, source = flag, "--token"
+    else:
+        token, source = secret_from_environment(env, TOKEN_ENV, TOKEN_FILE_ENV, "token")
     if token is None:
         return None
-    source = "--token" if flag is not None else f"${TOKEN_ENV}"
     if not token:
         raise ValueError(f"{source} is empty")
     if not all("!" <= c <= "~" for c in token):
         raise ValueError(f"{source} must be printable ASCII without spaces")
     return token
+
+
+def secret_from_environment(env: Mapping[str, str], variable: str, file_variable: str,
+                            what: str) -> tuple[str | None, str]:
+    """A credential from $`variable`, else the text (without the line end) of the file $`file_variable`
+    names (a mounted secret), and where it came from; (None, "") when neither is set. ValueError
+    (one line) for a file that cannot be read."""
+    if env.get(variable):
+        return env[variable], f"${variable}"
+    if not env.get(file_variable):
+        return None, ""
+    source = f"${file_variable} ({env[file_variable]})"
+    try:
+        return Path(env[file_variable]).read_text(encoding="ascii").strip(), source
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{source}: cannot read the {what} ({getattr(exc, 'strerror', None) or exc})") from None
 
 
 def bearer(token: str) -> tuple[str, str]:
@@ -82,7 +107,29 @@ def server_credentials(cert: PathArg, key: PathArg, client_ca: PathArg | None = 
     return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=ca_pem is not None)
 
 
-class TokenInterceptor(grpc.aio.ServerInterceptor):
+class MetadataCheck(grpc.aio.ServerInterceptor):
+    """Refuses with UNAUTHENTICATED every RPC that `checks(method)` and whose metadata `_problem` finds
+    fault with; a refused call is answered by a handler of the same kind that aborts at once (`refusal`)."""
+
+    def checks(self, method: str) -> bool:
+        raise NotImplementedError
+
+    def _problem(self, metadata: Any) -> str | None:
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None or not self.checks(handler_call_details.method):
+            return handler
+        problem = self._problem(handler_call_details.invocation_metadata)
+        return handler if problem is None else refusal(handler, problem)
+
+
+class TokenInterceptor(MetadataCheck):
     """Refuses every RPC whose `authorization` metadata is not `Bearer <token>` with UNAUTHENTICATED,
     but those of OPEN_SERVICES.
 
@@ -92,6 +139,9 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, token: str) -> None:
         self._expected = token.encode()
+
+    def checks(self, method: str) -> bool:
+        return not method.startswith(_OPEN_PREFIXES)
 
     def _problem(self, metadata: Any) -> str | None:
         values = [v for k, v in (metadata or ()) if k == METADATA_KEY]
@@ -105,21 +155,8 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
             return "invalid token"
         return None
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(_OPEN_PREFIXES):
-            return handler
-        problem = self._problem(handler_call_details.invocation_metadata)
-        if problem is None:
-            return handler
-        return _refusal(handler, problem)
 
-
-def _refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
+def refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
     """A handler of `handler`'s kind that answers UNAUTHENTICATED without touching the request."""
 
     async def abort(request: Any, context: grpc.aio.ServicerContext) -> None:
@@ -153,6 +190,15 @@ class ServerSecurity:
         transport = "mutual TLS" if self.mutual else "TLS" if self.credentials is not None else "plaintext"
         return transport + (", token" if self.token is not None else "")
 
+    def exposure_problem(self, host: str, insecure: bool) -> str | None:
+        """Why listening on `host` as configured is refused (one line), None if it is not: beyond
+        loopback, neither a token nor mutual TLS, and no `--insecure`."""
+        if insecure or is_loopback(host) or self.token is not None or self.mutual:
+            return None
+        return (f"--host {host} listens beyond loopback without authentication: anyone who reaches it may join, read "
+                f"the model and push into it; give a token (--token, ${TOKEN_ENV} or ${TOKEN_FILE_ENV}) or mutual TLS "
+                "(--tls-client-ca), or --insecure if that is intended")
+
     def interceptors(self) -> list[grpc.aio.ServerInterceptor]:
         return [TokenInterceptor(self.token)] if self.token is not None else []
 
@@ -169,6 +215,17 @@ class ServerSecurity:
         if bound == 0:
             raise OSError(f"cannot listen on {address}")
         return bound
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` names this machine's loopback only (127.0.0.0/8, ::1, localhost)."""
+    host = host.strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a name: it may resolve to any interface
+        return False
 
 
 def load_server_security(

@@ -12,6 +12,9 @@ part; `Rendezvous` adds the store.
 
 from __future__ import annotations
 
+import contextlib
+import os
+import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -78,8 +81,26 @@ def hub_rank(group: Group, batches: Mapping[str, int]) -> int:
     return max(range(group.world_size), key=lambda r: (batches.get(group.members[r], 0), -r))
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on `host`:`port` (0: a free port) and nowhere else; OSError if it cannot."""
+    family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 class Rendezvous:
-    """Hosts the TCPStore (on `host`, a free port unless `port` is given) and the current Group."""
+    """Hosts the TCPStore (on `host`, a free port unless `port` is given) and the current Group.
+
+    The store listens on `host` alone (torch's own listener takes every interface): it is bound here
+    and handed to the store, so a job served on one address is not reachable through another."""
 
     def __init__(self, host: str, port: int = 0, timeout_s: float = 300.0) -> None:
         from torch.distributed import TCPStore
@@ -87,11 +108,19 @@ class Rendezvous:
         if not 0 <= port <= 65535:
             raise ValueError(f"--rendezvous-port must be in [0, 65535], got {port}")
         try:
-            self.store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout_s))
+            sock = listening_socket(host, port)
+        except OSError as exc:
+            raise ValueError(f"cannot host the rendezvous store on {host}:{port}: {exc}") from None
+        self.port = int(sock.getsockname()[1])
+        fd = sock.detach()  # the store owns the listening socket from here on (and closes it)
+        try:
+            self.store = TCPStore(host, self.port, is_master=True, wait_for_workers=False,
+                                  timeout=timedelta(seconds=timeout_s), master_listen_fd=fd)
         except (RuntimeError, OSError) as exc:  # DistNetworkError is a RuntimeError
+            with contextlib.suppress(OSError):
+                os.close(fd)
             raise ValueError(f"cannot host the rendezvous store on {host}:{port}: {exc}") from None
         self.host = host
-        self.port = int(self.store.port)
         self.group = Group(0, (), "gloo")
 
     def regroup(self, worker_ids: Sequence[str], cuda: Mapping[str, str | None]) -> Group | None:

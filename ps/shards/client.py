@@ -14,6 +14,7 @@ import grpc
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
+from ps.shards.control_key import key_metadata
 from ps.shards.ranges import Range, merge_optimizer_states, slice_optimizer_state
 from common.transport import blob
 from common.transport.messages import ShardTarget
@@ -29,13 +30,17 @@ class RemoteShards:
     """Shard servers 1..N-1; range 0 stays with the coordinator."""
 
     def __init__(self, addresses: Sequence[str], ranges: Sequence[Range], token: str | None = None,
-                 call_timeout_s: float = 120.0) -> None:
+                 call_timeout_s: float = 120.0, *, shard_key: str,
+                 credentials: grpc.ChannelCredentials | None = None) -> None:
+        """`shard_key`: the coordinator's own key for the control calls (ps.shards.control_key);
+        `credentials`: TLS to the shards (None: plaintext)."""
         if len(addresses) != len(ranges) - 1:
             raise ValueError(f"{len(addresses)} shard addresses for {len(ranges)} ranges (range 0 is the coordinator's)")
         self.addresses = list(addresses)
         self.ranges = list(ranges)
         self.numel = ranges[-1][1]
-        self._metadata = (bearer(token),) if token is not None else ()
+        self._metadata = ((bearer(token),) if token is not None else ()) + (key_metadata(shard_key),)
+        self._credentials = credentials
         self._timeout = call_timeout_s
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[ps_pb2_grpc.ParameterShardStub] = []
@@ -50,7 +55,10 @@ class RemoteShards:
 
     def _open(self) -> None:
         if not self._stubs:
-            self._channels = [grpc.aio.insecure_channel(a, options=GRPC_OPTIONS) for a in self.addresses]
+            if self._credentials is None:
+                self._channels = [grpc.aio.insecure_channel(a, options=GRPC_OPTIONS) for a in self.addresses]
+            else:
+                self._channels = [grpc.aio.secure_channel(a, self._credentials, options=GRPC_OPTIONS) for a in self.addresses]
             self._stubs = [ps_pb2_grpc.ParameterShardStub(c) for c in self._channels]
 
     async def _each(self, call: Any) -> list[Any]:

@@ -11,7 +11,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+
+from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, new_shard_key
 
 START_TIMEOUT_S = 60.0
 
@@ -19,7 +22,10 @@ START_TIMEOUT_S = 60.0
 class LocalShards:
     """N shard servers started as child processes; `addresses` once they listen."""
 
-    def __init__(self, count: int, host: str = "127.0.0.1", token: str | None = None) -> None:
+    def __init__(self, count: int, host: str = "127.0.0.1", token: str | None = None, *, shard_key: str | None = None,
+                 tls_flags: Sequence[str] = ()) -> None:
+        """`shard_key`: the coordinator's key for their control calls (default: a fresh one, `self.shard_key`);
+        `tls_flags`: ps-shard's --tls-cert/--tls-key/--tls-client-ca, as the coordinator serves."""
         if count < 1:
             raise ValueError(f"need at least one shard process, got {count}")
         # the shards' port files, read once they listen: the folder goes at once, so a server that
@@ -30,6 +36,9 @@ class LocalShards:
         env = dict(os.environ)
         if token is not None:
             env["PS_TOKEN"] = token  # not on the command line, where `ps` would show it
+        self.shard_key = shard_key or new_shard_key()
+        env[SHARD_KEY_ENV] = self.shard_key
+        env.pop(SHARD_KEY_FILE_ENV, None)
         connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
         try:
             port_files = []
@@ -37,7 +46,7 @@ class LocalShards:
                 port_file = Path(ports_dir.name) / f"shard{i + 1}.port"
                 port_files.append(port_file)
                 argv = [sys.executable, "-m", "ps.shards.server", "--host", host, "--port", "0", "--port-file", str(port_file),
-                        "--parent-pid", str(os.getpid())]
+                        "--parent-pid", str(os.getpid()), *tls_flags]
                 # a session of its own: a Ctrl-C at the terminal reaches the server, which still needs
                 # its shards for the final checkpoint, and not the shards themselves
                 self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, start_new_session=True))

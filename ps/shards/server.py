@@ -25,8 +25,9 @@ from ps.ops.health import OVERALL, SERVING, Health
 from common.ops.memory import tune_malloc
 from ps.ops.port_file import PortFile
 from ps.ops.prometheus import Endpoint, MessageMetrics
+from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, ControlKeyInterceptor, resolve_shard_key
 from ps.shards.core import ShardCore
-from ps.shards.servicer import ParameterShardServicer
+from ps.shards.servicer import DEFAULT_MAX_LOAD_MIB, ParameterShardServicer
 from common.transport.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
 from common.transport.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
@@ -37,7 +38,9 @@ PR_SET_PDEATHSIG = 1
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-shard",
-        description="Shard server: holds one range of the parameters for a ps-server coordinator (see ps-server --shards).",
+        description="Shard server: holds one range of the parameters for a ps-server coordinator (see ps-server --shards). "
+                "Its control calls take only the coordinator's key, from $PS_SHARD_KEY or the file $PS_SHARD_KEY_FILE "
+                "names (required; ps-server --shards N sets it for the shards it starts).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
@@ -53,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
     p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
                    help="mutual TLS: require client certificates signed by this PEM CA")
-    p.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
+    p.add_argument("--token", default=None,
+                   help="shared token every call must carry (unset: $PS_TOKEN, else the file $PS_TOKEN_FILE names, "
+                        "else no check)")
+    p.add_argument("--max-load-mib", type=positive_int, default=DEFAULT_MAX_LOAD_MIB, metavar="MIB",
+                   help="the most one Load (the coordinator's range, round and optimizer state) may carry")
     p.add_argument("--parent-pid", type=positive_int, default=None,
                    help="exit when this process (the ps-server that started this shard) exits")
     return p
@@ -70,17 +77,18 @@ def exit_with_parent(parent_pid: int) -> None:
 
 
 async def serve_shard(host: str, port: int, port_file: PortFile | None, security: ServerSecurity,
-                      on_message: OnMessage | None = None) -> None:
+                      on_message: OnMessage | None = None, *, shard_key: str,
+                      max_load_bytes: int = DEFAULT_MAX_LOAD_MIB << 20) -> None:
     """Serve one ShardCore until SIGTERM/SIGINT (`on_message`: told the size of every gRPC message).
 
     Health: the server ("") is SERVING once it listens (it takes its coordinator's Load then), the
     ParameterShard service once a Load gave it its range; both NOT_SERVING from SIGTERM/SIGINT on."""
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*security.interceptors(), ControlKeyInterceptor(shard_key)])
     service = SERVICES["ParameterShard"].full_name
     health = Health([service])
     await health.add_to(server)
-    register(ParameterShardServicer(ShardCore(), on_load=functools.partial(health.set, SERVING, [service])), server,
-             "ParameterShard", on_message)
+    register(ParameterShardServicer(ShardCore(), on_load=functools.partial(health.set, SERVING, [service]),
+                                    max_load_bytes=max_load_bytes), server, "ParameterShard", on_message)
     bound = security.add_port(server, f"{host}:{port}")
     await server.start()
     await health.set(SERVING, [OVERALL])
@@ -104,6 +112,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.metrics_port_file is not None and args.metrics_port is None:
             raise ValueError("--metrics-port-file needs --metrics-port")
         security = load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
+        shard_key = resolve_shard_key()
+        if shard_key is None:
+            raise ValueError(f"no coordinator key: set ${SHARD_KEY_ENV} or ${SHARD_KEY_FILE_ENV} (the same as its "
+                             "ps-server's; ps-server --shards N sets it for the shards it starts)")
         port_file = PortFile(args.port_file) if args.port_file is not None else None
         metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
     except (ValueError, OSError) as exc:
@@ -118,7 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ps-shard: metrics on http://{args.host}:{bound}/metrics", flush=True)
             if metrics_port_file is not None:
                 metrics_port_file.write(bound)
-        run_loop(serve_shard(args.host, args.port, port_file, security, on_message))
+        run_loop(serve_shard(args.host, args.port, port_file, security, on_message, shard_key=shard_key,
+                             max_load_bytes=args.max_load_mib << 20))
     except OSError as exc:
         print(f"ps-shard: error: {exc}", file=sys.stderr)
         return 1

@@ -15,6 +15,10 @@ from common.transport.push_stream import receive_push
 from common.transport.replies import params_chunk, reply_messages, status_code
 from common.transport.serialized import DataChunk
 
+DEFAULT_MAX_LOAD_MIB = 16384
+"""ps-shard --max-load-mib: a shard's range with its optimizer state (Adam: 3 values per parameter) up to
+about 1.4 billion parameters."""
+
 
 def contributors_of(request: ps_pb2.CommitRequest) -> dict[str, int]:
     contributors: dict[str, int] = {}
@@ -28,10 +32,13 @@ def contributors_of(request: ps_pb2.CommitRequest) -> dict[str, int]:
 class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
     """Translates shard RPCs to ShardCore calls and ServiceErrors to gRPC statuses."""
 
-    def __init__(self, core: ShardCore, on_load: Callable[[], Awaitable[None]] | None = None) -> None:
-        """`on_load`: awaited after every load that succeeded (the shard holds a range: health SERVING)."""
+    def __init__(self, core: ShardCore, on_load: Callable[[], Awaitable[None]] | None = None,
+                 max_load_bytes: int = DEFAULT_MAX_LOAD_MIB << 20) -> None:
+        """`on_load`: awaited after every load that succeeded (the shard holds a range: health SERVING);
+        `max_load_bytes`: the most a Load may carry (it is held whole before it is read)."""
         self.core = core
         self.on_load = on_load
+        self.max_load_bytes = max_load_bytes
         core.payload.use_frame(params_chunk)
 
     async def Push(
@@ -57,7 +64,13 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
 
     async def Load(self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
         try:
-            parts = [chunk.data async for chunk in request_iterator]
+            parts, size = [], 0
+            async for chunk in request_iterator:
+                size += len(chunk.data)
+                if size > self.max_load_bytes:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"a shard load of more than "
+                                        f"{self.max_load_bytes >> 20} MiB is refused (ps-shard --max-load-mib)")
+                parts.append(chunk.data)
             state = blob.unpack(parts)
             if not isinstance(state, dict):
                 raise InvalidArgument("a shard load is a dict (spec, start, stop, round, params, optimizer)")
