@@ -4,9 +4,7 @@ join, push, pull, leave and heartbeat through the concerns of ps/rounds, each wi
 The batch sizes come from the controller (ps/control): the coordinator tells it who joined and left
 and what each push took, and asks it for the plan. Every method validates before it mutates, so a
 refused request (a ServiceError) leaves the parameters, the round and the controller as they were.
-The controller is keyed by worker name, so a worker that rejoins (after an eviction or a server
-restart) under its name finds its place in the plan again.
-"""
+The controller is keyed by worker name: a worker that rejoins finds its place in the plan again."""
 
 from __future__ import annotations
 
@@ -31,9 +29,11 @@ from ps.rounds.admission import Admission, own_max_batch
 from ps.rounds.asp import AspSettings, AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.checkpoint_state import checkpoint_state, load_params, params_digest, saved_controller
+from ps.rounds.deadlines import Deadlines, Limits
 from ps.rounds.epochs import Epochs
 from ps.rounds.evaluations import Evaluations
 from ps.rounds.fast_path import FastPath, check_paths
+from ps.rounds.inflight import PushesInFlight
 from ps.rounds.job_end import JobEnd
 from ps.rounds.membership import Member, Membership
 from ps.rounds.parking import Parking
@@ -74,7 +74,7 @@ class Coordinator(JobState):
         clock: Callable[[], float] = time.monotonic,
         rendezvous: Rendezvous | None = None,
         shards: RemoteShards | None = None,
-        fast_path_on_gpus: Callable[[], Rendezvous] | None = None,
+        fast_path_on_gpus: Callable[[], Rendezvous] | None = None, limits: Limits | None = None,
     ) -> None:
         """`fast_path_on_gpus` (--allreduce auto): switch to the fast path, hosting the rendezvous it starts, when the
         starting workers all have GPUs of their own (rendezvous.fast_path_fits); the balance becomes compute time."""
@@ -110,6 +110,9 @@ class Coordinator(JobState):
         self.evaluation = Evaluations(self, evaluator, self.epochs, self.whole_model)
         self.checks = PushChecks(self, self.bsp, self.asp, self.fast_path, self.whole_model)
         self.end = JobEnd(self, self.whole_model)
+        self.limits = limits or Limits()  # what a peer may make the server wait for or hold (ps.rounds.deadlines)
+        self.deadlines = Deadlines(self, self.bsp, self.asp, self.epochs, self.limits, lambda w, why: self._remove(w, "evict", why))
+        self.in_flight = PushesInFlight(self.limits.push_bytes)  # a Push stream's hold: self.in_flight.slot(self.begin_push)
 
     @property
     def may_take_fast_path(self) -> bool:
@@ -118,9 +121,8 @@ class Coordinator(JobState):
 
     # ----------------------------------------------------------------- membership
     async def join(self, name: str, cores: float, cuda_device: str | None = None, max_batch: int | None = None) -> JoinInfo:
-        """Admit a worker. Before the start it waits for all expected workers; later it
-        enters at the next round boundary (BSP) or at once (ASP) and gets a share of B.
-        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
+        """Admit a worker. Before the start it waits for all expected workers; later it enters at the next round
+        boundary (BSP) or at once (ASP) and gets a share of B. `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
         `max_batch`: the most samples its memory holds (None: no bound of its own)."""
         self.admission.check(name, cores, cuda_device, max_batch)
         member = self.membership.admit(name, cores, self.clock())
@@ -140,7 +142,7 @@ class Coordinator(JobState):
                 self.membership.remove(member.worker_id, "gone before it was admitted")
             raise
         if self.done or member.worker_id not in self.members:
-            raise FailedPrecondition(f"the job has ended ({self.reason})")
+            raise FailedPrecondition(member.turned_away or f"the job has ended ({self.reason})")
         member.last_seen = self.clock()
         plan = self.controller.plan()
         self._tell(member, plan[member.name])
@@ -172,7 +174,7 @@ class Coordinator(JobState):
             self.membership.activate(member.worker_id)
             bound = own_max_batch(self.controller.config, member.max_batch)
             self.controller.add_worker(member.name, cores=member.cores, max_batch=bound)
-            member.last_seen = now
+            member.last_seen = member.pushed_at = now  # an ASP newcomer's first push is due from now
             self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
         self.controller.replan()
         self._replanned()
@@ -210,10 +212,11 @@ class Coordinator(JobState):
         return [m.name for m in gone]
 
     async def reap_forever(self, interval: float) -> None:
-        """Background task: evict silent workers until the job ends."""
+        """Background task: evict silent workers, and members past a deadline (ps.rounds.deadlines), until the job ends."""
         while not self.done:
             await asyncio.sleep(interval)
             self.evict_stale()
+            self.deadlines.check()
 
     def _remove(self, worker_id: str, event: str, reason: str) -> None:
         """Drop a worker (leave or eviction), re-split B over the others, close a round it held up."""
@@ -267,7 +270,7 @@ class Coordinator(JobState):
         self.checks.told(member, meta)
         if not self.done and meta.kind == "values":
             self.checks.values(member, meta, values)
-        member.last_seen = self.clock()
+        self.deadlines.pushed(member)
         if self.done:
             return self._reply(member)
         if self.spec.mode == "bsp":
@@ -302,6 +305,7 @@ class Coordinator(JobState):
 
     def _next_round(self, batch: int) -> None:
         self.bsp.next_round()
+        self.deadlines.round_closed(batch)
         self.round += 1
         self.version += 1
         self.epochs.first_round()
@@ -363,10 +367,7 @@ class Coordinator(JobState):
 
     def _tell(self, member: Member, batch: int) -> None:
         """Record the batch a join or a reply tells `member` for the open round (ASP: this version)."""
-        if self.spec.mode == "bsp":
-            member.tell(self.round, batch, keep_after=self.round - 1)
-        else:
-            member.tell(self.version, batch)
+        member.tell(self.step, batch, keep_after=self.round - 1 if self.spec.mode == "bsp" else None)
 
     def _reply(self, member: Member, params: bool | None = None) -> StepReply:
         """The header for the worker's next step, with the parameters unless `params` is False
@@ -433,9 +434,8 @@ class Coordinator(JobState):
         return {**checkpoint_state(self, self.whole_params(), self.whole_model.optimizer_state()), **self.adaptive.state_dict()}
 
     def restore(self, state: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-        """Load a checkpoint before the job starts; workers then rejoin. Returns the controller
-        settings that differ from the checkpoint's, {field: (checkpoint's, this server's)}: this
-        server's apply."""
+        """Load a checkpoint before the job starts; workers then rejoin. Returns the controller settings
+        that differ from the checkpoint's, {field: (checkpoint's, this server's)}: this server's apply."""
         controller = saved_controller(state, self)
         shard_state = load_params(state, self)
         if shard_state is not None:
@@ -493,7 +493,7 @@ class Coordinator(JobState):
 
     def summary(self) -> dict[str, Any]:
         e = self.evaluation
-        return summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss)
+        return {**summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss), **self.deadlines.report()}
 
     def status(self) -> dict[str, Any]:
         path = "auto" if self.may_take_fast_path else "allreduce" if self.spec.allreduce else "ps"

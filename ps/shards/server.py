@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tls-client-ca", type=Path, default=None, metavar="PATH",
                    help="mutual TLS: require client certificates signed by this PEM CA")
     p.add_argument("--token", default=None, help="shared token every call must carry (unset: $PS_TOKEN, else no check)")
+    p.add_argument("--max-concurrent-rpcs", type=positive_int, default=1024, metavar="N",
+                   help="calls served at once, the others refused (RESOURCE_EXHAUSTED)")
     p.add_argument("--parent-pid", type=positive_int, default=None,
                    help="exit when this process (the ps-server that started this shard) exits")
     return p
@@ -70,12 +72,13 @@ def exit_with_parent(parent_pid: int) -> None:
 
 
 async def serve_shard(host: str, port: int, port_file: PortFile | None, security: ServerSecurity,
-                      on_message: OnMessage | None = None) -> None:
+                      on_message: OnMessage | None = None, max_concurrent_rpcs: int | None = None) -> None:
     """Serve one ShardCore until SIGTERM/SIGINT (`on_message`: told the size of every gRPC message).
 
     Health: the server ("") is SERVING once it listens (it takes its coordinator's Load then), the
     ParameterShard service once a Load gave it its range; both NOT_SERVING from SIGTERM/SIGINT on."""
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors(),
+                             maximum_concurrent_rpcs=max_concurrent_rpcs)
     service = SERVICES["ParameterShard"].full_name
     health = Health([service])
     await health.add_to(server)
@@ -118,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"ps-shard: metrics on http://{args.host}:{bound}/metrics", flush=True)
             if metrics_port_file is not None:
                 metrics_port_file.write(bound)
-        run_loop(serve_shard(args.host, args.port, port_file, security, on_message))
+        run_loop(serve_shard(args.host, args.port, port_file, security, on_message, args.max_concurrent_rpcs))
     except OSError as exc:
         print(f"ps-shard: error: {exc}", file=sys.stderr)
         return 1
