@@ -7,7 +7,8 @@ going while every BSP round waits for it. So:
 - A BSP round has a deadline D = max(floor, k·T̂) from the moment it opened, T̂ the round time the
   batch policy predicts or else the median of the recent rounds (the larger when both are known),
   k = ROUND_FACTOR. Until MIN_ROUNDS rounds were timed (the job's start, a resume) D is at least
-  WARMUP_S: the first rounds carry the workers' first pulls and warm-up. At D, a member the round
+  WARMUP_S: the first rounds carry the workers' first pulls and warm-up (so does a member's first round
+  after it joins or rejoins: it is held to WARMUP_S at least). At D, a member the round
   waits for whose push is not complete is evicted (its next call hears "evicted ...; rejoin" and it
   rejoins as after any eviction); the round closes over the pushes that arrived, weighted by their
   samples, and B is re-split over the others from the next round (Σb = B). A round nobody pushed
@@ -124,7 +125,10 @@ class Deadlines:
         """A BSP round closed with `batch` samples: time it, count it; the next one opens now."""
         now = self.state.clock()
         self.rounds_closed += 1
-        self.short_rounds += batch != self.state.spec.global_batch
+        if batch != self.state.spec.global_batch:  # a member left or was dropped while the round was open
+            self.short_rounds += 1
+            self.state.metrics.write("short_round", round=self.state.round, batch=batch,
+                                     global_batch=self.state.spec.global_batch, step=self.state.step)
         if self.opened_at is not None:
             self.rounds.observe(now - self.opened_at)
             self.longest_open_s = max(self.longest_open_s, now - self.opened_at)
@@ -161,7 +165,10 @@ class Deadlines:
         open_s = now - self.opened_at
         if deadline is None or open_s <= deadline or self.bsp.committing or not self.bsp.pushed:
             return []
-        late = [self.state.members[w] for w in sorted(self.bsp.parking.required() - self.bsp.pushed)]
+        members = [self.state.members[w] for w in sorted(self.bsp.parking.required() - self.bsp.pushed)]
+        # auto: a member's first round since it joined (its first pull, its warm-up) has the warm-up's bound
+        auto = self.settings.round_deadline == "auto"
+        late = [m for m in members if m.updates or not auto or open_s > max(deadline, WARMUP_S)]
         reason = f"evicted at round {self.state.round}'s deadline ({deadline:.1f} s) without its push"
         return self._drop(late, reason)
 
