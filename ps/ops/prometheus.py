@@ -86,7 +86,7 @@ class JobMetrics:
         self.loss = Gauge(f"{PREFIX}_test_loss", "Test loss of the last evaluation", registry=registry)
         self.joins = Counter(f"{PREFIX}_joins", "Workers admitted into the job (the first ones included)", registry=registry)
         self.leaves = Counter(f"{PREFIX}_leaves", "Workers that left the job (Leave)", registry=registry)
-        self.evictions = Counter(f"{PREFIX}_evictions", "Workers evicted after --evict-after without a heartbeat",
+        self.evictions = Counter(f"{PREFIX}_evictions", "Workers evicted after --evict-after without a heartbeat, or at a deadline",
                                  registry=registry)
         self.deadline_drops = Counter(f"{PREFIX}_deadline_evictions", "Workers evicted at a deadline (a round's, "
                                       "or holding others back under --staleness-bound) while their heartbeat went on",
