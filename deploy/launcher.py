@@ -149,6 +149,7 @@ class LocalCluster:
         self._port: int | None = None
         self._limiting: str | None = None
         self._started = False
+        self.server_starts = 0
         self._closed = False
         self._lock = threading.Lock()
         self._settled = threading.Event()
@@ -236,23 +237,15 @@ class LocalCluster:
         if self.backend is not None:
             with contextlib.suppress(CgroupError, OSError):
                 cleanup_stale(self.backend)
-        port_file = self.workdir / "port"
-        port_file.unlink(missing_ok=True)
         self.metrics_path.unlink(missing_ok=True)
         if self.backend is not None and self.server_share is not None:
             self.server_limiter = CpuLimiter.create(
                 "server", self.server_share, self.period_us, run_id=self.run_id, backend=self.backend, reserve=True
             )
-        argv = [
-            sys.executable, "-m", "ps.server", "--port", "0", "--port-file", str(port_file),
-            "--metrics-log", str(self.metrics_path), *self.server_args,
-        ]
-        self._spawn("server", argv, self.server_limiter, functools.partial(setattr, self, "server"))
-        self._port = self._wait_for_port(port_file)
-        factors = self.slowdowns
+        self._port = self._start_server()
         boost = self.fast_start and self.backend is not None
         startup = max(1.0, *self.shares)
-        for k, spec in enumerate(self.workers):
+        for spec in self.workers:
             limiter = None
             if self.backend is not None:
                 limiter = CpuLimiter.create(
@@ -260,21 +253,66 @@ class LocalCluster:
                     run_id=self.run_id, backend=self.backend, reserve=True,
                 )
                 self.limiters[spec.name] = limiter
-            argv = [
-                sys.executable, "-m", "worker.cli", "--server", self.target, "--name", spec.name,
-                "--cores", repr(float(spec.share)), "--threads", str(spec.threads),
-                "--device", "cpu",  # the emulated differences are CPU quotas; extra_args may name a GPU
-            ]
-            if self.backend is None and factors[k] != 1.0:
-                argv += ["--slowdown", repr(factors[k])]
-            if self.quiet:
-                argv.append("--quiet")
-            argv += list(spec.extra_args)
-            self._spawn(spec.name, argv, limiter, functools.partial(self.processes.__setitem__, spec.name))
+            self._spawn_worker(spec)
         if boost:
             threading.Thread(target=self._settle_when_job_starts, name="cluster-settle", daemon=True).start()
         else:
             self._settled.set()
+
+    def _start_server(self, *extra_args: str) -> int:
+        """Spawn the server (its flags, then `extra_args`) and wait until it listens; its port."""
+        port_file = self.workdir / "port"
+        port_file.unlink(missing_ok=True)
+        argv = [
+            sys.executable, "-m", "ps.server", "--port", "0", "--port-file", str(port_file),
+            "--metrics-log", str(self.metrics_path), *self.server_args, *extra_args,
+        ]
+        self.server_starts += 1
+        log_name = "server" if self.server_starts == 1 else f"server-{self.server_starts}"  # a restart keeps the log before
+        self._spawn(log_name, argv, self.server_limiter, functools.partial(setattr, self, "server"))
+        return self._wait_for_port(port_file)
+
+    def _spawn_worker(self, spec: WorkerSpec) -> None:
+        """Start `spec`'s worker process (in its group, when there is one)."""
+        k = self.workers.index(spec)
+        argv = [
+            sys.executable, "-m", "worker.cli", "--server", self.target, "--name", spec.name,
+            "--cores", repr(float(spec.share)), "--threads", str(spec.threads),
+            "--device", "cpu",  # the emulated differences are CPU quotas; extra_args may name a GPU
+        ]
+        if self.backend is None and self.slowdowns[k] != 1.0:
+            argv += ["--slowdown", repr(self.slowdowns[k])]
+        if self.quiet:
+            argv.append("--quiet")
+        argv += list(spec.extra_args)
+        self._spawn(spec.name, argv, self.limiters.get(spec.name), functools.partial(self.processes.__setitem__, spec.name))
+
+    # ------------------------------------------------------- supervision
+    def respawn_worker(self, name: str) -> None:
+        """Start worker `name` again (after it died, as a cluster's supervisor would), in its own group."""
+        spec = next(w for w in self.workers if w.name == name)
+        old = self.processes.get(name)
+        if old is not None and old.poll() is None:
+            raise RuntimeError(f"worker {name} still runs")
+        self._spawn_worker(spec)
+
+    def add_worker(self, spec: WorkerSpec) -> None:
+        """Start one more worker while the job runs (it joins at a round boundary), at its own share."""
+        if any(w.name == spec.name for w in self.workers):
+            raise ValueError(f"worker names must be unique, repeated: {spec.name}")
+        self.workers.append(spec)
+        self.shares.append(spec.share)
+        if self.backend is not None:
+            self.limiters[spec.name] = CpuLimiter.create(spec.name, spec.share, self.period_us, run_id=self.run_id,
+                                                         backend=self.backend, reserve=True)
+        self._spawn_worker(spec)
+
+    def restart_server(self, *extra_args: str) -> None:
+        """Start the server again after it died (e.g. with --resume DIR), on the port it had: pass
+        `--port N` among the server's flags, since workers reconnect to the address they were given."""
+        if self.server is not None and self.server.poll() is None:
+            raise RuntimeError("the server still runs")
+        self._start_server(*extra_args)
 
     def _settle_when_job_starts(self) -> None:
         """Background: at the job's first ``adjust`` event, drop every worker from its startup quota."""

@@ -1,7 +1,9 @@
 """Checkpoints: atomic, checksummed files of the server's whole state; the last K are kept.
 
 File layout: an 8-byte magic, the SHA-256 of the payload, then a `torch.save` payload. A file
-that is truncated or corrupt fails the checksum and is skipped with a warning on resume.
+that is truncated or corrupt fails the checksum and is skipped with a warning on resume, as is one
+that verifies but cannot be loaded. A write that fails (a full disk, a folder made read-only) is
+reported with its cause, its temporary file removed, and the job goes on: the next save tries again.
 To load the model into your own module::
 
     from ps.checkpoint import read_checkpoint
@@ -10,12 +12,13 @@ To load the model into your own module::
 
 from __future__ import annotations
 
-import concurrent.futures
 import hashlib
 import io
 import os
+import pickle
 import re
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +26,7 @@ import torch
 
 MAGIC = b"HPSCKPT1"
 NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
+TEMPORARY = re.compile(r"^\.ckpt-\d{10}\.pt\.\d+\.tmp$")
 
 
 class CorruptCheckpoint(ValueError):
@@ -37,21 +41,36 @@ def write_checkpoint(directory: Path, state: dict[str, Any], step: int, keep: in
     payload = buffer.getvalue()
     final = directory / f"ckpt-{step:010d}.pt"
     tmp = directory / f".{final.name}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(MAGIC)
-        f.write(hashlib.sha256(payload).digest())
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(MAGIC)
+            f.write(hashlib.sha256(payload).digest())
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     dir_fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
     for old in checkpoint_files(directory)[:-keep]:
-        old.unlink(missing_ok=True)
+        if old != final:  # a step below older files' (a resume of an earlier one) keeps the file just written
+            old.unlink(missing_ok=True)
     return final
+
+
+def remove_temporaries(directory: Path) -> list[Path]:
+    """Delete the temporary files writes that never finished left (a crash, a full disk); the ones removed."""
+    if not directory.is_dir():
+        return []
+    stale = [p for p in directory.iterdir() if TEMPORARY.match(p.name)]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return stale
 
 
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
@@ -72,14 +91,24 @@ def checkpoint_files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if NAME.match(p.name))
 
 
-def latest_checkpoint(directory: Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that verifies; damaged newer ones are reported through `warn` and skipped."""
+UNREADABLE = (CorruptCheckpoint, RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError)
+"""What reading a checkpoint file raises when it cannot be read back (damaged, or not ours)."""
+
+
+def readable_checkpoints(directory: Path, warn: Callable[[str], None]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The checkpoints that verify and unpickle, newest first; the others are reported through `warn` and skipped."""
     for path in reversed(checkpoint_files(directory)):
         try:
-            return path, read_checkpoint(path)
-        except (CorruptCheckpoint, RuntimeError, EOFError, OSError) as exc:
+            state = read_checkpoint(path)
+        except UNREADABLE as exc:
             warn(f"skipping checkpoint {path.name}: {exc}")
-    return None
+            continue
+        yield path, state
+
+
+def latest_checkpoint(directory: Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that verifies; damaged newer ones are reported through `warn` and skipped."""
+    return next(readable_checkpoints(directory, warn), None)
 
 
 def _check_writable(directory: Path) -> None:
@@ -108,35 +137,88 @@ def check_no_other_job(directory: Path, resume: Path | None) -> None:
 
 
 class Checkpointer:
-    """Writes checkpoints on a background thread so the rounds do not wait on the disk."""
+    """Writes checkpoints on a background thread so the rounds do not wait on the disk.
 
-    def __init__(self, directory: Path, keep: int) -> None:
+    Only the newest pending save is kept: a save queued while another is written replaces the one
+    still waiting. A write that fails is told to `on_failure(step, cause)` (the metrics log: a
+    `checkpoint_failed` record, counted by Prometheus), its temporary file removed; the next save
+    tries again, the final one included. Stale temporary files are removed at the start."""
+
+    def __init__(self, directory: Path, keep: int, on_failure: Callable[[int, str], None] | None = None) -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
         _check_writable(directory)
+        remove_temporaries(directory)
         self.directory = directory
         self.keep = keep
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self._last: concurrent.futures.Future | None = None
+        self.on_failure = on_failure
         self.written: list[Path] = []
+        self.failures: list[tuple[int, str]] = []  # (step, cause) of every write that failed
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._pending: tuple[dict[str, Any], int] | None = None
+        self._writing = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="checkpoint", daemon=True)
+        self._thread.start()
 
     def save_async(self, state: dict[str, Any], step: int) -> None:
-        """Queue a write of an already-snapshotted state."""
-        self._last = self._pool.submit(self._write, state, step)
+        """Queue a write of an already-snapshotted state (replacing a queued one not yet begun)."""
+        with self._lock:
+            self._pending = (state, step)
+            self._idle.notify_all()
 
-    def save(self, state: dict[str, Any], step: int) -> Path:
-        """Write now (after any queued write), for shutdown."""
-        self.flush()
-        return self._write(state, step)
+    def save(self, state: dict[str, Any], step: int) -> Path | None:
+        """Write now (after the write under way; a queued one is superseded), for shutdown; None if it failed."""
+        with self._lock:
+            self._pending = None
+            while self._writing:
+                self._idle.wait()
+            self._writing = True
+        try:
+            return self._write(state, step)
+        finally:
+            with self._lock:
+                self._writing = False
+                self._idle.notify_all()
 
-    def _write(self, state: dict[str, Any], step: int) -> Path:
-        path = write_checkpoint(self.directory, state, step, self.keep)
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while self._pending is None and not self._closed:
+                    self._idle.wait()
+                if self._pending is None:
+                    return
+                (state, step), self._pending = self._pending, None
+                self._writing = True
+            try:
+                self._write(state, step)
+            finally:
+                with self._lock:
+                    self._writing = False
+                    self._idle.notify_all()
+
+    def _write(self, state: dict[str, Any], step: int) -> Path | None:
+        try:
+            path = write_checkpoint(self.directory, state, step, self.keep)
+        except Exception as exc:  # noqa: BLE001 (a disk that fails must not stop the job; the cause is told)
+            cause = f"{type(exc).__name__}: {exc}"
+            self.failures.append((step, cause))
+            if self.on_failure is not None:
+                self.on_failure(step, cause)
+            return None
         self.written.append(path)
         return path
 
     def flush(self) -> None:
-        if self._last is not None:
-            self._last.result()
+        """Wait until no save is queued or under way."""
+        with self._lock:
+            while self._pending is not None or self._writing:
+                self._idle.wait()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Finish the queued save, then stop the thread."""
+        with self._lock:
+            self._closed = True
+            self._idle.notify_all()
+        self._thread.join()

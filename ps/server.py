@@ -30,11 +30,13 @@ from ps.ops.port_file import PortFile
 from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from common.ops.stack_dump import enable_stack_dump
-from ps.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
+from ps.checkpoint import Checkpointer, check_no_other_job, readable_checkpoints
 from ps.rounds.adaptive_batch import AdaptiveSettings
+from ps.rounds.resume import NOT_LOADABLE, JobComplete, checkpoint_failed, next_loadable, warn
 from ps.rounds.asp import AspSettings
-from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
+from ps.rounds.checkpoint_state import describe_resume_changes
 from ps.rounds.coordinator import Coordinator
+from ps.rounds.deadlines import Limits
 from ps.rounds.fast_path import PARKING_OFF
 from ps.rounds.rendezvous import Rendezvous
 from ps.server_flags import adaptive_config, build_parser, check_micro_batch_flags, parse_options, settle_min_batch
@@ -47,10 +49,6 @@ from common.transport.security import ServerSecurity, load_server_security
 from common.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
 
 
-class JobComplete(Exception):
-    """--resume of a job whose checkpoint is at its last epoch: there is nothing to train."""
-
-
 @dataclass
 class Job:
     spec: JobSpec
@@ -60,6 +58,7 @@ class Job:
     checkpointer: Checkpointer | None = None
     rendezvous: Rendezvous | None = None
     local_shards: LocalShards | None = None
+    max_concurrent_rpcs: int | None = None  # gRPC's cap on the calls served at once
 
     def close_shards(self) -> None:
         """Stop the shard processes this server started (if any)."""
@@ -138,20 +137,8 @@ def build_job(args: argparse.Namespace) -> Job:
     checkpoint_dir = args.checkpoint_dir or args.resume
     if checkpoint_dir is not None:
         check_no_other_job(checkpoint_dir, args.resume)
-    resume_from = None
-    job_changes: dict[str, tuple[Any, Any]] = {}
-    if args.resume is not None:
-        found = latest_checkpoint(args.resume, warn=lambda msg: print(f"ps-server: warning: {msg}", file=sys.stderr))
-        if found is None:
-            raise ValueError(f"--resume {args.resume}: no valid checkpoint there")
-        resume_from = found
-        path, state = found
-        job_changes = resume_changes(state, spec)
-        if int(state["epoch"]) >= spec.epochs:
-            raise JobComplete(
-                f"the job in {args.resume} is complete ({path.name}: epoch {state['epoch']} of {spec.epochs}); "
-                f"nothing to train: resume with --epochs above {state['epoch']} to extend it"
-            )
+    candidates = readable_checkpoints(args.resume, warn) if args.resume is not None else None
+    resume_from = next_loadable(candidates, spec, args.resume) if candidates is not None else None
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     try:
         metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
@@ -161,7 +148,7 @@ def build_job(args: argparse.Namespace) -> Job:
         metrics.write("parking", on=False, why=PARKING_OFF)
         print(f"ps-server: note: parking is off: {PARKING_OFF}", file=sys.stderr)
     evaluator = BackgroundEvaluator(eval_model, dataset, bn_batch=bn_batch(spec), seed=spec.seed)
-    checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints) if checkpoint_dir else None
+    checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints, checkpoint_failed(metrics)) if checkpoint_dir else None
     rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if allreduce else None
     fast_path_on_gpus = functools.partial(Rendezvous, args.host, args.rendezvous_port or 0) if may_switch else None
     numel = sum(p.numel() for p in model.parameters())
@@ -169,11 +156,19 @@ def build_job(args: argparse.Namespace) -> Job:
         raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
     local_shards, shards = open_shards(args, shard_addresses, numel)
     try:
-        coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer, rendezvous, shards,
-                                        fast_path_on_gpus)
+        while True:  # a checkpoint that verifies but does not load is skipped like a corrupt one: the next older
+            coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer,
+                                            rendezvous, shards, fast_path_on_gpus)
+            if resume_from is None or candidates is None:
+                break
+            path, state, job_changes = resume_from
+            try:
+                changes = coordinator.restore(state)
+                break
+            except NOT_LOADABLE as exc:
+                warn(f"skipping checkpoint {path.name}: it verifies but cannot be loaded ({type(exc).__name__}: {exc})")
+                resume_from = next_loadable(candidates, spec, args.resume)
         if resume_from is not None:
-            path, state = resume_from
-            changes = coordinator.restore(state)
             print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
             if job_changes:
                 print(f"ps-server: warning: the job's settings differ from the checkpoint's ({describe_resume_changes(job_changes)}); "
@@ -184,7 +179,8 @@ def build_job(args: argparse.Namespace) -> Job:
         if local_shards is not None:
             local_shards.stop()
         raise
-    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards)
+    rpcs = args.max_concurrent_rpcs or 16 * (args.max_workers or args.workers) + 64
+    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards, rpcs)
 
 
 def check_flags_together(args: argparse.Namespace) -> None:
@@ -236,6 +232,8 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyCon
         rendezvous=rendezvous,
         shards=shards,
         fast_path_on_gpus=fast_path_on_gpus,
+        limits=Limits(args.round_deadline, args.round_deadline_floor, args.push_idle, args.join_wait,
+                      args.push_buffer_mib << 20),
     )
 
 
@@ -367,7 +365,8 @@ async def serve(
     """Serve the job until it ends (TLS and token check as `security` says); returns the summary record.
     `on_message`: told the size of every gRPC message (the Prometheus metrics)."""
     security = security or ServerSecurity()
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors())
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors(),
+                             maximum_concurrent_rpcs=job.max_concurrent_rpcs)
     health = Health([SERVICES["ParameterServer"].full_name])
     await health.add_to(server)
     job.metrics.observe(functools.partial(not_serving_at_end, health))

@@ -39,6 +39,19 @@ def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
     return options
 
 
+def round_deadline(text: str) -> str | float:
+    """--round-deadline: auto, off, or a finite number of seconds > 0."""
+    if text in ("auto", "off"):
+        return text
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected auto, off or seconds > 0, got {text!r}")
+    return seconds
+
+
 def key_value(text: str) -> str:
     """A `key=value` option as given; refuses one without a key or an `=`."""
     key, sep, _ = text.partition("=")
@@ -156,6 +169,23 @@ def build_parser() -> argparse.ArgumentParser:
                      help="workers allowed in the job at once, late joiners included (unset: --workers)")
     rel.add_argument("--evict-after", type=positive_float, default=10.0,
                      help="evict a worker not heard from (heartbeat or RPC) for this many seconds")
+    rel.add_argument("--round-deadline", type=round_deadline, default="auto", metavar="{auto,off,SECONDS}",
+                     help="BSP: evict a member whose push is not complete this long after its round opened (the round "
+                          "closes over the pushes that arrived); auto: max(--round-deadline-floor, 4 x the predicted or "
+                          "recent median round), at least 60 s until 3 rounds were timed. ASP with --staleness-bound: the "
+                          "same for the slowest worker while it holds others back (see docs/reliability.md)")
+    rel.add_argument("--round-deadline-floor", type=positive_float, default=5.0, metavar="SECONDS",
+                     help="the least --round-deadline auto gives")
+    rel.add_argument("--push-idle", type=positive_float, default=10.0, metavar="SECONDS",
+                     help="drop a push whose stream sends no chunk for this long")
+    rel.add_argument("--join-wait", type=positive_float, default=300.0, metavar="SECONDS",
+                     help="turn away a worker that joined and waited this long for the job to start")
+    rel.add_argument("--push-buffer-mib", type=positive_int, default=1024, metavar="MiB",
+                     help="payload of the pushes streaming in at once; a push beyond it waits until others arrived "
+                          "whole (one alone always goes)")
+    rel.add_argument("--max-concurrent-rpcs", type=positive_int, default=None, metavar="N",
+                     help="calls served at once, the others refused (RESOURCE_EXHAUSTED); unset: 16 per allowed "
+                          "worker (--max-workers) + 64")
     rel.add_argument("--checkpoint-dir", type=Path, default=None, help="write checkpoints here")
     rel.add_argument("--checkpoint-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
                      help="checkpoint at every epoch end (default) or every N steps")

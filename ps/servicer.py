@@ -34,13 +34,17 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Push(
         self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
+        slot = self.core.in_flight.slot(self.core.begin_push)  # one push per worker, the bytes cap (ps.rounds.inflight)
         try:
-            meta, receiver = await receive_push(request_iterator, self.core.begin_push)
+            meta, receiver = await receive_push(request_iterator, slot.begin, self.core.limits.push_idle_s, slot.admit)
+            slot.received()
             reply = await self.core.push(meta, receiver.finish())
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         except DecodeError as exc:  # the stream's messages are decoded here, as they are read
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
+        finally:
+            slot.close()  # before the reply goes out: the worker's next push may follow it at once
         for message in reply_messages(reply):
             yield message
         self.core.note_reply_sent()

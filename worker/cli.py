@@ -27,6 +27,7 @@ from worker.client import ServerError
 from worker.connection import DEFAULT_THREADS, connect
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
+from worker.stall_hook import stall_while_asked
 from worker.job_build import JobSetupError
 from worker.loader import LoaderError, LoaderOptions
 from worker.server_checks import ALLOW_SHARD_HOST_FLAG, UntrustedReply
@@ -67,6 +68,7 @@ def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None
     last_log = time.monotonic()
     for x, y in session.batches():
         loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
+        stall_while_asked(session.name)  # a test hook: no effect unless $PS_WORKER_STALL_DIR is set
         session.step()
         if not quiet and time.monotonic() - last_log >= log_every:
             last_log = time.monotonic()

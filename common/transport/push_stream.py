@@ -4,35 +4,54 @@ the payload, fed into the receiver the core hands out for that header. The chunk
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 from protos import ps_pb2
-from common.errors import InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument
 from common.transport.messages import PushMeta
 from common.transport.proto_convert import push_meta_from_proto, push_times_from_proto
 from common.transport.serialized import DataChunk
 from common.transport.wire import ChunkReceiver, OffsetReceiver
 
 
+async def next_chunk(chunks: AsyncIterator[DataChunk], idle_s: float | None) -> DataChunk | None:
+    """The stream's next chunk (None at its end); FailedPrecondition when none comes within `idle_s`
+    seconds (None: no limit), so a push that stopped mid-stream does not hold its buffer forever."""
+    if idle_s is None:
+        return await anext(chunks, None)
+    try:
+        return await asyncio.wait_for(anext(chunks, None), idle_s)
+    except TimeoutError:
+        raise FailedPrecondition(f"no chunk of this push for {idle_s:g} s (--push-idle); the push is dropped") from None
+
+
 async def receive_push(
     chunks: AsyncIterator[DataChunk],
     begin: Callable[[PushMeta], ChunkReceiver],
+    idle_s: float | None = None,
+    admit: Callable[[], Awaitable[None]] | None = None,
 ) -> tuple[PushMeta, ChunkReceiver]:
     """The push's header and its filled receiver (not yet finished). Raises InvalidArgument for a
-    malformed stream and DecodeError for an undecodable chunk.
+    malformed stream, DecodeError for an undecodable chunk, and FailedPrecondition when the stream
+    stalls for `idle_s` between two chunks. `admit`, awaited after the header was accepted and before
+    the payload is read, may hold the stream back (the server's cap on the bytes in flight).
 
     A push with offsets (PushHeader.offsets: buckets sent during backward) is received in any order
     and must end with a chunk carrying PushEnd, whose times replace the header's (checked here; the
     header's were checked by `begin`)."""
-    first = await anext(aiter(chunks), None)
+    chunks = aiter(chunks)
+    first = await next_chunk(chunks, idle_s)
     if first is None or not first.fields.HasField("header"):
         raise InvalidArgument("the first push chunk must carry the header")
     meta = push_meta_from_proto(first.fields.header)
     receiver = begin(meta)
+    if admit is not None:
+        await admit()
     if not meta.offsets:
         receiver.feed(first.fields.seq, first.data)
-        async for chunk in chunks:
+        while (chunk := await next_chunk(chunks, idle_s)) is not None:
             if chunk.fields.HasField("header"):
                 raise InvalidArgument(f"chunk {chunk.fields.seq} carries a second header; one push per stream")
             receiver.feed(chunk.fields.seq, chunk.data)
@@ -48,7 +67,7 @@ async def receive_push(
         placed.feed_at(chunk.fields.seq, chunk.fields.offset, chunk.data)
         if chunk.fields.HasField("end"):
             end = chunk.fields.end
-        chunk = await anext(chunks, None)
+        chunk = await next_chunk(chunks, idle_s)
         if chunk is None:
             break
     if end is None:

@@ -86,8 +86,13 @@ class JobMetrics:
         self.loss = Gauge(f"{PREFIX}_test_loss", "Test loss of the last evaluation", registry=registry)
         self.joins = Counter(f"{PREFIX}_joins", "Workers admitted into the job (the first ones included)", registry=registry)
         self.leaves = Counter(f"{PREFIX}_leaves", "Workers that left the job (Leave)", registry=registry)
-        self.evictions = Counter(f"{PREFIX}_evictions", "Workers evicted after --evict-after without a heartbeat",
+        self.evictions = Counter(f"{PREFIX}_evictions", "Workers evicted after --evict-after without a heartbeat, or at a deadline",
                                  registry=registry)
+        self.deadline_drops = Counter(f"{PREFIX}_deadline_evictions", "Workers evicted at a deadline (a round's, "
+                                      "or holding others back under --staleness-bound) while their heartbeat went on",
+                                      registry=registry)
+        self.checkpoint_failures = Counter(f"{PREFIX}_checkpoint_failures", "Checkpoint writes that failed "
+                                           "(the metrics log's checkpoint_failed records say why)", registry=registry)
         self.workers = Gauge(f"{PREFIX}_workers", "Workers in the current plan", registry=registry)
         self.global_batch = Gauge(f"{PREFIX}_global_batch", "Samples per step over all workers (the plan's sum)",
                                   registry=registry)
@@ -117,7 +122,8 @@ class JobMetrics:
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
             "step": self._step, "push": self._push, "adjust": self._adjust, "epoch": self._epoch, "eval": self._eval,
             "join": lambda r: self.joins.inc(), "leave": self._gone, "evict": self._gone, "path": self._path,
-            "end": lambda r: self.ended.set(1),
+            "end": lambda r: self.ended.set(1), "deadline": lambda r: self.deadline_drops.inc(),
+            "checkpoint_failed": lambda r: self.checkpoint_failures.inc(),
         }
 
     def observe(self, record: dict[str, Any]) -> None:

@@ -69,6 +69,13 @@ class AspUpdates:
                 f"{self.max_staleness}; pull and recompute"
             )
 
+    def check_not_held(self, member: Member) -> None:
+        """One held reply per worker: a push while SSP still holds the reply to its last is refused (and
+        the held one goes on waiting, to be answered)."""
+        if member.worker_id in self.held:
+            raise FailedPrecondition(f"worker {member.name}'s previous push still waits for its reply "
+                                     "(--staleness-bound); one push at a time")
+
     def lr(self, batch: int, global_batch: int) -> float:
         """The learning rate told to a worker planned `batch` of `global_batch`: η_k = η·b_k/B at the
         schedule's epoch (Eq. 5b; η with --no-lr-scaling), 0 for a parked worker (batch 0)."""
@@ -100,6 +107,7 @@ class AspUpdates:
         self.release()
         worker_id = member.worker_id
         if self.clocks.held(worker_id) and not self.state.done:
+            assert worker_id not in self.held, "check_not_held refuses a second push before it is applied"
             future = asyncio.get_running_loop().create_future()
             self.held[worker_id] = future
             started = self.state.clock()

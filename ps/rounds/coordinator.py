@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -31,9 +30,11 @@ from ps.rounds.admission import Admission, own_max_batch
 from ps.rounds.asp import AspSettings, AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.checkpoint_state import checkpoint_state, load_params, params_digest, saved_policy
+from ps.rounds.deadlines import Deadlines, Limits
 from ps.rounds.epochs import Epochs
 from ps.rounds.evaluations import Evaluations
-from ps.rounds.fast_path import FastPath, check_paths
+from ps.rounds.fast_path import FastPath, check_paths, with_optimizer_state
+from ps.rounds.inflight import PushesInFlight
 from ps.rounds.job_end import JobEnd
 from ps.rounds.membership import Member, Membership
 from ps.rounds.parking import Parking
@@ -47,7 +48,7 @@ from ps.shards.core import MAX_WAIT_S
 from common.transport.chunked import Vector
 from common.transport.layout import Layout, flatten_params
 from common.transport.messages import Beat, JoinInfo, PushMeta, StepHeader, StepReply
-from common.transport.payload import FramedChunks, Payload, TensorSource
+from common.transport.payload import Payload
 from common.transport.wire import ChunkReceiver
 from common.transport.worker_keys import WorkerKeys
 
@@ -74,7 +75,7 @@ class Coordinator(JobState):
         clock: Callable[[], float] = time.monotonic,
         rendezvous: Rendezvous | None = None,
         shards: RemoteShards | None = None,
-        fast_path_on_gpus: Callable[[], Rendezvous] | None = None,
+        fast_path_on_gpus: Callable[[], Rendezvous] | None = None, limits: Limits | None = None,
     ) -> None:
         """`fast_path_on_gpus` (--allreduce auto): switch to the fast path, hosting the rendezvous it starts, when the
         starting workers all have GPUs of their own (rendezvous.fast_path_fits); the balance becomes compute time."""
@@ -110,6 +111,9 @@ class Coordinator(JobState):
         self.evaluation = Evaluations(self, evaluator, self.epochs, self.whole_model)
         self.checks = PushChecks(self, self.bsp, self.asp, self.fast_path, self.whole_model)
         self.end = JobEnd(self, self.whole_model)
+        self.limits = limits or Limits()  # what a peer may make the server wait for or hold (ps.rounds.deadlines)
+        self.deadlines = Deadlines(self, self.bsp, self.asp, self.epochs, self.limits, lambda w, why: self._remove(w, "evict", why))
+        self.in_flight = PushesInFlight(self.limits.push_bytes)  # a Push stream's hold: self.in_flight.slot(self.begin_push)
 
     @property
     def may_take_fast_path(self) -> bool:
@@ -118,9 +122,8 @@ class Coordinator(JobState):
 
     # ----------------------------------------------------------------- membership
     async def join(self, name: str, cores: float, cuda_device: str | None = None, max_batch: int | None = None) -> JoinInfo:
-        """Admit a worker. Before the start it waits for all expected workers; later it
-        enters at the next round boundary (BSP) or at once (ASP) and gets a share of B.
-        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
+        """Admit a worker. Before the start it waits for all expected workers; later it enters at the next round
+        boundary (BSP) or at once (ASP) and gets a share of B. `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
         `max_batch`: the most samples its memory holds (None: no bound of its own)."""
         self.admission.check(name, cores, cuda_device, max_batch)
         member = self.membership.admit(name, cores, self.clock())
@@ -140,7 +143,7 @@ class Coordinator(JobState):
                 self.membership.remove(member.worker_id, "gone before it was admitted")
             raise
         if self.done or member.worker_id not in self.members:
-            raise FailedPrecondition(f"the job has ended ({self.reason})")
+            raise FailedPrecondition(member.turned_away or f"the job has ended ({self.reason})")
         member.last_seen = self.clock()
         plan = self.policy.plan()
         self._tell(member, plan[member.name])
@@ -170,7 +173,7 @@ class Coordinator(JobState):
             self.membership.activate(member.worker_id)
             bound = own_max_batch(self.policy.config, member.max_batch)
             self.policy.add_worker(member.name, cores=member.cores, max_batch=bound)
-            member.last_seen = now
+            member.last_seen = member.pushed_at = now  # an ASP newcomer's first push is due from now
             self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
         self.policy.replan()
         self._replanned()
@@ -208,10 +211,11 @@ class Coordinator(JobState):
         return [m.name for m in gone]
 
     async def reap_forever(self, interval: float) -> None:
-        """Background task: evict silent workers until the job ends."""
+        """Background task: evict silent workers, and members past a deadline (ps.rounds.deadlines), until the job ends."""
         while not self.done:
             await asyncio.sleep(interval)
             self.evict_stale()
+            self.deadlines.check()
 
     def _remove(self, worker_id: str, event: str, reason: str) -> None:
         """Drop a worker (leave or eviction), re-split B over the others, close a round it held up."""
@@ -265,7 +269,7 @@ class Coordinator(JobState):
         self.checks.told(member, meta)
         if not self.done and meta.kind == "values":
             self.checks.values(member, meta, values)
-        member.last_seen = self.clock()
+        self.deadlines.pushed(member)
         if self.done:
             return self._reply(member)
         if self.spec.mode == "bsp":
@@ -299,6 +303,7 @@ class Coordinator(JobState):
 
     def _next_round(self, batch: int) -> None:
         self.bsp.next_round()
+        self.deadlines.round_closed(batch)
         self.round += 1
         self.version += 1
         self.epochs.first_round()
@@ -339,13 +344,7 @@ class Coordinator(JobState):
         member.last_seen = self.clock()
         if not optimizer_state:
             return self._reply(member, params=not header_only)
-        state = self.store.flat_optimizer_state()
-        reply = self._reply(member, params=False)
-        header = replace(reply.header, wire_dtype="float32", optimizer_state=True)
-        if state is None:
-            return StepReply(header, reply.payload)
-        payload = FramedChunks(TensorSource(state), "float32", self.payload.frame, self.payload.chunk_bytes)
-        return StepReply(replace(header, num_values=state.numel()), payload)
+        return with_optimizer_state(self._reply(member, params=False), self.store.flat_optimizer_state(), self.payload)
 
     async def wait_for_batch(self, worker_id: str, secret: str) -> None:
         """A parked worker's long poll (ps.rounds.parking): returns once the plan gives it a batch."""
@@ -361,10 +360,7 @@ class Coordinator(JobState):
 
     def _tell(self, member: Member, batch: int) -> None:
         """Record the batch a join or a reply tells `member` for the open round (ASP: this version)."""
-        if self.spec.mode == "bsp":
-            member.tell(self.round, batch, keep_after=self.round - 1)
-        else:
-            member.tell(self.version, batch)
+        member.tell(self.step, batch, keep_after=self.round - 1 if self.spec.mode == "bsp" else None)
 
     def _reply(self, member: Member, params: bool | None = None) -> StepReply:
         """The header for the worker's next step, with the parameters unless `params` is False
@@ -492,7 +488,7 @@ class Coordinator(JobState):
 
     def summary(self) -> dict[str, Any]:
         e = self.evaluation
-        return summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss)
+        return {**summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss), **self.deadlines.report()}
 
     def status(self) -> dict[str, Any]:
         path = "auto" if self.may_take_fast_path else "allreduce" if self.spec.allreduce else "ps"

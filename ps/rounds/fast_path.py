@@ -7,13 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
+import torch
+
 from ps.control.policy import reconfigured
 from common.job.spec import JobSpec
 from ps.rounds.membership import Member
 from ps.rounds.rendezvous import Rendezvous, fast_path_fits, hub_rank
 from ps.rounds.state import JobState
 from ps.shards.client import RemoteShards
-from common.transport.messages import GroupInfo
+from common.transport.messages import GroupInfo, StepReply
+from common.transport.payload import FramedChunks, Payload, TensorSource
 
 
 PARKING_OFF = "the --allreduce fast path's process group holds every member, so no worker can skip a round"
@@ -109,3 +112,13 @@ class FastPath:
         s = self.state
         missing = sorted(m.name for m in s.members.values() if m.worker_id not in pushed)
         s.metrics.write("close_without", round=s.round, workers=missing, step=s.step, epoch=s.epoch)
+
+
+def with_optimizer_state(reply: StepReply, state: torch.Tensor | None, payload: Payload) -> StepReply:
+    """A header-only `reply` carrying the optimizer's flat state instead of parameters: an --allreduce
+    worker starting from the server's copy (num_values 0: the optimizer has not stepped yet)."""
+    header = replace(reply.header, wire_dtype="float32", optimizer_state=True)
+    if state is None:
+        return StepReply(header, reply.payload)
+    chunks = FramedChunks(TensorSource(state), "float32", payload.frame, payload.chunk_bytes)
+    return StepReply(replace(header, num_values=state.numel()), chunks)

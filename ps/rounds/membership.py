@@ -38,6 +38,8 @@ class Member:
     max_batch: int | None = None  # the most samples its memory holds (None: no bound of its own)
     told: dict[int, set[int]] = field(default_factory=dict)  # step (BSP round, ASP version) -> batch sizes told for it
     activated: asyncio.Event = field(default_factory=asyncio.Event)
+    pushed_at: float | None = None  # when its last push arrived whole, or it became active (ps.rounds.deadlines)
+    turned_away: str = ""  # why it was removed before its Join was answered
 
     def tell(self, step: int, batch: int, keep_after: int | None = None, keep_last: int = 4) -> None:
         """Record that a reply told this worker `batch` for `step`. Forget the steps before `keep_after`

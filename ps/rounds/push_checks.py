@@ -110,6 +110,7 @@ class PushChecks:
             self.bsp.check_open(member, meta)
         else:
             self.asp.check_version(meta)
+            self.asp.check_not_held(member)
 
     def told(self, member: Member, meta: PushMeta) -> None:
         """A push's batch size is one the server told this worker for the push's round (ASP: version):

@@ -61,6 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "else no check)")
     p.add_argument("--max-load-mib", type=positive_int, default=DEFAULT_MAX_LOAD_MIB, metavar="MIB",
                    help="the most one Load (the coordinator's range, round and optimizer state) may carry")
+    p.add_argument("--max-concurrent-rpcs", type=positive_int, default=1024, metavar="N",
+                   help="calls served at once, the others refused (RESOURCE_EXHAUSTED)")
     p.add_argument("--parent-pid", type=positive_int, default=None,
                    help="exit when this process (the ps-server that started this shard) exits")
     return p
@@ -78,12 +80,13 @@ def exit_with_parent(parent_pid: int) -> None:
 
 async def serve_shard(host: str, port: int, port_file: PortFile | None, security: ServerSecurity,
                       on_message: OnMessage | None = None, *, shard_key: str,
-                      max_load_bytes: int = DEFAULT_MAX_LOAD_MIB << 20) -> None:
+                      max_load_bytes: int = DEFAULT_MAX_LOAD_MIB << 20, max_concurrent_rpcs: int | None = None) -> None:
     """Serve one ShardCore until SIGTERM/SIGINT (`on_message`: told the size of every gRPC message).
 
     Health: the server ("") is SERVING once it listens (it takes its coordinator's Load then), the
     ParameterShard service once a Load gave it its range; both NOT_SERVING from SIGTERM/SIGINT on."""
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*security.interceptors(), ControlKeyInterceptor(shard_key)])
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*security.interceptors(), ControlKeyInterceptor(shard_key)],
+                             maximum_concurrent_rpcs=max_concurrent_rpcs)
     service = SERVICES["ParameterShard"].full_name
     health = Health([service])
     await health.add_to(server)
@@ -131,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if metrics_port_file is not None:
                 metrics_port_file.write(bound)
         run_loop(serve_shard(args.host, args.port, port_file, security, on_message, shard_key=shard_key,
-                             max_load_bytes=args.max_load_mib << 20))
+                             max_load_bytes=args.max_load_mib << 20, max_concurrent_rpcs=args.max_concurrent_rpcs))
     except OSError as exc:
         print(f"ps-shard: error: {exc}", file=sys.stderr)
         return 1

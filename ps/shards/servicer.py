@@ -19,6 +19,9 @@ DEFAULT_MAX_LOAD_MIB = 16384
 """ps-shard --max-load-mib: a shard's range with its optimizer state (Adam: 3 values per parameter) up to
 about 1.4 billion parameters."""
 
+PUSH_IDLE_S = 30.0
+"""A push stream that sends no chunk for this long is dropped (ps-server's --push-idle, for the shards' ranges)."""
+
 
 def contributors_of(request: ps_pb2.CommitRequest) -> dict[str, int]:
     contributors: dict[str, int] = {}
@@ -45,7 +48,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
         self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         try:
-            meta, receiver = await receive_push(request_iterator, self.core.begin_push)
+            meta, receiver = await receive_push(request_iterator, self.core.begin_push, PUSH_IDLE_S)
             reply = await self.core.push(meta, receiver.finish())
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))

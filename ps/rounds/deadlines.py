@@ -1,0 +1,208 @@
+"""Progress, not only liveness: the deadlines a member is held to besides its heartbeat.
+
+A heartbeat says a worker's process lives, not that it trains: a loader stuck on a network file
+system, a hung kernel or a push stream that sent its header and then nothing keep a worker's heartbeat
+going while every BSP round waits for it. So:
+
+- A BSP round has a deadline D = max(floor, k·T̂) from the moment it opened, T̂ the round time the
+  batch policy predicts or else the median of the recent rounds (the larger when both are known),
+  k = ROUND_FACTOR. Until MIN_ROUNDS rounds were timed (the job's start, a resume) D is at least
+  WARMUP_S: the first rounds carry the workers' first pulls and warm-up (so does a member's first round
+  after it joins or rejoins: it is held to WARMUP_S at least). At D, a member the round
+  waits for whose push is not complete is evicted (its next call hears "evicted ...; rejoin" and it
+  rejoins as after any eviction); the round closes over the pushes that arrived, weighted by their
+  samples, and B is re-split over the others from the next round (Σb = B). A round nobody pushed
+  is left alone: every member late is the job slow, not one member stuck.
+- ASP with --staleness-bound: a running worker that holds others back (its clock is the slowest while
+  some reply is held for it) and has not pushed for D (T̂: the median time between a worker's pushes)
+  is evicted, which lets the held replies go.
+- A worker that joined before the job started waits at most `join_wait_s` for the start.
+
+`--round-deadline` sets D to a fixed number of seconds, or `off`; `--round-deadline-floor` the floor.
+The idle limit between the chunks of one push is the transport's (common.transport.push_stream)."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ps.rounds.asp import AspUpdates
+from ps.rounds.bsp import BspRound
+from ps.rounds.epochs import Epochs
+from ps.rounds.membership import Member
+from ps.rounds.state import JobState
+
+ROUND_FACTOR = 4.0
+"""k: a round may take this many times its predicted (or recent median) time before its late members go."""
+WARMUP_S = 60.0
+"""The least deadline before MIN_ROUNDS rounds (ASP: pushes) were timed."""
+MIN_ROUNDS = 3
+HISTORY = 20
+"""How many recent rounds (ASP: push intervals) the median is taken over."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a peer may make the server wait for or hold: --round-deadline ('auto', 'off' or seconds),
+    --round-deadline-floor, --push-idle (seconds between a push's chunks), --join-wait (seconds before
+    the start), --push-buffer (bytes of pushes streaming at once: ps.rounds.inflight)."""
+
+    round_deadline: str | float = "auto"
+    floor_s: float = 5.0
+    push_idle_s: float | None = 10.0
+    join_wait_s: float | None = 300.0
+    push_bytes: int = 1 << 30
+
+    def __post_init__(self) -> None:
+        if isinstance(self.round_deadline, str):
+            if self.round_deadline not in ("auto", "off"):
+                raise ValueError(f"--round-deadline must be auto, off or seconds > 0, got {self.round_deadline!r}")
+        elif not self.round_deadline > 0:
+            raise ValueError(f"--round-deadline must be > 0 seconds, got {self.round_deadline}")
+        if not self.floor_s > 0:
+            raise ValueError(f"--round-deadline-floor must be > 0 seconds, got {self.floor_s}")
+
+
+class RoundTimes:
+    """The recent round times and the deadline they give. Pure: times are passed in."""
+
+    def __init__(self, settings: Limits) -> None:
+        self.settings = settings
+        self.recent: deque[float] = deque(maxlen=HISTORY)  # seconds
+
+    def observe(self, seconds: float) -> None:
+        self.recent.append(max(0.0, seconds))
+
+    def deadline(self, predicted_s: float | None = None) -> float | None:
+        """D in seconds (None: no deadline)."""
+        s = self.settings
+        if s.round_deadline == "off":
+            return None
+        if not isinstance(s.round_deadline, str):
+            return float(s.round_deadline)
+        if len(self.recent) < MIN_ROUNDS:
+            return max(s.floor_s, WARMUP_S)
+        expected = statistics.median(self.recent)
+        if predicted_s is not None and predicted_s > expected:
+            expected = predicted_s
+        return max(s.floor_s, ROUND_FACTOR * expected)
+
+
+class Deadlines:
+    """Checks the deadlines (called by the coordinator's reaper) and evicts through `evict(worker_id, reason)`."""
+
+    def __init__(self, state: JobState, bsp: BspRound, asp: AspUpdates, epochs: Epochs, settings: Limits,
+                 evict: Callable[[str, str], None]) -> None:
+        self.state = state
+        self.epochs = epochs
+        self.bsp = bsp
+        self.asp = asp
+        self.settings = settings
+        self.evict = evict
+        self.rounds = RoundTimes(settings)
+        self.intervals = RoundTimes(settings)  # ASP: the time between a worker's pushes
+        self._opened_at: float | None = None  # when the open BSP round opened (None: the job's start)
+        self.longest_open_s = 0.0  # the longest any BSP round stayed open
+        self.dropped = 0  # members evicted at a deadline
+        self.rounds_closed = self.short_rounds = 0  # BSP rounds this server closed; those of fewer than B samples
+        self.first_round: int | None = None  # the round this server started at (a resume's)
+
+    def report(self) -> dict[str, float | int | None]:
+        """The summary's fields: rounds closed here and short of B, the longest a round stayed open, drops."""
+        return {"rounds_closed": self.rounds_closed, "short_rounds": self.short_rounds, "first_round": self.first_round,
+                "longest_round_open_s": round(self.longest_open_s, 3), "deadline_drops": self.dropped}
+
+    @property
+    def opened_at(self) -> float | None:
+        """When the open BSP round opened (None: the job has not started)."""
+        if self.first_round is None and self.epochs.start_time is not None:
+            self.first_round = self.state.round
+        return self._opened_at if self._opened_at is not None else self.epochs.start_time
+
+    def round_closed(self, batch: int) -> None:
+        """A BSP round closed with `batch` samples: time it, count it; the next one opens now."""
+        now = self.state.clock()
+        self.rounds_closed += 1
+        if batch != self.state.spec.global_batch:  # a member left or was dropped while the round was open
+            self.short_rounds += 1
+            self.state.metrics.write("short_round", round=self.state.round, batch=batch,
+                                     global_batch=self.state.spec.global_batch, step=self.state.step)
+        if self.opened_at is not None:
+            self.rounds.observe(now - self.opened_at)
+            self.longest_open_s = max(self.longest_open_s, now - self.opened_at)
+        self._opened_at = now
+
+    def pushed(self, member: Member) -> None:
+        """A push from `member` arrived whole (ASP: time since its previous one)."""
+        now = self.state.clock()
+        if self.state.spec.mode == "asp" and member.pushed_at is not None:
+            self.intervals.observe(now - member.pushed_at)
+        member.last_seen = member.pushed_at = now
+
+    def round_deadline_s(self) -> float | None:
+        """The open BSP round's deadline, in seconds from its opening."""
+        policy = self.state.policy
+        predicted_ms = policy.predicted_round_ms(sum(policy.plan().values()))
+        return self.rounds.deadline(None if predicted_ms is None else predicted_ms / 1000.0)
+
+    def check(self) -> list[str]:
+        """Evict the members past a deadline; their names."""
+        s = self.state
+        if s.done:
+            return []
+        if self.opened_at is None:
+            return self._join_waits()
+        if s.spec.mode == "bsp":
+            return self._late_in_round()
+        return self._holding_others()
+
+    def _late_in_round(self) -> list[str]:
+        deadline = self.round_deadline_s()
+        now = self.state.clock()
+        assert self.opened_at is not None
+        open_s = now - self.opened_at
+        if deadline is None or open_s <= deadline or self.bsp.committing or not self.bsp.pushed:
+            return []
+        members = [self.state.members[w] for w in sorted(self.bsp.parking.required() - self.bsp.pushed)]
+        # auto: a member's first round since it joined (its first pull, its warm-up) has the warm-up's bound
+        auto = self.settings.round_deadline == "auto"
+        late = [m for m in members if m.updates or not auto or open_s > max(deadline, WARMUP_S)]
+        reason = f"evicted at round {self.state.round}'s deadline ({deadline:.1f} s) without its push"
+        return self._drop(late, reason)
+
+    def _holding_others(self) -> list[str]:
+        if not self.asp.held or self.settings.round_deadline == "off":
+            return []
+        deadline = self.intervals.deadline()
+        assert deadline is not None
+        now = self.state.clock()
+        clocks = self.asp.clocks
+        slowest = clocks.slowest()
+        late = [m for w, m in self.state.members.items()
+                if w not in self.asp.held and clocks.clocks.get(w) == slowest
+                and now - (m.pushed_at if m.pushed_at is not None else m.last_seen) > deadline]
+        return self._drop(late, f"evicted: held other workers back (--staleness-bound) without a push for {deadline:.1f} s")
+
+    def _drop(self, late: list[Member], reason: str) -> list[str]:
+        for member in late:
+            self.dropped += 1
+            self.state.metrics.write("deadline", worker=member.name, round=self.state.round, step=self.state.step,
+                                     epoch=self.state.epoch, reason=reason)
+            self.evict(member.worker_id, reason)
+        return [m.name for m in late]
+
+    def _join_waits(self) -> list[str]:
+        """Before the start: the pending members that waited longer than join_wait_s."""
+        limit = self.settings.join_wait_s
+        if limit is None:
+            return []
+        now = self.state.clock()
+        late = [m for m in self.state.membership.pending.values() if now - m.last_seen > limit]
+        for member in late:  # its Join wakes to hear why (Coordinator.join)
+            member.turned_away = f"worker {member.name} waited {limit:g} s for the job to start (--join-wait); join again"
+            self.state.membership.remove(member.worker_id, member.turned_away)
+            self.state.metrics.write("join_wait", worker=member.name, waited_s=limit)
+            member.activated.set()
+        return [m.name for m in late]
