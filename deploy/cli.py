@@ -310,7 +310,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         "batch size and compute time of every worker per epoch. Ends with a summary table and the "
         "plots batch_sizes.png, compute_times.png and accuracy.png in --out (ASP: asp.png too). "
         f"Without options: BSP, the model batch policy, {default['model']} on "
-        f"{default['dataset']} ({' '.join(emulator.DEFAULT_DATASET_ARGS['synthetic'])}), global batch "
+        f"{default['dataset']} ({' '.join(emulator.DEFAULT_DATASET_ARGS['patterns'])}), global batch "
         f"{default['global_batch']}, {default['epochs']} epochs, lr {default['lr']}: 1-3 minutes on 2 cores.", width=88),
         epilog="examples:\n"
         "  ps-cluster run --profile hl8                        # the main job\n"
@@ -354,12 +354,12 @@ def add_run_command(subcommands: Subcommands) -> None:
                      f"{quick['epochs']} with --quick; with a schedule in epochs: phases x interval)")
     job.add_argument("--model", help=f"built-in model (mlp, cnn) or package.module:function (default: {default['model']})")
     job.add_argument("--model-arg", action="append", metavar="K=V", help="model option, e.g. width=16")
-    job.add_argument("--dataset", help=f"built-in dataset (digits, synthetic) or package.module:function "
+    job.add_argument("--dataset", help=f"built-in dataset (digits, synthetic, patterns, teacher) or package.module:function "
                      f"(default: {default['dataset']})")
     job.add_argument("--dataset-arg", action="append", metavar="K=V",
-                     help="dataset option, e.g. size=8192 (default for synthetic: "
-                     f"{' '.join(emulator.DEFAULT_DATASET_ARGS['synthetic'])}; with --quick "
-                     f"{' '.join(emulator.QUICK_DATASET_ARGS['synthetic'])})")
+                     help="dataset option, e.g. size=8192 (default for patterns: "
+                     f"{' '.join(emulator.DEFAULT_DATASET_ARGS['patterns'])}; with --quick "
+                     f"{' '.join(emulator.QUICK_DATASET_ARGS['patterns'])})")
     job.add_argument("--global-batch", type=positive_int, metavar="B",
                      help=f"global batch split across the workers (default: {default['global_batch']}, "
                      f"{quick['global_batch']} with --quick)")

@@ -109,7 +109,7 @@ def add_make_data_command(subcommands: Any) -> None:
     parser = subcommands.add_parser(
         "make-data",
         help="write a built-in generated dataset to disk (PNG image folder or .npy arrays) to train on files",
-        description=textwrap.fill("Write a built-in dataset (synthetic, digits) to a new folder: as PNG images, one "
+        description=textwrap.fill("Write a built-in dataset (synthetic, patterns, digits) to a new folder: as PNG images, one "
                                   "subfolder per class under train/ and test/ (what --dataset image_folder reads), or "
                                   "as features.npy and labels.npy (--dataset npy_arrays). Inputs are scaled to 0-255 "
                                   "over the whole set. docs/data.md.", width=88),

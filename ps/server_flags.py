@@ -141,7 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
     ada = p.add_argument_group("adaptive global batch (docs/adaptive-batch.md)")
     ada.add_argument("--adaptive-batch", choices=("off", "gns"), default="off",
                      help="BSP: gns measures the gradient noise scale from the pushes and moves B to the best "
-                          "goodput (throughput x statistical efficiency) within the bounds below")
+                          "goodput (throughput x statistical efficiency) within the bounds below and at least 8 "
+                          "rounds an epoch; works under every --controller (without the model policy's fits it "
+                          "probes a second B to fit the round time in B); a move the measured goodput "
+                          "contradicts is taken back")
     ada.add_argument("--adapt-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
                      help="--adaptive-batch decision at every epoch end (default) or every N rounds")
     ada.add_argument("--min-global-batch", type=positive_int, default=None,

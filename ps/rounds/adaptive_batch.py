@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ps.control.global_batch.goodput import AdaptiveBatch, AdaptiveConfig
+from ps.control.global_batch.goodput import (AdaptiveBatch, AdaptiveConfig, Decision, contradicted, epoch_bound, moved,
+                                             probe_batch)
 from ps.control.global_batch.gns import NoiseScaleEstimator
 from ps.control.performance import RoundModel, global_round_model
 from ps.control.policy import build_policy, with_global_batch
@@ -27,9 +28,9 @@ from common.transport.messages import PushMeta
 
 _ROUND_TIMES = 64
 """Round times kept since the last decision (their median is the measured round at the current B)."""
-_SETTLE, _MIN_ROUNDS = 4, 12
-"""Rounds after a decision left out of the median (the workers settle at new batches), and how many a
-stay needs before its median counts as the round at that B."""
+_SETTLE, _MIN_ROUNDS = 2, 6
+"""Rounds after a change of B left out of the median (the workers settle at new batches), and how many
+a stay at B needs before its median counts as the round at that B (on digits at B=179 an epoch holds 8)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,8 @@ class AdaptiveBatchSizing:
         self._round_ms: list[float] = []
         self._closed_at: float | None = None
         self._rounds_at: dict[int, float] = {}  # B -> median round ms measured at it (the latest stay)
+        self._previous: int | None = None  # B before the last goodput move, until the move is measured
+        self._floor, self._ceiling = 0, 2**62  # bounds left by decisions taken back
 
     # ---------------------------------------------------------------- measurement
     def push(self, meta: PushMeta, grad: Vector) -> None:
@@ -118,33 +121,60 @@ class AdaptiveBatchSizing:
         if not policy.plan():
             return
         current = decider.batch
-        lower, upper = policy.global_batch_range()
-        upper = decider.config.max_batch if upper is None else upper
-        round_model, basis = self._round_model(current)
-        decision = decider.choose(self.estimator.estimate().phi, lower, upper,
-                                  None if round_model is None else round_model.predict_global, upward_only=basis == "guess")
+        decision, basis = self._decision(current)
         if decision.changed:
             try:
                 s.policy = with_global_batch(policy, decision.batch)
             except ValueError as exc:  # the workers' bounds cannot make it up after all: keep B
                 s.metrics.write("adapt", step=s.step, epoch=s.epoch, **{**decision.record(), "batch": current, "changed": False},
-                                global_batch=current, lr=self.lr_at(s.epoch), error=str(exc))
+                                global_batch=current, lr=self.lr_at(s.epoch), error=str(exc), basis=basis)
                 return
             decider.apply(decision)
+            self._round_ms = []
+            self._previous = current if decision.reason == "goodput" else None
         s.store.set_lr(self.lr_at(s.epoch))  # adascale: φ moved, even where B did not
-        self._rounds, self._round_ms = 0, []
+        self._rounds = 0
         s.metrics.write("adapt", step=s.step, epoch=s.epoch, **decision.record(), lr=self.lr_at(s.epoch),
                         global_batch=decider.batch, rounds=self.estimator.estimate().rounds, basis=basis)
         if decision.changed:
             self.on_change()
 
+    def _decision(self, current: int) -> tuple[Decision, str]:
+        """The decision at B now and its basis: a goodput move that the rounds measured since contradict
+        is taken back ("measured"; B does not pass the batch taken back to in that direction again); under a policy without a fitted
+        model, B measured alone is probed against a second B ("probe"), so that the line through both
+        replaces the guess; else the goodput scan on the round model. Candidates leave an epoch at
+        least goodput.MIN_STEPS_PER_EPOCH rounds."""
+        decider = self.decider
+        assert decider is not None
+        config, phi = decider.config, self.estimator.estimate().phi
+        lower, upper = self.state.policy.global_batch_range()
+        upper = min(config.max_batch if upper is None else upper, self._ceiling)
+        upper = epoch_bound(upper, self.state.epochs.samples_per_epoch)
+        lower = max(lower, config.min_batch, self._floor)
+        round_model, basis = self._round_model(current)
+        predict = None if round_model is None else round_model.predict_global
+        previous = self._previous
+        if previous is not None and phi is not None and current not in self._rounds_at:
+            return decider.note(moved(config, current, current, phi, "measuring the batch moved to", predict)), basis
+        if previous is not None and contradicted(previous, current, self._rounds_at, phi, config.base_batch):
+            if previous < current:
+                self._ceiling = previous
+            else:
+                self._floor = previous
+            return decider.note(moved(config, current, previous, phi, "taken back: measured goodput fell")), "measured"
+        probe = probe_batch(current, lower, upper) if len(self._rounds_at) < 2 and current in self._rounds_at else None
+        if basis == "guess" and phi is not None and probe is not None:
+            return decider.note(moved(config, current, probe, phi, "probe: a second batch for the round line", predict)), "probe"
+        return decider.choose(phi, lower, upper, predict, upward_only=basis == "guess"), basis
+
     def _round_model(self, current: int) -> tuple[RoundModel | None, str]:
         """T(B) and what it rests on (ps/control/performance.global_round_model: the policy's fitted
         model, else the line through the rounds measured at two or more B, else the times measured at
-        B now scaled with B, trusted upward only). The median round at B now is noted where the
-        policy has no fitted model."""
+        B now scaled with B, trusted upward only). The median round at B now is noted first (a
+        take-back compares it with the B before)."""
         policy = self.state.policy
-        if policy.predicted_round_ms(current) is None and len(self._round_ms) >= _MIN_ROUNDS:
+        if len(self._round_ms) >= _MIN_ROUNDS:
             self._rounds_at[current] = statistics.median(self._round_ms[_SETTLE:])
         active = {k: t for k, t in policy.smoothed_ms().items() if policy.plan().get(k)}
         median = statistics.median(self._round_ms) if self._round_ms else None

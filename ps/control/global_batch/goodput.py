@@ -28,6 +28,10 @@ LR_SCALINGS: tuple[str, ...] = ("adascale", "linear", "sqrt")
 STATE_FORMAT = "adaptive-batch/1"
 _GRID = 48
 """Candidate batches per decision: a geometric grid over [lower, upper] (plus both ends and B now)."""
+MIN_STEPS_PER_EPOCH = 8
+"""A candidate B leaves at least this many rounds in an epoch (`epoch_bound`): a B near the training
+set's size makes one or two steps an epoch, too few for the model to learn from or for a round time
+to be measured at it (digits' 1,437 training samples bound B at 179)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,44 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
                     best / t * 1000.0 if t > 0 else None, "goodput" if inside else "outside the bounds")
 
 
+def epoch_bound(upper: int, samples_per_epoch: int, min_steps: int = MIN_STEPS_PER_EPOCH) -> int:
+    """The largest B to consider: `upper`, narrowed so that an epoch holds at least `min_steps` rounds."""
+    return max(1, min(upper, samples_per_epoch // min_steps))
+
+
+def probe_batch(current: int, lower: int, upper: int) -> int | None:
+    """A second batch to measure rounds at while only B now has been (under a policy without a fitted
+    model the round time at another B is a guess until measured): twice B, or half B where twice is
+    above `upper`, clamped to [lower, upper]; None where the bounds hold no other batch."""
+    up, down = min(upper, 2 * current), max(lower, current // 2)
+    for b in (up, down):
+        if lower <= b <= upper and b != current:
+            return b
+    return None
+
+
+def measured_goodput(batch: int, round_ms: float, phi: float, base_batch: int) -> float:
+    """Goodput at `batch` from its measured median round (B₀-equivalent samples per second)."""
+    return goodput(batch / round_ms * 1000.0, phi, batch, base_batch) if round_ms > 0 else 0.0
+
+
+def contradicted(previous: int, current: int, rounds: Mapping[int, float], phi: float | None, base_batch: int) -> bool:
+    """Whether the rounds measured at both batches show that the move previous -> current lost
+    goodput (at φ now): the decision is then taken back. False while either is unmeasured."""
+    if phi is None or previous not in rounds or current not in rounds:
+        return False
+    return measured_goodput(current, rounds[current], phi, base_batch) < measured_goodput(previous, rounds[previous], phi,
+                                                                                        base_batch)
+
+
+def moved(config: AdaptiveConfig, current: int, batch: int, phi: float | None, reason: str,
+          round_ms: Callable[[int], float] | None = None) -> Decision:
+    """A decision to train at `batch` that the goodput scan did not make (a probe, a take-back)."""
+    eff = None if phi is None else statistical_efficiency(phi, batch, config.base_batch)
+    t = round_ms(batch) if round_ms is not None else None
+    return Decision(batch, current, batch != current, None, phi, eff, batch / t * 1000.0 if t else None, reason)
+
+
 class AdaptiveBatch:
     """The decision's state: B now, φ at the last decision, the decisions taken and their changes."""
 
@@ -158,8 +200,11 @@ class AdaptiveBatch:
                upward_only: bool = False) -> Decision:
         """One decision at the current batch (counted; φ kept for the LR rule); `apply` it once the
         caller has re-split the new B."""
-        decision = choose(self.config, self.batch, phi, lower, upper, round_ms, upward_only)
-        self.phi = phi if phi is not None else self.phi
+        return self.note(choose(self.config, self.batch, phi, lower, upper, round_ms, upward_only))
+
+    def note(self, decision: Decision) -> Decision:
+        """Count a decision made at the current batch (by `choose`, or a probe or take-back: `moved`)."""
+        self.phi = decision.phi if decision.phi is not None else self.phi
         self.decisions += 1
         self.last = decision
         return decision

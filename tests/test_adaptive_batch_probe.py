@@ -1,0 +1,38 @@
+"""--adaptive-batch gns under the default policy (dynamic), real server and workers on loopback: B
+is measured at a second batch (a probe) and moves, never past what an epoch can hold
+(goodput.MIN_STEPS_PER_EPOCH rounds); every decision names its basis."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH
+from tests.processes import start_server
+
+TRAIN_SAMPLES = 1437  # digits at the default test fraction 0.2
+JOB = ["--workers", "3", "--model", "mlp", "--dataset", "digits", "--global-batch", "128", "--epochs", "4",
+       "--controller", "dynamic", "--adaptive-batch", "gns", "--min-global-batch", "64", "--max-global-batch", "1024",
+       "--grace", "5"]
+
+
+def test_under_dynamic_b_is_probed_and_moves_within_the_epoch_bound(tmp_path: Path) -> None:
+    cluster = start_server(tmp_path, JOB)
+    try:
+        for name, slowdown in (("a", "1"), ("b", "2"), ("c", "4")):
+            cluster.start_worker(name, "--slowdown", slowdown)
+        assert cluster.wait(240) == 0, cluster.server_log()
+    finally:
+        cluster.stop()
+    decisions = cluster.events("adapt")
+    assert decisions, cluster.server_log()
+    assert all(e["basis"] in ("guess", "line", "probe", "measured") for e in decisions), decisions
+    probes = [e for e in decisions if e["basis"] == "probe"]
+    assert probes and probes[0]["changed"] and probes[0]["global_batch"] != 128, decisions
+    assert all(e["global_batch"] <= TRAIN_SAMPLES // MIN_STEPS_PER_EPOCH for e in decisions), decisions
+    for e in decisions:
+        if e["reason"].startswith("taken back"):
+            assert e["basis"] == "measured" and e["changed"], e
+    plans = [sum(e["batch_sizes"].values()) for e in cluster.events("adjust")]
+    assert plans[-1] == decisions[-1]["global_batch"], (plans, decisions)
+    (summary,) = cluster.events("summary")
+    assert summary["reason"] == "finished" and summary["accuracy"] > 0.8, summary

@@ -1,0 +1,71 @@
+"""The adaptive batch's measuring steps (ps/control/global_batch/goodput.py): the epoch's bound on a
+candidate B, the probe of a second B, and the take-back of a move the measured rounds contradict."""
+
+from __future__ import annotations
+
+import pytest
+
+from ps.control.global_batch.goodput import (MIN_STEPS_PER_EPOCH, AdaptiveBatch, AdaptiveConfig, choose, contradicted,
+                                             epoch_bound, measured_goodput, moved, probe_batch)
+from ps.control.performance import round_line
+
+CONFIG = AdaptiveConfig(base_batch=128, min_batch=64, max_batch=1024, threshold=0.05)
+
+
+def test_an_epoch_bounds_b_to_its_minimum_steps() -> None:
+    assert MIN_STEPS_PER_EPOCH >= 4
+    assert epoch_bound(1024, 1437) == 1437 // MIN_STEPS_PER_EPOCH == 179  # digits: never 1024 (1.4 steps)
+    assert epoch_bound(1024, 65536) == 1024  # a large set leaves the flag's bound
+    assert epoch_bound(1024, 1437, min_steps=2) == 718
+    assert epoch_bound(1024, 3) == 1  # never below one sample
+
+
+def test_a_choice_within_the_epoch_bound_never_passes_it() -> None:
+    # a round of fixed cost only: goodput grows with B (phi large), the scan goes to the top of the range
+    decision = choose(CONFIG, 128, 1e6, 64, epoch_bound(1024, 1437), lambda b: 100.0)
+    assert decision.changed and decision.batch == 179
+
+
+@pytest.mark.parametrize(("current", "lower", "upper", "probe"), [
+    (128, 64, 1024, 256),  # twice B
+    (128, 64, 179, 179),  # twice B clamped to the top
+    (179, 64, 179, 89),  # at the top: half B
+    (64, 64, 64, None),  # the bounds hold B alone
+    (100, 64, 100, 64),  # half B clamped to the bottom
+])
+def test_the_probe_is_a_second_batch_within_the_bounds(current: int, lower: int, upper: int, probe: int | None) -> None:
+    assert probe_batch(current, lower, upper) == probe
+
+
+def test_a_probe_and_the_line_through_both_batches_choose_by_measured_rounds() -> None:
+    # measured: 40 ms fixed + 0.1 ms/sample; phi large (efficiency ~1): the larger B is worth more
+    rounds = {128: 40 + 12.8, 179: 40 + 17.9}
+    line = round_line(rounds)
+    assert line is not None and line.fixed == pytest.approx(40) and line.slope == pytest.approx(0.1)
+    decision = choose(CONFIG, 128, 1e6, 64, 179, line.predict_global)
+    assert decision.changed and decision.batch == 179 and decision.reason == "goodput"
+    # phi small: a sample at a larger B is worth less; the smallest B wins
+    assert choose(CONFIG, 179, 5.0, 64, 179, line.predict_global).batch == 64
+
+
+def test_a_move_whose_measured_goodput_fell_is_contradicted() -> None:
+    rounds = {128: 50.0, 179: 100.0}  # 179 samples took twice as long as 128: fewer samples per second
+    assert contradicted(128, 179, rounds, 1e6, 128)
+    assert not contradicted(179, 128, rounds, 1e6, 128)  # the move down gained
+    assert not contradicted(128, 256, rounds, 1e6, 128)  # 256 not measured yet
+    assert not contradicted(128, 179, rounds, None, 128)  # phi unknown
+    # efficiency counts: at phi=10 a sample at 179 is worth (10+128)/(10+179) of one at 128
+    rounds = {128: 50.0, 179: 60.0}
+    assert measured_goodput(179, 60.0, 10.0, 128) < measured_goodput(128, 50.0, 10.0, 128)
+    assert contradicted(128, 179, rounds, 10.0, 128) and not contradicted(128, 179, rounds, 1e6, 128)
+
+
+def test_a_probe_or_take_back_is_a_counted_decision_with_its_reason() -> None:
+    decider = AdaptiveBatch(CONFIG)
+    decision = decider.note(moved(CONFIG, 128, 179, 300.0, "probe: a second batch for the round line", lambda b: 10.0))
+    assert decision.changed and decision.batch == 179 and decision.samples_per_s == pytest.approx(17900)
+    assert decision.efficiency == pytest.approx((300 + 128) / (300 + 179))
+    decider.apply(decision)
+    assert decider.batch == 179 and decider.decisions == 1 and decider.changes == 1 and decider.phi == 300.0
+    stay = decider.note(moved(CONFIG, 179, 179, None, "measuring the batch moved to"))
+    assert not stay.changed and decider.phi == 300.0 and decider.decisions == 2
