@@ -9,6 +9,9 @@ import logging
 import time
 from collections.abc import Callable
 
+import torch
+
+from common.transport.messages import StepHeader
 from worker.client import PSClient, ServerError
 
 log = logging.getLogger("worker")
@@ -86,3 +89,23 @@ def lost_because(error: ServerError) -> str:
     if error.code == "NOT_FOUND":
         return "the server does not know this worker (restarted?)"
     return f"the server dropped this worker ({error.message.splitlines()[0][:200]})"
+
+
+def await_regroup(client: PSClient, worker_id: str, params: torch.Tensor, failed: StepHeader,
+                  retry_for: float) -> StepHeader:
+    """--allreduce: poll the server (headers only) until it starts a group generation after `failed`'s
+    (or the job ends), for up to `retry_for` seconds."""
+    deadline = time.monotonic() + retry_for
+    delay = 0.02
+    while True:
+        plan = client.pull(worker_id, params, header_only=True)
+        if plan.done or plan.group.generation != failed.group.generation:
+            return plan
+        if time.monotonic() > deadline:
+            raise ServerError(
+                "DEADLINE_EXCEEDED",
+                f"the process group of generation {failed.group.generation} failed and the server formed no new one "
+                f"within {retry_for:.0f}s",
+            )
+        time.sleep(delay)
+        delay = min(0.5, delay * 2)

@@ -52,9 +52,10 @@ from worker.heartbeat import Heartbeat
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
 from worker.overlap import BucketPush
-from worker.reconnect import Waiting, lost_because, wait_for_server
+from worker.reconnect import Waiting, await_regroup, lost_because, wait_for_server
 from worker.resources import burn_cpu, slowdown_delay
 from worker.sampler import ElasticBatchSampler
+from worker.slices import SliceSampler, TrainedLog
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,7 @@ class Session:
         self._fetch_started: float | None = None
         self._fetch_cpu = 0.0
         self._drawn = 0  # the size of the batch the next step's gradients come from
+        self._drawn_step: tuple[StepHeader, torch.Tensor] | None = None  # and its plan and indices
         self._report: Callable[[], StepHeader] | None = None  # the fast path's last report, its reply not yet read
         self.steps = 0
         self.parked_polls = 0  # long polls answered while parked
@@ -130,7 +132,10 @@ class Session:
             self.model.to(self.device)
             self._on_device = (torch.empty_like(self._params, device=self.device), torch.empty_like(self._grads, device=self.device))
             self._train_x, self._train_y = self._train_x.to(self.device), self._train_y.to(self.device)
-        self._sampler = ElasticBatchSampler(len(self.dataset.train_x), seed=self.spec.seed * 1009 + joined.index)
+        n = len(self.dataset.train_x)  # --sampling exact: the server's slices (worker/slices.py), else its own draws
+        self._sampler = (SliceSampler(n, self.spec.seed, self.spec.epochs, lambda: self.plan) if self.spec.exact_epochs
+                         else ElasticBatchSampler(n, seed=self.spec.seed * 1009 + joined.index))
+        self._trained = TrainedLog(self.name)  # the audit hook: what each step whose push was taken trained on
         self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
         # BSP on the PS path: the gradient goes out in buckets while backward runs (worker/overlap.py)
         self.overlap = self.overlap and self.spec.overlap and self.spec.mode == "bsp" and not self.spec.allreduce
@@ -163,6 +168,8 @@ class Session:
 
     def _follow(self, plan: StepHeader) -> None:
         """Take `plan` as the current one: the next batch is drawn at its size."""
+        if isinstance(self._sampler, SliceSampler):
+            self._sampler.check(plan)  # a slice it cannot train on: one clear error, and it leaves
         self.plan = plan
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size
@@ -188,7 +195,7 @@ class Session:
             self.exposed_ms = (self._fetch_started - self._compute_end) * 1000.0
             self._compute_end = None
         index = self._sampler.next_batch().to(self._train_x.device)
-        self._drawn = int(index.numel())
+        self._drawn, self._drawn_step = int(index.numel()), (self.plan, index)
         if self._buckets is not None:
             self._buckets.arm(self._open_push)
         return self._train_x[index], self._train_y[index]
@@ -290,6 +297,7 @@ class Session:
         else:
             self.steps += 1
             self.last_compute_ms = compute_ms
+            self._trained.write(self._drawn_step)
             self._streamed = streamed
             self.streamed_replies += streamed
         if self._streamed:  # the model's parameters are views of self._params: they fill in as chunks land
@@ -362,7 +370,7 @@ class Session:
                 break
             except CollectiveError as exc:
                 log.warning("%s: %s; waiting for the server's next group", self.name, str(exc).splitlines()[0][:300])
-                plan = self._await_regroup(plan)
+                plan = await_regroup(self.client, self.worker_id, self._params, plan, self.retry_for)
                 if plan.done:
                     return self._send_snapshot(plan)
         # the report goes out before the optimizer step: the round closes on the server meanwhile
@@ -379,23 +387,6 @@ class Session:
         """Whether the server still trains in `generation` (asked while a group forms)."""
         plan = self.client.pull(self.worker_id, self._params, header_only=True)
         return plan.group.generation == generation and not plan.done
-
-    def _await_regroup(self, failed: StepHeader) -> StepHeader:
-        """Poll the server (headers only) until it starts a group generation after `failed`'s."""
-        deadline = time.monotonic() + self.retry_for
-        delay = 0.02
-        while True:
-            plan = self.client.pull(self.worker_id, self._params, header_only=True)
-            if plan.done or plan.group.generation != failed.group.generation:
-                return plan
-            if time.monotonic() > deadline:
-                raise ServerError(
-                    "DEADLINE_EXCEEDED",
-                    f"the process group of generation {failed.group.generation} failed and the server formed no new one "
-                    f"within {self.retry_for:.0f}s",
-                )
-            time.sleep(delay)
-            delay = min(0.5, delay * 2)
 
     def _send_snapshot(self, plan: StepHeader) -> StepHeader:
         """Rank 0, when asked: push the parameters and the optimizer state (the server's copy of the
