@@ -297,7 +297,7 @@ class Session:
         else:
             self.steps += 1
             self.last_compute_ms = compute_ms
-            self._trained.write(self._drawn_step)
+            self._trained.write(self._drawn_step, self.worker_id)
             self._streamed = streamed
             self.streamed_replies += streamed
         if self._streamed:  # the model's parameters are views of self._params: they fill in as chunks land

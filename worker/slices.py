@@ -4,7 +4,7 @@ dataset indices (common.job.epoch_order). The next step's slice is known as soon
 is in, before the step's batch is drawn, so a loader can start reading it at once.
 
 The audit hook: with PS_TRAINED_INDICES=FILE in its environment a worker appends one JSON line to FILE
-for every step whose push the server took ({"worker", "round", "version", "ranges": [[epoch, offset,
+for every step whose push the server took ({"worker", "worker_id", "round", "version", "ranges": [[epoch, offset,
 count], ...], "indices": [...]}), which is how the tests check that every sample is trained once per
 epoch. It is meant for tests and audits, not for production runs (a line per step)."""
 
@@ -72,12 +72,13 @@ class TrainedLog:
         self.path = Path(path) if path else None
         self.worker = worker
 
-    def write(self, step: tuple[StepHeader, torch.Tensor] | None) -> None:
-        """A line for the batch drawn at `step` = (its plan, its indices), if the plan handed a slice."""
+    def write(self, step: tuple[StepHeader, torch.Tensor] | None, worker_id: str) -> None:
+        """A line for the batch drawn at `step` = (its plan, its indices), if the plan handed a slice;
+        `worker_id`: the session's id that pushed it (a rejoin changes it)."""
         if self.path is None or step is None or not step[0].slice:
             return
         plan, indices = step
-        line = {"worker": self.worker, "round": plan.round, "version": plan.version,
+        line = {"worker": self.worker, "worker_id": worker_id, "round": plan.round, "version": plan.version,
                 "ranges": [[r.epoch, r.offset, r.count] for r in plan.slice], "indices": indices.tolist()}
         with self.path.open("a") as f:
             f.write(json.dumps(line) + "\n")

@@ -31,6 +31,7 @@ class Held:
 
     key: int
     ranges: tuple[SliceRange, ...]
+    asked: int  # the samples asked for (more than the ranges hold when the last epoch ran out)
 
     @property
     def count(self) -> int:
@@ -66,17 +67,19 @@ class Coverage:
 class EpochSlices:
     """The cursor into the epochs' permutations, the slices out, those put back, what was consumed."""
 
-    def __init__(self, num_samples: int, epoch: int = 0, cursor: int = 0, put_back: Iterable[SliceRange] = ()) -> None:
+    def __init__(self, num_samples: int, epoch: int = 0, cursor: int = 0, put_back: Iterable[SliceRange] = (),
+                 last_epoch: int | None = None) -> None:
         """Start at π_epoch[cursor] with `put_back` still to serve (a checkpoint's state, `state_dict`);
-        the epochs before `epoch` count as consumed, and so does π_epoch[0, cursor) but for `put_back`."""
+        the epochs before `epoch` count as consumed, and so does π_epoch[0, cursor) but for `put_back`.
+        `last_epoch`: no samples are handed out past π_last_epoch (the job's end)."""
         if num_samples < 1:
             raise ValueError(f"an epoch needs at least one sample, got {num_samples}")
         returned = sorted(put_back, key=lambda r: (r.epoch, r.offset))
-        if not 0 <= cursor <= num_samples or any(not (r.epoch <= epoch and 0 <= r.offset and 0 < r.count
-                                                     and r.stop <= (cursor if r.epoch == epoch else num_samples))
-                                                 for r in returned):
+        bad = [r for r in returned if not (r.epoch <= epoch and 0 <= r.offset and 0 < r.count
+                                           and r.stop <= (cursor if r.epoch == epoch else num_samples))]
+        if not 0 <= cursor <= num_samples or (last_epoch is not None and epoch > last_epoch) or bad:
             raise ValueError(f"slice state out of range: epoch {epoch}, cursor {cursor}, put back {returned}")
-        self.num_samples = num_samples
+        self.num_samples, self.last_epoch = num_samples, last_epoch
         self.epoch, self.cursor = epoch, cursor
         self.returned: list[SliceRange] = returned
         self.held: dict[Hashable, Held] = {}
@@ -94,7 +97,7 @@ class EpochSlices:
     # ------------------------------------------------------------- handing out
     def take(self, count: int) -> tuple[SliceRange, ...]:
         """The next `count` samples: ranges put back first, then π's from the cursor (wrapping into the
-        next epoch's permutation)."""
+        next epoch's permutation); fewer if that would pass `last_epoch`."""
         if count < 1:
             raise ValueError(f"a slice needs at least one sample, got {count}")
         out: list[SliceRange] = []
@@ -110,6 +113,8 @@ class EpochSlices:
                 self.returned[0] = SliceRange(r.epoch, r.offset + part.count, r.count - part.count)
         while need:
             if self.cursor == self.num_samples:
+                if self.last_epoch is not None and self.epoch >= self.last_epoch:
+                    break
                 self.epoch, self.cursor = self.epoch + 1, 0
             part = SliceRange(self.epoch, self.cursor, min(need, self.num_samples - self.cursor))
             out.append(part)
@@ -118,15 +123,17 @@ class EpochSlices:
         return tuple(_merged(out))
 
     def hand(self, holder: Hashable, count: int, key: int = 0) -> tuple[SliceRange, ...]:
-        """`holder`'s slice of `count` samples for `key`: the one it holds if that is the same size and
-        for the same key (a reply sent again), else a new one (what it held is put back)."""
+        """`holder`'s slice of `count` samples for `key`: the one it holds if that was asked for the same
+        size and key (a reply sent again), else a new one (what it held is put back). Fewer samples, or
+        none, once the last epoch ran out."""
         held = self.held.get(holder)
-        if held is not None and held.key == key and held.count == count:
+        if held is not None and held.key == key and held.asked == count:
             return held.ranges
         if held is not None:
             self.put_back(holder)
         ranges = self.take(count)
-        self.held[holder] = Held(key, ranges)
+        if ranges:
+            self.held[holder] = Held(key, ranges, count)
         return ranges
 
     def put_back(self, holder: Hashable) -> int:
@@ -165,17 +172,19 @@ class EpochSlices:
     # ------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict[str, Any]:
         """The cursor and every range not consumed yet (put back, or held: a resumed job serves them again)."""
-        out = sorted(self.returned + [r for held in self.held.values() for r in held.ranges], key=lambda r: (r.epoch, r.offset))
+        out = self.returned + [r for held in self.held.values() for r in held.ranges]
+        out.sort(key=lambda r: (r.epoch, r.offset))
         return {"slice_epoch": self.epoch, "slice_cursor": self.cursor,
                 "slices_put_back": [[r.epoch, r.offset, r.count] for r in out]}
 
     @classmethod
-    def from_state(cls, num_samples: int, state: dict[str, Any], epoch: int) -> EpochSlices:
+    def from_state(cls, num_samples: int, state: dict[str, Any], epoch: int,
+                   last_epoch: int | None = None) -> EpochSlices:
         """From a checkpoint's `state_dict`; one without it (written before exact epochs) starts π_epoch afresh."""
         if "slice_cursor" not in state:
-            return cls(num_samples, epoch)
+            return cls(num_samples, epoch, last_epoch=last_epoch)
         ranges = [SliceRange(int(e), int(o), int(c)) for e, o, c in state["slices_put_back"]]
-        return cls(num_samples, int(state["slice_epoch"]), int(state["slice_cursor"]), ranges)
+        return cls(num_samples, int(state["slice_epoch"]), int(state["slice_cursor"]), ranges, last_epoch)
 
     def report(self) -> dict[str, Any]:
         """For the job's summary: samples trained per epoch (each an exact epoch when it equals N and no

@@ -30,7 +30,7 @@ class Sampling:
     def __init__(self, state: JobState, num_samples: int) -> None:
         self.state = state
         self.num_samples = num_samples
-        self.slices = EpochSlices(num_samples)
+        self.slices = EpochSlices(num_samples, last_epoch=state.spec.epochs)
         self.fingerprint: str | None = None  # the first worker's declared dataset fingerprint ("" none)
         self._opened: int | None = None  # BSP: the round whose slices were handed out
         self._in_sum: set[str] = set()  # BSP: the workers whose push is in the open round's sum
@@ -50,20 +50,23 @@ class Sampling:
         if fingerprint and not self.fingerprint:
             self.fingerprint = fingerprint
 
-    def slice_for(self, member: Member, batch: int) -> tuple[SliceRange, ...]:
-        """The ranges a reply telling `member` `batch` for its next step hands it (none: independent sampling)."""
+    def slice_for(self, member: Member, batch: int) -> tuple[int, tuple[SliceRange, ...]]:
+        """The batch a reply tells `member` for its next step, planned at `batch`, and the ranges it hands
+        it (none: independent sampling). The batch is smaller, or 0, only where the job's last epoch
+        (π_E, which the last round wraps into) ran out: in ASP, while a stalled worker holds slices
+        of an earlier epoch until it pushes or is evicted."""
         s = self.state
-        if not self.exact or batch <= 0 or s.done:
-            return ()
+        if not self.exact or batch <= 0 or s.done or member.worker_id not in s.members:
+            return batch, ()  # a reply to a worker removed meanwhile (its push's round closed after) hands nothing
         if s.spec.mode != "bsp":
-            return self.slices.hand(member.worker_id, batch)
+            return _sized(self.slices.hand(member.worker_id, batch))
         if self._opened != s.round:
             self._opened = s.round
             plan = s.controller.plan()
             for other in sorted(s.members.values(), key=lambda m: m.index):  # the plan's fixed order
                 if plan.get(other.name, 0) > 0 and other.worker_id not in self._in_sum:
                     self.slices.hand(other.worker_id, plan[other.name], key=s.round)
-        return self.slices.hand(member.worker_id, batch, key=s.round)
+        return _sized(self.slices.hand(member.worker_id, batch, key=s.round))
 
     def pushed(self, member: Member, batch: int) -> None:
         """`member`'s push of `batch` samples is in: ASP, its update is applied; BSP, its gradient is in the
@@ -71,8 +74,11 @@ class Sampling:
         the Pull a worker makes first) takes the slice it is owed now."""
         if not self.exact:
             return
-        self.slice_for(member, batch)
-        if self.state.spec.mode == "bsp":
+        bsp = self.state.spec.mode == "bsp"
+        held = self.slices.held.get(member.worker_id)
+        if held is None or (bsp and held.key != self.state.round):
+            self.slice_for(member, batch)
+        if bsp:
             self._in_sum.add(member.worker_id)
         else:
             self.slices.consume(member.worker_id)
@@ -101,8 +107,12 @@ class Sampling:
 
     def restore(self, state: dict[str, Any]) -> None:
         """From a checkpoint (one without slices: the resumed epoch starts its permutation afresh)."""
-        self.slices = EpochSlices.from_state(self.num_samples, state, int(state["epoch"]))
+        self.slices = EpochSlices.from_state(self.num_samples, state, int(state["epoch"]), self.state.spec.epochs)
 
     def report(self) -> dict[str, Any]:
         return {"sampling": self.state.spec.sampling if self.exact else "independent",
                 **({"exactly_once": self.slices.report()} if self.exact else {})}
+
+
+def _sized(ranges: tuple[SliceRange, ...]) -> tuple[int, tuple[SliceRange, ...]]:
+    return sum(r.count for r in ranges), ranges
