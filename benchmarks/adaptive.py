@@ -26,6 +26,7 @@ from benchmarks.hetero.cli import build_parser as hetero_parser
 from benchmarks.hetero.cli import settings as hetero_settings
 from benchmarks.hetero.runs import Run, run_cluster
 from benchmarks.hetero.settings import Settings, log, resolve_emulation
+from benchmarks.report_output import add_result_options, save_result
 
 SOURCE = "issue: adaptive global batch (Cannikin §4 goodput; Pollux efficiency)"
 
@@ -73,7 +74,7 @@ DEFAULT_ARMS = ("fixed", "adaptive")
 def task_settings(args: argparse.Namespace, task: Task, seed: int, workdir: Path) -> Settings:
     """benchmarks.hetero's settings for the task (HL8 by default, --tta its target), one seed."""
     argv = [*task.args, "--tta", str(task.target), "--epochs", str(args.epochs or task.epochs), "--lr", str(task.lr),
-            "--seed", str(seed), "--controllers", args.controller, "--profile", args.profile, "--no-baselines",
+            "--seed", str(seed), "--policies", args.policy, "--profile", args.profile, "--no-baselines",
             "--run-timeout", str(args.run_timeout), *(["--cpu-budget", str(args.cpu_budget)] if args.cpu_budget else []),
             *(["--tiny", *(TINY if task.name == "teacher" else ())] if args.tiny else [])]
     s = hetero_settings(hetero_parser().parse_args(argv), workdir)
@@ -110,7 +111,7 @@ def bench_task(args: argparse.Namespace, task: Task, workdir: Path) -> dict[str,
             def stop(cluster: Any, event: dict, run: Run) -> bool:
                 return event.get("event") == "eval" and float(event.get("accuracy") or 0.0) >= task.target
 
-            run = run_cluster(s, emu, f"{task.name}-s{seed}-{name}", args.controller, extra_server_args=extra, on_event=stop)
+            run = run_cluster(s, emu, f"{task.name}-s{seed}-{name}", args.policy, extra_server_args=extra, on_event=stop)
             runs[name] = time_to_target(run, task.target)
         fixed = [r["time_to_target_s"] for n, r in runs.items() if n.startswith("fixed_") and r["time_to_target_s"] is not None]
         best = min(fixed) if fixed else None
@@ -133,8 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="teacher,digits", help="comma-separated of: " + ", ".join(TASKS))
     p.add_argument("--seeds", type=lambda t: [int(x) for x in t.split(",")], default=[0, 1, 2], help="e.g. 0,1,2")
     p.add_argument("--epochs", type=int, default=None, help="epoch cap per run (default: the task's)")
-    p.add_argument("--controller", default="model",
-                   help="the batch policy of every run (default: model, whose fits predict the round at other B)")
+    p.add_argument("--controller", dest="policy", default="model", help=argparse.SUPPRESS)
+    p.add_argument("--policy", default="model",
+                   help="the batch policy of every run (default: model, whose fits predict the round at other B; "
+                        "--controller is the same flag)")
     p.add_argument("--profile", default="hl8", help="heterogeneity profile (default: hl8)")
     p.add_argument("--cpu-budget", type=float, default=None, help="cores the quotas share (default: hetero's)")
     p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run before giving up")
@@ -142,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="runs per task and seed: fixed (every fixed B), adaptive, adaptive_linear, adaptive_sqrt")
     p.add_argument("--tiny", action="store_true", help="a smoke run: software slowdown, small data")
     p.add_argument("--json", action="store_true", help="print the JSON report")
+    add_result_options(p)
     return p
 
 
@@ -153,7 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"adaptive: error: --tasks: unknown {unknown or 'empty'}; choose from {', '.join(TASKS)}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    report: dict[str, Any] = {"benchmark": "adaptive", "controller": args.controller, "profile": args.profile,
+    report: dict[str, Any] = {"benchmark": "adaptive", "controller": args.policy, "profile": args.profile,
                               "seeds": args.seeds, "tasks": {}}
     with tempfile.TemporaryDirectory(prefix="adaptive-bench-") as tmp:
         for name in tasks:
@@ -162,6 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report["targets"] = [t for v in report["tasks"].values() for t in v["targets"]]
     report["wall_s"] = round(time.monotonic() - started, 1)
     print(json.dumps(report, indent=None if args.json else 2))
+    save_result(args, "adaptive", report, argv)
     return 0
 
 

@@ -27,6 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.report_output import add_result_options, save_result
 from common.ops.arg_types import positive_int
 from deploy.launcher import LocalCluster, WorkerSpec
 from ps.ops.metrics import read_metrics
@@ -123,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--asp-arg", action="append", default=[], metavar="ARG", help="extra ps-server flag for the ASP runs")
     p.add_argument("--hl8", action="store_true", help="HL8 in the cgroup emulator instead: BSP, ASP, ASP --staleness-bound 2")
     p.add_argument("--run-timeout", type=float, default=600.0, help="seconds per job before giving up")
+    add_result_options(p)
     return p
 
 
@@ -133,7 +135,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         build_parser().error(f"--modes takes bsp and/or asp, got {args.modes!r}")
     if args.hl8:
         with tempfile.TemporaryDirectory(prefix="asp-hl8-") as tmp:
-            print(json.dumps(bench_hl8(Path(tmp), args.run_timeout)))
+            hl8 = bench_hl8(Path(tmp), args.run_timeout)
+        print(json.dumps(hl8))
+        save_result(args, "asp", hl8, argv)
         return 0
     report: dict[str, Any] = {
         "case": {"job": " ".join(JOB), "slowdowns": list(SLOWDOWNS), "epochs": args.epochs, "asp_args": args.asp_arg},
@@ -151,6 +155,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "bsp" in report and "asp" in report:
         report["asp_minus_bsp"] = round(report["asp"]["mean"] - report["bsp"]["mean"], 4)
     print(json.dumps(report))
+    save_result(args, "asp", report, argv)
     return 0
 
 

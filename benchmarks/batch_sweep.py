@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from benchmarks.cli_types import ints
+from benchmarks.report_output import add_result_options, save_result
 from benchmarks.workload import add_child_workload_arguments, build
 
 
@@ -46,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=30, help="epochs per batch size")
     p.add_argument("--target", type=_accuracies, default=[0.6, 0.7], help="target test accuracies")
     p.add_argument("--json", action="store_true", help="print the JSON report before the table")
+    add_result_options(p)
     return p
 
 
@@ -74,7 +76,7 @@ def sweep_one(args: argparse.Namespace, batch: int) -> dict[str, Any]:
             loss.backward()
             optimizer.step()
         spent += time.perf_counter() - started
-        accuracy.append(round(evaluate(model, data.test_x, data.test_y)[0], 4))
+        accuracy.append(round(evaluate(model, data.test)[0], 4))
         seconds.append(round(spent, 3))
     reached = {}
     for target in args.target:
@@ -118,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps(report))
         print()
     print(table(results, args.target, args.epochs))
+    save_result(args, "batch_sweep", report, argv)
     return 0
 
 

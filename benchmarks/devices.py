@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import analysis
-from benchmarks.report_output import print_report
+from benchmarks.report_output import add_result_options, print_report, save_result
 from benchmarks.workload import Workload
 from common.ops.arg_types import positive_float, positive_int
 from ps.ops.metrics import read_metrics
@@ -151,6 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpu-device", default="cuda", help="the fast worker's --device (cpu: a smoke test without a GPU)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds per job before giving up")
     p.add_argument("--json", action="store_true", help="print the JSON before the table")
+    add_result_options(p)
     return p
 
 
@@ -172,6 +173,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = {name: run_scenario(name, args, Path(tmp)) for name in names}
     result = report(records, args.cpu_workers)
     print_report(json.dumps(result, indent=2), table(result), args.json)
+    save_result(args, "devices", result, argv)
     return 0
 
 

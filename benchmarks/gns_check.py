@@ -1,4 +1,4 @@
-"""The GNS estimator (ps.control.gns) against brute force, on one process.
+"""The GNS estimator (ps.control.global_batch.gns) against brute force, on one process.
 
 ``python -m benchmarks.gns_check`` trains the workload as a BSP job would with a heterogeneous split
 (default: B = 256 split 6/6/4/32, HL8's core shares): every step, each simulated worker computes the
@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from benchmarks.cli_types import ints
+from benchmarks.report_output import add_result_options, save_result
 from benchmarks.workload import add_child_workload_arguments, build, tune_like_a_worker
 
 
@@ -44,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--frozen-rounds", type=int, default=200, help="rounds fed to the frozen-model estimates")
     p.add_argument("--tolerance", type=float, default=0.25, help="target: |online/true - 1| <= this")
     p.add_argument("--json", action="store_true", help="print the JSON report before the table")
+    add_result_options(p)
     return p
 
 
@@ -133,7 +135,7 @@ def round_norms(grads: Sequence[Any], batches: Sequence[int]) -> tuple[list[floa
 
 def frozen_estimate(trainer: Trainer, batches: Sequence[int], rounds: int) -> dict[str, Any]:
     """A fresh estimator over `rounds` fresh batches at the current weights (equal weight per round)."""
-    from ps.control.gns import NoiseScaleEstimator
+    from ps.control.global_batch.gns import NoiseScaleEstimator
 
     est = NoiseScaleEstimator(smoothing=1.0 - 1.0 / rounds)
     for _ in range(rounds):
@@ -194,7 +196,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     """Train with the heterogeneous split and compare the estimates with the truth at each point."""
     import torch
 
-    from ps.control.gns import NoiseScaleEstimator
+    from ps.control.global_batch.gns import NoiseScaleEstimator
     from ps.control.split import largest_remainder
     from ps.rounds.evaluator import evaluate
 
@@ -227,7 +229,7 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
         now = described(online)
         hetero = frozen_estimate(trainer, batches, args.frozen_rounds)
         homo = frozen_estimate(trainer, equal, args.frozen_rounds)
-        accuracy = evaluate(trainer.model, trainer.data.test_x, trainer.data.test_y)[0]
+        accuracy = evaluate(trainer.model, trainer.data.test)[0]
         trainer.model.train()  # evaluate() left it in eval mode
         error = None if now["phi"] is None else abs(now["phi"] / smoothed["b_noise"] - 1.0)
         points.append({
@@ -283,6 +285,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     show(report, table(report), args.json)
+    save_result(args, "gns_check", report, argv)
     return 0
 
 

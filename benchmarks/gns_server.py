@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import gns_check
+from benchmarks.report_output import save_result
 from benchmarks.workload import CHILD_ENV
 
 
 def server_point(args: argparse.Namespace, epochs: int, workdir: Path) -> dict[str, Any]:
     """Train `epochs`, freeze, and read the server's estimate and the weights from its checkpoint."""
-    from ps.control.gns import NoiseScaleEstimator
+    from ps.control.global_batch.gns import NoiseScaleEstimator
     from ps.ops.metrics import read_metrics
     from ps.checkpoint import latest_checkpoint
 
@@ -129,6 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     report = server_check(args)
     gns_check.show(report, table(report), args.json)
+    save_result(args, "gns_server", report, argv)
     return 0
 
 

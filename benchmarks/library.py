@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.analysis import markdown_table, of_kind, steady_throughput, target
-from benchmarks.report_output import print_report
+from benchmarks.report_output import add_result_options, print_report, save_result
 from common.ops.arg_types import positive_int
 from ps.ops.metrics import read_metrics
 
@@ -162,6 +162,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--torch-threads-baseline", action="store_true",
                    help="also run the loop with threads=None (torch's default thread count)")
     p.add_argument("--json", action="store_true", help="print the JSON report before the table")
+    add_result_options(p)
     args = p.parse_args(argv)
     args.variants = [v for v in VARIANTS if v != "library_torch_threads" or args.torch_threads_baseline]
     return args
@@ -171,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     report = measure(args)
     print_report(json.dumps(report, indent=2), table(report), args.json)
+    save_result(args, "library", report, argv)
     return 0
 
 

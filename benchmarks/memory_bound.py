@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.report_output import add_result_options, save_result
 from common.job.datasets import build_dataset
 from common.job.models import build_model
 from ps.server_flags import parse_options
@@ -64,11 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--model-arg", action="append", default=[], metavar="K=V")
     p.add_argument("--dataset", default="synthetic", help="gives the input shape and the classes")
     p.add_argument("--device", default="cuda")
+    add_result_options(p)
     args = p.parse_args(argv)
     report: dict[str, Any] = {"model": args.model, "model_args": args.model_arg, "target": f"within {TARGET:.0%}"}
     if not torch.cuda.is_available():
         report["skipped"] = "needs a CUDA device (torch sees none)"
         print(json.dumps(report))
+        save_result(args, "memory_bound", report, argv)
         return 0
     device = torch.device(args.device)
     data = build_dataset(args.dataset, {}, 0)
@@ -81,6 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   per_sample_bytes=round(probe.per_sample_bytes), fixed_bytes=round(probe.fixed_bytes),
                   available_bytes=round(probe.available_bytes), relative_error=round(error, 4), met=error <= TARGET)
     print(json.dumps(report, indent=1))
+    save_result(args, "memory_bound", report, argv)
     return 0
 
 

@@ -29,6 +29,7 @@ from benchmarks.hetero.cli import build_parser as hetero_parser
 from benchmarks.hetero.cli import settings
 from benchmarks.hetero.runs import run_cluster
 from benchmarks.hetero.settings import resolve_emulation
+from benchmarks.report_output import add_result_options, save_result
 
 SLOWEST = "w2"
 """HL8's slowest worker (4 of 48 cores) as the emulation names it."""
@@ -36,7 +37,7 @@ SLOWEST = "w2"
 
 def one_run(workdir: Path, name: str, controller: str, extra: Sequence[str], hetero_args: Sequence[str]) -> dict[str, Any]:
     """A run on the emulated cluster; its accuracy, BatchNorm statistics, batches and throughput."""
-    s = settings(hetero_parser().parse_args([*hetero_args, "--no-baselines", "--controllers", controller]), workdir)
+    s = settings(hetero_parser().parse_args([*hetero_args, "--no-baselines", "--policies", controller]), workdir)
     emu = resolve_emulation(s)
     run = run_cluster(s, emu, name, controller, extra_server_args=extra)
     evals = [e for e in run.events if e["event"] == "eval"]
@@ -82,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--cpu-budget", default=None, help="passed to the HL8 emulation (default: its own)")
     p.add_argument("--limiter", choices=("auto", "cgroup", "slowdown"), default="auto",
                    help="how HL8's shares are applied (benchmarks.hetero --limiter)")
+    add_result_options(p)
     args = p.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     budget = [*(["--cpu-budget", args.cpu_budget] if args.cpu_budget else []), "--limiter", args.limiter]
@@ -118,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                 "micro_over_variable_median": ratio, "target": ">= 0.9", "met": ratio >= 0.9}
     json.dump(report, sys.stdout, indent=1)
     print()
+    save_result(args, "micro_batches", report, argv)
     return 0
 
 

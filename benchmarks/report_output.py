@@ -1,8 +1,19 @@
-"""Where a benchmark's report goes: JSON then the markdown table on stdout, and both files on request."""
+"""Where a benchmark's report goes: JSON then the markdown table on stdout, both files on request, and
+a dated result file under benchmarks/results/ (``--save-result``) that docs/benchmarks.md's table of
+latest figures is generated from (``python -m benchmarks.results_table --write``)."""
 
 from __future__ import annotations
 
+import argparse
+import datetime
+import json
+import os
+import shlex
+import sys
 from pathlib import Path
+from typing import Any, Sequence
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def save_report(directory: Path, name: str, text: str, table: str) -> None:
@@ -17,3 +28,58 @@ def print_report(text: str, table: str, as_json: bool) -> None:
         print(text)
         print()
     print(table)
+
+
+def add_result_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--save-result [DIR]`` and ``--machine TEXT``: the flags every benchmark that prints JSON takes."""
+    parser.add_argument("--save-result", nargs="?", const=RESULTS, type=Path, metavar="DIR",
+                        help="also write the report as <benchmark>-<date>.json with the date, the machine and the "
+                             "command (default DIR: benchmarks/results)")
+    parser.add_argument("--machine", metavar="TEXT",
+                        help="the machine as the result file names it (default: the CPU count and the GPU found)")
+
+
+def machine() -> str:
+    """This machine in a few words: its CPU count and its GPU, if torch sees one."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    gpu = "no GPU"
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return f"{cores}-core machine, {gpu}"
+
+
+def result_record(benchmark: str, report: dict[str, Any], argv: Sequence[str], machine_text: str | None,
+                  today: datetime.date | None = None) -> dict[str, Any]:
+    """The result file's content: when, where and how it was measured, the report's targets, the report."""
+    return {
+        "benchmark": benchmark,
+        "date": (today or datetime.datetime.now(datetime.timezone.utc).date()).isoformat(),
+        "machine": machine_text or machine(),
+        "command": shlex.join(["python", "-m", f"benchmarks.{benchmark}", *argv]),
+        "targets": report.get("targets", []),
+        "report": report,
+    }
+
+
+def save_result(args: argparse.Namespace, benchmark: str, report: dict[str, Any],
+                argv: Sequence[str] | None = None) -> Path | None:
+    """With ``--save-result``, `report` as a dated result file; returns its path (None without the flag).
+
+    A second run of the same benchmark on the same day gets ``-2``, ``-3``, ... after the date."""
+    if args.save_result is None:
+        return None
+    record = result_record(benchmark, report, sys.argv[1:] if argv is None else argv, args.machine)
+    args.save_result.mkdir(parents=True, exist_ok=True)
+    stem = f"{benchmark}-{record['date']}"
+    path, n = args.save_result / f"{stem}.json", 1
+    while path.exists():
+        n += 1
+        path = args.save_result / f"{stem}-{n}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    print(f"{benchmark}: result written to {path}", file=sys.stderr)
+    return path

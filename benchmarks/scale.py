@@ -44,6 +44,7 @@ from typing import Any
 import grpc
 
 from protos import ps_pb2, ps_pb2_grpc
+from benchmarks.report_output import add_result_options, save_result
 from common.ops.arg_types import positive_float, positive_int
 from ps.ops.metrics import read_metrics
 
@@ -317,6 +318,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--poll", type=positive_float, default=0.05, help="seconds between Status polls")
     p.add_argument("--workdir", type=Path, default=None, help="keep logs here (unset: a temporary directory, removed)")
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout (the table goes to stderr)")
+    add_result_options(p)
     return p
 
 
@@ -345,6 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(table, file=sys.stderr)
     else:
         print(table)
+    save_result(args, "scale", report, argv)
     for error in report["errors"]:
         log(f"error: {error}")
     return 0 if not report["errors"] else 1

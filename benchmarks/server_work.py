@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from benchmarks.cli_types import choices, counts
-from benchmarks.report_output import print_report, save_report
+from benchmarks.report_output import add_result_options, print_report, save_report, save_result
 from common.ops.memory import tune_malloc
 
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--momentum", type=_momentum, default=0.0, help="SGD momentum (default 0, as the transport benchmark)")
     p.add_argument("--json", action="store_true", help="print the JSON report before the table")
     p.add_argument("--out", type=Path, default=None, help="also write server_work.json and server_work.md here")
+    add_result_options(p)
     return p
 
 
@@ -153,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         save_report(args.out, "server_work", text, table)
     print_report(text, table, args.json)
+    save_result(args, "server_work", report, argv)
     return 0
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NoReturn, TypeAlias
 
 from deploy import compose_env, docker_schedule
+from deploy.make_data import add_make_data_command
 from deploy.profiles import (
     MODES,
     builtin_profiles,
@@ -23,7 +24,7 @@ from deploy.profiles import (
     load_profile,
     load_schedule,
 )
-from ps.control.config import POLICIES
+from ps.control.registry import POLICIES
 from common.ops.arg_types import positive_float, positive_int
 
 
@@ -260,12 +261,13 @@ def add_list_command(subcommands: Subcommands) -> None:
 
 def _run(args: argparse.Namespace) -> int:
     from deploy import emulator
-    from deploy.launcher import ServerStartError, Terminated
+    from deploy.launcher import ServerStartError
+    from deploy.signals import Terminated
 
     config = emulator.RunConfig(
         profile=args.profile, schedule=args.schedule, every_epochs=args.every_epochs,
         every_seconds=args.every_seconds, mode=args.mode, cpu_budget=args.cpu_budget,
-        controller=args.controller, epochs=args.epochs, model=args.model, model_args=args.model_arg,
+        policy=args.policy, epochs=args.epochs, model=args.model, model_args=args.model_arg,
         dataset=args.dataset, dataset_args=args.dataset_arg, global_batch=args.global_batch, lr=args.lr,
         adjust_every=args.adjust_every, limiter=args.limiter, out=args.out, quick=args.quick,
         server_args=[*args.server_arg, *([] if args.overlap else ["--no-overlap"])],
@@ -314,7 +316,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         "  ps-cluster run --profile hl8                        # the main job\n"
         "  ps-cluster run --profile hl8 --quick                # a short run (about 30 s)\n"
         "  ps-cluster run --schedule dynamic --quick           # HL1->HL8->HL1, 2 epochs per phase\n"
-        "  ps-cluster run --profile hl4 --controller uniform   # the baseline: equal batches\n"
+        "  ps-cluster run --profile hl4 --policy uniform   # the baseline: equal batches\n"
         "  ps-cluster run --mode asp --server-arg=--staleness-bound=2   # ASP, stale-synchronous\n"
         "exit status: 0 done, 1 the run failed (a worker or the server died), 2 bad input.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -341,8 +343,10 @@ def add_run_command(subcommands: Subcommands) -> None:
                        help="auto: cgroup CPU quotas where writable, else --slowdown factors; cgroup: "
                        "quotas or fail; slowdown: force the fallback (default: auto)")
     job = parser.add_argument_group("job (passed to ps-server)")
-    job.add_argument("--controller", choices=POLICIES,
-                     help="batch policy: equal batches, from the declared cores, measured, or fitted with parking "
+    job.add_argument("--controller", dest="policy", choices=tuple(POLICIES), help=argparse.SUPPRESS)
+    job.add_argument("--policy", choices=tuple(POLICIES),
+                     help="batch policy (--controller is another name for this flag): equal batches, from the declared "
+                          "cores, measured, or fitted with parking "
                           "(docs/policies.md; default: model on a profile, where it measured ahead of dynamic on "
                           "HL8; dynamic with --schedule, whose changing speeds it follows better)")
     job.add_argument("--epochs", type=positive_int,
@@ -361,7 +365,7 @@ def add_run_command(subcommands: Subcommands) -> None:
                      f"{quick['global_batch']} with --quick)")
     job.add_argument("--lr", type=positive_float, help=f"learning rate (default: {default['lr']})")
     job.add_argument("--adjust-every", metavar="epoch|N",
-                     help="controller decisions at every epoch end (default) or every N steps")
+                     help="batch policy decisions at every epoch end (default) or every N steps")
     job.add_argument("--server-arg", action="append", default=[], metavar="ARGS",
                      help="more ps-server arguments, e.g. --server-arg=--deadband=0.2 or "
                      "--server-arg='--momentum 0.5' (repeatable)")
@@ -379,12 +383,23 @@ def add_run_command(subcommands: Subcommands) -> None:
     parser.set_defaults(handler=_run)
 
 
+def add_slurm_command(subcommands: Subcommands) -> None:
+    """``slurm``: a heterogeneous Slurm batch job of a profile (deploy/slurm_command.py)."""
+    from deploy.slurm_command import add_slurm_parser
+
+    parser = add_slurm_parser(subcommands)
+    _mode_argument(parser)
+    _scale_argument(parser)
+
+
 COMMANDS: list[Callable[[Subcommands], None]] = [
     add_compose_env_command,
     add_docker_schedule_command,
     add_k8s_command,
     add_list_command,
+    add_make_data_command,
     add_run_command,
+    add_slurm_command,
 ]
 """Subcommand registrations, in the order ``--help`` lists them."""
 

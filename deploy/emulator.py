@@ -23,13 +23,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
-from deploy.launcher import (
-    LocalCluster,
-    ReceivedSignals,
-    WorkerFailedError,
-    WorkerSpec,
-    signals_as_exceptions,
-)
+from deploy.launcher import LocalCluster, WorkerFailedError, WorkerSpec
 from deploy.profiles import (
     Profile,
     Schedule,
@@ -41,6 +35,7 @@ from deploy.profiles import (
     scale,
 )
 from deploy.server_args import server_parser, split_server_args
+from deploy.signals import ReceivedSignals, signals_as_exceptions
 from ps.ops.progress import EpochBar, on_terminal
 
 DEFAULT_JOB: dict[str, Any] = {
@@ -56,15 +51,15 @@ DEFAULT_DATASET_ARGS: dict[str, list[str]] = {"synthetic": ["size=4096"]}
 QUICK_JOB: dict[str, Any] = {"global_batch": 256, "epochs": 4}
 """--quick: fewer epochs and a smaller dataset, for smoke tests and first impressions."""
 QUICK_DATASET_ARGS: dict[str, list[str]] = {"synthetic": ["size=1536", "image_size=16"]}
-DEFAULT_CONTROLLER = {"profile": "model", "schedule": "dynamic"}
-"""The batch policy without --controller: model fits fixed speeds best (docs/benchmarks.md), but its
+DEFAULT_POLICY = {"profile": "model", "schedule": "dynamic"}
+"""The batch policy without --policy: model fits fixed speeds best (docs/benchmarks.md), but its
 fits trail speeds that change under them, where dynamic's measured times do not (docs/policies.md)."""
 QUICK_EVERY_EPOCHS = 2
-"""--quick with an epoch-based schedule: phases this many epochs long (the controller needs one to react)."""
+"""--quick with an epoch-based schedule: phases this many epochs long (the batch policy needs one to react)."""
 RESERVED_SERVER_FLAGS = ("--port", "--port-file", "--metrics-log", "--workers", "--host")
 """ps-server flags the emulator sets itself."""
 OWN_FLAGS = (
-    "--mode", "--epochs", "--model", "--dataset", "--global-batch", "--lr", "--controller", "--adjust-every",
+    "--mode", "--epochs", "--model", "--dataset", "--global-batch", "--lr", "--policy", "--controller", "--adjust-every",
     "--model-arg", "--dataset-arg",
 )
 """ps-server flags that ps-cluster run has as options of its own."""
@@ -85,7 +80,7 @@ class RunConfig:
     every_seconds: float | None = None
     mode: str = "bsp"
     cpu_budget: float | None = None
-    controller: str | None = None  # model on a fixed profile, dynamic on a schedule (DEFAULT_CONTROLLER)
+    policy: str | None = None  # model on a fixed profile, dynamic on a schedule (DEFAULT_POLICY)
     epochs: int | None = None
     model: str | None = None
     model_args: list[str] | None = None
@@ -180,8 +175,8 @@ def resolve(config: RunConfig) -> Plan:
     everything = [s for phase in shares for s in phase] + [s for s in server_shares if s is not None]
     period = quota_period_us(everything)
 
-    if config.controller is None:
-        config = replace(config, controller=DEFAULT_CONTROLLER["schedule" if schedule is not None else "profile"])
+    if config.policy is None:
+        config = replace(config, policy=DEFAULT_POLICY["schedule" if schedule is not None else "profile"])
     quick = config.quick
     job = {**DEFAULT_JOB, **(QUICK_JOB if quick else {})}
     model = config.model or job["model"]
@@ -204,7 +199,7 @@ def resolve(config: RunConfig) -> Plan:
     server_args = [
         "--mode", mode, "--workers", str(len(names)), "--model", model, "--dataset", dataset,
         "--epochs", str(epochs), "--global-batch", str(global_batch), "--lr", repr(lr),
-        "--controller", str(config.controller), "--quiet",
+        "--controller", str(config.policy), "--quiet",
     ]
     for arg in config.model_args or []:
         server_args += ["--model-arg", arg]
@@ -333,7 +328,7 @@ class Emulation:
     def _describe(self, cluster: LocalCluster) -> None:
         plan = self.plan
         job = " ".join(plan.server_args)
-        head = f"{plan.config.mode.upper()} {plan.config.controller} controller, {len(plan.names)} workers"
+        head = f"{plan.config.mode.upper()} {plan.config.policy} policy, {len(plan.names)} workers"
         if plan.schedule is not None:
             s = plan.schedule
             head += f", schedule {s.name}: {plan.phase_label}, every {s.interval:g} {s.unit}"
@@ -468,7 +463,7 @@ class Emulation:
         if plan.schedule is not None:
             labels = {}
         where = f"schedule {plan.schedule.name}" if plan.schedule is not None else plan.profiles[0].name
-        title = f"{where}, {plan.config.mode.upper()}, {plan.config.controller} controller"
+        title = f"{where}, {plan.config.mode.upper()}, {plan.config.policy} policy"
         from deploy import plots  # matplotlib is slow to import; only needed here
 
         paths = plots.write_plots(self.events, plan.out, phases=self.phases, labels=labels, title=title)
@@ -476,7 +471,7 @@ class Emulation:
             "profile": plan.profiles[0].name if plan.schedule is None else None,
             "schedule": plan.schedule.name if plan.schedule is not None else None,
             "mode": plan.config.mode,
-            "controller": plan.config.controller,
+            "controller": plan.config.policy,
             "limiting": limiting,
             "period_us": plan.period_us,
             "server_args": plan.server_args,

@@ -10,16 +10,14 @@ with ``--slowdown max_share/share`` instead, which keeps the ratios but cannot c
 Every process and every group is removed by :meth:`LocalCluster.close`, which ``__exit__`` calls and
 which is idempotent; children also get ``SIGKILL`` if the process that started them dies, and a
 later run's :func:`deploy.cgroups.cleanup_stale` removes the groups a killed launcher left behind.
-Use :func:`signals_as_exceptions` in a program's main thread so that SIGTERM unwinds through
-``close()`` like Ctrl-C does.
+Use :func:`deploy.signals.signals_as_exceptions` in a program's main thread so that SIGTERM unwinds
+through ``close()`` like Ctrl-C does.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
-import json
 import math
 import os
 import signal
@@ -27,10 +25,9 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import IO, Any, Self
 
 from deploy.cgroups import (
@@ -42,6 +39,8 @@ from deploy.cgroups import (
     slowdown_factors,
 )
 from deploy.profiles import quota_period_us
+from deploy.run_files import event_of, last_line
+from deploy.signals import HELD_SIGNALS, describe_status, parent_death_signal, signals_deferred
 from ps.ops.metrics import read_metrics
 
 LIMITERS = ("auto", "cgroup", "slowdown")
@@ -50,7 +49,6 @@ START_TIMEOUT_S = 60.0
 """How long the server may take to listen (it builds the model and dataset first)."""
 STOP_GRACE_S = 2.0
 """How long processes get to exit after SIGTERM (close) or after the server (wait) before they are killed."""
-_PR_SET_PDEATHSIG = 1
 
 
 class WorkerFailedError(RuntimeError):
@@ -58,7 +56,7 @@ class WorkerFailedError(RuntimeError):
 
     def __init__(self, failures: Sequence[tuple[str, int]], logs: dict[str, str]) -> None:
         self.failures = list(failures)
-        described = ", ".join(f"{name} ({_describe_status(code)})" for name, code in failures)
+        described = ", ".join(f"{name} ({describe_status(code)})" for name, code in failures)
         tail = "; ".join(f"{name}: {text}" for name, text in logs.items() if text)
         super().__init__(
             f"worker {described} exited while the job was running, so the run was stopped (the cluster no "
@@ -72,149 +70,6 @@ class ServerStartError(RuntimeError):
     def __init__(self, message: str, returncode: int | None) -> None:
         super().__init__(message)
         self.returncode = returncode
-
-
-class Terminated(Exception):
-    """Raised in the main thread by :func:`signals_as_exceptions` when SIGTERM (or SIGHUP) arrives."""
-
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        super().__init__(f"terminated by {signal.Signals(signum).name}")
-
-
-class ReceivedSignals:
-    """The stop signals that arrived within :func:`signals_as_exceptions`, to raise again at a safe point.
-
-    A handler's exception is lost when the signal lands while a finalizer (``__del__``, a weakref
-    callback) runs: Python prints "Exception ignored" and goes on. :meth:`check` raises it again.
-    """
-
-    def __init__(self) -> None:
-        self.received: list[int] = []
-
-    def check(self) -> None:
-        """Raise the first signal received (KeyboardInterrupt or Terminated); nothing if none was."""
-        if self.received:
-            raise _signal_exception(self.received[0])
-
-
-def _signal_exception(signum: int) -> BaseException:
-    return KeyboardInterrupt() if signum == signal.SIGINT else Terminated(signum)
-
-
-@contextlib.contextmanager
-def signals_as_exceptions() -> Iterator[ReceivedSignals]:
-    """Within the block, SIGTERM and SIGHUP raise :class:`Terminated` and Ctrl-C KeyboardInterrupt, and
-    each is recorded in the yielded :class:`ReceivedSignals`: a loop calls its ``check()`` so that a
-    signal whose exception a finalizer swallowed still stops it.
-
-    So ``with LocalCluster(...)`` unwinds and removes its processes and groups on those signals too.
-    Only from the main thread (signal handlers can only be installed there); elsewhere it records nothing.
-    """
-    received = ReceivedSignals()
-    if not _in_main_thread():
-        yield received
-        return
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        received.received.append(signum)
-        raise _signal_exception(signum)
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    try:
-        yield received
-    finally:
-        for signum, old in previous.items():
-            signal.signal(signum, old)
-
-
-_HELD_SIGNALS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, so a second Ctrl-C cannot cut a cleanup short.
-
-    A signal that arrives meanwhile is delivered (and raises) right after the block. Two layers: the
-    main thread's mask holds a signal sent to it, and the Python-level handlers only note a signal
-    that another thread took (the kernel hands a process-directed signal to any thread that does not
-    block it, e.g. the cluster-settle thread, and CPython then runs the handler in the main thread at
-    its next bytecode, inside the block). At the end the mask and handlers are restored and a noted
-    signal is raised again.
-    """
-    if not _in_main_thread():
-        yield
-        return
-    noted: list[int] = []
-
-    def note(signum: int, frame: FrameType | None) -> None:
-        noted.append(signum)
-
-    # a handler installed outside Python (getsignal None) is left as it is: only the mask holds that one
-    handlers = {signum: signal.signal(signum, note) for signum in sorted(_HELD_SIGNALS) if signal.getsignal(signum) is not None}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a held signal arrives now and is noted
-        raised: BaseException | None = None
-        for signum, handler in handlers.items():
-            try:
-                signal.signal(signum, handler)
-            except BaseException as exc:  # noqa: BLE001 (a signal in this instant, raised by its restored handler)
-                raised = raised or exc
-        if raised is not None:
-            raise raised
-        for signum in dict.fromkeys(noted):
-            signal.raise_signal(signum)  # delivered to this thread at once: its own handler raises
-
-
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
-
-
-def _describe_status(code: int) -> str:
-    """'exit 1' or 'killed by SIGKILL'."""
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit {code}"
-
-
-def _last_line(path: Path) -> str:
-    """The last non-empty line of a log file ('' if none)."""
-    try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines()]
-    except OSError:
-        return ""
-    lines = [line for line in lines if line]
-    return lines[-1] if lines else ""
-
-
-def _event_of(line: bytes) -> str | None:
-    """The ``event`` of one metrics-log line (None for a torn or foreign line)."""
-    try:
-        record = json.loads(line)
-    except ValueError:
-        return None
-    return record.get("event") if isinstance(record, dict) else None
-
-
-def _parent_death_signal() -> Callable[[], None]:
-    """A preexec step that makes the child get SIGKILL when its parent dies (Linux; no-op elsewhere)."""
-    try:  # the C library this process has loaded: find_library("c") would start ldconfig every call
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        prctl = None
-    if prctl is None:
-        return lambda: None
-
-    def arm() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-
-    return arm
 
 
 @dataclass(frozen=True)
@@ -347,17 +202,17 @@ class LocalCluster:
         in between (inside Popen, or before the assignment), they left a running child that `close`
         did not know of, and it outlived the cluster. The child unblocks them before exec.
         """
-        arm = _parent_death_signal()
+        arm = parent_death_signal()
 
         def preexec() -> None:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, _HELD_SIGNALS)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HELD_SIGNALS)
             arm()
             if limiter is not None:
                 limiter.preexec()
 
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         log = self._open_log(log_name)
-        with _signals_deferred():
+        with signals_deferred():
             proc = subprocess.Popen(
                 argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
                 preexec_fn=preexec, start_new_session=True,  # noqa: PLW1509 (raw syscalls only; see CpuLimiter.preexec)
@@ -424,8 +279,8 @@ class LocalCluster:
     def _settle_when_job_starts(self) -> None:
         """Background: at the job's first ``adjust`` event, drop every worker from its startup quota."""
         # SIGINT/SIGTERM/SIGHUP go to the main thread, which handles them (and defers them, see
-        # _signals_deferred); taken here, a signal's handler could run late, outside a deferred block
-        signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_SIGNALS)
+        # signals_deferred); taken here, a signal's handler could run late, outside a deferred block
+        signal.pthread_sigmask(signal.SIG_BLOCK, HELD_SIGNALS)
         offset, pending = 0, b""
         try:
             while not self._closed:
@@ -435,7 +290,7 @@ class LocalCluster:
                     offset += len(chunk)
                     pending += chunk
                 *lines, pending = pending.split(b"\n")
-                if any(_event_of(line) == "adjust" for line in lines):
+                if any(event_of(line) == "adjust" for line in lines):
                     break
                 if self.server is not None and self.server.poll() is not None:
                     break
@@ -464,8 +319,8 @@ class LocalCluster:
             code = self.server.poll()
             if code is not None:
                 raise ServerStartError(
-                    f"the server exited ({_describe_status(code)}) before listening: "
-                    f"{_last_line(self.workdir / 'server.log') or 'no output'}",
+                    f"the server exited ({describe_status(code)}) before listening: "
+                    f"{last_line(self.workdir / 'server.log') or 'no output'}",
                     code,
                 )
             if time.monotonic() > deadline:
@@ -555,7 +410,7 @@ class LocalCluster:
             return
         failed = self.failed_workers()
         if failed:
-            raise WorkerFailedError(failed, {n: _last_line(self.workdir / f"{n}.log") for n, _ in failed})
+            raise WorkerFailedError(failed, {n: last_line(self.workdir / f"{n}.log") for n, _ in failed})
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the server to exit and return its status; TimeoutError after ``timeout`` seconds.
@@ -589,7 +444,7 @@ class LocalCluster:
         if one fails and raises the first error at the end; Ctrl-C or SIGTERM arriving meanwhile is
         held until the cleanup is done.
         """
-        with _signals_deferred():  # before the flag: a signal between the two skipped the cleanup for good
+        with signals_deferred():  # before the flag: a signal between the two skipped the cleanup for good
             with self._lock:
                 if self._closed:
                     return

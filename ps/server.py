@@ -15,10 +15,10 @@ from typing import Any, TextIO
 import grpc
 import torch
 
-from ps.control.config import ControllerConfig
-from ps.control.registry import build_policy
+from ps.control.config import PolicyConfig
+from ps.control.policy import build_policy
 from common.job.batchnorm import batchnorm_layers
-from common.job.datasets import Dataset, build_dataset
+from common.job.datasets import TrainingData, build_dataset
 from ps.rounds.evaluator import BackgroundEvaluator
 from common.job.models import build_model
 from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
@@ -31,7 +31,7 @@ from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from common.ops.stack_dump import enable_stack_dump
 from ps.checkpoint import Checkpointer, check_no_other_job, latest_checkpoint
-from ps.rounds.adaptive import AdaptiveSettings
+from ps.rounds.adaptive_batch import AdaptiveSettings
 from ps.rounds.asp import AspSettings
 from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.rounds.coordinator import Coordinator
@@ -124,8 +124,8 @@ def build_job(args: argparse.Namespace) -> Job:
         overlap=args.overlap,
         sampling=args.sampling,
     )
-    config = ControllerConfig(
-        policy=args.controller,
+    config = PolicyConfig(
+        policy=args.policy,
         global_batch=args.global_batch,
         deadband=args.deadband,
         min_batch=args.min_batch,
@@ -158,7 +158,7 @@ def build_job(args: argparse.Namespace) -> Job:
         metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
     except OSError as exc:
         raise OSError(f"--metrics-log {args.metrics_log}: cannot write there ({exc.strerror or exc})") from None
-    if allreduce and args.park and args.controller == "model":
+    if allreduce and args.park and args.policy == "model":
         metrics.write("parking", on=False, why=PARKING_OFF)
         print(f"ps-server: note: parking is off: {PARKING_OFF}", file=sys.stderr)
     evaluator = BackgroundEvaluator(eval_model, dataset, bn_batch=bn_batch(spec), seed=spec.seed)
@@ -184,7 +184,7 @@ def build_job(args: argparse.Namespace) -> Job:
                 print(f"ps-server: warning: the job's settings differ from the checkpoint's ({describe_resume_changes(job_changes)}); "
                       "the command line's apply", file=sys.stderr, flush=True)
             if changes:
-                print(f"ps-server: warning: {describe_controller_changes(changes)}", file=sys.stderr, flush=True)
+                print(f"ps-server: warning: {describe_policy_changes(changes)}", file=sys.stderr, flush=True)
     except BaseException:
         if local_shards is not None:
             local_shards.stop()
@@ -220,8 +220,8 @@ def bn_batch(spec: JobSpec) -> int:
     return spec.micro_batch if spec.micro_batch > 1 else max(1, spec.global_batch // spec.workers)
 
 
-def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: ControllerConfig, model: torch.nn.Module,
-                      dataset: Dataset, metrics: MetricsLog, evaluator: BackgroundEvaluator,
+def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyConfig, model: torch.nn.Module,
+                      dataset: TrainingData, metrics: MetricsLog, evaluator: BackgroundEvaluator,
                       checkpointer: Checkpointer | None, rendezvous: Rendezvous | None,
                       shards: RemoteShards | None, fast_path_on_gpus: Callable[[], Rendezvous] | None = None) -> Coordinator:
     return Coordinator(
@@ -244,16 +244,16 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: Controlle
     )
 
 
-CONTROLLER_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
-                    "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
-                    "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
-"""The ps-server flag of each ControllerConfig field a resume may change."""
+POLICY_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
+                "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
+                "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
+"""The ps-server flag of each PolicyConfig field a resume may change, as its warning names it."""
 
 
-def describe_controller_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
-    """The warning for a resume whose controller flags differ from the checkpoint's (Coordinator.restore)."""
+def describe_policy_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    """The warning for a resume whose batch-policy flags differ from the checkpoint's (Coordinator.restore)."""
     shown = ", ".join(
-        f"{CONTROLLER_FLAGS.get(name, name)} {'unset' if old is None else old} -> {'unset' if new is None else new}"
+        f"{POLICY_FLAGS.get(name, name)} {'unset' if old is None else old} -> {'unset' if new is None else new}"
         for name, (old, new) in changes.items()
     )
     return f"the controller settings differ from the checkpoint's ({shown}); the command line's apply"
@@ -291,6 +291,8 @@ def progress_line(record: dict[str, Any]) -> str | None:
         batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
         times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
         line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {record['balance']} ms {times}"
+        if any(record.get("data_wait_ms", {}).values()):  # of those times, the wait for the loader's batches
+            line += " | data wait ms " + " ".join(f"{k}={v:.1f}" for k, v in record["data_wait_ms"].items())
     elif event == "eval":
         line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
     elif event == "adjust" and record.get("changed"):

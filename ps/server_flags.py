@@ -10,8 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ps.control.adaptive import LR_SCALINGS, AdaptiveConfig
-from ps.control.config import POLICIES
+from ps.control.global_batch.goodput import LR_SCALINGS, AdaptiveConfig
+from ps.control.registry import POLICIES
 from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, SAMPLINGS,
                              STALENESS_LR, WIRE_DTYPES)
 from common.ops.arg_types import (
@@ -51,7 +51,7 @@ def key_value(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server",
-        description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch controller.",
+        description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch policy.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     job = p.add_argument_group("job")
@@ -64,8 +64,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset", default="digits",
                      help="built-in digits (scikit-learn's, 80/20 split), synthetic (options size=4096 image_size=32 "
                           "channels=3 num_classes=10 noise=1.0) or teacher (size=65536 features=32 hidden=32 "
-                          "num_classes=10 label_noise=0.0: a task on which the batch size matters, for mlp), or "
-                          "package.module:function, a factory fn(seed, **options) -> common.job.datasets.Dataset")
+                          "num_classes=10 label_noise=0.0: a task on which the batch size matters, for mlp); files on "
+                          "disk: image_folder (root=PATH: one subfolder per class) or npy_arrays (root=PATH: "
+                          "features.npy, labels.npy); or package.module:function, a factory fn(seed, **options) -> "
+                          "common.job.datasets.Dataset or common.job.splits.Splits (docs/data.md)")
     job.add_argument("--dataset-arg", type=key_value, action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
     job.add_argument("--epochs", type=positive_int, default=10, help="passes over the training split")
     job.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the model's initial weights and the data split")
@@ -78,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--sampling", choices=SAMPLINGS, default="exact",
                      help="exact (default): the server hands every worker its slice of one permutation of the training "
                           "set per epoch, in the reply that tells its batch size, so each sample is trained on once per "
-                          "epoch at any split and membership (docs/slices.md); independent: each worker draws from a "
+                          "epoch at any split and membership (docs/data.md); independent: each worker draws from a "
                           "permutation of its own. The --allreduce fast path always samples independently")
     job.add_argument("--allreduce-algorithm", choices=ALLREDUCE_ALGORITHMS, default="auto",
                      help="--allreduce: ring is torch.distributed.all_reduce; hub sums the buckets at the worker with "
@@ -94,14 +96,16 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--lr-milestones", type=increasing_ints, default=(), metavar="E1,E2,...", help="comma-separated epochs where lr is multiplied by --lr-gamma")
     opt.add_argument("--lr-gamma", type=float_between(0.0, 1.0, low_open=True), default=0.1, help="lr factor at each milestone")
     opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
-    ctl = p.add_argument_group("batch controller")
+    ctl = p.add_argument_group("batch policy")
     ctl.add_argument("--global-batch", type=positive_int, default=128, help="B, split across the workers")
-    ctl.add_argument("--controller", choices=POLICIES, default="dynamic",
-                     help="the batch policy (docs/policies.md): uniform (equal batches), static (Eq. 4a from the "
+    ctl.add_argument("--controller", dest="policy", choices=tuple(POLICIES), default="dynamic", help=argparse.SUPPRESS)
+    ctl.add_argument("--policy", choices=tuple(POLICIES), default="dynamic",
+                     help="the batch policy (docs/policies.md; --controller is another name for this flag): uniform "
+                          "(equal batches), static (Eq. 4a from the "
                           "declared cores), dynamic (Eq. 6 proportional control of the measured times) or model "
                           "(Cannikin's OptPerf: per-worker fits t = q*b + s, a one-step optimal split, parking)")
     ctl.add_argument("--no-park", dest="park", action="store_false",
-                     help="--controller model in BSP: never park a worker at batch 0, even when the predicted round "
+                     help="--policy model in BSP: never park a worker at batch 0, even when the predicted round "
                           "is shorter without it (parking is off on the --allreduce fast path and in ASP anyway)")
     ctl.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1, help="relative change below which a batch stays (Eq. 7)")
     ctl.add_argument("--min-batch", type=positive_int, default=None, metavar="N",
@@ -114,9 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "always normalises over M samples; --global-batch must be a multiple of M "
                           "(docs/micro-batches.md). 1: any batch")
     ctl.add_argument("--adjust-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
-                     help="controller decision at every epoch end (default) or every N steps")
+                     help="batch policy decision at every epoch end (default) or every N steps")
     ctl.add_argument("--balance", choices=("auto", *BALANCE_TIMES), default="auto",
-                     help="what the controller equalizes: compute time (fetch + forward + backward); busy time, "
+                     help="what the batch policy equalizes: compute time (fetch + forward + backward); busy time, "
                           "which adds each worker's own part of its push (sending, and receiving and loading the new "
                           "parameters, not waiting for the round): on CPU-throttled workers that part is slower too; "
                           "or (BSP) the cycle, timed by the server from a round's replies going out to each worker's "
@@ -126,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "--allreduce, --shards)")
     ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
-                     help="first plan of the dynamic controller")
+                     help="first plan of the dynamic policy")
     ada = p.add_argument_group("adaptive global batch (docs/adaptive-batch.md)")
     ada.add_argument("--adaptive-batch", choices=("off", "gns"), default="off",
                      help="BSP: gns measures the gradient noise scale from the pushes and moves B to the best "

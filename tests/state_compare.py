@@ -51,7 +51,7 @@ def server_state(c: Coordinator, *, with_accuracy: bool = True) -> dict[str, Any
         "done": c.done,
         "reason": c.reason,
         "started": c.admission.started.is_set(),
-        "controller": copy.deepcopy(c.controller.state_dict()),
+        "controller": copy.deepcopy(c.policy.state_dict()),
         "accumulator": None if acc is None else (acc.weight, acc.count, acc.partial_sum()),
         "pushed": set(c.bsp.pushed),
         "active": {k: member_fields(m) for k, m in c.membership.active.items()},

@@ -1,6 +1,6 @@
-"""Tests for --adaptive-batch gns's pure core (ps.control.adaptive): the goodput choice of B, the
+"""Tests for --adaptive-batch gns's pure core (ps.control.global_batch.goodput): the goodput choice of B, the
 threshold, the bounds, the LR rules, its state; and B changed under every batch policy
-(ps.control.registry.with_global_batch): Σb = B and each worker's bounds after every change."""
+(ps.control.policy.with_global_batch): Σb = B and each worker's bounds after every change."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.adaptive import (
+from ps.control.global_batch.goodput import (
     LR_SCALINGS,
     AdaptiveBatch,
     AdaptiveConfig,
@@ -21,11 +21,11 @@ from ps.control.adaptive import (
     choose,
     goodput,
     lr_factor,
-    measured_round,
-    round_line,
 )
-from ps.control.config import POLICIES, ControllerConfig
-from ps.control.registry import build_policy, with_global_batch
+from ps.control.performance import measured_round, round_line
+from ps.control.config import PolicyConfig
+from ps.control.policy import build_policy, with_global_batch
+from ps.control.registry import POLICIES
 from common.params.aggregation import squared_norm
 from common.transport.chunked import ChunkedVector
 
@@ -77,13 +77,13 @@ def test_below_the_threshold_b_stays_and_at_zero_it_moves() -> None:
 
 def test_on_a_guess_only_a_move_up_is_taken() -> None:
     # the guess counts all compute as per-sample: flat throughput, so efficiency alone says "smaller"
-    guess = measured_round(256, {"a": 30.0}, 32.0)
+    guess = measured_round(256, {"a": 30.0}, 32.0).predict_global
     config = AdaptiveConfig(256, 64, 1024, threshold=0.05)
     assert choose(config, 256, 200.0, 64, 1024, guess).batch < 256
     held = choose(config, 256, 200.0, 64, 1024, guess, upward_only=True)
     assert not held.changed and held.batch == 256
     # where even the guess says "larger" (a round mostly fixed overhead), the move up is taken
-    up = choose(config, 256, 5000.0, 64, 1024, measured_round(256, {"a": 2.0}, 40.0), upward_only=True)
+    up = choose(config, 256, 5000.0, 64, 1024, measured_round(256, {"a": 2.0}, 40.0).predict_global, upward_only=True)
     assert up.changed and up.batch > 256
     # a B outside the bounds moves in whatever the basis
     assert choose(AdaptiveConfig(256, 64, 1024), 2048, 200.0, 64, 1024, guess, upward_only=True).batch <= 1024
@@ -119,19 +119,19 @@ def test_candidates_cover_both_ends_and_the_current_batch() -> None:
 
 def test_rounds_measured_at_two_batches_give_the_line_of_fixed_and_per_sample_cost() -> None:
     line = round_line({128: 30.0, 256: 34.0, 1024: 58.0})
-    assert line is not None and line(0) == pytest.approx(26.0) and line(512) == pytest.approx(42.0)
+    assert line is not None and line.predict_global(0) == pytest.approx(26.0) and line.predict_global(512) == pytest.approx(42.0)
     assert round_line({128: 30.0}) is None
     assert round_line({128: 30.0, 256: 29.0}) is None  # no line that grows with B: keep the other model
     # a fixed cost makes the larger B the better goodput where the per-sample guess saw none
     config = AdaptiveConfig(128, 32, 1024, threshold=0.0)
-    assert choose(config, 128, 400.0, 32, 1024, line).batch > 128
+    assert choose(config, 128, 400.0, 32, 1024, line.predict_global).batch > 128
 
 
 def test_measured_round_scales_compute_and_keeps_the_rest() -> None:
     model = measured_round(100, {"a": 10.0, "b": 20.0}, 25.0)
     assert model is not None
-    assert model(100) == pytest.approx(25.0) and model(200) == pytest.approx(45.0)
-    assert measured_round(100, {"a": 10.0, "b": None}, 25.0)(100) == pytest.approx(25.0)  # b: batch just changed
+    assert model.predict_global(100) == pytest.approx(25.0) and model.predict_global(200) == pytest.approx(45.0)
+    assert measured_round(100, {"a": 10.0, "b": None}, 25.0).predict_global(100) == pytest.approx(25.0)  # b: batch just changed
     assert measured_round(100, {"a": None}, 25.0) is None
     assert measured_round(100, {"a": 10.0}, None) is None
 
@@ -166,14 +166,14 @@ def test_state_round_trips_through_json_and_refuses_another_start() -> None:
 
 
 @FAST
-@given(st.sampled_from(POLICIES), st.lists(st.floats(0.2, 5.0), min_size=1, max_size=6),
+@given(st.sampled_from(tuple(POLICIES)), st.lists(st.floats(0.2, 5.0), min_size=1, max_size=6),
        st.lists(st.integers(4, 3000), min_size=1, max_size=12), st.integers(1, 3), st.integers(0, 10**6))
 def test_every_change_of_b_keeps_the_exact_sum_and_the_bounds(policy: str, speeds: list[float], batches: list[int],
                                                                min_batch: int, seed: int) -> None:
     rnd = random.Random(seed)
     n = len(speeds)
     start = max(n * min_batch, 64)
-    ctl = build_policy(ControllerConfig(policy=policy, global_batch=start, min_batch=min_batch))  # type: ignore[arg-type]
+    ctl = build_policy(PolicyConfig(policy=policy, global_batch=start, min_batch=min_batch))  # type: ignore[arg-type]
     for i in range(n):
         ctl.add_worker(f"w{i}", cores=speeds[i])
     ctl.replan()
@@ -197,7 +197,7 @@ def test_every_change_of_b_keeps_the_exact_sum_and_the_bounds(policy: str, speed
 
 
 def test_the_model_policy_predicts_rounds_at_other_batches_once_identified() -> None:
-    ctl = build_policy(ControllerConfig(policy="model", global_batch=96))
+    ctl = build_policy(PolicyConfig(policy="model", global_batch=96))
     costs = {"a": (0.1, 5.0), "b": (0.3, 5.0)}
     for k in costs:
         ctl.add_worker(k)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ps.control.adaptive import lr_factor
+from ps.control.global_batch.goodput import lr_factor
 from ps.checkpoint import read_checkpoint
 from tests import test_cli
 from tests.processes import Cluster, start_server

@@ -105,14 +105,14 @@ def test_the_cycle_is_timed_by_the_server_from_the_replies_to_each_push(ps_serve
     push_from("a", 0)
     push_from("b", 0)
     wait_round(1)  # the replies went out at 1000.0
-    assert server.call(lambda: server.coordinator.controller.smoothed_ms()) == {"a": None, "b": None}
+    assert server.call(lambda: server.coordinator.policy.smoothed_ms()) == {"a": None, "b": None}
     now[0] = 1000.1
     push_from("a", 1)
     wait_pushed(1)
     now[0] = 1000.3
     push_from("b", 1)
     wait_round(2)
-    smoothed = server.call(lambda: server.coordinator.controller.smoothed_ms())
+    smoothed = server.call(lambda: server.coordinator.policy.smoothed_ms())
     assert smoothed == {"a": pytest.approx(100.0), "b": pytest.approx(300.0)}
     epoch_ms = server.call(lambda: {m.name: list(m.epoch_compute_ms) for m in server.coordinator.members.values()})
     assert epoch_ms == {"a": [pytest.approx(100.0)], "b": [pytest.approx(300.0)]}  # what the epoch line shows

@@ -5,10 +5,12 @@ reference matches the parsers, and no page reads as a development diary."""
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
+from benchmarks import results_table
 from deploy import cli_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,6 +91,41 @@ def test_the_cli_reference_matches_the_parsers() -> None:
     assert cli_reference.OUTPUT.read_text(encoding="utf-8") == cli_reference.render(), (
         "docs/cli.md is stale: run python -m deploy.cli_reference"
     )
+
+
+def test_the_benchmark_results_table_is_current() -> None:
+    page = results_table.PAGE.read_text(encoding="utf-8")
+    assert page == results_table.updated(page, results_table.render(results_table.load())), (
+        "docs/benchmarks.md's table is stale: run python -m benchmarks.results_table --write"
+    )
+
+
+# Files that live outside the repository: a reader of the repository cannot open them, so sources and
+# docs cite papers by title and section instead.
+OUTSIDE = re.compile(r"design\.md|seeds/|omnilearn\.md|cannikin\.md|jabas\.md|\.\./shared", re.IGNORECASE)
+
+
+def test_no_file_names_files_outside_the_repository() -> None:
+    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    assert listed, "git lists no files"
+    hits = []
+    for name in listed:
+        path = ROOT / name
+        if path.resolve() == Path(__file__).resolve() or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        hits += [f"{name}:{n}" for n, line in enumerate(text.splitlines(), 1) if OUTSIDE.search(line)]
+    assert hits == []
+
+
+def test_the_outside_check_catches_such_names() -> None:
+    for line in ("(design.md §9)", "../shared/seeds/cannikin.md §3", "see omnilearn.md", "JABAS.md"):
+        assert OUTSIDE.search(line), line
+    assert not OUTSIDE.search("Cannikin §3.2.1 and §4.5; OmniLearn, Eq. 6")
 
 
 def test_the_slug_is_githubs() -> None:

@@ -295,20 +295,20 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_default_policy_is_model_on_a_profile_and_dynamic_on_a_schedule(tmp_path: Path) -> None:
-    """Without --controller: the model policy for fixed speeds, dynamic where a schedule changes them;
+    """Without --policy: the model policy for fixed speeds, dynamic where a schedule changes them;
     a named one is kept either way, and is what the server is started with."""
     from deploy.emulator import RunConfig, resolve
 
-    def controller(**config: object) -> str:
+    def policy(**config: object) -> str:
         plan = resolve(RunConfig(out=tmp_path / f"run{len(list(tmp_path.iterdir()))}", quick=True, **config))  # type: ignore[arg-type]
         args = plan.server_args
-        assert args[args.index("--controller") + 1] == plan.config.controller
-        return str(plan.config.controller)
+        assert args[args.index("--controller") + 1] == plan.config.policy
+        return str(plan.config.policy)
 
-    assert controller() == "model"
-    assert controller(schedule="dynamic") == "dynamic"
-    assert controller(schedule="dynamic", controller="model") == "model"
-    assert controller(controller="uniform") == "uniform"
+    assert policy() == "model"
+    assert policy(schedule="dynamic") == "dynamic"
+    assert policy(schedule="dynamic", policy="model") == "model"
+    assert policy(policy="uniform") == "uniform"
 
 
 def test_bad_output_folder_and_mixed_server_shares_are_refused_when_planned(tmp_path: Path) -> None:
@@ -401,7 +401,7 @@ def test_a_signal_another_thread_takes_is_still_held_until_the_block_ends() -> N
     its next bytecode. The deferral still holds it until the block ends, then it raises."""
     import threading
 
-    from deploy import launcher
+    from deploy import signals
 
     sigint_before = signal.getsignal(signal.SIGINT)
     stop = threading.Event()
@@ -409,8 +409,8 @@ def test_a_signal_another_thread_takes_is_still_held_until_the_block_ends() -> N
     helper.start()
     reached = []
     try:
-        with launcher.signals_as_exceptions(), pytest.raises(launcher.Terminated):
-            with launcher._signals_deferred():
+        with signals.signals_as_exceptions(), pytest.raises(signals.Terminated):
+            with signals.signals_deferred():
                 os.kill(os.getpid(), signal.SIGTERM)
                 deadline = time.monotonic() + 0.5
                 while time.monotonic() < deadline:  # bytecodes at which an undeferred handler would run
@@ -429,7 +429,7 @@ def test_a_ctrl_c_that_a_finalizer_swallows_still_stops_the_run() -> None:
     raises it again."""
     import gc
 
-    from deploy import launcher
+    from deploy import signals
 
     class Finalized:
         def __del__(self) -> None:
@@ -439,7 +439,7 @@ def test_a_ctrl_c_that_a_finalizer_swallows_still_stops_the_run() -> None:
     unraisable: list[object] = []
     hook, sys.unraisablehook = sys.unraisablehook, unraisable.append
     try:
-        with launcher.signals_as_exceptions() as received:
+        with signals.signals_as_exceptions() as received:
             Finalized()
             gc.collect()
             assert len(unraisable) == 1  # the KeyboardInterrupt was swallowed...
@@ -452,13 +452,13 @@ def test_a_ctrl_c_that_a_finalizer_swallows_still_stops_the_run() -> None:
 
 def test_arming_the_parent_death_signal_starts_no_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """ctypes.util.find_library ran ldconfig for every spawn: a short-lived extra child of the emulator."""
-    from deploy import launcher
+    from deploy import signals
 
     def no_process(*args: object, **kwargs: object) -> None:
         raise AssertionError(f"a process was started: {args}")
 
     monkeypatch.setattr("subprocess.Popen", no_process)
-    arm = launcher._parent_death_signal()
+    arm = signals.parent_death_signal()
     assert callable(arm)
 
 
@@ -471,7 +471,7 @@ def test_a_signal_right_after_a_fork_still_leaves_no_process(
     import subprocess as real_subprocess
     import threading
 
-    from deploy import launcher
+    from deploy import launcher, signals
 
     started: list[real_subprocess.Popen[bytes]] = []
     real_popen = real_subprocess.Popen
@@ -488,7 +488,7 @@ def test_a_signal_right_after_a_fork_still_leaves_no_process(
     monkeypatch.setattr(launcher.subprocess, "Popen", popen_then_sigterm)
     cluster = launcher.LocalCluster([], [launcher.WorkerSpec("w0", 1.0)], tmp_path, limiter="slowdown")
     try:
-        with launcher.signals_as_exceptions(), pytest.raises(launcher.Terminated):
+        with signals.signals_as_exceptions(), pytest.raises(signals.Terminated):
             cluster._spawn("w0", [sys.executable, "-c", "import time; time.sleep(60)"], None,
                            lambda proc: cluster.processes.__setitem__("w0", proc))
         assert [*cluster.processes.values()] == started  # recorded before the signal was let through

@@ -1,4 +1,4 @@
-"""Tests for ps.control.gns, the N-worker gradient noise scale estimator (design.md section 9)."""
+"""Tests for ps.control.global_batch.gns, the N-worker gradient noise scale estimator."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.gns import (
+from ps.control.global_batch.gns import (
     NoiseScaleEstimator,
     combine_round,
     statistical_efficiency,

@@ -353,7 +353,7 @@ class HostileMachine(RuleBasedStateMachine):
         def take() -> View:
             c = self.server.coordinator
             return View(
-                c.done, c.round, c.version, c.epoch, c.samples, c.controller.plan(), set(c.bsp.pushed),
+                c.done, c.round, c.version, c.epoch, c.samples, c.policy.plan(), set(c.bsp.pushed),
                 {k: m.name for k, m in c.membership.pending.items()}, c.store.flat.clone(),
                 {k: {step: set(b) for step, b in m.told.items()} for k, m in c.membership.active.items()},
             )
@@ -431,7 +431,7 @@ class HostileMachine(RuleBasedStateMachine):
         reply = answer.value
         assert reply.worker_id.startswith(f"{name}-") and reply.num_params == self.numel
         assert reply.round == round_
-        plan = self.server.call(self.server.coordinator.controller.plan)
+        plan = self.server.call(self.server.coordinator.policy.plan)
         assert reply.batch_size == plan[name] >= 1
         assert reply.secret == self.right_secret(reply.worker_id)
         self.ids[name] = reply.worker_id
@@ -766,7 +766,7 @@ class HostileMachine(RuleBasedStateMachine):
                 "active": {k: m.name for k, m in c.membership.active.items()},
                 "pending": {k: m.name for k, m in c.membership.pending.items()},
                 "departed": dict(c.membership.departed),
-                "plan": c.controller.plan(),
+                "plan": c.policy.plan(),
                 "pushed": set(c.bsp.pushed),
                 "acc_count": None if c.bsp.accumulator is None else c.bsp.accumulator.count,
                 "status": c.status(),

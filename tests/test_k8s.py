@@ -117,7 +117,7 @@ def test_the_server_command_is_ps_servers_and_resumes_from_the_volume(capsys: py
     args = command[4:]
     parsed = server_parser().parse_args(args)
     assert (parsed.mode, parsed.workers, parsed.host, parsed.port, parsed.rendezvous_port) == ("bsp", 4, "0.0.0.0", 50051, 29500)
-    assert (parsed.epochs, parsed.lr, parsed.model, parsed.controller) == (3, 0.05, "cnn", "dynamic")
+    assert (parsed.epochs, parsed.lr, parsed.model, parsed.policy) == (3, 0.05, "cnn", "dynamic")
     assert args.count("--epochs") == 1  # a default the job gives is left out, not repeated
     script = command[2]
     assert f"--resume {k8s.CHECKPOINTS}" in script and f"--checkpoint-dir {k8s.CHECKPOINTS}" in script

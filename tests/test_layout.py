@@ -22,8 +22,6 @@ MAX_LINES = 500
 
 # Modules allowed over MAX_LINES, each one concept that would read worse cut in two.
 LONGER_ALLOWED: dict[str, str] = {
-    # the local cluster: server and worker processes, their cgroups, their exit and signal handling
-    "deploy/launcher.py": "one process supervisor",
     # an emulation run from profile to report: schedule phases applied to the running cluster
     "deploy/emulator.py": "one emulation run",
 }
@@ -51,7 +49,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ps.rounds": frozenset({*COMMON_PARTS, "ps.control", "ps.shards", "ps.ops", "ps.checkpoint"}),
     "ps.servicer": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     "ps.server": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
-    # ps-server's flags, parsed without building anything (the policy names from ps.control.config)
+    # ps-server's flags, parsed without building anything (the policy names from ps.control.registry)
     "ps.server_flags": frozenset({*COMMON_PARTS, "ps.control", "ps.ops"}),
     # the worker stands beside the server on what they share: it never imports ps
     "worker": frozenset({*COMMON_PARTS, "protos"}),
@@ -193,6 +191,21 @@ def test_pure_parts_import_no_transport_or_torch() -> None:
             banned = NEVER.get(part_of(module), ())
             if any(target == b or target.startswith(b + ".") for b in banned):
                 wrong.append(f"{module} -> {target}")
+    assert wrong == []
+
+
+CONTROL_FACES = ("ps.control.policy", "ps.control.registry", "ps.control.config", "ps.control.micro",
+                 "ps.control.performance", "ps.control.global_batch")
+"""What the rest of ps sees of ps.control: the batch-policy contract (policy.py), the list of policies,
+their settings, the micro-batch bounds, the model of a round's time and the global-batch choice; the
+policies' shared base (worker_plan) and each policy's own modules stay inside."""
+
+
+def test_the_rounds_know_batch_policies_only_through_their_interface() -> None:
+    wrong = sorted(f"{module} -> {target}" for module, targets in graph().items() if part_of(module) != "ps.control"
+                   and module.startswith(("ps.", "common.", "worker."))
+                   for target in targets if part_of(target) == "ps.control"
+                   and not any(target == f or target.startswith(f + ".") for f in CONTROL_FACES))
     assert wrong == []
 
 

@@ -9,9 +9,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.config import POLICIES, ControllerConfig
+from ps.control.config import PolicyConfig
 from ps.control.micro import MicroBatched, unit_config, usable_max
-from ps.control.registry import build_policy, policy_from_state, reconfigured
+from ps.control.policy import build_policy, policy_from_state, reconfigured
+from ps.control.registry import POLICIES
 
 
 def check_plan(policy: MicroBatched, m: int, maxima: dict[str, int | None]) -> None:
@@ -27,7 +28,7 @@ def check_plan(policy: MicroBatched, m: int, maxima: dict[str, int | None]) -> N
 
 @settings(max_examples=60, deadline=None)
 @given(
-    policy=st.sampled_from(POLICIES),
+    policy=st.sampled_from(tuple(POLICIES)),
     m=st.sampled_from([2, 4, 8]),
     units=st.integers(4, 40),
     ops=st.lists(st.tuples(st.sampled_from(["join", "leave", "push", "decide"]), st.integers(0, 10 ** 6)),
@@ -36,7 +37,7 @@ def check_plan(policy: MicroBatched, m: int, maxima: dict[str, int | None]) -> N
 def test_plans_are_whole_micro_batches_within_each_workers_max(policy: str, m: int, units: int,
                                                                ops: list[tuple[str, int]]) -> None:
     B = units * m
-    ctl = build_policy(ControllerConfig(policy=policy, global_batch=B, micro_batch=m, min_samples=1))
+    ctl = build_policy(PolicyConfig(policy=policy, global_batch=B, micro_batch=m, min_samples=1))
     assert isinstance(ctl, MicroBatched)
     ctl.add_worker("w0", cores=2.0)
     ctl.replan()
@@ -82,7 +83,7 @@ def test_plans_are_whole_micro_batches_within_each_workers_max(policy: str, m: i
 
 
 def test_model_policy_parks_in_micro_batches() -> None:
-    ctl = build_policy(ControllerConfig(policy="model", global_batch=64, micro_batch=8, min_samples=1))
+    ctl = build_policy(PolicyConfig(policy="model", global_batch=64, micro_batch=8, min_samples=1))
     for name in ("a", "b", "c"):
         ctl.add_worker(name)
     ctl.replan()
@@ -108,11 +109,11 @@ def test_model_policy_parks_in_micro_batches() -> None:
 ])
 def test_impossible_micro_batch_settings_are_refused(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        ControllerConfig(**kwargs)
+        PolicyConfig(**kwargs)
 
 
 def test_a_worker_below_one_micro_batch_is_refused_and_nothing_changes() -> None:
-    ctl = build_policy(ControllerConfig(policy="dynamic", global_batch=64, micro_batch=8))
+    ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=64, micro_batch=8))
     ctl.add_worker("a")
     with pytest.raises(ValueError, match="below the micro-batch 8"):
         ctl.add_worker("b", max_batch=7)
@@ -123,19 +124,19 @@ def test_a_worker_below_one_micro_batch_is_refused_and_nothing_changes() -> None
 
 
 def test_units_and_usable_max() -> None:
-    config = ControllerConfig(global_batch=64, micro_batch=8, min_batch=3, max_batch=30)
-    assert unit_config(config) == ControllerConfig(global_batch=8, min_batch=1, max_batch=3)
+    config = PolicyConfig(global_batch=64, micro_batch=8, min_batch=3, max_batch=30)
+    assert unit_config(config) == PolicyConfig(global_batch=8, min_batch=1, max_batch=3)
     assert usable_max(config, None) == 24 and usable_max(config, 20) == 16 and usable_max(config, 100) == 24
 
 
 def test_a_resume_moves_between_micro_batched_and_plain_plans() -> None:
-    plain = build_policy(ControllerConfig(policy="dynamic", global_batch=64))
+    plain = build_policy(PolicyConfig(policy="dynamic", global_batch=64))
     for name, cap in (("a", None), ("b", 20)):
         plain.add_worker(name, max_batch=cap)
     plain.replan()
-    micro = reconfigured(plain, ControllerConfig(policy="dynamic", global_batch=64, micro_batch=8))
+    micro = reconfigured(plain, PolicyConfig(policy="dynamic", global_batch=64, micro_batch=8))
     assert micro.plan() == {"a": 48, "b": 16}  # b's 20 is two micro-batches
-    back = reconfigured(micro, ControllerConfig(policy="uniform", global_batch=64))
+    back = reconfigured(micro, PolicyConfig(policy="uniform", global_batch=64))
     assert back.plan() == {"a": 48, "b": 16}  # b keeps the bound as the micro-batched plan held it
     same = reconfigured(micro, micro.config)
     assert isinstance(same, MicroBatched) and same.plan() == micro.plan()
@@ -143,7 +144,7 @@ def test_a_resume_moves_between_micro_batched_and_plain_plans() -> None:
 
 def test_a_workers_own_bound_never_lifts_the_servers_max_batch() -> None:
     from ps.rounds.admission import own_max_batch
-    config = ControllerConfig(global_batch=64, max_batch=32)
+    config = PolicyConfig(global_batch=64, max_batch=32)
     assert own_max_batch(config, None) is None and own_max_batch(config, 20) == 20
     assert own_max_batch(config, 10 ** 6) == 32  # a measured CPU bound far above B
 
@@ -178,7 +179,7 @@ def test_whole_micro_batches_are_rounded_for_the_shortest_round(policy: str, cor
     longer), and units go where they lengthen the round least: the plan settles within the deadband
     of the best whole split, and stays there."""
     m, units = 16, 32
-    ctl = build_policy(ControllerConfig(policy=policy, global_batch=units * m, micro_batch=m, min_samples=1,
+    ctl = build_policy(PolicyConfig(policy=policy, global_batch=units * m, micro_batch=m, min_samples=1,
                                         park=False, dynamic_start="static"))
     for k, c in cores.items():
         ctl.add_worker(k, cores=c)
@@ -200,7 +201,7 @@ def test_the_static_split_in_micro_batches_rounds_for_the_shortest_round() -> No
     """HL8's cores (6, 6, 4, 32) in 32 micro-batches of 16: shares 4, 4, 2.67, 21.33; largest remainders
     would give the 4-core worker a third micro-batch (12% over its share), the round-time rounding
     gives the 32-core one a 22nd (3%)."""
-    ctl = build_policy(ControllerConfig(policy="static", global_batch=512, micro_batch=16))
+    ctl = build_policy(PolicyConfig(policy="static", global_batch=512, micro_batch=16))
     for k, c in {"w0": 6, "w1": 6, "w2": 4, "w3": 32}.items():
         ctl.add_worker(k, cores=c)
     assert ctl.replan() == {"w0": 64, "w1": 64, "w2": 32, "w3": 352}

@@ -1,4 +1,4 @@
-"""Tests for the model policy (ps.control.model, time_fit, optperf): the fit, the one-step split, the
+"""Tests for the model policy (ps.control.model.policy, time_fit, optperf): the fit, the one-step split, the
 probes, parking and re-probes, its state in checkpoints; pure, on simulated timings."""
 
 from __future__ import annotations
@@ -12,25 +12,26 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.config import ControllerConfig
-from ps.control.model import MIN_GAIN, ModelPolicy
-from ps.control.optperf import best_plan, split
-from ps.control.registry import build_policy, policy_from_state, reconfigured
-from ps.control.roster import Roster
-from ps.control.time_fit import Observations
+from ps.control.config import PolicyConfig
+from ps.control.model.policy import MIN_GAIN, ModelPolicy
+from ps.control.model.optperf import best_plan
+from ps.control.performance import split
+from ps.control.policy import build_policy, policy_from_state, reconfigured
+from ps.control.worker_plan import WorkerPlan
+from ps.control.model.time_fit import Observations
 
 FAST = settings(max_examples=30, deadline=None)
 
 
-def model(costs: Mapping[str, tuple[float, float]], global_batch: int, **config: object) -> Roster:
-    ctl = build_policy(ControllerConfig(policy="model", global_batch=global_batch, **config))  # type: ignore[arg-type]
+def model(costs: Mapping[str, tuple[float, float]], global_batch: int, **config: object) -> WorkerPlan:
+    ctl = build_policy(PolicyConfig(policy="model", global_batch=global_batch, **config))  # type: ignore[arg-type]
     for k in costs:
         ctl.add_worker(k)
     ctl.replan()
     return ctl
 
 
-def run(ctl: Roster, costs: Mapping[str, tuple[float, float]], rounds: int, noise: float = 0.02, seed: int = 0,
+def run(ctl: WorkerPlan, costs: Mapping[str, tuple[float, float]], rounds: int, noise: float = 0.02, seed: int = 0,
         overhead: float = 2.0, every: int = 10) -> list[dict]:
     """Simulate BSP rounds (t = q·b + s, relative noise), a decision when the policy asks for one and every
     `every` rounds; check the sum rule and the bounds after each; return the decisions' reports."""
@@ -52,7 +53,7 @@ def run(ctl: Roster, costs: Mapping[str, tuple[float, float]], rounds: int, nois
     return reports
 
 
-def check_plan(ctl: Roster) -> None:
+def check_plan(ctl: WorkerPlan) -> None:
     """Σb = B over every worker, each within its bounds unless parked (b = 0, only where parking is on)."""
     state = ctl.state_dict()
     assert sum(ctl.plan().values()) == ctl.config.global_batch
@@ -368,12 +369,12 @@ def test_state_round_trips_and_resumes_under_other_settings() -> None:
     for r, o in zip(resumed, original, strict=True):
         assert all(abs(r["plan"][k] - o["plan"][k]) <= 2 for k in costs)
     # model -> dynamic -> model: the dynamic policy replans the parked worker in, the model's fits are gone
-    dynamic = reconfigured(ctl, ControllerConfig(policy="dynamic", global_batch=128))
+    dynamic = reconfigured(ctl, PolicyConfig(policy="dynamic", global_batch=128))
     assert dynamic.parked() == [] and sum(dynamic.plan().values()) == 128
     again = reconfigured(dynamic, ctl.config)
     check_plan(again)
     # --no-park on resume: the parked worker is planned in again
-    unparked = reconfigured(ctl, ControllerConfig(policy="model", global_batch=128, park=False))
+    unparked = reconfigured(ctl, PolicyConfig(policy="model", global_batch=128, park=False))
     assert unparked.parked() == [] and sum(unparked.plan().values()) == 128
 
 
@@ -417,7 +418,7 @@ def test_a_state_written_by_the_single_controller_still_loads() -> None:
                           "throughput": 0.5}]}
     ctl = policy_from_state(state)
     assert ctl.config.policy == "dynamic" and ctl.config.park and ctl.plan() == {"a": 40, "b": 24}
-    as_model = reconfigured(ctl, ControllerConfig(policy="model", global_batch=64))
+    as_model = reconfigured(ctl, PolicyConfig(policy="model", global_batch=64))
     assert sum(as_model.plan().values()) == 64
 
 

@@ -1,4 +1,4 @@
-"""ps.control.optperf.nearest_plan: among the splits about as fast as the optimum, the one nearest
+"""ps.control.model.optperf.nearest_plan: among the splits about as fast as the optimum, the one nearest
 the plan in force (pure)."""
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.optperf import nearest_plan, round_time, split
+from ps.control.model.optperf import nearest_plan
+from ps.control.performance import round_time, split
 
 FAST = settings(max_examples=60, deadline=None)
 

@@ -239,16 +239,16 @@ def test_the_policy_fits_the_workers_own_exposed_time_where_the_balanced_time_le
     """Each push reports the last step's exposed time (the wait for the round included) and its own
     part of it (sending after compute, receiving the reply); the policy hears the own part under
     --balance compute, and nothing under busy time (which holds it already)."""
-    from ps.control.roster import Roster
+    from ps.control.worker_plan import WorkerPlan
 
     heard: list[tuple[str, float]] = []
-    observe = Roster.observe
+    observe = WorkerPlan.observe
 
     def recording(self, worker_id: str, batch: int, compute_ms: float, exposed_ms: float = 0.0) -> None:
         heard.append((worker_id, exposed_ms))
         observe(self, worker_id, batch, compute_ms, exposed_ms)
 
-    monkeypatch.setattr(Roster, "observe", recording)
+    monkeypatch.setattr(WorkerPlan, "observe", recording)
     _, sessions = _train(ps_server, threads, "--balance", balance, "--model-arg", "hidden=16", rounds=3)
     assert len(heard) == 6 and all(ms == 0.0 for _, ms in heard[:2])  # round 0: nothing measured yet
     assert all(s.exposed_ms > 0 for s in sessions)

@@ -177,7 +177,7 @@ class OpenRound(Cluster):
 
 def planned(c: Cluster, name: str) -> int:
     """The batch size the server's plan gives worker `name` now."""
-    return c.server.call(lambda: c.server.coordinator.controller.plan()[name])
+    return c.server.call(lambda: c.server.coordinator.policy.plan()[name])
 
 
 @pytest.fixture
@@ -185,7 +185,7 @@ def open_round(ps_server, threads, signal_after) -> OpenRound:
     """a (12 of B = 32, the static plan's) has pushed round 0 and waits; b (20) has not."""
     c = start_cluster(ps_server, threads, "--global-batch", "32", "--lr", "0.1", "--momentum", "0", "--controller", "static",
                       cores={"a": 12.0, "b": 20.0})
-    pushed = signal_after(c.server.coordinator.controller, "observe")
+    pushed = signal_after(c.server.coordinator.policy, "observe")
     grad_a = rand(c.numel, seed=1)
     pending = threads.submit(push, c.server.stub(), push_chunks(header(c.ids["a"], grad_a, batch_size=12), grad_a))
     assert pushed.wait(TIMEOUT)

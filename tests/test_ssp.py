@@ -179,19 +179,19 @@ def test_an_evicted_slow_worker_releases_the_waiting_one_within_the_eviction_tim
 def test_a_parked_worker_holds_nobody_back(ps_server, threads) -> None:
     c = start_cluster(ps_server, threads, "--mode", "asp", "--global-batch", "32", "--staleness-bound", "0")
     coordinator = c.server.coordinator
-    c.server.call(lambda: coordinator.controller.plan())  # the plan exists
-    real_plan = coordinator.controller.plan
+    c.server.call(lambda: coordinator.policy.plan())  # the plan exists
+    real_plan = coordinator.policy.plan
 
     def parked_b() -> dict[str, int]:
         plan = dict(real_plan())
         plan["b"] = 0
         return plan
 
-    coordinator.controller.plan = parked_b  # the batch policy parks b (batch 0 in the plan)
+    coordinator.policy.plan = parked_b  # the batch policy parks b (batch 0 in the plan)
     try:
         da = rand(c.numel, seed=1)
         for version in range(3):  # a goes on alone, never held
             h, _ = push(c.stub, push_chunks(header(c.ids["a"], da, version=version), da))
             assert h.version == version + 1
     finally:
-        coordinator.controller.plan = real_plan
+        coordinator.policy.plan = real_plan

@@ -26,7 +26,8 @@ def test_every_setting_comes_from_its_variable(monkeypatch: pytest.MonkeyPatch) 
         "PS_SERVER": "ps-server:50051", "PS_NAME": "w3", "PS_CORES": "0.125", "PS_THREADS": "2",
         "PS_DEVICE": "cpu", "PS_SLOWDOWN": "1.5", "PS_STEP_OVERHEAD_MS": "20", "PS_TIMEOUT": "30", "PS_RETRY_FOR": "0",
         "PS_LOG_EVERY": "2", "PS_QUIET": "true", "PS_TLS_CA": "/ca.pem", "PS_TLS_CERT": "/c.pem",
-        "PS_TLS_KEY": "/k.pem", "PS_MAX_BATCH": "24", "PS_NO_OVERLAP": "1",
+        "PS_TLS_KEY": "/k.pem", "PS_MAX_BATCH": "24", "PS_NO_OVERLAP": "1", "PS_LOADER_WORKERS": "2",
+        "PS_PREFETCH": "3",
     }
     assert set(values) == set(cli.ENVIRONMENT.values())
     for variable, value in values.items():
@@ -35,6 +36,7 @@ def test_every_setting_comes_from_its_variable(monkeypatch: pytest.MonkeyPatch) 
     assert (args.server, args.name, args.cores, args.threads, args.device) == ("ps-server:50051", "w3", 0.125, 2, "cpu")
     assert (args.slowdown, args.timeout, args.retry_for, args.log_every, args.quiet) == (1.5, 30.0, 0.0, 2.0, True)
     assert args.step_overhead_ms == 20.0 and args.max_batch == 24 and args.no_overlap
+    assert (args.loader_workers, args.prefetch) == (2, 3)
     assert (args.tls_ca, args.tls_cert, args.tls_key) == ("/ca.pem", "/c.pem", "/k.pem")
 
 

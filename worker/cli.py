@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch.nn.functional as F
 
-from common.ops.arg_types import float_at_least, host_port, positive_float, positive_int
+from common.ops.arg_types import float_at_least, host_port, int_at_least, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
@@ -27,6 +27,7 @@ from worker.connection import DEFAULT_THREADS, connect
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
 from worker.job_build import JobSetupError
+from worker.loader import LoaderError, LoaderOptions
 from worker.resources import default_cores
 from worker.runtime import Session
 
@@ -40,6 +41,8 @@ ENVIRONMENT = {
     "step_overhead_ms": "PS_STEP_OVERHEAD_MS",
     "max_batch": "PS_MAX_BATCH",
     "no_overlap": "PS_NO_OVERLAP",
+    "loader_workers": "PS_LOADER_WORKERS",
+    "prefetch": "PS_PREFETCH",
     "timeout": "PS_TIMEOUT",
     "retry_for": "PS_RETRY_FOR",
     "log_every": "PS_LOG_EVERY",
@@ -64,7 +67,7 @@ def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None
             last_log = time.monotonic()
             print(
                 f"{session.name}: epoch {session.epoch} step {session.steps} batch {session.batch_size} "
-                f"compute {session.last_compute_ms:.1f} ms loss {float(loss.detach()):.4f}",
+                f"compute {session.last_compute_ms:.1f} ms (data wait {session.data_wait_ms:.1f}) loss {float(loss.detach()):.4f}",
                 file=sys.stderr,
                 flush=True,
             )
@@ -102,6 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="BSP: push the whole gradient after backward (the serial path) instead of streaming gradient "
                         "buckets while backward runs, and take the whole reply before the next forward (the server's "
                         "--no-overlap turns it off for every worker)")
+    p.add_argument("--loader-workers", type=int_at_least(0), default=0, metavar="N",
+                   help="processes that read and transform the job's samples beside training (0: a thread in this "
+                        "process); a dataset held whole in memory is indexed directly at 0 (docs/data.md)")
+    p.add_argument("--prefetch", type=positive_int, default=2, metavar="D",
+                   help="batches the loader prepares ahead of the one being computed (per loader process, "
+                        "DataLoader's prefetch_factor)")
     p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
@@ -160,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
                      threads=args.threads, step_overhead_ms=args.step_overhead_ms, max_batch=args.max_batch,
-                     overlap=not args.no_overlap, token=token, tls_ca=args.tls_ca,
+                     overlap=not args.no_overlap, loader=LoaderOptions(args.loader_workers, args.prefetch), token=token, tls_ca=args.tls_ca,
                      tls_cert=args.tls_cert, tls_key=args.tls_key) as session:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",
@@ -172,6 +181,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"{session.name}: job done after {session.steps} steps{parked}{streamed}", file=sys.stderr, flush=True)
     except ServerError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
+        code = 1
+    except LoaderError as exc:  # the dataset failed to give a batch (a corrupt file: its name)
+        print(f"ps-worker: error: reading the job's data: {exc}", file=sys.stderr)
         code = 1
     except JobSetupError as exc:  # the job names a model or dataset this worker cannot build
         print(f"ps-worker: error: {exc}", file=sys.stderr)

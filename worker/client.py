@@ -213,13 +213,14 @@ class PSClient:
         exposed_ms: float = 0.0,
         own_exposed_ms: float = 0.0,
         sq_norms: tuple[float, float] = (0.0, 0.0),
+        data_wait_ms: float = 0.0,
     ) -> Callable[[], StepHeader]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
 
         `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes; a report
         names the group `generation` it all-reduced in."""
-        times = PushTimes(compute_ms, exposed_ms, own_exposed_ms)  # what they mean: PushTimes.of_step
+        times = PushTimes(compute_ms, exposed_ms, own_exposed_ms, data_wait_ms)  # what they mean: PushTimes.of_step
         header = push_meta_to_proto(PushMeta(
             worker_id, round, version, batch_size, times, wire_dtype, values.numel(), kind=kind, generation=generation,
             secret=self.secret(worker_id), local_sq_norm=sq_norms[0], global_sq_norm=sq_norms[1],

@@ -10,6 +10,7 @@ import torch
 
 from common.job.spec import JobSpec
 from worker.client import PSClient
+from worker.loader import LoaderOptions
 from worker.memory_probe import declared_max_batch
 from worker.reconnect import Waiting, wait_for_server
 from worker.resources import default_cores
@@ -33,6 +34,7 @@ def connect(
     step_overhead_ms: float = 0.0,
     max_batch: int | None = None,
     overlap: bool = True,
+    loader: LoaderOptions = LoaderOptions(),
     token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
@@ -48,6 +50,7 @@ def connect(
     picks a GPU when there is one). `step_overhead_ms` adds that much CPU work to every step (a fixed cost).
     `overlap` False pushes the whole gradient after backward even where the job streams buckets during
     it (``ps-worker --no-overlap``; the job's ``ps-server --no-overlap`` turns it off for every worker).
+    `loader` says how batches are read: loader processes and batches prepared ahead (worker/loader.py).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
     and `token` is sent with every call; see docs/security.md.
     `max_batch` is the most samples this worker's memory holds, told to the server at Join (None:
@@ -66,7 +69,7 @@ def connect(
         # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
         declared = declared_max_batch(lambda: JobSpec.from_json(client.status().job_json), device, max_batch)
         return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms,
-                       declared.max_batch, declared.pass_samples, overlap=overlap, built=declared.built)
+                       declared.max_batch, declared.pass_samples, overlap=overlap, built=declared.built, loader=loader)
     except BaseException:
         client.close()
         raise

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from common.job.datasets import Dataset, build_dataset
+from common.job.datasets import TrainingData, build_dataset
 from common.job.models import build_model
 from common.job.spec import JobSpec
 
@@ -23,7 +23,7 @@ class BuiltJob:
     """A job's data set and freshly built model, for the spec they were built for."""
 
     spec: JobSpec
-    dataset: Dataset
+    dataset: TrainingData
     model: nn.Module
 
 

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.job.spec import JobSpec
+from common.job.splits import sample_batch
 from worker.job_build import BuiltJob, JobSetupError, build_job
 
 
@@ -151,7 +152,9 @@ def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None, 
         return Declared(given)
     built, device = build_job(job()), device or torch.device("cpu")
     spec, data = built.spec, built.dataset
-    found = probe_max_batch(built.model, data.train_x, data.train_y, device, small=max(2, spec.micro_batch))
+    small = max(2, spec.micro_batch)
+    x, y = sample_batch(data.train, list(range(min(len(data.train), 2 * small))))  # the probe's samples only
+    found = probe_max_batch(built.model, x, y, device, small=small)
     if spec.micro_batch > 1:
         if found.max_batch < spec.micro_batch:
             raise JobSetupError(f"this worker's memory holds about {found.max_batch} samples of the model at once, "

@@ -13,19 +13,18 @@ A custom training loop needs three calls::
             loss.backward()
             session.step()                       # returns once the reply's header is in
 
-Compute time (data fetch + forward + backward) runs from the moment a batch is fetched until
-step() is called; it is what the server's controller balances. In BSP on the PS path the gradient
-goes out in buckets while backward runs (worker/overlap.py); step() closes that push and waits for
-the reply's header: the parameters go on arriving, first layers first, while the next batch is
-drawn and its forward runs, each module waiting for its own (worker/forward_order.py; wait_params()
-waits for them all, and so does the model's state_dict()). From a compute's end to the next fetch,
-plus what the forward waited, is the step's exposed communication. In an
---allreduce job step() all-reduces with the other workers and steps a local optimizer instead.
+Compute time (data fetch, forward, backward; the wait for the loader is also sent apart) runs from
+the moment a batch is fetched until step() is called; it is what the server's batch policy balances.
+In BSP on the PS path the gradient goes out in buckets while backward runs (worker/overlap.py);
+step() closes that push and waits for the reply's header: the parameters go on arriving, first
+layers first, while the next batch is drawn and its forward runs, each module waiting for its own
+(worker/forward_order.py; wait_params() waits for them all, and so does the model's state_dict()).
+From a compute's end to the next fetch, plus what the forward waited, is the step's exposed
+communication. In an --allreduce job step() all-reduces with the other workers and steps a local
+optimizer instead.
 
-A worker the server parks (BSP, `--controller model`: planned at batch 0 because the round is
-shorter without it) gets no batches from batches() until the server plans it one: meanwhile it
-waits in a long poll (heartbeats go on), and it pulls the parameters before it computes again.
-"""
+A worker the server parks (BSP, `--policy model`: batch 0, the round is shorter without it) gets no
+batches until it is planned one; it waits in a long poll and pulls the parameters before computing."""
 
 from __future__ import annotations
 
@@ -38,24 +37,25 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from common.job.datasets import Dataset
+from common.job.datasets import TrainingData
 from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
+from common.transport.messages import PushTimes, StepHeader
 from worker.backoff import Backoff
 from worker.bucket_stream import BucketStream
-from common.transport.messages import PushTimes, StepHeader
 from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, reachable_address
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.forward_order import Arrivals, ForwardOrder
 from worker.heartbeat import Heartbeat
+from worker.loader import Batches, LoaderOptions
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
 from worker.overlap import BucketPush
 from worker.reconnect import Waiting, await_regroup, lost_because, wait_for_server
 from worker.resources import burn_cpu, slowdown_delay
 from worker.sampler import ElasticBatchSampler
-from worker.slices import SliceSampler, TrainedLog
+from worker.slices import SliceSource, TrainedLog
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,7 @@ class Session:
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
         pass_samples: int | None = None, overlap: bool = True, built: BuiltJob | None = None,
+        loader: LoaderOptions = LoaderOptions(),
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -82,6 +83,7 @@ class Session:
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
         self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
+        self._loader, self.data_wait_ms = loader, 0.0  # how batches are read (worker/loader.py); the last one's wait
         self._built = built  # the job the memory probe built, if it did: not built twice
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
@@ -114,7 +116,7 @@ class Session:
         self.spec: JobSpec = joined.spec
         built = self._built if self._built is not None and self._built.spec == self.spec else build_job(self.spec)
         self._built = None
-        self.dataset: Dataset = built.dataset
+        self.dataset: TrainingData = built.dataset
         self.model: nn.Module = built.model
         if Layout.of(self.model) != joined.layout:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
@@ -127,15 +129,14 @@ class Session:
             self._params = flatten_params(self.model)
         self._grads = torch.empty_like(self._params)
         self._on_device: tuple[torch.Tensor, torch.Tensor] | None = None  # a GPU's copy of (params, grads)
-        self._train_x, self._train_y = self.dataset.train_x, self.dataset.train_y
         if self.device.type != "cpu":
             self.model.to(self.device)
             self._on_device = (torch.empty_like(self._params, device=self.device), torch.empty_like(self._grads, device=self.device))
-            self._train_x, self._train_y = self._train_x.to(self.device), self._train_y.to(self.device)
-        n = len(self.dataset.train_x)  # --sampling exact: the server's slices (worker/slices.py), else its own draws
-        self._sampler = (SliceSampler(n, self.spec.seed, self.spec.epochs, lambda: self.plan) if self.spec.exact_epochs
+        n = len(self.dataset.train)  # --sampling exact: the server's slices (worker/slices.py), else its own draws
+        self._sampler = (SliceSource(n, self.spec.seed, self.spec.epochs) if self.spec.exact_epochs
                          else ElasticBatchSampler(n, seed=self.spec.seed * 1009 + joined.index))
         self._trained = TrainedLog(self.name)  # the audit hook: what each step whose push was taken trained on
+        self._batches = Batches(self.dataset.train, self._sampler, self._loader, self.device)
         self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
         # BSP on the PS path: the gradient goes out in buckets while backward runs (worker/overlap.py)
         self.overlap = self.overlap and self.spec.overlap and self.spec.mode == "bsp" and not self.spec.allreduce
@@ -167,12 +168,14 @@ class Session:
         self._follow(plan)
 
     def _follow(self, plan: StepHeader) -> None:
-        """Take `plan` as the current one: the next batch is drawn at its size."""
-        if isinstance(self._sampler, SliceSampler):
-            self._sampler.check(plan)  # a slice it cannot train on: one clear error, and it leaves
+        """Take `plan` as the current one: the next batch is drawn at its size (--sampling exact: its slice,
+        checked, one clear error if it cannot be trained on; the loader starts reading it now)."""
+        renew = isinstance(self._sampler, SliceSource) and self._sampler.follow(plan)
         self.plan = plan
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size
+        if renew:
+            self._batches.renew(plan.batch_size)
 
     @property
     def batch_size(self) -> int:
@@ -194,11 +197,12 @@ class Session:
         if self._compute_end is not None:
             self.exposed_ms = (self._fetch_started - self._compute_end) * 1000.0
             self._compute_end = None
-        index = self._sampler.next_batch().to(self._train_x.device)
-        self._drawn, self._drawn_step = int(index.numel()), (self.plan, index)
+        x, y = self._batches.next(self._sampler.batch_size)
+        self._drawn, self.data_wait_ms = len(y), self._batches.wait_ms
+        self._drawn_step = (self.plan, self._sampler.drawn) if isinstance(self._sampler, SliceSource) else None
         if self._buckets is not None:
             self._buckets.arm(self._open_push)
-        return self._train_x[index], self._train_y[index]
+        return x, y
 
     def _open_push(self) -> BucketStream:
         """This step's bucketed push (opened by the first bucket backward completes)."""
@@ -252,7 +256,8 @@ class Session:
         if not self._settle_params():  # the last reply failed while it streamed: this step's gradient is dropped
             return self.plan
         # what the step reports (exposed_ms and _push_ms are the last step's)
-        times = PushTimes.of_step(compute_ms, self.exposed_ms, self._push_ms, self.spec.balance, self.spec.mode, self.spec.allreduce)
+        times = PushTimes.of_step(compute_ms, self.exposed_ms, self._push_ms, self.spec.balance, self.spec.mode,
+                                  self.spec.allreduce, self.data_wait_ms)
         stream = self._buckets.finish() if self._buckets is not None else None
         if stream is not None:  # the buckets are out (or going): close the push; the reply below
             arrivals = self._arrivals if self._forward is not None else None
@@ -278,7 +283,7 @@ class Session:
         return self._finish_step(lambda: self.client.push(
             self.worker_id, values, self._params, round=self.plan.round, version=self.plan.version,
             batch_size=self._sampler.batch_size, compute_ms=times.compute_ms, wire_dtype=self.spec.wire_dtype,
-            exposed_ms=times.exposed_ms, own_exposed_ms=times.own_exposed_ms), compute_ms)
+            exposed_ms=times.exposed_ms, own_exposed_ms=times.own_exposed_ms, data_wait_ms=times.data_wait_ms), compute_ms)
 
     def _finish_step(self, push: Callable[[], StepHeader | None], compute_ms: float, pushed: float | None = None,
                      streamed: bool = False) -> StepHeader:
@@ -468,6 +473,7 @@ class Session:
         """Stop the heartbeat, leave the process group and close the connection (`closed` then says
         whether the connection's close finished: see PSClient.close)."""
         self._heartbeat.stop()
+        self._batches.close()
         if self._buckets is not None:
             self._buckets.remove()
         if self._forward is not None:

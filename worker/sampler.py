@@ -15,6 +15,7 @@ class ElasticBatchSampler:
         self._generator = torch.Generator().manual_seed(seed)
         self._order = torch.randperm(num_samples, generator=self._generator)
         self._cursor = 0
+        self._returned = torch.empty(0, dtype=torch.int64)  # put back, drawn first
         self.batch_size = batch_size
 
     @property
@@ -27,10 +28,27 @@ class ElasticBatchSampler:
             raise ValueError(f"batch size must be >= 1, got {value}")
         self._batch_size = int(value)
 
+    def ready(self) -> bool:
+        """Its next indices are always known (worker.loader.IndexSource)."""
+        return True
+
     def next_batch(self) -> torch.Tensor:
         """The next `batch_size` indices (a batch may span a reshuffle)."""
+        return self.draw(self._batch_size)
+
+    def put_back(self, indices: torch.Tensor) -> None:
+        """Indices drawn and not trained on (worker.loader.Batches gave up a prefetched batch): drawn
+        again first, in the same order."""
+        self._returned = torch.cat([indices.to(torch.int64), self._returned])
+
+    def draw(self, count: int) -> torch.Tensor:
+        """The next `count` indices: those put back first, then the permutation's."""
         parts = []
-        need = self._batch_size
+        need = int(count)
+        if len(self._returned):
+            parts.append(self._returned[:need])
+            self._returned = self._returned[need:]
+            need -= len(parts[0])
         while need:
             if self._cursor == self.num_samples:
                 self._order = torch.randperm(self.num_samples, generator=self._generator)

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from common.job.epoch_order import slice_indices
-from common.transport.messages import StepHeader
+from common.transport.messages import SliceRange, StepHeader
 from worker.client import ServerError
 
 AUDIT_ENV = "PS_TRAINED_INDICES"
@@ -44,24 +43,50 @@ def check_slice(plan: StepHeader, num_samples: int, last_epoch: int) -> None:
         raise BadSlice(f"the server handed a slice of {total} samples for a batch of {plan.batch_size}")
 
 
-class SliceSampler:
-    """Stands where worker.sampler.ElasticBatchSampler does: `next_batch()` is the current plan's slice.
-    `batch_size` follows the plan (set by the session, as for the sampler)."""
+class SliceSource:
+    """The index source of worker.loader.Batches under --sampling exact (where worker.sampler's
+    ElasticBatchSampler stands otherwise): the next step's indices are the slice of the latest plan.
 
-    def __init__(self, num_samples: int, seed: int, last_epoch: int, plan: Callable[[], StepHeader]) -> None:
+    `follow(plan)` takes a reply's plan (checked: check_slice) and says whether it hands a new slice;
+    the session then drops what the loader prepared of the previous one and submits this one at once,
+    so the loader reads it while the reply's parameters arrive. A slice the loader prepared and the
+    step never trained on (the plan changed: a re-split, a refused push, an eviction) is simply dropped:
+    the server took it back and serves it again, to this worker or another. So the loader prepares one
+    batch ahead here, whatever its --prefetch: no later slice is known before the next reply."""
+
+    def __init__(self, num_samples: int, seed: int, last_epoch: int) -> None:
         self.num_samples, self.seed, self.last_epoch = num_samples, seed, last_epoch
-        self._plan = plan
-        self.batch_size = 1
+        self.batch_size = 1  # set by the session from the plan, as for the sampler
+        self._ranges: tuple[SliceRange, ...] = ()  # the latest plan's slice
+        self._fresh = False  # announced and not drawn yet
+        self.drawn = torch.empty(0, dtype=torch.int64)  # the indices drawn last
 
-    def check(self, plan: StepHeader) -> None:
-        """A plan that gives a batch must hand its slice (see check_slice)."""
+    def follow(self, plan: StepHeader) -> bool:
+        """Take `plan`'s slice as the next step's (BadSlice if it cannot be trained on); False if it is
+        the one already waiting to be drawn. A slice drawn before and handed again is trained again:
+        the server had not taken its push (a refused push, a lost reply)."""
+        ranges: tuple[SliceRange, ...] = ()
         if plan.batch_size > 0 and not plan.done:
             check_slice(plan, self.num_samples, self.last_epoch)
+            ranges = plan.slice
+        if ranges == self._ranges and self._fresh:
+            return False
+        self._ranges, self._fresh = ranges, bool(ranges)
+        return True
 
-    def next_batch(self) -> torch.Tensor:
-        plan = self._plan()
-        self.check(plan)
-        return slice_indices(self.seed, self.num_samples, plan.slice)
+    def ready(self) -> bool:
+        """Whether a slice is there to draw (the loader submits only what is known)."""
+        return self._fresh
+
+    def draw(self, count: int) -> torch.Tensor:
+        if not self._fresh or count != sum(r.count for r in self._ranges):
+            raise RuntimeError(f"no slice of {count} samples from the server for this step")
+        self._fresh = False
+        self.drawn = slice_indices(self.seed, self.num_samples, self._ranges)
+        return self.drawn
+
+    def put_back(self, indices: torch.Tensor) -> None:
+        """A prepared batch given up: nothing to keep, the server serves its samples again."""
 
 
 class TrainedLog:

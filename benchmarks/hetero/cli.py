@@ -18,7 +18,7 @@ from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_schedule, bench_thr
 from benchmarks.hetero.report import environment, render_table
 from benchmarks.hetero.runs import CASES, CONTROLLERS, OPT_IN, POLICIES
 from benchmarks.hetero.settings import Settings, log, resolve_emulation
-from benchmarks.report_output import print_report, save_report
+from benchmarks.report_output import add_result_options, print_report, save_report, save_result
 from benchmarks.workload import Workload
 from deploy.profiles import default_cpu_budget, load_profile, load_schedule
 from common.ops.arg_types import positive_float, positive_int
@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
             "  python -m benchmarks.hetero --schedule dynamic --every-epochs 3 --json\n"
             "  python -m benchmarks.hetero --profile hl8 --tta 0.95 --json\n"
             "  python -m benchmarks.hetero --tiny --json            # smoke test (under a minute)\n"
-            "  python -m benchmarks.hetero --profile hl8 --controllers dynamic,dynamic_compose --no-baselines --json\n"
+            "  python -m benchmarks.hetero --profile hl8 --policies dynamic,dynamic_compose --no-baselines --json\n"
             "                                                       # the cgroup emulator beside docker compose\n"
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="phase length in epochs for --schedule (default: the schedule's)")
     what.add_argument("--tta", type=_fraction, metavar="TARGET",
                       help="time uniform and dynamic to this test accuracy (default workload: digits, cnn width=96, B=512)")
-    what.add_argument("--controllers", metavar="LIST", help="comma-separated runs to make (default: bsp uniform,static,dynamic; asp "
+    what.add_argument("--controllers", dest="controllers", metavar="LIST", help=argparse.SUPPRESS)
+    what.add_argument("--policies", dest="controllers", metavar="LIST", help="comma-separated runs to make, each a batch "
+                      "policy or a variant of one (--controllers is the same flag; default: bsp uniform,static,dynamic; asp "
                       "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
                       "ring all_reduce instead of the hub, and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
@@ -119,6 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     out.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
     out.add_argument("--out", type=Path, metavar="DIR",
                      help="keep logs and metrics here and write <name>.json / <name>.md (default: a temporary folder)")
+    add_result_options(out)
     out.add_argument("--tiny", action="store_true",
                      help="smoke test: tiny data and model, 2 epochs, a few steps per measurement, software slowdown")
     return p
@@ -181,7 +184,7 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
     allowed = set(CONTROLLERS[args.mode]) | set(OPT_IN[args.mode]) if schedule is None and not tta else set(POLICIES)
     unknown = [c for c in controllers if c not in allowed]
     if unknown or not controllers:
-        raise SystemExit(f"hetero: error: --controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
+        raise SystemExit(f"hetero: error: --policies/--controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
     baselines = (args.mode == "bsp" and schedule is None and not tta and case is None) \
         if not (args.baselines or args.no_baselines) else args.baselines
     return Settings(
@@ -251,7 +254,7 @@ def run(s: Settings) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from deploy.launcher import Terminated, signals_as_exceptions
+    from deploy.signals import Terminated, signals_as_exceptions
 
     keep = args.out is not None
     workdir = args.out if keep else Path(tempfile.mkdtemp(prefix="hetero-bench-"))
@@ -283,4 +286,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     if keep:
         save_report(workdir, report_name(s), text, table)
     print_report(text, table, args.json)
+    save_result(args, "hetero", report, argv)
     return 0

@@ -15,9 +15,9 @@ from benchmarks.hetero.settings import Emulation, Settings, log
 from deploy.profiles import scale
 
 
-SOURCE = "issue targets (design.md §7 anchors)"
+SOURCE = "issue targets (the HL8 anchors)"
 OVERLAP_SOURCE = "issue targets (communication overlapped with computation on the BSP PS path)"
-POLICY_SOURCE = "issue targets (design.md §9, model-based split)"
+POLICY_SOURCE = "issue targets (model-based split)"
 
 
 BALANCE_TOLERANCE = 0.1

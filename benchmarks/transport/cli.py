@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from benchmarks.cli_types import choices, counts, ints
-from benchmarks.report_output import print_report, save_report
+from benchmarks.report_output import add_result_options, print_report, save_report, save_result
 from benchmarks.transport.measures import measure_echo, measure_gloo, measure_ps, measure_torch_rpc
 from benchmarks.transport.overhead import measure_overhead_inprocess, measure_overhead_outside
 from benchmarks.transport.processes import Processes
@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
     p.add_argument("--out", type=Path, default=None,
                    help="keep child logs here and write transport.json / transport.md (default: a temporary folder)")
+    add_result_options(p)
     return p
 
 
@@ -252,4 +253,5 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.out is not None:
             save_report(workdir, "transport", text, table)
     print_report(text, table, args.json)
+    save_result(args, "transport", report, argv)
     return 0

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset as TorchDataset
+
+from common.job.splits import sample_batch
 
 CALIBRATION_SAMPLES = 1024
 """Training samples the statistics are averaged over (fewer if the training set is smaller)."""
@@ -21,10 +24,10 @@ def batchnorm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 
 
 @torch.no_grad()
-def recalibrate(model: nn.Module, x: torch.Tensor, batch: int, seed: int = 0,
+def recalibrate(model: nn.Module, x: torch.Tensor | TorchDataset, batch: int, seed: int = 0,
                 samples: int = CALIBRATION_SAMPLES) -> bool:
     """Recompute every BatchNorm layer's running mean and variance as the plain average over
-    `samples` training inputs of `x` in batches of `batch` (each batch normalised alone, as in
+    `samples` training inputs of `x` (the inputs, or a map-style split read sample by sample) in batches of `batch` (each batch normalised alone, as in
     training). Returns whether the model has BatchNorm (False: nothing done). Leaves it in eval mode."""
     layers = batchnorm_layers(model)
     if not layers:
@@ -32,7 +35,8 @@ def recalibrate(model: nn.Module, x: torch.Tensor, batch: int, seed: int = 0,
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
     batch = max(2, batch)  # BatchNorm cannot take the variance of one sample
-    order = torch.randperm(len(x), generator=torch.Generator().manual_seed(seed))[: max(batch, min(samples, len(x)))]
+    n = len(x)  # type: ignore[arg-type]
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))[: max(batch, min(samples, n))]
     momenta = [layer.momentum for layer in layers]
     for layer in layers:
         layer.reset_running_stats()
@@ -40,7 +44,8 @@ def recalibrate(model: nn.Module, x: torch.Tensor, batch: int, seed: int = 0,
     model.train()
     try:
         for start in range(0, len(order) - batch + 1, batch):
-            model(x[order[start : start + batch]])
+            part = order[start : start + batch]
+            model(x[part] if isinstance(x, torch.Tensor) else sample_batch(x, part)[0])
     finally:
         for layer, momentum in zip(layers, momenta):
             layer.momentum = momentum

@@ -1,7 +1,8 @@
-"""Built-in datasets, generated or shipped with a package: nothing is downloaded.
+"""Built-in datasets, generated or shipped with a package, or read from files on disk: nothing is downloaded.
 
-A dataset factory takes (seed, **options) -> Dataset. Every process that builds the same
-(name, options, seed) gets the same tensors and the same train/test split.
+A dataset factory takes (seed, **options) and returns in-memory tensors (`Dataset`) or map-style
+splits (common.job.splits.Splits). Every process that builds the same (name, options, seed) gets
+the same samples and the same train/test split.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from torch.utils.data import TensorDataset
+
 from common.job.registry import built, check_options, resolve
+from common.job.splits import Splits
 from common.number_checks import finite, whole
 
 
@@ -33,6 +37,15 @@ class Dataset:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.train_x.shape[1:])
+
+    @property
+    def train(self) -> TensorDataset:
+        """The training split as a map-style dataset (common.job.splits)."""
+        return TensorDataset(self.train_x, self.train_y)
+
+    @property
+    def test(self) -> TensorDataset:
+        return TensorDataset(self.test_x, self.test_y)
 
     def __post_init__(self) -> None:
         if len(self.train_x) != len(self.train_y) or len(self.test_x) != len(self.test_y):
@@ -152,14 +165,28 @@ def teacher(
     return Dataset(x[n_test:], labels[n_test:], x[:n_test], labels[:n_test], num_classes)
 
 
-DATASETS: dict[str, Callable[..., Dataset]] = {"digits": digits, "synthetic": synthetic, "teacher": teacher}
+TrainingData = Dataset | Splits
+"""What a dataset factory returns: in-memory tensors or map-style splits; both have `train`, `test`,
+`num_classes` and `input_shape`."""
 
 
-def build_dataset(name: str, options: dict, seed: int) -> Dataset:
-    """Build the named dataset; errors say which option was wrong."""
+def _builtins() -> dict[str, Callable[..., TrainingData]]:
+    from common.job.disk_datasets import image_folder, npy_arrays  # on-disk sets need Pillow only when used
+
+    return {"digits": digits, "synthetic": synthetic, "teacher": teacher, "image_folder": image_folder,
+            "npy_arrays": npy_arrays}
+
+
+DATASETS: dict[str, Callable[..., TrainingData]] = _builtins()
+
+
+def build_dataset(name: str, options: dict, seed: int) -> TrainingData:
+    """Build the named dataset; errors say which option was wrong, or that the factory's result is
+    not a dataset."""
     factory = resolve(name, DATASETS, "dataset")
     check_options("dataset", name, factory, options, fixed=1)
     dataset = built("dataset", name, options, lambda: factory(seed, **options))
-    if not isinstance(dataset, Dataset):
-        raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not common.job.datasets.Dataset")
+    if not isinstance(dataset, (Dataset, Splits)):
+        raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not common.job.datasets.Dataset "
+                         "(in-memory tensors) or common.job.splits.Splits (map-style train and test datasets)")
     return dataset

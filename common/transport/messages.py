@@ -26,21 +26,25 @@ class PushTimes:
     time). exposed_ms (BSP on the PS path; 0: not measured): how long the worker's previous step left it
     waiting on communication, from the end of its compute to the start of this one, plus the forward's
     wait for parameters. own_exposed_ms: of that, the worker's own part (its push still going out, and
-    from the reply's first chunk to the parameters in its model), not the wait for the round."""
+    from the reply's first chunk to the parameters in its model), not the wait for the round.
+data_wait_ms: of compute_ms, how long the step waited for its batch from the loader (a slow disk is a
+slow worker: the policies balance the whole step, data wait included)."""
 
     compute_ms: float = 0.0
     exposed_ms: float = 0.0
     own_exposed_ms: float = 0.0
+    data_wait_ms: float = 0.0
 
     @classmethod
     def of_step(cls, compute_ms: float, exposed_ms: float, push_ms: float, balance: str, mode: str,
-                allreduce: bool) -> PushTimes:
-        """What a worker reports for a step that computed `compute_ms`, after a previous step that left
-        it `exposed_ms` exposed, `push_ms` of it its own push (the job's `balance`, `mode`, `allreduce`)."""
+                allreduce: bool, data_wait_ms: float = 0.0) -> PushTimes:
+        """What a worker reports for a step that computed `compute_ms` (`data_wait_ms` of it waiting for
+        its batch), after a previous step that left it `exposed_ms` exposed, `push_ms` of it its own
+        push (the job's `balance`, `mode`, `allreduce`)."""
         reported = compute_ms + (push_ms if balance == "busy" else 0.0)
         if mode != "bsp" or allreduce:  # exposed communication is measured in BSP rounds on the PS path
-            return cls(reported)
-        return cls(reported, exposed_ms, push_ms)
+            return cls(reported, data_wait_ms=data_wait_ms)
+        return cls(reported, exposed_ms, push_ms, data_wait_ms)
 
     def check(self) -> None:
         """InvalidArgument unless each time is finite and in [0, MAX_COMPUTE_MS]."""

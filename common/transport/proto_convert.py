@@ -60,19 +60,20 @@ def join_from_proto(p: ps_pb2.JoinReply) -> JoinInfo:
 
 
 def push_times_to_proto(t: PushTimes) -> ps_pb2.PushEnd:
-    return ps_pb2.PushEnd(compute_ms=t.compute_ms, exposed_ms=t.exposed_ms, own_exposed_ms=t.own_exposed_ms)
+    return ps_pb2.PushEnd(compute_ms=t.compute_ms, exposed_ms=t.exposed_ms, own_exposed_ms=t.own_exposed_ms,
+                          data_wait_ms=t.data_wait_ms)
 
 
 def push_times_from_proto(p: ps_pb2.PushEnd | ps_pb2.PushHeader) -> PushTimes:
     """A push's times, from its PushEnd or (without offsets) its PushHeader."""
-    return PushTimes(p.compute_ms, p.exposed_ms, p.own_exposed_ms)
+    return PushTimes(p.compute_ms, p.exposed_ms, p.own_exposed_ms, p.data_wait_ms)
 
 
 def push_meta_to_proto(m: PushMeta) -> ps_pb2.PushHeader:
     return ps_pb2.PushHeader(
         worker_id=m.worker_id, round=m.round, version=m.version, batch_size=m.batch_size,
         compute_ms=m.times.compute_ms, exposed_ms=m.times.exposed_ms, own_exposed_ms=m.times.own_exposed_ms,
-        wire_dtype=m.wire_dtype, num_values=m.num_values, kind=PUSH_KIND_NUMBERS[m.kind], generation=m.generation,
+        data_wait_ms=m.times.data_wait_ms, wire_dtype=m.wire_dtype, num_values=m.num_values, kind=PUSH_KIND_NUMBERS[m.kind], generation=m.generation,
         secret=m.secret, offsets=m.offsets, local_sq_norm=m.local_sq_norm, global_sq_norm=m.global_sq_norm,
     )
 

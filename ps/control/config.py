@@ -1,5 +1,6 @@
-"""The batch policy's settings (ControllerConfig, validated on construction), the policy names,
-and the settings that differ between two configs (what a resume with other flags changes)."""
+"""The batch policy's settings (PolicyConfig, validated on construction) and the settings that differ
+between two configs (what a resume with other flags changes). The policy names are the registry's
+(ps/control/registry.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +8,18 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ps.control.checks import integer, real
+from ps.control.registry import POLICIES
 
-
-Policy = Literal["uniform", "static", "dynamic", "model"]
 StartPolicy = Literal["uniform", "static"]
-
-POLICIES: tuple[str, ...] = ("uniform", "static", "dynamic", "model")
-"""The `--controller` names; ps/control/registry.py maps each to its policy class."""
 STARTS: tuple[str, ...] = ("uniform", "static")
 
 
 @dataclass(frozen=True)
-class ControllerConfig:
-    """Settings of a batch policy (ps/control/roster.py); validated (and numbers normalised) on construction."""
+class PolicyConfig:
+    """Settings of a batch policy (ps/control/policy.py); validated (and numbers normalised) on construction."""
 
-    policy: Policy = "dynamic"
+    policy: str = "dynamic"
+    """The batch policy's name (`--policy`): a key of ps.control.registry.POLICIES."""
     global_batch: int = 128
     deadband: float = 0.1
     min_batch: int = 1
@@ -39,7 +37,7 @@ class ControllerConfig:
     """BSP: every plan is in whole micro-batches of this many samples (ps/control/micro.py); 1: any batch."""
 
     def __post_init__(self) -> None:
-        """Reject settings the controller cannot honour, with a message saying what to change."""
+        """Reject settings the batch policy cannot honour, with a message saying what to change."""
         if self.policy not in POLICIES:
             raise ValueError(f"policy must be one of {', '.join(POLICIES)}; got {self.policy!r}")
         if self.dynamic_start not in STARTS:
@@ -98,7 +96,7 @@ def check_micro_batch(micro_batch: int, global_batch: int, min_batch: int, max_b
         raise ValueError(f"max_batch {max_batch} is below micro_batch {micro_batch}: no worker could take one micro-batch")
 
 
-def config_changes(before: ControllerConfig, after: ControllerConfig) -> dict[str, tuple[Any, Any]]:
+def config_changes(before: PolicyConfig, after: PolicyConfig) -> dict[str, tuple[Any, Any]]:
     """The settings that differ between two configs: {field: (before, after)}, in field order."""
     old, new = asdict(before), asdict(after)
     return {name: (old[name], value) for name, value in new.items() if old[name] != value}

@@ -1,4 +1,4 @@
-"""The dynamic policy: OmniLearn's proportional control (design.md §5, Eq. 6-8).
+"""The dynamic policy: OmniLearn's proportional control (Eq. 6-8).
 
 Each decision moves a worker whose smoothed time is off the mean towards the batch it would finish
 in the mean time at its measured throughput (Eq. 6), only outside the deadband (Eq. 7), and fits the
@@ -12,11 +12,11 @@ import math
 from collections.abc import Mapping
 
 from ps.control.proportional import outside_deadband, proportional_targets, total_preserving
-from ps.control.roster import Roster
+from ps.control.worker_plan import WorkerPlan
 from ps.control.split import clip, fit_to_sum, round_half_up, round_ms, round_to_sum, water_fill
 
 
-class DynamicPolicy(Roster):
+class DynamicPolicy(WorkerPlan):
     """Deadband proportional control from the smoothed times."""
 
     name = "dynamic"
@@ -26,7 +26,7 @@ class DynamicPolicy(Roster):
         relative to the measured ones), else `dynamic_start`."""
         return self._measured_weights()
 
-    def _keeps_plan_of(self, old: Roster) -> bool:
+    def _keeps_plan_of(self, old: WorkerPlan) -> bool:
         return isinstance(old, DynamicPolicy)
 
     def _decide(self) -> dict[str, int]:

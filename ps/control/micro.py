@@ -1,7 +1,7 @@
 """Plans in whole micro-batches (`--micro-batch m`, JABAS-style): every worker's batch is k·m with an
 integer k >= 1 (0 for a parked worker) and Σ k·m = B exactly.
 
-Done once for every policy: `MicroBatched` runs the policy on a roster whose unit is one micro-batch
+Done once for every policy: `MicroBatched` runs the policy on workers whose unit is one micro-batch
 (its global batch B/m, each worker's bounds ceil(min/m) and floor(max/m) micro-batches) and speaks
 samples to the coordinator, so the exact-sum split, water-filling, the proportional law, the model
 policy's time fits and parking all plan k and never see a sample count that m does not divide. A
@@ -17,21 +17,22 @@ from collections.abc import Mapping
 from dataclasses import asdict, replace
 from typing import Any
 
-from ps.control.config import ControllerConfig
-from ps.control.roster import Roster
+from ps.control.config import PolicyConfig
+from ps.control.registry import POLICIES, policy_class
+from ps.control.worker_plan import WorkerPlan
 
 STATE_KEY = "micro"
-"""The key of a micro-batched policy's own part in its state dict (beside the unit roster's keys)."""
+"""The key of a micro-batched policy's own part in its state dict (beside the unit policy's keys)."""
 
 
-def unit_config(config: ControllerConfig) -> ControllerConfig:
+def unit_config(config: PolicyConfig) -> PolicyConfig:
     """`config` in micro-batches: B/m, min ceil(min/m), max floor(max/m), and micro_batch 1."""
     m = config.micro_batch
     return replace(config, global_batch=config.global_batch // m, min_batch=math.ceil(config.min_batch / m),
                    max_batch=None if config.max_batch is None else config.max_batch // m, micro_batch=1)
 
 
-def usable_max(config: ControllerConfig, max_batch: int | None) -> int:
+def usable_max(config: PolicyConfig, max_batch: int | None) -> int:
     """The most samples a worker declaring `max_batch` (None: the job's default) can be planned:
     its bound, or the job's if that is lower, in whole micro-batches."""
     bound = config.default_max_batch if max_batch is None else min(max_batch, config.default_max_batch)
@@ -41,7 +42,7 @@ def usable_max(config: ControllerConfig, max_batch: int | None) -> int:
 class MicroBatched:
     """A batch policy (ps/control/policy.py) that plans its inner policy's units as micro-batches."""
 
-    def __init__(self, config: ControllerConfig, policy: type[Roster]) -> None:
+    def __init__(self, config: PolicyConfig, policy: type[WorkerPlan]) -> None:
         if config.micro_batch < 2:
             raise ValueError(f"a micro-batched policy needs micro_batch >= 2, got {config.micro_batch}")
         self._config = config
@@ -62,12 +63,12 @@ class MicroBatched:
 
     # ------------------------------------------------------------------ the BatchPolicy interface
     @property
-    def config(self) -> ControllerConfig:
+    def config(self) -> PolicyConfig:
         """The settings in samples (as the command line gave them)."""
         return self._config
 
     @property
-    def inner(self) -> Roster:
+    def inner(self) -> WorkerPlan:
         """The policy planning micro-batches."""
         return self._inner
 
@@ -124,8 +125,17 @@ class MicroBatched:
         """The inner policy's report (its fits are per micro-batch), and the micro-batch."""
         return {**self._inner.report(), "micro_batch": self._m}
 
+    def global_batch_range(self) -> tuple[int, int | None]:
+        """The inner policy's range in samples."""
+        lower, upper = self._inner.global_batch_range()
+        return lower * self._m, None if upper is None else upper * self._m
+
+    def predicted_round_ms(self, total: int) -> float | None:
+        """The inner policy's prediction at `total` samples, a whole number of micro-batches (None otherwise)."""
+        return None if total % self._m else self._inner.predicted_round_ms(total // self._m)
+
     def state_dict(self) -> dict[str, Any]:
-        """The unit roster's state, and under `STATE_KEY` the micro-batch and the settings in samples."""
+        """The unit policy's state, and under `STATE_KEY` the micro-batch and the settings in samples."""
         return {**self._inner.state_dict(), STATE_KEY: {"micro_batch": self._m, "config": asdict(self._config)}}
 
     def worker_bounds(self) -> list[tuple[str, float, int | None, int | None]]:
@@ -133,7 +143,7 @@ class MicroBatched:
         return [(k, c, None if lo is None else lo * self._m, None if hi is None else hi * self._m)
                 for k, c, lo, hi in self._inner.worker_bounds()]
 
-    def adopt(self, old: Roster | MicroBatched) -> None:
+    def adopt(self, old: WorkerPlan | MicroBatched) -> None:
         """Take `old`'s workers into this fresh policy (a resume under new settings): its measurements
         too when it planned the same micro-batch, else only the workers (a new split)."""
         if isinstance(old, MicroBatched) and old._m == self._m:
@@ -146,21 +156,21 @@ class MicroBatched:
         self.replan()
 
 
-def from_state(state: Mapping[str, Any], policies: Mapping[str, type[Roster]]) -> MicroBatched:
+def from_state(state: Mapping[str, Any]) -> MicroBatched:
     """Rebuild a micro-batched policy from its `state_dict` (ValueError on one that is malformed)."""
     own = state[STATE_KEY]
     if not isinstance(own, Mapping) or set(own) != {"micro_batch", "config"} or not isinstance(own["config"], Mapping):
-        raise ValueError(f"controller state {STATE_KEY!r} must have exactly the keys config and micro_batch")
+        raise ValueError(f"policy state {STATE_KEY!r} must have exactly the keys config and micro_batch")
     try:
-        config = ControllerConfig(**own["config"])
+        config = PolicyConfig(**own["config"])
     except TypeError as exc:
-        raise ValueError(f"bad controller config in state: {exc}") from None
-    if config.micro_batch != own["micro_batch"] or config.policy not in policies:
-        raise ValueError("controller state: the micro-batch or policy of its config does not match")
-    fresh = MicroBatched(config, policies[config.policy])
-    inner = policies[config.policy].from_state_dict({k: v for k, v in state.items() if k != STATE_KEY})
+        raise ValueError(f"bad policy config in state: {exc}") from None
+    if config.micro_batch != own["micro_batch"] or config.policy not in POLICIES:
+        raise ValueError("policy state: the micro-batch or policy of its config does not match")
+    fresh = MicroBatched(config, policy_class(config.policy))
+    inner = policy_class(config.policy).from_state_dict({k: v for k, v in state.items() if k != STATE_KEY})
     if inner.config != unit_config(config):
-        raise ValueError("controller state: the unit policy's config is not its settings in micro-batches")
+        raise ValueError("policy state: the unit policy's config is not its settings in micro-batches")
     inner.round_for_time = True
     fresh._inner = inner
     return fresh

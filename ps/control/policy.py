@@ -1,22 +1,29 @@
-"""The batch policy as the coordinator sees it: told who joined and left and what each push and each
-round took, asked for the plan (each worker's batch, summing to the global batch B in BSP; 0 for a
-parked worker), asked to decide at the granularity the server chooses or when the policy says a
-decision is due, asked what its last decision was based on (for the metrics log), and saved in
-checkpoints. Every policy (ps/control/roster.py's subclasses, built by ps/control/registry.py) is
-one; the coordinator (ps/rounds) knows policies only through this interface."""
+"""The batch policy as ps/rounds sees it, the whole contract: the interface (BatchPolicy: told who
+joined and left and what each push and each round took, asked for the plan, each worker's batch
+summing to the global batch B in BSP, 0 for a parked worker; asked to decide at the granularity the
+server chooses or when the policy says a decision is due, what its last decision was based on, what
+global batches its workers can make up and how long a round of one would take; saved in checkpoints),
+and the functions that build a policy by name (from ps/control/registry.py), read one back from a
+checkpoint and move one under new settings. Every policy (a ps/control/worker_plan.py subclass, or
+micro.py's wrapper of one) is a BatchPolicy; ps/rounds imports none of them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
-from ps.control.config import ControllerConfig
+from ps.control.config import PolicyConfig
+from ps.control.micro import STATE_KEY, MicroBatched, from_state
+from ps.control.registry import POLICIES, policy_class
+from ps.control.worker_plan import WorkerPlan
 
 
 class BatchPolicy(Protocol):
     """What ps/rounds calls on a batch policy."""
 
     @property
-    def config(self) -> ControllerConfig:
+    def config(self) -> PolicyConfig:
         """The settings (their policy name is what Status and the summary report)."""
 
     @property
@@ -65,5 +72,60 @@ class BatchPolicy(Protocol):
     def report(self) -> dict[str, Any]:
         """What the last decision or replan was based on: fields for its `adjust` record."""
 
+    def global_batch_range(self) -> tuple[int, int | None]:
+        """The global batches the workers' bounds can make up, [lower, upper] (upper None: no bound
+        but the flags'); --adaptive-batch keeps to it."""
+
+    def predicted_round_ms(self, total: int) -> float | None:
+        """The predicted round (ms) at a global batch of `total` (ps/control/performance.py); None
+        where the policy has no fitted model of its workers."""
+
     def state_dict(self) -> dict[str, Any]:
         """The whole state, as plain data, for a checkpoint."""
+
+
+def build_policy(config: PolicyConfig) -> BatchPolicy:
+    """A new policy of the kind `config.policy` names, with no workers (planning whole micro-batches
+    when `config.micro_batch` > 1)."""
+    if not isinstance(config, PolicyConfig):
+        raise ValueError(f"config must be a PolicyConfig, got {type(config).__name__}")
+    cls = policy_class(config.policy)
+    if config.micro_batch > 1:
+        return MicroBatched(config, cls)
+    return cls(config)  # type: ignore[no-any-return]
+
+
+def policy_from_state(state: Mapping[str, Any]) -> BatchPolicy:
+    """The policy a checkpoint's policy state describes (its config names the kind); ValueError,
+    saying what is wrong, on a state no policy here can read."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"policy state must be a mapping, got {type(state).__name__}")
+    config = state.get("config")
+    name = config.get("policy", "dynamic") if isinstance(config, Mapping) else None
+    if name not in POLICIES:
+        raise ValueError(f"the policy state names policy {name!r}, which this server does not have "
+                         f"(it has {', '.join(POLICIES)})")
+    if STATE_KEY in state:
+        return from_state(state)
+    return policy_class(name).from_state_dict(state)  # type: ignore[no-any-return]
+
+
+def reconfigured(policy: BatchPolicy, config: PolicyConfig) -> BatchPolicy:
+    """A policy of `config`'s kind over `policy`'s workers and measurements (`adopt`): a resume
+    whose command line differs from the checkpoint's. The same config gives a copy. From a
+    micro-batched policy to one without: the workers only, split anew."""
+    fresh = build_policy(config)
+    assert isinstance(fresh, (WorkerPlan, MicroBatched)) and isinstance(policy, (WorkerPlan, MicroBatched))
+    if isinstance(fresh, WorkerPlan) and isinstance(policy, MicroBatched):
+        for wid, cores, lo, hi in policy.worker_bounds():
+            fresh.add_worker(wid, cores, lo, hi)
+        fresh.replan()
+    else:
+        fresh.adopt(policy)  # type: ignore[arg-type]
+    return fresh
+
+
+def with_global_batch(policy: BatchPolicy, global_batch: int) -> BatchPolicy:
+    """The policy over the same workers and measurements at another global batch, re-split with an
+    exact sum within the workers' bounds (--adaptive-batch); ValueError if the bounds cannot make it up."""
+    return reconfigured(policy, replace(policy.config, global_batch=global_batch))

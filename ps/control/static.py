@@ -6,10 +6,10 @@ measures nothing, so a noisy neighbour or a fixed per-step cost is invisible to 
 
 from __future__ import annotations
 
-from ps.control.roster import Roster
+from ps.control.worker_plan import WorkerPlan
 
 
-class StaticPolicy(Roster):
+class StaticPolicy(WorkerPlan):
     """Split by declared cores; decisions change nothing."""
 
     name = "static"

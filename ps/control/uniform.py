@@ -5,10 +5,10 @@ where measuring and moving batches can only add noise."""
 
 from __future__ import annotations
 
-from ps.control.roster import Roster
+from ps.control.worker_plan import WorkerPlan
 
 
-class UniformPolicy(Roster):
+class UniformPolicy(WorkerPlan):
     """Equal split; decisions change nothing."""
 
     name = "uniform"

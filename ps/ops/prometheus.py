@@ -107,7 +107,11 @@ class JobMetrics:
             "balance: compute = fetch + forward + backward, busy = compute + its own part of the push, cycle = from "
             "the round's reply to its next push, timed by the server)", ["worker"], buckets=SECONDS_BUCKETS,
             registry=registry)
-        self._per_worker = (self.batch_size, self.smoothed, self.pushes, self.worker_samples, self.step_time)
+        self.data_wait = Histogram(
+            f"{PREFIX}_worker_data_wait_seconds", "Of a worker's compute time per step, the time it waited for its "
+            "batch from its loader (ps-worker --loader-workers)", ["worker"], buckets=SECONDS_BUCKETS, registry=registry)
+        self._per_worker = (self.batch_size, self.smoothed, self.pushes, self.worker_samples, self.step_time,
+                            self.data_wait)
         self._workers: set[str] = set()
         self._last_step: float | None = None
         self._handlers: dict[str, Callable[[dict[str, Any]], None]] = {
@@ -137,6 +141,7 @@ class JobMetrics:
         self.worker_samples.labels(worker).inc(record["batch"])
         if record["ms"] is not None:
             self.step_time.labels(worker).observe(record["ms"] / 1000.0)
+        self.data_wait.labels(worker).observe(record.get("data_wait_ms", 0.0) / 1000.0)
 
     def _adjust(self, record: dict[str, Any]) -> None:
         plan: dict[str, int] = record["batch_sizes"]

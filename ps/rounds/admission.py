@@ -1,15 +1,14 @@
 """Admission: whether a worker may join (the job has not ended, a valid name, cores and GPU id, room in
 the job and in the global batch), whether the job has started, and the plan a resumed job starts
-from (the checkpoint's controller, kept when the same workers rejoin)."""
+from (the checkpoint's batch policy, kept when the same workers rejoin)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from ps.control.config import ControllerConfig
+from ps.control.config import PolicyConfig
 from ps.control.micro import usable_max
-from ps.control.registry import reconfigured
-from ps.control.roster import Roster
+from ps.control.policy import BatchPolicy, reconfigured
 from common.errors import FailedPrecondition, InvalidArgument
 from ps.rounds.epochs import Epochs
 from ps.rounds.fast_path import FastPath
@@ -17,7 +16,7 @@ from ps.rounds.membership import MAX_NAME
 from ps.rounds.state import JobState
 
 
-def own_max_batch(config: ControllerConfig, declared: int | None) -> int | None:
+def own_max_batch(config: PolicyConfig, declared: int | None) -> int | None:
     """The bound a worker's own max batch puts on its plan: the lower of it and the server's
     --max-batch (None: the server's alone)."""
     return None if declared is None else min(declared, config.default_max_batch)
@@ -31,7 +30,7 @@ class Admission:
         self.epochs = epochs
         self.fast_path = fast_path
         self.started = asyncio.Event()
-        self.saved_controller: Roster | None = None  # a checkpoint's, until the start
+        self.saved_policy: BatchPolicy | None = None  # a checkpoint's, until the start
 
     def check(self, name: str, cores: float, cuda_device: str | None, max_batch: int | None = None) -> None:
         """Refuse a join, changing nothing. `cuda_device`: the UUID of the GPU the worker computes on
@@ -42,7 +41,7 @@ class Admission:
         s.membership.check_join(name, cores)
         if cuda_device is not None and (len(cuda_device) > MAX_NAME or not cuda_device.isprintable()):
             raise InvalidArgument(f"cuda_device must be a GPU UUID: at most {MAX_NAME} printable characters")
-        if not s.controller.can_add(len(s.membership.pending) + 1):
+        if not s.policy.can_add(len(s.membership.pending) + 1):
             raise FailedPrecondition(
                 f"job full: the global batch {s.spec.global_batch} cannot give one more worker its minimum batch "
                 f"({len(s.members)} in the job, {len(s.membership.pending)} waiting); raise --global-batch "
@@ -56,7 +55,7 @@ class Admission:
         s = self.state
         if max_batch is None:
             return
-        cfg = s.controller.config
+        cfg = s.policy.config
         if max_batch < 1:
             raise InvalidArgument(f"max_batch must be >= 1 (0: no bound), got {max_batch}")
         floor = max(cfg.min_batch, cfg.micro_batch)
@@ -80,15 +79,15 @@ class Admission:
 
     def start_resumed(self) -> bool:
         """Start with the checkpoint's plan if the workers starting the job are the checkpoint's: its
-        policy under this server's settings (ps.control.registry.reconfigured), every waiting worker
+        policy under this server's settings (ps.control.policy.reconfigured), every waiting worker
         in. False: the job starts with a new plan."""
         s = self.state
         names = {m.name for m in s.membership.pending.values()}
-        saved = self.saved_controller
+        saved = self.saved_policy
         if saved is None or set(saved.workers()) != names:
             return False
         # the command line's settings, the checkpoint's measurements
-        s.controller = reconfigured(saved, s.controller.config)
+        s.policy = reconfigured(saved, s.policy.config)
         for member in list(s.membership.pending.values()):
             s.membership.activate(member.worker_id)
             member.activated.set()

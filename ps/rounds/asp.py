@@ -77,21 +77,21 @@ class AspUpdates:
 
     def running(self) -> list[str]:
         """The workers SSP counts: active and planned a batch (a parked worker, at 0, holds nobody back)."""
-        plan = self.state.controller.plan()
+        plan = self.state.policy.plan()
         return [worker_id for worker_id, m in self.state.members.items() if plan.get(m.name, 0) > 0]
 
     def apply(self, member: Member, meta: PushMeta, delta: Vector) -> None:
-        """θ ← θ + f·Δ (checked by the push checks: it cannot refuse now, f <= 1); the controller
+        """θ ← θ + f·Δ (checked by the push checks: it cannot refuse now, f <= 1); the batch policy
         observes the worker's time; one version more; the update's staleness counted."""
         s = self.state
         staleness = s.version - meta.version
         self.clocks.sync(self.running())
         factor = staleness_factor(self.settings.staleness_lr, staleness, len(self.clocks.clocks))
         s.store.apply_update(delta, magnitude_of(delta) * factor, scale=factor)
-        s.controller.observe(member.name, meta.batch_size, meta.times.compute_ms)
+        s.policy.observe(member.name, meta.batch_size, meta.times.compute_ms)
         member.staleness_sum += staleness
         member.asp.update(staleness, self.clocks.tick(member.worker_id))
-        self.epochs.count_push(member, meta.times.compute_ms, meta.batch_size)
+        self.epochs.count_push(member, meta.times.compute_ms, meta.batch_size, data_wait_ms=meta.times.data_wait_ms)
         s.version += 1
 
     async def wait_turn(self, member: Member) -> None:

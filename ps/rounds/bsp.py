@@ -48,7 +48,7 @@ class BspRound:
             raise FailedPrecondition(f"worker {member.name} already pushed for round {self.state.round}")
 
     def balanced_ms(self, member: Member, meta: PushMeta) -> float | None:
-        """The time the controller balances for this BSP push (PushTimes.balanced_ms). The cycle is the
+        """The time the batch policy balances for this BSP push (PushTimes.balanced_ms). The cycle is the
         server's own measure, from the round's replies going out to this push fully arrived; None
         (nothing observed) for a worker that did not push the previous round (its cycle began with a
         join or a pull, not with this round's reply)."""
@@ -118,7 +118,7 @@ class BspRound:
         policy hears how long the round took since the one before closed."""
         now = self.state.clock()
         if self.closed_at is not None:
-            self.state.controller.observe_round(max(0.0, (now - self.closed_at) * 1000.0))
+            self.state.policy.observe_round(max(0.0, (now - self.closed_at) * 1000.0))
         self.closed_at = now
         self.replied = set(self.pushed)
         self.pushed.clear()

@@ -1,4 +1,4 @@
-"""The coordinator's state in a checkpoint: what is written (the whole model, optimizer, controller and
+"""The coordinator's state in a checkpoint: what is written (the whole model, optimizer, batch policy and
 counters, with the job's spec), and what a resume checks and loads (the same job; the parameters and
 optimizer state of this server's range)."""
 
@@ -10,8 +10,7 @@ from typing import Any
 
 import torch
 
-from ps.control.registry import policy_from_state
-from ps.control.roster import Roster
+from ps.control.policy import BatchPolicy, policy_from_state
 from common.job.spec import JobSpec
 from ps.rounds.state import JobState
 from ps.shards.ranges import slice_optimizer_state
@@ -37,7 +36,7 @@ def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, A
         "model": model,
         "params": flat,
         "optimizer": optimizer,
-        "controller": state.controller.state_dict(),
+        "controller": state.policy.state_dict(),  # the batch policy, under the key checkpoints have always had
         "round": state.round,
         "version": state.version,
         "epoch": state.epoch,
@@ -47,7 +46,7 @@ def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, A
 
 RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce", "overlap": "--no-overlap"}
 """The job's fields a resume may change, with their flags: how long it runs (a job may be extended),
-and neither the transport (the fast path or not) nor what the controller balances, which are no part
+and neither the transport (the fast path or not) nor what the batch policy balances, which are no part
 of the job's math. Every other field differs only in another job."""
 
 
@@ -75,13 +74,13 @@ def _flag_value(value: Any) -> str:
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
-def saved_controller(checkpoint: dict[str, Any], state: JobState) -> Roster:
-    """The checkpoint's controller, once the checkpoint is one of this job's (ValueError otherwise)."""
+def saved_policy(checkpoint: dict[str, Any], state: JobState) -> BatchPolicy:
+    """The checkpoint's batch policy (its key is still "controller"), once the checkpoint is one of this job's (ValueError otherwise)."""
     resume_changes(checkpoint, state.spec)
     try:
         return policy_from_state(checkpoint["controller"])
     except ValueError as exc:
-        raise ValueError(f"the checkpoint's controller state cannot be read: {exc}") from None
+        raise ValueError(f"the checkpoint's policy state cannot be read: {exc}") from None
 
 
 def load_params(checkpoint: dict[str, Any], state: JobState) -> tuple[torch.Tensor, dict[str, Any]] | None:

@@ -1,10 +1,10 @@
 """The server's core, the one object the servicer talks to, in plain Python values (no gRPC): it runs
 join, push, pull, leave and heartbeat through the concerns of ps/rounds, each with its own state.
 
-The batch sizes come from the controller (ps/control): the coordinator tells it who joined and left
+The batch sizes come from the batch policy (ps/control): the coordinator tells it who joined and left
 and what each push took, and asks it for the plan. Every method validates before it mutates, so a
-refused request (a ServiceError) leaves the parameters, the round and the controller as they were.
-The controller is keyed by worker name, so a worker that rejoins (after an eviction or a server
+refused request (a ServiceError) leaves the parameters, the round and the batch policy as they were.
+The batch policy is keyed by worker name, so a worker that rejoins (after an eviction or a server
 restart) under its name finds its place in the plan again.
 """
 
@@ -21,16 +21,16 @@ import torch
 from ps.control.config import config_changes
 from ps.control.policy import BatchPolicy
 from common.errors import FailedPrecondition, InvalidArgument
-from common.job.datasets import Dataset
+from common.job.datasets import TrainingData
 from ps.rounds.evaluator import BackgroundEvaluator
 from common.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
 from common.params.store import ParameterStore
-from ps.rounds.adaptive import AdaptiveBatchSizing, AdaptiveSettings
+from ps.rounds.adaptive_batch import AdaptiveBatchSizing, AdaptiveSettings
 from ps.rounds.admission import Admission, own_max_batch
 from ps.rounds.asp import AspSettings, AspUpdates
 from ps.rounds.bsp import BspRound
-from ps.rounds.checkpoint_state import checkpoint_state, load_params, params_digest, saved_controller
+from ps.rounds.checkpoint_state import checkpoint_state, load_params, params_digest, saved_policy
 from ps.rounds.epochs import Epochs
 from ps.rounds.evaluations import Evaluations
 from ps.rounds.fast_path import FastPath, check_paths
@@ -59,9 +59,9 @@ class Coordinator(JobState):
     def __init__(
         self,
         spec: JobSpec,
-        controller: BatchPolicy,
+        policy: BatchPolicy,
         model: torch.nn.Module,
-        dataset: Dataset,
+        dataset: TrainingData,
         *,
         adjust_every: int | None = None,
         asp: AspSettings | None = None,
@@ -81,7 +81,7 @@ class Coordinator(JobState):
         starting workers all have GPUs of their own (rendezvous.fast_path_fits); the balance becomes compute time."""
         check_paths(spec, rendezvous, shards, fast_path_on_gpus)
         self.spec = spec
-        self.controller = controller
+        self.policy = policy
         self.layout = Layout.of(model)
         self.shards = shards
         full = flatten_params(model)
@@ -104,8 +104,8 @@ class Coordinator(JobState):
         self.parking = Parking(self)
         self.bsp = BspRound(self, self.parking)
         self.adaptive = AdaptiveBatchSizing(self, self.bsp, adaptive or AdaptiveSettings(), self._replanned)
-        self.sampling = Sampling(self, len(dataset.train_x))  # --sampling exact: the epochs' slices
-        self.epochs = Epochs(self, len(dataset.train_x), adjust_every, checkpoint_every, self.sampling.completed_epochs)
+        self.sampling = Sampling(self, len(dataset.train))  # --sampling exact: the epochs' slices
+        self.epochs = Epochs(self, len(dataset.train), adjust_every, checkpoint_every, self.sampling.completed_epochs)
         self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
         self.admission = Admission(self, self.epochs, self.fast_path)
         self.whole_model = WholeModel(self, (full, None) if shards else None)
@@ -146,7 +146,7 @@ class Coordinator(JobState):
         if self.done or member.worker_id not in self.members:
             raise FailedPrecondition(f"the job has ended ({self.reason})")
         member.last_seen = self.clock()
-        plan = self.controller.plan()
+        plan = self.policy.plan()
         self._tell(member, plan[member.name])
         return JoinInfo(
             member.worker_id, member.index, plan[member.name], self.round, self.version, self.epoch,
@@ -172,11 +172,11 @@ class Coordinator(JobState):
         now = self.clock()
         for member in list(self.membership.pending.values()):
             self.membership.activate(member.worker_id)
-            bound = own_max_batch(self.controller.config, member.max_batch)
-            self.controller.add_worker(member.name, cores=member.cores, max_batch=bound)
+            bound = own_max_batch(self.policy.config, member.max_batch)
+            self.policy.add_worker(member.name, cores=member.cores, max_batch=bound)
             member.last_seen = now
             self.metrics.write("join", worker=member.name, cores=member.cores, step=self.step, epoch=self.epoch)
-        self.controller.replan()
+        self.policy.replan()
         self._replanned()
         for member in self.members.values():
             member.activated.set()
@@ -229,11 +229,11 @@ class Coordinator(JobState):
         if self.done:
             self.end.check()
             return
-        if member.name in self.controller.plan():
-            self.controller.remove_worker(member.name)
-        if self.members and self.controller.plan():
+        if member.name in self.policy.plan():
+            self.policy.remove_worker(member.name)
+        if self.members and self.policy.plan():
             try:
-                self.controller.replan()
+                self.policy.replan()
             except ValueError as exc:  # the survivors' --max-batch cannot make up B: end, do not hang the round
                 self.stop(f"the workers left cannot split --global-batch ({exc})")
                 return
@@ -277,11 +277,11 @@ class Coordinator(JobState):
         ms = self.bsp.balanced_ms(member, meta)
         if ms is not None:
             exposed = meta.times.fitted_exposed_ms(self.spec.balance)
-            self.controller.observe(member.name, meta.batch_size, ms, exposed_ms=exposed)
+            self.policy.observe(member.name, meta.batch_size, ms, exposed_ms=exposed)
         self.bsp.add(member, meta, grad)
         self.sampling.pushed(member, meta.batch_size)
         self.adaptive.push(meta, grad)
-        self.epochs.count_push(member, ms, meta.batch_size, meta.times.exposed_ms)
+        self.epochs.count_push(member, ms, meta.batch_size, meta.times.exposed_ms, meta.times.data_wait_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():
             self._close_round()
@@ -375,7 +375,7 @@ class Coordinator(JobState):
         """The header for the worker's next step, with the parameters unless `params` is False
         (default: only without --allreduce, whose workers keep the parameters themselves)."""
         params = self.rendezvous is None if params is None else params
-        plan = self.controller.plan()
+        plan = self.policy.plan()
         group = self.fast_path.group_info(member, plan)
         batch, ranges = self.sampling.slice_for(member, plan.get(member.name, 0))  # --sampling exact: its samples
         global_batch = sum(plan.values())
@@ -398,7 +398,7 @@ class Coordinator(JobState):
 
     # ------------------------------------------------------- epochs and control
     def _advance(self, batch: int) -> None:
-        """Count samples; run epoch ends, step-based controller decisions and checkpoints."""
+        """Count samples; run epoch ends, step-based policy decisions and checkpoints."""
         self.epochs.count(batch)
         while not self.done and self.epochs.epoch_over():
             self._end_epoch()
@@ -430,10 +430,10 @@ class Coordinator(JobState):
                 **self.adaptive.state_dict(), **self.sampling.state_dict()}
 
     def restore(self, state: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
-        """Load a checkpoint before the job starts; workers then rejoin. Returns the controller
+        """Load a checkpoint before the job starts; workers then rejoin. Returns the batch policy
         settings that differ from the checkpoint's, {field: (checkpoint's, this server's)}: this
         server's apply."""
-        controller = saved_controller(state, self)
+        saved = saved_policy(state, self)
         shard_state = load_params(state, self)
         if shard_state is not None:
             self.whole_model.shard_state = shard_state
@@ -443,8 +443,8 @@ class Coordinator(JobState):
         self.sampling.restore(state)  # the epoch's cursor and the ranges put back
         self.adaptive.restore(state)  # its B: the policy the checkpoint's is compared with and adopted into
         self.store.set_lr(self.adaptive.lr_at(self.epoch))
-        self.admission.saved_controller = controller
-        changes = config_changes(controller.config, self.controller.config)
+        self.admission.saved_policy = saved
+        changes = config_changes(saved.config, self.policy.config)
         self.metrics.write(
             "resume", step=self.step, epoch=self.epoch, round=self.round, version=self.version,
             params_sha256=params_digest(state["params"]),

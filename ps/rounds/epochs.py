@@ -1,5 +1,5 @@
 """Epochs and the step counts that schedule decisions: the samples trained on against the training
-set, an epoch's end and its `epoch` record, the steps after which the controller decides (`adjust`)
+set, an epoch's end and its `epoch` record, the steps after which the batch policy decides (`adjust`)
 and a checkpoint is due (every N steps, or at every epoch end), and the job's start and end times."""
 
 from __future__ import annotations
@@ -39,10 +39,13 @@ class Epochs:
         self.steps_since_adjust += 1
         self.steps_since_checkpoint += 1
 
-    def count_push(self, member: Member, ms: float | None, batch: int, exposed_ms: float = 0.0) -> None:
-        """A push's sample for the metrics; the member's updates, compute and exposed times this epoch
-        (`exposed_ms` 0: not measured)."""
-        self.state.metrics.sample("push", worker=member.name, batch=batch, ms=ms, exposed_ms=exposed_ms)
+    def count_push(self, member: Member, ms: float | None, batch: int, exposed_ms: float = 0.0,
+                   data_wait_ms: float = 0.0) -> None:
+        """A push's sample for the metrics; the member's updates, compute, exposed and data-wait times this
+        epoch (`exposed_ms` 0: not measured; `data_wait_ms`: of the compute time, the wait for the batch)."""
+        self.state.metrics.sample("push", worker=member.name, batch=batch, ms=ms, exposed_ms=exposed_ms,
+                                  data_wait_ms=data_wait_ms)
+        member.epoch_data_wait_ms.append(data_wait_ms)
         member.updates += 1
         member.epoch_updates += 1
         if ms is not None:
@@ -63,7 +66,7 @@ class Epochs:
         asks for one now (a probe measured)."""
         per_worker = 1 if self.state.spec.mode == "bsp" else max(1, len(self.state.members))
         scheduled = self.adjust_every is not None and self.steps_since_adjust >= self.adjust_every * per_worker
-        return scheduled or self.state.controller.decision_due()
+        return scheduled or self.state.policy.decision_due()
 
     def checkpoint_due(self) -> bool:
         """--checkpoint-every N: N steps since the last checkpoint."""
@@ -82,7 +85,7 @@ class Epochs:
             step=s.step,
             wall_s=round(now - (self.start_time or now), 3),
             samples_per_s=round(samples / elapsed, 2) if elapsed > 0 else None,
-            batch_sizes=s.controller.plan(),
+            batch_sizes=s.policy.plan(),
             compute_ms={
                 m.name: round(sum(m.epoch_compute_ms) / len(m.epoch_compute_ms), 3)
                 for m in s.members.values()
@@ -93,12 +96,15 @@ class Epochs:
             **({"exposed_ms": exposed} if (exposed := {
                 m.name: round(sum(m.epoch_exposed_ms) / len(m.epoch_exposed_ms), 3)
                 for m in s.members.values() if m.epoch_exposed_ms}) else {}),
+            data_wait_ms={m.name: round(sum(m.epoch_data_wait_ms) / len(m.epoch_data_wait_ms), 3)
+                          for m in s.members.values() if m.epoch_data_wait_ms},
             **(epoch_fields({m.name: m.asp for m in s.members.values()}) if s.spec.mode == "asp" else {}),
         )
         for m in s.members.values():
             m.epoch_updates = 0
             m.epoch_compute_ms = []
             m.epoch_exposed_ms = []
+            m.epoch_data_wait_ms = []
             m.asp = EpochCounts()
         self.epoch_start_time, self.epoch_start_samples = now, s.samples
 
@@ -112,10 +118,10 @@ class Epochs:
         s.metrics.write("first_round", step=s.step, epoch=s.epoch, wall_s=round(s.clock() - (self.start_time or s.clock()), 3))
 
     def adjust(self) -> None:
-        """One controller decision, and its `adjust` record."""
-        controller = self.state.controller
-        before, smoothed = controller.plan(), controller.smoothed_ms()
-        after = controller.adjust()
+        """One batch-policy decision, and its `adjust` record."""
+        policy = self.state.policy
+        before, smoothed = policy.plan(), policy.smoothed_ms()
+        after = policy.adjust()
         self.steps_since_adjust = 0
         self.log_adjust(changed=after != before, smoothed=smoothed)
 
@@ -123,14 +129,14 @@ class Epochs:
         """One `adjust` event: the plan after the decision and the smoothed times it was based on, with
         what the policy reports of it (the model policy: its fits and predicted round)."""
         s = self.state
-        smoothed = s.controller.smoothed_ms() if smoothed is None else smoothed
+        smoothed = s.policy.smoothed_ms() if smoothed is None else smoothed
         s.metrics.write(
             "adjust",
             step=s.step,
             epoch=s.epoch,
-            batch_sizes=s.controller.plan(),
+            batch_sizes=s.policy.plan(),
             compute_ms={name: round(t, 3) for name, t in smoothed.items() if t is not None},
             changed=changed,
-            adjustments=s.controller.adjustments,
-            **s.controller.report(),
+            adjustments=s.policy.adjustments,
+            **s.policy.report(),
         )

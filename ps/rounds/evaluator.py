@@ -8,23 +8,26 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import Dataset as TorchDataset
 
 from common.job.batchnorm import recalibrate, running_stats
-from common.job.datasets import Dataset
+from common.job.datasets import TrainingData
+from common.job.splits import split_batches
 from common.transport.layout import load_flat
 
 
-def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int = 1024) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy loss) of model on (x, y)."""
+def evaluate(model: nn.Module, split: TorchDataset, batch: int = 1024) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy loss) of model on the map-style `split`, read `batch` samples at
+    a time (common.job.splits.split_batches: never the whole split in memory)."""
     model.eval()
-    correct, loss_sum = 0, 0.0
+    correct, loss_sum, count = 0, 0.0, 0
     with torch.no_grad():
-        for start in range(0, len(x), batch):
-            logits = model(x[start : start + batch])
-            target = y[start : start + batch]
+        for x, target in split_batches(split, batch):
+            logits = model(x)
             loss_sum += float(F.cross_entropy(logits, target, reduction="sum"))
             correct += int((logits.argmax(dim=1) == target).sum())
-    return correct / len(x), loss_sum / len(x)
+            count += len(target)
+    return correct / count, loss_sum / count
 
 
 class BackgroundEvaluator:
@@ -32,7 +35,7 @@ class BackgroundEvaluator:
     BatchNorm first gets its running statistics recomputed from the snapshot over training batches
     of `bn_batch` samples (common/job/batchnorm.py); `last_bn_stats` keeps them for the eval record."""
 
-    def __init__(self, model: nn.Module, dataset: Dataset, bn_batch: int = 1, seed: int = 0) -> None:
+    def __init__(self, model: nn.Module, dataset: TrainingData, bn_batch: int = 1, seed: int = 0) -> None:
         self._model = model
         self._dataset = dataset
         self._bn_batch = bn_batch
@@ -44,9 +47,9 @@ class BackgroundEvaluator:
     def submit(self, flat: torch.Tensor, on_done: Callable[[float, float], None]) -> concurrent.futures.Future:
         def run() -> None:
             load_flat(self._model, flat)
-            if recalibrate(self._model, self._dataset.train_x, self._bn_batch, self._seed):
+            if recalibrate(self._model, self._dataset.train, self._bn_batch, self._seed):
                 self.last_bn_stats = running_stats(self._model)
-            on_done(*evaluate(self._model, self._dataset.test_x, self._dataset.test_y))
+            on_done(*evaluate(self._model, self._dataset.test))
 
         future = self._pool.submit(run)
         self._pending.append(future)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from ps.control.registry import reconfigured
+from ps.control.policy import reconfigured
 from common.job.spec import JobSpec
 from ps.rounds.membership import Member
 from ps.rounds.rendezvous import Rendezvous, fast_path_fits, hub_rank
@@ -60,8 +60,8 @@ class FastPath:
         if rendezvous is not None:
             s.spec = replace(s.spec, allreduce=True, balance="compute")
             s.rendezvous = rendezvous
-            if s.controller.config.park:  # the process group has every member: no parked ranks
-                s.controller = reconfigured(s.controller, replace(s.controller.config, park=False))
+            if s.policy.config.park:  # the process group has every member: no parked ranks
+                s.policy = reconfigured(s.policy, replace(s.policy.config, park=False))
                 s.metrics.write("parking", on=False, why=PARKING_OFF, step=s.step, epoch=s.epoch)
         s.metrics.write("path", allreduce=rendezvous is not None, why=why, balance=s.spec.balance, step=s.step,
                         epoch=s.epoch)

@@ -32,6 +32,7 @@ class Member:
     epoch_updates: int = 0
     epoch_compute_ms: list[float] = field(default_factory=list)
     epoch_exposed_ms: list[float] = field(default_factory=list)  # BSP pushes that said it (> 0)
+    epoch_data_wait_ms: list[float] = field(default_factory=list)  # every push's wait for its batch (part of compute)
     asp: EpochCounts = field(default_factory=EpochCounts)  # ASP: this epoch's staleness and SSP waits
     cuda_device: str | None = None  # the UUID of the GPU it computes on ("" unknown), None on a CPU
     max_batch: int | None = None  # the most samples its memory holds (None: no bound of its own)

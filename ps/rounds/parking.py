@@ -30,7 +30,7 @@ class Parking:
 
     def is_parked(self, member: Member) -> bool:
         """Planned at batch 0 (only BSP plans one)."""
-        return self.state.controller.plan().get(member.name) == 0
+        return self.state.policy.plan().get(member.name) == 0
 
     def required(self) -> set[str]:
         """The members a BSP round waits for: every active member the plan gives a batch."""

@@ -40,7 +40,7 @@ class PushChecks:
             raise InvalidArgument(f"batch size must be > 0, got {meta.batch_size}")
         elif meta.batch_size % s.spec.micro_batch:
             raise InvalidArgument(f"batch size {meta.batch_size} is not a whole number of --micro-batch {s.spec.micro_batch}")
-        limit = max(s.spec.global_batch, max(s.controller.plan().values(), default=0))
+        limit = max(s.spec.global_batch, max(s.policy.plan().values(), default=0))
         if meta.batch_size > limit:
             raise InvalidArgument(f"batch size {meta.batch_size} exceeds the global batch {limit}")
         meta.times.check()

@@ -72,7 +72,7 @@ def fast_path_fits(worker_ids: Sequence[str], cuda: Mapping[str, str | None]) ->
 
 def hub_rank(group: Group, batches: Mapping[str, int]) -> int:
     """The rank that sums a hub all-reduce: the member with the largest planned batch (`batches` by
-    worker id; the controller gives the fastest worker the most samples), the lowest rank among equals."""
+    worker id; the batch policy gives the fastest worker the most samples), the lowest rank among equals."""
     if not group.members:
         return 0
     return max(range(group.world_size), key=lambda r: (batches.get(group.members[r], 0), -r))

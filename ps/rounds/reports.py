@@ -16,7 +16,7 @@ def summary(state: JobState, start_time: float | None, end_time: float | None, a
     wall = end - (start_time or end)
     return {
         "mode": s.spec.mode,
-        "controller": s.controller.config.policy,
+        "controller": s.policy.config.policy,
         "balance": s.spec.balance,  # what the compute_ms the workers reported measure
         "allreduce": s.spec.allreduce,  # the collective fast path (chosen, or picked by --allreduce auto)
         "epochs": s.epoch,
@@ -26,9 +26,9 @@ def summary(state: JobState, start_time: float | None, end_time: float | None, a
         "samples_per_s": round(s.samples / wall, 2) if wall > 0 else None,
         "accuracy": accuracy,
         "loss": loss,
-        "adjustments": s.controller.adjustments,
-        "batch_sizes": s.controller.plan(),
-        "parked": s.controller.parked(),
+        "adjustments": s.policy.adjustments,
+        "batch_sizes": s.policy.plan(),
+        "parked": s.policy.parked(),
         "update_counts": {m.name: m.updates for m in s.members.values()},
         "reason": s.reason,
     }
@@ -38,18 +38,18 @@ def status(state: JobState, path: str, accuracy: float | None) -> dict[str, Any]
     """Where the job is and every worker's plan, smoothed time, updates and staleness; `path` is the
     one it runs on (ps, allreduce, or auto while --allreduce auto has not chosen yet)."""
     s = state
-    smoothed = s.controller.smoothed_ms()
-    plan = s.controller.plan()
+    smoothed = s.policy.smoothed_ms()
+    plan = s.policy.plan()
     return {
         "mode": s.spec.mode,
-        "controller": s.controller.config.policy,
+        "controller": s.policy.config.policy,
         "round": s.round,
         "version": s.version,
         "epoch": s.epoch,
         "epochs": s.spec.epochs,
         "done": s.done,
         "global_batch": sum(plan.values()),
-        "adjustments": s.controller.adjustments,
+        "adjustments": s.policy.adjustments,
         "last_accuracy": accuracy,
         "expected_workers": s.spec.workers,
         "path": path,

@@ -62,7 +62,7 @@ class Sampling:
             return _sized(self.slices.hand(member.worker_id, batch))
         if self._opened != s.round:
             self._opened = s.round
-            plan = s.controller.plan()
+            plan = s.policy.plan()
             for other in sorted(s.members.values(), key=lambda m: m.index):  # the plan's fixed order
                 if plan.get(other.name, 0) > 0 and other.worker_id not in self._in_sum:
                     self.slices.hand(other.worker_id, plan[other.name], key=s.round)

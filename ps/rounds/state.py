@@ -24,7 +24,7 @@ class JobState:
     """The shared state (the Coordinator sets every field)."""
 
     spec: JobSpec  # --allreduce auto replaces it once, at the start
-    controller: BatchPolicy  # a resume's start replaces it
+    policy: BatchPolicy  # a resume's start replaces it
     layout: Layout
     store: ParameterStore  # this server's parameters (--shards: range 0) and optimizer
     own_numel: int
@@ -48,5 +48,5 @@ class JobState:
 
     @property
     def step(self) -> int:
-        """The step counter the controller and checkpoints use: BSP rounds, ASP updates."""
+        """The step counter the batch policy and checkpoints use: BSP rounds, ASP updates."""
         return self.round if self.spec.mode == "bsp" else self.version

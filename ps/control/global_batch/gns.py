@@ -1,4 +1,5 @@
-"""Gradient noise scale (GNS) of a BSP job from the workers' gradient norms (design.md section 9).
+"""Gradient noise scale (GNS) of a BSP job from the workers' gradient norms (McCandlish et al., "An
+Empirical Model of Large-Batch Training").
 
 B_noise = tr(Σ)/|G|², with G the true gradient and Σ the per-sample gradient covariance. A round gives,
 per worker k, the squared norm y_k = |g_k|² of its mean gradient over b_k samples and x = |g|² of the

@@ -1,5 +1,5 @@
 """A worker's step time as a line in its batch, t(b) = q·b + s, fitted online from what it reports
-(Cannikin §3.2.1 and §4.5; design.md §9 "Model-based split").
+(Cannikin §3.2.1 and §4.5).
 
 q is the time per sample (data, forward, backward), s the fixed cost of a step (optimizer, Python,
 kernel launches, the worker's own part of a push): the part proportional control cannot see.

@@ -1,5 +1,5 @@
 """`--adaptive-batch gns` on the coordinator: the gradient noise scale measured round by round from
-the pushes (ps/control/gns.py), and at every `--adapt-every` the decision (ps/control/adaptive.py)
+the pushes (ps/control/global_batch/gns.py), and at every `--adapt-every` the decision (ps/control/global_batch/goodput.py)
 that may change the global batch B, re-split over the workers in the same step; the learning rate of
 the B in force.
 
@@ -10,15 +10,15 @@ epoch" as it was. Off (the default) it costs nothing: no norms, the job's LR sch
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ps.control.adaptive import AdaptiveBatch, AdaptiveConfig, measured_round, round_line
-from ps.control.gns import NoiseScaleEstimator
-from ps.control.registry import build_policy, with_global_batch
+from ps.control.global_batch.goodput import AdaptiveBatch, AdaptiveConfig
+from ps.control.global_batch.gns import NoiseScaleEstimator
+from ps.control.performance import RoundModel, global_round_model
+from ps.control.policy import build_policy, with_global_batch
 from common.params.aggregation import squared_norm
 from ps.rounds.bsp import BspRound
 from ps.rounds.state import JobState
@@ -114,17 +114,18 @@ class AdaptiveBatchSizing:
         """One decision on B; a change re-splits B over the workers and sets the LR, in this step."""
         s, decider = self.state, self.decider
         assert decider is not None
-        ctl = s.controller
-        if not ctl.plan():
+        policy = s.policy
+        if not policy.plan():
             return
         current = decider.batch
-        lower, upper = ctl.global_batch_range()
+        lower, upper = policy.global_batch_range()
         upper = decider.config.max_batch if upper is None else upper
         round_model, basis = self._round_model(current)
-        decision = decider.choose(self.estimator.estimate().phi, lower, upper, round_model, upward_only=basis == "guess")
+        decision = decider.choose(self.estimator.estimate().phi, lower, upper,
+                                  None if round_model is None else round_model.predict_global, upward_only=basis == "guess")
         if decision.changed:
             try:
-                s.controller = with_global_batch(ctl, decision.batch)
+                s.policy = with_global_batch(policy, decision.batch)
             except ValueError as exc:  # the workers' bounds cannot make it up after all: keep B
                 s.metrics.write("adapt", step=s.step, epoch=s.epoch, **{**decision.record(), "batch": current, "changed": False},
                                 global_batch=current, lr=self.lr_at(s.epoch), error=str(exc))
@@ -137,20 +138,17 @@ class AdaptiveBatchSizing:
         if decision.changed:
             self.on_change()
 
-    def _round_model(self, current: int) -> tuple[Callable[[int], float] | None, str]:
-        """T(B) and what it rests on: the policy's fitted model where it has one ("model"), else the
-        line through the rounds measured at two or more B ("line"), else the times measured at B now
-        scaled with B ("guess", trusted upward only)."""
-        ctl = self.state.controller
-        if ctl.predicted_round_ms(current) is not None:
-            return (lambda b: ctl.predicted_round_ms(b) or math.inf), "model"
-        if len(self._round_ms) >= _MIN_ROUNDS:
+    def _round_model(self, current: int) -> tuple[RoundModel | None, str]:
+        """T(B) and what it rests on (ps/control/performance.global_round_model: the policy's fitted
+        model, else the line through the rounds measured at two or more B, else the times measured at
+        B now scaled with B, trusted upward only). The median round at B now is noted where the
+        policy has no fitted model."""
+        policy = self.state.policy
+        if policy.predicted_round_ms(current) is None and len(self._round_ms) >= _MIN_ROUNDS:
             self._rounds_at[current] = statistics.median(self._round_ms[_SETTLE:])
-        line = round_line(self._rounds_at)
-        if line is not None:
-            return line, "line"
-        active = {k: t for k, t in ctl.smoothed_ms().items() if ctl.plan().get(k)}
-        return measured_round(current, active, statistics.median(self._round_ms) if self._round_ms else None), "guess"
+        active = {k: t for k, t in policy.smoothed_ms().items() if policy.plan().get(k)}
+        median = statistics.median(self._round_ms) if self._round_ms else None
+        return global_round_model(policy.predicted_round_ms, current, self._rounds_at, active, median)
 
     # ---------------------------------------------------------------- reports and checkpoints
     def status(self) -> dict[str, Any]:
@@ -178,4 +176,4 @@ class AdaptiveBatchSizing:
         self.decider.load_state_dict(saved["decider"])
         self.estimator = estimator
         s = self.state
-        s.controller = build_policy(replace(s.controller.config, global_batch=self.decider.batch))
+        s.policy = build_policy(replace(s.policy.config, global_batch=self.decider.batch))

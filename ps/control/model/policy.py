@@ -1,5 +1,5 @@
-"""The model policy: Cannikin's OptPerf behind the batch-policy interface (design.md §9,
-../shared/seeds/cannikin.md §3-4; docs/policies.md tells the same life with its figures).
+"""The model policy: Cannikin's OptPerf behind the batch-policy interface (Cannikin §3-4;
+docs/policies.md tells the same life with its figures).
 
 Per worker it fits the finish time f_i(b) = q_i·b + s_i (+ exposed communication, time_fit.py) from
 the (batch, time) pairs the worker reports, learns the round's overhead c (the server's close-to-
@@ -35,13 +35,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ps.control.balance import measured_balanced
+from ps.control.model.balance import measured_balanced
 from ps.control.checks import integer, real
-from ps.control.optperf import FinishTime, best_plan, nearest_plan, round_time, split
-from ps.control.roster import Roster
-from ps.control.model_state import flag, model_part, nonnegative, observations, parking_pair, state_list
+from ps.control.model.optperf import best_plan, nearest_plan
+from ps.control.worker_plan import WorkerPlan
+from ps.control.model.state import flag, model_part, nonnegative, observations, parking_pair, state_list
+from ps.control.performance import FinishTime, FittedRounds
 from ps.control.split import clip, fit_to_sum
-from ps.control.time_fit import Fit, Finish, Observations
+from ps.control.model.time_fit import Fit, Finish, Observations
 
 PROBE_STEP = 0.3
 """A probe moves a worker's batch by at least this fraction (and 2 samples)."""
@@ -78,7 +79,7 @@ class _Parked:
     every: int
 
 
-class ModelPolicy(Roster):
+class ModelPolicy(WorkerPlan):
     """Fitted per-worker times, a one-step optimal split, probes, and parking."""
 
     name = "model"
@@ -228,7 +229,8 @@ class ModelPolicy(Roster):
         min_gain = max(MIN_GAIN, _error(report["previous"]) if self._solved else 0.0)
         new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain, trust=self._solved)
         finishes = self._times(cautious=True)
-        gain = (round_time(finishes, current) - round_time(finishes, new)) / max(round_time(finishes, new), 1e-9)
+        compare = FittedRounds(finishes)
+        gain = (compare.predict(current) - compare.predict(new)) / max(compare.predict(new), 1e-9)
         report["min_gain"] = round(min_gain, 4)
         # a new plan must beat the model's own error on the plan in force, parking included: where the
         # optimum is flat (a fixed cost dominates) noise in the fits must not move B back and forth, nor
@@ -276,15 +278,14 @@ class ModelPolicy(Roster):
         return dict(self._report)
 
     def predicted_round_ms(self, total: int) -> float | None:
-        """The fits' round at the best split of `total` (a default bound follows it) plus c; None until identified."""
+        """The fits' round at the best split of `total` (a default bound follows it) plus c
+        (performance.FittedRounds); None until identified."""
         active, (lower, upper) = self._active(), self._bounds()
         if not active or not all(self._fit(k) is not None and self._identified(k) for k in active):
             return None
         upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
-        if not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
-            return None
         times = self._times()
-        return round_time(times, split({k: times[k] for k in active}, total, lower, upper)) + self.overhead_ms
+        return FittedRounds({k: times[k] for k in active}, self.overhead_ms, lower, upper).predict_global(total)
 
     def _times(self, cautious: bool = False) -> dict[str, FinishTime]:
         """Each worker's finish time as a function of its batch (a worker not measured yet: the
@@ -411,16 +412,16 @@ class ModelPolicy(Roster):
             fits[k] = entry
         known = all(k in finishes for k, b in plan.items() if b > 0)
         c = self.overhead_for(plan) if self._config.keep_global_sum else 0.0  # ASP: a step, no round
-        predicted = round_time(self._times(), plan) + c if known and plan else None
+        predicted = FittedRounds(self._times(), c).predict(plan) if known and plan else None
         self._predicted = predicted
         return {"fits": fits, "overhead_ms": _round(c), "predicted_round_ms": _round(predicted),
                 "parked": sorted(k for k, b in plan.items() if b == 0)}
 
     # ------------------------------------------------------------------ resume and checkpoints
-    def _keeps_plan_of(self, old: Roster) -> bool:
+    def _keeps_plan_of(self, old: WorkerPlan) -> bool:
         return isinstance(old, ModelPolicy)
 
-    def _adopted(self, old: Roster) -> None:
+    def _adopted(self, old: WorkerPlan) -> None:
         """A model policy's fits carry over; its parking only where this one keeps the worker at 0."""
         if isinstance(old, ModelPolicy):
             state = old._extra_state()
@@ -452,7 +453,7 @@ class ModelPolicy(Roster):
         raw = model_part(raw)
         workers = raw["workers"]
         if not isinstance(workers, Mapping) or set(workers) != set(self._workers):
-            raise ValueError("model policy state must have one entry per worker of the roster")
+            raise ValueError("model policy state must have one entry per worker of the policy")
         for k, entry in workers.items():
             if not isinstance(entry, Mapping) or set(entry) != {"obs", "seq", "probes", "parked"}:
                 raise ValueError(f"model state of {k!r} must have the keys obs, seq, probes, parked")
@@ -467,11 +468,11 @@ class ModelPolicy(Roster):
                 raise ValueError(f"worker {k!r} has batch 0 but is not parked in the model state")
         probing = raw["probing"]
         if not isinstance(probing, list) or not set(probing) <= set(self._workers):
-            raise ValueError("model state 'probing' must list workers of the roster")
+            raise ValueError("model state 'probing' must list workers of the policy")
         self._probing = set(probing)
         reprobed = raw["reprobed"]
         if not isinstance(reprobed, Mapping) or not set(reprobed) <= set(self._workers):
-            raise ValueError("model state 'reprobed' must map workers of the roster to their wait")
+            raise ValueError("model state 'reprobed' must map workers of the policy to their wait")
         self._reprobed = {k: integer(f"re-probe wait of {k!r}", v, minimum=1) for k, v in reprobed.items()}
         self._overhead = deque((nonnegative("overhead", v) for v in state_list("overhead", raw["overhead"])),
                                maxlen=OVERHEAD_ROUNDS)

@@ -1,9 +1,9 @@
 """`--adaptive-batch gns`: the global batch B that maximises goodput, and the learning rate at it.
 
-Goodput (Pollux, Cannikin §4) is progress per second: throughput(B), samples per second as the batch
-policy predicts a round of B, times the statistical efficiency E(B) = (φ + B₀)/(φ + B), the progress a
+Goodput (Pollux, Cannikin §4) is progress per second: throughput(B), samples per second as the one
+model of a round predicts a round of B (ps/control/performance.py), times the statistical efficiency E(B) = (φ + B₀)/(φ + B), the progress a
 sample at batch B makes relative to one at the starting batch B₀ (φ the gradient noise scale,
-ps/control/gns.py). A larger B is faster per sample where a round has fixed costs, and worth less
+ps/control/global_batch/gns.py). A larger B is faster per sample where a round has fixed costs, and worth less
 per sample once B passes φ. `choose` scans B in [lower, upper] and moves only when the best predicted
 goodput beats the current one by the threshold (a change costs re-measuring every worker).
 
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ps.control.gns import statistical_efficiency
+from ps.control.global_batch.gns import statistical_efficiency
 from common.number_checks import finite, whole
 
 LR_SCALINGS: tuple[str, ...] = ("adascale", "linear", "sqrt")
@@ -108,7 +108,7 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     """The batch to train at next. `lower`/`upper` are the flags' range narrowed to what the workers'
     bounds can make up; `round_ms(B)` the predicted time of a round of B (None: not measured yet).
     Unchanged (with the reason) while φ or the round time is unknown or the gain is below threshold.
-    `upward_only`: `round_ms` is `measured_round`'s guess, which overvalues a smaller B (it counts the
+    `upward_only`: `round_ms` is performance.measured_round's guess, which overvalues a smaller B (it counts the
     workers' fixed costs as per-sample time) and undervalues a larger one, so only a move up is
     trusted (inside the bounds; a B outside them still moves in)."""
     lo, hi = max(lower, config.min_batch), min(upper, config.max_batch)
@@ -141,37 +141,6 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     t = round_ms(best)
     return Decision(best, current, True, gain, phi, statistical_efficiency(phi, best, config.base_batch),
                     best / t * 1000.0 if t > 0 else None, "goodput" if inside else "outside the bounds")
-
-
-def measured_round(current: int, compute_ms: Mapping[str, float | None], round_ms: float | None
-                   ) -> Callable[[int], float] | None:
-    """T(B) from measurements at the current batch, for a policy without a fitted model: the balanced
-    compute (the slowest measured worker's smoothed time; one whose batch just changed has none yet)
-    scales with B, and what the round adds beyond it (server step, wire, waits) stays. None while no
-    worker or the round is unmeasured."""
-    times = [t for t in compute_ms.values() if t is not None]
-    if round_ms is None or not times:
-        return None
-    compute = max(times)
-    overhead = max(0.0, round_ms - compute)
-    return lambda b: compute * b / current + overhead
-
-
-def round_line(rounds: Mapping[int, float]) -> Callable[[int], float] | None:
-    """T(B) = a + c·B, the least-squares line through the median round times measured at two or more
-    global batches (a ≥ 0, c > 0: a round costs at least its fixed part and grows with B); None with
-    fewer, or where the points give no such line. It replaces `measured_round`'s guess that the
-    workers' time is all per-sample once the job has run at a second B."""
-    if len(rounds) < 2:
-        return None
-    xs, ys = list(rounds), [rounds[b] for b in rounds]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    spread = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / spread
-    if not slope > 0:
-        return None
-    fixed = max(0.0, my - slope * mx)
-    return lambda b: fixed + slope * b
 
 
 class AdaptiveBatch:

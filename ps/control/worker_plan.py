@@ -2,9 +2,9 @@
 bounds, their current batch, the smoothed time and throughput measured at it, the exact-sum split of
 the global batch B within the bounds, and the policy's state as plain data for checkpoints.
 
-`Roster` is the base of every policy (uniform.py, static.py, dynamic.py, model.py). A policy says
+`WorkerPlan` is the base of every policy (uniform.py, static.py, dynamic.py, model/policy.py). A policy says
 how B is split when the workers change (`_plan_weights`, or `replan` itself) and what one decision
-does (`_decide`); the roster does the bookkeeping, the bounds and the sum rule (design.md §5, Eq. 8)
+does (`_decide`); the WorkerPlan does the bookkeeping, the bounds and the sum rule (OmniLearn Eq. 8)
 and validates every input before it changes anything. Pure: no I/O, no clock, no transport.
 """
 
@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from ps.control.checks import integer, positive, real
-from ps.control.config import ControllerConfig
+from ps.control.config import PolicyConfig
 from ps.control.split import clip, fit_to_sum, largest_remainder
 
 STATE_VERSION = 1
-"""Format version written by `Roster.state_dict` and required by `from_state_dict`."""
+"""Format version written by `WorkerPlan.state_dict` and required by `from_state_dict`."""
 
 _WORKER_KEYS = frozenset({"id", "cores", "min_batch", "max_batch", "batch", "ewma_ms", "throughput"})
 _OPTIONAL_WORKER_KEYS = frozenset({"samples"})  # absent from states written before it was kept
@@ -29,7 +29,7 @@ _STATE_KEYS = frozenset({"version", "config", "workers", "adjustments"})
 
 @dataclass
 class Worker:
-    """The roster's record of one worker.
+    """The record of one worker.
 
     `throughput` (samples per ms at the latest observation) survives batch changes, unlike the
     EWMA, so that a replan after a membership change can still use it. `samples` counts the
@@ -45,7 +45,7 @@ class Worker:
     samples: int = 0
 
 
-class Roster:
+class WorkerPlan:
     """Workers, bounds, the plan and its exact sum; the base of every batch policy.
 
     Usage: `add_worker`/`remove_worker` on membership changes, then `replan`; `observe` every push;
@@ -58,11 +58,11 @@ class Roster:
     parks: ClassVar[bool] = False
     """Whether the policy may plan a batch of 0 (a parked worker)."""
     extra_state_keys: ClassVar[frozenset[str]] = frozenset()
-    """Top-level state keys of the policy's own, beside the roster's."""
+    """Top-level state keys of the policy's own, beside the WorkerPlan's."""
 
-    def __init__(self, config: ControllerConfig) -> None:
-        if not isinstance(config, ControllerConfig):
-            raise ValueError(f"config must be a ControllerConfig, got {type(config).__name__}")
+    def __init__(self, config: PolicyConfig) -> None:
+        if not isinstance(config, PolicyConfig):
+            raise ValueError(f"config must be a PolicyConfig, got {type(config).__name__}")
         if config.policy != self.name:
             raise ValueError(f"a {self.name} policy cannot run under policy {config.policy!r}; build it from the registry")
         if config.micro_batch != 1:
@@ -76,7 +76,7 @@ class Roster:
 
     # ------------------------------------------------------------------ the interface
     @property
-    def config(self) -> ControllerConfig:
+    def config(self) -> PolicyConfig:
         """The (immutable) settings."""
         return self._config
 
@@ -246,26 +246,26 @@ class Roster:
         }
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any]) -> Roster:
+    def from_state_dict(cls, state: Mapping[str, Any]) -> WorkerPlan:
         """Rebuild a policy from `state_dict` output; raises ValueError on malformed or inconsistent state."""
         if not isinstance(state, Mapping):
-            raise ValueError(f"controller state must be a mapping, got {type(state).__name__}")
+            raise ValueError(f"policy state must be a mapping, got {type(state).__name__}")
         if not _STATE_KEYS <= set(state) <= _STATE_KEYS | cls.extra_state_keys:
-            raise ValueError(f"controller state must have exactly the keys {sorted(_STATE_KEYS | cls.extra_state_keys)}, "
+            raise ValueError(f"policy state must have exactly the keys {sorted(_STATE_KEYS | cls.extra_state_keys)}, "
                              f"got {sorted(state)}")
         if state["version"] != STATE_VERSION:
-            raise ValueError(f"unsupported controller state version {state['version']!r} (expected {STATE_VERSION})")
+            raise ValueError(f"unsupported policy state version {state['version']!r} (expected {STATE_VERSION})")
         raw_config = state["config"]
         if not isinstance(raw_config, Mapping):
-            raise ValueError("controller state 'config' must be a mapping")
+            raise ValueError("policy state 'config' must be a mapping")
         try:
-            config = ControllerConfig(**raw_config)
+            config = PolicyConfig(**raw_config)
         except TypeError as exc:
-            raise ValueError(f"bad controller config in state: {exc}") from None
+            raise ValueError(f"bad policy config in state: {exc}") from None
         ctl = cls(config)
         entries = state["workers"]
         if not isinstance(entries, list):
-            raise ValueError("controller state 'workers' must be a list")
+            raise ValueError("policy state 'workers' must be a list")
         for entry in entries:
             if not isinstance(entry, Mapping) or not _WORKER_KEYS <= set(entry) <= _WORKER_KEYS | _OPTIONAL_WORKER_KEYS:
                 raise ValueError(f"each worker entry must have exactly the keys {sorted(_WORKER_KEYS)} "
@@ -283,7 +283,7 @@ class Roster:
         ctl._restore_extra(state)
         return ctl
 
-    def adopt(self, old: Roster) -> None:
+    def adopt(self, old: WorkerPlan) -> None:
         """Take `old`'s workers and measurements into this fresh policy (a resume under new settings).
 
         Each worker keeps its cores and measurements (batch, smoothed time, throughput), and the
@@ -322,7 +322,7 @@ class Roster:
         """The plan after one decision (None: unchanged)."""
         return None
 
-    def _keeps_plan_of(self, old: Roster) -> bool:
+    def _keeps_plan_of(self, old: WorkerPlan) -> bool:
         """Whether `old`'s plan (same B and sum rule) stays a plan of this policy after a resume."""
         return False
 
@@ -339,7 +339,7 @@ class Roster:
     def _removed(self, worker_id: str) -> None:
         """Hook: a worker was forgotten."""
 
-    def _adopted(self, old: Roster) -> None:
+    def _adopted(self, old: WorkerPlan) -> None:
         """Hook: `adopt` took `old`'s workers (a policy of the same kind may take its own state too)."""
 
     def _extra_state(self) -> dict[str, Any]:
@@ -347,7 +347,7 @@ class Roster:
         return {}
 
     def _restore_extra(self, state: Mapping[str, Any]) -> None:
-        """Load and validate the policy's own state keys (after the roster's)."""
+        """Load and validate the policy's own state keys (after the WorkerPlan's)."""
 
     # ------------------------------------------------------------------ shared helpers
     def _check_observation(self, worker_id: str, batch: int, compute_ms: float,

@@ -1,0 +1,3 @@
+"""The global batch B itself (--adaptive-batch gns), apart from its split among the workers: the
+gradient noise scale measured from the workers' gradients (gns.py) and the goodput choice of B with
+the learning rate at it (goodput.py). Pure."""

@@ -1,0 +1,83 @@
+"""OptPerf (Cannikin §3.3, §4.2) beyond the best split of B (ps/control/performance.py's `split`):
+whether a worker should be parked, and the split nearest the plan in force among the near-optimal.
+
+A round takes T = max_i f_i(b_i) + c (performance.py). A worker whose fixed cost alone exceeds the
+round the others reach without it can only slow the round down at any batch b >= 1; `best_plan`
+compares the round with it held at its share (its minimum batch, at worst) against the round with it
+parked (b = 0, its share moved to the others) and takes the shorter; the best set to park is always
+the workers slowest at their minimum batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ps.control.performance import FinishTime, FittedRounds, batch_within, round_time, split
+from ps.control.split import fit_to_sum
+
+
+def best_plan(
+    times: Mapping[str, FinishTime],
+    total: int,
+    lower: Mapping[str, int],
+    upper: Mapping[str, int],
+    *,
+    may_park: Iterable[str] = (),
+    overhead: float = 0.0,
+    min_gain: float = 0.0,
+    prefer: Iterable[str] = (),
+) -> tuple[dict[str, int], list[str], dict[str, float]]:
+    """The split with the shortest predicted round, parking workers of `may_park` where that pays.
+
+    At a round time T a worker can take part only if it finishes its minimum batch within T, and every
+    worker that can only adds capacity; so the best parked set is always the candidates slowest at
+    their minimum batch, a prefix of them in that order. Each prefix is solved (`split` over the
+    rest) and the shortest round is taken if it beats the round with everyone in by more than
+    `min_gain` (a fraction). Workers of `prefer` (those parked now) count `min_gain` slower in that
+    order, so a near-tie keeps the same workers parked. Returns the plan (parked workers at 0), the parked workers (slowest
+    first), and the predicted rounds compared: {"held": T with every worker in, "parked": T with the
+    best prefix out} (empty when nobody was a candidate).
+    """
+    model = FittedRounds(times, overhead)
+    plan = split(times, total, lower, upper)
+    held = model.predict(plan)
+    favoured = set(prefer)
+    order = sorted((k for k in dict.fromkeys(may_park) if k in times),
+                   key=lambda k: times[k](lower[k]) * (1.0 + min_gain if k in favoured else 1.0), reverse=True)
+    trial: tuple[float, list[str], dict[str, int]] | None = None
+    for n in range(1, len(order) + 1):
+        out = set(order[:n])
+        rest = [j for j in times if j not in out]
+        if not rest:
+            break
+        if not sum(lower[j] for j in rest) <= total <= sum(upper[j] for j in rest):
+            continue
+        p = split({j: times[j] for j in rest}, total, lower, upper)
+        t = model.predict(p)
+        if trial is None or t < trial[0]:
+            trial = (t, order[:n], p)
+    if trial is None:
+        return plan, [], {}
+    compared = {"held": held, "parked": trial[0]}
+    if not trial[0] * (1.0 + min_gain) < held:  # shorter by more than min_gain of itself, as model.py's gain
+        return plan, [], compared
+    return {**dict.fromkeys(times, 0), **trial[2]}, trial[1], compared
+
+
+def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], current: Mapping[str, int],
+                 lower: Mapping[str, int], upper: Mapping[str, int], slack: float) -> dict[str, int]:
+    """Among the splits of `plan`'s total over `plan`'s workers (the same ones parked) whose round is
+    within `slack` (a fraction) of `plan`'s, one nearest the plan in force: each worker's share of
+    `current` (a worker not in it keeps its batch in `plan`), scaled to the total and held under the
+    largest batch it finishes within that round. Where a fixed cost dominates, many splits predict
+    nearly the same round, and the optimum among them moves with every wobble of the fits; this
+    keeps what the workers run at unless the fits ask for more."""
+    newcomers = {k: b for k, b in plan.items() if b > 0 and current.get(k, 0) <= 0}
+    stay = [k for k, b in plan.items() if b > 0 and k not in newcomers]
+    if not stay:
+        return dict(plan)
+    level = round_time(times, plan) * (1.0 + slack)
+    caps = {k: max(plan[k], batch_within(times[k], level, lower[k], upper[k])) for k in stay}
+    target = {k: float(min(max(current[k], lower[k], 1), caps[k])) for k in stay}
+    kept = fit_to_sum(target, sum(plan[k] for k in stay), {k: lower[k] for k in stay}, caps)
+    return {**{k: 0 for k in plan}, **newcomers, **kept}

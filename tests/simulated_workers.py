@@ -1,0 +1,91 @@
+"""Batch policies over simulated workers, for the tests of ps/control: a policy with workers w0..,
+their observations at given speeds, running it to a steady plan, and what a balanced plan is."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pytest
+
+from ps.control.config import PolicyConfig
+from ps.control.policy import build_policy
+from ps.control.worker_plan import WorkerPlan
+
+HL_SPEEDS: dict[str, Sequence[float]] = {
+    "slowdowns-1-1-2-4": (1.0, 1.0, 0.5, 0.25),
+    "HL2": (12.0, 12.0, 8.0, 16.0),
+    "HL4": (9.0, 9.0, 6.0, 24.0),
+    "HL8": (6.0, 6.0, 4.0, 32.0),
+}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def make_policy(n: int = 0, cores: Sequence[float] | None = None, **config: Any) -> WorkerPlan:
+    """A policy with workers w0..w{n-1} (or one per entry of `cores`), not yet planned. The rules
+    are tested on one observation per worker (min_samples 1) unless `config` says otherwise."""
+    ctl = build_policy(PolicyConfig(**{"min_samples": 1, **config}))
+    for i, c in enumerate(cores if cores is not None else [1.0] * n):
+        ctl.add_worker(f"w{i}", cores=c)
+    return ctl
+
+
+def speed_map(speeds: Sequence[float]) -> dict[str, float]:
+    """Speeds (samples per ms) keyed like `make_policy`'s workers."""
+    return {f"w{i}": s for i, s in enumerate(speeds)}
+
+
+def observe_all(ctl: WorkerPlan, speeds: Mapping[str, float], intercept: float = 0.0) -> None:
+    """One step of every worker under the simulated cost model t_k = b_k / speed_k + intercept."""
+    for k, b in ctl.plan().items():
+        ctl.observe(k, b, b / speeds[k] + intercept)
+
+
+def run_to_steady(ctl: WorkerPlan, speeds: Mapping[str, float], intercept: float = 0.0) -> int:
+    """Alternate one observed step and one `adjust` until an adjust changes nothing; return the adjustments."""
+    for _ in range(40):
+        observe_all(ctl, speeds, intercept)
+        before = ctl.adjustments
+        ctl.adjust()
+        if ctl.adjustments == before:
+            return ctl.adjustments
+    pytest.fail(f"policy did not settle: plan {ctl.plan()}")
+
+
+def balanced(plan: Mapping[str, int], speeds: Mapping[str, float], intercept: float, deadband: float) -> bool:
+    """Every worker's compute time is within the deadband of the mean, up to integer rounding.
+
+    Rounding slack: one sample on the worker itself (1/speed_k) plus the shift of the mean if
+    every worker is one sample off (mean of 1/speed_j).
+    """
+    times = {k: b / speeds[k] + intercept for k, b in plan.items()}
+    mean = sum(times.values()) / len(times)
+    slack = sum(1.0 / speeds[k] for k in plan) / len(plan)
+    return all(abs(t - mean) <= deadband * mean + 1.0 / speeds[k] + slack for k, t in times.items())
+
+
+def water_level(
+    targets: Mapping[str, float], total: int, lower: Mapping[str, int], upper: Mapping[str, int]
+) -> dict[str, float]:
+    """Independent oracle for fit_to_sum's real-valued solution: bisect the common scale s of clip(s*t, lo, hi)."""
+
+    def filled(s: float) -> float:
+        return sum(min(upper[k], max(lower[k], s * t)) for k, t in targets.items())
+
+    lo_s, hi_s = 0.0, 1.0
+    while filled(hi_s) < total:
+        hi_s *= 2.0
+    for _ in range(200):
+        mid = (lo_s + hi_s) / 2.0
+        lo_s, hi_s = (mid, hi_s) if filled(mid) < total else (lo_s, mid)
+    return {k: min(upper[k], max(lower[k], hi_s * t)) for k, t in targets.items()}
+
+
+def snapshot(ctl: WorkerPlan) -> str:
+    """Canonical JSON of the full state, to compare before/after."""
+    return json.dumps(ctl.state_dict(), sort_keys=True)
+
+
