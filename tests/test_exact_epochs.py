@@ -14,12 +14,18 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import Dataset
+
 from common.job.epoch_order import slice_indices
 from common.transport.messages import SliceRange
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from tests.processes import Cluster, start_server
 from tests.test_faults import status, wait_for, wait_for_events
-from worker.client import PSClient
+from worker import connect
+from worker.client import PSClient, ServerError
 
 N = 1438  # the digits training split (the summary says it: check_summary)
 EPOCHS = 5
@@ -156,4 +162,43 @@ def test_a_resumed_bsp_job_goes_on_with_the_same_epoch(tmp_path: Path) -> None:
         for proc in workers.values():
             if proc.poll() is None:
                 proc.kill()
+        cluster.stop()
+
+
+class Recorded(Dataset):
+    """A user's own training set of N samples that records every index read from it."""
+
+    def __init__(self, size: int = N) -> None:
+        self.x = torch.randn(size, 64, generator=torch.Generator().manual_seed(5))
+        self.read: list[int] = []
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        self.read.append(int(index))
+        return self.x[index], int(index) % 10
+
+
+def test_your_own_data_in_your_own_loop_is_read_once_per_epoch(tmp_path: Path) -> None:
+    cluster = start_server(tmp_path, ["--workers", "1", "--model-arg", "hidden=16", "--dataset", "digits",
+                                      "--global-batch", "64", "--epochs", "2", "--grace", "0"])
+    try:
+        with pytest.raises(ServerError, match=f"FAILED_PRECONDITION: this worker's dataset has 100 samples, the job's "
+                                              f"training set has {N}"):
+            connect(cluster.target, name="short", timeout=60, dataset=Recorded(100))
+        own = Recorded()
+        with connect(cluster.target, name="own", timeout=60, dataset=own, dataset_fingerprint="v1") as session:
+            for x, y in session.batches():
+                loss = F.cross_entropy(session.model(x), y)
+                session.model.zero_grad()
+                loss.backward()
+                session.step()
+        assert cluster.wait(60) == 0, cluster.server_log()
+        counts = Counter(own.read)
+        assert set(counts) == set(range(N)) and set(counts.values()) <= {2, 3}  # the last round wraps into π_2
+        assert sum(counts.values()) - 2 * N < 64, counts
+        (summary,) = cluster.events("summary")
+        assert summary["exactly_once"]["exact_epochs"] == [0, 1], summary
+    finally:
         cluster.stop()

@@ -91,6 +91,13 @@ def lost_because(error: ServerError) -> str:
     return f"the server dropped this worker ({error.message.splitlines()[0][:200]})"
 
 
+def what_next(retry_for: float) -> str:
+    """What a worker that lost its server does next (--retry-for)."""
+    if retry_for <= 0:
+        return "not retrying (--retry-for 0)"
+    return f"rejoining, for up to {retry_for:.0f} s (--retry-for), then giving up"
+
+
 def await_regroup(client: PSClient, worker_id: str, params: torch.Tensor, failed: StepHeader,
                   retry_for: float) -> StepHeader:
     """--allreduce: poll the server (headers only) until it starts a group generation after `failed`'s

@@ -36,6 +36,7 @@ from dataclasses import replace
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset as TorchDataset
 
 from common.job.datasets import TrainingData
 from common.job.spec import JobSpec
@@ -52,10 +53,10 @@ from worker.loader import Batches, LoaderOptions
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
 from worker.overlap import BucketPush
-from worker.reconnect import Waiting, await_regroup, lost_because, wait_for_server
+from worker.reconnect import Waiting, await_regroup, lost_because, wait_for_server, what_next
 from worker.resources import burn_cpu, slowdown_delay
 from worker.sampler import ElasticBatchSampler
-from worker.slices import SliceSource, TrainedLog
+from worker.slices import OwnData, SliceSource, TrainedLog
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ class Session:
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
         pass_samples: int | None = None, overlap: bool = True, built: BuiltJob | None = None,
-        loader: LoaderOptions = LoaderOptions(),
+        loader: LoaderOptions = LoaderOptions(), data: OwnData | None = None,
     ) -> None:
         if not slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {slowdown}")
@@ -84,7 +85,7 @@ class Session:
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
         self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
         self._loader, self.data_wait_ms = loader, 0.0  # how batches are read (worker/loader.py); the last one's wait
-        self._built = built  # the job the memory probe built, if it did: not built twice
+        self._built, self._own = built, data  # the job the memory probe built (not built twice); the user's data
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
         self.worker_id = joined.worker_id
@@ -136,7 +137,8 @@ class Session:
         self._sampler = (SliceSource(n, self.spec.seed, self.spec.epochs) if self.spec.exact_epochs
                          else ElasticBatchSampler(n, seed=self.spec.seed * 1009 + joined.index))
         self._trained = TrainedLog(self.name)  # the audit hook: what each step whose push was taken trained on
-        self._batches = Batches(self.dataset.train, self._sampler, self._loader, self.device)
+        train = self.dataset.train if self._own is None else self._own.dataset
+        self._batches = Batches(train, self._sampler, self._loader, self.device)
         self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
         # BSP on the PS path: the gradient goes out in buckets while backward runs (worker/overlap.py)
         self.overlap = self.overlap and self.spec.overlap and self.spec.mode == "bsp" and not self.spec.allreduce
@@ -209,9 +211,17 @@ class Session:
         return self.client.open_push(self.worker_id, self._params, round=self.plan.round, version=self.plan.version,
                                      batch_size=self._sampler.batch_size, wire_dtype=self.spec.wire_dtype, numel=self._params.numel())
 
-    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, dataset: TorchDataset | None = None,
+                fingerprint: str = "") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches until the server ends the job; call step() after each. While the server parks this
-        worker (batch 0) none come: it waits for a batch (wait_parked)."""
+        worker (batch 0) none come: it waits for a batch (wait_parked). `dataset`: your own training set
+        instead of the job's, as many samples (worker.slices.OwnData; declared at the next Join)."""
+        if dataset is not None and (self._own is None or dataset is not self._own.dataset):
+            self._own = OwnData.checked(dataset, len(self.dataset.train), fingerprint)
+            self.client.declared = self._own.declared()  # for a rejoin
+            self._batches.close()
+            self._batches = Batches(dataset, self._sampler, self._loader, self.device)
+            self._follow(self.plan)  # the plan's slice, read from this dataset now
         self.model.train()
         while not self.done:
             if self.batch_size == 0:
@@ -420,7 +430,7 @@ class Session:
             raise error
         # one bound for the waits and the attempts together, said at once and while it runs
         waiting = Waiting(self.name, self.client.target, time.monotonic() + self.retry_for, "--retry-for")
-        waiting.say(f"{lost_because(error)}; {self._what_next()}")
+        waiting.say(f"{lost_because(error)}; {what_next(self.retry_for)}")
         for delay in Backoff(total=self.retry_for).delays():
             time.sleep(min(delay, waiting.remaining()))
             if waiting.remaining() <= 0:
@@ -440,11 +450,6 @@ class Session:
         if error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
             raise waiting.given_up()
         raise ServerError(error.code, f"gave up after {self.retry_for:.0f} s of retries (--retry-for): {error.message}")
-
-    def _what_next(self) -> str:
-        if self.retry_for <= 0:
-            return "not retrying (--retry-for 0)"
-        return f"rejoining, for up to {self.retry_for:.0f} s (--retry-for), then giving up"
 
     def _rejoin(self, deadline: float) -> StepHeader:
         """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic)."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.utils.data import Dataset as TorchDataset
 
 from common.job.epoch_order import slice_indices
 from common.transport.messages import SliceRange, StepHeader
@@ -87,6 +89,33 @@ class SliceSource:
 
     def put_back(self, indices: torch.Tensor) -> None:
         """A prepared batch given up: nothing to keep, the server serves its samples again."""
+
+
+@dataclass(frozen=True)
+class OwnData:
+    """A user's own training set (connect(dataset=...), Session.batches(dataset)): every worker declares
+    its length and `fingerprint` at Join, and the server refuses one that differs from its training set's
+    length (or from the first worker's fingerprint), FAILED_PRECONDITION naming both; the slices the
+    server hands out index it like the job's own training set."""
+
+    dataset: TorchDataset
+    fingerprint: str = ""
+
+    @classmethod
+    def checked(cls, dataset: TorchDataset, num_samples: int, fingerprint: str = "") -> OwnData:
+        """ValueError unless `dataset` is a map-style dataset of the job's `num_samples` samples."""
+        length = len(dataset) if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") else None
+        if length is None:
+            raise ValueError("your own data must be a map-style dataset (__len__, __getitem__), "
+                             f"got {type(dataset).__name__}")
+        if length != num_samples:
+            raise ValueError(f"your dataset has {length} samples, the job's training set has {num_samples}: "
+                             "the server hands out slices of that many")
+        return cls(dataset, fingerprint)
+
+    def declared(self) -> tuple[int, str]:
+        """What a Join declares: (length, fingerprint)."""
+        return len(self.dataset), self.fingerprint
 
 
 class TrainedLog:
