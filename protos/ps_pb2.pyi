@@ -27,18 +27,22 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("name", "cores", "cuda", "cuda_device", "max_batch")
+    __slots__ = ("name", "cores", "cuda", "cuda_device", "max_batch", "dataset_length", "dataset_fingerprint")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     CUDA_FIELD_NUMBER: _ClassVar[int]
     CUDA_DEVICE_FIELD_NUMBER: _ClassVar[int]
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
+    DATASET_LENGTH_FIELD_NUMBER: _ClassVar[int]
+    DATASET_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     name: str
     cores: float
     cuda: bool
     cuda_device: str
     max_batch: int
-    def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ..., cuda_device: _Optional[str] = ..., max_batch: _Optional[int] = ...) -> None: ...
+    dataset_length: int
+    dataset_fingerprint: str
+    def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ..., cuda_device: _Optional[str] = ..., max_batch: _Optional[int] = ..., dataset_length: _Optional[int] = ..., dataset_fingerprint: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rendezvous_host", "rendezvous_port", "rank", "world_size", "generation", "backend", "shards", "secret")
@@ -155,7 +159,7 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ..., offset: _Optional[int] = ..., end: _Optional[_Union[PushEnd, _Mapping]] = ...) -> None: ...
 
 class ParamsHeader(_message.Message):
-    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state")
+    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state", "slice")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -173,6 +177,7 @@ class ParamsHeader(_message.Message):
     SNAPSHOT_REQUESTED_FIELD_NUMBER: _ClassVar[int]
     HUB_RANK_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
+    SLICE_FIELD_NUMBER: _ClassVar[int]
     round: int
     version: int
     epoch: int
@@ -190,7 +195,18 @@ class ParamsHeader(_message.Message):
     snapshot_requested: bool
     hub_rank: int
     optimizer_state: bool
-    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ...) -> None: ...
+    slice: _containers.RepeatedCompositeFieldContainer[SliceRange]
+    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ..., slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ...) -> None: ...
+
+class SliceRange(_message.Message):
+    __slots__ = ("epoch", "offset", "count")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    offset: int
+    count: int
+    def __init__(self, epoch: _Optional[int] = ..., offset: _Optional[int] = ..., count: _Optional[int] = ...) -> None: ...
 
 class ParamsChunk(_message.Message):
     __slots__ = ("header", "seq", "data", "pad")

@@ -121,6 +121,7 @@ def build_job(args: argparse.Namespace) -> Job:
         balance=default_balance(args.mode, allreduce, args.shards) if args.balance == "auto" else args.balance,
         micro_batch=args.micro_batch,
         overlap=args.overlap,
+        sampling=args.sampling,
     )
     config = PolicyConfig(
         policy=args.policy,
@@ -405,7 +406,7 @@ async def serve(
         path = None
         if job.checkpointer is not None:
             try:
-                await job.coordinator.fetch_whole_model()
+                await job.coordinator.whole_model.fetch()  # every range, for the checkpoint
             except ShardFailure as exc:  # the last checkpoint written stays the newest: its values match its step
                 print(f"ps-server: error: no final checkpoint: {exc}", file=sys.stderr, flush=True)
             else:

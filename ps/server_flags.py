@@ -12,7 +12,8 @@ from typing import Any
 
 from ps.control.global_batch.goodput import LR_SCALINGS, AdaptiveConfig
 from ps.control.registry import POLICIES
-from common.job.spec import ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, STALENESS_LR, WIRE_DTYPES
+from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, SAMPLINGS,
+                             STALENESS_LR, WIRE_DTYPES)
 from common.ops.arg_types import (
     epoch_or_steps,
     float_at_least,
@@ -89,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "checkpoints. --allreduce alone is on; auto (default) takes it when the workers that start "
                           "the job all compute on GPUs of their own, in a BSP job on one server without --balance busy "
                           "or cycle, and stays on the PS path otherwise; off never takes it")
+    job.add_argument("--sampling", choices=SAMPLINGS, default="exact",
+                     help="exact (default): the server hands every worker its slice of one permutation of the training "
+                          "set per epoch, in the reply that tells its batch size, so each sample is trained on once per "
+                          "epoch at any split and membership (docs/data.md); independent: each worker draws from a "
+                          "permutation of its own. The --allreduce fast path always samples independently")
     job.add_argument("--allreduce-algorithm", choices=ALLREDUCE_ALGORITHMS, default="auto",
                      help="--allreduce: ring is torch.distributed.all_reduce; hub sums the buckets at the worker with "
                           "the largest batch and sends the sum back, so a slow worker takes part twice per step instead "

@@ -26,7 +26,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
         try:
             info = await self.core.join(request.name, request.cores, request.cuda_device if request.cuda else None,
-                                        request.max_batch or None)
+                                        request.max_batch or None, request.dataset_length, request.dataset_fingerprint)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return join_to_proto(info)

@@ -12,6 +12,7 @@ import pytest
 
 from protos import ps_pb2
 from protos.generate import stale_files
+from common.transport.messages import SliceRange
 from common.transport import proto_convert
 from common.transport.layout import Layout, TensorEntry
 from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader
@@ -36,6 +37,7 @@ def test_push_kinds_match_the_proto_enum() -> None:
 SAMPLES: dict[Any, Any] = {
     Layout: Layout((TensorEntry("fc.weight", (3, 2)), TensorEntry("fc.bias", (3,), "bfloat16"))),
     tuple[ShardTarget, ...]: (ShardTarget("10.0.0.2:50052", 6, 9), ShardTarget("[::1]:50053", 9, 12)),
+    tuple[SliceRange, ...]: (SliceRange(3, 90, 10), SliceRange(4, 0, 22)),
 }
 KINDS = {"kind": "report"}  # fields whose values are names from a fixed list
 

@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 
 import torch
+from torch.utils.data import Dataset as TorchDataset
 
 from worker.client import PSClient
 from worker.loader import LoaderOptions
@@ -16,6 +17,7 @@ from worker.reconnect import Waiting, wait_for_server
 from worker.resources import default_cores
 from worker.runtime import Session
 from worker.server_checks import job_spec
+from worker.slices import OwnData
 
 DEFAULT_THREADS = 1
 """torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`): one,
@@ -36,6 +38,8 @@ def connect(
     max_batch: int | None = None,
     overlap: bool = True,
     loader: LoaderOptions = LoaderOptions(),
+    dataset: TorchDataset | None = None,
+    dataset_fingerprint: str = "",
     token: str | None = None,
     tls_ca: str | os.PathLike[str] | None = None,
     tls_cert: str | os.PathLike[str] | None = None,
@@ -62,6 +66,11 @@ def connect(
     where this worker follows the server to its shard servers (``ps-worker --allow-shard-host``).
     `max_batch` is the most samples this worker's memory holds, told to the server at Join (None:
     measured on the job's model before joining, worker/memory_probe.py).
+    `dataset` is your own training set, trained on instead of the job's (``session.batches()`` yields its
+    batches, each the slice of the epoch's permutation the server hands out under ``--sampling exact``):
+    its length, and `dataset_fingerprint` if given, are declared at Join, and a server whose training set
+    has another length (or whose first worker declared another fingerprint) refuses the join
+    (FAILED_PRECONDITION naming both). See docs/data.md.
     """
     if threads is not None and not (isinstance(threads, int) and threads >= 1):
         raise ValueError(f"threads must be a whole number >= 1 (or None: torch's own setting), got {threads!r}")
@@ -76,9 +85,11 @@ def connect(
             torch.set_num_threads(threads)
         # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
         declared = declared_max_batch(lambda: job_spec(client.status().job_json), device, max_batch, allow_imports)
+        own = None if dataset is None else OwnData(dataset, dataset_fingerprint)
+        client.declared = own.declared() if own is not None else (0, "")
         return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms,
                        declared.max_batch, declared.pass_samples, overlap=overlap, built=declared.built, loader=loader,
-                       allowed_imports=allow_imports)
+                       allowed_imports=allow_imports, data=own)
     except BaseException:
         client.close()
         raise

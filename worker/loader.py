@@ -180,6 +180,10 @@ class IndexSource:
     def put_back(self, indices: torch.Tensor) -> None:  # pragma: no cover - a protocol
         raise NotImplementedError
 
+    def ready(self) -> bool:  # pragma: no cover - a protocol
+        """Whether the next indices are known (a sampler: always; the server's slices: once told)."""
+        raise NotImplementedError
+
 
 class Batches:
     """A session's batches: the next `batch_size` indices from `source`, read by a BatchLoader kept
@@ -208,11 +212,24 @@ class Batches:
             assert loader is not None
             if any(size != batch_size for size in loader.pending):
                 self.source.put_back(loader.discard())
-            while len(loader.pending) < 1 + max(self.options.prefetch, loader.ahead):
-                loader.submit(self.source.draw(batch_size))
+            self._submit(batch_size)
             batch = loader.take()
         self.wait_ms = (time.perf_counter() - started) * 1000.0
         return batch
+
+    def _submit(self, batch_size: int) -> None:
+        """Keep the loader `prefetch` batches ahead, as far as the source knows its next indices."""
+        loader = self._loader
+        assert loader is not None
+        while len(loader.pending) < 1 + max(self.options.prefetch, loader.ahead) and self.source.ready():
+            loader.submit(self.source.draw(batch_size))
+
+    def renew(self, batch_size: int) -> None:
+        """The source's next indices changed (worker.slices.SliceSource: a new slice from the server):
+        drop what was prepared and start on them now."""
+        if self._loader is not None:
+            self._loader.discard()
+            self._submit(batch_size)
 
     def close(self) -> None:
         if self._loader is not None:

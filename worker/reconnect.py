@@ -86,3 +86,10 @@ def lost_because(error: ServerError) -> str:
     if error.code == "NOT_FOUND":
         return "the server does not know this worker (restarted?)"
     return f"the server dropped this worker ({error.message.splitlines()[0][:200]})"
+
+
+def what_next(retry_for: float) -> str:
+    """What a worker that lost its server does next (--retry-for)."""
+    if retry_for <= 0:
+        return "not retrying (--retry-for 0)"
+    return f"rejoining, for up to {retry_for:.0f} s (--retry-for), then giving up"

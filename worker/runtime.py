@@ -20,8 +20,7 @@ step() closes that push and waits for the reply's header: the parameters go on a
 layers first, while the next batch is drawn and its forward runs, each module waiting for its own
 (worker/forward_order.py; wait_params() waits for them all, and so does the model's state_dict()).
 From a compute's end to the next fetch, plus what the forward waited, is the step's exposed
-communication. In an --allreduce job step() all-reduces with the other workers and steps a local
-optimizer instead.
+communication. With --allreduce, step() all-reduces with the group and steps a local optimizer.
 
 A worker the server parks (BSP, `--policy model`: batch 0, the round is shorter without it) gets no
 batches until it is planned one; it waits in a long poll and pulls the parameters before computing."""
@@ -37,6 +36,7 @@ from functools import partial
 
 import torch
 from torch import nn
+from torch.utils.data import Dataset as TorchDataset
 
 from common.job.datasets import TrainingData
 from common.job.spec import JobSpec
@@ -54,10 +54,11 @@ from worker.loader import Batches, LoaderOptions
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
 from worker.overlap import BucketPush
-from worker.reconnect import Waiting, lost_because, wait_for_server
+from worker.reconnect import Waiting, lost_because, wait_for_server, what_next
 from worker.regroup import await_regroup, generation_stands
 from worker.resources import burn_cpu, slowdown_delay
 from worker.sampler import ElasticBatchSampler
+from worker.slices import OwnData, SliceSource, TrainedLog
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class Session:
         self, client: PSClient, name: str, cores: float, slowdown: float = 1.0, retry_for: float = 120.0,
         device: torch.device | None = None, step_overhead_ms: float = 0.0, max_batch: int = 0,
         pass_samples: int | None = None, overlap: bool = True, built: BuiltJob | None = None,
-        loader: LoaderOptions = LoaderOptions(),
+        loader: LoaderOptions = LoaderOptions(), data: OwnData | None = None,
         allowed_imports: Sequence[str] = (),
     ) -> None:
         if not slowdown >= 1.0:
@@ -87,7 +88,7 @@ class Session:
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
         self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
         self._loader, self.data_wait_ms = loader, 0.0  # how batches are read (worker/loader.py); the last one's wait
-        self._built = built  # the job the memory probe built, if it did: not built twice
+        self._built, self._own = built, data  # the job the memory probe built (not built twice); the user's data
         self.allowed_imports = tuple(allowed_imports)  # modules a job's factory path may come from (worker.job_build)
         joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
         self.name = name
@@ -104,6 +105,7 @@ class Session:
         self._fetch_started: float | None = None
         self._fetch_cpu = 0.0
         self._drawn = 0  # the size of the batch the next step's gradients come from
+        self._drawn_step: tuple[StepHeader, torch.Tensor] | None = None  # and its plan and indices
         self._report: Callable[[], StepHeader] | None = None  # the fast path's last report, its reply not yet read
         self.steps = 0
         self.parked_polls = 0  # long polls answered while parked
@@ -135,8 +137,12 @@ class Session:
         if self.device.type != "cpu":
             self.model.to(self.device)
             self._on_device = (torch.empty_like(self._params, device=self.device), torch.empty_like(self._grads, device=self.device))
-        self._sampler = ElasticBatchSampler(len(self.dataset.train), seed=self.spec.seed * 1009 + joined.index)
-        self._batches = Batches(self.dataset.train, self._sampler, self._loader, self.device)
+        n = len(self.dataset.train)  # --sampling exact: the server's slices (worker/slices.py), else its own draws
+        self._sampler = (SliceSource(n, self.spec.seed, self.spec.epochs) if self.spec.exact_epochs
+                         else ElasticBatchSampler(n, seed=self.spec.seed * 1009 + joined.index))
+        self._trained = TrainedLog(self.name)  # the audit hook: what each step whose push was taken trained on
+        train = self.dataset.train if self._own is None else self._own.dataset
+        self._batches = Batches(train, self._sampler, self._loader, self.device)
         self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
         # BSP on the PS path: the gradient goes out in buckets while backward runs (worker/overlap.py)
         self.overlap = self.overlap and self.spec.overlap and self.spec.mode == "bsp" and not self.spec.allreduce
@@ -168,11 +174,15 @@ class Session:
         self._follow(plan)
 
     def _follow(self, plan: StepHeader) -> None:
-        """Take `plan` as the current one, once checked: the next batch is drawn at its size."""
+        """Take `plan` as the current one, checked: the next batch is drawn at its size (--sampling exact:
+        its slice, one clear error if it cannot be trained on; the loader starts reading it now)."""
         server_checks.step_plan(plan, self.max_batch, self.spec.micro_batch)
+        renew = isinstance(self._sampler, SliceSource) and self._sampler.follow(plan)
         self.plan = plan
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size
+        if renew:
+            self._batches.renew(plan.batch_size)
 
     @property
     def batch_size(self) -> int:
@@ -196,6 +206,7 @@ class Session:
             self._compute_end = None
         x, y = self._batches.next(self._sampler.batch_size)
         self._drawn, self.data_wait_ms = len(y), self._batches.wait_ms
+        self._drawn_step = (self.plan, self._sampler.drawn) if isinstance(self._sampler, SliceSource) else None
         if self._buckets is not None:
             self._buckets.arm(self._open_push)
         return x, y
@@ -205,9 +216,17 @@ class Session:
         return self.client.open_push(self.worker_id, self._params, round=self.plan.round, version=self.plan.version,
                                      batch_size=self._sampler.batch_size, wire_dtype=self.spec.wire_dtype, numel=self._params.numel())
 
-    def batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def batches(self, dataset: TorchDataset | None = None,
+                fingerprint: str = "") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches until the server ends the job; call step() after each. While the server parks this
-        worker (batch 0) none come: it waits for a batch (wait_parked)."""
+        worker (batch 0) none come: it waits for a batch (wait_parked). `dataset`: your own training set
+        instead of the job's, as many samples (worker.slices.OwnData; declared at the next Join)."""
+        if dataset is not None and (self._own is None or dataset is not self._own.dataset):
+            self._own = OwnData.checked(dataset, len(self.dataset.train), fingerprint)
+            self.client.declared = self._own.declared()  # for a rejoin
+            self._batches.close()
+            self._batches = Batches(dataset, self._sampler, self._loader, self.device)
+            self._follow(self.plan)  # the plan's slice, read from this dataset now
         self.model.train()
         while not self.done:
             if self.batch_size == 0:
@@ -298,6 +317,7 @@ class Session:
         else:
             self.steps += 1
             self.last_compute_ms = compute_ms
+            self._trained.write(self._drawn_step, self.worker_id)
             self._streamed = streamed
             self.streamed_replies += streamed
         if self._streamed:  # the model's parameters are views of self._params: they fill in as chunks land
@@ -411,7 +431,7 @@ class Session:
             raise error
         # one bound for the waits and the attempts together, said at once and while it runs
         waiting = Waiting(self.name, self.client.target, time.monotonic() + self.retry_for, "--retry-for")
-        waiting.say(f"{lost_because(error)}; {self._what_next()}")
+        waiting.say(f"{lost_because(error)}; {what_next(self.retry_for)}")
         for delay in Backoff(total=self.retry_for).delays():
             time.sleep(min(delay, waiting.remaining()))
             if waiting.remaining() <= 0:
@@ -431,11 +451,6 @@ class Session:
         if error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
             raise waiting.given_up()
         raise ServerError(error.code, f"gave up after {self.retry_for:.0f} s of retries (--retry-for): {error.message}")
-
-    def _what_next(self) -> str:
-        if self.retry_for <= 0:
-            return "not retrying (--retry-for 0)"
-        return f"rejoining, for up to {self.retry_for:.0f} s (--retry-for), then giving up"
 
     def _rejoin(self, deadline: float) -> StepHeader:
         """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic)."""

@@ -28,6 +28,10 @@ class ElasticBatchSampler:
             raise ValueError(f"batch size must be >= 1, got {value}")
         self._batch_size = int(value)
 
+    def ready(self) -> bool:
+        """Its next indices are always known (worker.loader.IndexSource)."""
+        return True
+
     def next_batch(self) -> torch.Tensor:
         """The next `batch_size` indices (a batch may span a reshuffle)."""
         return self.draw(self._batch_size)

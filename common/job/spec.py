@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+SAMPLINGS = ("exact", "independent")  # see JobSpec.sampling
 MODES = ("bsp", "asp")
 OPTIMIZERS = ("sgd", "adam")
 WIRE_DTYPES = ("float32", "bfloat16", "float16")
@@ -108,6 +109,9 @@ class JobSpec:
     # BSP on the PS path: workers stream gradient buckets while backward runs (worker/overlap.py);
     # False (ps-server --no-overlap): the whole gradient after backward, the serial path
     overlap: bool = True
+    # exact: the server hands each worker its slice of one permutation per epoch, every sample once per
+    # epoch (ps/rounds/sampling.py); independent: each worker draws from its own permutation
+    sampling: str = "exact"
 
     def __post_init__(self) -> None:
         problems = [p for f in fields(self) if (p := _type_problem(f.name, getattr(self, f.name), str(f.type)))]
@@ -155,6 +159,8 @@ class JobSpec:
         if self.micro_batch < 1 or (self.micro_batch > 1 and (self.mode != "bsp" or self.global_batch % self.micro_batch)):
             problems.append(f"micro batch {self.micro_batch} must be >= 1, and above 1 only in bsp with a global batch "
                             f"({self.global_batch}) that it divides")
+        if self.sampling not in SAMPLINGS:
+            problems.append(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
         # the spec does not know --shards: ps-server checks those combinations itself
         if self.balance == "busy" and not busy_time_measured(self.allreduce, shards=1):
             problems.append("balance busy is not measured with allreduce (its wait is inside the all-reduce)")
@@ -162,6 +168,12 @@ class JobSpec:
             problems.append("balance cycle is timed in BSP rounds on the PS path; it cannot run with mode asp or allreduce")
         if problems:
             raise ValueError("; ".join(problems))
+
+    @property
+    def exact_epochs(self) -> bool:
+        """Whether the server hands out the samples (--sampling exact), which it does on the PS path only:
+        the --allreduce fast path's workers read a step's reply a step late, after drawing the next batch."""
+        return self.sampling == "exact" and not self.allreduce
 
     def hub_reduce(self, backend: str) -> bool:
         """Whether an --allreduce group over `backend` sums at a hub rank (else torch's all_reduce)."""

@@ -126,6 +126,20 @@ class JoinInfo:
 
 
 @dataclass(frozen=True)
+class SliceRange:
+    """Samples π_epoch[offset : offset + count) of the epoch's permutation of the training
+    indices (common.job.epoch_order): what the server hands a worker under --sampling exact, and all that travels."""
+
+    epoch: int = 0
+    offset: int = 0
+    count: int = 0
+
+    @property
+    def stop(self) -> int:
+        return self.offset + self.count
+
+
+@dataclass(frozen=True)
 class StepHeader:
     """What the server tells a worker for its next step (ParamsHeader), ahead of a reply's values."""
 
@@ -142,6 +156,7 @@ class StepHeader:
     group: GroupInfo = GroupInfo()  # --allreduce: the process group to train in (ps/rounds/rendezvous.py)
     snapshot_requested: bool = False  # --allreduce, rank 0: push a snapshot of the parameters now
     optimizer_state: bool = False  # the values are the optimizer's flat state (common.params.flat_state), not parameters
+    slice: tuple[SliceRange, ...] = ()  # --sampling exact: the samples of the next step (ps.rounds.sampling)
 
 
 @dataclass(frozen=True)

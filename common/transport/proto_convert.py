@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from protos import ps_pb2
 from common.transport.layout import Layout, TensorEntry
-from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader
+from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, SliceRange, StepHeader
 
 # the wire's PushKind numbers for the kind names (common.transport.messages.PUSH_KINDS), and back
 PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
@@ -20,6 +20,7 @@ def step_header_to_proto(h: StepHeader) -> ps_pb2.ParamsHeader:
         wire_dtype=h.wire_dtype, num_values=h.num_values, lr=h.lr, global_batch=h.global_batch, reason=h.reason,
         generation=h.group.generation, rank=h.group.rank, world_size=h.group.world_size, backend=h.group.backend,
         hub_rank=h.group.hub_rank, snapshot_requested=h.snapshot_requested, optimizer_state=h.optimizer_state,
+        slice=[ps_pb2.SliceRange(epoch=r.epoch, offset=r.offset, count=r.count) for r in h.slice],
     )
 
 
@@ -29,6 +30,7 @@ def step_header_from_proto(p: ps_pb2.ParamsHeader) -> StepHeader:
         global_batch=p.global_batch, wire_dtype=p.wire_dtype, num_values=p.num_values, reason=p.reason,
         group=GroupInfo(p.generation, p.rank, p.world_size, p.backend, p.hub_rank),
         snapshot_requested=p.snapshot_requested, optimizer_state=p.optimizer_state,
+        slice=tuple(SliceRange(r.epoch, r.offset, r.count) for r in p.slice),
     )
 
 

@@ -41,6 +41,7 @@ from ps.rounds.parking import Parking
 from ps.rounds.push_checks import PushChecks
 from ps.rounds.rendezvous import Rendezvous
 from ps.rounds.reports import status, summary
+from ps.rounds.sampling import Sampling
 from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
 from ps.shards.client import RemoteShards, ShardFailure
@@ -104,7 +105,8 @@ class Coordinator(JobState):
         self.parking = Parking(self)
         self.bsp = BspRound(self, self.parking)
         self.adaptive = AdaptiveBatchSizing(self, self.bsp, adaptive or AdaptiveSettings(), self._replanned)
-        self.epochs = Epochs(self, len(dataset.train), adjust_every, checkpoint_every)
+        self.sampling = Sampling(self, len(dataset.train))  # --sampling exact: the epochs' slices
+        self.epochs = Epochs(self, len(dataset.train), adjust_every, checkpoint_every, self.sampling.completed_epochs)
         self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
         self.admission = Admission(self, self.epochs, self.fast_path)
         self.whole_model = WholeModel(self, (full, None) if shards else None)
@@ -121,11 +123,14 @@ class Coordinator(JobState):
         return self.fast_path.undecided
 
     # ----------------------------------------------------------------- membership
-    async def join(self, name: str, cores: float, cuda_device: str | None = None, max_batch: int | None = None) -> JoinInfo:
-        """Admit a worker. Before the start it waits for all expected workers; later it enters at the next round
-        boundary (BSP) or at once (ASP) and gets a share of B. `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
-        `max_batch`: the most samples its memory holds (None: no bound of its own)."""
+    async def join(self, name: str, cores: float, cuda_device: str | None = None, max_batch: int | None = None,
+                   data_length: int = 0, data_fingerprint: str = "") -> JoinInfo:
+        """Admit a worker. Before the start it waits for all expected workers; later it
+        enters at the next round boundary (BSP) or at once (ASP) and gets a share of B.
+        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
+        `max_batch`: the most samples its memory holds (None: no bound of its own); `data_*`: its dataset (Sampling)."""
         self.admission.check(name, cores, cuda_device, max_batch)
+        self.sampling.check_join(data_length, data_fingerprint)
         member = self.membership.admit(name, cores, self.clock())
         member.cuda_device, member.max_batch = cuda_device, max_batch
         try:
@@ -220,6 +225,7 @@ class Coordinator(JobState):
     def _remove(self, worker_id: str, event: str, reason: str) -> None:
         """Drop a worker (leave or eviction), re-split B over the others, close a round it held up."""
         member = self.membership.remove(worker_id, reason)
+        self.sampling.removed(member)
         self.end.told_done.discard(worker_id)
         self.bsp.pushed.discard(worker_id)
         self.asp.release()  # SSP: a slowest worker gone lets the others go on
@@ -241,14 +247,10 @@ class Coordinator(JobState):
         if pushes and self.bsp.all_pushed():
             self._close_round()  # its boundary admits the workers waiting to join
         elif pushes and self.rendezvous is not None:
-            self._close_without()  # every report here came from the generation this removal replaced
+            self.fast_path.note_close_without(self.bsp.pushed)  # every report here came from the generation this
+            self._close_round()  # removal replaced: close before every member reported (FastPath.note_close_without)
         elif not self.members:
             self._activate_pending()  # nobody computes the open round: the waiting workers start it
-
-    def _close_without(self) -> None:
-        """Allreduce: close the open round before every member reported it (FastPath.note_close_without)."""
-        self.fast_path.note_close_without(self.bsp.pushed)
-        self._close_round()
 
     # ---------------------------------------------------------------------- push
     def begin_push(self, meta: PushMeta) -> ChunkReceiver:
@@ -282,13 +284,15 @@ class Coordinator(JobState):
             exposed = meta.times.fitted_exposed_ms(self.spec.balance)
             self.policy.observe(member.name, meta.batch_size, ms, exposed_ms=exposed)
         self.bsp.add(member, meta, grad)
+        self.sampling.pushed(member, meta.batch_size)
         self.adaptive.push(meta, grad)
         self.epochs.count_push(member, ms, meta.batch_size, meta.times.exposed_ms, meta.times.data_wait_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():
             self._close_round()
         elif meta.kind == "report" and 0 < meta.generation < self.fast_path.generation():
-            self._close_without()  # this report's group took the step, and a removal has replaced it
+            self.fast_path.note_close_without(self.bsp.pushed)  # this report's group took the step, and a removal
+            self._close_round()  # has replaced it
         await asyncio.shield(future)
         return self._reply(member)
 
@@ -304,6 +308,7 @@ class Coordinator(JobState):
     def _next_round(self, batch: int) -> None:
         self.bsp.next_round()
         self.deadlines.round_closed(batch)
+        self.sampling.round_closed()
         self.round += 1
         self.version += 1
         self.epochs.first_round()
@@ -330,6 +335,7 @@ class Coordinator(JobState):
 
     async def _push_asp(self, member: Member, meta: PushMeta, delta: Vector) -> StepReply:
         self.asp.apply(member, meta, delta)
+        self.sampling.pushed(member, meta.batch_size)
         self._advance(meta.batch_size)
         await self.asp.wait_turn(member)  # --staleness-bound: while its worker is too far ahead
         return self._reply(member)
@@ -368,7 +374,7 @@ class Coordinator(JobState):
         params = self.rendezvous is None if params is None else params
         plan = self.policy.plan()
         group = self.fast_path.group_info(member, plan)
-        batch = plan.get(member.name, 0)
+        batch, ranges = self.sampling.slice_for(member, plan.get(member.name, 0))  # --sampling exact: its samples
         global_batch = sum(plan.values())
         lr = self.asp.lr(batch, global_batch) if self.spec.mode == "asp" else self.adaptive.lr_at(self.epoch)
         if self.done:
@@ -377,23 +383,15 @@ class Coordinator(JobState):
         header = StepHeader(
             round=self.round, version=self.version, epoch=self.epoch, batch_size=batch, done=self.done, lr=lr,
             global_batch=global_batch, wire_dtype=self.params_dtype, num_values=self.own_numel if params else 0,
-            reason=self.reason, group=group,
+            reason=self.reason, group=group, slice=ranges,
             snapshot_requested=self.whole_model.snapshot_requested and group.rank == 0 and group.world_size > 0,
         )
         return StepReply(header, self._current_payload() if params else self.payload.empty())
 
     # ------------------------------------------------------------ the whole model
-    async def fetch_whole_model(self) -> None:
-        """--shards: gather every range and the optimizer state (for checkpoint_state and evaluation)."""
-        await self.whole_model.fetch()
-
     async def load_shards(self) -> None:
         """--shards: hand every shard its range (initial or resumed parameters) before workers join."""
         await self.whole_model.load_shards(self.keys.key)
-
-    def whole_params(self) -> torch.Tensor:
-        """A copy of all parameters (--shards: as last fetched from the shards)."""
-        return self.whole_model.params()
 
     # ------------------------------------------------------- epochs and control
     def _advance(self, batch: int) -> None:
@@ -425,7 +423,8 @@ class Coordinator(JobState):
     # ------------------------------------------------------------- checkpoints
     def checkpoint_state(self) -> dict[str, Any]:
         """A self-contained snapshot of everything needed to resume (tensors cloned)."""
-        return {**checkpoint_state(self, self.whole_params(), self.whole_model.optimizer_state()), **self.adaptive.state_dict()}
+        return {**checkpoint_state(self, self.whole_model.params(), self.whole_model.optimizer_state()),
+                **self.adaptive.state_dict(), **self.sampling.state_dict()}
 
     def restore(self, state: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
         """Load a checkpoint before the job starts; workers then rejoin. Returns the batch policy
@@ -438,6 +437,7 @@ class Coordinator(JobState):
         self.round, self.version = int(state["round"]), int(state["version"])
         self.epoch, self.samples = int(state["epoch"]), int(state["samples"])
         self.epochs.epoch_start_samples = self.samples
+        self.sampling.restore(state)  # the epoch's cursor and the ranges put back
         self.adaptive.restore(state)  # its B: the policy the checkpoint's is compared with and adopted into
         self.store.set_lr(self.adaptive.lr_at(self.epoch))
         self.admission.saved_policy = saved
@@ -488,7 +488,8 @@ class Coordinator(JobState):
 
     def summary(self) -> dict[str, Any]:
         e = self.evaluation
-        return {**summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss), **self.deadlines.report()}
+        return {**summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss),
+                **self.deadlines.report(), **self.sampling.report()}
 
     def status(self) -> dict[str, Any]:
         path = "auto" if self.may_take_fast_path else "allreduce" if self.spec.allreduce else "ps"

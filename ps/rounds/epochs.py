@@ -4,6 +4,8 @@ and a checkpoint is due (every N steps, or at every epoch end), and the job's st
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ps.rounds.membership import Member
 from ps.rounds.ssp import EpochCounts, epoch_fields
 from ps.rounds.state import JobState
@@ -13,8 +15,11 @@ class Epochs:
     """Counts steps and samples; the coordinator asks what is due and runs it."""
 
     def __init__(self, state: JobState, samples_per_epoch: int, adjust_every: int | None,
-                 checkpoint_every: int | None) -> None:
+                 checkpoint_every: int | None, completed: Callable[[], int | None] = lambda: None) -> None:
+        """`completed`: the epochs wholly trained, where the samples handed out say it (--sampling exact);
+        None: an epoch is over when the samples trained reach its end."""
         self.state = state
+        self.completed = completed
         self.samples_per_epoch = samples_per_epoch
         self.adjust_every = adjust_every  # None: at every epoch end
         self.checkpoint_every = checkpoint_every  # None: at every epoch end
@@ -49,7 +54,11 @@ class Epochs:
             member.epoch_exposed_ms.append(exposed_ms)
 
     def epoch_over(self) -> bool:
-        """Whether the samples trained on reach the end of the current epoch."""
+        """Whether the current epoch is over: all its samples reached the model (--sampling exact), or
+        the samples trained reach its end."""
+        completed = self.completed()
+        if completed is not None:
+            return completed > self.state.epoch
         return self.state.samples >= (self.state.epoch + 1) * self.samples_per_epoch
 
     def adjust_due(self) -> bool:
