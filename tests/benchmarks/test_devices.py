@@ -6,11 +6,10 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from benchmarks.devices import plan, report
+from tests.repo import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 def test_scenarios_pick_devices_controller_and_transport() -> None:
@@ -31,7 +30,7 @@ def test_runs_end_to_end_and_reports_each_scenario() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.devices", "--gpu-device", "cpu", "--scenarios", "cpu,mixed_dynamic_allreduce",
          "--epochs", "1", "--dataset-size", "512", "--global-batch", "128", "--cpu-workers", "1", "--cpu-threads", "1", "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=240, check=False,
+        cwd=ROOT, capture_output=True, text=True, timeout=240, check=False,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     out, _ = json.JSONDecoder().raw_decode(result.stdout)
@@ -43,7 +42,7 @@ def test_runs_end_to_end_and_reports_each_scenario() -> None:
 
 def test_bad_arguments_change_nothing_and_say_why() -> None:
     def run(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "benchmarks.devices", *args], cwd=REPO, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "benchmarks.devices", *args], cwd=ROOT, capture_output=True,
                               text=True, timeout=60, check=False)
 
     assert "unknown scenario" in run("--scenarios", "cpu,fastest").stderr

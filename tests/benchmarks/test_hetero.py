@@ -19,8 +19,8 @@ import pytest
 
 from benchmarks import analysis
 from deploy.cgroups import detect_backend
+from tests.repo import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 PROFILE = """\
 kind: profile
 name: tiny2
@@ -50,7 +50,7 @@ def start_bench(tmp_path: Path, *args: str) -> tuple[subprocess.Popen, Path]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "benchmarks.hetero", "--tiny", "--json", "--profile", str(profile), "--out", str(out),
          *args],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     return proc, out
 
@@ -137,7 +137,7 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
 
 
 def test_help_and_bad_arguments() -> None:
-    run = lambda *a: subprocess.run([sys.executable, "-m", "benchmarks.hetero", *a], cwd=REPO,
+    run = lambda *a: subprocess.run([sys.executable, "-m", "benchmarks.hetero", *a], cwd=ROOT,
                                     capture_output=True, text=True, timeout=60, check=False)
     help_text = run("--help")
     assert help_text.returncode == 0 and "--tta" in help_text.stdout and "--schedule" in help_text.stdout
@@ -217,7 +217,7 @@ def test_asp_benchmark_reports_both_modes_and_the_ssp_waits() -> None:
     """benchmarks.asp, one seed and one epoch: each mode's accuracy, ASP's staleness and SSP waits."""
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.asp", "--seeds", "1", "--epochs", "1", "--asp-arg=--staleness-bound=0"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -23,8 +23,8 @@ from benchmarks.transport.job import tiny_dataset
 from benchmarks.transport.profiling import summarize_profile
 from benchmarks.transport.report import add_ratios, combine_rounds, evaluate_targets
 from benchmarks.transport.stats import iterations_for, stats
+from tests.repo import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 REPORT_KEYS = {"benchmark", "tiny", "environment", "settings", "definitions", "rows", "server_overhead", "profile",
                "shards", "targets", "timings_s"}
 ROW_KEYS = {"benchmark", "numel", "wire_dtype", "processes", "workers", "bytes_per_iter", "iterations", "median_ms",
@@ -53,7 +53,7 @@ def processes_mentioning(text: str) -> list[int]:
 
 
 def bench(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "benchmarks.transport", *args], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "benchmarks.transport", *args], cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -151,7 +151,7 @@ def test_sigterm_stops_every_child(tmp_path: Path) -> None:
 
 
 def test_help_and_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
-    text = subprocess.run([sys.executable, "-m", "benchmarks.transport", "--help"], cwd=REPO, capture_output=True,
+    text = subprocess.run([sys.executable, "-m", "benchmarks.transport", "--help"], cwd=ROOT, capture_output=True,
                           text=True, timeout=60, check=False)
     assert text.returncode == 0
     for flag in ("--sizes", "--repeats", "--tiny", "--json", "--profile"):

@@ -19,8 +19,8 @@ import pytest
 from deploy import cgroups
 from deploy.cgroups import CgroupBackend, CgroupError, CpuLimiter, cleanup_stale, detect_backend, slowdown_factors
 from deploy.profiles import quota_period_us
+from tests.repo import ROOT
 
-REPO = Path(__file__).resolve().parents[1]
 SPIN = """
 import time
 n = 0
@@ -245,7 +245,7 @@ def alive(pid: int) -> bool:
 
 
 def test_cleanup_stale_removes_the_groups_of_a_sigkilled_run(backend: CgroupBackend, run_id: str) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER, run_id], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )

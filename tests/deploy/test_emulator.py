@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,18 +24,13 @@ from deploy.cgroups import CgroupBackend, detect_backend
 from deploy.profiles import load_profile, quota_period_us, scale
 from ps.ops.metrics import read_metrics
 from tests.processes import ENV
+from tests.emulator_jobs import TINY_JOB, write_profile
 
 BACKEND: CgroupBackend | None = detect_backend()
 needs_cgroups = pytest.mark.skipif(
     BACKEND is None,
     reason="no writable cgroup CPU controller (needs root on Linux with cgroup v2 cpu.max or v1 cpu.cfs_quota_us)",
 )
-TINY_JOB = [
-    "--model", "mlp", "--model-arg", "hidden=32", "--dataset", "synthetic", "--dataset-arg", "size=512",
-    "--dataset-arg", "image_size=8", "--dataset-arg", "channels=1", "--global-batch", "64", "--lr", "0.05",
-]
-"""A job whose epochs take well under a second (and whose processes need not import scikit-learn)."""
-
 
 class Emulator:
     """A running ``ps-cluster run`` process; its stdout and stderr go to files in its out folder."""
@@ -155,11 +150,6 @@ def worker_pid(pid: int, name: str) -> int:
 
 def expected_limits(shares: list[float], period: int) -> dict[str, tuple[int, int]]:
     return {f"w{k}": (round(s * period), period) for k, s in enumerate(shares)}
-
-
-def write_profile(path: Path, workers: Sequence[float]) -> Path:
-    path.write_text(json.dumps({"kind": "profile", "name": path.stem, "bsp": {"workers": workers}}))
-    return path
 
 
 def test_main_job_quick_runs_end_to_end_with_quotas(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:

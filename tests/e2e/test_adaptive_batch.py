@@ -12,7 +12,7 @@ import pytest
 
 from ps.control.global_batch.goodput import lr_factor
 from ps.checkpoint import read_checkpoint
-from tests import test_cli
+from tests.cli_checks import server_refuses
 from tests.processes import Cluster, start_server
 from worker.client import PSClient
 
@@ -114,7 +114,7 @@ def test_adaptive_batch_moves_b_with_exact_splits_and_resumes_at_its_b(tmp_path:
     (["--min-global-batch", "16"], "--min-global-batch needs --adaptive-batch gns"),
 ])
 def test_bad_adaptive_flags_are_one_line_and_exit_2(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    test_cli.test_server_rejects_bad_input(args, needle, capsys)  # exit 2, the needle, no traceback, nothing listens
+    server_refuses(args, needle, capsys)  # exit 2, the needle, no traceback, nothing listens
 
 
 def test_on_the_allreduce_fast_path_the_reports_carry_the_norms(tmp_path: Path) -> None:

@@ -11,12 +11,8 @@ import pytest
 
 from ps.ops.port_file import PortFile
 from ps.server import main as server_main
+from tests.cli_checks import server_refuses
 from tests.processes import ENV
-
-
-# What an error meant for a user never shows: Python's own wording and argparse's defaults.
-PYTHON_INTERNALS = ("Traceback", "invalid literal", "invalid int value", "invalid float value", "use None", "[Errno",
-                    "unexpected keyword argument")
 
 
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
@@ -70,16 +66,7 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
     ],
 )
 def test_server_rejects_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
-    try:
-        code = server_main(["--port", "0", *args])
-    except SystemExit as exc:  # argparse's own errors
-        code = exc.code
-    assert code == 2
-    captured = capsys.readouterr()
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert any(needle in line for line in lines), captured.err
-    assert not any(internal in captured.err for internal in PYTHON_INTERNALS), captured.err
-    assert "listening" not in captured.out
+    server_refuses(args, needle, capsys)
 
 
 def test_server_error_is_one_line_from_a_real_process() -> None:

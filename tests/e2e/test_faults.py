@@ -1,7 +1,7 @@
 """Fault injection with real processes: killed, frozen and stopped workers, a killed server.
 
 Each test prints one `FAULT {...}` JSON line (stall time, rounds lost) for the issue's table;
-run with `pytest -s tests/test_faults.py` to see them.
+run with `pytest -s tests/e2e/test_faults.py` to see them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,38 +24,8 @@ from common.job.models import build_model
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.rounds.coordinator import params_digest
 from tests.processes import ENV, Cluster, start_server
-from worker.client import PSClient, ServerError
-
-JOB = ["--mode", "bsp", "--workers", "4", "--model-arg", "hidden=256", "--dataset", "digits", "--global-batch", "128",
-       "--lr", "0.1", "--evict-after", "3", "--grace", "5"]
-NAMES = ["w0", "w1", "w2", "w3"]
-TARGET = 0.90
-
-
-def status(target: str) -> dict:
-    client = PSClient(target)
-    try:
-        s = client.status()
-        return {"round": s.round, "epoch": s.epoch, "done": s.done,
-                "workers": {w.name: w.batch_size for w in s.workers}}
-    finally:
-        client.close()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
-    """Poll until predicate() holds; returns the time it took."""
-    start = time.monotonic()
-    while time.monotonic() - start < timeout:
-        try:
-            if predicate():
-                return time.monotonic() - start
-        except ServerError:
-            pass
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-WORKER = ("--retry-for", "60", "--slowdown", "100")  # ~0.1 s steps: long enough to inject faults mid-run
+from worker.client import PSClient
+from tests.fault_jobs import JOB, NAMES, TARGET, WORKER, status, wait_for
 
 
 def start_workers(cluster: Cluster) -> dict[str, subprocess.Popen]:

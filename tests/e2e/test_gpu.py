@@ -17,7 +17,7 @@ import torch
 
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from tests.processes import ENV, start_server
-from tests.test_allreduce import JOB, _finish
+from tests.fast_path_jobs import JOB, finish
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 GPU_JOB = [*JOB, "--global-batch", "64", "--epochs", "2", "--lr-milestones", "1", "--momentum", "0.9", "--nesterov",
@@ -38,7 +38,7 @@ def _run_job(workdir: Path, server_args: list[str], devices: list[str]) -> tuple
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
             )
             cluster.workers.append(proc)
-        _finish(cluster, 240)
+        finish(cluster, 240)
         outputs = [proc.communicate(timeout=30)[0] for proc in cluster.workers]
         return cluster.events(), {p.name: read_checkpoint(p) for p in checkpoint_files(workdir / "ckpt")}, outputs
     finally:

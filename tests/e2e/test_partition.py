@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import start_server
-from tests.test_faults import JOB, TARGET, WORKER, status, wait_for
+from tests.fault_jobs import JOB, TARGET, WORKER, status, wait_for
 
 HOST_IP, WORKER_IP = "10.231.7.1", "10.231.7.2"
 

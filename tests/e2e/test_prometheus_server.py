@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from tests.processes import start_server
+from tests.repo import ROOT
 
 pytestmark = pytest.mark.prometheus
 
-ROOT = Path(__file__).resolve().parents[1]
 INSTALL = ROOT / "deploy" / "prometheus.sh"
 JOB = ["--quiet", "--workers", "2", "--model-arg", "hidden=16", "--global-batch", "64", "--epochs", "1000"]
 WORKER = ("--slowdown", "10", "--retry-for", "0")

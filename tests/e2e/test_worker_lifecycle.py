@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 from tests import processes
 from tests.processes import ENV, Cluster, start_server
-from tests.test_faults import wait_for
 from worker import connect
 from worker.client import ServerError
 from worker.heartbeat import Heartbeat
 from worker.runtime import Session
+from tests.fault_jobs import wait_for
 
 JOB = ["--mode", "bsp", "--workers", "1", "--model-arg", "hidden=16", "--dataset", "digits", "--global-batch", "32",
        "--epochs", "1000", "--evict-after", "60", "--grace", "0"]

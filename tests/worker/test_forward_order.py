@@ -2,7 +2,7 @@
 parameters only, so the forward starts while later layers still arrive; a failed reply wakes the
 forward and fails the step; parameters read outside their module are waited for before the
 forward; and whole BSP rounds with the streamed reply equal the whole-gradient step (the session
-tests of tests/test_overlap.py run it too)."""
+tests of tests/worker/test_overlap.py run it too)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from common.transport.layout import flatten_params, load_flat
-from tests.test_overlap import _reference, _train
 from worker import overlap
 from worker.client import ServerError
 from worker.forward_order import Arrivals, ForwardOrder
+from tests.overlap_rounds import _reference, _train
 
 TIMEOUT = 60.0
-CHILD_WEIGHT_MODEL = "tests.test_forward_order:reads_child_weight"
+CHILD_WEIGHT_MODEL = "tests.worker.test_forward_order:reads_child_weight"
 
 
 class ReadsChildWeight(nn.Module):

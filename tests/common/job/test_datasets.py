@@ -13,6 +13,8 @@ from sklearn.datasets import load_digits
 
 from common.job import datasets
 from common.job.datasets import build_dataset, digits_arrays
+from common.job.splits import Splits
+from tests.data_files import Indexed
 from tests.processes import ENV
 
 
@@ -105,3 +107,24 @@ def test_bad_dataset_options_are_one_value_error_naming_the_option(name: str, op
     with pytest.raises(ValueError, match=r"dataset '\w+' (rejected its options|has no option)") as caught:
         build_dataset(name, options, seed=0)
     assert needle in str(caught.value)
+
+
+def factory_of_a_list(seed: int) -> list:
+    return [1, 2, 3]
+
+
+def factory_of_an_empty_split(seed: int) -> Splits:
+    return Splits(Indexed(5), Indexed(0), num_classes=2)
+
+
+def factory_of_indexed(seed: int) -> Splits:
+    return Splits(Indexed(50), Indexed(10), num_classes=50, test_transform=lambda x: x * 0)
+
+
+def test_a_factory_must_return_a_dataset() -> None:
+    with pytest.raises(ValueError, match="factory 'tests.common.job.test_datasets:factory_of_a_list' returned list"):
+        build_dataset("tests.common.job.test_datasets:factory_of_a_list", {}, seed=0)
+    with pytest.raises(ValueError, match="factory_of_an_empty_split.*the test split is empty"):
+        build_dataset("tests.common.job.test_datasets:factory_of_an_empty_split", {}, seed=0)
+    data = build_dataset("tests.common.job.test_datasets:factory_of_indexed", {}, seed=0)
+    assert data.input_shape == (2,) and float(data.test[3][0].sum()) == 0.0 and data.train[3][1] == 3

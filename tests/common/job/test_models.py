@@ -21,7 +21,7 @@ def exploding_model(input_shape: tuple[int, ...], num_classes: int) -> nn.Module
         ("mlp", {"layers": -2}, "layers must be >= 0"),
         ("mlp", {"depth": 3}, "has no option 'depth' (its options: hidden, layers)"),
         ("cnn", {"width": 0}, "width must be >= 1, got 0"),
-        ("tests.test_models:exploding_model", {}, "out of memory"),
+        ("tests.common.job.test_models:exploding_model", {}, "out of memory"),
     ],
 )
 def test_bad_model_options_are_one_value_error_naming_the_option(name: str, options: dict, needle: str) -> None:

@@ -20,6 +20,7 @@ from common.transport.magnitude import LIMIT, OverflowRisk, exact_magnitude, mag
 from common.transport.payload import Payload
 from common.transport.wire import encode, split
 from tests.state_compare import assert_same
+from tests.torch_reference import torch_optimizer
 
 SPECS = {
     "sgd": JobSpec(momentum=0.0),
@@ -27,14 +28,6 @@ SPECS = {
     "nesterov": JobSpec(momentum=0.9, nesterov=True),
     "adam": JobSpec(optimizer="adam", momentum=0.0, weight_decay=1e-4),
 }
-
-
-def torch_optimizer(param: torch.nn.Parameter, spec: JobSpec) -> torch.optim.Optimizer:
-    """torch.optim's optimizer for the job's hyperparameters: the reference common.params.stepping is checked against."""
-    if spec.optimizer == "adam":
-        return torch.optim.Adam([param], lr=spec.lr, weight_decay=spec.weight_decay)
-    return torch.optim.SGD([param], lr=spec.lr, momentum=spec.momentum, weight_decay=spec.weight_decay,
-                           nesterov=spec.nesterov)
 
 
 def rand(n: int, seed: int) -> torch.Tensor:

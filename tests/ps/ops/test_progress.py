@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import ENV, Cluster
-from tests.test_emulator import TINY_JOB, write_profile
+from tests.emulator_jobs import TINY_JOB, write_profile
 
 SERVER_JOB = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--global-batch", "64", "--epochs", "3",
               "--grace", "5"]

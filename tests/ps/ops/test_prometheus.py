@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,28 +14,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
-from prometheus_client.parser import text_string_to_metric_families
 
 from ps.ops.prometheus import JobMetrics
 from ps.server import main as server_main
 from tests.processes import ENV, start_server
+from tests.metrics_scrape import Samples, scrape, value
 
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 JOB = ["--quiet", "--workers", "2", "--model-arg", "hidden=16", "--global-batch", "64", "--epochs", "1000"]
 WORKER = ("--slowdown", "10", "--retry-for", "0")
-
-
-def scrape(port: int) -> Samples:
-    """Every sample of http://127.0.0.1:port/metrics, by (name, sorted labels)."""
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # loopback: never through a proxy
-    with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
-        text = reply.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
-
-
-def value(samples: Samples, name: str, **labels: str) -> float | None:
-    return samples.get((name, tuple(sorted(labels.items()))))
 
 
 def workers_in(samples: Samples) -> set[str]:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ps.rounds.asp import AspSettings, staleness_factor
 from ps.rounds.ssp import EpochCounts, WorkerClocks, epoch_fields
 from protos import ps_pb2
-from tests.test_rpc import SECRETS, TIMEOUT, header, push, push_chunks, rand, snapshot, start_cluster
+from tests.rpc_calls import SECRETS, TIMEOUT, header, push, push_chunks, rand, snapshot, start_cluster
 
 
 class GateModel:

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from common.job.spec import JobSpec, default_balance
 from ps.server import build_job, print_progress
 from tests.conftest import job_args
-from tests.test_hostile import wait_until
-from tests.test_rpc import header, join_all, push, push_chunks
+from tests.hostile_peer import wait_until
+from tests.rpc_calls import header, join_all, push, push_chunks
 from worker import connect
 
 if TYPE_CHECKING:
