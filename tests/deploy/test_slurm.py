@@ -1,7 +1,7 @@
 """`ps-cluster slurm` without Slurm: the batch script's components and resources, the token kept off
 every command line, the requeue directives, the script run by bash against stand-in Slurm commands,
 the task wrapper, and the parsing of what sbatch/scontrol/sacct print. The real-Slurm run is
-tests/test_slurm_run.py (marked `slurm`)."""
+tests/deploy/test_slurm_run.py (marked `slurm`)."""
 
 from __future__ import annotations
 

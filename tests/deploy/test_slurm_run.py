@@ -27,10 +27,10 @@ import pytest
 from deploy import slurm, slurm_follow
 from deploy.cgroups import detect_backend
 from ps.ops.metrics import read_metrics
+from tests.repo import ROOT
 
 pytestmark = pytest.mark.slurm
 
-ROOT = Path(__file__).resolve().parents[1]
 START = ROOT / "deploy" / "slurm.sh"
 GLOBAL_BATCH = 256
 SCALE = "0.03125"  # HL4's 48 cores -> 1.5 cores of CPU quota for the workers
