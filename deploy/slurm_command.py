@@ -31,7 +31,7 @@ def _slurm(args: argparse.Namespace) -> int:
         out = Path("runs") / datetime.now().strftime("slurm-%Y%m%d-%H%M%S")
     options = slurm.SlurmOptions(
         profile=profile, mode=args.mode, scale=args.scale, job_args=k8s.job_args(extra, given_options(extra, parser)),
-        job_name=args.job_name, job_dir=None if out is None else out.resolve(), python=args.python,
+        job_name=args.job_name, job_dir=None if out is None else out.resolve(), python=args.python or sys.executable,
         partition=args.partition, account=args.account, time=args.time, memory=args.memory, gres=args.gres,
         server_cpus=args.server_cpus, limiter=args.limiter, listen=args.listen,
     )
@@ -94,7 +94,7 @@ def add_slurm_parser(subcommands: argparse._SubParsersAction) -> argparse.Argume
     parser.add_argument("--server-arg", action="append", default=[], metavar="ARGS",
                         help="the job, as ps-server flags (repeatable; default: "
                         "--model cnn --dataset synthetic --controller dynamic --epochs 10 --global-batch 512)")
-    parser.add_argument("--python", default=sys.executable, metavar="PATH",
+    parser.add_argument("--python", metavar="PATH",
                         help="the Python, on every node, that has hetero-ps installed (default: this one)")
     parser.add_argument("--job-name", default="hetero-ps", help="sbatch --job-name (default: hetero-ps)")
     parser.add_argument("--partition", help="sbatch --partition of every component (default: the cluster's)")

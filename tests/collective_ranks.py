@@ -1,4 +1,4 @@
-"""One rank of a fast-path group in its own process, for tests/test_allreduce.py: `python -m
+"""One rank of a fast-path group in its own process, for tests/worker/test_collective.py: `python -m
 tests.collective_ranks RANK WORLD PORT ALGORITHM OUT` takes ROUNDS steps with the gradients and batches
 below (`HUBS` names each round's hub) and saves its parameters and optimizer state to OUT. Rank
 VETERAN first takes PRE steps alone, as a worker of an earlier group would have: the group adopts its

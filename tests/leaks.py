@@ -14,7 +14,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.repo import ROOT
+
 TMP_PREFIX = "hetero-ps-tests-"
 # what running Python and pytest writes into a checkout: caches, not leftovers of a test
 TREE_CACHES = ("__pycache__", ".pytest_cache", ".hypothesis", ".venv", ".egg-info", ".mypy_cache", ".ruff_cache")

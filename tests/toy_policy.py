@@ -1,4 +1,4 @@
-"""A batch policy in one file, as a new policy is written (tests/test_policy_registry.py registers it
+"""A batch policy in one file, as a new policy is written (tests/ps/control/test_registry.py registers it
 with one line): the first worker by name takes three shares of B, every other worker one; decisions
 change nothing."""
 

@@ -6,7 +6,7 @@ the optimum over the workers' measured costs.
 The measured costs are the model run's last fits (t_i(b) = q_i·b + s_i per worker and the round
 overhead c, from its ``adjust`` events): the optimum is the exact integer split minimising
 max_i t_i(b_i) + c (``ps.control.model.optperf.best_plan``, checked against brute force in
-tests/test_model_policy.py), with every worker held at a batch >= 1 and with parking allowed. Each
+tests/ps/control/model/test_policy.py), with every worker held at a batch >= 1 and with parking allowed. Each
 run's final plan is priced under the same costs; ``of_optimum`` = optimum round / its round.
 Pure: events in, numbers out.
 """

@@ -29,7 +29,8 @@ M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 M_MMAP_MAX = -4
 MMAP_MAX_DEFAULT = 65536  # glibc's default for M_MMAP_MAX
-DEFAULT_HEAP_RESERVE_MIB = 512  # glibc's placement drifts through ~300 MiB before settling (tests/test_memory.py)
+# glibc's placement drifts through ~300 MiB before settling (tests/common/ops/test_memory.py)
+DEFAULT_HEAP_RESERVE_MIB = 512
 HEAP_RESERVE_ENV = "PS_WORKER_HEAP_RESERVE_MIB"  # for workers that ps-cluster and the benchmarks start
 MMAP_THRESHOLD_BYTES = 32 << 20  # glibc's upper bound for M_MMAP_THRESHOLD on 64-bit
 TRIM_THRESHOLD_BYTES = 1 << 30

@@ -8,7 +8,7 @@ reply then reads each piece's new values while they are still in cache.
 
 Both act value by value, so stepping the pieces one after another equals stepping the whole vector,
 and equals torch.optim's own step (bit for bit: piece sizes are multiples of every SIMD width, so
-only the last piece has a scalar tail, the one the whole vector would have; tests/test_store.py
+only the last piece has a scalar tail, the one the whole vector would have; tests/common/params/test_store.py
 checks both against torch.optim). They read and write torch.optim's state dict for one parameter
 over the whole vector, so checkpoints load in either. No torch optimizer is built: the first one a
 process builds imports torch._dynamo (~1.5 s of CPU, ~12 s for a fast-path worker on a 1/8-core quota).

@@ -27,7 +27,8 @@ b_k make them 1/N (plain averages). The combination has a closed form, the poole
 
 Cannikin's printed matrices A_G, A_S differ: its Lemma B.5 takes Cov(|g|², |g_k|²) = 4b_k|G|²tr(Σ)/B²,
 but g contains g_k with weight b_k/B, so it is Var(|g|²) ≈ 4GᵀΣG/B, and the quadratic part is left
-out. On simulated gradients the weights above have the lower variance (tests/test_gns.py).
+out. On simulated gradients the weights above have the lower variance
+(tests/ps/control/global_batch/test_gns.py).
 
 One worker (b_1 = B) has no pair inside a round; two successive rounds at different batch sizes b, b'
 give one instead: S = (y − y')/(1/b − 1/b'), G = (b y − b' y')/(b − b'). Rounds are smoothed with an

@@ -1,0 +1,72 @@
+"""The on-disk built-in datasets (common/job/disk_datasets.py): image_folder decodes, augments only
+training and names a corrupt image; npy_arrays are memory-mapped and split; a missing folder is one error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from common.job.datasets import build_dataset
+from worker.loader import Batches, LoaderError, LoaderOptions
+from worker.sampler import ElasticBatchSampler
+from tests.data_files import write_folder
+
+
+def test_image_folder_decodes_the_files_and_augments_only_training(tmp_path: Path) -> None:
+    root = write_folder(tmp_path / "images")
+    data = build_dataset("image_folder", {"root": str(root), "padding": 0, "flip": False}, seed=0)
+    assert (len(data.train), len(data.test), data.num_classes, data.input_shape) == (24, 6, 3, (3, 8, 8))
+    x, y = data.test[0]
+    path, label = data.test.files[0]
+    expected = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1).float() / 255
+    assert torch.equal(x, expected) and y == label
+    augmented = build_dataset("image_folder", {"root": str(root)}, seed=0)
+    draws = {tuple(augmented.train[0][0].flatten().tolist()) for _ in range(20)}
+    assert len(draws) > 1  # a random crop and flip each time the sample is read (each epoch)
+    assert torch.equal(augmented.test[0][0], data.test[0][0])  # test samples as they are
+
+
+def test_a_corrupt_image_is_named_and_stops_or_is_skipped(tmp_path: Path) -> None:
+    root = write_folder(tmp_path / "images", per_class=4)
+    bad = root / "c1" / "0.png"
+    bad.write_bytes(b"not a png")
+    stop = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1}, seed=0)
+    index = next(i for i, (p, _) in enumerate(stop.train.dataset.files) if p == str(bad))  # under the augmentation
+    with pytest.raises(ValueError, match="0.png"):
+        stop.train[index]
+    loader = Batches(stop.train, ElasticBatchSampler(len(stop.train), seed=0), LoaderOptions(0, 1))
+    with pytest.raises(LoaderError, match=r"cannot decode image .*c1/0\.png"):
+        for _ in range(10):
+            loader.next(len(stop.train))
+    loader.close()
+    skip = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1, "on_corrupt": "skip"}, seed=0)
+    x, _ = skip.train[index]
+    assert x.shape == (3, 8, 8)
+
+
+@pytest.mark.parametrize("make, words", [
+    (lambda root: root.mkdir(), "holds no images"),
+    (lambda root: None, "is not a folder"),
+])
+def test_an_empty_or_missing_folder_is_one_clear_error(tmp_path: Path, make, words: str) -> None:
+    root = tmp_path / "none"
+    make(root)
+    with pytest.raises(ValueError, match=f"dataset 'image_folder'.*{words}"):
+        build_dataset("image_folder", {"root": str(root)}, seed=0)
+
+
+def test_npy_arrays_are_memory_mapped_and_split(tmp_path: Path) -> None:
+    features = np.arange(40, dtype=np.float64).reshape(20, 2)
+    np.save(tmp_path / "features.npy", features)
+    np.save(tmp_path / "labels.npy", np.arange(20) % 4)
+    data = build_dataset("npy_arrays", {"root": str(tmp_path)}, seed=1)
+    assert (len(data.train), len(data.test), data.num_classes, data.input_shape) == (16, 4, 4, (2,))
+    assert isinstance(data.train.features, np.memmap)
+    rows = sorted(int(data.train[i][0][0]) // 2 for i in range(16)) + sorted(int(data.test[i][0][0]) // 2 for i in range(4))
+    assert sorted(rows) == list(range(20))
+    x, y = data.train[0]
+    assert x.dtype == torch.float32 and y == int(x[0]) // 2 % 4

@@ -1,0 +1,244 @@
+"""A hostile parameter server against a real ps-worker process: the worker refuses, in one line, every
+reply it should not act on, leaves, and runs no code that the server names.
+
+The fake server is written against protos/ alone (grpc and the generated messages), not against our
+server: it answers Status, Join, Pull, Push, Heartbeat and Leave as a scenario says. The baseline
+scenario is a job the worker completes, so each refusal below is the worker's check at work.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from protos import ps_pb2, ps_pb2_grpc
+from tests.repo import ROOT
+from tests.processes import ENV
+
+# mlp(hidden=16, layers=1) on digits (8x8 images, 10 classes): the worker builds this model itself
+LAYOUT = [("1.weight", (16, 64)), ("1.bias", (16,)), ("3.weight", (10, 16)), ("3.bias", (10,))]
+NUMEL = sum(math.prod(shape) for _, shape in LAYOUT)
+GOOD_SPEC = {"workers": 1, "model": "mlp", "model_options": {"hidden": 16, "layers": 1}, "dataset": "digits",
+             "global_batch": 16, "epochs": 1, "overlap": False}
+WORKER_TIMEOUT_S = 90
+MARKER_MODULE = '''
+from pathlib import Path
+Path({marker!r}).write_text("imported")
+
+def make(*args, **kwargs):
+    Path({marker!r}).write_text("called")
+    raise RuntimeError("a factory the server named")
+'''
+
+
+@dataclass
+class Scenario:
+    """What the fake server says: the job spec, and fields of its replies that override good ones."""
+
+    spec: dict[str, Any] = field(default_factory=lambda: dict(GOOD_SPEC))
+    join: dict[str, Any] = field(default_factory=dict)
+    pull: dict[str, Any] = field(default_factory=dict)
+    values: list[float] | None = None  # the parameters a Pull sends (default NUMEL zeros)
+    shards: list[tuple[str, int, int]] = field(default_factory=list)
+
+
+class FakeServer(ps_pb2_grpc.ParameterServerServicer):
+    """Serves `scenario`; records the calls it got."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.calls: list[str] = []
+        self.lock = threading.Lock()
+
+    def _spec_json(self) -> str:
+        return json.dumps(self.scenario.spec)
+
+    def _record(self, name: str) -> None:
+        with self.lock:
+            self.calls.append(name)
+
+    def Status(self, request: Any, context: Any) -> ps_pb2.StatusReply:
+        self._record("Status")
+        return ps_pb2.StatusReply(mode="bsp", job_json=self._spec_json(), global_batch=16, expected_workers=1)
+
+    def Join(self, request: Any, context: Any) -> ps_pb2.JoinReply:
+        self._record("Join")
+        fields: dict[str, Any] = {
+            "worker_id": "w0", "job_json": self._spec_json(), "num_params": NUMEL, "batch_size": 8,
+            "heartbeat_interval_s": 1.0, "secret": "s" * 32,
+            "layout": [ps_pb2.TensorSpec(name=n, shape=list(s), dtype="float32") for n, s in LAYOUT],
+            "shards": [ps_pb2.ShardInfo(address=a, start=b, stop=c) for a, b, c in self.scenario.shards],
+        }
+        return ps_pb2.JoinReply(**{**fields, **self.scenario.join})
+
+    def _params(self, done: bool) -> Iterator[ps_pb2.ParamsChunk]:
+        values = [0.0] * NUMEL if self.scenario.values is None else self.scenario.values
+        header = {"round": 0, "batch_size": 8, "global_batch": 16, "wire_dtype": "float32", "num_values": len(values),
+                  "lr": 0.1, "done": done, "reason": "finished" if done else ""}
+        if not done:
+            header.update(self.scenario.pull)
+        yield ps_pb2.ParamsChunk(header=ps_pb2.ParamsHeader(**header), seq=0)
+        yield ps_pb2.ParamsChunk(seq=1, data=struct.pack(f"<{len(values)}f", *values))
+
+    def Pull(self, request: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
+        self._record("Pull")
+        yield from self._params(done=False)
+
+    def Push(self, request_iterator: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
+        for _ in request_iterator:
+            pass
+        self._record("Push")
+        yield from self._params(done=True)
+
+    def Heartbeat(self, request: Any, context: Any) -> ps_pb2.HeartbeatReply:
+        self._record("Heartbeat")
+        return ps_pb2.HeartbeatReply()
+
+    def Leave(self, request: Any, context: Any) -> ps_pb2.LeaveReply:
+        self._record("Leave")
+        return ps_pb2.LeaveReply()
+
+
+@dataclass
+class Run:
+    code: int
+    stderr: str
+    calls: list[str]
+
+
+def run_worker(scenario: Scenario, tmp_path: Path, *flags: str) -> Run:
+    """A real ps-worker against a fake server serving `scenario`, to its exit."""
+    fake = FakeServer(scenario)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    ps_pb2_grpc.add_ParameterServerServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        env = {**ENV, "PYTHONPATH": f"{tmp_path}:{ENV.get('PYTHONPATH', '')}".rstrip(":")}
+        proc = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "--server", f"127.0.0.1:{port}", "--name", "w", "--quiet",
+             "--timeout", "30", "--retry-for", "0", *flags],
+            capture_output=True, text=True, env=env, timeout=WORKER_TIMEOUT_S, cwd=ROOT,
+        )
+    finally:
+        server.stop(grace=None)
+    return Run(proc.returncode, proc.stderr, list(fake.calls))
+
+
+@pytest.fixture
+def marker(tmp_path: Path) -> Path:
+    """A module `hostile_factory` on the worker's path that writes `marker` if anything of it runs."""
+    path = tmp_path / "marker"
+    (tmp_path / "hostile_factory.py").write_text(MARKER_MODULE.format(marker=str(path)))
+    return path
+
+
+def refused(run: Run, needle: str) -> str:
+    """The worker's one error line, checked to hold `needle`; no traceback."""
+    assert "Traceback" not in run.stderr, run.stderr
+    errors = [line for line in run.stderr.splitlines() if line.startswith("ps-worker: error:")]
+    assert len(errors) == 1 and needle in errors[0], run.stderr
+    return errors[0]
+
+
+def test_a_good_fake_server_runs_a_job_to_its_end(tmp_path: Path) -> None:
+    run = run_worker(Scenario(), tmp_path, "--max-batch", "16")
+    assert run.code == 0, run.stderr
+    assert {"Join", "Pull", "Push"} <= set(run.calls)
+
+
+def test_a_factory_the_server_names_is_not_imported_unless_the_worker_allows_it(tmp_path: Path, marker: Path) -> None:
+    spec = {**GOOD_SPEC, "dataset": "hostile_factory:make"}
+    run = run_worker(Scenario(spec=spec), tmp_path)  # no --max-batch: the memory probe builds the job from Status
+    line = refused(run, "'hostile_factory:make'")
+    assert "--allow-import hostile_factory" in line and run.code == 2
+    assert not marker.exists() and "Join" not in run.calls
+    run = run_worker(Scenario(spec=spec), tmp_path, "--max-batch", "16")  # built after Join: left again
+    refused(run, "--allow-import hostile_factory")
+    assert not marker.exists() and "Leave" in run.calls
+    run = run_worker(Scenario(spec=spec), tmp_path, "--allow-import", "hostile_factory")  # the worker's own choice
+    assert marker.exists() and run.code == 2, run.stderr
+
+
+def test_a_spec_with_wrong_field_types_is_refused_before_anything_runs(tmp_path: Path, marker: Path) -> None:
+    exec_spec = {**GOOD_SPEC, "dataset": "builtins:exec", "seed": f"open({str(marker)!r}, 'w')"}
+    run = run_worker(Scenario(spec=exec_spec), tmp_path, "--max-batch", "16")
+    refused(run, "seed must be int")
+    assert not marker.exists() and "Leave" in run.calls and run.code == 3
+    for wrong, needle in (({"workers": "4"}, "workers must be int"), ({"lr": "0.1"}, "lr must be float"),
+                          ({"model_options": [1]}, "model_options must be dict"), ({"nesterov": 1}, "nesterov must be bool")):
+        run = run_worker(Scenario(spec={**GOOD_SPEC, **wrong}), tmp_path)
+        refused(run, needle)
+
+
+@pytest.mark.parametrize(
+    ("scenario", "needle"),
+    [
+        (Scenario(join={"batch_size": 2**31 - 1}), "batch of 2147483647, outside [0, the global batch 16]"),
+        (Scenario(join={"batch_size": -5}), "batch of -5"),
+        (Scenario(pull={"batch_size": 12, "global_batch": 10**9}), "above this worker's --max-batch 8"),
+        (Scenario(pull={"num_values": NUMEL - 1}, values=[0.0] * (NUMEL - 1)), f"the layout expects {NUMEL}"),
+        (Scenario(values=[0.0] * (NUMEL - 1) + [float("nan")]), "NaN or Inf"),
+        (Scenario(pull={"lr": float("nan")}), "learning rate nan"),
+        (Scenario(join={"heartbeat_interval_s": 0.001}), "heartbeat interval 0.001 s"),
+    ],
+    ids=["huge-batch", "negative-batch", "batch-over-max", "short-reply", "nan-parameters", "nan-lr", "1ms-heartbeat"],
+)
+def test_numbers_beyond_the_workers_bounds_are_refused_and_the_worker_leaves(
+    tmp_path: Path, scenario: Scenario, needle: str
+) -> None:
+    run = run_worker(scenario, tmp_path, "--max-batch", "8")
+    refused(run, needle)
+    assert run.code == 3 and "Leave" in run.calls and "Push" not in run.calls
+
+
+class Listener:
+    """A stand-in shard server on another loopback address: counts the connections it gets and closes them."""
+
+    def __init__(self, host: str) -> None:
+        self.sock = socket.socket()
+        self.sock.bind((host, 0))
+        self.sock.listen(8)
+        self.address = f"{host}:{self.sock.getsockname()[1]}"
+        self.connections = 0
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            connection.close()
+
+    def close(self) -> None:
+        self.sock.shutdown(socket.SHUT_RDWR)
+        self.sock.close()
+
+
+def test_a_shard_on_a_host_other_than_the_servers_is_never_contacted_unless_allowed(tmp_path: Path) -> None:
+    listener = Listener("127.0.0.3")
+    try:
+        scenario = Scenario(shards=[(listener.address, 1000, NUMEL)])
+        run = run_worker(scenario, tmp_path, "--max-batch", "16")
+        refused(run, f"shard at {listener.address}, not on its own host 127.0.0.1")
+        assert "--allow-shard-host 127.0.0.3" in run.stderr and "Leave" in run.calls
+        assert listener.connections == 0
+        run_worker(scenario, tmp_path, "--max-batch", "16", "--allow-shard-host", "127.0.0.3")
+        assert listener.connections > 0  # allowed: the worker went there
+    finally:
+        listener.close()

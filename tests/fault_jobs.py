@@ -1,0 +1,47 @@
+"""The job, the workers' flags and the polling that the fault tests with real processes share: a
+server's status as a dict, and a wait that says what it waited for."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from tests.processes import Cluster
+from worker.client import PSClient, ServerError
+
+JOB = ["--mode", "bsp", "--workers", "4", "--model-arg", "hidden=256", "--dataset", "digits", "--global-batch", "128",
+       "--lr", "0.1", "--evict-after", "3", "--grace", "5"]
+NAMES = ["w0", "w1", "w2", "w3"]
+TARGET = 0.90
+
+
+def status(target: str) -> dict:
+    client = PSClient(target)
+    try:
+        s = client.status()
+        return {"round": s.round, "epoch": s.epoch, "done": s.done,
+                "workers": {w.name: w.batch_size for w in s.workers}}
+    finally:
+        client.close()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> float:
+    """Poll until predicate() holds; returns the time it took."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        try:
+            if predicate():
+                return time.monotonic() - start
+        except ServerError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+WORKER = ("--retry-for", "60", "--slowdown", "100")  # ~0.1 s steps: long enough to inject faults mid-run
+
+
+def wait_for_events(cluster: Cluster, kind: str, timeout: float = 60) -> list[dict]:
+    """The metrics log's `kind` events, once there is one."""
+    wait_for(lambda: bool(cluster.events(kind)), timeout, f"a {kind} event")
+    return cluster.events(kind)

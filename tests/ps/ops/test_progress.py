@@ -1,0 +1,122 @@
+"""Progress for a person: a bar (epoch, rounds, samples/s, accuracy, time left) when the output is a
+terminal, plain lines when it is a pipe, for ps-server and for ps-cluster run. Real processes, their
+output a pseudo terminal or a pipe."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.processes import ENV, Cluster
+from tests.emulator_jobs import TINY_JOB, write_profile
+
+SERVER_JOB = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--global-batch", "64", "--epochs", "3",
+              "--grace", "5"]
+
+
+def terminal() -> tuple[int, int]:
+    """A pseudo terminal (master, slave) of 30 rows by 120 columns, as a person's would be."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+    return master, slave
+
+
+def read_all(fd: int) -> str:
+    """Everything from a pty's master side until the other side is closed."""
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except OSError:  # EIO: every process holding the terminal has exited
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    return b"".join(chunks).decode(errors="replace")
+
+
+@pytest.mark.parametrize("terminal_output", [True, False], ids=["pty", "pipe"])
+def test_the_server_shows_a_bar_on_a_terminal_and_lines_in_a_pipe(tmp_path: Path, terminal_output: bool) -> None:
+    master, slave = terminal() if terminal_output else (None, None)
+    log = tmp_path / "server.log"
+    port_file, metrics = tmp_path / "port", tmp_path / "metrics.jsonl"
+    with open(log, "w") as out:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "ps.server", "--port", "0", "--port-file", str(port_file), "--metrics-log", str(metrics),
+             *SERVER_JOB],
+            stdout=out, stderr=slave if terminal_output else subprocess.PIPE, env=ENV,
+        )
+    if slave is not None:
+        os.close(slave)
+    workers: list[subprocess.Popen] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not (port_file.exists() and port_file.read_text().strip()):
+            assert server.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        cluster = Cluster(server, int(port_file.read_text()), metrics, tmp_path)
+        workers = [cluster.start_worker(name) for name in ("a", "b")]
+        if master is not None:
+            shown = read_all(master)
+        else:
+            assert server.stderr is not None
+            shown = server.stderr.read().decode()
+        assert server.wait(120) == 0, shown
+    finally:
+        if server.poll() is None:
+            server.kill()
+        for proc in workers:
+            proc.kill()
+            proc.wait()
+        if master is not None:
+            os.close(master)
+    if terminal_output:
+        assert "epoch 3/3 |" in shown and "rounds=" in shown and "samples/s=" in shown and "acc=0." in shown, shown
+        assert "\r" in shown and "epoch 1:" not in shown  # one bar redrawn in place, no epoch lines
+        assert "summary: " in shown
+    else:
+        assert "\r" not in shown and "epoch 3/3 |" not in shown and "rounds=" not in shown, repr(shown)
+        assert [line.split(":")[0] for line in shown.splitlines() if line.startswith("epoch") and "samples/s" in line] == [
+            "epoch 1", "epoch 2", "epoch 3"], shown
+        assert "summary: " in shown
+
+
+@pytest.mark.parametrize("terminal_output", [True, False], ids=["pty", "pipe"])
+def test_ps_cluster_run_shows_a_bar_on_a_terminal_and_lines_in_a_pipe(tmp_path: Path, terminal_output: bool) -> None:
+    profile = write_profile(tmp_path / "two.yaml", [1, 2])
+    argv = [sys.executable, "-m", "deploy.cli", "run", "--out", str(tmp_path / "out"), "--profile", str(profile),
+            "--limiter", "slowdown", *TINY_JOB, "--epochs", "3"]
+    if terminal_output:
+        master, slave = terminal()
+        proc = subprocess.Popen(argv, stdout=slave, stderr=subprocess.PIPE, env=ENV)
+        os.close(slave)
+        try:
+            shown = read_all(master)
+        finally:
+            os.close(master)
+    else:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=ENV)
+        assert proc.stdout is not None
+        shown = proc.stdout.read().decode()
+    try:
+        assert proc.wait(120) == 0, shown
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        assert proc.stderr is not None
+        proc.stderr.close()
+    if terminal_output:
+        assert "epoch 3/3 |" in shown and "rounds=" in shown and "samples/s=" in shown and "\r" in shown, shown
+        assert "epoch  1/3 |" not in shown  # the per-epoch table lines give way to the bar
+    else:
+        assert "\r" not in shown
+        assert [line[:10] for line in shown.splitlines() if line.startswith("epoch ")] == ["epoch  1/3", "epoch  2/3", "epoch  3/3"], shown

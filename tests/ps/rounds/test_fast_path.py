@@ -1,0 +1,396 @@
+"""The BSP collective fast path (`ps-server --allreduce`) against an in-process server: the rendezvous
+and ranks a join hands out, when --allreduce auto takes it, reports, snapshots and generations, and
+its flags."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+import torch
+from torch.distributed import TCPStore
+
+from protos import ps_pb2
+from ps.ops.metrics import read_metrics
+from ps.checkpoint import checkpoint_files, read_checkpoint
+from ps.rounds.rendezvous import fast_path_fits
+from ps.server import main as server_main
+from tests.hostile_peer import wait_until
+from tests.rpc_calls import SECRETS, TIMEOUT, expect_refused, header, join_all, push_chunks, rand
+from worker.client import PSClient
+from tests.fast_path_jobs import Code, TINY, call, report, report_round, snapshot_push
+
+
+# ------------------------------------------------------- protocol, in process
+def test_join_hands_out_the_rendezvous_and_ranks(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    joins = join_all(server, threads, {"a": 1.0, "b": 1.0})
+    port = server.coordinator.rendezvous.port
+    assert port > 0
+    assert sorted(j.rank for j in joins.values()) == [0, 1]
+    for j in joins.values():
+        assert (j.rendezvous_host, j.rendezvous_port, j.world_size, j.generation, j.backend) == ("127.0.0.1", port, 2, 1, "gloo")
+    assert '"allreduce": true' in joins["a"].job_json
+    h = server.stub().Pull(ps_pb2.PullRequest(worker_id=joins["a"].worker_id, secret=SECRETS[joins["a"].worker_id], header_only=True), timeout=TIMEOUT)
+    (only,) = list(h)
+    assert only.header.num_values == 0 and only.header.generation == 1
+
+
+def test_every_plan_names_the_worker_with_the_largest_batch_as_hub(ps_server, threads) -> None:
+    server = ps_server(*[a if a != "uniform" else "static" for a in TINY], "--workers", "3")
+    joins = join_all(server, threads, {"slow": 1.0, "fast": 3.0, "mid": 2.0})
+    plans = {}
+    for name, j in joins.items():
+        (only,) = list(server.stub().Pull(ps_pb2.PullRequest(worker_id=j.worker_id, secret=SECRETS[j.worker_id], header_only=True), timeout=TIMEOUT))
+        plans[name] = only.header
+    assert plans["fast"].batch_size > plans["mid"].batch_size > plans["slow"].batch_size
+    assert {p.hub_rank for p in plans.values()} == {joins["fast"].rank}
+
+
+def _join_on(stub, name: str, gpu: str | None) -> ps_pb2.JoinReply:
+    reply = stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0, cuda=gpu is not None, cuda_device=gpu or ""), timeout=TIMEOUT)
+    SECRETS[reply.worker_id] = reply.secret
+    return reply
+
+
+@pytest.mark.parametrize(
+    ("gpus", "backend", "why"),
+    [(("GPU-a", "GPU-b"), "nccl", ""), (("GPU-a", "GPU-a"), "gloo", "share GPU GPU-a"), (("GPU-a", None), "gloo", "no GPU")],
+)
+def test_join_plans_nccl_only_for_workers_on_distinct_gpus(
+    ps_server, threads, gpus: tuple[str | None, ...], backend: str, why: str
+) -> None:
+    server = ps_server(*TINY)
+    futures = [threads.submit(_join_on, server.stub(), f"w{i}", gpu) for i, gpu in enumerate(gpus)]
+    assert {f.result(TIMEOUT).backend for f in futures} == {backend}
+    group = server.coordinator.rendezvous.group
+    assert (group.generation, group.backend) == (1, backend) and why in group.why and bool(group.why) == bool(why)
+
+
+# --allreduce auto (the default): the fast path when the starting workers all have GPUs of their own
+AUTO = [a for a in TINY if a != "--allreduce"]
+
+
+def _path_events(path: Path) -> list[dict]:
+    return [e for e in read_metrics(path) if e["event"] == "path"]
+
+
+def test_fast_path_fits_only_workers_on_gpus_of_their_own() -> None:
+    assert fast_path_fits(["a", "b"], {"a": "GPU-1", "b": "GPU-2"}) == (True, "every worker computes on a GPU of its own")
+    assert fast_path_fits(["a"], {"a": ""}) == (True, "every worker computes on a GPU of its own")  # UUID unknown
+    assert fast_path_fits(["a", "b"], {"a": None, "b": None}) == (False, "no worker has a GPU")
+    assert fast_path_fits(["a", "b"], {"a": "GPU-1", "b": None}) == (False, "1 of 2 workers have no GPU")
+    assert fast_path_fits(["a", "b"], {"a": "GPU-1", "b": "GPU-1"}) == (False, "a and b share GPU GPU-1")
+
+
+def test_auto_takes_the_fast_path_when_every_worker_has_its_own_gpu(ps_server, threads, tmp_path: Path) -> None:
+    log = tmp_path / "metrics.jsonl"
+    server = ps_server(*AUTO, "--metrics-log", str(log))
+    core = server.coordinator
+    assert core.may_take_fast_path and core.rendezvous is None and not core.spec.allreduce
+    assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "auto"  # not chosen yet
+    futures = {name: threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in (("a", "GPU-a"), ("b", "GPU-b"))}
+    joins = {name: f.result(TIMEOUT) for name, f in futures.items()}
+    port = core.rendezvous.port
+    for j in joins.values():
+        assert '"allreduce": true' in j.job_json and '"balance": "compute"' in j.job_json
+        assert (j.rendezvous_port, j.world_size, j.generation, j.backend) == (port, 2, 1, "nccl")
+    assert not core.may_take_fast_path
+    assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "allreduce"
+    (path,) = _path_events(log)
+    assert (path["allreduce"], path["why"], path["balance"]) == (True, "every worker computes on a GPU of its own", "compute")
+    ids = {n: j.worker_id for n, j in joins.items()}
+    grad = rand(core.layout.numel, seed=1)
+    expect_refused(server, lambda: list(server.stub().Push(iter(push_chunks(header(ids["a"], grad), grad)), timeout=TIMEOUT)),
+                   Code.INVALID_ARGUMENT, "collective fast path (--allreduce)")
+    theta0 = server.call(lambda: core.store.flat.clone())
+    assert {h.round for h in report_round(server.stub, threads, ids, 0).values()} == {1}  # rounds close on reports
+    assert torch.equal(server.call(lambda: core.store.flat.clone()), theta0)
+    assert server.call(lambda: core.summary()["allreduce"]) is True
+
+
+@pytest.mark.parametrize(
+    ("extra", "gpus", "why"),
+    [
+        ([], ("GPU-a", None), "1 of 2 workers have no GPU"),
+        ([], ("GPU-a", "GPU-a"), "share GPU GPU-a"),
+        ([], (None, None), "no worker has a GPU"),
+        (["--allreduce", "off"], ("GPU-a", "GPU-b"), None),  # no choice made: no path event
+        (["--balance", "busy"], ("GPU-a", "GPU-b"), None),  # busy time is a PS-path time
+        (["--balance", "cycle"], ("GPU-a", "GPU-b"), None),
+    ],
+)
+def test_auto_stays_on_the_ps_path_otherwise(
+    ps_server, threads, tmp_path: Path, extra: list[str], gpus: tuple[str | None, ...], why: str | None
+) -> None:
+    log = tmp_path / "metrics.jsonl"
+    server = ps_server(*AUTO, *extra, "--metrics-log", str(log))
+    core = server.coordinator
+    futures = {name: threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in zip("ab", gpus)}
+    joins = {name: f.result(TIMEOUT) for name, f in futures.items()}
+    for j in joins.values():
+        assert '"allreduce": false' in j.job_json and (j.rendezvous_port, j.world_size) == (0, 0)
+    assert core.rendezvous is None and not core.may_take_fast_path
+    assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "ps"
+    events = _path_events(log)
+    if why is None:
+        assert events == []
+    else:
+        (path,) = events
+        assert (path["allreduce"], path["balance"]) == (False, "busy") and why in path["why"], path
+    grad = rand(core.layout.numel, seed=1)  # a PS-path push is taken
+    ids = {n: j.worker_id for n, j in joins.items()}
+    expect_refused(server, lambda: list(server.stub().Push(iter(report(ids["a"], 0)), timeout=TIMEOUT)),
+                   Code.INVALID_ARGUMENT, "a report push is for --allreduce jobs")
+    futures = {n: threads.submit(lambda w=w: list(server.stub().Push(iter(push_chunks(header(w, grad, batch_size=16), grad)),
+                                                                     timeout=TIMEOUT))) for n, w in ids.items()}
+    assert all(f.result(TIMEOUT)[0].header.round == 1 for f in futures.values())
+
+
+def test_auto_stays_on_the_ps_path_when_the_rendezvous_cannot_start(ps_server, threads, tmp_path: Path) -> None:
+    taken = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    log = tmp_path / "metrics.jsonl"
+    server = ps_server(*AUTO, "--rendezvous-port", str(taken.port), "--metrics-log", str(log))
+    futures = [threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in (("a", "GPU-a"), ("b", "GPU-b"))]
+    assert all('"allreduce": false' in f.result(TIMEOUT).job_json for f in futures)
+    (path,) = _path_events(log)
+    assert not path["allreduce"] and path["why"].startswith("every worker computes on a GPU of its own, but cannot host "
+                                                             f"the rendezvous store on 127.0.0.1:{taken.port}")
+
+
+def test_a_malformed_gpu_uuid_is_refused_and_changes_nothing(ps_server) -> None:
+    server = ps_server(*TINY)
+    for bad in ("G" * 129, "GPU-1\n"):
+        with pytest.raises(grpc.RpcError) as info:
+            _join_on(server.stub(), "w0", bad)
+        assert info.value.code() == Code.INVALID_ARGUMENT and "GPU UUID" in info.value.details()
+    # declarations live on members (Member.cuda_device): none was admitted, active or pending
+    assert not server.coordinator.membership.pending and not server.coordinator.members
+
+
+def test_pushes_of_the_wrong_kind_are_refused_without_a_trace(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    stub, numel = server.stub(), server.coordinator.layout.numel
+    grad = rand(numel, seed=1)
+    rank1 = next(w for w in ids.values() if server.coordinator.rendezvous.rank(w) == 1)
+    rank0 = next(w for w in ids.values() if w != rank1)
+    cases = [
+        (push_chunks(header(ids["a"], grad), grad), Code.INVALID_ARGUMENT, "collective fast path (--allreduce)"),
+        (push_chunks(header(ids["a"], 4, kind=ps_pb2.PUSH_REPORT), torch.ones(4)), Code.INVALID_ARGUMENT,
+         "a report carries no values (num_values 0), got 4"),
+        (report(ids["a"], round=1), Code.FAILED_PRECONDITION, "round 1 is not open"),
+        (report(ids["a"], round=0, batch=0), Code.INVALID_ARGUMENT, "batch size must be > 0"),
+        (report(ids["a"], round=0, generation=2), Code.INVALID_ARGUMENT, "a report's generation must be in [0, 1]"),
+        (report(ids["a"], round=0, generation=-1), Code.INVALID_ARGUMENT, "a report's generation must be in [0, 1]"),
+        (snapshot_push(rank1, grad, 0), Code.FAILED_PRECONDITION, "only rank 0 sends snapshots", "rank 1 of generation 1"),
+        (snapshot_push(rank0, grad, 0), Code.FAILED_PRECONDITION, "no snapshot was requested"),
+        (push_chunks(header(ids["a"], grad, kind=7), grad), Code.INVALID_ARGUMENT, "push kind must be one of"),
+    ]
+    for chunks, code, *fragments in cases:
+        expect_refused(server, lambda chunks=chunks: list(stub.Push(iter(chunks), timeout=TIMEOUT)), code, *fragments)
+    assert server.call(lambda: (server.coordinator.bsp.round_batch, server.coordinator.whole_model.snapshot_requested)) == (0, False)
+
+
+def test_reports_in_a_ps_job_are_refused(ps_server, threads) -> None:
+    server = ps_server("--global-batch", "32")
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    stub = server.stub()
+    expect_refused(server, lambda: list(stub.Push(iter(report(ids["a"], 0)), timeout=TIMEOUT)), Code.INVALID_ARGUMENT,
+                   "a report push is for --allreduce jobs")
+
+
+def test_rounds_close_on_reports_and_rank0_snapshots_at_epoch_end(ps_server, threads, tmp_path: Path) -> None:
+    server = ps_server(*TINY, "--checkpoint-dir", str(tmp_path))
+    core = server.coordinator
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    theta0 = server.call(lambda: core.store.flat.clone())
+    first = report_round(server.stub, threads, ids, 0)
+    assert {(h.round, h.epoch, h.generation, h.snapshot_requested) for h in first.values()} == {(1, 0, 1, False)}
+    assert torch.equal(server.call(lambda: core.store.flat.clone()), theta0)  # no gradient applied on the server
+    second = report_round(server.stub, threads, ids, 1)  # 64 samples: epoch 1 ends
+    rank0 = next(n for n, w in ids.items() if core.rendezvous.rank(w) == 0)
+    assert {n: h.snapshot_requested for n, h in second.items()} == {n: n == rank0 for n in ids}
+    assert all(h.round == 2 and h.epoch == 1 for h in second.values())
+    assert core.evaluation.results == [] and not list(tmp_path.glob("ckpt-*"))  # both wait for the snapshot
+    params = theta0 + rand(theta0.numel(), seed=3)
+    h = call(server.stub(), snapshot_push(ids[rank0], params, 2))
+    assert not h.snapshot_requested and h.round == 2
+    assert torch.equal(server.call(lambda: core.store.flat.clone()), params)
+    server.job.checkpointer.flush()
+    (ckpt,) = checkpoint_files(tmp_path)
+    assert torch.equal(read_checkpoint(ckpt)["params"], params) and read_checkpoint(ckpt)["round"] == 2
+    deadline = time.monotonic() + TIMEOUT
+    while not core.evaluation.results and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert [e[0] for e in core.evaluation.results] == [1]
+
+
+def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_server, threads) -> None:
+    """Rank 0's snapshot is the parameters, then the momentum buffer (common.params.flat_state); the server keeps
+    both (what its checkpoints hold) and hands the momentum to a worker that asks (after a resume).
+    A snapshot of another size, or a non-finite state, is refused and changes nothing."""
+    server = ps_server(*TINY, "--momentum", "0.9")
+    core = server.coordinator
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    client = PSClient(server.target)
+    for worker_id in ids.values():
+        client.use_secret(worker_id, SECRETS[worker_id])
+    try:
+        assert client.pull_optimizer_state(ids["a"], core.store.numel) is None  # not stepped yet
+        report_round(server.stub, threads, ids, 0)
+        second = report_round(server.stub, threads, ids, 1)
+        rank0 = next(n for n, h in second.items() if h.snapshot_requested)
+        n = server.call(lambda: core.store.numel)
+        params, momentum = rand(n, seed=4), rand(n, seed=5)
+        nan_state = torch.cat([params, momentum])
+        nan_state[n + 7] = float("nan")
+        stub = server.stub()
+        for values, needle in [
+            (torch.cat([params, momentum[:-1]]), f"a snapshot has {2 * n - 1} values; the layout expects {n} or {2 * n}"),
+            (nan_state, "NaN or Inf"),
+        ]:
+            chunks = snapshot_push(ids[rank0], values, 2)
+            expect_refused(server, lambda c=chunks: list(stub.Push(iter(c), timeout=TIMEOUT)), Code.INVALID_ARGUMENT, needle)
+        call(stub, snapshot_push(ids[rank0], torch.cat([params, momentum]), 2))
+        state = server.call(lambda: core.store.optimizer_state())
+        assert torch.equal(state["state"][0]["momentum_buffer"], momentum) and state["param_groups"][0]["momentum"] == 0.9
+        assert torch.equal(server.call(lambda: core.store.flat.clone()), params)
+        assert torch.equal(client.pull_optimizer_state(ids["b"], n), momentum)
+        flags = [m.header.optimizer_state for m in (
+            next(iter(stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], secret=SECRETS[ids["b"]], **extra), timeout=TIMEOUT)))
+            for extra in ({"optimizer_state": True}, {}))]
+        assert flags == [True, False]  # the reply says what its payload is
+        report_round(server.stub, threads, ids, 2)
+        fourth = report_round(server.stub, threads, ids, 3)  # epoch 2 ends: the job's last snapshot
+        rank0 = next(n for n, h in fourth.items() if h.snapshot_requested)
+        call(stub, snapshot_push(ids[rank0], params, 4))  # parameters alone: an optimizer without state
+        assert server.call(lambda: core.store.optimizer_state())["state"] == {}
+    finally:
+        client.close()
+
+
+def test_a_server_without_optimizer_state_pulls_leaves_the_momentum_at_zero(tmp_path: Path) -> None:
+    """A server that predates `PullRequest.optimizer_state` ignores the field and sends parameters,
+    without the reply's `optimizer_state` flag: the worker must not load them as its momentum."""
+    def old_pull(request: bytes, context: grpc.ServicerContext):
+        yield ps_pb2.ParamsChunk(header=ps_pb2.ParamsHeader(num_values=4, wire_dtype="float32")).SerializeToString()
+        yield ps_pb2.ParamsChunk(seq=1, data=torch.ones(4).numpy().tobytes()).SerializeToString()
+
+    handler = grpc.method_handlers_generic_handler(
+        "hetero_ps.ParameterServer", {"Pull": grpc.unary_stream_rpc_method_handler(old_pull)})
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=2), handlers=[handler])
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    client = PSClient(f"127.0.0.1:{port}")
+    try:
+        assert client.pull_optimizer_state("w-0", 4) is None
+    finally:
+        client.close()
+        server.stop(None)
+
+
+def report_then_leave(server, threads, ids: dict[str, str], reporter: str, leaver: str) -> ps_pb2.ParamsHeader:
+    """`reporter` reports round 0 and waits; once the server has it, `leaver` leaves; the report's reply."""
+    pending = threads.submit(call, server.stub(), report(ids[reporter], 0))
+    wait_until(lambda: server.call(lambda: server.coordinator.bsp.round_batch) > 0, f"{reporter}'s report")
+    server.stub().Leave(ps_pb2.LeaveRequest(worker_id=ids[leaver], secret=SECRETS[ids[leaver]]), timeout=TIMEOUT)
+    return pending.result(TIMEOUT)
+
+
+def test_a_report_carries_the_batch_told_for_its_round_or_the_one_before(ps_server, threads) -> None:
+    """The fast path's worker draws its batch before it reads its previous report's reply, so a report
+    for round r may carry what it was told for r or r - 1, and nothing else. c leaves after round 0:
+    the re-split (24 each) reaches a and b in round 1's replies, after they drew round 1's batches of 16."""
+    server = ps_server(*TINY, "--workers", "3", "--global-batch", "48", "--epochs", "50")
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
+    assert {h.batch_size for h in report_round(server.stub, threads, ids, 0).values()} == {16}
+    stub = server.stub()
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"], secret=SECRETS[ids["c"]]), timeout=TIMEOUT)
+    del ids["c"]
+    expect_refused(server, lambda: call(stub, report(ids["a"], 1, batch=24)), Code.FAILED_PRECONDITION,
+                   "batch size 24 is not what this server planned for worker a at round 1 (told: 16)")
+    first = {n: threads.submit(call, server.stub(), report(w, 1, batch=16)) for n, w in ids.items()}
+    assert {f.result(TIMEOUT).batch_size for f in first.values()} == {24}  # told for round 2
+    for batch in (20, 32):
+        expect_refused(server, lambda batch=batch: call(stub, report(ids["a"], 2, batch=batch)), Code.FAILED_PRECONDITION,
+                       f"batch size {batch} is not what this server planned", "told: 16, 24")
+    lagged = {n: threads.submit(call, server.stub(), report(w, 2, batch=16)) for n, w in ids.items()}  # drawn before
+    assert {f.result(TIMEOUT).round for f in lagged.values()} == {3}
+    expect_refused(server, lambda: call(stub, report(ids["a"], 3, batch=16)), Code.FAILED_PRECONDITION, "told: 24")
+
+
+def test_leave_starts_a_new_generation(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
+    h = report_then_leave(server, threads, ids, "a", "b")  # the round closed with a alone
+    assert (h.round, h.generation, h.rank, h.world_size, h.batch_size, h.global_batch) == (1, 2, 0, 1, 32, 32)
+
+
+def test_a_leave_after_a_report_closes_the_round_without_the_others(ps_server, threads, tmp_path: Path) -> None:
+    """a's report says the group's all-reduce of round 0 succeeded. When c leaves, b may be the rank
+    whose all-reduce failed part way (c gone before the hub's send to b): it waits for the next
+    generation and would wait there for a, which waits for b's report. The round closes instead; b
+    forms the next generation at round 1, and a report of round 0 that b still sends is refused."""
+    server = ps_server(*TINY, "--workers", "3", "--global-batch", "48", "--metrics-log", str(tmp_path / "metrics.jsonl"))  # 16 each
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
+    h = report_then_leave(server, threads, ids, "a", "c")
+    stub = server.stub()
+    assert (h.round, h.generation, h.world_size) == (1, 2, 2)
+    (b_plan,) = stub.Pull(ps_pb2.PullRequest(worker_id=ids["b"], secret=SECRETS[ids["b"]], header_only=True), timeout=TIMEOUT)
+    assert (b_plan.header.round, b_plan.header.generation, {h.rank, b_plan.header.rank}) == (1, 2, {0, 1})
+    expect_refused(server, lambda: call(stub, report(ids["b"], 0)), Code.FAILED_PRECONDITION, "round 0 is not open")
+    assert server.call(lambda: server.coordinator.samples) == 16  # a's step, counted once
+    (closed,) = [e for e in read_metrics(tmp_path / "metrics.jsonl") if e["event"] == "close_without"]
+    assert (closed["round"], closed["workers"]) == (0, ["b"])
+
+
+def test_a_report_from_a_replaced_generation_closes_the_round(ps_server, threads, tmp_path: Path) -> None:
+    """The same failure with the leave first (seen in CI: the leaver's Leave beat a's report): c
+    leaves, then a reports round 0 from generation 1, whose all-reduce gave it the sum. Generation 2
+    exists by then, and b (without the sum) waits there for a, so a's report closes the round at once.
+    A report from the current generation still waits for everyone."""
+    server = ps_server(*TINY, "--workers", "3", "--global-batch", "48", "--metrics-log", str(tmp_path / "metrics.jsonl"))  # 16 each
+    ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0, "c": 1.0}).items()}
+    stub = server.stub()
+    stub.Leave(ps_pb2.LeaveRequest(worker_id=ids["c"], secret=SECRETS[ids["c"]]), timeout=TIMEOUT)
+    h = call(stub, report(ids["a"], 0, generation=1))
+    assert (h.round, h.generation, h.world_size) == (1, 2, 2)
+    expect_refused(server, lambda: call(stub, report(ids["b"], 0, generation=2)), Code.FAILED_PRECONDITION,
+                   "round 0 is not open")
+    (closed,) = [e for e in read_metrics(tmp_path / "metrics.jsonl") if e["event"] == "close_without"]
+    assert (closed["round"], closed["workers"]) == (0, ["b"])
+    pending = threads.submit(call, server.stub(), report(ids["a"], 1, generation=2))
+    time.sleep(0.3)
+    assert not pending.done()  # the current generation's report waits for b's
+    h = call(stub, report(ids["b"], 1, generation=2))
+    assert h.round == pending.result(TIMEOUT).round == 2
+
+
+# ------------------------------------------------------------- the command line
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--mode", "asp", "--allreduce"], "--allreduce is the BSP collective fast path; it cannot run with --mode asp"),
+        (["--allreduce", "off", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
+        (["--mode", "asp", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
+        (["--allreduce", "--rendezvous-port", "70000"], "argument --rendezvous-port: expected a port in 0-65535, got '70000'"),
+        (["--rendezvous-port", "70000"], "argument --rendezvous-port: expected a port in 0-65535, got '70000'"),
+        (["--allreduce", "off", "--allreduce-algorithm", "hub"], "--allreduce-algorithm needs --allreduce (on, or auto"),
+        # auto cannot take the fast path where busy time or the cycle is asked for, or with shards
+        (["--balance", "busy", "--allreduce-algorithm", "hub"], "--allreduce-algorithm needs --allreduce (on, or auto"),
+        (["--shards", "2", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
+        (["--mode", "asp", "--allreduce", "on"], "--allreduce is the BSP collective fast path"),
+    ],
+)
+def test_bad_allreduce_flags_are_refused(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
+    try:
+        code = server_main(["--port", "0", "--quiet", *args])
+    except SystemExit as exit_:  # argparse's own type checks exit with its usage line
+        code = exit_.code
+    assert code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("usage:")]
+    assert err and err[-1].startswith(f"ps-server: error: {needle}"), err
