@@ -68,8 +68,10 @@ class RandomCropFlip:
 class ImageFiles(TorchDataset):
     """Labelled image files, decoded as they are read."""
 
-    def __init__(self, files: list[tuple[str, int]], mode: str, size: int, on_corrupt: str) -> None:
+    def __init__(self, files: list[tuple[str, int]], mode: str, size: int, on_corrupt: str,
+                 scale: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         self.files, self.mode, self.size, self.on_corrupt = files, mode, size, on_corrupt
+        self.scale = scale  # per-channel (mean, std) that every image is standardized with (None: [0, 1])
         self._skipped: set[str] = set()
 
     def __len__(self) -> int:
@@ -79,7 +81,8 @@ class ImageFiles(TorchDataset):
         for step in range(len(self.files)):
             path, label = self.files[(index + step) % len(self.files)]
             try:
-                return decode_image(path, self.mode, self.size), label
+                image = decode_image(path, self.mode, self.size)
+                return (image if self.scale is None else (image - self.scale[0]) / self.scale[1]), label
             except CorruptSample as exc:
                 if self.on_corrupt == "stop":
                     raise
@@ -119,13 +122,17 @@ def image_folder(
     padding: int = 4,
     flip: bool = True,
     on_corrupt: str = "stop",
+    normalize: bool = True,
 ) -> Splits:
     """Images in `root`, one subfolder per class (`root/CLASS/*.png|jpg`). With `root/train` and
     `root/test` (as `ps-cluster make-data` writes) those are the splits, else `test_fraction` of the
     files, drawn with `seed`, is the test split. Every image is converted to the first one's mode
     (grey: 1 channel, else RGB) and, with `image_size` > 0, resized to that square (else all must
-    have the first one's size). Training samples get a random crop (zero padding `padding`) and,
-    with `flip`, a random horizontal flip; test samples are read as they are."""
+    have the first one's size). With `normalize`, every image is standardized per channel by the
+    mean and spread of up to NORMALIZE_SAMPLE training images drawn with `seed` (every process
+    draws the same), as a model trained on in-memory data sees it. Training samples get a random
+    crop (zero padding `padding`) and, with `flip`, a random horizontal flip; test samples are read
+    as they are."""
     if not root:
         raise ValueError("give the folder: --dataset-arg root=PATH")
     if on_corrupt not in ON_CORRUPT:
@@ -160,10 +167,25 @@ def image_folder(
             mode = "L" if image.mode in ("L", "1", "I;16", "I") else "RGB"
     except OSError as exc:
         raise ValueError(f"cannot decode image {first}: {exc}") from exc
-    train_set = ImageFiles(train, mode, image_size, on_corrupt)
+    scale = channel_scale(ImageFiles(train, mode, image_size, "skip"), seed) if normalize else None
+    train_set = ImageFiles(train, mode, image_size, on_corrupt, scale)
     augment = RandomCropFlip(padding, bool(flip)) if padding or flip else None
-    return Splits(train_set, ImageFiles(test, mode, image_size, on_corrupt), num_classes=len(names),
+    return Splits(train_set, ImageFiles(test, mode, image_size, on_corrupt, scale), num_classes=len(names),
                   train_transform=augment)
+
+
+NORMALIZE_SAMPLE = 256
+
+
+def channel_scale(images: ImageFiles, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel mean and standard deviation (C x 1 x 1 each) of up to NORMALIZE_SAMPLE of `images`,
+    drawn with `seed` (a corrupt file is passed over here: reading it in training stops or skips it as
+    `on_corrupt` says); a channel without spread keeps a deviation of 1."""
+    picks = np.random.default_rng(seed).permutation(len(images))[:NORMALIZE_SAMPLE]
+    stack = torch.stack([images[int(i)][0] for i in sorted(picks)])
+    mean = stack.mean(dim=(0, 2, 3)).view(-1, 1, 1)
+    std = stack.std(dim=(0, 2, 3)).view(-1, 1, 1)
+    return mean, torch.where(std > 1e-6, std, torch.ones_like(std))
 
 
 class ArrayRows(TorchDataset):

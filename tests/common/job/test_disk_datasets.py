@@ -18,13 +18,18 @@ from tests.data_files import write_folder
 
 def test_image_folder_decodes_the_files_and_augments_only_training(tmp_path: Path) -> None:
     root = write_folder(tmp_path / "images")
-    data = build_dataset("image_folder", {"root": str(root), "padding": 0, "flip": False}, seed=0)
+    data = build_dataset("image_folder", {"root": str(root), "padding": 0, "flip": False, "normalize": False}, seed=0)
     assert (len(data.train), len(data.test), data.num_classes, data.input_shape) == (24, 6, 3, (3, 8, 8))
     x, y = data.test[0]
     path, label = data.test.files[0]
     expected = torch.from_numpy(np.array(Image.open(path).convert("RGB"))).permute(2, 0, 1).float() / 255
     assert torch.equal(x, expected) and y == label
-    augmented = build_dataset("image_folder", {"root": str(root)}, seed=0)
+    standard = build_dataset("image_folder", {"root": str(root), "padding": 0, "flip": False}, seed=0)
+    every = torch.stack([standard.train[i][0] for i in range(len(standard.train))])
+    assert every.mean(dim=(0, 2, 3)).abs().max() < 1e-4 and (every.std(dim=(0, 2, 3)) - 1).abs().max() < 1e-2
+    mean, std = standard.test.scale
+    assert torch.allclose(standard.test[0][0], (expected - mean) / std)  # the training split's scale
+    augmented = build_dataset("image_folder", {"root": str(root), "normalize": False}, seed=0)
     draws = {tuple(augmented.train[0][0].flatten().tolist()) for _ in range(20)}
     assert len(draws) > 1  # a random crop and flip each time the sample is read (each epoch)
     assert torch.equal(augmented.test[0][0], data.test[0][0])  # test samples as they are
