@@ -199,6 +199,8 @@ class JobSpec:
         unknown = set(data) - known
         if unknown:
             raise ValueError(f"unknown job spec fields: {sorted(unknown)}")
+        # a spec that names no sampling comes from a server that hands out no slices: each worker samples
+        data.setdefault("sampling", "independent")
         milestones = data.get("lr_milestones", [])
         if not isinstance(milestones, list):
             raise ValueError(f"lr_milestones must be a list of epochs, got {milestones!r:.60}")

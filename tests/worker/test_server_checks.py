@@ -72,7 +72,7 @@ def test_replies_heartbeats_and_shards() -> None:
     checks.reply_length(10, 10)
     with pytest.raises(checks.UntrustedReply, match="carries 9 values, not the 10"):
         checks.reply_length(9, 10)
-    with pytest.raises(checks.UntrustedReply, match="NaN or infinity"):
+    with pytest.raises(checks.UntrustedReply, match="NaN or Inf"):
         checks.finite_values(torch.tensor([0.0, float("inf")]))
     assert checks.heartbeat_interval(0.25) == 0.25
     for seconds in (0.001, 0.0, float("nan"), 1e9):
