@@ -124,5 +124,7 @@ def test_on_the_allreduce_fast_path_the_reports_carry_the_norms(tmp_path: Path) 
     assert summary["allreduce"] is True and summary["reason"] == "finished"
     batches = check_b_and_splits(cluster, 64)
     decisions = cluster.events("adapt")
-    assert len(decisions) >= 2 and all(d["rounds"] == d["step"] for d in decisions), decisions  # every round's reports
+    # every round's reports carry the norms; a round a deadline closed without a member's report has none
+    short = len(cluster.events("short_round"))
+    assert len(decisions) >= 2 and all(d["step"] - short <= d["rounds"] <= d["step"] for d in decisions), decisions
     assert len(set(batches)) > 1, batches

@@ -163,7 +163,7 @@ class HostileMachine(RuleBasedStateMachine):
         if v.done:
             return {PRECONDITION}
         codes = set()
-        if not name or len(name) > MAX_NAME:
+        if not name or len(name) > MAX_NAME or not name.isprintable():
             codes.add(INVALID)
         if not (math.isfinite(cores) and 0 < cores <= MAX_CORES):
             codes.add(INVALID)
