@@ -44,10 +44,12 @@ def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, A
     }
 
 
-RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce", "overlap": "--no-overlap"}
+RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce", "overlap": "--no-overlap",
+                    "sampling": "--sampling"}
 """The job's fields a resume may change, with their flags: how long it runs (a job may be extended),
-and neither the transport (the fast path or not) nor what the batch policy balances, which are no part
-of the job's math. Every other field differs only in another job."""
+and neither the transport (the fast path or not), what the batch policy balances, nor who draws the
+samples (a checkpoint that names no sampling was sampled independently), which are no part of the
+job's math. Every other field differs only in another job."""
 
 
 def resume_changes(checkpoint: dict[str, Any], spec: JobSpec) -> dict[str, tuple[Any, Any]]:
