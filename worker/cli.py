@@ -7,6 +7,7 @@ Every setting can also come from an environment variable (:data:`ENVIRONMENT`, e
 from __future__ import annotations
 
 import argparse
+import math
 import logging
 import os
 import signal
@@ -63,9 +64,10 @@ repeatable flag's variable holds a comma-separated list)."""
 
 def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
     """The built-in loop: cross-entropy on the job's data, one push per step (accumulated over the
-    job's micro-batches, if it has them)."""
+    job's micro-batches, if it has them). A progress line after the first step, then every
+    ``log_every`` seconds."""
     model = session.model
-    last_log = time.monotonic()
+    last_log = -math.inf
     for x, y in session.batches():
         loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
         stall_while_asked(session.name)  # a test hook: no effect unless $PS_WORKER_STALL_DIR is set

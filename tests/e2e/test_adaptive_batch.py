@@ -14,7 +14,7 @@ from ps.control.global_batch.goodput import lr_factor
 from ps.checkpoint import read_checkpoint
 from tests.cli_checks import server_refuses
 from tests.processes import Cluster, start_server
-from worker.client import PSClient
+from worker.client import PSClient, ServerError
 
 JOB = ["--workers", "3", "--dataset", "teacher", "--dataset-arg", "size=6144", "--model-arg", "hidden=64",
        "--global-batch", "64", "--lr", "0.05", "--momentum", "0.9", "--controller", "dynamic",
@@ -34,9 +34,12 @@ def run(workdir: Path, args: list[str], watch: bool = False) -> tuple[Cluster, d
             client = PSClient(cluster.target)
             try:
                 deadline = time.monotonic() + 120
-                while time.monotonic() < deadline and seen is None:
-                    s = client.status()
-                    if s.noise_scale > 0 and s.round > 40:
+                while time.monotonic() < deadline and seen is None and cluster.server.poll() is None:
+                    try:
+                        s = client.status()
+                    except ServerError:  # the job may end between the poll and the call
+                        break
+                    if s.noise_scale > 0 and s.round > 20:
                         seen = {"mode": s.adaptive_batch, "phi": s.noise_scale, "efficiency": s.efficiency,
                                 "lr": s.lr, "global_batch": s.global_batch,
                                 "plan": sum(w.batch_size for w in s.workers)}

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from protos import ps_pb2, ps_pb2_grpc
 from common.transport.security import bearer
 from tests.processes import ENV, start_server
+from worker.stall_hook import STALL_DIR_ENV
 from tests.metrics_scrape import scrape, value
 
 SERVER = "hetero_ps.ParameterServer"
@@ -107,10 +108,22 @@ def channels() -> Iterator[Callable[[str], grpc.Channel]]:
         channel.close()
 
 
-def test_server_health_without_token_reflection_with_it_and_not_serving_while_it_drains(tmp_path: Path, channels) -> None:
+def stalled(stub: ps_pb2_grpc.ParameterServerStub, token: tuple) -> bool:
+    """No round closed for a second: the only worker is held (BSP waits for its push)."""
+    before = stub.Status(ps_pb2.StatusRequest(), metadata=token, timeout=TIMEOUT).round
+    time.sleep(1.0)
+    return stub.Status(ps_pb2.StatusRequest(), metadata=token, timeout=TIMEOUT).round == before
+
+
+def test_server_health_without_token_reflection_with_it_and_not_serving_while_it_drains(
+    tmp_path: Path, channels, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """ps-server with --token: probes need no token, reflection and the service do. SERVING once it
     listens; on SIGTERM NOT_SERVING at once, while it waits --grace for a (stopped) worker to hear of
     the end, and after."""
+    stall = tmp_path / "stall"
+    stall.mkdir()
+    monkeypatch.setitem(ENV, STALL_DIR_ENV, str(stall))
     cluster = start_server(tmp_path, [*JOB, "--epochs", "50", "--token", TOKEN, "--grace", "30"])
     watcher = None
     try:
@@ -136,7 +149,12 @@ def test_server_health_without_token_reflection_with_it_and_not_serving_while_it
 
         worker = cluster.start_worker("w0", "--token", TOKEN)
         wait_for(lambda: stub.Status(ps_pb2.StatusRequest(), metadata=token, timeout=TIMEOUT).round >= 2, "two rounds")
-        worker.send_signal(signal.SIGSTOP)  # it cannot hear of the end: the server drains for --grace
+        # held before its next push (no push of its may be in flight to carry the end), then stopped
+        # (nor a heartbeat): it cannot hear of the end, and the server drains for --grace
+        (stall / "w0").touch()
+        wait_for(lambda: stalled(stub, token), "the worker to hold")
+        worker.send_signal(signal.SIGSTOP)
+        (stall / "w0").unlink()
         cluster.server.send_signal(signal.SIGTERM)
         watcher.until(NOT_SERVING)
         assert check(channel, "") == NOT_SERVING and check(channel, SERVER) == NOT_SERVING
