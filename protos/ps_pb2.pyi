@@ -159,7 +159,7 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ..., offset: _Optional[int] = ..., end: _Optional[_Union[PushEnd, _Mapping]] = ...) -> None: ...
 
 class ParamsHeader(_message.Message):
-    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state", "slice")
+    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state", "slice", "next_slice")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class ParamsHeader(_message.Message):
     HUB_RANK_FIELD_NUMBER: _ClassVar[int]
     OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_SLICE_FIELD_NUMBER: _ClassVar[int]
     round: int
     version: int
     epoch: int
@@ -196,7 +197,8 @@ class ParamsHeader(_message.Message):
     hub_rank: int
     optimizer_state: bool
     slice: _containers.RepeatedCompositeFieldContainer[SliceRange]
-    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ..., slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ...) -> None: ...
+    next_slice: _containers.RepeatedCompositeFieldContainer[SliceRange]
+    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ..., slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ..., next_slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ...) -> None: ...
 
 class SliceRange(_message.Message):
     __slots__ = ("epoch", "offset", "count")

@@ -224,11 +224,12 @@ class Batches:
         while len(loader.pending) < 1 + max(self.options.prefetch, loader.ahead) and self.source.ready():
             loader.submit(self.source.draw(batch_size))
 
-    def renew(self, batch_size: int) -> None:
-        """The source's next indices changed (worker.slices.SliceSource: a new slice from the server):
-        drop what was prepared and start on them now."""
+    def renew(self, batch_size: int, drop: bool = True) -> None:
+        """The source knows new next indices (worker.slices.SliceSource: slices from the server): start
+        on them now, after dropping what was prepared if `drop` (they replace it)."""
         if self._loader is not None:
-            self._loader.discard()
+            if drop:
+                self._loader.discard()
             self._submit(batch_size)
 
     def close(self) -> None:

@@ -177,12 +177,12 @@ class Session:
         """Take `plan` as the current one, checked: the next batch is drawn at its size (--sampling exact:
         its slice, one clear error if it cannot be trained on; the loader starts reading it now)."""
         server_checks.step_plan(plan, self.max_batch, self.spec.micro_batch)
-        renew = isinstance(self._sampler, SliceSource) and self._sampler.follow(plan)
+        renew = (slices := isinstance(self._sampler, SliceSource)) and self._sampler.follow(plan)
         self.plan = plan
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size
-        if renew:
-            self._batches.renew(plan.batch_size)
+        if slices:  # the loader starts on what is newly known (renew: after dropping what is not wanted)
+            self._batches.renew(plan.batch_size, drop=renew)
 
     @property
     def batch_size(self) -> int:
@@ -206,7 +206,7 @@ class Session:
             self._compute_end = None
         x, y = self._batches.next(self._sampler.batch_size)
         self._drawn, self.data_wait_ms = len(y), self._batches.wait_ms
-        self._drawn_step = (self.plan, self._sampler.drawn) if isinstance(self._sampler, SliceSource) else None
+        self._drawn_step = (self.plan, self._sampler.taken()) if isinstance(self._sampler, SliceSource) else None
         if self._buckets is not None:
             self._buckets.arm(self._open_push)
         return x, y

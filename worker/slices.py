@@ -1,7 +1,8 @@
 """The samples a worker trains on under `--sampling exact`: the slice of the epoch's permutation its
 server handed it in the reply that told its batch size (ps.rounds.sampling), checked, and turned into
 dataset indices (common.job.epoch_order). The next step's slice is known as soon as the reply's header
-is in, before the step's batch is drawn, so a loader can start reading it at once.
+is in, before the step's batch is drawn, so a loader can start reading it at once; the slice of the step
+after comes with it (handed ahead while the plan holds), so the loader reads it during the step.
 
 The audit hook: with PS_TRAINED_INDICES=FILE in its environment a worker appends one JSON line to FILE
 for every step whose push the server took ({"worker", "worker_id", "round", "version", "ranges": [[epoch, offset,
@@ -10,6 +11,7 @@ epoch. It is meant for tests and audits, not for production runs (a line per ste
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from dataclasses import dataclass
@@ -33,62 +35,77 @@ class BadSlice(ServerError):
 
 
 def check_slice(plan: StepHeader, num_samples: int, last_epoch: int) -> None:
-    """BadSlice unless `plan`'s slice is ranges of epochs plan.epoch..`last_epoch` within the
-    `num_samples` training samples, whose counts sum to the batch size it tells."""
-    total = 0
-    for r in plan.slice:
-        if not (plan.epoch <= r.epoch <= last_epoch and r.offset >= 0 and r.count >= 1 and r.stop <= num_samples):
-            raise BadSlice(f"the server handed samples [{r.offset}, {r.stop}) of epoch {r.epoch}, outside this "
-                           f"worker's {num_samples} training samples or epochs {plan.epoch}..{last_epoch}")
-        total += r.count
-    if total != plan.batch_size:
-        raise BadSlice(f"the server handed a slice of {total} samples for a batch of {plan.batch_size}")
+    """BadSlice unless `plan`'s slice, and its slice ahead if any, are ranges of epochs
+    plan.epoch..`last_epoch` within the `num_samples` training samples whose counts sum to the batch
+    size it tells."""
+    for ranges, what in ((plan.slice, "a slice"), (plan.next_slice, "a slice ahead")):
+        if what == "a slice ahead" and not ranges:
+            continue
+        total = 0
+        for r in ranges:
+            if not (plan.epoch <= r.epoch <= last_epoch and r.offset >= 0 and r.count >= 1 and r.stop <= num_samples):
+                raise BadSlice(f"the server handed samples [{r.offset}, {r.stop}) of epoch {r.epoch}, outside this "
+                               f"worker's {num_samples} training samples or epochs {plan.epoch}..{last_epoch}")
+            total += r.count
+        if total != plan.batch_size:
+            raise BadSlice(f"the server handed {what} of {total} samples for a batch of {plan.batch_size}")
+
+
+Ranges = tuple[SliceRange, ...]
 
 
 class SliceSource:
     """The index source of worker.loader.Batches under --sampling exact (where worker.sampler's
-    ElasticBatchSampler stands otherwise): the next step's indices are the slice of the latest plan.
+    ElasticBatchSampler stands otherwise): the next steps' indices are the slices the latest plan
+    handed, its slice and its slice ahead.
 
-    `follow(plan)` takes a reply's plan (checked: check_slice) and says whether it hands a new slice;
-    the session then drops what the loader prepared of the previous one and submits this one at once,
-    so the loader reads it while the reply's parameters arrive. A slice the loader prepared and the
-    step never trained on (the plan changed: a re-split, a refused push, an eviction) is simply dropped:
-    the server took it back and serves it again, to this worker or another. So the loader prepares one
-    batch ahead here, whatever its --prefetch: no later slice is known before the next reply."""
+    `follow(plan)` takes a reply's plan (checked: check_slice). Where the plan's slice is the one
+    already waiting (handed ahead by the reply before), what the loader prepared is kept and the slice
+    ahead is added after it, so the loader reads it during the step; otherwise (a re-split, a refused
+    push, an eviction: the server took the slices back, to serve them again) `follow` says so, and the
+    session drops what the loader prepared and submits the plan's slices at once."""
 
     def __init__(self, num_samples: int, seed: int, last_epoch: int) -> None:
         self.num_samples, self.seed, self.last_epoch = num_samples, seed, last_epoch
         self.batch_size = 1  # set by the session from the plan, as for the sampler
-        self._ranges: tuple[SliceRange, ...] = ()  # the latest plan's slice
-        self._fresh = False  # announced and not drawn yet
-        self.drawn = torch.empty(0, dtype=torch.int64)  # the indices drawn last
+        self._known: collections.deque[Ranges] = collections.deque()  # handed, not drawn yet, in step order
+        self._drawn: collections.deque[tuple[Ranges, torch.Tensor]] = collections.deque()  # drawn, not trained
 
     def follow(self, plan: StepHeader) -> bool:
-        """Take `plan`'s slice as the next step's (BadSlice if it cannot be trained on); False if it is
-        the one already waiting to be drawn. A slice drawn before and handed again is trained again:
-        the server had not taken its push (a refused push, a lost reply)."""
-        ranges: tuple[SliceRange, ...] = ()
+        """Take `plan`'s slices as the next steps' (BadSlice if they cannot be trained on); True if what
+        was drawn ahead is no longer wanted (the loader drops it). A slice trained before and handed
+        again is trained again: the server had not taken its push (a refused push, a lost reply)."""
+        wanted: list[Ranges] = []
         if plan.batch_size > 0 and not plan.done:
             check_slice(plan, self.num_samples, self.last_epoch)
-            ranges = plan.slice
-        if ranges == self._ranges and self._fresh:
+            wanted = [plan.slice] + ([plan.next_slice] if plan.next_slice else [])
+        upcoming = [ranges for ranges, _ in self._drawn] + list(self._known)
+        if wanted and upcoming[:len(wanted)] == wanted[:len(upcoming)]:
+            self._known.extend(wanted[len(upcoming):])
             return False
-        self._ranges, self._fresh = ranges, bool(ranges)
+        self._drawn.clear()
+        self._known = collections.deque(wanted)
         return True
 
     def ready(self) -> bool:
         """Whether a slice is there to draw (the loader submits only what is known)."""
-        return self._fresh
+        return bool(self._known)
 
     def draw(self, count: int) -> torch.Tensor:
-        if not self._fresh or count != sum(r.count for r in self._ranges):
+        if not self._known or count != sum(r.count for r in self._known[0]):
             raise RuntimeError(f"no slice of {count} samples from the server for this step")
-        self._fresh = False
-        self.drawn = slice_indices(self.seed, self.num_samples, self._ranges)
-        return self.drawn
+        ranges = self._known.popleft()
+        indices = slice_indices(self.seed, self.num_samples, ranges)
+        self._drawn.append((ranges, indices))
+        return indices
+
+    def taken(self) -> torch.Tensor:
+        """The indices of the batch the step trains on: the oldest drawn."""
+        return self._drawn.popleft()[1]
 
     def put_back(self, indices: torch.Tensor) -> None:
-        """A prepared batch given up: nothing to keep, the server serves its samples again."""
+        """Prepared batches given up: nothing to keep, the server serves their samples again."""
+        self._drawn.clear()
 
 
 @dataclass(frozen=True)

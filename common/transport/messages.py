@@ -157,6 +157,7 @@ class StepHeader:
     snapshot_requested: bool = False  # --allreduce, rank 0: push a snapshot of the parameters now
     optimizer_state: bool = False  # the values are the optimizer's flat state (common.params.flat_state), not parameters
     slice: tuple[SliceRange, ...] = ()  # --sampling exact: the samples of the next step (ps.rounds.sampling)
+    next_slice: tuple[SliceRange, ...] = ()  # and of the step after, handed ahead while the plan holds
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,8 @@ and decode what the workers send, the worker's client the other way round."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from protos import ps_pb2
 from common.transport.layout import Layout, TensorEntry
 from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, SliceRange, StepHeader
@@ -20,7 +22,7 @@ def step_header_to_proto(h: StepHeader) -> ps_pb2.ParamsHeader:
         wire_dtype=h.wire_dtype, num_values=h.num_values, lr=h.lr, global_batch=h.global_batch, reason=h.reason,
         generation=h.group.generation, rank=h.group.rank, world_size=h.group.world_size, backend=h.group.backend,
         hub_rank=h.group.hub_rank, snapshot_requested=h.snapshot_requested, optimizer_state=h.optimizer_state,
-        slice=[ps_pb2.SliceRange(epoch=r.epoch, offset=r.offset, count=r.count) for r in h.slice],
+        slice=_ranges_to_proto(h.slice), next_slice=_ranges_to_proto(h.next_slice),
     )
 
 
@@ -30,8 +32,16 @@ def step_header_from_proto(p: ps_pb2.ParamsHeader) -> StepHeader:
         global_batch=p.global_batch, wire_dtype=p.wire_dtype, num_values=p.num_values, reason=p.reason,
         group=GroupInfo(p.generation, p.rank, p.world_size, p.backend, p.hub_rank),
         snapshot_requested=p.snapshot_requested, optimizer_state=p.optimizer_state,
-        slice=tuple(SliceRange(r.epoch, r.offset, r.count) for r in p.slice),
+        slice=_ranges_from_proto(p.slice), next_slice=_ranges_from_proto(p.next_slice),
     )
+
+
+def _ranges_to_proto(ranges: tuple[SliceRange, ...]) -> list[ps_pb2.SliceRange]:
+    return [ps_pb2.SliceRange(epoch=r.epoch, offset=r.offset, count=r.count) for r in ranges]
+
+
+def _ranges_from_proto(ranges: Iterable[ps_pb2.SliceRange]) -> tuple[SliceRange, ...]:
+    return tuple(SliceRange(r.epoch, r.offset, r.count) for r in ranges)
 
 
 def join_to_proto(j: JoinInfo) -> ps_pb2.JoinReply:

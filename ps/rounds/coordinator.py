@@ -374,7 +374,7 @@ class Coordinator(JobState):
         params = self.rendezvous is None if params is None else params
         plan = self.policy.plan()
         group = self.fast_path.group_info(member, plan)
-        batch, ranges = self.sampling.slice_for(member, plan.get(member.name, 0))  # --sampling exact: its samples
+        batch, ranges, ahead = self.sampling.slice_for(member, plan.get(member.name, 0))  # --sampling exact: its samples
         global_batch = sum(plan.values())
         lr = self.asp.lr(batch, global_batch) if self.spec.mode == "asp" else self.adaptive.lr_at(self.epoch)
         if self.done:
@@ -383,7 +383,7 @@ class Coordinator(JobState):
         header = StepHeader(
             round=self.round, version=self.version, epoch=self.epoch, batch_size=batch, done=self.done, lr=lr,
             global_batch=global_batch, wire_dtype=self.params_dtype, num_values=self.own_numel if params else 0,
-            reason=self.reason, group=group, slice=ranges,
+            reason=self.reason, group=group, slice=ranges, next_slice=ahead,
             snapshot_requested=self.whole_model.snapshot_requested and group.rank == 0 and group.world_size > 0,
         )
         return StepReply(header, self._current_payload() if params else self.payload.empty())

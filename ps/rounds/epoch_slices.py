@@ -122,6 +122,12 @@ class EpochSlices:
             need -= part.count
         return tuple(_merged(out))
 
+    def next_epoch(self) -> int:
+        """The epoch of the next sample `take` hands out."""
+        if self.returned:
+            return self.returned[0].epoch
+        return self.epoch + 1 if self.cursor == self.num_samples else self.epoch
+
     def hand(self, holder: Hashable, count: int, key: int = 0) -> tuple[SliceRange, ...]:
         """`holder`'s slice of `count` samples for `key`: the one it holds if that was asked for the same
         size and key (a reply sent again), else a new one (what it held is put back). Fewer samples, or
@@ -135,6 +141,20 @@ class EpochSlices:
         if ranges:
             self.held[holder] = Held(key, ranges, count)
         return ranges
+
+    def promote(self, ahead: Hashable, holder: Hashable, count: int, key: int) -> bool:
+        """Hand `holder` for `key` the slice handed ahead under `ahead` (the same samples, told a step
+        early), if that was asked for this `count` and `key` and `holder` holds nothing; False otherwise
+        (what `ahead` held goes back, to be served first)."""
+        held = self.held.pop(ahead, None)
+        if held is None:
+            return False
+        if held.key != key or held.asked != count or holder in self.held:
+            self.held[ahead] = held
+            self.put_back(ahead)
+            return False
+        self.held[holder] = held
+        return True
 
     def put_back(self, holder: Hashable) -> int:
         """`holder`'s slice never reached the model: serve it again first. The samples put back."""

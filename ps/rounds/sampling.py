@@ -5,9 +5,12 @@ dataset against the job's.
 
 BSP: at the first reply of a round every member the plan gives a batch gets its slice, in join order, so
 worker k trains on [c + Σ_{j<k} b_j, c + Σ_{j≤k} b_j); a member told another batch for the same round
-(a re-split after a removal) gets a new slice and the old one goes back. The slices of the pushes in the
+(a re-split after a removal) gets a new slice and the old one goes back. With each slice the reply hands
+the member's slice of the round after, taken in the same order one round early: at that round's first
+reply it becomes the member's slice if its batch held, and goes back otherwise (so a worker's loader
+reads a step ahead; what it read of a slice taken back is dropped). The slices of the pushes in the
 round's sum are consumed when it closes, every other slice of that round goes back (its worker left, was
-evicted, or was dropped from the round). ASP: each reply hands the worker its next slice; a push's
+evicted, or was dropped from the round). ASP: each reply hands the worker its next slice (and the one after, ahead, as in BSP); a push's
 slice is consumed when its update is applied; a pull sends the slice held again (a refused push: the
 same samples are trained again). A parked worker (batch 0) holds none. With --sampling independent
 (and on the --allreduce fast path, whose workers read a step's reply a step late) no slices are handed:
@@ -50,23 +53,61 @@ class Sampling:
         if fingerprint and not self.fingerprint:
             self.fingerprint = fingerprint
 
-    def slice_for(self, member: Member, batch: int) -> tuple[int, tuple[SliceRange, ...]]:
-        """The batch a reply tells `member` for its next step, planned at `batch`, and the ranges it hands
-        it (none: independent sampling). The batch is smaller, or 0, only where the job's last epoch
-        (π_E, which the last round wraps into) ran out: in ASP, while a stalled worker holds slices
-        of an earlier epoch until it pushes or is evicted."""
+    def slice_for(self, member: Member, batch: int) -> tuple[int, tuple[SliceRange, ...], tuple[SliceRange, ...]]:
+        """The batch a reply tells `member` for its next step, planned at `batch`, the ranges it hands it
+        (none: independent sampling), and the ranges handed ahead for the step after (none: the last
+        epoch runs out first). The batch is smaller, or 0, only where the job's last epoch (π_E, which
+        the last round wraps into) ran out: in ASP, while a stalled worker holds slices of an earlier
+        epoch until it pushes or is evicted."""
         s = self.state
-        if not self.exact or batch <= 0 or s.done or member.worker_id not in s.members:
-            return batch, ()  # a reply to a worker removed meanwhile (its push's round closed after) hands nothing
+        if not self.exact or s.done or member.worker_id not in s.members:
+            return batch, (), ()  # a reply to a worker removed meanwhile (its push's round closed after) hands nothing
+        wid = member.worker_id
+        if batch <= 0:  # parked: what it was handed ahead goes back
+            self.slices.put_back(_ahead(wid))
+            return batch, (), ()
         if s.spec.mode != "bsp":
-            return _sized(self.slices.hand(member.worker_id, batch))
+            if wid not in self.slices.held:
+                self.slices.promote(_ahead(wid), wid, batch, key=0)
+            return self._with_ahead(wid, self.slices.hand(wid, batch), batch, key=0)
         if self._opened != s.round:
-            self._opened = s.round
-            plan = s.policy.plan()
-            for other in sorted(s.members.values(), key=lambda m: m.index):  # the plan's fixed order
-                if plan.get(other.name, 0) > 0 and other.worker_id not in self._in_sum:
-                    self.slices.hand(other.worker_id, plan[other.name], key=s.round)
-        return _sized(self.slices.hand(member.worker_id, batch, key=s.round))
+            self._open(s.round)
+        return self._with_ahead(wid, self.slices.hand(wid, batch, key=s.round), batch, key=s.round + 1)
+
+    def _open(self, round: int) -> None:
+        """BSP, the first reply of `round`: every member the plan gives a batch gets its slice, in the
+        plan's order (the one handed ahead, if it was for this batch), then its slice ahead; an ahead
+        slice its member is not planned for, or not at that size, goes back."""
+        s = self.state
+        self._opened = round
+        plan = s.policy.plan()
+        order = [m for m in sorted(s.members.values(), key=lambda m: m.index)  # the plan's fixed order
+                 if plan.get(m.name, 0) > 0 and m.worker_id not in self._in_sum]
+        planned = {m.worker_id for m in order}
+        for holder in [h for h in self.slices.held if isinstance(h, tuple) and h[0] not in planned]:
+            self.slices.put_back(holder)
+        for m in order:
+            self.slices.promote(_ahead(m.worker_id), m.worker_id, plan[m.name], key=round)
+        for m in order:
+            self.slices.hand(m.worker_id, plan[m.name], key=round)
+        for m in order:
+            self._hand_ahead(m.worker_id, plan[m.name], key=round + 1)
+
+    def _with_ahead(self, wid: str, now: tuple[SliceRange, ...], batch: int,
+                    key: int) -> tuple[int, tuple[SliceRange, ...], tuple[SliceRange, ...]]:
+        """(batch, `now`, the slice ahead for `key`); none ahead where `now` is short (the job's last samples)."""
+        return (*_sized(now), self._hand_ahead(wid, batch, key) if sum(r.count for r in now) == batch else ())
+
+    def _hand_ahead(self, wid: str, batch: int, key: int) -> tuple[SliceRange, ...]:
+        """`wid`'s slice ahead for `key`, only whole, and none that would start in π_E, which the job's
+        last round only wraps into (it would be read and never trained); a short one goes back."""
+        if _ahead(wid) not in self.slices.held and self.slices.next_epoch() >= self.state.spec.epochs:
+            return ()
+        ahead = self.slices.hand(_ahead(wid), batch, key=key)
+        if ahead and sum(r.count for r in ahead) != batch:
+            self.slices.put_back(_ahead(wid))
+            return ()
+        return ahead
 
     def pushed(self, member: Member, batch: int) -> None:
         """`member`'s push of `batch` samples is in: ASP, its update is applied; BSP, its gradient is in the
@@ -97,6 +138,7 @@ class Sampling:
         """`member` left or was evicted: its slice goes back unless its push is in the open round's sum."""
         if member.worker_id not in self._in_sum:
             self.slices.put_back(member.worker_id)
+        self.slices.put_back(_ahead(member.worker_id))
 
     def completed_epochs(self) -> int | None:
         """Epochs whose every sample reached the model (None: independent sampling counts samples instead)."""
@@ -112,6 +154,11 @@ class Sampling:
     def report(self) -> dict[str, Any]:
         return {"sampling": self.state.spec.sampling if self.exact else "independent",
                 **({"exactly_once": self.slices.report()} if self.exact else {})}
+
+
+def _ahead(worker_id: str) -> tuple[str, str]:
+    """The holder of `worker_id`'s slice handed ahead (the step after its next)."""
+    return worker_id, "ahead"
 
 
 def _sized(ranges: tuple[SliceRange, ...]) -> tuple[int, tuple[SliceRange, ...]]:

@@ -4,6 +4,7 @@ the worker's check of a slice it is handed."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from collections import Counter
@@ -80,6 +81,21 @@ def test_the_same_reply_again_sends_the_same_slice_and_a_new_size_a_new_one() ->
     assert slices.report()["put_back_samples"] == 10
 
 
+def test_a_slice_handed_ahead_becomes_the_next_only_at_its_size_and_key() -> None:
+    slices = EpochSlices(100)
+    assert slices.hand("a", 10, key=1) == (SliceRange(0, 0, 10),)
+    assert slices.hand(("a", "ahead"), 10, key=2) == (SliceRange(0, 10, 10),)
+    slices.consume("a")
+    assert slices.promote(("a", "ahead"), "a", 10, key=2)
+    assert slices.hand("a", 10, key=2) == (SliceRange(0, 10, 10),)  # the same samples, told a step early
+    assert slices.hand(("a", "ahead"), 10, key=3) == (SliceRange(0, 20, 10),)
+    slices.consume("a")
+    assert not slices.promote(("a", "ahead"), "a", 12, key=3)  # re-split: it goes back and is served first
+    assert ("a", "ahead") not in slices.held
+    assert slices.hand("a", 12, key=3) == (SliceRange(0, 20, 12),)
+    assert slices.report()["put_back_samples"] == 10
+
+
 def test_coverage_refuses_an_overlap_and_joins_neighbours() -> None:
     c = Coverage()
     assert c.add(10, 20) and c.add(0, 10) and c.add(20, 25)
@@ -90,9 +106,10 @@ def test_coverage_refuses_an_overlap_and_joins_neighbours() -> None:
 
 @st.composite
 def schedules(draw: st.DrawFn) -> tuple[int, list[tuple[str, str, int]]]:
-    """N and a sequence of (action, holder, size): hand, consume, put back."""
+    """N and a sequence of (action, holder, size): hand, hand ahead, promote the slice ahead, consume,
+    put back."""
     n = draw(st.integers(1, 60))
-    steps = draw(st.lists(st.tuples(st.sampled_from(["hand", "consume", "consume", "put_back"]),
+    steps = draw(st.lists(st.tuples(st.sampled_from(["hand", "ahead", "promote", "consume", "consume", "put_back"]),
                                     st.sampled_from("abcd"), st.integers(1, 25)), max_size=80))
     return n, steps
 
@@ -101,6 +118,10 @@ def replay(slices: EpochSlices, steps: list[tuple[str, str, int]], trained: Coun
     for action, holder, size in steps:
         if action == "hand":
             slices.hand(holder, size)
+        elif action == "ahead":  # the slice after the next, handed a step early
+            slices.hand((holder, "ahead"), size, key=1)
+        elif action == "promote":
+            slices.promote((holder, "ahead"), holder, size, key=1)
         elif action == "consume":
             for r in slices.held.get(holder, None).ranges if holder in slices.held else ():
                 trained.update((r.epoch, p) for p in range(r.offset, r.stop))
@@ -164,12 +185,18 @@ def plan(batch: int, *ranges: SliceRange, epoch: int = 0) -> StepHeader:
                       slice=tuple(ranges))
 
 
+def ahead(header: StepHeader, *ranges: SliceRange) -> StepHeader:
+    return dataclasses.replace(header, next_slice=tuple(ranges))
+
+
 @pytest.mark.parametrize(("header", "says"), [
     (plan(10, SliceRange(0, 95, 10)), r"samples \[95, 105\) of epoch 0, outside this worker's 100"),
     (plan(10, SliceRange(0, 0, 8)), "a slice of 8 samples for a batch of 10"),
     (plan(10), "a slice of 0 samples for a batch of 10"),
     (plan(10, SliceRange(0, 0, 10), epoch=1), "of epoch 0, outside"),
     (plan(10, SliceRange(9, 0, 10)), "of epoch 9, outside"),
+    (ahead(plan(10, SliceRange(0, 0, 10)), SliceRange(0, 10, 9)), "a slice ahead of 9 samples for a batch of 10"),
+    (ahead(plan(10, SliceRange(0, 0, 10)), SliceRange(0, 95, 10)), r"samples \[95, 105\) of epoch 0, outside"),
 ])
 def test_a_worker_refuses_a_slice_it_cannot_train_on(header: StepHeader, says: str) -> None:
     with pytest.raises(BadSlice, match=says):
