@@ -151,19 +151,21 @@ class EpochSlices:
             return False
         if held.key != key or held.asked != count or holder in self.held:
             self.held[ahead] = held
-            self.put_back(ahead)
+            self.put_back(ahead, tally=False)
             return False
         self.held[holder] = held
         return True
 
-    def put_back(self, holder: Hashable) -> int:
-        """`holder`'s slice never reached the model: serve it again first. The samples put back."""
+    def put_back(self, holder: Hashable, tally: bool = True) -> int:
+        """`holder`'s slice never reached the model: serve it again first. The samples put back.
+        `tally`: counted in the report (not for a slice handed ahead, which no step was told to train)."""
         held = self.held.pop(holder, None)
         if held is None:
             return 0
         self.returned = sorted(self.returned + list(held.ranges), key=lambda r: r.epoch)  # stable: FIFO in an epoch
-        self.put_back_samples += held.count
-        self.put_back_ranges += len(held.ranges)
+        if tally:
+            self.put_back_samples += held.count
+            self.put_back_ranges += len(held.ranges)
         return held.count
 
     def consume(self, holder: Hashable) -> int:

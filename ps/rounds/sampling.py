@@ -64,7 +64,7 @@ class Sampling:
             return batch, (), ()  # a reply to a worker removed meanwhile (its push's round closed after) hands nothing
         wid = member.worker_id
         if batch <= 0:  # parked: what it was handed ahead goes back
-            self.slices.put_back(_ahead(wid))
+            self.slices.put_back(_ahead(wid), tally=False)
             return batch, (), ()
         if s.spec.mode != "bsp":
             if wid not in self.slices.held:
@@ -85,7 +85,7 @@ class Sampling:
                  if plan.get(m.name, 0) > 0 and m.worker_id not in self._in_sum]
         planned = {m.worker_id for m in order}
         for holder in [h for h in self.slices.held if isinstance(h, tuple) and h[0] not in planned]:
-            self.slices.put_back(holder)
+            self.slices.put_back(holder, tally=False)
         for m in order:
             self.slices.promote(_ahead(m.worker_id), m.worker_id, plan[m.name], key=round)
         for m in order:
@@ -105,7 +105,7 @@ class Sampling:
             return ()
         ahead = self.slices.hand(_ahead(wid), batch, key=key)
         if ahead and sum(r.count for r in ahead) != batch:
-            self.slices.put_back(_ahead(wid))
+            self.slices.put_back(_ahead(wid), tally=False)
             return ()
         return ahead
 
@@ -138,7 +138,7 @@ class Sampling:
         """`member` left or was evicted: its slice goes back unless its push is in the open round's sum."""
         if member.worker_id not in self._in_sum:
             self.slices.put_back(member.worker_id)
-        self.slices.put_back(_ahead(member.worker_id))
+        self.slices.put_back(_ahead(member.worker_id), tally=False)
 
     def completed_epochs(self) -> int | None:
         """Epochs whose every sample reached the model (None: independent sampling counts samples instead)."""
