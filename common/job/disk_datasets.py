@@ -69,8 +69,10 @@ class ImageFiles(TorchDataset):
     """Labelled image files, decoded as they are read."""
 
     def __init__(self, files: list[tuple[str, int]], mode: str, size: int, on_corrupt: str,
-                 scale: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+                 scale: tuple[torch.Tensor, torch.Tensor] | None = None,
+                 skipped_note: str = "skipped (on_corrupt=skip)") -> None:
         self.files, self.mode, self.size, self.on_corrupt = files, mode, size, on_corrupt
+        self.skipped_note = skipped_note  # what the warning says of a file passed over
         self.scale = scale  # per-channel (mean, std) that every image is standardized with (None: [0, 1])
         self._skipped: set[str] = set()
 
@@ -88,7 +90,7 @@ class ImageFiles(TorchDataset):
                     raise
                 if path not in self._skipped:
                     self._skipped.add(path)
-                    log.warning("%s; skipped (on_corrupt=skip)", exc)
+                    log.warning("%s; %s", exc, self.skipped_note)
         raise CorruptSample(f"no image of the split can be decoded (the first: {self.files[index][0]})")
 
 
@@ -167,7 +169,8 @@ def image_folder(
             mode = "L" if image.mode in ("L", "1", "I;16", "I") else "RGB"
     except OSError as exc:
         raise ValueError(f"cannot decode image {first}: {exc}") from exc
-    scale = channel_scale(ImageFiles(train, mode, image_size, "skip"), seed) if normalize else None
+    statistics = ImageFiles(train, mode, image_size, "skip", skipped_note="passed over in the normalization statistics")
+    scale = channel_scale(statistics, seed) if normalize else None
     train_set = ImageFiles(train, mode, image_size, on_corrupt, scale)
     augment = RandomCropFlip(padding, bool(flip)) if padding or flip else None
     return Splits(train_set, ImageFiles(test, mode, image_size, on_corrupt, scale), num_classes=len(names),

@@ -35,11 +35,15 @@ def test_image_folder_decodes_the_files_and_augments_only_training(tmp_path: Pat
     assert torch.equal(augmented.test[0][0], data.test[0][0])  # test samples as they are
 
 
-def test_a_corrupt_image_is_named_and_stops_or_is_skipped(tmp_path: Path) -> None:
+def test_a_corrupt_image_is_named_and_stops_or_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     root = write_folder(tmp_path / "images", per_class=4)
     bad = root / "c1" / "0.png"
     bad.write_bytes(b"not a png")
     stop = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1}, seed=0)
+    # the statistics pass over it and say so, without naming a skip the job was not set to make
+    warned = [r.getMessage() for r in caplog.records if "0.png" in r.getMessage()]
+    assert warned and all("normalization statistics" in w and "on_corrupt=skip" not in w for w in warned), warned
+    caplog.clear()
     index = next(i for i, (p, _) in enumerate(stop.train.dataset.files) if p == str(bad))  # under the augmentation
     with pytest.raises(ValueError, match="0.png"):
         stop.train[index]
@@ -49,8 +53,10 @@ def test_a_corrupt_image_is_named_and_stops_or_is_skipped(tmp_path: Path) -> Non
             loader.next(len(stop.train))
     loader.close()
     skip = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1, "on_corrupt": "skip"}, seed=0)
+    caplog.clear()
     x, _ = skip.train[index]
     assert x.shape == (3, 8, 8)
+    assert any("skipped (on_corrupt=skip)" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("make, words", [
