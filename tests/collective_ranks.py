@@ -1,6 +1,7 @@
 """One rank of a fast-path group in its own process, for tests/worker/test_collective.py: `python -m
-tests.collective_ranks RANK WORLD PORT ALGORITHM OUT` (the group meets at a TCPStore on 127.0.0.1:PORT) takes ROUNDS steps with the gradients and batches
-below (`HUBS` names each round's hub) and saves its parameters and optimizer state to OUT. Rank
+tests.collective_ranks RANK WORLD PORT ALGORITHM OUT` meets the others at a TCPStore on 127.0.0.1:PORT,
+takes ROUNDS steps with the gradients and batches below (`HUBS` names each round's hub) and saves its
+parameters and optimizer state to OUT. Rank
 VETERAN first takes PRE steps alone, as a worker of an earlier group would have: the group adopts its
 parameters and momentum when it forms, and the others start from them."""
 
