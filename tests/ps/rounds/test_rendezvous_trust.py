@@ -1,7 +1,7 @@
 """Only the job's members reach the fast path's store (a real `ps-server --allreduce --token`): it is
 served by the ParameterServer's own Rendezvous RPC, so a caller without the token, a member with
-another's secret or of a replaced generation, and an oversize key or value are refused and change
-nothing, and the server listens on no port but its gRPC one. A member that claims a round beyond
+another's secret or of another generation, one that left, and an oversize key or value are refused
+and change nothing, and the server listens on no port but its gRPC one. A member that claims a round beyond
 its server's is not believed when a group adopts a copy of the model."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def refused(stub: ps_pb2_grpc.ParameterServerStub, message: ps_pb2.StoreRequest,
 
 
 def test_only_a_rank_of_the_generation_reaches_the_store_and_a_refusal_changes_nothing(job) -> None:
-    cluster, ((first, a), (_, b)) = job
+    cluster, ((first, a), (second, b)) = job
     assert (a.group.generation, a.group.rank, b.group.rank) == (1, 0, 1)
     first.rendezvous(a.worker_id, store_call(a, "set", "k", value=b"mine"))
     with grpc.insecure_channel(cluster.target) as channel:
@@ -90,7 +91,8 @@ def test_only_a_rank_of_the_generation_reaches_the_store_and_a_refusal_changes_n
                 f"wrong secret for worker {a.worker_id!r}")
         refused(stub, request(a, ps_pb2.STORE_SET, "k", value=b"evil", secret=""), grpc.StatusCode.UNAUTHENTICATED,
                 "must carry the secret its Join returned")
-        refused(stub, request(a, ps_pb2.STORE_SET, "k", value=b"evil", worker_id="w-unknown"), grpc.StatusCode.NOT_FOUND, "")
+        refused(stub, request(a, ps_pb2.STORE_SET, "k", value=b"evil", worker_id="w-unknown"), grpc.StatusCode.NOT_FOUND,
+                "unknown worker id 'w-unknown'")
         refused(stub, request(a, ps_pb2.STORE_SET, "k", value=b"evil", generation=2), grpc.StatusCode.FAILED_PRECONDITION,
                 "group generation 2 is not the current one (1)")
         refused(stub, request(a, ps_pb2.STORE_SET, "k", value=b"e" * (64 * 1024 + 1)), grpc.StatusCode.INVALID_ARGUMENT,
@@ -100,26 +102,20 @@ def test_only_a_rank_of_the_generation_reaches_the_store_and_a_refusal_changes_n
         refused(stub, request(a, 0, "k"), grpc.StatusCode.INVALID_ARGUMENT, "unknown store op 'unknown (0)'")
     assert first.rendezvous(a.worker_id, store_call(a, "get", "k")).value == b"mine"
     assert first.rendezvous(a.worker_id, store_call(a, "num_keys")).number == 1
+    # a member that left holds its secret still, but no rank: and the others' generation 1 is gone
+    secret = b.secret
+    second.leave(b.worker_id)
+    second.use_secret(b.worker_id, secret)
+    with pytest.raises(ServerError, match=re.escape(f"NOT_FOUND: worker {b.worker_id!r} left; Join again")):
+        second.rendezvous(b.worker_id, store_call(b, "get", "k"))
+    with pytest.raises(ServerError, match=r"FAILED_PRECONDITION: group generation 1 is not the current one \(2\)"):
+        first.rendezvous(a.worker_id, store_call(a, "get", "k"))
+    assert first.rendezvous(a.worker_id, store_call(a, "num_keys", generation=2)).number == 0  # a new, empty store
 
 
 def test_the_server_listens_on_its_grpc_port_alone(job) -> None:
     cluster, _ = job
     assert listening_ports(cluster.server.pid) == {cluster.port}
-
-
-def test_a_member_gone_from_the_group_no_longer_reaches_it(job) -> None:
-    """Runs last in this module: the leave starts generation 2, where the store is empty."""
-    _, ((first, a), (second, b)) = job
-    second.rendezvous(b.worker_id, store_call(b, "set", "old", value=b"1"))
-    secret = b.secret
-    second.leave(b.worker_id)
-    second.use_secret(b.worker_id, secret)  # the departed worker still holds its secret
-    with pytest.raises(ServerError, match="NOT_FOUND|FAILED_PRECONDITION"):
-        second.rendezvous(b.worker_id, store_call(b, "get", "old"))
-    with pytest.raises(ServerError, match=r"FAILED_PRECONDITION: group generation 1 is not the current one \(2\)"):
-        first.rendezvous(a.worker_id, store_call(a, "get", "old"))
-    current = first.rendezvous(a.worker_id, store_call(a, "num_keys", generation=2))
-    assert current.number == 0
 
 
 def test_a_copy_claiming_a_round_beyond_the_servers_is_not_adopted() -> None:
