@@ -152,19 +152,15 @@ def _k8s(args: argparse.Namespace) -> int:
         lambda flag: " is set by ps-cluster k8s (from the profile and its options)" if flag in k8s.SET_HERE else None,
     )
     job = k8s.job_args(extra, given_options(extra, parser))
-    parsed = parser.parse_args(["--mode", args.mode, *job])
     options = k8s.K8sOptions(
         profile=profile, mode=args.mode, scale=args.scale, image=k8s.check_image(args.image),
-        name=k8s.check_name(args.name, "--name"), namespace=args.namespace, port=args.port,
-        rendezvous_port=args.rendezvous_port if k8s.may_take_fast_path(parsed) else None, server_args=extra,
+        name=k8s.check_name(args.name, "--name"), namespace=args.namespace, port=args.port, server_args=extra,
         checkpoint_size=k8s.check_quantity(args.checkpoint_size, "--checkpoint-size"),
         storage_class=args.storage_class,
         memory=None if args.memory is None else k8s.check_quantity(args.memory, "--memory"),
         gpu_resource=k8s.check_resource_name(args.gpu_resource), tls_secret=args.tls_secret,
         token_secret=args.token_secret,
     )
-    if args.port == args.rendezvous_port:
-        raise ValueError(f"--port and --rendezvous-port must differ, both are {args.port}")
     parser.parse_args(k8s.server_command(options, job)[4:])  # the whole command line, as ps-server will see it
     documents = k8s.render(options, job)
     if args.out is None:
@@ -198,7 +194,7 @@ def add_k8s_command(subcommands: Subcommands) -> None:
             "Write the Kubernetes manifests of a profile: the parameter server as a StatefulSet with a "
             "checkpoint volume (a restarted pod resumes from its newest checkpoint) and gRPC health probes, "
             "a Service for it, a headless Service that gives the server pod the stable name the workers "
-            "dial (and the collective fast path's rendezvous), one Job per worker with the profile's CPU "
+            "dial, one Job per worker with the profile's CPU "
             "cores (times --scale) as its CPU request and limit and its GPUs as GPU limits, and a Secret "
             "with a new token that every call carries. See docs/kubernetes.md.", width=88),
         epilog="examples:\n"
@@ -220,8 +216,6 @@ def add_k8s_command(subcommands: Subcommands) -> None:
                         help="the job, as ps-server flags (repeatable; default: "
                         f"{' '.join(f'{k} {v}' for k, v in k8s.JOB_DEFAULTS.items())})")
     parser.add_argument("--port", type=port_in_range, default=50051, help="the server's gRPC port (default: 50051)")
-    parser.add_argument("--rendezvous-port", type=port_in_range, default=29500,
-                        help="the fast path's rendezvous port (default: 29500)")
     parser.add_argument("--checkpoint-size", default="1Gi", metavar="QUANTITY",
                         help="the checkpoint volume's size (default: 1Gi)")
     parser.add_argument("--storage-class", metavar="NAME", help="the checkpoint volume's storage class (default: the cluster's)")

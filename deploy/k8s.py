@@ -8,13 +8,13 @@ docker-compose:
 * the parameter server as a StatefulSet of one pod with a volume for its checkpoints (a restarted
   pod resumes from the newest one), gRPC health probes (``grpc.health.v1``; TCP probes with TLS,
   which the kubelet's gRPC probes do not speak), and a Service for clients;
-* a headless Service for the server pod's stable name, which the workers dial, and the collective
-  fast path's rendezvous (``--rendezvous-port``);
+* a headless Service for the server pod's stable name, which the workers dial (the collective fast
+  path's groups meet at the server's gRPC port too);
 * one Job per worker, with the profile's CPU cores as its CPU request and limit (Guaranteed CPU)
   and its GPUs as ``nvidia.com/gpu`` limits, its settings in ``PS_*`` environment variables
   (worker/cli.py); a worker that fails is restarted, one that ends with the job completes;
 * a NetworkPolicy that admits to the job's pods only traffic from the job's own pods (the server's
-  gRPC port and rendezvous, the fast path's process group between workers); the kubelet's probes
+  gRPC port, the fast path's process group between workers); the kubelet's probes
   come from the node, which network plugins let through.
 
 Everything here is pure: :func:`render` turns a :class:`K8sOptions` into manifest dicts.
@@ -22,7 +22,6 @@ Everything here is pure: :func:`render` turns a :class:`K8sOptions` into manifes
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 import secrets
@@ -40,8 +39,8 @@ USER_ID = 1000
 JOB_DEFAULTS = {"--model": "cnn", "--dataset": "synthetic", "--controller": "dynamic", "--epochs": "10",
                 "--global-batch": "512"}
 """The job when ``--server-arg`` does not say otherwise: docker-compose.yml's defaults."""
-SET_HERE = ("--mode", "--workers", "--host", "--port", "--port-file", "--rendezvous-port", "--checkpoint-dir",
-            "--resume", "--tls-cert", "--tls-key", "--token")
+SET_HERE = ("--mode", "--workers", "--host", "--port", "--port-file", "--checkpoint-dir", "--resume", "--tls-cert",
+            "--tls-key", "--token")
 """ps-server flags the manifests set from the profile and the command's own options."""
 
 _DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
@@ -113,8 +112,6 @@ class K8sOptions:
     name: str = APP
     namespace: str | None = None
     port: int = 50051
-    rendezvous_port: int | None = 29500
-    """None: the job cannot take the collective fast path (no rendezvous)."""
     server_args: Sequence[str] = ()
     checkpoint_size: str = "1Gi"
     storage_class: str | None = None
@@ -170,10 +167,7 @@ def server_command(o: K8sOptions, job_args: Sequence[str]) -> list[str]:
     """ps-server's command: resume from the newest checkpoint when the volume holds one (a
     restarted pod), else start the job with the volume as its checkpoint folder."""
     args = ["--mode", check_mode(o.mode), "--workers", str(len(o.profile.allocation(o.mode).workers)),
-            "--host", "0.0.0.0", "--port", str(o.port)]
-    if o.rendezvous_port is not None:
-        args += ["--rendezvous-port", str(o.rendezvous_port)]
-    args += job_args
+            "--host", "0.0.0.0", "--port", str(o.port), *job_args]
     if o.tls_secret:
         args += ["--tls-cert", f"{TLS_DIR}/tls.crt", "--tls-key", f"{TLS_DIR}/tls.key"]
     script = (f'if ls {CHECKPOINTS}/ckpt-*.pt >/dev/null 2>&1; then exec ps-server --resume {CHECKPOINTS} "$@"; '
@@ -217,9 +211,7 @@ def rendezvous_service(o: K8sOptions) -> dict[str, Any]:
             # the name resolves before the server is ready: workers wait for the job on it
             "publishNotReadyAddresses": True,
             "selector": _selector(o, "server"),
-            "ports": [{"name": "grpc", "port": o.port, "targetPort": "grpc"}, *(
-                [{"name": "rendezvous", "port": o.rendezvous_port, "targetPort": "rendezvous"}]
-                if o.rendezvous_port is not None else [])],
+            "ports": [{"name": "grpc", "port": o.port, "targetPort": "grpc"}],
         },
     }
 
@@ -231,8 +223,7 @@ def server_statefulset(o: K8sOptions, job_args: Sequence[str]) -> dict[str, Any]
         "name": "ps-server",
         "image": o.image,
         "command": server_command(o, job_args),
-        "ports": [{"name": "grpc", "containerPort": o.port}, *(
-            [{"name": "rendezvous", "containerPort": o.rendezvous_port}] if o.rendezvous_port is not None else [])],
+        "ports": [{"name": "grpc", "containerPort": o.port}],
         "env": [_token_env(o)],
         "volumeMounts": [{"name": "checkpoints", "mountPath": CHECKPOINTS}],
         "startupProbe": _probe(o, periodSeconds=2, failureThreshold=90),
@@ -292,14 +283,6 @@ def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
                                                                     **{"hetero-ps/worker": name}),
         "spec": {"backoffLimit": 6, "template": {"metadata": {"labels": labels}, "spec": pod}},
     }
-
-
-def may_take_fast_path(job: argparse.Namespace) -> bool:
-    """Whether ps-server accepts ``--rendezvous-port`` for the parsed job: BSP on one server with
-    ``--allreduce on``, or ``auto`` where it may choose the fast path (ps/server.py build_job)."""
-    if job.mode != "bsp" or job.shards != 1 or job.shard_addresses:
-        return False
-    return bool(job.allreduce == "on" or (job.allreduce == "auto" and job.balance in ("auto", "compute")))
 
 
 def job_args(server_args: Sequence[str], given: set[str]) -> list[str]:

@@ -12,9 +12,30 @@ class PushKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     PUSH_VALUES: _ClassVar[PushKind]
     PUSH_REPORT: _ClassVar[PushKind]
     PUSH_SNAPSHOT: _ClassVar[PushKind]
+
+class StoreOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    STORE_OP_UNSPECIFIED: _ClassVar[StoreOp]
+    STORE_SET: _ClassVar[StoreOp]
+    STORE_GET: _ClassVar[StoreOp]
+    STORE_ADD: _ClassVar[StoreOp]
+    STORE_CHECK: _ClassVar[StoreOp]
+    STORE_WAIT: _ClassVar[StoreOp]
+    STORE_COMPARE_SET: _ClassVar[StoreOp]
+    STORE_DELETE: _ClassVar[StoreOp]
+    STORE_NUM_KEYS: _ClassVar[StoreOp]
 PUSH_VALUES: PushKind
 PUSH_REPORT: PushKind
 PUSH_SNAPSHOT: PushKind
+STORE_OP_UNSPECIFIED: StoreOp
+STORE_SET: StoreOp
+STORE_GET: StoreOp
+STORE_ADD: StoreOp
+STORE_CHECK: StoreOp
+STORE_WAIT: StoreOp
+STORE_COMPARE_SET: StoreOp
+STORE_DELETE: StoreOp
+STORE_NUM_KEYS: StoreOp
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "shape", "dtype")
@@ -45,7 +66,7 @@ class JoinRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ..., cuda_device: _Optional[str] = ..., max_batch: _Optional[int] = ..., dataset_length: _Optional[int] = ..., dataset_fingerprint: _Optional[str] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rendezvous_host", "rendezvous_port", "rank", "world_size", "generation", "backend", "shards", "secret")
+    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rank", "world_size", "generation", "backend", "shards", "secret")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_JSON_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -56,8 +77,6 @@ class JoinReply(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     INDEX_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
-    RENDEZVOUS_HOST_FIELD_NUMBER: _ClassVar[int]
-    RENDEZVOUS_PORT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
@@ -74,15 +93,13 @@ class JoinReply(_message.Message):
     epoch: int
     index: int
     heartbeat_interval_s: float
-    rendezvous_host: str
-    rendezvous_port: int
     rank: int
     world_size: int
     generation: int
     backend: str
     shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
     secret: str
-    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., rendezvous_host: _Optional[str] = ..., rendezvous_port: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., secret: _Optional[str] = ...) -> None: ...
+    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., secret: _Optional[str] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
     __slots__ = ("address", "start", "stop")
@@ -267,6 +284,38 @@ class HeartbeatReply(_message.Message):
     round: int
     version: int
     def __init__(self, done: _Optional[bool] = ..., epoch: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ...) -> None: ...
+
+class StoreRequest(_message.Message):
+    __slots__ = ("worker_id", "secret", "generation", "op", "keys", "value", "expected", "amount", "wait_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    SECRET_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    EXPECTED_FIELD_NUMBER: _ClassVar[int]
+    AMOUNT_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    secret: str
+    generation: int
+    op: StoreOp
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    value: bytes
+    expected: bytes
+    amount: int
+    wait_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ..., generation: _Optional[int] = ..., op: _Optional[_Union[StoreOp, str]] = ..., keys: _Optional[_Iterable[str]] = ..., value: _Optional[bytes] = ..., expected: _Optional[bytes] = ..., amount: _Optional[int] = ..., wait_s: _Optional[float] = ...) -> None: ...
+
+class StoreReply(_message.Message):
+    __slots__ = ("ready", "value", "number")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    NUMBER_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    value: bytes
+    number: int
+    def __init__(self, ready: _Optional[bool] = ..., value: _Optional[bytes] = ..., number: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

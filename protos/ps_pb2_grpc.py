@@ -64,6 +64,11 @@ class ParameterServerStub:
                 request_serializer=protos_dot_ps__pb2.StatusRequest.SerializeToString,
                 response_deserializer=protos_dot_ps__pb2.StatusReply.FromString,
                 _registered_method=True)
+        self.Rendezvous = channel.unary_unary(
+                '/hetero_ps.ParameterServer/Rendezvous',
+                request_serializer=protos_dot_ps__pb2.StoreRequest.SerializeToString,
+                response_deserializer=protos_dot_ps__pb2.StoreReply.FromString,
+                _registered_method=True)
 
 
 class ParameterServerServicer:
@@ -113,6 +118,15 @@ class ParameterServerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rendezvous(self, request, context):
+        """--allreduce: the key-value store the workers' process group (gloo or NCCL) meets at, one
+        generation's keys at a time. Only a member of the job (its worker id and secret, as Heartbeat) that
+        holds a rank in the requested generation may call it; keys of a replaced generation are gone.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_ParameterServerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +159,11 @@ def add_ParameterServerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=protos_dot_ps__pb2.StatusRequest.FromString,
                     response_serializer=protos_dot_ps__pb2.StatusReply.SerializeToString,
+            ),
+            'Rendezvous': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rendezvous,
+                    request_deserializer=protos_dot_ps__pb2.StoreRequest.FromString,
+                    response_serializer=protos_dot_ps__pb2.StoreReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +328,33 @@ class ParameterServer:
             '/hetero_ps.ParameterServer/Status',
             protos_dot_ps__pb2.StatusRequest.SerializeToString,
             protos_dot_ps__pb2.StatusReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rendezvous(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/hetero_ps.ParameterServer/Rendezvous',
+            protos_dot_ps__pb2.StoreRequest.SerializeToString,
+            protos_dot_ps__pb2.StoreReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -90,8 +90,6 @@ def build_job(args: argparse.Namespace) -> Job:
                   and args.balance in ("auto", "compute"))
     if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
         raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
-    if args.rendezvous_port is not None and not (allreduce or may_switch):
-        raise ValueError("--rendezvous-port needs --allreduce (on, or auto in a BSP job that may take it)")
     # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
     dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed)
     model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed)
@@ -150,8 +148,8 @@ def build_job(args: argparse.Namespace) -> Job:
         print(f"ps-server: note: parking is off: {PARKING_OFF}", file=sys.stderr)
     evaluator = BackgroundEvaluator(eval_model, dataset, bn_batch=bn_batch(spec), seed=spec.seed)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints, checkpoint_failed(metrics)) if checkpoint_dir else None
-    rendezvous = Rendezvous(args.host, args.rendezvous_port or 0) if allreduce else None
-    fast_path_on_gpus = functools.partial(Rendezvous, args.host, args.rendezvous_port or 0) if may_switch else None
+    rendezvous = Rendezvous() if allreduce else None  # the group's store: served by the Rendezvous RPC
+    fast_path_on_gpus = Rendezvous if may_switch else None
     numel = sum(p.numel() for p in model.parameters())
     if args.shards > numel:
         raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
@@ -384,7 +382,7 @@ async def serve(
         raise
     await server.start()
     await health.set(SERVING)  # ready: the job is built, its shards hold their ranges, the server listens
-    mode = f"{job.spec.mode} allreduce, rendezvous port {job.rendezvous.port}" if job.rendezvous else job.spec.mode
+    mode = f"{job.spec.mode} allreduce" if job.rendezvous else job.spec.mode
     if job.coordinator.may_take_fast_path:
         mode += ", allreduce if every worker has a GPU of its own"
     if job.coordinator.shards is not None:

@@ -205,8 +205,6 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
     net.add_argument("--port", type=port_number, default=50051, help="0 picks a free port (printed at start)")
     net.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
-    net.add_argument("--rendezvous-port", type=port_number, default=None,
-                     help="--allreduce: port of the workers' TCPStore rendezvous on --host (unset: a free port)")
     net.add_argument("--shards", type=positive_int, default=1,
                      help="BSP: split the parameters by contiguous ranges across N server processes (this one and "
                           "N-1 ps-shard processes it starts on --host); workers push and pull the ranges in parallel")

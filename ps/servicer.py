@@ -10,7 +10,7 @@ from google.protobuf.message import DecodeError
 from protos import ps_pb2, ps_pb2_grpc
 from common.errors import ServiceError
 from ps.rounds.coordinator import Coordinator
-from common.transport.proto_convert import join_to_proto
+from common.transport.proto_convert import join_to_proto, store_answer_to_proto, store_call_from_proto
 from common.transport.push_stream import receive_push
 from common.transport.replies import params_chunk, reply_messages, status_code
 from common.transport.serialized import DataChunk
@@ -78,6 +78,13 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return ps_pb2.HeartbeatReply(done=beat.done, epoch=beat.epoch, round=beat.round, version=beat.version)
+
+    async def Rendezvous(self, request: ps_pb2.StoreRequest, context: grpc.aio.ServicerContext) -> ps_pb2.StoreReply:
+        try:
+            answer = await self.core.rendezvous_call(request.worker_id, request.secret, store_call_from_proto(request))
+        except ServiceError as exc:
+            await context.abort(status_code(exc), str(exc))
+        return store_answer_to_proto(answer)
 
     async def Status(self, request: ps_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> ps_pb2.StatusReply:
         s = self.core.status()

@@ -1,14 +1,18 @@
 """One rank of a fast-path group in its own process, for tests/worker/test_collective.py: `python -m
-tests.collective_ranks RANK WORLD PORT ALGORITHM OUT` takes ROUNDS steps with the gradients and batches
-below (`HUBS` names each round's hub) and saves its parameters and optimizer state to OUT. Rank
+tests.collective_ranks RANK WORLD PORT ALGORITHM OUT` meets the others at a TCPStore on 127.0.0.1:PORT,
+takes ROUNDS steps with the gradients and batches below (`HUBS` names each round's hub) and saves its
+parameters and optimizer state to OUT. Rank
 VETERAN first takes PRE steps alone, as a worker of an earlier group would have: the group adopts its
 parameters and momentum when it forms, and the others start from them."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from common.job.models import build_model
 from common.job.spec import JobSpec
@@ -43,9 +47,18 @@ def veteran_grads(round: int, numel: int) -> torch.Tensor:
     return torch.randn(numel, generator=torch.Generator().manual_seed(7000 + round))
 
 
+def tcp_stores(port: int) -> Callable[[int, timedelta], dist.Store]:
+    """Collective's stores on a TCPStore at 127.0.0.1:`port`, each generation's keys under a prefix of its own."""
+    def store(generation: int, timeout: timedelta) -> dist.Store:
+        tcp = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        return dist.PrefixStore(f"gen-{generation}/", tcp)
+
+    return store
+
+
 def main(argv: list[str]) -> None:
     rank, world, port, algorithm, out = int(argv[0]), int(argv[1]), int(argv[2]), argv[3], argv[4]
-    collective = Collective(spec(world, algorithm), model(), "127.0.0.1", port, timeout_s=60, bucket_bytes=BUCKET_BYTES)
+    collective = Collective(spec(world, algorithm), model(), tcp_stores(port), timeout_s=60, bucket_bytes=BUCKET_BYTES)
     numel = collective.params.numel()
     try:
         if rank == VETERAN:

@@ -25,9 +25,10 @@ import torch
 from protos import ps_pb2, ps_pb2_grpc
 from common.errors import InvalidArgument
 from common.job.spec import JobSpec
-from common.transport.messages import JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader
+from common.transport.messages import JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader, StoreAnswer, StoreCall
 from common.transport.payload import frame_tensor
-from common.transport.proto_convert import join_from_proto, push_meta_to_proto, step_header_from_proto
+from common.transport.proto_convert import (join_from_proto, push_meta_to_proto, step_header_from_proto,
+                                            store_answer_from_proto, store_call_to_proto)
 from common.transport.security import PathArg
 from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
 import worker.server_checks as server_checks
@@ -55,7 +56,7 @@ class ServerError(RuntimeError):
 
 
 def reachable_address(host: str, port: int, server_target: str) -> tuple[str, int]:
-    """Where to reach a service the server advertises (a rendezvous, a shard): a wildcard host (bound
+    """Where to reach a service the server advertises (a shard): a wildcard host (bound
     to all interfaces) means the host of the server's own address."""
     if host in WILDCARD_HOSTS:
         host = server_target.rsplit(":", 1)[0].strip("[]")
@@ -384,6 +385,15 @@ class PSClient:
         try:
             request = ps_pb2.HeartbeatRequest(worker_id=worker_id, secret=self.secret(worker_id))
             return self._stub.Heartbeat(request, timeout=10)
+        except grpc.RpcError as exc:
+            raise _error(exc) from None
+
+    def rendezvous(self, worker_id: str, call: StoreCall) -> StoreAnswer:
+        """--allreduce: one call on the group's store as `worker_id` (worker.group_store); the server may
+        hold it for `call.wait_s` seconds."""
+        request = store_call_to_proto(call, worker_id, self.secret(worker_id))
+        try:
+            return store_answer_from_proto(self._stub.Rendezvous(request, timeout=call.wait_s + LEAVE_TIMEOUT_S))
         except grpc.RpcError as exc:
             raise _error(exc) from None
 

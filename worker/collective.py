@@ -7,8 +7,8 @@ which gives the server's batch-weighted mean (Eq. 4b/4c), and take the server's 
 parameters. Every worker takes the identical step, so the copies stay equal without the server.
 
 A process group lives for one generation; the server starts a new one at every membership change.
-Its keys go under a per-generation prefix of the server's TCPStore. When a group forms, its ranks
-agree on the most advanced copy (the highest round; the lowest rank among equals) and broadcast its
+It meets at that generation's store (`stores`: worker.group_store's, kept by the server). When a group
+forms, its ranks agree on the most advanced copy (the highest round; the lowest rank among equals) and broadcast its
 parameters and optimizer state, which brings a newcomer (started from the server's last snapshot)
 up to date. NCCL needs CUDA tensors: with it the bucket lives on the worker's GPU (its compute device),
 so the gradients reach it without a trip through the CPU; the optimizer's copy stays fp32 on the CPU.
@@ -33,7 +33,6 @@ from common.transport.messages import GroupInfo, StepHeader
 from worker.client import ServerError
 
 BUCKET_BYTES = 25 * 1024 * 1024
-KEY_PREFIX = "hetero-ps/gen-{}/"
 CHECK_EVERY_S = 0.5  # while a group forms: how often to ask the server whether its generation still stands
 ROUND_CHECK_MODULUS = 4096
 """Each rank adds its round modulo this into the fp32 bucket: the sum stays exact (under 2^24) for any
@@ -58,9 +57,10 @@ class Collective:
     bucketed batch-weighted all-reduce, and the optimizer step on the local parameter copy."""
 
     def __init__(
-        self, spec: JobSpec, model: nn.Module, host: str, port: int, timeout_s: float = 120.0,
+        self, spec: JobSpec, model: nn.Module, stores: Callable[[int, timedelta], dist.Store], timeout_s: float = 120.0,
         bucket_bytes: int = BUCKET_BYTES, device: torch.device | None = None,
     ) -> None:
+        """`stores(generation, timeout)`: the store group `generation` meets at (its keys its own)."""
         self.spec = spec
         self.local = ParameterStore(flatten_params(model).cpu(), spec)
         self.compute_device = device or torch.device("cpu")
@@ -76,9 +76,8 @@ class Collective:
         self._device = torch.device("cpu")
         self._bucket: torch.Tensor | None = None
         self._inbox: list[torch.Tensor] = []
-        self._store: dist.Store | None = None
-        self.address: tuple[str, int] | None = None
-        self.connect(host, port)
+        self._stores = stores
+        self._store: dist.Store | None = None  # the group's: held while the group lives (torch calls back into it)
 
     @property
     def params(self) -> torch.Tensor:
@@ -100,16 +99,10 @@ class Collective:
         """Take the server's optimizer state (None: not stepped yet) with its parameters, after a join."""
         self.local.load_flat_optimizer_state(values)
 
-    def connect(self, host: str, port: int) -> None:
-        """Use the rendezvous at host:port (again, after a rejoin); the next step forms a new group."""
+    def rejoined(self) -> None:
+        """The worker joined again (a new id): the next step forms a new group."""
         self.close_group()
         self.round = -1  # the caller loads the server's parameters: a peer's copy wins at the next sync
-        self._store = None  # a new connection also when the address is the same (a restarted server)
-        try:
-            self._store = dist.TCPStore(host, port, is_master=False, timeout=self.timeout)
-        except (RuntimeError, OSError) as exc:
-            raise ServerError("UNAVAILABLE", f"cannot reach the --allreduce rendezvous at {host}:{port}: {exc}") from None
-        self.address = (host, port)
 
     # --------------------------------------------------------------- the group
     def ensure_group(self, plan: StepHeader, is_current: Callable[[int], bool] | None = None) -> None:
@@ -125,8 +118,7 @@ class Collective:
         if not 0 <= group.rank < group.world_size:
             raise CollectiveError(f"this worker has no rank in group generation {group.generation}")
         self.close_group()
-        assert self._store is not None
-        store = dist.PrefixStore(KEY_PREFIX.format(group.generation), self._store)
+        store = self._store = self._stores(group.generation, self.timeout)
         device = self._group_device(group.backend)
         try:
             if device.type == "cuda":
@@ -216,7 +208,6 @@ class Collective:
     def close(self) -> None:
         self.close_group()
         self._store = None
-        self.address = None
 
     # -------------------------------------------------------------------- step
     def _bucket_for(self, numel: int) -> torch.Tensor:

@@ -45,10 +45,11 @@ from common.transport.messages import PushTimes, StepHeader
 import worker.server_checks as server_checks
 from worker.backoff import Backoff
 from worker.bucket_stream import BucketStream
-from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError, reachable_address
+from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
 from worker.collective import Collective, CollectiveError
 from worker.device import gpu_uuid, synchronize
 from worker.forward_order import Arrivals, ForwardOrder
+from worker.group_store import ServerStore
 from worker.heartbeat import Heartbeat
 from worker.loader import Batches, LoaderOptions
 from worker.local_optimizer import LocalOptimizer, StepRefused
@@ -126,12 +127,10 @@ class Session:
         if Layout.of(self.model) != joined.layout:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
         self._collective: Collective | None = None
-        if self.spec.allreduce:  # the local copy of the parameters is the collective's
-            address = reachable_address(joined.rendezvous_host, joined.rendezvous_port, client.target)
-            self._collective = Collective(self.spec, self.model, *address, timeout_s=self.retry_for, device=self.device)
-            self._params = self._collective.params
-        else:
-            self._params = flatten_params(self.model)
+        if self.spec.allreduce:  # the local copy of the parameters is the collective's; its groups meet at the server
+            stores = partial(ServerStore, lambda call: client.rendezvous(self.worker_id, call))
+            self._collective = Collective(self.spec, self.model, stores, timeout_s=self.retry_for, device=self.device)
+        self._params = self._collective.params if self._collective is not None else flatten_params(self.model)
         self._grads = torch.empty_like(self._params)
         self._on_device: tuple[torch.Tensor, torch.Tensor] | None = None  # a GPU's copy of (params, grads)
         if self.device.type != "cpu":
@@ -461,7 +460,7 @@ class Session:
         if joined.spec != self.spec or joined.layout != Layout.of(self.model):
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
         if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
-            self._collective.connect(*reachable_address(joined.rendezvous_host, joined.rendezvous_port, self.client.target))
+            self._collective.rejoined()
         self.worker_id = joined.worker_id
         self._heartbeat.retarget(joined.worker_id, joined.heartbeat_interval_s)  # the new server's --evict-after
         self.rejoins += 1

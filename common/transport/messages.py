@@ -14,6 +14,7 @@ from common.transport.layout import Layout
 
 MAX_COMPUTE_MS = 24 * 3600 * 1000.0
 PUSH_KINDS = ("values", "report", "snapshot")  # see PushKind in protos/ps.proto
+STORE_OPS = ("set", "get", "add", "check", "wait", "compare_set", "delete", "num_keys")  # StoreOp in protos/ps.proto
 
 
 @dataclass(frozen=True)
@@ -119,10 +120,31 @@ class JoinInfo:
     layout: Layout
     heartbeat_interval_s: float  # how often the worker sends Heartbeat
     group: GroupInfo = GroupInfo()  # its hub_rank is not on the wire: every step's header says it
-    rendezvous_host: str = ""  # --allreduce: the TCPStore the workers' process group meets at
-    rendezvous_port: int = 0
     shards: tuple[ShardTarget, ...] = ()  # --shards: the ranges other servers hold
     secret: str = ""  # what the worker's later calls must carry (common.transport.worker_keys)
+
+
+@dataclass(frozen=True)
+class StoreCall:
+    """--allreduce: one operation on a group generation's keys (StoreRequest, without the caller's id
+    and secret); what each field means for each op is said at StoreOp in protos/ps.proto."""
+
+    generation: int
+    op: str  # one of STORE_OPS
+    keys: tuple[str, ...] = ()
+    value: bytes = b""
+    expected: bytes = b""
+    amount: int = 0
+    wait_s: float = 0.0  # get and wait: how long the server may hold the call
+
+
+@dataclass(frozen=True)
+class StoreAnswer:
+    """What a StoreCall gives back (StoreReply)."""
+
+    ready: bool = True
+    value: bytes = b""
+    number: int = 0
 
 
 @dataclass(frozen=True)

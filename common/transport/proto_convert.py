@@ -8,11 +8,25 @@ from collections.abc import Iterable
 
 from protos import ps_pb2
 from common.transport.layout import Layout, TensorEntry
-from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, SliceRange, StepHeader
+from common.transport.messages import (
+    STORE_OPS,
+    GroupInfo,
+    JoinInfo,
+    PushMeta,
+    PushTimes,
+    ShardTarget,
+    SliceRange,
+    StepHeader,
+    StoreAnswer,
+    StoreCall,
+)
 
 # the wire's PushKind numbers for the kind names (common.transport.messages.PUSH_KINDS), and back
 PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
 PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
+# the wire's StoreOp numbers for the op names (common.transport.messages.STORE_OPS: STORE_SET is 1), and back
+STORE_OP_NUMBERS = {name: number for number, name in enumerate(STORE_OPS, start=1)}
+STORE_OP_NAMES = {number: name for name, number in STORE_OP_NUMBERS.items()}
 DEFAULT_HEARTBEAT_S = 1.0  # a JoinReply that says no heartbeat interval (0)
 
 
@@ -50,8 +64,7 @@ def join_to_proto(j: JoinInfo) -> ps_pb2.JoinReply:
         worker_id=j.worker_id, secret=j.secret, job_json=j.job_json,
         layout=[ps_pb2.TensorSpec(name=e.name, shape=e.shape, dtype=e.dtype) for e in j.layout.entries],
         num_params=j.layout.numel, batch_size=j.batch_size, round=j.round, version=j.version, epoch=j.epoch,
-        index=j.index, heartbeat_interval_s=j.heartbeat_interval_s, rendezvous_host=j.rendezvous_host,
-        rendezvous_port=j.rendezvous_port, rank=j.group.rank, world_size=j.group.world_size,
+        index=j.index, heartbeat_interval_s=j.heartbeat_interval_s, rank=j.group.rank, world_size=j.group.world_size,
         generation=j.group.generation, backend=j.group.backend,
         shards=[ps_pb2.ShardInfo(address=s.address, start=s.start, stop=s.stop) for s in j.shards],
     )
@@ -64,7 +77,6 @@ def join_from_proto(p: ps_pb2.JoinReply) -> JoinInfo:
         layout=Layout(tuple(TensorEntry(t.name, tuple(t.shape), t.dtype) for t in p.layout)),
         heartbeat_interval_s=p.heartbeat_interval_s or DEFAULT_HEARTBEAT_S,
         group=GroupInfo(p.generation, p.rank, p.world_size, p.backend),
-        rendezvous_host=p.rendezvous_host, rendezvous_port=p.rendezvous_port,
         shards=tuple(ShardTarget(s.address, s.start, s.stop) for s in p.shards), secret=p.secret,
     )
 
@@ -95,3 +107,24 @@ def push_meta_from_proto(p: ps_pb2.PushHeader) -> PushMeta:
         kind=PUSH_KIND_NAMES.get(p.kind, f"unknown ({p.kind})"), generation=p.generation, secret=p.secret,
         offsets=p.offsets, local_sq_norm=p.local_sq_norm, global_sq_norm=p.global_sq_norm,
     )
+
+
+def store_call_to_proto(c: StoreCall, worker_id: str, secret: str) -> ps_pb2.StoreRequest:
+    return ps_pb2.StoreRequest(
+        worker_id=worker_id, secret=secret, generation=c.generation, op=STORE_OP_NUMBERS[c.op], keys=c.keys,
+        value=c.value, expected=c.expected, amount=c.amount, wait_s=c.wait_s,
+    )
+
+
+def store_call_from_proto(p: ps_pb2.StoreRequest) -> StoreCall:
+    """The call as the core sees it; an op number it does not know is named so (the core refuses it)."""
+    return StoreCall(p.generation, STORE_OP_NAMES.get(p.op, f"unknown ({p.op})"), tuple(p.keys), p.value,
+                     p.expected, p.amount, p.wait_s)
+
+
+def store_answer_to_proto(a: StoreAnswer) -> ps_pb2.StoreReply:
+    return ps_pb2.StoreReply(ready=a.ready, value=a.value, number=a.number)
+
+
+def store_answer_from_proto(p: ps_pb2.StoreReply) -> StoreAnswer:
+    return StoreAnswer(p.ready, p.value, p.number)

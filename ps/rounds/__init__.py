@@ -1,7 +1,7 @@
 """The coordinator (coordinator.py), the one core the servicer talks to, and its concerns, each with its
 own state in its own module: who may join and when the job starts (admission.py), the open BSP round
 (bsp.py), ASP updates (asp.py), epochs and the steps that schedule decisions and checkpoints
-(epochs.py), the fast path's groups (fast_path.py, on rendezvous.py), the whole model for evaluations
+(epochs.py), the fast path's groups (fast_path.py, on rendezvous.py and its store, group_store.py), the whole model for evaluations
 and checkpoints (whole_model.py, evaluations.py), the checks a push passes (push_checks.py), the
 checkpoint state, the reports and the job's end; state.py is what they share, membership.py who is in
 the job. May import ps.control, common.params, ps.shards, common.job, common.transport, ps.ops and common.errors;

@@ -48,7 +48,7 @@ from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.core import MAX_WAIT_S
 from common.transport.chunked import Vector
 from common.transport.layout import Layout, flatten_params
-from common.transport.messages import Beat, JoinInfo, PushMeta, StepHeader, StepReply
+from common.transport.messages import Beat, JoinInfo, PushMeta, StepHeader, StepReply, StoreAnswer, StoreCall
 from common.transport.payload import Payload
 from common.transport.wire import ChunkReceiver
 from common.transport.worker_keys import WorkerKeys
@@ -155,7 +155,6 @@ class Coordinator(JobState):
         return JoinInfo(
             member.worker_id, member.index, plan[member.name], self.round, self.version, self.epoch,
             self.spec.to_json(), self.layout, self.heartbeat_interval, self.fast_path.group_info(member, plan),
-            self.rendezvous.host if self.rendezvous else "", self.rendezvous.port if self.rendezvous else 0,
             tuple(self.shards.info()) if self.shards else (), self.keys.secret(member.worker_id),
         )
 
@@ -205,6 +204,11 @@ class Coordinator(JobState):
     def heartbeat(self, worker_id: str, secret: str) -> Beat:
         self.member(worker_id, secret).last_seen = self.clock()
         return Beat(self.done, self.epoch, self.round, self.version)
+
+    async def rendezvous_call(self, worker_id: str, secret: str, call: StoreCall) -> StoreAnswer:
+        """--allreduce: a member's call on its group generation's store (FastPath.store_call)."""
+        self.member(worker_id, secret)
+        return await self.fast_path.store_call(worker_id, call)
 
     def evict_stale(self) -> list[str]:
         """Evict workers silent for longer than evict_after; returns their names."""

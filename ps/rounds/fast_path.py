@@ -1,5 +1,5 @@
 """The collective fast path's coordination (--allreduce): whether the job takes it (--allreduce auto
-decides at the start), the workers' group generations with their ranks and hub, and the record of a
+decides at the start), the workers' group generations with their ranks, hub and store, and the record of a
 round closed without every report because a newer generation replaced the group that stepped it."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from ps.rounds.membership import Member
 from ps.rounds.rendezvous import Rendezvous, fast_path_fits, hub_rank
 from ps.rounds.state import JobState
 from ps.shards.client import RemoteShards
-from common.transport.messages import GroupInfo, StepReply
+from common.errors import FailedPrecondition
+from common.transport.messages import GroupInfo, StepReply, StoreAnswer, StoreCall
 from common.transport.payload import FramedChunks, Payload, TensorSource
 
 
@@ -54,12 +55,7 @@ class FastPath:
         assert start_rendezvous is not None
         starting = sorted(s.membership.pending.values(), key=lambda m: m.index)
         fits, why = fast_path_fits([m.worker_id for m in starting], {m.worker_id: m.cuda_device for m in starting})
-        rendezvous = None
-        if fits:
-            try:
-                rendezvous = start_rendezvous()
-            except ValueError as exc:
-                why = f"{why}, but {exc}"
+        rendezvous = start_rendezvous() if fits else None
         if rendezvous is not None:
             s.spec = replace(s.spec, allreduce=True, balance="compute")
             s.rendezvous = rendezvous
@@ -97,6 +93,12 @@ class FastPath:
         batches = {m.worker_id: plan.get(m.name, 0) for m in s.members.values()}
         return GroupInfo(group.generation, group.rank(member.worker_id), group.world_size, group.backend,
                          hub_rank(group, batches))
+
+    async def store_call(self, worker_id: str, call: StoreCall) -> StoreAnswer:
+        """A member's call on its group's store (ps.rounds.rendezvous); FailedPrecondition on the PS path."""
+        if self.state.rendezvous is None:
+            raise FailedPrecondition("this job is not on the collective fast path (no --allreduce): it keeps no group store")
+        return await self.state.rendezvous.call(worker_id, call)
 
     def note_close_without(self, pushed: set[str]) -> None:
         """The `close_without` record: the open round closes before every member reported it, because a

@@ -1,23 +1,24 @@
 """The collective fast path's meeting point (`ps-server --allreduce`).
 
-The server hosts a `torch.distributed.TCPStore`; workers build their process group on it, each
-generation under its own key prefix (`hetero-ps/gen-<n>/`, so the keys of a dissolved group never
-collide with the next one's). Every membership change (join, leave, eviction) starts a new
-generation: ranks follow join order over the active workers, and the backend is NCCL only when every
-one of them computes on its own CUDA device (gloo otherwise: NCCL refuses two ranks on one GPU, "Duplicate
-GPU detected", so workers sharing a GPU fall back to gloo instead of failing to form a group).
+The server keeps the key-value store the workers build their process group on (ps.rounds.group_store),
+served by its own Rendezvous RPC: only a member of the job that holds a rank in the generation it
+names reaches it, and a generation's keys go when the next one starts. Every membership change (join,
+leave, eviction) starts a new generation: ranks follow join order over the active workers, and the
+backend is NCCL only when every one of them computes on its own CUDA device (gloo otherwise: NCCL
+refuses two ranks on one GPU, "Duplicate GPU detected", so workers sharing a GPU fall back to gloo
+instead of failing to form a group).
 `plan_group` and `fast_path_fits` (`--allreduce auto`: does this job take the fast path?) are the pure
-part; `Rendezvous` adds the store.
+part; `Rendezvous` adds the store and says who may use it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import socket
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+
+from common.errors import PermissionDenied
+from common.transport.messages import StoreAnswer, StoreCall
+from ps.rounds.group_store import GroupStore, StoreLimits
 
 
 @dataclass(frozen=True)
@@ -81,47 +82,19 @@ def hub_rank(group: Group, batches: Mapping[str, int]) -> int:
     return max(range(group.world_size), key=lambda r: (batches.get(group.members[r], 0), -r))
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket listening on `host`:`port` (0: a free port) and nowhere else; OSError if it cannot."""
-    family, kind, proto, _, address = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                         flags=socket.AI_PASSIVE)[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(address)
-        sock.listen(socket.SOMAXCONN)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
 class Rendezvous:
-    """Hosts the TCPStore (on `host`, a free port unless `port` is given) and the current Group.
+    """The current Group and its store (empty until the first group forms)."""
 
-    The store listens on `host` alone (torch's own listener takes every interface): it is bound here
-    and handed to the store, so a job served on one address is not reachable through another."""
-
-    def __init__(self, host: str, port: int = 0, timeout_s: float = 300.0) -> None:
-        from torch.distributed import TCPStore
-
-        if not 0 <= port <= 65535:
-            raise ValueError(f"--rendezvous-port must be in [0, 65535], got {port}")
-        try:
-            sock = listening_socket(host, port)
-        except OSError as exc:
-            raise ValueError(f"cannot host the rendezvous store on {host}:{port}: {exc}") from None
-        self.port = int(sock.getsockname()[1])
-        fd = sock.detach()  # the store owns the listening socket from here on (and closes it)
-        try:
-            self.store = TCPStore(host, self.port, is_master=True, wait_for_workers=False,
-                                  timeout=timedelta(seconds=timeout_s), master_listen_fd=fd)
-        except (RuntimeError, OSError) as exc:  # DistNetworkError is a RuntimeError
-            with contextlib.suppress(OSError):
-                os.close(fd)
-            raise ValueError(f"cannot host the rendezvous store on {host}:{port}: {exc}") from None
-        self.host = host
+    def __init__(self, limits: StoreLimits | None = None) -> None:
         self.group = Group(0, (), "gloo")
+        self.store = GroupStore(limits)
+
+    async def call(self, worker_id: str, call: StoreCall) -> StoreAnswer:
+        """`worker_id`'s call on its group's store (the caller proved it is that member): refused
+        unless it names the current generation (GroupStore) and the worker holds a rank in it."""
+        if call.generation == self.group.generation and self.group.rank(worker_id) < 0:
+            raise PermissionDenied(f"worker {worker_id!r} holds no rank in group generation {self.group.generation}")
+        return await self.store.call(call)
 
     def regroup(self, worker_ids: Sequence[str], cuda: Mapping[str, str | None]) -> Group | None:
         """Start a new generation if the active workers (in join order) changed; returns it, or None.
@@ -129,6 +102,7 @@ class Rendezvous:
         if tuple(worker_ids) == self.group.members:
             return None
         self.group = plan_group(self.group.generation + 1, worker_ids, cuda)
+        self.store.begin(self.group.generation)
         return self.group
 
     def rank(self, worker_id: str) -> int:

@@ -92,7 +92,7 @@ def test_server_statefulset_services_and_probes(capsys: pytest.CaptureFixture[st
     secret, headless, service, server, *_ = documents
     assert headless["metadata"]["name"] == "hetero-ps-rendezvous"
     assert headless["spec"]["clusterIP"] == "None" and headless["spec"]["publishNotReadyAddresses"] is True
-    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"grpc": 50051, "rendezvous": 29500}
+    assert {p["name"]: p["port"] for p in headless["spec"]["ports"]} == {"grpc": 50051}  # the fast path's store is on it
     assert service["spec"]["ports"][0]["port"] == 50051 and "clusterIP" not in service["spec"]
     spec = server["spec"]
     assert spec["serviceName"] == "hetero-ps-rendezvous" and spec["replicas"] == 1
@@ -116,7 +116,7 @@ def test_the_server_command_is_ps_servers_and_resumes_from_the_volume(capsys: py
     assert command[:2] == ["sh", "-c"] and command[3] == "ps-server"
     args = command[4:]
     parsed = server_parser().parse_args(args)
-    assert (parsed.mode, parsed.workers, parsed.host, parsed.port, parsed.rendezvous_port) == ("bsp", 4, "0.0.0.0", 50051, 29500)
+    assert (parsed.mode, parsed.workers, parsed.host, parsed.port) == ("bsp", 4, "0.0.0.0", 50051)
     assert (parsed.epochs, parsed.lr, parsed.model, parsed.policy) == (3, 0.05, "cnn", "dynamic")
     assert args.count("--epochs") == 1  # a default the job gives is left out, not repeated
     script = command[2]
@@ -132,12 +132,13 @@ def test_job_defaults_are_the_compose_files() -> None:
         assert f"{flag} ${{" in command and f":-{value}}}" in command.split(flag, 1)[1].split()[0]
 
 
-def test_asp_and_ps_only_jobs_have_no_rendezvous(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--mode", "asp"], ["--server-arg=--allreduce off"], ["--server-arg=--balance busy"]):
+def test_every_job_exposes_the_grpc_port_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    """The collective fast path's groups meet at the server's gRPC service: no port of their own."""
+    for argv in ([], ["--server-arg=--allreduce on"], ["--mode", "asp"], ["--server-arg=--allreduce off"]):
         documents = manifests(capsys, *argv)
-        headless, _, server = documents[1:4]
-        assert [p["name"] for p in headless["spec"]["ports"]] == ["grpc"]
-        assert "--rendezvous-port" not in server["spec"]["template"]["spec"]["containers"][0]["command"]
+        headless, service, server = documents[1:4]
+        assert [p["name"] for p in headless["spec"]["ports"]] == [p["name"] for p in service["spec"]["ports"]] == ["grpc"]
+        assert [p["name"] for p in server["spec"]["template"]["spec"]["containers"][0]["ports"]] == ["grpc"]
 
 
 def test_tls_token_secret_namespace_memory(capsys: pytest.CaptureFixture[str]) -> None:
@@ -221,7 +222,7 @@ def test_out_writes_one_file_per_object(capsys: pytest.CaptureFixture[str], tmp_
         (["--namespace=-x"], "--namespace '-x' must be a DNS label"),
         (["--memory", "lots"], "--memory 'lots' is not a quantity"),
         (["--gpu-resource", "a b"], "--gpu-resource 'a b' is not a resource name"),
-        (["--port", "29500"], "--port and --rendezvous-port must differ"),
+        (["--rendezvous-port", "29500"], "unrecognized arguments: --rendezvous-port 29500"),
         (["--port", "70000"], "expected a port in 1-65535"),
         (["--scale", "0.0001"], "the kubelet enforces no less than 0.01"),
         (["--profile", "dynamic"], "'dynamic' is a schedule"),

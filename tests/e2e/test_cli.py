@@ -48,7 +48,7 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
         (["--staleness-lr", "inverse"], "--staleness-bound and --staleness-lr are for --mode asp, not --mode bsp"),
         (["--threads", "0"], "argument --threads: expected a whole number > 0, got '0'"),
         (["--keep-checkpoints", "0"], "argument --keep-checkpoints: expected a whole number > 0, got '0'"),
-        (["--rendezvous-port", "70000"], "argument --rendezvous-port: expected a port in 0-65535"),
+        (["--rendezvous-port", "29500"], "unrecognized arguments: --rendezvous-port 29500"),  # the store is on --port
         (["--nesterov", "--momentum", "0"], "--nesterov needs --momentum > 0"),
         (["--model-arg", "hidden"], "argument --model-arg: expected K=V, got 'hidden'"),
         (["--model-arg", "depth=3"], "model 'mlp' has no option 'depth' (its options: hidden, layers)"),

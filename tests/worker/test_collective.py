@@ -36,7 +36,7 @@ def test_bucketed_step_equals_the_server_optimizer_step() -> None:
     model = build_model("mlp", (64,), 10, {"hidden": 16}, 0)
     reference = ParameterStore.of_model(model, spec)
     host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    collective = Collective(spec, model, "127.0.0.1", host.port, timeout_s=30, bucket_bytes=1024)
+    collective = Collective(spec, model, collective_ranks.tcp_stores(host.port), timeout_s=30, bucket_bytes=1024)
     try:
         assert collective.bucket_numel * 3 < reference.numel
         for round in range(3):
@@ -57,7 +57,7 @@ def test_the_round_check_holds_past_the_rounds_fp32_can_count() -> None:
     spec = JobSpec(workers=1, global_batch=8)
     model = build_model("mlp", (64,), 10, {"hidden": 16}, 0)
     host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    collective = Collective(spec, model, "127.0.0.1", host.port, timeout_s=30)
+    collective = Collective(spec, model, collective_ranks.tcp_stores(host.port), timeout_s=30)
     try:
         for round in (2**24, 2**24 + 1, 2**31 + 3):
             plan = StepHeader(round, round, 0, 8, False, 0.0, 8, group=GroupInfo(1, 0, 1, "gloo"))

@@ -15,7 +15,7 @@ from protos.generate import stale_files
 from common.transport.messages import SliceRange
 from common.transport import proto_convert
 from common.transport.layout import Layout, TensorEntry
-from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader
+from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader, StoreAnswer, StoreCall
 
 
 def test_generated_code_is_fresh() -> None:
@@ -38,8 +38,10 @@ SAMPLES: dict[Any, Any] = {
     Layout: Layout((TensorEntry("fc.weight", (3, 2)), TensorEntry("fc.bias", (3,), "bfloat16"))),
     tuple[ShardTarget, ...]: (ShardTarget("10.0.0.2:50052", 6, 9), ShardTarget("[::1]:50053", 9, 12)),
     tuple[SliceRange, ...]: (SliceRange(3, 90, 10), SliceRange(4, 0, 22)),
+    tuple[str, ...]: ("hetero/0", "arrived/1"),
+    bytes: b"\x00\xffbytes",
 }
-KINDS = {"kind": "report"}  # fields whose values are names from a fixed list
+KINDS = {"kind": "report", "op": "compare_set"}  # fields whose values are names from a fixed list
 
 
 def sample(cls: type, offset: int = 0) -> Any:
@@ -101,6 +103,27 @@ def test_a_push_header_and_its_end_go_through_their_messages_field_for_field() -
     end = proto_convert.push_times_to_proto(times)
     assert all_written(end) == []
     assert proto_convert.push_times_from_proto(end) == times
+
+
+def test_store_ops_match_the_proto_enum() -> None:
+    """The core's store ops are the wire's StoreOp values but the unspecified 0, each named STORE_<OP>."""
+    from common.transport.messages import STORE_OPS
+
+    assert set(proto_convert.STORE_OP_NUMBERS) == set(STORE_OPS)
+    assert sorted(proto_convert.STORE_OP_NUMBERS.values()) == sorted(v for v in ps_pb2.StoreOp.values() if v != 0)
+    assert all(ps_pb2.StoreOp.Name(n) == f"STORE_{op.upper()}" for op, n in proto_convert.STORE_OP_NUMBERS.items())
+    assert proto_convert.store_call_from_proto(ps_pb2.StoreRequest(op=0)).op == "unknown (0)"
+
+
+def test_a_store_call_and_its_answer_go_through_their_messages_field_for_field() -> None:
+    call = sample(StoreCall)
+    message = proto_convert.store_call_to_proto(call, "w-1", "s3cret")
+    assert all_written(message) == [] and (message.worker_id, message.secret) == ("w-1", "s3cret")
+    assert proto_convert.store_call_from_proto(ps_pb2.StoreRequest.FromString(message.SerializeToString())) == call
+    for answer in (StoreAnswer(True, b"\x00value", 7), StoreAnswer(False)):
+        reply = proto_convert.store_answer_to_proto(answer)
+        assert all_written(reply) == ([] if answer.ready else ["ready", "value", "number"])
+        assert proto_convert.store_answer_from_proto(ps_pb2.StoreReply.FromString(reply.SerializeToString())) == answer
 
 
 def test_a_join_reply_without_a_heartbeat_interval_reads_as_the_default() -> None:

@@ -1,4 +1,4 @@
-"""The BSP collective fast path (`ps-server --allreduce`) against an in-process server: the rendezvous
+"""The BSP collective fast path (`ps-server --allreduce`) against an in-process server: the groups
 and ranks a join hands out, when --allreduce auto takes it, reports, snapshots and generations, and
 its flags."""
 
@@ -11,7 +11,6 @@ from pathlib import Path
 import grpc
 import pytest
 import torch
-from torch.distributed import TCPStore
 
 from protos import ps_pb2
 from ps.ops.metrics import read_metrics
@@ -25,14 +24,12 @@ from tests.fast_path_jobs import Code, TINY, call, report, report_round, snapsho
 
 
 # ------------------------------------------------------- protocol, in process
-def test_join_hands_out_the_rendezvous_and_ranks(ps_server, threads) -> None:
+def test_join_hands_out_the_group_and_ranks(ps_server, threads) -> None:
     server = ps_server(*TINY)
     joins = join_all(server, threads, {"a": 1.0, "b": 1.0})
-    port = server.coordinator.rendezvous.port
-    assert port > 0
     assert sorted(j.rank for j in joins.values()) == [0, 1]
     for j in joins.values():
-        assert (j.rendezvous_host, j.rendezvous_port, j.world_size, j.generation, j.backend) == ("127.0.0.1", port, 2, 1, "gloo")
+        assert (j.world_size, j.generation, j.backend) == (2, 1, "gloo")
     assert '"allreduce": true' in joins["a"].job_json
     h = server.stub().Pull(ps_pb2.PullRequest(worker_id=joins["a"].worker_id, secret=SECRETS[joins["a"].worker_id], header_only=True), timeout=TIMEOUT)
     (only,) = list(h)
@@ -94,10 +91,10 @@ def test_auto_takes_the_fast_path_when_every_worker_has_its_own_gpu(ps_server, t
     assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "auto"  # not chosen yet
     futures = {name: threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in (("a", "GPU-a"), ("b", "GPU-b"))}
     joins = {name: f.result(TIMEOUT) for name, f in futures.items()}
-    port = core.rendezvous.port
+    assert core.rendezvous is not None
     for j in joins.values():
         assert '"allreduce": true' in j.job_json and '"balance": "compute"' in j.job_json
-        assert (j.rendezvous_port, j.world_size, j.generation, j.backend) == (port, 2, 1, "nccl")
+        assert (j.world_size, j.generation, j.backend) == (2, 1, "nccl")
     assert not core.may_take_fast_path
     assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "allreduce"
     (path,) = _path_events(log)
@@ -132,7 +129,7 @@ def test_auto_stays_on_the_ps_path_otherwise(
     futures = {name: threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in zip("ab", gpus)}
     joins = {name: f.result(TIMEOUT) for name, f in futures.items()}
     for j in joins.values():
-        assert '"allreduce": false' in j.job_json and (j.rendezvous_port, j.world_size) == (0, 0)
+        assert '"allreduce": false' in j.job_json and (j.world_size, j.generation) == (0, 0)
     assert core.rendezvous is None and not core.may_take_fast_path
     assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "ps"
     events = _path_events(log)
@@ -148,17 +145,6 @@ def test_auto_stays_on_the_ps_path_otherwise(
     futures = {n: threads.submit(lambda w=w: list(server.stub().Push(iter(push_chunks(header(w, grad, batch_size=16), grad)),
                                                                      timeout=TIMEOUT))) for n, w in ids.items()}
     assert all(f.result(TIMEOUT)[0].header.round == 1 for f in futures.values())
-
-
-def test_auto_stays_on_the_ps_path_when_the_rendezvous_cannot_start(ps_server, threads, tmp_path: Path) -> None:
-    taken = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    log = tmp_path / "metrics.jsonl"
-    server = ps_server(*AUTO, "--rendezvous-port", str(taken.port), "--metrics-log", str(log))
-    futures = [threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in (("a", "GPU-a"), ("b", "GPU-b"))]
-    assert all('"allreduce": false' in f.result(TIMEOUT).job_json for f in futures)
-    (path,) = _path_events(log)
-    assert not path["allreduce"] and path["why"].startswith("every worker computes on a GPU of its own, but cannot host "
-                                                             f"the rendezvous store on 127.0.0.1:{taken.port}")
 
 
 def test_a_malformed_gpu_uuid_is_refused_and_changes_nothing(ps_server) -> None:
@@ -195,12 +181,15 @@ def test_pushes_of_the_wrong_kind_are_refused_without_a_trace(ps_server, threads
     assert server.call(lambda: (server.coordinator.bsp.round_batch, server.coordinator.whole_model.snapshot_requested)) == (0, False)
 
 
-def test_reports_in_a_ps_job_are_refused(ps_server, threads) -> None:
+def test_reports_and_store_calls_in_a_ps_job_are_refused(ps_server, threads) -> None:
     server = ps_server("--global-batch", "32")
     ids = {n: j.worker_id for n, j in join_all(server, threads, {"a": 1.0, "b": 1.0}).items()}
     stub = server.stub()
     expect_refused(server, lambda: list(stub.Push(iter(report(ids["a"], 0)), timeout=TIMEOUT)), Code.INVALID_ARGUMENT,
                    "a report push is for --allreduce jobs")
+    put = ps_pb2.StoreRequest(worker_id=ids["a"], secret=SECRETS[ids["a"]], op=ps_pb2.STORE_SET, keys=["k"], value=b"v")
+    expect_refused(server, lambda: stub.Rendezvous(put, timeout=TIMEOUT), Code.FAILED_PRECONDITION,
+                   "this job is not on the collective fast path (no --allreduce)")
 
 
 def test_rounds_close_on_reports_and_rank0_snapshots_at_epoch_end(ps_server, threads, tmp_path: Path) -> None:
@@ -375,14 +364,10 @@ def test_a_report_from_a_replaced_generation_closes_the_round(ps_server, threads
     ("args", "needle"),
     [
         (["--mode", "asp", "--allreduce"], "--allreduce is the BSP collective fast path; it cannot run with --mode asp"),
-        (["--allreduce", "off", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
-        (["--mode", "asp", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
-        (["--allreduce", "--rendezvous-port", "70000"], "argument --rendezvous-port: expected a port in 0-65535, got '70000'"),
-        (["--rendezvous-port", "70000"], "argument --rendezvous-port: expected a port in 0-65535, got '70000'"),
+        (["--allreduce", "--rendezvous-port", "29500"], "unrecognized arguments: --rendezvous-port 29500"),
         (["--allreduce", "off", "--allreduce-algorithm", "hub"], "--allreduce-algorithm needs --allreduce (on, or auto"),
         # auto cannot take the fast path where busy time or the cycle is asked for, or with shards
         (["--balance", "busy", "--allreduce-algorithm", "hub"], "--allreduce-algorithm needs --allreduce (on, or auto"),
-        (["--shards", "2", "--rendezvous-port", "29500"], "--rendezvous-port needs --allreduce (on, or auto"),
         (["--mode", "asp", "--allreduce", "on"], "--allreduce is the BSP collective fast path"),
     ],
 )

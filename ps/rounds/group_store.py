@@ -1,0 +1,147 @@
+"""The collective fast path's key-value store (`ps-server --allreduce`): where a group generation's
+ranks meet to build their gloo or NCCL process group, served by the ParameterServer's Rendezvous RPC
+(ps.rounds.rendezvous checks who may call it), so that no second port and no unauthenticated store exist.
+
+Pure (no I/O; asyncio for the long polls of get and wait): one generation's keys at a time, with the
+semantics of torch.distributed's Store. A call is checked whole before it changes anything; bounds on
+key length, value size, the number of keys and their total size keep a member from filling the
+server's memory. A new generation drops the previous one's keys and refuses its waiters (their group
+was replaced)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass
+
+from common.errors import FailedPrecondition, InvalidArgument
+from common.transport.messages import STORE_OPS, StoreAnswer, StoreCall
+
+ONE_KEY = ("set", "get", "add", "compare_set", "delete")  # the ops on keys[0] alone
+INT64 = (-(2**63), 2**63 - 1)
+
+
+@dataclass(frozen=True)
+class StoreLimits:
+    """What one generation's store holds at most, and how long it holds a get or wait."""
+
+    key_chars: int = 512
+    value_bytes: int = 64 * 1024  # NCCL's unique id is 128 bytes, gloo's addresses a few hundred
+    keys: int = 4096
+    total_bytes: int = 16 * 1024 * 1024  # keys and values of the generation together
+    wait_s: float = 10.0  # a get's or wait's long poll; the worker asks again until its own timeout
+
+
+class GroupStore:
+    """The keys of the current group generation (0: none yet). Driven from one asyncio event loop."""
+
+    def __init__(self, limits: StoreLimits | None = None) -> None:
+        self.limits = limits or StoreLimits()
+        self.generation = 0
+        self._values: dict[str, bytes] = {}
+        self._bytes = 0
+        self._changed = asyncio.Event()  # set (and replaced) at every change: wakes the long polls
+
+    def begin(self, generation: int) -> None:
+        """Start `generation`: the previous one's keys are dropped, its waiters refused."""
+        self.generation = generation
+        self._values, self._bytes = {}, 0
+        self._wake()
+
+    async def call(self, c: StoreCall) -> StoreAnswer:
+        """Run `c` on the generation's keys; FailedPrecondition when it is not (or no longer) the
+        current generation's, InvalidArgument when it is malformed or oversize (nothing changes)."""
+        self._check(c)
+        if c.op in ("get", "wait"):
+            ready = await self._until_set(c.generation, c.keys, min(c.wait_s, self.limits.wait_s))
+            return StoreAnswer(ready, self._values[c.keys[0]] if ready and c.op == "get" else b"")
+        key = c.keys[0] if c.keys else ""
+        if c.op == "set":
+            self._put(key, c.value)
+            return StoreAnswer()
+        if c.op == "add":
+            total = _integer(key, self._values.get(key, b"0")) + c.amount
+            if not INT64[0] <= total <= INT64[1]:
+                raise InvalidArgument(f"adding {c.amount} to store key {key!r} leaves the 64-bit range")
+            self._put(key, str(total).encode())
+            return StoreAnswer(number=total)
+        if c.op == "compare_set":
+            current = self._values.get(key)
+            if current is None and c.expected:
+                return StoreAnswer(value=c.expected)
+            if current is None or current == c.expected:
+                self._put(key, c.value)
+                return StoreAnswer(value=c.value)
+            return StoreAnswer(value=current)
+        if c.op == "delete":
+            old = self._values.pop(key, None)
+            if old is not None:
+                self._bytes -= len(key) + len(old)
+            return StoreAnswer(old is not None)
+        if c.op == "check":
+            return StoreAnswer(all(k in self._values for k in c.keys))
+        return StoreAnswer(number=len(self._values))  # num_keys
+
+    def _check(self, c: StoreCall) -> None:
+        lim = self.limits
+        if c.generation != self.generation:
+            raise FailedPrecondition(f"group generation {c.generation} is not the current one ({self.generation}): "
+                                     "its store is gone")
+        if c.op not in STORE_OPS:
+            raise InvalidArgument(f"unknown store op {c.op!r}; expected one of {', '.join(STORE_OPS)}")
+        if c.op in ONE_KEY and len(c.keys) != 1:
+            raise InvalidArgument(f"store op {c.op} takes one key, got {len(c.keys)}")
+        if c.op in ("check", "wait") and not 1 <= len(c.keys) <= lim.keys:
+            raise InvalidArgument(f"store op {c.op} takes 1 to {lim.keys} keys, got {len(c.keys)}")
+        if c.op == "num_keys" and c.keys:
+            raise InvalidArgument(f"store op num_keys takes no keys, got {len(c.keys)}")
+        for key in c.keys:
+            if not 1 <= len(key) <= lim.key_chars:
+                raise InvalidArgument(f"a store key has 1 to {lim.key_chars} characters, got {len(key)}")
+        for name, value in (("value", c.value), ("expected value", c.expected)):
+            if len(value) > lim.value_bytes:
+                raise InvalidArgument(f"a store {name} has at most {lim.value_bytes} bytes, got {len(value)}")
+        if not (math.isfinite(c.wait_s) and c.wait_s >= 0):
+            raise InvalidArgument(f"a store call's wait_s must be finite and >= 0, got {c.wait_s}")
+
+    def _put(self, key: str, value: bytes) -> None:
+        """Store `value` under `key` within the generation's bounds (else nothing changes)."""
+        old = self._values.get(key)
+        if old is None and len(self._values) >= self.limits.keys:
+            raise FailedPrecondition(f"the group's store holds at most {self.limits.keys} keys")
+        size = self._bytes + len(value) - (len(old) if old is not None else -len(key))
+        if size > self.limits.total_bytes:
+            raise FailedPrecondition(f"the group's store holds at most {self.limits.total_bytes} bytes")
+        self._values[key], self._bytes = value, size
+        self._wake()
+
+    async def _until_set(self, generation: int, keys: tuple[str, ...], wait_s: float) -> bool:
+        """Whether every one of `keys` is set within `wait_s` seconds; FailedPrecondition once
+        `generation` is replaced."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            if self.generation != generation:
+                raise FailedPrecondition(f"group generation {generation} was replaced by generation "
+                                         f"{self.generation} (a member came or went): form the new group")
+            if all(k in self._values for k in keys):
+                return True
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return False
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                pass
+
+    def _wake(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+
+def _integer(key: str, value: bytes) -> int:
+    """The counter a store add works on (a decimal integer, as torch's stores keep it)."""
+    try:
+        return int(value.decode("ascii"))
+    except ValueError:
+        raise InvalidArgument(f"store key {key!r} holds no integer to add to") from None
