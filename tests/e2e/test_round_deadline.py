@@ -2,7 +2,8 @@
 goes on is evicted at the round's deadline and the job finishes without it; a second push in flight is
 refused at once and the first goes on; a worker that joined waits at most --join-wait for the start;
 in ASP with --staleness-bound one push waits for its reply at a time, and a worker that holds the
-others back without pushing is evicted at the deadline. The deadline's arithmetic is checked pure."""
+others back without pushing is evicted at the deadline; calls beyond --max-concurrent-rpcs are
+refused at once. The deadline's arithmetic is checked pure."""
 
 from __future__ import annotations
 
@@ -153,6 +154,60 @@ def test_a_worker_waiting_for_the_start_is_turned_away_after_join_wait(tmp_path:
         assert {j.batch_size for j in joined.values()} == {32}
     finally:
         client.close()
+        cluster.stop()
+
+
+def test_calls_beyond_the_concurrent_rpc_cap_are_refused_at_once_and_the_held_ones_go_on(tmp_path: Path) -> None:
+    """--max-concurrent-rpcs 2: two Joins wait for the start (--workers 3); a third call at the same
+    time is RESOURCE_EXHAUSTED at once, and once a call ends the server takes calls again."""
+    cluster = start_server(tmp_path, ["--workers", "3", *TINY, "--epochs", "1", "--max-concurrent-rpcs", "2",
+                                      "--join-wait", "30", "--grace", "1"])
+    clients = [PSClient(cluster.target) for _ in range(3)]
+    outcomes: dict[str, object] = {}
+
+    def join(client: PSClient, name: str) -> None:
+        try:
+            outcomes[name] = client.join(name, 1.0, timeout=60)
+        except ServerError as exc:
+            outcomes[name] = exc
+
+    held = [threading.Thread(target=join, args=(c, n)) for c, n in zip(clients, ("a", "b"))]
+    try:
+        for t in held:
+            t.start()
+        time.sleep(2.0)  # no probe while the Joins arrive: a probe beside them would take one of the two places
+        deadline = time.monotonic() + 30
+        while True:  # a probe is served until both Joins are in and held
+            try:
+                clients[2].status()
+            except ServerError as exc:
+                assert exc.code == "RESOURCE_EXHAUSTED", exc
+                break
+            assert time.monotonic() < deadline, cluster.server_log()
+            time.sleep(0.5)
+        assert not outcomes, outcomes
+        started = time.monotonic()
+        with pytest.raises(ServerError) as refused:
+            clients[2].join("c", 1.0, timeout=30)
+        assert refused.value.code == "RESOURCE_EXHAUSTED", refused.value
+        assert time.monotonic() - started < 5 and not outcomes  # at once; the held Joins still wait
+        clients[0].close()  # a held call ends: the cap has room again
+        for t in held[:1]:
+            t.join(30)
+        assert isinstance(outcomes.get("a"), ServerError)
+        deadline = time.monotonic() + 30
+        while True:  # the server frees the slot once it sees the cancellation
+            try:
+                assert clients[2].status().round == 0
+                break
+            except ServerError as exc:
+                assert exc.code == "RESOURCE_EXHAUSTED" and time.monotonic() < deadline, exc
+                time.sleep(0.1)
+    finally:
+        for c in clients:
+            c.close()
+        for t in held:
+            t.join(30)
         cluster.stop()
 
 
