@@ -21,8 +21,10 @@ Reported per run: faults injected by kind, whether the job finished, samples/s (
 samples over the time from the job's start to its end, server restarts included), the final test
 accuracy, the longest time any round stayed open (Status polled every ``POLL_S``; a server's downtime
 is counted apart), and the invariants: every plan sums to B, every round of fewer than B samples
-closed while a member was removed from it, and each server's step count equals the rounds it closed
-after the round it started at. ``faulted_vs_free`` is the throughput ratio (the goal: >= 0.90 at one
+closed while a member was removed from it, each server's step count equals the rounds it closed
+after the round it started at, and, a witness apart from those counters, no sample was trained twice
+in an epoch and every epoch (from the last server's first) was trained whole (the summary's
+``exactly_once``). ``faulted_vs_free`` is the throughput ratio (the goal: >= 0.90 at one
 worker fault per 30 s), ``workers_vs_free`` the same for the worker faults only. stdout gets the JSON (``--json``) or a table; progress goes to stderr.
 """
 
@@ -281,6 +283,12 @@ def train_samples() -> int:
     return len(dataset.train_x)
 
 
+def exact_from(events: list[dict[str, Any]]) -> int:
+    """The first epoch the last server counts whole: a resumed one counts from the epoch it resumed in."""
+    resumes = [e for e in events if e["event"] == "resume"]
+    return int(resumes[-1].get("epoch", 0)) if resumes else 0
+
+
 def report(run: str, events: list[dict[str, Any]], watch: Watch, injected: Counter[str],
            started: float | None) -> dict[str, Any]:
     summaries = [e for e in events if e["event"] == "summary"]
@@ -293,6 +301,7 @@ def report(run: str, events: list[dict[str, Any]], watch: Watch, injected: Count
     end = [e for e in events if e["event"] == "end"]
     wall = end[-1]["time"] - first[0]["time"] if first and end else None
     samples = summary.get("epochs", 0) * train_samples()
+    exact = summary.get("exactly_once", {})
     return {
         "run": run,
         "finished": summary.get("reason") == "finished",
@@ -309,6 +318,10 @@ def report(run: str, events: list[dict[str, Any]], watch: Watch, injected: Count
         "short_rounds": len(shorts),
         "short_rounds_all_at_a_removal": all(e["round"] in removed_in for e in shorts),
         "steps_equal_rounds_closed": summary.get("rounds") == (summary.get("first_round") or 0) + summary.get("rounds_closed", -1),
+        # a second witness, kept apart from the round counters: the epochs' slices (ps/rounds/epoch_slices.py)
+        # refuse a sample consumed twice in an epoch, and count every epoch trained whole
+        "no_sample_trained_twice": exact.get("overlaps") == 0,
+        "every_epoch_trained_once": exact.get("exact_epochs") == list(range(exact_from(events), summary.get("epochs", 0))),
         "plans": len(plans),
         "plan_workers": [sorted(p) for k, p in enumerate(plans) if k == 0 or sorted(p) != sorted(plans[k - 1])],
     }

@@ -27,7 +27,7 @@ def events(short_round_at: int, removed_at: int) -> list[dict]:
         {"event": "short_round", "round": short_round_at, "batch": B // 2},
         {"event": "end", "time": 10.0},
         {"event": "summary", "reason": "finished", "epochs": 1, "rounds": 9, "first_round": 0, "rounds_closed": 9,
-         "accuracy": 0.9},
+         "accuracy": 0.9, "exactly_once": {"overlaps": 0, "exact_epochs": [0]}},
     ]
 
 
@@ -37,8 +37,16 @@ def test_a_short_round_must_coincide_with_a_removal(tmp_path: Path) -> None:
     assert good["finished"] and good["every_plan_sums_to_B"] and good["short_rounds_all_at_a_removal"]
     assert good["steps_equal_rounds_closed"] and good["longest_round_open_s"] == 2.5
     assert good["plan_workers"] == [["a", "b"], ["a"]]
+    assert good["no_sample_trained_twice"] and good["every_epoch_trained_once"]
     bad = report("faulted", events(5, 4), watch, Counter(), 0.0)
     assert not bad["short_rounds_all_at_a_removal"]
+    twice = events(4, 4)
+    twice[-1]["exactly_once"] = {"overlaps": 3, "exact_epochs": []}
+    worse = report("faulted", twice, watch, Counter(), 0.0)
+    assert not worse["no_sample_trained_twice"] and not worse["every_epoch_trained_once"]
+    resumed = [*events(4, 4)[:-1], {"event": "resume", "epoch": 1, "time": 5.0}, events(4, 4)[-1]]
+    resumed[-1] = {**resumed[-1], "epochs": 3, "exactly_once": {"overlaps": 0, "exact_epochs": [1, 2]}}
+    assert report("faulted", resumed, watch, Counter(), 0.0)["every_epoch_trained_once"]
 
 
 def test_the_stall_hook_waits_while_its_file_exists(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
