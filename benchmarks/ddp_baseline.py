@@ -7,7 +7,8 @@ controller's final split).
 on the same data with the same batch ``B / K`` (or rank k's own ``b_k``, its loss scaled by
 ``K b_k / B`` so that DDP's mean of the ranks' gradients is the gradient of the ``B`` samples). They meet through a ``torch.distributed.TCPStore``
 that rank 0 hosts on 127.0.0.1, on a free port the driver picks. After ``warmup`` steps, rank 0 times ``steps``
-more between two barriers and prints ``{"samples_per_s", "step_ms", ...}`` as one JSON line.
+more between two barriers and prints ``{"samples_per_s", "step_ms", ...}`` as one JSON line. With
+``cpu_out``, every rank also writes its CPU time per step there (``rank<R>.json``: :func:`cpu_record`).
 
 The child entry point is ``python -m benchmarks.ddp_baseline --rank R --world K --store-port P ...``.
 """
@@ -15,6 +16,7 @@ The child entry point is ``python -m benchmarks.ddp_baseline --rank R --world K 
 from __future__ import annotations
 
 import argparse
+import copy
 import datetime
 import json
 import socket
@@ -22,6 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from benchmarks.workload import (
     Workload,
@@ -46,6 +49,7 @@ def run_ddp(
     steps: int,
     workdir: Path,
     timeout_s: float,
+    cpu_out: Path | None = None,
 ) -> dict:
     """Run the DDP baseline with ``len(preexecs)`` ranks; returns rank 0's measurement.
 
@@ -68,6 +72,8 @@ def run_ddp(
                 "--warmup", str(warmup), "--steps", str(steps),
                 "--slowdown", str(slowdowns[rank]),
             ]
+            if cpu_out is not None:
+                argv += ["--cpu-out", str(cpu_out / f"rank{rank}.json")]
             procs.append(spawn(argv, preexec=preexecs[rank], log=workdir / f"ddp-rank{rank}.log"))
         deadline = time.monotonic() + timeout_s
         while any(proc.poll() is None for proc in procs):
@@ -120,7 +126,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="timed steps")
     p.add_argument("--slowdown", type=float, default=1.0, help="software slowdown of this rank's compute")
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    p.add_argument("--cpu-out", type=Path, default=None, metavar="FILE",
+                   help="write this rank's CPU time per step here as JSON (benchmarks.round_cpu)")
     return p
+
+
+def cpu_record(steps: int, process_s: float, fwd_bwd_s: float, optimizer_s: float, solo_s: float) -> dict:
+    """A rank's CPU ms per timed step: the whole process's (every thread: gloo's too), its main
+    thread's in forward and backward (with DDP's hooks) and in the optimizer step, and forward and
+    backward of the same model without DDP, timed after the DDP steps on the same batches."""
+    per_step = lambda seconds: round(1e3 * seconds / steps, 3)  # noqa: E731
+    return {"steps": steps, "process_cpu_ms": per_step(process_s), "fwd_bwd_cpu_ms": per_step(fwd_bwd_s),
+            "optimizer_cpu_ms": per_step(optimizer_s), "solo_fwd_bwd_cpu_ms": per_step(solo_s)}
+
+
+def solo_fwd_bwd(model: Any, dataset: Any, batches: Sequence[Any], scale: float) -> float:
+    """This thread's CPU seconds for forward and backward of `model` (no DDP) on `batches`."""
+    import torch.nn.functional as F
+
+    model.train()
+    began = time.thread_time()
+    for idx in batches:
+        loss = F.cross_entropy(model(dataset.train_x[idx]), dataset.train_y[idx]) * scale
+        model.zero_grad(set_to_none=False)
+        loss.backward()
+    return time.thread_time() - began
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -156,22 +186,32 @@ def main(argv: Sequence[str] | None = None) -> int:
         ddp.train()
         compute_s = 0.0
         start = 0.0
+        cpu = [0.0, 0.0, 0.0]  # process, main thread in forward and backward, in the optimizer step
+        batches_timed = []
         for step in range(args.warmup + args.steps):
             if step == args.warmup:
                 dist.barrier()
-                start, compute_s = time.perf_counter(), 0.0
-            began = time.perf_counter()
+                start, compute_s, cpu = time.perf_counter(), 0.0, [-time.process_time(), 0.0, 0.0]
+            began, thread_began = time.perf_counter(), time.thread_time()
             idx = sampler.next_batch()
+            batches_timed.append(idx)
             x, y = dataset.train_x[idx], dataset.train_y[idx]
             loss = F.cross_entropy(ddp(x), y) * scale
             optimizer.zero_grad(set_to_none=False)
             loss.backward()  # the gradient all-reduce runs here, overlapped with backward
             if args.slowdown > 1.0:
                 time.sleep((time.perf_counter() - began) * (args.slowdown - 1.0))
+            stepping = time.thread_time()
             optimizer.step()
             compute_s += time.perf_counter() - began
+            cpu[1] += stepping - thread_began
+            cpu[2] += time.thread_time() - stepping
+        cpu[0] += time.process_time()
         dist.barrier()
         seconds = time.perf_counter() - start
+        if args.cpu_out is not None:
+            solo_s = solo_fwd_bwd(copy.deepcopy(model), dataset, batches_timed[args.warmup:], scale)
+            args.cpu_out.write_text(json.dumps(cpu_record(args.steps, *cpu, solo_s)), encoding="utf-8")
         if args.rank == 0:
             samples = args.steps * sum(batches)
             print(json.dumps({

@@ -83,3 +83,15 @@ def save_result(args: argparse.Namespace, benchmark: str, report: dict[str, Any]
     path.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
     print(f"{benchmark}: result written to {path}", file=sys.stderr)
     return path
+
+
+def publish(args: argparse.Namespace, benchmark: str, report: dict[str, Any], table: str,
+            argv: Sequence[str] | None = None) -> None:
+    """A report with ``--json``, ``--out DIR`` and ``--save-result``: both files in DIR (if given), the
+    JSON (with --json) and the table on stdout, and the dated result file (with --save-result)."""
+    text = json.dumps(report, indent=1)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        save_report(args.out, benchmark, text, table)
+    print_report(text, table, args.json)
+    save_result(args, benchmark, report, argv)

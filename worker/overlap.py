@@ -26,6 +26,7 @@ import torch
 from torch import nn
 
 from common.transport.wire import CHUNK_BYTES
+import worker.cpu_parts as cpu_parts
 
 BUCKET_VALUES = CHUNK_BYTES // 4
 """Values per bucket (at least: a parameter larger than this is a bucket of its own): one fp32 wire chunk."""
@@ -116,7 +117,7 @@ class BucketPush:
         return ready
 
     def _ready(self, index: int, param: torch.Tensor) -> None:
-        with self._lock:
+        with cpu_parts.part("push_copy"), self._lock:
             if self._open is None or self._spoiled:
                 return
             if index in self._counted:  # a second backward before step(): what went out is stale
@@ -153,20 +154,22 @@ class BucketPush:
         with self._lock:
             if self._open is None:
                 return None
-            stale = self._spoiled or any(
-                self._changed(i) for k, bucket in enumerate(self.buckets) if self._sent[k] for i in bucket.members)
+            with cpu_parts.part("push_check"):
+                stale = self._spoiled or any(
+                    self._changed(i) for k, bucket in enumerate(self.buckets) if self._sent[k] for i in bucket.members)
             if stale:
                 if self._stream is not None:
                     self._stream.cancel()
                 self._open, self._stream = None, None
                 self.fallbacks += 1
                 return None
-            for k, bucket in enumerate(self.buckets):
-                if not self._sent[k]:
-                    for i in bucket.members:
-                        if i not in self._counted:
-                            self._copy(i)
-                    self._send(k)
+            with cpu_parts.part("push_copy"):
+                for k, bucket in enumerate(self.buckets):
+                    if not self._sent[k]:
+                        for i in bucket.members:
+                            if i not in self._counted:
+                                self._copy(i)
+                        self._send(k)
             stream = self._stream
             self._open, self._stream = None, None
             self.streamed += 1

@@ -43,6 +43,7 @@ from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from common.transport.messages import PushTimes, StepHeader
 import worker.server_checks as server_checks
+import worker.cpu_parts as cpu_parts
 from worker.backoff import Backoff
 from worker.bucket_stream import BucketStream
 from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
@@ -166,10 +167,7 @@ class Session:
     # ------------------------------------------------------------------ the plan
     def _apply(self, plan: StepHeader) -> None:
         """Load the parameters into the model and follow `plan`."""
-        if self._on_device is None:
-            load_flat(self.model, self._params)
-        else:
-            load_flat(self.model, self._on_device[0].copy_(self._params))
+        load_flat(self.model, self._params if self._on_device is None else self._on_device[0].copy_(self._params))
         self._follow(plan)
 
     def _follow(self, plan: StepHeader) -> None:
@@ -198,12 +196,13 @@ class Session:
     # ---------------------------------------------------------------- training
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch of the planned size; starts this step's compute timer."""
-        self._fetch_started = time.perf_counter()
-        self._fetch_cpu = time.process_time()
+        cpu_parts.round_begins(self.steps)  # an audit hook for benchmarks (off unless $PS_CPU_PARTS is set)
+        self._fetch_started, self._fetch_cpu = time.perf_counter(), time.process_time()
         if self._compute_end is not None:
             self.exposed_ms = (self._fetch_started - self._compute_end) * 1000.0
             self._compute_end = None
         x, y = self._batches.next(self._sampler.batch_size)
+        cpu_parts.batch_drawn()
         self._drawn, self.data_wait_ms = len(y), self._batches.wait_ms
         self._drawn_step = (self.plan, self._sampler.taken()) if isinstance(self._sampler, SliceSource) else None
         if self._buckets is not None:
@@ -255,6 +254,7 @@ class Session:
         """Push this step's gradients; return once the new parameters are in the model."""
         if self._fetch_started is None:
             raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
+        cpu_parts.compute_ends()
         burn_cpu(self.step_overhead_ms)
         synchronize(self.device)
         waited_ms = self._arrivals.take_waited_ms()  # the forward's wait for parameters: exposed, not compute

@@ -1,0 +1,50 @@
+"""benchmarks.round_cpu, run small: real ps-server, ps-worker and DDP processes; every part and the ratio reported."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import worker.cpu_parts as cpu_parts
+
+PARTS = ("process", "data", "compute", "push", "push_copy", "push_check", "push_send", "receive", "copy", "rest")
+
+
+def test_the_round_cpu_benchmark_reports_every_part_next_to_ddp(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "-m", "benchmarks.round_cpu", "--cases", "tiny", "--batch", "8", "--warmup", "2",
+                    "--rounds", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, check=True)
+    report = json.loads((tmp_path / "round_cpu.json").read_text(encoding="utf-8"))
+    (case,) = report["cases"]
+    assert case["case"] == "tiny" and case["rounds"] == 4 and len(case["ps"]["per_worker"]) == 2
+    for worker in case["ps"]["per_worker"]:
+        assert all(worker[p] >= 0 for p in PARTS if p != "rest"), worker
+        assert worker["compute"] > 0 and worker["push_send"] > 0 and worker["receive"] > 0
+        assert worker["push"] == pytest.approx(worker["push_copy"] + worker["push_check"] + worker["push_send"], abs=0.003)
+        named = sum(worker[p] for p in ("data", "compute", "push", "receive", "copy", "rest"))
+        assert named == pytest.approx(worker["process"], abs=0.01)  # the rest is what the parts leave
+        assert sum(worker["rest_detail"].values()) == pytest.approx(worker["rest"], abs=0.05)
+        assert worker["rest_detail"]["step"] > 0
+    assert set(PARTS) <= set(case["ps"]["mean"])
+    for rank in case["ddp"]["per_rank"]:
+        assert rank["process_cpu_ms"] > rank["solo_fwd_bwd_cpu_ms"] > 0 and rank["steps"] == 4
+    assert case["ratio"] > 0 and case["comm_ratio"] > 0
+    assert [t["value"] for t in report["targets"]] == [case["ratio"], case["comm_ratio"]]
+    assert (tmp_path / "round_cpu.md").read_text(encoding="utf-8").startswith("| case |")
+
+
+def test_the_cpu_hooks_are_the_code_itself_when_off() -> None:
+    """Without $PS_CPU_PARTS (as every test runs) the hooks hand back what they wrap and record nothing."""
+    assert not cpu_parts.ON
+    items = iter([1, 2])
+    assert cpu_parts.iterated("push_send", items) is items
+    assert cpu_parts.timed("receive", len) is len
+    with cpu_parts.part("copy"):
+        cpu_parts.round_begins(0)
+        cpu_parts.batch_drawn()
+        cpu_parts.compute_ends()
+    assert cpu_parts.thread_kind("Thread-7 (channel_spin)") == "channel_spin" and cpu_parts.thread_kind("reply_0") == "reply"
+    assert not cpu_parts._sums and not cpu_parts._snapshots
