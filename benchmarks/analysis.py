@@ -129,6 +129,27 @@ def first_reaching(evals: Sequence[Event], target: float) -> Event | None:
     return None
 
 
+def accuracy_curve(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """The server's ``eval`` events as a curve of ``{"epoch", "accuracy", "seconds"}``, the seconds of
+    training from the end of round 0 (``first_round``: every worker set up and stepped once; from the
+    job's start where there is none), so that the workers' set-up is left out as a DDP rank's is."""
+    started = of_kind(events, "first_round")
+    zero = float(started[0]["wall_s"]) if started else 0.0
+    return [{"epoch": e["epoch"], "accuracy": e["accuracy"], "seconds": round(float(e["wall_s"]) - zero, 3)}
+            for e in of_kind(events, "eval") if e.get("accuracy") is not None]
+
+
+def time_to_accuracy(curve: Sequence[Event], goal: float) -> float | None:
+    """The ``seconds`` of the curve's first point at ``goal`` accuracy or above (None: never)."""
+    reached = first_reaching(curve, goal)
+    return None if reached is None else float(reached["seconds"])
+
+
+def accuracy_within(curve: Sequence[Event], budget_s: float) -> float | None:
+    """The best accuracy of the curve's points at or before ``budget_s`` seconds (None: none that early)."""
+    return max((float(p["accuracy"]) for p in curve if float(p["seconds"]) <= budget_s), default=None)
+
+
 def target(name: str, value: float | None, op: str, threshold: float, source: str) -> dict[str, Any]:
     """A pass/fail record; ``pass`` is None when the value was not measured (counts as not passed)."""
     if op not in (">=", "<="):

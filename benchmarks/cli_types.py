@@ -22,14 +22,22 @@ def counts(least: int, most: float | None = None) -> Callable[[str], list[int]]:
     return parse
 
 
-def ints(text: str) -> list[int]:
-    """Comma-separated integers >= 1."""
+def ints(text: str, least: int = 1) -> list[int]:
+    """Comma-separated integers >= `least`."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    if not values or any(v < least for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= {least}, got {text!r}")
+    return values
+
+
+def seeds(text: str) -> list[int]:
+    """Comma-separated distinct seeds >= 0."""
+    values = ints(text, least=0)
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct seeds, got {text!r}")
     return values
 
 
@@ -43,3 +51,15 @@ def choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
         return values
 
     return parse
+
+
+def parse_resolved(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+                   resolve: Callable[[argparse.Namespace], None]) -> argparse.Namespace:
+    """The parsed flags after ``resolve`` filled the defaults that depend on others; its ValueError (what the
+    parser cannot check) ends the program as a bad flag does: one line and exit 2."""
+    args = parser.parse_args(argv)
+    try:
+        resolve(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return args

@@ -10,6 +10,10 @@ that rank 0 hosts on 127.0.0.1, on a free port the driver picks. After ``warmup`
 more between two barriers and prints ``{"samples_per_s", "step_ms", ...}`` as one JSON line. With
 ``cpu_out``, every rank also writes its CPU time per step there (``rank<R>.json``: :func:`cpu_record`).
 
+With ``--epochs E`` a rank trains to a test accuracy instead (:func:`train_to_target`, what
+``benchmarks.tta`` runs): exact epochs, the rank ``--eval-rank`` evaluating the test split at each
+epoch end while the clock is stopped, and prints the accuracy curve.
+
 The child entry point is ``python -m benchmarks.ddp_baseline --rank R --world K --store-port P ...``.
 """
 
@@ -50,8 +54,11 @@ def run_ddp(
     workdir: Path,
     timeout_s: float,
     cpu_out: Path | None = None,
+    extra_args: Sequence[str] = (),
+    reporter: int = 0,
 ) -> dict:
-    """Run the DDP baseline with ``len(preexecs)`` ranks; returns rank 0's measurement.
+    """Run the DDP baseline with ``len(preexecs)`` ranks; returns rank ``reporter``'s measurement
+    (its last JSON line). ``extra_args`` go to every rank (e.g. :func:`train_to_target`'s flags).
 
     ``preexecs[k]`` places rank k in its cgroup (None: no cgroup), ``slowdowns[k]`` slows it down
     in software (1: not at all). Every child is stopped on every exit path. RuntimeError (with the
@@ -70,7 +77,7 @@ def run_ddp(
                 "--rank", str(rank), "--world", str(world), "--store-port", str(port),
                 "--batch", str(batches[rank]), "--batches", ",".join(map(str, batches)),
                 "--warmup", str(warmup), "--steps", str(steps),
-                "--slowdown", str(slowdowns[rank]),
+                "--slowdown", str(slowdowns[rank]), *extra_args,
             ]
             if cpu_out is not None:
                 argv += ["--cpu-out", str(cpu_out / f"rank{rank}.json")]
@@ -89,10 +96,10 @@ def run_ddp(
             if proc.returncode != 0:
                 text = (workdir / f"ddp-rank{rank}.log").read_text(encoding="utf-8", errors="replace")
                 raise RuntimeError(f"DDP rank {rank} exited with {proc.returncode}:\n{text[-2000:]}")
-        out = procs[0].stdout.read() if procs[0].stdout else ""
+        out = procs[reporter].stdout.read() if procs[reporter].stdout else ""
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if not lines:
-            raise RuntimeError(f"DDP rank 0 printed no result: {out[-500:]!r}")
+            raise RuntimeError(f"DDP rank {reporter} printed no result: {out[-500:]!r}")
         return json.loads(lines[-1])
     finally:
         stop(procs)
@@ -128,6 +135,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     p.add_argument("--cpu-out", type=Path, default=None, metavar="FILE",
                    help="write this rank's CPU time per step here as JSON (benchmarks.round_cpu)")
+    tta = p.add_argument_group("to a test accuracy (train_to_target; --warmup and --steps are then unused)")
+    tta.add_argument("--epochs", type=int, default=0, help="train up to this many epochs (0: time --steps instead)")
+    tta.add_argument("--target", type=float, default=1.0, help="stop at the first evaluation at this accuracy or above ...")
+    tta.add_argument("--budget", type=float, default=0.0, help="... once this many seconds of training have passed")
+    tta.add_argument("--eval-rank", type=int, default=0, help="the rank that evaluates the test split and prints the curve")
     return p
 
 
@@ -144,13 +156,144 @@ def solo_fwd_bwd(model: Any, dataset: Any, batches: Sequence[Any], scale: float)
     """This thread's CPU seconds for forward and backward of `model` (no DDP) on `batches`."""
     import torch.nn.functional as F
 
+    from common.job.splits import sample_batch
+
     model.train()
     began = time.thread_time()
     for idx in batches:
-        loss = F.cross_entropy(model(dataset.train_x[idx]), dataset.train_y[idx]) * scale
+        x, y = sample_batch(dataset.train, idx)
+        loss = F.cross_entropy(model(x), y) * scale
         model.zero_grad(set_to_none=False)
         loss.backward()
     return time.thread_time() - began
+
+
+def slow_down(slowdown: float, began: float, began_cpu: float) -> None:
+    """``--slowdown``: sleep as ps-worker does, the step's compute times ``slowdown - 1``. Its compute is this
+    thread's CPU time, not the wall time, which holds the wait for the other ranks in the all-reduce (a
+    sleep scaled from that would grow with every step, each rank waiting on the others' sleeps)."""
+    from worker.resources import slowdown_delay
+
+    if slowdown > 1.0:
+        time.sleep(slowdown_delay(time.perf_counter() - began, time.thread_time() - began_cpu, slowdown))
+
+
+def rank_counts(batches: Sequence[int], samples: int) -> list[int]:
+    """Each rank's part of a step of ``samples`` samples, in proportion to its batch: its batch itself at a
+    full step (``samples == sum(batches)``), a share of the remainder at an epoch's short last step."""
+    from ps.control.split import largest_remainder
+
+    plan = largest_remainder({str(k): b for k, b in enumerate(batches)}, samples)
+    return [plan[str(k)] for k in range(len(batches))]
+
+
+def train_to_target(args: argparse.Namespace, ddp: Any, optimizer: Any, dataset: Any, batches: list[int]) -> dict:
+    """Train to ``--target`` (and at least ``--budget`` seconds) or ``--epochs``; rank ``--eval-rank``'s curve.
+
+    Exact epochs, as the parameter server's: each epoch is one permutation of the training split, the
+    same on every rank (seeded alike), cut into steps of B samples, each step's samples split among the
+    ranks in their batches' proportions (the last step takes the remainder), and the loss of rank k's
+    ``c_k`` samples scaled by ``K / c`` so that DDP's mean over the ranks is the mean over the step's ``c``.
+    The clock starts once every rank has set up and taken its first step (the server's ``first_round``)
+    and is stopped while rank ``--eval-rank`` evaluates the test split at each epoch end (the server
+    evaluates a snapshot on another thread, off its training time): the curve's ``seconds`` are
+    training time only. The evaluating rank decides whether to stop and broadcasts it."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from common.job.splits import sample_batch
+    from ps.rounds.evaluator import evaluate
+
+    world, total = args.world, sum(batches)
+    n = len(dataset.train)
+    generator = torch.Generator().manual_seed(args.seed * 7919 + 17)
+    evals: list[dict] = []
+    seconds, resumed, step = 0.0, 0.0, 0
+    for epoch in range(1, args.epochs + 1):
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, total):
+            chunk = order[start:start + total]
+            counts = rank_counts(batches, len(chunk))
+            begin = sum(counts[:args.rank])
+            x, y = sample_batch(dataset.train, chunk[begin:begin + counts[args.rank]])
+            began, began_cpu = time.perf_counter(), time.thread_time()
+            loss = F.cross_entropy(ddp(x), y, reduction="sum") * (world / len(chunk))
+            optimizer.zero_grad(set_to_none=False)
+            loss.backward()  # the gradient all-reduce runs here
+            slow_down(args.slowdown, began, began_cpu)
+            optimizer.step()
+            step += 1
+            if step == 1:  # every rank set up and stepped once: the clock starts
+                dist.barrier()
+                resumed = time.perf_counter()
+        dist.barrier()
+        seconds += time.perf_counter() - resumed
+        stop = torch.zeros(1)
+        if args.rank == args.eval_rank:
+            accuracy, loss_value = evaluate(ddp.module, dataset.test)
+            ddp.module.train()
+            evals.append({"epoch": epoch, "accuracy": round(accuracy, 5), "loss": round(loss_value, 5),
+                          "seconds": round(seconds, 3), "step": step})
+            print(f"epoch {epoch}: accuracy {accuracy:.4f} at {seconds:.1f} s", file=sys.stderr, flush=True)
+            stop[0] = float((accuracy >= args.target and seconds >= args.budget) or epoch == args.epochs)
+        dist.broadcast(stop, src=args.eval_rank)
+        resumed = time.perf_counter()
+        if stop[0] > 0:
+            break
+    timed = len(evals) * n - min(total, n)  # the first step is before the clock
+    return {"evals": evals, "steps": step, "epochs": len(evals), "seconds": round(seconds, 3),
+            "samples_per_s": round(timed / seconds, 2) if seconds > 0 else None,
+            "batch_per_worker": batches, "workers": world}
+
+
+def time_steps(args: argparse.Namespace, ddp: Any, optimizer: Any, dataset: Any, batches: list[int]) -> dict:
+    """``--warmup`` steps, then ``--steps`` timed between two barriers; the measurement (rank 0 prints it)."""
+    import torch.distributed as dist
+    import torch.nn.functional as F
+
+    from common.job.splits import sample_batch
+    from worker.sampler import ElasticBatchSampler
+
+    scale = args.world * args.batch / sum(batches)
+    sampler = ElasticBatchSampler(len(dataset.train), seed=args.seed * 1009 + args.rank, batch_size=args.batch)
+    compute_s = 0.0
+    start = 0.0
+    cpu = [0.0, 0.0, 0.0]  # process, main thread in forward and backward, in the optimizer step
+    batches_timed = []
+    for step in range(args.warmup + args.steps):
+        if step == args.warmup:
+            dist.barrier()
+            start, compute_s, cpu = time.perf_counter(), 0.0, [-time.process_time(), 0.0, 0.0]
+        began, began_cpu = time.perf_counter(), time.thread_time()
+        idx = sampler.next_batch()
+        batches_timed.append(idx)
+        x, y = sample_batch(dataset.train, idx)
+        loss = F.cross_entropy(ddp(x), y) * scale
+        optimizer.zero_grad(set_to_none=False)
+        loss.backward()  # the gradient all-reduce runs here, overlapped with backward
+        slow_down(args.slowdown, began, began_cpu)
+        stepping = time.thread_time()
+        optimizer.step()
+        compute_s += time.perf_counter() - began
+        cpu[1] += stepping - began_cpu
+        cpu[2] += time.thread_time() - stepping
+    cpu[0] += time.process_time()
+    dist.barrier()
+    seconds = time.perf_counter() - start
+    if args.cpu_out is not None:
+        solo_s = solo_fwd_bwd(copy.deepcopy(ddp.module), dataset, batches_timed[args.warmup:], scale)
+        args.cpu_out.write_text(json.dumps(cpu_record(args.steps, *cpu, solo_s)), encoding="utf-8")
+    return {
+        "samples_per_s": round(args.steps * sum(batches) / seconds, 2),
+        "step_ms": round(1000.0 * seconds / args.steps, 3),
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "seconds": round(seconds, 4),
+        "batch_per_worker": args.batch if len(set(batches)) == 1 else batches,
+        "workers": args.world,
+        "rank0_step_incl_allreduce_ms": round(1000.0 * compute_s / args.steps, 3),
+    }
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -164,15 +307,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("benchmarks.ddp_baseline: error: --batches needs one batch >= 1 per rank, this rank's equal to --batch",
               file=sys.stderr)
         return 2
-    scale = args.world * args.batch / sum(batches)
+    if args.epochs < 0 or not 0 <= args.eval_rank < args.world or args.budget < 0 or not 0 <= args.target <= 1:
+        print("benchmarks.ddp_baseline: error: need --epochs >= 0, 0 <= --eval-rank < --world, --budget >= 0, "
+              "0 <= --target <= 1", file=sys.stderr)
+        return 2
     if not tune_like_a_worker("benchmarks.ddp_baseline"):  # the workers' allocator settings
         return 2
     import torch
     import torch.distributed as dist
-    import torch.nn.functional as F
     from torch.nn.parallel import DistributedDataParallel
-
-    from worker.sampler import ElasticBatchSampler
 
     torch.set_num_threads(args.threads)
     timeout = datetime.timedelta(seconds=INIT_TIMEOUT_S)
@@ -182,48 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         model, dataset = build(args)
         ddp = DistributedDataParallel(model)
         optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=args.momentum)
-        sampler = ElasticBatchSampler(len(dataset.train_x), seed=args.seed * 1009 + args.rank, batch_size=args.batch)
         ddp.train()
-        compute_s = 0.0
-        start = 0.0
-        cpu = [0.0, 0.0, 0.0]  # process, main thread in forward and backward, in the optimizer step
-        batches_timed = []
-        for step in range(args.warmup + args.steps):
-            if step == args.warmup:
-                dist.barrier()
-                start, compute_s, cpu = time.perf_counter(), 0.0, [-time.process_time(), 0.0, 0.0]
-            began, thread_began = time.perf_counter(), time.thread_time()
-            idx = sampler.next_batch()
-            batches_timed.append(idx)
-            x, y = dataset.train_x[idx], dataset.train_y[idx]
-            loss = F.cross_entropy(ddp(x), y) * scale
-            optimizer.zero_grad(set_to_none=False)
-            loss.backward()  # the gradient all-reduce runs here, overlapped with backward
-            if args.slowdown > 1.0:
-                time.sleep((time.perf_counter() - began) * (args.slowdown - 1.0))
-            stepping = time.thread_time()
-            optimizer.step()
-            compute_s += time.perf_counter() - began
-            cpu[1] += stepping - thread_began
-            cpu[2] += time.thread_time() - stepping
-        cpu[0] += time.process_time()
-        dist.barrier()
-        seconds = time.perf_counter() - start
-        if args.cpu_out is not None:
-            solo_s = solo_fwd_bwd(copy.deepcopy(model), dataset, batches_timed[args.warmup:], scale)
-            args.cpu_out.write_text(json.dumps(cpu_record(args.steps, *cpu, solo_s)), encoding="utf-8")
-        if args.rank == 0:
-            samples = args.steps * sum(batches)
-            print(json.dumps({
-                "samples_per_s": round(samples / seconds, 2),
-                "step_ms": round(1000.0 * seconds / args.steps, 3),
-                "steps": args.steps,
-                "warmup": args.warmup,
-                "seconds": round(seconds, 4),
-                "batch_per_worker": args.batch if len(set(batches)) == 1 else batches,
-                "workers": args.world,
-                "rank0_step_incl_allreduce_ms": round(1000.0 * compute_s / args.steps, 3),
-            }), flush=True)
+        if args.epochs > 0:
+            result = train_to_target(args, ddp, optimizer, dataset, batches)
+            if args.rank == args.eval_rank:
+                print(json.dumps(result), flush=True)
+        else:
+            result = time_steps(args, ddp, optimizer, dataset, batches)
+            if args.rank == 0:
+                print(json.dumps(result), flush=True)
+        dist.barrier()  # no rank tears its group (or rank 0 the store) down while another still uses it
     finally:
         dist.destroy_process_group()
     return 0

@@ -30,6 +30,17 @@ def print_report(text: str, table: str, as_json: bool) -> None:
     print(table)
 
 
+def emit(args: argparse.Namespace, benchmark: str, name: str, report: dict[str, Any], table: str,
+         argv: Sequence[str] | None) -> None:
+    """The report as JSON text: `name`.json / .md in ``--out`` (when given), on stdout (with ``--json``) before
+    the table, and as a result file (with ``--save-result``)."""
+    text = json.dumps(report, indent=2)
+    if args.out is not None:
+        save_report(args.out, name, text, table)
+    print_report(text, table, args.json)
+    save_result(args, benchmark, report, argv)
+
+
 def add_result_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--save-result [DIR]`` and ``--machine TEXT``: the flags every benchmark that prints JSON takes."""
     parser.add_argument("--save-result", nargs="?", const=RESULTS, type=Path, metavar="DIR",
@@ -37,6 +48,14 @@ def add_result_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup
                              "command (default DIR: benchmarks/results)")
     parser.add_argument("--machine", metavar="TEXT",
                         help="the machine as the result file names it (default: the CPU count and the GPU found)")
+
+
+def add_report_options(group: argparse.ArgumentParser | argparse._ArgumentGroup, files: str) -> None:
+    """``--json``, ``--out DIR`` (the logs kept, and the report as `files` .json / .md) and the result flags."""
+    group.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
+    group.add_argument("--out", type=Path, metavar="DIR",
+                       help=f"keep logs and metrics here and write {files}.json / {files}.md (default: a temporary folder)")
+    add_result_options(group)
 
 
 def machine() -> str:

@@ -35,7 +35,7 @@ def limiters(emu: Emulation, prefix: str) -> Any:
                 limiter.close()
 
 
-def _with_death_signal(preexec: Callable[[], None] | None) -> Callable[[], None]:
+def with_death_signal(preexec: Callable[[], None] | None) -> Callable[[], None]:
     """Add 'SIGKILL me when my parent dies' (Linux) to a child's preexec step."""
     import ctypes
     import ctypes.util
@@ -72,7 +72,7 @@ def _run_children(
 ) -> list[list[dict]]:
     """Start benchmark children (argv, preexec, log file) at once and run them to completion; each
     one's JSON stdout lines. On any failure every child is stopped and RuntimeError raised."""
-    procs = [spawn(argv, preexec=_with_death_signal(preexec), log=logfile) for argv, preexec, logfile in children]
+    procs = [spawn(argv, preexec=with_death_signal(preexec), log=logfile) for argv, preexec, logfile in children]
     deadline = time.monotonic() + timeout
     results = []
     try:
@@ -164,7 +164,7 @@ def measure_ddp(s: Settings, emu: Emulation, ideal: dict[str, Any] | None,
         steps = max(s.ddp_min_steps, min(200, math.ceil(s.ddp_seconds / step_s)))
     log(f"{name}: {k} ranks, batches {batches}, {s.ddp_warmup} warm-up + {steps} timed steps ...")
     with limiters(emu, "ddp") as groups:
-        preexecs = [_with_death_signal(g.preexec if g is not None else None) for g in groups]
+        preexecs = [with_death_signal(g.preexec if g is not None else None) for g in groups]
         slowdowns = emu.slowdowns if emu.backend is None else [1.0] * k
         result = run_ddp(s.workload, batches[0] if split is None else batches, preexecs, slowdowns,
                          warmup=s.ddp_warmup, steps=steps, workdir=s.workdir / name, timeout_s=s.run_timeout)

@@ -3,22 +3,19 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import shutil
-import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cluster_run import run_in_workdir
 from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_schedule, bench_throughput, bench_tta
 from benchmarks.hetero.report import environment, render_table
 from benchmarks.hetero.runs import CASES, CONTROLLERS, OPT_IN, POLICIES
 from benchmarks.hetero.settings import Settings, log, resolve_emulation
-from benchmarks.report_output import add_result_options, print_report, save_report, save_result
+from benchmarks.report_output import add_report_options, emit
 from benchmarks.workload import Workload
 from deploy.profiles import default_cpu_budget, load_profile, load_schedule
 from common.ops.arg_types import positive_float, positive_int
@@ -118,10 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="last fraction of the epochs that counts as steady state (default: 0.5)")
     meas.add_argument("--run-timeout", type=positive_float, default=1800.0, help="seconds per run before giving up")
     out = p.add_argument_group("output")
-    out.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
-    out.add_argument("--out", type=Path, metavar="DIR",
-                     help="keep logs and metrics here and write <name>.json / <name>.md (default: a temporary folder)")
-    add_result_options(out)
+    add_report_options(out, "<name>")
     out.add_argument("--tiny", action="store_true",
                      help="smoke test: tiny data and model, 2 epochs, a few steps per measurement, software slowdown")
     return p
@@ -254,37 +248,14 @@ def run(s: Settings) -> dict[str, Any]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from deploy.signals import Terminated, signals_as_exceptions
-
-    keep = args.out is not None
-    workdir = args.out if keep else Path(tempfile.mkdtemp(prefix="hetero-bench-"))
-    try:
-        workdir.mkdir(parents=True, exist_ok=True)
-        with signals_as_exceptions():
-            try:
-                s = settings(args, workdir)
-            except ValueError as exc:
-                print(f"hetero: error: {exc}", file=sys.stderr)
-                return 2
-            report = run(s)
-    except KeyboardInterrupt:
-        print("hetero: interrupted; every process and cgroup was removed", file=sys.stderr)
-        return 130
-    except Terminated as exc:
-        print(f"hetero: {exc}; every process and cgroup was removed", file=sys.stderr)
-        return 143
-    except (RuntimeError, TimeoutError) as exc:
-        print(f"hetero: error: {exc}", file=sys.stderr)
-        if not keep:
-            print("hetero: (pass --out DIR to keep the logs)", file=sys.stderr)
-        return 1
-    finally:
-        if not keep:
-            shutil.rmtree(workdir, ignore_errors=True)
-    table = render_table(report)
-    text = json.dumps(report, indent=2)
-    if keep:
-        save_report(workdir, report_name(s), text, table)
-    print_report(text, table, args.json)
-    save_result(args, "hetero", report, argv)
+    code, done = run_in_workdir("hetero", args.out, lambda workdir: _settings_and_run(args, workdir))
+    if done is None:
+        return code
+    s, report = done
+    emit(args, "hetero", report_name(s), report, render_table(report), argv)
     return 0
+
+
+def _settings_and_run(args: argparse.Namespace, workdir: Path) -> tuple[Settings, dict[str, Any]]:
+    s = settings(args, workdir)
+    return s, run(s)

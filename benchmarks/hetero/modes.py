@@ -288,9 +288,8 @@ def bench_tta(s: Settings, emu: Emulation, report: dict) -> None:
             else round(reached["wall_s"] - first[0]["wall_s"], 3))
         # from the end of round 0: without the workers' set-up after Join (building data and model
         # under the quota, and the first step; the same for every controller)
-        started = analysis.of_kind(run.events, "first_round")[:1]
-        record["time_to_accuracy_from_first_round_s"] = (
-            None if reached is None or not started else round(reached["wall_s"] - started[0]["wall_s"], 3))
+        record["time_to_accuracy_from_first_round_s"] = analysis.time_to_accuracy(
+            analysis.accuracy_curve(run.events), goal) if analysis.of_kind(run.events, "first_round") else None
         record["epochs_to_accuracy"] = None if reached is None else reached["epoch"]
         record["best_accuracy"] = max((e["accuracy"] for e in analysis.of_kind(run.events, "eval")), default=None)
         runs[name] = record

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.cli_types import choices, counts, ints
+from benchmarks.cli_types import choices, counts, ints, parse_resolved
 from benchmarks.report_output import add_result_options, print_report, save_report, save_result
 from benchmarks.transport.measures import measure_echo, measure_gloo, measure_ps, measure_torch_rpc
 from benchmarks.transport.overhead import measure_overhead_inprocess, measure_overhead_outside
@@ -215,12 +215,7 @@ def run(args: argparse.Namespace, procs: Processes) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        resolve_defaults(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+    args = parse_resolved(build_parser(), argv, resolve_defaults)
     torch.set_num_threads(1)
     tune_malloc()  # this process is the echo client and runs the in-process overhead measurement
     with contextlib.ExitStack() as stack:

@@ -16,7 +16,7 @@ from benchmarks.report_output import add_result_options, result_record, save_res
 
 # Every benchmark module that prints a JSON report.
 BENCHMARKS = ("adaptive", "asp", "batch_sweep", "devices", "gns_check", "gns_server", "hetero", "library",
-              "memory_bound", "micro_batches", "scale", "server_work", "transport")
+              "memory_bound", "micro_batches", "scale", "server_work", "transport", "tta")
 
 
 def parse(*argv: str) -> argparse.Namespace:

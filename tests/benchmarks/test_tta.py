@@ -1,0 +1,121 @@
+"""benchmarks.tta (time to accuracy, our server's policies against DDP): its pure figures, and a quick run
+end to end with real processes that reports every arm and every goal."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks import analysis
+from benchmarks.ddp_baseline import rank_counts
+from benchmarks.tta import report
+from benchmarks.tta.arms import ARMS, PS_ARMS, Goal, ps_flags
+from tests.processes import ENV
+from tests.repo import ROOT
+
+PROFILE = "kind: profile\nname: tiny2\nbsp:\n  workers: [1, 3]\n"
+GOALS = ["time to target: our best configuration / ddp_uniform", "time to target: our best configuration / ddp_split",
+         "time to target: model_adaptive / model (fixed B0)",
+         "time to target: model_adaptive / model (fixed B0), worst seed"]
+
+
+def arm(*times: float | None) -> dict[str, dict]:
+    """An arm's records over seeds 0, 1, ...: these times to the target, an accuracy within the budget each."""
+    return {str(k): {"time_to_target_s": t, "accuracy_at_budget": None if t is None else 0.9} for k, t in enumerate(times)}
+
+
+def goals(**arms: dict[str, dict]) -> dict[str, dict]:
+    return {t["name"]: t for t in report.targets(report.summarize(arms), [0, 1, 2])}
+
+
+def test_the_server_curve_counts_training_seconds_from_the_end_of_round_0() -> None:
+    events = [{"event": "first_round", "wall_s": 2.0}, {"event": "eval", "epoch": 1, "accuracy": 0.4, "wall_s": 5.0},
+              {"event": "eval", "epoch": 2, "accuracy": 0.85, "wall_s": 9.5},
+              {"event": "eval", "epoch": 3, "accuracy": 0.8, "wall_s": 12.0}]
+    curve = analysis.accuracy_curve(events)
+    assert [p["seconds"] for p in curve] == [3.0, 7.5, 10.0]
+    assert analysis.time_to_accuracy(curve, 0.8) == 7.5 and analysis.time_to_accuracy(curve, 0.9) is None
+    assert analysis.accuracy_within(curve, 8.0) == 0.85 and analysis.accuracy_within(curve, 1.0) is None
+
+
+def test_a_run_stops_only_at_the_target_once_the_budget_has_passed() -> None:
+    goal = Goal(0.8, 60.0)
+    assert not goal.reached(0.9, 30.0) and not goal.reached(0.7, 90.0) and goal.reached(0.8, 60.0)
+
+
+def test_the_adaptive_arm_is_the_model_policy_with_gns_within_its_bounds() -> None:
+    assert ps_flags("dynamic", 128, 2048) == ("dynamic", [])
+    assert ps_flags("model_adaptive", 128, 2048) == (
+        "model", ["--adaptive-batch", "gns", "--min-global-batch", "128", "--max-global-batch", "2048"])
+
+
+def test_ddp_splits_each_step_in_the_ranks_proportions_the_last_one_too() -> None:
+    assert rank_counts([40, 9, 9, 6], 64) == [40, 9, 9, 6]
+    short = rank_counts([40, 9, 9, 6], 21)
+    assert sum(short) == 21 and short[0] == 13
+
+
+def test_median_and_worst_count_a_missed_seed_as_the_slowest() -> None:
+    s = report.spread([10.0, None, 12.0], [0.9, None, 0.7])
+    assert s["time_to_target_s"] == {"median": 12.0, "worst": None, "reached": 2, "seeds": 3}
+    assert s["accuracy_at_budget"] == {"median": 0.7, "worst": 0.0}
+    assert report.spread([None, None, 5.0], [0.1, 0.1, 0.1])["time_to_target_s"]["median"] is None
+
+
+def test_the_goals_compare_our_best_arm_with_ddp_and_adaptive_with_fixed_b0() -> None:
+    met = goals(ddp_uniform=arm(90, 100, 120), ddp_split=arm(40, 50, 60), uniform=arm(80, 85, 90),
+                dynamic=arm(35, 38, 40), model=arm(30, 32, 34), model_adaptive=arm(31, 27, 40))
+    best = met[GOALS[0]]
+    assert best["best"] == "model_adaptive" and best["value"] == round(31 / 100, 4) and best["pass"] is True
+    assert met[GOALS[1]]["value"] == round(31 / 50, 4) and met[GOALS[1]]["pass"] is True
+    assert met[GOALS[2]]["value"] == round(31 / 32, 4) and met[GOALS[2]]["pass"] is False
+    assert met[GOALS[3]]["value"] == round(40 / 34, 4) and met[GOALS[3]]["pass"] is False
+
+
+def test_a_missed_target_is_a_failed_goal_where_the_other_side_reached_it_else_unknown() -> None:
+    met = goals(ddp_uniform=arm(None, None, 100), ddp_split=arm(40, 50, 60), model=arm(30, 32, 34),
+                model_adaptive=arm(31, None, None))
+    assert met[GOALS[0]]["value"] is None and met[GOALS[0]]["pass"] is None  # DDP missed: raise --epochs
+    assert met[GOALS[0]]["best"] == "model"
+    assert met[GOALS[2]]["value"] is None and met[GOALS[2]]["pass"] is False
+    assert met[GOALS[3]]["value"] is None and met[GOALS[3]]["pass"] is False
+
+
+def test_a_quick_run_reports_every_arm_and_every_goal(tmp_path: Path) -> None:
+    profile = tmp_path / "tiny2.yaml"
+    profile.write_text(PROFILE, encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "benchmarks.tta", "--quick", "--json", "--epochs", "1", "--profile",
+                          str(profile), "--out", str(tmp_path / "out")],
+                         cwd=ROOT, capture_output=True, text=True, env=ENV, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result, end = json.JSONDecoder().raw_decode(out.stdout)
+    assert json.loads((tmp_path / "out" / "tta.json").read_text(encoding="utf-8")) == result
+    assert list(result["arms"]) == list(ARMS) and result["seeds"] == [0]
+    for name, record in result["arms"].items():
+        assert set(record) == {"time_to_target_s", "accuracy_at_budget", "seeds"}, name
+        (seed,) = record["seeds"].values()
+        assert seed["epochs"] == 1 and len(seed["curve"]) == 1 and seed["curve"][0]["seconds"] >= 0, name
+        assert 0 <= seed["best_accuracy"] <= 1 and seed["accuracy_at_budget"] == seed["best_accuracy"], name
+        assert sum(seed["batch_sizes"].values()) >= 1, name
+    assert [t["name"] for t in result["targets"]] == GOALS
+    assert all({"value", "op", "threshold", "pass"} <= set(t) for t in result["targets"])
+    split = result["arms"]["ddp_split"]["seeds"]["0"]["batch_sizes"]
+    assert split == {n: max(1, b) for n, b in result["split"]["batch_sizes"].items()}
+    assert set(result["arms"]) - set(PS_ARMS) == {"ddp_uniform", "ddp_split"}
+    assert "| ddp_uniform |" in out.stdout[end:] and "| target |" in out.stdout[end:]
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--arms", "ddp_uniform,sgd"], "choose from"),
+    (["--arms", "ddp_split"], "ddp_split takes model's split"),
+    (["--seeds", "0,0"], "distinct"),
+    (["--global-batch", "64", "--min-global-batch", "128"], "--min-global-batch <= --global-batch"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(args: list[str], error: str) -> None:
+    out = subprocess.run([sys.executable, "-m", "benchmarks.tta", *args], cwd=ROOT, capture_output=True, text=True,
+                         env=ENV, timeout=60, check=False)
+    assert out.returncode == 2 and error in out.stderr, out.stderr
