@@ -103,8 +103,8 @@ def test_connect_sets_the_torch_threads_as_ps_worker_does(tmp_path: Path) -> Non
 def test_a_quick_start_run_prints_no_python_warning(tmp_path: Path) -> None:
     """The README's quick start, shortened, with Python's default warning filters."""
     env = {k: v for k, v in ENV.items() if k != "PYTHONWARNINGS"}
-    job = ["--mode", "bsp", "--workers", "2", "--model", "mlp", "--model-arg", "hidden=64", "--dataset", "digits",
-           "--global-batch", "64", "--epochs", "2", "--controller", "dynamic", "--adjust-every", "5"]
+    job = ["--mode", "bsp", "--workers", "2", "--model", "mlp", "--model-arg", "hidden=64", "--dataset", "teacher",
+           "--dataset-arg", "size=4096", "--global-batch", "64", "--epochs", "2", "--policy", "model", "--adjust-every", "5"]
     port_file = tmp_path / "port"
     with open(tmp_path / "server.log", "w") as log:
         server = subprocess.Popen([sys.executable, "-m", "ps.server", "--port", "0", "--port-file", str(port_file), *job],
