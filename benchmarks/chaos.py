@@ -343,6 +343,9 @@ def main(argv: list[str] | None = None) -> int:
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     if unknown := set(faults) - set(FAULTS):
         p.error(f"--faults: unknown kinds {sorted(unknown)}")
+    runs_asked = [r.strip() for r in args.runs.split(",") if r.strip()]
+    if args.out is not None and any((args.out / run).exists() for run in runs_asked):
+        p.error(f"--out {args.out} already holds runs (their checkpoints would be taken for this job's): give a new folder")
     out = args.out or Path(tempfile.mkdtemp(prefix="chaos-"))
     os.environ[STALL_DIR_ENV] = str(out / "stall")
     (out / "stall").mkdir(parents=True, exist_ok=True)
@@ -350,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
                         args.budget or default_cpu_budget(), out)
     runs = {}
     with signals_as_exceptions():  # SIGTERM unwinds through each cluster's close(), as Ctrl-C does
-        for run in [r.strip() for r in args.runs.split(",") if r.strip()]:
+        for run in runs_asked:
             log(f"run {run}")
             runs[run] = run_job(settings, run)
     result: dict[str, Any] = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.chaos import Watch, report
+from benchmarks.chaos import Watch, main, report
 from deploy.emulator import DEFAULT_JOB
 from worker.stall_hook import STALL_DIR_ENV, stall_while_asked
 
@@ -58,3 +58,14 @@ def test_the_stall_hook_waits_while_its_file_exists(tmp_path: Path, monkeypatch:
     started = time.monotonic()
     stall_while_asked("w0")
     assert time.monotonic() - started >= 0.3
+
+
+def test_an_out_folder_that_holds_runs_is_refused_before_anything_starts(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "free" / "ckpt").mkdir(parents=True)
+    with pytest.raises(SystemExit) as exited:
+        main(["--out", str(tmp_path), "--runs", "free"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path} already holds runs" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["free"]  # nothing written
