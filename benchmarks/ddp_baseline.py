@@ -23,6 +23,7 @@ import argparse
 import copy
 import datetime
 import json
+import os
 import socket
 import sys
 import time
@@ -334,11 +335,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             result = time_steps(args, ddp, optimizer, dataset, batches)
             if args.rank == 0:
                 print(json.dumps(result), flush=True)
-        dist.barrier()  # no rank tears its group (or rank 0 the store) down while another still uses it
-    finally:
+        dist.barrier()  # every rank is done with the group (and rank 0's store)
+    except BaseException:
         dist.destroy_process_group()
-    return 0
+        raise
+    return 0  # the group is left to the process's exit (see below)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # no gloo teardown once every rank is done: it aborted a finished rank now and then
+    # ("terminate called without an active exception"), after its result was printed
+    os._exit(code)
