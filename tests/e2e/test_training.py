@@ -57,7 +57,7 @@ def test_asp_dynamic_learns_at_the_default_optimizer(tmp_path: Path) -> None:
          "--global-batch", "256", "--epochs", "12", "--controller", "dynamic", "--adjust-every", "5"],
     )
     (summary,) = cluster.events("summary")
-    # ASP's last model depends on how the workers' updates interleave: mostly 0.92-0.95 here, 0.89 once
+    # ASP's last model depends on how the workers' updates interleave (a quiet full run once ended at 0.894)
     assert summary["accuracy"] >= 0.85, summary
     assert cluster.events("path") == [] and summary["allreduce"] is False  # ASP has no fast path to choose
     counts = summary["update_counts"]
