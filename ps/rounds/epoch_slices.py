@@ -128,15 +128,15 @@ class EpochSlices:
             return self.returned[0].epoch
         return self.epoch + 1 if self.cursor == self.num_samples else self.epoch
 
-    def hand(self, holder: Hashable, count: int, key: int = 0) -> tuple[SliceRange, ...]:
+    def hand(self, holder: Hashable, count: int, key: int = 0, tally: bool = True) -> tuple[SliceRange, ...]:
         """`holder`'s slice of `count` samples for `key`: the one it holds if that was asked for the same
-        size and key (a reply sent again), else a new one (what it held is put back). Fewer samples, or
-        none, once the last epoch ran out."""
+        size and key (a reply sent again), else a new one (what it held is put back, counted as
+        `put_back` says of `tally`). Fewer samples, or none, once the last epoch ran out."""
         held = self.held.get(holder)
         if held is not None and held.key == key and held.asked == count:
             return held.ranges
         if held is not None:
-            self.put_back(holder)
+            self.put_back(holder, tally)
         ranges = self.take(count)
         if ranges:
             self.held[holder] = Held(key, ranges, count)

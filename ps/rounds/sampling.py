@@ -103,7 +103,7 @@ class Sampling:
         last round only wraps into (it would be read and never trained); a short one goes back."""
         if _ahead(wid) not in self.slices.held and self.slices.next_epoch() >= self.state.spec.epochs:
             return ()
-        ahead = self.slices.hand(_ahead(wid), batch, key=key)
+        ahead = self.slices.hand(_ahead(wid), batch, key=key, tally=False)
         if ahead and sum(r.count for r in ahead) != batch:
             self.slices.put_back(_ahead(wid), tally=False)
             return ()

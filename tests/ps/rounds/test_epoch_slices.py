@@ -94,6 +94,9 @@ def test_a_slice_handed_ahead_becomes_the_next_only_at_its_size_and_key() -> Non
     assert ("a", "ahead") not in slices.held
     assert slices.hand("a", 12, key=3) == (SliceRange(0, 20, 12),)
     assert slices.report()["put_back_samples"] == 0  # no step was told to train it: not a slice put back
+    slices.hand(("a", "ahead"), 12, key=4, tally=False)
+    assert slices.hand(("a", "ahead"), 10, key=4, tally=False) == (SliceRange(0, 32, 10),)  # re-sized ahead
+    assert slices.report()["put_back_samples"] == 0  # the one it replaced went back uncounted too
 
 
 def test_coverage_refuses_an_overlap_and_joins_neighbours() -> None:
