@@ -79,9 +79,8 @@ def build_job(args: argparse.Namespace) -> Job:
     if allreduce and args.mode != "bsp":
         raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
     shard_addresses = parse_shard_addresses(args)  # first: a --shard-addresses list sets args.shards
-    if args.balance == "busy" and not busy_time_measured(allreduce, args.shards):
-        raise ValueError("--balance busy is measured on the PS path with one server only; it cannot run with "
-                         "--allreduce or --shards")
+    if args.balance == "busy" and not busy_time_measured(args.shards):
+        raise ValueError("--balance busy is measured with one server only; it cannot run with --shards")
     if args.balance == "cycle" and not cycle_measured(args.mode, allreduce, args.shards):
         raise ValueError("--balance cycle is measured in BSP rounds on the PS path with one server only; it cannot "
                          "run with --mode asp, --allreduce or --shards")
@@ -116,7 +115,7 @@ def build_job(args: argparse.Namespace) -> Job:
         lr_scaling=not args.no_lr_scaling,
         allreduce=allreduce,
         allreduce_algorithm=args.allreduce_algorithm,
-        balance=default_balance(args.mode, allreduce, args.shards) if args.balance == "auto" else args.balance,
+        balance=default_balance(args.mode, args.shards) if args.balance == "auto" else args.balance,
         micro_batch=args.micro_batch,
         overlap=args.overlap,
         sampling=args.sampling,

@@ -137,10 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
                           "which adds each worker's own part of its push (sending, and receiving and loading the new "
                           "parameters, not waiting for the round): on CPU-throttled workers that part is slower too; "
                           "or (BSP) the cycle, timed by the server from a round's replies going out to each worker's "
-                          "next push arrived, which also holds the transport work a worker cannot time itself. Busy "
-                          "time and the cycle are measured on the PS path with one server only (not with --allreduce "
-                          "or --shards). auto (default): busy for BSP where it is measured, compute otherwise (ASP, "
-                          "--allreduce, --shards)")
+                          "next push arrived, which also holds the transport work a worker cannot time itself. On the "
+                          "--allreduce fast path a CPU worker's own part is its CPU time from its compute's end to its "
+                          "next batch (the all-reduce's own work, the optimizer step, the report), at its compute's "
+                          "speed; a GPU worker's is not measured. Busy time is measured with one server only (not "
+                          "with --shards), the cycle on the PS path only. auto (default): busy for BSP where it is "
+                          "measured, compute otherwise (ASP, --shards)")
     ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic policy")

@@ -56,6 +56,7 @@ from worker.loader import Batches, LoaderOptions
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
 from worker.overlap import BucketPush
+from worker.own_time import OwnTime, push_own_ms
 from worker.reconnect import Waiting, lost_because, wait_for_server, what_next
 from worker.regroup import await_regroup, generation_stands
 from worker.resources import burn_cpu, slowdown_delay
@@ -113,6 +114,7 @@ class Session:
         self.parked_polls = 0  # long polls answered while parked
         self.last_compute_ms = 0.0
         self._push_ms = 0.0  # the previous push's own part (reported with compute time under --balance busy)
+        self._own_time = OwnTime()  # the fast path's, from CPU time
         self._compute_end: float | None = None  # when the last step's compute ended (perf_counter)
         self.exposed_ms = 0.0  # the last step's exposed communication: its compute's end to the next fetch
 
@@ -198,6 +200,8 @@ class Session:
         """One batch of the planned size; starts this step's compute timer."""
         cpu_parts.round_begins(self.steps)  # an audit hook for benchmarks (off unless $PS_CPU_PARTS is set)
         self._fetch_started, self._fetch_cpu = time.perf_counter(), time.process_time()
+        if self._collective is not None and self.device.type == "cpu":
+            self._push_ms = self._own_time.own_ms(self._fetch_cpu)
         if self._compute_end is not None:
             self.exposed_ms = (self._fetch_started - self._compute_end) * 1000.0
             self._compute_end = None
@@ -263,6 +267,8 @@ class Session:
             time.sleep(slowdown_delay(wall_s, time.process_time() - self._fetch_cpu, self.slowdown))
         compute_end = self._compute_end = time.perf_counter()
         compute_ms = max(0.0, (compute_end - self._fetch_started) * 1000.0 - waited_ms)
+        cpu_now = time.process_time()
+        self._own_time.compute_ended(compute_ms, cpu_now - self._fetch_cpu, cpu_now)
         self.exposed_ms += waited_ms
         self._fetch_started = None
         if self._forward is not None:
@@ -325,7 +331,8 @@ class Session:
                 self.wait_params()
         else:
             self._apply(plan)
-        self._push_ms = self._own_push_ms(pushed)
+        if self._collective is None:  # the fast path's is taken at the next fetch (worker/own_time.py)
+            self._push_ms = push_own_ms(self.client.last_push, pushed, time.perf_counter())
         return self.plan
 
     def wait_params(self) -> StepHeader:
@@ -346,14 +353,6 @@ class Session:
             self._apply(self._recover(exc))
             return False
         return True
-
-    def _own_push_ms(self, pushed: float) -> float:
-        """This worker's own part of the push that began at `pushed`: sending its chunks, and from the
-        reply's first chunk to the parameters in the model; 0 when not recorded (the fast path, --shards)."""
-        timing = self.client.last_push
-        if self._collective is not None or not pushed < timing.uploaded <= timing.replied:
-            return 0.0
-        return ((timing.uploaded - pushed) + (time.perf_counter() - timing.replied)) * 1000.0
 
     def _collective_push(self, grads: torch.Tensor, times: PushTimes) -> StepHeader | None:
         """--allreduce: settle the previous report, then all-reduce and step with the group; None if

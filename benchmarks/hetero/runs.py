@@ -50,6 +50,7 @@ RUN_VARIANTS = {
     "dynamic_no_lr_scaling": ("dynamic", ["--no-lr-scaling"]),
     "dynamic_allreduce": ("dynamic", ["--allreduce"]),
     "dynamic_allreduce_ring": ("dynamic", ["--allreduce", "--allreduce-algorithm", "ring"]),
+    "dynamic_allreduce_compute": ("dynamic", ["--allreduce", "--balance", "compute"]),
     "dynamic_busy": ("dynamic", ["--balance", "busy"]),
     "dynamic_compute": ("dynamic", ["--balance", "compute"]),
     "dynamic_cycle": ("dynamic", ["--balance", "cycle"]),
@@ -61,7 +62,7 @@ RUN_VARIANTS = {
 }
 
 
-OPT_IN = {"bsp": ["model", "dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
+OPT_IN = {"bsp": ["model", "dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_allreduce_compute", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
                   "dynamic_no_overlap",
                   "uniform_compose", "dynamic_compose"],
           "asp": ["model", "dynamic_busy", "dynamic_compute", "uniform_compose", "dynamic_compose"]}

@@ -61,23 +61,23 @@ def _type_problem(name: str, value: Any, annotation: str) -> str | None:
     return None if ok else f"{name} must be {annotation.replace('[str, Any]', ' of options')}, got {type(value).__name__} {value!r:.60}"
 
 
-def busy_time_measured(allreduce: bool, shards: int) -> bool:
-    """Whether workers can time their own part of a push: on the PS path with one server (the fast
-    path's wait is inside the all-reduce; a sharded push records no timing)."""
-    return not allreduce and shards <= 1
+def busy_time_measured(shards: int) -> bool:
+    """Whether workers can time their own part of a push: with one server (a sharded push records no
+    timing). On the PS path by the wall clock, on the fast path by CPU time (worker/own_time.py)."""
+    return shards <= 1
 
 
 def cycle_measured(mode: str, allreduce: bool, shards: int) -> bool:
     """Whether the server can time each worker's cycle: BSP rounds (ASP has none) on the PS path with
     one server (a report arrives after the all-reduce, which waits for the slowest peer; with --shards
     the coordinator sees one range of each push)."""
-    return mode == "bsp" and busy_time_measured(allreduce, shards)
+    return mode == "bsp" and not allreduce and busy_time_measured(shards)
 
 
-def default_balance(mode: str, allreduce: bool, shards: int) -> str:
-    """Busy time where it is measured and pays: BSP (a round waits for every worker's whole push; HL8
-    1.05-1.21x over compute time, ASP 0.87-0.94x); compute time elsewhere."""
-    return "busy" if mode == "bsp" and busy_time_measured(allreduce, shards) else "compute"
+def default_balance(mode: str, shards: int) -> str:
+    """Busy time where it is measured and pays: BSP, on either path (a round waits for every worker's
+    whole push or all-reduce; HL8 1.05-1.21x over compute time, ASP 0.87-0.94x); compute time elsewhere."""
+    return "busy" if mode == "bsp" and busy_time_measured(shards) else "compute"
 
 
 @dataclass(frozen=True)
@@ -162,8 +162,6 @@ class JobSpec:
         if self.sampling not in SAMPLINGS:
             problems.append(f"sampling must be one of {SAMPLINGS}, got {self.sampling!r}")
         # the spec does not know --shards: ps-server checks those combinations itself
-        if self.balance == "busy" and not busy_time_measured(self.allreduce, shards=1):
-            problems.append("balance busy is not measured with allreduce (its wait is inside the all-reduce)")
         if self.balance == "cycle" and not cycle_measured(self.mode, self.allreduce, shards=1):
             problems.append("balance cycle is timed in BSP rounds on the PS path; it cannot run with mode asp or allreduce")
         if problems:

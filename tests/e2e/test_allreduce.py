@@ -127,6 +127,37 @@ def test_a_step_reads_its_reports_reply_at_the_next_step(ps_server) -> None:
         assert session.steps == len(read) == server.call(lambda: server.coordinator.round)
 
 
+
+@pytest.mark.parametrize("balance", ["busy", "compute"])
+def test_the_fast_path_reports_busy_time_with_its_own_part(ps_server, balance: str) -> None:
+    """Under --balance busy (the BSP default) a fast-path step reports its compute plus the previous
+    step's own part (worker/own_time.py: the CPU from its compute's end to the next fetch); under
+    --balance compute, its compute alone."""
+    server = ps_server(*TINY, "--workers", "1", "--balance", balance)
+    with connect(server.target, name="w0", cores=1.0) as session:
+        reported: list[tuple[float, float]] = []  # (reported, compute) per report
+        start_push = session.client.start_push
+
+        def recording_start_push(*args: object, **kwargs: object):
+            if kwargs["kind"] == "report":
+                reported.append((kwargs["compute_ms"], session.last_compute_ms))
+            return start_push(*args, **kwargs)
+
+        session.client.start_push = recording_start_push
+        for x, y in session.batches():
+            session.model.zero_grad()
+            torch.nn.functional.cross_entropy(session.model(x), y).backward()
+            before = session.steps
+            session.step()
+            if session.steps > before:
+                reported[-1] = (reported[-1][0], session.last_compute_ms)
+    own = [r - c for r, c in reported[1:]]  # the first step has no previous one
+    assert len(own) >= 3
+    if balance == "busy":
+        assert all(ms > 0 for ms in own), reported
+    else:
+        assert all(ms == pytest.approx(0.0, abs=1e-6) for ms in own), reported
+
 def _round(target: str) -> int:
     client = PSClient(target)
     try:

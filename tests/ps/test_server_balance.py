@@ -57,20 +57,24 @@ def test_balance_is_checked() -> None:
         job_args("--balance", "wall")
     assert build_job(job_args("--balance", "busy")).coordinator.spec.balance == "busy"
     # the spec itself refuses what the server's flags refuse (a spec also comes from JSON and the API)
-    with pytest.raises(ValueError, match="balance busy is not measured with allreduce"):
-        JobSpec(balance="busy", allreduce=True)
+    assert JobSpec(balance="busy", allreduce=True).balance == "busy"  # the fast path's own part is CPU time
     for fields in ({"mode": "asp"}, {"allreduce": True}):
         with pytest.raises(ValueError, match="balance cycle is timed in BSP rounds"):
             JobSpec(balance="cycle", **fields)
     assert JobSpec(balance="cycle").balance == "cycle"
 
 
-@pytest.mark.parametrize("flags", [["--allreduce"], ["--shards", "2"], ["--shard-addresses", "127.0.0.1:1"]])
+@pytest.mark.parametrize("flags", [["--shards", "2"], ["--shard-addresses", "127.0.0.1:1"]])
 def test_busy_time_is_refused_where_it_is_not_measured(flags: list[str]) -> None:
-    """The fast path's wait is inside the all-reduce, and a sharded push records no timing: refused
-    at start rather than silently balancing compute time."""
-    with pytest.raises(ValueError, match="--balance busy is measured on the PS path"):
+    """A sharded push records no timing: refused at start rather than silently balancing compute time."""
+    with pytest.raises(ValueError, match="--balance busy is measured with one server only"):
         build_job(job_args("--balance", "busy", *flags))
+
+
+def test_the_fast_path_balances_busy_time_by_default() -> None:
+    """BSP on the fast path balances busy time too (its own part from CPU time: worker/own_time.py)."""
+    assert build_job(job_args("--allreduce")).coordinator.spec.balance == "busy"
+    assert build_job(job_args("--allreduce", "--balance", "busy")).coordinator.spec.balance == "busy"
 
 
 @pytest.mark.parametrize("flags", [["--mode", "asp"], ["--allreduce"], ["--shards", "2"]])
@@ -119,13 +123,12 @@ def test_the_cycle_is_timed_by_the_server_from_the_replies_to_each_push(ps_serve
 
 
 @pytest.mark.parametrize(
-    ("mode", "allreduce", "shards", "expected"),
-    [("bsp", False, 1, "busy"), ("asp", False, 1, "compute"), ("bsp", True, 1, "compute"), ("bsp", False, 2, "compute")],
+    ("mode", "shards", "expected"), [("bsp", 1, "busy"), ("asp", 1, "compute"), ("bsp", 2, "compute")],
 )
-def test_auto_balances_busy_time_for_bsp_on_the_ps_path_only(mode: str, allreduce: bool, shards: int, expected: str) -> None:
-    """The default (auto): busy time where it is measured and was faster (BSP, one server); compute
-    time in ASP (busy time was slower there), with --allreduce and with --shards."""
-    assert default_balance(mode, allreduce, shards) == expected
+def test_auto_balances_busy_time_for_bsp_on_one_server(mode: str, shards: int, expected: str) -> None:
+    """The default (auto): busy time where it is measured and was faster (BSP, one server, on either
+    path); compute time in ASP (busy time was slower there) and with --shards."""
+    assert default_balance(mode, shards) == expected
 
 
 @pytest.mark.parametrize(
