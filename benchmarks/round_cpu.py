@@ -26,6 +26,10 @@ worker steps no optimizer). Figures: ``ratio`` = PS-path process CPU per round /
 target: <= 1.2), and ``comm_ratio`` = (PS-path CPU less data and compute) / DDP's ``comm``. CPU time, not wall
 time, is the measure, so a busy machine slows the run without moving the figures much.
 
+With ``--fast-path`` each case also runs on the collective fast path (``--allreduce on``, gloo), the
+same parts recorded: its all-reduce, optimizer step and report to the server fall in ``rest``; its
+``ratio`` is its process CPU per round over DDP's per step.
+
 Progress goes to stderr; stdout gets the JSON report (with ``--json``) and a markdown table.
 """
 
@@ -87,8 +91,9 @@ def describe(workload: Workload) -> tuple[int, int]:
     return sum(p.numel() for p in model.parameters()), len(dataset.train)
 
 
-def ps_run(case: Case, args: argparse.Namespace, train_samples: int, workdir: Path) -> list[dict[str, Any]]:
-    """The BSP job on the PS path; each worker's cpu_parts record."""
+def ps_run(case: Case, args: argparse.Namespace, train_samples: int, workdir: Path,
+           server_args: Sequence[str] = ("--allreduce", "off")) -> list[dict[str, Any]]:
+    """The BSP job (on the PS path, unless `server_args` say --allreduce on); each worker's cpu_parts record."""
     w, k = case.workload, args.workers
     global_batch = k * args.batch
     rounds_per_epoch = max(1, train_samples // global_batch)
@@ -100,7 +105,8 @@ def ps_run(case: Case, args: argparse.Namespace, train_samples: int, workdir: Pa
         server = procs.start("server", [sys.executable, "-m", "ps.server", *w.cli_args(), "--mode", "bsp",
                                         "--workers", str(k), "--global-batch", str(global_batch), "--policy", "uniform",
                                         "--lr", str(w.lr), "--momentum", str(w.momentum), "--epochs", str(epochs),
-                                        "--evict-after", "600", "--quiet", "--port", "0", "--port-file", str(port_file)],
+                                        "--evict-after", "600", "--quiet", "--port", "0", "--port-file", str(port_file),
+                                        *server_args],
                              env=CHILD_ENV)
         target = f"127.0.0.1:{wait_port_file(server, port_file, 'ps-server')}"
         window = f"{args.warmup}:{args.warmup + args.rounds}"
@@ -179,6 +185,11 @@ def measure(case: Case, args: argparse.Namespace, workdir: Path) -> dict[str, An
     log(f"{case.name}: DDP (gloo), {args.workers} ranks")
     ddp = ddp_run(case, args, workdir / f"{case.name}-ddp")
     ps_mean = {key: mean(ps, key) for key in ("process", *PARTS, *PUSH_PARTS)}
+    fast = None
+    if args.fast_path:
+        log(f"{case.name}: the collective fast path (--allreduce on, gloo), {args.workers} workers")
+        fast = [ps_parts(r, args.rounds) for r in ps_run(case, args, train_samples, workdir / f"{case.name}-allreduce",
+                                                          ("--allreduce", "on"))]
     ddp_mean = {key: mean(ddp, key) for key in ("process_cpu_ms", "fwd_bwd_cpu_ms", "optimizer_cpu_ms",
                                                 "solo_fwd_bwd_cpu_ms", "comm_cpu_ms")}
     ps_comm = ps_mean["process"] - ps_mean["data"] - ps_mean["compute"]
@@ -194,6 +205,11 @@ def measure(case: Case, args: argparse.Namespace, workdir: Path) -> dict[str, An
         "ratio": ratio, "comm_ratio": comm_ratio,
         "meets_target": None if ratio is None else ratio <= RATIO_TARGET,
     }
+    if fast is not None:  # the same parts; its all-reduce, optimizer step and report are in `rest`
+        fast_mean = {key: mean(fast, key) for key in ("process", "data", "compute", "rest")}
+        row["fast_path"] = {"per_worker": fast, "mean": fast_mean,
+                            "ratio": round(fast_mean["process"] / ddp_mean["process_cpu_ms"], 3)
+                            if ddp_mean["process_cpu_ms"] > 0 else None}
     log(f"{case.name}: PS {ps_mean['process']:.1f} ms CPU a round (data and compute {ps_mean['data'] + ps_mean['compute']:.1f}), "
         f"DDP {ddp_mean['process_cpu_ms']:.1f} a step (compute {ddp_mean['solo_fwd_bwd_cpu_ms']:.1f}): "
         f"ratio {ratio}, beyond compute {comm_ratio}")
@@ -211,7 +227,15 @@ def markdown(report: dict[str, Any]) -> str:
                      f"| {p['push']:.1f} ({p['push_copy']:.1f} + {p['push_check']:.1f} + {p['push_send']:.1f}) "
                      f"| {p['receive']:.1f} | {p['copy']:.1f} | {p['rest']:.1f} ({step:.1f}) | {d['process_cpu_ms']:.1f} "
                      f"| {d['solo_fwd_bwd_cpu_ms']:.1f} | {d['comm_cpu_ms']:.1f} | {r['ratio']} | {r['comm_ratio']} |")
-    return "\n".join(lines + ["", "CPU ms per worker per round (PS path) or per step (DDP), the workers' mean."])
+    fast = [r for r in report["cases"] if "fast_path" in r]
+    if fast:
+        lines += ["", "| case | fast path CPU/round | data + compute | all-reduce, optimizer, report and the rest | DDP CPU/step "
+                  "| ratio |", "|---|---|---|---|---|---|"]
+        for r in fast:
+            f = r["fast_path"]["mean"]
+            lines.append(f"| {r['case']} | {f['process']:.1f} | {f['data'] + f['compute']:.1f} | {f['rest']:.1f} "
+                         f"| {r['ddp']['mean']['process_cpu_ms']:.1f} | {r['fast_path']['ratio']} |")
+    return "\n".join(lines + ["", "CPU ms per worker per round (PS path, fast path) or per step (DDP), the workers' mean."])
 
 
 def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -221,6 +245,9 @@ def targets(report: dict[str, Any]) -> list[dict[str, Any]]:
                     "value": r["ratio"], "op": "<=", "threshold": RATIO_TARGET, "pass": r["meets_target"]})
         out.append({"name": f"the same beyond forward and backward ({r['case']})", "value": r["comm_ratio"],
                     "needs": "-", "pass": None})
+        if "fast_path" in r:
+            out.append({"name": f"fast-path worker CPU per round / DDP's per step ({r['case']})",
+                        "value": r["fast_path"]["ratio"], "needs": "-", "pass": None})
     return out
 
 
@@ -233,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=positive_int, default=5, help="rounds before the measured ones (default 5)")
     p.add_argument("--rounds", type=positive_int, default=30, help="measured rounds (default 30)")
     p.add_argument("--timeout", type=positive_float, default=600.0, help="seconds each run may take (default 600)")
+    p.add_argument("--fast-path", action="store_true",
+                   help="also run each case on the collective fast path (--allreduce on) and report its CPU per round")
     p.add_argument("--json", action="store_true", help="print the JSON report before the table")
     p.add_argument("--out", type=Path, default=None, help="also write round_cpu.json and round_cpu.md here")
     add_result_options(p)

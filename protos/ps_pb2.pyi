@@ -48,7 +48,7 @@ class TensorSpec(_message.Message):
     def __init__(self, name: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class JoinRequest(_message.Message):
-    __slots__ = ("name", "cores", "cuda", "cuda_device", "max_batch", "dataset_length", "dataset_fingerprint")
+    __slots__ = ("name", "cores", "cuda", "cuda_device", "max_batch", "dataset_length", "dataset_fingerprint", "switch_paths")
     NAME_FIELD_NUMBER: _ClassVar[int]
     CORES_FIELD_NUMBER: _ClassVar[int]
     CUDA_FIELD_NUMBER: _ClassVar[int]
@@ -56,6 +56,7 @@ class JoinRequest(_message.Message):
     MAX_BATCH_FIELD_NUMBER: _ClassVar[int]
     DATASET_LENGTH_FIELD_NUMBER: _ClassVar[int]
     DATASET_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    SWITCH_PATHS_FIELD_NUMBER: _ClassVar[int]
     name: str
     cores: float
     cuda: bool
@@ -63,7 +64,8 @@ class JoinRequest(_message.Message):
     max_batch: int
     dataset_length: int
     dataset_fingerprint: str
-    def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ..., cuda_device: _Optional[str] = ..., max_batch: _Optional[int] = ..., dataset_length: _Optional[int] = ..., dataset_fingerprint: _Optional[str] = ...) -> None: ...
+    switch_paths: bool
+    def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ..., cuda_device: _Optional[str] = ..., max_batch: _Optional[int] = ..., dataset_length: _Optional[int] = ..., dataset_fingerprint: _Optional[str] = ..., switch_paths: _Optional[bool] = ...) -> None: ...
 
 class JoinReply(_message.Message):
     __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rank", "world_size", "generation", "backend", "shards", "secret")
@@ -176,7 +178,7 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ..., offset: _Optional[int] = ..., end: _Optional[_Union[PushEnd, _Mapping]] = ...) -> None: ...
 
 class ParamsHeader(_message.Message):
-    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state", "slice", "next_slice")
+    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state", "slice", "next_slice", "path")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -196,6 +198,7 @@ class ParamsHeader(_message.Message):
     OPTIMIZER_STATE_FIELD_NUMBER: _ClassVar[int]
     SLICE_FIELD_NUMBER: _ClassVar[int]
     NEXT_SLICE_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
     round: int
     version: int
     epoch: int
@@ -215,7 +218,8 @@ class ParamsHeader(_message.Message):
     optimizer_state: bool
     slice: _containers.RepeatedCompositeFieldContainer[SliceRange]
     next_slice: _containers.RepeatedCompositeFieldContainer[SliceRange]
-    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ..., slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ..., next_slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ...) -> None: ...
+    path: str
+    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ..., slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ..., next_slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ..., path: _Optional[str] = ...) -> None: ...
 
 class SliceRange(_message.Message):
     __slots__ = ("epoch", "offset", "count")
@@ -342,7 +346,7 @@ class WorkerStatus(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., name: _Optional[str] = ..., cores: _Optional[float] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., updates: _Optional[int] = ..., mean_staleness: _Optional[float] = ..., parked: _Optional[bool] = ...) -> None: ...
 
 class StatusReply(_message.Message):
-    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers", "path", "job_json", "adaptive_batch", "noise_scale", "efficiency", "lr")
+    __slots__ = ("mode", "controller", "round", "version", "epoch", "epochs", "done", "global_batch", "workers", "last_accuracy", "adjustments", "expected_workers", "path", "path_why", "job_json", "adaptive_batch", "noise_scale", "efficiency", "lr")
     MODE_FIELD_NUMBER: _ClassVar[int]
     CONTROLLER_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
@@ -356,6 +360,7 @@ class StatusReply(_message.Message):
     ADJUSTMENTS_FIELD_NUMBER: _ClassVar[int]
     EXPECTED_WORKERS_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    PATH_WHY_FIELD_NUMBER: _ClassVar[int]
     JOB_JSON_FIELD_NUMBER: _ClassVar[int]
     ADAPTIVE_BATCH_FIELD_NUMBER: _ClassVar[int]
     NOISE_SCALE_FIELD_NUMBER: _ClassVar[int]
@@ -374,12 +379,13 @@ class StatusReply(_message.Message):
     adjustments: int
     expected_workers: int
     path: str
+    path_why: str
     job_json: str
     adaptive_batch: str
     noise_scale: float
     efficiency: float
     lr: float
-    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ..., path: _Optional[str] = ..., job_json: _Optional[str] = ..., adaptive_batch: _Optional[str] = ..., noise_scale: _Optional[float] = ..., efficiency: _Optional[float] = ..., lr: _Optional[float] = ...) -> None: ...
+    def __init__(self, mode: _Optional[str] = ..., controller: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., epochs: _Optional[int] = ..., done: _Optional[bool] = ..., global_batch: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerStatus, _Mapping]]] = ..., last_accuracy: _Optional[float] = ..., adjustments: _Optional[int] = ..., expected_workers: _Optional[int] = ..., path: _Optional[str] = ..., path_why: _Optional[str] = ..., job_json: _Optional[str] = ..., adaptive_batch: _Optional[str] = ..., noise_scale: _Optional[float] = ..., efficiency: _Optional[float] = ..., lr: _Optional[float] = ...) -> None: ...
 
 class BlobChunk(_message.Message):
     __slots__ = ("seq", "data")

@@ -382,7 +382,7 @@ async def serve(
     await server.start()
     await health.set(SERVING)  # ready: the job is built, its shards hold their ranges, the server listens
     mode = f"{job.spec.mode} allreduce" if job.rendezvous else job.spec.mode
-    if job.coordinator.may_take_fast_path:
+    if job.coordinator.fast_path.undecided:
         mode += ", allreduce if every worker has a GPU of its own"
     if job.coordinator.shards is not None:
         mode += f", {len(job.coordinator.shards.ranges)} shards"

@@ -26,7 +26,8 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
         try:
             info = await self.core.join(request.name, request.cores, request.cuda_device if request.cuda else None,
-                                        request.max_batch or None, request.dataset_length, request.dataset_fingerprint)
+                                        request.max_batch or None, request.dataset_length, request.dataset_fingerprint,
+                                        request.switch_paths)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return join_to_proto(info)
@@ -102,6 +103,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             last_accuracy=-1.0 if s["last_accuracy"] is None else s["last_accuracy"],
             expected_workers=s["expected_workers"],
             path=s["path"],
+            path_why=s["path_why"],
             adaptive_batch=s["adaptive_batch"],
             noise_scale=-1.0 if s["noise_scale"] is None else s["noise_scale"],
             efficiency=-1.0 if s["efficiency"] is None else s["efficiency"],

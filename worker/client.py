@@ -111,6 +111,7 @@ class PSClient:
         self.chunk_bytes = max(4, chunk_bytes - chunk_bytes % 4)  # whole values of every wire dtype
         self.last_push = PushTiming()  # the latest push's (not recorded with --shards)
         self.declared: tuple[int, str] = (0, "")  # the training set every Join declares: (length, fingerprint)
+        self.switch_paths = False  # every Join says whether the worker can follow --allreduce auto's trial
         self._security = {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
         self._channel = open_channel(target, **self._security)
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
@@ -188,7 +189,7 @@ class PSClient:
         try:
             request = ps_pb2.JoinRequest(name=name, cores=cores, cuda=cuda_device is not None, cuda_device=cuda_device or "",
                                          max_batch=max_batch, dataset_length=self.declared[0],
-                                         dataset_fingerprint=self.declared[1])
+                                         dataset_fingerprint=self.declared[1], switch_paths=self.switch_paths)
             reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None

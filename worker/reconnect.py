@@ -8,7 +8,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
+from common.transport.messages import StepHeader
+from worker.backoff import Backoff
 from worker.client import PSClient, ServerError
 
 log = logging.getLogger("worker")
@@ -93,3 +96,35 @@ def what_next(retry_for: float) -> str:
     if retry_for <= 0:
         return "not retrying (--retry-for 0)"
     return f"rejoining, for up to {retry_for:.0f} s (--retry-for), then giving up"
+
+
+REJOIN_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND")
+
+
+def rejoin_with_backoff(who: str, client: PSClient, retry_for: float, error: ServerError,
+                        rejoin: Callable[[float], StepHeader], joined_as: Callable[[], str], plan: StepHeader) -> StepHeader:
+    """After `error` (the server restarted, the worker was evicted, the connection lost): wait for the
+    server and `rejoin(deadline)` with backoff, within `retry_for` seconds for the waits and the
+    attempts together, said at once and while it runs. The plan it returns (`joined_as()`: the new
+    worker id); `plan` ended if the job has; ServerError once the time is up."""
+    waiting = Waiting(who, client.target, time.monotonic() + retry_for, "--retry-for")
+    waiting.say(f"{lost_because(error)}; {what_next(retry_for)}")
+    for delay in Backoff(total=retry_for).delays():
+        time.sleep(min(delay, waiting.remaining()))
+        if waiting.remaining() <= 0:
+            break
+        try:
+            wait_for_server(client, waiting)
+            rejoined = rejoin(waiting.deadline)
+        except ServerError as exc:
+            if exc.code not in REJOIN_CODES:
+                raise
+            if "has ended" in exc.message:
+                return replace(plan, done=True, reason="finished")
+            error = exc
+            continue
+        waiting.recovered(f"rejoined {client.target} as {joined_as()}")
+        return rejoined
+    if error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+        raise waiting.given_up()
+    raise ServerError(error.code, f"gave up after {retry_for:.0f} s of retries (--retry-for): {error.message}")

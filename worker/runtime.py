@@ -44,20 +44,18 @@ from common.transport.layout import Layout, flatten_grads, flatten_params, load_
 from common.transport.messages import PushTimes, StepHeader
 import worker.server_checks as server_checks
 import worker.cpu_parts as cpu_parts
-from worker.backoff import Backoff
 from worker.bucket_stream import BucketStream
 from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
-from worker.collective import Collective, CollectiveError
+from worker.collective import CollectiveError
 from worker.device import gpu_uuid, synchronize
-from worker.forward_order import Arrivals, ForwardOrder
 from worker.group_store import ServerStore
 from worker.heartbeat import Heartbeat
 from worker.loader import Batches, LoaderOptions
 from worker.local_optimizer import LocalOptimizer, StepRefused
 from worker.job_build import BuiltJob, build_job
-from worker.overlap import BucketPush
+from worker.path_parts import PathParts, ProcessSession
 from worker.own_time import OwnTime, push_own_ms
-from worker.reconnect import Waiting, lost_because, wait_for_server, what_next
+from worker.reconnect import rejoin_with_backoff
 from worker.regroup import await_regroup, generation_stands
 from worker.resources import burn_cpu, slowdown_delay
 from worker.sampler import ElasticBatchSampler
@@ -85,7 +83,7 @@ class Session:
         self.step_overhead_ms = step_overhead_ms
         self.cores = cores
         self.retry_for = retry_for
-        self.overlap = overlap  # unless the job says --no-overlap (set up in _setup)
+        self._overlap_wanted = overlap  # unless the job says --no-overlap (set up in _configure_path)
         self.device = device or torch.device("cpu")
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
@@ -93,7 +91,13 @@ class Session:
         self._loader, self.data_wait_ms = loader, 0.0  # how batches are read (worker/loader.py); the last one's wait
         self._built, self._own = built, data  # the job the memory probe built (not built twice); the user's data
         self.allowed_imports = tuple(allowed_imports)  # modules a job's factory path may come from (worker.job_build)
-        joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
+        self._counted = ProcessSession()
+        client.switch_paths = self._counted.only
+        try:
+            joined = client.join(name, cores, cuda_device=gpu_uuid(self.device), max_batch=max_batch)
+        except BaseException:
+            self._counted.close()
+            raise
         self.name = name
         self.worker_id = joined.worker_id
         # beat from the start: building the data and the model can take longer than --evict-after
@@ -102,6 +106,7 @@ class Session:
             self._setup(joined)
         except BaseException:
             self._heartbeat.stop()
+            self._counted.close()
             with contextlib.suppress(ServerError):  # a member that will never push: BSP peers need not wait --evict-after
                 client.leave(self.worker_id)
             raise
@@ -129,16 +134,10 @@ class Session:
         self.model: nn.Module = built.model
         if Layout.of(self.model) != joined.layout:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
-        self._collective: Collective | None = None
-        if self.spec.allreduce:  # the local copy of the parameters is the collective's; its groups meet at the server
-            stores = partial(ServerStore, lambda call: client.rendezvous(self.worker_id, call))
-            self._collective = Collective(self.spec, self.model, stores, timeout_s=self.retry_for, device=self.device)
-        self._params = self._collective.params if self._collective is not None else flatten_params(self.model)
-        self._grads = torch.empty_like(self._params)
-        self._on_device: tuple[torch.Tensor, torch.Tensor] | None = None  # a GPU's copy of (params, grads)
+        self._parts: PathParts | None = None
         if self.device.type != "cpu":
             self.model.to(self.device)
-            self._on_device = (torch.empty_like(self._params, device=self.device), torch.empty_like(self._grads, device=self.device))
+        self._configure_path(flatten_params(self.model).cpu())
         n = len(self.dataset.train)  # --sampling exact: the server's slices (worker/slices.py), else its own draws
         self._sampler = (SliceSource(n, self.spec.seed, self.spec.epochs) if self.spec.exact_epochs
                          else ElasticBatchSampler(n, seed=self.spec.seed * 1009 + joined.index))
@@ -146,16 +145,29 @@ class Session:
         train = self.dataset.train if self._own is None else self._own.dataset
         self._batches = Batches(train, self._sampler, self._loader, self.device)
         self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
-        # BSP on the PS path: the gradient goes out in buckets while backward runs (worker/overlap.py)
-        self.overlap = self.overlap and self.spec.overlap and self.spec.mode == "bsp" and not self.spec.allreduce
-        self._buckets = BucketPush(self.model, self._grads) if self.overlap else None
-        # its reply streams in during the next forward where the model's parameters are views of self._params
-        self._arrivals = Arrivals()
-        views = self._on_device is None and all(p.dtype == self._params.dtype for p in self.model.parameters())
-        self._forward = ForwardOrder(self.model, self._arrivals) if self._buckets is not None and views else None
         self._streamed = False  # whether the last step's reply streamed in (during this step's forward)
         self.streamed_replies = 0  # replies whose parameters streamed in while the next forward ran
         self._apply(self._pull_global_model())
+
+    def _configure_path(self, params: torch.Tensor) -> None:
+        """Set up the job's path (spec.allreduce) from the flat parameters `params` (worker/path_parts.py),
+        closing the other path's parts first (a switch)."""
+        if self._parts is not None:
+            self._parts.close()
+        stores = partial(ServerStore, lambda call: self.client.rendezvous(self.worker_id, call))
+        p = self._parts = PathParts.build(self.spec, self.model, params, self.device, self._overlap_wanted, stores, self.retry_for)
+        self._collective, self._params, self._grads, self._on_device = p.collective, p.params, p.grads, p.on_device
+        self._buckets, self._forward, self._arrivals = p.buckets, p.forward, p.arrivals
+
+    def _switch_path(self, plan: StepHeader) -> None:
+        """The server switched the job's path (`plan.path`): onto the fast path from the parameters just
+        loaded; or off it, the group's copy becoming the PS path's (after the snapshot the reply asked for)."""
+        self._arrivals.wait_all()  # a reply still streaming in: its parameters first
+        self.spec = replace(self.spec, allreduce=plan.path == "allreduce")
+        self._configure_path(self._params)
+        log.info("%s: the job runs on the %s now", self.name, "collective fast path" if self.spec.allreduce else "PS path")
+        if self._collective is not None and self._collective.state_numel:  # the server's momentum, for the group's copy
+            self._collective.load_optimizer_state(self.client.pull_optimizer_state(self.worker_id, self._collective.state_numel))
 
     def _pull_global_model(self) -> StepHeader:
         """The server's parameters, and with --allreduce its optimizer state too (a resumed job's
@@ -178,6 +190,8 @@ class Session:
         server_checks.step_plan(plan, self.max_batch, self.spec.micro_batch)
         renew = (slices := isinstance(self._sampler, SliceSource)) and self._sampler.follow(plan)
         self.plan = plan
+        if plan.path and not plan.done and (plan.path == "allreduce") != self.spec.allreduce:
+            self._switch_path(plan)
         if plan.batch_size > 0:
             self._sampler.batch_size = plan.batch_size
         if slices:  # the loader starts on what is newly known (renew: after dropping what is not wanted)
@@ -300,10 +314,14 @@ class Session:
             values = grads
         if self._collective is not None:
             return self._finish_step(lambda: self._collective_push(device_grads, times), compute_ms)
-        return self._finish_step(lambda: self.client.push(
+        return self._finish_step(lambda: self._push(values, times), compute_ms)
+
+    def _push(self, values: torch.Tensor, times: PushTimes) -> StepHeader:
+        """The PS path's push of a whole gradient (ASP: update); the reply's parameters land in self._params."""
+        return self.client.push(
             self.worker_id, values, self._params, round=self.plan.round, version=self.plan.version,
             batch_size=self._sampler.batch_size, compute_ms=times.compute_ms, wire_dtype=self.spec.wire_dtype,
-            exposed_ms=times.exposed_ms, own_exposed_ms=times.own_exposed_ms, data_wait_ms=times.data_wait_ms), compute_ms)
+            exposed_ms=times.exposed_ms, own_exposed_ms=times.own_exposed_ms, data_wait_ms=times.data_wait_ms)
 
     def _finish_step(self, push: Callable[[], StepHeader | None], compute_ms: float, pushed: float | None = None,
                      streamed: bool = False) -> StepHeader:
@@ -358,7 +376,11 @@ class Session:
         """--allreduce: settle the previous report, then all-reduce and step with the group; None if
         the job ended with the previous step (this batch was one too many: the settled plan stands)."""
         plan = self._settle_report()
-        return None if plan.done else self._collective_step(grads, times, plan)
+        if plan.done:
+            return None
+        if self._collective is None:  # the reply switched the job to the PS path (ps/rounds/path_trial.py)
+            return self._push(grads.cpu(), times)
+        return self._collective_step(grads, times, plan)
 
     def _settle_report(self) -> StepHeader:
         """--allreduce: the plan for this step, from the reply to the previous step's report (rank 0
@@ -427,28 +449,8 @@ class Session:
                 error = exc
         if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
             raise error
-        # one bound for the waits and the attempts together, said at once and while it runs
-        waiting = Waiting(self.name, self.client.target, time.monotonic() + self.retry_for, "--retry-for")
-        waiting.say(f"{lost_because(error)}; {what_next(self.retry_for)}")
-        for delay in Backoff(total=self.retry_for).delays():
-            time.sleep(min(delay, waiting.remaining()))
-            if waiting.remaining() <= 0:
-                break
-            try:
-                wait_for_server(self.client, waiting)
-                plan = self._rejoin(waiting.deadline)
-            except ServerError as exc:
-                if exc.code not in ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND"):
-                    raise
-                if "has ended" in exc.message:
-                    return replace(self.plan, done=True, reason="finished")
-                error = exc
-                continue
-            waiting.recovered(f"rejoined {self.client.target} as {self.worker_id}")
-            return plan
-        if error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
-            raise waiting.given_up()
-        raise ServerError(error.code, f"gave up after {self.retry_for:.0f} s of retries (--retry-for): {error.message}")
+        return rejoin_with_backoff(self.name, self.client, self.retry_for, error, self._rejoin, lambda: self.worker_id,
+                                   self.plan)
 
     def _rejoin(self, deadline: float) -> StepHeader:
         """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic)."""
@@ -456,8 +458,11 @@ class Session:
             self.client.leave(self.worker_id, timeout=max(0.01, min(deadline - time.monotonic(), LEAVE_TIMEOUT_S)))
         joined = self.client.join(self.name, self.cores, timeout=max(0.01, deadline - time.monotonic()),
                                   cuda_device=gpu_uuid(self.device), max_batch=self.max_batch)
-        if joined.spec != self.spec or joined.layout != Layout.of(self.model):
+        if replace(joined.spec, allreduce=self.spec.allreduce) != self.spec or joined.layout != Layout.of(self.model):
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
+        if joined.spec.allreduce != self.spec.allreduce:  # --allreduce auto's trial switched the path meanwhile
+            self.spec = joined.spec
+            self._configure_path(self._params)
         if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
             self._collective.rejoined()
         self.worker_id = joined.worker_id
@@ -477,13 +482,10 @@ class Session:
         """Stop the heartbeat, leave the process group and close the connection (`closed` then says
         whether the connection's close finished: see PSClient.close)."""
         self._heartbeat.stop()
+        self._counted.close()
         self._batches.close()
-        if self._buckets is not None:
-            self._buckets.remove()
-        if self._forward is not None:
-            self._forward.remove()
-        if self._collective is not None:
-            self._collective.close()
+        if self._parts is not None:
+            self._parts.close()
         self.closed = self.client.close()
 
     def __enter__(self) -> Session:

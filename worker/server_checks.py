@@ -64,7 +64,8 @@ def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int =
 
 def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1) -> None:
     """A plan's numbers: counters >= 0, a finite learning rate >= 0, a batch within bounds
-    (batch_size) unless the job is done (nothing more is drawn), a rank inside its group."""
+    (batch_size) unless the job is done (nothing more is drawn), a rank inside its group, a path it
+    can switch to (--allreduce auto's trial)."""
     if min(plan.round, plan.version, plan.epoch) < 0:
         raise UntrustedReply(f"the server's plan has a negative round, version or epoch "
                              f"({plan.round}, {plan.version}, {plan.epoch})")
@@ -74,6 +75,8 @@ def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1) -> None:
     if group.world_size and not (0 <= group.rank < group.world_size and 0 <= group.hub_rank < group.world_size):
         raise UntrustedReply(f"the server's group ranks (rank {group.rank}, hub {group.hub_rank}) are outside its size "
                              f"{group.world_size}")
+    if plan.path not in ("", "ps", "allreduce") or (plan.path == "allreduce" and not group.world_size):
+        raise UntrustedReply(f"the server's path {plan.path[:40]!r} is not ps, or allreduce with a group")
     if not plan.done:
         batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch)
 

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "policy or a variant of one (--controllers is the same flag; default: bsp uniform,static,dynamic; asp "
                       "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
-                      "ring all_reduce instead of the hub, dynamic_allreduce_compute, the fast path at --balance compute, and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
+                      "ring all_reduce instead of the hub, dynamic_allreduce_compute, the fast path at --balance compute, dynamic_auto_trial, --allreduce auto trying both paths (with --sampling independent), and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
                       "dynamic_compute, dynamic with --balance busy or compute instead of the server's default, auto: busy "
                       "for BSP on one server, compute otherwise; bsp takes dynamic_no_overlap, dynamic on the serial path "
                       "(ps-server --no-overlap: no gradient push during backward), compared with dynamic in the report's "

@@ -64,6 +64,9 @@ def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dic
         "trace": [{"epoch": e["epoch"], "samples_per_s": e["samples_per_s"], "batch_sizes": e["batch_sizes"],
                    "compute_ms": e["compute_ms"]} for e in epochs],
     }
+    paths = analysis.of_kind(events, "path")
+    if paths:  # --allreduce auto: the path it took, and on CPU workers the trial's steps and rates
+        record["path"] = [{k: p.get(k) for k in ("allreduce", "why", "rates", "step")} for p in paths]
     if controller in ("dynamic", "model"):
         record["policy"] = policy_record(events)
     if s.mode == "asp":

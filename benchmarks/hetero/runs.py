@@ -51,6 +51,8 @@ RUN_VARIANTS = {
     "dynamic_allreduce": ("dynamic", ["--allreduce"]),
     "dynamic_allreduce_ring": ("dynamic", ["--allreduce", "--allreduce-algorithm", "ring"]),
     "dynamic_allreduce_compute": ("dynamic", ["--allreduce", "--balance", "compute"]),
+    # --allreduce auto on CPU workers with --sampling independent: tries both paths and keeps the faster
+    "dynamic_auto_trial": ("dynamic", ["--sampling", "independent"]),
     "dynamic_busy": ("dynamic", ["--balance", "busy"]),
     "dynamic_compute": ("dynamic", ["--balance", "compute"]),
     "dynamic_cycle": ("dynamic", ["--balance", "cycle"]),
@@ -62,7 +64,7 @@ RUN_VARIANTS = {
 }
 
 
-OPT_IN = {"bsp": ["model", "dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_allreduce_compute", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
+OPT_IN = {"bsp": ["model", "dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_allreduce_compute", "dynamic_auto_trial", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
                   "dynamic_no_overlap",
                   "uniform_compose", "dynamic_compose"],
           "asp": ["model", "dynamic_busy", "dynamic_compute", "uniform_compose", "dynamic_compose"]}

@@ -180,6 +180,7 @@ class StepHeader:
     optimizer_state: bool = False  # the values are the optimizer's flat state (common.params.flat_state), not parameters
     slice: tuple[SliceRange, ...] = ()  # --sampling exact: the samples of the next step (ps.rounds.sampling)
     next_slice: tuple[SliceRange, ...] = ()  # and of the step after, handed ahead while the plan holds
+    path: str = ""  # --allreduce auto's trial: the path from this reply on ("allreduce", "ps"; "": not said)
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from ps.rounds.inflight import PushesInFlight
 from ps.rounds.job_end import JobEnd
 from ps.rounds.membership import Member, Membership
 from ps.rounds.parking import Parking
+from ps.rounds.path_trial import PathTrial
 from ps.rounds.push_checks import PushChecks
 from ps.rounds.rendezvous import Rendezvous
 from ps.rounds.reports import status, summary
@@ -78,8 +79,7 @@ class Coordinator(JobState):
         shards: RemoteShards | None = None,
         fast_path_on_gpus: Callable[[], Rendezvous] | None = None, limits: Limits | None = None,
     ) -> None:
-        """`fast_path_on_gpus` (--allreduce auto): switch to the fast path, hosting the rendezvous it starts, when the
-        starting workers all have GPUs of their own (rendezvous.fast_path_fits); the balance becomes compute time."""
+        """`fast_path_on_gpus` (--allreduce auto): starts the rendezvous where the fast path is taken (ps.rounds.fast_path)."""
         check_paths(spec, rendezvous, shards, fast_path_on_gpus)
         self.spec = spec
         self.policy = policy
@@ -111,28 +111,25 @@ class Coordinator(JobState):
         self.admission = Admission(self, self.epochs, self.fast_path)
         self.whole_model = WholeModel(self, (full, None) if shards else None)
         self.evaluation = Evaluations(self, evaluator, self.epochs, self.whole_model)
-        self.checks = PushChecks(self, self.bsp, self.asp, self.fast_path, self.whole_model)
+        self.path_trial = PathTrial(self, self.bsp, self.fast_path, self.whole_model, self.stop, self.adaptive.on)
+        self.checks = PushChecks(self, self.bsp, self.asp, self.fast_path, self.whole_model, self.path_trial)
         self.end = JobEnd(self, self.whole_model)
         self.limits = limits or Limits()  # what a peer may make the server wait for or hold (ps.rounds.deadlines)
         self.deadlines = Deadlines(self, self.bsp, self.asp, self.epochs, self.limits, lambda w, why: self._remove(w, "evict", why))
-        self.in_flight = PushesInFlight(self.limits.push_bytes)  # a Push stream's hold: self.in_flight.slot(self.begin_push)
-
-    @property
-    def may_take_fast_path(self) -> bool:
-        """--allreduce auto, before the start: the path is still to be chosen."""
-        return self.fast_path.undecided
+        self.in_flight = PushesInFlight(self.limits.push_bytes)  # a Push stream's hold: in_flight.slot(begin_push)
 
     # ----------------------------------------------------------------- membership
     async def join(self, name: str, cores: float, cuda_device: str | None = None, max_batch: int | None = None,
-                   data_length: int = 0, data_fingerprint: str = "") -> JoinInfo:
+                   data_length: int = 0, data_fingerprint: str = "", switch_paths: bool = False) -> JoinInfo:
         """Admit a worker. Before the start it waits for all expected workers; later it
         enters at the next round boundary (BSP) or at once (ASP) and gets a share of B.
         `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
-        `max_batch`: the most samples its memory holds (None: no bound of its own); `data_*`: its dataset (Sampling)."""
+        `max_batch`: the most samples its memory holds (None: no bound of its own); `data_*`: its dataset (Sampling);
+        `switch_paths`: it can follow --allreduce auto's trial (ps.rounds.path_trial)."""
         self.admission.check(name, cores, cuda_device, max_batch)
         self.sampling.check_join(data_length, data_fingerprint)
         member = self.membership.admit(name, cores, self.clock())
-        member.cuda_device, member.max_batch = cuda_device, max_batch
+        member.cuda_device, member.max_batch, member.switch_paths = cuda_device, max_batch, switch_paths
         try:
             if not self.admission.started.is_set():
                 if self.admission.all_here():
@@ -159,8 +156,7 @@ class Coordinator(JobState):
         )
 
     def _start(self) -> None:
-        """All expected workers are here: choose the path (--allreduce auto), build the first plan and
-        open round 0."""
+        """All expected workers are here: choose the path (--allreduce auto), the first plan; open round 0."""
         if self.fast_path.undecided and self.fast_path.choose():
             self.bsp.accumulator = None  # the workers sum their gradients themselves
         if not self.admission.start_resumed():
@@ -230,6 +226,7 @@ class Coordinator(JobState):
         """Drop a worker (leave or eviction), re-split B over the others, close a round it held up."""
         member = self.membership.remove(worker_id, reason)
         self.sampling.removed(member)
+        self.path_trial.removed(member)
         self.end.told_done.discard(worker_id)
         self.bsp.pushed.discard(worker_id)
         self.asp.release()  # SSP: a slowest worker gone lets the others go on
@@ -269,7 +266,7 @@ class Coordinator(JobState):
         if meta.kind == "snapshot":
             self.checks.snapshot(member, meta)
             member.last_seen = self.clock()
-            self.whole_model.load_snapshot(values)
+            self.whole_model.load_snapshot(values)  # and what waited for it (ps.rounds.path_trial's switch back)
             return self._reply(member)
         self.checks.sequence(member, meta)
         self.checks.told(member, meta)
@@ -317,7 +314,8 @@ class Coordinator(JobState):
         self.version += 1
         self.epochs.first_round()
         self._advance(batch)
-        if not self.done:
+        self.path_trial.round_closed(batch)  # may switch the path: the round's replies say so
+        if not self.done and not self.path_trial.awaiting:  # a newcomer waits for the parameters too
             self._activate_pending()
 
     async def _commit_sharded(self) -> None:
@@ -375,7 +373,7 @@ class Coordinator(JobState):
     def _reply(self, member: Member, params: bool | None = None) -> StepReply:
         """The header for the worker's next step, with the parameters unless `params` is False
         (default: only without --allreduce, whose workers keep the parameters themselves)."""
-        params = self.rendezvous is None if params is None else params
+        params = self.path_trial.reply_carries_params(self.rendezvous is None) if params is None else params
         plan = self.policy.plan()
         group = self.fast_path.group_info(member, plan)
         batch, ranges, ahead = self.sampling.slice_for(member, plan.get(member.name, 0))  # --sampling exact: its samples
@@ -387,8 +385,8 @@ class Coordinator(JobState):
         header = StepHeader(
             round=self.round, version=self.version, epoch=self.epoch, batch_size=batch, done=self.done, lr=lr,
             global_batch=global_batch, wire_dtype=self.params_dtype, num_values=self.own_numel if params else 0,
-            reason=self.reason, group=group, slice=ranges, next_slice=ahead,
-            snapshot_requested=self.whole_model.snapshot_requested and group.rank == 0 and group.world_size > 0,
+            reason=self.reason, group=group, slice=ranges, next_slice=ahead, path=self.path_trial.path(),
+            snapshot_requested=self.whole_model.asks_snapshot(group) or self.path_trial.asks_snapshot(member),
         )
         return StepReply(header, self._current_payload() if params else self.payload.empty())
 
@@ -406,7 +404,7 @@ class Coordinator(JobState):
         if self.done:
             return
         self.adaptive.after_round()  # before the policy's decision resets the times it measured
-        if self.epochs.adjust_due():
+        if self.epochs.adjust_due() and not self.path_trial.holds_plan:  # the trial times both paths at one plan
             self.epochs.adjust()
         if self.epochs.checkpoint_due():
             self._checkpoint()
@@ -419,7 +417,7 @@ class Coordinator(JobState):
             self._finish("finished")
             return
         self.adaptive.at_epoch_end()
-        if self.epochs.adjust_every is None:
+        if self.epochs.adjust_every is None and not self.path_trial.holds_plan:
             self.epochs.adjust()
         if self.epochs.checkpoint_every is None:
             self._checkpoint()
@@ -446,11 +444,9 @@ class Coordinator(JobState):
         self.store.set_lr(self.adaptive.lr_at(self.epoch))
         self.admission.saved_policy = saved
         changes = config_changes(saved.config, self.policy.config)
-        self.metrics.write(
-            "resume", step=self.step, epoch=self.epoch, round=self.round, version=self.version,
-            params_sha256=params_digest(state["params"]),
-            controller_changes={name: list(pair) for name, pair in changes.items()},
-        )
+        self.metrics.write("resume", step=self.step, epoch=self.epoch, round=self.round, version=self.version,
+                           params_sha256=params_digest(state["params"]),
+                           controller_changes={name: list(pair) for name, pair in changes.items()})
         return changes
 
     def _checkpoint(self) -> None:
@@ -496,5 +492,6 @@ class Coordinator(JobState):
                 **self.deadlines.report(), **self.sampling.report()}
 
     def status(self) -> dict[str, Any]:
-        path = "auto" if self.may_take_fast_path else "allreduce" if self.spec.allreduce else "ps"
-        return {**status(self, path, self.evaluation.last_accuracy), **self.adaptive.status()}
+        path = "auto" if self.fast_path.undecided else "allreduce" if self.spec.allreduce else "ps"
+        why = self.path_trial.why or self.fast_path.why  # --allreduce auto's choice
+        return {**status(self, path, why, self.evaluation.last_accuracy), **self.adaptive.status()}

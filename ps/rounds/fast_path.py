@@ -40,6 +40,10 @@ class FastPath:
     def __init__(self, state: JobState, on_gpus: Callable[[], Rendezvous] | None) -> None:
         self.state = state
         self.on_gpus = on_gpus  # --allreduce auto, until the start: starts the rendezvous if the path fits
+        self.why = ""  # --allreduce auto: why the job took its path (Status)
+        # --allreduce auto where the fast path does not fit at the start (ps.rounds.path_trial.PathTrial.offer):
+        # (start_rendezvous, why, the starting members) -> what the path event says
+        self.offer_trial: Callable[[Callable[[], Rendezvous], str, list[Member]], str] | None = None
 
     @property
     def undecided(self) -> bool:
@@ -57,14 +61,23 @@ class FastPath:
         fits, why = fast_path_fits([m.worker_id for m in starting], {m.worker_id: m.cuda_device for m in starting})
         rendezvous = start_rendezvous() if fits else None
         if rendezvous is not None:
-            s.spec = replace(s.spec, allreduce=True, balance="compute")
-            s.rendezvous = rendezvous
-            if s.policy.config.park:  # the process group has every member: no parked ranks
-                s.policy = reconfigured(s.policy, replace(s.policy.config, park=False))
-                s.metrics.write("parking", on=False, why=PARKING_OFF, step=s.step, epoch=s.epoch)
+            self.enter(rendezvous, balance="compute")
+        elif self.offer_trial is not None:
+            why = self.offer_trial(start_rendezvous, why, starting)
+        self.why = why
         s.metrics.write("path", allreduce=rendezvous is not None, why=why, balance=s.spec.balance, step=s.step,
                         epoch=s.epoch)
         return rendezvous is not None
+
+    def enter(self, rendezvous: Rendezvous, **spec_changes: str) -> None:
+        """The job runs on the fast path from now: the spec says allreduce (with `spec_changes`), the
+        rendezvous keeps its groups, and parking is off."""
+        s = self.state
+        s.spec = replace(s.spec, allreduce=True, **spec_changes)
+        s.rendezvous = rendezvous
+        if s.policy.config.park:  # the process group has every member: no parked ranks
+            s.policy = reconfigured(s.policy, replace(s.policy.config, park=False))
+            s.metrics.write("parking", on=False, why=PARKING_OFF, step=s.step, epoch=s.epoch)
 
     def generation(self) -> int:
         """The current group generation (0 before the first group, and on the PS path)."""

@@ -35,6 +35,7 @@ class Member:
     epoch_data_wait_ms: list[float] = field(default_factory=list)  # every push's wait for its batch (part of compute)
     asp: EpochCounts = field(default_factory=EpochCounts)  # ASP: this epoch's staleness and SSP waits
     cuda_device: str | None = None  # the UUID of the GPU it computes on ("" unknown), None on a CPU
+    switch_paths: bool = False  # it can follow --allreduce auto's trial (ps.rounds.path_trial)
     max_batch: int | None = None  # the most samples its memory holds (None: no bound of its own)
     told: dict[int, set[int]] = field(default_factory=dict)  # step (BSP round, ASP version) -> batch sizes told for it
     activated: asyncio.Event = field(default_factory=asyncio.Event)

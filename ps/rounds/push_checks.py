@@ -10,6 +10,7 @@ from ps.rounds.asp import AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.fast_path import FastPath
 from ps.rounds.membership import Member
+from ps.rounds.path_trial import PathTrial
 from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
 from common.transport.chunked import Vector
@@ -22,8 +23,9 @@ class PushChecks:
     """The checks, over the shared state and the rounds' own."""
 
     def __init__(self, state: JobState, bsp: BspRound, asp: AspUpdates, fast_path: FastPath,
-                 whole_model: WholeModel) -> None:
+                 whole_model: WholeModel, path_trial: PathTrial) -> None:
         self.state = state
+        self.path_trial = path_trial
         self.bsp = bsp
         self.asp = asp
         self.fast_path = fast_path
@@ -33,7 +35,7 @@ class PushChecks:
         """Validate a push header from `member`; the receiver for its payload."""
         s = self.state
         check_wire_dtype(meta.wire_dtype)
-        self.kind(meta)
+        self.kind(meta, member)
         if meta.kind == "snapshot":
             self.snapshot(member, meta)
         elif meta.batch_size <= 0:
@@ -65,11 +67,16 @@ class PushChecks:
         # the chunks are kept as gRPC handed them over: nothing to copy, pool or give back
         return ChunkReceiver(meta.num_values, meta.wire_dtype)
 
-    def kind(self, meta: PushMeta) -> None:
-        """Gradients go to the server only without --allreduce; reports and snapshots only with it."""
+    def kind(self, meta: PushMeta, member: Member) -> None:
+        """Gradients go to the server only without --allreduce; reports and snapshots only with it (and
+        the snapshot a path trial's switch back asks for: ps.rounds.path_trial)."""
         fast_path = self.state.rendezvous is not None
         if meta.kind not in PUSH_KINDS:
             raise InvalidArgument(f"push kind must be one of {PUSH_KINDS}, got {meta.kind!r}")
+        if meta.kind == "snapshot" and self.path_trial.was_asked(member):
+            return  # snapshot() tells whether it is still wanted
+        if not fast_path and meta.kind == "values":
+            self.path_trial.check_gradient()
         if not fast_path and meta.kind != "values":
             raise InvalidArgument(f"a {meta.kind} push is for --allreduce jobs; this job takes gradients (kind values)")
         if fast_path and meta.kind == "values":
@@ -79,11 +86,12 @@ class PushChecks:
             )
 
     def snapshot(self, member: Member, meta: PushMeta) -> None:
-        """A snapshot comes from rank 0, when asked, for the open round."""
+        """A snapshot comes from rank 0, when asked, for the open round (a path trial's switch back: from
+        any member asked, until one arrived)."""
         s = self.state
-        assert s.rendezvous is not None
-        rank = s.rendezvous.rank(member.worker_id)
-        if rank != 0:
+        if s.rendezvous is None:
+            self.path_trial.check_snapshot(member)
+        elif (rank := s.rendezvous.rank(member.worker_id)) != 0:
             raise FailedPrecondition(
                 f"only rank 0 sends snapshots; worker {member.name} is rank {rank} of generation "
                 f"{s.rendezvous.group.generation}"

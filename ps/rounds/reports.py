@@ -34,9 +34,10 @@ def summary(state: JobState, start_time: float | None, end_time: float | None, a
     }
 
 
-def status(state: JobState, path: str, accuracy: float | None) -> dict[str, Any]:
+def status(state: JobState, path: str, path_why: str, accuracy: float | None) -> dict[str, Any]:
     """Where the job is and every worker's plan, smoothed time, updates and staleness; `path` is the
-    one it runs on (ps, allreduce, or auto while --allreduce auto has not chosen yet)."""
+    one it runs on (ps, allreduce, or auto while --allreduce auto has not chosen yet), `path_why`
+    --allreduce auto's reason ("" where the command line chose)."""
     s = state
     smoothed = s.policy.smoothed_ms()
     plan = s.policy.plan()
@@ -53,6 +54,7 @@ def status(state: JobState, path: str, accuracy: float | None) -> dict[str, Any]
         "last_accuracy": accuracy,
         "expected_workers": s.spec.workers,
         "path": path,
+        "path_why": path_why,
         "workers": [
             {
                 "worker_id": m.worker_id,

@@ -13,6 +13,7 @@ import torch
 from common.errors import InvalidArgument
 from ps.rounds.state import JobState
 from common.transport.chunked import Vector, as_tensor
+from common.transport.messages import GroupInfo
 
 
 class WholeModel:
@@ -20,7 +21,7 @@ class WholeModel:
 
     def __init__(self, state: JobState, shard_state: tuple[torch.Tensor, dict[str, Any] | None] | None) -> None:
         self.state = state
-        self.snapshot_requested = False  # allreduce: rank 0 is asked for its parameters
+        self.snapshot_requested = False  # allreduce: rank 0 is asked for its parameters (a path trial's switch back: any member)
         self.waiting: list[Callable[[], None]] = []  # evals/checkpoints waiting for them
         self.loading = False
         self.shard_state = shard_state  # --shards: what load_shards hands the shards (initial or resumed)
@@ -31,12 +32,16 @@ class WholeModel:
         Allreduce: the store's parameters are stale until rank 0 sends a snapshot, so ask for one.
         --shards: the round's commit fetches the shards' ranges before it answers the workers."""
         s = self.state
-        if self.loading or (s.rendezvous is None and s.shards is None):
+        if self.loading or (s.rendezvous is None and s.shards is None and not self.snapshot_requested):
             return False
         self.waiting.append(action)
         if s.rendezvous is not None:
             self.snapshot_requested = True
         return True
+
+    def asks_snapshot(self, group: GroupInfo) -> bool:
+        """Whether a reply to the member in `group` asks it for a snapshot (allreduce: rank 0, when one is wanted)."""
+        return self.snapshot_requested and group.rank == 0 and group.world_size > 0
 
     async def run_after_fetch(self) -> None:
         """--shards: fetch the whole model if an action waits for it, then run the actions."""

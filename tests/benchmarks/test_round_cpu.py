@@ -16,7 +16,7 @@ PARTS = ("process", "data", "compute", "push", "push_copy", "push_check", "push_
 
 def test_the_round_cpu_benchmark_reports_every_part_next_to_ddp(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "benchmarks.round_cpu", "--cases", "tiny", "--batch", "8", "--warmup", "2",
-                    "--rounds", "4", "--out", str(tmp_path)], capture_output=True, text=True, timeout=120, check=True)
+                    "--rounds", "4", "--fast-path", "--out", str(tmp_path)], capture_output=True, text=True, timeout=180, check=True)
     report = json.loads((tmp_path / "round_cpu.json").read_text(encoding="utf-8"))
     (case,) = report["cases"]
     assert case["case"] == "tiny" and case["rounds"] == 4 and len(case["ps"]["per_worker"]) == 2
@@ -32,7 +32,10 @@ def test_the_round_cpu_benchmark_reports_every_part_next_to_ddp(tmp_path: Path) 
     for rank in case["ddp"]["per_rank"]:
         assert rank["process_cpu_ms"] > rank["solo_fwd_bwd_cpu_ms"] > 0 and rank["steps"] == 4
     assert case["ratio"] > 0 and case["comm_ratio"] > 0
-    assert [t["value"] for t in report["targets"]] == [case["ratio"], case["comm_ratio"]]
+    fast = case["fast_path"]  # --fast-path: the same job on the collective fast path
+    assert len(fast["per_worker"]) == 2 and fast["mean"]["compute"] > 0 and fast["mean"]["rest"] > 0
+    assert fast["ratio"] == pytest.approx(fast["mean"]["process"] / case["ddp"]["mean"]["process_cpu_ms"], abs=0.002)
+    assert [t["value"] for t in report["targets"]] == [case["ratio"], case["comm_ratio"], fast["ratio"]]
     assert (tmp_path / "round_cpu.md").read_text(encoding="utf-8").startswith("| case |")
 
 

@@ -60,9 +60,12 @@ def test_plans_and_batches_within_the_workers_bounds() -> None:
     checks.step_plan(plan(batch_size=0, global_batch=0), max_batch=8)  # nobody planned
     checks.step_plan(plan(batch_size=99, done=True), max_batch=8)  # the job is over: nothing is drawn
     checks.step_plan(plan(batch_size=24), max_batch=8, micro_batch=4)  # the memory bounds a micro-batch
+    checks.step_plan(plan(path="ps"), max_batch=8)  # --allreduce auto's trial: the path from this reply on
+    checks.step_plan(plan(world_size=2, path="allreduce"), max_batch=8)
     for bad, max_batch, micro in ((plan(batch_size=9), 8, 1), (plan(batch_size=33), 0, 1), (plan(batch_size=-1), 0, 1),
                                   (plan(batch_size=6), 0, 4), (plan(lr=float("inf")), 0, 1), (plan(round=-1), 0, 1),
-                                  (plan(world_size=2, rank=2), 0, 1), (plan(global_batch=2**31), 0, 1)):
+                                  (plan(world_size=2, rank=2), 0, 1), (plan(global_batch=2**31), 0, 1),
+                                  (plan(path="allreduce"), 0, 1), (plan(path="gpu"), 0, 1)):
         with pytest.raises(checks.UntrustedReply):
             checks.step_plan(bad, max_batch, micro)
 

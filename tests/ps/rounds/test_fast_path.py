@@ -87,7 +87,7 @@ def test_auto_takes_the_fast_path_when_every_worker_has_its_own_gpu(ps_server, t
     log = tmp_path / "metrics.jsonl"
     server = ps_server(*AUTO, "--metrics-log", str(log))
     core = server.coordinator
-    assert core.may_take_fast_path and core.rendezvous is None and not core.spec.allreduce
+    assert core.fast_path.undecided and core.rendezvous is None and not core.spec.allreduce
     assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "auto"  # not chosen yet
     futures = {name: threads.submit(_join_on, server.stub(), name, gpu) for name, gpu in (("a", "GPU-a"), ("b", "GPU-b"))}
     joins = {name: f.result(TIMEOUT) for name, f in futures.items()}
@@ -95,7 +95,7 @@ def test_auto_takes_the_fast_path_when_every_worker_has_its_own_gpu(ps_server, t
     for j in joins.values():
         assert '"allreduce": true' in j.job_json and '"balance": "compute"' in j.job_json
         assert (j.world_size, j.generation, j.backend) == (2, 1, "nccl")
-    assert not core.may_take_fast_path
+    assert not core.fast_path.undecided
     assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "allreduce"
     (path,) = _path_events(log)
     assert (path["allreduce"], path["why"], path["balance"]) == (True, "every worker computes on a GPU of its own", "compute")
@@ -130,7 +130,7 @@ def test_auto_stays_on_the_ps_path_otherwise(
     joins = {name: f.result(TIMEOUT) for name, f in futures.items()}
     for j in joins.values():
         assert '"allreduce": false' in j.job_json and (j.world_size, j.generation) == (0, 0)
-    assert core.rendezvous is None and not core.may_take_fast_path
+    assert core.rendezvous is None and not core.fast_path.undecided
     assert server.stub().Status(ps_pb2.StatusRequest(), timeout=TIMEOUT).path == "ps"
     events = _path_events(log)
     if why is None:
