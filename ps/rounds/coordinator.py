@@ -405,7 +405,7 @@ class Coordinator(JobState):
             return
         self.adaptive.after_round()  # before the policy's decision resets the times it measured
         if self.epochs.adjust_due() and not self.path_trial.holds_plan:  # the trial times both paths at one plan
-            self.epochs.adjust()
+            self.path_trial.decided(changed=self.epochs.adjust())
         if self.epochs.checkpoint_due():
             self._checkpoint()
 
@@ -418,7 +418,7 @@ class Coordinator(JobState):
             return
         self.adaptive.at_epoch_end()
         if self.epochs.adjust_every is None and not self.path_trial.holds_plan:
-            self.epochs.adjust()
+            self.path_trial.decided(changed=self.epochs.adjust())
         if self.epochs.checkpoint_every is None:
             self._checkpoint()
 

@@ -117,13 +117,14 @@ class Epochs:
         s = self.state
         s.metrics.write("first_round", step=s.step, epoch=s.epoch, wall_s=round(s.clock() - (self.start_time or s.clock()), 3))
 
-    def adjust(self) -> None:
-        """One batch-policy decision, and its `adjust` record."""
+    def adjust(self) -> bool:
+        """One batch-policy decision, and its `adjust` record; whether it changed the plan."""
         policy = self.state.policy
         before, smoothed = policy.plan(), policy.smoothed_ms()
         after = policy.adjust()
         self.steps_since_adjust = 0
         self.log_adjust(changed=after != before, smoothed=smoothed)
+        return after != before
 
     def log_adjust(self, changed: bool, smoothed: dict[str, float | None] | None = None) -> None:
         """One `adjust` event: the plan after the decision and the smoothed times it was based on, with

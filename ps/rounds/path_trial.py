@@ -2,8 +2,9 @@
 
 On GPUs of their own the fast path is chosen at the start (ps.rounds.fast_path). On CPU workers which
 path wins depends on the model's size and the workers' quotas, so the job measures: it starts on the
-PS path, and once the plan has held for SETTLE_ROUNDS rounds it freezes the plan (no batch-policy
-decision until the trial ends) and times MEASURE_ROUNDS rounds, close to close. Then it switches to
+PS path, and once a batch-policy decision has kept the plan (the policy has settled) it freezes the
+plan (no decision until the trial ends), lets SETTLE_ROUNDS rounds pass and times MEASURE_ROUNDS
+rounds, close to close. Then it switches to
 the collective fast path at a round's close: that round's replies carry the parameters, the group
 and path "allreduce", and each worker pulls the optimizer state and forms the group. After
 SETTLE_ROUNDS rounds for the group to form, as many rounds are timed again at the same plan. The
@@ -12,8 +13,8 @@ say path "ps" and ask every member for a snapshot of its parameters and optimize
 members' copies are equal: the first to arrive becomes the server's, before any gradient of the
 next round is taken, since each worker sends it before its own push).
 
-A membership change, or a plan the freeze could not hold (--adaptive-batch is not tried), starts the
-current path's timing again. The trial needs --sampling independent: the fast path does not hand
+A membership change (a re-split the freeze does not hold; --adaptive-batch is not tried) starts the
+current path's timing again, on the PS path from the next decision that keeps the plan. The trial needs --sampling independent: the fast path does not hand
 out the epochs' slices, so with --sampling exact the job stays on the PS path and says so.
 """
 
@@ -48,8 +49,9 @@ class _Window:
 
 
 class PathTrial:
-    """The trial's phases: off, settle (waiting for the plan or the group), measure, awaiting (the
-    switch back waits for a snapshot), decided."""
+    """The trial's phases: off, steady (the PS path waits for a decision that keeps the plan), settle
+    (the plan frozen from here: rounds before the timing, for the group to form on the fast path),
+    measure, awaiting (the switch back waits for a snapshot), decided."""
 
     def __init__(self, state: JobState, bsp: BspRound, fast_path: FastPath, whole_model: WholeModel,
                  stop: Callable[[str], None], adaptive: bool) -> None:
@@ -68,7 +70,7 @@ class PathTrial:
         self._start_rendezvous: Callable[[], Rendezvous] | None = None
         self._plan: dict[str, int] = {}
         self._held_since = 0
-        self._window: _Window | None = None
+        self._window: _Window | None = None  # the rounds being timed
         self._replies_carry_params = False  # the replies of the round that switched to the fast path
         self._snapshot_from: set[str] = set()  # the switch back: members asked for the parameters
         self._park = False  # parking as configured, restored on the PS path
@@ -85,7 +87,7 @@ class PathTrial:
     @property
     def holds_plan(self) -> bool:
         """No batch-policy decision while a path is timed (both are timed at one plan)."""
-        return self.phase in ("measure", "awaiting") or (self.phase == "settle" and self._window is not None)
+        return self.phase in ("settle", "measure", "awaiting")
 
     def offer(self, start_rendezvous: Callable[[], Rendezvous], why: str, starting: list[Member]) -> str:
         """--allreduce auto, at the start, where the fast path was not chosen (`why`): begin the trial
@@ -100,10 +102,15 @@ class PathTrial:
         if blocked:
             return f"{why}; {blocked}"
         self._start_rendezvous = start_rendezvous
-        self.phase = "settle"
+        self.phase = "steady"
         self.why = f"{why}: trying both paths, the PS path first, {MEASURE_ROUNDS} rounds each at one plan"
-        self._plan, self._held_since = dict(self.state.policy.plan()), self.state.round
+        self._plan = dict(self.state.policy.plan())
         return self.why
+
+    def decided(self, changed: bool) -> None:
+        """A batch-policy decision: one that kept the plan lets the trial begin (the policy has settled)."""
+        if self.phase == "steady" and not changed:
+            self.phase, self._held_since = "settle", self.state.round
 
     # ------------------------------------------------------------------ rounds
     def round_closed(self, batch: int) -> None:
@@ -113,14 +120,14 @@ class PathTrial:
             return
         s = self.state
         plan = dict(s.policy.plan())
-        if plan != self._plan:  # a join, a leave, an eviction: time this path again from a held plan
-            self._plan, self._held_since = plan, s.round
-            if self.phase == "measure":
-                self.phase, self._window = "settle", None
-            return
-        if self.phase == "awaiting":
-            return
         path = "allreduce" if s.rendezvous is not None else "ps"
+        if plan != self._plan:  # a join, a leave, an eviction (or a decision before the trial began)
+            self._plan, self._held_since, self._window = plan, s.round, None
+            if self.phase in ("settle", "measure"):  # time this path again: on the PS path once the policy settles
+                self.phase = "steady" if path == "ps" else "settle"
+            return
+        if self.phase in ("steady", "awaiting"):
+            return
         if self.phase == "settle":
             if s.round - self._held_since >= SETTLE_ROUNDS:
                 self.phase, self._window = "measure", _Window(path, s.round, s.clock())
@@ -146,8 +153,7 @@ class PathTrial:
         self.bsp.round_batch = 0
         self.fast_path.regroup()
         self._replies_carry_params = True
-        self.phase, self._held_since = "settle", s.round
-        self._window = _Window("allreduce", s.round, s.clock())  # marks the plan as held while the group forms
+        self.phase, self._held_since, self._window = "settle", s.round, None
         self._write(True, "trying the collective fast path", switched=True)
 
     def _decide(self) -> None:
