@@ -178,6 +178,14 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
         if "dynamic_no_overlap" in runs:
             report["overlap"], targets = overlap_comparison(runs, ddp_split)
             report["targets"] += targets
+        fast = runs.get("dynamic_allreduce", {}).get("ratio_to_ddp_split")
+        if fast is not None:  # the fast path is DDP plus a plan: level with DDP at the same split
+            best = max(fast, dyn.get("ratio_to_ddp_split") or 0.0)
+            report["targets"] += [
+                analysis.target(f"{s.profile.name} BSP fast path (dynamic_allreduce) over ddp_split", fast, ">=", 0.98, SOURCE),
+                analysis.target(f"{s.profile.name} BSP best of dynamic and dynamic_allreduce over ddp_split", best, ">=", 1.0,
+                                SOURCE),
+            ]
     else:
         skew = analysis.target(f"{s.profile.name} ASP dynamic update_skew", dyn.get("update_skew"), "<=", 1.3, SOURCE)
         if skew["value"] is None and 0 in (dyn.get("last_epoch_updates") or {}).values():
