@@ -150,8 +150,7 @@ class Session:
         self._apply(self._pull_global_model())
 
     def _configure_path(self, params: torch.Tensor) -> None:
-        """Set up the job's path (spec.allreduce) from the flat parameters `params` (worker/path_parts.py),
-        closing the other path's parts first (a switch)."""
+        """Set up the job's path (spec.allreduce) from the flat `params`, closing the other path's parts (a switch)."""
         if self._parts is not None:
             self._parts.close()
         stores = partial(ServerStore, lambda call: self.client.rendezvous(self.worker_id, call))
@@ -160,23 +159,24 @@ class Session:
         self._buckets, self._forward, self._arrivals = p.buckets, p.forward, p.arrivals
 
     def _switch_path(self, plan: StepHeader) -> None:
-        """The server switched the job's path (`plan.path`): onto the fast path from the parameters just
-        loaded; or off it, the group's copy becoming the PS path's (after the snapshot the reply asked for)."""
+        """The server switched the path (`plan.path`): onto the fast path from the parameters just loaded, or off it."""
         self._arrivals.wait_all()  # a reply still streaming in: its parameters first
         self.spec = replace(self.spec, allreduce=plan.path == "allreduce")
         self._configure_path(self._params)
         log.info("%s: the job runs on the %s now", self.name, "collective fast path" if self.spec.allreduce else "PS path")
-        if self._collective is not None and self._collective.state_numel:  # the server's momentum, for the group's copy
-            self._collective.load_optimizer_state(self.client.pull_optimizer_state(self.worker_id, self._collective.state_numel))
+        self._pull_optimizer_state()
 
     def _pull_global_model(self) -> StepHeader:
         """The server's parameters, and with --allreduce its optimizer state too (a resumed job's
         momentum: the group starts from this copy when no peer's is further along)."""
         plan = self.client.pull(self.worker_id, self._params)
-        collective = self._collective
-        if collective is not None and collective.state_numel:
-            collective.load_optimizer_state(self.client.pull_optimizer_state(self.worker_id, collective.state_numel))
+        self._pull_optimizer_state()
         return plan
+
+    def _pull_optimizer_state(self) -> None:
+        """--allreduce: the server's optimizer state (its momentum) into the group's copy; nothing on the PS path."""
+        if (collective := self._collective) is not None and collective.state_numel:
+            collective.load_optimizer_state(self.client.pull_optimizer_state(self.worker_id, collective.state_numel))
 
     # ------------------------------------------------------------------ the plan
     def _apply(self, plan: StepHeader) -> None:

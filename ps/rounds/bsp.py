@@ -23,14 +23,12 @@ class BspRound:
     """The open round's state; a new round starts from `next_round`."""
 
     def __init__(self, state: JobState, parking: Parking) -> None:
-        spec = state.spec
         self.state = state
         self.parking = parking
-        # the round's sum (None with --allreduce, and on ASP jobs)
-        self.accumulator = (WeightedMean(state.own_numel, scale=spec.global_batch)
-                            if spec.mode == "bsp" and not spec.allreduce else None)
-        self.contributions: dict[str, int] = {}  # --shards: batch per worker in the open round
+        self.accumulator: WeightedMean | None = None  # the round's sum (None with --allreduce, and on ASP jobs)
         self.round_batch = 0  # allreduce: samples reported in the open round
+        self.follow_path()
+        self.contributions: dict[str, int] = {}  # --shards: batch per worker in the open round
         self.pushed: set[str] = set()
         self.future: asyncio.Future[bool] | None = None
         self.replies_sent_at: float | None = None  # --balance cycle: when the open round's replies went out
@@ -39,6 +37,15 @@ class BspRound:
         self.committing = False  # --shards: the round's commit is under way
         self.commit_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
         self.on_sum: Callable[[Vector | None], None] | None = None  # the round's mean before its step (allreduce: None)
+
+    def follow_path(self) -> None:
+        """Sum the round's gradients here unless the job's path is the fast path (the workers sum
+        them themselves) or it is ASP; at the start, and when --allreduce auto switches the path
+        between rounds."""
+        spec = self.state.spec
+        self.accumulator = (WeightedMean(self.state.own_numel, scale=spec.global_batch)
+                            if spec.mode == "bsp" and not spec.allreduce else None)
+        self.round_batch = 0
 
     def check_open(self, member: Member, meta: PushMeta) -> None:
         """A push is for the open round, once per worker (not while --shards commits the last one)."""

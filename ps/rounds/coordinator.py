@@ -158,7 +158,7 @@ class Coordinator(JobState):
     def _start(self) -> None:
         """All expected workers are here: choose the path (--allreduce auto), the first plan; open round 0."""
         if self.fast_path.undecided and self.fast_path.choose():
-            self.bsp.accumulator = None  # the workers sum their gradients themselves
+            self.bsp.follow_path()  # the workers sum their gradients themselves
         if not self.admission.start_resumed():
             self._activate_pending()
         self.epochs.start_time = self.epochs.epoch_start_time = self.clock()

@@ -69,15 +69,30 @@ class FastPath:
                         epoch=s.epoch)
         return rendezvous is not None
 
-    def enter(self, rendezvous: Rendezvous, **spec_changes: str) -> None:
+    def enter(self, rendezvous: Rendezvous, **spec_changes: str) -> bool:
         """The job runs on the fast path from now: the spec says allreduce (with `spec_changes`), the
-        rendezvous keeps its groups, and parking is off."""
+        rendezvous keeps its groups, and parking is off. Returns whether parking was on (for `leave`)."""
         s = self.state
         s.spec = replace(s.spec, allreduce=True, **spec_changes)
         s.rendezvous = rendezvous
-        if s.policy.config.park:  # the process group has every member: no parked ranks
-            s.policy = reconfigured(s.policy, replace(s.policy.config, park=False))
-            s.metrics.write("parking", on=False, why=PARKING_OFF, step=s.step, epoch=s.epoch)
+        parked = s.policy.config.park
+        if parked:  # the process group has every member: no parked ranks
+            self._set_parking(False, PARKING_OFF)
+        return parked
+
+    def leave(self, park: bool) -> None:
+        """The job runs on the PS path again (--allreduce auto's trial): no rendezvous, the spec says
+        so, and parking as it was before `enter` (`park`)."""
+        s = self.state
+        s.spec = replace(s.spec, allreduce=False)
+        s.rendezvous = None
+        if park:
+            self._set_parking(True, "the PS path")
+
+    def _set_parking(self, on: bool, why: str) -> None:
+        s = self.state
+        s.policy = reconfigured(s.policy, replace(s.policy.config, park=on))
+        s.metrics.write("parking", on=on, why=why, step=s.step, epoch=s.epoch)
 
     def generation(self) -> int:
         """The current group generation (0 before the first group, and on the PS path)."""

@@ -21,11 +21,9 @@ out the epochs' slices, so with --sampling exact the job stays on the PS path an
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from common.errors import FailedPrecondition
-from common.params.aggregation import WeightedMean
-from ps.control.policy import reconfigured
 from ps.rounds.bsp import BspRound
 from ps.rounds.fast_path import FastPath
 from ps.rounds.membership import Member
@@ -147,10 +145,8 @@ class PathTrial:
     def _to_fast_path(self) -> None:
         s = self.state
         assert self._start_rendezvous is not None
-        self._park = s.policy.config.park
-        self.fast_path.enter(self._start_rendezvous())
-        self.bsp.accumulator = None
-        self.bsp.round_batch = 0
+        self._park = self.fast_path.enter(self._start_rendezvous())
+        self.bsp.follow_path()
         self.fast_path.regroup()
         self._replies_carry_params = True
         self.phase, self._held_since, self._window = "settle", s.round, None
@@ -170,12 +166,8 @@ class PathTrial:
         s = self.state
         assert s.rendezvous is not None
         self._snapshot_from = {m.worker_id for m in s.members.values()}
-        s.rendezvous = None
-        s.spec = replace(s.spec, allreduce=False)
-        self.bsp.accumulator = WeightedMean(s.own_numel, scale=s.spec.global_batch)
-        if self._park:
-            s.policy = reconfigured(s.policy, replace(s.policy.config, park=True))
-            s.metrics.write("parking", on=True, why="the PS path", step=s.step, epoch=s.epoch)
+        self.fast_path.leave(self._park)
+        self.bsp.follow_path()
         self.phase = "awaiting"
         self.whole_model.snapshot_requested = True  # checkpoints and evaluations wait for it too
         self.whole_model.waiting.insert(0, self._snapshot_loaded)
