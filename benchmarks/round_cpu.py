@@ -8,8 +8,8 @@ over ``--rounds`` rounds after ``--warmup``, is split into
 
 - ``data``: drawing the batch; ``compute``: forward and backward (the main thread, less the
   backward hooks' work);
-- ``push``: encoding and sending the push (``push_copy``: the gradients copied into the flat buffer
-  in backward's hooks; ``push_check``: step()'s check that none changed after its bucket went out;
+- ``push``: encoding and sending the push (``push_copy``: backward's hooks, the small gradients
+  copied into the flat buffer and each bucket handed on; ``push_check``: step()'s check that none changed after its bucket went out;
   ``push_send``: framing, chunking, dtype conversion and gRPC's send, on the thread gRPC iterates
   the push on);
 - ``receive``: receiving and parsing the reply and checking its values;

@@ -80,10 +80,14 @@ def test_offset_receiver_refuses_a_push_that_does_not_cover_every_value_once(pie
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_the_bucketed_step_equals_the_whole_gradient_step(ps_server, threads, monkeypatch, optimizer) -> None:
+    """Bit for bit, with the larger gradients framed in place from the second step on (the first
+    step's are copied, to compare their values at step())."""
     monkeypatch.setattr(overlap, "BUCKET_VALUES", 100)  # several buckets for the small MLP
+    monkeypatch.setattr(overlap, "DIRECT_VALUES", 100)  # the three weights in place, the biases copied
     args = ("--optimizer", optimizer, "--momentum", "0.9" if optimizer == "sgd" else "0", "--model-arg", "hidden=16")
     bucketed, sessions = _train(ps_server, threads, *args)
     assert all(s._buckets is not None and len(s._buckets.buckets) >= 2 and s._buckets.streamed == 3 for s in sessions)
+    assert all(s._buckets is not None and s._buckets.sent_in_place == 3 * 2 for s in sessions)
     whole, serial = _train(ps_server, threads, *args, overlap_on=False)
     assert all(s._buckets is None for s in serial)
     assert torch.equal(bucketed, whole)  # the server got the same gradient, bit for bit
@@ -99,17 +103,46 @@ def test_parameters_without_gradients_do_not_hang_the_round(ps_server, threads, 
     torch.testing.assert_close(bucketed, _reference("sgd", UNUSED_MODEL), rtol=0, atol=2e-6)
 
 
-def test_a_gradient_changed_after_its_bucket_went_out_is_pushed_whole(ps_server, threads, monkeypatch) -> None:
+def _halve_in_place(model: nn.Module) -> None:  # a custom loop's edit between backward and step()
+    for p in model.parameters():
+        p.grad.mul_(0.5)
+
+
+def _halve_through_data(model: nn.Module) -> None:  # an edit the version counter does not see
+    for p in model.parameters():
+        p.grad.data.mul_(0.5)
+
+
+def _halve_into_new_tensors(model: nn.Module) -> None:
+    for p in model.parameters():
+        p.grad = p.grad * 0.5
+
+
+@pytest.mark.parametrize("edit", [_halve_in_place, _halve_through_data, _halve_into_new_tensors])
+def test_a_gradient_changed_after_its_bucket_went_out_is_pushed_whole(ps_server, threads, monkeypatch, edit) -> None:
     monkeypatch.setattr(overlap, "BUCKET_VALUES", 100)
-
-    def clip(model: nn.Module) -> None:  # a custom loop's edit between backward and step()
-        for p in model.parameters():
-            p.grad.mul_(0.5)
-
+    monkeypatch.setattr(overlap, "DIRECT_VALUES", 100)
     args = ("--momentum", "0.9", "--model-arg", "hidden=16")
-    bucketed, sessions = _train(ps_server, threads, *args, edit=clip)
+    bucketed, sessions = _train(ps_server, threads, *args, edit=edit)
     assert all(s._buckets is not None and s._buckets.fallbacks == 3 and s._buckets.streamed == 0 for s in sessions)
-    torch.testing.assert_close(bucketed, _reference("sgd", edit=clip), rtol=0, atol=2e-6)
+    torch.testing.assert_close(bucketed, _reference("sgd", edit=edit), rtol=0, atol=2e-6)
+
+
+def test_the_values_are_compared_at_the_first_streamed_step_only(ps_server, threads, monkeypatch) -> None:
+    """A loop that leaves the gradients alone costs a comparison of the values once; later steps are
+    checked by identity and version."""
+    monkeypatch.setattr(overlap, "BUCKET_VALUES", 100)
+    compared_at: set[int] = set()
+    changed = overlap.BucketPush._changed
+
+    def counted(self: overlap.BucketPush, index: int) -> bool:
+        compared_at.add(self.streamed)
+        return changed(self, index)
+
+    monkeypatch.setattr(overlap.BucketPush, "_changed", counted)
+    _, sessions = _train(ps_server, threads, "--momentum", "0.9", "--model-arg", "hidden=16")
+    assert all(s._buckets is not None and s._buckets.streamed == 3 for s in sessions)
+    assert compared_at == {0}
 
 
 KILLED_WORKER = """
