@@ -119,6 +119,7 @@ def build_job(args: argparse.Namespace) -> Job:
         micro_batch=args.micro_batch,
         overlap=args.overlap,
         sampling=args.sampling,
+        gradient_norms=args.adaptive_batch != "off",
     )
     config = PolicyConfig(
         policy=args.policy,

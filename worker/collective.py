@@ -70,7 +70,7 @@ class Collective:
         self.rank = 0
         self.world_size = 0
         self.backend = ""
-        self.sq_norms = (0.0, 0.0)  # the last reduce's |g_k|² and |g|² (float64), for the round's report
+        self.sq_norms = (0.0, 0.0)  # the last reduce's |g_k|² and |g|² (float64; 0: not measured), for the round's report
         self.round = -1  # the round this copy is at (known once a group has formed)
         self.reduces = 0
         self._device = torch.device("cpu")
@@ -228,7 +228,8 @@ class Collective:
         if self.round > plan.round:
             return None
         n = grads.numel()
-        local_sq = squared_norm(grads)  # the server's noise scale (--adaptive-batch): |g_k|², then |g|²
+        norms = self.spec.gradient_norms  # the server's noise scale (--adaptive-batch): |g_k|², then |g|²
+        local_sq = squared_norm(grads) if norms else 0.0
         hub = self.world_size > 1 and self.spec.hub_reduce(self.backend)
         bucket = self._bucket_for(n + 3)
         if grads.device == bucket.device:
@@ -256,7 +257,7 @@ class Collective:
                 f"rounds modulo {ROUND_CHECK_MODULUS} sum to {rounds:g} (hub ranks to {hubs:g}) over {self.world_size} workers"
             )
         mean = bucket[:n].div_(total)
-        self.sq_norms = (local_sq, squared_norm(mean))
+        self.sq_norms = (local_sq, squared_norm(mean)) if norms else (0.0, 0.0)
         return mean
 
     def apply(self, grad: torch.Tensor, plan: StepHeader) -> None:

@@ -112,6 +112,10 @@ class JobSpec:
     # exact: the server hands each worker its slice of one permutation per epoch, every sample once per
     # epoch (ps/rounds/sampling.py); independent: each worker draws from its own permutation
     sampling: str = "exact"
+    # the fast path's round report carries |g_k|² and |g|² (the noise scale of ps-server --adaptive-batch);
+    # False (the server has no use for them) spares each worker two reads of the gradient a step. A spec
+    # that does not name it asks for them.
+    gradient_norms: bool = True
 
     def __post_init__(self) -> None:
         problems = [p for f in fields(self) if (p := _type_problem(f.name, getattr(self, f.name), str(f.type)))]

@@ -45,11 +45,12 @@ def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, A
 
 
 RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce", "overlap": "--no-overlap",
-                    "sampling": "--sampling"}
+                    "sampling": "--sampling", "gradient_norms": "--adaptive-batch"}
 """The job's fields a resume may change, with their flags: how long it runs (a job may be extended),
-and neither the transport (the fast path or not), what the batch policy balances, nor who draws the
-samples (a checkpoint that names no sampling was sampled independently), which are no part of the
-job's math. Every other field differs only in another job."""
+and neither the transport (the fast path or not), what the batch policy balances, who draws the
+samples (a checkpoint that names no sampling was sampled independently), nor whether the fast path
+reports gradient norms (for --adaptive-batch, itself a server flag a resume may change), which are
+no part of the job's math. Every other field differs only in another job."""
 
 
 def resume_changes(checkpoint: dict[str, Any], spec: JobSpec) -> dict[str, tuple[Any, Any]]:
@@ -73,6 +74,8 @@ def describe_resume_changes(changes: dict[str, tuple[Any, Any]]) -> str:
 
 
 def _flag_value(value: Any) -> str:
+    if value is None:  # a field the checkpoint's job predates
+        return "unset"
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 

@@ -1,7 +1,9 @@
-"""`ps-server --balance`: what a worker reports as its step time (in-process server, in-process worker)."""
+"""`ps-server --balance`: what a worker reports as its step time (in-process server, in-process worker);
+the spec fields a resume may change."""
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING
 
 import pytest
@@ -9,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from common.job.spec import JobSpec, default_balance
+from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
 from ps.server import build_job, print_progress
 from tests.conftest import job_args
 from tests.hostile_peer import wait_until
@@ -156,6 +159,26 @@ def test_a_checkpoint_resumes_with_another_balance_but_not_as_another_job() -> N
         assert jobs[1].coordinator.spec.balance == "busy"
         with pytest.raises(ValueError, match="written for a different job: lr differ"):
             jobs[2].coordinator.restore(state)
+    finally:
+        for job in jobs:
+            job.evaluator.close()
+            job.metrics.close()
+
+
+def test_the_spec_asks_for_gradient_norms_with_adaptive_batch_only() -> None:
+    """The fast path's workers measure |g_k|² and |g|² for --adaptive-batch; a checkpoint written
+    without it resumes with it (a server flag), and one that predates the field resumes too."""
+    jobs = [build_job(job_args(*flags)) for flags in ([], ["--adaptive-batch", "gns"])]
+    try:
+        assert [job.coordinator.spec.gradient_norms for job in jobs] == [False, True]
+        state = jobs[0].coordinator.checkpoint_state()
+        jobs[1].coordinator.restore(state)
+        older = json.loads(state["spec"])
+        del older["gradient_norms"]
+        jobs[1].coordinator.restore({**state, "spec": json.dumps(older)})
+        assert resume_changes({**state, "spec": json.dumps(older)}, jobs[0].coordinator.spec) == {
+            "gradient_norms": (None, False)}
+        assert describe_resume_changes({"gradient_norms": (None, False)}) == "--adaptive-batch unset -> off"
     finally:
         for job in jobs:
             job.evaluator.close()

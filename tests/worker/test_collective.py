@@ -67,6 +67,23 @@ def test_the_round_check_holds_past_the_rounds_fp32_can_count() -> None:
         collective.close()
 
 
+@pytest.mark.parametrize("norms", [True, False])
+def test_the_gradient_norms_are_measured_only_when_the_job_asks(norms: bool) -> None:
+    """|g_k|² and |g|² go with the round report for --adaptive-batch (the spec's gradient_norms); a job
+    without it reports zeros (not measured) and spares the two reads of the gradient."""
+    spec = JobSpec(workers=1, global_batch=8, gradient_norms=norms)
+    model = build_model("mlp", (64,), 10, {"hidden": 16}, 0)
+    host = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    collective = Collective(spec, model, collective_ranks.tcp_stores(host.port), timeout_s=30)
+    try:
+        grads = rand(collective.params.numel(), seed=1)
+        assert collective.step(grads, 8, StepHeader(0, 0, 0, 8, False, 0.0, 8, group=GroupInfo(1, 0, 1, "gloo")))
+        expected = float(grads.double().square().sum())
+        assert collective.sq_norms == ((pytest.approx(expected), pytest.approx(expected)) if norms else (0.0, 0.0))
+    finally:
+        collective.close()
+
+
 @pytest.mark.parametrize("algorithm", ["hub", "ring"])
 def test_a_group_of_three_reduces_to_the_batch_weighted_mean(tmp_path: Path, algorithm: str) -> None:
     """Three ranks in their own processes (gloo), several bucket parts, a hub that is not rank 0 and
