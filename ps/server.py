@@ -385,6 +385,8 @@ async def serve(
     mode = f"{job.spec.mode} allreduce" if job.rendezvous else job.spec.mode
     if job.coordinator.fast_path.undecided:
         mode += ", allreduce if every worker has a GPU of its own"
+        if not job.coordinator.path_trial.blocked_by_job:
+            mode += ", else the faster path after a trial of both"
     if job.coordinator.shards is not None:
         mode += f", {len(job.coordinator.shards.ranges)} shards"
     print(

@@ -89,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "(NCCL if every worker has its own GPU, else gloo); the server coordinates rounds, plan and "
                           "checkpoints. --allreduce alone is on; auto (default) takes it when the workers that start "
                           "the job all compute on GPUs of their own, in a BSP job on one server without --balance busy "
-                          "or cycle; on CPU workers with --sampling independent it tries both paths for 16 rounds each "
-                          "at one plan and keeps the faster (docs/fast-path.md); else it stays on the PS path; off never "
+                          "or cycle; on CPU workers with --sampling independent it times both paths at one plan and keeps "
+                          "the faster (docs/fast-path.md); else it stays on the PS path; off never "
                           "takes it")
     job.add_argument("--sampling", choices=SAMPLINGS, default="exact",
                      help="exact (default): the server hands every worker its slice of one permutation of the training "

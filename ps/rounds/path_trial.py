@@ -87,16 +87,20 @@ class PathTrial:
         """No batch-policy decision while a path is timed (both are timed at one plan)."""
         return self.phase in ("settle", "measure", "awaiting")
 
+    @property
+    def blocked_by_job(self) -> str:
+        """Why this job's flags rule the trial out (empty: the workers that start it decide)."""
+        return ("the fast path does not hand out the epochs' slices, so --sampling exact stays on the PS path"
+                if self.state.spec.exact_epochs else
+                "--adaptive-batch moves the plan, so the paths are not tried" if self.adaptive else "")
+
     def offer(self, start_rendezvous: Callable[[], Rendezvous], why: str, starting: list[Member]) -> str:
         """--allreduce auto, at the start, where the fast path was not chosen (`why`): begin the trial
         if it can run for a job that starts with the members `starting`; what the path event says either way."""
-        spec = self.state.spec
-        blocked = ("the fast path does not hand out the epochs' slices, so --sampling exact stays on the PS path"
-                   if spec.exact_epochs else
-                   "--adaptive-batch moves the plan, so the paths are not tried" if self.adaptive else
-                   "one worker has no group to all-reduce with" if len(starting) < 2 else
-                   "a worker cannot follow a switch (it shares its process with another session, or predates "
-                   "the trial), so the paths are not tried" if not all(m.switch_paths for m in starting) else "")
+        blocked = self.blocked_by_job or (
+            "one worker has no group to all-reduce with" if len(starting) < 2 else
+            "a worker cannot follow a switch (it shares its process with another session, or predates "
+            "the trial), so the paths are not tried" if not all(m.switch_paths for m in starting) else "")
         if blocked:
             return f"{why}; {blocked}"
         self._start_rendezvous = start_rendezvous

@@ -75,6 +75,7 @@ def test_auto_tries_both_paths_and_keeps_the_faster(tmp_path: Path, monkeypatch:
         cluster.stop()
     log = cluster.server_log()
     assert code == 0, log
+    assert "allreduce if every worker has a GPU of its own, else the faster path after a trial of both" in log
     for name, proc in zip(("w0", "w1"), cluster.workers):
         assert proc.returncode == 0, cluster.worker_log(name)
     paths = cluster.events("path")
