@@ -12,8 +12,9 @@ and measures, in one run, under the same quotas, with the same model and global 
   per worker cgroup (``benchmarks.ddp_baseline``).
 * our BSP server (``ps-server`` + ``ps-worker`` via :class:`deploy.launcher.LocalCluster`) with the
   ``uniform``, ``static`` (declared cores = the shares) and ``dynamic`` controllers.
-* ``ddp_split`` (after the runs, with the baselines): DDP with per-rank batches set to ``dynamic``'s
-  final plan, what a DDP user sets by hand for mixed hardware. With ``dynamic_no_overlap`` among the
+* ``ddp_split`` (with the baselines): DDP with per-rank batches set to ``dynamic``'s final plan, what
+  a DDP user sets by hand for mixed hardware, measured after the ``dynamic`` run and again after
+  the last run (its rate the mean of the two, ``samples`` each one's). With ``dynamic_no_overlap`` among the
   runs (the serial path, ``ps-server --no-overlap``) the ``overlap`` record compares them: samples/s,
   exposed communication per round (``exposed_ms``), and both against ``ddp_split``.
 

@@ -73,8 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "dynamic_compute, dynamic with --balance busy or compute instead of the server's default, auto: busy "
                       "for BSP on one server, compute otherwise; bsp takes dynamic_no_overlap, dynamic on the serial path "
                       "(ps-server --no-overlap: no gradient push during backward), compared with dynamic in the report's "
-                      "overlap record, beside ddp_split (DDP with per-rank batches at dynamic's final plan, measured with "
-                      "the baselines); both take uniform_compose and dynamic_compose, the same "
+                      "overlap record, beside ddp_split (DDP with per-rank batches at dynamic's final plan, measured after "
+                      "dynamic and after the last run); both take uniform_compose and dynamic_compose, the same "
                       "job in deploy/docker-compose.yml's containers at the same quotas, which needs a Docker engine: "
                       "deploy/engine.sh)")
     what.add_argument("--case", choices=sorted(CASES),

@@ -109,6 +109,15 @@ def overlap_comparison(runs: dict[str, Any], ddp_split: dict | None) -> tuple[di
     return comparison, targets
 
 
+def bracketed(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One DDP baseline from its measurements around the runs: the last one's record, with the mean
+    rate of all of them (`samples_per_s`) and each one's (`samples`). DDP at the same split moved by
+    up to 12% between runs minutes apart on the 2-core VM; measured on either side of the runs it
+    compares with, one baseline's swing weighs half."""
+    rates = [m["samples_per_s"] for m in samples]
+    return {**samples[-1], "samples_per_s": round(sum(rates) / len(rates), 1), "samples": rates}
+
+
 def _ratio(rate: float | None, baseline: dict | None) -> float | None:
     if rate is None or not baseline or not baseline.get("samples_per_s"):
         return None
@@ -133,6 +142,8 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
     report["ideal"], report["ddp_uniform"] = ideal, ddp
     runs: dict[str, Any] = {}
     events_of: dict[str, list[dict]] = {}
+    split_samples: list[dict] = []  # ddp_split, measured after the dynamic run and again after the last run
+    split_wanted = s.baselines and s.mode == "bsp"
     for name in s.controllers:
         controller, extra = RUN_VARIANTS.get(name, (name, []))
         t = time.monotonic()
@@ -147,12 +158,17 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
         if name == "dynamic_no_lr_scaling":
             runs[name]["lr_scaling"] = False
         timings[f"run_{name}"] = round(time.monotonic() - t, 1)
+        if split_wanted and name == "dynamic" and runs[name].get("batch_sizes") and name != s.controllers[-1]:
+            t = time.monotonic()
+            split_samples.append(measure_ddp(s, emu, ideal, split=runs["dynamic"]["batch_sizes"]))
+            timings["ddp_split_first"] = round(time.monotonic() - t, 1)
     report["runs"] = runs
     ddp_split = None
-    if s.baselines and s.mode == "bsp" and runs.get("dynamic", {}).get("batch_sizes"):
+    if split_wanted and runs.get("dynamic", {}).get("batch_sizes"):
         t = time.monotonic()
-        ddp_split = measure_ddp(s, emu, ideal, split=runs["dynamic"]["batch_sizes"])
+        split_samples.append(measure_ddp(s, emu, ideal, split=runs["dynamic"]["batch_sizes"]))
         timings["ddp_split"] = round(time.monotonic() - t, 1)
+        ddp_split = bracketed(split_samples)
         for record in runs.values():
             record["ratio_to_ddp_split"] = _ratio(record.get("samples_per_s"), ddp_split)
     report["ddp_split"] = ddp_split

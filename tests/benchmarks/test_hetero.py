@@ -118,6 +118,8 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     assert sum(dyn["batch_sizes"].values()) == bsp_report["workload"]["global_batch"]
     in_rank_order = [dyn["batch_sizes"][n] for n in ("w0", "w1")]  # DDP's ranks follow the workers' names
     assert bsp_report["ddp_split"]["batch_per_worker"] in (in_rank_order, dyn["batch_sizes"]["w0"])
+    split_rates = bsp_report["ddp_split"]["samples"]  # after dynamic and after the last run
+    assert len(split_rates) == 2 and bsp_report["ddp_split"]["samples_per_s"] == pytest.approx(sum(split_rates) / 2, abs=0.1)
     assert dyn["ratio_to_ddp_split"] > 0 and set(dyn["exposed_ms"]) == {"w0", "w1"} and dyn["exposed_ms_mean"] > 0
     overlap = bsp_report["overlap"]
     assert overlap["overlap_over_no_overlap"] > 0 and overlap["exposed_over_no_overlap"] > 0
