@@ -14,7 +14,9 @@ and measures, in one run, under the same quotas, with the same model and global 
   ``uniform``, ``static`` (declared cores = the shares) and ``dynamic`` controllers.
 * ``ddp_split`` (with the baselines): DDP with per-rank batches set to ``dynamic``'s final plan, what
   a DDP user sets by hand for mixed hardware, measured after the ``dynamic`` run and again after
-  the last run (its rate the mean of the two, ``samples`` each one's). With ``dynamic_no_overlap`` among the
+  the last run (its rate the mean of the two, ``samples`` each one's). With ``dynamic_allreduce``
+  among the runs, ``ddp_fast_split`` is DDP at the fast path's own final plan, and the run's
+  ``ratio_to_ddp_own_split`` compares the two at the same split. With ``dynamic_no_overlap`` among the
   runs (the serial path, ``ps-server --no-overlap``) the ``overlap`` record compares them: samples/s,
   exposed communication per round (``exposed_ms``), and both against ``ddp_split``.
 

@@ -147,14 +147,15 @@ def measure_ideal_together(s: Settings, emu: Emulation, batches: Sequence[int]) 
 
 
 def measure_ddp(s: Settings, emu: Emulation, ideal: dict[str, Any] | None,
-                split: dict[str, int] | None = None) -> dict[str, Any]:
+                split: dict[str, int] | None = None, name: str = "") -> dict[str, Any]:
     """DDP, one rank per worker cgroup, with equal batches B/K (`ddp_uniform`) or with `split`'s
     per-worker batches (`ddp_split`: set by hand, as DDP users do for mixed hardware, here to our
-    controller's final plan); steps sized to last about ddp_seconds."""
+    controller's final plan); steps sized to last about ddp_seconds. `name`: what the log and the
+    work folder call it (default: ddp_uniform or ddp_split)."""
     from benchmarks.ddp_baseline import run_ddp
 
     k = len(emu.names)
-    name = "ddp_uniform" if split is None else "ddp_split"
+    name = name or ("ddp_uniform" if split is None else "ddp_split")
     batches = [max(1, s.workload.global_batch // k)] * k if split is None else [max(1, split[n]) for n in emu.names]
     steps = s.ddp_min_steps
     if ideal is not None and not s.tiny:

@@ -39,6 +39,9 @@ def render_table(report: dict) -> str:
                 ["ddp_uniform", (report.get("ddp_uniform") or {}).get("samples_per_s")],
                 ["ddp_split (per-rank batches = dynamic's final plan)",
                  (report.get("ddp_split") or {}).get("samples_per_s")]]
+        if report.get("ddp_fast_split"):
+            base.append(["ddp_fast_split (per-rank batches = dynamic_allreduce's final plan)",
+                         report["ddp_fast_split"].get("samples_per_s")])
         parts.append(analysis.markdown_table(["baseline", "samples/s"], base))
     if report["kind"] == "tta":
         rows = [[n, r.get("time_to_accuracy_s"), r.get("epochs_to_accuracy"), r.get("best_accuracy"), r.get("samples_per_s")]

@@ -93,7 +93,8 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     # BSP under cgroup quotas where they are writable: that is where the ideal is also measured with
     # the solo runs all at once (ideal.together)
     limiter = ["--limiter", "cgroup"] if detect_backend() is not None else []
-    bsp = start_bench(tmp_path / "bsp", "--mode", "bsp", "--controllers", "dynamic,dynamic_no_overlap", *limiter)
+    bsp = start_bench(tmp_path / "bsp", "--mode", "bsp", "--controllers", "dynamic,dynamic_no_overlap,dynamic_allreduce",
+                      *limiter)
     asp = start_bench(tmp_path / "asp", "--mode", "asp", "--controllers", "dynamic")
     try:
         bsp_report, bsp_table = finish_bench(*bsp)
@@ -104,7 +105,7 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
                 proc.kill()
                 proc.wait()
 
-    check_common(bsp_report, {"dynamic", "dynamic_no_overlap"})
+    check_common(bsp_report, {"dynamic", "dynamic_no_overlap", "dynamic_allreduce"})
     assert bsp_report["ideal"]["samples_per_s"] > 0 and set(bsp_report["ideal"]["per_worker"]) == {"w0", "w1"}
     together = bsp_report["ideal"].get("together")  # the solos all at once: with cgroups only
     assert (together is None) == (bsp_report["environment"]["limiter"] == "slowdown") == (not limiter)
@@ -120,12 +121,19 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     assert bsp_report["ddp_split"]["batch_per_worker"] in (in_rank_order, dyn["batch_sizes"]["w0"])
     split_rates = bsp_report["ddp_split"]["samples"]  # after dynamic and after the last run
     assert len(split_rates) == 2 and bsp_report["ddp_split"]["samples_per_s"] == pytest.approx(sum(split_rates) / 2, abs=0.1)
+    fast = bsp_report["runs"]["dynamic_allreduce"]  # and DDP at the fast path's own plan
+    assert bsp_report["ddp_fast_split"]["batch_per_worker"] in ([fast["batch_sizes"][n] for n in ("w0", "w1")],
+                                                                fast["batch_sizes"]["w0"])
+    assert fast["ratio_to_ddp_own_split"] > 0 and fast["ratio_to_ddp_split"] > 0
+    assert "| ddp_fast_split (per-rank batches = dynamic_allreduce's final plan) |" in bsp_table
     assert dyn["ratio_to_ddp_split"] > 0 and set(dyn["exposed_ms"]) == {"w0", "w1"} and dyn["exposed_ms_mean"] > 0
     overlap = bsp_report["overlap"]
     assert overlap["overlap_over_no_overlap"] > 0 and overlap["exposed_over_no_overlap"] > 0
     assert "BSP dynamic overlap over --no-overlap" in {t["name"] for t in bsp_report["targets"]}
     assert {t["name"].split(" ", 1)[1] for t in bsp_report["targets"]} >= {
-        "BSP dynamic ratio_to_ideal", "BSP dynamic ratio_to_ddp_uniform", "adjustments_to_steady"}
+        "BSP dynamic ratio_to_ideal", "BSP dynamic ratio_to_ddp_uniform", "adjustments_to_steady",
+        "BSP fast path (dynamic_allreduce) over ddp_split", "BSP best of dynamic and dynamic_allreduce over ddp_split",
+        "BSP fast path over DDP at the fast path's own final plan"}
     assert "| controller |" in bsp_table and "| target |" in bsp_table
 
     check_common(asp_report, {"dynamic"})
