@@ -4,6 +4,7 @@ each phase change of a schedule, and the time to a test accuracy; each run's sum
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from benchmarks import analysis
@@ -118,6 +119,14 @@ def bracketed(samples: list[dict[str, Any]]) -> dict[str, Any]:
     return {**samples[-1], "samples_per_s": round(sum(rates) / len(rates), 1), "samples": rates}
 
 
+def _timed(timings: dict[str, float], key: str, measure: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`measure(*args, **kwargs)`, its wall seconds recorded as `timings[key]`."""
+    t = time.monotonic()
+    result = measure(*args, **kwargs)
+    timings[key] = round(time.monotonic() - t, 1)
+    return result
+
+
 def _ratio(rate: float | None, baseline: dict | None) -> float | None:
     if rate is None or not baseline or not baseline.get("samples_per_s"):
         return None
@@ -133,12 +142,8 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
     timings = report["timings_s"]
     ideal = ddp = None
     if s.baselines:
-        t = time.monotonic()
-        ideal = measure_ideal(s, emu)
-        timings["ideal"] = round(time.monotonic() - t, 1)
-        t = time.monotonic()
-        ddp = measure_ddp(s, emu, ideal)
-        timings["ddp_uniform"] = round(time.monotonic() - t, 1)
+        ideal = _timed(timings, "ideal", measure_ideal, s, emu)
+        ddp = _timed(timings, "ddp_uniform", measure_ddp, s, emu, ideal)
     report["ideal"], report["ddp_uniform"] = ideal, ddp
     runs: dict[str, Any] = {}
     events_of: dict[str, list[dict]] = {}
@@ -159,23 +164,19 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
             runs[name]["lr_scaling"] = False
         timings[f"run_{name}"] = round(time.monotonic() - t, 1)
         if split_wanted and name == "dynamic" and runs[name].get("batch_sizes") and name != s.controllers[-1]:
-            t = time.monotonic()
-            split_samples.append(measure_ddp(s, emu, ideal, split=runs["dynamic"]["batch_sizes"]))
-            timings["ddp_split_first"] = round(time.monotonic() - t, 1)
+            split_samples.append(_timed(timings, "ddp_split_first", measure_ddp, s, emu, ideal,
+                                        split=runs["dynamic"]["batch_sizes"], name="ddp_split_first"))
     report["runs"] = runs
     ddp_split = None
     if split_wanted and runs.get("dynamic", {}).get("batch_sizes"):
-        t = time.monotonic()
-        split_samples.append(measure_ddp(s, emu, ideal, split=runs["dynamic"]["batch_sizes"]))
-        timings["ddp_split"] = round(time.monotonic() - t, 1)
+        split_samples.append(_timed(timings, "ddp_split", measure_ddp, s, emu, ideal, split=runs["dynamic"]["batch_sizes"]))
         ddp_split = bracketed(split_samples)
         for record in runs.values():
             record["ratio_to_ddp_split"] = _ratio(record.get("samples_per_s"), ddp_split)
     fast_plan = runs.get("dynamic_allreduce", {}).get("batch_sizes")
     if split_wanted and fast_plan:  # the fast path against DDP at the split it settled on itself
-        t = time.monotonic()
-        report["ddp_fast_split"] = measure_ddp(s, emu, ideal, split=fast_plan, name="ddp_fast_split")
-        timings["ddp_fast_split"] = round(time.monotonic() - t, 1)
+        report["ddp_fast_split"] = _timed(timings, "ddp_fast_split", measure_ddp, s, emu, ideal, split=fast_plan,
+                                          name="ddp_fast_split")
         runs["dynamic_allreduce"]["ratio_to_ddp_own_split"] = _ratio(runs["dynamic_allreduce"].get("samples_per_s"),
                                                                      report["ddp_fast_split"])
     report["ddp_split"] = ddp_split
