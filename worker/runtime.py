@@ -83,7 +83,7 @@ class Session:
         self.step_overhead_ms = step_overhead_ms
         self.cores = cores
         self.retry_for = retry_for
-        self._overlap_wanted = overlap  # unless the job says --no-overlap (set up in _configure_path)
+        self._overlap_wanted = overlap  # unless the job says --no-overlap (set up in _path_parts)
         self.device = device or torch.device("cpu")
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
@@ -134,54 +134,52 @@ class Session:
         self.model: nn.Module = built.model
         if Layout.of(self.model) != joined.layout:
             raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
-        self._parts: PathParts | None = None
         if self.device.type != "cpu":
             self.model.to(self.device)
-        self._configure_path(flatten_params(self.model).cpu())
+        self._parts = self._path_parts(flatten_params(self.model).cpu())
         n = len(self.dataset.train)  # --sampling exact: the server's slices (worker/slices.py), else its own draws
         self._sampler = (SliceSource(n, self.spec.seed, self.spec.epochs) if self.spec.exact_epochs
                          else ElasticBatchSampler(n, seed=self.spec.seed * 1009 + joined.index))
         self._trained = TrainedLog(self.name)  # the audit hook: what each step whose push was taken trained on
         train = self.dataset.train if self._own is None else self._own.dataset
         self._batches = Batches(train, self._sampler, self._loader, self.device)
-        self._optimizer = LocalOptimizer(self.spec, self._params) if self.spec.mode == "asp" else None
+        self._optimizer = LocalOptimizer(self.spec, self._parts.params) if self.spec.mode == "asp" else None
         self._streamed = False  # whether the last step's reply streamed in (during this step's forward)
         self.streamed_replies = 0  # replies whose parameters streamed in while the next forward ran
         self._apply(self._pull_global_model())
 
-    def _configure_path(self, params: torch.Tensor) -> None:
-        """Set up the job's path (spec.allreduce) from the flat `params`, closing the other path's parts (a switch)."""
-        if self._parts is not None:
-            self._parts.close()
+    def _path_parts(self, params: torch.Tensor, old: PathParts | None = None) -> PathParts:
+        """The parts of the job's path (spec.allreduce) from the flat `params`; `old`, the other path's (a switch), closed first."""
+        if old is not None:
+            old.close()
         stores = partial(ServerStore, lambda call: self.client.rendezvous(self.worker_id, call))
-        p = self._parts = PathParts.build(self.spec, self.model, params, self.device, self._overlap_wanted, stores, self.retry_for)
-        self._collective, self._params, self._grads, self._on_device = p.collective, p.params, p.grads, p.on_device
-        self._buckets, self._forward, self._arrivals = p.buckets, p.forward, p.arrivals
+        return PathParts.build(self.spec, self.model, params, self.device, self._overlap_wanted, stores, self.retry_for)
 
     def _switch_path(self, plan: StepHeader) -> None:
         """The server switched the path (`plan.path`): onto the fast path from the parameters just loaded, or off it."""
-        self._arrivals.wait_all()  # a reply still streaming in: its parameters first
+        self._parts.arrivals.wait_all()  # a reply still streaming in: its parameters first
         self.spec = replace(self.spec, allreduce=plan.path == "allreduce")
-        self._configure_path(self._params)
+        self._parts = self._path_parts(self._parts.params, self._parts)
         log.info("%s: the job runs on the %s now", self.name, "collective fast path" if self.spec.allreduce else "PS path")
         self._pull_optimizer_state()
 
     def _pull_global_model(self) -> StepHeader:
         """The server's parameters, and with --allreduce its optimizer state too (a resumed job's
         momentum: the group starts from this copy when no peer's is further along)."""
-        plan = self.client.pull(self.worker_id, self._params)
+        plan = self.client.pull(self.worker_id, self._parts.params)
         self._pull_optimizer_state()
         return plan
 
     def _pull_optimizer_state(self) -> None:
         """--allreduce: the server's optimizer state (its momentum) into the group's copy; nothing on the PS path."""
-        if (collective := self._collective) is not None and collective.state_numel:
+        if (collective := self._parts.collective) is not None and collective.state_numel:
             collective.load_optimizer_state(self.client.pull_optimizer_state(self.worker_id, collective.state_numel))
 
     # ------------------------------------------------------------------ the plan
     def _apply(self, plan: StepHeader) -> None:
         """Load the parameters into the model and follow `plan`."""
-        load_flat(self.model, self._params if self._on_device is None else self._on_device[0].copy_(self._params))
+        parts = self._parts
+        load_flat(self.model, parts.params if parts.on_device is None else parts.on_device[0].copy_(parts.params))
         self._follow(plan)
 
     def _follow(self, plan: StepHeader) -> None:
@@ -214,7 +212,7 @@ class Session:
         """One batch of the planned size; starts this step's compute timer."""
         cpu_parts.round_begins(self.steps)  # an audit hook for benchmarks (off unless $PS_CPU_PARTS is set)
         self._fetch_started, self._fetch_cpu = time.perf_counter(), time.process_time()
-        if self._collective is not None and self.device.type == "cpu":
+        if self._parts.collective is not None and self.device.type == "cpu":
             self._push_ms = self._own_time.own_ms(self._fetch_cpu)
         if self._compute_end is not None:
             self.exposed_ms = (self._fetch_started - self._compute_end) * 1000.0
@@ -223,14 +221,15 @@ class Session:
         cpu_parts.batch_drawn()
         self._drawn, self.data_wait_ms = len(y), self._batches.wait_ms
         self._drawn_step = (self.plan, self._sampler.taken()) if isinstance(self._sampler, SliceSource) else None
-        if self._buckets is not None:
-            self._buckets.arm(self._open_push)
+        if self._parts.buckets is not None:
+            self._parts.buckets.arm(self._open_push)
         return x, y
 
     def _open_push(self) -> BucketStream:
         """This step's bucketed push (opened by the first bucket backward completes)."""
-        return self.client.open_push(self.worker_id, self._params, round=self.plan.round, version=self.plan.version,
-                                     batch_size=self._sampler.batch_size, wire_dtype=self.spec.wire_dtype, numel=self._params.numel())
+        params = self._parts.params
+        return self.client.open_push(self.worker_id, params, round=self.plan.round, version=self.plan.version,
+                                     batch_size=self._sampler.batch_size, wire_dtype=self.spec.wire_dtype, numel=params.numel())
 
     def batches(self, dataset: TorchDataset | None = None,
                 fingerprint: str = "") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -257,10 +256,10 @@ class Session:
         if not self._settle_params():
             return self.plan
         try:
-            plan = self.client.pull(self.worker_id, self._params, header_only=True, wait_for_batch=True)
+            plan = self.client.pull(self.worker_id, self._parts.params, header_only=True, wait_for_batch=True)
             self.parked_polls += 1
             if plan.batch_size > 0 and not plan.done:
-                plan = self.client.pull(self.worker_id, self._params)
+                plan = self.client.pull(self.worker_id, self._parts.params)
                 self._apply(plan)
             else:
                 self._follow(plan)
@@ -275,7 +274,7 @@ class Session:
         cpu_parts.compute_ends()
         burn_cpu(self.step_overhead_ms)
         synchronize(self.device)
-        waited_ms = self._arrivals.take_waited_ms()  # the forward's wait for parameters: exposed, not compute
+        waited_ms = self._parts.arrivals.take_waited_ms()  # the forward's wait for parameters: exposed, not compute
         if self.slowdown > 1.0:
             wall_s = time.perf_counter() - self._fetch_started - waited_ms / 1000.0
             time.sleep(slowdown_delay(wall_s, time.process_time() - self._fetch_cpu, self.slowdown))
@@ -285,41 +284,41 @@ class Session:
         self._own_time.compute_ended(compute_ms, cpu_now - self._fetch_cpu, cpu_now)
         self.exposed_ms += waited_ms
         self._fetch_started = None
-        if self._forward is not None:
-            self._forward.check_step(self._streamed)
+        if self._parts.forward is not None:
+            self._parts.forward.check_step(self._streamed)
         if not self._settle_params():  # the last reply failed while it streamed: this step's gradient is dropped
             return self.plan
         # what the step reports (exposed_ms and _push_ms are the last step's)
         times = PushTimes.of_step(compute_ms, self.exposed_ms, self._push_ms, self.spec.balance, self.spec.mode,
                                   self.spec.allreduce, self.data_wait_ms)
-        stream = self._buckets.finish() if self._buckets is not None else None
+        stream = self._parts.buckets.finish() if self._parts.buckets is not None else None
         if stream is not None:  # the buckets are out (or going): close the push; the reply below
-            arrivals = self._arrivals if self._forward is not None else None
+            arrivals = self._parts.arrivals if self._parts.forward is not None else None
             return self._finish_step(lambda: stream.end(times, arrivals=arrivals)(), compute_ms,
                                      compute_end, streamed=arrivals is not None)
-        if self._on_device is None:
-            grads = device_grads = flatten_grads(self.model, self._grads)
+        if self._parts.on_device is None:
+            grads = device_grads = flatten_grads(self.model, self._parts.grads)
         else:  # the collective takes them where they are (NCCL: no trip through the CPU); the wire from the CPU
-            device_grads = flatten_grads(self.model, self._on_device[1])
-            grads = self._grads if self._collective is not None else self._grads.copy_(device_grads)
+            device_grads = flatten_grads(self.model, self._parts.on_device[1])
+            grads = self._parts.grads if self._parts.collective is not None else self._parts.grads.copy_(device_grads)
         if self._optimizer is not None:
             try:
                 values = self._optimizer.update(grads, self.plan.lr)
             except StepRefused as exc:
                 log.warning("%s: %s; the batch is dropped", self.name, exc)
-                plan = self.client.pull(self.worker_id, self._params)
+                plan = self.client.pull(self.worker_id, self._parts.params)
                 self._apply(plan)
                 return plan
         else:
             values = grads
-        if self._collective is not None:
+        if self._parts.collective is not None:
             return self._finish_step(lambda: self._collective_push(device_grads, times), compute_ms)
         return self._finish_step(lambda: self._push(values, times), compute_ms)
 
     def _push(self, values: torch.Tensor, times: PushTimes) -> StepHeader:
-        """The PS path's push of a whole gradient (ASP: update); the reply's parameters land in self._params."""
+        """The PS path's push of a whole gradient (ASP: update); the reply's parameters land in self._parts.params."""
         return self.client.push(
-            self.worker_id, values, self._params, round=self.plan.round, version=self.plan.version,
+            self.worker_id, values, self._parts.params, round=self.plan.round, version=self.plan.version,
             batch_size=self._sampler.batch_size, compute_ms=times.compute_ms, wire_dtype=self.spec.wire_dtype,
             exposed_ms=times.exposed_ms, own_exposed_ms=times.own_exposed_ms, data_wait_ms=times.data_wait_ms)
 
@@ -343,13 +342,13 @@ class Session:
             self._trained.write(self._drawn_step, self.worker_id)
             self._streamed = streamed
             self.streamed_replies += streamed
-        if self._streamed:  # the model's parameters are views of self._params: they fill in as chunks land
+        if self._streamed:  # the model's parameters are views of self._parts.params: they fill in as chunks land
             self._follow(plan)
             if plan.done:
                 self.wait_params()
         else:
             self._apply(plan)
-        if self._collective is None:  # the fast path's is taken at the next fetch (worker/own_time.py)
+        if self._parts.collective is None:  # the fast path's is taken at the next fetch (worker/own_time.py)
             self._push_ms = push_own_ms(self.client.last_push, pushed, time.perf_counter())
         return self.plan
 
@@ -363,10 +362,10 @@ class Session:
         """Wait for a reply still streaming parameters in; False if it failed: the gradient computed
         meanwhile is dropped, and the worker recovered (resync or rejoin, as after a failed push)."""
         try:
-            self._arrivals.wait_all()
+            self._parts.arrivals.wait_all()
         except ServerError as exc:
-            if self._buckets is not None:
-                self._buckets.disarm()
+            if self._parts.buckets is not None:
+                self._parts.buckets.disarm()
             self._fetch_started = None
             self._apply(self._recover(exc))
             return False
@@ -378,7 +377,7 @@ class Session:
         plan = self._settle_report()
         if plan.done:
             return None
-        if self._collective is None:  # the reply switched the job to the PS path (ps/rounds/path_trial.py)
+        if self._parts.collective is None:  # the reply switched the job to the PS path (ps/rounds/path_trial.py)
             return self._push(grads.cpu(), times)
         return self._collective_step(grads, times, plan)
 
@@ -402,26 +401,26 @@ class Session:
         server waits for the other reports and closes the round. A batch size the reply names applies
         to the batch after that one (a group it names, to the next all-reduce, as before); the
         returned plan is the current one moved on a round."""
-        assert self._collective is not None
+        assert self._parts.collective is not None
         batch = self._drawn
         while True:
             try:
-                mean = self._collective.reduce(grads, batch, plan, partial(generation_stands, self.client, self.worker_id,
-                                                                           self._params))
+                mean = self._parts.collective.reduce(grads, batch, plan, partial(generation_stands, self.client, self.worker_id,
+                                                                           self._parts.params))
                 break
             except CollectiveError as exc:
                 log.warning("%s: %s; waiting for the server's next group", self.name, str(exc).splitlines()[0][:300])
-                plan = await_regroup(self.client, self.worker_id, self._params, plan, self.retry_for)
+                plan = await_regroup(self.client, self.worker_id, self._parts.params, plan, self.retry_for)
                 if plan.done:
                     return self._send_snapshot(plan)
         # the report goes out before the optimizer step: the round closes on the server meanwhile
         self._report = self.client.start_push(
-            self.worker_id, torch.empty(0), self._params, round=plan.round, version=plan.version,
+            self.worker_id, torch.empty(0), self._parts.params, round=plan.round, version=plan.version,
             batch_size=batch, compute_ms=times.compute_ms, wire_dtype="float32", kind="report", generation=plan.group.generation,
-            sq_norms=self._collective.sq_norms,
+            sq_norms=self._parts.collective.sq_norms,
         )
         if mean is not None:
-            self._collective.apply(mean, plan)
+            self._parts.collective.apply(mean, plan)
         return replace(plan, round=plan.round + 1, snapshot_requested=False)
 
     def _send_snapshot(self, plan: StepHeader) -> StepHeader:
@@ -429,10 +428,10 @@ class Session:
         global model, and what a checkpoint resumes from)."""
         if not plan.snapshot_requested:
             return plan
-        assert self._collective is not None
+        assert self._parts.collective is not None
         try:
             return self.client.push(
-                self.worker_id, self._collective.snapshot(), self._params, round=plan.round, version=plan.version,
+                self.worker_id, self._parts.collective.snapshot(), self._parts.params, round=plan.round, version=plan.version,
                 batch_size=0, compute_ms=0.0, wire_dtype="float32", kind="snapshot",
             )
         except ServerError:
@@ -444,7 +443,7 @@ class Session:
         whose pull fails (the server restarted meanwhile) goes on to rejoin, from the pull's error."""
         if error.code == "FAILED_PRECONDITION" and "rejoin" not in error.message:
             try:  # allreduce: the local parameters are the group's; keep them
-                return self.client.pull(self.worker_id, self._params, header_only=self.spec.allreduce)
+                return self.client.pull(self.worker_id, self._parts.params, header_only=self.spec.allreduce)
             except ServerError as exc:
                 error = exc
         if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
@@ -462,9 +461,9 @@ class Session:
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
         if joined.spec.allreduce != self.spec.allreduce:  # --allreduce auto's trial switched the path meanwhile
             self.spec = joined.spec
-            self._configure_path(self._params)
-        if self._collective is not None:  # a newcomer again: the next group syncs it from a peer
-            self._collective.rejoined()
+            self._parts = self._path_parts(self._parts.params, self._parts)
+        if self._parts.collective is not None:  # a newcomer again: the next group syncs it from a peer
+            self._parts.collective.rejoined()
         self.worker_id = joined.worker_id
         self._heartbeat.retarget(joined.worker_id, joined.heartbeat_interval_s)  # the new server's --evict-after
         self.rejoins += 1
@@ -484,8 +483,7 @@ class Session:
         self._heartbeat.stop()
         self._counted.close()
         self._batches.close()
-        if self._parts is not None:
-            self._parts.close()
+        self._parts.close()
         self.closed = self.client.close()
 
     def __enter__(self) -> Session:
