@@ -193,25 +193,10 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
     if s.profile.name in CASES:
         report["targets"] = case_targets(s.profile.name, runs, report.get("policy_comparison"))
     elif s.mode == "bsp":
-        report["targets"] = [
-            analysis.target(f"{s.profile.name} BSP dynamic ratio_to_ideal", dyn.get("ratio_to_ideal"), ">=", 0.85, SOURCE),
-            analysis.target(f"{s.profile.name} BSP dynamic ratio_to_ddp_uniform", dyn.get("ratio_to_ddp_uniform"), ">=", 2.5,
-                            SOURCE),
-            analysis.target("dynamic adjustments_to_steady", dyn.get("adjustments_to_steady"), "<=", 3, SOURCE),
-        ]
+        report["targets"] = bsp_targets(s.profile.name, runs)
         if "dynamic_no_overlap" in runs:
             report["overlap"], targets = overlap_comparison(runs, ddp_split)
             report["targets"] += targets
-        fast = runs.get("dynamic_allreduce", {}).get("ratio_to_ddp_split")
-        if fast is not None:  # the fast path is DDP plus a plan: level with DDP at the same split
-            best = max(fast, dyn.get("ratio_to_ddp_split") or 0.0)
-            report["targets"] += [
-                analysis.target(f"{s.profile.name} BSP fast path (dynamic_allreduce) over ddp_split", fast, ">=", 0.98, SOURCE),
-                analysis.target(f"{s.profile.name} BSP fast path over DDP at the fast path's own final plan",
-                                runs["dynamic_allreduce"].get("ratio_to_ddp_own_split"), ">=", 0.98, SOURCE),
-                analysis.target(f"{s.profile.name} BSP best of dynamic and dynamic_allreduce over ddp_split", best, ">=", 1.0,
-                                SOURCE),
-            ]
     else:
         skew = analysis.target(f"{s.profile.name} ASP dynamic update_skew", dyn.get("update_skew"), "<=", 1.3, SOURCE)
         if skew["value"] is None and 0 in (dyn.get("last_epoch_updates") or {}).values():
@@ -221,6 +206,28 @@ def bench_throughput(s: Settings, emu: Emulation, report: dict) -> None:
             "accuracy_with": dyn.get("accuracy"),
             "accuracy_without": runs.get("dynamic_no_lr_scaling", {}).get("accuracy"),
         }
+
+
+def bsp_targets(profile: str, runs: dict[str, Any]) -> list[dict]:
+    """The BSP throughput targets of `runs` (their ratios already set): dynamic against the ideal and
+    equal-batch DDP; with dynamic_allreduce, the fast path (DDP plus a plan) against DDP at the same
+    split, and the best of the two paths against ddp_split."""
+    dyn = runs.get("dynamic", {})
+    targets = [
+        analysis.target(f"{profile} BSP dynamic ratio_to_ideal", dyn.get("ratio_to_ideal"), ">=", 0.85, SOURCE),
+        analysis.target(f"{profile} BSP dynamic ratio_to_ddp_uniform", dyn.get("ratio_to_ddp_uniform"), ">=", 2.5, SOURCE),
+        analysis.target("dynamic adjustments_to_steady", dyn.get("adjustments_to_steady"), "<=", 3, SOURCE),
+    ]
+    fast = runs.get("dynamic_allreduce", {}).get("ratio_to_ddp_split")
+    if fast is None:
+        return targets
+    best = max(fast, dyn.get("ratio_to_ddp_split") or 0.0)
+    return targets + [
+        analysis.target(f"{profile} BSP fast path (dynamic_allreduce) over ddp_split", fast, ">=", 0.98, SOURCE),
+        analysis.target(f"{profile} BSP fast path over DDP at the fast path's own final plan",
+                        runs["dynamic_allreduce"].get("ratio_to_ddp_own_split"), ">=", 0.98, SOURCE),
+        analysis.target(f"{profile} BSP best of dynamic and dynamic_allreduce over ddp_split", best, ">=", 1.0, SOURCE),
+    ]
 
 
 def case_targets(case: str, runs: dict[str, Any], comparison: dict[str, Any] | None) -> list[dict]:

@@ -202,6 +202,25 @@ def test_spread_and_targets() -> None:
     assert analysis.target("x", None, "<=", 3, "s")["pass"] is None
 
 
+def test_bsp_targets_hold_the_fast_path_to_ddp_at_the_same_split() -> None:
+    from benchmarks.hetero.modes import bsp_targets
+
+    dynamic = {"ratio_to_ideal": 0.9, "ratio_to_ddp_uniform": 2.6, "adjustments_to_steady": 2, "ratio_to_ddp_split": 0.95}
+    assert [t["name"] for t in bsp_targets("hl8", {"dynamic": dynamic})] == [
+        "hl8 BSP dynamic ratio_to_ideal", "hl8 BSP dynamic ratio_to_ddp_uniform", "dynamic adjustments_to_steady"]
+    fast = {"ratio_to_ddp_split": 0.97, "ratio_to_ddp_own_split": 1.01}
+    targets = {t["name"]: t for t in bsp_targets("hl8", {"dynamic": dynamic, "dynamic_allreduce": fast})}
+    assert targets["hl8 BSP fast path (dynamic_allreduce) over ddp_split"]["pass"] is False  # 0.97 < 0.98
+    assert targets["hl8 BSP fast path over DDP at the fast path's own final plan"]["pass"] is True
+    best = targets["hl8 BSP best of dynamic and dynamic_allreduce over ddp_split"]
+    assert (best["value"], best["pass"]) == (0.97, False)
+    ahead = {t["name"]: t for t in bsp_targets("hl8", {"dynamic": {**dynamic, "ratio_to_ddp_split": 1.02},
+                                                       "dynamic_allreduce": fast})}
+    assert ahead["hl8 BSP best of dynamic and dynamic_allreduce over ddp_split"]["value"] == 1.02  # the PS path's, the better
+    unmeasured = {t["name"]: t for t in bsp_targets("hl8", {"dynamic": dynamic, "dynamic_allreduce": {"ratio_to_ddp_split": 1.0}})}
+    assert unmeasured["hl8 BSP fast path over DDP at the fast path's own final plan"]["pass"] is None
+
+
 def test_library_benchmark_runs_the_readme_loop_as_written() -> None:
     """benchmarks/library.py takes the README's custom loop and changes only the address and the name."""
     from benchmarks import library
