@@ -424,8 +424,8 @@ class Session:
         return replace(plan, round=plan.round + 1, snapshot_requested=False)
 
     def _send_snapshot(self, plan: StepHeader) -> StepHeader:
-        """Rank 0, when asked: push the parameters and the optimizer state (the server's copy of the
-        global model, and what a checkpoint resumes from)."""
+        """The member asked (the group's hub): push the parameters and the optimizer state (the server's
+        copy of the global model, and what a checkpoint resumes from)."""
         if not plan.snapshot_requested:
             return plan
         assert self._parts.collective is not None
@@ -435,7 +435,7 @@ class Session:
                 batch_size=0, compute_ms=0.0, wire_dtype="float32", kind="snapshot",
             )
         except ServerError:
-            return plan  # no longer rank 0, or the request was served: the server asks again if needed
+            return plan  # no longer the hub, or the request was served: the server asks again if needed
 
     def _recover(self, error: ServerError) -> StepHeader:
         """After a failed push: resync (stale round/version), or rejoin with backoff (server

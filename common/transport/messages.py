@@ -176,7 +176,7 @@ class StepHeader:
     num_values: int = 0
     reason: str = ""  # with done: "finished" or "stopping"
     group: GroupInfo = GroupInfo()  # --allreduce: the process group to train in (ps/rounds/rendezvous.py)
-    snapshot_requested: bool = False  # --allreduce, rank 0: push a snapshot of the parameters now
+    snapshot_requested: bool = False  # --allreduce, the group's hub: push a snapshot of the parameters now
     optimizer_state: bool = False  # the values are the optimizer's flat state (common.params.flat_state), not parameters
     slice: tuple[SliceRange, ...] = ()  # --sampling exact: the samples of the next step (ps.rounds.sampling)
     next_slice: tuple[SliceRange, ...] = ()  # and of the step after, handed ahead while the plan holds

@@ -99,7 +99,7 @@ class BspRound:
             self.state.store.begin_step(mean, self.accumulator.bound)
             batch = self.accumulator.weight
             self.accumulator.reset()
-        else:  # allreduce: nothing to apply; the parameters arrive with rank 0's snapshots
+        else:  # allreduce: nothing to apply; the parameters arrive with the hub's snapshots
             batch, self.round_batch = self.round_batch, 0
             if self.on_sum is not None:
                 self.on_sum(None)

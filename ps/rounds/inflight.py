@@ -2,7 +2,7 @@
 
 Each push buffers up to a whole model until its last chunk arrives, so a worker has at most one push
 in flight (a second, while the first streams or waits for its round, is refused at once and the first
-goes on undisturbed; a snapshot, --allreduce rank 0's, counts apart from its reports), and the pushes
+goes on undisturbed; a snapshot, --allreduce the hub's, counts apart from its reports), and the pushes
 streaming at once hold at most `limit_bytes` of payload: a push whose header would pass the cap waits,
 unread (gRPC's flow control holds its sender), until enough of the others arrived whole. A push
 larger than the cap alone still goes, by itself."""

@@ -1,5 +1,5 @@
 """The end of the job: it is over once it is done and every worker still in it has been told so (with
---allreduce, once rank 0 has sent the snapshot the last checkpoint waits for), or after a grace period."""
+--allreduce, once the hub has sent the snapshot the last checkpoint waits for), or after a grace period."""
 
 from __future__ import annotations
 

@@ -82,19 +82,19 @@ class PushChecks:
         if fast_path and meta.kind == "values":
             raise InvalidArgument(
                 "this job runs the collective fast path (--allreduce): all-reduce among the workers and push a "
-                "report (num_values 0), or from rank 0 a snapshot when asked"
+                "report (num_values 0), or a snapshot when asked"
             )
 
     def snapshot(self, member: Member, meta: PushMeta) -> None:
-        """A snapshot comes from rank 0, when asked, for the open round (a path trial's switch back: from
-        any member asked, until one arrived)."""
+        """A snapshot comes from the member asked, the group's hub (WholeModel.asks_snapshot), for the
+        open round (a path trial's switch back: from any member asked, until one arrived)."""
         s = self.state
         if s.rendezvous is None:
             self.path_trial.check_snapshot(member)
-        elif (rank := s.rendezvous.rank(member.worker_id)) != 0:
+        elif (group := self.fast_path.group_info(member, s.policy.plan())).rank != group.hub_rank:
             raise FailedPrecondition(
-                f"only rank 0 sends snapshots; worker {member.name} is rank {rank} of generation "
-                f"{s.rendezvous.group.generation}"
+                f"only the hub (rank {group.hub_rank}, the largest batch) sends snapshots; worker {member.name} is "
+                f"rank {group.rank} of generation {group.generation}"
             )
         if not self.whole_model.snapshot_requested:
             raise FailedPrecondition("no snapshot was requested")

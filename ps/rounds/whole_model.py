@@ -1,6 +1,6 @@
 """The whole model for what needs it (an evaluation, a checkpoint, the job's last checkpoint) while it
-is not all on this server: with --allreduce the parameters are the workers' (rank 0 is asked for a
-snapshot, and the actions wait for it), with --shards the ranges are the shard servers' (the round's
+is not all on this server: with --allreduce the parameters are the workers' (the group's hub is asked
+for a snapshot, and the actions wait for it), with --shards the ranges are the shard servers' (the round's
 commit fetches them before any worker hears of the new round, so they hold still)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ class WholeModel:
 
     def __init__(self, state: JobState, shard_state: tuple[torch.Tensor, dict[str, Any] | None] | None) -> None:
         self.state = state
-        self.snapshot_requested = False  # allreduce: rank 0 is asked for its parameters (a path trial's switch back: any member)
+        self.snapshot_requested = False  # allreduce: the hub is asked for its parameters (a path trial's switch back: any member)
         self.waiting: list[Callable[[], None]] = []  # evals/checkpoints waiting for them
         self.loading = False
         self.shard_state = shard_state  # --shards: what load_shards hands the shards (initial or resumed)
@@ -29,7 +29,7 @@ class WholeModel:
 
     def defer(self, action: Callable[[], None]) -> bool:
         """Run `action` (an evaluation, a checkpoint) once the whole model is here; False: run it now.
-        Allreduce: the store's parameters are stale until rank 0 sends a snapshot, so ask for one.
+        Allreduce: the store's parameters are stale until the group's hub sends a snapshot, so ask for one.
         --shards: the round's commit fetches the shards' ranges before it answers the workers."""
         s = self.state
         if self.loading or (s.rendezvous is None and s.shards is None and not self.snapshot_requested):
@@ -40,8 +40,10 @@ class WholeModel:
         return True
 
     def asks_snapshot(self, group: GroupInfo) -> bool:
-        """Whether a reply to the member in `group` asks it for a snapshot (allreduce: rank 0, when one is wanted)."""
-        return self.snapshot_requested and group.rank == 0 and group.world_size > 0
+        """Whether a reply to the member in `group` asks it for a snapshot (allreduce, when one is wanted:
+        the group's hub, the member with the largest batch, so the fastest: the push of the parameters
+        and the optimizer state then costs the worker with the most CPU to spare, not a slow one)."""
+        return self.snapshot_requested and group.rank == group.hub_rank and group.world_size > 0
 
     async def run_after_fetch(self) -> None:
         """--shards: fetch the whole model if an action waits for it, then run the actions."""

@@ -172,7 +172,8 @@ def test_pushes_of_the_wrong_kind_are_refused_without_a_trace(ps_server, threads
         (report(ids["a"], round=0, batch=0), Code.INVALID_ARGUMENT, "batch size must be > 0"),
         (report(ids["a"], round=0, generation=2), Code.INVALID_ARGUMENT, "a report's generation must be in [0, 1]"),
         (report(ids["a"], round=0, generation=-1), Code.INVALID_ARGUMENT, "a report's generation must be in [0, 1]"),
-        (snapshot_push(rank1, grad, 0), Code.FAILED_PRECONDITION, "only rank 0 sends snapshots", "rank 1 of generation 1"),
+        (snapshot_push(rank1, grad, 0), Code.FAILED_PRECONDITION, "only the hub (rank 0, the largest batch) sends snapshots",
+         "rank 1 of generation 1"),
         (snapshot_push(rank0, grad, 0), Code.FAILED_PRECONDITION, "no snapshot was requested"),
         (push_chunks(header(ids["a"], grad, kind=7), grad), Code.INVALID_ARGUMENT, "push kind must be one of"),
     ]
@@ -218,8 +219,34 @@ def test_rounds_close_on_reports_and_rank0_snapshots_at_epoch_end(ps_server, thr
     assert [e[0] for e in core.evaluation.results] == [1]
 
 
+def test_the_snapshot_is_asked_of_the_hub_not_rank_0(ps_server, threads) -> None:
+    """The member with the largest batch (the hub, the fastest) pushes the snapshot; rank 0, joined
+    first with a third of its cores, is neither asked nor heard."""
+    server = ps_server(*TINY, "--controller", "static")
+    core = server.coordinator
+    small = threads.submit(join_all, server, threads, {"small": 1.0})
+    wait_until(lambda: server.call(lambda: len(core.membership.pending)) == 1, "the small worker waiting in Join")
+    joined = {**join_all(server, threads, {"big": 3.0}), **small.result(TIMEOUT)}
+    ids = {n: j.worker_id for n, j in joined.items()}
+    assert {n: (j.rank, j.batch_size) for n, j in joined.items()} == {"small": (0, 8), "big": (1, 24)}
+
+    def reports(round: int) -> dict[str, ps_pb2.ParamsHeader]:
+        futures = {n: threads.submit(call, server.stub(), report(w, round, batch=joined[n].batch_size)) for n, w in ids.items()}
+        return {n: f.result(TIMEOUT) for n, f in futures.items()}
+
+    reports(0)
+    asked = reports(1)  # 64 samples: epoch 1 ends, the evaluation waits for a snapshot
+    assert {n: (h.snapshot_requested, h.hub_rank) for n, h in asked.items()} == {"small": (False, 1), "big": (True, 1)}
+    params = server.call(lambda: core.store.flat.clone()) + 1.0
+    expect_refused(server, lambda: call(server.stub(), snapshot_push(ids["small"], params, 2)), Code.FAILED_PRECONDITION,
+                   "only the hub (rank 1, the largest batch) sends snapshots", "worker small is rank 0")
+    assert server.call(lambda: core.whole_model.snapshot_requested)
+    assert not call(server.stub(), snapshot_push(ids["big"], params, 2)).snapshot_requested
+    assert torch.equal(server.call(lambda: core.store.flat.clone()), params)
+
+
 def test_a_snapshot_carries_the_optimizer_state_and_a_pull_hands_it_back(ps_server, threads) -> None:
-    """Rank 0's snapshot is the parameters, then the momentum buffer (common.params.flat_state); the server keeps
+    """The hub's snapshot is the parameters, then the momentum buffer (common.params.flat_state); the server keeps
     both (what its checkpoints hold) and hands the momentum to a worker that asks (after a resume).
     A snapshot of another size, or a non-finite state, is refused and changes nothing."""
     server = ps_server(*TINY, "--momentum", "0.9")
