@@ -398,7 +398,7 @@ class HostileMachine(RuleBasedStateMachine):
         told = v.batches_told(self.ids[name], v.round if self.MODE == "bsp" else version)
         return PushSpec(
             worker_id=self.ids[name], round=v.round, version=version,
-            batch_size=pick(data, sorted(told) or [v.plan.get(name, 1)], "batch"),
+            batch_size=pick(data, sorted(b for b in told if b > 0) or [v.plan.get(name, 1)], "batch"),
             compute_ms=data.draw(st.floats(0.0, 1e4), label="compute_ms"),
             wire_dtype=data.draw(st.sampled_from(WIRE_DTYPES), label="wire dtype"), num_values=self.numel,
             seed=data.draw(st.integers(0, 2**16), label="seed"),
@@ -476,8 +476,10 @@ class HostileMachine(RuleBasedStateMachine):
         staleness limit the others' updates overtook) refused as too old."""
         v = self.view()
         specs = []
-        for name in sorted(self.ids):  # each from a version it was told (the latest, mostly)
-            told = sorted(v.told[self.ids[name]])
+        for name in sorted(self.ids):  # each from a version it was told a batch at (the latest, mostly)
+            told = sorted(version for version, batches in v.told[self.ids[name]].items() if max(batches) > 0)
+            if not told:  # told 0 since: the epoch's last samples went to the others, it waits for the job's end
+                continue
             version = told[-1] if data.draw(st.booleans(), label="latest version") else pick(data, told, "version")
             specs.append(self.valid_push(data, name, v, version))
         answers = [f.result(2 * TIMEOUT) for f in [self.pool.submit(self.push_call, s) for s in specs]]
