@@ -68,7 +68,7 @@ class JoinRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., cores: _Optional[float] = ..., cuda: _Optional[bool] = ..., cuda_device: _Optional[str] = ..., max_batch: _Optional[int] = ..., dataset_length: _Optional[int] = ..., dataset_fingerprint: _Optional[str] = ..., switch_paths: _Optional[bool] = ...) -> None: ...
 
 class JoinReply(_message.Message):
-    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rank", "world_size", "generation", "backend", "shards", "secret")
+    __slots__ = ("worker_id", "job_json", "layout", "num_params", "batch_size", "round", "version", "epoch", "index", "heartbeat_interval_s", "rank", "world_size", "generation", "backend", "shards", "secret", "global_batch")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_JSON_FIELD_NUMBER: _ClassVar[int]
     LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +85,7 @@ class JoinReply(_message.Message):
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    GLOBAL_BATCH_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     job_json: str
     layout: _containers.RepeatedCompositeFieldContainer[TensorSpec]
@@ -101,7 +102,8 @@ class JoinReply(_message.Message):
     backend: str
     shards: _containers.RepeatedCompositeFieldContainer[ShardInfo]
     secret: str
-    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., secret: _Optional[str] = ...) -> None: ...
+    global_batch: int
+    def __init__(self, worker_id: _Optional[str] = ..., job_json: _Optional[str] = ..., layout: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_params: _Optional[int] = ..., batch_size: _Optional[int] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., index: _Optional[int] = ..., heartbeat_interval_s: _Optional[float] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., generation: _Optional[int] = ..., backend: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[ShardInfo, _Mapping]]] = ..., secret: _Optional[str] = ..., global_batch: _Optional[int] = ...) -> None: ...
 
 class ShardInfo(_message.Message):
     __slots__ = ("address", "start", "stop")

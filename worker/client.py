@@ -208,7 +208,7 @@ class PSClient:
         shards = tuple(replace(s, address=self._shard_address(s.address)) for s in info.shards)
         server_checks.shard_ranges([(s.address, s.start, s.stop) for s in shards], info.layout.numel, self.target,
                                    self.allowed_shard_hosts)
-        server_checks.batch_size(info.batch_size, spec.global_batch, max_batch, spec.micro_batch)
+        server_checks.batch_size(info.batch_size, info.global_batch or spec.global_batch, max_batch, spec.micro_batch)
         heartbeat_s = server_checks.heartbeat_interval(info.heartbeat_interval_s)
         self._use_shards(shards, info.layout.numel)
         return Joined.of(replace(info, shards=shards, heartbeat_interval_s=heartbeat_s), spec)

@@ -122,6 +122,7 @@ class JoinInfo:
     group: GroupInfo = GroupInfo()  # its hub_rank is not on the wire: every step's header says it
     shards: tuple[ShardTarget, ...] = ()  # --shards: the ranges other servers hold
     secret: str = ""  # what the worker's later calls must carry (common.transport.worker_keys)
+    global_batch: int = 0  # the B in force that batch_size is part of (0: not said; the spec's)
 
 
 @dataclass(frozen=True)

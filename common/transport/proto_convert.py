@@ -67,6 +67,7 @@ def join_to_proto(j: JoinInfo) -> ps_pb2.JoinReply:
         index=j.index, heartbeat_interval_s=j.heartbeat_interval_s, rank=j.group.rank, world_size=j.group.world_size,
         generation=j.group.generation, backend=j.group.backend,
         shards=[ps_pb2.ShardInfo(address=s.address, start=s.start, stop=s.stop) for s in j.shards],
+        global_batch=j.global_batch,
     )
 
 
@@ -78,6 +79,7 @@ def join_from_proto(p: ps_pb2.JoinReply) -> JoinInfo:
         heartbeat_interval_s=p.heartbeat_interval_s or DEFAULT_HEARTBEAT_S,
         group=GroupInfo(p.generation, p.rank, p.world_size, p.backend),
         shards=tuple(ShardTarget(s.address, s.start, s.stop) for s in p.shards), secret=p.secret,
+        global_batch=p.global_batch,
     )
 
 

@@ -152,7 +152,7 @@ class Coordinator(JobState):
         return JoinInfo(
             member.worker_id, member.index, plan[member.name], self.round, self.version, self.epoch,
             self.spec.to_json(), self.layout, self.heartbeat_interval, self.fast_path.group_info(member, plan),
-            tuple(self.shards.info()) if self.shards else (), self.keys.secret(member.worker_id),
+            tuple(self.shards.info()) if self.shards else (), self.keys.secret(member.worker_id), sum(plan.values()),
         )
 
     def _start(self) -> None:

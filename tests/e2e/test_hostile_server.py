@@ -160,6 +160,14 @@ def test_a_good_fake_server_runs_a_job_to_its_end(tmp_path: Path) -> None:
     assert {"Join", "Pull", "Push"} <= set(run.calls)
 
 
+def test_a_join_batch_above_the_specs_global_batch_is_taken_within_the_one_in_force(tmp_path: Path) -> None:
+    """--adaptive-batch moves B from the spec's (a resumed job starts at the checkpoint's): the Join
+    reply says the B in force, and the first batch is bounded by it."""
+    run = run_worker(Scenario(join={"batch_size": 24, "global_batch": 48}), tmp_path, "--max-batch", "32")
+    assert run.code == 0, run.stderr
+    assert {"Join", "Pull", "Push"} <= set(run.calls) and "Leave" not in run.calls
+
+
 def test_a_factory_the_server_names_is_not_imported_unless_the_worker_allows_it(tmp_path: Path, marker: Path) -> None:
     spec = {**GOOD_SPEC, "dataset": "hostile_factory:make"}
     run = run_worker(Scenario(spec=spec), tmp_path)  # no --max-batch: the memory probe builds the job from Status
@@ -189,13 +197,14 @@ def test_a_spec_with_wrong_field_types_is_refused_before_anything_runs(tmp_path:
     [
         (Scenario(join={"batch_size": 2**31 - 1}), "batch of 2147483647, outside [0, the global batch 16]"),
         (Scenario(join={"batch_size": -5}), "batch of -5"),
+        (Scenario(join={"batch_size": 40, "global_batch": 30}), "batch of 40, outside [0, the global batch 30]"),
         (Scenario(pull={"batch_size": 12, "global_batch": 10**9}), "above this worker's --max-batch 8"),
         (Scenario(pull={"num_values": NUMEL - 1}, values=[0.0] * (NUMEL - 1)), f"the layout expects {NUMEL}"),
         (Scenario(values=[0.0] * (NUMEL - 1) + [float("nan")]), "NaN or Inf"),
         (Scenario(pull={"lr": float("nan")}), "learning rate nan"),
         (Scenario(join={"heartbeat_interval_s": 0.001}), "heartbeat interval 0.001 s"),
     ],
-    ids=["huge-batch", "negative-batch", "batch-over-max", "short-reply", "nan-parameters", "nan-lr", "1ms-heartbeat"],
+    ids=["huge-batch", "negative-batch", "batch-over-joined-b", "batch-over-max", "short-reply", "nan-parameters", "nan-lr", "1ms-heartbeat"],
 )
 def test_numbers_beyond_the_workers_bounds_are_refused_and_the_worker_leaves(
     tmp_path: Path, scenario: Scenario, needle: str
