@@ -1,6 +1,11 @@
 """Errors a service core raises (server or shard); the servicers map each to one gRPC status code."""
 
 
+PUSH_IN_FLIGHT = "already has a push in flight"
+"""What the server says of a worker's second push while its first is in flight (ps.rounds.inflight):
+a worker that has just cancelled its first retries on it (worker.client.PSClient.push)."""
+
+
 class ServiceError(Exception):
     """A request the core refused; the message says what was expected."""
 

@@ -45,6 +45,7 @@ from common.transport.messages import PushTimes, StepHeader
 import worker.server_checks as server_checks
 import worker.cpu_parts as cpu_parts
 from worker.bucket_stream import BucketStream
+from worker.cancelled_push import after_cancelled_stream
 from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
 from worker.collective import CollectiveError
 from worker.device import gpu_uuid, synchronize
@@ -317,10 +318,11 @@ class Session:
 
     def _push(self, values: torch.Tensor, times: PushTimes) -> StepHeader:
         """The PS path's push of a whole gradient (ASP: update); the reply's parameters land in self._parts.params."""
-        return self.client.push(
-            self.worker_id, values, self._parts.params, round=self.plan.round, version=self.plan.version,
+        push = partial(
+            self.client.push, self.worker_id, values, self._parts.params, round=self.plan.round, version=self.plan.version,
             batch_size=self._sampler.batch_size, compute_ms=times.compute_ms, wire_dtype=self.spec.wire_dtype,
             exposed_ms=times.exposed_ms, own_exposed_ms=times.own_exposed_ms, data_wait_ms=times.data_wait_ms)
+        return after_cancelled_stream(push) if self._parts.buckets is not None else push()
 
     def _finish_step(self, push: Callable[[], StepHeader | None], compute_ms: float, pushed: float | None = None,
                      streamed: bool = False) -> StepHeader:

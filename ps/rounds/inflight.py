@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 
-from common.errors import FailedPrecondition
+from common.errors import PUSH_IN_FLIGHT, FailedPrecondition
 from common.transport.messages import PushMeta
 from common.transport.wire import ChunkReceiver, itemsize
 
@@ -56,8 +56,7 @@ class PushSlot:
         if key in self.pushes.workers:
             self.pushes.refused += 1
             raise FailedPrecondition(
-                f"worker {meta.worker_id!r} already has a push in flight; one at a time (this one is refused, "
-                "the first goes on)")
+                f"worker {meta.worker_id!r} {PUSH_IN_FLIGHT}; one at a time (this one is refused, the first goes on)")
         self.pushes.workers.add(key)
         self.key = key
         self.nbytes = max(0, meta.num_values) * itemsize(meta.wire_dtype)  # the dtype was checked by `begin`
