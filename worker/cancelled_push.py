@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from common.errors import PUSH_IN_FLIGHT
+from worker.backoff import Backoff
 from worker.client import ServerError
 
 T = TypeVar("T")
@@ -21,14 +22,13 @@ default), a cancelled one at the latest then."""
 
 
 def after_cancelled_stream(push: Callable[[], T], wait_s: float = CANCELLED_STREAM_S) -> T:
-    """`push()`, retried for up to `wait_s` while the server refuses it because this worker's previous
-    push is still in flight; any other error, or the same one after `wait_s`, is raised."""
-    deadline, delay = time.monotonic() + wait_s, 0.005
-    while True:
+    """`push()`, retried with backoff for up to `wait_s` while the server refuses it because this
+    worker's previous push is still in flight; any other error, or the same one after `wait_s`, is raised."""
+    for delay in Backoff(initial=0.005, maximum=0.1, total=wait_s).delays():
         try:
             return push()
         except ServerError as exc:
-            if exc.code != "FAILED_PRECONDITION" or PUSH_IN_FLIGHT not in exc.message or time.monotonic() + delay > deadline:
+            if exc.code != "FAILED_PRECONDITION" or PUSH_IN_FLIGHT not in exc.message:
                 raise
         time.sleep(delay)
-        delay = min(0.1, 2 * delay)
+    return push()
