@@ -1,4 +1,4 @@
-"""One rank of a fast-path group in its own process, for tests/worker/test_collective.py: `python -m
+"""One rank of a fast-path group in its own process, for tests/worker/paths/test_collective.py: `python -m
 tests.collective_ranks RANK WORLD PORT ALGORITHM OUT` meets the others at a TCPStore on 127.0.0.1:PORT,
 takes ROUNDS steps with the gradients and batches below (`HUBS` names each round's hub) and saves its
 parameters and optimizer state to OUT. Rank
@@ -17,7 +17,7 @@ import torch.distributed as dist
 from common.job.models import build_model
 from common.job.spec import JobSpec
 from common.transport.messages import GroupInfo, StepHeader
-from worker.collective import Collective
+from worker.paths.collective import Collective
 
 ROUNDS = 3
 HUBS = (2, 2, 0)  # the hub moves between rounds, as it does when the controller re-plans

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from tests.processes import Cluster
-from worker.client import PSClient, ServerError
+from worker.transport.client import PSClient, ServerError
 
 JOB = ["--mode", "bsp", "--workers", "4", "--model-arg", "hidden=256", "--dataset", "digits", "--global-batch", "128",
        "--lr", "0.1", "--evict-after", "3", "--grace", "5"]

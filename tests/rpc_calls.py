@@ -27,7 +27,7 @@ Code = grpc.StatusCode
 # ---------------------------------------------------------------------- helpers
 SECRETS: dict[str, str] = {}
 """Worker id -> the secret its Join returned: the helpers send it with every call naming that id, as
-worker.client.PSClient does (ids are unique: each carries random digits)."""
+worker.transport.client.PSClient does (ids are unique: each carries random digits)."""
 
 
 def join(stub: Any, name: str, cores: float = 1.0, timeout: float = TIMEOUT) -> ps_pb2.JoinReply:

@@ -1,4 +1,4 @@
-"""The code's layout holds: every module imports, the folders of common/ and ps/ import each other
+"""The code's layout holds: every module imports, the folders of common/, ps/ and worker/ import each other
 only in the directions their __init__.py files draw (worker/ and ps/ side by side on common/, neither
 importing the other), no imports form a cycle, and modules stay short enough to read.
 
@@ -33,6 +33,7 @@ LONGER_ALLOWED: dict[str, str] = {
 ANY = frozenset({"*"})
 COMMON_PARTS = ("common.job", "common.transport", "common.params", "common.ops", "common.errors",
                 "common.number_checks")
+WORKER_ROOMS = ("worker.transport", "worker.paths", "worker.data", "worker.probes", "worker.timing")
 PS_PARTS = ("ps.control", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer", "ps.server",
             "ps.server_flags")
 ALLOWED: dict[str, frozenset[str]] = {
@@ -53,8 +54,22 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ps.server": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     # ps-server's flags, parsed without building anything (the policy names from ps.control.registry)
     "ps.server_flags": frozenset({*COMMON_PARTS, "ps.control", "ps.ops"}),
-    # the worker stands beside the server on what they share: it never imports ps
-    "worker": frozenset({*COMMON_PARTS, "protos"}),
+    # the worker stands beside the server on what they share: it never imports ps. Its rooms: the wire
+    # (the only one that knows protos), the probes (leaves), the two paths, the data, the step's times;
+    # the session, connect(), the device and the CLI at the top compose them.
+    "worker": frozenset({"worker.connection", "worker.runtime"}),  # the package's face: connect, Session
+    "worker.probes": frozenset(),
+    "worker.transport": frozenset({*COMMON_PARTS, "protos", "worker.probes"}),
+    "worker.timing": frozenset({*COMMON_PARTS, "worker.transport"}),
+    "worker.paths": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
+    "worker.data": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
+    "worker.device": frozenset(),
+    "worker.env_flags": frozenset(),
+    "worker.accumulate": frozenset(COMMON_PARTS),
+    "worker.runtime": frozenset({*COMMON_PARTS, *WORKER_ROOMS, "worker.device", "worker"}),
+    "worker.connection": frozenset({*COMMON_PARTS, *WORKER_ROOMS, "worker.runtime"}),
+    "worker.cli": frozenset({*COMMON_PARTS, *WORKER_ROOMS, "worker.runtime", "worker.connection", "worker.device",
+                             "worker.env_flags", "worker.accumulate"}),
     "deploy": ANY,
     "benchmarks": ANY,
     "protos": frozenset(),
@@ -62,6 +77,8 @@ ALLOWED: dict[str, frozenset[str]] = {
 # Third-party packages a pure part never imports.
 NEVER: dict[str, tuple[str, ...]] = {
     "ps.control": ("torch", "grpc", "google.protobuf", "protos"),
+    # the worker's inner rooms know no wire format: worker.transport turns it into plain values
+    **{room: ("grpc", "google.protobuf", "protos") for room in WORKER_ROOMS if room != "worker.transport"},
 }
 
 
@@ -119,7 +136,7 @@ def graph() -> dict[str, set[str]]:
 def part_of(module: str) -> str:
     """The part a module belongs to (see ALLOWED)."""
     parts = module.split(".")
-    if parts[0] not in ("ps", "common") or len(parts) == 1:
+    if parts[0] not in ("ps", "common", "worker") or len(parts) == 1:
         return parts[0]
     return ".".join(parts[:2])
 
@@ -167,7 +184,7 @@ def test_every_module_imports(name: str) -> None:
 def test_every_part_is_in_the_table_and_ps_folders_say_what_they_hold() -> None:
     parts = {part_of(m) for m in MODULES}
     assert parts - set(ALLOWED) == set(), "a new part of the code: add it to ALLOWED and to its package's __init__.py"
-    for folder in [*(ROOT / "ps").iterdir(), *(ROOT / "common").iterdir()]:
+    for folder in [*(ROOT / "ps").iterdir(), *(ROOT / "common").iterdir(), *(ROOT / "worker").iterdir()]:
         if folder.is_dir() and folder.name != "__pycache__":
             init = folder / "__init__.py"
             assert init.exists(), f"{folder} has no __init__.py"

@@ -23,16 +23,16 @@ from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_r
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
 from worker.accumulate import backward_in_micro_batches
-from worker.channel import channel_credentials
-from worker.client import ServerError
+from worker.transport.channel import channel_credentials
+from worker.transport.client import ServerError
 from worker.connection import DEFAULT_THREADS, connect
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
-from worker.stall_hook import stall_while_asked
-from worker.job_build import JobSetupError
-from worker.loader import LoaderError, LoaderOptions
-from worker.server_checks import ALLOW_SHARD_HOST_FLAG, UntrustedReply
-from worker.resources import default_cores
+from worker.probes.stall_hook import stall_while_asked
+from worker.data.job_build import JobSetupError
+from worker.data.loader import LoaderError, LoaderOptions
+from worker.transport.server_checks import ALLOW_SHARD_HOST_FLAG, UntrustedReply
+from worker.probes.resources import default_cores
 from worker.runtime import Session
 
 ENVIRONMENT = {

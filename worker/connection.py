@@ -10,14 +10,14 @@ from collections.abc import Sequence
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
-from worker.client import PSClient
-from worker.loader import LoaderOptions
-from worker.memory_probe import declared_max_batch
-from worker.reconnect import Waiting, wait_for_server
-from worker.resources import default_cores
+from worker.transport.client import PSClient
+from worker.data.loader import LoaderOptions
+from worker.data.memory_probe import declared_max_batch
+from worker.transport.reconnect import Waiting, wait_for_server
+from worker.probes.resources import default_cores
 from worker.runtime import Session
-from worker.server_checks import job_spec
-from worker.slices import OwnData
+from worker.transport.server_checks import job_spec
+from worker.data.slices import OwnData
 
 DEFAULT_THREADS = 1
 """torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`): one,
@@ -57,7 +57,7 @@ def connect(
     picks a GPU when there is one). `step_overhead_ms` adds that much CPU work to every step (a fixed cost).
     `overlap` False pushes the whole gradient after backward even where the job streams buckets during
     it (``ps-worker --no-overlap``; the job's ``ps-server --no-overlap`` turns it off for every worker).
-    `loader` says how batches are read: loader processes and batches prepared ahead (worker/loader.py).
+    `loader` says how batches are read: loader processes and batches prepared ahead (worker/data/loader.py).
     `tls_ca` (a PEM file) turns on TLS, `tls_cert`/`tls_key` add a client certificate (mutual TLS),
     and `token` is sent with every call; see docs/security.md.
     `allow_imports`: modules (and their submodules) a job's ``module:function`` model or dataset may
@@ -65,7 +65,7 @@ def connect(
     module is refused before it is imported. `allow_shard_hosts`: hosts besides the server's own
     where this worker follows the server to its shard servers (``ps-worker --allow-shard-host``).
     `max_batch` is the most samples this worker's memory holds, told to the server at Join (None:
-    measured on the job's model before joining, worker/memory_probe.py).
+    measured on the job's model before joining, worker/data/memory_probe.py).
     `dataset` is your own training set, trained on instead of the job's (``session.batches()`` yields its
     batches, each the slice of the epoch's permutation the server hands out under ``--sampling exact``):
     its length, and `dataset_fingerprint` if given, are declared at Join, and a server whose training set
@@ -83,7 +83,7 @@ def connect(
         waiting.recovered(f"server {target} answered")
         if threads is not None:
             torch.set_num_threads(threads)
-        # the job spec from Status: its model is measured before joining (worker/memory_probe.py)
+        # the job spec from Status: its model is measured before joining (worker/data/memory_probe.py)
         declared = declared_max_batch(lambda: job_spec(client.status().job_json), device, max_batch, allow_imports)
         own = None if dataset is None else OwnData(dataset, dataset_fingerprint)
         client.declared = own.declared() if own is not None else (0, "")

@@ -15,10 +15,10 @@ A custom training loop needs three calls::
 
 Compute time (data fetch, forward, backward; the wait for the loader is also sent apart) runs from
 the moment a batch is fetched until step() is called; it is what the server's batch policy balances.
-In BSP on the PS path the gradient goes out in buckets while backward runs (worker/overlap.py);
+In BSP on the PS path the gradient goes out in buckets while backward runs (worker/paths/overlap.py);
 step() closes that push and waits for the reply's header: the parameters go on arriving, first
 layers first, while the next batch is drawn and its forward runs, each module waiting for its own
-(worker/forward_order.py; wait_params() waits for them all, and so does the model's state_dict()).
+(worker/paths/forward_order.py; wait_params() waits for them all, and so does the model's state_dict()).
 From a compute's end to the next fetch, plus what the forward waited, is the step's exposed
 communication. With --allreduce, step() all-reduces with the group and steps a local optimizer.
 
@@ -42,25 +42,25 @@ from common.job.datasets import TrainingData
 from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from common.transport.messages import PushTimes, StepHeader
-import worker.server_checks as server_checks
-import worker.cpu_parts as cpu_parts
-from worker.bucket_stream import BucketStream
-from worker.cancelled_push import after_cancelled_stream
-from worker.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
-from worker.collective import CollectiveError
+import worker.transport.server_checks as server_checks
+import worker.probes.cpu_parts as cpu_parts
+from worker.transport.bucket_stream import BucketStream
+from worker.transport.cancelled_push import after_cancelled_stream
+from worker.transport.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
+from worker.paths.collective import CollectiveError
 from worker.device import gpu_uuid, synchronize
-from worker.group_store import ServerStore
-from worker.heartbeat import Heartbeat
-from worker.loader import Batches, LoaderOptions
-from worker.local_optimizer import LocalOptimizer, StepRefused
-from worker.job_build import BuiltJob, build_job
-from worker.path_parts import PathParts, ProcessSession
-from worker.own_time import OwnTime, push_own_ms
-from worker.reconnect import rejoin_with_backoff
-from worker.regroup import await_regroup, generation_stands
-from worker.resources import burn_cpu, slowdown_delay
-from worker.sampler import ElasticBatchSampler
-from worker.slices import OwnData, SliceSource, TrainedLog
+from worker.paths.group_store import ServerStore
+from worker.transport.heartbeat import Heartbeat
+from worker.data.loader import Batches, LoaderOptions
+from worker.paths.local_optimizer import LocalOptimizer, StepRefused
+from worker.data.job_build import BuiltJob, build_job
+from worker.paths.path_parts import PathParts, ProcessSession
+from worker.timing.own_time import OwnTime, push_own_ms
+from worker.transport.reconnect import rejoin_with_backoff
+from worker.paths.regroup import await_regroup, generation_stands
+from worker.probes.resources import burn_cpu, slowdown_delay
+from worker.data.sampler import ElasticBatchSampler
+from worker.data.slices import OwnData, SliceSource, TrainedLog
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,10 @@ class Session:
         self.device = device or torch.device("cpu")
         self.rejoins = 0
         self.closed = False  # set by close(): whether the connection closed (see PSClient.close)
-        self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/memory_probe.py)
-        self._loader, self.data_wait_ms = loader, 0.0  # how batches are read (worker/loader.py); the last one's wait
+        self.max_batch, self.pass_samples = max_batch, pass_samples  # (worker/data/memory_probe.py)
+        self._loader, self.data_wait_ms = loader, 0.0  # how batches are read (worker/data/loader.py); the last one's wait
         self._built, self._own = built, data  # the job the memory probe built (not built twice); the user's data
-        self.allowed_imports = tuple(allowed_imports)  # modules a job's factory path may come from (worker.job_build)
+        self.allowed_imports = tuple(allowed_imports)  # modules a job's factory path may come from (worker.data.job_build)
         self._counted = ProcessSession()
         client.switch_paths = self._counted.only
         try:
@@ -138,7 +138,7 @@ class Session:
         if self.device.type != "cpu":
             self.model.to(self.device)
         self._parts = self._path_parts(flatten_params(self.model).cpu())
-        n = len(self.dataset.train)  # --sampling exact: the server's slices (worker/slices.py), else its own draws
+        n = len(self.dataset.train)  # --sampling exact: the server's slices (worker/data/slices.py), else its own draws
         self._sampler = (SliceSource(n, self.spec.seed, self.spec.epochs) if self.spec.exact_epochs
                          else ElasticBatchSampler(n, seed=self.spec.seed * 1009 + joined.index))
         self._trained = TrainedLog(self.name)  # the audit hook: what each step whose push was taken trained on
@@ -236,7 +236,7 @@ class Session:
                 fingerprint: str = "") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         """Batches until the server ends the job; call step() after each. While the server parks this
         worker (batch 0) none come: it waits for a batch (wait_parked). `dataset`: your own training set
-        instead of the job's, as many samples (worker.slices.OwnData; declared at the next Join)."""
+        instead of the job's, as many samples (worker.data.slices.OwnData; declared at the next Join)."""
         if dataset is not None and (self._own is None or dataset is not self._own.dataset):
             self._own = OwnData.checked(dataset, len(self.dataset.train), fingerprint)
             self.client.declared = self._own.declared()  # for a rejoin
@@ -350,13 +350,13 @@ class Session:
                 self.wait_params()
         else:
             self._apply(plan)
-        if self._parts.collective is None:  # the fast path's is taken at the next fetch (worker/own_time.py)
+        if self._parts.collective is None:  # the fast path's is taken at the next fetch (worker/timing/own_time.py)
             self._push_ms = push_own_ms(self.client.last_push, pushed, time.perf_counter())
         return self.plan
 
     def wait_params(self) -> StepHeader:
         """Return once the last reply's parameters are all in the model (step() returns at its first
-        chunk: worker/forward_order.py); the plan."""
+        chunk: worker/paths/forward_order.py); the plan."""
         self._settle_params()
         return self.plan
 

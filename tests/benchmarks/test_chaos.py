@@ -1,6 +1,6 @@
 """benchmarks.chaos's invariants, read from a metrics log: every plan sums to B, a round of fewer
 than B samples closes only while a member was removed from it, the step count equals the rounds
-closed; and the stall hook a chaos run drives (worker/stall_hook.py)."""
+closed; and the stall hook a chaos run drives (worker/probes/stall_hook.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.chaos import Watch, main, report
 from deploy.emulator import DEFAULT_JOB
-from worker.stall_hook import STALL_DIR_ENV, stall_while_asked
+from worker.probes.stall_hook import STALL_DIR_ENV, stall_while_asked
 
 B = DEFAULT_JOB["global_batch"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import worker.cpu_parts as cpu_parts
+import worker.probes.cpu_parts as cpu_parts
 
 PARTS = ("process", "data", "compute", "push", "push_copy", "push_check", "push_send", "receive", "copy", "rest")
 

@@ -14,7 +14,7 @@ from ps.control.global_batch.goodput import lr_factor
 from ps.checkpoint import read_checkpoint
 from tests.cli_checks import server_refuses
 from tests.processes import Cluster, start_server
-from worker.client import PSClient, ServerError
+from worker.transport.client import PSClient, ServerError
 
 JOB = ["--workers", "3", "--dataset", "teacher", "--dataset-arg", "size=6144", "--model-arg", "hidden=64",
        "--global-batch", "64", "--lr", "0.05", "--momentum", "0.9", "--controller", "dynamic",

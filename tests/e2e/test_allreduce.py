@@ -16,7 +16,7 @@ from common.transport.layout import flatten_params
 from tests.processes import Cluster, start_server
 from worker import connect
 from worker.cli import train
-from worker.client import PSClient, ServerError
+from worker.transport.client import PSClient, ServerError
 from tests.fast_path_jobs import JOB, TINY, finish, report
 
 
@@ -131,7 +131,7 @@ def test_a_step_reads_its_reports_reply_at_the_next_step(ps_server) -> None:
 @pytest.mark.parametrize("balance", ["busy", "compute"])
 def test_the_fast_path_reports_busy_time_with_its_own_part(ps_server, balance: str) -> None:
     """Under --balance busy (the BSP default) a fast-path step reports its compute plus the previous
-    step's own part (worker/own_time.py: the CPU from its compute's end to the next fetch); under
+    step's own part (worker/timing/own_time.py: the CPU from its compute's end to the next fetch); under
     --balance compute, its compute alone."""
     server = ps_server(*TINY, "--workers", "1", "--balance", balance)
     with connect(server.target, name="w0", cores=1.0) as session:

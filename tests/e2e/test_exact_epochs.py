@@ -1,6 +1,6 @@
 """Exactly-once epochs with real processes: an HL4 job whose plan changes, with one worker evicted in
 mid-epoch and rejoining, records every sample each worker trained on (the PS_TRAINED_INDICES audit
-hook, worker/slices.py) and checks that each training sample was trained once in every epoch; in BSP,
+hook, worker/data/slices.py) and checks that each training sample was trained once in every epoch; in BSP,
 in ASP, and across a server killed and restarted with --resume. The server's summary says the same.
 
 Each test prints one `EXACT {...}` JSON line; run with `pytest -s tests/test_exact_epochs.py`."""
@@ -25,7 +25,7 @@ from ps.checkpoint import checkpoint_files, read_checkpoint
 from tests.processes import Cluster, start_server
 from tests.fault_jobs import status, wait_for, wait_for_events
 from worker import connect
-from worker.client import PSClient, ServerError
+from worker.transport.client import PSClient, ServerError
 
 N = 1438  # the digits training split (the summary says it: check_summary)
 EPOCHS = 5

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 
 from tests.processes import ENV, start_server
 from worker import connect
-from worker.client import ServerError
-from worker.reconnect import FIRST_NOTE_S, NOTE_EVERY_S, Waiting
+from worker.transport.client import ServerError
+from worker.transport.reconnect import FIRST_NOTE_S, NOTE_EVERY_S, Waiting
 
 
 def dead_port() -> int:

@@ -24,7 +24,7 @@ from common.job.models import build_model
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.rounds.coordinator import params_digest
 from tests.processes import ENV, Cluster, start_server
-from worker.client import PSClient
+from worker.transport.client import PSClient
 from tests.fault_jobs import JOB, NAMES, TARGET, WORKER, status, wait_for, wait_for_events
 
 
@@ -243,7 +243,7 @@ def test_a_channel_close_that_hangs_is_given_up(caplog: pytest.LogCaptureFixture
     real_close, release = client._channel.close, threading.Event()
     client._channel.close = lambda: release.wait(30)  # stands in for the close gRPC never finishes
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="worker.client"):
+    with caplog.at_level(logging.WARNING, logger="worker.transport.client"):
         assert client.close(timeout=0.2) is False
     assert time.monotonic() - started < 5.0
     assert "did not finish within 0.2 s; giving it up" in caplog.text

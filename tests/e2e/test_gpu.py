@@ -75,7 +75,7 @@ def test_workers_without_a_gpu_each_fall_back_to_gloo(tmp_path: Path, devices: l
 
 
 def test_the_measured_max_batch_is_within_a_tenth_of_what_fits() -> None:
-    """worker/memory_probe.py on the GPU against real steps until out of memory (benchmarks.memory_bound)."""
+    """worker/data/memory_probe.py on the GPU against real steps until out of memory (benchmarks.memory_bound)."""
     done = subprocess.run([sys.executable, "-m", "benchmarks.memory_bound"], capture_output=True, text=True, env=ENV,
                           timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ps.checkpoint import read_checkpoint
 from tests.processes import start_server
-from worker.client import PSClient, ServerError
+from worker.transport.client import PSClient, ServerError
 
 JOB = ["--mode", "bsp", "--workers", "3", "--model", "mlp", "--model-arg", "hidden=32", "--dataset", "digits",
        "--global-batch", "96", "--controller", "model", "--adjust-every", "8", "--grace", "5"]

@@ -12,7 +12,7 @@ import pytest
 
 import tests.processes as processes
 from tests.processes import start_server
-from worker.stall_hook import STALL_DIR_ENV
+from worker.probes.stall_hook import STALL_DIR_ENV
 
 JOB = ["--mode", "bsp", "--workers", "2", "--dataset", "digits", "--model-arg", "hidden=16", "--global-batch", "32",
        "--epochs", "3", "--lr", "0.1", "--momentum", "0.9", "--controller", "uniform", "--sampling", "independent",

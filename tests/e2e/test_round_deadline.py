@@ -23,7 +23,7 @@ from ps.rounds.deadlines import MIN_ROUNDS, ROUND_FACTOR, WARMUP_S, Limits, Roun
 from ps.rounds.inflight import PushesInFlight
 from protos import ps_pb2, ps_pb2_grpc
 from tests.processes import Cluster, start_server
-from worker.client import PSClient, ServerError
+from worker.transport.client import PSClient, ServerError
 
 TINY = ["--model-arg", "hidden=8", "--dataset", "digits", "--global-batch", "64", "--lr", "0.1"]
 

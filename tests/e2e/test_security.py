@@ -28,7 +28,7 @@ from common.transport.security import TOKEN_ENV, bearer, resolve_token
 from tests.processes import ENV, Cluster, start_server
 from tests.tls_certs import Certs, certs  # noqa: F401 (a fixture)
 from worker.cli import main as worker_main
-from worker.client import PSClient, ServerError
+from worker.transport.client import PSClient, ServerError
 
 TOKEN = "s3cret-token_for.tests"
 ENV_TOKEN = "token-from-the-environment"

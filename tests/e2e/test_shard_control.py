@@ -20,7 +20,7 @@ from tests import processes
 from tests.processes import ENV, start_server
 from tests.tls_certs import Certs, certs  # noqa: F401 (a fixture)
 from tests.shard_processes import listening_port, shard_children
-from worker.client import PSClient
+from worker.transport.client import PSClient
 
 KEY = "the-coordinators-own-key-0123456789"
 TOKEN = "the-jobs-token-every-worker-holds"

@@ -34,7 +34,7 @@ from common.transport.worker_keys import WorkerKeys
 from tests import processes
 from tests.shard_processes import listening_port, shard_children
 from tests.processes import Cluster, start_server
-from worker.client import Joined, PSClient, ServerError
+from worker.transport.client import Joined, PSClient, ServerError
 
 JOB = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--dataset", "digits", "--global-batch", "64",
        "--controller", "static", "--lr", "0.05", "--momentum", "0.9", "--weight-decay", "0.001", "--epochs", "50",

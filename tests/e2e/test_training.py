@@ -11,7 +11,7 @@ from common.job.datasets import build_dataset
 from common.job.models import build_model
 from common.transport.layout import flatten_params
 from tests.processes import start_server
-from worker.client import PSClient
+from worker.transport.client import PSClient
 
 SLOWDOWNS = {"w0": 1.0, "w1": 1.0, "w2": 2.0, "w3": 4.0}
 

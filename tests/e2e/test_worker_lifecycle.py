@@ -15,8 +15,8 @@ import torch.nn.functional as F
 from tests import processes
 from tests.processes import ENV, Cluster, start_server
 from worker import connect
-from worker.client import ServerError
-from worker.heartbeat import Heartbeat
+from worker.transport.client import ServerError
+from worker.transport.heartbeat import Heartbeat
 from worker.runtime import Session
 from tests.fault_jobs import wait_for
 

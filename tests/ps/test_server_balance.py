@@ -75,7 +75,7 @@ def test_busy_time_is_refused_where_it_is_not_measured(flags: list[str]) -> None
 
 
 def test_the_fast_path_balances_busy_time_by_default() -> None:
-    """BSP on the fast path balances busy time too (its own part from CPU time: worker/own_time.py)."""
+    """BSP on the fast path balances busy time too (its own part from CPU time: worker/timing/own_time.py)."""
     assert build_job(job_args("--allreduce")).coordinator.spec.balance == "busy"
     assert build_job(job_args("--allreduce", "--balance", "busy")).coordinator.spec.balance == "busy"
 

@@ -14,9 +14,10 @@ from common.job.batchnorm import batchnorm_layers, recalibrate, running_stats
 from common.job.datasets import build_dataset
 from common.job.models import build_model
 from common.job.spec import JobSpec
-from worker import connect, job_build
+from worker import connect
+from worker.data import job_build
 from worker.accumulate import backward_in_micro_batches
-from worker.memory_probe import Declared, JobSetupError, declared_max_batch, probe_max_batch
+from worker.data.memory_probe import Declared, JobSetupError, declared_max_batch, probe_max_batch
 
 
 def grads(model: torch.nn.Module) -> torch.Tensor:

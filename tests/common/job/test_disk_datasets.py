@@ -11,8 +11,8 @@ import torch
 from PIL import Image
 
 from common.job.datasets import build_dataset
-from worker.loader import Batches, LoaderError, LoaderOptions
-from worker.sampler import ElasticBatchSampler
+from worker.data.loader import Batches, LoaderError, LoaderOptions
+from worker.data.sampler import ElasticBatchSampler
 from tests.data_files import write_folder
 
 

@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from protos import ps_pb2, ps_pb2_grpc
 from common.transport.security import bearer
 from tests.processes import ENV, start_server
-from worker.stall_hook import STALL_DIR_ENV
+from worker.probes.stall_hook import STALL_DIR_ENV
 from tests.metrics_scrape import scrape, value
 
 SERVER = "hetero_ps.ParameterServer"

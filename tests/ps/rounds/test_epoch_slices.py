@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from common.job.epoch_order import epoch_permutation, slice_indices
 from common.transport.messages import SliceRange, StepHeader
 from ps.rounds.epoch_slices import Coverage, EpochSlices
-from worker.slices import BadSlice, check_slice
+from worker.data.slices import BadSlice, check_slice
 
 PROPERTY = settings(max_examples=150, deadline=None)
 

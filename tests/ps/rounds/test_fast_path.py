@@ -19,7 +19,7 @@ from ps.rounds.rendezvous import fast_path_fits
 from ps.server import main as server_main
 from tests.hostile_peer import wait_until
 from tests.rpc_calls import SECRETS, TIMEOUT, expect_refused, header, join_all, push_chunks, rand
-from worker.client import PSClient
+from worker.transport.client import PSClient
 from tests.fast_path_jobs import Code, TINY, call, report, report_round, snapshot_push
 
 

@@ -19,8 +19,8 @@ import pytest
 from common.transport.messages import StoreCall
 from protos import ps_pb2, ps_pb2_grpc
 from tests.processes import Cluster, start_server
-from worker.client import Joined, PSClient, ServerError
-from worker.collective import most_advanced
+from worker.transport.client import Joined, PSClient, ServerError
+from worker.paths.collective import most_advanced
 
 TOKEN = "store-token_for.tests"
 JOB = ["--mode", "bsp", "--allreduce", "on", "--workers", "2", "--model-arg", "hidden=8", "--dataset", "digits",

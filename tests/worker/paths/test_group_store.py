@@ -1,0 +1,79 @@
+"""The worker's side of the fast path's store (worker/paths/group_store.py) against an in-process server:
+a gloo process group forms on it and all-reduces, a get waits through the server's long polls, and
+what goes wrong (a key never set, a replaced generation) is one CollectiveError."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.fast_path_jobs import TINY
+from tests.rpc_calls import TIMEOUT
+from worker.transport.client import Joined, PSClient
+from worker.paths.collective import CollectiveError
+from worker.paths.group_store import ServerStore
+
+
+def joined_pair(server, threads) -> list[tuple[PSClient, Joined]]:
+    """Two workers of an --allreduce job, each with its own client, in rank order."""
+    clients = [PSClient(server.target) for _ in range(2)]
+    futures = [threads.submit(c.join, f"w{i}", 1.0, TIMEOUT) for i, c in enumerate(clients)]
+    pairs = [(c, f.result(TIMEOUT)) for c, f in zip(clients, futures)]
+    return sorted(pairs, key=lambda pair: pair[1].group.rank)
+
+
+def store_of(client: PSClient, joined: Joined, timeout_s: float = 20.0) -> ServerStore:
+    return ServerStore(lambda call: client.rendezvous(joined.worker_id, call), joined.group.generation,
+                       timedelta(seconds=timeout_s))
+
+
+def test_a_gloo_group_forms_and_reduces_on_the_servers_store(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    pairs = joined_pair(server, threads)
+    try:
+        stores = [store_of(c, j) for c, j in pairs]  # held while the groups live: torch calls back into them
+
+        def rank(r: int) -> torch.Tensor:
+            group = dist.ProcessGroupGloo(stores[r], r, 2, timedelta(seconds=20))
+            values = torch.full((5,), float(r + 1))
+            group.allreduce([values]).wait()
+            return values
+
+        futures = [threads.submit(rank, r) for r in range(2)]
+        assert all(torch.equal(f.result(TIMEOUT), torch.full((5,), 3.0)) for f in futures)
+        assert stores[0].num_keys() >= 2  # the ranks' addresses, kept at the server
+        assert stores[1].add("count", 2) == 2 and stores[0].add("count", 3) == 5
+        assert stores[0].compare_set("count", "5", "x") == b"x" and stores[1].get("count") == b"x"
+        assert stores[1].delete_key("count") and not stores[1].check(["count"])
+    finally:
+        for client, _ in pairs:
+            client.close()
+
+
+def test_a_get_waits_for_a_peer_and_gives_up_at_the_timeout(ps_server, threads) -> None:
+    server = ps_server(*TINY)
+    pairs = joined_pair(server, threads)
+    try:
+        first, second = (store_of(c, j, timeout_s=1.0) for c, j in pairs)
+        waiting = threads.submit(first.get, "late")
+        time.sleep(0.3)
+        second.set("late", b"here")
+        assert waiting.result(TIMEOUT) == b"here"
+        start = time.monotonic()
+        with pytest.raises(CollectiveError, match="group generation 1: no peer set 'absent' in the group's store within 0:00:01"):
+            first.wait(["absent"])
+        assert 0.9 < time.monotonic() - start < 5
+        client, joined = pairs[0]
+        stale = ServerStore(lambda call: client.rendezvous(joined.worker_id, call), joined.group.generation + 1,
+                            timedelta(seconds=1))
+        with pytest.raises(CollectiveError, match="FAILED_PRECONDITION: group generation 2 is not the current one"):
+            stale.set("k", "v")
+    finally:
+        for client, _ in pairs:
+            with contextlib.suppress(Exception):
+                client.close()

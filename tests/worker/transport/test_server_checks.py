@@ -1,0 +1,90 @@
+"""What a worker takes from its server (worker/transport/server_checks.py), which modules it imports a factory
+from (common/job/registry.py), and the job spec's field types (common/job/spec.py): pure checks."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from common.job.models import build_model
+from common.job.registry import ImportRefused, import_allowed
+from common.job.spec import JobSpec
+from common.transport.messages import GroupInfo, StepHeader
+from worker.transport import server_checks as checks
+
+
+def plan(world_size: int = 0, rank: int = 0, **fields: object) -> StepHeader:
+    base = {"round": 3, "version": 0, "epoch": 1, "batch_size": 8, "done": False, "lr": 0.1, "global_batch": 32}
+    return StepHeader(**{**base, **fields}, group=GroupInfo(world_size=world_size, rank=rank))  # type: ignore[arg-type]
+
+
+def test_import_prefixes_are_whole_module_names() -> None:
+    assert import_allowed("mypkg", ["mypkg"]) and import_allowed("mypkg.models.big", ["mypkg"])
+    assert not import_allowed("mypkgs", ["mypkg"]) and not import_allowed("builtins", ["mypkg", ""])
+    assert import_allowed("anything", None)  # the server: its operator names the modules
+
+
+def test_a_refused_factory_path_imports_nothing() -> None:
+    sys.modules.pop("tests.common.job.test_models", None)
+    with pytest.raises(ImportRefused, match="--allow-import tests"):
+        build_model("tests.common.job.test_models:exploding_model", (1, 8, 8), 10, {}, 0, allowed=())
+    assert "tests.common.job.test_models" not in sys.modules
+
+
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("seed", "1", "seed must be int"), ("workers", 2.0, "workers must be int"), ("workers", True, "workers must be int"),
+    ("lr", float("nan"), "lr must be float"), ("lr", "0.1", "lr must be float"), ("allreduce", 1, "allreduce must be bool"),
+    ("model", 7, "model must be str"), ("model_options", {"a": object()}, "model_options must be dict"),
+    ("lr_milestones", ("3",), "lr_milestones must be tuple"), ("seed", -1, "seed must be in [0, 2^62)"),
+    ("global_batch", 2**31, "at most 2147483647"), ("model", "mlp\x1b", "printable characters"),
+])
+def test_every_spec_field_is_type_and_range_checked(field: str, value: object, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        JobSpec(**{field: value})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("text", ['[1]', '{"lr_milestones": 3}', '{"seed": "exec"}', 'not json', '{"nope": 1}'])
+def test_a_spec_from_the_wire_is_refused_in_one_line(text: str) -> None:
+    with pytest.raises(checks.UntrustedReply, match="the server's job spec is refused"):
+        checks.job_spec(text)
+    assert checks.job_spec(json.dumps({"lr": 1, "lr_milestones": [2, 4]})).lr_at(4) == pytest.approx(0.01)
+
+
+def test_plans_and_batches_within_the_workers_bounds() -> None:
+    checks.step_plan(plan(), max_batch=8)
+    checks.step_plan(plan(batch_size=0), max_batch=8)  # parked
+    checks.step_plan(plan(batch_size=0, global_batch=0), max_batch=8)  # nobody planned
+    checks.step_plan(plan(batch_size=99, done=True), max_batch=8)  # the job is over: nothing is drawn
+    checks.step_plan(plan(batch_size=24), max_batch=8, micro_batch=4)  # the memory bounds a micro-batch
+    checks.step_plan(plan(path="ps"), max_batch=8)  # --allreduce auto's trial: the path from this reply on
+    checks.step_plan(plan(world_size=2, path="allreduce"), max_batch=8)
+    for bad, max_batch, micro in ((plan(batch_size=9), 8, 1), (plan(batch_size=33), 0, 1), (plan(batch_size=-1), 0, 1),
+                                  (plan(batch_size=6), 0, 4), (plan(lr=float("inf")), 0, 1), (plan(round=-1), 0, 1),
+                                  (plan(world_size=2, rank=2), 0, 1), (plan(global_batch=2**31), 0, 1),
+                                  (plan(path="allreduce"), 0, 1), (plan(path="gpu"), 0, 1)):
+        with pytest.raises(checks.UntrustedReply):
+            checks.step_plan(bad, max_batch, micro)
+
+
+def test_replies_heartbeats_and_shards() -> None:
+    checks.reply_length(0, 10)
+    checks.reply_length(10, 10)
+    with pytest.raises(checks.UntrustedReply, match="carries 9 values, not the 10"):
+        checks.reply_length(9, 10)
+    with pytest.raises(checks.UntrustedReply, match="NaN or Inf"):
+        checks.finite_values(torch.tensor([0.0, float("inf")]))
+    assert checks.heartbeat_interval(0.25) == 0.25
+    for seconds in (0.001, 0.0, float("nan"), 1e9):
+        with pytest.raises(checks.UntrustedReply, match="heartbeat interval"):
+            checks.heartbeat_interval(seconds)
+    checks.shard_ranges([("10.0.0.5:7000", 4, 8), ("10.0.0.5:7001", 8, 10)], 10, "10.0.0.5:50051")
+    checks.shard_ranges([("[::1]:7000", 4, 10)], 10, "[::1]:50051")
+    checks.shard_ranges([("10.0.0.6:7000", 4, 10)], 10, "10.0.0.5:50051", allowed_hosts=["10.0.0.6"])
+    for ranges in ([("10.0.0.6:7000", 4, 10)], [("10.0.0.5:7000", 4, 9)], [("10.0.0.5:7000", 4, 6), ("10.0.0.5:7001", 7, 10)],
+                   [("10.0.0.5:7000", 0, 10)]):
+        with pytest.raises(checks.UntrustedReply):
+            checks.shard_ranges(ranges, 10, "10.0.0.5:50051")

@@ -1,0 +1,83 @@
+"""--allreduce: the worker's side of its group's store, a `torch.distributed.Store` whose keys the
+parameter server keeps (its Rendezvous RPC, ps.rounds.group_store) for one group generation: gloo and
+NCCL build the process group on it as on a TCPStore, and only the job's members reach it.
+
+`call` (worker.transport.client.PSClient.rendezvous, bound to the worker's id) makes one RPC; a get or wait is a
+long poll the server holds for a few seconds, asked again until the store's timeout. Everything that
+goes wrong (the generation replaced, a refusal, the server out of reach, the timeout) is a
+CollectiveError: the worker then waits for the server's next group (worker.paths.regroup), where a server
+that is really gone or has forgotten this worker shows as such."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from common.transport.messages import StoreAnswer, StoreCall
+from worker.transport.client import ServerError
+from worker.paths.collective import CollectiveError
+
+LONG_POLL_S = 10.0  # what the server holds a get or wait for at most (ps.rounds.group_store.StoreLimits)
+
+
+class ServerStore(dist.Store):
+    """Group `generation`'s keys at the parameter server. Keep a reference to this object while a
+    process group built on it lives: torch calls back into its Python methods."""
+
+    def __init__(self, call: Callable[[StoreCall], StoreAnswer], generation: int, timeout: timedelta) -> None:
+        """`call`: one Rendezvous RPC as this worker (the server may hold it for the call's wait_s)."""
+        super().__init__()
+        self._call = call
+        self.generation = generation
+        self.set_timeout(timeout)
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._ask("set", (key,), value=_bytes(value))
+
+    def get(self, key: str) -> bytes:
+        return self._until_ready("get", (key,), self.timeout).value
+
+    def add(self, key: str, amount: int) -> int:
+        return self._ask("add", (key,), amount=amount).number
+
+    def check(self, keys: list[str]) -> bool:
+        return self._ask("check", tuple(keys)).ready
+
+    def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self._until_ready("wait", tuple(keys), self.timeout if timeout is None else timeout)
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        return self._ask("compare_set", (key,), value=_bytes(desired), expected=_bytes(expected)).value
+
+    def delete_key(self, key: str) -> bool:
+        return self._ask("delete", (key,)).ready
+
+    def num_keys(self) -> int:
+        return self._ask("num_keys", ()).number
+
+    def _ask(self, op: str, keys: tuple[str, ...], *, value: bytes = b"", expected: bytes = b"", amount: int = 0,
+             wait_s: float = 0.0) -> StoreAnswer:
+        try:
+            return self._call(StoreCall(self.generation, op, keys, value, expected, amount, wait_s))
+        except ServerError as exc:
+            raise CollectiveError(f"group generation {self.generation}'s store: {exc}") from None
+
+    def _until_ready(self, op: str, keys: tuple[str, ...], timeout: timedelta) -> StoreAnswer:
+        """Long polls until the keys are set; CollectiveError once `timeout` has passed without them."""
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            remaining = deadline - time.monotonic()
+            answer = self._ask(op, keys, wait_s=max(0.0, min(LONG_POLL_S, remaining)))
+            if answer.ready:
+                return answer
+            if time.monotonic() >= deadline:
+                shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
+                raise CollectiveError(f"group generation {self.generation}: no peer set {shown} in the group's store "
+                                      f"within {timeout}")
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value.encode() if isinstance(value, str) else bytes(value)

@@ -1,0 +1,122 @@
+"""What a worker checks of what its server tells it, before acting on it.
+
+A worker trusts its server for numbers (parameters, plans, batch sizes), never for code, and even
+the numbers only within bounds it can live with: a batch it can hold, a reply that fills its model
+exactly, finite parameters, a heartbeat interval that neither spins nor lets it be evicted, other
+servers only on its server's own host unless it allowed them. Each check raises UntrustedReply
+with one line; the worker then leaves the job. Pure functions: worker/transport/client.py and
+worker/runtime.py call them where they decode a reply.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from common.job.spec import INT32_MAX, JobSpec
+from common.transport.messages import StepHeader
+
+MIN_HEARTBEAT_S = 0.01
+"""The shortest heartbeat interval a worker takes (the server sends a quarter of --evict-after, at
+most 1 s): anything shorter is a busy loop of RPCs."""
+MAX_HEARTBEAT_S = 3600.0
+ALLOW_SHARD_HOST_FLAG = "--allow-shard-host"
+
+
+class UntrustedReply(ValueError):
+    """The server told this worker something it does not take (a spec it cannot parse, a batch
+    beyond its bounds, a short or non-finite reply, ...): the worker leaves instead of acting on it."""
+
+
+def job_spec(text: str) -> JobSpec:
+    """The job spec in the server's reply, every field type- and range-checked (JobSpec)."""
+    try:
+        return JobSpec.from_json(text)
+    except (TypeError, ValueError) as exc:
+        raise UntrustedReply(f"the server's job spec is refused: {exc}") from None
+
+
+def heartbeat_interval(seconds: float) -> float:
+    """The server's heartbeat interval, if within [MIN_HEARTBEAT_S, MAX_HEARTBEAT_S]."""
+    if not (math.isfinite(seconds) and MIN_HEARTBEAT_S <= seconds <= MAX_HEARTBEAT_S):
+        raise UntrustedReply(f"the server's heartbeat interval {seconds:g} s is outside [{MIN_HEARTBEAT_S:g}, "
+                             f"{MAX_HEARTBEAT_S:g}] s")
+    return seconds
+
+
+def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int = 1) -> int:
+    """A batch the server plans for this worker: in [0, global_batch] (0: parked), within this
+    worker's own `max_batch` (0: no bound; with micro-batches it bounds one micro-batch, not the
+    batch) and a whole number of micro-batches."""
+    if not 0 <= global_batch <= INT32_MAX:
+        raise UntrustedReply(f"the server's global batch {global_batch} is outside [0, {INT32_MAX}]")
+    if not 0 <= batch <= global_batch:
+        raise UntrustedReply(f"the server planned a batch of {batch}, outside [0, the global batch {global_batch}]")
+    if micro_batch <= 1 and max_batch > 0 and batch > max_batch:
+        raise UntrustedReply(f"the server planned a batch of {batch}, above this worker's --max-batch {max_batch}")
+    if micro_batch > 1 and batch % micro_batch:
+        raise UntrustedReply(f"the server planned a batch of {batch}, not a multiple of the job's micro-batch {micro_batch}")
+    return batch
+
+
+def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1) -> None:
+    """A plan's numbers: counters >= 0, a finite learning rate >= 0, a batch within bounds
+    (batch_size) unless the job is done (nothing more is drawn), a rank inside its group, a path it
+    can switch to (--allreduce auto's trial)."""
+    if min(plan.round, plan.version, plan.epoch) < 0:
+        raise UntrustedReply(f"the server's plan has a negative round, version or epoch "
+                             f"({plan.round}, {plan.version}, {plan.epoch})")
+    if not (math.isfinite(plan.lr) and plan.lr >= 0):
+        raise UntrustedReply(f"the server's learning rate {plan.lr} is not a finite number >= 0")
+    group = plan.group
+    if group.world_size and not (0 <= group.rank < group.world_size and 0 <= group.hub_rank < group.world_size):
+        raise UntrustedReply(f"the server's group ranks (rank {group.rank}, hub {group.hub_rank}) are outside its size "
+                             f"{group.world_size}")
+    if plan.path not in ("", "ps", "allreduce") or (plan.path == "allreduce" and not group.world_size):
+        raise UntrustedReply(f"the server's path {plan.path[:40]!r} is not ps, or allreduce with a group")
+    if not plan.done:
+        batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch)
+
+
+def reply_length(num_values: int, expected: int) -> None:
+    """A reply that carries parameters carries exactly the range it is for (0: a header alone)."""
+    if num_values not in (0, expected):
+        raise UntrustedReply(f"the server's reply carries {num_values} values, not the {expected} of its range")
+
+
+def finite_values(values: torch.Tensor, what: str = "parameters") -> None:
+    """Every value finite: NaN or infinity from a server would poison the model. Checked with numpy on
+    the CPU: the reply's receiving threads run beside the training step, and torch's kernels there
+    would take the process's whole thread pool (its intra-op setting is the main thread's)."""
+    finite = np.isfinite(values.detach().numpy()).all() if values.device.type == "cpu" else torch.isfinite(values).all()
+    if values.numel() and not bool(finite):
+        raise UntrustedReply(f"the server's {what} hold NaN or Inf values")
+
+
+def host_of(address: str) -> str:
+    """The host of HOST:PORT ([v6]:PORT too), without brackets."""
+    return address.rpartition(":")[0].strip("[]")
+
+
+def shard_ranges(ranges: Sequence[tuple[str, int, int]], numel: int, server_target: str,
+                 allowed_hosts: Sequence[str] = ()) -> None:
+    """--shards: the ranges other servers hold tile [its start, `numel`) in order, and each server
+    is on the host this worker reached its server at, or one it allowed (`allowed_hosts`): the
+    worker sends them its token and its secret."""
+    server_host = host_of(server_target)
+    expected_start = ranges[0][1] if ranges else numel
+    if not 0 < expected_start <= numel:
+        raise UntrustedReply(f"the server's first shard range starts at {expected_start}, outside (0, {numel}]")
+    for address, start, stop in ranges:
+        if start != expected_start or not start < stop <= numel:
+            raise UntrustedReply(f"the server's shard ranges do not tile its {numel} values ({address}: [{start}, {stop}))")
+        expected_start = stop
+        host = host_of(address)
+        if host != server_host and host not in allowed_hosts:
+            raise UntrustedReply(f"the server names a shard at {address}, not on its own host {server_host}; this "
+                                 f"worker sends its credentials there only with {ALLOW_SHARD_HOST_FLAG} {host}")
+    if expected_start != numel:
+        raise UntrustedReply(f"the server's shard ranges end at {expected_start}, not at its {numel} values")
