@@ -10,7 +10,7 @@ in turn, in one invocation (``--runs``):
    ``worker-kill`` (kill -9 of a worker, started again ``--restart-after`` s later, as a cluster's
    supervisor would), ``worker-stop`` (SIGSTOP for longer than the round deadline, then SIGCONT),
    ``worker-stall`` (the worker's loop stops while its heartbeat goes on: the test hook of
-   worker/stall_hook.py), ``worker-partition`` (the worker's TCP connections to the server dropped on
+   worker/probes/stall_hook.py), ``worker-partition`` (the worker's TCP connections to the server dropped on
    loopback with tc filters, re-applied to every new connection it opens, then lifted), and
    ``server-kill`` (kill -9 of ps-server, started again with ``--resume`` from its newest checkpoint);
    ``workers``: the same with the worker faults only;
@@ -57,8 +57,8 @@ from deploy.emulator import DEFAULT_DATASET_ARGS, DEFAULT_JOB
 from deploy.launcher import LocalCluster, WorkerSpec
 from deploy.signals import signals_as_exceptions
 from deploy.profiles import default_cpu_budget, load_profile, scale
-from worker.client import PSClient, ServerError
-from worker.stall_hook import STALL_DIR_ENV
+from worker.transport.client import PSClient, ServerError
+from worker.probes.stall_hook import STALL_DIR_ENV
 
 FAULTS = ("worker-kill", "worker-stop", "server-kill", "worker-stall", "worker-partition")
 POLL_S = 0.2

@@ -1,6 +1,6 @@
 """`python -m benchmarks.data`: the worker's loader on an image folder written in the run.
 
-1. Throughput: the worker's loader (worker.loader.Batches: index lists submitted ahead to a DataLoader
+1. Throughput: the worker's loader (worker.data.loader.Batches: index lists submitted ahead to a DataLoader
    over them) against a plain `torch.utils.data.DataLoader` (shuffled, same batch size), over the same
    files, the same per-sample transforms (decode, random crop and flip) and the same number of loader
    processes: samples/s of each and their ratio (target >= 0.9).
@@ -75,8 +75,8 @@ def throughput(root: Path, workers: int, batch: int, prefetch: int, rounds: int 
     from torch.utils.data import DataLoader
 
     from common.job.datasets import build_dataset
-    from worker.loader import Batches, LoaderOptions
-    from worker.sampler import ElasticBatchSampler
+    from worker.data.loader import Batches, LoaderOptions
+    from worker.data.sampler import ElasticBatchSampler
 
     data = build_dataset("image_folder", {"root": str(root)}, seed=0)
     steps = len(data.train) // batch
@@ -114,8 +114,8 @@ def train_epoch(root: Path, workers: int, batch: int, prefetch: int, steps: int 
 
     from common.job.datasets import build_dataset
     from common.job.models import build_model
-    from worker.loader import Batches, LoaderOptions
-    from worker.sampler import ElasticBatchSampler
+    from worker.data.loader import Batches, LoaderOptions
+    from worker.data.sampler import ElasticBatchSampler
 
     torch.set_num_threads(1)
     data = build_dataset("image_folder", {"root": str(root), "image_size": train_size}, seed=0)

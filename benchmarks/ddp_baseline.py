@@ -173,7 +173,7 @@ def slow_down(slowdown: float, began: float, began_cpu: float) -> None:
     """``--slowdown``: sleep as ps-worker does, the step's compute times ``slowdown - 1``. Its compute is this
     thread's CPU time, not the wall time, which holds the wait for the other ranks in the all-reduce (a
     sleep scaled from that would grow with every step, each rank waiting on the others' sleeps)."""
-    from worker.resources import slowdown_delay
+    from worker.probes.resources import slowdown_delay
 
     if slowdown > 1.0:
         time.sleep(slowdown_delay(time.perf_counter() - began, time.thread_time() - began_cpu, slowdown))
@@ -254,7 +254,7 @@ def time_steps(args: argparse.Namespace, ddp: Any, optimizer: Any, dataset: Any,
     import torch.nn.functional as F
 
     from common.job.splits import sample_batch
-    from worker.sampler import ElasticBatchSampler
+    from worker.data.sampler import ElasticBatchSampler
 
     scale = args.world * args.batch / sum(batches)
     sampler = ElasticBatchSampler(len(dataset.train), seed=args.seed * 1009 + args.rank, batch_size=args.batch)

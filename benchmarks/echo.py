@@ -3,7 +3,7 @@
 No .proto and no generated code: the methods are registered with ``grpc.method_handlers_generic_handler``
 and move plain ``bytes`` (no serializer), so what is measured is gRPC itself, with the same server stack
 (``grpc.aio`` on uvloop when installed: ``common.transport.server_options.run_loop``) and the same channel options as ``ps-server``
-(``common.transport.server_options.GRPC_OPTIONS``, ``worker.channel.CHANNEL_OPTIONS``: 8 MiB messages each way).
+(``common.transport.server_options.GRPC_OPTIONS``, ``worker.transport.channel.CHANNEL_OPTIONS``: 8 MiB messages each way).
 
 - ``/bench.Echo/Stream`` (stream-stream): the client streams the payload up in chunks; once the last
   chunk is in, the server streams the same chunks back (store and forward, as a push is received
@@ -72,7 +72,7 @@ class EchoClient:
     """Blocking client for the echo service on one channel with the worker's channel options."""
 
     def __init__(self, target: str) -> None:
-        from worker.channel import CHANNEL_OPTIONS
+        from worker.transport.channel import CHANNEL_OPTIONS
 
         self.channel = grpc.insecure_channel(target, options=CHANNEL_OPTIONS)
         self._stream = self.channel.stream_stream(STREAM_METHOD)

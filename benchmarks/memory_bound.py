@@ -1,4 +1,4 @@
-"""`python -m benchmarks.memory_bound`: the b_max a worker measures on a GPU (worker/memory_probe.py)
+"""`python -m benchmarks.memory_bound`: the b_max a worker measures on a GPU (worker/data/memory_probe.py)
 against the largest batch that actually fits there.
 
 The probe's figure comes from two small steps (torch's peak allocated bytes at two batch sizes and
@@ -24,7 +24,7 @@ from benchmarks.report_output import add_result_options, save_result
 from common.job.datasets import build_dataset
 from common.job.models import build_model
 from ps.server_flags import parse_options
-from worker.memory_probe import probe_max_batch
+from worker.data.memory_probe import probe_max_batch
 
 TARGET = 0.10
 """The most the probe may be off the largest batch that fits, as a fraction of it."""

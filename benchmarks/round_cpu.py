@@ -3,7 +3,7 @@
 ``python -m benchmarks.round_cpu --json`` runs, for each case (the HL8 benchmark's CNN, ~0.55M
 parameters, and an MLP ~10x larger), a BSP job on loopback: one real ``ps-server`` and ``--workers``
 real ``ps-worker`` processes at a fixed batch each (``--policy uniform``), the workers recording where
-their CPU goes (worker/cpu_parts.py, turned on by $PS_CPU_PARTS). Each worker's CPU time per round,
+their CPU goes (worker/probes/cpu_parts.py, turned on by $PS_CPU_PARTS). Each worker's CPU time per round,
 over ``--rounds`` rounds after ``--warmup``, is split into
 
 - ``data``: drawing the batch; ``compute``: forward and backward (the main thread, less the

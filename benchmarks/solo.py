@@ -54,7 +54,7 @@ def measure(model: Any, dataset: Any, batch: int, slowdown: float, args: argpars
     import torch
     import torch.nn.functional as F
 
-    from worker.sampler import ElasticBatchSampler
+    from worker.data.sampler import ElasticBatchSampler
 
     sampler = ElasticBatchSampler(len(dataset.train_x), seed=args.seed * 1009 + index, batch_size=batch)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)

@@ -3,7 +3,7 @@
 
 PUSH_IN_FLIGHT = "already has a push in flight"
 """What the server says of a worker's second push while its first is in flight (ps.rounds.inflight):
-a worker that has just cancelled its first retries on it (worker.cancelled_push)."""
+a worker that has just cancelled its first retries on it (worker.transport.cancelled_push)."""
 
 
 class ServiceError(Exception):

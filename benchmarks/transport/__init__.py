@@ -12,7 +12,7 @@
   and ``torch_rpc_tcp`` (uv transport, basic channel: what two hosts or containers would use).
 - ``ps_push_pull``: a real ``ps-server`` process (BSP, ``--momentum 0``, uniform batches, a job that
   cannot end mid-measure) serving ``flat_model`` (one parameter of exactly N values), driven by W
-  client processes using ``worker.client.PSClient`` (join, pull, then per step: push a random
+  client processes using ``worker.transport.client.PSClient`` (join, pull, then per step: push a random
   gradient for the open round and receive the new parameters), fp32 and bf16 on the wire. Each row
   has ``shards``: 1 is one server process; with ``--shards`` counts above 1 (default 1,2) the fp32 runs
   are repeated with ``ps-server --shards S`` (the server keeps range 0 and starts S-1 ``ps-shard``

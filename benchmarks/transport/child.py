@@ -2,7 +2,7 @@
 
 Each role runs in its own process, times its iterations and writes one JSON object to ``--result``:
 
-- ``ps-client``: one parameter-server worker driven through ``worker.client.PSClient``: join, pull,
+- ``ps-client``: one parameter-server worker driven through ``worker.transport.client.PSClient``: join, pull,
   then push a fixed random gradient with the open round and receive the new parameters, per step.
 - ``torch-rpc``: one rank of a ``torch.distributed.rpc`` pair (TensorPipe); rank 0 sends the tensor to
   rank 1, which returns it (``rpc_echo``).
@@ -48,7 +48,7 @@ def ps_client(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
     from common.transport.wire import itemsize
-    from worker.client import PSClient, ServerError
+    from worker.transport.client import PSClient, ServerError
 
     torch.set_num_threads(1)
     client = PSClient(args.target or _target_from_file(args.target_file, args.timeout))

@@ -200,7 +200,7 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
     from benchmarks.echo import STREAM_METHOD
     from protos import ps_pb2, ps_pb2_grpc
     from common.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
-    from worker.channel import CHANNEL_OPTIONS
+    from worker.transport.channel import CHANNEL_OPTIONS
 
     options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
     grads = [split(encode(torch.randn(numel).mul_(1e-3)), CHUNK_BYTES) for _ in range(workers)]

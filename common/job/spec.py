@@ -63,7 +63,7 @@ def _type_problem(name: str, value: Any, annotation: str) -> str | None:
 
 def busy_time_measured(shards: int) -> bool:
     """Whether workers can time their own part of a push: with one server (a sharded push records no
-    timing). On the PS path by the wall clock, on the fast path by CPU time (worker/own_time.py)."""
+    timing). On the PS path by the wall clock, on the fast path by CPU time (worker/timing/own_time.py)."""
     return shards <= 1
 
 
@@ -106,7 +106,7 @@ class JobSpec:
     allreduce_algorithm: str = "auto"
     balance: str = "compute"
     micro_batch: int = 1  # BSP: batches are whole micro-batches of this many samples, accumulated by the worker
-    # BSP on the PS path: workers stream gradient buckets while backward runs (worker/overlap.py);
+    # BSP on the PS path: workers stream gradient buckets while backward runs (worker/paths/overlap.py);
     # False (ps-server --no-overlap): the whole gradient after backward, the serial path
     overlap: bool = True
     # exact: the server hands each worker its slice of one permutation per epoch, every sample once per

@@ -1,4 +1,4 @@
-"""ASP updates: a push is the update Δ a worker's own optimizer produced (worker/local_optimizer.py)
+"""ASP updates: a push is the update Δ a worker's own optimizer produced (worker/paths/local_optimizer.py)
 from the parameter version it names, at most --max-staleness versions old; the server applies it at
 once (θ ← θ + f·Δ, f the --staleness-lr factor), one version more, and counts its staleness. With
 --staleness-bound the reply waits while its worker is too far ahead of the slowest (ps/rounds/ssp.py)."""
