@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from common.ops.memory import tune_malloc
-from common.transport.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
+from ps.serving.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
 
 SERVICE = "bench.Echo"
 STREAM_METHOD = f"/{SERVICE}/Stream"

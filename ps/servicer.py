@@ -11,8 +11,8 @@ from protos import ps_pb2, ps_pb2_grpc
 from common.errors import ServiceError
 from ps.rounds.coordinator import Coordinator
 from common.transport.proto_convert import join_to_proto, store_answer_to_proto, store_call_from_proto
-from common.transport.push_stream import receive_push
-from common.transport.replies import params_chunk, reply_messages, status_code
+from ps.serving.push_stream import receive_push
+from ps.serving.replies import params_chunk, reply_messages, status_code
 from common.transport.serialized import DataChunk
 
 

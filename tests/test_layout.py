@@ -34,8 +34,8 @@ ANY = frozenset({"*"})
 COMMON_PARTS = ("common.job", "common.transport", "common.params", "common.ops", "common.errors",
                 "common.number_checks")
 WORKER_ROOMS = ("worker.transport", "worker.paths", "worker.data", "worker.probes", "worker.timing")
-PS_PARTS = ("ps.control", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer", "ps.server",
-            "ps.server_flags")
+PS_PARTS = ("ps.control", "ps.serving", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer",
+            "ps.server", "ps.server_flags")
 ALLOWED: dict[str, frozenset[str]] = {
     "common": frozenset(),  # the package map, a docstring
     "common.errors": frozenset(),  # leaves: they import nothing of the project
@@ -48,8 +48,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ps.control": frozenset({"common.number_checks"}),  # pure: no transport, no torch (below)
     "ps.ops": frozenset(COMMON_PARTS),
     "ps.checkpoint": frozenset(COMMON_PARTS),
-    "ps.shards": frozenset({*COMMON_PARTS, "ps.ops", "protos"}),
-    "ps.rounds": frozenset({*COMMON_PARTS, "ps.control", "ps.shards", "ps.ops", "ps.checkpoint"}),
+    # the server's side of gRPC (handlers, replies, push streams, options, worker secrets, blobs)
+    "ps.serving": frozenset({*COMMON_PARTS, "protos"}),
+    "ps.shards": frozenset({*COMMON_PARTS, "ps.serving", "ps.ops", "protos"}),
+    "ps.rounds": frozenset({*COMMON_PARTS, "ps.control", "ps.serving", "ps.shards", "ps.ops", "ps.checkpoint"}),
     "ps.servicer": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     "ps.server": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     # ps-server's flags, parsed without building anything (the policy names from ps.control.registry)

@@ -52,7 +52,7 @@ from common.transport.layout import Layout, flatten_params
 from common.transport.messages import Beat, JoinInfo, PushMeta, StepHeader, StepReply, StoreAnswer, StoreCall
 from common.transport.payload import Payload
 from common.transport.wire import ChunkReceiver
-from common.transport.worker_keys import WorkerKeys
+from ps.serving.worker_keys import WorkerKeys
 
 
 class Coordinator(JobState):

@@ -16,10 +16,10 @@ import torch
 from protos import ps_pb2, ps_pb2_grpc
 from ps.shards.control_key import key_metadata
 from ps.shards.ranges import Range, merge_optimizer_states, slice_optimizer_state
-from common.transport import blob
+from ps.serving import blob
 from common.transport.messages import ShardTarget
 from common.transport.security import bearer
-from common.transport.server_options import GRPC_OPTIONS
+from ps.serving.server_options import GRPC_OPTIONS
 
 
 class ShardFailure(RuntimeError):

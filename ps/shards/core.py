@@ -26,7 +26,7 @@ from common.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
 from common.transport.messages import PushMeta, StepHeader, StepReply
 from common.transport.payload import Payload
 from common.transport.wire import ChunkReceiver, check_wire_dtype
-from common.transport.worker_keys import KEY_BYTES, WorkerKeys
+from ps.serving.worker_keys import KEY_BYTES, WorkerKeys
 
 MAX_WAIT_S = 3600.0
 

@@ -10,9 +10,9 @@ from google.protobuf.message import DecodeError
 from protos import ps_pb2, ps_pb2_grpc
 from common.errors import InvalidArgument, ServiceError
 from ps.shards.core import ShardCore
-from common.transport import blob
-from common.transport.push_stream import receive_push
-from common.transport.replies import params_chunk, reply_messages, status_code
+from ps.serving import blob
+from ps.serving.push_stream import receive_push
+from ps.serving.replies import params_chunk, reply_messages, status_code
 from common.transport.serialized import DataChunk
 
 DEFAULT_MAX_LOAD_MIB = 16384

@@ -19,7 +19,7 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     puts each reply's header message first."""
     from common.transport.messages import StepHeader, StepReply
     from common.transport.payload import Payload
-    from common.transport.replies import params_chunk, reply_messages
+    from ps.serving.replies import params_chunk, reply_messages
 
     values = rand(3000, seed=5)
     raw = split(encode(values), 4096)
