@@ -346,8 +346,8 @@ def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None)
     handlers' hook it returns) served at http://host:port/metrics. OSError if it cannot listen."""
     endpoint = Endpoint()
     status = job.coordinator.status()
-    job_metrics = JobMetrics(endpoint.registry, mode=status["mode"], controller=status["controller"],
-                             balance=job.spec.balance, path=status["path"])
+    job_metrics = JobMetrics(endpoint.registry, mode=status.mode, controller=status.controller,
+                             balance=job.spec.balance, path=status.path)
     job.metrics.observe(job_metrics.observe)
     messages = MessageMetrics(endpoint.registry)
     bound = endpoint.start(host, port)
