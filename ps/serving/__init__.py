@@ -1,4 +1,5 @@
 """The server's side of gRPC, shared by ps-server and the shard servers: handler registration that
-refuses undecodable requests, the servicers' status codes and reply streams, reading a push's chunk
-stream, the gRPC options and event loop of a server process, the per-worker secrets, and the blobs
-a shard's range is loaded and fetched as. May import common/ and protos, nothing else of ps/."""
+refuses undecodable requests (handlers.py), the status code of each service error (status_codes.py),
+reading a push's chunk stream (push_stream.py), the gRPC options, event loop and stop signals of a
+server process (server_options.py), the per-worker secrets (worker_keys.py), and the blobs a shard's
+range is loaded and fetched as (blob.py). May import common/ and protos, nothing else of ps/."""
