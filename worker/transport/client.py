@@ -3,7 +3,7 @@
 It turns RPCs into plain values (common.transport.messages, converted by
 common.transport.proto_convert): a Joined record at Join, a StepHeader after every push or pull (the new
 parameters are decoded straight into a caller-owned fp32 buffer). It keeps the secret each
-Join returned and sends it with every later call that names that worker id (common/transport/worker_keys.py).
+Join returned and sends it with every later call that names that worker id (ps/serving/worker_keys.py).
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ import torch
 from protos import ps_pb2, ps_pb2_grpc
 from common.errors import InvalidArgument
 from common.job.spec import JobSpec
-from common.transport.messages import JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader, StoreAnswer, StoreCall
+from common.transport.messages import (Beat, Caller, JobStatus, JoinAsk, JoinInfo, PullAsk, PushMeta, PushTimes,
+                                       ShardTarget, StepHeader, StoreAnswer, StoreCall)
 from common.transport.payload import frame_tensor
-from common.transport.proto_convert import (join_from_proto, push_meta_to_proto, step_header_from_proto,
-                                            store_answer_from_proto, store_call_to_proto)
+from common.transport.proto_convert import (beat_from_proto, heartbeat_to_proto, job_status_from_proto, join_ask_to_proto,
+                                            join_from_proto, leave_to_proto, pull_ask_to_proto, push_meta_to_proto, status_request,
+                                            step_header_from_proto, store_answer_from_proto, store_call_to_proto)
 from common.transport.security import PathArg
 from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
 import worker.transport.server_checks as server_checks
@@ -187,9 +189,8 @@ class PSClient:
         `cuda_device`: the UUID of the GPU this worker computes on, None on CPU; `max_batch`: the most
         samples its memory holds (0: no bound of its own)."""
         try:
-            request = ps_pb2.JoinRequest(name=name, cores=cores, cuda=cuda_device is not None, cuda_device=cuda_device or "",
-                                         max_batch=max_batch, dataset_length=self.declared[0],
-                                         dataset_fingerprint=self.declared[1], switch_paths=self.switch_paths)
+            ask = JoinAsk(name, cores, cuda_device, max_batch, *self.declared, switch_paths=self.switch_paths)
+            request = join_ask_to_proto(ask)
             reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
@@ -346,8 +347,8 @@ class PSClient:
         """The current plan, and the parameters into `out` unless `header_only`. `wait_for_batch` (a
         parked worker, header only): the server answers once it plans this worker a batch, or the job
         ends, or after a few seconds with the unchanged plan."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only, secret=self.secret(worker_id),
-                                     wait_for_batch=wait_for_batch)
+        request = pull_ask_to_proto(PullAsk(worker_id, self.secret(worker_id), header_only=header_only,
+                                            wait_for_batch=wait_for_batch))
         if not self._shards or header_only:
             try:
                 return _receive(self._pull(request), out)
@@ -360,7 +361,7 @@ class PSClient:
         """--allreduce: the server's optimizer state, `numel` fp32 values (common.params.flat_state), or None when
         its optimizer has not stepped yet, or when the server predates optimizer-state pulls (it sends
         parameters instead, and says nothing of a state: a warning, and the momentum starts at zero)."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True, secret=self.secret(worker_id))
+        request = pull_ask_to_proto(PullAsk(worker_id, self.secret(worker_id), optimizer_state=True))
         try:
             stream = self._pull(request)
             first = _first_chunk(stream)
@@ -378,15 +379,15 @@ class PSClient:
         """Tell the server this worker is going; DEADLINE_EXCEEDED after `timeout` s (a server that is
         reachable but does not answer must not hold up an exit or a rejoin)."""
         try:
-            self._stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id, secret=self.secret(worker_id)), timeout=timeout)
+            self._stub.Leave(leave_to_proto(Caller(worker_id, self.secret(worker_id))), timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
         self._secrets.pop(worker_id, None)
 
-    def heartbeat(self, worker_id: str) -> ps_pb2.HeartbeatReply:
+    def heartbeat(self, worker_id: str) -> Beat:
         try:
-            request = ps_pb2.HeartbeatRequest(worker_id=worker_id, secret=self.secret(worker_id))
-            return self._stub.Heartbeat(request, timeout=10)
+            request = heartbeat_to_proto(Caller(worker_id, self.secret(worker_id)))
+            return beat_from_proto(self._stub.Heartbeat(request, timeout=10))
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
@@ -399,9 +400,9 @@ class PSClient:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
-    def status(self) -> ps_pb2.StatusReply:
+    def status(self) -> JobStatus:
         try:
-            return self._stub.Status(ps_pb2.StatusRequest())
+            return job_status_from_proto(self._stub.Status(status_request()))
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
