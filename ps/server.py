@@ -30,9 +30,9 @@ from ps.ops.port_file import PortFile
 from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from common.ops.stack_dump import enable_stack_dump
-from ps.checkpoint import Checkpointer, check_no_other_job, readable_checkpoints
+from ps.checkpoint import Checkpointer, check_no_other_job
 from ps.rounds.adaptive_batch import AdaptiveSettings
-from ps.rounds.resume import NOT_LOADABLE, JobComplete, checkpoint_failed, next_loadable, warn
+from ps.rounds.resume import NOT_LOADABLE, JobComplete, ResumeSearch, checkpoint_failed
 from ps.rounds.asp import AspSettings
 from ps.rounds.checkpoint_state import describe_resume_changes
 from ps.rounds.coordinator import Coordinator
@@ -136,8 +136,9 @@ def build_job(args: argparse.Namespace) -> Job:
     checkpoint_dir = args.checkpoint_dir or args.resume
     if checkpoint_dir is not None:
         check_no_other_job(checkpoint_dir, args.resume)
-    candidates = readable_checkpoints(args.resume, warn) if args.resume is not None else None
-    resume_from = next_loadable(candidates, spec, args.resume) if candidates is not None else None
+    numel = sum(p.numel() for p in model.parameters())
+    search = ResumeSearch(args.resume, spec, numel) if args.resume is not None else None
+    resume_from = search.next() if search is not None else None
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     try:
         metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
@@ -150,23 +151,24 @@ def build_job(args: argparse.Namespace) -> Job:
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints, checkpoint_failed(metrics)) if checkpoint_dir else None
     rendezvous = Rendezvous() if allreduce else None  # the group's store: served by the Rendezvous RPC
     fast_path_on_gpus = Rendezvous if may_switch else None
-    numel = sum(p.numel() for p in model.parameters())
+    if search is not None:
+        search.report_to(metrics)
     if args.shards > numel:
         raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
     local_shards, shards = open_shards(args, shard_addresses, numel)
     try:
-        while True:  # a checkpoint that verifies but does not load is skipped like a corrupt one: the next older
+        while True:  # a checkpoint that passes its checks but does not load is skipped like a corrupt one: the next older
             coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer,
                                             rendezvous, shards, fast_path_on_gpus)
-            if resume_from is None or candidates is None:
+            if resume_from is None or search is None:
                 break
             path, state, job_changes = resume_from
             try:
                 changes = coordinator.restore(state)
                 break
             except NOT_LOADABLE as exc:
-                warn(f"skipping checkpoint {path.name}: it verifies but cannot be loaded ({type(exc).__name__}: {exc})")
-                resume_from = next_loadable(candidates, spec, args.resume)
+                search.skip(path, exc)
+                resume_from = search.next()
         if resume_from is not None:
             print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
             if job_changes:
