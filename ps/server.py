@@ -24,6 +24,7 @@ from common.job.models import build_model
 from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
 from common.ops.arg_types import is_host_port
 from ps.ops.health import NOT_SERVING, SERVING, Health
+from common.ops.available_memory import available_cpu_bytes
 from common.ops.memory import tune_malloc
 from ps.ops.metrics import MetricsLog
 from ps.ops.port_file import PortFile
@@ -90,8 +91,10 @@ def build_job(args: argparse.Namespace) -> Job:
     if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
         raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
     # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
-    dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed)
-    model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed)
+    # a built-in's options within their ranges and its size within this machine's memory, before it is built
+    dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed, memory_bytes=available_cpu_bytes())
+    model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed,
+                        memory_bytes=available_cpu_bytes())
     settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
     spec = JobSpec(
