@@ -346,17 +346,19 @@ def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:
         health.set_soon(NOT_SERVING)
 
 
-def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None) -> tuple[Endpoint, OnMessage]:
+def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None,
+                     token: str | None = None) -> tuple[Endpoint, OnMessage]:
     """--metrics-port: the job's metrics (fed by its metrics log) and the gRPC message sizes (fed by the
-    handlers' hook it returns) served at http://host:port/metrics. OSError if it cannot listen."""
+    handlers' hook it returns) served at http://host:port/metrics, to the holders of `token` only
+    when one is given. OSError if it cannot listen."""
     endpoint = Endpoint()
     status = job.coordinator.status()
     job_metrics = JobMetrics(endpoint.registry, mode=status["mode"], controller=status["controller"],
                              balance=job.spec.balance, path=status["path"])
     job.metrics.observe(job_metrics.observe)
     messages = MessageMetrics(endpoint.registry)
-    bound = endpoint.start(host, port)
-    print(f"ps-server: metrics on http://{host}:{bound}/metrics", flush=True)
+    bound = endpoint.start(host, port, token)
+    print(f"ps-server: metrics on http://{host}:{bound}/metrics{' (token required)' if token else ''}", flush=True)
     if port_file is not None:
         port_file.write(bound)
     return endpoint, messages.on_message
@@ -458,7 +460,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     endpoint = on_message = None
     try:
         if args.metrics_port is not None:
-            endpoint, on_message = start_prometheus(job, args.host, args.metrics_port, metrics_port_file)
+            token = None if args.metrics_without_token else security.token
+            endpoint, on_message = start_prometheus(job, args.metrics_host, args.metrics_port, metrics_port_file, token)
         run_loop(serve(job, args.host, args.port, port_file, args.grace, security, on_message))
     except OSError as exc:
         job.close_shards()
