@@ -91,10 +91,8 @@ def build_job(args: argparse.Namespace) -> Job:
     if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
         raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
     # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
-    # a built-in's options within their ranges and its size within this machine's memory, before it is built
     dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed, memory_bytes=available_cpu_bytes())
-    model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed,
-                        memory_bytes=available_cpu_bytes())
+    model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed, memory_bytes=available_cpu_bytes())
     settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
     spec = JobSpec(
@@ -154,7 +152,7 @@ def build_job(args: argparse.Namespace) -> Job:
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints, checkpoint_failed(metrics)) if checkpoint_dir else None
     rendezvous = Rendezvous() if allreduce else None  # the group's store: served by the Rendezvous RPC
     fast_path_on_gpus = Rendezvous if may_switch else None
-    if search is not None:
+    if search is not None:  # the files skipped so far, as events
         search.report_to(metrics)
     if args.shards > numel:
         raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
@@ -346,11 +344,9 @@ def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:
         health.set_soon(NOT_SERVING)
 
 
-def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None,
-                     token: str | None = None) -> tuple[Endpoint, OnMessage]:
+def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None, token: str | None = None) -> tuple[Endpoint, OnMessage]:
     """--metrics-port: the job's metrics (fed by its metrics log) and the gRPC message sizes (fed by the
-    handlers' hook it returns) served at http://host:port/metrics, to the holders of `token` only
-    when one is given. OSError if it cannot listen."""
+    handlers' hook it returns) at http://host:port/metrics, to `token`'s holders only (None: anyone). OSError if it cannot listen."""
     endpoint = Endpoint()
     status = job.coordinator.status()
     job_metrics = JobMetrics(endpoint.registry, mode=status["mode"], controller=status["controller"],
@@ -460,8 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     endpoint = on_message = None
     try:
         if args.metrics_port is not None:
-            token = None if args.metrics_without_token else security.token
-            endpoint, on_message = start_prometheus(job, args.metrics_host, args.metrics_port, metrics_port_file, token)
+            endpoint, on_message = start_prometheus(job, args.metrics_host, args.metrics_port, metrics_port_file,
+                                                    None if args.metrics_without_token else security.token)
         run_loop(serve(job, args.host, args.port, port_file, args.grace, security, on_message))
     except OSError as exc:
         job.close_shards()
