@@ -137,16 +137,24 @@ def test_pruning_keeps_the_checkpoint_just_written(tmp_path: Path) -> None:
     assert written.exists() and read_checkpoint(written) == {"step": 5}
 
 
-def test_a_checkpoint_that_verifies_but_does_not_load_is_skipped_on_resume(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    (tmp_path / "first").mkdir()
-    first = start_server(tmp_path / "first", [*JOB, "--epochs", "1", "--checkpoint-dir", str(ckpt)])
+@pytest.fixture(scope="module")
+def finished_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoints of a one-epoch job run to its end by a real server and workers."""
+    workdir = tmp_path_factory.mktemp("finished")
+    ckpt = workdir / "ckpt"
+    cluster = start_server(workdir, [*JOB, "--epochs", "1", "--checkpoint-dir", str(ckpt)])
     try:
         for name in ("w0", "w1"):
-            first.start_worker(name)
-        assert first.wait(120) == 0, first.server_log()
+            cluster.start_worker(name)
+        assert cluster.wait(120) == 0, cluster.server_log()
     finally:
-        first.stop()
+        cluster.stop()
+    return ckpt
+
+
+def test_a_checkpoint_that_verifies_but_does_not_load_is_skipped_on_resume(tmp_path: Path, finished_job: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(finished_job, ckpt)
     good = checkpoint_files(ckpt)[-1]
     state = read_checkpoint(good)
     del state["round"]  # passes the job checks, fails the restore
@@ -194,21 +202,6 @@ BAD_FILES: dict[str, tuple[Callable[[dict], None], str]] = {
     "negative-round": (lambda s: s.update(round=-1), "its round must be a whole number in [0, 9007199254740992], got -1"),
     "huge-samples": (lambda s: s.update(samples=10**30), f"its samples must be a whole number in [0, 9007199254740992], got {10**30}"),
 }
-
-
-@pytest.fixture(scope="module")
-def finished_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The checkpoints of a one-epoch job run to its end by a real server and workers."""
-    workdir = tmp_path_factory.mktemp("finished")
-    ckpt = workdir / "ckpt"
-    cluster = start_server(workdir, [*JOB, "--epochs", "1", "--checkpoint-dir", str(ckpt)])
-    try:
-        for name in ("w0", "w1"):
-            cluster.start_worker(name)
-        assert cluster.wait(120) == 0, cluster.server_log()
-    finally:
-        cluster.stop()
-    return ckpt
 
 
 def spoiled_copy(finished_job: Path, target: Path, spoil: Callable[[dict], None], step: int) -> Path:
