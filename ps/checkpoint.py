@@ -2,7 +2,7 @@
 
 File layout: an 8-byte magic, the SHA-256 of the payload, then a `torch.save` payload. A file
 that is truncated or corrupt fails the checksum and is skipped with a warning on resume, as is one
-that verifies but cannot be loaded. A write that fails (a full disk, a folder made read-only) is
+that verifies but holds a field the server cannot use (ps.rounds.checkpoint_checks). A write that fails (a full disk, a folder made read-only) is
 reported with its cause, its temporary file removed, and the job goes on: the next save tries again.
 To load the model into your own module::
 
@@ -95,20 +95,21 @@ UNREADABLE = (CorruptCheckpoint, RuntimeError, EOFError, OSError, pickle.Unpickl
 """What reading a checkpoint file raises when it cannot be read back (damaged, or not ours)."""
 
 
-def readable_checkpoints(directory: Path, warn: Callable[[str], None]) -> Iterator[tuple[Path, dict[str, Any]]]:
-    """The checkpoints that verify and unpickle, newest first; the others are reported through `warn` and skipped."""
+def readable_checkpoints(directory: Path, skipped: Callable[[Path, str], None]) -> Iterator[tuple[Path, dict[str, Any]]]:
+    """The checkpoints that verify and unpickle, newest first; the others are told to `skipped` with
+    the reason, and skipped."""
     for path in reversed(checkpoint_files(directory)):
         try:
             state = read_checkpoint(path)
         except UNREADABLE as exc:
-            warn(f"skipping checkpoint {path.name}: {exc}")
+            skipped(path, str(exc))
             continue
         yield path, state
 
 
 def latest_checkpoint(directory: Path, warn: Callable[[str], None]) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that verifies; damaged newer ones are reported through `warn` and skipped."""
-    return next(readable_checkpoints(directory, warn), None)
+    return next(readable_checkpoints(directory, lambda path, why: warn(f"skipping checkpoint {path.name}: {why}")), None)
 
 
 def _check_writable(directory: Path) -> None:

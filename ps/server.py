@@ -24,15 +24,16 @@ from common.job.models import build_model
 from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
 from common.ops.arg_types import is_host_port
 from ps.ops.health import NOT_SERVING, SERVING, Health
+from common.ops.available_memory import available_cpu_bytes
 from common.ops.memory import tune_malloc
 from ps.ops.metrics import MetricsLog
 from ps.ops.port_file import PortFile
 from ps.ops.progress import EpochBar, on_terminal
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from common.ops.stack_dump import enable_stack_dump
-from ps.checkpoint import Checkpointer, check_no_other_job, readable_checkpoints
+from ps.checkpoint import Checkpointer, check_no_other_job
 from ps.rounds.adaptive_batch import AdaptiveSettings
-from ps.rounds.resume import NOT_LOADABLE, JobComplete, checkpoint_failed, next_loadable, warn
+from ps.rounds.resume import NOT_LOADABLE, JobComplete, ResumeSearch, checkpoint_failed
 from ps.rounds.asp import AspSettings
 from ps.rounds.checkpoint_state import describe_resume_changes
 from ps.rounds.coordinator import Coordinator
@@ -90,8 +91,8 @@ def build_job(args: argparse.Namespace) -> Job:
     if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
         raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
     # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
-    dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed)
-    model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed)
+    dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed, memory_bytes=available_cpu_bytes())
+    model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed, memory_bytes=available_cpu_bytes())
     settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
     spec = JobSpec(
@@ -136,8 +137,9 @@ def build_job(args: argparse.Namespace) -> Job:
     checkpoint_dir = args.checkpoint_dir or args.resume
     if checkpoint_dir is not None:
         check_no_other_job(checkpoint_dir, args.resume)
-    candidates = readable_checkpoints(args.resume, warn) if args.resume is not None else None
-    resume_from = next_loadable(candidates, spec, args.resume) if candidates is not None else None
+    numel = sum(p.numel() for p in model.parameters())
+    search = ResumeSearch(args.resume, spec, numel) if args.resume is not None else None
+    resume_from = search.next() if search is not None else None
     eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
     try:
         metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
@@ -150,23 +152,24 @@ def build_job(args: argparse.Namespace) -> Job:
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints, checkpoint_failed(metrics)) if checkpoint_dir else None
     rendezvous = Rendezvous() if allreduce else None  # the group's store: served by the Rendezvous RPC
     fast_path_on_gpus = Rendezvous if may_switch else None
-    numel = sum(p.numel() for p in model.parameters())
+    if search is not None:  # the files skipped so far, as events
+        search.report_to(metrics)
     if args.shards > numel:
         raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
     local_shards, shards = open_shards(args, shard_addresses, numel)
     try:
-        while True:  # a checkpoint that verifies but does not load is skipped like a corrupt one: the next older
+        while True:  # a checkpoint that passes its checks but does not load is skipped like a corrupt one: the next older
             coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer,
                                             rendezvous, shards, fast_path_on_gpus)
-            if resume_from is None or candidates is None:
+            if resume_from is None or search is None:
                 break
             path, state, job_changes = resume_from
             try:
                 changes = coordinator.restore(state)
                 break
             except NOT_LOADABLE as exc:
-                warn(f"skipping checkpoint {path.name}: it verifies but cannot be loaded ({type(exc).__name__}: {exc})")
-                resume_from = next_loadable(candidates, spec, args.resume)
+                search.skip(path, exc)
+                resume_from = search.next()
         if resume_from is not None:
             print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
             if job_changes:
@@ -341,17 +344,17 @@ def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:
         health.set_soon(NOT_SERVING)
 
 
-def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None) -> tuple[Endpoint, OnMessage]:
+def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None, token: str | None = None) -> tuple[Endpoint, OnMessage]:
     """--metrics-port: the job's metrics (fed by its metrics log) and the gRPC message sizes (fed by the
-    handlers' hook it returns) served at http://host:port/metrics. OSError if it cannot listen."""
+    handlers' hook it returns) at http://host:port/metrics, to `token`'s holders only (None: anyone). OSError if it cannot listen."""
     endpoint = Endpoint()
     status = job.coordinator.status()
     job_metrics = JobMetrics(endpoint.registry, mode=status.mode, controller=status.controller,
                              balance=job.spec.balance, path=status.path)
     job.metrics.observe(job_metrics.observe)
     messages = MessageMetrics(endpoint.registry)
-    bound = endpoint.start(host, port)
-    print(f"ps-server: metrics on http://{host}:{bound}/metrics", flush=True)
+    bound = endpoint.start(host, port, token)
+    print(f"ps-server: metrics on http://{host}:{bound}/metrics{' (token required)' if token else ''}", flush=True)
     if port_file is not None:
         port_file.write(bound)
     return endpoint, messages.on_message
@@ -453,7 +456,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     endpoint = on_message = None
     try:
         if args.metrics_port is not None:
-            endpoint, on_message = start_prometheus(job, args.host, args.metrics_port, metrics_port_file)
+            endpoint, on_message = start_prometheus(job, args.metrics_host, args.metrics_port, metrics_port_file,
+                                                    None if args.metrics_without_token else security.token)
         run_loop(serve(job, args.host, args.port, port_file, args.grace, security, on_message))
     except OSError as exc:
         job.close_shards()

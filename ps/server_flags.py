@@ -12,6 +12,7 @@ from typing import Any
 
 from ps.control.global_batch.goodput import LR_SCALINGS, AdaptiveConfig
 from ps.control.registry import POLICIES
+from ps.ops.metrics_http import add_endpoint_flags
 from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, SAMPLINGS,
                              STALENESS_LR, WIRE_DTYPES)
 from common.ops.arg_types import (
@@ -224,11 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "and take the whole reply before the next forward, instead of streaming gradient buckets while backward "
                           "runs and the parameters back while the next forward runs")
     net.add_argument("--metrics-log", type=Path, default=None, help="append JSON-lines events here (see docs/metrics.md)")
-    net.add_argument("--metrics-port", type=port_number, default=None,
-                     help="serve Prometheus metrics over HTTP at /metrics on --host:PORT (0 picks a free port, printed "
-                          "at start); unset: no endpoint")
-    net.add_argument("--metrics-port-file", type=Path, default=None,
-                     help="write the bound --metrics-port to this file (for scripts)")
+    add_endpoint_flags(net, "the job's progress and gRPC message bytes")
     net.add_argument("--threads", type=positive_int, default=1, help="torch threads for the optimizer and evaluation")
     net.add_argument("--grace", type=float_at_least(0.0), default=10.0, help="seconds to wait for workers to hear the job ended")
     net.add_argument("--quiet", action="store_true", help="no progress on stderr (a bar when stderr is a terminal, plain lines otherwise)")

@@ -43,7 +43,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "common.ops": frozenset(),
     "common.transport": frozenset({"common.errors", "protos"}),
     "common.job": frozenset({"common.transport", "common.errors", "common.number_checks"}),
-    "common.params": frozenset({"common.job", "common.transport", "common.errors"}),
+    "common.params": frozenset({"common.job", "common.transport", "common.errors", "common.number_checks"}),
     "ps": frozenset(),
     "ps.control": frozenset({"common.number_checks"}),  # pure: no transport, no torch (below)
     "ps.ops": frozenset(COMMON_PARTS),

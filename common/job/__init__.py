@@ -1,3 +1,4 @@
 """What is trained: the job spec every worker gets at Join, the built-in models and datasets (and
-how a name or a ``package.module:function`` path resolves to a factory). May import
+how a name or a ``package.module:function`` path resolves to a factory), the ranges of their options
+and their size estimated before they are built. May import
 common.transport (the model's flat layout), common.errors and common.number_checks."""

@@ -2,13 +2,16 @@
 
 A dataset factory takes (seed, **options) and returns in-memory tensors (`Dataset`) or map-style
 splits (common.job.splits.Splits). Every process that builds the same (name, options, seed) gets
-the same samples and the same train/test split.
+the same samples and the same train/test split. Every built-in declares the range of its options
+(DATASET_RANGES), checked before it runs; a generated set's size is checked against the memory the
+caller says there is before it is drawn (GENERATED_VALUES, common.job.memory_bounds).
 """
 
 from __future__ import annotations
 
 import gzip
 import importlib.util
+import inspect
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +22,8 @@ import torch
 
 from torch.utils.data import TensorDataset
 
+from common.job.memory_bounds import DATA_COPIES, check_fits
+from common.job.option_ranges import FRACTION, PROBABILITY, SCALE, Bound, check_ranges
 from common.job.registry import built, check_options, resolve
 from common.job.splits import Splits
 from common.number_checks import finite, whole
@@ -226,13 +231,50 @@ def _builtins() -> dict[str, Callable[..., TrainingData]]:
 
 
 DATASETS: dict[str, Callable[..., TrainingData]] = _builtins()
+_SIZE, _IMAGE, _CHANNELS, _CLASSES = Bound(2, 2**24), Bound(4, 1024), Bound(1, 64), Bound(2, 2**16)
+DATASET_RANGES: dict[str, dict[str, Bound]] = {
+    "digits": {"test_fraction": FRACTION},
+    "synthetic": {"size": _SIZE, "image_size": _IMAGE, "channels": _CHANNELS, "num_classes": _CLASSES,
+                  "noise": SCALE, "test_fraction": FRACTION},
+    "teacher": {"size": _SIZE, "features": Bound(1, 2**16), "hidden": Bound(1, 2**16), "num_classes": _CLASSES,
+                "label_noise": PROBABILITY, "test_fraction": FRACTION},
+    "patterns": {"size": _SIZE, "image_size": _IMAGE, "channels": _CHANNELS, "num_classes": _CLASSES,
+                 "shift": Bound(0, 1024), "separation": SCALE, "noise": SCALE, "label_noise": PROBABILITY,
+                 "test_fraction": FRACTION},
+    "image_folder": {"test_fraction": FRACTION, "image_size": Bound(0, 4096), "padding": Bound(0, 1024)},
+    "npy_arrays": {"test_fraction": FRACTION, "num_classes": Bound(0, 2**16)},
+}
+"""The range of every built-in's numeric options (a set on disk is as large as its files: only its
+options are bounded)."""
 
 
-def build_dataset(name: str, options: dict, seed: int, allowed: Sequence[str] | None = None) -> TrainingData:
+def _image_values(a: dict) -> int:
+    return (int(a["size"]) + int(a["num_classes"])) * int(a["channels"]) * int(a["image_size"]) ** 2
+
+
+GENERATED_VALUES: dict[str, Callable[[dict], int]] = {
+    "synthetic": _image_values,  # the images and one template per class
+    "patterns": _image_values,
+    "teacher": lambda a: int(a["size"]) * (int(a["features"]) + int(a["hidden"])),  # the inputs and the teacher's layer
+}
+"""The fp32 values a generated set draws, from its arguments (the options and the factory's defaults)."""
+
+
+def build_dataset(name: str, options: dict, seed: int, allowed: Sequence[str] | None = None,
+                  memory_bytes: float | None = None) -> TrainingData:
     """Build the named dataset; errors say which option was wrong, or that the factory's result is
-    not a dataset. A factory path only from a module `allowed` admits (common.job.registry.resolve)."""
+    not a dataset. A factory path only from a module `allowed` admits (common.job.registry.resolve).
+    A built-in's options must lie in their ranges, and with `memory_bytes` (what this process has) a
+    generated set must fit in it, both checked before anything is drawn."""
     factory = resolve(name, DATASETS, "dataset", allowed)
     check_options("dataset", name, factory, options, fixed=1)
+    if name in DATASETS:
+        check_ranges("dataset", name, options, DATASET_RANGES[name])
+        if memory_bytes is not None and name in GENERATED_VALUES:
+            arguments = inspect.signature(factory).bind(seed, **options)
+            arguments.apply_defaults()
+            check_fits(f"dataset {name!r} with options {options}", GENERATED_VALUES[name](arguments.arguments),
+                       DATA_COPIES, memory_bytes)
     dataset = built("dataset", name, options, lambda: factory(seed, **options))
     if not isinstance(dataset, (Dataset, Splits)):
         raise ValueError(f"dataset factory {name!r} returned {type(dataset).__name__}, not common.job.datasets.Dataset "

@@ -1,4 +1,7 @@
-"""Built-in models. A model factory takes (input_shape, num_classes, **options) -> nn.Module."""
+"""Built-in models. A model factory takes (input_shape, num_classes, **options) -> nn.Module.
+
+Every built-in declares the range of its options (MODEL_RANGES), checked before it runs, and its size
+is estimated before it is built when the caller says how much memory there is (common.job.memory_bounds)."""
 
 from __future__ import annotations
 
@@ -8,6 +11,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from common.job.memory_bounds import MODEL_COPIES, check_fits, parameter_count
+from common.job.option_ranges import Bound, check_ranges
 from common.job.registry import built, check_options, resolve
 from common.number_checks import whole
 
@@ -85,14 +90,30 @@ def cnn_bn(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> n
 
 
 MODELS: dict[str, Callable[..., nn.Module]] = {"mlp": mlp, "cnn": cnn, "cnn-bn": cnn_bn}
+MODEL_RANGES: dict[str, dict[str, Bound]] = {
+    "mlp": {"hidden": Bound(1, 16384), "layers": Bound(0, 64)},
+    "cnn": {"width": Bound(1, 1024)},
+    "cnn-bn": {"width": Bound(1, 1024)},
+}
+"""The range of every built-in's options: wide enough for any model these workers train (the widest
+in the benchmarks is hidden=2048), narrow enough that no single option asks for an unbuildable one."""
 
 
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: dict, seed: int,
-                allowed: Sequence[str] | None = None) -> nn.Module:
+                allowed: Sequence[str] | None = None, memory_bytes: float | None = None) -> nn.Module:
     """Build a model with seeded initial weights, so every process gets the same model; a factory
-    path only from a module `allowed` admits (common.job.registry.resolve)."""
+    path only from a module `allowed` admits (common.job.registry.resolve). A built-in's options must
+    lie in their ranges, and with `memory_bytes` (what this process has) its estimated size must fit
+    in it (common.job.memory_bounds), both checked before it is built."""
     factory = resolve(name, MODELS, "model", allowed)
     check_options("model", name, factory, options, fixed=2)
+    if name in MODELS:
+        check_ranges("model", name, options, MODEL_RANGES[name])
+        if memory_bytes is not None:
+            count = built("model", name, options, lambda: parameter_count(
+                lambda: factory(tuple(input_shape), num_classes, **options)))
+            check_fits(f"model {name!r} with options {options} on inputs of shape {tuple(input_shape)}", count,
+                       MODEL_COPIES, memory_bytes)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = built("model", name, options, lambda: factory(tuple(input_shape), num_classes, **options))

@@ -27,6 +27,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 
 from common.job.spec import JobSpec
+from common.params.hyperparameters import check_adam, check_sgd
 from common.transport.magnitude import ROUNDING, exact_magnitude, magnitude, within_limit
 from common.transport.wire import CHUNK_BYTES, spans
 
@@ -116,7 +117,8 @@ class _OneParameterState:
         """ValueError unless `per_param` holds valid entries besides the buffers."""
 
     def _check_group(self, group: dict[str, Any]) -> None:
-        """ValueError for hyperparameters this arithmetic does not implement."""
+        """ValueError for hyperparameters this arithmetic does not implement or the optimizer does not
+        accept (common.params.hyperparameters)."""
 
     def _bound(self, key: str) -> float:
         return self._bounds.get(key, 0.0)
@@ -175,6 +177,9 @@ class SGDSteps(_OneParameterState):
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int) -> None:
         super().__init__(flat, sgd_group(spec), piece_values)
         self._fresh = False  # this step starts the buffer (copies the gradient into it)
+
+    def _check_group(self, group: dict[str, Any]) -> None:
+        check_sgd(group)
 
     def step_bounds(self, grad: float, params: float, lr: float | None = None) -> StepBounds | None:
         """g' = g + wd·θ; buf = m·buf + (1 - dampening)·g' (the first step: g'); the update is buf, or
@@ -258,8 +263,7 @@ class AdamSteps(_OneParameterState):
         self._step = float(per_param["step"])
 
     def _check_group(self, group: dict[str, Any]) -> None:
-        if group.get("amsgrad") or group.get("decoupled_weight_decay"):
-            raise ValueError("the Adam store steps plain Adam: amsgrad and decoupled weight decay are not supported")
+        check_adam(group)
 
     def step_bounds(self, grad: float, params: float, lr: float | None = None) -> StepBounds | None:
         """g' = g + wd·θ; m = lerp(m, g', 1 - β1) stays within max(|m|, |g'|) (its difference within

@@ -11,12 +11,14 @@ removed when the worker leaves or is evicted, so the label set stays as large as
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+from prometheus_client.exposition import choose_encoder
+
+from ps.ops.metrics_http import MetricsHTTPServer
 
 PREFIX = "hetero_ps"
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -24,25 +26,33 @@ SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 
 
 class Endpoint:
-    """A registry and the HTTP endpoint that serves it as /metrics (a daemon thread of prometheus-client)."""
+    """A registry and the HTTP endpoint that serves it as /metrics (ps/ops/metrics_http.py: one thread,
+    bounded connections, the token when one is given)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self._server: Any = None
-        self._thread: threading.Thread | None = None
+        self._server: MetricsHTTPServer | None = None
 
-    def start(self, host: str, port: int) -> int:
-        """Serve /metrics on host:port (0: a free port); returns the port. OSError with one line if it cannot."""
+    def start(self, host: str, port: int, token: str | None = None) -> int:
+        """Serve /metrics on host:port (0: a free port), to the holders of `token` only when one is
+        given; returns the port. OSError with one line if it cannot."""
+        server = MetricsHTTPServer(self.render, token)
         try:
-            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+            bound = server.start(host, port)
         except OSError as exc:
+            server.close()
             raise OSError(f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}") from None
-        return int(self._server.server_port)
+        self._server = server
+        return bound
+
+    def render(self, accept: str) -> tuple[bytes, str]:
+        """The registry in the exposition format `accept` asks for (OpenMetrics or Prometheus text)."""
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
 
     def close(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None
 
 

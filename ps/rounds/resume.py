@@ -1,50 +1,87 @@
 """Which checkpoint a `ps-server --resume` continues from, and what a checkpoint write that fails tells.
 
-The newest checkpoint that verifies (ps.checkpoint) and loads: one that verifies but lacks what this
-server reads is skipped like a corrupt one, with a warning naming it, for the next older."""
+The newest checkpoint that verifies (ps.checkpoint), passes every check of its fields
+(ps.rounds.checkpoint_checks) and loads: any other is skipped with a warning naming it and why, and a
+`checkpoint_skipped` event, for the next older. Only when none is left does the resume stop, naming
+each file and its reason."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from common.job.spec import JobSpec
+from ps.checkpoint import readable_checkpoints
 from ps.ops.metrics import MetricsLog
-from ps.rounds.checkpoint_state import resume_changes
+from ps.rounds.checkpoint_checks import InvalidCheckpoint, check_checkpoint
 
 
 class JobComplete(Exception):
     """--resume of a job whose checkpoint is at its last epoch: there is nothing to train."""
 
 
-NOT_LOADABLE = (KeyError, TypeError, IndexError, AttributeError, RuntimeError)
-"""What a checkpoint that verifies but lacks what this server reads raises while it is loaded."""
+NOT_LOADABLE = (InvalidCheckpoint, ValueError, KeyError, TypeError, IndexError, AttributeError, RuntimeError)
+"""What a checkpoint that verifies but holds what this server cannot use raises while it is checked or loaded."""
 
 
 def warn(message: str) -> None:
     print(f"ps-server: warning: {message}", file=sys.stderr, flush=True)
 
 
-def next_loadable(candidates: Iterator[tuple[Path, dict[str, Any]]], spec: JobSpec,
-                  directory: Path) -> tuple[Path, dict[str, Any], dict[str, tuple[Any, Any]]]:
-    """The next checkpoint (newest first) whose job matches `spec` and reads: (path, state, its job changes).
-    ValueError when none is left; JobComplete when it is at the job's last epoch."""
-    for path, state in candidates:
-        try:
-            changes = resume_changes(state, spec)
-            epoch = int(state["epoch"])
-        except NOT_LOADABLE as exc:
-            warn(f"skipping checkpoint {path.name}: it verifies but cannot be loaded ({type(exc).__name__}: {exc})")
-            continue
-        if epoch >= spec.epochs:
-            raise JobComplete(
-                f"the job in {directory} is complete ({path.name}: epoch {epoch} of {spec.epochs}); "
-                f"nothing to train: resume with --epochs above {epoch} to extend it"
-            )
-        return path, state, changes
-    raise ValueError(f"--resume {directory}: no valid checkpoint there")
+Candidate = tuple[Path, dict[str, Any], dict[str, tuple[Any, Any]]]
+"""A checkpoint that passed its checks: (path, state, the job settings that differ from it)."""
+
+
+class ResumeSearch:
+    """The checkpoints of `--resume DIR`, newest first, each skipped with its reason until one is usable."""
+
+    def __init__(self, directory: Path, spec: JobSpec, numel: int) -> None:
+        self.directory = directory
+        self.spec = spec
+        self.numel = numel
+        self.skipped: list[tuple[str, str]] = []  # (file name, why), oldest skip first
+        self._metrics: MetricsLog | None = None
+        self._candidates = readable_checkpoints(directory, self._skip)
+
+    def report_to(self, metrics: MetricsLog) -> None:
+        """Write a `checkpoint_skipped` event for every file skipped so far, and for the later ones."""
+        self._metrics = metrics
+        for name, reason in self.skipped:
+            metrics.write("checkpoint_skipped", path=str(self.directory / name), reason=reason)
+
+    def skip(self, path: Path, exc: BaseException) -> None:
+        """A checkpoint that verifies but cannot be used: skipped with its reason."""
+        reason = str(exc) if isinstance(exc, InvalidCheckpoint) else f"{type(exc).__name__}: {exc}"
+        self._skip(path, f"it verifies but cannot be loaded ({reason})")
+
+    def next(self) -> Candidate:
+        """The next usable checkpoint (newest first). ValueError naming every file skipped when none is
+        left; JobComplete when it is at the job's last epoch."""
+        for path, state in self._candidates:
+            try:
+                changes = check_checkpoint(state, self.spec, self.numel)
+            except NOT_LOADABLE as exc:
+                self.skip(path, exc)
+                continue
+            epoch = state["epoch"]
+            if epoch >= self.spec.epochs:
+                raise JobComplete(
+                    f"the job in {self.directory} is complete ({path.name}: epoch {epoch} of {self.spec.epochs}); "
+                    f"nothing to train: resume with --epochs above {epoch} to extend it"
+                )
+            return path, state, changes
+        if not self.skipped:
+            raise ValueError(f"--resume {self.directory}: no checkpoint there")
+        reasons = "; ".join(f"{name}: {reason}" for name, reason in reversed(self.skipped))
+        raise ValueError(f"--resume {self.directory}: no usable checkpoint there ({reasons})")
+
+    def _skip(self, path: Path, reason: str) -> None:
+        warn(f"skipping checkpoint {path.name}: {reason}")
+        self.skipped.append((path.name, reason))
+        if self._metrics is not None:
+            self._metrics.write("checkpoint_skipped", path=str(path), reason=reason)
 
 
 def checkpoint_failed(metrics: MetricsLog) -> Callable[[int, str], None]:

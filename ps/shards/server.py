@@ -23,6 +23,7 @@ import torch
 from common.ops.arg_types import port_number, positive_int
 from ps.ops.health import OVERALL, SERVING, Health
 from common.ops.memory import tune_malloc
+from ps.ops.metrics_http import add_endpoint_flags
 from ps.ops.port_file import PortFile
 from ps.ops.prometheus import Endpoint, MessageMetrics
 from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, ControlKeyInterceptor, resolve_shard_key
@@ -46,11 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
     p.add_argument("--port", type=port_number, default=0, help="0 picks a free port (printed at start)")
     p.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
-    p.add_argument("--metrics-port", type=port_number, default=None,
-                   help="serve Prometheus metrics (this shard's gRPC message bytes) over HTTP at /metrics on "
-                        "--host:PORT (0 picks a free port, printed at start); unset: no endpoint")
-    p.add_argument("--metrics-port-file", type=Path, default=None,
-                   help="write the bound --metrics-port to this file (for scripts)")
+    add_endpoint_flags(p, "this shard's gRPC message bytes")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads for the optimizer step")
     p.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
     p.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="PEM private key of --tls-cert")
@@ -129,8 +126,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.metrics_port is not None:
             endpoint = Endpoint()
             on_message = MessageMetrics(endpoint.registry).on_message
-            bound = endpoint.start(args.host, args.metrics_port)
-            print(f"ps-shard: metrics on http://{args.host}:{bound}/metrics", flush=True)
+            token = None if args.metrics_without_token else security.token
+            bound = endpoint.start(args.metrics_host, args.metrics_port, token)
+            print(f"ps-shard: metrics on http://{args.metrics_host}:{bound}/metrics{' (token required)' if token else ''}",
+                  flush=True)
             if metrics_port_file is not None:
                 metrics_port_file.write(bound)
         run_loop(serve_shard(args.host, args.port, port_file, security, on_message, shard_key=shard_key,

@@ -1,15 +1,19 @@
 """Checkpoint faults: a disk that fills up mid-job (a tiny tmpfs, with a real ps-server and workers),
 then frees again; stale temporary files; a pending save superseded by a newer one; pruning after a
-step below the older files'; and a resume past a checkpoint that verifies but does not load."""
+step below the older files'; a resume past a checkpoint that verifies but does not load, and past
+each kind of checksum-valid but bad file to the older good one; and a resume with no usable file."""
 
 from __future__ import annotations
 
+import math
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +21,7 @@ import pytest
 
 from ps.checkpoint import Checkpointer, checkpoint_files, read_checkpoint, write_checkpoint
 from ps.rounds.checkpoint_state import CHECKPOINT_FORMAT
-from tests.processes import start_server
+from tests.processes import ENV, start_server
 from tests.fault_jobs import wait_for
 
 JOB = ["--workers", "2", "--model-arg", "hidden=256", "--dataset", "digits", "--global-batch", "128", "--lr", "0.1",
@@ -133,16 +137,24 @@ def test_pruning_keeps_the_checkpoint_just_written(tmp_path: Path) -> None:
     assert written.exists() and read_checkpoint(written) == {"step": 5}
 
 
-def test_a_checkpoint_that_verifies_but_does_not_load_is_skipped_on_resume(tmp_path: Path) -> None:
-    ckpt = tmp_path / "ckpt"
-    (tmp_path / "first").mkdir()
-    first = start_server(tmp_path / "first", [*JOB, "--epochs", "1", "--checkpoint-dir", str(ckpt)])
+@pytest.fixture(scope="module")
+def finished_job(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The checkpoints of a one-epoch job run to its end by a real server and workers."""
+    workdir = tmp_path_factory.mktemp("finished")
+    ckpt = workdir / "ckpt"
+    cluster = start_server(workdir, [*JOB, "--epochs", "1", "--checkpoint-dir", str(ckpt)])
     try:
         for name in ("w0", "w1"):
-            first.start_worker(name)
-        assert first.wait(120) == 0, first.server_log()
+            cluster.start_worker(name)
+        assert cluster.wait(120) == 0, cluster.server_log()
     finally:
-        first.stop()
+        cluster.stop()
+    return ckpt
+
+
+def test_a_checkpoint_that_verifies_but_does_not_load_is_skipped_on_resume(tmp_path: Path, finished_job: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(finished_job, ckpt)
     good = checkpoint_files(ckpt)[-1]
     state = read_checkpoint(good)
     del state["round"]  # passes the job checks, fails the restore
@@ -160,3 +172,91 @@ def test_a_checkpoint_that_verifies_but_does_not_load_is_skipped_on_resume(tmp_p
         assert event["step"] == int(good.name[5:15])
     finally:
         resumed.stop()
+
+
+def bad_momentum(state: dict) -> None:
+    state["optimizer"]["param_groups"][0]["momentum"] = math.nan
+
+
+def bad_maximize(state: dict) -> None:
+    state["optimizer"]["param_groups"][0]["maximize"] = True
+
+
+def bad_dampening(state: dict) -> None:
+    state["optimizer"]["param_groups"][0]["dampening"] = -5
+
+
+def nan_parameter(state: dict) -> None:
+    state["params"][3] = math.nan
+
+
+BAD_FILES: dict[str, tuple[Callable[[dict], None], str]] = {
+    # each: what spoils a good state, and the reason the server gives for skipping the file
+    "spec-not-json": (lambda s: s.update(spec="{not json"), "its job spec: the job spec is not JSON"),
+    "epoch-abc": (lambda s: s.update(epoch="abc"), "its epoch must be a whole number in [0, 1000000], got 'abc'"),
+    "nan-parameter": (nan_parameter, "its params hold NaN or Inf values"),
+    "junk-policy": (lambda s: s.update(controller={"junk": [1, 2]}), "its batch policy state does not restore"),
+    "momentum-nan": (bad_momentum, "the optimizer's momentum must be a number in [0, 1), got nan"),
+    "maximize": (bad_maximize, "the optimizer's maximize must be False, got True"),
+    "dampening": (bad_dampening, "the optimizer's dampening must be a number in [0, 1], got -5"),
+    "negative-round": (lambda s: s.update(round=-1), "its round must be a whole number in [0, 9007199254740992], got -1"),
+    "huge-samples": (lambda s: s.update(samples=10**30), f"its samples must be a whole number in [0, 9007199254740992], got {10**30}"),
+}
+
+
+def spoiled_copy(finished_job: Path, target: Path, spoil: Callable[[dict], None], step: int) -> Path:
+    """`target`: a copy of the job's checkpoints and a newer file, checksum-valid, of its newest state spoilt."""
+    shutil.copytree(finished_job, target)
+    state = read_checkpoint(checkpoint_files(target)[-1])
+    spoil(state)
+    return write_checkpoint(target, state, step, keep=10)
+
+
+@pytest.mark.parametrize("case", list(BAD_FILES))
+def test_a_bad_newest_checkpoint_is_skipped_for_the_older_good_one(tmp_path: Path, finished_job: Path, case: str) -> None:
+    spoil, reason = BAD_FILES[case]
+    ckpt = tmp_path / "ckpt"
+    good = checkpoint_files(finished_job)[-1]
+    bad = spoiled_copy(finished_job, ckpt, spoil, 900)
+    (tmp_path / "resumed").mkdir()
+    resumed = start_server(tmp_path / "resumed", [*JOB, "--epochs", "2", "--resume", str(ckpt)])
+    try:
+        wait_for(lambda: bool(resumed.events("resume")), 60, "the resume")
+        log = resumed.server_log()
+        (line,) = [x for x in log.splitlines() if x.startswith(f"ps-server: warning: skipping checkpoint {bad.name}: ")]
+        assert "it verifies but cannot be loaded (" in line and reason in line, log
+        assert f"resuming from {ckpt / good.name}" in log, log
+        (skipped,) = resumed.events("checkpoint_skipped")
+        assert skipped["path"] == str(bad) and reason in skipped["reason"]
+        (event,) = resumed.events("resume")
+        assert event["step"] == int(good.name[5:15])
+        for name in ("w0", "w1"):
+            resumed.start_worker(name)
+        assert resumed.wait(120) == 0, resumed.server_log()  # trains on to the end of epoch 2
+    finally:
+        resumed.stop()
+    (summary,) = resumed.events("summary")
+    assert summary["epochs"] == 2 and summary["rounds"] > event["round"]
+
+
+def test_a_resume_with_no_usable_checkpoint_stops_naming_each_file_and_why(tmp_path: Path, finished_job: Path) -> None:
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    state = read_checkpoint(checkpoint_files(finished_job)[-1])
+    named = {}
+    for step, (case, (spoil, reason)) in enumerate(BAD_FILES.items(), start=900):
+        spoilt = {**state, "optimizer": {**state["optimizer"], "param_groups": [dict(state["optimizer"]["param_groups"][0])]},
+                  "params": state["params"].clone()}
+        spoil(spoilt)
+        named[write_checkpoint(ckpt, spoilt, step, keep=100).name] = reason
+    (ckpt / "ckpt-0000000999.pt").write_bytes(b"HPSCKPT1 truncated")
+    named["ckpt-0000000999.pt"] = "not a checkpoint (bad header or truncated)"
+    done = subprocess.run([sys.executable, "-m", "ps.server", "--port", "0", *JOB, "--epochs", "2", "--resume", str(ckpt)],
+                          capture_output=True, text=True, timeout=120, env=ENV, check=False)
+    assert done.returncode == 2, done.stderr
+    (error,) = [line for line in done.stderr.splitlines() if line.startswith("ps-server: error:")]
+    assert error.startswith(f"ps-server: error: --resume {ckpt}: no usable checkpoint there ("), error
+    for name, reason in named.items():
+        assert f"{name}: " in error and reason in error, (name, reason, error)
+        assert f"ps-server: warning: skipping checkpoint {name}: " in done.stderr
+    assert "listening" not in done.stdout

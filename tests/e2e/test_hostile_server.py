@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -251,3 +252,32 @@ def test_a_shard_on_a_host_other_than_the_servers_is_never_contacted_unless_allo
         assert listener.connections > 0  # allowed: the worker went there
     finally:
         listener.close()
+
+
+@pytest.mark.parametrize(
+    ("options", "needle"),
+    [
+        ({"hidden": 16, "layers": 3000000}, "layers must be in [0, 64], got 3000000"),
+        ({"hidden": 60000}, "hidden must be in [1, 16384], got 60000"),
+        ({"hidden": 16384, "layers": 64}, "needs about"),  # in range: 17 billion parameters, beyond any worker's memory
+    ],
+    ids=["3M-layers", "60k-hidden", "beyond-memory"],
+)
+def test_a_model_beyond_the_workers_bounds_is_refused_before_it_is_built(
+    tmp_path: Path, options: dict[str, Any], needle: str
+) -> None:
+    """No --max-batch: the worker builds the job from Status to probe its memory, before it joins."""
+    start = time.monotonic()
+    run = run_worker(Scenario(spec={**GOOD_SPEC, "model_options": options}), tmp_path)
+    took = time.monotonic() - start
+    line = refused(run, needle)
+    assert "this worker cannot build the job's data and model" in line and run.code == 2
+    assert "Join" not in run.calls and took < 60, (took, run.stderr)
+
+
+def test_a_model_beyond_the_workers_bounds_after_join_is_refused_and_the_worker_leaves(tmp_path: Path) -> None:
+    """With --max-batch the worker joins first and builds the job after: it refuses, leaves, pushes nothing."""
+    run = run_worker(Scenario(spec={**GOOD_SPEC, "model_options": {"hidden": 16, "layers": 3000000}}), tmp_path,
+                     "--max-batch", "16")
+    refused(run, "layers must be in [0, 64], got 3000000")
+    assert run.code != 0 and "Leave" in run.calls and "Pull" not in run.calls and "Push" not in run.calls

@@ -1,4 +1,5 @@
-"""A real Prometheus server scrapes a real training run's /metrics and answers PromQL over its HTTP API.
+"""A real Prometheus server scrapes a real training run's /metrics and answers PromQL over its HTTP API,
+and with the server's token in its scrape configuration reads a server whose token guards /metrics.
 
 Marked `prometheus`, which the default `python -m pytest -q` deselects: run it with
 `python -m pytest -q -m prometheus`. It needs the `prometheus` binary (Debian's package, which
@@ -62,20 +63,22 @@ def get(url: str) -> tuple[int, bytes]:
 @pytest.fixture
 def prometheus(tmp_path: Path, prometheus_binary: str) -> Iterator[Callable[[str], str]]:
     """`prometheus(target)` starts a Prometheus server on loopback that scrapes http://target/metrics
-    every second, waits until it is ready and returns its base URL; it is stopped at the end."""
+    every second (`credentials`: with `Authorization: Bearer CREDENTIALS`), waits until it is ready and
+    returns its base URL; it is stopped at the end."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(target: str) -> str:
-        port = free_port()
-        config = tmp_path / "prometheus.yml"
+    def start(target: str, credentials: str | None = None) -> str:
+        port, n = free_port(), len(started)
+        config = tmp_path / f"prometheus-{n}.yml"
+        authorization = f"    authorization:\n      credentials: {credentials}\n" if credentials else ""
         config.write_text(
             "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
-            "scrape_configs:\n  - job_name: hetero_ps\n    static_configs:\n"
+            f"scrape_configs:\n  - job_name: hetero_ps\n{authorization}    static_configs:\n"
             f"      - targets: ['{target}']\n")
-        log = tmp_path / "prometheus.log"
+        log = tmp_path / f"prometheus-{n}.log"
         with open(log, "w") as out:
             started.append(subprocess.Popen(
-                [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                [prometheus_binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / f'tsdb-{n}'}",
                  f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"], stdout=out, stderr=subprocess.STDOUT))
         base = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 60
@@ -141,5 +144,27 @@ def test_prometheus_scrapes_a_run_and_answers_rate_queries(tmp_path: Path, prome
             query(base, promql)
         cluster.server.send_signal(signal.SIGTERM)
         assert cluster.wait(60) == 0, cluster.server_log()
+    finally:
+        cluster.stop()
+
+
+def test_prometheus_with_the_token_scrapes_a_server_that_has_one_and_without_it_does_not(tmp_path: Path, prometheus) -> None:
+    """The scrape configuration of docs/operations.md (`authorization: credentials`) reads a server whose
+    token guards /metrics; a Prometheus without it sees the target down (401)."""
+    token = "scrape-t0ken"
+    metrics_port_file = tmp_path / "metrics.port"
+    cluster = start_server(tmp_path, [*JOB, "--token", token, "--metrics-port", "0", "--metrics-port-file", str(metrics_port_file)])
+    try:
+        target = f"127.0.0.1:{int(metrics_port_file.read_text())}"
+        with_token, without = prometheus(target, token), prometheus(target)
+        (info,) = positive(with_token, 'hetero_ps_job_info{job="hetero_ps"}')
+        assert info["metric"]["mode"] == "bsp"
+        positive(with_token, 'up{job="hetero_ps"}')
+        deadline = time.monotonic() + 60
+        while not query(without, 'up{job="hetero_ps"}'):
+            assert time.monotonic() < deadline, "the Prometheus without the token never scraped"
+            time.sleep(0.5)
+        (down,) = query(without, 'up{job="hetero_ps"}')
+        assert down["value"][1] == "0" and not query(without, "hetero_ps_job_info")
     finally:
         cluster.stop()

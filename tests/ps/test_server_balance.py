@@ -4,6 +4,7 @@ the spec fields a resume may change."""
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -205,3 +206,13 @@ def test_the_epoch_line_follows_the_balance_the_job_chose(capsys: pytest.Capture
         "--allreduce auto: the collective fast path (every worker computes on a GPU of its own; the controller "
         "balances compute time)",
     ]
+
+
+def test_the_server_refuses_a_model_out_of_range_or_beyond_its_memory_before_building_it() -> None:
+    """The server's own build of the job checks what a worker's does: ranges, then the estimated size."""
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=r"layers must be in \[0, 64\], got 3000000"):
+        build_job(job_args("--model-arg", "layers=3000000"))
+    with pytest.raises(ValueError, match=r"model 'mlp' with options \{'hidden': 16384, 'layers': 64\} .* needs about .* GiB"):
+        build_job(job_args("--model-arg", "hidden=16384", "--model-arg", "layers=64"))
+    assert time.monotonic() - start < 10

@@ -18,7 +18,6 @@ import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +25,7 @@ from torch import nn
 
 from common.job.spec import JobSpec
 from common.job.splits import sample_batch
+from common.ops.available_memory import available_cpu_bytes
 from worker.data.job_build import BuiltJob, JobSetupError, build_job
 
 
@@ -43,24 +43,6 @@ class MemoryProbe:
     fixed_bytes: float
     available_bytes: float
     max_batch: int
-
-
-def available_cpu_bytes(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> float:
-    """Memory this process may still take: MemAvailable, or the cgroup v2 limit less its usage if lower."""
-    available = math.inf
-    try:
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                available = float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            available = min(available, float(limit) - float((cgroup / "memory.current").read_text()))
-    except (OSError, ValueError):
-        pass
-    return available
 
 
 def _step_bytes(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: torch.device) -> float:

@@ -3,10 +3,13 @@ exporter's bookkeeping of per-worker series (pure: events in, samples out)."""
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
 from collections.abc import Callable
 from pathlib import Path
 
@@ -15,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
+from ps.ops.metrics_http import MAX_CONNECTIONS
 from ps.ops.prometheus import JobMetrics
 from ps.server import main as server_main
 from tests.processes import ENV, start_server
@@ -22,6 +26,7 @@ from tests.metrics_scrape import Samples, scrape, value
 
 JOB = ["--quiet", "--workers", "2", "--model-arg", "hidden=16", "--global-batch", "64", "--epochs", "1000"]
 WORKER = ("--slowdown", "10", "--retry-for", "0")
+TOKEN = "metrics-t0ken"
 
 
 def workers_in(samples: Samples) -> set[str]:
@@ -91,6 +96,42 @@ def test_metrics_flags_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture
     shard = subprocess.run([sys.executable, "-m", "ps.shards.server", "--metrics-port-file", str(tmp_path / "p")],
                            env=ENV, capture_output=True, text=True, timeout=60)
     assert shard.returncode == 2 and "ps-shard: error: --metrics-port-file needs --metrics-port" in shard.stderr
+
+
+def test_idle_sockets_leave_the_servers_threads_bounded_and_the_page_needs_the_token(tmp_path: Path) -> None:
+    """600 idle sockets to a real server's --metrics-port: its thread count (/proc/PID/task) and open
+    files stay bounded and /metrics still answers, to the token's holders only; --metrics-without-token
+    serves it to anyone."""
+    port_file = tmp_path / "metrics.port"
+    cluster = start_server(tmp_path, [*JOB, "--token", TOKEN, "--metrics-port", "0", "--metrics-port-file", str(port_file)])
+    try:
+        port, pid = int(port_file.read_text()), cluster.server.pid
+        assert f"ps-server: metrics on http://127.0.0.1:{port}/metrics (token required)" in cluster.server_log()
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            scrape(port)
+        assert refused.value.code == 401
+        assert value(scrape(port, TOKEN), "hetero_ps_steps_total") == 0
+        threads, files = len(os.listdir(f"/proc/{pid}/task")), len(os.listdir(f"/proc/{pid}/fd"))
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(600)]
+        try:
+            time.sleep(1.0)
+            assert value(scrape(port, TOKEN), "hetero_ps_steps_total") == 0
+            assert len(os.listdir(f"/proc/{pid}/task")) <= threads + 2, (threads, len(os.listdir(f"/proc/{pid}/task")))
+            assert len(os.listdir(f"/proc/{pid}/fd")) <= files + MAX_CONNECTIONS + 2
+        finally:
+            for sock in idle:
+                sock.close()
+        cluster.server.send_signal(signal.SIGTERM)
+        assert cluster.wait(60) == 0, cluster.server_log()
+    finally:
+        cluster.stop()
+    (tmp_path / "open").mkdir()
+    cluster = start_server(tmp_path / "open", [*JOB, "--token", TOKEN, "--metrics-port", "0", "--metrics-without-token",
+                                               "--metrics-port-file", str(port_file)])
+    try:
+        assert value(scrape(int(port_file.read_text())), "hetero_ps_steps_total") == 0
+    finally:
+        cluster.stop()
 
 
 # ---------------------------------------------------------------- the exporter alone
