@@ -43,7 +43,6 @@ from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
 from common.transport.messages import PushTimes, StepHeader
 import worker.transport.server_checks as server_checks
-import worker.probes.cpu_parts as cpu_parts
 from worker.transport.bucket_stream import BucketStream
 from worker.transport.cancelled_push import after_cancelled_stream
 from worker.transport.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
@@ -58,6 +57,7 @@ from worker.paths.path_parts import PathParts, ProcessSession
 from worker.timing.own_time import OwnTime, push_own_ms
 from worker.transport.reconnect import rejoin_with_backoff
 from worker.paths.regroup import await_regroup, generation_stands
+from worker.probes.cpu_parts import PROBE
 from worker.probes.resources import burn_cpu, slowdown_delay
 from worker.data.sampler import ElasticBatchSampler
 from worker.data.slices import OwnData, SliceSource, TrainedLog
@@ -211,7 +211,7 @@ class Session:
     # ---------------------------------------------------------------- training
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch of the planned size; starts this step's compute timer."""
-        cpu_parts.round_begins(self.steps)  # an audit hook for benchmarks (off unless $PS_CPU_PARTS is set)
+        PROBE.round_begins(self.steps)  # an audit hook for benchmarks (does nothing unless $PS_CPU_PARTS is set)
         self._fetch_started, self._fetch_cpu = time.perf_counter(), time.process_time()
         if self._parts.collective is not None and self.device.type == "cpu":
             self._push_ms = self._own_time.own_ms(self._fetch_cpu)
@@ -219,7 +219,7 @@ class Session:
             self.exposed_ms = (self._fetch_started - self._compute_end) * 1000.0
             self._compute_end = None
         x, y = self._batches.next(self._sampler.batch_size)
-        cpu_parts.batch_drawn()
+        PROBE.batch_drawn()
         self._drawn, self.data_wait_ms = len(y), self._batches.wait_ms
         self._drawn_step = (self.plan, self._sampler.taken()) if isinstance(self._sampler, SliceSource) else None
         if self._parts.buckets is not None:
@@ -272,7 +272,7 @@ class Session:
         """Push this step's gradients; return once the new parameters are in the model."""
         if self._fetch_started is None:
             raise RuntimeError("step() called without a batch: use batches() or next_batch() first")
-        cpu_parts.compute_ends()
+        PROBE.compute_ends()
         burn_cpu(self.step_overhead_ms)
         synchronize(self.device)
         waited_ms = self._parts.arrivals.take_waited_ms()  # the forward's wait for parameters: exposed, not compute

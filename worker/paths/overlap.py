@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from common.transport.wire import CHUNK_BYTES
-import worker.probes.cpu_parts as cpu_parts
+from worker.probes.cpu_parts import PROBE
 
 BUCKET_VALUES = CHUNK_BYTES // 4
 """Values per bucket (at least: a parameter larger than this is a bucket of its own): one fp32 wire chunk."""
@@ -134,7 +134,7 @@ class BucketPush:
         return ready
 
     def _ready(self, index: int, param: torch.Tensor) -> None:
-        with cpu_parts.part("push_copy"), self._lock:
+        with PROBE.part("push_copy"), self._lock:
             if self._open is None or self._spoiled:
                 return
             if index in self._counted:  # a second backward before step(): what went out is stale
@@ -200,7 +200,7 @@ class BucketPush:
         with self._lock:
             if self._open is None:
                 return None
-            with cpu_parts.part("push_check"):
+            with PROBE.part("push_check"):
                 stale = self._spoiled or self._stale()
             if stale:
                 if self._stream is not None:
@@ -209,7 +209,7 @@ class BucketPush:
                 self._forget()
                 self.fallbacks += 1
                 return None
-            with cpu_parts.part("push_copy"):
+            with PROBE.part("push_copy"):
                 for k, bucket in enumerate(self.buckets):
                     if not self._sent[k]:
                         for i in bucket.members:

@@ -32,7 +32,7 @@ from common.transport.proto_convert import (join_from_proto, push_meta_to_proto,
 from common.transport.security import PathArg
 from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
 import worker.transport.server_checks as server_checks
-import worker.probes.cpu_parts as cpu_parts
+from worker.probes.cpu_parts import PROBE
 from worker.transport.channel import open_channel
 from worker.transport.bucket_stream import BucketStream, Lane, PushTiming
 from worker.transport.arrivals import Arrivals
@@ -45,6 +45,9 @@ LEAVE_TIMEOUT_S = 10.0  # PSClient.leave: how long to wait for the server to ans
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 _NO_VALUES = torch.empty(0)
+PushCall = Callable[[Iterator[bytes]], Any]
+"""A server's Push: the serialized chunks in, the reply's chunks out (a gRPC call, its requests counted
+by the probe when the CPU-parts audit is on: worker.probes.cpu_parts)."""
 
 
 class ServerError(RuntimeError):
@@ -81,7 +84,7 @@ class _ShardLink:
 
     target: ShardTarget
     channel: grpc.Channel
-    push: grpc.StreamStreamMultiCallable
+    push: PushCall
     pull: grpc.UnaryStreamMultiCallable
 
 
@@ -265,7 +268,7 @@ class PSClient:
             timing.uploaded = time.perf_counter()
 
         if not self._shards or kind != "values":
-            return functools.partial(_finish, self._push(cpu_parts.iterated("push_send", requests(values, header))), out, timing)
+            return functools.partial(_finish, self._push(requests(values, header)), out, timing)
         own = self._own_stop
         assert own is not None and self._pool is not None
         header.num_values = own
@@ -274,8 +277,8 @@ class PSClient:
             head = ps_pb2.PushHeader()
             head.CopyFrom(header)
             head.num_values = link.target.stop - link.target.start
-            calls.append(link.push(cpu_parts.iterated("push_send", requests(values[link.target.start : link.target.stop], head))))
-        return functools.partial(self._gather, self._push(cpu_parts.iterated("push_send", requests(values[:own], header))), calls, out)
+            calls.append(link.push(requests(values[link.target.start : link.target.stop], head)))
+        return functools.partial(self._gather, self._push(requests(values[:own], header)), calls, out)
 
     def open_push(self, worker_id: str, out: torch.Tensor, *, round: int, version: int, batch_size: int,
                   wire_dtype: str, numel: int) -> BucketStream:
@@ -286,8 +289,8 @@ class PSClient:
         ranges = [(0, numel if self._own_stop is None else self._own_stop)]
         ranges += [(link.target.start, link.target.stop) for link in self._shards]
         lanes = [Lane(start, stop, header, wire_dtype, self.chunk_bytes) for start, stop in ranges]
-        calls = [self._push(cpu_parts.iterated("push_send", lanes[0].requests()))]
-        calls += [link.push(cpu_parts.iterated("push_send", lane.requests())) for link, lane in zip(self._shards, lanes[1:], strict=True)]
+        calls = [self._push(lanes[0].requests())]
+        calls += [link.push(lane.requests()) for link, lane in zip(self._shards, lanes[1:], strict=True)]
         timing = self.last_push = PushTiming()
         lanes[0].timing = timing
         streamed = functools.partial(self._stream_reply, calls[0], calls[1:], out, timing)
@@ -406,14 +409,15 @@ class PSClient:
             raise _error(exc) from None
 
 
-_PARAMS_CHUNK = cpu_parts.timed("receive", data_view_parser(ps_pb2.ParamsChunk))  # replies' data as views of the received bytes
+_PARAMS_CHUNK = PROBE.timed("receive", data_view_parser(ps_pb2.ParamsChunk))  # replies' data as views of the received bytes
 
 
-def _push_call(channel: grpc.Channel, service: str) -> grpc.StreamStreamMultiCallable:
+def _push_call(channel: grpc.Channel, service: str) -> PushCall:
     """`service`'s Push, taking serialized PushChunks (common/transport/serialized.py) as well as messages."""
     full_name = ps_pb2.DESCRIPTOR.services_by_name[service].full_name
-    return channel.stream_stream(f"/{full_name}/Push", request_serializer=passthrough(ps_pb2.PushChunk.SerializeToString),
+    call = channel.stream_stream(f"/{full_name}/Push", request_serializer=passthrough(ps_pb2.PushChunk.SerializeToString),
                                  response_deserializer=_PARAMS_CHUNK)
+    return PROBE.fed("push_send", call)
 
 
 def _pull_call(channel: grpc.Channel, service: str) -> grpc.UnaryStreamMultiCallable:
@@ -449,10 +453,10 @@ def _receive_lane(stream: Iterator[DataChunk], out: torch.Tensor, arrivals: Arri
     try:
         first = _first_chunk(stream) if first is None else first
         h = first.fields.header
-        with _checked_reply(), cpu_parts.part("receive"):
+        with _checked_reply(), PROBE.part("receive"):
             receiver = FlatReceiver(out, h.num_values, h.wire_dtype, check_finite=False)
             for chunk in itertools.chain([first], stream):
-                with cpu_parts.part("copy"):
+                with PROBE.part("copy"):
                     receiver.feed(chunk.fields.seq, chunk.data)
                 arrivals.advance(lane, receiver.filled)
             server_checks.finite_values(receiver.finish(check_finite=False))
@@ -480,10 +484,10 @@ def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTi
     if timing is not None:
         timing.replied = time.perf_counter()
     h = first.fields.header
-    with _checked_reply(), cpu_parts.part("receive"):
+    with _checked_reply(), PROBE.part("receive"):
         receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype, check_finite=False)
         for chunk in itertools.chain([first], stream):
-            with cpu_parts.part("copy"):
+            with PROBE.part("copy"):
                 receiver.feed(chunk.fields.seq, chunk.data)
         server_checks.finite_values(receiver.finish(check_finite=False))
     return h
