@@ -41,7 +41,7 @@ from torch.utils.data import Dataset as TorchDataset
 from common.job.datasets import TrainingData
 from common.job.spec import JobSpec
 from common.transport.layout import Layout, flatten_grads, flatten_params, load_flat
-from common.transport.messages import PushTimes, StepHeader
+from common.transport.messages import PushMeta, PushTimes, StepHeader
 import worker.transport.server_checks as server_checks
 from worker.transport.bucket_stream import BucketStream
 from worker.transport.cancelled_push import after_cancelled_stream
@@ -226,11 +226,14 @@ class Session:
             self._parts.buckets.arm(self._open_push)
         return x, y
 
+    def _meta(self, times: PushTimes) -> PushMeta:
+        """The header of this step's push on the PS path."""
+        return PushMeta(self.worker_id, self.plan.round, self.plan.version, self._sampler.batch_size, times,
+                        self.spec.wire_dtype)
+
     def _open_push(self) -> BucketStream:
-        """This step's bucketed push (opened by the first bucket backward completes)."""
-        params = self._parts.params
-        return self.client.open_push(self.worker_id, params, round=self.plan.round, version=self.plan.version,
-                                     batch_size=self._sampler.batch_size, wire_dtype=self.spec.wire_dtype, numel=params.numel())
+        """This step's bucketed push (opened by the first bucket backward completes; its times go at its end)."""
+        return self.client.open_push(self._meta(PushTimes()), self._parts.params)
 
     def batches(self, dataset: TorchDataset | None = None,
                 fingerprint: str = "") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -318,10 +321,7 @@ class Session:
 
     def _push(self, values: torch.Tensor, times: PushTimes) -> StepHeader:
         """The PS path's push of a whole gradient (ASP: update); the reply's parameters land in self._parts.params."""
-        push = partial(
-            self.client.push, self.worker_id, values, self._parts.params, round=self.plan.round, version=self.plan.version,
-            batch_size=self._sampler.batch_size, compute_ms=times.compute_ms, wire_dtype=self.spec.wire_dtype,
-            exposed_ms=times.exposed_ms, own_exposed_ms=times.own_exposed_ms, data_wait_ms=times.data_wait_ms)
+        push = partial(self.client.push, self._meta(times), values, self._parts.params)
         return after_cancelled_stream(push) if self._parts.buckets is not None else push()
 
     def _finish_step(self, push: Callable[[], StepHeader | None], compute_ms: float, pushed: float | None = None,
@@ -416,11 +416,11 @@ class Session:
                 if plan.done:
                     return self._send_snapshot(plan)
         # the report goes out before the optimizer step: the round closes on the server meanwhile
-        self._report = self.client.start_push(
-            self.worker_id, torch.empty(0), self._parts.params, round=plan.round, version=plan.version,
-            batch_size=batch, compute_ms=times.compute_ms, wire_dtype="float32", kind="report", generation=plan.group.generation,
-            sq_norms=self._parts.collective.sq_norms,
-        )
+        local_sq_norm, global_sq_norm = self._parts.collective.sq_norms
+        report = PushMeta(self.worker_id, plan.round, plan.version, batch, PushTimes(times.compute_ms), "float32",
+                          kind="report", generation=plan.group.generation, local_sq_norm=local_sq_norm,
+                          global_sq_norm=global_sq_norm)
+        self._report = self.client.start_push(report, torch.empty(0), self._parts.params)
         if mean is not None:
             self._parts.collective.apply(mean, plan)
         return replace(plan, round=plan.round + 1, snapshot_requested=False)
@@ -431,11 +431,9 @@ class Session:
         if not plan.snapshot_requested:
             return plan
         assert self._parts.collective is not None
+        snapshot = PushMeta(self.worker_id, plan.round, plan.version, 0, PushTimes(), "float32", kind="snapshot")
         try:
-            return self.client.push(
-                self.worker_id, self._parts.collective.snapshot(), self._parts.params, round=plan.round, version=plan.version,
-                batch_size=0, compute_ms=0.0, wire_dtype="float32", kind="snapshot",
-            )
+            return self.client.push(snapshot, self._parts.collective.snapshot(), self._parts.params)
         except ServerError:
             return plan  # no longer the hub, or the request was served: the server asks again if needed
 

@@ -27,8 +27,8 @@ from common.errors import InvalidArgument
 from common.job.spec import JobSpec
 from common.transport.messages import JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader, StoreAnswer, StoreCall
 from common.transport.payload import frame_tensor
-from common.transport.proto_convert import (join_from_proto, push_meta_to_proto, step_header_from_proto,
-                                            store_answer_from_proto, store_call_to_proto)
+from common.transport.proto_convert import (join_from_proto, push_meta_to_proto, push_times_to_proto,
+                                            step_header_from_proto, store_answer_from_proto, store_call_to_proto)
 from common.transport.security import PathArg
 from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
 import worker.transport.server_checks as server_checks
@@ -221,53 +221,36 @@ class PSClient:
         host, _ = reachable_address(host.strip("[]"), 0, self.target)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def push(self, worker_id: str, values: torch.Tensor, out: torch.Tensor, **step: Any) -> StepHeader:
-        """Stream `values` up and wait for the reply; its parameters (if it carries any) land in `out`.
-        `step` is start_push's keywords (round, version, batch_size, compute_ms, wire_dtype, kind)."""
-        return self.start_push(worker_id, values, out, **step)()
+    def push(self, meta: PushMeta, values: torch.Tensor, out: torch.Tensor) -> StepHeader:
+        """Stream `values` up and wait for the reply; its parameters (if it carries any) land in `out`."""
+        return self.start_push(meta, values, out)()
 
-    def start_push(
-        self,
-        worker_id: str,
-        values: torch.Tensor,
-        out: torch.Tensor,
-        *,
-        round: int,
-        version: int,
-        batch_size: int,
-        compute_ms: float,
-        wire_dtype: str,
-        kind: str = "values",
-        generation: int = 0,
-        exposed_ms: float = 0.0,
-        own_exposed_ms: float = 0.0,
-        sq_norms: tuple[float, float] = (0.0, 0.0),
-        data_wait_ms: float = 0.0,
-    ) -> Callable[[], StepHeader]:
+    def start_push(self, meta: PushMeta, values: torch.Tensor, out: torch.Tensor) -> Callable[[], StepHeader]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
 
-        `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes; a report
-        names the group `generation` it all-reduced in."""
-        times = PushTimes(compute_ms, exposed_ms, own_exposed_ms, data_wait_ms)  # what they mean: PushTimes.of_step
-        header = push_meta_to_proto(PushMeta(
-            worker_id, round, version, batch_size, times, wire_dtype, values.numel(), kind=kind, generation=generation,
-            secret=self.secret(worker_id), local_sq_norm=sq_norms[0], global_sq_norm=sq_norms[1],
-        ))
-
+        `meta` says what the push is (its kind: "report", with no values, and "snapshot" are the
+        --allreduce fast path's) and its step's times; the client adds the secret and the number of
+        values each server gets. The times go in the PushEnd that closes the push."""
+        meta = replace(meta, num_values=values.numel(), secret=self.secret(meta.worker_id), offsets=False)
+        header, end = _header_and_end(meta)
         timing = self.last_push = PushTiming()
 
         def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
             """Serialized chunks: each slice of `part` is written once, straight into its message
-            (bf16/fp16: converted on the way, common.transport.payload.frame_tensor)."""
+            (bf16/fp16: converted on the way, common.transport.payload.frame_tensor); then the end."""
+            sent = 0
 
             def push_chunk(seq: int, nbytes: int) -> bytes:
+                nonlocal sent
+                sent = seq + 1
                 return data_header(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), nbytes)
 
-            yield from frame_tensor(part, wire_dtype, push_chunk, self.chunk_bytes)
+            yield from frame_tensor(part, meta.wire_dtype, push_chunk, self.chunk_bytes)
+            yield data_header(ps_pb2.PushChunk(seq=sent, end=end), 0)
             timing.uploaded = time.perf_counter()
 
-        if not self._shards or kind != "values":
+        if not self._shards or meta.kind != "values":
             return functools.partial(_finish, self._push(requests(values, header)), out, timing)
         own = self._own_stop
         assert own is not None and self._pool is not None
@@ -280,15 +263,15 @@ class PSClient:
             calls.append(link.push(requests(values[link.target.start : link.target.stop], head)))
         return functools.partial(self._gather, self._push(requests(values[:own], header)), calls, out)
 
-    def open_push(self, worker_id: str, out: torch.Tensor, *, round: int, version: int, batch_size: int,
-                  wire_dtype: str, numel: int) -> BucketStream:
-        """A push of `numel` gradient values sent in buckets, in any order, as they are ready (BSP, during
-        backward: worker.paths.overlap); its reply's parameters land in `out` (BucketStream.end)."""
-        header = push_meta_to_proto(PushMeta(worker_id, round, version, batch_size, PushTimes(), wire_dtype, 0,
-                                             offsets=True, secret=self.secret(worker_id)))
+    def open_push(self, meta: PushMeta, out: torch.Tensor) -> BucketStream:
+        """A push of as many gradient values as `out` holds, sent in buckets, in any order, as they are
+        ready (BSP, during backward: worker.paths.overlap); its reply's parameters land in `out`. The
+        step's times are not known yet: the stream's end carries them (BucketStream.end)."""
+        numel = out.numel()
+        header, _ = _header_and_end(replace(meta, num_values=0, offsets=True, secret=self.secret(meta.worker_id)))
         ranges = [(0, numel if self._own_stop is None else self._own_stop)]
         ranges += [(link.target.start, link.target.stop) for link in self._shards]
-        lanes = [Lane(start, stop, header, wire_dtype, self.chunk_bytes) for start, stop in ranges]
+        lanes = [Lane(start, stop, header, meta.wire_dtype, self.chunk_bytes) for start, stop in ranges]
         calls = [self._push(lanes[0].requests())]
         calls += [link.push(lane.requests()) for link, lane in zip(self._shards, lanes[1:], strict=True)]
         timing = self.last_push = PushTiming()
@@ -410,6 +393,12 @@ class PSClient:
 
 
 _PARAMS_CHUNK = PROBE.timed("receive", data_view_parser(ps_pb2.ParamsChunk))  # replies' data as views of the received bytes
+
+
+def _header_and_end(meta: PushMeta) -> tuple[ps_pb2.PushHeader, ps_pb2.PushEnd]:
+    """A push's header, and the PushEnd that carries its times: the header's are left 0, so the times
+    travel one way on every push (common.transport.push_stream.receive_push)."""
+    return push_meta_to_proto(replace(meta, times=PushTimes())), push_times_to_proto(meta.times)
 
 
 def _push_call(channel: grpc.Channel, service: str) -> PushCall:

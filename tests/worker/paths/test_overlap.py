@@ -148,12 +148,12 @@ def test_the_values_are_compared_at_the_first_streamed_step_only(ps_server, thre
 KILLED_WORKER = """
 import os, signal, sys, time
 import torch
+from common.transport.messages import PushMeta, PushTimes
 from worker.transport.client import PSClient
 client = PSClient(sys.argv[1])
 joined = client.join("b", 20.0)
 numel = joined.layout.numel
-stream = client.open_push(joined.worker_id, torch.empty(numel), round=0, version=0, batch_size=20,
-                          wire_dtype="float32", numel=numel)
+stream = client.open_push(PushMeta(joined.worker_id, 0, 0, 20, PushTimes(), "float32"), torch.empty(numel))
 stream.send(numel // 2, torch.full((numel - numel // 2,), 1000.0))
 time.sleep(1.0)
 print("sent", flush=True)
