@@ -122,7 +122,7 @@ def test_a_step_reads_its_reports_reply_at_the_next_step(ps_server) -> None:
             torch.nn.functional.cross_entropy(session.model(x), y).backward()
             session.step()
             assert read == expected
-            assert torch.equal(flatten_params(session.model), session._parts.collective.params)  # the new parameters
+            assert torch.equal(flatten_params(session.model), session._replica.parts.collective.params)  # the new parameters
         train(session, quiet=True)
         assert all(read) and session.done
         assert session.steps == len(read) == server.call(lambda: server.coordinator.round)
