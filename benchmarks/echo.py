@@ -2,8 +2,8 @@
 
 No .proto and no generated code: the methods are registered with ``grpc.method_handlers_generic_handler``
 and move plain ``bytes`` (no serializer), so what is measured is gRPC itself, with the same server stack
-(``grpc.aio`` on uvloop when installed: ``common.transport.server_options.run_loop``) and the same channel options as ``ps-server``
-(``common.transport.server_options.GRPC_OPTIONS``, ``worker.transport.channel.CHANNEL_OPTIONS``: 8 MiB messages each way).
+(``grpc.aio`` on uvloop when installed: ``ps.serving.server_options.run_loop``) and the same channel options as ``ps-server``
+(``ps.serving.server_options.GRPC_OPTIONS``, ``worker.transport.channel.CHANNEL_OPTIONS``: 8 MiB messages each way).
 
 - ``/bench.Echo/Stream`` (stream-stream): the client streams the payload up in chunks; once the last
   chunk is in, the server streams the same chunks back (store and forward, as a push is received
@@ -26,7 +26,7 @@ from typing import Any
 import grpc
 
 from common.ops.memory import tune_malloc
-from common.transport.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
+from ps.serving.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
 
 SERVICE = "bench.Echo"
 STREAM_METHOD = f"/{SERVICE}/Stream"

@@ -43,9 +43,10 @@ from typing import Any
 
 import grpc
 
-from protos import ps_pb2, ps_pb2_grpc
+from protos import ps_pb2_grpc
 from benchmarks.report_output import add_result_options, save_result
 from common.ops.arg_types import positive_float, positive_int
+from common.transport.proto_convert import status_request
 from ps.ops.metrics import read_metrics
 
 CHILD_ENV = {
@@ -205,7 +206,7 @@ def run(s: Settings) -> dict[str, Any]:
 
         def step() -> tuple[int, int, bool]:
             """(rounds or updates done, workers in the job, whether every worker is training)."""
-            st = stub.Status(ps_pb2.StatusRequest(), timeout=10)
+            st = stub.Status(status_request(), timeout=10)
             if s.mode == "bsp":  # a closed round had every worker in it
                 return st.round, len(st.workers), st.round >= 1
             training = len(st.workers) == s.workers and all(w.updates >= 1 for w in st.workers)

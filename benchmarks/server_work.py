@@ -53,7 +53,7 @@ def measure(numel: int, wire_dtype: str, steps: int, momentum: float) -> dict[st
     from common.params.aggregation import WeightedMean
     from common.params.store import ParameterStore
     from common.transport.payload import Payload
-    from common.transport.replies import params_chunk
+    from common.transport.chunk_frames import params_chunk
     from common.transport.wire import CHUNK_BYTES, ChunkReceiver, encode, split
 
     gen = torch.Generator().manual_seed(0)

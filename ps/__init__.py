@@ -8,6 +8,8 @@ holds and what it may import; tests/test_layout.py checks that every import foll
             |
          shards/                    --shards: a range of the parameters on a server of its own
             |
+         serving/                   the server's side of gRPC: handlers, push streams, secrets, blobs
+            |
        checkpoint.py                checkpoint files of the server's whole state
             |
          common/                    the job, the flat parameters, the wire (shared with worker/)

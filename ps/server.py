@@ -44,9 +44,9 @@ from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
 from ps.shards.setup import check_shard_security, open_shards
-from common.transport.handlers import SERVICES, OnMessage, register
+from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
-from common.transport.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
+from ps.serving.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -346,8 +346,8 @@ def start_prometheus(job: Job, host: str, port: int, port_file: PortFile | None)
     handlers' hook it returns) served at http://host:port/metrics. OSError if it cannot listen."""
     endpoint = Endpoint()
     status = job.coordinator.status()
-    job_metrics = JobMetrics(endpoint.registry, mode=status["mode"], controller=status["controller"],
-                             balance=job.spec.balance, path=status["path"])
+    job_metrics = JobMetrics(endpoint.registry, mode=status.mode, controller=status.controller,
+                             balance=job.spec.balance, path=status.path)
     job.metrics.observe(job_metrics.observe)
     messages = MessageMetrics(endpoint.registry)
     bound = endpoint.start(host, port)

@@ -10,10 +10,21 @@ from google.protobuf.message import DecodeError
 from protos import ps_pb2, ps_pb2_grpc
 from common.errors import ServiceError
 from ps.rounds.coordinator import Coordinator
-from common.transport.proto_convert import join_to_proto, store_answer_to_proto, store_call_from_proto
-from common.transport.push_stream import receive_push
-from common.transport.replies import params_chunk, reply_messages, status_code
+from common.transport.chunk_frames import params_chunk, reply_messages
+from common.transport.proto_convert import (
+    beat_to_proto,
+    caller_from_proto,
+    job_status_to_proto,
+    join_ask_from_proto,
+    join_to_proto,
+    leave_reply,
+    pull_ask_from_proto,
+    store_answer_to_proto,
+    store_call_from_proto,
+)
 from common.transport.serialized import DataChunk
+from ps.serving.push_stream import receive_push
+from ps.serving.status_codes import status_code
 
 
 class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
@@ -25,9 +36,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
         try:
-            info = await self.core.join(request.name, request.cores, request.cuda_device if request.cuda else None,
-                                        request.max_batch or None, request.dataset_length, request.dataset_fingerprint,
-                                        request.switch_paths)
+            info = await self.core.join(join_ask_from_proto(request))
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return join_to_proto(info)
@@ -53,11 +62,12 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Pull(
         self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
+        ask = pull_ask_from_proto(request)
         try:
-            if request.wait_for_batch:
-                await self.core.wait_for_batch(request.worker_id, request.secret)
-            reply = self.core.pull(request.worker_id, request.secret, header_only=request.header_only,
-                                   optimizer_state=request.optimizer_state)
+            if ask.wait_for_batch:
+                await self.core.wait_for_batch(ask.worker_id, ask.secret)
+            reply = self.core.pull(ask.worker_id, ask.secret, header_only=ask.header_only,
+                                   optimizer_state=ask.optimizer_state)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         for message in reply_messages(reply):
@@ -65,20 +75,22 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.core.note_reply_sent()
 
     async def Leave(self, request: ps_pb2.LeaveRequest, context: grpc.aio.ServicerContext) -> ps_pb2.LeaveReply:
+        caller = caller_from_proto(request)
         try:
-            await self.core.leave(request.worker_id, request.secret)
+            await self.core.leave(caller.worker_id, caller.secret)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        return ps_pb2.LeaveReply()
+        return leave_reply()
 
     async def Heartbeat(
         self, request: ps_pb2.HeartbeatRequest, context: grpc.aio.ServicerContext
     ) -> ps_pb2.HeartbeatReply:
+        caller = caller_from_proto(request)
         try:
-            beat = self.core.heartbeat(request.worker_id, request.secret)
+            beat = self.core.heartbeat(caller.worker_id, caller.secret)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        return ps_pb2.HeartbeatReply(done=beat.done, epoch=beat.epoch, round=beat.round, version=beat.version)
+        return beat_to_proto(beat)
 
     async def Rendezvous(self, request: ps_pb2.StoreRequest, context: grpc.aio.ServicerContext) -> ps_pb2.StoreReply:
         try:
@@ -88,25 +100,4 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         return store_answer_to_proto(answer)
 
     async def Status(self, request: ps_pb2.StatusRequest, context: grpc.aio.ServicerContext) -> ps_pb2.StatusReply:
-        s = self.core.status()
-        return ps_pb2.StatusReply(
-            job_json=self.core.spec.to_json(),
-            mode=s["mode"],
-            controller=s["controller"],
-            round=s["round"],
-            version=s["version"],
-            epoch=s["epoch"],
-            epochs=s["epochs"],
-            done=s["done"],
-            global_batch=s["global_batch"],
-            adjustments=s["adjustments"],
-            last_accuracy=-1.0 if s["last_accuracy"] is None else s["last_accuracy"],
-            expected_workers=s["expected_workers"],
-            path=s["path"],
-            path_why=s["path_why"],
-            adaptive_batch=s["adaptive_batch"],
-            noise_scale=-1.0 if s["noise_scale"] is None else s["noise_scale"],
-            efficiency=-1.0 if s["efficiency"] is None else s["efficiency"],
-            lr=s["lr"],
-            workers=[ps_pb2.WorkerStatus(**w) for w in s["workers"]],
-        )
+        return job_status_to_proto(self.core.status())

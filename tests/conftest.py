@@ -18,7 +18,7 @@ from ps.rounds.coordinator import Coordinator
 from ps.server import GRPC_OPTIONS, Job, build_job
 from ps.server_flags import build_parser
 from ps.servicer import ParameterServerServicer
-from common.transport.handlers import register
+from ps.serving.handlers import register
 from tests.leaks import SuiteTmp, report, untracked
 
 START_TIMEOUT_S = 10.0

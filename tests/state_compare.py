@@ -38,7 +38,7 @@ def server_state(c: Coordinator, *, with_accuracy: bool = True) -> dict[str, Any
     `with_accuracy=False` leaves out the evaluator's accuracy, for tests that let evaluations run:
     it lands from a background thread whenever one finishes."""
     acc = c.bsp.accumulator
-    status = c.status()
+    status = dataclasses.asdict(c.status())
     if not with_accuracy:
         status.pop("last_accuracy")
     return {

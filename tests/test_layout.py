@@ -34,8 +34,8 @@ ANY = frozenset({"*"})
 COMMON_PARTS = ("common.job", "common.transport", "common.params", "common.ops", "common.errors",
                 "common.number_checks")
 WORKER_ROOMS = ("worker.transport", "worker.paths", "worker.data", "worker.probes", "worker.timing", "worker.session")
-PS_PARTS = ("ps.control", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer", "ps.server",
-            "ps.server_flags")
+PS_PARTS = ("ps.control", "ps.serving", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer",
+            "ps.server", "ps.server_flags")
 ALLOWED: dict[str, frozenset[str]] = {
     "common": frozenset(),  # the package map, a docstring
     "common.errors": frozenset(),  # leaves: they import nothing of the project
@@ -48,8 +48,10 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ps.control": frozenset({"common.number_checks"}),  # pure: no transport, no torch (below)
     "ps.ops": frozenset(COMMON_PARTS),
     "ps.checkpoint": frozenset(COMMON_PARTS),
-    "ps.shards": frozenset({*COMMON_PARTS, "ps.ops", "protos"}),
-    "ps.rounds": frozenset({*COMMON_PARTS, "ps.control", "ps.shards", "ps.ops", "ps.checkpoint"}),
+    # the server's side of gRPC (handlers, replies, push streams, options, worker secrets, blobs)
+    "ps.serving": frozenset({*COMMON_PARTS, "protos"}),
+    "ps.shards": frozenset({*COMMON_PARTS, "ps.serving", "ps.ops", "protos"}),
+    "ps.rounds": frozenset({*COMMON_PARTS, "ps.control", "ps.serving", "ps.shards", "ps.ops", "ps.checkpoint"}),
     "ps.servicer": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     "ps.server": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     # ps-server's flags, parsed without building anything (the policy names from ps.control.registry)
@@ -247,8 +249,72 @@ def test_modules_stay_short() -> None:
     assert stale == {}, f"no longer over {MAX_LINES} lines (or gone): drop them from LONGER_ALLOWED"
 
 
+PROTO_BUILDERS = ("common/transport/proto_convert.py", "common/transport/chunk_frames.py")
+"""The one wire boundary: the only modules that build protobuf messages (protos/ps_pb2's). Every other
+module hands them plain values (common.transport.messages) and gets plain values back."""
+
+PROTO_BUILT_ELSEWHERE: dict[tuple[str, str], str] = {
+    # (module, the function or method whose body builds messages): what it should call instead
+    ("worker/transport/bucket_stream.py", "Lane.__init__"): "chunk_frames.push_header_message",
+    ("worker/transport/bucket_stream.py", "Lane.requests"): "chunk_frames.push_header_message, offset_frame, push_end_message",
+}
+
+
+def proto_builds(source: str) -> list[tuple[str, str]]:
+    """(the enclosing function's qualified name, the message type) of every call that builds a
+    protobuf message of protos/ps_pb2 in `source`: `ps_pb2.<Message>(...)`, or a message imported
+    from it by name."""
+    tree = ast.parse(source)
+    by_name = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+               and (node.module or "").endswith("ps_pb2") for alias in node.names}
+    found: list[tuple[str, str]] = []
+
+    def message_type(func: ast.expr) -> str | None:
+        if isinstance(func, ast.Attribute) and func.attr[:1].isupper():
+            owner = func.value
+            if (isinstance(owner, ast.Name) and owner.id == "ps_pb2") or (
+                    isinstance(owner, ast.Attribute) and owner.attr == "ps_pb2"):
+                return func.attr
+        if isinstance(func, ast.Name) and func.id in by_name:
+            return func.id
+        return None
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = scope
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                inner = (*scope, child.name)
+            elif isinstance(child, ast.Call) and (kind := message_type(child.func)) is not None:
+                found.append((".".join(scope) or "<module>", kind))
+            visit(child, inner)
+
+    visit(tree, ())
+    return found
+
+
+def test_only_the_wire_boundary_builds_protobuf_messages() -> None:
+    built: dict[tuple[str, str], list[str]] = {}
+    for path in MODULES.values():
+        module = str(path.relative_to(ROOT))
+        if module in PROTO_BUILDERS:
+            continue
+        for scope, kind in proto_builds(path.read_text()):
+            owner = next((key for key in PROTO_BUILT_ELSEWHERE if key[0] == module
+                          and (scope == key[1] or scope.startswith(key[1] + "."))), (module, scope))
+            built.setdefault(owner, []).append(kind)
+    wrong = {key: kinds for key, kinds in built.items() if key not in PROTO_BUILT_ELSEWHERE}
+    assert wrong == {}, "build messages in common/transport/proto_convert.py or chunk_frames.py and call those"
+    stale = sorted(key for key in PROTO_BUILT_ELSEWHERE if key not in built)
+    assert stale == [], "these build no message any more: drop them from PROTO_BUILT_ELSEWHERE"
+
+
 def test_the_checks_catch_a_cycle_and_a_wrong_direction() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert cycles({"a": {"b"}, "b": set()}) == []
     assert part_of("common.transport.wire") == "common.transport" and part_of("ps.server") == "ps.server"
     assert "ps.rounds" not in ALLOWED["common.transport"] and "common.transport" not in ALLOWED["ps.control"]
+    source = ("from protos import ps_pb2\nfrom protos.ps_pb2 import LeaveReply as Bye\n"
+              "class S:\n    def leave(self):\n        return Bye()\n"
+              "def status(stub):\n    return stub.Status(protos.ps_pb2.StatusRequest(), timeout=ps_pb2.X.y(1))\n"
+              "HEAD = ps_pb2.PushHeader(worker_id='w')\n")
+    assert proto_builds(source) == [("S.leave", "Bye"), ("status", "StatusRequest"), ("<module>", "PushHeader")]

@@ -42,24 +42,28 @@ def _marked(chunks: Sequence[bytes], mark: dict[str, float]) -> Iterator[bytes]:
     mark["sent"] = time.perf_counter()
 
 
-def _push_chunks(header: Any, payload: Sequence[bytes], mark: dict[str, float]) -> Iterator[Any]:
-    """A push as PushClient sends it (header on the first chunk); mark["sent"] after the last."""
-    from protos import ps_pb2
+def _push_chunks(meta: Any, payload: Sequence[bytes], mark: dict[str, float]) -> Iterator[bytes]:
+    """A push as PSClient sends it: serialized chunks, the header (`meta`, a PushMeta) on the first;
+    mark["sent"] after the last."""
+    from common.transport.chunk_frames import push_frame
 
+    frame = push_frame(meta)
     for seq, data in enumerate(payload):
-        yield ps_pb2.PushChunk(header=header if seq == 0 else None, seq=seq, data=data)
+        yield b"".join((frame(seq, len(data)), data))
     mark["sent"] = time.perf_counter()
 
 
-async def _apush_chunks(header: Any, payload: Sequence[bytes], mark: dict[str, float] | None) -> Any:
+async def _apush_chunks(meta: Any, payload: Sequence[bytes], mark: dict[str, float] | None) -> Any:
     """The same as an async request stream, each chunk parsed from its bytes as the server's request
-    deserializer does (common.transport.handlers); with `mark`, notes when the stream has ended."""
+    deserializer does (ps.serving.handlers); with `mark`, notes when the stream has ended."""
     from protos import ps_pb2
-    from common.transport.serialized import data_view_parser, with_data
+    from common.transport.chunk_frames import push_frame
+    from common.transport.serialized import data_view_parser
 
     parse = data_view_parser(ps_pb2.PushChunk)
+    frame = push_frame(meta)
     for seq, data in enumerate(payload):
-        yield parse(with_data(ps_pb2.PushChunk(header=header if seq == 0 else None, seq=seq), data))
+        yield parse(b"".join((frame(seq, len(data)), data)))
     if mark is not None:
         mark["sent"] = time.perf_counter()
 
@@ -87,7 +91,8 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     epoch bookkeeping, encoding the parameters once, building and serializing the replies.
     gRPC's own socket writes are not in it (``measure_overhead_outside`` has those).
     """
-    from protos import ps_pb2
+    from common.transport.messages import JoinAsk, PushMeta, PushTimes
+    from common.transport.proto_convert import join_ask_to_proto
     from ps.server import build_job, run_loop
     from ps.server_flags import build_parser
     from ps.servicer import ParameterServerServicer
@@ -127,7 +132,7 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     finish_last: list[float] = []
 
     async def run() -> None:
-        joins = await asyncio.gather(*(servicer.Join(ps_pb2.JoinRequest(name=f"w{k}", cores=1.0), ctx)
+        joins = await asyncio.gather(*(servicer.Join(join_ask_to_proto(JoinAsk(f"w{k}", 1.0)), ctx)
                                        for k in range(workers)))
         ids = [j.worker_id for j in joins]
         secrets = [j.secret for j in joins]
@@ -135,17 +140,16 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
         round_ = joins[0].round
 
         def push(k: int, mark: dict[str, float] | None, round_: int, ser: list[float], done: list[float]) -> Any:
-            header = ps_pb2.PushHeader(worker_id=ids[k], round=round_, version=0, batch_size=batch[k],
-                                       compute_ms=1.0, wire_dtype="float32", num_values=numel, secret=secrets[k])
-            return _serialize_all(servicer.Push(_apush_chunks(header, grads[k], mark), ctx), ser, done)
+            meta = PushMeta(ids[k], round_, 0, batch[k], PushTimes(1.0), "float32", numel, secret=secrets[k])
+            return _serialize_all(servicer.Push(_apush_chunks(meta, grads[k], mark), ctx), ser, done)
 
         for step in range(warmup + iterations):
             marks: dict[str, float] = {}
             done: list[float] = []
             ser = [0.0]
-            before = sum(w["updates"] for w in core.status()["workers"])
+            before = sum(w.updates for w in core.status().workers)
             first = [asyncio.create_task(push(k, None, round_, ser, done)) for k in range(workers - 1)]
-            while sum(w["updates"] for w in core.status()["workers"]) < before + workers - 1:
+            while sum(w.updates for w in core.status().workers) < before + workers - 1:
                 await asyncio.sleep(0)
             for _ in range(10):  # let the early pushes settle on the round future
                 await asyncio.sleep(0)
@@ -199,10 +203,13 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
 
     from benchmarks.echo import STREAM_METHOD
     from protos import ps_pb2, ps_pb2_grpc
+    from common.transport.messages import Caller, JoinAsk, PushMeta, PushTimes
+    from common.transport.proto_convert import join_ask_to_proto, leave_to_proto
     from common.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
     from worker.transport.channel import CHANNEL_OPTIONS
 
     options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
+    push_method = f"/{ps_pb2.DESCRIPTOR.services_by_name['ParameterServer'].full_name}/Push"
     grads = [split(encode(torch.randn(numel).mul_(1e-3)), CHUNK_BYTES) for _ in range(workers)]
 
     def run_threads(body: Callable[[int, threading.Barrier, list[dict[str, float]]], None]) -> list[float]:
@@ -240,25 +247,25 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
             channel = grpc.insecure_channel(ps_target, options=options)
             try:
                 stub = ps_pb2_grpc.ParameterServerStub(channel)
-                joined = stub.Join(ps_pb2.JoinRequest(name=f"w{k}", cores=1.0), wait_for_ready=True, timeout=120)
+                push = channel.stream_stream(push_method, response_deserializer=ps_pb2.ParamsChunk.FromString)  # chunks as bytes
+                joined = stub.Join(join_ask_to_proto(JoinAsk(f"w{k}", 1.0)), wait_for_ready=True, timeout=120)
                 out = torch.empty(numel)
                 round_, batch = joined.round, joined.batch_size
                 for _ in range(warmup + iterations):
                     mark: dict[str, float] = {}
-                    header = ps_pb2.PushHeader(worker_id=joined.worker_id, round=round_, version=0, batch_size=batch,
-                                               compute_ms=1.0, wire_dtype="float32", num_values=numel,
-                                               secret=joined.secret)
+                    meta = PushMeta(joined.worker_id, round_, 0, batch, PushTimes(1.0), "float32", numel,
+                                    secret=joined.secret)
 
                     barrier.wait(60)
                     receiver = None
-                    for message in stub.Push(_push_chunks(header, grads[k], mark)):
+                    for message in push(_push_chunks(meta, grads[k], mark)):
                         if receiver is None:
                             mark["first"] = time.perf_counter()
                             receiver = FlatReceiver(out, message.header.num_values, message.header.wire_dtype)
                             round_, batch = message.header.round, message.header.batch_size
                         receiver.feed(message.seq, message.data)
                     marks.append(mark)
-                stub.Leave(ps_pb2.LeaveRequest(worker_id=joined.worker_id, secret=joined.secret))
+                stub.Leave(leave_to_proto(Caller(joined.worker_id, joined.secret)))
             finally:
                 channel.close()
 

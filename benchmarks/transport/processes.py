@@ -156,7 +156,7 @@ def server_process(procs: Processes, name: str, argv: Sequence[str]) -> Iterator
 
 
 def echo_argv() -> list[str]:
-    """The echo server (its default gRPC options are ps-server's, common.transport.server_options.GRPC_OPTIONS)."""
+    """The echo server (its default gRPC options are ps-server's, ps.serving.server_options.GRPC_OPTIONS)."""
     return [sys.executable, "-m", "benchmarks.echo"]
 
 

@@ -1,6 +1,8 @@
 """The messages the server and the worker exchange, as plain frozen dataclasses: one type per message,
 used by the server's cores (Coordinator, ShardCore), its servicers and the worker. No gRPC: each is
-converted to and from its protobuf message in common/transport/proto_convert.py, and nowhere else.
+converted to and from its protobuf message in common/transport/proto_convert.py (the chunk messages
+framed in common/transport/chunk_frames.py), and nowhere else. A message that carries nothing
+(StatusRequest, LeaveReply, FetchRequest) has no type here, only its converter.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ class PushMeta:
     num_values: int = 0  # of the payload (a worker's client sets it from the values it sends)
     kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
     generation: int = 0  # a report's group generation (0: not said)
-    secret: str = ""  # the worker's secret from Join (common.transport.worker_keys)
+    secret: str = ""  # the worker's secret from Join (ps.serving.worker_keys)
     offsets: bool = False  # the chunks carry their offsets and arrive in any order (buckets sent during backward)
     local_sq_norm: float = 0.0  # a report's |g_k|² (float64; 0: not measured)
     global_sq_norm: float = 0.0  # a report's |g|² of the group's mean (float64; 0: not measured)
@@ -121,7 +123,7 @@ class JoinInfo:
     heartbeat_interval_s: float  # how often the worker sends Heartbeat
     group: GroupInfo = GroupInfo()  # its hub_rank is not on the wire: every step's header says it
     shards: tuple[ShardTarget, ...] = ()  # --shards: the ranges other servers hold
-    secret: str = ""  # what the worker's later calls must carry (common.transport.worker_keys)
+    secret: str = ""  # what the worker's later calls must carry (ps.serving.worker_keys)
     global_batch: int = 0  # the B in force that batch_size is part of (0: not said; the spec's)
 
 
@@ -194,8 +196,112 @@ class StepReply:
 
 
 @dataclass(frozen=True)
+class JoinAsk:
+    """What a worker says of itself when it asks to join (JoinRequest)."""
+
+    name: str
+    cores: float  # declared resources (cores or relative FLOPs), > 0
+    cuda_device: str | None = None  # the UUID of the GPU it computes on ("": not known), None on CPU
+    max_batch: int = 0  # the most samples its memory holds (0: no bound of its own)
+    dataset_length: int = 0  # --sampling exact: the length of the training set it trains on (0: not declared)
+    dataset_fingerprint: str = ""  # and the fingerprint the user gave it ("": none)
+    switch_paths: bool = False  # it can follow --allreduce auto's trial between the paths (ps.rounds.path_trial)
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A worker calling as itself: its id and the secret its Join returned (LeaveRequest, HeartbeatRequest)."""
+
+    worker_id: str
+    secret: str = ""
+
+
+@dataclass(frozen=True)
+class PullAsk:
+    """A Pull (PullRequest): the plan, and the parameters unless `header_only`."""
+
+    worker_id: str
+    secret: str = ""
+    header_only: bool = False
+    optimizer_state: bool = False  # --allreduce: the optimizer's flat state instead of the parameters
+    wait_for_batch: bool = False  # a parked worker's long poll: answered once the plan gives it a batch
+
+
+@dataclass(frozen=True)
 class Beat:
+    """What a Heartbeat answers (HeartbeatReply): where the job is, and whether it has ended."""
+
     done: bool
     epoch: int
     round: int
     version: int
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    """One worker as Status shows it: its plan, smoothed time, updates and staleness."""
+
+    worker_id: str
+    name: str
+    cores: float
+    batch_size: int
+    compute_ms: float  # smoothed; 0 before the first push
+    updates: int  # pushes accepted
+    mean_staleness: float  # ASP
+    parked: bool  # planned at batch 0
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """What a Status call answers (StatusReply): where the job is and every worker in it. `path` is the
+    one it runs on (ps, allreduce, or auto while --allreduce auto has not chosen), `path_why` the
+    reason (--allreduce auto's; "" where the command line chose); None: not known yet."""
+
+    mode: str
+    controller: str
+    round: int
+    version: int
+    epoch: int
+    epochs: int
+    done: bool
+    global_batch: int
+    adjustments: int
+    last_accuracy: float | None
+    expected_workers: int
+    path: str
+    path_why: str
+    adaptive_batch: str  # "gns" or "off"
+    noise_scale: float | None  # the gradient noise scale φ
+    efficiency: float | None  # the statistical efficiency of the global batch in force
+    lr: float  # the learning rate in force
+    workers: tuple[WorkerStatus, ...]
+    job_json: str  # the job spec (common.job.spec.JobSpec's JSON), as Join hands it
+
+
+@dataclass(frozen=True)
+class ShardCommit:
+    """The coordinator closing a shard's open round (CommitRequest): the contributors whose slices enter
+    the step, with their batch sizes, the step's learning rate and how long to wait for a slice."""
+
+    round: int
+    contributors: tuple[tuple[str, int], ...]  # (worker id, batch size)
+    lr: float
+    wait_s: float
+
+    def batches(self) -> dict[str, int]:
+        """Each contributor's batch size; InvalidArgument unless the ids are distinct and the batches > 0."""
+        batches: dict[str, int] = {}
+        for worker_id, batch_size in self.contributors:
+            if not worker_id or batch_size <= 0 or worker_id in batches:
+                raise InvalidArgument(f"contributors need distinct worker ids and batch sizes > 0, got {worker_id!r}: {batch_size}")
+            batches[worker_id] = batch_size
+        return batches
+
+
+@dataclass(frozen=True)
+class ShardAck:
+    """A shard's answer to a Load or a Commit (ShardAck)."""
+
+    round: int  # the shard's open round after the call
+    applied_batch: int = 0  # Commit: the samples whose slices entered the step
+    missing: tuple[str, ...] = ()  # Commit: contributors whose slice did not arrive in time

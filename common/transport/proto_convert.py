@@ -1,6 +1,8 @@
 """The messages of protos/ps.proto to and from the plain values both sides hold
 (common.transport.messages), each conversion written once: the servicers encode what the cores return
-and decode what the workers send, the worker's client the other way round."""
+and decode what the workers send, the worker's client and the coordinator's shard client the other way
+round. With common.transport.chunk_frames (the chunk messages), the only code that builds protobuf
+messages (tests/test_layout.py checks it)."""
 
 from __future__ import annotations
 
@@ -10,15 +12,23 @@ from protos import ps_pb2
 from common.transport.layout import Layout, TensorEntry
 from common.transport.messages import (
     STORE_OPS,
+    Beat,
+    Caller,
     GroupInfo,
+    JobStatus,
+    JoinAsk,
     JoinInfo,
+    PullAsk,
     PushMeta,
     PushTimes,
+    ShardAck,
+    ShardCommit,
     ShardTarget,
     SliceRange,
     StepHeader,
     StoreAnswer,
     StoreCall,
+    WorkerStatus,
 )
 
 # the wire's PushKind numbers for the kind names (common.transport.messages.PUSH_KINDS), and back
@@ -28,6 +38,7 @@ PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
 STORE_OP_NUMBERS = {name: number for number, name in enumerate(STORE_OPS, start=1)}
 STORE_OP_NAMES = {number: name for name, number in STORE_OP_NUMBERS.items()}
 DEFAULT_HEARTBEAT_S = 1.0  # a JoinReply that says no heartbeat interval (0)
+UNKNOWN = -1.0  # StatusReply's number for a value not known yet (JobStatus: None)
 
 
 def step_header_to_proto(h: StepHeader) -> ps_pb2.ParamsHeader:
@@ -56,6 +67,19 @@ def _ranges_to_proto(ranges: tuple[SliceRange, ...]) -> list[ps_pb2.SliceRange]:
 
 def _ranges_from_proto(ranges: Iterable[ps_pb2.SliceRange]) -> tuple[SliceRange, ...]:
     return tuple(SliceRange(r.epoch, r.offset, r.count) for r in ranges)
+
+
+def join_ask_to_proto(a: JoinAsk) -> ps_pb2.JoinRequest:
+    return ps_pb2.JoinRequest(
+        name=a.name, cores=a.cores, cuda=a.cuda_device is not None, cuda_device=a.cuda_device or "",
+        max_batch=a.max_batch, dataset_length=a.dataset_length, dataset_fingerprint=a.dataset_fingerprint,
+        switch_paths=a.switch_paths,
+    )
+
+
+def join_ask_from_proto(p: ps_pb2.JoinRequest) -> JoinAsk:
+    return JoinAsk(p.name, p.cores, p.cuda_device if p.cuda else None, p.max_batch, p.dataset_length,
+                   p.dataset_fingerprint, p.switch_paths)
 
 
 def join_to_proto(j: JoinInfo) -> ps_pb2.JoinReply:
@@ -130,3 +154,100 @@ def store_answer_to_proto(a: StoreAnswer) -> ps_pb2.StoreReply:
 
 def store_answer_from_proto(p: ps_pb2.StoreReply) -> StoreAnswer:
     return StoreAnswer(p.ready, p.value, p.number)
+
+
+def pull_ask_to_proto(a: PullAsk) -> ps_pb2.PullRequest:
+    return ps_pb2.PullRequest(worker_id=a.worker_id, secret=a.secret, header_only=a.header_only,
+                              optimizer_state=a.optimizer_state, wait_for_batch=a.wait_for_batch)
+
+
+def pull_ask_from_proto(p: ps_pb2.PullRequest) -> PullAsk:
+    return PullAsk(p.worker_id, p.secret, p.header_only, p.optimizer_state, p.wait_for_batch)
+
+
+def leave_to_proto(c: Caller) -> ps_pb2.LeaveRequest:
+    return ps_pb2.LeaveRequest(worker_id=c.worker_id, secret=c.secret)
+
+
+def heartbeat_to_proto(c: Caller) -> ps_pb2.HeartbeatRequest:
+    return ps_pb2.HeartbeatRequest(worker_id=c.worker_id, secret=c.secret)
+
+
+def caller_from_proto(p: ps_pb2.LeaveRequest | ps_pb2.HeartbeatRequest) -> Caller:
+    return Caller(p.worker_id, p.secret)
+
+
+def leave_reply() -> ps_pb2.LeaveReply:
+    """The LeaveReply (it says nothing)."""
+    return ps_pb2.LeaveReply()
+
+
+def beat_to_proto(b: Beat) -> ps_pb2.HeartbeatReply:
+    return ps_pb2.HeartbeatReply(done=b.done, epoch=b.epoch, round=b.round, version=b.version)
+
+
+def beat_from_proto(p: ps_pb2.HeartbeatReply) -> Beat:
+    return Beat(p.done, p.epoch, p.round, p.version)
+
+
+def status_request() -> ps_pb2.StatusRequest:
+    """The StatusRequest (it asks nothing more)."""
+    return ps_pb2.StatusRequest()
+
+
+def job_status_to_proto(s: JobStatus) -> ps_pb2.StatusReply:
+    """The StatusReply; a value not known yet is UNKNOWN (-1)."""
+    return ps_pb2.StatusReply(
+        job_json=s.job_json, mode=s.mode, controller=s.controller, round=s.round, version=s.version, epoch=s.epoch,
+        epochs=s.epochs, done=s.done, global_batch=s.global_batch, adjustments=s.adjustments,
+        last_accuracy=_or_unknown(s.last_accuracy), expected_workers=s.expected_workers, path=s.path,
+        path_why=s.path_why, adaptive_batch=s.adaptive_batch, noise_scale=_or_unknown(s.noise_scale),
+        efficiency=_or_unknown(s.efficiency), lr=s.lr,
+        workers=[ps_pb2.WorkerStatus(
+            worker_id=w.worker_id, name=w.name, cores=w.cores, batch_size=w.batch_size, compute_ms=w.compute_ms,
+            updates=w.updates, mean_staleness=w.mean_staleness, parked=w.parked,
+        ) for w in s.workers],
+    )
+
+
+def job_status_from_proto(p: ps_pb2.StatusReply) -> JobStatus:
+    return JobStatus(
+        p.mode, p.controller, p.round, p.version, p.epoch, p.epochs, p.done, p.global_batch, p.adjustments,
+        _known(p.last_accuracy), p.expected_workers, p.path, p.path_why, p.adaptive_batch, _known(p.noise_scale),
+        _known(p.efficiency), p.lr,
+        tuple(WorkerStatus(w.worker_id, w.name, w.cores, w.batch_size, w.compute_ms, w.updates, w.mean_staleness,
+                           w.parked) for w in p.workers),
+        p.job_json,
+    )
+
+
+def _or_unknown(value: float | None) -> float:
+    return UNKNOWN if value is None else value
+
+
+def _known(value: float) -> float | None:
+    return None if value == UNKNOWN else value
+
+
+def shard_commit_to_proto(c: ShardCommit) -> ps_pb2.CommitRequest:
+    return ps_pb2.CommitRequest(
+        round=c.round, lr=c.lr, wait_s=c.wait_s,
+        contributors=[ps_pb2.Contribution(worker_id=w, batch_size=b) for w, b in c.contributors],
+    )
+
+
+def shard_commit_from_proto(p: ps_pb2.CommitRequest) -> ShardCommit:
+    return ShardCommit(p.round, tuple((c.worker_id, c.batch_size) for c in p.contributors), p.lr, p.wait_s)
+
+
+def shard_ack_to_proto(a: ShardAck) -> ps_pb2.ShardAck:
+    return ps_pb2.ShardAck(round=a.round, applied_batch=a.applied_batch, missing=a.missing)
+
+
+def shard_ack_from_proto(p: ps_pb2.ShardAck) -> ShardAck:
+    return ShardAck(p.round, p.applied_batch, tuple(p.missing))
+
+
+def fetch_request() -> ps_pb2.FetchRequest:
+    """The FetchRequest (it asks nothing more)."""
+    return ps_pb2.FetchRequest()

@@ -3,7 +3,7 @@
 
 Fed by what already flows, nothing measured twice: the metrics log's events and samples
 (ps/ops/metrics.py, `MetricsLog.observe`) and the size of every gRPC message the handlers parse or send
-(common/transport/handlers.py, `on_message`). Names follow Prometheus' conventions: the `hetero_ps_` prefix, base
+(ps/serving/handlers.py, `on_message`). Names follow Prometheus' conventions: the `hetero_ps_` prefix, base
 units in the name (`_seconds`, `_bytes`), `_total` on counters, so that `rate()` and
 `histogram_quantile()` apply. Per-worker series carry a `worker` label (the worker's name) and are
 removed when the worker leaves or is evicted, so the label set stays as large as the job.
@@ -59,7 +59,7 @@ class MessageMetrics:
         }
 
     def on_message(self, method: str, direction: str, nbytes: int) -> None:
-        """The handlers' hook (common.transport.handlers.register): one message of `nbytes` "received" or "sent"."""
+        """The handlers' hook (ps.serving.handlers.register): one message of `nbytes` "received" or "sent"."""
         self._bytes[direction].labels(method).inc(nbytes)
 
 

@@ -49,10 +49,11 @@ from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.core import MAX_WAIT_S
 from common.transport.chunked import Vector
 from common.transport.layout import Layout, flatten_params
-from common.transport.messages import Beat, JoinInfo, PushMeta, StepHeader, StepReply, StoreAnswer, StoreCall
+from common.transport.messages import (Beat, JobStatus, JoinAsk, JoinInfo, PushMeta, StepHeader, StepReply, StoreAnswer,
+                                       StoreCall)
 from common.transport.payload import Payload
 from common.transport.wire import ChunkReceiver
-from common.transport.worker_keys import WorkerKeys
+from ps.serving.worker_keys import WorkerKeys
 
 
 class Coordinator(JobState):
@@ -119,17 +120,15 @@ class Coordinator(JobState):
         self.in_flight = PushesInFlight(self.limits.push_bytes)  # a Push stream's hold: in_flight.slot(begin_push)
 
     # ----------------------------------------------------------------- membership
-    async def join(self, name: str, cores: float, cuda_device: str | None = None, max_batch: int | None = None,
-                   data_length: int = 0, data_fingerprint: str = "", switch_paths: bool = False) -> JoinInfo:
+    async def join(self, ask: JoinAsk) -> JoinInfo:
         """Admit a worker. Before the start it waits for all expected workers; later it
-        enters at the next round boundary (BSP) or at once (ASP) and gets a share of B.
-        `cuda_device`: the UUID of the GPU the worker computes on ("" unknown), None for CPU;
-        `max_batch`: the most samples its memory holds (None: no bound of its own); `data_*`: its dataset (Sampling);
-        `switch_paths`: it can follow --allreduce auto's trial (ps.rounds.path_trial)."""
-        self.admission.check(name, cores, cuda_device, max_batch)
-        self.sampling.check_join(data_length, data_fingerprint)
-        member = self.membership.admit(name, cores, self.clock())
-        member.cuda_device, member.max_batch, member.switch_paths = cuda_device, max_batch, switch_paths
+        enters at the next round boundary (BSP) or at once (ASP) and gets a share of B. Its dataset is
+        checked by Sampling; `ask.switch_paths`: it can follow --allreduce auto's trial (ps.rounds.path_trial)."""
+        max_batch = ask.max_batch or None  # None: no bound of its own
+        self.admission.check(ask.name, ask.cores, ask.cuda_device, max_batch)
+        self.sampling.check_join(ask.dataset_length, ask.dataset_fingerprint)
+        member = self.membership.admit(ask.name, ask.cores, self.clock())
+        member.cuda_device, member.max_batch, member.switch_paths = ask.cuda_device, max_batch, ask.switch_paths
         try:
             if not self.admission.started.is_set():
                 if self.admission.all_here():
@@ -185,7 +184,7 @@ class Coordinator(JobState):
         self.fast_path.regroup()
 
     def member(self, worker_id: str, secret: str) -> Member:
-        """The active member a call names, once it proved to be that worker (common.transport.worker_keys).
+        """The active member a call names, once it proved to be that worker (ps.serving.worker_keys).
         An id the server never issued (or has forgotten: a restart) is NOT_FOUND whatever the secret; a
         known one is checked before its state is told (pending, departed: FAILED_PRECONDITION / NOT_FOUND)."""
         if self.membership.known(worker_id):
@@ -491,7 +490,7 @@ class Coordinator(JobState):
         return {**summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss),
                 **self.deadlines.report(), **self.sampling.report()}
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> JobStatus:
         path = "auto" if self.fast_path.undecided else "allreduce" if self.spec.allreduce else "ps"
         why = self.path_trial.why or self.fast_path.why  # --allreduce auto's choice
-        return {**status(self, path, why, self.evaluation.last_accuracy), **self.adaptive.status()}
+        return status(self, path, why, self.evaluation.last_accuracy, **self.adaptive.status())

@@ -19,7 +19,7 @@ going while every BSP round waits for it. So:
 - A worker that joined before the job started waits at most `join_wait_s` for the start.
 
 `--round-deadline` sets D to a fixed number of seconds, or `off`; `--round-deadline-floor` the floor.
-The idle limit between the chunks of one push is the transport's (common.transport.push_stream)."""
+The idle limit between the chunks of one push is the transport's (ps.serving.push_stream)."""
 
 from __future__ import annotations
 

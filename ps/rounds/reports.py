@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.transport.messages import JobStatus, WorkerStatus
 from ps.rounds.state import JobState
 
 
@@ -34,38 +35,46 @@ def summary(state: JobState, start_time: float | None, end_time: float | None, a
     }
 
 
-def status(state: JobState, path: str, path_why: str, accuracy: float | None) -> dict[str, Any]:
+def status(state: JobState, path: str, path_why: str, accuracy: float | None, *, adaptive_batch: str,
+           noise_scale: float | None, efficiency: float | None, lr: float) -> JobStatus:
     """Where the job is and every worker's plan, smoothed time, updates and staleness; `path` is the
     one it runs on (ps, allreduce, or auto while --allreduce auto has not chosen yet), `path_why`
-    --allreduce auto's reason ("" where the command line chose)."""
+    --allreduce auto's reason ("" where the command line chose); the rest is --adaptive-batch's
+    (ps.rounds.adaptive_batch)."""
     s = state
     smoothed = s.policy.smoothed_ms()
     plan = s.policy.plan()
-    return {
-        "mode": s.spec.mode,
-        "controller": s.policy.config.policy,
-        "round": s.round,
-        "version": s.version,
-        "epoch": s.epoch,
-        "epochs": s.spec.epochs,
-        "done": s.done,
-        "global_batch": sum(plan.values()),
-        "adjustments": s.policy.adjustments,
-        "last_accuracy": accuracy,
-        "expected_workers": s.spec.workers,
-        "path": path,
-        "path_why": path_why,
-        "workers": [
-            {
-                "worker_id": m.worker_id,
-                "name": m.name,
-                "cores": m.cores,
-                "batch_size": plan.get(m.name, 0),
-                "compute_ms": smoothed.get(m.name) or 0.0,
-                "updates": m.updates,
-                "mean_staleness": m.staleness_sum / m.updates if m.updates else 0.0,
-                "parked": plan.get(m.name) == 0,
-            }
-            for m in s.members.values()
-        ],
-    }
+    workers = tuple(
+        WorkerStatus(
+            worker_id=m.worker_id,
+            name=m.name,
+            cores=m.cores,
+            batch_size=plan.get(m.name, 0),
+            compute_ms=smoothed.get(m.name) or 0.0,
+            updates=m.updates,
+            mean_staleness=m.staleness_sum / m.updates if m.updates else 0.0,
+            parked=plan.get(m.name) == 0,
+        )
+        for m in s.members.values()
+    )
+    return JobStatus(
+        mode=s.spec.mode,
+        controller=s.policy.config.policy,
+        round=s.round,
+        version=s.version,
+        epoch=s.epoch,
+        epochs=s.spec.epochs,
+        done=s.done,
+        global_batch=sum(plan.values()),
+        adjustments=s.policy.adjustments,
+        last_accuracy=accuracy,
+        expected_workers=s.spec.workers,
+        path=path,
+        path_why=path_why,
+        adaptive_batch=adaptive_batch,
+        noise_scale=noise_scale,
+        efficiency=efficiency,
+        lr=lr,
+        workers=workers,
+        job_json=s.spec.to_json(),
+    )

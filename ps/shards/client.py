@@ -13,13 +13,15 @@ from typing import Any
 import grpc
 import torch
 
-from protos import ps_pb2, ps_pb2_grpc
+from protos import ps_pb2_grpc
 from ps.shards.control_key import key_metadata
 from ps.shards.ranges import Range, merge_optimizer_states, slice_optimizer_state
-from common.transport import blob
-from common.transport.messages import ShardTarget
+from common.transport.chunk_frames import blob_chunks
+from common.transport.messages import ShardAck, ShardCommit, ShardTarget
+from common.transport.proto_convert import fetch_request, shard_ack_from_proto, shard_commit_to_proto
 from common.transport.security import bearer
-from common.transport.server_options import GRPC_OPTIONS
+from ps.serving import blob
+from ps.serving.server_options import GRPC_OPTIONS
 
 
 class ShardFailure(RuntimeError):
@@ -75,7 +77,7 @@ class RemoteShards:
     async def load(self, spec_json: str, params: torch.Tensor, optimizer: dict[str, Any] | None, round_: int,
                    max_workers: int, worker_key: bytes) -> None:
         """Give every shard its range of the full `params` (and `optimizer` state, None: fresh), and the
-        key the workers' secrets derive from (common.transport.worker_keys), so that it can check them."""
+        key the workers' secrets derive from (ps.serving.worker_keys), so that it can check them."""
         async def one(i: int, stub: ps_pb2_grpc.ParameterShardStub) -> None:
             start, stop = self.ranges[i + 1]
             state = {
@@ -84,22 +86,21 @@ class RemoteShards:
                 "params": params[start:stop].clone(),
                 "optimizer": None if optimizer is None else slice_optimizer_state(optimizer, self.numel, start, stop),
             }
-            chunks = [ps_pb2.BlobChunk(seq=k, data=d) for k, d in enumerate(blob.pack(state))]
+            chunks = list(blob_chunks(blob.pack(state)))
             await stub.Load(iter(chunks), metadata=self._metadata, timeout=self._timeout, wait_for_ready=True)
 
         await self._each(one)
 
-    async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> list[ps_pb2.ShardAck]:
-        request = ps_pb2.CommitRequest(
-            round=round_, lr=lr, wait_s=wait_s,
-            contributors=[ps_pb2.Contribution(worker_id=w, batch_size=b) for w, b in contributors.items()],
-        )
-        return await self._each(lambda i, stub: stub.Commit(request, metadata=self._metadata, timeout=wait_s + self._timeout))
+    async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> list[ShardAck]:
+        """Close round `round_` on every shard with these contributors' slices (worker id: batch size)."""
+        request = shard_commit_to_proto(ShardCommit(round_, tuple(contributors.items()), lr, wait_s))
+        acks = await self._each(lambda i, stub: stub.Commit(request, metadata=self._metadata, timeout=wait_s + self._timeout))
+        return [shard_ack_from_proto(ack) for ack in acks]
 
     async def fetch(self, own_params: torch.Tensor, own_optimizer: dict[str, Any]) -> tuple[torch.Tensor, dict[str, Any]]:
         """The whole model: the coordinator's range and every shard's, and the optimizer state merged."""
         async def one(i: int, stub: ps_pb2_grpc.ParameterShardStub) -> dict[str, Any]:
-            parts = [chunk.data async for chunk in stub.Fetch(ps_pb2.FetchRequest(), metadata=self._metadata, timeout=self._timeout)]
+            parts = [chunk.data async for chunk in stub.Fetch(fetch_request(), metadata=self._metadata, timeout=self._timeout)]
             return blob.unpack(parts)
 
         states = await self._each(one)

@@ -17,7 +17,7 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from common.transport.handlers import SERVICES
+from ps.serving.handlers import SERVICES
 from common.transport.security import MetadataCheck, secret_from_environment
 
 SHARD_KEY_ENV = "PS_SHARD_KEY"

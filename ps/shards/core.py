@@ -5,7 +5,7 @@ workers push their slice of the gradient for the open round, the slice is summed
 as it arrives (and kept until the round is decided), and the coordinator's Commit names the
 contributors whose slices count. A slice from anyone else is taken out again and its push refused,
 so a shard steps with exactly the batches the coordinator stepped with. Pushes and pulls carry the
-worker's secret, which the shard checks with the key its coordinator loaded it with (common.transport.worker_keys).
+worker's secret, which the shard checks with the key its coordinator loaded it with (ps.serving.worker_keys).
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from common.params.aggregation import WeightedMean
 from common.params.store import ParameterStore
 from common.transport.chunked import Vector
 from common.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
-from common.transport.messages import PushMeta, StepHeader, StepReply
+from common.transport.messages import PushMeta, ShardAck, StepHeader, StepReply
 from common.transport.payload import Payload
 from common.transport.wire import ChunkReceiver, check_wire_dtype
-from common.transport.worker_keys import KEY_BYTES, WorkerKeys
+from ps.serving.worker_keys import KEY_BYTES, WorkerKeys
 
 MAX_WAIT_S = 3600.0
 
@@ -35,13 +35,6 @@ MAX_WAIT_S = 3600.0
 class _Staged:
     batch: int
     values: Vector
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    round: int  # the open round after the commit
-    applied_batch: int
-    missing: tuple[str, ...]  # contributors whose slice did not arrive in time
 
 
 class ShardCore:
@@ -93,7 +86,7 @@ class ShardCore:
         self.store, self._sum = store, WeightedMean(stop - start, scale=spec.global_batch)
         self.payload.invalidate()
 
-    async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> CommitResult:
+    async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> ShardAck:
         """Close the open round: wait (up to wait_s) for the contributors' slices, drop the others',
         step the optimizer on the batch-weighted mean, and answer the waiting pushes."""
         store, total = self._require_loaded(), self._sum
@@ -131,7 +124,7 @@ class ShardCore:
         decided, self._decided = self._decided, None
         if decided is not None and not decided.done():
             decided.set_result(frozenset(contributors) - set(missing))
-        return CommitResult(self.round, applied, missing)
+        return ShardAck(self.round, applied, missing)
 
     def fetch(self) -> dict[str, Any]:
         store = self._require_loaded()

@@ -28,9 +28,9 @@ from ps.ops.prometheus import Endpoint, MessageMetrics
 from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, ControlKeyInterceptor, resolve_shard_key
 from ps.shards.core import ShardCore
 from ps.shards.servicer import DEFAULT_MAX_LOAD_MIB, ParameterShardServicer
-from common.transport.handlers import SERVICES, OnMessage, register
+from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
-from common.transport.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
+from ps.serving.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
 
 PR_SET_PDEATHSIG = 1
 

@@ -10,10 +10,13 @@ from google.protobuf.message import DecodeError
 from protos import ps_pb2, ps_pb2_grpc
 from common.errors import InvalidArgument, ServiceError
 from ps.shards.core import ShardCore
-from common.transport import blob
-from common.transport.push_stream import receive_push
-from common.transport.replies import params_chunk, reply_messages, status_code
+from common.transport.chunk_frames import blob_chunks, params_chunk, reply_messages
+from common.transport.messages import ShardAck
+from common.transport.proto_convert import pull_ask_from_proto, shard_ack_to_proto, shard_commit_from_proto
 from common.transport.serialized import DataChunk
+from ps.serving import blob
+from ps.serving.push_stream import receive_push
+from ps.serving.status_codes import status_code
 
 DEFAULT_MAX_LOAD_MIB = 16384
 """ps-shard --max-load-mib: a shard's range with its optimizer state (Adam: 3 values per parameter) up to
@@ -21,15 +24,6 @@ about 1.4 billion parameters."""
 
 PUSH_IDLE_S = 30.0
 """A push stream that sends no chunk for this long is dropped (ps-server's --push-idle, for the shards' ranges)."""
-
-
-def contributors_of(request: ps_pb2.CommitRequest) -> dict[str, int]:
-    contributors: dict[str, int] = {}
-    for c in request.contributors:
-        if not c.worker_id or c.batch_size <= 0 or c.worker_id in contributors:
-            raise InvalidArgument(f"contributors need distinct worker ids and batch sizes > 0, got {c.worker_id!r}: {c.batch_size}")
-        contributors[c.worker_id] = c.batch_size
-    return contributors
 
 
 class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
@@ -58,8 +52,9 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
             yield message
 
     async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        ask = pull_ask_from_proto(request)
         try:
-            reply = self.core.pull(request.worker_id, request.secret)
+            reply = self.core.pull(ask.worker_id, ask.secret)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         for message in reply_messages(reply):
@@ -85,19 +80,20 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a load chunk is not a valid BlobChunk message: {exc}")
         if self.on_load is not None:
             await self.on_load()
-        return ps_pb2.ShardAck(round=self.core.round)
+        return shard_ack_to_proto(ShardAck(self.core.round))
 
     async def Commit(self, request: ps_pb2.CommitRequest, context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
+        commit = shard_commit_from_proto(request)
         try:
-            result = await self.core.commit(request.round, contributors_of(request), request.lr, request.wait_s)
+            ack = await self.core.commit(commit.round, commit.batches(), commit.lr, commit.wait_s)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        return ps_pb2.ShardAck(round=result.round, applied_batch=result.applied_batch, missing=list(result.missing))
+        return shard_ack_to_proto(ack)
 
     async def Fetch(self, request: ps_pb2.FetchRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[ps_pb2.BlobChunk]:
         try:
             parts = blob.pack(self.core.fetch())
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        for seq, data in enumerate(parts):
-            yield ps_pb2.BlobChunk(seq=seq, data=data)
+        for chunk in blob_chunks(parts):
+            yield chunk

@@ -39,7 +39,7 @@ def run(workdir: Path, args: list[str], watch: bool = False) -> tuple[Cluster, d
                         s = client.status()
                     except ServerError:  # the job may end between the poll and the call
                         break
-                    if s.noise_scale > 0 and s.round > 20:
+                    if s.noise_scale is not None and s.noise_scale > 0 and s.round > 20:
                         seen = {"mode": s.adaptive_batch, "phi": s.noise_scale, "efficiency": s.efficiency,
                                 "lr": s.lr, "global_batch": s.global_batch,
                                 "plan": sum(w.batch_size for w in s.workers)}

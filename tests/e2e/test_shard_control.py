@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
-from common.transport import blob
 from common.transport.messages import PushMeta, PushTimes
+from ps.serving import blob
 from tests import processes
 from tests.processes import ENV, start_server
 from tests.tls_certs import Certs, certs  # noqa: F401 (a fixture)

@@ -30,7 +30,7 @@ from ps.shards.core import ShardCore
 from ps.shards.processes import LocalShards
 from common.transport.messages import PushMeta, PushTimes
 from common.transport.wire import encode
-from common.transport.worker_keys import WorkerKeys
+from ps.serving.worker_keys import WorkerKeys
 from tests import processes
 from tests.shard_processes import listening_port, shard_children
 from tests.processes import Cluster, start_server

@@ -499,7 +499,7 @@ class HostileMachine(RuleBasedStateMachine):
     def check_status(self) -> None:
         """The Status RPC says what the coordinator holds."""
         reply = self.stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT)
-        s = self.server.call(self.server.coordinator.status)
+        s = dataclasses.asdict(self.server.call(self.server.coordinator.status))
         assert (reply.mode, reply.controller, reply.round, reply.version, reply.epoch, reply.epochs, reply.done) == (
             s["mode"], s["controller"], s["round"], s["version"], s["epoch"], s["epochs"], s["done"])
         assert (reply.global_batch, reply.adjustments, reply.expected_workers) == (s["global_batch"], s["adjustments"], s["expected_workers"])
@@ -523,7 +523,7 @@ class HostileMachine(RuleBasedStateMachine):
                 "plan": c.policy.plan(),
                 "pushed": set(c.bsp.pushed),
                 "acc_count": None if c.bsp.accumulator is None else c.bsp.accumulator.count,
-                "status": c.status(),
+                "status": dataclasses.asdict(c.status()),
             }
 
         s = self.server.call(take)

@@ -3,7 +3,7 @@
 It turns RPCs into plain values (common.transport.messages, converted by
 common.transport.proto_convert): a Joined record at Join, a StepHeader after every push or pull (the new
 parameters are decoded straight into a caller-owned fp32 buffer). It keeps the secret each
-Join returned and sends it with every later call that names that worker id (common/transport/worker_keys.py).
+Join returned and sends it with every later call that names that worker id (ps/serving/worker_keys.py).
 """
 
 from __future__ import annotations
@@ -25,12 +25,15 @@ import torch
 from protos import ps_pb2, ps_pb2_grpc
 from common.errors import InvalidArgument
 from common.job.spec import JobSpec
-from common.transport.messages import JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader, StoreAnswer, StoreCall
+from common.transport.messages import (Beat, Caller, JobStatus, JoinAsk, JoinInfo, PullAsk, PushMeta, PushTimes,
+                                       ShardTarget, StepHeader, StoreAnswer, StoreCall)
+from common.transport.chunk_frames import push_end_message, push_frame
 from common.transport.payload import frame_tensor
-from common.transport.proto_convert import (join_from_proto, push_meta_to_proto, push_times_to_proto,
+from common.transport.proto_convert import (beat_from_proto, heartbeat_to_proto, job_status_from_proto, join_ask_to_proto,
+                                            join_from_proto, leave_to_proto, pull_ask_to_proto, push_meta_to_proto, status_request,
                                             step_header_from_proto, store_answer_from_proto, store_call_to_proto)
 from common.transport.security import PathArg
-from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
+from common.transport.serialized import DataChunk, data_view_parser, passthrough
 import worker.transport.server_checks as server_checks
 from worker.probes.cpu_parts import PROBE
 from worker.transport.channel import open_channel
@@ -190,9 +193,8 @@ class PSClient:
         `cuda_device`: the UUID of the GPU this worker computes on, None on CPU; `max_batch`: the most
         samples its memory holds (0: no bound of its own)."""
         try:
-            request = ps_pb2.JoinRequest(name=name, cores=cores, cuda=cuda_device is not None, cuda_device=cuda_device or "",
-                                         max_batch=max_batch, dataset_length=self.declared[0],
-                                         dataset_fingerprint=self.declared[1], switch_paths=self.switch_paths)
+            ask = JoinAsk(name, cores, cuda_device, max_batch, *self.declared, switch_paths=self.switch_paths)
+            request = join_ask_to_proto(ask)
             reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
@@ -233,42 +235,34 @@ class PSClient:
         --allreduce fast path's) and its step's times; the client adds the secret and the number of
         values each server gets. The times go in the PushEnd that closes the push."""
         meta = replace(meta, num_values=values.numel(), secret=self.secret(meta.worker_id), offsets=False)
-        header, end = _header_and_end(meta)
         timing = self.last_push = PushTiming()
 
-        def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
-            """Serialized chunks: each slice of `part` is written once, straight into its message
-            (bf16/fp16: converted on the way, common.transport.payload.frame_tensor); then the end."""
+        def requests(part: torch.Tensor) -> Iterator[bytes]:
+            """Serialized chunks of `part` (one server's values): each slice written once, straight into
+            its message (bf16/fp16: converted on the way, common.transport.payload.frame_tensor), the
+            header (its times 0) on the first; then the end, with the times."""
+            frame = push_frame(replace(meta, num_values=part.numel(), times=PushTimes()))
             sent = 0
-
-            def push_chunk(seq: int, nbytes: int) -> bytes:
-                nonlocal sent
-                sent = seq + 1
-                return data_header(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), nbytes)
-
-            yield from frame_tensor(part, meta.wire_dtype, push_chunk, self.chunk_bytes)
-            yield data_header(ps_pb2.PushChunk(seq=sent, end=end), 0)
+            for message in frame_tensor(part, meta.wire_dtype, frame, self.chunk_bytes):
+                sent += 1
+                yield message
+            yield push_end_message(sent, meta.times)
             timing.uploaded = time.perf_counter()
 
         if not self._shards or meta.kind != "values":
-            return functools.partial(_finish, self._push(requests(values, header)), out, timing)
+            return functools.partial(_finish, self._push(requests(values)), out, timing)
         own = self._own_stop
         assert own is not None and self._pool is not None
-        header.num_values = own
-        calls = []
-        for link in self._shards:
-            head = ps_pb2.PushHeader()
-            head.CopyFrom(header)
-            head.num_values = link.target.stop - link.target.start
-            calls.append(link.push(requests(values[link.target.start : link.target.stop], head)))
-        return functools.partial(self._gather, self._push(requests(values[:own], header)), calls, out)
+        calls = [link.push(requests(values[link.target.start : link.target.stop])) for link in self._shards]
+        return functools.partial(self._gather, self._push(requests(values[:own])), calls, out)
 
     def open_push(self, meta: PushMeta, out: torch.Tensor) -> BucketStream:
         """A push of as many gradient values as `out` holds, sent in buckets, in any order, as they are
         ready (BSP, during backward: worker.paths.overlap); its reply's parameters land in `out`. The
         step's times are not known yet: the stream's end carries them (BucketStream.end)."""
         numel = out.numel()
-        header, _ = _header_and_end(replace(meta, num_values=0, offsets=True, secret=self.secret(meta.worker_id)))
+        header = push_meta_to_proto(replace(meta, times=PushTimes(), num_values=0, offsets=True,
+                                            secret=self.secret(meta.worker_id)))
         ranges = [(0, numel if self._own_stop is None else self._own_stop)]
         ranges += [(link.target.start, link.target.stop) for link in self._shards]
         lanes = [Lane(start, stop, header, meta.wire_dtype, self.chunk_bytes) for start, stop in ranges]
@@ -332,8 +326,8 @@ class PSClient:
         """The current plan, and the parameters into `out` unless `header_only`. `wait_for_batch` (a
         parked worker, header only): the server answers once it plans this worker a batch, or the job
         ends, or after a few seconds with the unchanged plan."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, header_only=header_only, secret=self.secret(worker_id),
-                                     wait_for_batch=wait_for_batch)
+        request = pull_ask_to_proto(PullAsk(worker_id, self.secret(worker_id), header_only=header_only,
+                                            wait_for_batch=wait_for_batch))
         if not self._shards or header_only:
             try:
                 return _receive(self._pull(request), out)
@@ -346,7 +340,7 @@ class PSClient:
         """--allreduce: the server's optimizer state, `numel` fp32 values (common.params.flat_state), or None when
         its optimizer has not stepped yet, or when the server predates optimizer-state pulls (it sends
         parameters instead, and says nothing of a state: a warning, and the momentum starts at zero)."""
-        request = ps_pb2.PullRequest(worker_id=worker_id, optimizer_state=True, secret=self.secret(worker_id))
+        request = pull_ask_to_proto(PullAsk(worker_id, self.secret(worker_id), optimizer_state=True))
         try:
             stream = self._pull(request)
             first = _first_chunk(stream)
@@ -364,15 +358,15 @@ class PSClient:
         """Tell the server this worker is going; DEADLINE_EXCEEDED after `timeout` s (a server that is
         reachable but does not answer must not hold up an exit or a rejoin)."""
         try:
-            self._stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id, secret=self.secret(worker_id)), timeout=timeout)
+            self._stub.Leave(leave_to_proto(Caller(worker_id, self.secret(worker_id))), timeout=timeout)
         except grpc.RpcError as exc:
             raise _error(exc) from None
         self._secrets.pop(worker_id, None)
 
-    def heartbeat(self, worker_id: str) -> ps_pb2.HeartbeatReply:
+    def heartbeat(self, worker_id: str) -> Beat:
         try:
-            request = ps_pb2.HeartbeatRequest(worker_id=worker_id, secret=self.secret(worker_id))
-            return self._stub.Heartbeat(request, timeout=10)
+            request = heartbeat_to_proto(Caller(worker_id, self.secret(worker_id)))
+            return beat_from_proto(self._stub.Heartbeat(request, timeout=10))
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
@@ -385,20 +379,14 @@ class PSClient:
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
-    def status(self) -> ps_pb2.StatusReply:
+    def status(self) -> JobStatus:
         try:
-            return self._stub.Status(ps_pb2.StatusRequest())
+            return job_status_from_proto(self._stub.Status(status_request()))
         except grpc.RpcError as exc:
             raise _error(exc) from None
 
 
 _PARAMS_CHUNK = PROBE.timed("receive", data_view_parser(ps_pb2.ParamsChunk))  # replies' data as views of the received bytes
-
-
-def _header_and_end(meta: PushMeta) -> tuple[ps_pb2.PushHeader, ps_pb2.PushEnd]:
-    """A push's header, and the PushEnd that carries its times: the header's are left 0, so the times
-    travel one way on every push (common.transport.push_stream.receive_push)."""
-    return push_meta_to_proto(replace(meta, times=PushTimes())), push_times_to_proto(meta.times)
 
 
 def _push_call(channel: grpc.Channel, service: str) -> PushCall:

@@ -15,7 +15,23 @@ from protos.generate import stale_files
 from common.transport.messages import SliceRange
 from common.transport import proto_convert
 from common.transport.layout import Layout, TensorEntry
-from common.transport.messages import GroupInfo, JoinInfo, PushMeta, PushTimes, ShardTarget, StepHeader, StoreAnswer, StoreCall
+from common.transport.messages import (
+    Beat,
+    Caller,
+    GroupInfo,
+    JobStatus,
+    JoinAsk,
+    JoinInfo,
+    PullAsk,
+    PushMeta,
+    PushTimes,
+    ShardAck,
+    ShardCommit,
+    ShardTarget,
+    StepHeader,
+    StoreAnswer,
+    StoreCall,
+)
 
 
 def test_generated_code_is_fresh() -> None:
@@ -39,6 +55,9 @@ SAMPLES: dict[Any, Any] = {
     tuple[ShardTarget, ...]: (ShardTarget("10.0.0.2:50052", 6, 9), ShardTarget("[::1]:50053", 9, 12)),
     tuple[SliceRange, ...]: (SliceRange(3, 90, 10), SliceRange(4, 0, 22)),
     tuple[str, ...]: ("hetero/0", "arrived/1"),
+    tuple[tuple[str, int], ...]: (("w-1", 12), ("w-2", 20)),
+    str | None: "GPU-8f1c",
+    float | None: 0.75,
     bytes: b"\x00\xffbytes",
 }
 KINDS = {"kind": "report", "op": "compare_set"}  # fields whose values are names from a fixed list
@@ -56,6 +75,8 @@ def sample(cls: type, offset: int = 0) -> Any:
             values[field.name] = SAMPLES[kind]
         elif dataclasses.is_dataclass(kind):
             values[field.name] = sample(kind, offset=10 * k)
+        elif typing.get_origin(kind) is tuple and dataclasses.is_dataclass(typing.get_args(kind)[0]):
+            values[field.name] = (sample(typing.get_args(kind)[0], offset=10 * k), sample(typing.get_args(kind)[0], offset=20 * k))
         elif kind is bool:
             values[field.name] = True
         elif kind in (int, float):
@@ -130,3 +151,65 @@ def test_a_join_reply_without_a_heartbeat_interval_reads_as_the_default() -> Non
     """A server that says no interval (0) gets heartbeats every DEFAULT_HEARTBEAT_S."""
     join = proto_convert.join_from_proto(ps_pb2.JoinReply(worker_id="w"))
     assert join.heartbeat_interval_s == proto_convert.DEFAULT_HEARTBEAT_S and join.group == GroupInfo()
+
+
+def round_trip(value: Any, to_proto: Any, from_proto: Any, message_type: Any) -> Any:
+    """`value` through its message and its bytes and back; every field of the message written."""
+    message = to_proto(value)
+    assert all_written(message) == []
+    return from_proto(message_type.FromString(message.SerializeToString()))
+
+
+def test_the_requests_go_through_their_messages_field_for_field() -> None:
+    ask = sample(JoinAsk)
+    assert round_trip(ask, proto_convert.join_ask_to_proto, proto_convert.join_ask_from_proto, ps_pb2.JoinRequest) == ask
+    pull = sample(PullAsk)
+    assert round_trip(pull, proto_convert.pull_ask_to_proto, proto_convert.pull_ask_from_proto, ps_pb2.PullRequest) == pull
+    caller = sample(Caller)
+    assert round_trip(caller, proto_convert.leave_to_proto, proto_convert.caller_from_proto, ps_pb2.LeaveRequest) == caller
+    assert round_trip(caller, proto_convert.heartbeat_to_proto, proto_convert.caller_from_proto,
+                      ps_pb2.HeartbeatRequest) == caller
+    commit = sample(ShardCommit)
+    assert round_trip(commit, proto_convert.shard_commit_to_proto, proto_convert.shard_commit_from_proto,
+                      ps_pb2.CommitRequest) == commit
+    for empty, message_type in ((proto_convert.status_request, ps_pb2.StatusRequest),
+                                (proto_convert.fetch_request, ps_pb2.FetchRequest),
+                                (proto_convert.leave_reply, ps_pb2.LeaveReply)):
+        assert isinstance(empty(), message_type) and empty().SerializeToString() == b""
+
+
+def test_a_join_on_cpu_says_no_cuda_and_one_on_an_unknown_gpu_says_cuda() -> None:
+    """cuda_device None (CPU) is the JoinRequest's cuda false; "" (a GPU of unknown UUID) is cuda true."""
+    for device, cuda in ((None, False), ("", True), ("GPU-1", True)):
+        message = proto_convert.join_ask_to_proto(JoinAsk("w", 1.0, device))
+        assert (message.cuda, message.cuda_device) == (cuda, device or "")
+        assert proto_convert.join_ask_from_proto(message).cuda_device == device
+
+
+def test_the_replies_go_through_their_messages_field_for_field() -> None:
+    beat = sample(Beat)
+    assert round_trip(beat, proto_convert.beat_to_proto, proto_convert.beat_from_proto, ps_pb2.HeartbeatReply) == beat
+    status = sample(JobStatus)
+    assert len(status.workers) == 2 and status.workers[0] != status.workers[1]
+    assert round_trip(status, proto_convert.job_status_to_proto, proto_convert.job_status_from_proto,
+                      ps_pb2.StatusReply) == status
+    message = proto_convert.job_status_to_proto(status)
+    assert all(all_written(w) == [] for w in message.workers)
+    ack = sample(ShardAck)
+    assert round_trip(ack, proto_convert.shard_ack_to_proto, proto_convert.shard_ack_from_proto, ps_pb2.ShardAck) == ack
+
+
+def test_a_status_value_not_known_yet_is_minus_one_on_the_wire() -> None:
+    status = dataclasses.replace(sample(JobStatus), last_accuracy=None, noise_scale=None, efficiency=None, workers=())
+    message = proto_convert.job_status_to_proto(status)
+    assert (message.last_accuracy, message.noise_scale, message.efficiency) == (-1.0, -1.0, -1.0)
+    assert proto_convert.job_status_from_proto(message) == status
+
+
+def test_a_commits_contributors_are_distinct_with_batches_above_zero() -> None:
+    from common.errors import InvalidArgument
+
+    assert ShardCommit(3, (("a", 2), ("b", 5)), 0.1, 1.0).batches() == {"a": 2, "b": 5}
+    for bad in ((("a", 2), ("a", 3)), (("", 2),), (("a", 0),)):
+        with pytest.raises(InvalidArgument, match="distinct worker ids and batch sizes > 0"):
+            ShardCommit(3, bad, 0.1, 1.0).batches()

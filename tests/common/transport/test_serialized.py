@@ -1,4 +1,4 @@
-"""Messages serialized once (common/transport/serialized.py, replies.py): reply chunks framed once per
+"""Messages serialized once (common/transport/serialized.py, chunk_frames.py): reply chunks framed once per
 version exactly as protobuf would, chunk data parsed as a view, pushes sent as the messages serialized."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ def test_reply_chunks_are_serialized_once_per_version_and_exactly_as_protobuf_wo
     puts each reply's header message first."""
     from common.transport.messages import StepHeader, StepReply
     from common.transport.payload import Payload
-    from common.transport.replies import params_chunk, reply_messages
+    from common.transport.chunk_frames import params_chunk, reply_messages
 
     values = rand(3000, seed=5)
     raw = split(encode(values), 4096)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from ps.rounds.coordinator import Coordinator
 from ps.server import build_job
-from common.transport.messages import PushMeta, PushTimes
+from common.transport.messages import JoinAsk, PushMeta, PushTimes
 from tests.conftest import job_args
 
 B = 24
@@ -76,7 +76,7 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
     names = iter(f"w{i}" for i in range(1000))
 
     async def join(name: str) -> None:
-        info = await c.join(name, 1.0)
+        info = await c.join(JoinAsk(name, 1.0))
         workers[name] = Worker(name, info.worker_id, info.secret, info.round, info.batch_size)
         admitted.append(info.round)
 

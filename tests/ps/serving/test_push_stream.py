@@ -1,4 +1,4 @@
-"""A push's chunk stream read by receive_push (common/transport/push_stream.py): the times of the
+"""A push's chunk stream read by receive_push (ps/serving/push_stream.py): the times of the
 PushEnd that closes it replace the header's, on a whole push as on one with offsets; a push without
 one keeps the header's; nothing may follow the end."""
 
@@ -14,9 +14,9 @@ import torch
 from protos import ps_pb2
 from common.errors import InvalidArgument
 from common.transport.messages import PushMeta, PushTimes
-from common.transport.push_stream import receive_push
 from common.transport.serialized import DataChunk, data_view_parser
 from common.transport.wire import ChunkReceiver, encode
+from ps.serving.push_stream import receive_push
 
 PARSE = data_view_parser(ps_pb2.PushChunk)
 END = ps_pb2.PushEnd(compute_ms=12.5, exposed_ms=3.0, own_exposed_ms=1.5, data_wait_ms=0.25)

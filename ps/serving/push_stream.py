@@ -1,6 +1,6 @@
 """Reading a push's chunk stream (the ParameterServer's and the shards' Push): header first, then
 the payload, fed into the receiver the core hands out for that header. The chunks arrive parsed by
-`common.transport.serialized.data_view_parser` (common/transport/handlers.py), their data a view of the received bytes."""
+`common.transport.serialized.data_view_parser` (ps/serving/handlers.py), their data a view of the received bytes."""
 
 from __future__ import annotations
 
