@@ -57,8 +57,8 @@ def _train(ps_server, threads, *args: str, rounds: int = 3, overlap_on: bool = T
                 future.result(TIMEOUT)
         for session in sessions:
             session.wait_params()  # the last reply's parameters may still be streaming in
-        params = sessions[0]._parts.params.clone()
-        assert torch.equal(params, sessions[1]._parts.params)
+        params = sessions[0]._replica.parts.params.clone()
+        assert torch.equal(params, sessions[1]._replica.parts.params)
         return params, sessions
     finally:
         for session in sessions:

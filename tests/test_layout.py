@@ -33,7 +33,7 @@ LONGER_ALLOWED: dict[str, str] = {
 ANY = frozenset({"*"})
 COMMON_PARTS = ("common.job", "common.transport", "common.params", "common.ops", "common.errors",
                 "common.number_checks")
-WORKER_ROOMS = ("worker.transport", "worker.paths", "worker.data", "worker.probes", "worker.timing")
+WORKER_ROOMS = ("worker.transport", "worker.paths", "worker.data", "worker.probes", "worker.timing", "worker.session")
 PS_PARTS = ("ps.control", "ps.serving", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer",
             "ps.server", "ps.server_flags")
 ALLOWED: dict[str, frozenset[str]] = {
@@ -57,14 +57,16 @@ ALLOWED: dict[str, frozenset[str]] = {
     # ps-server's flags, parsed without building anything (the policy names from ps.control.registry)
     "ps.server_flags": frozenset({*COMMON_PARTS, "ps.control", "ps.ops"}),
     # the worker stands beside the server on what they share: it never imports ps. Its rooms: the wire
-    # (the only one that knows protos), the probes (leaves), the two paths, the data, the step's times;
-    # the session, connect(), the device and the CLI at the top compose them.
+    # (the only one that knows protos), the probes (leaves), the two paths, the data, the step's times,
+    # and the session's parts that compose them; the Session, connect(), the device and the CLI at the top.
     "worker": frozenset({"worker.connection", "worker.runtime"}),  # the package's face: connect, Session
     "worker.probes": frozenset(),
     "worker.transport": frozenset({*COMMON_PARTS, "protos", "worker.probes"}),
-    "worker.timing": frozenset({*COMMON_PARTS, "worker.transport"}),
+    "worker.timing": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
     "worker.paths": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
     "worker.data": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
+    "worker.session": frozenset({*COMMON_PARTS, "worker.transport", "worker.paths", "worker.data", "worker.timing",
+                                 "worker.probes", "worker.device"}),
     "worker.device": frozenset(),
     "worker.env_flags": frozenset(),
     "worker.accumulate": frozenset(COMMON_PARTS),
@@ -253,7 +255,6 @@ module hands them plain values (common.transport.messages) and gets plain values
 
 PROTO_BUILT_ELSEWHERE: dict[tuple[str, str], str] = {
     # (module, the function or method whose body builds messages): what it should call instead
-    ("worker/transport/client.py", "PSClient.start_push"): "chunk_frames.push_frame",
     ("worker/transport/bucket_stream.py", "Lane.__init__"): "chunk_frames.push_header_message",
     ("worker/transport/bucket_stream.py", "Lane.requests"): "chunk_frames.push_header_message, offset_frame, push_end_message",
 }

@@ -47,6 +47,7 @@ def _target_from_file(path: Path, timeout: float) -> str:
 def ps_client(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
+    from common.transport.messages import PushMeta, PushTimes
     from common.transport.wire import itemsize
     from worker.transport.client import PSClient, ServerError
 
@@ -67,8 +68,8 @@ def ps_client(args: argparse.Namespace) -> dict[str, Any]:
                 start = time.time()
                 cpu.start()
             t0 = time.perf_counter()
-            plan = client.push(joined.worker_id, grad, out, round=plan.round, version=plan.version,
-                               batch_size=plan.batch_size, compute_ms=0.0, wire_dtype=args.wire_dtype)
+            plan = client.push(PushMeta(joined.worker_id, plan.round, plan.version, plan.batch_size, PushTimes(),
+                                        args.wire_dtype), grad, out)
             if i >= args.warmup:
                 times.append(time.perf_counter() - t0)
             if plan.done:

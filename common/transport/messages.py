@@ -70,7 +70,7 @@ slow worker: the policies balance the whole step, data wait included)."""
 
 @dataclass(frozen=True)
 class PushMeta:
-    """The header of a push (PushHeader; its times, with offsets, from its PushEnd)."""
+    """The header of a push (PushHeader; its times from the PushEnd that closes it, where it has one)."""
 
     worker_id: str
     round: int
@@ -78,7 +78,7 @@ class PushMeta:
     batch_size: int
     times: PushTimes
     wire_dtype: str
-    num_values: int
+    num_values: int = 0  # of the payload (a worker's client sets it from the values it sends)
     kind: str = "values"  # "report" / "snapshot": the --allreduce fast path
     generation: int = 0  # a report's group generation (0: not said)
     secret: str = ""  # the worker's secret from Join (ps.serving.worker_keys)

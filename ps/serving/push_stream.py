@@ -38,9 +38,10 @@ async def receive_push(
     stalls for `idle_s` between two chunks. `admit`, awaited after the header was accepted and before
     the payload is read, may hold the stream back (the server's cap on the bytes in flight).
 
-    A push with offsets (PushHeader.offsets: buckets sent during backward) is received in any order
-    and must end with a chunk carrying PushEnd, whose times replace the header's (checked here; the
-    header's were checked by `begin`)."""
+    The step's times travel in the PushEnd on the push's last chunk, which replaces the header's
+    (checked here; the header's were checked by `begin`); a push without one keeps the header's. A
+    push with offsets (PushHeader.offsets: buckets sent during backward) is received in any order
+    and must end with a PushEnd."""
     chunks = aiter(chunks)
     first = await next_chunk(chunks, idle_s)
     if first is None or not first.fields.HasField("header"):
@@ -49,29 +50,25 @@ async def receive_push(
     receiver = begin(meta)
     if admit is not None:
         await admit()
-    if not meta.offsets:
-        receiver.feed(first.fields.seq, first.data)
-        while (chunk := await next_chunk(chunks, idle_s)) is not None:
-            if chunk.fields.HasField("header"):
-                raise InvalidArgument(f"chunk {chunk.fields.seq} carries a second header; one push per stream")
-            receiver.feed(chunk.fields.seq, chunk.data)
-        return meta, receiver
-    placed = receiver.out_of_order()
+    placed = receiver.out_of_order() if meta.offsets else None
     end: ps_pb2.PushEnd | None = None
-    chunk = first
-    while True:
+    chunk: DataChunk | None = first
+    while chunk is not None:
         if end is not None:
             raise InvalidArgument(f"chunk {chunk.fields.seq} follows the push's end")
         if chunk is not first and chunk.fields.HasField("header"):
             raise InvalidArgument(f"chunk {chunk.fields.seq} carries a second header; one push per stream")
-        placed.feed_at(chunk.fields.seq, chunk.fields.offset, chunk.data)
+        if placed is None:
+            receiver.feed(chunk.fields.seq, chunk.data)
+        else:
+            placed.feed_at(chunk.fields.seq, chunk.fields.offset, chunk.data)
         if chunk.fields.HasField("end"):
             end = chunk.fields.end
         chunk = await next_chunk(chunks, idle_s)
-        if chunk is None:
-            break
     if end is None:
-        raise InvalidArgument("a push with offsets must end with a chunk carrying its end (PushEnd)")
+        if placed is not None:
+            raise InvalidArgument("a push with offsets must end with a chunk carrying its end (PushEnd)")
+        return meta, receiver
     times = push_times_from_proto(end)
     times.check()
-    return replace(meta, times=times), placed
+    return replace(meta, times=times), receiver if placed is None else placed

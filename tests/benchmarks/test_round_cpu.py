@@ -40,14 +40,17 @@ def test_the_round_cpu_benchmark_reports_every_part_next_to_ddp(tmp_path: Path) 
 
 
 def test_the_cpu_hooks_are_the_code_itself_when_off() -> None:
-    """Without $PS_CPU_PARTS (as every test runs) the hooks hand back what they wrap and record nothing."""
-    assert not cpu_parts.ON
+    """Without $PS_CPU_PARTS (as every test runs) the worker's probe is the one that does nothing: its
+    hooks hand back what they wrap and record nothing."""
+    probe = cpu_parts.PROBE
+    assert not cpu_parts.ON and type(probe) is cpu_parts.Probe
     items = iter([1, 2])
-    assert cpu_parts.iterated("push_send", items) is items
-    assert cpu_parts.timed("receive", len) is len
-    with cpu_parts.part("copy"):
-        cpu_parts.round_begins(0)
-        cpu_parts.batch_drawn()
-        cpu_parts.compute_ends()
+    assert probe.iterated("push_send", items) is items
+    assert probe.fed("push_send", len) is len
+    assert probe.timed("receive", len) is len
+    with probe.part("copy"):
+        probe.round_begins(0)
+        probe.batch_drawn()
+        probe.compute_ends()
     assert cpu_parts.thread_kind("Thread-7 (channel_spin)") == "channel_spin" and cpu_parts.thread_kind("reply_0") == "reply"
-    assert not cpu_parts._sums and not cpu_parts._snapshots
+    assert vars(probe) == {}  # nothing recorded: the probe that is off holds no state

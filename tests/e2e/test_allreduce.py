@@ -13,6 +13,7 @@ import torch
 
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from common.transport.layout import flatten_params
+from common.transport.messages import PushMeta
 from tests.processes import Cluster, start_server
 from worker import connect
 from worker.cli import train
@@ -100,9 +101,9 @@ def test_a_step_reads_its_reports_reply_at_the_next_step(ps_server) -> None:
         read: list[bool] = []
         start_push = session.client.start_push
 
-        def recording_start_push(*args: object, **kwargs: object):
-            reply = start_push(*args, **kwargs)
-            if kwargs["kind"] != "report":  # rank 0's snapshots go through push(), read at once
+        def recording_start_push(meta: PushMeta, *args: object):
+            reply = start_push(meta, *args)
+            if meta.kind != "report":  # rank 0's snapshots go through push(), read at once
                 return reply
             index = len(read)
             read.append(False)
@@ -121,7 +122,7 @@ def test_a_step_reads_its_reports_reply_at_the_next_step(ps_server) -> None:
             torch.nn.functional.cross_entropy(session.model(x), y).backward()
             session.step()
             assert read == expected
-            assert torch.equal(flatten_params(session.model), session._parts.collective.params)  # the new parameters
+            assert torch.equal(flatten_params(session.model), session._replica.parts.collective.params)  # the new parameters
         train(session, quiet=True)
         assert all(read) and session.done
         assert session.steps == len(read) == server.call(lambda: server.coordinator.round)
@@ -138,10 +139,10 @@ def test_the_fast_path_reports_busy_time_with_its_own_part(ps_server, balance: s
         reported: list[tuple[float, float]] = []  # (reported, compute) per report
         start_push = session.client.start_push
 
-        def recording_start_push(*args: object, **kwargs: object):
-            if kwargs["kind"] == "report":
-                reported.append((kwargs["compute_ms"], session.last_compute_ms))
-            return start_push(*args, **kwargs)
+        def recording_start_push(meta: PushMeta, *args: object):
+            if meta.kind == "report":
+                reported.append((meta.times.compute_ms, session.last_compute_ms))
+            return start_push(meta, *args)
 
         session.client.start_push = recording_start_push
         for x, y in session.batches():

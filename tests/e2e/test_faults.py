@@ -21,6 +21,7 @@ import torch
 
 from common.job.datasets import build_dataset
 from common.job.models import build_model
+from common.transport.messages import PushMeta, PushTimes
 from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.rounds.coordinator import params_digest
 from tests.processes import ENV, Cluster, start_server
@@ -270,8 +271,8 @@ def test_a_leave_that_leaves_too_few_workers_for_the_global_batch_ends_the_job(t
         a, b = joined[0], joined[1]
         out = torch.empty(a.layout.numel)
         plan = clients[0].pull(a.worker_id, out)
-        pending = clients[0].start_push(a.worker_id, torch.zeros(a.layout.numel), out, round=plan.round, version=plan.version,
-                                        batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+        pending = clients[0].start_push(PushMeta(a.worker_id, plan.round, plan.version, plan.batch_size, PushTimes(1.0),
+                                                 "float32"), torch.zeros(a.layout.numel), out)
         clients[1].leave(b.worker_id)
         reply = pending()
         assert reply.done and "the workers left cannot split --global-batch" in reply.reason, reply

@@ -11,13 +11,14 @@ import asyncio
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
 import pytest
 import torch
 
-from common.transport.messages import PushMeta
+from common.transport.messages import PushMeta, PushTimes
 from common.transport.wire import ChunkReceiver
 from ps.rounds.deadlines import MIN_ROUNDS, ROUND_FACTOR, WARMUP_S, Limits, RoundTimes
 from ps.rounds.inflight import PushesInFlight
@@ -123,14 +124,14 @@ def test_a_second_push_in_flight_is_refused_at_once_and_the_first_goes_on(tmp_pa
         time.sleep(0.5)  # the first push's header is in
         started = time.monotonic()
         with pytest.raises(ServerError) as second:
-            ca.push(a.worker_id, torch.zeros(numel), torch.empty(numel), round=plan.round, version=plan.version,
-                    batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+            ca.push(PushMeta(a.worker_id, plan.round, plan.version, plan.batch_size, PushTimes(1.0), "float32"),
+                    torch.zeros(numel), torch.empty(numel))
         assert time.monotonic() - started < 5
         assert second.value.code == "FAILED_PRECONDITION" and "already has a push in flight" in second.value.message
         go.set()  # the first push sends its values; b's push closes the round and both are answered
         bplan = cb.pull(b.worker_id, torch.empty(numel), header_only=True)
-        reply = cb.push(b.worker_id, torch.zeros(numel), torch.empty(numel), round=bplan.round, version=bplan.version,
-                        batch_size=bplan.batch_size, compute_ms=1.0, wire_dtype="float32")
+        reply = cb.push(PushMeta(b.worker_id, bplan.round, bplan.version, bplan.batch_size, PushTimes(1.0), "float32"),
+                        torch.zeros(numel), torch.empty(numel))
         reader.join(30)
         assert reply.round == plan.round + 1 and replies and replies[0][0].header.round == plan.round + 1, replies
     finally:
@@ -223,12 +224,12 @@ def test_asp_one_held_reply_per_worker_and_the_slowest_evicted_at_the_deadline(t
         a, b = joined["a"], joined["b"]
         beat_until(cb, b.worker_id, stop, errors)
         numel = a.layout.numel
-        step = {"round": 0, "version": a.version, "batch_size": a.batch_size, "compute_ms": 1.0, "wire_dtype": "float32"}
-        pending = ca.start_push(a.worker_id, torch.zeros(numel), torch.empty(numel), **step)
+        step = PushMeta(a.worker_id, 0, a.version, a.batch_size, PushTimes(1.0), "float32")
+        pending = ca.start_push(step, torch.zeros(numel), torch.empty(numel))
         time.sleep(1.0)
         started = time.monotonic()
         with pytest.raises(ServerError) as second:
-            ca.push(a.worker_id, torch.zeros(numel), torch.empty(numel), **{**step, "version": a.version + 1})
+            ca.push(replace(step, version=a.version + 1), torch.zeros(numel), torch.empty(numel))
         assert time.monotonic() - started < 2
         assert second.value.code == "FAILED_PRECONDITION", second.value
         reply = pending()  # answered once b is evicted at the deadline

@@ -24,6 +24,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 import ps.server
 from protos import ps_pb2, ps_pb2_grpc
+from common.transport.messages import PushMeta, PushTimes
 from common.transport.security import TOKEN_ENV, bearer, resolve_token
 from tests.processes import ENV, Cluster, start_server
 from tests.tls_certs import Certs, certs  # noqa: F401 (a fixture)
@@ -97,8 +98,8 @@ def test_tls_and_token_gate_every_call_and_a_worker_trains(servers: Servers, cer
             with contextlib.closing(PSClient(cluster.target, token=token, tls_ca=certs.ca)) as bad:
                 assert_refused(lambda: bad.join("intruder", 1.0), "UNAUTHENTICATED", needle)
                 assert_refused(bad.status, "UNAUTHENTICATED", needle)
-                assert_refused(lambda: bad.push("w-0", torch.zeros(8), torch.empty(8), round=0, version=0,
-                                                batch_size=4, compute_ms=1.0, wire_dtype="float32"),
+                assert_refused(lambda: bad.push(PushMeta("w-0", 0, 0, 4, PushTimes(1.0), "float32"), torch.zeros(8),
+                                                torch.empty(8)),
                                "UNAUTHENTICATED", needle)
                 assert_refused(lambda: bad.leave("w-0"), "UNAUTHENTICATED", needle)
         with tls_channel(cluster.target, certs) as channel:  # the token without its scheme

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
+from common.transport.messages import PushMeta, PushTimes
 from ps.serving import blob
 from tests import processes
 from tests.processes import ENV, start_server
@@ -77,8 +78,8 @@ def test_shard_control_without_the_coordinators_key_is_refused_and_changes_nothi
         params = torch.empty(joined.layout.numel)
         plan = client.pull(worker, params)
         old = params.clone()
-        client.push(worker, torch.ones(joined.layout.numel), params, round=plan.round, version=0,
-                    batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+        client.push(PushMeta(worker, plan.round, 0, plan.batch_size, PushTimes(1.0), "float32"),
+                    torch.ones(joined.layout.numel), params)
         assert not torch.equal(params[-10:], old[-10:])
     finally:
         client.close()
@@ -134,8 +135,8 @@ def test_shards_speak_tls_like_their_coordinator(tmp_path: Path, certs: Certs) -
         params = torch.empty(joined.layout.numel)
         plan = client.pull(joined.worker_id, params)
         old = params.clone()
-        client.push(joined.worker_id, torch.ones(joined.layout.numel), params, round=plan.round, version=0,
-                    batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+        client.push(PushMeta(joined.worker_id, plan.round, 0, plan.batch_size, PushTimes(1.0), "float32"),
+                    torch.ones(joined.layout.numel), params)
         assert not torch.equal(params[-10:], old[-10:])  # the shard's range, over TLS, was stepped
     finally:
         client.close()

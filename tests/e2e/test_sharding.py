@@ -83,8 +83,8 @@ def train(workers: list[tuple[PSClient, Joined]], rounds: int = ROUNDS) -> torch
         for r in range(rounds):
             grad = torch.randn(joined.layout.numel, generator=torch.Generator().manual_seed(1000 * r + k))
             assert plan.batch_size == BATCHES[k]
-            plan = client.push(joined.worker_id, grad, params, round=plan.round, version=plan.version,
-                               batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+            plan = client.push(PushMeta(joined.worker_id, plan.round, plan.version, plan.batch_size, PushTimes(1.0),
+                                        "float32"), grad, params)
         return params.clone()
 
     results = both(work)
@@ -350,9 +350,10 @@ def test_shard_errors_reach_the_client_and_shards_die_with_the_server(tmp_path: 
         params = torch.empty(joined.layout.numel)
         plan = client.pull(joined.worker_id, params)
         grad = torch.zeros(joined.layout.numel)
-        client.push(joined.worker_id, grad, params, round=plan.round, version=0, batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+        meta = PushMeta(joined.worker_id, plan.round, 0, plan.batch_size, PushTimes(1.0), "float32")
+        client.push(meta, grad, params)
         with pytest.raises(ServerError) as info:
-            client.push(joined.worker_id, grad, params, round=plan.round, version=0, batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+            client.push(meta, grad, params)
         assert info.value.code == "FAILED_PRECONDITION"
         # a server killed outright takes its shard processes with it
         assert len(shard_children(cluster.server.pid)) == 1
@@ -382,8 +383,8 @@ def test_the_token_guards_the_shards_too(tmp_path: Path) -> None:
             params = torch.empty(joined.layout.numel)
             plan = client.pull(joined.worker_id, params)
             before = params.clone()
-            client.push(joined.worker_id, torch.ones(joined.layout.numel), params, round=plan.round, version=0,
-                        batch_size=plan.batch_size, compute_ms=1.0, wire_dtype="float32")
+            client.push(PushMeta(joined.worker_id, plan.round, 0, plan.batch_size, PushTimes(1.0), "float32"),
+                        torch.ones(joined.layout.numel), params)
             assert not torch.equal(params[-10:], before[-10:])  # the shard's range (the end) was stepped
         finally:
             client.close()

@@ -10,6 +10,7 @@ import torch
 from common.job.datasets import build_dataset
 from common.job.models import build_model
 from common.transport.layout import flatten_params
+from common.transport.messages import PushMeta, PushTimes
 from tests.processes import start_server
 from worker.transport.client import PSClient
 
@@ -84,8 +85,7 @@ def test_large_model_round_trips_exactly(tmp_path: Path) -> None:
         assert torch.equal(pulled, expected)
         grad = torch.randn_like(expected)
         after = torch.empty_like(expected)
-        plan = client.push(joined.worker_id, grad, after, round=0, version=0, batch_size=8, compute_ms=1.0,
-                           wire_dtype="float32")
+        plan = client.push(PushMeta(joined.worker_id, 0, 0, 8, PushTimes(1.0), "float32"), grad, after)
         assert plan.round == 1
         assert torch.allclose(after, expected - 0.5 * grad, atol=1e-6)
         client.leave(joined.worker_id)

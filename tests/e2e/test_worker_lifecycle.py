@@ -135,7 +135,7 @@ def test_a_rejoin_takes_the_restarted_servers_heartbeat_interval(tmp_path: Path)
             assert second.events("evict") == [], second.server_log()
             train_one_step(session)
             assert session.rejoins == 1 and session.steps == 2
-            assert session._heartbeat.interval == 0.15
+            assert session._membership.heartbeat.interval == 0.15
     finally:
         first.stop()
         if second is not None:
@@ -152,7 +152,7 @@ def test_a_resync_whose_pull_fails_rejoins_instead_of_raising(tmp_path: Path) ->
         with connect(first.target, name="w0", timeout=60, retry_for=30) as session:
             second = restart_server(first, tmp_path / "restarted", JOB)
             stale = ServerError("FAILED_PRECONDITION", "round 3 is not open; the open round is 4")  # ps/rounds/coordinator.py
-            plan = session._recover(stale)
+            plan = session._replica.recover(stale, session.plan)
             assert session.rejoins == 1
             assert not plan.done and plan.batch_size == 32
     finally:

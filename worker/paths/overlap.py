@@ -3,8 +3,8 @@
 Each parameter gets a post-accumulate-grad hook. Backward runs the model's last layers first, so the
 parameters are grouped, from the last one back, into buckets of consecutive values (ranges of the
 flat vector, about BUCKET_VALUES each). When every parameter of a bucket has its gradient, the hook
-hands the bucket to the push stream (worker.transport.client: BucketStream), which frames and sends it on
-gRPC's thread while backward goes on: a large gradient as it is (the framing's write into the
+hands the bucket to the push stream (worker.transport.bucket_stream.BucketStream), which frames and
+sends it on gRPC's thread while backward goes on: a large gradient as it is (the framing's write into the
 message is its only copy), the small ones copied into the flat gradient buffer and sent as ranges of it. At `finish` (the
 session's step(), backward done) the buckets whose parameters never got a gradient (unused in the
 forward, or None) are sent as zeros, as the serial path's flatten_grads does, so no round waits on
@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
 
 from common.transport.wire import CHUNK_BYTES
-import worker.probes.cpu_parts as cpu_parts
+from common.transport.messages import PushTimes, StepHeader
+from worker.probes.cpu_parts import PROBE
+from worker.transport.arrivals import Arrivals
 
 BUCKET_VALUES = CHUNK_BYTES // 4
 """Values per bucket (at least: a parameter larger than this is a bucket of its own): one fp32 wire chunk."""
@@ -43,11 +45,11 @@ the flat buffer first (a smaller one is copied: one message the less)."""
 
 
 class Stream(Protocol):
-    """What the buckets are sent on (worker.transport.client.BucketStream)."""
+    """What the buckets are sent on (worker.transport.bucket_stream.BucketStream, opened by the client)."""
 
     def send(self, offset: int, values: torch.Tensor) -> None: ...
 
-    def end(self, compute_ms: float, exposed_ms: float, own_exposed_ms: float) -> Callable[[], Any]: ...
+    def end(self, times: PushTimes, arrivals: Arrivals | None = None) -> Callable[[], StepHeader]: ...
 
     def cancel(self) -> None: ...
 
@@ -134,7 +136,7 @@ class BucketPush:
         return ready
 
     def _ready(self, index: int, param: torch.Tensor) -> None:
-        with cpu_parts.part("push_copy"), self._lock:
+        with PROBE.part("push_copy"), self._lock:
             if self._open is None or self._spoiled:
                 return
             if index in self._counted:  # a second backward before step(): what went out is stale
@@ -200,7 +202,7 @@ class BucketPush:
         with self._lock:
             if self._open is None:
                 return None
-            with cpu_parts.part("push_check"):
+            with PROBE.part("push_check"):
                 stale = self._spoiled or self._stale()
             if stale:
                 if self._stream is not None:
@@ -209,7 +211,7 @@ class BucketPush:
                 self._forget()
                 self.fallbacks += 1
                 return None
-            with cpu_parts.part("push_copy"):
+            with PROBE.part("push_copy"):
                 for k, bucket in enumerate(self.buckets):
                     if not self._sent[k]:
                         for i in bucket.members:

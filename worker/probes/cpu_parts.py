@@ -1,8 +1,9 @@
 """Where a worker's CPU goes in a round, part by part: an audit hook for benchmarks.round_cpu.
 
-Off unless $PS_CPU_PARTS names a file: then every hook below costs one test of a module flag and
-changes nothing the worker does. On, each part is the CPU time (time.thread_time) of the thread
-that does it, exclusive of the parts nested in it, summed per part and thread:
+The worker's code calls one `Probe`, chosen once at import (`PROBE`): off (the base class, unless
+$PS_CPU_PARTS names a file) every hook hands back what it wraps and records nothing; on (`CpuParts`),
+each part is the CPU time (time.thread_time) of the thread that does it, exclusive of the parts
+nested in it, summed per part and thread:
 
 - ``data``: the main thread drawing a batch (worker.data.loader; a loader thread's own work is apart);
 - ``compute``: the main thread from then to step(): forward and backward;
@@ -41,17 +42,49 @@ STEPS_ENV = "PS_CPU_PARTS_STEPS"
 ON = bool(os.environ.get(ENV))
 
 T = TypeVar("T")
+R = TypeVar("R")
 _NULL = contextlib.nullcontext()
-_local = threading.local()
-_lock = threading.Lock()
-_sums: dict[str, dict[int, float]] = {}  # part -> thread (native id) -> CPU seconds
-_kinds: dict[int, str] = {}  # thread (native id) -> its kind (thread_kind)
-_seen: dict[int, float] = {}  # thread (native id) -> its CPU seconds when a part last ended on it
-_snapshots: list[dict[str, Any]] = []
 
 
-def _window() -> tuple[int, int]:
-    text = os.environ.get(STEPS_ENV, "")
+class Probe:
+    """The hooks the worker's code calls, as they are when the audit is off: each hands back what it
+    wraps and records nothing (`CpuParts` records)."""
+
+    def part(self, name: str) -> contextlib.AbstractContextManager[None]:
+        """`with part(name):` counts the block's CPU time (this thread's) to `name`."""
+        return _NULL
+
+    def iterated(self, name: str, items: Iterator[T]) -> Iterator[T]:
+        """`items`, iterated on a thread of its own (gRPC starts one per streaming call): that thread's
+        CPU time from its start to the last item counted to `name`, with what it does between items."""
+        return items
+
+    def fed(self, name: str, call: Callable[[Iterator[T]], R]) -> Callable[[Iterator[T]], R]:
+        """`call` (a gRPC streaming call), its requests `iterated` under `name`."""
+        return call
+
+    def timed(self, name: str, function: Callable[[Any], T]) -> Callable[[Any], T]:
+        """`function`, its CPU time counted to `name` (gRPC's response deserializer)."""
+        return function
+
+    def round_begins(self, steps_done: int) -> None:
+        """A batch is fetched: the main thread's `step` part ends and `data` begins."""
+
+    def batch_drawn(self) -> None:
+        """The batch is in: `data` ends and `compute` begins."""
+
+    def compute_ends(self) -> None:
+        """step() is called: `compute` ends and `step` begins."""
+
+
+def thread_kind(name: str) -> str:
+    """A thread's name without its number: "Thread-7 (channel_spin)" -> "channel_spin", "reply_0" -> "reply"."""
+    match = re.fullmatch(r"Thread-\d+ \((.*)\)", name)
+    return re.sub(r"_\d+$", "", match[1] if match else name)
+
+
+def steps_window(text: str) -> tuple[int, int]:
+    """$PS_CPU_PARTS_STEPS's "A:B" as (A, B); ValueError unless 0 <= A < B."""
     first, _, last = text.partition(":")
     try:
         window = int(first), int(last)
@@ -62,139 +95,115 @@ def _window() -> tuple[int, int]:
     return window
 
 
-_WINDOW = _window() if ON else (-1, -1)
+class CpuParts(Probe):
+    """The audit on: the parts' CPU per thread, and the snapshots of the window's two steps, written
+    as JSON to `path` at exit."""
 
+    def __init__(self, path: Path, window: tuple[int, int]) -> None:
+        self.path, self.window = path, window
+        self._local = threading.local()
+        self._lock = threading.Lock()
+        self._sums: dict[str, dict[int, float]] = {}  # part -> thread (native id) -> CPU seconds
+        self._kinds: dict[int, str] = {}  # thread (native id) -> its kind (thread_kind)
+        self._seen: dict[int, float] = {}  # thread (native id) -> its CPU seconds when a part last ended on it
+        self.snapshots: list[dict[str, Any]] = []
+        atexit.register(self.write)
 
-def thread_kind(name: str) -> str:
-    """A thread's name without its number: "Thread-7 (channel_spin)" -> "channel_spin", "reply_0" -> "reply"."""
-    match = re.fullmatch(r"Thread-\d+ \((.*)\)", name)
-    return re.sub(r"_\d+$", "", match[1] if match else name)
+    def _add(self, part: str, seconds: float) -> None:
+        thread = threading.current_thread()
+        tid = thread.native_id or 0
+        seen = time.thread_time()
+        with self._lock:
+            self._kinds.setdefault(tid, thread_kind(thread.name))
+            self._seen[tid] = seen
+            per_thread = self._sums.setdefault(part, {})
+            per_thread[tid] = per_thread.get(tid, 0.0) + seconds
 
+    def _stack(self) -> list[list[Any]]:
+        stack = getattr(self._local, "stack", None)
+        if stack is None:
+            stack = self._local.stack = []
+        return stack
 
-def _add(part: str, seconds: float) -> None:
-    thread = threading.current_thread()
-    tid = thread.native_id or 0
-    seen = time.thread_time()
-    with _lock:
-        _kinds.setdefault(tid, thread_kind(thread.name))
-        _seen[tid] = seen
-        per_thread = _sums.setdefault(part, {})
-        per_thread[tid] = per_thread.get(tid, 0.0) + seconds
+    def begin(self, part: str) -> None:
+        """`part` starts in this thread (ended by `end(part)`; one already open is ended first)."""
+        self.end(part)
+        self._stack().append([part, time.thread_time(), 0.0])
 
-
-def _stack() -> list[list[Any]]:
-    stack = getattr(_local, "stack", None)
-    if stack is None:
-        stack = _local.stack = []
-    return stack
-
-
-def begin(part: str) -> None:
-    """`part` starts in this thread (ended by `end(part)`; one already open is ended first)."""
-    if not ON:
-        return
-    end(part)
-    _stack().append([part, time.thread_time(), 0.0])
-
-
-def end(part: str) -> None:
-    """`part` ends in this thread: its CPU time since `begin`, less its nested parts', is added."""
-    if not ON:
-        return
-    stack = _stack()
-    if not any(frame[0] == part for frame in stack):
-        return
-    while True:
-        name, started, nested = stack.pop()
-        elapsed = time.thread_time() - started
-        _add(name, elapsed - nested)
-        if stack:
-            stack[-1][2] += elapsed
-        if name == part:
+    def end(self, part: str) -> None:
+        """`part` ends in this thread: its CPU time since `begin`, less its nested parts', is added."""
+        stack = self._stack()
+        if not any(frame[0] == part for frame in stack):
             return
+        while True:
+            name, started, nested = stack.pop()
+            elapsed = time.thread_time() - started
+            self._add(name, elapsed - nested)
+            if stack:
+                stack[-1][2] += elapsed
+            if name == part:
+                return
 
+    @contextlib.contextmanager
+    def _measured(self, part: str) -> Iterator[None]:
+        self.begin(part)
+        try:
+            yield
+        finally:
+            self.end(part)
 
-@contextlib.contextmanager
-def _measured(part: str) -> Iterator[None]:
-    begin(part)
-    try:
-        yield
-    finally:
-        end(part)
+    def part(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return self._measured(name)
 
+    def iterated(self, name: str, items: Iterator[T]) -> Iterator[T]:
+        thread = threading.get_ident()
+        try:
+            yield from items
+        finally:
+            if threading.get_ident() == thread:  # not a close from another thread (garbage collection)
+                self._add(name, time.thread_time())
 
-def part(name: str) -> contextlib.AbstractContextManager[None]:
-    """`with part(name):` counts the block's CPU time (this thread's) to `name`."""
-    return _measured(name) if ON else _NULL
+    def fed(self, name: str, call: Callable[[Iterator[T]], R]) -> Callable[[Iterator[T]], R]:
+        return lambda requests: call(self.iterated(name, requests))
 
+    def timed(self, name: str, function: Callable[[Any], T]) -> Callable[[Any], T]:
+        def measured(data: Any) -> T:
+            with self._measured(name):
+                return function(data)
 
-def iterated(name: str, items: Iterator[T]) -> Iterator[T]:
-    """`items`, iterated on a thread of its own (gRPC starts one per streaming call): that thread's CPU
-    time from its start to the last item counted to `name`, with what it does between items (gRPC's
-    send of each request). `items` itself when off."""
-    return _iterated(name, items) if ON else items
+        return measured
 
+    def round_begins(self, steps_done: int) -> None:
+        """Also a snapshot at the window's ends."""
+        self.end("step")
+        if steps_done in self.window and not any(s["steps"] == steps_done for s in self.snapshots):
+            self.snapshots.append(self._snapshot(steps_done))
+        self.begin("data")
 
-def _iterated(name: str, items: Iterator[T]) -> Iterator[T]:
-    thread = threading.get_ident()
-    try:
-        yield from items
-    finally:
-        if threading.get_ident() == thread:  # not a close from another thread (garbage collection)
-            _add(name, time.thread_time())
+    def batch_drawn(self) -> None:
+        self.end("data")
+        self.begin("compute")
 
+    def compute_ends(self) -> None:
+        self.end("compute")
+        self.begin("step")
 
-def timed(name: str, function: Callable[[Any], T]) -> Callable[[Any], T]:
-    """`function`, its CPU time counted to `name` (gRPC's response deserializer). `function` when off."""
-    if not ON:
-        return function
+    def _snapshot(self, steps_done: int) -> dict[str, Any]:
+        """The process's CPU seconds, the parts' sums per thread, and every thread's CPU seconds and kind: a
+        live thread's now, one that ended (gRPC starts threads per call) as its last part left it."""
+        threads = thread_cpu()
+        process_s = time.process_time()
+        with self._lock:
+            sums = {part: {str(tid): s for tid, s in per_thread.items()} for part, per_thread in self._sums.items()}
+            kinds = {str(tid): kind for tid, kind in self._kinds.items()}
+            seen = {str(tid): s for tid, s in self._seen.items()}
+        kinds.update({tid: kind for tid, (kind, _) in threads.items()})
+        return {"steps": steps_done, "process_s": process_s, "parts": sums, "kinds": kinds,
+                "threads": {**seen, **{tid: s for tid, (_, s) in threads.items()}}}
 
-    def measured(data: Any) -> T:
-        with _measured(name):
-            return function(data)
-
-    return measured
-
-
-def round_begins(steps_done: int) -> None:
-    """A batch is fetched: the main thread's `step` part ends and `data` begins; a snapshot at the
-    window's ends."""
-    if not ON:
-        return
-    end("step")
-    if steps_done in _WINDOW and not any(s["steps"] == steps_done for s in _snapshots):
-        _snapshots.append(_snapshot(steps_done))
-    begin("data")
-
-
-def batch_drawn() -> None:
-    """The batch is in: `data` ends and `compute` begins."""
-    if not ON:
-        return
-    end("data")
-    begin("compute")
-
-
-def compute_ends() -> None:
-    """step() is called: `compute` ends and `step` begins."""
-    if not ON:
-        return
-    end("compute")
-    begin("step")
-
-
-def _snapshot(steps_done: int) -> dict[str, Any]:
-    """The process's CPU seconds, the parts' sums per thread, and every thread's CPU seconds and kind: a
-    live thread's now, one that ended (gRPC starts threads per call) as its last part left it."""
-    threads = thread_cpu()
-    process_s = time.process_time()
-    with _lock:
-        sums = {part: {str(tid): s for tid, s in per_thread.items()} for part, per_thread in _sums.items()}
-        kinds = {str(tid): kind for tid, kind in _kinds.items()}
-        seen = {str(tid): s for tid, s in _seen.items()}
-    kinds.update({tid: kind for tid, (kind, _) in threads.items()})
-    return {"steps": steps_done, "process_s": process_s, "parts": sums, "kinds": kinds,
-            "threads": {**seen, **{tid: s for tid, (_, s) in threads.items()}}}
+    def write(self) -> None:
+        record = {"pid": os.getpid(), "window": list(self.window), "snapshots": self.snapshots}
+        self.path.write_text(json.dumps(record), encoding="utf-8")
 
 
 def thread_cpu() -> dict[str, tuple[str, float]]:
@@ -213,10 +222,5 @@ def thread_cpu() -> dict[str, tuple[str, float]]:
     return found
 
 
-def _write() -> None:
-    record = {"pid": os.getpid(), "window": list(_WINDOW), "snapshots": _snapshots}
-    Path(os.environ[ENV]).write_text(json.dumps(record), encoding="utf-8")
-
-
-if ON:
-    atexit.register(_write)
+PROBE: Probe = CpuParts(Path(os.environ[ENV]), steps_window(os.environ.get(STEPS_ENV, ""))) if ON else Probe()
+"""The worker's probe, chosen once: the recording one under $PS_CPU_PARTS, else the one that does nothing."""

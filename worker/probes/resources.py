@@ -1,11 +1,19 @@
 """What a worker's machine is: the cores it declares by default, and the extra cost that makes it
 behave like a slower one: `ps-worker --slowdown` (a sleep scaled from the step's own compute) and
-`--step-overhead-ms` (a fixed CPU cost per step)."""
+`--step-overhead-ms` (a fixed CPU cost per step), put around the end of a step's compute once
+(`SlowerMachine.around`)."""
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+ComputeEnd = Callable[[float, float], float]
+"""Ends the compute of a step that began at (time.perf_counter, time.process_time) seconds: its
+device's work waited for; the ms of it spent waiting rather than computing (the forward's wait for
+parameters)."""
 
 
 def default_cores() -> float:
@@ -35,3 +43,34 @@ def burn_cpu(ms: float) -> None:
     while time.process_time() < end:
         for _ in range(200):
             spin += 1
+
+
+@dataclass(frozen=True)
+class SlowerMachine:
+    """A machine `slowdown` times slower than this one, with `overhead_ms` of CPU work more per step."""
+
+    slowdown: float = 1.0
+    overhead_ms: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.slowdown >= 1.0:
+            raise ValueError(f"slowdown must be >= 1, got {self.slowdown}")
+        if not 0.0 <= self.overhead_ms < float("inf"):
+            raise ValueError(f"step_overhead_ms must be a finite number >= 0, got {self.overhead_ms}")
+
+    def around(self, end: ComputeEnd) -> ComputeEnd:
+        """`end` on this machine: the overhead burned first (a slowdown stretches it too), then `end`,
+        then the sleep that stretches the compute; `end` itself where the machine is this one."""
+        if self.slowdown == 1.0 and self.overhead_ms == 0.0:
+            return end
+        slowdown, overhead_ms = self.slowdown, self.overhead_ms
+
+        def slower(started_s: float, started_cpu_s: float) -> float:
+            burn_cpu(overhead_ms)
+            waited_ms = end(started_s, started_cpu_s)
+            if slowdown > 1.0:
+                wall_s = time.perf_counter() - started_s - waited_ms / 1000.0
+                time.sleep(slowdown_delay(wall_s, time.process_time() - started_cpu_s, slowdown))
+            return waited_ms
+
+        return slower

@@ -1,2 +1,3 @@
-"""A step's times as the worker reports them: its own part of the step's communication
-(own_time.py). May import common and worker.transport; never protos."""
+"""A step's times as the worker reports them: the step's clocks and its push's PushTimes
+(step_timer.py), and its own part of the step's communication (own_time.py). May import common,
+worker.transport and worker.probes; never protos."""

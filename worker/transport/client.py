@@ -27,14 +27,15 @@ from common.errors import InvalidArgument
 from common.job.spec import JobSpec
 from common.transport.messages import (Beat, Caller, JobStatus, JoinAsk, JoinInfo, PullAsk, PushMeta, PushTimes,
                                        ShardTarget, StepHeader, StoreAnswer, StoreCall)
+from common.transport.chunk_frames import push_end_message, push_frame
 from common.transport.payload import frame_tensor
 from common.transport.proto_convert import (beat_from_proto, heartbeat_to_proto, job_status_from_proto, join_ask_to_proto,
                                             join_from_proto, leave_to_proto, pull_ask_to_proto, push_meta_to_proto, status_request,
                                             step_header_from_proto, store_answer_from_proto, store_call_to_proto)
 from common.transport.security import PathArg
-from common.transport.serialized import DataChunk, data_header, data_view_parser, passthrough
+from common.transport.serialized import DataChunk, data_view_parser, passthrough
 import worker.transport.server_checks as server_checks
-import worker.probes.cpu_parts as cpu_parts
+from worker.probes.cpu_parts import PROBE
 from worker.transport.channel import open_channel
 from worker.transport.bucket_stream import BucketStream, Lane, PushTiming
 from worker.transport.arrivals import Arrivals
@@ -47,6 +48,9 @@ LEAVE_TIMEOUT_S = 10.0  # PSClient.leave: how long to wait for the server to ans
 
 WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
 _NO_VALUES = torch.empty(0)
+PushCall = Callable[[Iterator[bytes]], Any]
+"""A server's Push: the serialized chunks in, the reply's chunks out (a gRPC call, its requests counted
+by the probe when the CPU-parts audit is on: worker.probes.cpu_parts)."""
 
 
 class ServerError(RuntimeError):
@@ -83,7 +87,7 @@ class _ShardLink:
 
     target: ShardTarget
     channel: grpc.Channel
-    push: grpc.StreamStreamMultiCallable
+    push: PushCall
     pull: grpc.UnaryStreamMultiCallable
 
 
@@ -219,76 +223,51 @@ class PSClient:
         host, _ = reachable_address(host.strip("[]"), 0, self.target)
         return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
-    def push(self, worker_id: str, values: torch.Tensor, out: torch.Tensor, **step: Any) -> StepHeader:
-        """Stream `values` up and wait for the reply; its parameters (if it carries any) land in `out`.
-        `step` is start_push's keywords (round, version, batch_size, compute_ms, wire_dtype, kind)."""
-        return self.start_push(worker_id, values, out, **step)()
+    def push(self, meta: PushMeta, values: torch.Tensor, out: torch.Tensor) -> StepHeader:
+        """Stream `values` up and wait for the reply; its parameters (if it carries any) land in `out`."""
+        return self.start_push(meta, values, out)()
 
-    def start_push(
-        self,
-        worker_id: str,
-        values: torch.Tensor,
-        out: torch.Tensor,
-        *,
-        round: int,
-        version: int,
-        batch_size: int,
-        compute_ms: float,
-        wire_dtype: str,
-        kind: str = "values",
-        generation: int = 0,
-        exposed_ms: float = 0.0,
-        own_exposed_ms: float = 0.0,
-        sq_norms: tuple[float, float] = (0.0, 0.0),
-        data_wait_ms: float = 0.0,
-    ) -> Callable[[], StepHeader]:
+    def start_push(self, meta: PushMeta, values: torch.Tensor, out: torch.Tensor) -> Callable[[], StepHeader]:
         """`push`, started: the values go up now, and the returned call waits for the reply (BSP: sent
         when the round closes), so the caller can work in between (the fast path's optimizer step).
 
-        `kind` "report" (no values) and "snapshot" are the --allreduce fast path's pushes; a report
-        names the group `generation` it all-reduced in."""
-        times = PushTimes(compute_ms, exposed_ms, own_exposed_ms, data_wait_ms)  # what they mean: PushTimes.of_step
-        header = push_meta_to_proto(PushMeta(
-            worker_id, round, version, batch_size, times, wire_dtype, values.numel(), kind=kind, generation=generation,
-            secret=self.secret(worker_id), local_sq_norm=sq_norms[0], global_sq_norm=sq_norms[1],
-        ))
-
+        `meta` says what the push is (its kind: "report", with no values, and "snapshot" are the
+        --allreduce fast path's) and its step's times; the client adds the secret and the number of
+        values each server gets. The times go in the PushEnd that closes the push."""
+        meta = replace(meta, num_values=values.numel(), secret=self.secret(meta.worker_id), offsets=False)
         timing = self.last_push = PushTiming()
 
-        def requests(part: torch.Tensor, head: ps_pb2.PushHeader) -> Iterator[bytes]:
-            """Serialized chunks: each slice of `part` is written once, straight into its message
-            (bf16/fp16: converted on the way, common.transport.payload.frame_tensor)."""
-
-            def push_chunk(seq: int, nbytes: int) -> bytes:
-                return data_header(ps_pb2.PushChunk(header=head if seq == 0 else None, seq=seq), nbytes)
-
-            yield from frame_tensor(part, wire_dtype, push_chunk, self.chunk_bytes)
+        def requests(part: torch.Tensor) -> Iterator[bytes]:
+            """Serialized chunks of `part` (one server's values): each slice written once, straight into
+            its message (bf16/fp16: converted on the way, common.transport.payload.frame_tensor), the
+            header (its times 0) on the first; then the end, with the times."""
+            frame = push_frame(replace(meta, num_values=part.numel(), times=PushTimes()))
+            sent = 0
+            for message in frame_tensor(part, meta.wire_dtype, frame, self.chunk_bytes):
+                sent += 1
+                yield message
+            yield push_end_message(sent, meta.times)
             timing.uploaded = time.perf_counter()
 
-        if not self._shards or kind != "values":
-            return functools.partial(_finish, self._push(cpu_parts.iterated("push_send", requests(values, header))), out, timing)
+        if not self._shards or meta.kind != "values":
+            return functools.partial(_finish, self._push(requests(values)), out, timing)
         own = self._own_stop
         assert own is not None and self._pool is not None
-        header.num_values = own
-        calls = []
-        for link in self._shards:
-            head = ps_pb2.PushHeader()
-            head.CopyFrom(header)
-            head.num_values = link.target.stop - link.target.start
-            calls.append(link.push(cpu_parts.iterated("push_send", requests(values[link.target.start : link.target.stop], head))))
-        return functools.partial(self._gather, self._push(cpu_parts.iterated("push_send", requests(values[:own], header))), calls, out)
+        calls = [link.push(requests(values[link.target.start : link.target.stop])) for link in self._shards]
+        return functools.partial(self._gather, self._push(requests(values[:own])), calls, out)
 
-    def open_push(self, worker_id: str, out: torch.Tensor, *, round: int, version: int, batch_size: int,
-                  wire_dtype: str, numel: int) -> BucketStream:
-        """A push of `numel` gradient values sent in buckets, in any order, as they are ready (BSP, during
-        backward: worker.paths.overlap); its reply's parameters land in `out` (BucketStream.end)."""
-        header = push_meta_to_proto(PushMeta(worker_id, round, version, batch_size, PushTimes(), wire_dtype, 0,
-                                             offsets=True, secret=self.secret(worker_id)))
+    def open_push(self, meta: PushMeta, out: torch.Tensor) -> BucketStream:
+        """A push of as many gradient values as `out` holds, sent in buckets, in any order, as they are
+        ready (BSP, during backward: worker.paths.overlap); its reply's parameters land in `out`. The
+        step's times are not known yet: the stream's end carries them (BucketStream.end)."""
+        numel = out.numel()
+        header = push_meta_to_proto(replace(meta, times=PushTimes(), num_values=0, offsets=True,
+                                            secret=self.secret(meta.worker_id)))
         ranges = [(0, numel if self._own_stop is None else self._own_stop)]
         ranges += [(link.target.start, link.target.stop) for link in self._shards]
-        lanes = [Lane(start, stop, header, wire_dtype, self.chunk_bytes) for start, stop in ranges]
-        calls = [self._push(cpu_parts.iterated("push_send", lanes[0].requests()))]
-        calls += [link.push(cpu_parts.iterated("push_send", lane.requests())) for link, lane in zip(self._shards, lanes[1:], strict=True)]
+        lanes = [Lane(start, stop, header, meta.wire_dtype, self.chunk_bytes) for start, stop in ranges]
+        calls = [self._push(lanes[0].requests())]
+        calls += [link.push(lane.requests()) for link, lane in zip(self._shards, lanes[1:], strict=True)]
         timing = self.last_push = PushTiming()
         lanes[0].timing = timing
         streamed = functools.partial(self._stream_reply, calls[0], calls[1:], out, timing)
@@ -407,14 +386,15 @@ class PSClient:
             raise _error(exc) from None
 
 
-_PARAMS_CHUNK = cpu_parts.timed("receive", data_view_parser(ps_pb2.ParamsChunk))  # replies' data as views of the received bytes
+_PARAMS_CHUNK = PROBE.timed("receive", data_view_parser(ps_pb2.ParamsChunk))  # replies' data as views of the received bytes
 
 
-def _push_call(channel: grpc.Channel, service: str) -> grpc.StreamStreamMultiCallable:
+def _push_call(channel: grpc.Channel, service: str) -> PushCall:
     """`service`'s Push, taking serialized PushChunks (common/transport/serialized.py) as well as messages."""
     full_name = ps_pb2.DESCRIPTOR.services_by_name[service].full_name
-    return channel.stream_stream(f"/{full_name}/Push", request_serializer=passthrough(ps_pb2.PushChunk.SerializeToString),
+    call = channel.stream_stream(f"/{full_name}/Push", request_serializer=passthrough(ps_pb2.PushChunk.SerializeToString),
                                  response_deserializer=_PARAMS_CHUNK)
+    return PROBE.fed("push_send", call)
 
 
 def _pull_call(channel: grpc.Channel, service: str) -> grpc.UnaryStreamMultiCallable:
@@ -450,10 +430,10 @@ def _receive_lane(stream: Iterator[DataChunk], out: torch.Tensor, arrivals: Arri
     try:
         first = _first_chunk(stream) if first is None else first
         h = first.fields.header
-        with _checked_reply(), cpu_parts.part("receive"):
+        with _checked_reply(), PROBE.part("receive"):
             receiver = FlatReceiver(out, h.num_values, h.wire_dtype, check_finite=False)
             for chunk in itertools.chain([first], stream):
-                with cpu_parts.part("copy"):
+                with PROBE.part("copy"):
                     receiver.feed(chunk.fields.seq, chunk.data)
                 arrivals.advance(lane, receiver.filled)
             server_checks.finite_values(receiver.finish(check_finite=False))
@@ -481,10 +461,10 @@ def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTi
     if timing is not None:
         timing.replied = time.perf_counter()
     h = first.fields.header
-    with _checked_reply(), cpu_parts.part("receive"):
+    with _checked_reply(), PROBE.part("receive"):
         receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype, check_finite=False)
         for chunk in itertools.chain([first], stream):
-            with cpu_parts.part("copy"):
+            with PROBE.part("copy"):
                 receiver.feed(chunk.fields.seq, chunk.data)
         server_checks.finite_values(receiver.finish(check_finite=False))
     return h

@@ -153,20 +153,20 @@ def test_streamed_replies_step_like_one_process(ps_server, threads, monkeypatch,
     monkeypatch.setattr(overlap, "BUCKET_VALUES", 100)
     args = ("--optimizer", optimizer, "--momentum", "0.9" if optimizer == "sgd" else "0", "--model-arg", "hidden=16")
     params, sessions = _train(ps_server, threads, *args, rounds=4)
-    assert all(s._parts.forward is not None and s._parts.buckets is not None and s._parts.buckets.streamed == 4 for s in sessions)
+    assert all(s._replica.parts.forward is not None and s._replica.parts.buckets is not None and s._replica.parts.buckets.streamed == 4 for s in sessions)
     torch.testing.assert_close(params, _reference(optimizer, rounds=4), rtol=0, atol=2e-6)
 
 
 def test_a_model_that_reads_a_childs_weight_steps_exactly(ps_server, threads, monkeypatch) -> None:
     monkeypatch.setattr(overlap, "BUCKET_VALUES", 20)
     params, sessions = _train(ps_server, threads, "--model", CHILD_WEIGHT_MODEL, "--momentum", "0.9", rounds=4)
-    assert all(s._parts.forward is not None and s._parts.forward.eager and not s._parts.forward.warned for s in sessions)
+    assert all(s._replica.parts.forward is not None and s._replica.parts.forward.eager and not s._replica.parts.forward.warned for s in sessions)
     torch.testing.assert_close(params, _reference("sgd", CHILD_WEIGHT_MODEL, rounds=4), rtol=0, atol=2e-6)
 
 
 def test_the_serial_path_does_not_stream(ps_server, threads) -> None:
     _, sessions = _train(ps_server, threads, "--model-arg", "hidden=16", overlap_on=False)
-    assert all(s._parts.forward is None for s in sessions)
+    assert all(s._replica.parts.forward is None for s in sessions)
 
 
 @pytest.mark.parametrize("extra", [(), ("--wire-dtype", "bfloat16"), ("--shards", "2")])
@@ -184,7 +184,7 @@ def test_a_reply_of_many_chunks_streams_in_as_the_serial_reply_would(ps_server, 
     args = ("--model-arg", "hidden=1024", "--model-arg", "layers=2", "--momentum", "0.9", *extra)
     try:
         streamed, sessions = _train(server, threads, *args)
-        assert all(s._parts.forward is not None and s._parts.buckets is not None and s._parts.buckets.streamed == 3 for s in sessions)
+        assert all(s._replica.parts.forward is not None and s._replica.parts.buckets is not None and s._replica.parts.buckets.streamed == 3 for s in sessions)
         whole, _ = _train(server, threads, *args, overlap_on=False)
     finally:
         for each in started:
@@ -230,13 +230,13 @@ def test_a_reply_that_failed_while_it_streamed_drops_the_next_gradient_and_resyn
         step()
         assert session.steps == 1 and session.streamed_replies == 1
         session.wait_params()
-        session._parts.arrivals.begin([(0, 1)])  # as if the reply's stream had broken off
-        session._parts.arrivals.end(0, ServerError("FAILED_PRECONDITION", "the reply broke off"))
+        session._replica.parts.arrivals.begin([(0, 1)])  # as if the reply's stream had broken off
+        session._replica.parts.arrivals.end(0, ServerError("FAILED_PRECONDITION", "the reply broke off"))
         round_before = server.call(lambda: server.coordinator.round)
         step()
         assert session.steps == 1  # dropped: nothing pushed, the round still open
         assert server.call(lambda: server.coordinator.round) == round_before
-        assert torch.equal(session._parts.params, server.call(lambda: server.coordinator.store.flat.clone()))
+        assert torch.equal(session._replica.parts.params, server.call(lambda: server.coordinator.store.flat.clone()))
         step()
         assert session.steps == 2 and server.call(lambda: server.coordinator.round) == round_before + 1
     finally:

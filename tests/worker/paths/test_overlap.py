@@ -86,10 +86,10 @@ def test_the_bucketed_step_equals_the_whole_gradient_step(ps_server, threads, mo
     monkeypatch.setattr(overlap, "DIRECT_VALUES", 100)  # the three weights in place, the biases copied
     args = ("--optimizer", optimizer, "--momentum", "0.9" if optimizer == "sgd" else "0", "--model-arg", "hidden=16")
     bucketed, sessions = _train(ps_server, threads, *args)
-    assert all(s._parts.buckets is not None and len(s._parts.buckets.buckets) >= 2 and s._parts.buckets.streamed == 3 for s in sessions)
-    assert all(s._parts.buckets is not None and s._parts.buckets.sent_in_place == 3 * 2 for s in sessions)
+    assert all(s._replica.parts.buckets is not None and len(s._replica.parts.buckets.buckets) >= 2 and s._replica.parts.buckets.streamed == 3 for s in sessions)
+    assert all(s._replica.parts.buckets is not None and s._replica.parts.buckets.sent_in_place == 3 * 2 for s in sessions)
     whole, serial = _train(ps_server, threads, *args, overlap_on=False)
-    assert all(s._parts.buckets is None for s in serial)
+    assert all(s._replica.parts.buckets is None for s in serial)
     assert torch.equal(bucketed, whole)  # the server got the same gradient, bit for bit
     torch.testing.assert_close(bucketed, _reference(optimizer), rtol=0, atol=2e-6)
 
@@ -98,7 +98,7 @@ def test_parameters_without_gradients_do_not_hang_the_round(ps_server, threads, 
     monkeypatch.setattr(overlap, "BUCKET_VALUES", 20)  # the unused layer is a bucket of its own
     args = ("--model", UNUSED_MODEL, "--momentum", "0.9")
     bucketed, sessions = _train(ps_server, threads, *args)
-    assert all(s._parts.buckets is not None and s._parts.buckets.streamed == 3 for s in sessions)
+    assert all(s._replica.parts.buckets is not None and s._replica.parts.buckets.streamed == 3 for s in sessions)
     assert all(p.grad is None for p in sessions[0].model.unused.parameters())
     torch.testing.assert_close(bucketed, _reference("sgd", UNUSED_MODEL), rtol=0, atol=2e-6)
 
@@ -124,7 +124,7 @@ def test_a_gradient_changed_after_its_bucket_went_out_is_pushed_whole(ps_server,
     monkeypatch.setattr(overlap, "DIRECT_VALUES", 100)
     args = ("--momentum", "0.9", "--model-arg", "hidden=16")
     bucketed, sessions = _train(ps_server, threads, *args, edit=edit)
-    assert all(s._parts.buckets is not None and s._parts.buckets.fallbacks == 3 and s._parts.buckets.streamed == 0 for s in sessions)
+    assert all(s._replica.parts.buckets is not None and s._replica.parts.buckets.fallbacks == 3 and s._replica.parts.buckets.streamed == 0 for s in sessions)
     torch.testing.assert_close(bucketed, _reference("sgd", edit=edit), rtol=0, atol=2e-6)
 
 
@@ -141,19 +141,19 @@ def test_the_values_are_compared_at_the_first_streamed_step_only(ps_server, thre
 
     monkeypatch.setattr(overlap.BucketPush, "_changed", counted)
     _, sessions = _train(ps_server, threads, "--momentum", "0.9", "--model-arg", "hidden=16")
-    assert all(s._parts.buckets is not None and s._parts.buckets.streamed == 3 for s in sessions)
+    assert all(s._replica.parts.buckets is not None and s._replica.parts.buckets.streamed == 3 for s in sessions)
     assert compared_at == {0}
 
 
 KILLED_WORKER = """
 import os, signal, sys, time
 import torch
+from common.transport.messages import PushMeta, PushTimes
 from worker.transport.client import PSClient
 client = PSClient(sys.argv[1])
 joined = client.join("b", 20.0)
 numel = joined.layout.numel
-stream = client.open_push(joined.worker_id, torch.empty(numel), round=0, version=0, batch_size=20,
-                          wire_dtype="float32", numel=numel)
+stream = client.open_push(PushMeta(joined.worker_id, 0, 0, 20, PushTimes(), "float32"), torch.empty(numel))
 stream.send(numel // 2, torch.full((numel - numel // 2,), 1000.0))
 time.sleep(1.0)
 print("sent", flush=True)
@@ -226,6 +226,6 @@ def test_a_narrow_wire_dtype_narrows_each_bucket_as_the_whole_push_would(ps_serv
     monkeypatch.setattr(overlap, "BUCKET_VALUES", 100)
     args = ("--wire-dtype", "bfloat16", "--momentum", "0.9", "--model-arg", "hidden=16")
     bucketed, sessions = _train(ps_server, threads, *args)
-    assert all(s._parts.buckets is not None and s._parts.buckets.streamed == 3 for s in sessions)
+    assert all(s._replica.parts.buckets is not None and s._replica.parts.buckets.streamed == 3 for s in sessions)
     whole, _ = _train(ps_server, threads, *args, overlap_on=False)
     assert torch.equal(bucketed, whole)

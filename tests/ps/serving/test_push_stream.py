@@ -1,0 +1,92 @@
+"""A push's chunk stream read by receive_push (ps/serving/push_stream.py): the times of the
+PushEnd that closes it replace the header's, on a whole push as on one with offsets; a push without
+one keeps the header's; nothing may follow the end."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+
+from protos import ps_pb2
+from common.errors import InvalidArgument
+from common.transport.messages import PushMeta, PushTimes
+from common.transport.serialized import DataChunk, data_view_parser
+from common.transport.wire import ChunkReceiver, encode
+from ps.serving.push_stream import receive_push
+
+PARSE = data_view_parser(ps_pb2.PushChunk)
+END = ps_pb2.PushEnd(compute_ms=12.5, exposed_ms=3.0, own_exposed_ms=1.5, data_wait_ms=0.25)
+
+
+def header(num_values: int, offsets: bool = False) -> ps_pb2.PushHeader:
+    return ps_pb2.PushHeader(worker_id="w", batch_size=4, compute_ms=7.0, exposed_ms=2.0, wire_dtype="float32",
+                             num_values=num_values, offsets=offsets)
+
+
+async def stream(chunks: list[ps_pb2.PushChunk]) -> AsyncIterator[DataChunk]:
+    for chunk in chunks:
+        yield PARSE(chunk.SerializeToString())
+
+
+def receive(chunks: list[ps_pb2.PushChunk]) -> tuple[PushMeta, torch.Tensor]:
+    async def run() -> tuple[PushMeta, torch.Tensor]:
+        meta, receiver = await receive_push(stream(chunks), lambda m: ChunkReceiver(m.num_values, m.wire_dtype))
+        vector = receiver.finish()
+        return meta, vector[0 : vector.numel()].float()
+
+    return asyncio.run(run())
+
+
+def whole(values: torch.Tensor, end: ps_pb2.PushEnd | None) -> list[ps_pb2.PushChunk]:
+    """A push in order: the header with the first values, the rest, then (if given) an empty chunk with the end."""
+    data = bytes(encode(values, "float32"))
+    chunks = [ps_pb2.PushChunk(header=header(values.numel()), seq=0, data=data[:8]),
+              ps_pb2.PushChunk(seq=1, data=data[8:])]
+    return chunks + ([ps_pb2.PushChunk(seq=2, end=end)] if end is not None else [])
+
+
+def test_a_whole_push_takes_its_times_from_its_end() -> None:
+    values = torch.arange(6, dtype=torch.float32)
+    meta, received = receive(whole(values, END))
+    assert meta.times == PushTimes(12.5, 3.0, 1.5, 0.25)
+    assert torch.equal(received, values)
+
+
+def test_a_push_without_an_end_keeps_the_headers_times() -> None:
+    values = torch.arange(6, dtype=torch.float32)
+    meta, received = receive(whole(values, None))
+    assert meta.times == PushTimes(7.0, 2.0, 0.0, 0.0)
+    assert torch.equal(received, values)
+
+
+def test_the_end_may_ride_on_the_last_chunk_with_data() -> None:
+    values = torch.arange(4, dtype=torch.float32)
+    chunk = ps_pb2.PushChunk(header=header(4), seq=0, data=bytes(encode(values, "float32")), end=END)
+    meta, received = receive([chunk])
+    assert meta.times.compute_ms == 12.5 and torch.equal(received, values)
+
+
+def test_nothing_may_follow_the_end_and_its_times_are_checked() -> None:
+    values = torch.arange(6, dtype=torch.float32)
+    chunks = whole(values, END)
+    chunks[1].end.CopyFrom(END)
+    with pytest.raises(InvalidArgument, match="chunk 2 follows the push's end"):
+        receive(chunks)
+    with pytest.raises(InvalidArgument, match="compute_ms must be finite"):
+        receive(whole(values, ps_pb2.PushEnd(compute_ms=math.nan)))
+
+
+def test_a_push_with_offsets_must_end_with_its_times() -> None:
+    values = torch.arange(4, dtype=torch.float32)
+    data = bytes(encode(values, "float32"))
+    first = ps_pb2.PushChunk(header=header(4, offsets=True), seq=0)
+    back = ps_pb2.PushChunk(seq=1, offset=2, data=data[8:])
+    front = ps_pb2.PushChunk(seq=2, offset=0, data=data[:8], end=END)
+    meta, received = receive([first, back, front])
+    assert meta.times == PushTimes(12.5, 3.0, 1.5, 0.25) and torch.equal(received, values)
+    with pytest.raises(InvalidArgument, match="must end with a chunk carrying its end"):
+        receive([first, back, ps_pb2.PushChunk(seq=2, offset=0, data=data[:8])])

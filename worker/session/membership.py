@@ -1,0 +1,82 @@
+"""A worker's place in the job: joined under its name, kept alive by the heartbeat, joined again
+after the server lost it, and left at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+import torch
+
+from common.transport.messages import StepHeader
+from worker.device import gpu_uuid
+from worker.paths.path_parts import ProcessSession
+from worker.transport.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
+from worker.transport.heartbeat import Heartbeat
+from worker.transport.reconnect import rejoin_with_backoff
+
+
+class Membership:
+    """Joins at construction (blocking until admitted) and beats from then on: building the data and
+    the model can take longer than --evict-after. `joined` is the latest Join's reply."""
+
+    def __init__(self, client: PSClient, name: str, cores: float, device: torch.device, max_batch: int,
+                 retry_for: float) -> None:
+        self.client, self.name, self.cores, self.max_batch, self.retry_for = client, name, cores, max_batch, retry_for
+        self._cuda_device = gpu_uuid(device)
+        self.rejoins = 0
+        self._counted = ProcessSession()
+        client.switch_paths = self._counted.only
+        try:
+            self.joined: Joined = client.join(name, cores, cuda_device=self._cuda_device, max_batch=max_batch)
+        except BaseException:
+            self._counted.close()
+            raise
+        self.worker_id = self.joined.worker_id
+        self.heartbeat = Heartbeat(client.heartbeat, self.worker_id, self.joined.heartbeat_interval_s)
+
+    def join_again(self, deadline: float) -> Joined:
+        """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic);
+        the caller checks the reply before it `adopt`s it."""
+        with contextlib.suppress(ServerError):
+            self.client.leave(self.worker_id, timeout=max(0.01, min(deadline - time.monotonic(), LEAVE_TIMEOUT_S)))
+        return self.client.join(self.name, self.cores, timeout=max(0.01, deadline - time.monotonic()),
+                                cuda_device=self._cuda_device, max_batch=self.max_batch)
+
+    def adopt(self, joined: Joined) -> None:
+        """Go on as the worker `joined` names, beating at its server's interval (a restarted server may
+        give a new id and, from another --evict-after, another interval)."""
+        self.joined, self.worker_id = joined, joined.worker_id
+        self.heartbeat.retarget(joined.worker_id, joined.heartbeat_interval_s)
+        self.rejoins += 1
+
+    def recover(self, error: ServerError, plan: StepHeader, resync: Callable[[], StepHeader],
+                rejoin: Callable[[float], StepHeader]) -> StepHeader:
+        """After a failed call: `resync()` (a stale round or version), or `rejoin(deadline)` with
+        backoff (server restarted, this worker evicted, connection lost). A resync that fails (the
+        server restarted meanwhile) goes on to rejoin, from its error. `plan`: the one in force."""
+        if error.code == "FAILED_PRECONDITION" and "rejoin" not in error.message:
+            try:
+                return resync()
+            except ServerError as exc:
+                error = exc
+        if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
+            raise error
+        return rejoin_with_backoff(self.name, self.client, self.retry_for, error, rejoin, lambda: self.worker_id, plan)
+
+    def leave(self) -> None:
+        """Tell the server this worker is going."""
+        self.client.leave(self.worker_id)
+
+    def close(self) -> None:
+        """Stop the heartbeat and leave the process's count of sessions."""
+        self.heartbeat.stop()
+        self._counted.close()
+
+    def abandon(self) -> None:
+        """A member that will never push (its set-up failed): close, and leave so that BSP peers need
+        not wait for --evict-after."""
+        self.close()
+        with contextlib.suppress(ServerError):
+            self.client.leave(self.worker_id)
