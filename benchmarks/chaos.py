@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from common.job.datasets import build_dataset
+from common.job.datasets import Dataset, build_dataset
 from common.ops.arg_types import positive_float, positive_int
 from deploy.emulator import DEFAULT_DATASET_ARGS, DEFAULT_JOB
 from deploy.launcher import LocalCluster, WorkerSpec
@@ -203,7 +203,14 @@ def inject(cluster: LocalCluster, kind: str, victim: str, settings: Settings, po
     """One fault of `kind` on worker `victim` (unused for server-kill), undone when it is due; False
     when there was nothing to fault (the worker had exited)."""
     proc = cluster.processes.get(victim)
-    if kind != "server-kill" and (proc is None or proc.poll() is not None):
+    if kind == "server-kill":
+        assert cluster.server is not None
+        cluster.server.kill()
+        cluster.server.wait(10)
+        time.sleep(1.0)
+        cluster.restart_server("--resume", str(cluster.workdir / "ckpt"))
+        return True
+    if proc is None or proc.poll() is not None:
         return False
     if kind == "worker-kill":
         proc.kill()
@@ -222,12 +229,6 @@ def inject(cluster: LocalCluster, kind: str, victim: str, settings: Settings, po
     elif kind == "worker-partition":
         with Partition(proc.pid, port):
             time.sleep(PARTITION_S)
-    elif kind == "server-kill":
-        assert cluster.server is not None
-        cluster.server.kill()
-        cluster.server.wait(10)
-        time.sleep(1.0)
-        cluster.restart_server("--resume", str(cluster.workdir / "ckpt"))
     return True
 
 
@@ -255,6 +256,7 @@ def run_job(settings: Settings, run: str) -> dict[str, Any]:
                 next_fault = started + settings.fault_every
             due = next_fault is not None and time.monotonic() >= next_fault
             if run in ("faulted", "workers") and due and not cluster.events("end"):  # none once the job ended
+                assert next_fault is not None  # (due)
                 kind = next(kinds)
                 victim = "server" if kind == "server-kill" else next(victims)
                 log(f"{kind} on {victim} at {time.monotonic() - (started or 0):.0f} s")
@@ -280,6 +282,7 @@ def train_samples() -> int:
     """The job's training samples per epoch."""
     options = dict(o.split("=", 1) for o in DEFAULT_DATASET_ARGS.get(DEFAULT_JOB["dataset"], []))
     dataset = build_dataset(DEFAULT_JOB["dataset"], {k: json.loads(v) for k, v in options.items()}, 0)
+    assert isinstance(dataset, Dataset), "the chaos job's dataset is held in memory"
     return len(dataset.train_x)
 
 

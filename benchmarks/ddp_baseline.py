@@ -97,7 +97,8 @@ def run_ddp(
             if proc.returncode != 0:
                 text = (workdir / f"ddp-rank{rank}.log").read_text(encoding="utf-8", errors="replace")
                 raise RuntimeError(f"DDP rank {rank} exited with {proc.returncode}:\n{text[-2000:]}")
-        out = procs[reporter].stdout.read() if procs[reporter].stdout else ""
+        stdout = procs[reporter].stdout
+        out = stdout.read() if stdout else ""
         lines = [line for line in out.splitlines() if line.startswith("{")]
         if not lines:
             raise RuntimeError(f"DDP rank {reporter} printed no result: {out[-500:]!r}")
@@ -284,7 +285,7 @@ def time_steps(args: argparse.Namespace, ddp: Any, optimizer: Any, dataset: Any,
     seconds = time.perf_counter() - start
     if args.cpu_out is not None:
         solo_s = solo_fwd_bwd(copy.deepcopy(ddp.module), dataset, batches_timed[args.warmup:], scale)
-        args.cpu_out.write_text(json.dumps(cpu_record(args.steps, *cpu, solo_s)), encoding="utf-8")
+        args.cpu_out.write_text(json.dumps(cpu_record(args.steps, cpu[0], cpu[1], cpu[2], solo_s)), encoding="utf-8")
     return {
         "samples_per_s": round(args.steps * sum(batches) / seconds, 2),
         "step_ms": round(1000.0 * seconds / args.steps, 3),

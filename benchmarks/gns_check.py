@@ -186,7 +186,7 @@ class WindowTruth:
         weights = self.smoothing ** (point - 1 - steps)
         known = sorted(k for k in self.noises if steps[0] <= k < point)
         noise = np.interp(steps, known, [self.noises[k] for k in known])
-        signal = np.array([self.signals[k] for k in steps])
+        signal = np.array([self.signals[int(k)] for k in steps])
         s, n = float(weights @ signal / weights.sum()), float(weights @ noise / weights.sum())
         return {"signal": s, "noise": n, "b_noise": n / s, "rounds": len(steps),
                 "signal_min": float(signal.min()), "signal_max": float(signal.max())}

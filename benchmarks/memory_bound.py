@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.report_output import add_result_options, save_result
-from common.job.datasets import build_dataset
+from common.job.datasets import Dataset, build_dataset
 from common.job.models import build_model
 from ps.server_flags import parse_options
 from worker.data.memory_probe import probe_max_batch
@@ -32,6 +32,8 @@ TARGET = 0.10
 
 def fits(model: nn.Module, batch: int, shape: tuple[int, ...], classes: int, device: torch.device) -> bool:
     """Whether one forward and backward of `batch` random samples runs on `device` without running out."""
+    x: torch.Tensor | None
+    y: torch.Tensor | None
     try:
         x = torch.randn(batch, *shape, device=device)
         y = torch.randint(0, classes, (batch,), device=device)
@@ -75,6 +77,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     device = torch.device(args.device)
     data = build_dataset(args.dataset, {}, 0)
+    assert isinstance(data, Dataset), f"{args.dataset}: the probe needs a dataset held in memory"
     model = build_model(args.model, data.input_shape, data.num_classes, parse_options(args.model_arg), 0)
     probe = probe_max_batch(model, data.train_x, data.train_y, device)  # as a worker does: its model still on the CPU
     model.to(device).train()

@@ -112,9 +112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         pairs = []
         for i in range(args.throughput_repeats):  # alternated, so that a load change hits both alike
             variable = one_run(workdir, f"tp-variable-{i}", "dynamic", [], tp_args)
-            micro = one_run(workdir, f"tp-micro-{i}", "dynamic", ["--micro-batch", str(args.throughput_micro_batch)], tp_args)
-            pairs.append({"variable": variable, "micro": micro,
-                          "micro_over_variable": round(micro["steady_samples_per_s"] / variable["steady_samples_per_s"], 3)})
+            micro_run = one_run(workdir, f"tp-micro-{i}", "dynamic", ["--micro-batch", str(args.throughput_micro_batch)], tp_args)
+            pairs.append({"variable": variable, "micro": micro_run,
+                          "micro_over_variable": round(micro_run["steady_samples_per_s"] / variable["steady_samples_per_s"], 3)})
         ratio = statistics.median(p["micro_over_variable"] for p in pairs)
         report["throughput"] = {"micro_batch": args.throughput_micro_batch, "runs": pairs,
                                 "micro_over_variable_median": ratio, "target": ">= 0.9", "met": ratio >= 0.9}

@@ -196,12 +196,12 @@ def run(s: Settings) -> dict[str, Any]:
     launched = time.monotonic()
     channel = None
     try:
-        procs.server = spawn(server_argv(s, port_file, metrics), s.workdir / "server.log")
-        target = f"127.0.0.1:{wait_port(procs.server, port_file, s.startup_timeout)}"
-        log(f"server on {target}; starting {s.workers} workers")
+        server = procs.server = spawn(server_argv(s, port_file, metrics), s.workdir / "server.log")
+        address = f"127.0.0.1:{wait_port(server, port_file, s.startup_timeout)}"
+        log(f"server on {address}; starting {s.workers} workers")
         for name in names:
-            procs.workers.append(spawn(worker_argv(target, name, s), s.workdir / f"{name}.log"))
-        channel = grpc.insecure_channel(target)
+            procs.workers.append(spawn(worker_argv(address, name, s), s.workdir / f"{name}.log"))
+        channel = grpc.insecure_channel(address)
         stub = ps_pb2_grpc.ParameterServerStub(channel)
 
         def step() -> tuple[int, int, bool]:
@@ -213,8 +213,8 @@ def run(s: Settings) -> dict[str, Any]:
             return st.version, len(st.workers), training
 
         def check_alive() -> None:
-            if procs.server.poll() is not None:
-                raise RuntimeError(f"ps-server exited with {procs.server.returncode} during the run")
+            if server.poll() is not None:
+                raise RuntimeError(f"ps-server exited with {server.returncode} during the run")
             dead = [n for n, p in zip(names, procs.workers) if p.poll() is not None]
             if dead:
                 raise RuntimeError(f"workers exited early: {', '.join(dead[:5])}{' ...' if len(dead) > 5 else ''}")

@@ -77,7 +77,7 @@ def measure(numel: int, wire_dtype: str, steps: int, momentum: float) -> dict[st
         if step:
             ours.append(time.perf_counter() - started)
         del chunks, framed
-    values = memoryview(store.flat.numpy()).cast("B")
+    values = memoryview(store.flat.numpy()).cast("B")  # type: ignore[arg-type]  # numpy types ndarray as a buffer from Python 3.12 on
     copies: list[float] = []
     for step in range(steps + 1):
         started = time.perf_counter()

@@ -109,8 +109,8 @@ def signals_deferred() -> Iterator[None]:
                 raised = raised or exc
         if raised is not None:
             raise raised
-        for signum in dict.fromkeys(noted):
-            signal.raise_signal(signum)  # delivered to this thread at once: its own handler raises
+        for number in dict.fromkeys(noted):
+            signal.raise_signal(number)  # delivered to this thread at once: its own handler raises
 
 
 def _in_main_thread() -> bool:

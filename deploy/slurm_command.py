@@ -61,7 +61,7 @@ def _slurm(args: argparse.Namespace) -> int:
         return 130
 
 
-def add_slurm_parser(subcommands: argparse._SubParsersAction) -> argparse.ArgumentParser:  # type: ignore[type-arg]
+def add_slurm_parser(subcommands: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add ``slurm`` to ``ps-cluster``'s subcommands; its parser, for the options every subcommand shares."""
     parser = subcommands.add_parser(
         "slurm",

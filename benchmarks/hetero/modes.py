@@ -78,7 +78,7 @@ def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dic
     return record
 
 
-def _steady_exposed(epochs: list[dict]) -> dict[str, float]:
+def _steady_exposed(epochs: list[analysis.Event]) -> dict[str, float]:
     """Each worker's mean exposed communication per round over these epochs' records."""
     per_worker: dict[str, list[float]] = {}
     for epoch in epochs:

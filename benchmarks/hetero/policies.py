@@ -63,7 +63,7 @@ def _busy_at_final_plan(epochs: Sequence[Event]) -> dict[str, float]:
     if not epochs:
         return {}
     plan = epochs[-1].get("batch_sizes") or {}
-    window = []
+    window: list[Mapping[str, float]] = []
     for e in reversed(epochs):
         if (e.get("batch_sizes") or {}) != plan or len(window) == BUSY_EPOCHS:
             break

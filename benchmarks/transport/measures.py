@@ -29,7 +29,7 @@ def payload_chunks(numel: int, chunk_bytes: int) -> list[bytes]:
     from common.transport.wire import split
 
     data = np.random.default_rng(0).standard_normal(numel, dtype=np.float32)
-    chunks = split(memoryview(data).cast("B"), chunk_bytes)
+    chunks = split(memoryview(data).cast("B"), chunk_bytes)  # type: ignore[arg-type]  # numpy types ndarray as a buffer from Python 3.12 on
     del data
     return chunks
 

@@ -118,7 +118,7 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
 
         def timed_begin_push(meta: Any) -> Any:
             receiver = begin_push(meta)
-            receiver.finish = _timed(receiver.finish, finish_times)
+            receiver.finish = _timed(receiver.finish, finish_times)  # type: ignore[method-assign]
             return receiver
 
         core.begin_push = timed_begin_push  # type: ignore[method-assign]

@@ -96,12 +96,12 @@ def evaluate_targets(rows: list[dict[str, Any]], overhead: dict[str, Any] | None
     for n in target_sizes(sizes):
         row = find("ps_push_pull", n, wire_dtype="float32", workers=1, shards=1)
         out.append(target(f"fp32 push+pull, 1 worker, {human(n)} params: ratio to the raw gRPC streaming ceiling",
-                          row and row["ratio_to_grpc_ceiling"], ">=", 0.8,
+                          None if row is None else row["ratio_to_grpc_ceiling"], ">=", 0.8,
                           f"ps_push_pull float32 W=1 numel={n} mb_per_s / grpc_stream_echo mb_per_s"))
     for n in target_sizes(sizes):
         row = find("ps_push_pull", n, wire_dtype="bfloat16", workers=1, shards=1)
         out.append(target(f"bf16 push+pull, 1 worker, {human(n)} params: effective parameters/s vs torch rpc",
-                          row and row["params_per_s_ratio_to_torch_rpc"], ">=", 1.0,
+                          None if row is None else row["params_per_s_ratio_to_torch_rpc"], ">=", 1.0,
                           f"ps_push_pull bfloat16 W=1 numel={n} params_per_s / torch_rpc params_per_s (TensorPipe defaults)"))
     for n in target_sizes(sizes):
         row = find("ps_push_pull", n, wire_dtype="float32", workers=shard_workers, shards=shards)

@@ -8,6 +8,8 @@ the same for the same parameters wherever they are computed, whatever batches th
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset as TorchDataset
@@ -24,7 +26,7 @@ def batchnorm_layers(model: nn.Module) -> list[nn.modules.batchnorm._BatchNorm]:
 
 
 @torch.no_grad()
-def recalibrate(model: nn.Module, x: torch.Tensor | TorchDataset, batch: int, seed: int = 0,
+def recalibrate(model: nn.Module, x: torch.Tensor | TorchDataset[Any], batch: int, seed: int = 0,
                 samples: int = CALIBRATION_SAMPLES) -> bool:
     """Recompute every BatchNorm layer's running mean and variance as the plain average over
     `samples` training inputs of `x` (the inputs, or a map-style split read sample by sample) in batches of `batch` (each batch normalised alone, as in
@@ -56,5 +58,9 @@ def recalibrate(model: nn.Module, x: torch.Tensor | TorchDataset, batch: int, se
 def running_stats(model: nn.Module) -> dict[str, dict[str, float]]:
     """Per BatchNorm layer: the mean over channels of its running mean and variance (for reports)."""
     names = {id(m): n for n, m in model.named_modules()}
-    return {names[id(layer)]: {"mean": float(layer.running_mean.mean()), "var": float(layer.running_var.mean())}
-            for layer in batchnorm_layers(model)}
+    stats: dict[str, dict[str, float]] = {}
+    for layer in batchnorm_layers(model):
+        mean, var = layer.running_mean, layer.running_var
+        assert mean is not None and var is not None  # batchnorm_layers keeps only layers that track them
+        stats[names[id(layer)]] = {"mean": float(mean.mean()), "var": float(var.mean())}
+    return stats

@@ -16,6 +16,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -70,8 +71,13 @@ def _split(x: np.ndarray, y: np.ndarray, test_fraction: float, seed: int, num_cl
     n_test = _test_count(len(x), test_fraction)
     order = np.random.default_rng(seed).permutation(len(x))
     test, train = order[:n_test], order[n_test:]
-    as_x = lambda idx: torch.from_numpy(np.ascontiguousarray(x[idx], dtype=np.float32))  # noqa: E731
-    as_y = lambda idx: torch.from_numpy(np.ascontiguousarray(y[idx], dtype=np.int64))  # noqa: E731
+
+    def as_x(idx: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(x[idx], dtype=np.float32))
+
+    def as_y(idx: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(y[idx], dtype=np.int64))
+
     return Dataset(as_x(train), as_y(train), as_x(test), as_y(test), num_classes)
 
 
@@ -248,11 +254,11 @@ DATASET_RANGES: dict[str, dict[str, Bound]] = {
 options are bounded)."""
 
 
-def _image_values(a: dict) -> int:
+def _image_values(a: dict[str, Any]) -> int:
     return (int(a["size"]) + int(a["num_classes"])) * int(a["channels"]) * int(a["image_size"]) ** 2
 
 
-GENERATED_VALUES: dict[str, Callable[[dict], int]] = {
+GENERATED_VALUES: dict[str, Callable[[dict[str, Any]], int]] = {
     "synthetic": _image_values,  # the images and one template per class
     "patterns": _image_values,
     "teacher": lambda a: int(a["size"]) * (int(a["features"]) + int(a["hidden"])),  # the inputs and the teacher's layer
@@ -260,7 +266,7 @@ GENERATED_VALUES: dict[str, Callable[[dict], int]] = {
 """The fp32 values a generated set draws, from its arguments (the options and the factory's defaults)."""
 
 
-def build_dataset(name: str, options: dict, seed: int, allowed: Sequence[str] | None = None,
+def build_dataset(name: str, options: dict[str, Any], seed: int, allowed: Sequence[str] | None = None,
                   memory_bytes: float | None = None) -> TrainingData:
     """Build the named dataset; errors say which option was wrong, or that the factory's result is
     not a dataset. A factory path only from a module `allowed` admits (common.job.registry.resolve).

@@ -35,8 +35,8 @@ def decode_image(path: str, mode: str, size: int = 0) -> torch.Tensor:
     from PIL import Image, UnidentifiedImageError
 
     try:
-        with Image.open(path) as image:
-            image = image.convert(mode)
+        with Image.open(path) as opened:
+            image = opened.convert(mode)
             if size and image.size != (size, size):
                 image = image.resize((size, size), Image.Resampling.BILINEAR)
             pixels = np.asarray(image, dtype=np.uint8)
@@ -65,7 +65,7 @@ class RandomCropFlip:
         return x.contiguous()
 
 
-class ImageFiles(TorchDataset):
+class ImageFiles(TorchDataset[tuple[torch.Tensor, int]]):
     """Labelled image files, decoded as they are read."""
 
     def __init__(self, files: list[tuple[str, int]], mode: str, size: int, on_corrupt: str,
@@ -191,7 +191,7 @@ def channel_scale(images: ImageFiles, seed: int) -> tuple[torch.Tensor, torch.Te
     return mean, torch.where(std > 1e-6, std, torch.ones_like(std))
 
 
-class ArrayRows(TorchDataset):
+class ArrayRows(TorchDataset[tuple[torch.Tensor, int]]):
     """Rows `indices` of memory-mapped feature and label arrays, read one at a time as float32/int64."""
 
     def __init__(self, features: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,7 +47,8 @@ class SmallCNN(nn.Module):
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(flat, 128), nn.ReLU(), nn.Linear(128, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
+        out: torch.Tensor = self.head(self.features(x))
+        return out
 
 
 def cnn(input_shape: tuple[int, ...], num_classes: int, width: int = 32) -> nn.Module:
@@ -79,7 +81,8 @@ class BatchNormCNN(nn.Module):
                                   nn.Linear(64, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x))
+        out: torch.Tensor = self.head(self.features(x))
+        return out
 
 
 def cnn_bn(input_shape: tuple[int, ...], num_classes: int, width: int = 16) -> nn.Module:
@@ -99,7 +102,7 @@ MODEL_RANGES: dict[str, dict[str, Bound]] = {
 in the benchmarks is hidden=2048), narrow enough that no single option asks for an unbuildable one."""
 
 
-def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: dict, seed: int,
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, options: dict[str, Any], seed: int,
                 allowed: Sequence[str] | None = None, memory_bytes: float | None = None) -> nn.Module:
     """Build a model with seeded initial weights, so every process gets the same model; a factory
     path only from a module `allowed` admits (common.job.registry.resolve). A built-in's options must

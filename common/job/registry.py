@@ -45,7 +45,7 @@ def resolve(name: str, builtins: Mapping[str, Callable[..., Any]], kind: str,
             module = importlib.import_module(module_name)
         except ImportError as exc:
             raise ValueError(f"cannot import {kind} module {module_name!r}: {exc}") from exc
-        factory = getattr(module, attr, None)
+        factory: object = getattr(module, attr, None)
         if not callable(factory):
             raise ValueError(f"{kind} {name!r}: {module_name} has no callable {attr!r}")
         return factory

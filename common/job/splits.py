@@ -21,10 +21,10 @@ Transform = Callable[[torch.Tensor], torch.Tensor]
 """A per-sample transform of one input (e.g. a random crop and flip for training)."""
 
 
-class Transformed(TorchDataset):
+class Transformed(TorchDataset[tuple[torch.Tensor, Any]]):
     """`dataset`'s samples with `transform` applied to each input (the label as it is)."""
 
-    def __init__(self, dataset: TorchDataset, transform: Transform) -> None:
+    def __init__(self, dataset: TorchDataset[Any], transform: Transform) -> None:
         self.dataset = dataset
         self.transform = transform
 
@@ -41,10 +41,10 @@ class Splits:
     """Map-style train and test splits. `input_shape` None: read from the first training sample.
     `train_transform`/`test_transform` are applied to every sample's input as it is read."""
 
-    train: TorchDataset
-    test: TorchDataset
+    train: TorchDataset[Any]
+    test: TorchDataset[Any]
     num_classes: int
-    input_shape: tuple[int, ...] | None = None
+    input_shape: tuple[int, ...] = None  # type: ignore[assignment]  # None: read from the first sample at construction
     train_transform: Transform | None = None
     test_transform: Transform | None = None
 
@@ -73,23 +73,24 @@ class Splits:
         object.__setattr__(self, "input_shape", shape)
 
 
-def in_memory(split: TorchDataset) -> tuple[torch.Tensor, torch.Tensor] | None:
+def in_memory(split: TorchDataset[Any]) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The (inputs, labels) tensors of a split held whole in memory (a TensorDataset of two), else None."""
     if isinstance(split, TensorDataset) and len(split.tensors) == 2:
         return split.tensors[0], split.tensors[1]
     return None
 
 
-def sample_batch(split: TorchDataset, indices: torch.Tensor | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_batch(split: TorchDataset[Any], indices: torch.Tensor | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """The samples at `indices` collated into one batch (tensors indexed directly when in memory)."""
     tensors = in_memory(split)
     if tensors is not None:
         index = torch.as_tensor(indices, dtype=torch.int64)
         return tensors[0][index], tensors[1][index]
-    return default_collate([split[int(i)] for i in indices])
+    inputs, labels = default_collate([split[int(i)] for i in indices])
+    return inputs, labels
 
 
-def split_batches(split: TorchDataset, batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def split_batches(split: TorchDataset[Any], batch: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """The split in order, `batch` samples at a time: slices of its tensors when in memory, else read
     through a DataLoader (never the whole split at once)."""
     tensors = in_memory(split)

@@ -148,7 +148,7 @@ def squared_norm(vector: Vector) -> float:
     so fp32 sums would lose the difference): one read of the vector, no full-size copy."""
     total = 0.0
     for _, part in parts(vector):
-        for piece in part.reshape(-1).split(_NORM_PIECE):
+        for piece in torch.split(part.reshape(-1), _NORM_PIECE):
             wide = piece.to(torch.float64)
             total += float(torch.dot(wide, wide))
     return total

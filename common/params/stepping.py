@@ -254,8 +254,10 @@ class AdamSteps(_OneParameterState):
 
     def _check_scalars(self, per_param: dict[str, Any]) -> None:
         step = per_param.get("step")
-        one_number = isinstance(step, (int, float)) or (isinstance(step, torch.Tensor) and step.numel() == 1)
-        value = float(step) if one_number else -1.0
+        if isinstance(step, (int, float)) or (isinstance(step, torch.Tensor) and step.numel() == 1):
+            value = float(step)
+        else:
+            value = -1.0
         if not (value >= 1 and value.is_integer()):
             raise ValueError(f"an Adam state's step count must be a whole number >= 1, got {step!r}")
 

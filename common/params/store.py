@@ -242,10 +242,10 @@ class ParameterStore:
         state = unflatten_state(None if values is None else as_tensor(values), groups, self._spec, self.numel)
         self.load_optimizer_state(state)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         return {"params": self.snapshot(), "optimizer": self.optimizer_state()}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         params = state["params"]
         if params.shape != self._flat.shape:
             raise ValueError(f"checkpoint has {params.numel()} parameters, the model has {self.numel}")

@@ -38,7 +38,7 @@ def _bytes_constructor() -> ctypes._CFuncPtr | None:  # type: ignore[name-define
 _make_bytes = _bytes_constructor()
 
 
-def _writable(obj: bytes, offset: int, nbytes: int) -> ctypes.Array:
+def _writable(obj: bytes, offset: int, nbytes: int) -> ctypes.Array[ctypes.c_char]:
     """A ctypes array over `nbytes` of `obj`'s contents from `offset`; it keeps `obj` alive."""
     array = (ctypes.c_char * nbytes).from_address(id(obj) + _DATA_OFFSET + offset)
     array._owner = obj  # type: ignore[attr-defined]  # ctypes arrays take attributes; frombuffer keeps the array

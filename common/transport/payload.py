@@ -54,7 +54,11 @@ def frame_tensor(values: torch.Tensor, wire_dtype: str, frame: Frame = raw_chunk
     flat = values.detach().reshape(-1)
     for seq, (start, stop) in enumerate(spans(flat.numel(), _values_per_chunk(dtype, chunk_bytes))):
         part = flat[start:stop]
-        yield _message(frame, seq, dtype, stop - start, lambda out, part=part: out.copy_(part))
+
+        def fill(out: torch.Tensor, part: torch.Tensor = part) -> None:
+            out.copy_(part)
+
+        yield _message(frame, seq, dtype, stop - start, fill)
 
 
 class ValueSource(Protocol):

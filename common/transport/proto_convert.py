@@ -7,6 +7,7 @@ messages (tests/test_layout.py checks it)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import cast
 
 from protos import ps_pb2
 from common.transport.layout import Layout, TensorEntry
@@ -35,7 +36,7 @@ from common.transport.messages import (
 PUSH_KIND_NUMBERS = {"values": ps_pb2.PUSH_VALUES, "report": ps_pb2.PUSH_REPORT, "snapshot": ps_pb2.PUSH_SNAPSHOT}
 PUSH_KIND_NAMES = {number: name for name, number in PUSH_KIND_NUMBERS.items()}
 # the wire's StoreOp numbers for the op names (common.transport.messages.STORE_OPS: STORE_SET is 1), and back
-STORE_OP_NUMBERS = {name: number for number, name in enumerate(STORE_OPS, start=1)}
+STORE_OP_NUMBERS = {name: cast(ps_pb2.StoreOp, number) for number, name in enumerate(STORE_OPS, start=1)}
 STORE_OP_NAMES = {number: name for name, number in STORE_OP_NUMBERS.items()}
 DEFAULT_HEARTBEAT_S = 1.0  # a JoinReply that says no heartbeat interval (0)
 UNKNOWN = -1.0  # StatusReply's number for a value not known yet (JobStatus: None)

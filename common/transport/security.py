@@ -40,6 +40,7 @@ def resolve_token(flag: str | None, env: Mapping[str, str] = os.environ) -> str 
 
     A token must be printable ASCII without spaces: it travels as a gRPC metadata value.
     """
+    token: str | None
     if flag is not None:
         token, source = flag, "--token"
     else:
@@ -107,7 +108,7 @@ def server_credentials(cert: PathArg, key: PathArg, client_ca: PathArg | None = 
     return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=ca_pem is not None)
 
 
-class MetadataCheck(grpc.aio.ServerInterceptor):
+class MetadataCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types: its classes are Any
     """Refuses with UNAUTHENTICATED every RPC that `checks(method)` and whose metadata `_problem` finds
     fault with; a refused call is answered by a handler of the same kind that aborts at once (`refusal`)."""
 
@@ -205,6 +206,7 @@ class ServerSecurity:
     def add_port(self, server: grpc.aio.Server, address: str) -> int:
         """Bind `address` (TLS when configured); returns the port. OSError with one line when it cannot
         (grpc raises a RuntimeError for a port in use or a host it cannot resolve, or returns 0)."""
+        bound: int
         try:
             if self.credentials is None:
                 bound = server.add_insecure_port(address)

@@ -20,7 +20,7 @@ _WIRE_VARINT, _WIRE_FIXED64, _WIRE_LENGTH, _WIRE_FIXED32 = 0, 1, 2, 5
 
 
 @functools.lru_cache(maxsize=32)
-def _data_field_prefix(message_type: type, size: int) -> bytes:
+def _data_field_prefix(message_type: type[Message], size: int) -> bytes:
     """What protobuf writes before `size` bytes of the message type's `data` field: its tag and length."""
     return message_type(data=bytes(size)).SerializeToString()[:-size] if size else b""
 
@@ -49,8 +49,9 @@ def data_header(fields: Message, size: int, align: int = ALIGN) -> bytes:
     """What `with_data` puts before `size` bytes of data: the fields, the pad, the data field's key
     and length (common.transport.message_buffer writes the data after it without a copy)."""
     head = fields.SerializeToString()
-    prefix = _data_field_prefix(fields.__class__, size)
-    pad_tag = _pad_tag(fields.__class__) if align > 1 and size else b""
+    # (the ignores: mypy takes a class object for unhashable when checking lru_cache's Hashable arguments)
+    prefix = _data_field_prefix(fields.__class__, size)  # type: ignore[arg-type]
+    pad_tag = _pad_tag(fields.__class__) if align > 1 and size else b""  # type: ignore[arg-type]
     if not pad_tag:
         return head + prefix
     used = len(head) + len(pad_tag) + 1 + len(prefix)  # the pad's length fits one varint byte (< align <= 127)
@@ -58,7 +59,7 @@ def data_header(fields: Message, size: int, align: int = ALIGN) -> bytes:
 
 
 @functools.lru_cache(maxsize=32)
-def _pad_tag(message_type: type) -> bytes:
+def _pad_tag(message_type: type[Message]) -> bytes:
     """The key of the message type's `pad` field (bytes), or b"" if it has none."""
     field = message_type.DESCRIPTOR.fields_by_name.get("pad")
     if field is None:
@@ -95,7 +96,7 @@ def _varint(raw: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
-def data_view_parser(message_type: type) -> Callable[[bytes], DataChunk]:
+def data_view_parser(message_type: type[Message]) -> Callable[[bytes], DataChunk]:
     """A gRPC deserializer for `message_type` (with a `bytes data` field): a DataChunk whose `data` is
     a view of the received bytes, not a copy. Raises DecodeError as `FromString` would (the fields
     but `data` are parsed by protobuf itself; groups, deprecated in proto3, are refused)."""

@@ -52,7 +52,7 @@ def encode(flat: torch.Tensor, wire_dtype: str = "float32") -> memoryview:
     t = t.to(_TORCH_DTYPES[check_wire_dtype(wire_dtype)]).contiguous()
     if wire_dtype == "bfloat16":
         t = t.view(torch.int16)
-    return memoryview(t.numpy()).cast("B")
+    return memoryview(t.numpy()).cast("B")  # type: ignore[arg-type]  # numpy types ndarray as a buffer from Python 3.12 on
 
 
 def views(buffer: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[memoryview]:

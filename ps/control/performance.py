@@ -107,8 +107,9 @@ class RoundModel(Protocol):
     basis: ClassVar[str]
     """"model", "line" or "guess" (the `adapt` record's basis)."""
 
-    def predict_global(self, total: int) -> float | None:
-        """The predicted round (ms) at a global batch of `total`; None where it cannot be made up."""
+    def predict_global(self, total: int) -> float:
+        """The predicted round (ms) at a global batch of `total`; endless (math.inf) where it cannot be
+        made up (PolicyRounds)."""
 
 
 @dataclass(frozen=True)

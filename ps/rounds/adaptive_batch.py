@@ -45,8 +45,10 @@ class AdaptiveSettings:
 class AdaptiveBatchSizing:
     """The noise-scale measurement and the decisions on B (all no-ops when off)."""
 
-    def __init__(self, state: JobState, bsp: BspRound, settings: AdaptiveSettings, on_change: Callable[[], None]) -> None:
+    def __init__(self, state: JobState, bsp: BspRound, settings: AdaptiveSettings, on_change: Callable[[], None],
+                 samples_per_epoch: int) -> None:
         self.state = state
+        self.samples_per_epoch = samples_per_epoch  # the training split's size (an epoch bounds B: epoch_bound)
         bsp.on_sum = self.close
         self.settings = settings
         self.on = settings.config is not None
@@ -150,7 +152,7 @@ class AdaptiveBatchSizing:
         config, phi = decider.config, self.estimator.estimate().phi
         lower, upper = self.state.policy.global_batch_range()
         upper = min(config.max_batch if upper is None else upper, self._ceiling)
-        upper = epoch_bound(upper, self.state.epochs.samples_per_epoch)
+        upper = epoch_bound(upper, self.samples_per_epoch)
         lower = max(lower, config.min_batch, self._floor)
         round_model, basis = self._round_model(current)
         predict = None if round_model is None else round_model.predict_global

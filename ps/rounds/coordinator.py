@@ -105,9 +105,10 @@ class Coordinator(JobState):
         self.fast_path = FastPath(self, fast_path_on_gpus)
         self.parking = Parking(self)
         self.bsp = BspRound(self, self.parking)
-        self.adaptive = AdaptiveBatchSizing(self, self.bsp, adaptive or AdaptiveSettings(), self._replanned)
-        self.sampling = Sampling(self, len(dataset.train))  # --sampling exact: the epochs' slices
-        self.epochs = Epochs(self, len(dataset.train), adjust_every, checkpoint_every, self.sampling.completed_epochs)
+        train_size = len(dataset.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
+        self.adaptive = AdaptiveBatchSizing(self, self.bsp, adaptive or AdaptiveSettings(), self._replanned, train_size)
+        self.sampling = Sampling(self, train_size)  # --sampling exact: the epochs' slices
+        self.epochs = Epochs(self, train_size, adjust_every, checkpoint_every, self.sampling.completed_epochs)
         self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
         self.admission = Admission(self, self.epochs, self.fast_path)
         self.whole_model = WholeModel(self, (full, None) if shards else None)

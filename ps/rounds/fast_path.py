@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -69,7 +70,7 @@ class FastPath:
                         epoch=s.epoch)
         return rendezvous is not None
 
-    def enter(self, rendezvous: Rendezvous, **spec_changes: str) -> bool:
+    def enter(self, rendezvous: Rendezvous, **spec_changes: Any) -> bool:
         """The job runs on the fast path from now: the spec says allreduce (with `spec_changes`), the
         rendezvous keeps its groups, and parking is off. Returns whether parking was on (for `leave`)."""
         s = self.state

@@ -24,7 +24,7 @@ def pack(obj: Any, chunk_bytes: int = CHUNK_BYTES) -> list[bytes]:
     return split(buffer.getbuffer(), chunk_bytes)
 
 
-def unpack(parts: Iterable[bytes]) -> Any:
+def unpack(parts: Iterable[bytes | memoryview]) -> Any:
     """The object, or InvalidArgument for bytes that are not a safe torch archive."""
     data = b"".join(parts)
     try:

@@ -32,7 +32,7 @@ async def receive_push(
     begin: Callable[[PushMeta], ChunkReceiver],
     idle_s: float | None = None,
     admit: Callable[[], Awaitable[None]] | None = None,
-) -> tuple[PushMeta, ChunkReceiver]:
+) -> tuple[PushMeta, ChunkReceiver | OffsetReceiver]:
     """The push's header and its filled receiver (not yet finished). Raises InvalidArgument for a
     malformed stream, DecodeError for an undecodable chunk, and FailedPrecondition when the stream
     stalls for `idle_s` between two chunks. `admit`, awaited after the header was accepted and before

@@ -109,7 +109,8 @@ def _pairs(b: np.ndarray, y: np.ndarray, x: float) -> tuple[np.ndarray, np.ndarr
 
 
 def _weights(b: np.ndarray) -> np.ndarray:
-    return (b.sum() - b) / ((len(b) - 1) * b.sum())
+    weights: np.ndarray = (b.sum() - b) / ((len(b) - 1) * b.sum())
+    return weights
 
 
 def _needs_two(b: np.ndarray) -> None:

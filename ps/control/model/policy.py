@@ -294,7 +294,7 @@ class ModelPolicy(WorkerPlan):
         finishes = self._finishes()
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
         return {k: ((finishes[k].cautious if cautious else finishes[k].at) if k in finishes
-                    else (lambda b, p=per_sample: p * b)) for k in self._workers}
+                    else (lambda b: per_sample * b)) for k in self._workers}
 
     def _solve(self, forced_in: list[str], min_gain: float,
                trust: bool = False) -> tuple[dict[str, int], list[str], dict[str, float]]:
@@ -489,7 +489,8 @@ def _error(previous: Mapping[str, Any]) -> float:
     predicted, measured = previous.get("predicted_round_ms"), previous.get("measured_round_ms")
     if not predicted or not measured or previous.get("rounds", 0) < MIN_ERROR_ROUNDS:
         return 0.0
-    return abs(predicted - measured) / measured
+    error: float = abs(predicted - measured) / measured
+    return error
 
 
 def _round(value: float | None, digits: int = 3) -> float | None:
