@@ -34,6 +34,7 @@ ROOT_TESTS = {
     "test_layout.py": "the code's import map and module lengths",
     "test_leaks.py": "the check that a session leaves no files behind (tests/leaks.py)",
     "test_tests_layout.py": "this file: where tests live",
+    "test_types.py": "the type checker (mypy) over every package",
 }
 
 # Test files over MAX_TEST_LINES, each with the reason it reads better whole. Empty: split by topic.
