@@ -81,8 +81,7 @@ def throughput(root: Path, workers: int, batch: int, prefetch: int, rounds: int 
     data = build_dataset("image_folder", {"root": str(root)}, seed=0)
     train_size = len(data.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
     steps = train_size // batch
-    # (the ignores below: worker.loader.IndexSource is a base class that ElasticBatchSampler does not subclass)
-    ours = Batches(data.train, ElasticBatchSampler(train_size, seed=0), LoaderOptions(workers, prefetch))  # type: ignore[arg-type]
+    ours = Batches(data.train, ElasticBatchSampler(train_size, seed=0), LoaderOptions(workers, prefetch))
     plain = DataLoader(data.train, batch_size=batch, shuffle=True, drop_last=True, num_workers=workers,
                        prefetch_factor=max(1, -(-prefetch // workers)) if workers else None,
                        persistent_workers=workers > 0, multiprocessing_context="spawn" if workers else None,
@@ -124,7 +123,7 @@ def train_epoch(root: Path, workers: int, batch: int, prefetch: int, steps: int 
     model = build_model("cnn", data.input_shape, data.num_classes, {}, seed=0)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     train_size = len(data.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
-    batches = Batches(data.train, ElasticBatchSampler(train_size, seed=0), LoaderOptions(workers, prefetch))  # type: ignore[arg-type]
+    batches = Batches(data.train, ElasticBatchSampler(train_size, seed=0), LoaderOptions(workers, prefetch))
     steps = steps or train_size // batch
     waited = total = 0.0
     for step in range(steps):

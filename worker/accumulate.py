@@ -32,7 +32,7 @@ def ghost_batchnorm(model: nn.Module, micro_batch: int) -> Iterator[None]:
                 return own(layer, x)
             return torch.cat([own(layer, part) for part in x.split(micro_batch)])
 
-        layer.forward = chunked  # type: ignore[method-assign]
+        layer.forward = chunked  # type: ignore[method-assign, assignment]
     try:
         yield
     finally:

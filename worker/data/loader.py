@@ -25,6 +25,7 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader
@@ -59,7 +60,7 @@ class _Requests:
     """The DataLoader's batch_sampler: the submitted index lists, in order, until closed."""
 
     def __init__(self) -> None:
-        self.queue: queue.Queue = queue.Queue()
+        self.queue: queue.Queue[Any] = queue.Queue()
 
     def __iter__(self) -> Iterator[list[int]]:
         while True:
@@ -72,12 +73,12 @@ class _Requests:
 class BatchLoader:
     """Batches of `dataset` at submitted indices, prepared ahead (see the module's docstring)."""
 
-    def __init__(self, dataset: TorchDataset, options: LoaderOptions = LoaderOptions(),
+    def __init__(self, dataset: TorchDataset[Any], options: LoaderOptions = LoaderOptions(),
                  device: torch.device | None = None) -> None:
         self.options = options
         self.device = device or torch.device("cpu")
         self._requests = _Requests()
-        self._ready: queue.Queue = queue.Queue()
+        self._ready: queue.Queue[Any] = queue.Queue()
         self._submitted: collections.deque[tuple[int, torch.Tensor]] = collections.deque()  # (ticket, indices)
         self._tickets = 0
         self._dropped: set[int] = set()
@@ -169,20 +170,18 @@ def _first_line(exc: BaseException) -> str:
     return lines[-1] if lines else type(exc).__name__
 
 
-class IndexSource:
+class IndexSource(Protocol):
     """Where a session's next indices come from: `draw(n)` gives the next n, `put_back(indices)`
     returns indices drawn and not trained on (a batch given up when the batch size changed), to be
     drawn first next time. worker.data.sampler.ElasticBatchSampler is one (each worker's own sampling)."""
 
-    def draw(self, count: int) -> torch.Tensor:  # pragma: no cover - a protocol
-        raise NotImplementedError
+    def draw(self, count: int) -> torch.Tensor: ...
 
-    def put_back(self, indices: torch.Tensor) -> None:  # pragma: no cover - a protocol
-        raise NotImplementedError
+    def put_back(self, indices: torch.Tensor) -> None: ...
 
-    def ready(self) -> bool:  # pragma: no cover - a protocol
+    def ready(self) -> bool:
         """Whether the next indices are known (a sampler: always; the server's slices: once told)."""
-        raise NotImplementedError
+        ...
 
 
 class Batches:
@@ -190,7 +189,7 @@ class Batches:
     `prefetch` batches ahead, or, for a split held whole in memory with no loader processes, the
     tensors indexed directly (no thread: as fast as indexing). `wait_ms` is the last batch's wait."""
 
-    def __init__(self, split: TorchDataset, source: IndexSource, options: LoaderOptions = LoaderOptions(),
+    def __init__(self, split: TorchDataset[Any], source: IndexSource, options: LoaderOptions = LoaderOptions(),
                  device: torch.device | None = None) -> None:
         self.source = source
         self.options = options

@@ -11,6 +11,8 @@ epoch. It is meant for tests and audits, not for production runs (a line per ste
 
 from __future__ import annotations
 
+from typing import Any
+
 import collections
 import json
 import os
@@ -115,11 +117,11 @@ class OwnData:
     length (or from the first worker's fingerprint), FAILED_PRECONDITION naming both; the slices the
     server hands out index it like the job's own training set."""
 
-    dataset: TorchDataset
+    dataset: TorchDataset[Any]
     fingerprint: str = ""
 
     @classmethod
-    def checked(cls, dataset: TorchDataset, num_samples: int, fingerprint: str = "") -> OwnData:
+    def checked(cls, dataset: TorchDataset[Any], num_samples: int, fingerprint: str = "") -> OwnData:
         """ValueError unless `dataset` is a map-style dataset of the job's `num_samples` samples."""
         length = len(dataset) if hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__") else None
         if length is None:
@@ -132,7 +134,7 @@ class OwnData:
 
     def declared(self) -> tuple[int, str]:
         """What a Join declares: (length, fingerprint)."""
-        return len(self.dataset), self.fingerprint
+        return len(self.dataset), self.fingerprint  # type: ignore[arg-type]  # OwnData.checked took only a dataset with __len__
 
 
 class TrainedLog:

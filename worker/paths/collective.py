@@ -298,26 +298,29 @@ class Collective:
             raise CollectiveError(f"hub rank {hub} is outside group generation {self.generation} of {self.world_size}")
         parts = bucket.split(self.bucket_numel)
         if self.rank != hub:
-            for work in [dist.isend(part, dst=hub) for part in parts]:
-                work.wait()
-            for work in [dist.irecv(part, src=hub) for part in parts]:
-                work.wait()
+            _wait_all([dist.isend(part, dst=hub) for part in parts])
+            _wait_all([dist.irecv(part, src=hub) for part in parts])
             return
         peers = [r for r in range(self.world_size) if r != hub]
         inbox = self._inbox_for(len(peers), parts[0].numel())
         sends = []
         for part in parts:
             received = [box[: part.numel()] for box in inbox]
-            for work in [dist.irecv(box, src=peer) for box, peer in zip(received, peers)]:
-                work.wait()
+            _wait_all([dist.irecv(box, src=peer) for box, peer in zip(received, peers)])
             for box in received:
                 part.add_(box)
             sends += [dist.isend(part, dst=peer) for peer in peers]
-        for work in sends:
-            work.wait()
+        _wait_all(sends)
 
     def _inbox_for(self, peers: int, numel: int) -> list[torch.Tensor]:
         """The hub's receive buffers: one bucket part per peer, kept between steps."""
         if len(self._inbox) != peers or any(box.numel() != numel or box.device != self._device for box in self._inbox):
             self._inbox = [torch.empty(numel, dtype=torch.float32, device=self._device) for _ in range(peers)]
         return self._inbox
+
+
+def _wait_all(works: list[dist.Work | None]) -> None:
+    """Wait for point-to-point operations (torch types them as possibly None, which a process group never returns)."""
+    for work in works:
+        assert work is not None
+        work.wait()

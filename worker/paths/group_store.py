@@ -38,7 +38,7 @@ class ServerStore(dist.Store):
         self._ask("set", (key,), value=_bytes(value))
 
     def get(self, key: str) -> bytes:
-        return self._until_ready("get", (key,), self.timeout).value
+        return self._until_ready("get", (key,), self.timeout).value  # type: ignore[attr-defined]  # torch's stubs omit Store.timeout
 
     def add(self, key: str, amount: int) -> int:
         return self._ask("add", (key,), amount=amount).number
@@ -47,7 +47,7 @@ class ServerStore(dist.Store):
         return self._ask("check", tuple(keys)).ready
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
-        self._until_ready("wait", tuple(keys), self.timeout if timeout is None else timeout)
+        self._until_ready("wait", tuple(keys), self.timeout if timeout is None else timeout)  # type: ignore[attr-defined]
 
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         return self._ask("compare_set", (key,), value=_bytes(desired), expected=_bytes(expected)).value

@@ -10,6 +10,8 @@ reach a non-finite value is refused here, before the state changes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from common.job.spec import JobSpec
@@ -34,7 +36,7 @@ class LocalOptimizer:
         """Forget the state (a rejoin: this worker enters the job as a newcomer)."""
         self._stepper = make_stepper(self._params, self._spec)
 
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """The state as torch.optim writes it for one parameter (tests read it)."""
         return self._stepper.state_dict()
 

@@ -4,6 +4,8 @@ loader starting to read it at once), and the job's path switched when the plan n
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch.utils.data import Dataset as TorchDataset
 
@@ -24,7 +26,7 @@ class PlanFollower:
         self._loader, self._own, self._max_batch = loader, data, max_batch
         spec = replica.spec
         # --sampling exact: the server's slices (worker/data/slices.py), else its own draws
-        n = len(replica.dataset.train)
+        n = len(replica.dataset.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
         self.sampler = (SliceSource(n, spec.seed, spec.epochs) if spec.exact_epochs
                         else ElasticBatchSampler(n, seed=spec.seed * 1009 + replica.member.joined.index))
         train = replica.dataset.train if data is None else data.dataset
@@ -50,12 +52,12 @@ class PlanFollower:
         if slices:  # the loader starts on what is newly known (renew: after dropping what is not wanted)
             self._batches.renew(plan.batch_size, drop=renew)
 
-    def use_dataset(self, dataset: TorchDataset, fingerprint: str) -> None:
+    def use_dataset(self, dataset: TorchDataset[Any], fingerprint: str) -> None:
         """Train on `dataset` from now on, in place of the job's (as many samples; declared at the next Join)."""
         if self._own is not None and dataset is self._own.dataset:
             return
         replica = self._replica
-        self._own = OwnData.checked(dataset, len(replica.dataset.train), fingerprint)
+        self._own = OwnData.checked(dataset, len(replica.dataset.train), fingerprint)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
         replica.member.client.declared = self._own.declared()  # for a rejoin
         self._batches.close()
         self._batches = Batches(dataset, self.sampler, self._loader, replica.device)

@@ -118,8 +118,8 @@ class PSClient:
         self.last_push = PushTiming()  # the latest push's (not recorded with --shards)
         self.declared: tuple[int, str] = (0, "")  # the training set every Join declares: (length, fingerprint)
         self.switch_paths = False  # every Join says whether the worker can follow --allreduce auto's trial
-        self._security = {"token": token, "tls_ca": tls_ca, "tls_cert": tls_cert, "tls_key": tls_key}
-        self._channel = open_channel(target, **self._security)
+        self._open_channel = functools.partial(open_channel, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key)
+        self._channel = self._open_channel(target)
         self._stub = ps_pb2_grpc.ParameterServerStub(self._channel)
         self._push = _push_call(self._channel, "ParameterServer")
         self._pull = _pull_call(self._channel, "ParameterServer")
@@ -172,7 +172,7 @@ class PSClient:
         self._close_shards()
         self._own_stop = shards[0].start if shards else numel
         for shard in shards:
-            channel = open_channel(shard.address, **self._security)
+            channel = self._open_channel(shard.address)
             self._shards.append(_ShardLink(shard, channel, _push_call(channel, "ParameterShard"),
                                            _pull_call(channel, "ParameterShard")))
         if shards:
@@ -460,7 +460,7 @@ def _receive_into(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTi
     first = _first_chunk(stream)
     if timing is not None:
         timing.replied = time.perf_counter()
-    h = first.fields.header
+    h: ps_pb2.ParamsHeader = first.fields.header
     with _checked_reply(), PROBE.part("receive"):
         receiver = FlatReceiver(out if h.num_values else _NO_VALUES, h.num_values, h.wire_dtype, check_finite=False)
         for chunk in itertools.chain([first], stream):
