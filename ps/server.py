@@ -404,8 +404,7 @@ async def serve(
             port_file.write(bound)
         await job.coordinator.wait_finished(grace)
         await loop.run_in_executor(None, job.evaluator.drain)
-        if job.coordinator.evaluation.results:
-            job.coordinator.evaluation.last_accuracy = job.coordinator.evaluation.results[-1][1]
+        job.coordinator.evaluation.drained()
         path = None
         if job.checkpointer is not None:
             try:
