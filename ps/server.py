@@ -7,7 +7,7 @@ import asyncio
 import functools
 import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
@@ -40,7 +40,8 @@ from ps.rounds.coordinator import Coordinator
 from ps.rounds.deadlines import Limits
 from ps.rounds.fast_path import PARKING_OFF
 from ps.rounds.rendezvous import Rendezvous
-from ps.server_flags import adaptive_config, build_parser, check_micro_batch_flags, parse_options, settle_min_batch
+from ps.server_flags import (adaptive_config, build_parser, check_micro_batch_flags, describe_policy_changes, parse_options,
+                             policy_options, settle_min_batch)
 from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
@@ -133,6 +134,7 @@ def build_job(args: argparse.Namespace) -> Job:
         dynamic_start=args.dynamic_start,
         park=args.park and args.mode == "bsp" and not allreduce,
         micro_batch=args.micro_batch,
+        options=policy_options(args),
     )
     checkpoint_dir = args.checkpoint_dir or args.resume
     if checkpoint_dir is not None:
@@ -237,21 +239,6 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyCon
         limits=Limits(args.round_deadline, args.round_deadline_floor, args.push_idle, args.join_wait,
                       args.push_buffer_mib << 20),
     )
-
-
-POLICY_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
-                "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
-                "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
-"""The ps-server flag of each PolicyConfig field a resume may change, as its warning names it."""
-
-
-def describe_policy_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
-    """The warning for a resume whose batch-policy flags differ from the checkpoint's (Coordinator.restore)."""
-    shown = ", ".join(
-        f"{POLICY_FLAGS.get(name, name)} {'unset' if old is None else old} -> {'unset' if new is None else new}"
-        for name, (old, new) in changes.items()
-    )
-    return f"the controller settings differ from the checkpoint's ({shown}); the command line's apply"
 
 
 def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
