@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from common.transport.messages import JoinAsk
 from ps.checkpoint import write_checkpoint
 from ps.control.config import PolicyConfig, config_changes
 from ps.control.policy import build_policy, policy_from_state
@@ -107,7 +108,7 @@ def test_the_flag_parses_and_refuses_a_value_out_of_bounds(toy: None, capsys: py
 def _joined(job: Job, names: tuple[str, ...]) -> dict[str, int]:
     """Join `names` (the job's expected workers) and return the plan they start with."""
     async def join_all() -> dict[str, int]:
-        infos = await asyncio.gather(*(job.coordinator.join(name, 1.0) for name in names))
+        infos = await asyncio.gather(*(job.coordinator.join(JoinAsk(name, 1.0)) for name in names))
         return {name: info.batch_size for name, info in zip(names, infos, strict=True)}
     return asyncio.run(join_all())
 
