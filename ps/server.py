@@ -5,12 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
-import json
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 import grpc
 import torch
@@ -28,7 +27,7 @@ from common.ops.available_memory import available_cpu_bytes
 from common.ops.memory import tune_malloc
 from ps.ops.metrics import MetricsLog
 from ps.ops.port_file import PortFile
-from ps.ops.progress import EpochBar, on_terminal
+from ps.ops.progress import progress_echo
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from common.ops.stack_dump import enable_stack_dump
 from ps.checkpoint import Checkpointer, check_no_other_job
@@ -40,7 +39,8 @@ from ps.rounds.coordinator import Coordinator
 from ps.rounds.deadlines import Limits
 from ps.rounds.fast_path import PARKING_OFF
 from ps.rounds.rendezvous import Rendezvous
-from ps.server_flags import adaptive_config, build_parser, check_micro_batch_flags, parse_options, settle_min_batch
+from ps.server_flags import (adaptive_config, build_parser, check_micro_batch_flags, describe_policy_changes, parse_options,
+                             policy_options, settle_min_batch)
 from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
@@ -133,6 +133,7 @@ def build_job(args: argparse.Namespace) -> Job:
         dynamic_start=args.dynamic_start,
         park=args.park and args.mode == "bsp" and not allreduce,
         micro_batch=args.micro_batch,
+        options=policy_options(args),
     )
     checkpoint_dir = args.checkpoint_dir or args.resume
     if checkpoint_dir is not None:
@@ -239,21 +240,6 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyCon
     )
 
 
-POLICY_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
-                "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
-                "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
-"""The ps-server flag of each PolicyConfig field a resume may change, as its warning names it."""
-
-
-def describe_policy_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
-    """The warning for a resume whose batch-policy flags differ from the checkpoint's (Coordinator.restore)."""
-    shown = ", ".join(
-        f"{POLICY_FLAGS.get(name, name)} {'unset' if old is None else old} -> {'unset' if new is None else new}"
-        for name, (old, new) in changes.items()
-    )
-    return f"the controller settings differ from the checkpoint's ({shown}); the command line's apply"
-
-
 def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     """Check --shards/--shard-addresses (setting args.shards from the list); None: no listed shards."""
     addresses = None
@@ -274,67 +260,6 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
             raise ValueError("--shards serves BSP jobs without --allreduce (ASP and the collective fast path keep one server)")
     check_shard_security(args)
     return addresses
-
-
-def progress_line(record: dict[str, Any]) -> str | None:
-    """The human progress line of a record a person watches (None for the others). An epoch line names what its
-    times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
-    auto may change at the start)."""
-    event = record["event"]
-    if event == "epoch":
-        batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
-        times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
-        line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {record['balance']} ms {times}"
-        if any(record.get("data_wait_ms", {}).values()):  # of those times, the wait for the loader's batches
-            line += " | data wait ms " + " ".join(f"{k}={v:.1f}" for k, v in record["data_wait_ms"].items())
-    elif event == "eval":
-        line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
-    elif event == "adjust" and record.get("changed"):
-        line = "plan: " + " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
-    elif event in ("evict", "leave"):
-        line = f"{record['worker']}: {record['reason']}"
-    elif event == "regroup":
-        line = f"group generation {record['generation']}: {record['world_size']} workers over {record['backend']}"
-        if record.get("algorithm"):
-            line += f", {record['algorithm']} all-reduce"
-        if record.get("why"):
-            line += f" ({record['why']})"
-    elif event == "path":
-        path = "collective fast path" if record["allreduce"] else "PS path"
-        line = f"--allreduce auto: the {path} ({record['why']}; the controller balances {record['balance']} time)"
-    elif event == "resume":
-        line = f"resumed at epoch {record['epoch']}, step {record['step']} (params sha256 {record['params_sha256'][:12]})"
-    elif event == "summary":
-        line = "summary: " + json.dumps({k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")})
-    else:
-        return None
-    return line
-
-
-def print_progress(record: dict[str, Any]) -> None:
-    """Plain progress lines on stderr (pipes, logs, CI)."""
-    line = progress_line(record)
-    if line is not None:
-        print(line, file=sys.stderr, flush=True)
-
-
-def progress_echo(epochs: int, stream: TextIO | None = None) -> Callable[[dict[str, Any]], None]:
-    """The metrics log's echo: a bar on `stream` (stderr) when it is a terminal, plain lines otherwise."""
-    stream = stream or sys.stderr
-    if not on_terminal(stream):
-        return print_progress
-    bar = EpochBar(epochs, stream)
-
-    def echo(record: dict[str, Any]) -> None:
-        if record["event"] == "summary":
-            bar.close()
-        if bar.update(record):
-            return
-        line = progress_line(record)
-        if line is not None:
-            bar.write(line)
-
-    return echo
 
 
 def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:
@@ -404,8 +329,7 @@ async def serve(
             port_file.write(bound)
         await job.coordinator.wait_finished(grace)
         await loop.run_in_executor(None, job.evaluator.drain)
-        if job.coordinator.evaluation.results:
-            job.coordinator.evaluation.last_accuracy = job.coordinator.evaluation.results[-1][1]
+        job.coordinator.evaluation.drained()
         path = None
         if job.checkpointer is not None:
             try:

@@ -1,17 +1,20 @@
 """`ps-server`'s command line: every flag with its type, default and help, and the parsing of the values
 that argparse's types do not cover (`--model-arg K=V`). Every value is checked here, so a bad one is
-a usage error naming its flag; ps/server.py checks the flags against each other and builds the job."""
+a usage error naming its flag; ps/server.py checks the flags against each other and builds the job.
+The flags of a batch policy's own settings come from its declarations (ps/control/settings.py) through
+the registry, one `--<policy>-<setting>` each."""
 
 from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ps.control.global_batch.goodput import LR_SCALINGS, AdaptiveConfig
-from ps.control.registry import POLICIES
+from ps.control.registry import POLICIES, policy_settings
+from ps.control.settings import Setting, setting_key
 from ps.ops.metrics_http import add_endpoint_flags
 from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, SAMPLINGS,
                              STALENESS_LR, WIRE_DTYPES)
@@ -149,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
     ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
                      help="first plan of the dynamic policy")
+    add_policy_settings(ctl)
     ada = p.add_argument_group("adaptive global batch (docs/adaptive-batch.md)")
     ada.add_argument("--adaptive-batch", choices=("off", "gns"), default="off",
                      help="BSP: gns measures the gradient noise scale from the pushes and moves B to the best "
@@ -240,6 +244,74 @@ def build_parser() -> argparse.ArgumentParser:
                      help="listen beyond loopback (--host) without a token or mutual TLS: refused unless given, as "
                           "anyone who reaches the port may then join, read the model and push into it")
     return p
+
+
+def add_policy_settings(group: argparse._ArgumentGroup) -> None:
+    """Every registered policy's own settings as `--<policy>-<setting>` flags, with their bounds or
+    choices and defaults; unset, a flag leaves the policy's default (and no attribute on the namespace)."""
+    for policy in POLICIES:
+        for setting in policy_settings(policy):
+            where = (f"one of {', '.join(setting.choices)}" if setting.choices else
+                     f"in {setting.interval()}" if setting.kind in (int, float) else "")
+            text = f"--policy {policy}: {setting.help}" + (f" ({where})" if where else "") + f" (default: {setting.default})"
+            dest = setting_dest(policy, setting)
+            if setting.kind is bool:
+                group.add_argument(setting.flag(policy), dest=dest, action=argparse.BooleanOptionalAction,
+                                   default=argparse.SUPPRESS, help=text)
+            else:
+                group.add_argument(setting.flag(policy), dest=dest, type=setting_type(setting), default=argparse.SUPPRESS,
+                                   metavar=setting.kind.__name__.upper(), help=text)
+
+
+def setting_dest(policy: str, setting: Setting) -> str:
+    return setting.flag(policy)[2:].replace("-", "_")
+
+
+def setting_type(setting: Setting) -> Callable[[str], Any]:
+    """The argparse type of a setting: its own parse and check, a bad value a usage error that says why."""
+    def parse(text: str) -> Any:
+        try:
+            return setting.parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse.__name__ = setting.kind.__name__
+    return parse
+
+
+def policy_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The values given for the chosen policy's own settings, by name (the others keep its defaults);
+    ValueError for a setting's flag of another policy than --policy."""
+    options = {}
+    for policy in POLICIES:
+        for setting in policy_settings(policy):
+            if hasattr(args, setting_dest(policy, setting)):
+                if policy != args.policy:
+                    raise ValueError(f"{setting.flag(policy)} is for --policy {policy}, not --policy {args.policy}")
+                options[setting.name] = getattr(args, setting_dest(policy, setting))
+    return options
+
+
+POLICY_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
+                "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
+                "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
+"""The ps-server flag of each PolicyConfig field a resume may change, as its warning names it."""
+
+
+def policy_flags() -> dict[str, str]:
+    """POLICY_FLAGS and every registered policy's own settings' flags, by the name a resume's change has
+    (ps.control.config.config_changes: `<policy>.<setting>`)."""
+    return {**POLICY_FLAGS, **{setting_key(policy, setting.name): setting.flag(policy)
+                               for policy in POLICIES for setting in policy_settings(policy)}}
+
+
+def describe_policy_changes(changes: Mapping[str, tuple[Any, Any]]) -> str:
+    """The warning for a resume whose batch-policy flags differ from the checkpoint's (Coordinator.restore)."""
+    flags = policy_flags()
+    shown = ", ".join(
+        f"{flags.get(name, name)} {'unset' if old is None else old} -> {'unset' if new is None else new}"
+        for name, (old, new) in changes.items()
+    )
+    return f"the controller settings differ from the checkpoint's ({shown}); the command line's apply"
 
 
 BATCHNORM_MIN_BATCH = 2

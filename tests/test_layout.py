@@ -217,11 +217,12 @@ def test_pure_parts_import_no_transport_or_torch() -> None:
     assert wrong == []
 
 
-CONTROL_FACES = ("ps.control.policy", "ps.control.registry", "ps.control.config", "ps.control.micro",
-                 "ps.control.performance", "ps.control.global_batch")
+CONTROL_FACES = ("ps.control.policy", "ps.control.registry", "ps.control.config", "ps.control.settings",
+                 "ps.control.micro", "ps.control.performance", "ps.control.global_batch")
 """What the rest of ps sees of ps.control: the batch-policy contract (policy.py), the list of policies,
-their settings, the micro-batch bounds, the model of a round's time and the global-batch choice; the
-policies' shared base (worker_plan) and each policy's own modules stay inside."""
+their settings (and how a policy declares its own, which the server's flags are made from), the
+micro-batch bounds, the model of a round's time and the global-batch choice; the policies' shared base
+(worker_plan) and each policy's own modules stay inside."""
 
 
 def test_the_rounds_know_batch_policies_only_through_their_interface() -> None:

@@ -108,11 +108,13 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     close_round: list[float] = []
     encode_times: list[float] = []
     finish_times: list[float] = []
-    wrapped = {name: hasattr(core, name) for name in ("_close_round", "_current_payload", "begin_push")}
-    if wrapped["_close_round"]:
-        core._close_round = _timed(core._close_round, close_round)  # type: ignore[method-assign]
-    if wrapped["_current_payload"]:
-        core._current_payload = _timed(core._current_payload, encode_times)  # type: ignore[method-assign]
+    wrapped = {"begin_push": hasattr(core, "begin_push"),
+               "round_close.close": hasattr(getattr(core, "round_close", None), "close"),
+               "replies.current_payload": hasattr(getattr(core, "replies", None), "current_payload")}
+    if wrapped["round_close.close"]:
+        core.round_close.close = _timed(core.round_close.close, close_round)  # type: ignore[method-assign]
+    if wrapped["replies.current_payload"]:
+        core.replies.current_payload = _timed(core.replies.current_payload, encode_times)  # type: ignore[method-assign]
     if wrapped["begin_push"]:
         begin_push = core.begin_push
 
@@ -180,15 +182,15 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
         **stats(totals),
         "components_median_ms": {
             "last_push_finish": component(finish_last, "begin_push"),
-            "close_round": component(close_per_step, "_close_round"),
-            "payload_encode": component(encode_per_step, "_current_payload"),
+            "close_round": component(close_per_step, "round_close.close"),
+            "payload_encode": component(encode_per_step, "replies.current_payload"),
             "reply_serialize_all_workers": round(1e3 * statistics.median(serialize), 3),
         },
         "components_note": "last_push_finish: ChunkReceiver.finish of the last push (length check; NaN/Inf was "
                            "checked chunk by chunk as they arrived); "
-                           "close_round: Coordinator._close_round (accumulate result, begin the optimizer step, bookkeeping; "
+                           "close_round: RoundClose.close (accumulate result, begin the optimizer step, bookkeeping; "
                            "the step itself runs a piece at a time as the first reply streams, common.params.store); "
-                           "payload_encode: Coordinator._current_payload (the version's lazily framed chunks, common.transport.payload; "
+                           "payload_encode: StepReplies.current_payload (the version's lazily framed chunks, common.transport.payload; "
                            "the framing happens as the replies are produced, inside the total); "
                            "reply_serialize_all_workers: SerializeToString of every reply message not already serialized",
     }

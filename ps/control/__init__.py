@@ -1,7 +1,7 @@
 """Batch policies: how the global batch B is split among the workers and corrected from their measured
 times, and (global_batch/) B itself. policy.py is the whole contract ps/rounds sees (the BatchPolicy
 interface, and building, reading back and re-configuring a policy); registry.py lists the policies by
-name; config.py holds their settings. Each policy is a subclass of worker_plan.WorkerPlan (the workers,
+name; config.py holds their settings, settings.py how a policy declares its own. Each policy is a subclass of worker_plan.WorkerPlan (the workers,
 their bounds and measurements, the plan and its exact sum): uniform.py, static.py (Eq. 4a), dynamic.py
 (the proportional law of proportional.py, Eq. 6-8) and model/ (Cannikin's OptPerf: time fits, the
 one-step split, parking); micro.py plans any of them in whole micro-batches; performance.py is the

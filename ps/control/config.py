@@ -1,14 +1,17 @@
 """The batch policy's settings (PolicyConfig, validated on construction) and the settings that differ
 between two configs (what a resume with other flags changes). The policy names are the registry's
-(ps/control/registry.py)."""
+(ps/control/registry.py); the settings every policy shares are PolicyConfig's fields, those a policy
+declares for itself (ps/control/settings.py) its `options`."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 from ps.control.checks import integer, real
-from ps.control.registry import POLICIES
+from ps.control.registry import POLICIES, policy_settings
+from ps.control.settings import checked_options, setting_key
 
 StartPolicy = Literal["uniform", "static"]
 STARTS: tuple[str, ...] = ("uniform", "static")
@@ -35,6 +38,10 @@ class PolicyConfig:
     predicted round is shorter without it. Ignored by the other policies and in ASP."""
     micro_batch: int = 1
     """BSP: every plan is in whole micro-batches of this many samples (ps/control/micro.py); 1: any batch."""
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """The policy's own settings by name, as its class declares them (`WorkerPlan.settings`); checked, and
+    complete with the declared defaults, on construction (a checkpoint written before a setting existed
+    reads back with its default)."""
 
     def __post_init__(self) -> None:
         """Reject settings the batch policy cannot honour, with a message saying what to change."""
@@ -65,6 +72,7 @@ class PolicyConfig:
             check_micro_batch(micro_batch, global_batch, min_batch, max_batch, self.keep_global_sum)
         if not isinstance(self.park, bool):
             raise ValueError(f"park must be True or False, got {self.park!r}")
+        options = checked_options(self.policy, policy_settings(self.policy), self.options)
         for name, value in (
             ("global_batch", global_batch),
             ("min_batch", min_batch),
@@ -73,6 +81,7 @@ class PolicyConfig:
             ("ewma_alpha", alpha),
             ("min_samples", min_samples),
             ("micro_batch", micro_batch),
+            ("options", options),
         ):
             object.__setattr__(self, name, value)
 
@@ -97,6 +106,13 @@ def check_micro_batch(micro_batch: int, global_batch: int, min_batch: int, max_b
 
 
 def config_changes(before: PolicyConfig, after: PolicyConfig) -> dict[str, tuple[Any, Any]]:
-    """The settings that differ between two configs: {field: (before, after)}, in field order."""
+    """The settings that differ between two configs: {field: (before, after)}, in field order, then a
+    policy's own as {"<policy>.<setting>": (before, after)} (None: the config's policy has no such setting)."""
     old, new = asdict(before), asdict(after)
-    return {name: (old[name], value) for name, value in new.items() if old[name] != value}
+    old_options, new_options = old.pop("options"), new.pop("options")
+    changes = {name: (old[name], value) for name, value in new.items() if old[name] != value}
+    own = {setting_key(before.policy, k): (v, None) for k, v in old_options.items()}
+    for k, v in new_options.items():
+        key = setting_key(after.policy, k)
+        own[key] = (own.get(key, (None, None))[0], v)
+    return {**changes, **{key: pair for key, pair in own.items() if pair[0] != pair[1]}}

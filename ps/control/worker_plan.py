@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 
 from ps.control.checks import integer, positive, real
 from ps.control.config import PolicyConfig
+from ps.control.settings import Setting
 from ps.control.split import clip, fit_to_sum, largest_remainder
 
 STATE_VERSION = 1
@@ -59,6 +60,8 @@ class WorkerPlan:
     """Whether the policy may plan a batch of 0 (a parked worker)."""
     extra_state_keys: ClassVar[frozenset[str]] = frozenset()
     """Top-level state keys of the policy's own, beside the WorkerPlan's."""
+    settings: ClassVar[tuple[Setting, ...]] = ()
+    """The policy's own settings (its flags `--<name>-<setting>`); their values are `config.options`."""
 
     def __init__(self, config: PolicyConfig) -> None:
         if not isinstance(config, PolicyConfig):

@@ -1,12 +1,14 @@
-"""A job's progress for a person watching a terminal: a tqdm bar over the epochs, with the rounds,
-samples/s, test accuracy and an estimate of the time left; other lines print above it.
-
-Only where the output is a terminal (`on_terminal`); pipes, log files and CI get plain lines from
-the caller instead, one per event, which a bar's carriage returns would garble.
+"""A job's progress for a person: on a terminal a tqdm bar over the epochs, with the rounds, samples/s,
+test accuracy and an estimate of the time left, other lines printed above it; elsewhere (pipes, log
+files, CI) plain lines, one per event a person watches, which a bar's carriage returns would garble.
+`progress_echo` is the metrics log's echo that picks one or the other.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from tqdm import tqdm
@@ -51,3 +53,64 @@ class EpochBar:
 
     def close(self) -> None:
         self._bar.close()
+
+
+def progress_line(record: dict[str, Any]) -> str | None:
+    """The human progress line of a record a person watches (None for the others). An epoch line names what its
+    times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
+    auto may change at the start)."""
+    event = record["event"]
+    if event == "epoch":
+        batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
+        times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
+        line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {record['balance']} ms {times}"
+        if any(record.get("data_wait_ms", {}).values()):  # of those times, the wait for the loader's batches
+            line += " | data wait ms " + " ".join(f"{k}={v:.1f}" for k, v in record["data_wait_ms"].items())
+    elif event == "eval":
+        line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
+    elif event == "adjust" and record.get("changed"):
+        line = "plan: " + " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
+    elif event in ("evict", "leave"):
+        line = f"{record['worker']}: {record['reason']}"
+    elif event == "regroup":
+        line = f"group generation {record['generation']}: {record['world_size']} workers over {record['backend']}"
+        if record.get("algorithm"):
+            line += f", {record['algorithm']} all-reduce"
+        if record.get("why"):
+            line += f" ({record['why']})"
+    elif event == "path":
+        path = "collective fast path" if record["allreduce"] else "PS path"
+        line = f"--allreduce auto: the {path} ({record['why']}; the controller balances {record['balance']} time)"
+    elif event == "resume":
+        line = f"resumed at epoch {record['epoch']}, step {record['step']} (params sha256 {record['params_sha256'][:12]})"
+    elif event == "summary":
+        line = "summary: " + json.dumps({k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")})
+    else:
+        return None
+    return line
+
+
+def print_progress(record: dict[str, Any]) -> None:
+    """Plain progress lines on stderr (pipes, logs, CI)."""
+    line = progress_line(record)
+    if line is not None:
+        print(line, file=sys.stderr, flush=True)
+
+
+def progress_echo(epochs: int, stream: TextIO | None = None) -> Callable[[dict[str, Any]], None]:
+    """The metrics log's echo: a bar on `stream` (stderr) when it is a terminal, plain lines otherwise."""
+    stream = stream or sys.stderr
+    if not on_terminal(stream):
+        return print_progress
+    bar = EpochBar(epochs, stream)
+
+    def echo(record: dict[str, Any]) -> None:
+        if record["event"] == "summary":
+            bar.close()
+        if bar.update(record):
+            return
+        line = progress_line(record)
+        if line is not None:
+            bar.write(line)
+
+    return echo

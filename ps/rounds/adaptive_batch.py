@@ -11,7 +11,6 @@ epoch" as it was. Off (the default) it costs nothing: no norms, the job's LR sch
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,16 +44,15 @@ class AdaptiveSettings:
 class AdaptiveBatchSizing:
     """The noise-scale measurement and the decisions on B (all no-ops when off)."""
 
-    def __init__(self, state: JobState, bsp: BspRound, settings: AdaptiveSettings, on_change: Callable[[], None],
-                 samples_per_epoch: int) -> None:
+    def __init__(self, state: JobState, bsp: BspRound, settings: AdaptiveSettings, samples_per_epoch: int) -> None:
+        """`samples_per_epoch`: the training set's size (a B leaves an epoch enough rounds)."""
         self.state = state
-        self.samples_per_epoch = samples_per_epoch  # the training split's size (an epoch bounds B: epoch_bound)
-        bsp.on_sum = self.close
+        self.samples_per_epoch = samples_per_epoch
+        bsp.summed.subscribe(self.close)
         self.settings = settings
         self.on = settings.config is not None
         self.decider = AdaptiveBatch(settings.config) if settings.config is not None else None
         self.estimator = NoiseScaleEstimator()
-        self.on_change = on_change  # the coordinator's bookkeeping of a new plan (adjust record, groups)
         self._batches: list[int] = []
         self._norms: list[float] = []
         self._reported: list[float] = []  # --allreduce: the reports' |g|²
@@ -126,7 +124,7 @@ class AdaptiveBatchSizing:
         decision, basis = self._decision(current)
         if decision.changed:
             try:
-                s.policy = with_global_batch(policy, decision.batch)
+                s.replace_policy(with_global_batch(policy, decision.batch))
             except ValueError as exc:  # the workers' bounds cannot make it up after all: keep B
                 s.metrics.write("adapt", step=s.step, epoch=s.epoch, **{**decision.record(), "batch": current, "changed": False},
                                 global_batch=current, lr=self.lr_at(s.epoch), error=str(exc), basis=basis)
@@ -139,7 +137,7 @@ class AdaptiveBatchSizing:
         s.metrics.write("adapt", step=s.step, epoch=s.epoch, **decision.record(), lr=self.lr_at(s.epoch),
                         global_batch=decider.batch, rounds=self.estimator.estimate().rounds, basis=basis)
         if decision.changed:
-            self.on_change()
+            s.events.plan_changed.emit()
 
     def _decision(self, current: int) -> tuple[Decision, str]:
         """The decision at B now and its basis: a goodput move that the rounds measured since contradict
@@ -208,4 +206,4 @@ class AdaptiveBatchSizing:
         self.decider.load_state_dict(saved["decider"])
         self.estimator = estimator
         s = self.state
-        s.policy = build_policy(replace(s.policy.config, global_batch=self.decider.batch))
+        s.replace_policy(build_policy(replace(s.policy.config, global_batch=self.decider.batch)))

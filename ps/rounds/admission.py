@@ -1,6 +1,7 @@
 """Admission: whether a worker may join (the job has not ended, a valid name, cores and GPU id, room in
-the job and in the global batch), whether the job has started, and the plan a resumed job starts
-from (the checkpoint's batch policy, kept when the same workers rejoin)."""
+the job and in the global batch), the job's start (its path, its first plan) and the workers waiting
+that enter it at a round boundary, and the plan a resumed job starts from (the checkpoint's batch
+policy, kept when the same workers rejoin)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,10 @@ from ps.control.config import PolicyConfig
 from ps.control.micro import usable_max
 from ps.control.policy import BatchPolicy, reconfigured
 from common.errors import FailedPrecondition, InvalidArgument
+from ps.rounds.bsp import BspRound
 from ps.rounds.epochs import Epochs
 from ps.rounds.fast_path import FastPath
-from ps.rounds.membership import MAX_NAME
+from ps.rounds.membership import MAX_NAME, Member
 from ps.rounds.state import JobState
 
 
@@ -23,12 +25,13 @@ def own_max_batch(config: PolicyConfig, declared: int | None) -> int | None:
 
 
 class Admission:
-    """Join checks and the start."""
+    """Join checks, the start and the waiting workers' entry."""
 
-    def __init__(self, state: JobState, epochs: Epochs, fast_path: FastPath) -> None:
+    def __init__(self, state: JobState, epochs: Epochs, fast_path: FastPath, bsp: BspRound) -> None:
         self.state = state
         self.epochs = epochs
         self.fast_path = fast_path
+        self.bsp = bsp
         self.started = asyncio.Event()
         self.saved_policy: BatchPolicy | None = None  # a checkpoint's, until the start
 
@@ -73,9 +76,69 @@ class Admission:
                 "join workers with more memory or lower --global-batch"
             )
 
+    async def admit(self, name: str, cores: float, cuda_device: str | None, max_batch: int | None,
+                    switch_paths: bool) -> Member:
+        """Add a checked worker as pending and return once it is active: at the start, when all expected
+        workers are here; later at the next round boundary (BSP) or at once (ASP). FailedPrecondition
+        when the job ends (or turns it away) first."""
+        s = self.state
+        member = s.membership.admit(name, cores, s.clock(), cuda_device, max_batch, switch_paths)
+        try:
+            if not self.started.is_set():
+                if self.all_here():
+                    self.start()
+            # BSP: the members are computing the open round with the plan they were told, so a newcomer
+            # enters when it closes, with a re-split that its replies carry (unless nobody is training)
+            elif s.spec.mode == "asp" or not s.members:
+                self.activate_pending()
+            await member.activated.wait()
+        except asyncio.CancelledError:
+            # the caller gave up (deadline, crash) before it was admitted: free its slot and name
+            if member.worker_id in s.membership.pending:
+                s.membership.remove(member.worker_id, "gone before it was admitted")
+            raise
+        if s.done or member.worker_id not in s.members:
+            raise FailedPrecondition(member.turned_away or f"the job has ended ({s.reason})")
+        return member
+
     def all_here(self) -> bool:
         """Before the start: the expected workers are all waiting."""
         return len(self.state.membership.pending) >= self.state.spec.workers
+
+    def start(self) -> None:
+        """All expected workers are here: choose the path (--allreduce auto), the first plan; open round 0."""
+        if self.fast_path.undecided and self.fast_path.choose():
+            self.bsp.follow_path()  # the workers sum their gradients themselves
+        if not self.start_resumed():
+            self.activate_pending()
+        self.epochs.start(self.state.clock())
+        self.started.set()
+
+    def activate_pending(self) -> None:
+        """Move pending workers into the job and re-split B over everyone."""
+        s = self.state
+        if not s.membership.pending:
+            return
+        now = s.clock()
+        for member in list(s.membership.pending.values()):
+            s.membership.activate(member.worker_id)
+            bound = own_max_batch(s.policy.config, member.max_batch)
+            s.policy.add_worker(member.name, cores=member.cores, max_batch=bound)
+            member.pushed(now)  # an ASP newcomer's first push is due from now
+            s.metrics.write("join", worker=member.name, cores=member.cores, step=s.step, epoch=s.epoch)
+        s.policy.replan()
+        s.events.plan_changed.emit()
+        for member in s.members.values():
+            member.activated.set()
+
+    def resume_with(self, saved: BatchPolicy) -> None:
+        """Before the start: a checkpoint's policy, which the job starts from if its workers rejoin."""
+        self.saved_policy = saved
+
+    def ended(self, reason: str) -> None:
+        """The job is done (RoundEvents.ended): the Joins still waiting wake to hear so."""
+        for member in self.state.membership.pending.values():
+            member.activated.set()
 
     def start_resumed(self) -> bool:
         """Start with the checkpoint's plan if the workers starting the job are the checkpoint's: its
@@ -87,10 +150,9 @@ class Admission:
         if saved is None or set(saved.workers()) != names:
             return False
         # the command line's settings, the checkpoint's measurements
-        s.policy = reconfigured(saved, s.policy.config)
+        s.replace_policy(reconfigured(saved, s.policy.config))
         for member in list(s.membership.pending.values()):
             s.membership.activate(member.worker_id)
             member.activated.set()
-        self.epochs.log_adjust(changed=True)
-        self.fast_path.regroup()
+        s.events.plan_changed.emit()
         return True

@@ -96,10 +96,9 @@ class AspUpdates:
         factor = staleness_factor(self.settings.staleness_lr, staleness, len(self.clocks.clocks))
         s.store.apply_update(delta, magnitude_of(delta) * factor, scale=factor)
         s.policy.observe(member.name, meta.batch_size, meta.times.compute_ms)
-        member.staleness_sum += staleness
-        member.asp.update(staleness, self.clocks.tick(member.worker_id))
+        member.count_staleness(staleness, self.clocks.tick(member.worker_id))
         self.epochs.count_push(member, meta.times.compute_ms, meta.batch_size, data_wait_ms=meta.times.data_wait_ms)
-        s.version += 1
+        s.next_version()
 
     async def wait_turn(self, member: Member) -> None:
         """Release the replies the last change let go; hold this one while SSP holds its worker back

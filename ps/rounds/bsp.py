@@ -8,12 +8,13 @@ long each round took, close to close."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from common.errors import FailedPrecondition
 from common.params.aggregation import WeightedMean
-from ps.rounds.parking import Parking
+from ps.rounds.events import Event
 from ps.rounds.membership import Member
+from ps.rounds.parking import Parking
 from ps.rounds.state import JobState
 from common.transport.chunked import Vector
 from common.transport.messages import PushMeta
@@ -36,7 +37,7 @@ class BspRound:
         self.closed_at: float | None = None  # when the last round closed (the policy's round time)
         self.committing = False  # --shards: the round's commit is under way
         self.commit_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
-        self.on_sum: Callable[[Vector | None], None] | None = None  # the round's mean before its step (allreduce: None)
+        self.summed: Event[[Vector | None]] = Event()  # the round's mean before its step (allreduce: None)
 
     def follow_path(self) -> None:
         """Sum the round's gradients here unless the job's path is the fast path (the workers sum
@@ -94,16 +95,28 @@ class BspRound:
             # stepped piece by piece as the replies stream the new values (common.params.store, common.transport.payload);
             # the accumulator's sum is not reused before begin_push settles the step
             mean = self.accumulator.result()
-            if self.on_sum is not None:
-                self.on_sum(mean)
+            self.summed.emit(mean)
             self.state.store.begin_step(mean, self.accumulator.bound)
             batch = self.accumulator.weight
             self.accumulator.reset()
         else:  # allreduce: nothing to apply; the parameters arrive with the hub's snapshots
             batch, self.round_batch = self.round_batch, 0
-            if self.on_sum is not None:
-                self.on_sum(None)
+            self.summed.emit(None)
         return batch
+
+    def commit_in_background(self, commit: Callable[[], Awaitable[None]]) -> None:
+        """--shards: run the round's `commit` as a task, once (a close while it runs changes nothing);
+        no push is for the open round until it ended, and then its pushes are answered, however it ended."""
+        if not self.committing:
+            self.committing = True
+            self.commit_task = asyncio.get_running_loop().create_task(self._commit(commit))
+
+    async def _commit(self, commit: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await commit()
+        finally:
+            self.committing = False
+            self.resolve()
 
     async def commit_shards(self, wait_s: float) -> int:
         """--shards: step every range at once (the shards' in their processes, range 0 here) with the
@@ -138,6 +151,10 @@ class BspRound:
         if future is not None and not future.done():
             future.set_result(True)
         self.parking.wake()
+
+    def forget(self, member: Member) -> None:
+        """`member` left or was evicted: the round no longer counts its push as one it waits on."""
+        self.pushed.discard(member.worker_id)
 
     def abort(self) -> None:
         """Drop the open round's partial sum (the job stops)."""

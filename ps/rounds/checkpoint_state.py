@@ -1,6 +1,6 @@
 """The coordinator's state in a checkpoint: what is written (the whole model, optimizer, batch policy and
-counters, with the job's spec), and what a resume checks and loads (the same job; the parameters and
-optimizer state of this server's range)."""
+counters, with the job's spec, and the concerns' own parts), and what a resume checks and loads (the
+same job; the parameters and optimizer state of this server's range; where the job stood)."""
 
 from __future__ import annotations
 
@@ -10,9 +10,15 @@ from typing import Any
 
 import torch
 
+from ps.control.config import config_changes
 from ps.control.policy import BatchPolicy, policy_from_state
 from common.job.spec import JobSpec
+from ps.rounds.adaptive_batch import AdaptiveBatchSizing
+from ps.rounds.admission import Admission
+from ps.rounds.epochs import Epochs
+from ps.rounds.sampling import Sampling
 from ps.rounds.state import JobState
+from ps.rounds.whole_model import WholeModel
 from ps.shards.ranges import slice_optimizer_state
 
 CHECKPOINT_FORMAT = 1
@@ -98,3 +104,43 @@ def load_params(checkpoint: dict[str, Any], state: JobState) -> tuple[torch.Tens
     own = slice_optimizer_state(checkpoint["optimizer"], state.layout.numel, start, stop)
     state.store.load_state_dict({"params": checkpoint["params"][start:stop], "optimizer": own})
     return checkpoint["params"], checkpoint["optimizer"]
+
+
+class Checkpoints:
+    """The checkpoint of the whole job: the shared state's part and each concern's."""
+
+    def __init__(self, state: JobState, whole_model: WholeModel, epochs: Epochs, sampling: Sampling,
+                 adaptive: AdaptiveBatchSizing, admission: Admission) -> None:
+        self.state = state
+        self.whole_model = whole_model
+        self.epochs = epochs
+        self.sampling = sampling
+        self.adaptive = adaptive
+        self.admission = admission
+
+    def state_dict(self) -> dict[str, Any]:
+        """A self-contained snapshot of everything needed to resume (tensors cloned)."""
+        return {**checkpoint_state(self.state, self.whole_model.params(), self.whole_model.optimizer_state()),
+                **self.adaptive.state_dict(), **self.sampling.state_dict()}
+
+    def restore(self, checkpoint: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+        """Load a checkpoint before the job starts; workers then rejoin. Returns the batch policy
+        settings that differ from the checkpoint's, {field: (checkpoint's, this server's)}: this
+        server's apply."""
+        s = self.state
+        saved = saved_policy(checkpoint, s)
+        shard_state = load_params(checkpoint, s)
+        if shard_state is not None:
+            self.whole_model.hand_shards(shard_state)
+        s.resume_at(int(checkpoint["round"]), int(checkpoint["version"]), int(checkpoint["epoch"]),
+                    int(checkpoint["samples"]))
+        self.epochs.resumed(s.samples)
+        self.sampling.restore(checkpoint)  # the epoch's cursor and the ranges put back
+        self.adaptive.restore(checkpoint)  # its B: the policy the checkpoint's is compared with and adopted into
+        s.store.set_lr(self.adaptive.lr_at(s.epoch))
+        self.admission.resume_with(saved)
+        changes = config_changes(saved.config, s.policy.config)
+        s.metrics.write("resume", step=s.step, epoch=s.epoch, round=s.round, version=s.version,
+                        params_sha256=params_digest(checkpoint["params"]),
+                        controller_changes={name: list(pair) for name, pair in changes.items()})
+        return changes

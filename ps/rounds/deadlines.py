@@ -139,7 +139,7 @@ class Deadlines:
         now = self.state.clock()
         if self.state.spec.mode == "asp" and member.pushed_at is not None:
             self.intervals.observe(now - member.pushed_at)
-        member.last_seen = member.pushed_at = now
+        member.pushed(now)
 
     def round_deadline_s(self) -> float | None:
         """The open BSP round's deadline, in seconds from its opening."""
@@ -201,7 +201,7 @@ class Deadlines:
         now = self.state.clock()
         late = [m for m in self.state.membership.pending.values() if now - m.last_seen > limit]
         for member in late:  # its Join wakes to hear why (Coordinator.join)
-            member.turned_away = f"worker {member.name} waited {limit:g} s for the job to start (--join-wait); join again"
+            member.turn_away(f"worker {member.name} waited {limit:g} s for the job to start (--join-wait); join again")
             self.state.membership.remove(member.worker_id, member.turned_away)
             self.state.metrics.write("join_wait", worker=member.name, waited_s=limit)
             member.activated.set()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ps.rounds.membership import Member
-from ps.rounds.ssp import EpochCounts, epoch_fields
+from ps.rounds.ssp import epoch_fields
 from ps.rounds.state import JobState
 
 
@@ -31,10 +31,26 @@ class Epochs:
         self.steps_since_checkpoint = 0
         self._first_round_logged = False
 
+    def start(self, now: float) -> None:
+        """The job (and its first epoch here) starts at `now`."""
+        self.start_time = self.epoch_start_time = now
+
+    def resumed(self, samples: int) -> None:
+        """Before the start: a checkpoint's epoch had trained `samples` when it was written."""
+        self.epoch_start_samples = samples
+
+    def ended(self, reason: str) -> None:
+        """The job is done (RoundEvents.ended)."""
+        self.end_time = self.state.clock()
+
+    def checkpointed(self) -> None:
+        """A checkpoint was taken (or handed to whatever it waits for): the next is due N steps on."""
+        self.steps_since_checkpoint = 0
+
     def count(self, batch: int) -> None:
         """One step (a BSP round, an ASP update) of `batch` samples."""
         s = self.state
-        s.samples += batch
+        s.count_samples(batch)
         s.metrics.sample("step", step=s.step, batch=batch)
         self.steps_since_adjust += 1
         self.steps_since_checkpoint += 1
@@ -45,13 +61,7 @@ class Epochs:
         epoch (`exposed_ms` 0: not measured; `data_wait_ms`: of the compute time, the wait for the batch)."""
         self.state.metrics.sample("push", worker=member.name, batch=batch, ms=ms, exposed_ms=exposed_ms,
                                   data_wait_ms=data_wait_ms)
-        member.epoch_data_wait_ms.append(data_wait_ms)
-        member.updates += 1
-        member.epoch_updates += 1
-        if ms is not None:
-            member.epoch_compute_ms.append(ms)
-        if exposed_ms > 0:
-            member.epoch_exposed_ms.append(exposed_ms)
+        member.count_push(ms, exposed_ms, data_wait_ms)
 
     def epoch_over(self) -> bool:
         """Whether the current epoch is over: all its samples reached the model (--sampling exact), or
@@ -76,7 +86,7 @@ class Epochs:
         """Count the epoch and write its `epoch` record; the members' per-epoch counters start again."""
         s = self.state
         now = s.clock()
-        s.epoch += 1
+        s.next_epoch()
         elapsed = now - (self.epoch_start_time or now)
         samples = s.samples - self.epoch_start_samples
         s.metrics.write(
@@ -101,11 +111,7 @@ class Epochs:
             **(epoch_fields({m.name: m.asp for m in s.members.values()}) if s.spec.mode == "asp" else {}),
         )
         for m in s.members.values():
-            m.epoch_updates = 0
-            m.epoch_compute_ms = []
-            m.epoch_exposed_ms = []
-            m.epoch_data_wait_ms = []
-            m.asp = EpochCounts()
+            m.new_epoch()
         self.epoch_start_time, self.epoch_start_samples = now, s.samples
 
     def first_round(self) -> None:

@@ -24,6 +24,11 @@ class Evaluations:
         self.last_loss: float | None = None
         self.results: list[tuple[int, float, float, float]] = []  # (epoch, accuracy, loss, wall_s)
 
+    def drained(self) -> None:
+        """The evaluator finished every evaluation submitted: the last epoch's is the job's (the summary's)."""
+        if self.results:
+            self.last_accuracy = self.results[-1][1]
+
     def submit(self, epoch: int, wall: float | None = None) -> None:
         """Evaluate the model as it is at the end of `epoch` (`wall`: seconds into the job)."""
         if self.evaluator is None:

@@ -46,6 +46,10 @@ class FastPath:
         # (start_rendezvous, why, the starting members) -> what the path event says
         self.offer_trial: Callable[[Callable[[], Rendezvous], str, list[Member]], str] | None = None
 
+    def offer_trials(self, offer: Callable[[Callable[[], Rendezvous], str, list[Member]], str]) -> None:
+        """Where the fast path is not chosen at the start, `offer` a trial of both paths (ps.rounds.path_trial)."""
+        self.offer_trial = offer
+
     @property
     def undecided(self) -> bool:
         """--allreduce auto, before the start: the path is still to be chosen."""
@@ -74,8 +78,7 @@ class FastPath:
         """The job runs on the fast path from now: the spec says allreduce (with `spec_changes`), the
         rendezvous keeps its groups, and parking is off. Returns whether parking was on (for `leave`)."""
         s = self.state
-        s.spec = replace(s.spec, allreduce=True, **spec_changes)
-        s.rendezvous = rendezvous
+        s.take_path(replace(s.spec, allreduce=True, **spec_changes), rendezvous)
         parked = s.policy.config.park
         if parked:  # the process group has every member: no parked ranks
             self._set_parking(False, PARKING_OFF)
@@ -85,14 +88,13 @@ class FastPath:
         """The job runs on the PS path again (--allreduce auto's trial): no rendezvous, the spec says
         so, and parking as it was before `enter` (`park`)."""
         s = self.state
-        s.spec = replace(s.spec, allreduce=False)
-        s.rendezvous = None
+        s.take_path(replace(s.spec, allreduce=False), None)
         if park:
             self._set_parking(True, "the PS path")
 
     def _set_parking(self, on: bool, why: str) -> None:
         s = self.state
-        s.policy = reconfigured(s.policy, replace(s.policy.config, park=on))
+        s.replace_policy(reconfigured(s.policy, replace(s.policy.config, park=on)))
         s.metrics.write("parking", on=on, why=why, step=s.step, epoch=s.epoch)
 
     def generation(self) -> int:

@@ -33,7 +33,26 @@ class PushesInFlight:
         """A slot for one Push stream; `begin` validates its header (Coordinator.begin_push)."""
         return PushSlot(self, begin)
 
-    def _free(self, nbytes: int) -> None:
+    def claim(self, key: tuple[str, bool]) -> None:
+        """A push stream of `key` (worker id, is a snapshot) begins: refused while one of the same is in flight."""
+        if key in self.workers:
+            self.refused += 1
+            raise FailedPrecondition(
+                f"worker {key[0]!r} {PUSH_IN_FLIGHT}; one at a time (this one is refused, the first goes on)")
+        self.workers.add(key)
+
+    def release(self, key: tuple[str, bool]) -> None:
+        """The push stream of `key` ended, however."""
+        self.workers.discard(key)
+
+    async def reserve(self, nbytes: int) -> None:
+        """Wait until `nbytes` of payload fit the cap beside the other streaming pushes, and hold them."""
+        while self.bytes > 0 and self.bytes + nbytes > self.limit_bytes:
+            await self._freed.wait()
+        self.bytes += nbytes
+
+    def free(self, nbytes: int) -> None:
+        """`nbytes` held arrived whole: they no longer count against the cap."""
         self.bytes -= nbytes
         self._freed.set()
         self._freed = asyncio.Event()
@@ -53,31 +72,24 @@ class PushSlot:
     def begin(self, meta: PushMeta) -> ChunkReceiver:
         receiver = self._begin(meta)
         key = (meta.worker_id, meta.kind == "snapshot")
-        if key in self.pushes.workers:
-            self.pushes.refused += 1
-            raise FailedPrecondition(
-                f"worker {meta.worker_id!r} {PUSH_IN_FLIGHT}; one at a time (this one is refused, the first goes on)")
-        self.pushes.workers.add(key)
+        self.pushes.claim(key)
         self.key = key
         self.nbytes = max(0, meta.num_values) * itemsize(meta.wire_dtype)  # the dtype was checked by `begin`
         return receiver
 
     async def admit(self) -> None:
         """Wait until the payload fits the cap beside the other streaming pushes."""
-        pushes = self.pushes
-        while pushes.bytes > 0 and pushes.bytes + self.nbytes > pushes.limit_bytes:
-            await pushes._freed.wait()
-        pushes.bytes += self.nbytes
+        await self.pushes.reserve(self.nbytes)
         self.reserved = True
 
     def received(self) -> None:
         """The payload arrived whole: its bytes no longer count against the cap."""
         if self.reserved:
             self.reserved = False
-            self.pushes._free(self.nbytes)
+            self.pushes.free(self.nbytes)
 
     def close(self) -> None:
         self.received()
         if self.key is not None:
-            self.pushes.workers.discard(self.key)
+            self.pushes.release(self.key)
             self.key = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ps.rounds.membership import Member
 from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
 
@@ -17,6 +18,14 @@ class JobEnd:
         self.whole_model = whole_model
         self.told_done: set[str] = set()
         self.finished = asyncio.Event()
+
+    def told(self, worker_id: str) -> None:
+        """A reply told `worker_id` the job is done."""
+        self.told_done.add(worker_id)
+
+    def forget(self, member: Member) -> None:
+        """`member` left or was evicted (RoundEvents.member_removed): nobody waits to tell it."""
+        self.told_done.discard(member.worker_id)
 
     def check(self) -> None:
         """Finished when done, every member told, and no snapshot still asked of a member."""

@@ -42,6 +42,41 @@ class Member:
     pushed_at: float | None = None  # when its last push arrived whole, or it became active (ps.rounds.deadlines)
     turned_away: str = ""  # why it was removed before its Join was answered
 
+    def seen(self, now: float) -> None:
+        """A call from this worker (a heartbeat, a pull, a push)."""
+        self.last_seen = now
+
+    def pushed(self, now: float) -> None:
+        """A push arrived whole, or the worker became active (its first push is due from now)."""
+        self.last_seen = self.pushed_at = now
+
+    def count_push(self, ms: float | None, exposed_ms: float, data_wait_ms: float) -> None:
+        """One more update, with its compute, exposed (> 0: measured) and data-wait times this epoch."""
+        self.epoch_data_wait_ms.append(data_wait_ms)
+        self.updates += 1
+        self.epoch_updates += 1
+        if ms is not None:
+            self.epoch_compute_ms.append(ms)
+        if exposed_ms > 0:
+            self.epoch_exposed_ms.append(exposed_ms)
+
+    def count_staleness(self, staleness: int, clock_staleness: int) -> None:
+        """ASP: an update `staleness` versions old was applied, `clock_staleness` ahead of the slowest (ps.rounds.ssp)."""
+        self.staleness_sum += staleness
+        self.asp.update(staleness, clock_staleness)
+
+    def new_epoch(self) -> None:
+        """The per-epoch counters start again."""
+        self.epoch_updates = 0
+        self.epoch_compute_ms = []
+        self.epoch_exposed_ms = []
+        self.epoch_data_wait_ms = []
+        self.asp = EpochCounts()
+
+    def turn_away(self, why: str) -> None:
+        """Removed before its Join was answered: the Join hears `why`."""
+        self.turned_away = why
+
     def tell(self, step: int, batch: int, keep_after: int | None = None, keep_last: int = 4) -> None:
         """Record that a reply told this worker `batch` for `step`. Forget the steps before `keep_after`
         (BSP: the round before the open one), or all but the newest `keep_last` steps (ASP)."""
@@ -61,10 +96,12 @@ class Membership:
         self.departed: dict[str, str] = {}  # worker id -> why it went ("left", "evicted after ...")
         self._joined = 0
 
-    def admit(self, name: str, cores: float, now: float) -> Member:
-        """Validate a join and add the worker as pending."""
+    def admit(self, name: str, cores: float, now: float, cuda_device: str | None = None, max_batch: int | None = None,
+              switch_paths: bool = False) -> Member:
+        """Validate a join and add the worker as pending (what it declared: Member's fields)."""
         self.check_join(name, cores)
-        member = Member(f"{name}-{secrets.token_hex(4)}", name, cores, self._joined, now)
+        member = Member(f"{name}-{secrets.token_hex(4)}", name, cores, self._joined, now, cuda_device=cuda_device,
+                        switch_paths=switch_paths, max_batch=max_batch)
         self._joined += 1
         self.pending[member.worker_id] = member
         return member

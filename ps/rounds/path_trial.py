@@ -45,6 +45,9 @@ class _Window:
     start_time: float
     samples: int = 0
 
+    def count(self, batch: int) -> None:
+        self.samples += batch
+
 
 class PathTrial:
     """The trial's phases: off, steady (the PS path waits for a decision that keeps the plan), settle
@@ -61,7 +64,7 @@ class PathTrial:
         self.whole_model = whole_model
         self.stop = stop
         self.adaptive = adaptive
-        fast_path.offer_trial = self.offer
+        fast_path.offer_trials(self.offer)
         self.phase = "off"
         self.why = ""  # what the path event and Status say
         self.rates: dict[str, float] = {}  # samples/s per path, as timed
@@ -136,7 +139,7 @@ class PathTrial:
             return
         window = self._window
         assert window is not None
-        window.samples += batch
+        window.count(batch)
         if s.round - window.start_round < MEASURE_ROUNDS:
             return
         elapsed = s.clock() - window.start_time
@@ -173,8 +176,7 @@ class PathTrial:
         self.fast_path.leave(self._park)
         self.bsp.follow_path()
         self.phase = "awaiting"
-        self.whole_model.snapshot_requested = True  # checkpoints and evaluations wait for it too
-        self.whole_model.waiting.insert(0, self._snapshot_loaded)
+        self.whole_model.request_snapshot(first=self._snapshot_loaded)  # checkpoints and evaluations wait for it too
         self._write(False, self.why, switched=True)
 
     def _write(self, allreduce: bool, why: str, switched: bool = False) -> None:

@@ -39,6 +39,22 @@ class WholeModel:
             self.snapshot_requested = True
         return True
 
+    def request_snapshot(self, first: Callable[[], None]) -> None:
+        """Ask the members for the parameters (a path trial's switch back); `first` runs once they are
+        here, before the evaluations and checkpoints that wait for them too."""
+        self.snapshot_requested = True
+        self.waiting.insert(0, first)
+
+    def hand_shards(self, shard_state: tuple[torch.Tensor, dict[str, Any] | None]) -> None:
+        """--shards, before the start: what load_shards hands the shards instead (a checkpoint's parameters
+        and optimizer state)."""
+        self.shard_state = shard_state
+
+    def ended(self, reason: str) -> None:
+        """The job is done (RoundEvents.ended): with --allreduce the last checkpoint needs the final global
+        model, so it is asked for."""
+        self.defer(lambda: None)
+
     def asks_snapshot(self, group: GroupInfo) -> bool:
         """Whether a reply to the member in `group` asks it for a snapshot (allreduce, when one is wanted:
         the group's hub, the member with the largest batch, so the fastest: the push of the parameters

@@ -23,7 +23,7 @@ from common.job.datasets import build_dataset
 from common.job.models import build_model
 from common.transport.messages import PushMeta, PushTimes
 from ps.checkpoint import checkpoint_files, read_checkpoint
-from ps.rounds.coordinator import params_digest
+from ps.rounds.checkpoint_state import params_digest
 from tests.processes import ENV, Cluster, start_server
 from worker.transport.client import PSClient
 from tests.fault_jobs import JOB, NAMES, TARGET, WORKER, status, wait_for, wait_for_events

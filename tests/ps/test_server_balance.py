@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from common.job.spec import JobSpec, default_balance
 from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
-from ps.server import build_job, print_progress
+from ps.server import build_job
 from tests.conftest import job_args
 from tests.hostile_peer import wait_until
 from tests.rpc_calls import header, join_all, push, push_chunks
@@ -184,28 +184,6 @@ def test_the_spec_asks_for_gradient_norms_with_adaptive_batch_only() -> None:
         for job in jobs:
             job.evaluator.close()
             job.metrics.close()
-
-
-@pytest.mark.parametrize("measured", ["compute", "busy", "cycle"])
-def test_the_epoch_line_names_what_the_times_measure(measured: str, capsys: pytest.CaptureFixture[str]) -> None:
-    record = {"event": "epoch", "epoch": 3, "samples_per_s": 900.0, "batch_sizes": {"w0": 40}, "compute_ms": {"w0": 250.0},
-              "balance": measured}
-    print_progress(record)
-    assert capsys.readouterr().err.strip() == f"epoch 3: 900.0 samples/s | batch w0=40 | {measured} ms w0=250.0"
-
-
-def test_the_epoch_line_follows_the_balance_the_job_chose(capsys: pytest.CaptureFixture[str]) -> None:
-    """--allreduce auto may switch the balance at the start: the epoch line takes the epoch record's."""
-    record = {"event": "epoch", "epoch": 1, "samples_per_s": 10.0, "batch_sizes": {"w0": 4}, "compute_ms": {"w0": 2.0},
-              "balance": "compute"}
-    print_progress(record)
-    print_progress({"event": "path", "allreduce": True, "why": "every worker computes on a GPU of its own",
-                    "balance": "compute"})
-    assert capsys.readouterr().err.splitlines() == [
-        "epoch 1: 10.0 samples/s | batch w0=4 | compute ms w0=2.0",
-        "--allreduce auto: the collective fast path (every worker computes on a GPU of its own; the controller "
-        "balances compute time)",
-    ]
 
 
 def test_the_server_refuses_a_model_out_of_range_or_beyond_its_memory_before_building_it() -> None:

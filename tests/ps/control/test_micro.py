@@ -65,7 +65,7 @@ def test_plans_are_whole_micro_batches_within_each_workers_max(policy: str, m: i
             if sum(usable_max(ctl.config, c) for c in maxima.values()) < B:
                 with pytest.raises(ValueError):
                     ctl.replan()
-                return  # the server ends such a job (coordinator._remove)
+                return  # the server ends such a job (ps.rounds.departures)
             ctl.replan()
         elif op == "push" and maxima:
             for k, b in ctl.plan().items():

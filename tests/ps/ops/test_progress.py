@@ -1,6 +1,6 @@
 """Progress for a person: a bar (epoch, rounds, samples/s, accuracy, time left) when the output is a
 terminal, plain lines when it is a pipe, for ps-server and for ps-cluster run. Real processes, their
-output a pseudo terminal or a pipe."""
+output a pseudo terminal or a pipe; and the plain line of an event, alone."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from ps.ops.progress import print_progress
 from tests.processes import ENV, Cluster
 from tests.emulator_jobs import TINY_JOB, write_profile
 
@@ -120,3 +121,25 @@ def test_ps_cluster_run_shows_a_bar_on_a_terminal_and_lines_in_a_pipe(tmp_path: 
     else:
         assert "\r" not in shown
         assert [line[:10] for line in shown.splitlines() if line.startswith("epoch ")] == ["epoch  1/3", "epoch  2/3", "epoch  3/3"], shown
+
+
+@pytest.mark.parametrize("measured", ["compute", "busy", "cycle"])
+def test_the_epoch_line_names_what_the_times_measure(measured: str, capsys: pytest.CaptureFixture[str]) -> None:
+    record = {"event": "epoch", "epoch": 3, "samples_per_s": 900.0, "batch_sizes": {"w0": 40}, "compute_ms": {"w0": 250.0},
+              "balance": measured}
+    print_progress(record)
+    assert capsys.readouterr().err.strip() == f"epoch 3: 900.0 samples/s | batch w0=40 | {measured} ms w0=250.0"
+
+
+def test_the_epoch_line_follows_the_balance_the_job_chose(capsys: pytest.CaptureFixture[str]) -> None:
+    """--allreduce auto may switch the balance at the start: the epoch line takes the epoch record's."""
+    record = {"event": "epoch", "epoch": 1, "samples_per_s": 10.0, "batch_sizes": {"w0": 4}, "compute_ms": {"w0": 2.0},
+              "balance": "compute"}
+    print_progress(record)
+    print_progress({"event": "path", "allreduce": True, "why": "every worker computes on a GPU of its own",
+                    "balance": "compute"})
+    assert capsys.readouterr().err.splitlines() == [
+        "epoch 1: 10.0 samples/s | batch w0=4 | compute ms w0=2.0",
+        "--allreduce auto: the collective fast path (every worker computes on a GPU of its own; the controller "
+        "balances compute time)",
+    ]

@@ -48,7 +48,7 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
     c: Coordinator = job.coordinator
     stepped: list[tuple[int, int]] = []
     lost: dict[int, int] = {}
-    next_round, remove = c._next_round, c._remove
+    next_round, remove = c.round_close.next_round, c.departures.remove
 
     def recording_next_round(batch: int) -> None:
         stepped.append((c.round, batch))
@@ -60,14 +60,14 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
             lost[c.round] = lost.get(c.round, 0) + min(member.told.get(c.round, {0}))
         remove(worker_id, event, reason)
 
-    activate = c._activate_pending
+    activate = c.admission.activate_pending
 
     def recording_activate() -> None:
         if c.membership.pending and c.bsp.accumulator is not None and c.bsp.accumulator.count == 0:
             lost[c.round] = 0  # the round starts afresh with the newcomers (nobody was left in it)
         activate()
 
-    c._next_round, c._remove, c._activate_pending = (  # type: ignore[method-assign]
+    c.round_close.next_round, c.departures.remove, c.admission.activate_pending = (  # type: ignore[method-assign]
         recording_next_round, recording_remove, recording_activate)
     grad = torch.zeros(c.own_numel)
     workers: dict[str, Worker] = {}

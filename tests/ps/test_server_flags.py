@@ -1,0 +1,38 @@
+"""The flags of a policy's own settings are made from its declarations: a number with its bounds, a
+choice, a switch with its --no- form; only the chosen policy's reach its config."""
+
+from __future__ import annotations
+
+import pytest
+
+from ps import server_flags
+from ps.control.settings import Setting
+from ps.server_flags import build_parser, policy_flags, policy_options
+
+DECLARED = {"dynamic": (Setting("loud", bool, False, "whether to shout"),
+                        Setting("mode", str, "fast", "how to go", choices=("fast", "slow")),
+                        Setting("rounds", int, 4, "how many rounds", low=1, high=9))}
+
+
+@pytest.fixture
+def declared(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_flags, "policy_settings", lambda policy: DECLARED.get(policy, ()))
+
+
+def test_each_kind_of_setting_is_a_flag(declared: None, capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    help_text = " ".join(parser.format_help().split())
+    assert "--dynamic-loud, --no-dynamic-loud --policy dynamic: whether to shout (default: False)" in help_text
+    assert "--dynamic-mode STR --policy dynamic: how to go (one of fast, slow) (default: fast)" in help_text
+    assert "--dynamic-rounds INT --policy dynamic: how many rounds (in [1, 9]) (default: 4)" in help_text
+    assert policy_options(parser.parse_args(["--dynamic-loud", "--dynamic-mode", "slow", "--dynamic-rounds", "9"])) == {
+        "loud": True, "mode": "slow", "rounds": 9}
+    assert policy_options(parser.parse_args(["--no-dynamic-loud"])) == {"loud": False}
+    assert policy_options(parser.parse_args([])) == {}
+    for bad in (["--dynamic-mode", "medium"], ["--dynamic-rounds", "10"], ["--dynamic-rounds", "2.5"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(bad)
+        assert "argument --dynamic-" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="--dynamic-rounds is for --policy dynamic, not --policy model"):
+        policy_options(parser.parse_args(["--policy", "model", "--dynamic-rounds", "3"]))
+    assert policy_flags()["dynamic.rounds"] == "--dynamic-rounds" and policy_flags()["park"] == "parking (--no-park)"
