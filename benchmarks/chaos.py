@@ -53,10 +53,10 @@ from typing import Any
 
 from common.job.datasets import Dataset, build_dataset
 from common.ops.arg_types import positive_float, positive_int
-from deploy.emulator import DEFAULT_DATASET_ARGS, DEFAULT_JOB
 from deploy.launcher import LocalCluster, WorkerSpec
-from deploy.signals import signals_as_exceptions
 from deploy.profiles import default_cpu_budget, load_profile, scale
+from deploy.run_plan import DEFAULT_DATASET_ARGS, DEFAULT_JOB
+from deploy.signals import signals_as_exceptions
 from worker.transport.client import PSClient, ServerError
 from worker.probes.stall_hook import STALL_DIR_ENV
 

@@ -6,9 +6,10 @@ process into the group before it execs, and ``close`` moves any tasks out and re
 
 Groups live under one dedicated parent, ``hetero-ps/<run>/<worker>``, where ``<run>`` also records
 the owner's pid and start time so that :func:`cleanup_stale` can tell a dead run's leftovers from a
-live one's. Every control file is written with an explicit open/write/close and read back: the
-kernel refuses some values (a quota or period under 1 ms), and a refused write that went unnoticed
-would leave a worker silently unthrottled.
+live one's. Every quota is read back after it is written: the kernel refuses some values (a quota
+or period under 1 ms), and a refused write that went unnoticed would leave a worker silently
+unthrottled. The hierarchies (v2, v1) are :mod:`deploy.cgroup_backends`, the control files and group
+directories :mod:`deploy.cgroup_files`.
 
 Where no backend is writable (:func:`detect_backend` returns None), callers fall back to slowing
 workers down in software with :func:`slowdown_factors`, which keeps the same ratios.
@@ -17,17 +18,19 @@ workers down in software with :func:`slowdown_factors`, which keeps the same rat
 from __future__ import annotations
 
 import contextlib
-import errno
 import math
 import os
 import re
 import secrets
-import time
-from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 
-from deploy.proc_stat import read_proc_stat
+from deploy.cgroup_backends import PARENT, CgroupBackend, backends
+from deploy.cgroup_files import CgroupError, group_pids, remove_group, start_ticks, write_control
+
+__all__ = [
+    "MAX_PERIOD_US", "MIN_PERIOD_US", "MIN_QUOTA_US", "PARENT", "CgroupBackend", "CgroupError", "CpuLimiter",
+    "backends", "cleanup_stale", "detect_backend", "slowdown_factors",
+]
 
 MIN_QUOTA_US = 1_000
 """The kernel refuses a CFS quota under 1 ms."""
@@ -35,56 +38,9 @@ MIN_PERIOD_US = 1_000
 """The kernel refuses a CFS period under 1 ms."""
 MAX_PERIOD_US = 1_000_000
 """The kernel refuses a CFS period over 1 s."""
-MAX_SHARES_V1 = 262_144
-"""The largest v1 ``cpu.shares`` (default 1024)."""
-MAX_WEIGHT_V2 = 10_000
-"""The largest v2 ``cpu.weight`` (default 100)."""
-PARENT = "hetero-ps"
-"""The directory, under the hierarchy's root, that holds every group this package creates."""
 
 _NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_-]{0,63}$")
 _RUN_DIR = re.compile(r"^(?P<run>[A-Za-z0-9_][A-Za-z0-9_-]*)\.(?P<pid>\d+)\.(?P<start>\d+)$")
-_RMDIR_TIMEOUT_S = 2.0
-
-
-class CgroupError(RuntimeError):
-    """A cgroup operation the kernel refused or did not apply."""
-
-
-@dataclass(frozen=True)
-class _Mount:
-    """Where one cgroup hierarchy is mounted and where this process sits in it."""
-
-    mount_point: Path
-    home: Path
-
-
-def _write(path: Path, value: str) -> None:
-    """Write a control file with an explicit open/write/close so that a refusal raises here."""
-    try:
-        fd = os.open(path, os.O_WRONLY)
-    except OSError as exc:
-        raise CgroupError(f"cannot open {path} for writing: {exc.strerror}") from exc
-    try:
-        os.write(fd, value.encode())
-    except OSError as exc:
-        raise CgroupError(f"the kernel refused {value!r} in {path}: {exc.strerror}") from exc
-    finally:
-        os.close(fd)
-
-
-def _read(path: Path) -> str:
-    """Read a control file's value."""
-    with open(path, encoding="ascii") as f:
-        return f.read().strip()
-
-
-def _write_checked(path: Path, value: str) -> None:
-    """Write a single-value control file and check that the kernel holds that value."""
-    _write(path, value)
-    held = _read(path)
-    if held != value:
-        raise CgroupError(f"{path} holds {held!r} after writing {value!r}")
 
 
 def _check_name(kind: str, name: str) -> None:
@@ -114,161 +70,6 @@ def _check_limit(cores: float, period_us: int) -> int:
             "(deploy.profiles.quota_period_us computes one for a set of shares)"
         )
     return quota
-
-
-def _start_ticks(pid: int) -> int | None:
-    """A live process's start time in clock ticks since boot; None if it is gone or a zombie.
-
-    With the pid it identifies a process even after the pid is reused.
-    """
-    stat = read_proc_stat(pid)
-    return None if stat is None or stat.state in ("Z", "X") else stat.start_ticks
-
-
-def _pids(group: Path) -> list[int]:
-    """The processes in a group (empty if the group is gone)."""
-    try:
-        return [int(line) for line in _read(group / "cgroup.procs").split()]
-    except FileNotFoundError:
-        return []
-
-
-def _move_out(group: Path, home: Path) -> None:
-    """Move every process of ``group`` to ``home``; processes that exit meanwhile are fine."""
-    for pid in _pids(group):
-        try:
-            _write(home / "cgroup.procs", str(pid))
-        except CgroupError as exc:
-            if _start_ticks(pid) is not None:
-                raise CgroupError(f"cannot move pid {pid} out of {group} to {home}: {exc}") from exc
-
-
-def _remove(group: Path, home: Path) -> None:
-    """Empty and remove a group and its subgroups; a group that is already gone is fine."""
-    if not group.is_dir():
-        return
-    for child in sorted(p for p in group.iterdir() if p.is_dir()):
-        _remove(child, home)
-    deadline = time.monotonic() + _RMDIR_TIMEOUT_S
-    while True:
-        _move_out(group, home)
-        try:
-            os.rmdir(group)
-            return
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            if exc.errno != errno.EBUSY or time.monotonic() > deadline:
-                raise CgroupError(
-                    f"cannot remove {group}: {exc.strerror} (processes still in it: {_pids(group)})"
-                ) from exc
-            time.sleep(0.01)
-
-
-class CgroupBackend(ABC):
-    """One cgroup hierarchy with a writable CPU controller: where groups go and how limits are set."""
-
-    version: int
-
-    def __init__(self, mount: _Mount) -> None:
-        self.mount_point = mount.mount_point
-        self.home = mount.home
-        self.parent = mount.mount_point / PARENT
-
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}({str(self.mount_point)!r})"
-
-    @abstractmethod
-    def enable_cpu(self, group: Path) -> None:
-        """Make the CPU controller available to the children of ``group``."""
-
-    @abstractmethod
-    def write_limit(self, group: Path, quota_us: int, period_us: int) -> None:
-        """Write a quota and period to ``group``'s control files."""
-
-    @abstractmethod
-    def read_limit(self, group: Path) -> tuple[int | None, int]:
-        """Read ``(quota_us, period_us)`` back; quota None means unlimited."""
-
-    @abstractmethod
-    def reserve(self, group: Path) -> None:
-        """Give ``group`` the largest CPU weight, so that busy siblings cannot take its quota."""
-
-    def make_group(self, path: Path) -> None:
-        """Create the new group ``path`` and its missing ancestors, with the CPU controller on.
-
-        FileExistsError if ``path`` itself exists already.
-        """
-        ancestors = list(reversed(path.parents[: path.parents.index(self.mount_point)]))
-        self.enable_cpu(self.mount_point)
-        try:
-            for directory in ancestors:
-                directory.mkdir(exist_ok=True)
-                self.enable_cpu(directory)
-            path.mkdir()
-        except FileExistsError:
-            raise
-        except OSError as exc:
-            raise CgroupError(f"cannot create cgroup {path}: {exc.strerror}") from exc
-
-    def probe(self) -> bool:
-        """Whether a group can be created, limited and removed here (tried on a scratch group)."""
-        try:
-            run_id = f"probe-{secrets.token_hex(4)}"
-            limiter = CpuLimiter.create("probe", 1.0, 100_000, run_id=run_id, backend=self)
-        except (CgroupError, OSError):
-            return False
-        try:
-            limiter.close()
-        except (CgroupError, OSError):
-            return False
-        return True
-
-
-class CgroupV2Backend(CgroupBackend):
-    """cgroup v2: ``cpu.max`` holds "quota period"; controllers are enabled per subtree."""
-
-    version = 2
-
-    def enable_cpu(self, group: Path) -> None:
-        control = group / "cgroup.subtree_control"
-        if "cpu" in _read(control).split():
-            return
-        if "cpu" not in _read(group / "cgroup.controllers").split():
-            raise CgroupError(f"the cpu controller is not available in {group} (cgroup.controllers)")
-        _write(control, "+cpu")
-        if "cpu" not in _read(control).split():
-            raise CgroupError(f"writing +cpu to {control} did not enable the cpu controller")
-
-    def write_limit(self, group: Path, quota_us: int, period_us: int) -> None:
-        _write(group / "cpu.max", f"{quota_us} {period_us}")
-
-    def read_limit(self, group: Path) -> tuple[int | None, int]:
-        quota, period = _read(group / "cpu.max").split()
-        return (None if quota == "max" else int(quota)), int(period)
-
-    def reserve(self, group: Path) -> None:
-        _write_checked(group / "cpu.weight", str(MAX_WEIGHT_V2))
-
-
-class CgroupV1Backend(CgroupBackend):
-    """cgroup v1: the cpu controller's ``cpu.cfs_period_us`` and ``cpu.cfs_quota_us``."""
-
-    version = 1
-
-    def enable_cpu(self, group: Path) -> None:
-        """Nothing to do: every v1 group of the cpu hierarchy has the controller."""
-
-    def write_limit(self, group: Path, quota_us: int, period_us: int) -> None:
-        _write(group / "cpu.cfs_period_us", str(period_us))
-        _write(group / "cpu.cfs_quota_us", str(quota_us))
-
-    def read_limit(self, group: Path) -> tuple[int | None, int]:
-        quota = int(_read(group / "cpu.cfs_quota_us"))
-        return (None if quota < 0 else quota), int(_read(group / "cpu.cfs_period_us"))
-
-    def reserve(self, group: Path) -> None:
-        _write_checked(group / "cpu.shares", str(MAX_SHARES_V1))
 
 
 class CpuLimiter:
@@ -312,7 +113,7 @@ class CpuLimiter:
                 "run as root on Linux, or fall back to slowdown_factors()"
             )
         pid = os.getpid()
-        path = backend.parent / f"{run_id}.{pid}.{_start_ticks(pid)}" / name
+        path = backend.parent / f"{run_id}.{pid}.{start_ticks(pid)}" / name
         try:
             backend.make_group(path)
         except FileExistsError:
@@ -351,7 +152,7 @@ class CpuLimiter:
 
     def add_pid(self, pid: int) -> None:
         """Move a running process (all its threads) into the group."""
-        _write(self.path / "cgroup.procs", str(pid))
+        write_control(self.path / "cgroup.procs", str(pid))
         if pid not in self.pids():
             raise CgroupError(f"pid {pid} is not in {self.path} after writing it to cgroup.procs")
 
@@ -369,7 +170,7 @@ class CpuLimiter:
 
     def pids(self) -> list[int]:
         """The processes in the group now."""
-        return _pids(self.path)
+        return group_pids(self.path)
 
     def close(self) -> None:
         """Move remaining tasks back to the owner's group and remove this group (and an empty run).
@@ -378,7 +179,7 @@ class CpuLimiter:
         """
         if self._closed:
             return
-        _remove(self.path, self.backend.home)
+        remove_group(self.path, self.backend.home)
         self._closed = True
         with contextlib.suppress(OSError):
             os.rmdir(self.path.parent)
@@ -393,54 +194,24 @@ class CpuLimiter:
         return f"CpuLimiter({str(self.path)!r}, cores={self.cores}, period_us={self.period_us})"
 
 
-def _mounts() -> tuple[_Mount | None, _Mount | None]:
-    """The cgroup v2 mount and the v1 cpu-controller mount of this process, where present."""
+def works(backend: CgroupBackend) -> bool:
+    """Whether a group can be created, limited and removed under ``backend`` (tried on a scratch group)."""
     try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            mountinfo = f.read().splitlines()
-        with open("/proc/self/cgroup", encoding="utf-8") as f:
-            membership = f.read().splitlines()
-    except OSError:
-        return None, None
-    paths: dict[str, str] = {}
-    for line in membership:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            paths["v2"] = path
-        elif "cpu" in controllers.split(","):
-            paths["v1"] = path
-    found: dict[str, _Mount] = {}
-    for line in mountinfo:
-        fields, _, tail = line.partition(" - ")
-        fstype, _, options = [*tail.split(), "", "", ""][:3]
-        parts = fields.split()
-        root, mount_point = parts[3], Path(parts[4])
-        key = "v2" if fstype == "cgroup2" else "v1" if fstype == "cgroup" and "cpu" in options.split(",") else None
-        if key is None or key in found or key not in paths:
-            continue
-        relative = os.path.relpath(paths[key], root)
-        home = mount_point if relative.startswith("..") else (mount_point / relative).resolve()
-        found[key] = _Mount(mount_point, home)
-    return found.get("v2"), found.get("v1")
-
-
-def backends() -> list[CgroupBackend]:
-    """The cgroup hierarchies of this process that carry a CPU controller, v2 first (unprobed)."""
-    v2, v1 = _mounts()
-    found: list[CgroupBackend] = []
-    if v2 is not None:
-        controllers = v2.mount_point / "cgroup.controllers"
-        if controllers.exists() and "cpu" in _read(controllers).split():
-            found.append(CgroupV2Backend(v2))
-    if v1 is not None and (v1.mount_point / "cpu.cfs_quota_us").exists():
-        found.append(CgroupV1Backend(v1))
-    return found
+        run_id = f"probe-{secrets.token_hex(4)}"
+        limiter = CpuLimiter.create("probe", 1.0, 100_000, run_id=run_id, backend=backend)
+    except (CgroupError, OSError):
+        return False
+    try:
+        limiter.close()
+    except (CgroupError, OSError):
+        return False
+    return True
 
 
 def detect_backend() -> CgroupBackend | None:
     """The first backend where a scratch group can really be created and limited, or None."""
     for backend in backends():
-        if backend.probe():
+        if works(backend):
             return backend
     return None
 
@@ -459,9 +230,9 @@ def cleanup_stale(backend: CgroupBackend | None = None) -> list[Path]:
             match = _RUN_DIR.match(run_dir.name)
             if match is None:
                 continue
-            if _start_ticks(int(match["pid"])) == int(match["start"]):
+            if start_ticks(int(match["pid"])) == int(match["start"]):
                 continue
-            _remove(run_dir, candidate.home)
+            remove_group(run_dir, candidate.home)
             removed.append(run_dir)
     return removed
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from common.ops.arg_types import positive_float, positive_int
 from deploy.cgroups import CgroupError, CpuLimiter, cleanup_stale, detect_backend
-from deploy.emulator import MetricsTail
+from deploy.run_files import MetricsTail
 from deploy.signals import Terminated, signals_as_exceptions
 
 STOP_GRACE_S = 10.0

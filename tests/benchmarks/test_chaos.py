@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.chaos import Watch, main, report
-from deploy.emulator import DEFAULT_JOB
+from deploy.run_plan import DEFAULT_JOB
 from worker.probes.stall_hook import STALL_DIR_ENV, stall_while_asked
 
 B = DEFAULT_JOB["global_batch"]

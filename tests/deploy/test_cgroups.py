@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy import cgroups
+from deploy import cgroup_backends, cgroups
 from deploy.cgroups import CgroupBackend, CgroupError, CpuLimiter, cleanup_stale, detect_backend, slowdown_factors
 from deploy.profiles import quota_period_us
 from tests.repo import ROOT
@@ -67,7 +67,7 @@ def test_bad_limits_are_refused_before_touching_cgroups(name: str, cores: float,
 
 def test_v2_control_file_format(tmp_path: Path) -> None:
     """cgroup v2 keeps quota and period in one file, "max" meaning unlimited (checked on plain files)."""
-    v2 = cgroups.CgroupV2Backend(cgroups._Mount(tmp_path, tmp_path))
+    v2 = cgroup_backends.CgroupV2Backend(cgroup_backends.Mount(tmp_path, tmp_path))
     (tmp_path / "cpu.max").touch()
     v2.write_limit(tmp_path, 1500, 8000)
     assert (tmp_path / "cpu.max").read_text() == "1500 8000"
@@ -153,7 +153,7 @@ def test_reserve_raises_the_weight_of_the_group_and_its_parents(
     limiters.append(limiter)
     plain = CpuLimiter.create("w1", 0.5, 2000, run_id=run_id, backend=backend)
     limiters.append(plain)
-    name, top = ("cpu.shares", cgroups.MAX_SHARES_V1) if backend.version == 1 else ("cpu.weight", cgroups.MAX_WEIGHT_V2)
+    name, top = ("cpu.shares", cgroup_backends.MAX_SHARES_V1) if backend.version == 1 else ("cpu.weight", cgroup_backends.MAX_WEIGHT_V2)
     for group in (limiter.path, limiter.path.parent, backend.parent):
         assert int((group / name).read_text()) == top
     assert int((plain.path / name).read_text()) < top

@@ -479,8 +479,8 @@ def test_a_signal_right_after_a_fork_still_leaves_no_process(
     cluster = launcher.LocalCluster([], [launcher.WorkerSpec("w0", 1.0)], tmp_path, limiter="slowdown")
     try:
         with signals.signals_as_exceptions(), pytest.raises(signals.Terminated):
-            cluster._spawn("w0", [sys.executable, "-c", "import time; time.sleep(60)"], None,
-                           lambda proc: cluster.processes.__setitem__("w0", proc))
+            cluster.procs.spawn("w0", [sys.executable, "-c", "import time; time.sleep(60)"], None,
+                                lambda proc: cluster.processes.__setitem__("w0", proc))
         assert [*cluster.processes.values()] == started  # recorded before the signal was let through
         assert started[0].poll() is None  # the child did not inherit the held signals' block...
         started[0].terminate()  # ...so SIGTERM ends it at once, as close() relies on
