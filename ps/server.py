@@ -45,6 +45,8 @@ from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
 from ps.shards.setup import check_shard_security, open_shards
+from ps.serving.call_budget import CallBounds, calls_for_workers
+from ps.serving.call_limits import CallLimits
 from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
 from ps.serving.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
@@ -59,7 +61,8 @@ class Job:
     checkpointer: Checkpointer | None = None
     rendezvous: Rendezvous | None = None
     local_shards: LocalShards | None = None
-    max_concurrent_rpcs: int | None = None  # gRPC's cap on the calls served at once
+    max_concurrent_rpcs: int | None = None  # the data-plane and the control calls held at once, each
+    max_rpcs_per_peer: int | None = None  # of those, from one address (None: max_concurrent_rpcs)
 
     def close_shards(self) -> None:
         """Stop the shard processes this server started (if any)."""
@@ -181,8 +184,13 @@ def build_job(args: argparse.Namespace) -> Job:
         if local_shards is not None:
             local_shards.stop()
         raise
-    rpcs = args.max_concurrent_rpcs or 16 * (args.max_workers or args.workers) + 64
-    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards, rpcs)
+    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards, concurrent_rpcs(args),
+               args.max_rpcs_per_peer)
+
+
+def concurrent_rpcs(args: argparse.Namespace) -> int:
+    """--max-concurrent-rpcs, or its default for the job's --max-workers."""
+    return args.max_concurrent_rpcs or calls_for_workers(args.max_workers or args.workers)
 
 
 def check_flags_together(args: argparse.Namespace) -> None:
@@ -200,6 +208,8 @@ def check_flags_together(args: argparse.Namespace) -> None:
         check_micro_batch_flags(args)
     if args.max_workers is not None and args.max_workers < args.workers:
         raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
+    if args.max_rpcs_per_peer is not None and args.max_rpcs_per_peer > concurrent_rpcs(args):
+        raise ValueError(f"--max-rpcs-per-peer {args.max_rpcs_per_peer} exceeds --max-concurrent-rpcs {concurrent_rpcs(args)}")
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
@@ -367,8 +377,9 @@ async def serve(
     """Serve the job until it ends (TLS and token check as `security` says); returns the summary record.
     `on_message`: told the size of every gRPC message (the Prometheus metrics)."""
     security = security or ServerSecurity()
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors(),
-                             maximum_concurrent_rpcs=job.max_concurrent_rpcs)
+    calls = job.max_concurrent_rpcs or calls_for_workers(job.spec.workers)
+    limits = CallLimits(CallBounds.serving(calls, job.max_rpcs_per_peer))  # after the token: a refused call is not counted
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*security.interceptors(), limits])
     health = Health([SERVICES["ParameterServer"].full_name])
     await health.add_to(server)
     job.metrics.observe(functools.partial(not_serving_at_end, health))

@@ -198,8 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="payload of the pushes streaming in at once; a push beyond it waits until others arrived "
                           "whole (one alone always goes)")
     rel.add_argument("--max-concurrent-rpcs", type=positive_int, default=None, metavar="N",
-                     help="calls served at once, the others refused (RESOURCE_EXHAUSTED); unset: 16 per allowed "
-                          "worker (--max-workers) + 64")
+                     help="data-plane calls (Push, Pull) served at once, and as many control calls (Join, Heartbeat, "
+                          "...), the others refused (RESOURCE_EXHAUSTED); health and reflection have small bounds "
+                          "of their own; unset: 16 per allowed worker (--max-workers) + 64")
+    rel.add_argument("--max-rpcs-per-peer", type=positive_int, default=None, metavar="N",
+                     help="of those, the most one address may hold (workers on one host or behind one NAT share "
+                          "it); unset: --max-concurrent-rpcs")
     rel.add_argument("--checkpoint-dir", type=Path, default=None, help="write checkpoints here")
     rel.add_argument("--checkpoint-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
                      help="checkpoint at every epoch end (default) or every N steps")
