@@ -208,8 +208,7 @@ def check_flags_together(args: argparse.Namespace) -> None:
         check_micro_batch_flags(args)
     if args.max_workers is not None and args.max_workers < args.workers:
         raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
-    if args.max_rpcs_per_peer is not None and args.max_rpcs_per_peer > concurrent_rpcs(args):
-        raise ValueError(f"--max-rpcs-per-peer {args.max_rpcs_per_peer} exceeds --max-concurrent-rpcs {concurrent_rpcs(args)}")
+    CallBounds.serving(concurrent_rpcs(args), args.max_rpcs_per_peer)  # --max-rpcs-per-peer within --max-concurrent-rpcs
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):

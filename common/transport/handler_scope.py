@@ -1,11 +1,12 @@
-"""A server handler whose every call runs inside a scope: what a server interceptor uses to act on a
-call where only the call itself knows enough (its peer's address, its first message), before and
-after the servicer's behavior, whichever of gRPC's four kinds of handler it is."""
+"""Server interceptors that replace a method's handler, and a handler whose every call runs inside a
+scope: what an interceptor uses to act on a call where only the call itself knows enough (its peer's
+address, its first message), before and after the servicer's behavior, whichever of gRPC's four
+kinds of handler it is."""
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -14,6 +15,24 @@ import grpc
 Scope = Callable[[grpc.aio.ServicerContext, Any], AbstractAsyncContextManager[Any]]
 """(context, the request or the request iterator) -> an async context manager around the call; what
 it yields is what the behavior gets in place of the request (the same, or a wrapped iterator)."""
+
+
+class HandlerInterceptor(grpc.aio.ServerInterceptor):
+    """An interceptor that gives every call of a registered method the handler `wrap` makes of its own."""
+
+    def wrap(self, method: str, metadata: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """The handler that serves calls of `method` (its full path) carrying `metadata`."""
+        raise NotImplementedError
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:  # no such method: gRPC answers UNIMPLEMENTED
+            return handler
+        return self.wrap(handler_call_details.method, handler_call_details.invocation_metadata, handler)
 
 
 def scoped(handler: grpc.RpcMethodHandler, scope: Scope) -> grpc.RpcMethodHandler:

@@ -16,7 +16,7 @@ import hmac
 import ipaddress
 import os
 import ssl
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +25,7 @@ from urllib.parse import unquote
 
 import grpc
 
-from common.transport.handler_scope import scoped
+from common.transport.handler_scope import HandlerInterceptor, scoped
 
 PathArg = str | os.PathLike[str]
 
@@ -117,7 +117,7 @@ def server_credentials(cert: PathArg, key: PathArg, client_ca: PathArg | None = 
     return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=ca_pem is not None)
 
 
-class MetadataCheck(grpc.aio.ServerInterceptor):
+class MetadataCheck(HandlerInterceptor):
     """Refuses with UNAUTHENTICATED every RPC that `checks(method)` and whose metadata `_problem` finds
     fault with; a refused call is answered by a handler of the same kind that aborts at once (`refusal`)."""
 
@@ -127,16 +127,11 @@ class MetadataCheck(grpc.aio.ServerInterceptor):
     def _problem(self, metadata: Any) -> str | None:
         raise NotImplementedError
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or not self.checks(handler_call_details.method):
+    def wrap(self, method: str, metadata: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if not self.checks(method):
             return handler
-        problem = self._problem(handler_call_details.invocation_metadata)
-        return handler if problem is None else self._refused(handler_call_details.method, handler, problem)
+        problem = self._problem(metadata)
+        return handler if problem is None else self._refused(method, handler, problem)
 
     def _refused(self, method: str, handler: grpc.RpcMethodHandler, problem: str) -> grpc.RpcMethodHandler:
         """What answers a call of `method` whose metadata has `problem`: a refusal."""

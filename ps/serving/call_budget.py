@@ -74,8 +74,11 @@ class CallBounds:
 
     @classmethod
     def serving(cls, calls: int, per_peer: int | None = None) -> CallBounds:
-        """`calls` data-plane calls and as many control calls at once, `per_peer` of each from one
-        address (None: `calls`); ValueError when `per_peer` exceeds `calls`."""
+        """`calls` data-plane calls and as many control calls at once (--max-concurrent-rpcs), `per_peer`
+        of each from one address (--max-rpcs-per-peer; None: `calls`); ValueError naming the flags when
+        `per_peer` exceeds `calls`."""
+        if per_peer is not None and per_peer > calls:
+            raise ValueError(f"--max-rpcs-per-peer {per_peer} exceeds --max-concurrent-rpcs {calls}")
         job = Bound(calls, calls if per_peer is None else per_peer)
         return cls(data=job, control=job)
 
@@ -92,7 +95,7 @@ class Ticket:
     peer: str
     kind: str
     silent: bool
-    on_displaced: Callable[[], None] = field(default=lambda: None, repr=False)
+    on_displaced: Callable[[], object] = field(default=lambda: None, repr=False)
     displaced: bool = False
 
 
@@ -108,7 +111,7 @@ class CallBudget:
         self._held: dict[str, dict[Ticket, None]] = {kind: {} for kind in KINDS}  # in arrival order
         self._per_peer: dict[tuple[str, str], int] = {}
 
-    def admit(self, peer: str, kind: str, silent: bool, on_displaced: Callable[[], None] = lambda: None) -> Ticket:
+    def admit(self, peer: str, kind: str, silent: bool, on_displaced: Callable[[], object] = lambda: None) -> Ticket:
         """Hold a call of `kind` from `peer` (`silent`: a request stream that has sent nothing yet);
         Refused when its kind is full and no silent call can make room. A call it displaces is released
         and told through its `on_displaced`."""

@@ -9,33 +9,25 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
 import grpc
 
-from common.transport.handler_scope import scoped
+from common.transport.handler_scope import HandlerInterceptor, scoped
 from common.transport.security import peer_host
 from ps.serving.call_budget import CallBounds, CallBudget, Refused, Ticket, call_kind
 
 
-class CallLimits(grpc.aio.ServerInterceptor):
+class CallLimits(HandlerInterceptor):
     """Counts the calls a server holds, by kind and peer address, and refuses those beyond `bounds`."""
 
     def __init__(self, bounds: CallBounds) -> None:
         self.budget = CallBudget(bounds)
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None:
-            return handler
-        kind = call_kind(handler_call_details.method)
-        return scoped(handler, functools.partial(self._held, kind, handler.request_streaming))
+    def wrap(self, method: str, metadata: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        return scoped(handler, functools.partial(self._held, call_kind(method), handler.request_streaming))
 
     @asynccontextmanager
     async def _held(self, kind: str, streaming: bool, context: grpc.aio.ServicerContext, request: Any) -> AsyncIterator[Any]:

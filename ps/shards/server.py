@@ -33,7 +33,7 @@ from ps.serving.call_budget import CallBounds
 from ps.serving.call_limits import CallLimits
 from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
-from ps.serving.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
+from ps.serving.server_options import GRPC_OPTIONS, add_call_flags, run_loop, wait_for_stop_signal
 
 PR_SET_PDEATHSIG = 1
 DEFAULT_BOUNDS = CallBounds.serving(1024)
@@ -61,13 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "else no check)")
     p.add_argument("--max-load-mib", type=positive_int, default=DEFAULT_MAX_LOAD_MIB, metavar="MIB",
                    help="the most one Load (the coordinator's range, round and optimizer state) may carry")
-    p.add_argument("--max-concurrent-rpcs", type=positive_int, default=DEFAULT_BOUNDS.data.total, metavar="N",
-                   help="data-plane calls (Push, Pull) served at once, and as many control calls (Load, Commit, "
-                        "Fetch), the others refused (RESOURCE_EXHAUSTED); health and reflection have small bounds of "
-                        "their own")
-    p.add_argument("--max-rpcs-per-peer", type=positive_int, default=None, metavar="N",
-                   help="of those, the most one address may hold (workers on one host or behind one NAT share it); "
-                        "unset: --max-concurrent-rpcs")
+    add_call_flags(p, DEFAULT_BOUNDS.data.total, "Load, Commit, Fetch")
     p.add_argument("--parent-pid", type=positive_int, default=None,
                    help="exit when this process (the ps-server that started this shard) exits")
     return p
@@ -127,8 +121,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "ps-server's; ps-server --shards N sets it for the shards it starts)")
         port_file = PortFile(args.port_file) if args.port_file is not None else None
         metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
-        if args.max_rpcs_per_peer is not None and args.max_rpcs_per_peer > args.max_concurrent_rpcs:
-            raise ValueError(f"--max-rpcs-per-peer {args.max_rpcs_per_peer} exceeds --max-concurrent-rpcs {args.max_concurrent_rpcs}")
         bounds = CallBounds.serving(args.max_concurrent_rpcs, args.max_rpcs_per_peer)
     except (ValueError, OSError) as exc:
         print(f"ps-shard: error: {exc}", file=sys.stderr)

@@ -88,7 +88,7 @@ def test_a_full_kind_displaces_the_oldest_silent_stream_of_any_peer() -> None:
 def test_bounds() -> None:
     assert CallBounds.serving(80) == CallBounds(data=Bound(80, 80), control=Bound(80, 80))
     assert CallBounds.serving(80, 8).data == Bound(80, 8)
-    with pytest.raises(ValueError, match="per peer"):
+    with pytest.raises(ValueError, match="--max-rpcs-per-peer 9 exceeds --max-concurrent-rpcs 8"):
         CallBounds.serving(8, 9)
     with pytest.raises(ValueError, match="per peer"):
         Bound(4, 0)
