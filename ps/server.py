@@ -61,8 +61,7 @@ class Job:
     checkpointer: Checkpointer | None = None
     rendezvous: Rendezvous | None = None
     local_shards: LocalShards | None = None
-    max_concurrent_rpcs: int | None = None  # the data-plane and the control calls held at once, each
-    max_rpcs_per_peer: int | None = None  # of those, from one address (None: max_concurrent_rpcs)
+    calls: CallBounds | None = None  # the calls held at once, by kind and peer (None: the default for --workers)
 
     def close_shards(self) -> None:
         """Stop the shard processes this server started (if any)."""
@@ -98,6 +97,8 @@ def build_job(args: argparse.Namespace) -> Job:
     model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed, memory_bytes=available_cpu_bytes())
     settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
+    calls = CallBounds.serving(args.max_concurrent_rpcs or calls_for_workers(args.max_workers or args.workers),
+                               args.max_rpcs_per_peer)
     spec = JobSpec(
         mode=args.mode,
         workers=args.workers,
@@ -184,13 +185,7 @@ def build_job(args: argparse.Namespace) -> Job:
         if local_shards is not None:
             local_shards.stop()
         raise
-    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards, concurrent_rpcs(args),
-               args.max_rpcs_per_peer)
-
-
-def concurrent_rpcs(args: argparse.Namespace) -> int:
-    """--max-concurrent-rpcs, or its default for the job's --max-workers."""
-    return args.max_concurrent_rpcs or calls_for_workers(args.max_workers or args.workers)
+    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards, calls)
 
 
 def check_flags_together(args: argparse.Namespace) -> None:
@@ -208,7 +203,6 @@ def check_flags_together(args: argparse.Namespace) -> None:
         check_micro_batch_flags(args)
     if args.max_workers is not None and args.max_workers < args.workers:
         raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
-    CallBounds.serving(concurrent_rpcs(args), args.max_rpcs_per_peer)  # --max-rpcs-per-peer within --max-concurrent-rpcs
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
@@ -376,8 +370,7 @@ async def serve(
     """Serve the job until it ends (TLS and token check as `security` says); returns the summary record.
     `on_message`: told the size of every gRPC message (the Prometheus metrics)."""
     security = security or ServerSecurity()
-    calls = job.max_concurrent_rpcs or calls_for_workers(job.spec.workers)
-    limits = CallLimits(CallBounds.serving(calls, job.max_rpcs_per_peer))  # after the token: a refused call is not counted
+    limits = CallLimits(job.calls or CallBounds.serving(calls_for_workers(job.spec.workers)))  # after the token check
     server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*security.interceptors(), limits])
     health = Health([SERVICES["ParameterServer"].full_name])
     await health.add_to(server)
