@@ -45,6 +45,8 @@ from ps.servicer import ParameterServerServicer
 from ps.shards.client import RemoteShards, ShardFailure
 from ps.shards.processes import LocalShards
 from ps.shards.setup import check_shard_security, open_shards
+from ps.serving.call_budget import CallBounds, calls_for_workers
+from ps.serving.call_limits import CallLimits
 from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
 from ps.serving.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
@@ -59,7 +61,7 @@ class Job:
     checkpointer: Checkpointer | None = None
     rendezvous: Rendezvous | None = None
     local_shards: LocalShards | None = None
-    max_concurrent_rpcs: int | None = None  # gRPC's cap on the calls served at once
+    calls: CallBounds | None = None  # the calls held at once, by kind and peer (None: the default for --workers)
 
     def close_shards(self) -> None:
         """Stop the shard processes this server started (if any)."""
@@ -95,6 +97,8 @@ def build_job(args: argparse.Namespace) -> Job:
     model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed, memory_bytes=available_cpu_bytes())
     settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
+    calls = CallBounds.serving(args.max_concurrent_rpcs or calls_for_workers(args.max_workers or args.workers),
+                               args.max_rpcs_per_peer)
     spec = JobSpec(
         mode=args.mode,
         workers=args.workers,
@@ -182,8 +186,7 @@ def build_job(args: argparse.Namespace) -> Job:
         if local_shards is not None:
             local_shards.stop()
         raise
-    rpcs = args.max_concurrent_rpcs or 16 * (args.max_workers or args.workers) + 64
-    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards, rpcs)
+    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards, calls)
 
 
 def check_flags_together(args: argparse.Namespace) -> None:
@@ -292,8 +295,8 @@ async def serve(
     """Serve the job until it ends (TLS and token check as `security` says); returns the summary record.
     `on_message`: told the size of every gRPC message (the Prometheus metrics)."""
     security = security or ServerSecurity()
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=security.interceptors(),
-                             maximum_concurrent_rpcs=job.max_concurrent_rpcs)
+    limits = CallLimits(job.calls or CallBounds.serving(calls_for_workers(job.spec.workers)))  # after the token check
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*security.interceptors(), limits])
     health = Health([SERVICES["ParameterServer"].full_name])
     await health.add_to(server)
     job.metrics.observe(functools.partial(not_serving_at_end, health))

@@ -16,6 +16,7 @@ from ps.control.global_batch.goodput import LR_SCALINGS, AdaptiveConfig
 from ps.control.registry import POLICIES, policy_settings
 from ps.control.settings import Setting, setting_key
 from ps.ops.metrics_http import add_endpoint_flags
+from ps.serving.server_options import add_call_flags
 from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, SAMPLINGS,
                              STALENESS_LR, WIRE_DTYPES)
 from common.ops.arg_types import (
@@ -201,9 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--push-buffer-mib", type=positive_int, default=1024, metavar="MiB",
                      help="payload of the pushes streaming in at once; a push beyond it waits until others arrived "
                           "whole (one alone always goes)")
-    rel.add_argument("--max-concurrent-rpcs", type=positive_int, default=None, metavar="N",
-                     help="calls served at once, the others refused (RESOURCE_EXHAUSTED); unset: 16 per allowed "
-                          "worker (--max-workers) + 64")
+    add_call_flags(rel, None, "Join, Heartbeat, ...", "; unset: 16 per allowed worker (--max-workers) + 64")
     rel.add_argument("--checkpoint-dir", type=Path, default=None, help="write checkpoints here")
     rel.add_argument("--checkpoint-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
                      help="checkpoint at every epoch end (default) or every N steps")

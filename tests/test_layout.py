@@ -49,8 +49,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ps.rounds": frozenset({*COMMON_PARTS, "ps.control", "ps.serving", "ps.shards", "ps.ops", "ps.checkpoint"}),
     "ps.servicer": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     "ps.server": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
-    # ps-server's flags, parsed without building anything (the policy names from ps.control.registry)
-    "ps.server_flags": frozenset({*COMMON_PARTS, "ps.control", "ps.ops"}),
+    # ps-server's flags, parsed without building anything (the policy names from ps.control.registry,
+    # the flags of the calls held at once, shared with ps-shard, from ps.serving.server_options)
+    "ps.server_flags": frozenset({*COMMON_PARTS, "ps.control", "ps.ops", "ps.serving"}),
     # the worker stands beside the server on what they share: it never imports ps. Its rooms: the wire
     # (the only one that knows protos), the probes (leaves), the two paths, the data, the step's times,
     # and the session's parts that compose them; the Session, connect(), the device and the CLI at the top.

@@ -1,24 +1,31 @@
 """Transport security and authentication for `ps-server`: TLS / mutual TLS and a shared bearer token.
 
 The token travels as call metadata (`authorization: Bearer <token>`) and is checked by a server
-interceptor before any RPC reaches the servicer, so a refused call changes nothing. Without TLS the
-token crosses the network in clear; `ps-server` warns about it. A server that listens beyond loopback
-with neither a token nor mutual TLS lets anyone who reaches it join, read the model and push into it:
-it refuses to start unless told that is intended (`--insecure`).
+interceptor before any RPC reaches the servicer, so a refused call changes nothing (and is not counted
+against the calls a server holds at once: ps/serving/call_limits.py). Health probes need no token; a
+health Watch, which stays open, needs it beyond loopback. Without TLS the token crosses the network
+in clear; `ps-server` warns about it. A server that listens beyond loopback with neither a token nor
+mutual TLS lets anyone who reaches it join, read the model and push into it: it refuses to start
+unless told that is intended (`--insecure`).
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import os
 import ssl
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import grpc
+
+from common.transport.handler_scope import HandlerInterceptor, scoped
 
 PathArg = str | os.PathLike[str]
 
@@ -32,6 +39,9 @@ OPEN_SERVICES = ("grpc.health.v1.Health",)
 """Services every caller may use without the token: health probes (Kubernetes' `grpc:` probes,
 load balancers, grpc_health_probe) carry no metadata. Reflection is not among them."""
 _OPEN_PREFIXES = tuple(f"/{service}/" for service in OPEN_SERVICES)  # the start of their method paths
+LOOPBACK_OPEN = ("/grpc.health.v1.Health/Watch",)
+"""Open methods that hold a stream for as long as the caller likes: without the token, served to
+callers on loopback only (probes ask Check, which answers at once)."""
 
 
 def resolve_token(flag: str | None, env: Mapping[str, str] = os.environ) -> str | None:
@@ -108,7 +118,7 @@ def server_credentials(cert: PathArg, key: PathArg, client_ca: PathArg | None = 
     return grpc.ssl_server_credentials([(key_pem, cert_pem)], root_certificates=ca_pem, require_client_auth=ca_pem is not None)
 
 
-class MetadataCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc ships no types: its classes are Any
+class MetadataCheck(HandlerInterceptor):
     """Refuses with UNAUTHENTICATED every RPC that `checks(method)` and whose metadata `_problem` finds
     fault with; a refused call is answered by a handler of the same kind that aborts at once (`refusal`)."""
 
@@ -118,16 +128,15 @@ class MetadataCheck(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc s
     def _problem(self, metadata: Any) -> str | None:
         raise NotImplementedError
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        if handler is None or not self.checks(handler_call_details.method):
+    def wrap(self, method: str, metadata: Any, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        if not self.checks(method):
             return handler
-        problem = self._problem(handler_call_details.invocation_metadata)
-        return handler if problem is None else refusal(handler, problem)
+        problem = self._problem(metadata)
+        return handler if problem is None else self._refused(method, handler, problem)
+
+    def _refused(self, method: str, handler: grpc.RpcMethodHandler, problem: str) -> grpc.RpcMethodHandler:
+        """What answers a call of `method` whose metadata has `problem`: a refusal."""
+        return refusal(handler, problem)
 
 
 class TokenInterceptor(MetadataCheck):
@@ -135,14 +144,20 @@ class TokenInterceptor(MetadataCheck):
     but those of OPEN_SERVICES.
 
     A refused call is answered by a handler of the same kind that aborts at once: the servicer is
-    never called and request streams are not read. The comparison runs in constant time.
+    never called and request streams are not read. The comparison runs in constant time. A method of
+    LOOPBACK_OPEN without the token is served to callers on loopback and refused to the others.
     """
 
     def __init__(self, token: str) -> None:
         self._expected = token.encode()
 
     def checks(self, method: str) -> bool:
-        return not method.startswith(_OPEN_PREFIXES)
+        return method in LOOPBACK_OPEN or not method.startswith(_OPEN_PREFIXES)
+
+    def _refused(self, method: str, handler: grpc.RpcMethodHandler, problem: str) -> grpc.RpcMethodHandler:
+        if method in LOOPBACK_OPEN:
+            return scoped(handler, functools.partial(_loopback_only, f"{problem} (without it, {method} is served on loopback only)"))
+        return refusal(handler, problem)
 
     def _problem(self, metadata: Any) -> str | None:
         values = [v for k, v in (metadata or ()) if k == METADATA_KEY]
@@ -155,6 +170,14 @@ class TokenInterceptor(MetadataCheck):
         if not hmac.compare_digest(presented.strip().encode(errors="replace"), self._expected):
             return "invalid token"
         return None
+
+
+@asynccontextmanager
+async def _loopback_only(message: str, context: grpc.aio.ServicerContext, request: Any) -> AsyncIterator[Any]:
+    """A scope (common/transport/handler_scope.py) that lets the call through from loopback only."""
+    if not is_loopback(peer_host(context.peer())):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+    yield request
 
 
 def refusal(handler: grpc.RpcMethodHandler, message: str) -> grpc.RpcMethodHandler:
@@ -217,6 +240,25 @@ class ServerSecurity:
         if bound == 0:
             raise OSError(f"cannot listen on {address}")
         return bound
+
+
+def peer_host(peer: str) -> str:
+    """The address of a gRPC peer, without its port: "ipv4:10.0.0.2:5000" -> "10.0.0.2",
+    "ipv6:[::1]:5000" -> "::1" (an IPv4-mapped one as its IPv4 address); a unix socket's peer, which is
+    on this machine, -> "localhost"; anything else as it is."""
+    scheme, _, rest = unquote(peer).partition(":")
+    if scheme.startswith("unix"):
+        return "localhost"
+    if scheme not in ("ipv4", "ipv6"):
+        return peer
+    host = rest.rsplit(":", 1)[0].strip("[]")
+    try:
+        mapped = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(mapped, ipaddress.IPv6Address) and mapped.ipv4_mapped is not None:
+        return str(mapped.ipv4_mapped)
+    return host
 
 
 def is_loopback(host: str) -> bool:

@@ -90,11 +90,12 @@ class Rendezvous:
         self.store = GroupStore(limits)
 
     async def call(self, worker_id: str, call: StoreCall) -> StoreAnswer:
-        """`worker_id`'s call on its group's store (the caller proved it is that member): refused
-        unless it names the current generation (GroupStore) and the worker holds a rank in it."""
-        if call.generation == self.group.generation and self.group.rank(worker_id) < 0:
+        """`worker_id`'s call on its group's store (the caller proved it is that member), as its rank:
+        refused unless it names the current generation (GroupStore) and the worker holds a rank in it."""
+        rank = self.group.rank(worker_id)
+        if call.generation == self.group.generation and rank < 0:
             raise PermissionDenied(f"worker {worker_id!r} holds no rank in group generation {self.group.generation}")
-        return await self.store.call(call)
+        return await self.store.call(call, rank)
 
     def regroup(self, worker_ids: Sequence[str], cuda: Mapping[str, str | None]) -> Group | None:
         """Start a new generation if the active workers (in join order) changed; returns it, or None.
@@ -102,7 +103,7 @@ class Rendezvous:
         if tuple(worker_ids) == self.group.members:
             return None
         self.group = plan_group(self.group.generation + 1, worker_ids, cuda)
-        self.store.begin(self.group.generation)
+        self.store.begin(self.group.generation, self.group.world_size)
         return self.group
 
     def rank(self, worker_id: str) -> int:

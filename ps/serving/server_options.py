@@ -1,11 +1,15 @@
-"""What every server process of the service shares: gRPC message limits and the event loop."""
+"""What every server process of the service shares: gRPC message limits, the flags of the calls it
+holds at once, and the event loop."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import signal
 from collections.abc import Callable
 from typing import Any
+
+from common.ops.arg_types import positive_int
 
 # Payload travels as ~1 MiB chunks; the limit leaves room for headers and rejects anything bigger.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -13,6 +17,18 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+
+
+def add_call_flags(parser: argparse.ArgumentParser | Any, default: int | None, control: str, unset: str = "") -> None:
+    """--max-concurrent-rpcs and --max-rpcs-per-peer (ps/serving/call_budget.py's CallBounds.serving)
+    on `parser` (or an argument group); `control`: the control calls named in the help, `unset`: what
+    the default is when it is None."""
+    parser.add_argument("--max-concurrent-rpcs", type=positive_int, default=default, metavar="N",
+                        help=f"data-plane calls (Push, Pull) served at once, and as many control calls ({control}), the "
+                             f"others refused (RESOURCE_EXHAUSTED); health and reflection have small bounds of their own{unset}")
+    parser.add_argument("--max-rpcs-per-peer", type=positive_int, default=None, metavar="N",
+                        help="of those, the most one address may hold (workers on one host or behind one NAT share it); "
+                             "unset: --max-concurrent-rpcs")
 
 
 def run_loop(coro: Any) -> Any:

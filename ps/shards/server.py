@@ -29,11 +29,14 @@ from ps.ops.prometheus import Endpoint, MessageMetrics
 from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, ControlKeyInterceptor, resolve_shard_key
 from ps.shards.core import ShardCore
 from ps.shards.servicer import DEFAULT_MAX_LOAD_MIB, ParameterShardServicer
+from ps.serving.call_budget import CallBounds
+from ps.serving.call_limits import CallLimits
 from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
-from ps.serving.server_options import GRPC_OPTIONS, run_loop, wait_for_stop_signal
+from ps.serving.server_options import GRPC_OPTIONS, add_call_flags, run_loop, wait_for_stop_signal
 
 PR_SET_PDEATHSIG = 1
+DEFAULT_BOUNDS = CallBounds.serving(1024)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,8 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "else no check)")
     p.add_argument("--max-load-mib", type=positive_int, default=DEFAULT_MAX_LOAD_MIB, metavar="MIB",
                    help="the most one Load (the coordinator's range, round and optimizer state) may carry")
-    p.add_argument("--max-concurrent-rpcs", type=positive_int, default=1024, metavar="N",
-                   help="calls served at once, the others refused (RESOURCE_EXHAUSTED)")
+    add_call_flags(p, DEFAULT_BOUNDS.data.total, "Load, Commit, Fetch")
     p.add_argument("--parent-pid", type=positive_int, default=None,
                    help="exit when this process (the ps-server that started this shard) exits")
     return p
@@ -77,13 +79,14 @@ def exit_with_parent(parent_pid: int) -> None:
 
 async def serve_shard(host: str, port: int, port_file: PortFile | None, security: ServerSecurity,
                       on_message: OnMessage | None = None, *, shard_key: str,
-                      max_load_bytes: int = DEFAULT_MAX_LOAD_MIB << 20, max_concurrent_rpcs: int | None = None) -> None:
-    """Serve one ShardCore until SIGTERM/SIGINT (`on_message`: told the size of every gRPC message).
+                      max_load_bytes: int = DEFAULT_MAX_LOAD_MIB << 20, bounds: CallBounds = DEFAULT_BOUNDS) -> None:
+    """Serve one ShardCore until SIGTERM/SIGINT (`on_message`: told the size of every gRPC message;
+    `bounds`: the calls it holds at once, by kind and peer).
 
     Health: the server ("") is SERVING once it listens (it takes its coordinator's Load then), the
     ParameterShard service once a Load gave it its range; both NOT_SERVING from SIGTERM/SIGINT on."""
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*security.interceptors(), ControlKeyInterceptor(shard_key)],
-                             maximum_concurrent_rpcs=max_concurrent_rpcs)
+    checks = [*security.interceptors(), ControlKeyInterceptor(shard_key)]  # before the limits: refusals are not counted
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*checks, CallLimits(bounds)])
     service = SERVICES["ParameterShard"].full_name
     health = Health([service])
     await health.add_to(server)
@@ -118,6 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "ps-server's; ps-server --shards N sets it for the shards it starts)")
         port_file = PortFile(args.port_file) if args.port_file is not None else None
         metrics_port_file = PortFile(args.metrics_port_file, "--metrics-port-file") if args.metrics_port_file else None
+        bounds = CallBounds.serving(args.max_concurrent_rpcs, args.max_rpcs_per_peer)
     except (ValueError, OSError) as exc:
         print(f"ps-shard: error: {exc}", file=sys.stderr)
         return 2
@@ -133,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if metrics_port_file is not None:
                 metrics_port_file.write(bound)
         run_loop(serve_shard(args.host, args.port, port_file, security, on_message, shard_key=shard_key,
-                             max_load_bytes=args.max_load_mib << 20, max_concurrent_rpcs=args.max_concurrent_rpcs))
+                             max_load_bytes=args.max_load_mib << 20, bounds=bounds))
     except OSError as exc:
         print(f"ps-shard: error: {exc}", file=sys.stderr)
         return 1

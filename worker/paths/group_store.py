@@ -1,6 +1,7 @@
 """--allreduce: the worker's side of its group's store, a `torch.distributed.Store` whose keys the
 parameter server keeps (its Rendezvous RPC, ps.rounds.group_store) for one group generation: gloo and
-NCCL build the process group on it as on a TCPStore, and only the job's members reach it.
+NCCL build the process group on it as on a TCPStore, and only the job's members reach it; a key is its
+setter's (the others read it, or add to a counter), and each member has its share of the keys.
 
 `call` (worker.transport.client.PSClient.rendezvous, bound to the worker's id) makes one RPC; a get or wait is a
 long poll the server holds for a few seconds, asked again until the store's timeout. Everything that

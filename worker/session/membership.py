@@ -14,7 +14,7 @@ from worker.device import gpu_uuid
 from worker.paths.path_parts import ProcessSession
 from worker.transport.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
 from worker.transport.heartbeat import Heartbeat
-from worker.transport.reconnect import rejoin_with_backoff
+from worker.transport.reconnect import TRANSIENT_CODES, rejoin_with_backoff
 
 
 class Membership:
@@ -54,14 +54,15 @@ class Membership:
     def recover(self, error: ServerError, plan: StepHeader, resync: Callable[[], StepHeader],
                 rejoin: Callable[[float], StepHeader]) -> StepHeader:
         """After a failed call: `resync()` (a stale round or version), or `rejoin(deadline)` with
-        backoff (server restarted, this worker evicted, connection lost). A resync that fails (the
-        server restarted meanwhile) goes on to rejoin, from its error. `plan`: the one in force."""
+        backoff (server restarted or at its bound of calls held at once, this worker evicted,
+        connection lost). A resync that fails (the server restarted meanwhile) goes on to rejoin, from
+        its error. `plan`: the one in force."""
         if error.code == "FAILED_PRECONDITION" and "rejoin" not in error.message:
             try:
                 return resync()
             except ServerError as exc:
                 error = exc
-        if error.code not in ("UNAVAILABLE", "NOT_FOUND", "FAILED_PRECONDITION"):
+        if error.code not in (*TRANSIENT_CODES, "NOT_FOUND", "FAILED_PRECONDITION"):
             raise error
         return rejoin_with_backoff(self.name, self.client, self.retry_for, error, rejoin, lambda: self.worker_id, plan)
 

@@ -88,6 +88,8 @@ def lost_because(error: ServerError) -> str:
         return f"lost the server ({error.message.splitlines()[0].rsplit(': ', 1)[-1][:120] or 'unavailable'})"
     if error.code == "NOT_FOUND":
         return "the server does not know this worker (restarted?)"
+    if error.code == "RESOURCE_EXHAUSTED":
+        return f"the server turned a call away for now ({error.message.splitlines()[0][:200]})"
     return f"the server dropped this worker ({error.message.splitlines()[0][:200]})"
 
 
@@ -98,7 +100,10 @@ def what_next(retry_for: float) -> str:
     return f"rejoining, for up to {retry_for:.0f} s (--retry-for), then giving up"
 
 
-REJOIN_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND")
+TRANSIENT_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
+"""Codes of a server that may answer otherwise soon (out of reach, or at its bound of calls held at
+once: ps/serving/call_budget.py): retried with backoff within --retry-for, never the end of a worker."""
+REJOIN_CODES = (*TRANSIENT_CODES, "DEADLINE_EXCEEDED", "ALREADY_EXISTS", "FAILED_PRECONDITION", "NOT_FOUND")
 
 
 def rejoin_with_backoff(who: str, client: PSClient, retry_for: float, error: ServerError,

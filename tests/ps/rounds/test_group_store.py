@@ -152,3 +152,90 @@ def test_only_a_rank_of_the_current_generation_reaches_its_store() -> None:
         assert rendezvous.regroup(["b"], {}) is None and rendezvous.store.generation == 2  # unchanged: same generation
 
     run(body)
+
+
+def test_a_key_belongs_to_the_member_that_set_it_first() -> None:
+    async def body() -> None:
+        store = GroupStore()
+        store.begin(1, members=2)
+        await store.call(at(1, "set", "addr/0", value=b"10.0.0.1:5000"), member=0)
+        before = contents(store)
+        for call in (at(1, "set", "addr/0", value=b"10.6.6.6:6666"), at(1, "compare_set", "addr/0", value=b"x"),
+                     at(1, "compare_set", "addr/0", expected=b"10.0.0.1:5000", value=b"x"), at(1, "delete", "addr/0"),
+                     at(1, "add", "addr/0", amount=1)):
+            with pytest.raises(PermissionDenied, match=f"store key 'addr/0' belongs to rank 0, which set it first: rank 1 "
+                                                       f"may read it or wait on it, not {call.op.replace('_', ' ')} it"):
+                await store.call(call, member=1)
+            assert contents(store) == before
+        assert (await store.call(at(1, "get", "addr/0"), member=1)).value == b"10.0.0.1:5000"
+        assert (await store.call(at(1, "wait", "addr/0"), member=1)).ready
+        assert (await store.call(at(1, "check", "addr/0"), member=1)).ready
+        await store.call(at(1, "set", "addr/0", value=b"10.0.0.1:5000"), member=1)  # what it holds: changes nothing
+        assert contents(store) == before
+        await store.call(at(1, "set", "addr/0", value=b"10.0.0.1:5001"), member=0)  # its owner may
+        assert (await store.call(at(1, "delete", "addr/0"), member=0)).ready
+        await store.call(at(1, "set", "addr/0", value=b"mine"), member=1)  # gone: the next to set it owns it
+        with pytest.raises(PermissionDenied, match="belongs to rank 1"):
+            await store.call(at(1, "set", "addr/0", value=b"x"), member=0)
+
+    run(body)
+
+
+def test_every_member_adds_to_a_counter_and_only_its_creator_rewrites_it() -> None:
+    async def body() -> None:
+        store = GroupStore()
+        store.begin(1, members=3)
+        key = "store_based_barrier_key:1"  # torch's barrier: every rank adds 1, then reads it with add 0
+        assert [(await store.call(at(1, "add", key, amount=1), member=m)).number for m in (2, 0, 1)] == [1, 2, 3]
+        assert (await store.call(at(1, "add", key, amount=0), member=0)).number == 3
+        for m in (0, 1, 2):  # every rank may see the count complete and set the same key
+            await store.call(at(1, "set", f"{key}:last_worker", value=b"1"), member=m)
+        with pytest.raises(PermissionDenied, match="belongs to rank 2, which set it first: rank 0 may add to it, read "
+                                                   "it or wait on it, not delete it"):
+            await store.call(at(1, "delete", key), member=0)
+        with pytest.raises(PermissionDenied, match="not set it"):
+            await store.call(at(1, "set", key, value=b"0"), member=1)
+        assert (await store.call(at(1, "delete", key), member=2)).ready
+
+    run(body)
+
+
+def test_a_member_that_fills_its_share_leaves_the_others_theirs() -> None:
+    async def body() -> None:
+        store = GroupStore(StoreLimits(keys=8, total_bytes=80))
+        store.begin(1, members=2)  # each member: 4 keys, 40 bytes
+        for i in range(4):
+            await store.call(at(1, "set", f"a{i}", value=b"x"), member=0)
+        with pytest.raises(FailedPrecondition, match="rank 0 owns 4 keys of the group's store, the most one member may"):
+            await store.call(at(1, "set", "a4", value=b"x"), member=0)
+        with pytest.raises(FailedPrecondition, match="rank 0 would own more than 40 bytes of the group's store"):
+            await store.call(at(1, "set", "a0", value=b"x" * 35), member=0)
+        for i in range(4):
+            await store.call(at(1, "set", f"b{i}", value=b"y" * 6), member=1)
+        assert (await store.call(at(1, "num_keys"), member=1)).number == 8
+        store.begin(2, members=8)  # a larger group: smaller shares, one key each at least
+        await store.call(at(2, "set", "c", value=b"z"), member=5)
+        with pytest.raises(FailedPrecondition, match="rank 5 owns 1 keys"):
+            await store.call(at(2, "set", "d", value=b"z"), member=5)
+        await store.call(at(2, "set", "d", value=b"z"), member=6)
+
+    run(body)
+
+
+def test_the_shares_fit_what_gloo_nccl_and_torchs_barrier_set() -> None:
+    """Each rank's keys as torch 2 and this worker set them (worker/paths/collective.py's arrival, gloo's
+    address, NCCL's unique ids from rank 0, the barrier), for the largest group the default limits
+    give every member ten keys."""
+    async def body() -> None:
+        members = StoreLimits().keys // 10
+        store = GroupStore()
+        store.begin(1, members=members)
+        for rank in range(members):
+            await store.call(at(1, "set", f"arrived/{rank}", value=b"1"), member=rank)
+            await store.call(at(1, "set", f"0//cpu//0/{rank}", value=b"a" * 300), member=rank)
+            await store.call(at(1, "add", "store_based_barrier_key:1", amount=1), member=rank)
+        for comm in range(4):
+            await store.call(at(1, "set", str(comm), value=b"n" * 128), member=0)
+        await store.call(at(1, "set", "store_based_barrier_key:1:last_worker", value=b"1"), member=members - 1)
+
+    run(body)

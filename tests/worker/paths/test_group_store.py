@@ -1,6 +1,7 @@
 """The worker's side of the fast path's store (worker/paths/group_store.py) against an in-process server:
-a gloo process group forms on it and all-reduces, a get waits through the server's long polls, and
-what goes wrong (a key never set, a replaced generation) is one CollectiveError."""
+a gloo process group forms on it and all-reduces, a get waits through the server's long polls, a key
+is rewritten by its owner alone, and what goes wrong (a key never set, a replaced generation, another
+rank's key) is one CollectiveError."""
 
 from __future__ import annotations
 
@@ -48,8 +49,10 @@ def test_a_gloo_group_forms_and_reduces_on_the_servers_store(ps_server, threads)
         assert all(torch.equal(f.result(TIMEOUT), torch.full((5,), 3.0)) for f in futures)
         assert stores[0].num_keys() >= 2  # the ranks' addresses, kept at the server
         assert stores[1].add("count", 2) == 2 and stores[0].add("count", 3) == 5
-        assert stores[0].compare_set("count", "5", "x") == b"x" and stores[1].get("count") == b"x"
-        assert stores[1].delete_key("count") and not stores[1].check(["count"])
+        with pytest.raises(CollectiveError, match="PERMISSION_DENIED: store key 'count' belongs to rank 1"):
+            stores[0].compare_set("count", "5", "x")  # a counter takes every rank's add, its creator's rewrite alone
+        assert stores[1].compare_set("count", "5", "x") == b"x" and stores[0].get("count") == b"x"
+        assert stores[1].delete_key("count") and not stores[0].check(["count"])
     finally:
         for client, _ in pairs:
             client.close()
