@@ -107,7 +107,7 @@ def watches(target: str, count: int, metadata: Metadata = (), reopen_s: float = 
 
 
 def silent_pushes(target: str, count: int, metadata: Metadata = (), service: str = "ParameterServer",
-                  reopen_s: float = 0.5) -> Load:
+                  reopen_s: float = 1.0) -> Load:
     """`count` Push streams that never send a chunk (`service`: ParameterServer or ParameterShard)."""
     stub = ps_pb2_grpc.ParameterServerStub if service == "ParameterServer" else ps_pb2_grpc.ParameterShardStub
     return Load(target, count, lambda channel: stub(channel).Push(never(), metadata=metadata), opened, reopen_s)
