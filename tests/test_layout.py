@@ -252,8 +252,6 @@ module hands them plain values (common.transport.messages) and gets plain values
 
 PROTO_BUILT_ELSEWHERE: dict[tuple[str, str], str] = {
     # (module, the function or method whose body builds messages): what it should call instead
-    ("worker/transport/bucket_stream.py", "Lane.__init__"): "chunk_frames.push_header_message",
-    ("worker/transport/bucket_stream.py", "Lane.requests"): "chunk_frames.push_header_message, offset_frame, push_end_message",
 }
 
 

@@ -8,16 +8,14 @@ import functools
 import queue
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from protos import ps_pb2
-from common.transport.messages import PushTimes, StepHeader
+from common.transport.chunk_frames import offset_frame, push_end_message, push_header_message
+from common.transport.messages import PushMeta, PushTimes, StepHeader
 from common.transport.payload import frame_tensor
-from common.transport.proto_convert import push_times_to_proto
-from common.transport.serialized import data_header
 from common.transport.wire import torch_dtype
 from worker.transport.arrivals import Arrivals
 
@@ -26,36 +24,31 @@ class Lane:
     """One server's part of a bucketed push (the coordinator's range, or a shard's): the chunks of
     the values it is handed, with their offsets in its range, then the end."""
 
-    def __init__(self, start: int, stop: int, header: ps_pb2.PushHeader, wire_dtype: str, chunk_bytes: int) -> None:
+    def __init__(self, start: int, stop: int, meta: PushMeta, chunk_bytes: int) -> None:
+        """`meta`: the push's header (with offsets), its num_values set here to this lane's range."""
         self.start, self.stop = start, stop
-        self.header = ps_pb2.PushHeader()
-        self.header.CopyFrom(header)
-        self.header.num_values = stop - start
-        self.wire_dtype = wire_dtype
+        self.meta = replace(meta, num_values=stop - start)
+        self.wire_dtype = meta.wire_dtype
         self.chunk_bytes = chunk_bytes
         self.timing: PushTiming | None = None
-        self.queue: queue.SimpleQueue[tuple[int, torch.Tensor] | ps_pb2.PushEnd | None] = queue.SimpleQueue()
+        self.queue: queue.SimpleQueue[tuple[int, torch.Tensor] | PushTimes | None] = queue.SimpleQueue()
 
     def requests(self) -> Iterator[bytes]:
         """The serialized chunks, as the values arrive on the queue (gRPC's thread iterates this)."""
         seq = 0
-        yield data_header(ps_pb2.PushChunk(header=self.header, seq=seq), 0)
+        yield push_header_message(self.meta)
         per_chunk = max(1, self.chunk_bytes // torch.empty(0, dtype=torch_dtype(self.wire_dtype)).element_size())
         while True:
             item = self.queue.get()
             if item is None:  # cancelled
                 return
-            if isinstance(item, ps_pb2.PushEnd):
-                yield data_header(ps_pb2.PushChunk(seq=seq + 1, end=item), 0)
+            if isinstance(item, PushTimes):
+                yield push_end_message(seq + 1, item)
                 if self.timing is not None:
                     self.timing.uploaded = time.perf_counter()
                 return
             offset, values = item
-
-            def chunk(index: int, nbytes: int, first: int = seq + 1, base: int = offset) -> bytes:
-                return data_header(ps_pb2.PushChunk(seq=first + index, offset=base + index * per_chunk), nbytes)
-
-            for message in frame_tensor(values, self.wire_dtype, chunk, self.chunk_bytes):
+            for message in frame_tensor(values, self.wire_dtype, offset_frame(seq + 1, offset, per_chunk), self.chunk_bytes):
                 seq += 1
                 yield message
 
@@ -83,7 +76,7 @@ class BucketStream:
         """Close the push with the step's times (PushEnd); the call that waits for the reply (with
         `arrivals`: for its header, the parameters streaming in after it, worker.paths.forward_order)."""
         for lane in self._lanes:
-            lane.queue.put(push_times_to_proto(times))
+            lane.queue.put(times)
         if arrivals is not None and self._streamed is not None:
             return functools.partial(self._streamed, arrivals)
         return self._reply

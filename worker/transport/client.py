@@ -30,7 +30,7 @@ from common.transport.messages import (Beat, Caller, JobStatus, JoinAsk, JoinInf
 from common.transport.chunk_frames import push_end_message, push_frame
 from common.transport.payload import frame_tensor
 from common.transport.proto_convert import (beat_from_proto, heartbeat_to_proto, job_status_from_proto, join_ask_to_proto,
-                                            join_from_proto, leave_to_proto, pull_ask_to_proto, push_meta_to_proto, status_request,
+                                            join_from_proto, leave_to_proto, pull_ask_to_proto, status_request,
                                             step_header_from_proto, store_answer_from_proto, store_call_to_proto)
 from common.transport.security import PathArg
 from common.transport.serialized import DataChunk, data_view_parser, passthrough
@@ -261,11 +261,10 @@ class PSClient:
         ready (BSP, during backward: worker.paths.overlap); its reply's parameters land in `out`. The
         step's times are not known yet: the stream's end carries them (BucketStream.end)."""
         numel = out.numel()
-        header = push_meta_to_proto(replace(meta, times=PushTimes(), num_values=0, offsets=True,
-                                            secret=self.secret(meta.worker_id)))
+        header = replace(meta, times=PushTimes(), num_values=0, offsets=True, secret=self.secret(meta.worker_id))
         ranges = [(0, numel if self._own_stop is None else self._own_stop)]
         ranges += [(link.target.start, link.target.stop) for link in self._shards]
-        lanes = [Lane(start, stop, header, meta.wire_dtype, self.chunk_bytes) for start, stop in ranges]
+        lanes = [Lane(start, stop, header, self.chunk_bytes) for start, stop in ranges]
         calls = [self._push(lanes[0].requests())]
         calls += [link.push(lane.requests()) for link, lane in zip(self._shards, lanes[1:], strict=True)]
         timing = self.last_push = PushTiming()
