@@ -25,6 +25,11 @@ class Holding:
     keys: int = 0
     bytes: int = 0
 
+    def add(self, keys: int = 0, nbytes: int = 0) -> None:
+        """`keys` more keys holding `nbytes` more bytes (negative: fewer)."""
+        self.keys += keys
+        self.bytes += nbytes
+
 
 class KeyOwners:
     """The owners of one generation's keys; each member owns at most `keys_each` keys of
@@ -65,12 +70,10 @@ class KeyOwners:
         owner = self._owners.get(key)
         if owner is None:
             owner = self._owners[key] = Owner(member, counter)
-            self._held.setdefault(member, Holding()).keys += 1
-        self._held.setdefault(owner.rank, Holding()).bytes += added_bytes
+            self._held.setdefault(member, Holding()).add(keys=1)
+        self._held.setdefault(owner.rank, Holding()).add(nbytes=added_bytes)
 
     def forget(self, key: str, size: int) -> None:
         """`key`, of `size` bytes (key and value), was deleted."""
         owner = self._owners.pop(key)
-        held = self._held[owner.rank]
-        held.keys -= 1
-        held.bytes -= size
+        self._held[owner.rank].add(keys=-1, nbytes=-size)
