@@ -20,19 +20,43 @@ import pytest
 from tests.processes import start_server
 from tests.fault_jobs import JOB, TARGET, WORKER, status, wait_for
 
-HOST_IP, WORKER_IP = "10.231.7.1", "10.231.7.2"
+PREFIX = "pspart"  # the namespaces this test makes: pspart<pid>, with the host side of the link vhp<pid>
 
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True, timeout=10)
 
 
+def _clear_leftovers() -> None:
+    """Delete the namespaces and links of earlier runs whose process is gone (a run killed before its
+    fixture could clean up leaves a link holding its address, and the next run's packets go there)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=10, check=False).stdout
+    for line in listed.splitlines():
+        name = line.split()[0] if line.split() else ""
+        pid = name.removeprefix(PREFIX)
+        if name.startswith(PREFIX) and pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            subprocess.run(["ip", "link", "del", f"vhp{pid}"], capture_output=True, timeout=10, check=False)
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=10, check=False)
+
+
+def _free_subnet() -> tuple[str, str]:
+    """(host, worker) addresses of a 10.231.x.0/30 that no interface on this host holds."""
+    held = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True, timeout=10, check=False).stdout
+    for third in range(os.getpid() % 200, os.getpid() % 200 + 250):
+        net = f"10.231.{third % 250}"
+        if f" {net}." not in held:
+            return f"{net}.1", f"{net}.2"
+    pytest.skip("no free 10.231.x.0/30 for the test's link")
+
+
 @pytest.fixture
-def namespace() -> Iterator[tuple[str, str]]:
-    """(namespace, host-side link) joined to this host by a veth pair."""
+def namespace() -> Iterator[tuple[str, str, str]]:
+    """(namespace, host-side link, host-side address) joined to this host by a veth pair."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("needs root and iproute2 (ip netns)")
-    ns, host_link, ns_link = f"pspart{os.getpid()}", f"vhp{os.getpid()}", f"vwp{os.getpid()}"
+    _clear_leftovers()
+    host_ip, worker_ip = _free_subnet()
+    ns, host_link, ns_link = f"{PREFIX}{os.getpid()}", f"vhp{os.getpid()}", f"vwp{os.getpid()}"
     try:
         _ip("netns", "add", ns)
     except subprocess.CalledProcessError as exc:
@@ -41,21 +65,21 @@ def namespace() -> Iterator[tuple[str, str]]:
         try:
             _ip("link", "add", host_link, "type", "veth", "peer", "name", ns_link)
             _ip("link", "set", ns_link, "netns", ns)
-            _ip("addr", "add", f"{HOST_IP}/30", "dev", host_link)
+            _ip("addr", "add", f"{host_ip}/30", "dev", host_link)
             _ip("link", "set", host_link, "up")
-            _ip("netns", "exec", ns, "ip", "addr", "add", f"{WORKER_IP}/30", "dev", ns_link)
+            _ip("netns", "exec", ns, "ip", "addr", "add", f"{worker_ip}/30", "dev", ns_link)
             _ip("netns", "exec", ns, "ip", "link", "set", ns_link, "up")
             _ip("netns", "exec", ns, "ip", "link", "set", "lo", "up")
         except subprocess.CalledProcessError as exc:
             pytest.skip(f"cannot build the veth link: {exc.stderr.decode().strip()}")
-        yield ns, host_link
+        yield ns, host_link, host_ip
     finally:
         subprocess.run(["ip", "link", "del", host_link], capture_output=True, timeout=10, check=False)
         subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=10, check=False)
 
 
-def test_partitioned_worker_is_evicted_and_rejoins_when_the_link_returns(tmp_path: Path, namespace: tuple[str, str]) -> None:
-    ns, host_link = namespace
+def test_partitioned_worker_is_evicted_and_rejoins_when_the_link_returns(tmp_path: Path, namespace: tuple[str, str, str]) -> None:
+    ns, host_link, host_ip = namespace
     # enough epochs that the job cannot end before the worker is back: the rejoin comes ~6 s after
     # the link, and with 8 epochs the three others were then within a step or two of the end
     cluster = start_server(tmp_path, [*JOB, "--epochs", "16", "--host", "0.0.0.0", "--insecure"])
@@ -63,7 +87,7 @@ def test_partitioned_worker_is_evicted_and_rejoins_when_the_link_returns(tmp_pat
         for name in ("w0", "w1", "w2"):
             cluster.start_worker(name, *WORKER)
         remote = cluster.start_worker("w3", *WORKER, prefix=("ip", "netns", "exec", ns),
-                                      target=f"{HOST_IP}:{cluster.port}")
+                                      target=f"{host_ip}:{cluster.port}")
         wait_for(lambda: status(cluster.target)["epoch"] >= 1, 120, "epoch 1")
         cut_at = time.monotonic()
         _ip("link", "set", host_link, "down")
