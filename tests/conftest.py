@@ -20,6 +20,7 @@ from ps.server_flags import build_parser
 from ps.servicer import ParameterServerServicer
 from ps.serving.handlers import register
 from tests.leaks import SuiteTmp, report, untracked
+from tests.tiers import SLOW, misplaced_marks, tier
 
 START_TIMEOUT_S = 10.0
 
@@ -182,3 +183,16 @@ def nothing_left_behind(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
     message = report(tmp_left, after - before if before is not None and after is not None else set())
     if message is not None:
         pytest.fail(message, pytrace=False)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Marks the slow tier's tests slow (tests/tiers.py decides which) before `-m` selects a tier:
+    the README's command runs the others, `-m slow` these."""
+    marked = {item.nodeid: {mark.name for mark in item.iter_markers()} for item in items}
+    both = misplaced_marks(marked)
+    if both:
+        raise pytest.UsageError(f"marked slow and compose, prometheus or slurm (one tier each): {both}")
+    for item in items:
+        if tier(item.path, marked[item.nodeid]) == SLOW:
+            item.add_marker(pytest.mark.slow)

@@ -11,6 +11,8 @@ Where a new test file goes:
   ``tests/e2e/``, named after the feature (``tests/e2e/test_faults.py``).
 - what the whole repository must hold (the import map, the docs, the tests' layout, no leftover files)
   stays at ``tests/`` itself: ``ROOT_TESTS``.
+- a test of a whole job is in the slow tier, which the README's command leaves to ``-m slow``: every
+  file of ``tests/e2e/`` but the few quick ones of ``tests/tiers.py``, and a test marked slow itself.
 - what several test files share (fixtures, helpers, jobs, a support process) is a support module at
   ``tests/`` itself, without the ``test_`` prefix, imported as ``from tests.processes import ...``;
   ``tests/conftest.py`` holds the fixtures every folder sees.
@@ -19,9 +21,17 @@ Where a new test file goes:
 from __future__ import annotations
 
 import ast
+import os
+import shlex
+import subprocess
+import sys
+import tomllib
 from pathlib import Path
 
+import pytest
+
 from tests.repo import ROOT
+from tests.tiers import FAST_E2E, OWN_RUN, SLOW, SLOW_FOLDER, misplaced_marks, tier
 
 TESTS = ROOT / "tests"
 MAX_TEST_LINES = 600
@@ -141,3 +151,41 @@ def test_the_checks_catch_a_misplaced_file_and_an_import_of_a_test(tmp_path: Pat
     assert imported_test_modules(source) == ["tests.e2e.test_faults"]
     source.write_text("from tests.e2e import test_faults\n")
     assert imported_test_modules(source) == ["tests.e2e.test_faults"]
+
+
+def test_the_readmes_command_leaves_the_slow_tier_to_the_ci_line_right_after_it() -> None:
+    options = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["pytest"]["ini_options"]
+    addopts = shlex.split(options["addopts"])
+    assert addopts[addopts.index("-m") + 1] == " and ".join(f"not {mark}" for mark in (SLOW, *OWN_RUN))
+    assert [line for line in options["markers"] if line.startswith(f"{SLOW}:")] != []
+    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+    assert ci[ci.index("python -m pytest -q") + 1] == f"python -m pytest -q -m {SLOW}"
+
+
+def test_a_test_is_in_one_tier_by_its_folder_and_marks() -> None:
+    assert sorted(name for name in FAST_E2E if not (TESTS / SLOW_FOLDER / name).is_file()) == [], (
+        "gone from tests/e2e/: drop them from tests/tiers.py's FAST_E2E")
+    assert tier(TESTS / "e2e" / "test_faults.py", set()) == "slow"
+    assert tier(TESTS / "e2e" / "test_cli.py", {"parametrize"}) == "fast"
+    assert tier(TESTS / "ps" / "rounds" / "test_ssp.py", set()) == "fast"
+    assert tier(TESTS / "benchmarks" / "test_hetero.py", {"slow"}) == "slow"
+    assert tier(TESTS / "e2e" / "test_prometheus_server.py", {"prometheus", "skipif"}) == "prometheus"
+    assert misplaced_marks({"a": {"slow", "compose"}, "b": {"slow"}, "c": {"slurm"}}) == ["a"]
+
+
+@pytest.mark.slow  # three collections of the whole suite, half a minute of CPU each
+def test_the_fast_and_the_slow_tier_together_run_every_test_once() -> None:
+    """What `python -m pytest -q` and `python -m pytest -q -m slow` collect, against every test that no
+    mark of its own (compose, prometheus, slurm) keeps to a command line of its own."""
+    selections = {"fast": [], "slow": ["-m", SLOW], "every": ["-m", " and ".join(f"not {mark}" for mark in OWN_RUN)]}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    runs = {name: subprocess.Popen([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
+                                    *selection], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True) for name, selection in selections.items()}
+    outputs = {name: (*run.communicate(timeout=900), run.returncode) for name, run in runs.items()}
+    failed = {name: out[-2000:] + err[-2000:] for name, (out, err, code) in outputs.items() if code != 0}
+    assert failed == {}
+    collected = {name: [line for line in out.splitlines() if "::" in line] for name, (out, _, _) in outputs.items()}
+    fast, slow, every = collected["fast"], collected["slow"], collected["every"]
+    assert fast != [] and slow != [] and len(set(every)) == len(every)
+    assert sorted(fast + slow) == sorted(every)

@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks import adaptive
 from tests.processes import ENV
 
@@ -22,6 +24,7 @@ def test_the_arms_are_each_fixed_b_and_the_adaptive_run_within_them() -> None:
     assert arms["adaptive_sqrt"][-2:] == ["--lr-scaling", "sqrt"]
 
 
+@pytest.mark.slow
 def test_a_tiny_adaptive_benchmark_reports_every_arm_and_its_targets() -> None:
     out = subprocess.run([sys.executable, "-m", "benchmarks.adaptive", "--tiny", "--tasks", "digits", "--seeds", "0",
                           "--epochs", "2", "--json"], capture_output=True, text=True, env=ENV, timeout=600, check=False)
@@ -36,6 +39,7 @@ def test_a_tiny_adaptive_benchmark_reports_every_arm_and_its_targets() -> None:
     assert bad.returncode == 2 and "unknown ['imagenet']" in bad.stderr
 
 
+@pytest.mark.slow
 def test_the_servers_noise_scale_is_compared_with_brute_force_at_frozen_weights() -> None:
     out = subprocess.run([sys.executable, "-m", "benchmarks.gns_server", "--dataset-arg", "size=2048",
                           "--model-arg", "hidden=32", "--global-batch", "64", "--points", "1", "--freeze-epochs", "1",

@@ -6,7 +6,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_the_data_benchmark_reports_each_figure_against_its_baseline() -> None:
     out = subprocess.run([sys.executable, "-m", "benchmarks.data", "--files", "300", "--image-size", "8", "--batch", "16",
                           "--cnn-steps", "5", "--memory-files", "60", "--memory-image-side", "64"],

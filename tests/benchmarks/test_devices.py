@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from benchmarks.devices import plan, report
 from tests.repo import ROOT
 
@@ -26,6 +28,7 @@ def test_ideal_is_the_gpu_plus_each_cpu_worker_alone() -> None:
     assert result["ratios"] == {"gpu_to_cpu": 10.0, "mixed_dynamic_to_uniform": 2.5, "mixed_dynamic_to_ideal": 0.5}
 
 
+@pytest.mark.slow
 def test_runs_end_to_end_and_reports_each_scenario() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "benchmarks.devices", "--gpu-device", "cpu", "--scenarios", "cpu,mixed_dynamic_allreduce",

@@ -87,6 +87,7 @@ def check_common(report: dict[str, Any], runs: set[str]) -> None:
         assert TARGET_KEYS <= set(t)
 
 
+@pytest.mark.slow
 def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     # both modes at once: most of their time is processes starting one after another, which overlaps well
     started = time.monotonic()
@@ -242,6 +243,7 @@ def test_library_benchmark_refuses_a_readme_without_the_loop(tmp_path: Path) -> 
         library.readme_loop(readme)
 
 
+@pytest.mark.slow
 def test_asp_benchmark_reports_both_modes_and_the_ssp_waits() -> None:
     """benchmarks.asp, one seed and one epoch: each mode's accuracy, ASP's staleness and SSP waits."""
     result = subprocess.run(

@@ -14,6 +14,7 @@ import worker.probes.cpu_parts as cpu_parts
 PARTS = ("process", "data", "compute", "push", "push_copy", "push_check", "push_send", "receive", "copy", "rest")
 
 
+@pytest.mark.slow
 def test_the_round_cpu_benchmark_reports_every_part_next_to_ddp(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-m", "benchmarks.round_cpu", "--cases", "tiny", "--batch", "8", "--warmup", "2",
                     "--rounds", "4", "--fast-path", "--out", str(tmp_path)], capture_output=True, text=True, timeout=180, check=True)

@@ -10,10 +10,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 WORKERS = 4
 RUNS = {"bsp": 8, "asp": 40}  # mode -> target rounds / updates
 
 
+@pytest.mark.slow
 def test_scale_benchmark_smoke() -> None:
     procs = {
         mode: subprocess.Popen(

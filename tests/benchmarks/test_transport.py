@@ -57,6 +57,7 @@ def bench(*args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc to look for leftover processes")
 def test_tiny_run_reports_every_field(tmp_path: Path) -> None:
     started = time.monotonic()

@@ -85,6 +85,7 @@ def test_a_missed_target_is_a_failed_goal_where_the_other_side_reached_it_else_u
     assert met[GOALS[3]]["value"] is None and met[GOALS[3]]["pass"] is False
 
 
+@pytest.mark.slow
 def test_a_quick_run_reports_every_arm_and_every_goal(tmp_path: Path) -> None:
     profile = tmp_path / "tiny2.yaml"
     profile.write_text(PROFILE, encoding="utf-8")

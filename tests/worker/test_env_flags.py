@@ -118,11 +118,13 @@ def run_worker_from_environment(tmp_path: Path, **variables: str) -> str:
         cluster.stop()
 
 
+@pytest.mark.slow
 def test_a_worker_configured_only_by_its_environment_trains(tmp_path: Path) -> None:
     output = run_worker_from_environment(tmp_path, PS_NAME="from-env", PS_CORES="0.5", PS_QUIET="1")
     assert output == ""  # PS_QUIET: no progress lines
 
 
+@pytest.mark.slow
 def test_progress_lines_without_warnings(tmp_path: Path) -> None:
     output = run_worker_from_environment(tmp_path, PS_NAME="chatty", PS_LOG_EVERY="0.001")
     assert "chatty: epoch 0 step" in output and " loss " in output

@@ -56,6 +56,7 @@ def test_an_unregistered_policy_is_refused_by_name() -> None:
         build_parser().parse_args(["--policy", "toy"])
 
 
+@pytest.mark.slow
 def test_a_real_job_trains_at_the_registered_policys_plan(toy: None, ps_server: Callable[..., object],
                                                          tmp_path: Path) -> None:
     assert build_parser().parse_args(["--policy", "toy"]).policy == "toy"

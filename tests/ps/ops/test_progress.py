@@ -91,6 +91,7 @@ def test_the_server_shows_a_bar_on_a_terminal_and_lines_in_a_pipe(tmp_path: Path
         assert "summary: " in shown
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("terminal_output", [True, False], ids=["pty", "pipe"])
 def test_ps_cluster_run_shows_a_bar_on_a_terminal_and_lines_in_a_pipe(tmp_path: Path, terminal_output: bool) -> None:
     profile = write_profile(tmp_path / "two.yaml", [1, 2])

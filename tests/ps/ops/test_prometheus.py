@@ -43,6 +43,7 @@ def wait_for(port: int, predicate: Callable[[Samples], bool], what: str, timeout
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_metrics_advance_during_a_run_and_a_leaving_worker_takes_its_series_along(tmp_path: Path) -> None:
     metrics_port_file = tmp_path / "metrics.port"
     cluster = start_server(tmp_path, [*JOB, "--metrics-port", "0", "--metrics-port-file", str(metrics_port_file)])

@@ -192,6 +192,7 @@ def test_a_reply_of_many_chunks_streams_in_as_the_serial_reply_would(ps_server, 
     assert torch.equal(streamed, whole)
 
 
+@pytest.mark.slow
 def test_worker_processes_train_with_streamed_replies_through_shards_a_narrow_wire_and_a_token(tmp_path) -> None:
     """Real ps-server, ps-shard and ps-worker processes: the replies (~1.1M parameters, bf16, two
     shards, each server a lane) stream in during the forward, and the job trains to the bar."""
