@@ -152,6 +152,7 @@ def expected_limits(shares: list[float], period: int) -> dict[str, tuple[int, in
     return {f"w{k}": (round(s * period), period) for k, s in enumerate(shares)}
 
 
+@pytest.mark.slow  # a whole job on the emulator
 def test_main_job_quick_runs_end_to_end_with_quotas(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
     """The main job (--quick): quotas held while it runs (where cgroups work), summary and plots, no group left."""
     shares = scale(load_profile("hl8"), "bsp", 1.5)
@@ -182,6 +183,7 @@ def test_main_job_quick_runs_end_to_end_with_quotas(tmp_path: Path, emulators: C
         assert str(path) in out
 
 
+@pytest.mark.slow  # a whole job on the emulator
 @needs_cgroups
 def test_dynamic_schedule_switches_quotas_at_epoch_boundaries(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
     """Three phases, one epoch each: phases.jsonl and the kernel's quotas follow the epochs."""
@@ -250,6 +252,7 @@ def test_signal_to_the_emulator_removes_everything(
         assert not Path(f"/proc/{pid}").exists(), f"process {pid} outlived the emulator"
 
 
+@pytest.mark.slow  # a whole job on the emulator
 def test_slowdown_fallback_when_forced(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
     """--limiter slowdown: no cgroup, workers slowed by max_share/share, the run completes."""
     profile = write_profile(tmp_path / "two.yaml", [1, 3])
