@@ -51,7 +51,7 @@ class DynamicPolicy(WorkerPlan):
         if not cfg.keep_global_sum:
             targets = total_preserving(targets, current)
         movers = [k for k, t in targets.items() if outside_deadband(current[k], t, cfg.deadband)]
-        moving = set(movers)  # membership: a list's is O(workers) a worker, minutes at 10,000
+        moving = set(movers)  # a list would be searched once a worker: n² at thousands of workers
         if not self._exact_sum():
             lower, upper = self._bounds()
             moved = {k: clip(round_half_up(targets[k]), lower[k], upper[k]) for k in movers}
