@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    law = SpeedLaw(q_ms=args.q_ms, s_ms=args.s_ms, sigma=args.sigma, noise=args.noise, classes=tuple(args.classes))
+    law = SpeedLaw(q_ms=args.q_ms, s_ms=args.s_ms, sigma=args.sigma, noise=args.noise, classes=args.classes)
     base = Scenario(policy=args.policies[0], workers=args.workers[0], global_batch=args.batch_per_worker * args.workers[0],
                     rounds=args.rounds, adjust_every=args.adjust_every, law=law, seed=args.seed,
                     deadband=args.deadband, min_batch=args.min_batch, max_batch=args.max_batch,

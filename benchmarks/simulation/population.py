@@ -38,6 +38,7 @@ class SpeedLaw:
     classes: Sequence[DeviceClass] = ()
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes))
         if not (self.q_ms > 0 and self.s_ms >= 0 and self.sigma >= 0 and self.noise >= 0):
             raise ValueError(f"a speed law needs q_ms > 0, s_ms >= 0, sigma >= 0, noise >= 0; got {self}")
         for c in self.classes:
