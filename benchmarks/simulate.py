@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from benchmarks.report_output import add_report_options, publish
 from benchmarks.simulation.engine import Event, Scenario
