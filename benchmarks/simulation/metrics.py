@@ -63,7 +63,9 @@ def phases(trace: Trace) -> list[tuple[int, int]]:
 def phase(trace: Trace, start: int, end: int) -> dict[str, Any]:
     """The phase of rounds [start, end) judged: its decisions (those closing its rounds), their plan
     changes, decisions to steady, and the plan it ends with (after its last decision) against the
-    exact optimum for the workers of the phase, both noise-free rounds with the server's cost."""
+    exact optimum for the workers of the phase, both noise-free rounds with the server's cost, and
+    their slowest steps alone (`compute_over_optimum`: the split's own quality, which a server cost
+    growing with N hides at thousands of workers)."""
     sc = trace.scenario
     opening = [p for effective, _, p in trace.plans if effective <= start][-1]
     decisions = [d for d in trace.decisions if start <= d.round < end]
@@ -71,6 +73,7 @@ def phase(trace: Trace, start: int, end: int) -> dict[str, Any]:
     final = plans[-1]
     optimum = trace.optimum_at(start)
     best = optimum.round_ms + sc.server_ms(int(np.count_nonzero(optimum.batches)))
+    compute = trace.round_of(final, start) - sc.server_ms(int(np.count_nonzero(final)))
     alive = trace.speeds_at[max(r for r in trace.speeds_at if r <= start)][2]
     return {
         "rounds": [start, end],
@@ -80,6 +83,7 @@ def phase(trace: Trace, start: int, end: int) -> dict[str, Any]:
         "round_ms": round(trace.round_of(final, start), 3),
         "optimum_ms": round(best, 3),
         "round_over_optimum": round(trace.round_of(final, start) / best, 4),
+        "compute_over_optimum": round(compute / optimum.round_ms, 4),
         "parked": int(np.count_nonzero((final[: len(alive)] == 0) & alive)),
         "optimum_parked": int(np.count_nonzero((optimum.batches == 0) & alive)),
     }

@@ -1,5 +1,7 @@
 """The simulator's grid: every policy asked for at every N, with and without a speed change of a
-share of the workers halfway, each run judged (metrics.py) and the issue's goals checked.
+share of the workers halfway, each run judged (metrics.py) and the issue's goals checked. The
+goal on the final plan is set on its slowest step against the optimum's, the server's cost aside:
+that cost is a parameter here, and at thousands of workers it would dominate both rounds.
 
 A run's record: the scenario, per phase (before the change, after it) its decisions, decisions to
 steady, the final plan's round over the optimum, and the policy's CPU. Targets are set for the
@@ -77,12 +79,14 @@ def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         if not run["speed_change"] or "decisions_to_steady" not in row:
             row.update(decisions_to_steady=_cell(run, 0, "decisions_to_steady"),
                        round_over_optimum=_cell(run, 0, "round_over_optimum"),
+                       compute_over_optimum=_cell(run, 0, "compute_over_optimum"),
                        decision_ms_median=run["cpu"]["decision_ms_median"],
                        decision_ms_max=run["cpu"]["decision_ms_max"],
                        policy_ms_per_round=run["cpu"]["round_ms_policy"])
         if run["speed_change"]:
             row.update(steady_again=_cell(run, 1, "decisions_to_steady"),
-                       round_over_optimum_after=_cell(run, 1, "round_over_optimum"))
+                       round_over_optimum_after=_cell(run, 1, "round_over_optimum"),
+                       compute_over_optimum_after=_cell(run, 1, "compute_over_optimum"))
     return list(rows.values())
 
 
@@ -96,8 +100,8 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         sizes = "/".join(str(r["workers"]) for r in mine)
         out.append(_goal(f"simulated {policy}, N = {sizes}: decisions to steady",
                          [r.get("decisions_to_steady") for r in mine], STEADY_MAX))
-        out.append(_goal(f"simulated {policy}, N = {sizes}: final round / exact optimum",
-                         [r.get("round_over_optimum") for r in mine], OPTIMUM_MAX))
+        out.append(_goal(f"simulated {policy}, N = {sizes}: final plan's slowest step / exact optimum's",
+                         [r.get("compute_over_optimum") for r in mine], OPTIMUM_MAX))
         if any("steady_again" in r for r in mine):
             out.append(_goal(f"simulated {policy}, N = {sizes}: decisions to steady after 20% change speed",
                              [r.get("steady_again") for r in mine], STEADY_AGAIN_MAX))
@@ -119,15 +123,17 @@ def _goal(name: str, values: list[Any], most: float) -> dict[str, Any]:
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The summary as a markdown table."""
-    head = ("| policy | N | decisions to steady | round / optimum | CPU per decision, ms (median / max) "
-            "| policy CPU per round, ms | after the change: steady again | round / optimum |\n"
+    head = ("| policy | N | decisions to steady | round / optimum (compute alone) | CPU per decision, ms "
+            "(median / max) | policy CPU per round, ms | after the change: steady again | round / optimum (compute alone) |\n"
             "|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         lines.append(f"| {r['policy']} | {r['workers']} | {_show(r.get('decisions_to_steady'))} "
-                     f"| {_show(r.get('round_over_optimum'))} | {_show(r.get('decision_ms_median'))} / "
+                     f"| {_show(r.get('round_over_optimum'))} ({_show(r.get('compute_over_optimum'))}) "
+                     f"| {_show(r.get('decision_ms_median'))} / "
                      f"{_show(r.get('decision_ms_max'))} | {_show(r.get('policy_ms_per_round'))} "
-                     f"| {_show(r.get('steady_again', '-'))} | {_show(r.get('round_over_optimum_after', '-'))} |")
+                     f"| {_show(r.get('steady_again', '-'))} | {_show(r.get('round_over_optimum_after', '-'))} "
+                     f"({_show(r.get('compute_over_optimum_after', '-'))}) |")
     return "\n".join(lines)
 
 
