@@ -5,7 +5,8 @@ takes t = q·b + s times lognormal noise (benchmarks/simulation/), at every N of
 for every policy of ``--policies``, with and without a speed change of ``--change-fraction`` of the
 workers halfway through. Per run it reports the decisions to a steady plan, the final plan's round
 over the exact optimum, the policy's CPU per decision and per round, and after the change the
-decisions to steady again; every plan is checked to sum to B. The definitions are
+decisions to steady again; every plan is checked to sum to B. A policy's own settings are
+ps-server's flags, ``--<policy>-<setting>``. The definitions are
 benchmarks/simulation/metrics.py's; the time law and its limits are docs/scaling.md's.
 
     python -m benchmarks.simulate --workers 16,256,1024,10000 --json --save-result
@@ -16,13 +17,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from benchmarks.report_output import add_report_options, publish
 from benchmarks.simulation.engine import Event, Scenario
 from benchmarks.simulation.population import SpeedLaw, parse_classes
 from benchmarks.simulation.sweep import grid, summary, table, targets
 from common.ops.arg_types import positive_float, positive_int
-from ps.control.registry import POLICIES
+from ps.control.registry import POLICIES, policy_settings
+from ps.server_flags import add_policy_settings, setting_dest
 
 
 def _sizes(text: str) -> list[int]:
@@ -88,19 +91,38 @@ def build_parser() -> argparse.ArgumentParser:
     server.add_argument("--max-batch", type=positive_int, default=None)
     server.add_argument("--micro-batch", type=positive_int, default=1)
     server.add_argument("--min-samples", type=positive_int, default=3)
+    add_policy_settings(p.add_argument_group("the policies' own settings (as ps-server's flags)"))
     add_report_options(p.add_argument_group("output"), "simulate")
     return p
 
 
+def own_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The values given for the simulated policies' own settings, by policy and setting (the rest keep
+    their defaults); ValueError for a setting's flag of a policy `--policies` leaves out."""
+    options: dict[str, dict[str, Any]] = {}
+    for policy in POLICIES:
+        for setting in policy_settings(policy):
+            if hasattr(args, setting_dest(policy, setting)):
+                if policy not in args.policies:
+                    raise ValueError(f"{setting.flag(policy)} is for policy {policy}, which --policies leaves out")
+                options.setdefault(policy, {})[setting.name] = getattr(args, setting_dest(policy, setting))
+    return options
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        options = own_settings(args)
+    except ValueError as exc:
+        parser.error(str(exc))
     law = SpeedLaw(q_ms=args.q_ms, s_ms=args.s_ms, sigma=args.sigma, noise=args.noise, classes=args.classes)
     base = Scenario(policy=args.policies[0], workers=args.workers[0], global_batch=args.batch_per_worker * args.workers[0],
                     rounds=args.rounds, adjust_every=args.adjust_every, law=law, seed=args.seed,
                     deadband=args.deadband, min_batch=args.min_batch, max_batch=args.max_batch,
                     micro_batch=args.micro_batch, min_samples=args.min_samples,
                     server_fixed_ms=args.server_fixed_ms, server_per_worker_ms=args.server_per_worker_ms,
-                    evict_ms=args.evict_ms, events=(*args.join, *args.leave, *args.fail))
+                    evict_ms=args.evict_ms, events=(*args.join, *args.leave, *args.fail), policy_options=options)
     runs = grid(base, args.policies, args.workers, args.batch_per_worker, args.change, args.change_fraction,
                 args.change_factor, progress=lambda line: print(line, file=sys.stderr, flush=True))
     rows = summary(runs)

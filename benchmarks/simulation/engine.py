@@ -1,14 +1,14 @@
 """A BSP job of simulated workers driving a real batch policy (ps/control, built by name through
 `build_policy` and called only through its BatchPolicy contract) in the order ps/rounds calls it:
 
-- start: every first worker `add_worker`, then `replan` (ps/rounds/coordinator.py `_activate_pending`);
+- start: every first worker `add_worker`, then `replan` (ps/rounds/admission.py `activate_pending`);
 - each round: the workers with a batch push; each push is `observe(name, batch, ms)` in the order the
   pushes arrive (the fastest first); a worker that leaves is `remove_worker` then `replan` at once, a
-  failed one the same when the server evicts it (`_remove`);
-- the round closes: `observe_round(close-to-close ms)` from the second close on (bsp.py `next_round`);
-  then a decision, `adjust`, when `adjust_every` rounds passed since the last one or the policy says
-  one is due (epochs.py `adjust_due`); then the workers that joined during the round `add_worker`
-  and `replan` (`_activate_pending`).
+  failed one the same when the server evicts it (departures.py `remove`);
+- the round closes (round_close.py `next_round`): `observe_round(close-to-close ms)` from the second
+  close on (bsp.py `next_round`); then a decision, `adjust`, when `adjust_every` rounds passed since
+  the last one or the policy says one is due (epochs.py `adjust_due`); then the workers that joined
+  during the round `add_worker` and `replan` (`activate_pending`).
 
 A round lasts the slowest pushing worker's step (a failed worker: `evict_ms`, the server's wait
 before it evicts) plus the server's own cost, `server_fixed_ms` + `server_per_worker_ms` per pushing
@@ -20,7 +20,7 @@ AssertionError."""
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,11 +75,14 @@ class Scenario:
     server_per_worker_ms: float = 0.02
     evict_ms: float = 10_000.0
     events: Sequence[Event] = ()
+    policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
+    """Policies' own settings (ps/control/settings.py, ps-server's `--<policy>-<setting>` flags) by
+    policy name; the run's policy takes its entry, its declared defaults for the rest."""
 
     def config(self) -> PolicyConfig:
         return PolicyConfig(policy=self.policy, global_batch=self.global_batch, deadband=self.deadband,
                             min_batch=self.min_batch, max_batch=self.max_batch, micro_batch=self.micro_batch,
-                            min_samples=self.min_samples)
+                            min_samples=self.min_samples, options=dict(self.policy_options.get(self.policy, {})))
 
     def server_ms(self, pushing: int) -> float:
         """The server's own part of a round with `pushing` workers."""
@@ -264,7 +267,8 @@ def describe(scenario: Scenario) -> dict[str, Any]:
             "rounds": scenario.rounds, "adjust_every": scenario.adjust_every, "seed": scenario.seed,
             "law": {"q_ms": law.q_ms, "s_ms": law.s_ms, "sigma": law.sigma, "noise": law.noise,
                     "classes": [vars(c) for c in law.classes]},
-            "deadband": scenario.deadband, "min_batch": scenario.min_batch, "max_batch": scenario.max_batch,
+            "deadband": scenario.deadband, "options": dict(scenario.config().options),
+            "min_batch": scenario.min_batch, "max_batch": scenario.max_batch,
             "micro_batch": scenario.micro_batch, "server_fixed_ms": scenario.server_fixed_ms,
             "server_per_worker_ms": scenario.server_per_worker_ms,
             "events": [vars(e) for e in scenario.events]}
