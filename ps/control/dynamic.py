@@ -50,14 +50,17 @@ class DynamicPolicy(WorkerPlan):
         targets = {k: v for k, v in targets.items() if math.isfinite(v)}
         if not cfg.keep_global_sum:
             targets = total_preserving(targets, current)
-        movers = [k for k, t in targets.items() if outside_deadband(current[k], t, cfg.deadband)]
+        whole = not self.round_for_time  # micro-batches round for the round's time, not to the nearest
+        movers = [k for k, t in targets.items() if outside_deadband(current[k], t, cfg.deadband, whole=whole)]
+        moving = set(movers)  # a list would be searched once a worker: n² at thousands of workers
         if not self._exact_sum():
             lower, upper = self._bounds()
             moved = {k: clip(round_half_up(targets[k]), lower[k], upper[k]) for k in movers}
             return {**current, **moved}
-        held_sum = sum(b for k, b in current.items() if k not in movers)
+        held_sum = sum(b for k, b in current.items() if k not in moving)
         fitted = self._fit_subset({k: targets[k] for k in movers}, cfg.global_batch - held_sum, current)
-        if fitted is not None and not any(outside_deadband(fitted[k], targets[k], cfg.deadband) for k in movers):
+        if fitted is not None and not any(outside_deadband(fitted[k], targets[k], cfg.deadband, whole=whole)
+                                          for k in movers):
             return {**current, **fitted}
         if not movers and held_sum == cfg.global_batch:
             return current

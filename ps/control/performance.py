@@ -39,8 +39,8 @@ def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
     split of B (Cannikin's OptPerf). For compute-bound workers the optimum finishes them together
     (Cannikin Appendix A.1): in the continuous limit b_i = (μ − s_i)/q_i with μ = (B + Σ s_i/q_i) /
     Σ 1/q_i. Here it is solved on integers for any nondecreasing f_i: each unit of B goes to the worker
-    that would finish it soonest (exact for min-max with nondecreasing costs), after a bisection on T
-    has placed all but a few units at once; bounds are water levels the fill cannot cross.
+    that would finish it soonest (exact for min-max with nondecreasing costs), after a search on T
+    has placed all but about one unit a worker at once; bounds are water levels the fill cannot cross.
 
     Requires sum(lower) <= total <= sum(upper) (ValueError otherwise). Ties go to the first key.
     """
@@ -52,22 +52,33 @@ def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
     left = total - sum(plan.values())
     if left == 0 or not keys:
         return plan
-    # place most units at once: the largest level T whose caps still fit in `total`
-    low = min(times[k](lower[k]) for k in keys)
-    high = max(times[k](upper[k]) for k in keys)
-    best = dict(plan)
-    for _ in range(_BISECTIONS):
-        level = (low + high) / 2
-        caps = {k: batch_within(times[k], level, lower[k], upper[k]) for k in keys}
-        if sum(caps.values()) <= total:
-            best, low = caps, level
-        else:
-            high = level
-        if high - low <= 1e-9 * max(1.0, abs(high)):
+    # place most units at once: a level T whose caps fit in `total` with at most one unit a worker
+    # left over. The caps' sum is nearly linear in T, so T is found by false position (Illinois: an
+    # end kept twice has its residual halved; every fourth step bisects), and each worker's cap is
+    # searched between its caps at the two ends only (caps grow with T)
+    low, high = min(times[k](lower[k]) for k in keys), max(times[k](upper[k]) for k in keys)
+    best, ceiling = dict(plan), dict(upper)
+    aim = total - len(keys) / 2
+    below, above = sum(best.values()) - aim, sum(ceiling.values()) - aim
+    kept = 0  # +1: the low end moved last, -1: the high end
+    for step in range(_BISECTIONS):
+        if total - sum(best.values()) <= len(keys) or high - low <= 1e-9 * max(1.0, abs(high)):
             break
+        level = low - below * (high - low) / (above - below) if step % 4 != 3 and above > below else (low + high) / 2
+        if not low < level < high:
+            level = (low + high) / 2
+        caps = {k: best[k] if best[k] == ceiling[k] else batch_within(times[k], level, best[k], ceiling[k])
+                for k in keys}
+        if sum(caps.values()) <= total:
+            best, low, below = caps, level, sum(caps.values()) - aim
+            above, kept = (above / 2 if kept == 1 else above), 1
+        else:
+            ceiling, high, above = caps, level, sum(caps.values()) - aim
+            below, kept = (below / 2 if kept == -1 else below), -1
     plan = best
     left = total - sum(plan.values())
-    # the rest one unit at a time, each to the worker that finishes it soonest
+    # the rest one unit at a time, each to the worker that finishes it soonest: the units of least
+    # finish in order, from any level's caps the same plan
     heap = [(times[k](plan[k] + 1), i, k) for i, k in enumerate(keys) if plan[k] < upper[k]]
     heapq.heapify(heap)
     while left > 0:
@@ -80,12 +91,33 @@ def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
 
 
 def batch_within(time: FinishTime, level: float, lo: int, hi: int) -> int:
-    """The largest b in [lo, hi] with time(b) <= level (lo when even lo is over it)."""
-    if time(hi) <= level:
+    """The largest b in [lo, hi] with time(b) <= level (lo when even lo is over it). Finish times are
+    near lines in b: the search starts at the batch a line through the two ends puts at `level`,
+    gallops outwards to a bracket of the answer and bisects it (a few calls where the line holds,
+    O(log(hi - lo)) at worst)."""
+    t_hi = time(hi)
+    if t_hi <= level:
         return hi
-    if time(lo) > level:
+    t_lo = time(lo)
+    if t_lo > level:
         return lo
-    while hi - lo > 1:  # time(lo) <= level < time(hi)
+    # time(lo) <= level < time(hi)
+    guess = lo + int((level - t_lo) / (t_hi - t_lo) * (hi - lo)) if t_hi > t_lo else lo
+    guess = min(max(guess, lo), hi - 1)
+    step = 1
+    if guess == lo or time(guess) <= level:
+        lo = guess
+        while lo + step < hi and time(lo + step) <= level:
+            lo += step
+            step *= 2
+        hi = min(hi, lo + step)
+    else:
+        hi = guess
+        while hi - step > lo and time(hi - step) > level:
+            hi -= step
+            step *= 2
+        lo = max(lo, hi - step)
+    while hi - lo > 1:
         mid = (lo + hi) // 2
         if time(mid) <= level:
             lo = mid

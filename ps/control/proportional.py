@@ -38,15 +38,20 @@ def total_preserving(targets: Mapping[str, float], batches: Mapping[str, int]) -
     return {k: v * scale for k, v in targets.items()}
 
 
-def outside_deadband(current: int, target: float, deadband: float) -> bool:
+def outside_deadband(current: int, target: float, deadband: float, *, whole: bool = False) -> bool:
     """Eq. 7: True when |target - current| / target >= deadband, i.e. the change is worth making.
 
     Small corrections are skipped because re-batching costs time (data loader reset, re-sharding)
-    and measured times never settle exactly on the mean.
+    and measured times never settle exactly on the mean. With `whole` (batches are whole samples,
+    rounded to the nearest) and a target so small that one sample is wider than the deadband
+    (target · deadband < 1), the gap no batch can close, |target - round(target)|, is not counted:
+    a target between two integers would otherwise be outside the deadband of both, and the worker
+    moved back and forth at every decision.
     """
     cur = real("current batch", current)
     tgt = positive("target batch", target)
     band = real("deadband", deadband)
     if not 0.0 <= band < 1.0:
         raise ValueError(f"deadband must be in [0, 1), got {band}")
-    return abs(tgt - cur) / tgt >= band
+    unavoidable = abs(tgt - math.floor(tgt + 0.5)) if whole and tgt * band < 1.0 else 0.0
+    return (abs(tgt - cur) - unavoidable) / tgt >= band

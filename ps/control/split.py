@@ -4,6 +4,7 @@ bias), with the rounding to a sum both rest on."""
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Mapping
 
@@ -38,18 +39,34 @@ def round_to_sum(
     """
     result = {k: clip(math.floor(x), lower[k], upper[k]) for k, x in exact.items()}
     left = total - sum(result.values())
-    while left > 0:
-        room = [k for k in result if result[k] < upper[k]]
+    order = {k: i for i, k in enumerate(result)}  # ties go to the first key: the heaps' last resort
+
+    def gain(k: str) -> tuple[float, ...]:  # the next unit's priority, least first
         if speeds is None:
-            k = max(room, key=lambda k: exact[k] - result[k])
-        else:
-            k = min(room, key=lambda k: ((result[k] + 1) / speeds[k], -(exact[k] - result[k])))
+            return (-(exact[k] - result[k]), order[k])
+        return ((result[k] + 1) / speeds[k], -(exact[k] - result[k]), order[k])
+
+    # one heap entry per worker with room, so that handing out `left` units costs O((n + left) log n)
+    heap = [(gain(k), k) for k in result if result[k] < upper[k]] if left > 0 else []
+    heapq.heapify(heap)
+    while left > 0:
+        if not heap:
+            raise ValueError(f"cannot round to {total}: the upper bounds sum to less")
+        _, k = heapq.heappop(heap)
         result[k] += 1
         left -= 1
+        if result[k] < upper[k]:
+            heapq.heappush(heap, (gain(k), k))
+    heap = [((exact[k] - result[k], order[k]), k) for k in result if result[k] > lower[k]] if left < 0 else []
+    heapq.heapify(heap)
     while left < 0:
-        k = min((k for k in result if result[k] > lower[k]), key=lambda k: exact[k] - result[k])
+        if not heap:
+            raise ValueError(f"cannot round to {total}: the lower bounds sum to more")
+        _, k = heapq.heappop(heap)
         result[k] -= 1
         left += 1
+        if result[k] > lower[k]:
+            heapq.heappush(heap, ((exact[k] - result[k], order[k]), k))
     return result
 
 

@@ -219,9 +219,12 @@ def exposed_line(points: Sequence[Group], slope_floor: float) -> tuple[Line, flo
 class Observations:
     """One worker's recent observations, oldest first: (sequence number, batch, ms, exposed ms or
     None). The newest PER_BATCH per batch size are kept, for the MAX_BATCHES batch sizes seen most
-    recently, so a worker that stays at one batch keeps the other point its line needs."""
+    recently, so a worker that stays at one batch keeps the other point its line needs. The
+    observations change only through `add` and `rescale`: each fit is kept until they do (a decision
+    asks for every worker's fit several times, and thousands of workers make that seconds)."""
 
     def __init__(self, items: Sequence[tuple[int, int, float, float | None]] = (), seq: int = 0) -> None:
+        self._fits: dict[tuple[int, int], Fit | None] = {}
         self.items: list[tuple[int, int, float, float | None]] = sorted(items)
         self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
         self._prune()
@@ -232,6 +235,7 @@ class Observations:
         self._prune()
 
     def _prune(self) -> None:
+        self._fits.clear()
         newest: dict[int, int] = {}
         count: dict[int, int] = {}
         for seq, b, _, _ in self.items:
@@ -249,6 +253,12 @@ class Observations:
 
     def fit(self, min_samples: int, exclude_last: int = 0) -> Fit | None:
         """The fit over every observation but the newest `exclude_last`; None without any."""
+        key = (min_samples, exclude_last)
+        if key not in self._fits:
+            self._fits[key] = self._fit(min_samples, exclude_last)
+        return self._fits[key]
+
+    def _fit(self, min_samples: int, exclude_last: int) -> Fit | None:
         items = self.items[: len(self.items) - exclude_last] if exclude_last else self.items
         if not items:
             return None
@@ -297,6 +307,7 @@ class Observations:
         carry its history before the run over to the new speed (step times times `factor`: a CPU share
         scales the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop
         the rest of it, which may be from before the change or after."""
+        self._fits.clear()
         run = self.run(self.items[-1][1]) if self.items else 0
         cut = len(self.items) - run
         self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.split import fit_to_sum, largest_remainder
+from ps.control.split import fit_to_sum, largest_remainder, round_to_sum, water_fill
 from tests.simulated_workers import water_level
 
 FAST = settings(max_examples=40, deadline=None)
@@ -131,3 +131,67 @@ def test_fit_to_sum_properties(problem: tuple[dict[str, float], int, dict[str, i
     assert all(abs(got[k] - ideal[k]) < 1.0 + 1e-6 for k in got)
 
 
+
+
+# ---------------------------------------------------------------- round_to_sum at many workers
+
+
+def one_unit_at_a_time(exact: dict[str, float], total: int, lower: dict[str, int], upper: dict[str, int],
+                       speeds: dict[str, float] | None) -> dict[str, int]:
+    """round_to_sum's rule as its docstring states it, a unit at a time over every worker (the oracle)."""
+    result = {k: min(upper[k], max(lower[k], math.floor(x))) for k, x in exact.items()}
+    left = total - sum(result.values())
+    while left > 0:
+        room = [k for k in result if result[k] < upper[k]]
+        if speeds is None:
+            k = max(room, key=lambda k: exact[k] - result[k])
+        else:
+            k = min(room, key=lambda k: ((result[k] + 1) / speeds[k], -(exact[k] - result[k])))
+        result[k] += 1
+        left -= 1
+    while left < 0:
+        k = min((k for k in result if result[k] > lower[k]), key=lambda k: exact[k] - result[k])
+        result[k] -= 1
+        left += 1
+    return result
+
+
+@FAST
+@given(fit_problems(), st.booleans())
+def test_round_to_sum_hands_out_the_units_as_the_rule_says(
+        problem: tuple[dict[str, float], int, dict[str, int], dict[str, int]], timed: bool) -> None:
+    targets, total, lower, upper = problem
+    exact, lo, hi = water_fill(targets, total, lower, upper)
+    speeds = targets if timed else None
+    assert round_to_sum(exact, total, lo, hi, speeds) == one_unit_at_a_time(exact, total, lo, hi, speeds)
+
+
+def test_round_to_sum_ties_go_to_the_first_key() -> None:
+    exact = {"a": 1.5, "b": 1.5, "c": 1.5, "d": 1.5}
+    bounds = ({k: 0 for k in exact}, {k: 9 for k in exact})
+    assert round_to_sum(exact, 6, *bounds) == {"a": 2, "b": 2, "c": 1, "d": 1}
+    assert round_to_sum(exact, 6, *bounds, speeds={k: 1.0 for k in exact}) == {"a": 2, "b": 2, "c": 1, "d": 1}
+
+
+class CountingBounds(dict):  # type: ignore[type-arg]
+    """Upper bounds that count how often they are read."""
+
+    reads = 0
+
+    def __getitem__(self, key: str) -> int:
+        CountingBounds.reads += 1
+        return super().__getitem__(key)
+
+
+@pytest.mark.parametrize("timed", [False, True])
+def test_round_to_sum_reads_each_bound_a_few_times_not_once_per_unit(timed: bool) -> None:
+    """Rounding 4,000 shares that each lose half a unit to the floor hands out 2,000 units; asking
+    every worker's room for each of them read the bounds 8 million times (minutes at 10,000 workers)."""
+    n = 4000
+    exact = {f"w{i}": 10.5 for i in range(n)}
+    upper = CountingBounds({k: 64 for k in exact})
+    speeds = {k: 1.0 + (i % 7) for i, k in enumerate(exact)} if timed else None
+    CountingBounds.reads = 0
+    got = round_to_sum(exact, 21 * n // 2, {k: 1 for k in exact}, upper, speeds)
+    assert sum(got.values()) == 21 * n // 2
+    assert CountingBounds.reads <= 4 * n

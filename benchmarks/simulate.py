@@ -1,0 +1,135 @@
+"""`python -m benchmarks.simulate`: the batch policies at many workers, by simulation.
+
+Drives the real policies of ps/control (any registered name) with simulated BSP workers whose step
+takes t = q·b + s times lognormal noise (benchmarks/simulation/), at every N of ``--workers`` and
+for every policy of ``--policies``, with and without a speed change of ``--change-fraction`` of the
+workers halfway through. Per run it reports the decisions to a steady plan, the final plan's round
+over the exact optimum, the policy's CPU per decision and per round, and after the change the
+decisions to steady again; every plan is checked to sum to B. A policy's own settings are
+ps-server's flags, ``--<policy>-<setting>``. The definitions are
+benchmarks/simulation/metrics.py's; the time law and its limits are docs/scaling.md's.
+
+    python -m benchmarks.simulate --workers 16,256,1024,10000 --json --save-result
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.report_output import add_report_options, publish
+from benchmarks.simulation.engine import Event, Scenario
+from benchmarks.simulation.population import SpeedLaw, parse_classes
+from benchmarks.simulation.sweep import grid, summary, table, targets
+from common.ops.arg_types import positive_float, positive_int
+from ps.control.registry import POLICIES, policy_settings
+from ps.server_flags import add_policy_settings, setting_dest
+
+
+def _sizes(text: str) -> list[int]:
+    sizes = [int(x) for x in text.split(",") if x.strip()]
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"a comma-separated list of worker counts >= 1, got {text!r}")
+    return sizes
+
+
+def _policies(text: str) -> list[str]:
+    names = list(POLICIES) if text == "all" else [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [n for n in names if n not in POLICIES]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"policies must be 'all' or among {', '.join(POLICIES)}; got {text!r}")
+    return names
+
+
+def _event(kind: str) -> type:
+    def parse(text: str) -> Event:
+        try:
+            at, count = (int(x) for x in text.split(":"))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--{kind} takes ROUND:COUNT, got {text!r}") from None
+        return Event(at, kind, count=count)
+    return parse  # type: ignore[return-value]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.simulate", description=__doc__.split("\n\n")[0])
+    run = p.add_argument_group("the runs")
+    run.add_argument("--workers", type=_sizes, default=[16, 256, 1024, 10_000], metavar="N[,N...]",
+                     help="worker counts (default 16,256,1024,10000)")
+    run.add_argument("--policies", type=_policies, default=list(POLICIES), metavar="NAME[,NAME...]|all",
+                     help=f"registered policies to simulate (default all: {', '.join(POLICIES)})")
+    run.add_argument("--rounds", type=positive_int, default=200, help="BSP rounds per run (default 200)")
+    run.add_argument("--adjust-every", type=positive_int, default=5, help="rounds between scheduled decisions (default 5)")
+    run.add_argument("--batch-per-worker", type=positive_int, default=64, help="global batch B = this times N (default 64)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--change", choices=("no", "yes", "both"), default="both",
+                     help="runs without the speed change, with it, or both (default)")
+    run.add_argument("--change-fraction", type=float, default=0.2, help="share of the workers whose speed changes (default 0.2)")
+    run.add_argument("--change-factor", type=positive_float, default=2.0,
+                     help="each changed worker becomes this many times slower or faster, each way with equal chance (default 2)")
+    run.add_argument("--join", type=_event("join"), action="append", default=[], metavar="ROUND:COUNT",
+                     help="COUNT workers join during ROUND (repeatable)")
+    run.add_argument("--leave", type=_event("leave"), action="append", default=[], metavar="ROUND:COUNT")
+    run.add_argument("--fail", type=_event("fail"), action="append", default=[], metavar="ROUND:COUNT",
+                     help="COUNT workers stop answering in ROUND; the round waits --evict-ms for them")
+    law = p.add_argument_group("the workers' time law: t = q·b + s, times lognormal noise")
+    law.add_argument("--q-ms", type=positive_float, default=0.5, help="median time per sample, ms (default 0.5)")
+    law.add_argument("--sigma", type=float, default=0.5, help="lognormal spread of the time per sample (default 0.5)")
+    law.add_argument("--s-ms", type=float, default=10.0, help="fixed cost per step, ms (default 10)")
+    law.add_argument("--noise", type=float, default=0.05, help="σ of each step's lognormal noise (default 0.05)")
+    law.add_argument("--classes", type=parse_classes, default=[], metavar="NAME:Q:S[:WEIGHT],...",
+                     help="a mix of device classes instead of lognormal speeds")
+    server = p.add_argument_group("the server and the policy's settings")
+    server.add_argument("--server-fixed-ms", type=float, default=1.0, help="the server's cost per round, ms (default 1)")
+    server.add_argument("--server-per-worker-ms", type=float, default=0.02,
+                        help="the server's cost per pushing worker per round, ms (default 0.02)")
+    server.add_argument("--evict-ms", type=positive_float, default=10_000.0, help="wait before a failed worker is evicted")
+    server.add_argument("--deadband", type=float, default=0.1)
+    server.add_argument("--min-batch", type=positive_int, default=1)
+    server.add_argument("--max-batch", type=positive_int, default=None)
+    server.add_argument("--micro-batch", type=positive_int, default=1)
+    server.add_argument("--min-samples", type=positive_int, default=3)
+    add_policy_settings(p.add_argument_group("the policies' own settings (as ps-server's flags)"))
+    add_report_options(p.add_argument_group("output"), "simulate")
+    return p
+
+
+def own_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """The values given for the simulated policies' own settings, by policy and setting (the rest keep
+    their defaults); ValueError for a setting's flag of a policy `--policies` leaves out."""
+    options: dict[str, dict[str, Any]] = {}
+    for policy in POLICIES:
+        for setting in policy_settings(policy):
+            if hasattr(args, setting_dest(policy, setting)):
+                if policy not in args.policies:
+                    raise ValueError(f"{setting.flag(policy)} is for policy {policy}, which --policies leaves out")
+                options.setdefault(policy, {})[setting.name] = getattr(args, setting_dest(policy, setting))
+    return options
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        options = own_settings(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    law = SpeedLaw(q_ms=args.q_ms, s_ms=args.s_ms, sigma=args.sigma, noise=args.noise, classes=args.classes)
+    base = Scenario(policy=args.policies[0], workers=args.workers[0], global_batch=args.batch_per_worker * args.workers[0],
+                    rounds=args.rounds, adjust_every=args.adjust_every, law=law, seed=args.seed,
+                    deadband=args.deadband, min_batch=args.min_batch, max_batch=args.max_batch,
+                    micro_batch=args.micro_batch, min_samples=args.min_samples,
+                    server_fixed_ms=args.server_fixed_ms, server_per_worker_ms=args.server_per_worker_ms,
+                    evict_ms=args.evict_ms, events=(*args.join, *args.leave, *args.fail), policy_options=options)
+    runs = grid(base, args.policies, args.workers, args.batch_per_worker, args.change, args.change_fraction,
+                args.change_factor, progress=lambda line: print(line, file=sys.stderr, flush=True))
+    rows = summary(runs)
+    report = {"rows": rows, "targets": targets(rows), "runs": runs}
+    publish(args, "simulate", report, table(rows), argv)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

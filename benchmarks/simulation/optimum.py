@@ -1,0 +1,98 @@
+"""The exact best split of a global batch B over workers whose step takes t_k(b) = q_k·b + s_k: the
+plan that minimises the round, max over the workers with a batch of t_k(b_k), with Σ b_k = B, every
+batch within [lo, hi] or 0 (parked: a worker whose fixed cost alone outlasts the others' round).
+
+Water-filling on a level T: at T each worker takes the most samples it finishes within T,
+cap_k(T) = min(hi, ⌊(T − s_k)/q_k⌋), and a worker that cannot finish its minimum batch within T is
+parked. The continuous water level (T = (B + Σ s/q) / Σ 1/q over the workers in) starts a bisection
+on T for the least level whose caps add up to B: the integer optimum is that level, one of the values
+t_k(b). Its caps, trimmed to B from the workers that finish last, are the plan. Vectorised with
+numpy: one level costs O(N). Exact for a minimum batch of one unit (the default: `min_batch` 1, or
+one micro-batch); with larger minimums a parked worker that would take part at the optimum level only
+with fewer than its minimum is left parked."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+_BISECTIONS = 200
+
+
+@dataclass(frozen=True)
+class Optimum:
+    """The best plan (batches in samples, 0: parked) and its round (ms, the slowest finish)."""
+
+    batches: np.ndarray
+    round_ms: float
+
+    @property
+    def parked(self) -> int:
+        return int(np.count_nonzero(self.batches == 0))
+
+
+def round_ms(q: np.ndarray, s: np.ndarray, batches: np.ndarray) -> float:
+    """A plan's round: the slowest finish among the workers with a batch (0 when none has one)."""
+    busy = batches > 0
+    return float(np.max(q[busy] * batches[busy] + s[busy])) if busy.any() else 0.0
+
+
+def _caps(q: np.ndarray, s: np.ndarray, level: float, lo: int, hi: int, park: bool) -> np.ndarray:
+    """Each worker's most units finished within `level` (0 if it cannot finish `lo`; `lo` if parking is
+    not allowed)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cap = np.floor((level - s) / q)
+    cap = np.where(q * (cap + 1) + s <= level, cap + 1, cap)  # a floor that float error took one under
+    cap = np.minimum(cap, hi)
+    return np.where(cap >= lo, cap, 0 if park else lo).astype(np.int64)
+
+
+def best_split(q: np.ndarray, s: np.ndarray, total: int, lo: int, hi: int, *, unit: int = 1,
+               park: bool = True) -> Optimum:
+    """The plan of least round for `total` samples in whole units of `unit` (a micro-batch), each
+    worker's batch 0 (with `park`) or within [lo, hi] samples. ValueError where the bounds cannot
+    make up `total`."""
+    q, s = np.asarray(q, dtype=float), np.asarray(s, dtype=float)
+    if total % unit:
+        raise ValueError(f"total {total} is not a whole number of units of {unit}")
+    units, lo_u, hi_u = total // unit, -(-lo // unit), hi // unit
+    qu = q * unit
+    if len(q) == 0 or hi_u * len(q) < units or (not park and lo_u * len(q) > units):
+        raise ValueError(f"{len(q)} workers with batches in [{lo}, {hi}] cannot make up {total}")
+    # the continuous water level over everyone, a lower bound of the integer one
+    low = min(float((units + np.sum(s / qu)) / np.sum(1.0 / qu)), float(np.min(qu * lo_u + s)))
+    high = float(np.max(qu * hi_u + s))
+    low = min(low, high)
+    for _ in range(_BISECTIONS):
+        mid = (low + high) / 2
+        if mid in (low, high):
+            break
+        if _caps(qu, s, mid, lo_u, hi_u, park).sum() >= units:
+            high = mid
+        else:
+            low = mid
+    plan = _caps(qu, s, high, lo_u, hi_u, park)
+    plan = _trim(qu, s, plan, int(plan.sum()) - units, lo_u)
+    return Optimum(plan * unit, round_ms(qu, s, plan))
+
+
+def _trim(q: np.ndarray, s: np.ndarray, plan: np.ndarray, excess: int, lo: int) -> np.ndarray:
+    """`plan` less `excess` units, taken one at a time from the workers that finish last above their
+    minimum (a round never grows by it)."""
+    plan = plan.copy()
+    while excess > 0:
+        room = np.flatnonzero(plan > lo)
+        if len(room) == 0:  # everyone at the minimum: park the slowest (only with minimums above a unit)
+            busy = np.flatnonzero(plan > 0)
+            slowest = busy[np.argmax(q[busy] * plan[busy] + s[busy])]
+            excess -= int(plan[slowest])
+            plan[slowest] = 0
+            continue
+        finish = q[room] * plan[room] + s[room]
+        take = room[np.argsort(-finish, kind="stable")[:excess]]
+        plan[take] -= 1
+        excess -= len(take)
+    if excess < 0:
+        raise AssertionError("trimming went below the total")
+    return plan

@@ -1,0 +1,127 @@
+"""Simulated workers: each one's step time as a line in its batch, t = q·b + s, times a
+multiplicative lognormal noise, drawn for a whole population at once (numpy, so that ten thousand
+workers cost one vector operation a round).
+
+Two laws of speed: lognormal speeds (the time per sample q = q_median · e^(σ·z), every worker with
+the same fixed cost s per step) or a mix of device classes (each class its own q and s, each worker
+one class drawn by the classes' weights). A speed change multiplies a worker's q and s alike, as a
+CPU share does."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    """One kind of worker: its time per sample and fixed cost per step (ms), and its weight in the mix."""
+
+    name: str
+    q_ms: float
+    s_ms: float
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class SpeedLaw:
+    """How a population's workers are drawn: lognormal speeds around `q_ms` with spread `sigma` and a
+    common fixed cost `s_ms`, or (when `classes` is given) a mix of device classes; `noise` is the
+    σ of each step's multiplicative lognormal noise."""
+
+    q_ms: float = 0.5
+    s_ms: float = 10.0
+    sigma: float = 0.5
+    noise: float = 0.05
+    classes: Sequence[DeviceClass] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "classes", tuple(self.classes))
+        if not (self.q_ms > 0 and self.s_ms >= 0 and self.sigma >= 0 and self.noise >= 0):
+            raise ValueError(f"a speed law needs q_ms > 0, s_ms >= 0, sigma >= 0, noise >= 0; got {self}")
+        for c in self.classes:
+            if not (c.q_ms > 0 and c.s_ms >= 0 and c.weight > 0):
+                raise ValueError(f"device class {c.name!r} needs q_ms > 0, s_ms >= 0, weight > 0")
+
+    def draw(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """`count` workers' (q, s), in ms per sample and ms per step."""
+        if self.classes:
+            weights = np.array([c.weight for c in self.classes], dtype=float)
+            picked = rng.choice(len(self.classes), size=count, p=weights / weights.sum())
+            q = np.array([c.q_ms for c in self.classes])[picked]
+            s = np.array([c.s_ms for c in self.classes])[picked]
+            return q.astype(float), s.astype(float)
+        q = self.q_ms * np.exp(self.sigma * rng.standard_normal(count))
+        return q, np.full(count, float(self.s_ms))
+
+
+def parse_classes(text: str) -> list[DeviceClass]:
+    """Device classes from `name:q_ms:s_ms:weight,...` (weight optional, 1)."""
+    out = []
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        fields = part.split(":")
+        if len(fields) not in (3, 4):
+            raise ValueError(f"a device class is name:q_ms:s_ms[:weight], got {part!r}")
+        name, numbers = fields[0], [float(x) for x in fields[1:]]
+        out.append(DeviceClass(name, numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else 1.0))
+    return out
+
+
+class Population:
+    """The workers alive in a simulation: their names, time laws and whether each is in the job.
+
+    Workers are appended as they are drawn (the first ones at the start, the rest as they join) and
+    never removed from the arrays: a worker that left or failed is only marked gone, so an index
+    stays a worker's for the whole run."""
+
+    def __init__(self, law: SpeedLaw, rng: np.random.Generator) -> None:
+        self.law = law
+        self.rng = rng
+        self.names: list[str] = []
+        self.index: dict[str, int] = {}
+        self.q = np.empty(0)
+        self.s = np.empty(0)
+        self.alive = np.empty(0, dtype=bool)
+
+    def add(self, count: int) -> list[str]:
+        """Draw `count` new workers; their names (w0, w1, ... in order of arrival)."""
+        q, s = self.law.draw(count, self.rng)
+        start = len(self.names)
+        names = [f"w{start + i}" for i in range(count)]
+        self.names.extend(names)
+        self.index.update({n: start + i for i, n in enumerate(names)})
+        self.q = np.concatenate([self.q, q])
+        self.s = np.concatenate([self.s, s])
+        self.alive = np.concatenate([self.alive, np.ones(count, dtype=bool)])
+        return names
+
+    def remove(self, names: Sequence[str]) -> None:
+        for n in names:
+            self.alive[self.index[n]] = False
+
+    def living(self) -> list[str]:
+        return [n for n, ok in zip(self.names, self.alive, strict=True) if ok]
+
+    def pick(self, count: int) -> list[str]:
+        """`count` living workers chosen at random (without replacement)."""
+        living = np.flatnonzero(self.alive)
+        count = min(count, len(living))
+        return [self.names[i] for i in sorted(self.rng.choice(living, size=count, replace=False))]
+
+    def scale(self, factors: Mapping[str, float]) -> None:
+        """Change speeds: each named worker's q and s times its factor (2: twice as slow)."""
+        for n, f in factors.items():
+            i = self.index[n]
+            self.q[i] *= f
+            self.s[i] *= f
+
+    def expected_ms(self, idx: np.ndarray, batches: np.ndarray) -> np.ndarray:
+        """The noise-free step times of the workers `idx` at `batches`."""
+        return self.q[idx] * batches + self.s[idx]
+
+    def step_ms(self, idx: np.ndarray, batches: np.ndarray) -> np.ndarray:
+        """One step's measured times: the law times lognormal noise."""
+        noise = np.exp(self.law.noise * self.rng.standard_normal(len(idx))) if self.law.noise else 1.0
+        return self.expected_ms(idx, batches) * noise

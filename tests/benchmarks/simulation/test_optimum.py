@@ -1,0 +1,60 @@
+"""benchmarks.simulation.optimum: the exact best split for t = q·b + s, parking allowed, against brute
+force on small cases."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from benchmarks.simulation.optimum import best_split, round_ms
+
+
+def brute_force(q: list[float], s: list[float], total: int, lo: int, hi: int, unit: int = 1) -> float:
+    """The least round over every plan: each batch 0 or a whole number of units in [lo, hi]."""
+    choices = [0, *range(-(-lo // unit) * unit, hi + 1, unit)]
+    best = np.inf
+    for plan in itertools.product(choices, repeat=len(q)):
+        if sum(plan) == total:
+            best = min(best, round_ms(np.array(q), np.array(s), np.array(plan)))
+    return float(best)
+
+
+def test_a_known_optimum() -> None:
+    # two workers, the second twice as slow per sample: 20 and 10 samples finish together at 20 ms
+    best = best_split(np.array([1.0, 2.0]), np.array([0.0, 0.0]), 30, 1, 30)
+    assert best.batches.tolist() == [20, 10] and best.round_ms == 20.0 and best.parked == 0
+
+
+def test_a_worker_whose_fixed_cost_outlasts_the_round_is_parked() -> None:
+    best = best_split(np.array([1.0, 1.0, 1.0]), np.array([0.0, 0.0, 100.0]), 20, 1, 20)
+    assert best.batches.tolist() == [10, 10, 0] and best.round_ms == 10.0 and best.parked == 1
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_the_optimum_is_brute_forces(seed: int) -> None:
+    rnd = np.random.default_rng(seed)
+    n = int(rnd.integers(1, 4))
+    q = rnd.lognormal(0.0, 0.7, n).round(3).tolist()
+    s = rnd.choice([0.0, 2.0, 30.0], n).tolist()
+    total = int(rnd.integers(n, 13))
+    hi = int(rnd.integers(-(-total // n), total + 1))
+    best = best_split(np.array(q), np.array(s), total, 1, hi)
+    assert int(best.batches.sum()) == total and all(b == 0 or 1 <= b <= hi for b in best.batches)
+    assert best.round_ms == pytest.approx(brute_force(q, s, total, 1, hi))
+    assert best.round_ms == pytest.approx(round_ms(np.array(q), np.array(s), best.batches))
+
+
+def test_micro_batches_are_whole_units() -> None:
+    q, s = [1.0, 3.0, 0.5], [5.0, 5.0, 40.0]
+    best = best_split(np.array(q), np.array(s), 48, 8, 48, unit=8)
+    assert int(best.batches.sum()) == 48 and all(b % 8 == 0 for b in best.batches)
+    assert best.round_ms == pytest.approx(brute_force(q, s, 48, 8, 48, unit=8))
+
+
+def test_bounds_that_cannot_make_up_the_total_are_refused() -> None:
+    with pytest.raises(ValueError):
+        best_split(np.array([1.0, 1.0]), np.array([0.0, 0.0]), 30, 1, 10)
+    with pytest.raises(ValueError):
+        best_split(np.array([1.0]), np.array([0.0]), 30, 1, 30, unit=7)
