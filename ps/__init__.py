@@ -2,7 +2,8 @@
 parameters) beside worker/, and neither imports the other. Each folder's __init__.py says what it
 holds and what it may import; tests/test_layout.py checks that every import follows the arrows:
 
-    server.py, servicer.py   the ps-server CLI (its flags: server_flags.py) and its thin gRPC servicer
+    server.py, servicer.py   the ps-server CLI (its flags: server_flags.py; its job built from them:
+                             server_job.py) and its thin gRPC servicer
             |
          rounds/ -----> control/    the coordinator; batch sizing (pure: no torch, gRPC or I/O)
             |
@@ -15,5 +16,5 @@ holds and what it may import; tests/test_layout.py checks that every import foll
          common/                    the job, the flat parameters, the wire (shared with worker/)
 
 A part may import every part below it, never one above. ops/ (metrics log, health, Prometheus,
-progress, the port file) imports only common/.
+progress bar and lines, the port file) imports only common/.
 """

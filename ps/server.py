@@ -1,268 +1,31 @@
-"""`ps-server`: build the job from the command line and serve it over gRPC until it ends."""
+"""`ps-server`: build the job from the command line (ps/server_job.py) and serve it over gRPC until it ends."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import functools
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any
 
 import grpc
 import torch
 
-from ps.control.config import PolicyConfig
-from ps.control.policy import build_policy
-from common.job.batchnorm import batchnorm_layers
-from common.job.datasets import TrainingData, build_dataset
-from ps.rounds.evaluator import BackgroundEvaluator
-from common.job.models import build_model
-from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
-from common.ops.arg_types import is_host_port
-from ps.ops.health import NOT_SERVING, SERVING, Health
-from common.ops.available_memory import available_cpu_bytes
 from common.ops.memory import tune_malloc
-from ps.ops.metrics import MetricsLog
-from ps.ops.port_file import PortFile
-from ps.ops.progress import progress_echo
-from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
 from common.ops.stack_dump import enable_stack_dump
-from ps.checkpoint import Checkpointer, check_no_other_job
-from ps.rounds.adaptive_batch import AdaptiveSettings
-from ps.rounds.resume import NOT_LOADABLE, JobComplete, ResumeSearch, checkpoint_failed
-from ps.rounds.asp import AspSettings
-from ps.rounds.checkpoint_state import describe_resume_changes
-from ps.rounds.coordinator import Coordinator
-from ps.rounds.deadlines import Limits
-from ps.rounds.fast_path import PARKING_OFF
-from ps.rounds.rendezvous import Rendezvous
-from ps.server_flags import (adaptive_config, build_parser, check_micro_batch_flags, describe_policy_changes, parse_options,
-                             policy_options, settle_min_batch)
+from common.transport.security import ServerSecurity, load_server_security
+from ps.ops.health import NOT_SERVING, SERVING, Health
+from ps.ops.port_file import PortFile
+from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
+from ps.rounds.resume import JobComplete
+from ps.server_flags import build_parser
+from ps.server_job import Job, build_job
 from ps.servicer import ParameterServerServicer
-from ps.shards.client import RemoteShards, ShardFailure
-from ps.shards.processes import LocalShards
-from ps.shards.setup import check_shard_security, open_shards
 from ps.serving.call_budget import CallBounds, calls_for_workers
 from ps.serving.call_limits import CallLimits
 from ps.serving.handlers import SERVICES, OnMessage, register
-from common.transport.security import ServerSecurity, load_server_security
-from ps.serving.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES, on_stop_signal, run_loop  # noqa: F401 (re-exported)
-
-
-@dataclass
-class Job:
-    spec: JobSpec
-    coordinator: Coordinator
-    evaluator: BackgroundEvaluator
-    metrics: MetricsLog
-    checkpointer: Checkpointer | None = None
-    rendezvous: Rendezvous | None = None
-    local_shards: LocalShards | None = None
-    calls: CallBounds | None = None  # the calls held at once, by kind and peer (None: the default for --workers)
-
-    def close_shards(self) -> None:
-        """Stop the shard processes this server started (if any)."""
-        if self.local_shards is not None:
-            self.local_shards.stop()
-            self.local_shards = None
-
-    def final_checkpoint(self) -> Path | None:
-        """Checkpoint at shutdown (after any queued write)."""
-        if self.checkpointer is None:
-            return None
-        return self.checkpointer.save(self.coordinator.checkpoint_state(), self.coordinator.step)
-
-
-def build_job(args: argparse.Namespace) -> Job:
-    """Validate every argument and build the job; raises ValueError with one clear message."""
-    allreduce = args.allreduce == "on"
-    if allreduce and args.mode != "bsp":
-        raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
-    shard_addresses = parse_shard_addresses(args)  # first: a --shard-addresses list sets args.shards
-    if args.balance == "busy" and not busy_time_measured(args.shards):
-        raise ValueError("--balance busy is measured with one server only; it cannot run with --shards")
-    if args.balance == "cycle" and not cycle_measured(args.mode, allreduce, args.shards):
-        raise ValueError("--balance cycle is measured in BSP rounds on the PS path with one server only; it cannot "
-                         "run with --mode asp, --allreduce or --shards")
-    # --allreduce auto: the path is chosen when the job starts, where it can be the fast path at all
-    may_switch = (args.allreduce == "auto" and args.mode == "bsp" and args.shards == 1
-                  and args.balance in ("auto", "compute"))
-    if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
-        raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
-    # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
-    dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed, memory_bytes=available_cpu_bytes())
-    model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed, memory_bytes=available_cpu_bytes())
-    settle_min_batch(args, bool(batchnorm_layers(model)))
-    check_flags_together(args)
-    calls = CallBounds.serving(args.max_concurrent_rpcs or calls_for_workers(args.max_workers or args.workers),
-                               args.max_rpcs_per_peer)
-    spec = JobSpec(
-        mode=args.mode,
-        workers=args.workers,
-        model=args.model,
-        model_options=parse_options(args.model_arg),
-        dataset=args.dataset,
-        dataset_options=parse_options(args.dataset_arg),
-        global_batch=args.global_batch,
-        optimizer=args.optimizer,
-        lr=args.lr,
-        momentum=args.momentum,
-        weight_decay=args.weight_decay,
-        nesterov=args.nesterov,
-        lr_milestones=args.lr_milestones,
-        lr_gamma=args.lr_gamma,
-        epochs=args.epochs,
-        seed=args.seed,
-        wire_dtype=args.wire_dtype,
-        lr_scaling=not args.no_lr_scaling,
-        allreduce=allreduce,
-        allreduce_algorithm=args.allreduce_algorithm,
-        balance=default_balance(args.mode, args.shards) if args.balance == "auto" else args.balance,
-        micro_batch=args.micro_batch,
-        overlap=args.overlap,
-        sampling=args.sampling,
-        gradient_norms=args.adaptive_batch != "off",
-    )
-    config = PolicyConfig(
-        policy=args.policy,
-        global_batch=args.global_batch,
-        deadband=args.deadband,
-        min_batch=args.min_batch,
-        max_batch=args.max_batch,
-        ewma_alpha=args.ewma_alpha,
-        keep_global_sum=args.mode == "bsp",
-        dynamic_start=args.dynamic_start,
-        park=args.park and args.mode == "bsp" and not allreduce,
-        micro_batch=args.micro_batch,
-        options=policy_options(args),
-    )
-    checkpoint_dir = args.checkpoint_dir or args.resume
-    if checkpoint_dir is not None:
-        check_no_other_job(checkpoint_dir, args.resume)
-    numel = sum(p.numel() for p in model.parameters())
-    search = ResumeSearch(args.resume, spec, numel) if args.resume is not None else None
-    resume_from = search.next() if search is not None else None
-    eval_model = build_model(spec.model, dataset.input_shape, dataset.num_classes, spec.model_options, spec.seed)
-    try:
-        metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
-    except OSError as exc:
-        raise OSError(f"--metrics-log {args.metrics_log}: cannot write there ({exc.strerror or exc})") from None
-    if allreduce and args.park and args.policy == "model":
-        metrics.write("parking", on=False, why=PARKING_OFF)
-        print(f"ps-server: note: parking is off: {PARKING_OFF}", file=sys.stderr)
-    evaluator = BackgroundEvaluator(eval_model, dataset, bn_batch=bn_batch(spec), seed=spec.seed)
-    checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints, checkpoint_failed(metrics)) if checkpoint_dir else None
-    rendezvous = Rendezvous() if allreduce else None  # the group's store: served by the Rendezvous RPC
-    fast_path_on_gpus = Rendezvous if may_switch else None
-    if search is not None:  # the files skipped so far, as events
-        search.report_to(metrics)
-    if args.shards > numel:
-        raise ValueError(f"--shards {args.shards} exceeds the model's {numel} parameters")
-    local_shards, shards = open_shards(args, shard_addresses, numel)
-    try:
-        while True:  # a checkpoint that passes its checks but does not load is skipped like a corrupt one: the next older
-            coordinator = build_coordinator(args, spec, config, model, dataset, metrics, evaluator, checkpointer,
-                                            rendezvous, shards, fast_path_on_gpus)
-            if resume_from is None or search is None:
-                break
-            path, state, job_changes = resume_from
-            try:
-                changes = coordinator.restore(state)
-                break
-            except NOT_LOADABLE as exc:
-                search.skip(path, exc)
-                resume_from = search.next()
-        if resume_from is not None:
-            print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
-            if job_changes:
-                print(f"ps-server: warning: the job's settings differ from the checkpoint's ({describe_resume_changes(job_changes)}); "
-                      "the command line's apply", file=sys.stderr, flush=True)
-            if changes:
-                print(f"ps-server: warning: {describe_policy_changes(changes)}", file=sys.stderr, flush=True)
-    except BaseException:
-        if local_shards is not None:
-            local_shards.stop()
-        raise
-    return Job(spec, coordinator, evaluator, metrics, checkpointer, rendezvous, local_shards, calls)
-
-
-def check_flags_together(args: argparse.Namespace) -> None:
-    """The checks of flags against each other (each flag's own range is its argparse type's): a
-    ValueError naming the flags, before anything is built."""
-    if args.global_batch < args.workers:
-        raise ValueError(f"--global-batch {args.global_batch} must be >= --workers {args.workers} (one sample each at least)")
-    if args.max_batch is not None and args.max_batch < args.min_batch:
-        raise ValueError(f"--max-batch {args.max_batch} is below --min-batch {args.min_batch}")
-    if args.workers * args.min_batch > args.global_batch:
-        raise ValueError(f"--workers {args.workers} x --min-batch {args.min_batch} exceeds --global-batch {args.global_batch}")
-    if args.max_batch is not None and args.workers * args.max_batch < args.global_batch:
-        raise ValueError(f"--workers {args.workers} x --max-batch {args.max_batch} cannot make up --global-batch {args.global_batch}")
-    if args.micro_batch > 1:
-        check_micro_batch_flags(args)
-    if args.max_workers is not None and args.max_workers < args.workers:
-        raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
-    if args.nesterov and args.momentum == 0:
-        raise ValueError("--nesterov needs --momentum > 0")
-    if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
-        raise ValueError(f"--staleness-bound and --staleness-lr are for --mode asp, not --mode {args.mode}")
-    adaptive_config(args)
-
-
-def bn_batch(spec: JobSpec) -> int:
-    """The batch the server recomputes BatchNorm statistics over (common/job/batchnorm.py): the micro-batch,
-    else a uniform split's batch B/n."""
-    return spec.micro_batch if spec.micro_batch > 1 else max(1, spec.global_batch // spec.workers)
-
-
-def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyConfig, model: torch.nn.Module,
-                      dataset: TrainingData, metrics: MetricsLog, evaluator: BackgroundEvaluator,
-                      checkpointer: Checkpointer | None, rendezvous: Rendezvous | None,
-                      shards: RemoteShards | None, fast_path_on_gpus: Callable[[], Rendezvous] | None = None) -> Coordinator:
-    return Coordinator(
-        spec,
-        build_policy(config),
-        model,
-        dataset,
-        adjust_every=args.adjust_every,
-        asp=AspSettings(args.max_staleness, args.staleness_bound, args.staleness_lr),
-        adaptive=AdaptiveSettings(adaptive_config(args), args.adapt_every),
-        max_workers=args.max_workers,
-        evict_after=args.evict_after,
-        checkpoint_every=args.checkpoint_every,
-        on_checkpoint=checkpointer.save_async if checkpointer else None,
-        metrics=metrics,
-        evaluator=evaluator,
-        rendezvous=rendezvous,
-        shards=shards,
-        fast_path_on_gpus=fast_path_on_gpus,
-        limits=Limits(args.round_deadline, args.round_deadline_floor, args.push_idle, args.join_wait,
-                      args.push_buffer_mib << 20),
-    )
-
-
-def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
-    """Check --shards/--shard-addresses (setting args.shards from the list); None: no listed shards."""
-    addresses = None
-    if args.shard_addresses is not None:
-        addresses = [a.strip() for a in args.shard_addresses.split(",") if a.strip()]
-        for address in addresses:
-            if not is_host_port(address):
-                raise ValueError(f"--shard-addresses: expected HOST:PORT, got {address!r}")
-        if not addresses:
-            raise ValueError("--shard-addresses lists no address")
-        if args.shards not in (1, len(addresses) + 1):
-            raise ValueError(f"--shards {args.shards} disagrees with the {len(addresses)} --shard-addresses (+1: this server)")
-        args.shards = len(addresses) + 1
-    if args.shards < 1:
-        raise ValueError(f"--shards must be >= 1, got {args.shards}")
-    if args.shards > 1:
-        if args.mode != "bsp" or args.allreduce == "on":
-            raise ValueError("--shards serves BSP jobs without --allreduce (ASP and the collective fast path keep one server)")
-    check_shard_security(args)
-    return addresses
+from ps.serving.server_options import GRPC_OPTIONS, on_stop_signal, run_loop
+from ps.shards.client import ShardFailure
 
 
 def not_serving_at_end(health: Health, record: dict[str, Any]) -> None:

@@ -15,9 +15,10 @@ import pytest
 
 from protos import ps_pb2_grpc
 from ps.rounds.coordinator import Coordinator
-from ps.server import GRPC_OPTIONS, Job, build_job
+from ps.server_job import Job, build_job
 from ps.server_flags import build_parser
 from ps.servicer import ParameterServerServicer
+from ps.serving.server_options import GRPC_OPTIONS
 from ps.serving.handlers import register
 from tests.leaks import SuiteTmp, report, untracked
 from tests.tiers import SLOW, misplaced_marks, tier

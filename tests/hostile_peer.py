@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from protos import ps_pb2
 from ps.rounds.membership import MAX_CORES, MAX_NAME
-from ps.server import Job, build_job
+from ps.server_job import Job, build_job
 from common.transport.messages import MAX_COMPUTE_MS
 from common.transport.wire import FlatReceiver, encode, split
 from tests.conftest import InProcessServer, job_args

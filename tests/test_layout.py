@@ -30,7 +30,7 @@ COMMON_PARTS = ("common.job", "common.transport", "common.params", "common.ops",
                 "common.number_checks")
 WORKER_ROOMS = ("worker.transport", "worker.paths", "worker.data", "worker.probes", "worker.timing", "worker.session")
 PS_PARTS = ("ps.control", "ps.serving", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer",
-            "ps.server", "ps.server_flags")
+            "ps.server", "ps.server_flags", "ps.server_job")
 ALLOWED: dict[str, frozenset[str]] = {
     "common": frozenset(),  # the package map, a docstring
     "common.errors": frozenset(),  # leaves: they import nothing of the project
@@ -52,6 +52,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     # ps-server's flags, parsed without building anything (the policy names from ps.control.registry,
     # the flags of the calls held at once, shared with ps-shard, from ps.serving.server_options)
     "ps.server_flags": frozenset({*COMMON_PARTS, "ps.control", "ps.ops", "ps.serving"}),
+    # ps-server's job built from its flags (what ps.server serves; the tests build one without a process)
+    "ps.server_job": frozenset({*COMMON_PARTS, "ps.control", "ps.ops", "ps.checkpoint", "ps.rounds", "ps.serving",
+                                "ps.shards", "ps.server_flags"}),
     # the worker stands beside the server on what they share: it never imports ps. Its rooms: the wire
     # (the only one that knows protos), the probes (leaves), the two paths, the data, the step's times,
     # and the session's parts that compose them; the Session, connect(), the device and the CLI at the top.

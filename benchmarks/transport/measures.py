@@ -36,7 +36,7 @@ def payload_chunks(numel: int, chunk_bytes: int) -> list[bytes]:
 
 def measure_echo(procs: Processes, numel: int, iterations: int, warmup: int) -> list[dict[str, Any]]:
     from benchmarks.echo import EchoClient
-    from ps.server import MAX_MESSAGE_BYTES
+    from ps.serving.server_options import MAX_MESSAGE_BYTES
     from common.transport.wire import CHUNK_BYTES
 
     rows = []

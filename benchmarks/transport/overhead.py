@@ -93,7 +93,8 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
     """
     from common.transport.messages import JoinAsk, PushMeta, PushTimes
     from common.transport.proto_convert import join_ask_to_proto
-    from ps.server import build_job, run_loop
+    from ps.server_job import build_job
+    from ps.serving.server_options import run_loop
     from ps.server_flags import build_parser
     from ps.servicer import ParameterServerServicer
     from common.transport.wire import CHUNK_BYTES, encode, split

@@ -24,7 +24,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from common.errors import FailedPrecondition, InvalidArgument, PermissionDenied, Unauthenticated
 from common.job.spec import JobSpec
 from ps.checkpoint import checkpoint_files, read_checkpoint
-from ps.server import build_job
+from ps.server_job import build_job
 from ps.server_flags import build_parser
 from ps.shards.core import ShardCore
 from ps.shards.processes import LocalShards

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from protos import ps_pb2, ps_pb2_grpc
-from ps.server import GRPC_OPTIONS, MAX_MESSAGE_BYTES
+from ps.serving.server_options import GRPC_OPTIONS, MAX_MESSAGE_BYTES
 from common.transport.wire import CHUNK_BYTES
 from tests.conftest import InProcessServer
 from tests.state_compare import assert_same
@@ -136,7 +136,7 @@ def test_message_size_limits(open_round) -> None:
     """The limits on what a call may carry, and that going over them is refused without a trace:
 
     * one gRPC message is at most ``MAX_MESSAGE_BYTES`` = 8 MiB (its serialized size), each way
-      (``ps/server.py: GRPC_OPTIONS``); gRPC itself refuses a bigger one with RESOURCE_EXHAUSTED
+      (``ps/serving/server_options.py: GRPC_OPTIONS``); gRPC itself refuses a bigger one with RESOURCE_EXHAUSTED
       before any handler runs, whichever RPC and wherever in a stream it comes. A client using the
       same options refuses to send it in the first place (RESOURCE_EXHAUSTED, "CLIENT: ...").
     * a push or a parameter reply is any number of messages, each payload chunk about

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from common.job.spec import JobSpec, default_balance
 from ps.rounds.checkpoint_state import describe_resume_changes, resume_changes
-from ps.server import build_job
+from ps.server_job import build_job
 from tests.conftest import job_args
 from tests.hostile_peer import wait_until
 from tests.rpc_calls import header, join_all, push, push_chunks

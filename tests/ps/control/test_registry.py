@@ -20,8 +20,8 @@ from ps.checkpoint import write_checkpoint
 from ps.control.config import PolicyConfig, config_changes
 from ps.control.policy import build_policy, policy_from_state
 from ps.control.registry import POLICIES
-from ps.server import Job, build_job
 from ps.server_flags import build_parser, describe_policy_changes
+from ps.server_job import Job, build_job
 from tests.conftest import job_args
 from tests.processes import ENV
 from tests.repo import ROOT

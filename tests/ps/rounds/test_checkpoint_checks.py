@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ps.rounds.checkpoint_checks import COUNTER_LIMIT, InvalidCheckpoint, check_checkpoint
-from ps.server import Job, build_job
+from ps.server_job import Job, build_job
 from tests.conftest import job_args
 
 

@@ -17,7 +17,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from ps.rounds.coordinator import Coordinator
-from ps.server import build_job
+from ps.server_job import build_job
 from common.transport.messages import JoinAsk, PushMeta, PushTimes
 from tests.conftest import job_args
 

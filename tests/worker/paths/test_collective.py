@@ -19,7 +19,7 @@ from tests import collective_ranks
 from tests.processes import ENV
 from tests.rpc_calls import rand
 from common.transport.messages import GroupInfo, StepHeader
-from worker.transport.client import reachable_address
+from worker.transport.shard_fanout import reachable_address
 from worker.paths.collective import Collective
 
 
