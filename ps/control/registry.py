@@ -20,6 +20,7 @@ POLICIES: dict[str, str] = {
     "static": "ps.control.static:StaticPolicy",
     "dynamic": "ps.control.dynamic:DynamicPolicy",
     "model": "ps.control.model.policy:ModelPolicy",
+    "auto": "ps.control.auto.policy:AutoPolicy",
 }
 """Policy name -> its class, as module:Class."""
 

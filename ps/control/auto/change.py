@@ -1,0 +1,110 @@
+"""Whether a worker's speed changed: its newest step times left the law fitted to its times before
+them by more than the noise, for a few rounds in a row (OmniLearn's dynamic heterogeneity, where a
+Cannikin-style fit describes the past). Pure.
+
+A worker's observations (model/time_fit.Observations' items: sequence number, batch, ms, exposed
+ms) are split at a mark: those before it are settled, the law is fitted to them; the newest ones are
+tested against it. The newest WINDOW stay unsettled, so a change is judged on up to that many rounds
+after it; older ones settle into the law (law.py). Where the law is the proportional line through
+one batch size b0, a time at batch b may be off it by a fixed cost not measured yet, not a change:
+slower by up to b0/b - 1 below b0, faster above it; only what is beyond that counts.
+
+A change is the suffix of the tested times whose median is off the law by BANDS deadbands or more and
+by CHANGE_SDS standard errors (the times' noise, estimated robustly from the settled times, and the
+fit's own error at that batch, no less than the noise over the settled times' count), the newest
+CHANGE_ROUNDS of them all off on the same side; of such suffixes, the one that stands out most (the
+likeliest start of the change), less its first times nearer the law than the shift (from before the
+change). CHANGE_ROUNDS times must be left after the change: one event often moves several workers,
+and the decision that follows sees them all.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+
+from ps.control.auto.law import Item, law_of
+from ps.control.model.time_fit import Line
+
+CHANGE_ROUNDS = 3
+"""The fewest newest times, all off the law on one side, that make a change."""
+WINDOW = 8
+"""The newest observations kept unsettled: a change is judged on up to this many rounds after it."""
+CHANGE_SDS = 4.0
+"""A change is off the law by at least this many standard errors of its median."""
+PRIOR_NOISE = 0.1
+"""The relative noise of a step time assumed before the settled times say (a shared CPU's)."""
+PRIOR_WEIGHT = 3
+"""How many observations that assumption counts as."""
+BANDS = 2.0
+"""A change is off the law by at least this many deadbands: a smaller one would not move the plan, and
+the recency weights of the law's fit follow it anyway."""
+ALONG_SDS = 2.5
+"""When one worker changed, another off its law by this many standard errors (and the deadband) over
+ALONG_ROUNDS rounds changed along with it: one event (a tenant, a quota) often moves several."""
+ALONG_ROUNDS = 3
+"""The fewest newest times that make a change along with another worker's."""
+MEDIAN_EFFICIENCY = 1.2533
+"""The standard error of a median over that of a mean, under normal noise (sqrt(pi / 2))."""
+
+
+def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband: float,
+                 sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> int | None:
+    """The sequence number of the first time after a change of speed (`items` oldest first; those
+    numbered below `settled` are the law's), or None where the newest times agree with the law:
+    `rounds` of them at least, off by `sds` standard errors."""
+    before = [it for it in items if it[0] < settled]
+    tail = [it for it in items if it[0] >= settled]
+    law = law_of(before, min_samples)
+    if law is None or len(tail) < rounds:
+        return None
+    line = law.fit.line
+    residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.known else law.batch / b) for _, b, ms, _ in tail]
+    floor = BANDS * deadband
+    noise = relative_noise(before if law.known else [it for it in before if it[1] == law.batch], line)
+    batch = tail[-1][1]
+    fit_error = max(line.sd(batch) / line.at(batch), noise / math.sqrt(len(before)))
+    newest = residuals[-rounds:]
+    best: tuple[float, int, float] | None = None
+    for m in range(rounds, len(tail) + 1):
+        shift = statistics.median(residuals[-m:])
+        error = math.sqrt((MEDIAN_EFFICIENCY * noise) ** 2 / m + fit_error ** 2)
+        score = abs(shift) / error
+        if (abs(shift) >= floor and score >= sds and all(r * shift > 0 for r in newest)
+                and (best is None or score > best[0])):
+            best = (score, m, shift)
+    if best is None:
+        return None
+    _, m, shift = best
+    first = len(tail) - m
+    while first < len(tail) and abs(residuals[first]) < abs(residuals[first] - shift):  # nearer the law: before it
+        first += 1
+    return tail[first][0] if len(tail) - first >= rounds else None
+
+
+def _unexplained(residual: float, ratio: float | None) -> float:
+    """The part of a time's relative residual that no fixed cost explains: off a proportional line
+    through batch b0, a fixed cost makes a time at batch b slower by up to b0/b - 1 below b0, faster
+    by up to that above it (`ratio`: b0/b; None: the law is known, all of it counts)."""
+    if ratio is None:
+        return residual
+    lo, hi = sorted((0.0, ratio - 1.0))
+    return residual - min(max(residual, lo), hi)
+
+
+def settled_mark(items: Sequence[Item], settled: int) -> int:
+    """The new mark after a test that found no change: every observation but the newest WINDOW settles."""
+    if len(items) <= WINDOW:
+        return settled
+    return max(settled, items[-WINDOW][0])
+
+
+def relative_noise(items: Sequence[Item], line: Line) -> float:
+    """The relative noise of the times about the law: a robust spread (scaled median absolute
+    relative residual, so one stalled step does not blind the test for long) pooled with PRIOR_NOISE
+    counted PRIOR_WEIGHT times."""
+    residuals = sorted(abs(ms / line.at(b) - 1.0) for _, b, ms, _ in items)
+    spread = 1.4826 * statistics.median(residuals) if residuals else 0.0
+    n = len(residuals)
+    return math.sqrt((PRIOR_WEIGHT * PRIOR_NOISE ** 2 + n * spread ** 2) / (PRIOR_WEIGHT + n))

@@ -1,0 +1,45 @@
+"""A worker's law of time in batch, from its observations (model/time_fit.py): the fitted line
+t(b) = q·b + s once two batch sizes at least SPREAD apart are measured (the fixed cost s is then
+known), else the proportional line through its times at the newest measured batch size (OmniLearn's
+law, t ∝ b: two nearby batch sizes cannot tell a fixed cost from noise, and a few times at another
+batch would tilt it). Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ps.control.model.time_fit import Fit, Observations
+
+Item = tuple[int, int, float, float | None]
+"""One observation: (sequence number, batch, ms, exposed ms or None)."""
+
+SPREAD = 0.2
+"""Two batch sizes identify a worker's fixed cost when the larger is this much above the smaller."""
+
+
+@dataclass(frozen=True)
+class Law:
+    """The fit, whether it is the worker's whole law (`known`: its fixed cost measured) or its
+    proportional line, and the batch size that line goes through (None for a known law)."""
+
+    fit: Fit
+    known: bool
+    batch: int | None = None
+
+
+def law_of(items: Sequence[Item], min_samples: int) -> Law | None:
+    """The law of a worker's observations (`items`, oldest first); None without any."""
+    if not items:
+        return None
+    counts: dict[int, int] = {}
+    for _, b, _, _ in items:
+        counts[b] = counts.get(b, 0) + 1
+    measured = [b for b, n in counts.items() if n >= min_samples]
+    if measured and max(measured) >= (1.0 + SPREAD) * min(measured):
+        fit = Observations(items).fit(min_samples)
+        return None if fit is None else Law(fit, True)
+    newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
+    fit = Observations([it for it in items if it[1] == newest]).fit(min_samples)
+    return None if fit is None else Law(fit, False, newest)
+

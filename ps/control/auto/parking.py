@@ -1,0 +1,88 @@
+"""Who is parked (planned at batch 0) and when each comes back for a re-probe: a parked worker's speed
+is not measured, so it is brought back now and then at the batch the split would give it, and waits
+twice as long each time it is parked again, so that a worker that got faster returns. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ps.control.checks import integer
+from ps.control.model.state import parking_pair
+
+REPROBE_FIRST = 2
+"""Decisions a newly parked worker waits before its first re-probe."""
+REPROBE_MAX = 32
+"""The longest wait between re-probes, in decisions."""
+
+
+@dataclass
+class Parked:
+    """A parked worker: decisions since it was parked, and how many it waits before a re-probe."""
+
+    waited: int
+    every: int
+
+
+class ParkingSchedule:
+    """The parked workers and those brought back for a re-probe not yet judged."""
+
+    def __init__(self) -> None:
+        self.parked: dict[str, Parked] = {}
+        self.reprobed: dict[str, int] = {}  # back for a re-probe: the wait it had while parked
+
+    def tick(self) -> None:
+        """A decision passed."""
+        for entry in self.parked.values():
+            entry.waited += 1
+
+    def due(self) -> list[str]:
+        """The parked workers whose re-probe is due."""
+        return [k for k, e in self.parked.items() if e.waited >= e.every]
+
+    def install(self, parked: Iterable[str], reprobe: Iterable[str]) -> None:
+        """Who is parked after a solve: one parked again right after its re-probe waits twice as long
+        as before (up to REPROBE_MAX), a newly parked one REPROBE_FIRST decisions, one still parked
+        keeps counting; `reprobe` are brought back now."""
+        entries = {}
+        for k in parked:
+            if k in self.parked:
+                entries[k] = self.parked[k]
+            elif k in self.reprobed:
+                entries[k] = Parked(0, min(REPROBE_MAX, 2 * self.reprobed[k]))
+            else:
+                entries[k] = Parked(0, REPROBE_FIRST)
+        self.reprobed = {k: self.parked[k].every for k in reprobe if k in self.parked}
+        self.parked = entries
+
+    def forget(self, worker_id: str) -> None:
+        """The worker left."""
+        self.parked.pop(worker_id, None)
+        self.reprobed.pop(worker_id, None)
+
+    def clear(self) -> None:
+        """Nobody is parked (a plan without the fits)."""
+        self.parked, self.reprobed = {}, {}
+
+    def state(self) -> dict[str, Any]:
+        """As plain data: {"parked": {worker: [waited, every]}, "reprobed": {worker: wait}}."""
+        return {"parked": {k: [e.waited, e.every] for k, e in self.parked.items()}, "reprobed": dict(self.reprobed)}
+
+    @classmethod
+    def from_state(cls, state: Any, workers: Iterable[str]) -> ParkingSchedule:
+        """Read `state` back (ValueError naming the field on one that is malformed or names a worker
+        not in `workers`)."""
+        known = set(workers)
+        if not isinstance(state, Mapping) or set(state) != {"parked", "reprobed"}:
+            raise ValueError("parking state must have exactly the keys parked and reprobed")
+        parked, reprobed = state["parked"], state["reprobed"]
+        if not isinstance(parked, Mapping) or not set(parked) <= known:
+            raise ValueError("parking state 'parked' must map workers of the policy to [waited, every]")
+        if not isinstance(reprobed, Mapping) or not set(reprobed) <= known:
+            raise ValueError("parking state 'reprobed' must map workers of the policy to their wait")
+        schedule = cls()
+        for k, pair in parked.items():
+            schedule.parked[k] = Parked(*parking_pair(k, pair))
+        schedule.reprobed = {k: integer(f"re-probe wait of {k!r}", v, minimum=1) for k, v in reprobed.items()}
+        return schedule

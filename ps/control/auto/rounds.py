@@ -1,0 +1,71 @@
+"""The BSP rounds as the auto policy measures them: each round's overhead c (its time on the server's
+clock past the slowest fitted finish of the batches pushed in it: what the server and the wire add,
+and the excess of the slowest of several noisy finishes), the rounds of the plan in force, and the
+round that plan was predicted to take, so that each decision reports how far its prediction was off.
+Pure."""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+from ps.control.model.time_fit import Finish
+
+OVERHEAD_ROUNDS = 32
+"""Rounds whose overhead the median of c is taken over."""
+MEASURED_ROUNDS = 256
+"""Round times of the plan in force kept for its measured median."""
+MIN_ERROR_ROUNDS = 3
+"""Rounds of a plan that its prediction error is taken from."""
+
+
+class RoundLog:
+    """The overheads of the recent rounds, the batches pushed in the open one and the round times of
+    the plan in force, with that plan's predicted round."""
+
+    def __init__(self, overhead: list[float] | None = None, measured: list[float] | None = None,
+                 predicted: float | None = None) -> None:
+        self.overhead: deque[float] = deque(overhead or (), maxlen=OVERHEAD_ROUNDS)
+        self.measured: list[float] = list(measured or ())[-MEASURED_ROUNDS:]
+        self.predicted = predicted
+        self.pushed: dict[str, int] = {}
+
+    def push(self, worker_id: str, batch: int) -> None:
+        """A worker's batch went into the open round."""
+        self.pushed[worker_id] = batch
+
+    def close(self, round_ms: float, finishes: Mapping[str, Finish]) -> None:
+        """The round closed after `round_ms`; its c counts where every batch in it has a fit."""
+        if self.pushed and all(k in finishes for k in self.pushed):
+            self.overhead.append(max(0.0, round_ms - max(finishes[k].at(b) for k, b in self.pushed.items())))
+        self.measured = [*self.measured[-(MEASURED_ROUNDS - 1):], round_ms]
+        self.pushed = {}
+
+    @property
+    def overhead_ms(self) -> float:
+        """c, the median overhead of the recent rounds (0 before any)."""
+        return statistics.median(self.overhead) if self.overhead else 0.0
+
+    def closing(self) -> dict[str, Any]:
+        """The plan in force until now, for a decision's report: its predicted and its measured median
+        round; the measurements start again for the next plan."""
+        measured = statistics.median(self.measured) if self.measured else None
+        out = {"predicted_round_ms": _round(self.predicted), "measured_round_ms": _round(measured),
+               "rounds": len(self.measured)}
+        self.measured = []
+        return out
+
+
+def prediction_error(previous: Mapping[str, Any]) -> float:
+    """The relative error of a plan's predicted round against its measured median (`closing`; 0 when
+    either is missing, or fewer than MIN_ERROR_ROUNDS rounds measured it)."""
+    predicted, measured = previous.get("predicted_round_ms"), previous.get("measured_round_ms")
+    if not predicted or not measured or previous.get("rounds", 0) < MIN_ERROR_ROUNDS:
+        return 0.0
+    return float(abs(predicted - measured) / measured)
+
+
+def _round(value: float | None, digits: int = 3) -> float | None:
+    return None if value is None else round(value, digits)

@@ -1,0 +1,79 @@
+"""The auto policy's own part of its checkpoint state: each worker's observations and settled mark,
+who changed speed since the last decision, the parking schedule, the rounds behind c and the plan's
+measured round, and whether a decision is asked for or a re-solve awaits its confirmation; written as
+plain data and read back with every value checked, so a state that contradicts itself is refused with
+the field it names (pure). A resumed worker's first steps are warm-up again, as after a join."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ps.control.auto.parking import ParkingSchedule
+from ps.control.auto.rounds import RoundLog
+from ps.control.auto.worker_laws import WorkerLaws
+from ps.control.checks import integer
+from ps.control.model.state import nonnegative, observations
+from ps.control.model.time_fit import Observations
+
+KEYS = frozenset({"workers", "changed", "parking", "overhead", "measured", "predicted", "follow_up", "confirming"})
+
+
+@dataclass
+class AutoPart:
+    """What the auto policy holds beside its laws, read back."""
+
+    parking: ParkingSchedule
+    rounds: RoundLog
+    follow_up: bool
+    confirming: bool
+
+
+def auto_part(laws: WorkerLaws, parking: ParkingSchedule, rounds: RoundLog, follow_up: bool,
+              confirming: bool) -> dict[str, Any]:
+    """The auto policy's state as plain data."""
+    return {
+        "workers": {k: {"obs": [list(item) for item in o.items], "seq": o.seq, "settled": laws.settled[k]}
+                    for k, o in laws.obs.items()},
+        "changed": sorted(laws.changed), "parking": parking.state(),
+        "overhead": list(rounds.overhead), "measured": list(rounds.measured), "predicted": rounds.predicted,
+        "follow_up": follow_up, "confirming": confirming,
+    }
+
+
+def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoPart:
+    """`raw` read back into `laws` (of the policy's workers, whose plan is `plan`) and the rest;
+    ValueError on a malformed state, or one whose parked workers are not those at batch 0."""
+    if not isinstance(raw, Mapping) or set(raw) != KEYS:
+        raise ValueError(f"auto policy state must have exactly the keys {sorted(KEYS)}")
+    workers = list(laws.obs)
+    entries = raw["workers"]
+    if not isinstance(entries, Mapping) or set(entries) != set(workers):
+        raise ValueError("auto policy state must have one entry per worker of the policy")
+    for k, entry in entries.items():
+        if not isinstance(entry, Mapping) or set(entry) != {"obs", "seq", "settled"}:
+            raise ValueError(f"auto state of {k!r} must have the keys obs, seq, settled")
+        laws.obs[k] = Observations(observations(k, entry["obs"]), integer(f"seq of {k!r}", entry["seq"], minimum=0))
+        laws.settled[k] = integer(f"settled mark of {k!r}", entry["settled"], minimum=0)
+    changed = raw["changed"]
+    if not isinstance(changed, list) or not set(changed) <= set(workers):
+        raise ValueError("auto state 'changed' must list workers of the policy")
+    laws.changed = set(changed)
+    parking = ParkingSchedule.from_state(raw["parking"], workers)
+    zero = {k for k, b in plan.items() if b == 0}
+    if set(parking.parked) != zero:
+        raise ValueError(f"the parked workers {sorted(parking.parked)} are not those at batch 0 ({sorted(zero)})")
+    for flag in ("follow_up", "confirming"):
+        if not isinstance(raw[flag], bool):
+            raise ValueError(f"auto state {flag!r} must be true or false")
+    rounds = RoundLog([nonnegative("overhead", v) for v in _list("overhead", raw["overhead"])],
+                      [nonnegative("measured", v) for v in _list("measured", raw["measured"])],
+                      None if raw["predicted"] is None else nonnegative("predicted", raw["predicted"]))
+    return AutoPart(parking, rounds, raw["follow_up"], raw["confirming"])
+
+
+def _list(name: str, value: Any) -> list[Any]:
+    if not isinstance(value, list):
+        raise ValueError(f"auto state {name!r} must be a list")
+    return value

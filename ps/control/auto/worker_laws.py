@@ -1,0 +1,70 @@
+"""Every worker's observations and its law (law.py): the first WARMUP after it joins are left out,
+those numbered below its mark are settled and the newer ones tested against them (change.py), and a
+change of speed forgets the points before it, so the law is fitted again from the times after it.
+Pure."""
+
+from __future__ import annotations
+
+from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, settled_mark
+from ps.control.auto.law import Law, law_of
+from ps.control.model.time_fit import Finish, Observations
+
+WARMUP = 2
+"""Each worker's first observations after it joins are not fitted: its first steps' allocations and
+caches, not its speed."""
+
+
+class WorkerLaws:
+    """Every worker's observations, its settled mark and its law; who changed speed since the last
+    decision."""
+
+    def __init__(self, min_samples: int, deadband: float) -> None:
+        self.min_samples, self.deadband = min_samples, deadband
+        self.obs: dict[str, Observations] = {}
+        self.settled: dict[str, int] = {}
+        self.warmup: dict[str, int] = {}
+        self.changed: set[str] = set()  # changed speed since the last decision
+
+    def add(self, worker_id: str) -> None:
+        self.obs[worker_id], self.settled[worker_id], self.warmup[worker_id] = Observations(), 0, WARMUP
+
+    def remove(self, worker_id: str) -> None:
+        for table in (self.obs, self.settled, self.warmup):
+            table.pop(worker_id, None)
+        self.changed.discard(worker_id)
+
+    def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
+        """Take one time (False: a warm-up step, left out) and test the newest against the law."""
+        if self.warmup[worker_id] > 0:
+            self.warmup[worker_id] -= 1
+            return False
+        obs = self.obs[worker_id]
+        obs.add(batch, ms, exposed)
+        if not self.forget_before_change(worker_id):
+            self.settled[worker_id] = settled_mark(obs.items, self.settled[worker_id])
+        return True
+
+    def forget_before_change(self, worker_id: str, sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> bool:
+        """Whether the worker's newest times left its law (change.py); if so the points before the
+        change are forgotten and those after it settle as its law's."""
+        obs = self.obs[worker_id]
+        start = change_start(obs.items, self.settled[worker_id], self.min_samples, self.deadband, sds, rounds)
+        if start is None:
+            return False
+        self.obs[worker_id] = Observations([it for it in obs.items if it[0] >= start], obs.seq)
+        self.settled[worker_id] = obs.seq
+        self.changed.add(worker_id)
+        return True
+
+    def law(self, worker_id: str) -> Law | None:
+        return law_of(self.obs[worker_id].items, self.min_samples)
+
+    def finishes(self) -> dict[str, Finish]:
+        """Each measured worker's fitted finish time: its law, or its proportional line."""
+        laws = {k: self.law(k) for k in self.obs}
+        return {k: law.fit.finish for k, law in laws.items() if law is not None}
+
+    def recent(self, worker_id: str, batch: int) -> list[float] | None:
+        """The worker's finish times since it got `batch` (at least `min_samples`; None: fewer)."""
+        obs = self.obs[worker_id]
+        return obs.recent(batch, max(self.min_samples, obs.run(batch)))
