@@ -1,15 +1,18 @@
 """Batch policies over simulated workers, for the tests of ps/control: a policy with workers w0..,
-their observations at given speeds, running it to a steady plan, and what a balanced plan is."""
+their observations at given speeds, running it to a steady plan, and what a balanced plan is; BSP
+rounds of workers with a per-sample and a fixed cost, and the optimum round they allow."""
 
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pytest
 
 from ps.control.config import PolicyConfig
+from ps.control.model.optperf import best_plan
 from ps.control.policy import build_policy
 from ps.control.worker_plan import WorkerPlan
 
@@ -89,3 +92,44 @@ def snapshot(ctl: WorkerPlan) -> str:
     return json.dumps(ctl.state_dict(), sort_keys=True)
 
 
+
+
+Costs = Mapping[str, tuple[float, float]]
+"""Each worker's simulated step time t(b) = q·b + s, as (q, s) in ms."""
+
+
+def run_rounds(ctl: Any, costs: Costs, rounds: int, noise: float = 0.02, rnd: random.Random | None = None,
+               overhead: float = 2.0, every: int = 10) -> list[dict[str, Any]]:
+    """Simulate BSP rounds: every worker with a batch takes t = q·b + s times (1 + a Gaussian of
+    relative sd `noise`), the round closes `overhead` ms after the slowest; a decision whenever the
+    policy asks for one and every `every` rounds. Returns each decision's report with the plan after
+    it, the round it came at (`round`) and whether it changed the plan (`changed_plan`)."""
+    rnd = rnd or random.Random(0)
+    reports = []
+    for r in range(rounds):
+        finishes = []
+        for k, b in ctl.plan().items():
+            if b > 0:
+                q, s = costs[k]
+                t = max(0.0, (q * b + s) * (1.0 + rnd.gauss(0.0, noise)))
+                finishes.append(t)
+                ctl.observe(k, b, t)
+        ctl.observe_round(max(finishes) + overhead)
+        if ctl.decision_due() or r % every == every - 1:
+            before = ctl.plan()
+            ctl.adjust()
+            reports.append({**ctl.report(), "plan": ctl.plan(), "round": r, "changed_plan": ctl.plan() != before})
+    return reports
+
+
+def round_of(costs: Costs, plan: Mapping[str, int]) -> float:
+    """The simulated round of `plan` without noise: its slowest finish."""
+    return max(costs[k][0] * b + costs[k][1] for k, b in plan.items() if b > 0)
+
+
+def optimum(costs: Costs, total: int, park: bool = True) -> float:
+    """The shortest round any split of `total` gives (every batch >= 1, or 0 where `park`)."""
+    times = {k: (lambda b, q=q, s=s: q * b + s) for k, (q, s) in costs.items()}
+    plan, _, _ = best_plan(times, total, dict.fromkeys(costs, 1), dict.fromkeys(costs, total),
+                           may_park=list(costs) if park else [])
+    return round_of(costs, plan)

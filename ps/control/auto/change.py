@@ -11,7 +11,7 @@ slower by up to b0/b - 1 below b0, faster above it; only what is beyond that cou
 
 A change is the suffix of the tested times whose median is off the law by BANDS deadbands or more and
 by CHANGE_SDS standard errors (the times' noise, estimated robustly from the settled times, and the
-fit's own error at that batch, no less than the noise over the settled times' count), the newest
+law's own error at that batch: the fit's, or a least-squares line's at that noise if larger), the newest
 CHANGE_ROUNDS of them all off on the same side; of such suffixes, the one that stands out most (the
 likeliest start of the change), less its first times nearer the law than the shift (from before the
 change). CHANGE_ROUNDS times must be left after the change: one event often moves several workers,
@@ -25,13 +25,12 @@ import statistics
 from collections.abc import Sequence
 
 from ps.control.auto.law import Item, law_of
-from ps.control.model.time_fit import Line
 
 CHANGE_ROUNDS = 3
 """The fewest newest times, all off the law on one side, that make a change."""
 WINDOW = 8
 """The newest observations kept unsettled: a change is judged on up to this many rounds after it."""
-CHANGE_SDS = 4.0
+CHANGE_SDS = 4.5
 """A change is off the law by at least this many standard errors of its median."""
 PRIOR_NOISE = 0.1
 """The relative noise of a step time assumed before the settled times say (a shared CPU's)."""
@@ -45,6 +44,8 @@ ALONG_SDS = 2.5
 ALONG_ROUNDS rounds changed along with it: one event (a tenant, a quota) often moves several."""
 ALONG_ROUNDS = 3
 """The fewest newest times that make a change along with another worker's."""
+STALL = 0.5
+"""A time's relative deviation counts for the noise up to this much (a stalled step, not noise)."""
 MEDIAN_EFFICIENCY = 1.2533
 """The standard error of a median over that of a mean, under normal noise (sqrt(pi / 2))."""
 
@@ -62,9 +63,10 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     line = law.fit.line
     residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.known else law.batch / b) for _, b, ms, _ in tail]
     floor = BANDS * deadband
-    noise = relative_noise(before if law.known else [it for it in before if it[1] == law.batch], line)
+    noise = relative_noise(before)
     batch = tail[-1][1]
-    fit_error = max(line.sd(batch) / line.at(batch), noise / math.sqrt(len(before)))
+    used = before if law.known else [it for it in before if it[1] == law.batch]
+    fit_error = max(line.sd(batch) / line.at(batch), law_error(used, batch, noise, law.known))
     newest = residuals[-rounds:]
     best: tuple[float, int, float] | None = None
     for m in range(rounds, len(tail) + 1):
@@ -100,11 +102,29 @@ def settled_mark(items: Sequence[Item], settled: int) -> int:
     return max(settled, items[-WINDOW][0])
 
 
-def relative_noise(items: Sequence[Item], line: Line) -> float:
-    """The relative noise of the times about the law: a robust spread (scaled median absolute
-    relative residual, so one stalled step does not blind the test for long) pooled with PRIOR_NOISE
-    counted PRIOR_WEIGHT times."""
-    residuals = sorted(abs(ms / line.at(b) - 1.0) for _, b, ms, _ in items)
-    spread = 1.4826 * statistics.median(residuals) if residuals else 0.0
-    n = len(residuals)
-    return math.sqrt((PRIOR_WEIGHT * PRIOR_NOISE ** 2 + n * spread ** 2) / (PRIOR_WEIGHT + n))
+def relative_noise(items: Sequence[Item]) -> float:
+    """The relative noise of the times: the pooled standard deviation of each time over the mean of
+    its batch size (each deviation clipped at STALL, so one stalled step does not blind the test for
+    long), pooled with PRIOR_NOISE counted PRIOR_WEIGHT times."""
+    by_batch: dict[int, list[float]] = {}
+    for _, b, ms, _ in items:
+        by_batch.setdefault(b, []).append(ms)
+    squares, dof = 0.0, 0
+    for times in by_batch.values():
+        mean = statistics.fmean(times)
+        if len(times) > 1 and mean > 0:
+            squares += sum(min(abs(t / mean - 1.0), STALL) ** 2 for t in times)
+            dof += len(times) - 1
+    return math.sqrt((PRIOR_WEIGHT * PRIOR_NOISE ** 2 + squares) / (PRIOR_WEIGHT + dof))
+
+
+def law_error(items: Sequence[Item], batch: int, noise: float, known: bool) -> float:
+    """The relative standard error of a law's prediction at `batch` from the times `items` of relative
+    noise `noise`: a least-squares line's through every batch size (known), the mean's at the
+    proportional line's batch size otherwise."""
+    batches = [b for _, b, _, _ in items]
+    if not known:
+        return noise / math.sqrt(max(1, sum(1 for b in batches if b == batches[-1])))
+    centre = statistics.fmean(batches)
+    spread = sum((b - centre) ** 2 for b in batches)
+    return noise * math.sqrt(1.0 / len(batches) + ((batch - centre) ** 2 / spread if spread > 0 else 0.0))

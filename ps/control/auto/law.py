@@ -1,8 +1,9 @@
 """A worker's law of time in batch, from its observations (model/time_fit.py): the fitted line
 t(b) = q·b + s once two batch sizes at least SPREAD apart are measured (the fixed cost s is then
 known), else the proportional line through its times at the newest measured batch size (OmniLearn's
-law, t ∝ b: two nearby batch sizes cannot tell a fixed cost from noise, and a few times at another
-batch would tilt it). Pure."""
+law, t ∝ b: two nearby batch sizes cannot tell a fixed cost from noise). Only batch sizes measured
+`min_samples` times enter it: the fit weighs a batch size by the inverse of its times' variance, and
+two times that happen to agree would tilt the line. Pure."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def law_of(items: Sequence[Item], min_samples: int) -> Law | None:
         counts[b] = counts.get(b, 0) + 1
     measured = [b for b, n in counts.items() if n >= min_samples]
     if measured and max(measured) >= (1.0 + SPREAD) * min(measured):
-        fit = Observations(items).fit(min_samples)
+        fit = Observations([it for it in items if it[1] in measured]).fit(min_samples)
         return None if fit is None else Law(fit, True)
     newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
     fit = Observations([it for it in items if it[1] == newest]).fit(min_samples)

@@ -114,7 +114,9 @@ class AutoPolicy(WorkerPlan):
         if not all(self._workers[k].samples >= self._config.min_samples for k in active):
             self._report = {**report, "phase": "wait", **self._describe(current)}
             return None
-        if self._laws.changed:  # one event often moves several workers: look again at the others
+        # one event often moves several workers, and a plan measured out of balance may hide a change
+        # under a move: look again at the others, less strictly
+        if self._laws.changed or not self._balanced(current):
             for k in active:
                 if k not in self._laws.changed:
                     self._laws.forget_before_change(k, ALONG_SDS, ALONG_ROUNDS)
