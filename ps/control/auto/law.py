@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ps.control.model.time_fit import Fit, Observations
 
@@ -31,6 +32,11 @@ class Law:
 
 def law_of(items: Sequence[Item], min_samples: int) -> Law | None:
     """The law of a worker's observations (`items`, oldest first); None without any."""
+    return _law(tuple(items), min_samples)
+
+
+@lru_cache(maxsize=1024)  # a decision asks for every law several times, the change test after each push
+def _law(items: tuple[Item, ...], min_samples: int) -> Law | None:
     if not items:
         return None
     counts: dict[int, int] = {}

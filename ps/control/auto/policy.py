@@ -19,11 +19,13 @@ parked worker comes back for a re-probe now and then (parking.py).
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS
+from ps.control.auto.law import SPREAD
 from ps.control.auto.parking import ParkingSchedule
 from ps.control.auto.rounds import RoundLog, prediction_error
 from ps.control.auto.state import auto_part, read_auto_part
@@ -37,7 +39,8 @@ from ps.control.worker_plan import WorkerPlan
 
 MIN_GAIN = 0.03
 """A new split replaces the plan in force only if its predicted round is this much shorter, and by
-GAIN_SDS standard errors of the noisiest worker's mean time."""
+GAIN_SDS standard errors of the noisiest worker's mean time; a re-solve of laws that held, by half the
+deadband too (a smaller gain is not worth a move) and by their error on the plan in force."""
 GAIN_SDS = 2.0
 FOLLOW_UP = 2
 """A decision the policy asks for (after a step from proportional lines, a re-probe or a replan) waits
@@ -130,13 +133,16 @@ class AutoPolicy(WorkerPlan):
             return new
         times = self._times()
         new, parked, compared = self._solve(times, forced_in=reprobe)
+        probes = self._probes(new, current, changed)
+        if probes:
+            new, parked, compared = self._solve(times, forced_in=reprobe, fixed=probes)
         priced = FittedRounds(times)
         gain = priced.predict(current) / max(priced.predict(new), 1e-9) - 1.0
         resolve = not (reprobe or changed or follow)
         min_gain = max(MIN_GAIN, GAIN_SDS * self._time_error(current),
-                       prediction_error(report["previous"]) if resolve else 0.0)
+                       max(self._config.deadband / 2, prediction_error(report["previous"])) if resolve else 0.0)
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
-        if not reprobe:
+        if not (reprobe or probes):
             balanced = set(parked) == set(self.parked()) and self._balanced(current)
             confirm = resolve and gain > min_gain and not balanced and not self._confirming
             self._confirming = confirm
@@ -150,9 +156,10 @@ class AutoPolicy(WorkerPlan):
             lower, upper = self._bounds()
             new = nearest_plan(times, new, current, lower, upper, slack=min_gain / 2)
         self._parking.install(parked, reprobe)
-        self._follow_up = bool(reprobe) or not known
-        phase = "reprobe" if reprobe else "solve" if known else "step"
+        self._follow_up = bool(reprobe or probes) or not known
+        phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
         self._report = {**report, "phase": phase, **({"reprobe": reprobe} if reprobe else {}),
+                        **({"probe": sorted(probes)} if probes else {}),
                         **({"park": compared} if compared else {}), **self._describe(new)}
         return new
 
@@ -176,11 +183,34 @@ class AutoPolicy(WorkerPlan):
         self._report = {**report, "phase": "replan", **self._describe(self.plan())}
         return self.plan()
 
-    def _solve(self, times: Mapping[str, FinishTime],
-               forced_in: list[str]) -> tuple[dict[str, int], list[str], dict[str, float]]:
-        """The best split of B over every worker, parking those (not `forced_in`) whose law says they
-        only slow the round, surely (`_surely_slower`); one parked now is favoured in a near-tie."""
+    def _probes(self, new: Mapping[str, int], current: Mapping[str, int], changed: list[str]) -> dict[str, int]:
+        """The changed workers still on a proportional line that finish earlier than the slowest by
+        more than the deadband: each at its batch in `new`, at least SPREAD up (within its bound),
+        installed whatever the gain, so that its next times give it a law. A proportional line through a small batch
+        overprices a worker whose time is mostly fixed cost (one back from parking that got faster)
+        and would hold it there."""
+        means = {k: statistics.fmean(t) for k, b in current.items() if b > 0 and (t := self._laws.recent(k, b))}
+        slowest = max(means.values(), default=0.0)
+        upper = self._bounds()[1]
+        out = {}
+        for k in changed:
+            b = current.get(k, 0)
+            step = max(2, math.ceil(SPREAD * b))
+            early = k in means and means[k] < (1.0 - self._config.deadband) * slowest
+            if b > 0 and early and not self._identified(k) and b + step <= upper[k]:
+                out[k] = max(new[k], b + step)
+        return out
+
+    def _solve(self, times: Mapping[str, FinishTime], forced_in: list[str],
+               fixed: Mapping[str, int] | None = None) -> tuple[dict[str, int], list[str], dict[str, float]]:
+        """The best split of B over every worker, parking those (not `forced_in`, not `fixed` at a
+        batch) whose law says they only slow the round, surely (`_surely_slower`); one parked now is
+        favoured in a near-tie."""
         lower, upper = self._bounds()
+        if fixed and sum(lower.values()) - sum(lower[k] for k in fixed) + sum(fixed.values()) <= self._config.global_batch \
+                <= sum(upper.values()) - sum(upper[k] for k in fixed) + sum(fixed.values()):
+            lower, upper = {**lower, **fixed}, {**upper, **fixed}
+        forced_in = [*forced_in, *(fixed or {})]
         may_park = [k for k in self._workers if k not in forced_in and self._identified(k)] if self._may_park() else []
         for _ in range(2):
             plan, parked, compared = best_plan(times, self._config.global_batch, lower, upper, may_park=may_park,
