@@ -25,6 +25,7 @@ from deploy.run_files import MetricsTail, last_line
 from deploy.run_plan import (
     DEFAULT_DATASET_ARGS,
     DEFAULT_JOB,
+    DEFAULT_POLICY,
     QUICK_DATASET_ARGS,
     QUICK_JOB,
     Plan,
@@ -37,8 +38,8 @@ from deploy.signals import ReceivedSignals, signals_as_exceptions
 from ps.ops.progress import EpochBar, on_terminal
 
 __all__ = [
-    "DEFAULT_DATASET_ARGS", "DEFAULT_JOB", "QUICK_DATASET_ARGS", "QUICK_JOB", "Emulation", "RunConfig", "RunFailed",
-    "resolve", "run",
+    "DEFAULT_DATASET_ARGS", "DEFAULT_JOB", "DEFAULT_POLICY", "QUICK_DATASET_ARGS", "QUICK_JOB", "Emulation", "RunConfig",
+    "RunFailed", "resolve", "run",
 ]
 
 POLL_S = 0.1

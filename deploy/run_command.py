@@ -64,7 +64,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         "cgroups are not writable, a --slowdown factor with the same ratios), train, and print the "
         "batch size and compute time of every worker per epoch. Ends with a summary table and the "
         "plots batch_sizes.png, compute_times.png and accuracy.png in --out (ASP: asp.png too). "
-        f"Without options: BSP, the model batch policy, {default['model']} on "
+        f"Without options: BSP, the {emulator.DEFAULT_POLICY} batch policy, {default['model']} on "
         f"{default['dataset']} ({' '.join(emulator.DEFAULT_DATASET_ARGS['patterns'])}), global batch "
         f"{default['global_batch']}, {default['epochs']} epochs, lr {default['lr']}: 1-3 minutes on 2 cores.", width=88),
         epilog="examples:\n"
@@ -101,9 +101,10 @@ def add_run_command(subcommands: Subcommands) -> None:
     job.add_argument("--controller", dest="policy", choices=tuple(POLICIES), help=argparse.SUPPRESS)
     job.add_argument("--policy", choices=tuple(POLICIES),
                      help="batch policy (--controller is another name for this flag): equal batches, from the declared "
-                          "cores, measured, or fitted with parking "
-                          "(docs/policies.md; default: model on a profile, where it measured ahead of dynamic on "
-                          "HL8; dynamic with --schedule, whose changing speeds it follows better)")
+                          "cores, measured, fitted with parking, or auto: measured until each worker's time law is "
+                          "fitted, then solved from the fits, and measured again when a worker's speed changes "
+                          f"(docs/policies.md; default: {emulator.DEFAULT_POLICY}, as ps-server's, on a profile and "
+                          "on a schedule)")
     job.add_argument("--epochs", type=positive_int,
                      help=f"passes over the training split (default: {default['epochs']}, "
                      f"{quick['epochs']} with --quick; with a schedule in epochs: phases x interval)")

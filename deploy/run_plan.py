@@ -39,9 +39,9 @@ QUICK_JOB: dict[str, Any] = {"global_batch": 256, "epochs": 4}
 """--quick: fewer epochs and a smaller dataset, for smoke tests and first impressions."""
 QUICK_DATASET_ARGS: dict[str, list[str]] = {"patterns": ["size=1536", "image_size=16", "shift=2", "separation=0.7"]}
 """--quick: smaller images, shifted less and further apart, so that four epochs learn them."""
-DEFAULT_POLICY = {"profile": "model", "schedule": "dynamic"}
-"""The batch policy without --policy: model fits fixed speeds best (docs/benchmarks.md), but its
-fits trail speeds that change under them, where dynamic's measured times do not (docs/policies.md)."""
+DEFAULT_POLICY = "auto"
+"""The batch policy without --policy, on a profile and on a schedule alike: ps-server's default, which
+solves fixed speeds from its fitted laws and follows speeds that change (docs/policies.md)."""
 QUICK_EVERY_EPOCHS = 2
 """--quick with an epoch-based schedule: phases this many epochs long (the batch policy needs one to react)."""
 RESERVED_SERVER_FLAGS = ("--port", "--port-file", "--metrics-log", "--workers", "--host")
@@ -63,7 +63,7 @@ class RunConfig:
     every_seconds: float | None = None
     mode: str = "bsp"
     cpu_budget: float | None = None
-    policy: str | None = None  # model on a fixed profile, dynamic on a schedule (DEFAULT_POLICY)
+    policy: str | None = None  # DEFAULT_POLICY
     epochs: int | None = None
     model: str | None = None
     model_args: list[str] | None = None
@@ -159,7 +159,7 @@ def resolve(config: RunConfig) -> Plan:
     period = quota_period_us(everything)
 
     if config.policy is None:
-        config = replace(config, policy=DEFAULT_POLICY["schedule" if schedule is not None else "profile"])
+        config = replace(config, policy=DEFAULT_POLICY)
     quick = config.quick
     job = {**DEFAULT_JOB, **(QUICK_JOB if quick else {})}
     model = config.model or job["model"]

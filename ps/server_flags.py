@@ -118,14 +118,16 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
     ctl = p.add_argument_group("batch policy")
     ctl.add_argument("--global-batch", type=positive_int, default=128, help="B, split across the workers")
-    ctl.add_argument("--controller", dest="policy", choices=tuple(POLICIES), default="dynamic", help=argparse.SUPPRESS)
-    ctl.add_argument("--policy", choices=tuple(POLICIES), default="dynamic",
+    ctl.add_argument("--controller", dest="policy", choices=tuple(POLICIES), default="auto", help=argparse.SUPPRESS)
+    ctl.add_argument("--policy", choices=tuple(POLICIES), default="auto",
                      help="the batch policy (docs/policies.md; --controller is another name for this flag): uniform "
                           "(equal batches), static (Eq. 4a from the "
-                          "declared cores), dynamic (Eq. 6 proportional control of the measured times) or model "
-                          "(Cannikin's OptPerf: per-worker fits t = q*b + s, a one-step optimal split, parking)")
+                          "declared cores), dynamic (Eq. 6 proportional control of the measured times), model "
+                          "(Cannikin's OptPerf: per-worker fits t = q*b + s, a one-step optimal split, parking) or "
+                          "auto (default: dynamic's measured step until a worker's fit is known, model's solve "
+                          "and parking after, the step again when a worker's speed changes)")
     ctl.add_argument("--no-park", dest="park", action="store_false",
-                     help="--policy model in BSP: never park a worker at batch 0, even when the predicted round "
+                     help="--policy model or auto in BSP: never park a worker at batch 0, even when the predicted round "
                           "is shorter without it (parking is off on the --allreduce fast path and in ASP anyway)")
     ctl.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1, help="relative change below which a batch stays (Eq. 7)")
     ctl.add_argument("--min-batch", type=positive_int, default=None, metavar="N",

@@ -21,6 +21,7 @@ from common.ops.available_memory import available_cpu_bytes
 from ps.checkpoint import Checkpointer, check_no_other_job
 from ps.control.config import PolicyConfig
 from ps.control.policy import build_policy
+from ps.control.registry import policy_class
 from ps.ops.metrics import MetricsLog
 from ps.ops.progress import progress_echo
 from ps.rounds.adaptive_batch import AdaptiveSettings
@@ -140,7 +141,7 @@ def build_job(args: argparse.Namespace) -> Job:
         metrics = MetricsLog(args.metrics_log, echo=None if args.quiet else progress_echo(spec.epochs))
     except OSError as exc:
         raise OSError(f"--metrics-log {args.metrics_log}: cannot write there ({exc.strerror or exc})") from None
-    if allreduce and args.park and args.policy == "model":
+    if allreduce and args.park and policy_class(args.policy).parks:
         metrics.write("parking", on=False, why=PARKING_OFF)
         print(f"ps-server: note: parking is off: {PARKING_OFF}", file=sys.stderr)
     evaluator = BackgroundEvaluator(eval_model, dataset, bn_batch=bn_batch(spec), seed=spec.seed)

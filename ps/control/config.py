@@ -21,7 +21,7 @@ STARTS: tuple[str, ...] = ("uniform", "static")
 class PolicyConfig:
     """Settings of a batch policy (ps/control/policy.py); validated (and numbers normalised) on construction."""
 
-    policy: str = "dynamic"
+    policy: str = "auto"
     """The batch policy's name (`--policy`): a key of ps.control.registry.POLICIES."""
     global_batch: int = 128
     deadband: float = 0.1
@@ -34,8 +34,8 @@ class PolicyConfig:
     """Observations at a worker's current batch before the dynamic policy uses its time (moves it or
     counts it in t_bar): one noisy sample right after a batch change is no basis for a decision."""
     park: bool = True
-    """The model policy in BSP: plan a worker that cannot pay for itself at batch 0 (parked) when the
-    predicted round is shorter without it. Ignored by the other policies and in ASP."""
+    """The model and auto policies in BSP: plan a worker that cannot pay for itself at batch 0 (parked)
+    when the predicted round is shorter without it. Ignored by the other policies and in ASP."""
     micro_batch: int = 1
     """BSP: every plan is in whole micro-batches of this many samples (ps/control/micro.py); 1: any batch."""
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)

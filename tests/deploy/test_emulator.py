@@ -287,9 +287,9 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
     assert (earlier / "phases.jsonl").read_text() == '{"phase": 0}\n'
 
 
-def test_the_default_policy_is_model_on_a_profile_and_dynamic_on_a_schedule(tmp_path: Path) -> None:
-    """Without --policy: the model policy for fixed speeds, dynamic where a schedule changes them;
-    a named one is kept either way, and is what the server is started with."""
+def test_the_default_policy_is_auto_on_a_profile_and_on_a_schedule(tmp_path: Path) -> None:
+    """Without --policy: the auto policy (ps-server's default), for fixed speeds and where a schedule
+    changes them; a named one is kept either way, and is what the server is started with."""
     from deploy.emulator import RunConfig, resolve
 
     def policy(**config: object) -> str:
@@ -298,8 +298,8 @@ def test_the_default_policy_is_model_on_a_profile_and_dynamic_on_a_schedule(tmp_
         assert args[args.index("--controller") + 1] == plan.config.policy
         return str(plan.config.policy)
 
-    assert policy() == "model"
-    assert policy(schedule="dynamic") == "dynamic"
+    assert policy() == "auto"
+    assert policy(schedule="dynamic") == "auto"
     assert policy(schedule="dynamic", policy="model") == "model"
     assert policy(policy="uniform") == "uniform"
 

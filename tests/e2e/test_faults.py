@@ -134,7 +134,7 @@ def test_resume_runs_under_the_command_lines_controller_settings(tmp_path: Path)
     over, and the server names the changed settings on stderr and in the resume event."""
     ckpt = tmp_path / "ckpt"
     job = ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=32", "--global-batch", "64", "--epochs", "8",
-           "--balance", "compute", "--checkpoint-dir", str(ckpt), "--grace", "5"]
+           "--balance", "compute", "--checkpoint-dir", str(ckpt), "--grace", "5", "--controller", "dynamic"]
     slow = {"a": ("--cores", "1", "--slowdown", "40"), "b": ("--cores", "1", "--slowdown", "10")}  # epochs of ~0.5 s
     runs = {}
     resumed = ["--resume", str(ckpt), "--controller", "static", "--deadband", "0.3"]

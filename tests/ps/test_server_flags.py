@@ -25,10 +25,11 @@ def test_each_kind_of_setting_is_a_flag(declared: None, capsys: pytest.CaptureFi
     assert "--dynamic-loud, --no-dynamic-loud --policy dynamic: whether to shout (default: False)" in help_text
     assert "--dynamic-mode STR --policy dynamic: how to go (one of fast, slow) (default: fast)" in help_text
     assert "--dynamic-rounds INT --policy dynamic: how many rounds (in [1, 9]) (default: 4)" in help_text
-    assert policy_options(parser.parse_args(["--dynamic-loud", "--dynamic-mode", "slow", "--dynamic-rounds", "9"])) == {
+    assert policy_options(parser.parse_args(["--policy", "dynamic", "--dynamic-loud", "--dynamic-mode", "slow",
+                                             "--dynamic-rounds", "9"])) == {
         "loud": True, "mode": "slow", "rounds": 9}
-    assert policy_options(parser.parse_args(["--no-dynamic-loud"])) == {"loud": False}
-    assert policy_options(parser.parse_args([])) == {}
+    assert policy_options(parser.parse_args(["--policy", "dynamic", "--no-dynamic-loud"])) == {"loud": False}
+    assert policy_options(parser.parse_args(["--policy", "dynamic"])) == {}
     for bad in (["--dynamic-mode", "medium"], ["--dynamic-rounds", "10"], ["--dynamic-rounds", "2.5"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)

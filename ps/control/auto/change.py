@@ -103,7 +103,7 @@ def settled_mark(items: Sequence[Item], settled: int) -> int:
 
 
 def relative_noise(items: Sequence[Item]) -> float:
-    """The relative noise of the times: the pooled standard deviation of each time over the mean of
+    """The relative noise of the times: the pooled standard deviation of each time about the median of
     its batch size (each deviation clipped at STALL, so one stalled step does not blind the test for
     long), pooled with PRIOR_NOISE counted PRIOR_WEIGHT times."""
     by_batch: dict[int, list[float]] = {}
@@ -111,9 +111,9 @@ def relative_noise(items: Sequence[Item]) -> float:
         by_batch.setdefault(b, []).append(ms)
     squares, dof = 0.0, 0
     for times in by_batch.values():
-        mean = statistics.fmean(times)
-        if len(times) > 1 and mean > 0:
-            squares += sum(min(abs(t / mean - 1.0), STALL) ** 2 for t in times)
+        centre = statistics.median(times)
+        if len(times) > 1 and centre > 0:
+            squares += sum(min(abs(t / centre - 1.0), STALL) ** 2 for t in times)
             dof += len(times) - 1
     return math.sqrt((PRIOR_WEIGHT * PRIOR_NOISE ** 2 + squares) / (PRIOR_WEIGHT + dof))
 

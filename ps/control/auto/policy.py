@@ -125,12 +125,7 @@ class AutoPolicy(WorkerPlan):
                     self._laws.forget_before_change(k, ALONG_SDS, ALONG_ROUNDS)
         follow, changed, reprobe = self._follow_up, sorted(self._laws.changed), self._parking.due()
         self._laws.changed, self._follow_up = set(), False
-        report["changed"] = changed
-        if not self._exact_sum():  # ASP whose bounds cannot meet B: everyone at the bound B pushes them to
-            lower, upper = self._bounds()
-            new = dict(upper if sum(upper.values()) < self._config.global_batch else lower)
-            self._report = {**report, "phase": "solve", **self._describe(new)}
-            return new
+        report["speed_changed"] = changed
         times = self._times()
         new, parked, compared = self._solve(times, forced_in=reprobe)
         probes = self._probes(new, current, changed)
@@ -207,6 +202,8 @@ class AutoPolicy(WorkerPlan):
         batch) whose law says they only slow the round, surely (`_surely_slower`); one parked now is
         favoured in a near-tie."""
         lower, upper = self._bounds()
+        if not self._exact_sum():  # ASP whose bounds cannot meet B: everyone at the bound B pushes them to
+            return dict(upper if sum(upper.values()) < self._config.global_batch else lower), [], {}
         if fixed and sum(lower.values()) - sum(lower[k] for k in fixed) + sum(fixed.values()) <= self._config.global_batch \
                 <= sum(upper.values()) - sum(upper[k] for k in fixed) + sum(fixed.values()):
             lower, upper = {**lower, **fixed}, {**upper, **fixed}

@@ -50,7 +50,7 @@ def test_a_registered_policy_is_built_and_read_back_through_the_registry(toy: No
 
 
 def test_an_unregistered_policy_is_refused_by_name() -> None:
-    with pytest.raises(ValueError, match="policy must be one of uniform, static, dynamic, model; got 'toy'"):
+    with pytest.raises(ValueError, match="policy must be one of uniform, static, dynamic, model, auto; got 'toy'"):
         PolicyConfig(policy="toy")
     with pytest.raises(SystemExit):
         build_parser().parse_args(["--policy", "toy"])
@@ -102,7 +102,7 @@ def test_the_flag_parses_and_refuses_a_value_out_of_bounds(toy: None, capsys: py
         PolicyConfig(policy="toy", options={"share": 0.5})
     with pytest.raises(ValueError, match="policy toy has no setting 'shares'"):
         PolicyConfig(policy="toy", options={"shares": 2.0})
-    with pytest.raises(ValueError, match="--toy-share is for --policy toy, not --policy dynamic"):
+    with pytest.raises(ValueError, match="--toy-share is for --policy toy, not --policy auto"):
         build_job(job_args("--toy-share", "5"))
 
 
@@ -155,6 +155,6 @@ def test_a_checkpoint_written_before_a_setting_existed_reads_back_with_its_defau
     assert policy_from_state(state).config.options == {"share": 3.0}
     later = PolicyConfig(policy="toy", global_batch=64, options={"share": 4.0})
     assert config_changes(policy.config, later) == {"toy.share": (3.0, 4.0)}
-    assert config_changes(later, PolicyConfig(global_batch=64)) == {"policy": ("toy", "dynamic"), "toy.share": (4.0, None)}
+    assert config_changes(later, PolicyConfig(policy="dynamic", global_batch=64)) == {"policy": ("toy", "dynamic"), "toy.share": (4.0, None)}
     assert describe_policy_changes({"toy.share": (3.0, 4.0)}).startswith(
         "the controller settings differ from the checkpoint's (--toy-share 3.0 -> 4.0)")

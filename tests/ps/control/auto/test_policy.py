@@ -87,6 +87,15 @@ def test_the_first_decision_is_the_proportional_step_and_comes_as_soon_as_the_ti
     assert max(times) <= 1.02 * min(times)  # equal times at the measured throughputs
 
 
+def test_a_decisions_report_names_no_field_of_the_adjust_record_it_joins() -> None:
+    """ps/rounds writes each decision as an `adjust` record of its own fields (the step, the plan,
+    whether it changed, ...) and the policy's report: the two must not share a name."""
+    ctl = policy("auto", SLOW_FIXED, 256)
+    reports = run_rounds(ctl, SLOW_FIXED, 40)
+    record = {"step", "epoch", "batch_sizes", "compute_ms", "changed", "adjustments"}
+    assert reports and not any(set(r) - {"plan", "round", "changed_plan"} & record for r in reports)
+
+
 # ---------------------------------------------------------------- a fixed per-step cost
 
 
@@ -162,7 +171,7 @@ def changed_at(reports: list[dict[str, Any]], start: int) -> dict[str, int]:
     """Each worker reported changed after round `start`, with the round of the first decision saying so."""
     found: dict[str, int] = {}
     for r in reports:
-        for k in r.get("changed") or []:
+        for k in r.get("speed_changed") or []:
             if r["round"] >= start:
                 found.setdefault(k, r["round"] - start)
     return found
@@ -210,7 +219,7 @@ def test_a_change_is_met_at_once_not_at_the_next_scheduled_decision() -> None:
     ctl = policy("auto", HL8, 512)
     run_rounds(ctl, HL8, 60, every=1000)
     reports = run_rounds(ctl, slowed(HL8, "w3", 2.0), 20, every=1000)
-    assert reports and reports[0]["round"] <= CHANGE_ROUNDS + 1 and reports[0]["changed"] == ["w3"]
+    assert reports and reports[0]["round"] <= CHANGE_ROUNDS + 1 and reports[0]["speed_changed"] == ["w3"]
 
 
 # ---------------------------------------------------------------- noise
@@ -224,7 +233,7 @@ def test_five_percent_noise_moves_neither_the_plan_nor_the_change_test(costs: Co
     for seed in range(10):
         ctl = policy("auto", costs, 512)
         reports = run_rounds(ctl, costs, 150, noise=0.05, rnd=random.Random(seed))
-        assert not any(r.get("changed") for r in reports), seed
+        assert not any(r.get("speed_changed") for r in reports), seed
         changes = plan_changes(reports)
         assert len(changes) <= most and changes[-1]["round"] <= 60, (seed, [(r["round"], r["phase"]) for r in changes])
         rounds = [round_of(costs, r["plan"]) for r in changes]
@@ -244,7 +253,7 @@ def test_ten_percent_noise_seldom_moves_the_plan_or_takes_a_worker_for_changed(
     for seed in range(10):
         reports = run_rounds(policy("auto", costs, total), costs, 150, noise=0.1, rnd=random.Random(seed))
         moves += max(0, len(plan_changes(reports)) - 2)
-        alarms += sum(len(r.get("changed") or []) for r in reports)
+        alarms += sum(len(r.get("speed_changed") or []) for r in reports)
     assert moves <= most
     assert alarms < 10
 

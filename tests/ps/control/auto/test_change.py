@@ -1,0 +1,96 @@
+"""ps.control.auto.change: a change of speed is found where the newest times leave the law by more
+than the noise for a few rounds, and starts where they left it; noise, one stalled step, or the
+fixed cost a proportional line does not know yet are no change."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ps.control.auto.change import CHANGE_ROUNDS, WINDOW, change_start, relative_noise, settled_mark
+
+Item = tuple[int, int, float, float | None]
+
+
+def history(times: list[tuple[int, float]]) -> list[Item]:
+    return [(seq, b, ms, None) for seq, (b, ms) in enumerate(times)]
+
+
+def law_then(batch_times: list[tuple[int, float]], newest: list[tuple[int, float]]) -> tuple[list[Item], int]:
+    """Settled times, then the newest ones: the items and the settled mark between them."""
+    items = history(batch_times + newest)
+    return items, len(batch_times)
+
+
+def noisy(rnd: random.Random, batch: int, q: float, s: float, n: int, noise: float) -> list[tuple[int, float]]:
+    return [(batch, (q * batch + s) * (1 + rnd.gauss(0, noise))) for _ in range(n)]
+
+
+def test_a_halved_speed_is_found_after_a_few_rounds_and_starts_where_it_began() -> None:
+    rnd = random.Random(0)
+    settled = noisy(rnd, 32, 1.0, 10.0, 8, 0.02) + noisy(rnd, 64, 1.0, 10.0, 8, 0.02)
+    before_change = noisy(rnd, 64, 1.0, 10.0, 2, 0.02)
+    for after in range(1, 6):
+        items, mark = law_then(settled, before_change + noisy(random.Random(after), 64, 2.0, 20.0, after, 0.02))
+        start = change_start(items, mark, 3, 0.1)
+        if after < CHANGE_ROUNDS:
+            assert start is None  # too few rounds to tell
+        else:
+            assert start == len(settled) + len(before_change)  # the first time after the change
+
+
+def test_noise_alone_is_no_change() -> None:
+    alarms = 0
+    for seed in range(200):
+        rnd = random.Random(seed)
+        items, mark = law_then(noisy(rnd, 32, 1.0, 10.0, 8, 0.1) + noisy(rnd, 64, 1.0, 10.0, 8, 0.1),
+                               noisy(rnd, 64, 1.0, 10.0, WINDOW, 0.1))
+        alarms += change_start(items, mark, 3, 0.1) is not None
+    assert alarms <= 1
+
+
+def test_one_stalled_step_is_no_change() -> None:
+    rnd = random.Random(1)
+    newest = noisy(rnd, 64, 1.0, 10.0, 5, 0.02)
+    newest[2] = (64, 740.0)
+    items, mark = law_then(noisy(rnd, 32, 1.0, 10.0, 8, 0.02) + noisy(rnd, 64, 1.0, 10.0, 8, 0.02), newest)
+    assert change_start(items, mark, 3, 0.1) is None
+
+
+def test_a_change_within_twice_the_deadband_is_left_to_the_laws_recency_weights() -> None:
+    rnd = random.Random(2)
+    items, mark = law_then(noisy(rnd, 32, 1.0, 10.0, 8, 0.01) + noisy(rnd, 64, 1.0, 10.0, 8, 0.01),
+                           noisy(rnd, 64, 1.15, 11.5, WINDOW, 0.01))
+    assert change_start(items, mark, 3, 0.1) is None
+    assert change_start(items, mark, 3, 0.05) is not None
+
+
+@pytest.mark.parametrize(("batch", "ms", "changed"), [
+    (8, 8 * 1.0 + 100.0, False),  # slower than the line through 64 by its fixed cost: not a change
+    (8, 10.0, True),   # faster than the line through 64 at a smaller batch: no fixed cost explains that
+    (128, 128 * 1.0 + 100.0, False),  # faster than the line at a larger batch: the fixed cost again
+    (128, 2 * (64 * 1.0 + 100.0) * 1.6, True),  # far slower than the line: a change
+])
+def test_a_proportional_line_is_off_by_the_fixed_cost_it_does_not_know_and_no_more(
+        batch: int, ms: float, changed: bool) -> None:
+    """The law through one batch size (64) is the line through the origin; times at another batch may
+    be off it by up to the ratio of the batches, on the side a fixed cost puts them."""
+    items, mark = law_then([(64, 164.0)] * 6, [(batch, ms)] * 4)
+    assert (change_start(items, mark, 3, 0.1) is not None) == changed
+
+
+def test_the_settled_mark_leaves_the_newest_window_unsettled() -> None:
+    items = history([(32, 10.0)] * (WINDOW + 5))
+    assert settled_mark(items, 0) == 5
+    assert settled_mark(items[:WINDOW], 0) == 0
+    assert settled_mark(items, 9) == 9
+
+
+def test_the_noise_is_estimated_per_batch_size_and_a_stall_counts_little() -> None:
+    rnd = random.Random(4)
+    items = history(noisy(rnd, 32, 1.0, 0.0, 40, 0.05) + noisy(rnd, 128, 1.0, 0.0, 40, 0.05))
+    assert relative_noise(items) == pytest.approx(0.05, rel=0.25)
+    stalled = items + [(len(items), 32, 3200.0, None)]
+    assert relative_noise(stalled) < 0.08
+    assert relative_noise([]) == pytest.approx(0.1)  # the prior alone
