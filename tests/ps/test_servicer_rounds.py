@@ -213,7 +213,8 @@ def test_pull_returns_current_parameters_and_plan(ps_server, threads) -> None:
 
 
 def test_status_fields(ps_server, threads) -> None:
-    c = start_cluster(ps_server, threads, "--global-batch", "32", "--epochs", "3", cores={"a": 2.0, "b": 6.0})
+    c = start_cluster(ps_server, threads, "--global-batch", "32", "--epochs", "3", "--controller", "dynamic",
+                      cores={"a": 2.0, "b": 6.0})
     status = c.stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT)
     assert (status.mode, status.controller, status.round, status.version) == ("bsp", "dynamic", 0, 0)
     assert (status.epoch, status.epochs, status.done, status.global_batch) == (0, 3, False, 32)

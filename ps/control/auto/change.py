@@ -11,7 +11,8 @@ slower by up to b0/b - 1 below b0, faster above it; only what is beyond that cou
 
 A change is the suffix of the tested times whose median is off the law by BANDS deadbands or more and
 by CHANGE_SDS standard errors (the times' noise, estimated robustly from the settled times, and the
-law's own error at that batch: the fit's, or a least-squares line's at that noise if larger), the newest
+law's own error at that batch: the fit's, or a least-squares line's at that noise if larger; both
+count the noise's persistence, spells of load that move several times together), the newest
 CHANGE_ROUNDS of them all off on the same side; of such suffixes, the one that stands out most (the
 likeliest start of the change), less its first times nearer the law than the shift (from before the
 change). CHANGE_ROUNDS times must be left after the change: one event often moves several workers,
@@ -46,6 +47,8 @@ ALONG_ROUNDS = 3
 """The fewest newest times that make a change along with another worker's."""
 STALL = 0.5
 """A time's relative deviation counts for the noise up to this much (a stalled step, not noise)."""
+MAX_CORRELATION = 0.9
+"""The most lag-one correlation of the noise that is counted (a spell of load lasting ~20 rounds)."""
 MEDIAN_EFFICIENCY = 1.2533
 """The standard error of a median over that of a mean, under normal noise (sqrt(pi / 2))."""
 
@@ -63,15 +66,16 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     line = law.fit.line
     residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.known else law.batch / b) for _, b, ms, _ in tail]
     floor = BANDS * deadband
-    noise = relative_noise(before)
+    noise, runs = relative_noise(before), persistence(before)
     batch = tail[-1][1]
     used = before if law.known else [it for it in before if it[1] == law.batch]
-    fit_error = max(line.sd(batch) / line.at(batch), law_error(used, batch, noise, law.known))
+    fit_error = max(line.sd(batch) / line.at(batch),
+                    law_error(used, batch, noise, law.known) * math.sqrt(min(runs, len(used))))
     newest = residuals[-rounds:]
     best: tuple[float, int, float] | None = None
     for m in range(rounds, len(tail) + 1):
         shift = statistics.median(residuals[-m:])
-        error = math.sqrt((MEDIAN_EFFICIENCY * noise) ** 2 / m + fit_error ** 2)
+        error = math.sqrt((MEDIAN_EFFICIENCY * noise) ** 2 * min(runs, m) / m + fit_error ** 2)
         score = abs(shift) / error
         if (abs(shift) >= floor and score >= sds and all(r * shift > 0 for r in newest)
                 and (best is None or score > best[0])):
@@ -116,6 +120,25 @@ def relative_noise(items: Sequence[Item]) -> float:
             squares += sum(min(abs(t / centre - 1.0), STALL) ** 2 for t in times)
             dof += len(times) - 1
     return math.sqrt((PRIOR_WEIGHT * PRIOR_NOISE ** 2 + squares) / (PRIOR_WEIGHT + dof))
+
+
+def persistence(items: Sequence[Item]) -> float:
+    """How many times one draw of the noise lasts: (1 + ρ) / (1 - ρ), ρ the lag-one correlation of
+    the times' deviations from their batch size's median, in order, 0 <= ρ <= MAX_CORRELATION. A
+    machine's load comes in spells (another process, a collection), and the mean of m times that
+    move together is known only as well as that of m over this many independent ones."""
+    by_batch: dict[int, list[float]] = {}
+    for _, b, ms, _ in items:
+        by_batch.setdefault(b, []).append(ms)
+    products = squares = 0.0
+    for times in by_batch.values():
+        centre = statistics.median(times)
+        if len(times) > 2 and centre > 0:
+            dev = [max(-STALL, min(t / centre - 1.0, STALL)) for t in times]
+            products += sum(a * b for a, b in zip(dev, dev[1:]))
+            squares += sum(d * d for d in dev)
+    rho = min(MAX_CORRELATION, max(0.0, products / squares)) if squares > 0 else 0.0
+    return (1.0 + rho) / (1.0 - rho)
 
 
 def law_error(items: Sequence[Item], batch: int, noise: float, known: bool) -> float:

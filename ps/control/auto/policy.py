@@ -35,6 +35,7 @@ from ps.control.model.balance import measured_balanced
 from ps.control.model.optperf import best_plan, nearest_plan
 from ps.control.model.time_fit import CAUTION
 from ps.control.performance import FinishTime, FittedRounds, round_time
+from ps.control.split import fit_to_sum
 from ps.control.worker_plan import WorkerPlan
 
 MIN_GAIN = 0.03
@@ -113,8 +114,8 @@ class AutoPolicy(WorkerPlan):
     def _decide(self) -> dict[str, int] | None:
         active, current = self._active(), self.plan()
         report: dict[str, Any] = {"policy": self.name, "previous": self._rounds.closing()}
-        self._parking.tick()
         if not all(self._workers[k].samples >= self._config.min_samples for k in active):
+            self._parking.tick()
             self._report = {**report, "phase": "wait", **self._describe(current)}
             return None
         # one event often moves several workers, and a plan measured out of balance may hide a change
@@ -123,28 +124,37 @@ class AutoPolicy(WorkerPlan):
             for k in active:
                 if k not in self._laws.changed:
                     self._laws.forget_before_change(k, ALONG_SDS, ALONG_ROUNDS)
-        follow, changed, reprobe = self._follow_up, sorted(self._laws.changed), self._parking.due()
+        follow, changed = self._follow_up, sorted(self._laws.changed)
+        if not (follow or changed):  # a parked worker waits for the server's decisions, not those asked for
+            self._parking.tick()
+        reprobe = self._parking.due()
         self._laws.changed, self._follow_up = set(), False
         report["speed_changed"] = changed
         times = self._times()
         new, parked, compared = self._solve(times, forced_in=reprobe)
-        probes = self._probes(new, current, changed)
-        if probes:
-            new, parked, compared = self._solve(times, forced_in=reprobe, fixed=probes)
         priced = FittedRounds(times)
         gain = priced.predict(current) / max(priced.predict(new), 1e-9) - 1.0
         resolve = not (reprobe or changed or follow)
         min_gain = max(MIN_GAIN, GAIN_SDS * self._time_error(current),
                        max(self._config.deadband / 2, prediction_error(report["previous"])) if resolve else 0.0)
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
-        if not (reprobe or probes):
+        hold: dict[str, Any] = {}
+        if not reprobe:
             balanced = set(parked) == set(self.parked()) and self._balanced(current)
             confirm = resolve and gain > min_gain and not balanced and not self._confirming
             self._confirming = confirm
             if balanced or confirm or not gain > min_gain:
-                self._report = {**report, "phase": "hold", **({"balanced": True} if balanced else {}),
-                                **({"confirm": True} if confirm else {}), **self._describe(current)}
-                return None
+                hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
+        base = current if hold else new
+        probes = self._probes(base, current, changed)
+        probed = self._probe_plan(base, probes) if probes else None
+        if probed is not None:
+            new, parked = probed, [k for k, b in base.items() if b == 0]
+        elif hold:
+            self._report = {**report, **hold, **self._describe(current)}
+            return None
+        else:
+            probes = {}
         self._confirming = False
         known = all(self._identified(k) for k, b in new.items() if b > 0)
         if known and resolve:  # a re-solve moves no more than its gain asks
@@ -178,37 +188,46 @@ class AutoPolicy(WorkerPlan):
         self._report = {**report, "phase": "replan", **self._describe(self.plan())}
         return self.plan()
 
-    def _probes(self, new: Mapping[str, int], current: Mapping[str, int], changed: list[str]) -> dict[str, int]:
-        """The changed workers still on a proportional line that finish earlier than the slowest by
-        more than the deadband: each at its batch in `new`, at least SPREAD up (within its bound),
-        installed whatever the gain, so that its next times give it a law. A proportional line through a small batch
-        overprices a worker whose time is mostly fixed cost (one back from parking that got faster)
-        and would hold it there."""
+    def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str]) -> dict[str, int]:
+        """The changed workers at their minimum batch (one back from parking among them) still on a
+        proportional line, that finish earlier than the slowest by more than the deadband, yet that
+        `plan` (the decision's) does not move SPREAD up: each SPREAD up, whatever the gain, so that
+        its next times give it a law. A proportional line through the smallest batch overprices a
+        worker whose time is mostly fixed cost, and would hold it there."""
         means = {k: statistics.fmean(t) for k, b in current.items() if b > 0 and (t := self._laws.recent(k, b))}
         slowest = max(means.values(), default=0.0)
-        upper = self._bounds()[1]
+        lower, upper = self._bounds()
         out = {}
         for k in changed:
             b = current.get(k, 0)
-            step = max(2, math.ceil(SPREAD * b))
+            up = b + max(2, math.ceil(SPREAD * b))
             early = k in means and means[k] < (1.0 - self._config.deadband) * slowest
-            if b > 0 and early and not self._identified(k) and b + step <= upper[k]:
-                out[k] = max(new[k], b + step)
+            if b == lower[k] and early and not self._identified(k) and plan[k] < up <= upper[k]:
+                out[k] = up
         return out
 
-    def _solve(self, times: Mapping[str, FinishTime], forced_in: list[str],
-               fixed: Mapping[str, int] | None = None) -> tuple[dict[str, int], list[str], dict[str, float]]:
-        """The best split of B over every worker, parking those (not `forced_in`, not `fixed` at a
-        batch) whose law says they only slow the round, surely (`_surely_slower`); one parked now is
-        favoured in a near-tie."""
+    def _probe_plan(self, plan: Mapping[str, int], probes: Mapping[str, int]) -> dict[str, int] | None:
+        """`plan` with the `probes` at their batches and the other planned workers scaled to what they
+        leave of B (the same ones parked); None where their bounds cannot take it."""
+        lower, upper = self._bounds()
+        rest = [k for k, b in plan.items() if b > 0 and k not in probes]
+        total = self._config.global_batch - sum(probes.values())
+        if not self._exact_sum():
+            return {**plan, **probes}
+        if not rest or not sum(lower[k] for k in rest) <= total <= sum(upper[k] for k in rest):
+            return None
+        scaled = fit_to_sum({k: float(plan[k]) for k in rest}, total, {k: lower[k] for k in rest},
+                            {k: upper[k] for k in rest}, self.round_for_time)
+        return {**dict.fromkeys(plan, 0), **scaled, **probes}
+
+    def _solve(self, times: Mapping[str, FinishTime],
+               forced_in: list[str]) -> tuple[dict[str, int], list[str], dict[str, float]]:
+        """The best split of B over every worker, parking those (not `forced_in`) that only slow the
+        round, surely (`_surely_slower`); one parked now is favoured in a near-tie."""
         lower, upper = self._bounds()
         if not self._exact_sum():  # ASP whose bounds cannot meet B: everyone at the bound B pushes them to
             return dict(upper if sum(upper.values()) < self._config.global_batch else lower), [], {}
-        if fixed and sum(lower.values()) - sum(lower[k] for k in fixed) + sum(fixed.values()) <= self._config.global_batch \
-                <= sum(upper.values()) - sum(upper[k] for k in fixed) + sum(fixed.values()):
-            lower, upper = {**lower, **fixed}, {**upper, **fixed}
-        forced_in = [*forced_in, *(fixed or {})]
-        may_park = [k for k in self._workers if k not in forced_in and self._identified(k)] if self._may_park() else []
+        may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
         for _ in range(2):
             plan, parked, compared = best_plan(times, self._config.global_batch, lower, upper, may_park=may_park,
                                                overhead=self._rounds.overhead_ms, min_gain=MIN_GAIN,
@@ -223,8 +242,13 @@ class AutoPolicy(WorkerPlan):
     def _surely_slower(self, worker_id: str, batch: int, level: float) -> bool:
         """Whether even the most favourable reading of the worker's law (CAUTION standard errors below
         it) finishes `batch` after `level`: a fixed cost extrapolated from nearby batch sizes is too
-        uncertain to park a worker on."""
-        finish = self._laws.finishes()[worker_id]
+        uncertain to park a worker on. A proportional line counts no fixed cost, so it is such a
+        reading below the batch it was measured at: a worker whose law is not known is parked where
+        even that line says so."""
+        finishes = self._laws.finishes()
+        if worker_id not in finishes:
+            return False
+        finish = finishes[worker_id]
         return finish.at(batch) - CAUTION * finish.line.sd(batch) > level
 
     def _time_error(self, plan: Mapping[str, int]) -> float:

@@ -24,7 +24,8 @@ from ps.server import main as server_main
 from tests.processes import ENV, start_server
 from tests.metrics_scrape import Samples, scrape, value
 
-JOB = ["--quiet", "--workers", "2", "--model-arg", "hidden=16", "--global-batch", "64", "--epochs", "1000"]
+JOB = ["--quiet", "--workers", "2", "--model-arg", "hidden=16", "--global-batch", "64", "--epochs", "1000",
+       "--controller", "dynamic"]
 WORKER = ("--slowdown", "10", "--retry-for", "0")
 TOKEN = "metrics-t0ken"
 
