@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
                       "job in deploy/docker-compose.yml's containers at the same quotas, which needs a Docker engine: "
                       "deploy/engine.sh)")
     what.add_argument("--case", choices=sorted(CASES),
-                      help="a batch-policy case (dynamic against model by default; replaces --profile and the workload): "
+                      help="a batch-policy case (dynamic, model and auto by default; replaces --profile and the workload): "
                       "quickstart (the README's quick start: MLP hidden=512 on digits, B=256, one worker 4x slower) or "
                       "hl8-fixed (HL8 with the CNN and 20 ms of CPU per step on every worker)")
     what.add_argument("--no-baselines", action="store_true",
@@ -170,7 +170,7 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         default_runs = ["uniform", "dynamic"]
     elif case is not None:
         epochs = args.epochs or (2 if args.tiny else case.epochs)
-        default_runs = ["dynamic", "model"]
+        default_runs = ["dynamic", "model", "auto"]
     else:
         epochs = args.epochs or (2 if args.tiny else 12)
         default_runs = CONTROLLERS[args.mode]

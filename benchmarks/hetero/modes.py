@@ -68,7 +68,7 @@ def summarize(s: Settings, emu: Emulation, run: Run, controller: str, ideal: dic
     paths = analysis.of_kind(events, "path")
     if paths:  # --allreduce auto: the path it took, and on CPU workers the trial's steps and rates
         record["path"] = [{k: p.get(k) for k in ("allreduce", "why", "rates", "step")} for p in paths]
-    if controller in ("dynamic", "model"):
+    if controller in ("dynamic", "model", "auto"):
         record["policy"] = policy_record(events)
     if s.mode == "asp":
         # max/min pushes per worker in the last epoch; null when a worker made none (unbounded)

@@ -18,7 +18,7 @@ PROFILES = Path(__file__).resolve().parent / "profiles"
 
 
 CONTROLLERS = {"bsp": ["uniform", "static", "dynamic"], "asp": ["uniform", "dynamic", "dynamic_no_lr_scaling"]}
-POLICIES = ("uniform", "static", "dynamic", "model")
+POLICIES = ("uniform", "static", "dynamic", "model", "auto")
 """The batch policies (ps-server --controller): what --schedule and --tta runs take."""
 
 
@@ -64,10 +64,10 @@ RUN_VARIANTS = {
 }
 
 
-OPT_IN = {"bsp": ["model", "dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_allreduce_compute", "dynamic_auto_trial", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
+OPT_IN = {"bsp": ["model", "auto", "dynamic_allreduce", "dynamic_allreduce_ring", "dynamic_allreduce_compute", "dynamic_auto_trial", "dynamic_busy", "dynamic_compute", "dynamic_cycle",
                   "dynamic_no_overlap",
                   "uniform_compose", "dynamic_compose"],
-          "asp": ["model", "dynamic_busy", "dynamic_compute", "uniform_compose", "dynamic_compose"]}
+          "asp": ["model", "auto", "dynamic_busy", "dynamic_compute", "uniform_compose", "dynamic_compose"]}
 
 
 POLL_S = 0.1
