@@ -64,7 +64,8 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     if law is None or len(tail) < rounds:
         return None
     line = law.fit.line
-    residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.known else law.batch / b) for _, b, ms, _ in tail]
+    residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.batch is None else law.batch / b)
+                 for _, b, ms, _ in tail]
     floor = BANDS * deadband
     noise, runs = relative_noise(before), persistence(before)
     batch = tail[-1][1]

@@ -19,30 +19,28 @@ parked worker comes back for a re-probe now and then (parking.py).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Mapping
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS
-from ps.control.auto.law import SPREAD
 from ps.control.auto.parking import ParkingSchedule
+from ps.control.auto.probes import probe_plan, probe_targets
 from ps.control.auto.rounds import RoundLog, prediction_error
+from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.checks import real
 from ps.control.model.balance import measured_balanced
-from ps.control.model.optperf import best_plan, nearest_plan
-from ps.control.model.time_fit import CAUTION
-from ps.control.performance import FinishTime, FittedRounds, round_time
-from ps.control.split import fit_to_sum
+from ps.control.model.optperf import nearest_plan
+from ps.control.performance import FinishTime, FittedRounds
 from ps.control.worker_plan import WorkerPlan
 
-MIN_GAIN = 0.03
-"""A new split replaces the plan in force only if its predicted round is this much shorter, and by
-GAIN_SDS standard errors of the noisiest worker's mean time; a re-solve of laws that held, by half the
-deadband too (a smaller gain is not worth a move) and by their error on the plan in force."""
 GAIN_SDS = 2.0
+"""A new split replaces the plan in force only if its predicted round is shorter by MIN_GAIN (as
+parking must) and by this many standard errors of the noisiest worker's mean time; a re-solve of laws
+that held, by half the deadband too (a smaller gain is not worth a move) and by their error on the
+plan in force."""
 FOLLOW_UP = 2
 """A decision the policy asks for (after a step from proportional lines, a re-probe or a replan) waits
 for this many times `min_samples` observations per worker: a law is fitted from them."""
@@ -94,8 +92,12 @@ class AutoPolicy(WorkerPlan):
         a worker not measured yet at the slowest measured time per sample, never predicted fast."""
         finishes = self._laws.finishes()
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
+
+        def unmeasured(batch: int) -> float:
+            return per_sample * batch
+
         return {k: ((finishes[k].cautious if self._identified(k) else finishes[k].at) if k in finishes
-                    else (lambda b, p=per_sample: p * b)) for k in self._workers}
+                    else unmeasured) for k in self._workers}
 
     def _active(self) -> list[str]:
         return [k for k, w in self._workers.items() if w.batch]
@@ -135,7 +137,7 @@ class AutoPolicy(WorkerPlan):
         priced = FittedRounds(times)
         gain = priced.predict(current) / max(priced.predict(new), 1e-9) - 1.0
         resolve = not (reprobe or changed or follow)
-        min_gain = max(MIN_GAIN, GAIN_SDS * self._time_error(current),
+        min_gain = max(MIN_GAIN, GAIN_SDS * self._laws.time_error(current),
                        max(self._config.deadband / 2, prediction_error(report["previous"])) if resolve else 0.0)
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
         hold: dict[str, Any] = {}
@@ -147,7 +149,9 @@ class AutoPolicy(WorkerPlan):
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
         base = current if hold else new
         probes = self._probes(base, current, changed)
-        probed = self._probe_plan(base, probes) if probes else None
+        lower, upper = self._bounds()
+        probed = probe_plan(base, probes, self._config.global_batch, lower, upper, self._exact_sum(),
+                            self.round_for_time) if probes else None
         if probed is not None:
             new, parked = probed, [k for k, b in base.items() if b == 0]
         elif hold:
@@ -158,7 +162,6 @@ class AutoPolicy(WorkerPlan):
         self._confirming = False
         known = all(self._identified(k) for k, b in new.items() if b > 0)
         if known and resolve:  # a re-solve moves no more than its gain asks
-            lower, upper = self._bounds()
             new = nearest_plan(times, new, current, lower, upper, slack=min_gain / 2)
         self._parking.install(parked, reprobe)
         self._follow_up = bool(reprobe or probes) or not known
@@ -188,91 +191,30 @@ class AutoPolicy(WorkerPlan):
         self._report = {**report, "phase": "replan", **self._describe(self.plan())}
         return self.plan()
 
-    def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str]) -> dict[str, int]:
-        """The changed workers at their minimum batch (one back from parking among them) still on a
-        proportional line, that finish earlier than the slowest by more than the deadband, yet that
-        `plan` (the decision's) does not move SPREAD up: each SPREAD up, whatever the gain, so that
-        its next times give it a law. A proportional line through the smallest batch overprices a
-        worker whose time is mostly fixed cost, and would hold it there."""
-        means = {k: statistics.fmean(t) for k, b in current.items() if b > 0 and (t := self._laws.recent(k, b))}
-        slowest = max(means.values(), default=0.0)
-        lower, upper = self._bounds()
-        out = {}
-        for k in changed:
-            b = current.get(k, 0)
-            up = b + max(2, math.ceil(SPREAD * b))
-            early = k in means and means[k] < (1.0 - self._config.deadband) * slowest
-            if b == lower[k] and early and not self._identified(k) and plan[k] < up <= upper[k]:
-                out[k] = up
-        return out
-
-    def _probe_plan(self, plan: Mapping[str, int], probes: Mapping[str, int]) -> dict[str, int] | None:
-        """`plan` with the `probes` at their batches and the other planned workers scaled to what they
-        leave of B (the same ones parked); None where their bounds cannot take it."""
-        lower, upper = self._bounds()
-        rest = [k for k, b in plan.items() if b > 0 and k not in probes]
-        total = self._config.global_batch - sum(probes.values())
-        if not self._exact_sum():
-            return {**plan, **probes}
-        if not rest or not sum(lower[k] for k in rest) <= total <= sum(upper[k] for k in rest):
-            return None
-        scaled = fit_to_sum({k: float(plan[k]) for k in rest}, total, {k: lower[k] for k in rest},
-                            {k: upper[k] for k in rest}, self.round_for_time)
-        return {**dict.fromkeys(plan, 0), **scaled, **probes}
-
     def _solve(self, times: Mapping[str, FinishTime],
                forced_in: list[str]) -> tuple[dict[str, int], list[str], dict[str, float]]:
-        """The best split of B over every worker, parking those (not `forced_in`) that only slow the
-        round, surely (`_surely_slower`); one parked now is favoured in a near-tie."""
+        """The best split of B over every worker, parking those (not `forced_in`) that surely only
+        slow the round (solve.py); ASP whose bounds cannot meet B: everyone at the bound B pushes them to."""
         lower, upper = self._bounds()
-        if not self._exact_sum():  # ASP whose bounds cannot meet B: everyone at the bound B pushes them to
+        if not self._exact_sum():
             return dict(upper if sum(upper.values()) < self._config.global_batch else lower), [], {}
         may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
-        for _ in range(2):
-            plan, parked, compared = best_plan(times, self._config.global_batch, lower, upper, may_park=may_park,
-                                               overhead=self._rounds.overhead_ms, min_gain=MIN_GAIN,
-                                               prefer=self.parked())
-            level = round_time(times, plan) * (1.0 + MIN_GAIN)
-            sure = [k for k in parked if self._surely_slower(k, lower[k], level)]
-            if sure == parked:
-                break
-            may_park = sure
-        return plan, parked, compared
+        return solve(times, self._laws.finishes(), self._config.global_batch, lower, upper, may_park=may_park,
+                     overhead=self._rounds.overhead_ms, prefer=self.parked())
 
-    def _surely_slower(self, worker_id: str, batch: int, level: float) -> bool:
-        """Whether even the most favourable reading of the worker's law (CAUTION standard errors below
-        it) finishes `batch` after `level`: a fixed cost extrapolated from nearby batch sizes is too
-        uncertain to park a worker on. A proportional line counts no fixed cost, so it is such a
-        reading below the batch it was measured at: a worker whose law is not known is parked where
-        even that line says so."""
-        finishes = self._laws.finishes()
-        if worker_id not in finishes:
-            return False
-        finish = finishes[worker_id]
-        return finish.at(batch) - CAUTION * finish.line.sd(batch) > level
-
-    def _time_error(self, plan: Mapping[str, int]) -> float:
-        """The largest relative standard error of a planned worker's mean time at its batch: how far
-        the noise alone may move a predicted gain."""
-        errors = [0.0]
-        for k, b in plan.items():
-            recent = self._laws.recent(k, b) if b > 0 else None
-            if recent and len(recent) > 1 and statistics.fmean(recent) > 0:
-                errors.append(statistics.stdev(recent) / statistics.fmean(recent) / len(recent) ** 0.5)
-        return max(errors)
+    def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str]) -> dict[str, int]:
+        """The changed workers on a proportional line to move up whatever the gain (probes.py)."""
+        lower, upper = self._bounds()
+        means = {k: statistics.fmean(t) for k, t in (self._laws.in_force(current) or {}).items()}
+        return probe_targets([k for k in changed if not self._identified(k)], plan, current, means, lower, upper,
+                             self._config.deadband)
 
     def _balanced(self, plan: Mapping[str, int]) -> bool:
         """Whether the plan in force is measured balanced, on each planned worker's times since it got
         its batch (model/balance.py)."""
-        times = {}
-        for k, b in plan.items():
-            recent = self._laws.recent(k, b) if b > 0 else None
-            if b > 0 and recent is None:
-                return False
-            if recent is not None:
-                times[k] = recent
+        times = self._laws.in_force(plan)
         lower, upper = self._bounds()
-        return measured_balanced(times, plan, lower, upper, self._config.deadband)
+        return times is not None and measured_balanced(times, plan, lower, upper, self._config.deadband)
 
     # ------------------------------------------------------------------ what the policy reports
     def report(self) -> dict[str, Any]:

@@ -5,6 +5,9 @@ Pure."""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Mapping
+
 from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, settled_mark
 from ps.control.auto.law import Law, law_of
 from ps.control.model.time_fit import Finish, Observations
@@ -68,3 +71,24 @@ class WorkerLaws:
         """The worker's finish times since it got `batch` (at least `min_samples`; None: fewer)."""
         obs = self.obs[worker_id]
         return obs.recent(batch, max(self.min_samples, obs.run(batch)))
+
+    def in_force(self, plan: Mapping[str, int]) -> dict[str, list[float]] | None:
+        """Each planned worker's times since it got its batch in `plan` (None: one has too few)."""
+        out = {}
+        for k, b in plan.items():
+            if b > 0:
+                recent = self.recent(k, b)
+                if recent is None:
+                    return None
+                out[k] = recent
+        return out
+
+    def time_error(self, plan: Mapping[str, int]) -> float:
+        """The largest relative standard error of a planned worker's mean time at its batch: how far
+        the noise alone may move a prediction made from them."""
+        errors = [0.0]
+        for k, b in plan.items():
+            recent = self.recent(k, b) if b > 0 else None
+            if recent and len(recent) > 1 and statistics.fmean(recent) > 0:
+                errors.append(statistics.stdev(recent) / statistics.fmean(recent) / len(recent) ** 0.5)
+        return max(errors)

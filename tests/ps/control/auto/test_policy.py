@@ -306,7 +306,7 @@ def test_a_state_that_contradicts_itself_is_refused() -> None:
                 node[last] = value
         return copy
 
-    for change, message in [
+    cases: list[tuple[dict[str, Any], str]] = [
         ({"auto/parking/parked": {}}, "not those at batch 0"),
         ({"auto/workers/d/settled": -1}, "settled mark"),
         ({"auto/changed": ["ghost"]}, "'changed' must list workers"),
@@ -315,6 +315,7 @@ def test_a_state_that_contradicts_itself_is_refused() -> None:
         ({"auto/workers/a/obs": [[0, 32, -1.0, None]]}, "observed ms"),
         ({"auto/confirming": None}, "must have exactly the keys"),
         ({"auto": None}, "batch 0 but the state has no auto part"),
-    ]:
+    ]
+    for change, message in cases:
         with pytest.raises(ValueError, match=message):
             policy_from_state(broken(change))

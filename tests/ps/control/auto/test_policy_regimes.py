@@ -25,10 +25,10 @@ HL8_FIXED = {"w0": (6.0, 80.0), "w1": (6.0, 80.0), "w2": (9.0, 120.0), "w3": (0.
 SLOW_FIXED = {"w0": (0.2, 5.0), "w1": (0.2, 5.0), "w2": (0.2, 5.0), "w3": (0.8, 120.0)}
 SHARES = {"hl1": (0.375, 0.375, 0.375, 0.375), "hl2": (0.375, 0.375, 0.25, 0.5),
           "hl4": (0.28, 0.28, 0.19, 0.75), "hl8": (0.19, 0.19, 0.125, 1.0)}
-FIG10 = [{f"w{i}": (2.0 / share, 20.0 / share) for i, share in enumerate(SHARES[name])}
+FIG10: list[Costs] = [{f"w{i}": (2.0 / share, 20.0 / share) for i, share in enumerate(SHARES[name])}
          for name in ("hl1", "hl2", "hl4", "hl8", "hl8", "hl4", "hl2", "hl1")]
 """Fig. 10's phases: every worker's (q, s) scaled by its CPU share."""
-SWAP = [HL8_FIXED, {**HL8_FIXED, "w2": HL8_FIXED["w3"], "w3": HL8_FIXED["w2"]}, HL8_FIXED]
+SWAP: list[Costs] = [HL8_FIXED, {**HL8_FIXED, "w2": HL8_FIXED["w3"], "w3": HL8_FIXED["w2"]}, HL8_FIXED]
 
 QUICK_START = {"w0": (0.05, 9.0), "w1": (0.05, 9.0), "w2": (0.05, 9.0), "w3": (0.2, 40.0)}
 
