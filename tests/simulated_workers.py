@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import pytest
@@ -99,11 +99,13 @@ Costs = Mapping[str, tuple[float, float]]
 
 
 def run_rounds(ctl: Any, costs: Costs, rounds: int, noise: float = 0.02, rnd: random.Random | None = None,
-               overhead: float = 2.0, every: int = 10) -> list[dict[str, Any]]:
+               overhead: float = 2.0, every: int = 10,
+               check: Callable[[Any], None] | None = None) -> list[dict[str, Any]]:
     """Simulate BSP rounds: every worker with a batch takes t = q·b + s times (1 + a Gaussian of
     relative sd `noise`), the round closes `overhead` ms after the slowest; a decision whenever the
-    policy asks for one and every `every` rounds. Returns each decision's report with the plan after
-    it, the round it came at (`round`) and whether it changed the plan (`changed_plan`)."""
+    policy asks for one and every `every` rounds, and `check` of the policy after every round. Returns
+    each decision's report with the plan after it, the round it came at (`round`) and whether it
+    changed the plan (`changed_plan`)."""
     rnd = rnd or random.Random(0)
     reports = []
     for r in range(rounds):
@@ -119,6 +121,8 @@ def run_rounds(ctl: Any, costs: Costs, rounds: int, noise: float = 0.02, rnd: ra
             before = ctl.plan()
             ctl.adjust()
             reports.append({**ctl.report(), "plan": ctl.plan(), "round": r, "changed_plan": ctl.plan() != before})
+        if check is not None:
+            check(ctl)
     return reports
 
 
@@ -133,3 +137,13 @@ def optimum(costs: Costs, total: int, park: bool = True) -> float:
     plan, _, _ = best_plan(times, total, dict.fromkeys(costs, 1), dict.fromkeys(costs, total),
                            may_park=list(costs) if park else [])
     return round_of(costs, plan)
+
+
+def assert_decides_alike(resumed: Sequence[Mapping[str, Any]], original: Sequence[Mapping[str, Any]],
+                         workers: Iterable[str]) -> None:
+    """A policy read back from a checkpoint decides like the original over the same rounds: the same
+    phases and parked workers, each plan within rounding (2 samples a worker)."""
+    assert [(r["phase"], r["parked"]) for r in resumed] == [(r["phase"], r["parked"]) for r in original]
+    names = list(workers)
+    for r, o in zip(resumed, original, strict=True):
+        assert all(abs(r["plan"][k] - o["plan"][k]) <= 2 for k in names)

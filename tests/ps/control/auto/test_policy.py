@@ -16,7 +16,8 @@ from ps.control.auto.change import CHANGE_ROUNDS
 from ps.control.auto.policy import AutoPolicy
 from ps.control.config import PolicyConfig
 from ps.control.policy import build_policy, policy_from_state, reconfigured
-from tests.simulated_workers import HL_SPEEDS, Costs, balanced, optimum, round_of, run_rounds, speed_map
+from tests.simulated_workers import (HL_SPEEDS, Costs, assert_decides_alike, balanced, optimum, round_of, run_rounds,
+                                     speed_map)
 
 HL8 = {k: (1.0 / s, 0.0) for k, s in speed_map(HL_SPEEDS["HL8"]).items()}
 """OmniLearn's HL8 shares, time proportional to the batch."""
@@ -271,11 +272,8 @@ def test_state_round_trips_and_resumes_under_other_settings() -> None:
     assert isinstance(back, AutoPolicy)
     assert json.dumps(back.state_dict(), sort_keys=True) == json.dumps(state, sort_keys=True)
     # the restored policy decides like the original (its first steps after the restore are warm-up)
-    resumed = run_rounds(back, costs, 30, rnd=random.Random(3))
-    original = run_rounds(ctl, costs, 30, rnd=random.Random(3))
-    assert [(r["phase"], r["parked"]) for r in resumed] == [(r["phase"], r["parked"]) for r in original]
-    for r, o in zip(resumed, original, strict=True):
-        assert all(abs(r["plan"][k] - o["plan"][k]) <= 2 for k in costs)
+    assert_decides_alike(run_rounds(back, costs, 30, rnd=random.Random(3)),
+                         run_rounds(ctl, costs, 30, rnd=random.Random(3)), costs)
     # auto -> dynamic -> auto: the dynamic policy plans the parked worker in, the laws are gone
     dynamic = reconfigured(ctl, PolicyConfig(policy="dynamic", global_batch=128))
     assert dynamic.parked() == [] and sum(dynamic.plan().values()) == 128

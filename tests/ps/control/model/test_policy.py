@@ -19,6 +19,7 @@ from ps.control.performance import split
 from ps.control.policy import build_policy, policy_from_state, reconfigured
 from ps.control.worker_plan import WorkerPlan
 from ps.control.model.time_fit import Observations
+from tests.simulated_workers import assert_decides_alike, run_rounds
 
 FAST = settings(max_examples=30, deadline=None)
 
@@ -35,22 +36,7 @@ def run(ctl: WorkerPlan, costs: Mapping[str, tuple[float, float]], rounds: int, 
         overhead: float = 2.0, every: int = 10) -> list[dict]:
     """Simulate BSP rounds (t = q·b + s, relative noise), a decision when the policy asks for one and every
     `every` rounds; check the sum rule and the bounds after each; return the decisions' reports."""
-    rnd = random.Random(seed)
-    reports = []
-    for r in range(rounds):
-        finishes = []
-        for k, b in ctl.plan().items():
-            if b > 0:
-                q, s = costs[k]
-                t = max(0.0, (q * b + s) * (1.0 + rnd.gauss(0.0, noise)))
-                finishes.append(t)
-                ctl.observe(k, b, t)
-        ctl.observe_round(max(finishes) + overhead)
-        if ctl.decision_due() or r % every == every - 1:
-            ctl.adjust()
-            reports.append({**ctl.report(), "plan": ctl.plan()})
-        check_plan(ctl)
-    return reports
+    return run_rounds(ctl, costs, rounds, noise, random.Random(seed), overhead, every, check=check_plan)
 
 
 def check_plan(ctl: WorkerPlan) -> None:
@@ -364,10 +350,7 @@ def test_state_round_trips_and_resumes_under_other_settings() -> None:
     assert json.dumps(back.state_dict(), sort_keys=True) == json.dumps(state, sort_keys=True)
     # the restored policy goes on deciding like the original (its workers' first steps after the
     # restore are warm-up, not fitted: the same decisions, the plans within rounding)
-    resumed, original = run(back, costs, rounds=15, seed=3), run(ctl, costs, rounds=15, seed=3)
-    assert [(r["phase"], r["parked"]) for r in resumed] == [(r["phase"], r["parked"]) for r in original]
-    for r, o in zip(resumed, original, strict=True):
-        assert all(abs(r["plan"][k] - o["plan"][k]) <= 2 for k in costs)
+    assert_decides_alike(run(back, costs, rounds=15, seed=3), run(ctl, costs, rounds=15, seed=3), costs)
     # model -> dynamic -> model: the dynamic policy replans the parked worker in, the model's fits are gone
     dynamic = reconfigured(ctl, PolicyConfig(policy="dynamic", global_batch=128))
     assert dynamic.parked() == [] and sum(dynamic.plan().values()) == 128
