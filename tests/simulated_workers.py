@@ -28,9 +28,10 @@ HL_SPEEDS: dict[str, Sequence[float]] = {
 
 
 def make_policy(n: int = 0, cores: Sequence[float] | None = None, **config: Any) -> WorkerPlan:
-    """A policy with workers w0..w{n-1} (or one per entry of `cores`), not yet planned. The rules
-    are tested on one observation per worker (min_samples 1) unless `config` says otherwise."""
-    ctl = build_policy(PolicyConfig(**{"min_samples": 1, **config}))
+    """A policy with workers w0..w{n-1} (or one per entry of `cores`), not yet planned: the dynamic
+    policy unless `config` names another. The rules are tested on one observation per worker
+    (min_samples 1) unless `config` says otherwise."""
+    ctl = build_policy(PolicyConfig(**{"policy": "dynamic", "min_samples": 1, **config}))
     for i, c in enumerate(cores if cores is not None else [1.0] * n):
         ctl.add_worker(f"w{i}", cores=c)
     return ctl

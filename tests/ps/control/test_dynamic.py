@@ -78,7 +78,7 @@ def test_unmeasured_workers_keep_their_batch() -> None:
 
 
 def test_adjust_respects_bounds() -> None:
-    ctl = build_policy(PolicyConfig(global_batch=100, min_samples=1))
+    ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=100, min_samples=1))
     ctl.add_worker("fast", max_batch=60)
     ctl.add_worker("slow", min_batch=30)
     ctl.replan()
@@ -99,7 +99,7 @@ def test_adjust_after_removal_restores_global_batch() -> None:
 
 
 def test_asp_adjust_keeps_the_sum_at_b_within_the_bounds() -> None:
-    ctl = build_policy(PolicyConfig(global_batch=64, keep_global_sum=False, max_batch=50, min_samples=1))
+    ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=64, keep_global_sum=False, max_batch=50, min_samples=1))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     ctl.replan()
@@ -110,7 +110,7 @@ def test_asp_adjust_keeps_the_sum_at_b_within_the_bounds() -> None:
 
 
 def test_asp_adjust_rounds_and_clips_when_the_bounds_cannot_meet_b() -> None:
-    ctl = build_policy(PolicyConfig(global_batch=64, keep_global_sum=False, max_batch=20, min_samples=1))
+    ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=64, keep_global_sum=False, max_batch=20, min_samples=1))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     assert ctl.replan() == {"w0": 20, "w1": 20, "w2": 20}  # 60: the most the bounds allow
@@ -420,14 +420,14 @@ def test_asp_total_does_not_drift_on_hl8_speeds() -> None:
 
 def test_can_add_counts_every_workers_minimum_against_the_global_batch() -> None:
     """BSP (keep_global_sum): room for another worker only while every minimum still fits in B; ASP: always."""
-    bsp = build_policy(PolicyConfig(global_batch=6, min_batch=2))
+    bsp = build_policy(PolicyConfig(policy="dynamic", global_batch=6, min_batch=2))
     assert bsp.can_add(3) and not bsp.can_add(4)
     bsp.add_worker("a", cores=1.0)
     bsp.add_worker("b", cores=1.0, min_batch=3)
     assert not bsp.can_add(1)  # 2 + 3 + 2 > 6
     bsp.remove_worker("b")
     assert bsp.can_add(2) and not bsp.can_add(3)
-    asp = build_policy(PolicyConfig(global_batch=6, min_batch=2, keep_global_sum=False))
+    asp = build_policy(PolicyConfig(policy="dynamic", global_batch=6, min_batch=2, keep_global_sum=False))
     assert asp.can_add(100)
 
 

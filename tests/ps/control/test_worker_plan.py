@@ -110,7 +110,7 @@ def test_asp_plan_sums_to_b_within_the_bounds_and_is_clipped_beyond_them() -> No
 
 
 def test_add_worker_rejects_and_changes_nothing() -> None:
-    ctl = build_policy(PolicyConfig(global_batch=10, min_batch=4))
+    ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=10, min_batch=4))
     ctl.add_worker("a")
     ctl.add_worker("b")
     ctl.replan()
@@ -143,7 +143,7 @@ def test_remove_unknown_worker() -> None:
 
 
 def test_replan_infeasible_upper_bounds() -> None:
-    ctl = build_policy(PolicyConfig(global_batch=128, max_batch=40))
+    ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=128, max_batch=40))
     for i in range(3):
         ctl.add_worker(f"w{i}")
     with pytest.raises(ValueError, match="max_batch sum to 120 < global_batch 128"):
@@ -154,7 +154,7 @@ def test_replan_infeasible_upper_bounds() -> None:
 
 
 def test_removal_that_leaves_b_out_of_reach_is_reported() -> None:
-    ctl = build_policy(PolicyConfig(global_batch=100, max_batch=60))
+    ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=100, max_batch=60))
     for k in ("a", "b"):
         ctl.add_worker(k)
     ctl.replan()
@@ -252,7 +252,7 @@ def test_timing_noise_on_a_balanced_split_makes_no_decision(speeds: tuple[float,
     global_batch = 128 if len(set(speeds)) < 3 else 480
     for seed in NOISE_SEEDS:
         rng = random.Random(seed)
-        ctl = build_policy(PolicyConfig(global_batch=global_batch, dynamic_start="static"))
+        ctl = build_policy(PolicyConfig(policy="dynamic", global_batch=global_batch, dynamic_start="static"))
         for i, c in enumerate(speeds):
             ctl.add_worker(f"w{i}", cores=c)
         plan = ctl.replan()
@@ -461,7 +461,7 @@ def test_with_config_refuses_bounds_that_cannot_meet_the_global_batch() -> None:
 
 
 def test_config_changes_names_each_setting_that_differs() -> None:
-    before = PolicyConfig()
+    before = PolicyConfig(policy="dynamic")
     assert config_changes(before, before) == {}
     after = replace(before, policy="static", deadband=0.25, max_batch=64)
     assert config_changes(before, after) == {

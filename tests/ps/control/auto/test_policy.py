@@ -59,6 +59,15 @@ def plan_changes(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def test_auto_is_the_default_of_both_front_doors() -> None:
+    from deploy.emulator import DEFAULT_POLICY
+    from ps.server_flags import build_parser
+
+    assert PolicyConfig().policy == "auto"
+    assert build_parser().parse_args([]).policy == "auto"  # ps-server
+    assert DEFAULT_POLICY == "auto"  # ps-cluster run, on a profile and on a schedule
+
+
 # ---------------------------------------------------------------- a proportional cluster
 
 
