@@ -2,7 +2,9 @@
 the proportional line through its new times, and at the smallest batch that line overprices a worker
 whose time is mostly fixed cost (one back from parking that got faster). Where such a worker finishes
 earlier than the slowest by more than the deadband, yet the decision would not move it SPREAD up, it
-is moved SPREAD up whatever the gain, so that its next times give it a law (law.py). Pure."""
+is moved SPREAD up whatever the gain, so that its next times give it a law (law.py). A worker the
+decision parks is not probed: its times at its minimum already finish after the round it solved for,
+and a probe would bring it back while it is counted as parked. Pure."""
 
 from __future__ import annotations
 
@@ -17,15 +19,15 @@ def probe_targets(candidates: Iterable[str], plan: Mapping[str, int], current: M
                   means: Mapping[str, float], lower: Mapping[str, int], upper: Mapping[str, int],
                   deadband: float) -> dict[str, int]:
     """Each of `candidates` (changed, on a proportional line) at its minimum batch in `current`, whose
-    mean time (`means`) is earlier than the slowest's by more than `deadband`, and that `plan` leaves
-    below SPREAD up: the batch SPREAD up (within its bound)."""
+    mean time (`means`) is earlier than the slowest's by more than `deadband`, and that `plan` keeps
+    planned (not parked) below SPREAD up: the batch SPREAD up (within its bound)."""
     slowest = max(means.values(), default=0.0)
     out = {}
     for k in candidates:
         b = current.get(k, 0)
         up = b + max(2, math.ceil(SPREAD * b))
         early = k in means and means[k] < (1.0 - deadband) * slowest
-        if b == lower[k] and early and plan[k] < up <= upper[k]:
+        if b == lower[k] and early and 0 < plan[k] < up <= upper[k]:
             out[k] = up
     return out
 
