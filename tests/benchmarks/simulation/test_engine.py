@@ -42,7 +42,7 @@ def test_the_same_seed_gives_the_same_run_and_another_seed_another() -> None:
         assert all(np.array_equal(x[2], y[2]) for x, y in zip(a.plans, b.plans, strict=True))
 
 
-@pytest.mark.parametrize("policy", ["uniform", "static", "dynamic", "model"])
+@pytest.mark.parametrize("policy", ["uniform", "static", "dynamic", "model", "auto"])
 def test_every_plan_sums_to_b_through_changes_joins_leaves_and_failures(policy: str) -> None:
     events = [Event(10, "speed", fraction=0.5, factor=3.0), Event(15, "join", count=3), Event(20, "leave", count=2),
               Event(25, "fail", count=1)]
