@@ -1,6 +1,7 @@
 """Who is parked (planned at batch 0) and when each comes back for a re-probe: a parked worker's speed
 is not measured, so it is brought back now and then at the batch the split would give it, and waits
-twice as long each time it is parked again, so that a worker that got faster returns. Pure."""
+twice as long each time it is parked again, so that a worker that got faster returns; all of them at
+once when an active worker's times rise by half or more. Pure."""
 
 from __future__ import annotations
 
@@ -40,6 +41,12 @@ class ParkingSchedule:
     def due(self) -> list[str]:
         """The parked workers whose re-probe is due."""
         return [k for k, e in self.parked.items() if e.waited >= e.every]
+
+    def recall(self) -> None:
+        """Every parked worker due for a re-probe now, its backoff started over: a change of speed seen
+        elsewhere often comes with one here, unseen (a swap, a tenant that moved between machines)."""
+        for entry in self.parked.values():
+            entry.waited = entry.every = REPROBE_FIRST
 
     def install(self, parked: Iterable[str], reprobe: Iterable[str]) -> None:
         """Who is parked after a solve: one parked again right after its re-probe waits twice as long

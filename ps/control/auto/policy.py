@@ -14,7 +14,8 @@ its new times, and its law is fitted again from them.
 A decision holds the plan while it is measured balanced (model/balance.py, within the deadband), or
 while the solve predicts a round shorter by less than MIN_GAIN and the noise of the measured times;
 a re-solve of laws that held must also beat their error on the plan in force, twice in a row. A
-parked worker comes back for a re-probe now and then (parking.py).
+parked worker comes back for a re-probe now and then, and at once when an active worker's times
+rise by half or more (parking.py).
 """
 
 from __future__ import annotations
@@ -129,8 +130,10 @@ class AutoPolicy(WorkerPlan):
         follow, changed = self._follow_up, sorted(self._laws.changed)
         if not (follow or changed):  # a parked worker waits for the server's decisions, not those asked for
             self._parking.tick()
+        if self._laws.slowed & set(changed):  # the load may have moved to a parked worker's machine, unmeasured
+            self._parking.recall()
         reprobe = self._parking.due()
-        self._laws.changed, self._follow_up = set(), False
+        self._laws.changed, self._laws.slowed, self._follow_up = set(), set(), False
         report["speed_changed"] = changed
         times = self._times()
         new, parked, compared = self._solve(times, forced_in=reprobe)

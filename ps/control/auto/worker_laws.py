@@ -15,6 +15,11 @@ from ps.control.model.time_fit import Finish, Observations
 WARMUP = 2
 """Each worker's first observations after it joins are not fitted: its first steps' allocations and
 caches, not its speed."""
+SLOWED = 1.5
+"""A change of speed that makes a worker's times this many times its old law's is a slowdown that may
+have moved elsewhere (a swap, a tenant): the parked workers, whose speeds are not measured, are probed
+again. Noise that comes in spells passes the change test now and then, but seldom by this much in
+the median of the new times (a stalled step is one time)."""
 
 
 class WorkerLaws:
@@ -27,6 +32,7 @@ class WorkerLaws:
         self.settled: dict[str, int] = {}
         self.warmup: dict[str, int] = {}
         self.changed: set[str] = set()  # changed speed since the last decision
+        self.slowed: set[str] = set()  # of those, the ones whose times rose SLOWED times or more
 
     def add(self, worker_id: str) -> None:
         self.obs[worker_id], self.settled[worker_id], self.warmup[worker_id] = Observations(), 0, WARMUP
@@ -35,6 +41,7 @@ class WorkerLaws:
         for table in (self.obs, self.settled, self.warmup):
             table.pop(worker_id, None)
         self.changed.discard(worker_id)
+        self.slowed.discard(worker_id)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
         """Take one time (False: a warm-up step, left out) and test the newest against the law."""
@@ -54,7 +61,13 @@ class WorkerLaws:
         start = change_start(obs.items, self.settled[worker_id], self.min_samples, self.deadband, sds, rounds)
         if start is None:
             return False
-        self.obs[worker_id] = Observations([it for it in obs.items if it[0] >= start], obs.seq)
+        before, after = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
+        old = law_of(before, 1)
+        if old is not None and after:
+            ratios = [ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in after]
+            if statistics.median(ratios) >= SLOWED:
+                self.slowed.add(worker_id)
+        self.obs[worker_id] = Observations(after, obs.seq)
         self.settled[worker_id] = obs.seq
         self.changed.add(worker_id)
         return True

@@ -225,6 +225,21 @@ def test_a_tenant_arrives_and_leaves_a_workers_speed_halves_then_comes_back(cost
         assert round_of(phase, ctl.plan()) <= 1.05 * optimum(phase, 512)
 
 
+def test_a_parked_worker_that_swapped_speeds_with_an_active_one_is_recalled_at_once() -> None:
+    """A parked worker's speed is not measured: when an active worker changes speed (here they swap),
+    every parked worker comes back for a probe at the next decision, not at its re-probe's backoff."""
+    costs = {"a": (0.2, 5.0), "d": (0.8, 120.0)}
+    ctl = policy("auto", costs, 64)
+    run_rounds(ctl, costs, 80)
+    assert ctl.parked() == ["d"]
+    after = swapped(costs, "a", "d")
+    reports = run_rounds(ctl, after, 40)
+    found = changed_at(reports, 0)
+    recall = next(r for r in reports if r.get("phase") == "reprobe")
+    assert recall["round"] <= found["a"] + 1, (recall["round"], found)
+    assert ctl.parked() == ["a"] and ctl.plan()["d"] == 64
+
+
 def test_a_change_is_met_at_once_not_at_the_next_scheduled_decision() -> None:
     ctl = policy("auto", HL8, 512)
     run_rounds(ctl, HL8, 60, every=1000)
