@@ -1,6 +1,7 @@
 """A hostile caller's load, written from the protocols alone (protos/ and grpc.health.v1): health
 Watch streams held open and Push streams that never send a chunk, kept at a number from a thread of
-their own (a stream that ends is opened again), and what the server answered them."""
+their own (a stream that ends is opened again), and what the server answered them. benchmarks.hostile
+runs them beside a job; tests/e2e/test_hostile_load.py checks the bounds they meet."""
 
 from __future__ import annotations
 
