@@ -46,7 +46,7 @@ class Load:
         self.target, self.count, self.reopen_s = target, count, reopen_s
         self._open_call, self._started = open_call, started
         self.answers: collections.Counter[str] = collections.Counter()
-        self.streaming = 0
+        self.streaming = self.most_streaming = 0
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._run(),), daemon=True)
@@ -67,6 +67,7 @@ class Load:
             try:
                 if await self._started(call):
                     self.streaming += 1
+                    self.most_streaming = max(self.most_streaming, self.streaming)
                     try:
                         code = await call.code()
                     finally:
@@ -81,6 +82,14 @@ class Load:
 
     def total(self) -> int:
         return sum(self.answers.values())
+
+    def told(self) -> dict[str, str]:
+        """The first message of each refusal: none kept (the codes say it)."""
+        return {}
+
+    def tally(self) -> dict[str, int]:
+        """How the calls ended, by code, and the most under way at once (`most open`)."""
+        return {**dict(self.answers), "most open": self.most_streaming}
 
     def stop(self) -> None:
         if self._stop is not None:
