@@ -60,6 +60,10 @@ class Load:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in rest:  # gRPC's own, feeding the request streams: ended here, not destroyed pending
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     async def _keep(self, channel: grpc.aio.Channel) -> None:
         while True:
