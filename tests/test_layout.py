@@ -253,6 +253,10 @@ PROTO_BUILDERS = ("common/transport/proto_convert.py", "common/transport/chunk_f
 """The one wire boundary: the only modules that build protobuf messages (protos/ps_pb2's). Every other
 module hands them plain values (common.transport.messages) and gets plain values back."""
 
+PROTO_CLIENTS = ("benchmarks/hostile/peers.py",)
+"""Clients written from protos/ alone, as a stranger to the project's code would write one (benchmarks.hostile's
+attackers and its Status poller): they build their messages themselves, not through the wire boundary."""
+
 PROTO_BUILT_ELSEWHERE: dict[tuple[str, str], str] = {
     # (module, the function or method whose body builds messages): what it should call instead
 }
@@ -294,7 +298,7 @@ def test_only_the_wire_boundary_builds_protobuf_messages() -> None:
     built: dict[tuple[str, str], list[str]] = {}
     for path in MODULES.values():
         module = str(path.relative_to(ROOT))
-        if module in PROTO_BUILDERS:
+        if module in PROTO_BUILDERS or module in PROTO_CLIENTS:
             continue
         for scope, kind in proto_builds(path.read_text()):
             owner = next((key for key in PROTO_BUILT_ELSEWHERE if key[0] == module

@@ -1,5 +1,5 @@
 """Hostile load beside a real job (ps-server, ps-shard and ps-worker processes), from a caller written
-from the protocols alone (tests/hostile_load.py): health Watch streams opened without the token and
+from the protocols alone (benchmarks/hostile/load.py): health Watch streams opened without the token and
 Push streams that never send a chunk do not stop a worker training, at a ps-server or at a ps-shard;
 a member of a fast-path group cannot rewrite another's keys in the group's store, nor keep it from
 setting its own by filling the store."""
@@ -19,7 +19,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.transport.security import bearer
 from protos import ps_pb2, ps_pb2_grpc
-from tests.hostile_load import Load, own_address, silent_pushes, watches
+from benchmarks.hostile.load import Load, own_address, silent_pushes, watches
 from tests.processes import ENV, Cluster, start_server
 
 TOKEN = "hostile-load-token"

@@ -18,7 +18,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from ps.ops.health import SERVING, Health
 from ps.serving.call_budget import DATA, WATCH, Bound, CallBounds
 from ps.serving.call_limits import CallLimits
-from tests.hostile_load import never, own_address
+from benchmarks.hostile.load import never, own_address
 
 TOKEN = "limits-token"
 AUTH = (bearer(TOKEN),)

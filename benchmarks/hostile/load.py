@@ -1,6 +1,7 @@
 """A hostile caller's load, written from the protocols alone (protos/ and grpc.health.v1): health
 Watch streams held open and Push streams that never send a chunk, kept at a number from a thread of
-their own (a stream that ends is opened again), and what the server answered them."""
+their own (a stream that ends is opened again), and what the server answered them. benchmarks.hostile
+runs them beside a job; tests/e2e/test_hostile_load.py checks the bounds they meet."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class Load:
         self.target, self.count, self.reopen_s = target, count, reopen_s
         self._open_call, self._started = open_call, started
         self.answers: collections.Counter[str] = collections.Counter()
-        self.streaming = 0
+        self.streaming = self.most_streaming = 0
         self._loop = asyncio.new_event_loop()
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._loop.run_until_complete, args=(self._run(),), daemon=True)
@@ -59,6 +60,10 @@ class Load:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+        rest = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in rest:  # gRPC's own, feeding the request streams: ended here, not destroyed pending
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     async def _keep(self, channel: grpc.aio.Channel) -> None:
         while True:
@@ -66,6 +71,7 @@ class Load:
             try:
                 if await self._started(call):
                     self.streaming += 1
+                    self.most_streaming = max(self.most_streaming, self.streaming)
                     try:
                         code = await call.code()
                     finally:
@@ -80,6 +86,14 @@ class Load:
 
     def total(self) -> int:
         return sum(self.answers.values())
+
+    def told(self) -> dict[str, str]:
+        """The first message of each refusal: none kept (the codes say it)."""
+        return {}
+
+    def tally(self) -> dict[str, int]:
+        """How the calls ended, by code, and the most under way at once (`most open`)."""
+        return {**dict(self.answers), "most open": self.most_streaming}
 
     def stop(self) -> None:
         if self._stop is not None:
