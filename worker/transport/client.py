@@ -169,8 +169,10 @@ class PSClient:
         t = self.bounds.call_s
         while True:
             left = None if timeout is None else started + timeout - time.monotonic()
+            if left is not None and left <= t:  # the caller's deadline comes first: gRPC's ends the wait
+                return call.result()
             try:
-                return call.result(timeout=t if left is None else max(0.0, min(left, t)) or None)
+                return call.result(timeout=t)
             except grpc.FutureTimeoutError:
                 pass
             try:
