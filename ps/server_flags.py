@@ -185,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
     asp.add_argument("--staleness-lr", choices=STALENESS_LR, default="off",
                      help="scale an update by its staleness tau (versions): inverse is eta_k/tau (Zhang et al. 2016), "
                           "excess eta_k*min(1, (W-1)/tau) with W running workers")
+    rob = p.add_argument_group("robust aggregation (docs/security.md)")
+    rob.add_argument("--max-update-norm", type=positive_float, default=None, metavar="NORM",
+                     help="clip a push (a BSP gradient, an ASP update) whose L2 norm exceeds NORM down to NORM before "
+                          "it is aggregated; it keeps its samples (unset: off)")
+    rob.add_argument("--clip-outliers", type=float_at_least(1.0), default=None, metavar="K",
+                     help="clip a push whose L2 norm exceeds K times the median norm of the last 50 pushes (once 5 "
+                          "were seen) down to that; with --max-update-norm the lower limit applies (unset: off)")
     rel = p.add_argument_group("reliability")
     rel.add_argument("--max-workers", type=positive_int, default=None,
                      help="workers allowed in the job at once, late joiners included (unset: --workers)")

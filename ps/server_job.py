@@ -18,6 +18,7 @@ from common.job.models import build_model
 from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
 from common.ops.arg_types import is_host_port
 from common.ops.available_memory import available_cpu_bytes
+from common.params.norm_clip import NormLimits
 from ps.checkpoint import Checkpointer, check_no_other_job
 from ps.control.config import PolicyConfig
 from ps.control.policy import build_policy
@@ -199,6 +200,9 @@ def check_flags_together(args: argparse.Namespace) -> None:
         raise ValueError("--nesterov needs --momentum > 0")
     if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
         raise ValueError(f"--staleness-bound and --staleness-lr are for --mode asp, not --mode {args.mode}")
+    if (args.max_update_norm is not None or args.clip_outliers is not None) and (args.shards > 1 or args.allreduce == "on"):
+        raise ValueError("--max-update-norm and --clip-outliers bound the pushes this server aggregates whole: not "
+                         "with --shards (each shard sees a slice) or --allreduce on (the workers sum their gradients)")
     adaptive_config(args)
 
 
@@ -231,6 +235,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyCon
         fast_path_on_gpus=fast_path_on_gpus,
         limits=Limits(args.round_deadline, args.round_deadline_floor, args.push_idle, args.join_wait,
                       args.push_buffer_mib << 20),
+        norms=NormLimits(args.max_update_norm, args.clip_outliers),
     )
 
 

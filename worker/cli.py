@@ -120,7 +120,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prefetch", type=positive_int, default=2, metavar="D",
                    help="batches the loader prepares ahead of the one being computed (per loader process, "
                         "DataLoader's prefetch_factor)")
-    p.add_argument("--timeout", type=positive_float, default=60.0, help="seconds to wait for the server to answer")
+    p.add_argument("--timeout", type=positive_float, default=60.0, metavar="SECONDS",
+                   help="how long the server may take to answer: to come up at the start, and every call (Status, "
+                        "Heartbeat, Leave, a Pull's header, each pause within a reply's values). A push's reply waits "
+                        "for its round: SECONDS + max(60 s, 4 x the recent round time). A Join held until the job "
+                        "starts or the open round closes: every SECONDS the worker asks the server's Status what it "
+                        "waits for, and gives up when the server does not answer or says nothing it waits for")
     p.add_argument("--retry-for", type=float_at_least(0.0), default=120.0,
                    help="seconds to keep reconnecting (backoff with jitter) when the server goes away or evicts us")
     p.add_argument("--log-every", type=positive_float, default=5.0, help="seconds between progress lines")

@@ -50,7 +50,8 @@ def connect(
     """Join the parameter server at `target` (HOST:PORT); blocks until the job starts.
 
     A server that does not answer is waited for up to `timeout` seconds, and one lost mid-job up to
-    `retry_for`, saying so on the ``worker`` logger within a few seconds and then every ten.
+    `retry_for`, saying so on the ``worker`` logger within a few seconds and then every ten. Every call
+    to the server has a deadline from `timeout` too (``ps-worker --timeout``; worker/transport/call_bounds.py).
     `threads` sets torch's thread count for this process, as ``ps-worker --threads`` does (default 1:
     see :data:`DEFAULT_THREADS`; None leaves torch's own setting).
     `device` is where the model computes (default the CPU; `worker.device.resolve_device("auto")`
@@ -76,7 +77,7 @@ def connect(
         raise ValueError(f"threads must be a whole number >= 1 (or None: torch's own setting), got {threads!r}")
     who = name or f"{os.uname().nodename}-{os.getpid()}"
     client = PSClient(target, token=token, tls_ca=tls_ca, tls_cert=tls_cert, tls_key=tls_key,
-                      allowed_shard_hosts=allow_shard_hosts)
+                      allowed_shard_hosts=allow_shard_hosts, timeout=timeout)
     try:
         waiting = Waiting(who, target, time.monotonic() + timeout, "--timeout")
         wait_for_server(client, waiting)

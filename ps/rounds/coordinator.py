@@ -23,6 +23,7 @@ from common.job.datasets import TrainingData
 from ps.rounds.evaluator import BackgroundEvaluator
 from common.job.spec import JobSpec
 from ps.ops.metrics import MetricsLog
+from common.params.norm_clip import NormLimits
 from common.params.store import ParameterStore
 from ps.rounds.adaptive_batch import AdaptiveBatchSizing, AdaptiveSettings
 from ps.rounds.admission import Admission
@@ -48,6 +49,7 @@ from ps.rounds.round_close import RoundClose
 from ps.rounds.sampling import Sampling
 from ps.rounds.state import JobState
 from ps.rounds.step_reply import StepReplies
+from ps.rounds.update_norms import UpdateNorms
 from ps.rounds.whole_model import WholeModel
 from ps.shards.client import RemoteShards
 from ps.shards.core import MAX_WAIT_S
@@ -82,8 +84,10 @@ class Coordinator(JobState):
         rendezvous: Rendezvous | None = None,
         shards: RemoteShards | None = None,
         fast_path_on_gpus: Callable[[], Rendezvous] | None = None, limits: Limits | None = None,
+        norms: NormLimits | None = None,
     ) -> None:
-        """`fast_path_on_gpus` (--allreduce auto): starts the rendezvous where the fast path is taken (ps.rounds.fast_path)."""
+        """`fast_path_on_gpus` (--allreduce auto): starts the rendezvous where the fast path is taken (ps.rounds.fast_path);
+        `norms`: the bound on a push's norm (ps.rounds.update_norms; default off)."""
         check_paths(spec, rendezvous, shards, fast_path_on_gpus)
         self.spec = spec
         self.replace_policy(policy)
@@ -118,6 +122,7 @@ class Coordinator(JobState):
         self.evaluation = Evaluations(self, evaluator, self.epochs, self.whole_model)
         self.path_trial = PathTrial(self, self.bsp, self.fast_path, self.whole_model, self.stop, self.adaptive.on)
         self.checks = PushChecks(self, self.bsp, self.asp, self.fast_path, self.whole_model, self.path_trial)
+        self.norms = UpdateNorms(self, norms or NormLimits())
         self.end = JobEnd(self, self.whole_model)
         self.limits = limits or Limits()  # what a peer may make the server wait for or hold (ps.rounds.deadlines)
         self.deadlines = Deadlines(self, self.bsp, self.asp, self.epochs, self.limits, lambda w, why: self.departures.remove(w, "evict", why))
@@ -214,6 +219,7 @@ class Coordinator(JobState):
         self.checks.sequence(member, meta)
         self.checks.told(member, meta)
         if not self.done and meta.kind == "values":
+            values = self.norms.bound(member, values)  # --max-update-norm, --clip-outliers
             self.checks.values(member, meta, values)
         self.deadlines.pushed(member)
         if self.done:
@@ -278,7 +284,7 @@ class Coordinator(JobState):
     def summary(self) -> dict[str, Any]:
         e = self.evaluation
         return {**summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss),
-                **self.deadlines.report(), **self.sampling.report()}
+                **self.deadlines.report(), **self.sampling.report(), **self.norms.report()}
 
     def status(self) -> JobStatus:
         path = "auto" if self.fast_path.undecided else "allreduce" if self.spec.allreduce else "ps"

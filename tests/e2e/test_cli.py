@@ -46,6 +46,10 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
         (["--mode", "asp", "--staleness-lr", "sqrt"], "argument --staleness-lr: invalid choice: 'sqrt'"),
         (["--staleness-bound", "2"], "--staleness-bound and --staleness-lr are for --mode asp, not --mode bsp"),
         (["--staleness-lr", "inverse"], "--staleness-bound and --staleness-lr are for --mode asp, not --mode bsp"),
+        (["--max-update-norm", "0"], "argument --max-update-norm: expected a number > 0, got '0'"),
+        (["--clip-outliers", "0.5"], "argument --clip-outliers: expected a number >= 1, got '0.5'"),
+        (["--shards", "2", "--clip-outliers", "10"], "--max-update-norm and --clip-outliers bound the pushes this server aggregates whole"),
+        (["--allreduce", "on", "--max-update-norm", "5"], "not with --shards (each shard sees a slice) or --allreduce on"),
         (["--threads", "0"], "argument --threads: expected a whole number > 0, got '0'"),
         (["--keep-checkpoints", "0"], "argument --keep-checkpoints: expected a whole number > 0, got '0'"),
         (["--rendezvous-port", "29500"], "unrecognized arguments: --rendezvous-port 29500"),  # the store is on --port

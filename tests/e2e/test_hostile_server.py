@@ -1,5 +1,6 @@
 """A hostile parameter server against a real ps-worker process: the worker refuses, in one line, every
-reply it should not act on, leaves, and runs no code that the server names.
+reply it should not act on, leaves, runs no code that the server names, and waits on no call past
+its bound (a Join never answered, a reply whose values stop after the header).
 
 The fake server is written against protos/ alone (grpc and the generated messages), not against our
 server: it answers Status, Join, Pull, Push, Heartbeat and Leave as a scenario says. The baseline
@@ -54,6 +55,9 @@ class Scenario:
     pull: dict[str, Any] = field(default_factory=dict)
     values: list[float] | None = None  # the parameters a Pull sends (default NUMEL zeros)
     shards: list[tuple[str, int, int]] = field(default_factory=list)
+    hang: str = ""  # "Join": never answered; "Pull-body", "Push-body": the first such reply stops after its header
+    expected_workers: int = 1  # what Status says
+    status_hangs_after: float | None = None  # seconds after the first Join from which Status is never answered
 
 
 class FakeServer(ps_pb2_grpc.ParameterServerServicer):
@@ -62,21 +66,37 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = scenario
         self.calls: list[str] = []
+        self.times: dict[str, float] = {}  # each call's first arrival (time.monotonic)
         self.lock = threading.Lock()
+        self.stopped = threading.Event()
 
     def _spec_json(self) -> str:
         return json.dumps(self.scenario.spec)
 
-    def _record(self, name: str) -> None:
+    def _record(self, name: str) -> int:
+        """Record a call; how many of its kind came before it."""
         with self.lock:
             self.calls.append(name)
+            self.times.setdefault(name, time.monotonic())
+            return self.calls.count(name) - 1
+
+    def _hang(self, context: Any) -> None:
+        """Answer nothing until the caller gives up or the test ends."""
+        while context.is_active() and not self.stopped.wait(0.05):
+            pass
 
     def Status(self, request: Any, context: Any) -> ps_pb2.StatusReply:
         self._record("Status")
-        return ps_pb2.StatusReply(mode="bsp", job_json=self._spec_json(), global_batch=16, expected_workers=1)
+        after = self.scenario.status_hangs_after
+        if after is not None and "Join" in self.times and time.monotonic() - self.times["Join"] > after:
+            self._hang(context)
+        return ps_pb2.StatusReply(mode="bsp", job_json=self._spec_json(), global_batch=16,
+                                  expected_workers=self.scenario.expected_workers)
 
     def Join(self, request: Any, context: Any) -> ps_pb2.JoinReply:
         self._record("Join")
+        if self.scenario.hang == "Join":
+            self._hang(context)
         fields: dict[str, Any] = {
             "worker_id": "w0", "job_json": self._spec_json(), "num_params": NUMEL, "batch_size": 8,
             "heartbeat_interval_s": 1.0, "secret": "s" * 32,
@@ -94,15 +114,22 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         yield ps_pb2.ParamsChunk(header=ps_pb2.ParamsHeader(**header), seq=0)
         yield ps_pb2.ParamsChunk(seq=1, data=struct.pack(f"<{len(values)}f", *values))
 
+    def _reply(self, name: str, number: int, done: bool, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
+        """The parameters; the first reply of `name` stops after its header where the scenario says so."""
+        chunks = self._params(done)
+        yield next(chunks)
+        if self.scenario.hang == f"{name}-body" and number == 0:
+            self._hang(context)
+            return
+        yield from chunks
+
     def Pull(self, request: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
-        self._record("Pull")
-        yield from self._params(done=False)
+        yield from self._reply("Pull", self._record("Pull"), False, context)
 
     def Push(self, request_iterator: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
         for _ in request_iterator:
             pass
-        self._record("Push")
-        yield from self._params(done=True)
+        yield from self._reply("Push", self._record("Push"), True, context)
 
     def Heartbeat(self, request: Any, context: Any) -> ps_pb2.HeartbeatReply:
         self._record("Heartbeat")
@@ -118,10 +145,13 @@ class Run:
     code: int
     stderr: str
     calls: list[str]
+    times: dict[str, float]  # each call's first arrival at the fake server (time.monotonic)
+    ended: float  # when the worker exited (time.monotonic)
 
 
-def run_worker(scenario: Scenario, tmp_path: Path, *flags: str) -> Run:
-    """A real ps-worker against a fake server serving `scenario`, to its exit."""
+def run_worker(scenario: Scenario, tmp_path: Path, *flags: str, timeout: str = "30", retry_for: str = "0") -> Run:
+    """A real ps-worker against a fake server serving `scenario`, to its exit (`timeout`, `retry_for`:
+    its --timeout and --retry-for)."""
     fake = FakeServer(scenario)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     ps_pb2_grpc.add_ParameterServerServicer_to_server(fake, server)
@@ -131,12 +161,14 @@ def run_worker(scenario: Scenario, tmp_path: Path, *flags: str) -> Run:
         env = {**ENV, "PYTHONPATH": f"{tmp_path}:{ENV.get('PYTHONPATH', '')}".rstrip(":")}
         proc = subprocess.run(
             [sys.executable, "-m", "worker.cli", "--server", f"127.0.0.1:{port}", "--name", "w", "--quiet",
-             "--timeout", "30", "--retry-for", "0", *flags],
+             "--timeout", timeout, "--retry-for", retry_for, *flags],
             capture_output=True, text=True, env=env, timeout=WORKER_TIMEOUT_S, cwd=ROOT,
         )
+        ended = time.monotonic()
     finally:
+        fake.stopped.set()
         server.stop(grace=None)
-    return Run(proc.returncode, proc.stderr, list(fake.calls))
+    return Run(proc.returncode, proc.stderr, list(fake.calls), dict(fake.times), ended)
 
 
 @pytest.fixture
@@ -281,3 +313,48 @@ def test_a_model_beyond_the_workers_bounds_after_join_is_refused_and_the_worker_
                      "--max-batch", "16")
     refused(run, "layers must be in [0, 64], got 3000000")
     assert run.code != 0 and "Leave" in run.calls and "Pull" not in run.calls and "Push" not in run.calls
+
+
+def after(run: Run, call: str) -> float:
+    """Seconds from the fake server's first `call` to the worker's exit."""
+    return run.ended - run.times[call]
+
+
+def test_a_join_the_server_never_answers_ends_within_the_timeout(tmp_path: Path) -> None:
+    """A server that takes the Join and says nothing: the worker asks Status after --timeout, which
+    says the job waits for no other worker, and gives up with one line, not waiting on for ever."""
+    run = run_worker(Scenario(hang="Join"), tmp_path, "--max-batch", "16", timeout="3")
+    line = refused(run, "did not answer this worker's Join within 3 s (--timeout)")
+    assert "DEADLINE_EXCEEDED" in line and run.code == 1, run.stderr
+    assert after(run, "Join") < 3 + 10, (after(run, "Join"), run.stderr)
+    assert "Pull" not in run.calls
+
+
+def test_a_join_waits_while_the_server_says_the_job_waits_and_ends_once_it_goes_silent(tmp_path: Path) -> None:
+    """Status says two workers are expected: a Join held for the start is legitimate, said once, and
+    asked after every --timeout; once Status goes unanswered too the worker gives up within its bound."""
+    scenario = Scenario(hang="Join", expected_workers=2, status_hangs_after=7.0)
+    run = run_worker(scenario, tmp_path, "--max-batch", "16", timeout="2")
+    assert "w: waiting for the job to start (the server expects 2 workers)" in run.stderr, run.stderr
+    line = refused(run, "did not answer this worker's Join within 2 s (--timeout), nor its Status")
+    assert run.code == 1 and after(run, "Join") >= 7, (after(run, "Join"), line)
+    assert after(run, "Join") < 7 + 2 * 2 + 10, (after(run, "Join"), run.stderr)
+    assert run.calls.count("Status") >= 3  # asked again while it waited
+
+
+def test_a_pull_whose_values_stall_after_the_header_ends_within_the_timeout(tmp_path: Path) -> None:
+    run = run_worker(Scenario(hang="Pull-body"), tmp_path, "--max-batch", "16", timeout="3")
+    line = refused(run, "stalled: no data for 3 s after 1 chunk(s) (--timeout)")
+    assert line.startswith("ps-worker: error: DEADLINE_EXCEEDED: a Pull from 127.0.0.1:") and run.code == 1, line
+    assert after(run, "Pull") < 3 + 10, (after(run, "Pull"), run.stderr)
+    assert "Leave" in run.calls and "Push" not in run.calls
+
+
+def test_a_push_reply_that_stalls_after_its_header_is_given_up_and_the_worker_rejoins(tmp_path: Path) -> None:
+    """Mid-job: the values of a push's reply stop coming; at --timeout the worker says so, rejoins
+    within --retry-for and goes on (the fake's next push reply ends the job)."""
+    run = run_worker(Scenario(hang="Push-body"), tmp_path, "--max-batch", "16", timeout="3", retry_for="30")
+    assert run.code == 0, run.stderr
+    assert "w: the server did not answer in time (the reply to a push from 127.0.0.1:" in run.stderr, run.stderr
+    assert "stalled: no data for 3 s after 1 chunk(s) (--timeout)); rejoining, for up to 30 s" in run.stderr
+    assert run.calls.count("Join") == 2 and run.calls.count("Push") == 2 and "Leave" in run.calls

@@ -40,7 +40,8 @@ class Membership:
         """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic);
         the caller checks the reply before it `adopt`s it."""
         with contextlib.suppress(ServerError):
-            self.client.leave(self.worker_id, timeout=max(0.01, min(deadline - time.monotonic(), LEAVE_TIMEOUT_S)))
+            bound = min(deadline - time.monotonic(), self.client.bounds.call_s, LEAVE_TIMEOUT_S)
+            self.client.leave(self.worker_id, timeout=max(0.01, bound))
         return self.client.join(self.name, self.cores, timeout=max(0.01, deadline - time.monotonic()),
                                 cuda_device=self._cuda_device, max_batch=self.max_batch)
 
@@ -55,14 +56,14 @@ class Membership:
                 rejoin: Callable[[float], StepHeader]) -> StepHeader:
         """After a failed call: `resync()` (a stale round or version), or `rejoin(deadline)` with
         backoff (server restarted or at its bound of calls held at once, this worker evicted,
-        connection lost). A resync that fails (the server restarted meanwhile) goes on to rejoin, from
-        its error. `plan`: the one in force."""
+        connection lost, a call past its deadline: worker.transport.call_bounds). A resync that fails
+        (the server restarted meanwhile) goes on to rejoin, from its error. `plan`: the one in force."""
         if error.code == "FAILED_PRECONDITION" and "rejoin" not in error.message:
             try:
                 return resync()
             except ServerError as exc:
                 error = exc
-        if error.code not in (*TRANSIENT_CODES, "NOT_FOUND", "FAILED_PRECONDITION"):
+        if error.code not in (*TRANSIENT_CODES, "DEADLINE_EXCEEDED", "NOT_FOUND", "FAILED_PRECONDITION"):
             raise error
         return rejoin_with_backoff(self.name, self.client, self.retry_for, error, rejoin, lambda: self.worker_id, plan)
 

@@ -5,6 +5,9 @@ parameters decoded straight into a caller-owned fp32 buffer (worker.transport.re
 coordinator and any shard servers (worker.transport.shard_fanout). It keeps the secret each Join
 returned and sends it with every later call that names that worker id (ps/serving/worker_keys.py).
 A refused or failed call raises ServerError (worker.transport.server_error), importable from here.
+Every call has a deadline from the client's `timeout` (ps-worker --timeout): a unary call's own, a
+streaming reply's per message (worker.transport.watchdog), a Join's by asking the server what it waits
+for (worker.transport.call_bounds).
 """
 
 from __future__ import annotations
@@ -13,8 +16,10 @@ import contextlib
 import functools
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
+from typing import Any
 
 import grpc
 import torch
@@ -27,22 +32,27 @@ from common.transport.proto_convert import (beat_from_proto, heartbeat_to_proto,
                                             join_from_proto, leave_to_proto, pull_ask_to_proto, status_request,
                                             store_answer_from_proto, store_call_to_proto)
 from common.transport.security import PathArg
+from common.transport.serialized import DataChunk
 from common.transport.wire import CHUNK_BYTES
 import worker.transport.server_checks as server_checks
 from worker.transport.bucket_stream import BucketStream, Lane, PushTiming
+from worker.transport.call_bounds import CallBounds
 from worker.transport.channel import open_channel
 from worker.transport.ordered_push import ordered_push
 from worker.transport.reply_receiver import finish, first_chunk, receive, receive_into
 from worker.transport.server_error import ServerError, server_error
 from worker.transport.shard_fanout import ShardFanOut, shard_address
 from worker.transport.stream_calls import pull_call, push_call
+from worker.transport.watchdog import Watchdog, Watched
 
-__all__ = ["CLOSE_TIMEOUT_S", "LEAVE_TIMEOUT_S", "Joined", "PSClient", "ServerError"]
+__all__ = ["CLOSE_TIMEOUT_S", "DEFAULT_TIMEOUT_S", "LEAVE_TIMEOUT_S", "Joined", "PSClient", "ServerError"]
 
 log = logging.getLogger(__name__)
+said = logging.getLogger("worker")  # lines for people (ps-worker prints them: worker.transport.reconnect)
 
 CLOSE_TIMEOUT_S = 5.0  # PSClient.close: how long a channel close may take before it is given up
-LEAVE_TIMEOUT_S = 10.0  # PSClient.leave: how long to wait for the server to answer a Leave
+LEAVE_TIMEOUT_S = 10.0  # PSClient.leave: the longest wait for the server to answer a Leave
+DEFAULT_TIMEOUT_S = 60.0  # ps-worker --timeout's default: the bound of every call (worker.transport.call_bounds)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,10 +80,14 @@ class PSClient:
         tls_cert: PathArg | None = None,
         tls_key: PathArg | None = None,
         allowed_shard_hosts: Sequence[str] = (),
+        timeout: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         """`allowed_shard_hosts`: hosts other than the server's own where this client follows the
-        server to shard servers (worker.transport.server_checks.shard_ranges)."""
+        server to shard servers (worker.transport.server_checks.shard_ranges); `timeout`: what every
+        call's deadline derives from (worker.transport.call_bounds)."""
         self.target = target
+        self.bounds = CallBounds(timeout)
+        self._watchdog = Watchdog()
         self.allowed_shard_hosts = tuple(allowed_shard_hosts)
         self.chunk_bytes = max(4, chunk_bytes - chunk_bytes % 4)  # whole values of every wire dtype
         self.last_push = PushTiming()  # the latest push's (not recorded with --shards)
@@ -105,6 +119,7 @@ class PSClient:
             self._fanout.close()
             self._channel.close()
 
+        self._watchdog.close()
         closer = threading.Thread(target=close_all, name="ps-client-close", daemon=True)
         closer.start()
         closer.join(timeout)
@@ -124,23 +139,58 @@ class PSClient:
 
     def join(self, name: str, cores: float, timeout: float | None = None, cuda_device: str | None = None,
              max_batch: int = 0) -> Joined:
-        """Join; blocks (waiting for the server too) until admitted, or `timeout` seconds.
-        `cuda_device`: the UUID of the GPU this worker computes on, None on CPU; `max_batch`: the most
-        samples its memory holds (0: no bound of its own)."""
+        """Join; blocks until admitted (a server holds a Join until its job starts, and in a running BSP
+        job until the open round closes), or `timeout` seconds (None: no bound of the caller's). While
+        it waits the server is asked what for, every --timeout (`_admitted`): a server that does not
+        answer, or whose answer says the Join should have been answered, ends the wait. `cuda_device`:
+        the UUID of the GPU this worker computes on, None on CPU; `max_batch`: the most samples its
+        memory holds (0: no bound of its own)."""
         try:
             ask = JoinAsk(name, cores, cuda_device, max_batch, *self.declared, switch_paths=self.switch_paths)
-            request = join_ask_to_proto(ask)
-            reply = self._stub.Join(request, wait_for_ready=True, timeout=timeout)
+            call = self._stub.Join.future(join_ask_to_proto(ask), wait_for_ready=True, timeout=timeout)
+            reply = self._admitted(name, call, timeout)
         except grpc.RpcError as exc:
             raise server_error(exc) from None
         info = join_from_proto(reply)
         self._secrets[info.worker_id] = info.secret
+        self.bounds.rejoined()
         try:
             return self._joined(info, max_batch)
         except server_checks.UntrustedReply:  # a member that will never push: leave at once
             with contextlib.suppress(ServerError):
                 self.leave(info.worker_id, timeout=CLOSE_TIMEOUT_S)
             raise
+
+    def _admitted(self, name: str, call: Any, timeout: float | None) -> Any:
+        """The reply of the Join `call` (its deadline `timeout`); every --timeout without it, the
+        server's Status says what the Join waits for (CallBounds.join_wait, said once per reason), or
+        why it should have been answered: the Join is then cancelled and that is the ServerError."""
+        started, told = time.monotonic(), ""
+        t = self.bounds.call_s
+        while True:
+            left = None if timeout is None else started + timeout - time.monotonic()
+            if left is not None and left <= t:  # the caller's deadline comes first: gRPC's ends the wait
+                return call.result()
+            try:
+                return call.result(timeout=t)
+            except grpc.FutureTimeoutError:
+                pass
+            try:
+                status = self.status()
+            except ServerError as exc:
+                if exc.code == "RESOURCE_EXHAUSTED":  # it answers, at its bound of calls: ask again later
+                    continue
+                call.cancel()
+                raise ServerError("DEADLINE_EXCEEDED", f"the server at {self.target} did not answer this worker's "
+                                  f"Join within {t:g} s (--timeout), nor its Status ({exc})") from None
+            try:
+                waits_for = self.bounds.join_wait(self.target, status, time.monotonic() - started)
+            except ServerError:
+                call.cancel()
+                raise
+            if waits_for != told:
+                said.warning("%s: waiting for %s; asking %s every %g s (--timeout)", name, waits_for, self.target, t)
+                told = waits_for
 
     def _joined(self, info: JoinInfo, max_batch: int) -> Joined:
         """The Join reply as a Joined record, checked (worker.transport.server_checks) before a shard is reached."""
@@ -168,13 +218,15 @@ class PSClient:
         timing = self.last_push = PushTiming()
         fanout = self._fanout
         if not fanout.links or meta.kind != "values":
-            return functools.partial(finish, self._push(ordered_push(meta, values, self.chunk_bytes, timing)), out, timing)
+            main = self._push_reply(self._push(ordered_push(meta, values, self.chunk_bytes, timing)))
+            return functools.partial(finish, main, out, timing)
         own = fanout.own_stop
         assert own is not None
-        calls = [link.push(ordered_push(meta, values[link.target.start : link.target.stop], self.chunk_bytes, timing))
+        calls = [self._push_reply(link.push(ordered_push(meta, values[link.target.start : link.target.stop],
+                                                         self.chunk_bytes, timing)), link.target.address)
                  for link in fanout.links]
-        return functools.partial(fanout.gather, self._push(ordered_push(meta, values[:own], self.chunk_bytes, timing)),
-                                 calls, out)
+        main = self._push_reply(self._push(ordered_push(meta, values[:own], self.chunk_bytes, timing)))
+        return functools.partial(fanout.gather, main, calls, out)
 
     def open_push(self, meta: PushMeta, out: torch.Tensor) -> BucketStream:
         """A push of as many gradient values as `out` holds, sent in buckets, in any order, as they are
@@ -186,8 +238,9 @@ class PSClient:
         ranges = [(0, numel if fanout.own_stop is None else fanout.own_stop)]
         ranges += [(link.target.start, link.target.stop) for link in fanout.links]
         lanes = [Lane(start, stop, header, self.chunk_bytes) for start, stop in ranges]
-        calls = [self._push(lanes[0].requests())]
-        calls += [link.push(lane.requests()) for link, lane in zip(fanout.links, lanes[1:], strict=True)]
+        calls = [self._push_reply(self._push(lanes[0].requests()))]
+        calls += [self._push_reply(link.push(lane.requests()), link.target.address)
+                  for link, lane in zip(fanout.links, lanes[1:], strict=True)]
         timing = self.last_push = PushTiming()
         lanes[0].timing = timing
         streamed = functools.partial(fanout.stream_reply, calls[0], calls[1:], out, timing)
@@ -201,13 +254,14 @@ class PSClient:
         ends, or after a few seconds with the unchanged plan."""
         request = pull_ask_to_proto(PullAsk(worker_id, self.secret(worker_id), header_only=header_only,
                                             wait_for_batch=wait_for_batch))
+        main = self._pull_reply(self._pull(request), long_poll=wait_for_batch)
         if not self._fanout.links or header_only:
             try:
-                return receive(self._pull(request), out)
+                return receive(main, out)
             except grpc.RpcError as exc:
                 raise server_error(exc) from None
-        calls = [link.pull(request) for link in self._fanout.links]
-        return self._fanout.gather(self._pull(request), calls, out)
+        calls = [self._pull_reply(link.pull(request), server=link.target.address) for link in self._fanout.links]
+        return self._fanout.gather(main, calls, out)
 
     def pull_optimizer_state(self, worker_id: str, numel: int) -> torch.Tensor | None:
         """--allreduce: the server's optimizer state, `numel` fp32 values (common.params.flat_state), or None when
@@ -215,7 +269,7 @@ class PSClient:
         parameters instead, and says nothing of a state: a warning, and the momentum starts at zero)."""
         request = pull_ask_to_proto(PullAsk(worker_id, self.secret(worker_id), optimizer_state=True))
         try:
-            stream = self._pull(request)
+            stream = self._pull_reply(self._pull(request))
             first = first_chunk(stream)
             if not first.fields.header.optimizer_state:
                 stream.cancel()
@@ -227,9 +281,28 @@ class PSClient:
             raise server_error(exc) from None
         return out if header.num_values else None
 
-    def leave(self, worker_id: str, timeout: float = LEAVE_TIMEOUT_S) -> None:
-        """Tell the server this worker is going; DEADLINE_EXCEEDED after `timeout` s (a server that is
-        reachable but does not answer must not hold up an exit or a rejoin)."""
+    def _push_reply(self, call: Any, server: str | None = None) -> Watched[DataChunk]:
+        """A push's reply from the coordinator (`server` None: its header times the rounds) or the
+        shard at `server`: the header within the round's bound, the values with no pause over --timeout."""
+        b = self.bounds
+        return Watched(call, self._watchdog, what=f"the reply to a push from {server or self.target}",
+                       first_s=b.reply_s(), idle_s=b.call_s,
+                       first_bound=f"--timeout {b.timeout_s:g} s + {b.round_s():.0f} s for its round to close",
+                       on_first=(lambda: b.replied(time.monotonic())) if server is None else None)
+
+    def _pull_reply(self, call: Any, long_poll: bool = False, server: str | None = None) -> Watched[DataChunk]:
+        """A Pull's reply from the coordinator or the shard at `server`: the header within --timeout (a
+        parked worker's `long_poll`: the server's few seconds more), the values with no pause over it."""
+        b = self.bounds
+        return Watched(call, self._watchdog, what=f"a Pull from {server or self.target}", idle_s=b.call_s,
+                       first_s=b.long_poll_s if long_poll else b.call_s,
+                       first_bound="--timeout + the long poll's 5 s" if long_poll else "--timeout")
+
+    def leave(self, worker_id: str, timeout: float | None = None) -> None:
+        """Tell the server this worker is going; DEADLINE_EXCEEDED after `timeout` s (default: --timeout,
+        at most LEAVE_TIMEOUT_S: a server that is reachable but does not answer must not hold up an exit
+        or a rejoin)."""
+        timeout = min(self.bounds.call_s, LEAVE_TIMEOUT_S) if timeout is None else timeout
         try:
             self._stub.Leave(leave_to_proto(Caller(worker_id, self.secret(worker_id))), timeout=timeout)
         except grpc.RpcError as exc:
@@ -239,21 +312,21 @@ class PSClient:
     def heartbeat(self, worker_id: str) -> Beat:
         try:
             request = heartbeat_to_proto(Caller(worker_id, self.secret(worker_id)))
-            return beat_from_proto(self._stub.Heartbeat(request, timeout=10))
+            return beat_from_proto(self._stub.Heartbeat(request, timeout=self.bounds.call_s))
         except grpc.RpcError as exc:
             raise server_error(exc) from None
 
     def rendezvous(self, worker_id: str, call: StoreCall) -> StoreAnswer:
         """--allreduce: one call on the group's store as `worker_id` (worker.paths.group_store); the server may
-        hold it for `call.wait_s` seconds."""
+        hold it for `call.wait_s` seconds (the call's deadline: that and --timeout)."""
         request = store_call_to_proto(call, worker_id, self.secret(worker_id))
         try:
-            return store_answer_from_proto(self._stub.Rendezvous(request, timeout=call.wait_s + LEAVE_TIMEOUT_S))
+            return store_answer_from_proto(self._stub.Rendezvous(request, timeout=call.wait_s + self.bounds.call_s))
         except grpc.RpcError as exc:
             raise server_error(exc) from None
 
     def status(self) -> JobStatus:
         try:
-            return job_status_from_proto(self._stub.Status(status_request()))
+            return job_status_from_proto(self._stub.Status(status_request(), timeout=self.bounds.call_s))
         except grpc.RpcError as exc:
             raise server_error(exc) from None

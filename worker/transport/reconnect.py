@@ -90,6 +90,8 @@ def lost_because(error: ServerError) -> str:
         return "the server does not know this worker (restarted?)"
     if error.code == "RESOURCE_EXHAUSTED":
         return f"the server turned a call away for now ({error.message.splitlines()[0][:200]})"
+    if error.code == "DEADLINE_EXCEEDED":
+        return f"the server did not answer in time ({error.message.splitlines()[0][:200]})"
     return f"the server dropped this worker ({error.message.splitlines()[0][:200]})"
 
 
@@ -111,13 +113,16 @@ def rejoin_with_backoff(who: str, client: PSClient, retry_for: float, error: Ser
     """After `error` (the server restarted, the worker was evicted, the connection lost): wait for the
     server and `rejoin(deadline)` with backoff, within `retry_for` seconds for the waits and the
     attempts together, said at once and while it runs. The plan it returns (`joined_as()`: the new
-    worker id); `plan` ended if the job has; ServerError once the time is up."""
+    worker id); `plan` ended if the job has; ServerError once the time is up (with `error`'s reason
+    where no rejoin was tried)."""
     waiting = Waiting(who, client.target, time.monotonic() + retry_for, "--retry-for")
     waiting.say(f"{lost_because(error)}; {what_next(retry_for)}")
+    tried = False
     for delay in Backoff(total=retry_for).delays():
         time.sleep(min(delay, waiting.remaining()))
         if waiting.remaining() <= 0:
             break
+        tried = True
         try:
             wait_for_server(client, waiting)
             rejoined = rejoin(waiting.deadline)
@@ -130,6 +135,6 @@ def rejoin_with_backoff(who: str, client: PSClient, retry_for: float, error: Ser
             continue
         waiting.recovered(f"rejoined {client.target} as {joined_as()}")
         return rejoined
-    if error.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED"):
+    if error.code == "UNAVAILABLE" or (error.code == "DEADLINE_EXCEEDED" and tried):
         raise waiting.given_up()
     raise ServerError(error.code, f"gave up after {retry_for:.0f} s of retries (--retry-for): {error.message}")

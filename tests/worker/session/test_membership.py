@@ -1,6 +1,6 @@
-"""A worker's recovery from a failed call (worker/session/membership.py): a server out of reach or at
-its bound of calls held at once is transient, retried with backoff (rejoin_with_backoff) within
---retry-for; a code that says the request itself is wrong ends the worker."""
+"""A worker's recovery from a failed call (worker/session/membership.py): a server out of reach, at
+its bound of calls held at once, or past a call's deadline is transient, retried with backoff
+(rejoin_with_backoff) within --retry-for; a code that says the request itself is wrong ends the worker."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def no_rejoin(deadline: float) -> StepHeader:
     raise AssertionError("rejoin_with_backoff runs it")
 
 
-@pytest.mark.parametrize("code", ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "NOT_FOUND"])
+@pytest.mark.parametrize("code", ["UNAVAILABLE", "RESOURCE_EXHAUSTED", "NOT_FOUND", "DEADLINE_EXCEEDED"])
 def test_a_transient_refusal_is_retried_with_backoff(monkeypatch: pytest.MonkeyPatch, code: str) -> None:
     membership, retried = recovering(monkeypatch)
     assert membership.recover(ServerError(code, "try again later"), PLAN, no_resync, no_rejoin) is PLAN

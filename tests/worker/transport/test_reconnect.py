@@ -51,3 +51,15 @@ def test_a_server_still_turning_calls_away_when_the_time_is_up_ends_the_worker_w
     with pytest.raises(ServerError, match="RESOURCE_EXHAUSTED: gave up after 0 s of retries") as info:
         rejoin_with_backoff("w", Reachable(), 0.3, BUSY, rejoin, lambda: "w", plan())  # type: ignore[arg-type]
     assert info.value.code == "RESOURCE_EXHAUSTED"
+
+
+def test_a_reply_past_its_deadline_is_said_and_without_retries_ends_the_worker_with_its_reason() -> None:
+    stalled = ServerError("DEADLINE_EXCEEDED", "a Pull from 127.0.0.1:1 stalled: no data for 5 s after 1 chunk(s) (--timeout)")
+    assert lost_because(stalled) == f"the server did not answer in time ({stalled.message})"
+
+    def rejoin(deadline: float) -> StepHeader:
+        raise AssertionError("--retry-for 0: no rejoin")
+
+    with pytest.raises(ServerError) as info:
+        rejoin_with_backoff("w", Reachable(), 0.0, stalled, rejoin, lambda: "w", plan())  # type: ignore[arg-type]
+    assert info.value.code == "DEADLINE_EXCEEDED" and info.value.message.endswith(stalled.message)
