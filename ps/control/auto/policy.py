@@ -15,7 +15,7 @@ A decision holds the plan while it is measured balanced (model/balance.py, withi
 while the solve predicts a round shorter by less than MIN_GAIN and the noise of the measured times;
 a re-solve of laws that held must also beat their error on the plan in force, twice in a row. A
 parked worker comes back for a re-probe now and then, and at once when an active worker's times
-rise by half or more (parking.py).
+rise by half or more (model/parking.py).
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS
-from ps.control.auto.parking import ParkingSchedule
+from ps.control.model.parking import ParkingSchedule
 from ps.control.auto.probes import probe_plan, probe_targets
-from ps.control.auto.rounds import RoundLog, prediction_error
+from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws

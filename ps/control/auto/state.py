@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ps.control.auto.parking import ParkingSchedule
-from ps.control.auto.rounds import RoundLog
+from ps.control.model.parking import ParkingSchedule
+from ps.control.model.rounds import RoundLog
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.checks import integer
 from ps.control.model.state import nonnegative, observations

@@ -1,7 +1,7 @@
-"""Every worker's observations and its law (law.py): the first WARMUP after it joins are left out,
-those numbered below its mark are settled and the newer ones tested against them (change.py), and a
-change of speed forgets the points before it, so the law is fitted again from the times after it.
-Pure."""
+"""Every worker's observations (model/worker_times.py: the first WARMUP after it joins are left out)
+and its law (law.py): those numbered below its mark are settled and the newer ones tested against them
+(change.py), and a change of speed forgets the points before it, so the law is fitted again from the
+times after it. Pure."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ from collections.abc import Mapping
 from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, settled_mark
 from ps.control.auto.law import Law, law_of
 from ps.control.model.time_fit import Finish, Observations
+from ps.control.model.worker_times import WorkerTimes
 
-WARMUP = 2
-"""Each worker's first observations after it joins are not fitted: its first steps' allocations and
-caches, not its speed."""
 SLOWED = 1.5
 """A change of speed that makes a worker's times this many times its old law's is a slowdown that may
 have moved elsewhere (a swap, a tenant): the parked workers, whose speeds are not measured, are probed
@@ -22,36 +20,33 @@ again. Noise that comes in spells passes the change test now and then, but seldo
 the median of the new times (a stalled step is one time)."""
 
 
-class WorkerLaws:
+class WorkerLaws(WorkerTimes):
     """Every worker's observations, its settled mark and its law; who changed speed since the last
     decision."""
 
     def __init__(self, min_samples: int, deadband: float) -> None:
-        self.min_samples, self.deadband = min_samples, deadband
-        self.obs: dict[str, Observations] = {}
+        super().__init__(min_samples)
+        self.deadband = deadband
         self.settled: dict[str, int] = {}
-        self.warmup: dict[str, int] = {}
         self.changed: set[str] = set()  # changed speed since the last decision
         self.slowed: set[str] = set()  # of those, the ones whose times rose SLOWED times or more
 
     def add(self, worker_id: str) -> None:
-        self.obs[worker_id], self.settled[worker_id], self.warmup[worker_id] = Observations(), 0, WARMUP
+        super().add(worker_id)
+        self.settled[worker_id] = 0
 
     def remove(self, worker_id: str) -> None:
-        for table in (self.obs, self.settled, self.warmup):
-            table.pop(worker_id, None)
+        super().remove(worker_id)
+        self.settled.pop(worker_id, None)
         self.changed.discard(worker_id)
         self.slowed.discard(worker_id)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
         """Take one time (False: a warm-up step, left out) and test the newest against the law."""
-        if self.warmup[worker_id] > 0:
-            self.warmup[worker_id] -= 1
+        if not super().record(worker_id, batch, ms, exposed):
             return False
-        obs = self.obs[worker_id]
-        obs.add(batch, ms, exposed)
         if not self.forget_before_change(worker_id):
-            self.settled[worker_id] = settled_mark(obs.items, self.settled[worker_id])
+            self.settled[worker_id] = settled_mark(self.obs[worker_id].items, self.settled[worker_id])
         return True
 
     def forget_before_change(self, worker_id: str, sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> bool:
@@ -79,22 +74,6 @@ class WorkerLaws:
         """Each measured worker's fitted finish time: its law, or its proportional line."""
         laws = {k: self.law(k) for k in self.obs}
         return {k: law.fit.finish for k, law in laws.items() if law is not None}
-
-    def recent(self, worker_id: str, batch: int) -> list[float] | None:
-        """The worker's finish times since it got `batch` (at least `min_samples`; None: fewer)."""
-        obs = self.obs[worker_id]
-        return obs.recent(batch, max(self.min_samples, obs.run(batch)))
-
-    def in_force(self, plan: Mapping[str, int]) -> dict[str, list[float]] | None:
-        """Each planned worker's times since it got its batch in `plan` (None: one has too few)."""
-        out = {}
-        for k, b in plan.items():
-            if b > 0:
-                recent = self.recent(k, b)
-                if recent is None:
-                    return None
-                out[k] = recent
-        return out
 
     def time_error(self, plan: Mapping[str, int]) -> float:
         """The largest relative standard error of a planned worker's mean time at its batch: how far

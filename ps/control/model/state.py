@@ -1,5 +1,6 @@
-"""Reading the model policy's checkpoint state back: each value checked as it is read, so a state
-file that contradicts itself or holds garbage is refused with the field it names (pure)."""
+"""The checks that read the model and auto policies' checkpoint state back: each value checked as it
+is read, so a state file that contradicts itself or holds garbage is refused with the field it names
+(the model's part itself: checkpoint.py). Pure."""
 
 from __future__ import annotations
 

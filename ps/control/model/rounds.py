@@ -1,8 +1,9 @@
-"""The BSP rounds as the auto policy measures them: each round's overhead c (its time on the server's
-clock past the slowest fitted finish of the batches pushed in it: what the server and the wire add,
-and the excess of the slowest of several noisy finishes), the rounds of the plan in force, and the
-round that plan was predicted to take, so that each decision reports how far its prediction was off.
-Pure."""
+"""The BSP rounds as the model and auto policies measure them: each round's overhead c (its time on the
+server's clock past the slowest fitted finish of the batches pushed in it: what the server and the
+wire add, and the excess of the slowest of several noisy finishes, so that predictions of whole rounds
+are not biased low), the rounds of the plan in force, and the round that plan was predicted to take,
+so that each decision reports how far its prediction was off. The model policy keeps c per set of
+workers in the round too (`WorkerSetRounds`). Pure."""
 
 from __future__ import annotations
 
@@ -36,12 +37,16 @@ class RoundLog:
         """A worker's batch went into the open round."""
         self.pushed[worker_id] = batch
 
-    def close(self, round_ms: float, finishes: Mapping[str, Finish]) -> None:
-        """The round closed after `round_ms`; its c counts where every batch in it has a fit."""
+    def close(self, round_ms: float, finishes: Mapping[str, Finish]) -> float | None:
+        """The round closed after `round_ms`; its c counts where every batch in it has a fit. Returns
+        that c (None: it does not count)."""
+        c = None
         if self.pushed and all(k in finishes for k in self.pushed):
-            self.overhead.append(max(0.0, round_ms - max(finishes[k].at(b) for k, b in self.pushed.items())))
+            c = max(0.0, round_ms - max(finishes[k].at(b) for k, b in self.pushed.items()))
+            self.overhead.append(c)
         self.measured = [*self.measured[-(MEASURED_ROUNDS - 1):], round_ms]
         self.pushed = {}
+        return c
 
     @property
     def overhead_ms(self) -> float:
@@ -56,6 +61,31 @@ class RoundLog:
                "rounds": len(self.measured)}
         self.measured = []
         return out
+
+
+class WorkerSetRounds(RoundLog):
+    """The rounds, and c per set of workers in the round: a re-probed worker adds a slow, noisy finish
+    whose excess c must not carry over to the rounds without it. The per-set values live in memory
+    only: a resumed policy starts from the whole window."""
+
+    def __init__(self, overhead: list[float] | None = None, measured: list[float] | None = None,
+                 predicted: float | None = None) -> None:
+        super().__init__(overhead, measured, predicted)
+        self.overhead_of: dict[frozenset[str], deque[float]] = {}
+
+    def close(self, round_ms: float, finishes: Mapping[str, Finish]) -> float | None:
+        in_round = frozenset(self.pushed)
+        c = super().close(round_ms, finishes)
+        if c is not None:
+            self.overhead_of.setdefault(in_round, deque(maxlen=OVERHEAD_ROUNDS)).append(c)
+        return c
+
+    def overhead_for(self, plan: Mapping[str, int]) -> float:
+        """c for the workers `plan` puts in the round: the median over the recent rounds of that set
+        once it has MIN_ERROR_ROUNDS of them, else over every recent round (0 before any)."""
+        own = self.overhead_of.get(frozenset(k for k, b in plan.items() if b > 0), ())
+        values = own if len(own) >= MIN_ERROR_ROUNDS else self.overhead
+        return statistics.median(values) if values else 0.0
 
 
 def prediction_error(previous: Mapping[str, Any]) -> float:

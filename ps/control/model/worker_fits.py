@@ -1,0 +1,76 @@
+"""What the model policy holds of each worker's times (worker_times.py): its fitted finish time
+(time_fit.py) and what a decision reports of it, how many probe decisions it had, and whether its
+speed drifted during its run at its batch, in which case its history is rescaled to the new speed.
+Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ps.control.model.time_fit import Finish, Fit
+from ps.control.model.worker_times import WorkerTimes
+from ps.control.performance import FinishTime
+
+
+class WorkerFits(WorkerTimes):
+    """Every worker's observations, its fit and its probe decisions."""
+
+    def __init__(self, min_samples: int, deadband: float) -> None:
+        super().__init__(min_samples)
+        self.deadband = deadband
+        self.probes: dict[str, int] = {}  # probe decisions per worker
+
+    def add(self, worker_id: str) -> None:
+        super().add(worker_id)
+        self.probes[worker_id] = 0
+
+    def remove(self, worker_id: str) -> None:
+        super().remove(worker_id)
+        self.probes.pop(worker_id, None)
+
+    def fit(self, worker_id: str) -> Fit | None:
+        return self.obs[worker_id].fit(self.min_samples)
+
+    def finishes(self) -> dict[str, Finish]:
+        """Every measured worker's fitted finish time."""
+        out = {}
+        for k in self.obs:
+            fit = self.fit(k)
+            if fit is not None:
+                out[k] = fit.finish
+        return out
+
+    def times(self, cautious: bool = False) -> dict[str, FinishTime]:
+        """Each worker's finish time as a function of its batch (a worker not measured yet: the
+        slowest measured per-sample time, so it is never predicted fast); `cautious`: plus the fit's
+        uncertainty where a plan extrapolates (time_fit.Finish.cautious), for choosing between plans."""
+        finishes = self.finishes()
+        per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
+        return {k: ((finishes[k].cautious if cautious else finishes[k].at) if k in finishes
+                    else (lambda b: per_sample * b)) for k in self.obs}
+
+    def drifted(self, worker_id: str, batch: int | None) -> bool:
+        """Whether the worker's speed changed during its current run at `batch` (time_fit.
+        Observations.drift); if so its history is rescaled to the new speed."""
+        n = self.min_samples
+        ratio = self.obs[worker_id].drift(batch, n, self.deadband) if batch else None
+        if ratio is None:
+            return False
+        self.obs[worker_id].rescale(ratio, keep=n)
+        return True
+
+    def report(self, plan: Mapping[str, int], min_batch: Mapping[str, int]) -> dict[str, dict[str, Any]]:
+        """Each fitted worker's q, s, the batch sizes its fit has, and whether it is bound by compute or
+        by communication at its batch in `plan` (at `min_batch` where it has none or 0), with its
+        exposed communication there where the worker reports it."""
+        fits = {}
+        for k, f in self.finishes().items():
+            fit = self.fit(k)
+            b = plan.get(k) or min_batch[k]
+            entry: dict[str, Any] = {"q": round(f.line.q, 6), "s": round(f.line.s, 4),
+                                     "batches": fit.batches if fit else 0, "bound": f.bound(b)}
+            if f.exposed is not None:
+                entry["exposed_ms"] = round(f.exposed_at(b), 4)
+            fits[k] = entry
+        return fits

@@ -1,0 +1,53 @@
+"""Every worker's observations as the model and auto policies keep them: the first WARMUP after it
+joins are left out, and a worker's times since it got its batch are what a plan is measured balanced
+on. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ps.control.model.time_fit import Observations
+
+WARMUP = 2
+"""Each worker's first observations after it joins are not fitted: they hold its first steps'
+allocations and caches, not its speed."""
+
+
+class WorkerTimes:
+    """Every worker's observations and the warm-up steps it still has to skip."""
+
+    def __init__(self, min_samples: int) -> None:
+        self.min_samples = min_samples
+        self.obs: dict[str, Observations] = {}
+        self.warmup: dict[str, int] = {}
+
+    def add(self, worker_id: str) -> None:
+        self.obs[worker_id], self.warmup[worker_id] = Observations(), WARMUP
+
+    def remove(self, worker_id: str) -> None:
+        for table in (self.obs, self.warmup):
+            table.pop(worker_id, None)
+
+    def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
+        """Take one time (False: a warm-up step, left out)."""
+        if self.warmup[worker_id] > 0:
+            self.warmup[worker_id] -= 1
+            return False
+        self.obs[worker_id].add(batch, ms, exposed)
+        return True
+
+    def recent(self, worker_id: str, batch: int) -> list[float] | None:
+        """The worker's finish times since it got `batch` (at least `min_samples`; None: fewer)."""
+        obs = self.obs[worker_id]
+        return obs.recent(batch, max(self.min_samples, obs.run(batch)))
+
+    def in_force(self, plan: Mapping[str, int]) -> dict[str, list[float]] | None:
+        """Each planned worker's times since it got its batch in `plan` (None: one has too few)."""
+        out = {}
+        for k, b in plan.items():
+            if b > 0:
+                recent = self.recent(k, b)
+                if recent is None:
+                    return None
+                out[k] = recent
+        return out
