@@ -18,7 +18,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("common", "ps", "worker", "deploy", "benchmarks")
 FIRST_PARTY = (*PACKAGES, "protos", "tests")
-MAX_LINES = 500
+MAX_LINES = 400
 
 # Modules allowed over MAX_LINES, each one concept that would read worse cut in two. Empty: split by concern.
 LONGER_ALLOWED: dict[str, str] = {}
