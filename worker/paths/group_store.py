@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from common.transport.messages import StoreAnswer, StoreCall
 from worker.transport.client import ServerError
-from worker.paths.collective import CollectiveError
+from worker.paths.process_group import CollectiveError
 
 LONG_POLL_S = 10.0  # what the server holds a get or wait for at most (ps.rounds.group_store.StoreLimits)
 

@@ -17,7 +17,7 @@ from functools import partial
 import torch
 
 from common.transport.messages import PushMeta, PushTimes, StepHeader
-from worker.paths.collective import CollectiveError
+from worker.paths.process_group import CollectiveError
 from worker.paths.regroup import await_regroup, generation_stands
 from worker.session.plan_follower import PlanFollower
 from worker.session.replica import Replica
