@@ -348,6 +348,25 @@ def scale(profile: Profile, mode: str, cpu_budget: float) -> list[float]:
     return [w * budget / total for w in workers]
 
 
+def scale_phases(profiles: Sequence[Profile], mode: str, cpu_budget: float) -> list[list[float]]:
+    """Per-worker CPU shares of each phase of a schedule, every phase at one scale: the phase with the
+    most cores in all sums to ``cpu_budget`` and the others keep their cores' ratio to it, so a phase
+    where a worker's cores are halved (another tenant on its node) leaves that worker half its share
+    instead of scaling every worker up. One profile: :func:`scale`'s shares."""
+    budget = _check_share(cpu_budget, "cpu_budget")
+    if not profiles:
+        raise ValueError("a schedule needs at least one phase")
+    top = max(sum(p.allocation(mode).workers) for p in profiles)
+    return [[w * budget / top for w in p.allocation(mode).workers] for p in profiles]
+
+
+def scale_server(profiles: Sequence[Profile], mode: str, cpu_budget: float) -> list[float | None]:
+    """The server's share of each phase at :func:`scale_phases`' scale (None where a phase gives it no cores)."""
+    budget = _check_share(cpu_budget, "cpu_budget")
+    top = max(sum(p.allocation(mode).workers) for p in profiles)
+    return [None if (server := p.allocation(mode).server) is None else server * budget / top for p in profiles]
+
+
 def quota_period_us(shares: Sequence[float]) -> int:
     """The CFS period (us) for a set of CPU shares (cores): the shortest the kernel accepts for all.
 

@@ -20,7 +20,8 @@ from deploy.profiles import (
     load_profile,
     load_schedule,
     quota_period_us,
-    scale,
+    scale_phases,
+    scale_server,
 )
 from deploy.server_args import server_parser, split_server_args
 
@@ -98,14 +99,6 @@ class Plan:
         return " -> ".join(p.name for p in self.profiles)
 
 
-def _server_share(profile: Profile, mode: str, budget: float) -> float | None:
-    """The server's quota in ASP: the profile's server cores at the same scale as the workers'."""
-    allocation = profile.allocation(mode)
-    if mode != "asp" or allocation.server is None:
-        return None
-    return allocation.server * budget / sum(allocation.workers)
-
-
 def _refused(flag: str) -> str | None:
     """Why ``ps-cluster run --server-arg`` refuses ``flag``, or None."""
     if flag in RESERVED_SERVER_FLAGS:
@@ -144,11 +137,12 @@ def resolve(config: RunConfig) -> Plan:
         if config.every_epochs is not None or config.every_seconds is not None:
             raise ValueError("--every-epochs / --every-seconds need --schedule")
         profiles = [load_profile(config.profile)]
-    shares = [scale(p, mode, budget) for p in profiles]
+    shares = scale_phases(profiles, mode, budget)  # one scale for every phase: a halved worker stays halved
     counts = {len(s) for s in shares}
     if len(counts) != 1:
         raise ValueError(f"every phase must have the same number of workers, got {sorted(counts)}")
-    server_shares = [_server_share(p, mode, budget) for p in profiles]
+    # the server's quota in ASP: its cores at the workers' scale
+    server_shares: list[float | None] = scale_server(profiles, mode, budget) if mode == "asp" else [None] * len(profiles)
     if len({share is None for share in server_shares}) > 1:
         without = ", ".join(p.name for p, share in zip(profiles, server_shares, strict=True) if share is None)
         raise ValueError(

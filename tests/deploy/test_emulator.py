@@ -304,6 +304,18 @@ def test_the_default_policy_is_auto_on_a_profile_and_on_a_schedule(tmp_path: Pat
     assert policy(policy="uniform") == "uniform"
 
 
+def test_a_schedule_keeps_a_halved_worker_halved(tmp_path: Path) -> None:
+    """ps-cluster run scales every phase of a schedule alike: the tenant's w3 gets half its HL8 quota;
+    swap in epochs (--every-epochs 2) trains 2 epochs a phase."""
+    from deploy.emulator import RunConfig, resolve
+
+    plan = resolve(RunConfig(schedule="tenant", cpu_budget=1.5, mode="asp", out=tmp_path / "a"))
+    assert [phase[3] for phase in plan.shares] == pytest.approx([1.05, 0.525, 1.05])
+    assert plan.server_shares == pytest.approx([0.3] * 3)
+    swap = resolve(RunConfig(schedule="swap", every_epochs=2, quick=True, cpu_budget=1.5, out=tmp_path / "b"))
+    assert swap.epochs == 8 and swap.shares[1] == pytest.approx([0.1875, 0.1875, 1.0, 0.125])
+
+
 def test_bad_output_folder_and_mixed_server_shares_are_refused_when_planned(tmp_path: Path) -> None:
     from deploy.emulator import RunConfig, resolve
 

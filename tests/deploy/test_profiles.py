@@ -21,6 +21,8 @@ from deploy.profiles import (
     load_schedule,
     quota_period_us,
     scale,
+    scale_phases,
+    scale_server,
 )
 
 TABLE_I = {
@@ -39,7 +41,7 @@ def write(tmp_path: Path, text: str, name: str = "custom.yaml") -> Path:
 
 def test_builtins_are_table_i_and_fig_10() -> None:
     assert builtin_profiles() == ["hl1", "hl2", "hl4", "hl8"]
-    assert builtin_schedules() == ["dynamic"]
+    assert builtin_schedules() == ["dynamic", "swap", "tenant"]
 
 
 @pytest.mark.parametrize("name", sorted(TABLE_I))
@@ -228,6 +230,35 @@ def test_dynamic_schedule_has_the_fig_10_phases() -> None:
     assert [schedule.phase_at(e).name for e in (0, 4, 5, 14, 15, 24, 25, 39, 40, 1000)] == [
         "hl1", "hl1", "hl2", "hl4", "hl8", "hl8", "hl4", "hl1", "hl1", "hl1",
     ]
+
+
+def test_swap_and_tenant_change_hl8_on_the_wall_clock() -> None:
+    """swap: HL8, its fastest worker (w3) and a slow one (w2) swapped, all even, HL8; tenant: HL8 with w3's
+    cores halved between two HL8 phases. Both count seconds."""
+    swap, tenant = load_schedule("swap"), load_schedule("tenant")
+    assert [p.name for p in swap.phases] == ["hl8", "hl8-swap", "hl1", "hl8"]
+    assert [p.name for p in tenant.phases] == ["hl8", "hl8-tenant", "hl8"]
+    assert (swap.unit, swap.every_seconds, tenant.unit, tenant.every_seconds) == ("seconds", 20.0, "seconds", 20.0)
+    for mode in ("bsp", "asp"):
+        hl8 = list(load_profile("hl8").allocation(mode).workers)
+        swapped, halved = list(swap.phases[1].allocation(mode).workers), list(tenant.phases[1].allocation(mode).workers)
+        assert swapped == [*hl8[:2], hl8[3], hl8[2]] and max(hl8) == hl8[3] and hl8[2] == min(hl8)
+        assert halved == [*hl8[:3], hl8[3] / 2]
+        assert swap.phases[1].allocation(mode).server == tenant.phases[1].allocation(mode).server == (8 if mode == "asp" else None)
+
+
+def test_a_schedules_phases_share_one_scale() -> None:
+    """The phase with the most cores sums to the budget and the others keep their ratio to it: the tenant's
+    worker runs at half its HL8 share, nobody else moves. One phase alone: scale()'s shares exactly."""
+    tenant = load_schedule("tenant")
+    shares = scale_phases(tenant.phases, "bsp", 1.5)
+    assert shares[0] == shares[2] == scale(load_profile("hl8"), "bsp", 1.5)
+    assert shares[1] == pytest.approx([0.1875, 0.1875, 0.125, 0.5])
+    assert scale_phases(load_schedule("dynamic").phases, "asp", 1.5)[3] == scale(load_profile("hl8"), "asp", 1.5)
+    assert scale_server(tenant.phases, "asp", 1.5) == pytest.approx([0.3] * 3)
+    assert scale_server(tenant.phases, "bsp", 1.5) == [None] * 3
+    with pytest.raises(ValueError, match="at least one phase"):
+        scale_phases([], "bsp", 1.5)
 
 
 def test_schedule_interval_override() -> None:
