@@ -8,7 +8,7 @@ import json
 import math
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,22 +147,26 @@ def measure_ideal_together(s: Settings, emu: Emulation, batches: Sequence[int]) 
 
 
 def measure_ddp(s: Settings, emu: Emulation, ideal: dict[str, Any] | None,
-                split: dict[str, int] | None = None, name: str = "") -> dict[str, Any]:
+                split: Mapping[str, int] | None = None, name: str = "",
+                rates: Mapping[str, float] | None = None) -> dict[str, Any]:
     """DDP, one rank per worker cgroup, with equal batches B/K (`ddp_uniform`) or with `split`'s
     per-worker batches (`ddp_split`: set by hand, as DDP users do for mixed hardware, here to our
-    controller's final plan); steps sized to last about ddp_seconds. `name`: what the log and the
-    work folder call it (default: ddp_uniform or ddp_split)."""
+    controller's final plan); steps sized to last about ddp_seconds, from each worker's samples/s
+    alone (the ideal's) or `rates`. `name`: what the log and the work folder call it (default:
+    ddp_uniform or ddp_split)."""
     from benchmarks.ddp_baseline import run_ddp
 
     k = len(emu.names)
     name = name or ("ddp_uniform" if split is None else "ddp_split")
     batches = [max(1, s.workload.global_batch // k)] * k if split is None else [max(1, split[n]) for n in emu.names]
     steps = s.ddp_min_steps
-    if ideal is not None and not s.tiny:
-        # the slowest rank sets the pace; its solo rate predicts the step time
-        rates = [ideal["per_worker"][n]["samples_per_s"] for n in emu.names]
-        step_s = max(b / r for b, r in zip(batches, rates, strict=True) if r > 0)
-        steps = max(s.ddp_min_steps, min(200, math.ceil(s.ddp_seconds / step_s)))
+    if rates is None and ideal is not None:
+        rates = {n: ideal["per_worker"][n]["samples_per_s"] for n in emu.names}
+    if rates is not None and not s.tiny:
+        # the slowest rank sets the pace; its rate predicts the step time
+        step_s = max((b / rates[n] for n, b in zip(emu.names, batches, strict=True) if rates.get(n)), default=0.0)
+        if step_s > 0:
+            steps = max(s.ddp_min_steps, min(200, math.ceil(s.ddp_seconds / step_s)))
     log(f"{name}: {k} ranks, batches {batches}, {s.ddp_warmup} warm-up + {steps} timed steps ...")
     with limiters(emu, "ddp") as groups:
         preexecs = [with_death_signal(g.preexec if g is not None else None) for g in groups]

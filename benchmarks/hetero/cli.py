@@ -11,14 +11,20 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cluster_run import run_in_workdir
-from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_schedule, bench_throughput, bench_tta
+from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_throughput, bench_tta
 from benchmarks.hetero.report import environment, render_table
 from benchmarks.hetero.runs import CASES, CONTROLLERS, OPT_IN, POLICIES
+from benchmarks.hetero.schedules import bench_schedule
 from benchmarks.hetero.settings import Settings, log, resolve_emulation
 from benchmarks.report_output import add_report_options, emit
 from benchmarks.workload import Workload
-from deploy.profiles import default_cpu_budget, load_profile, load_schedule
+from deploy.profiles import builtin_schedules, default_cpu_budget, load_profile, load_schedule
+from deploy.run_plan import DEFAULT_POLICY
 from common.ops.arg_types import positive_float, positive_int
+
+
+SCHEDULE_EPOCH_CAP = 10_000
+"""--epochs of a run through a schedule on the wall clock, which stops it at the schedule's end."""
 
 
 def _fraction(text: str) -> float:
@@ -46,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
             "examples:\n"
             "  python -m benchmarks.hetero --profile hl8 --mode bsp --json\n"
             "  python -m benchmarks.hetero --profile hl8 --mode asp --json\n"
+            "  python -m benchmarks.hetero --schedule swap --json    # quotas change every 20 s; DDP beside\n"
+            "  python -m benchmarks.hetero --schedule tenant --every-seconds 15 --mode asp --json\n"
             "  python -m benchmarks.hetero --schedule dynamic --every-epochs 3 --json\n"
             "  python -m benchmarks.hetero --profile hl8 --tta 0.95 --json\n"
             "  python -m benchmarks.hetero --tiny --json            # smoke test (under a minute)\n"
@@ -58,16 +66,22 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--profile", default="hl8", metavar="NAME|PATH", help="heterogeneity profile (default: hl8)")
     what.add_argument("--mode", choices=["bsp", "asp"], default="bsp", help="training mode (default: bsp)")
     what.add_argument("--schedule", metavar="NAME|PATH",
-                      help="dynamic heterogeneity: step the quotas through this schedule's phases (e.g. dynamic); "
+                      help="speeds that change: step the quotas through this schedule's phases while the job runs "
+                      f"(built-in: {', '.join(builtin_schedules())}; or a schedule YAML file) and measure each phase, "
+                      "BSP with DDP beside it (equal batches, tuned to the first phase, re-tuned at every change); "
                       "replaces --profile")
-    what.add_argument("--every-epochs", type=positive_int, metavar="N",
-                      help="phase length in epochs for --schedule (default: the schedule's)")
+    every = what.add_mutually_exclusive_group()
+    every.add_argument("--every-epochs", type=positive_int, metavar="N",
+                       help="--schedule: a phase lasts N epochs (default: the schedule's own length)")
+    every.add_argument("--every-seconds", type=positive_float, metavar="S",
+                       help="--schedule: a phase lasts S seconds on the wall clock, from the end of round 0 "
+                       "(default: the schedule's own length)")
     what.add_argument("--tta", type=_fraction, metavar="TARGET",
                       help="time uniform and dynamic to this test accuracy (default workload: digits, cnn width=96, B=512)")
     what.add_argument("--controllers", dest="controllers", metavar="LIST", help=argparse.SUPPRESS)
     what.add_argument("--policies", dest="controllers", metavar="LIST", help="comma-separated runs to make, each a batch "
                       "policy or a variant of one (--controllers is the same flag; default: bsp uniform,static,dynamic; asp "
-                      "uniform,dynamic,dynamic_no_lr_scaling; --schedule dynamic; --tta uniform,dynamic; bsp also "
+                      "uniform,dynamic,dynamic_no_lr_scaling; --schedule " + DEFAULT_POLICY + ", the default policy; --tta uniform,dynamic; bsp also "
                       "takes dynamic_allreduce, the collective fast path, and dynamic_allreduce_ring, the same with torch's "
                       "ring all_reduce instead of the hub, dynamic_allreduce_compute, the fast path at --balance compute, dynamic_auto_trial, --allreduce auto trying both paths (with --sampling independent), and dynamic_cycle, dynamic with --balance cycle; both take dynamic_busy and "
                       "dynamic_compute, dynamic with --balance busy or compute instead of the server's default, auto: busy "
@@ -82,8 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
                       "quickstart (the README's quick start: MLP hidden=512 on digits, B=256, one worker 4x slower) or "
                       "hl8-fixed (HL8 with the CNN and 20 ms of CPU per step on every worker)")
     what.add_argument("--no-baselines", action="store_true",
-                      help="skip the ideal and DDP measurements (the default for --mode asp, --schedule and --tta)")
-    what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode")
+                      help="skip the ideal and DDP measurements (the default for --mode asp and --tta; --schedule "
+                      "measures only DDP, phase by phase)")
+    what.add_argument("--baselines", action="store_true", help="measure the ideal and DDP in every mode (BSP)")
     job = p.add_argument_group("workload (default: cnn on synthetic 32x32 images, size=4096, global batch 512)")
     job.add_argument("--model", help="model for every run (default: cnn)")
     job.add_argument("--model-arg", action="append", metavar="K=V", help="model option (--tta default: width=96)")
@@ -91,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset-arg", action="append", metavar="K=V", help="data set option (default: size=4096)")
     job.add_argument("--global-batch", type=positive_int, help="global batch B (default: 512)")
     job.add_argument("--epochs", type=positive_int,
-                     help="epochs per run (default: 12; --schedule: phases x every; --tta: 60, a run stops at the target)")
+                     help="epochs per run (default: 12; --schedule: phases x every, and on the wall clock the schedule's end stops "
+                     "the run; --tta: 60, a run stops at the target)")
     job.add_argument("--lr", type=positive_float, help="learning rate (default: 0.02; --tta: 0.1)")
     job.add_argument("--momentum", type=float, default=0.9, help="SGD momentum (default: 0.9)")
     job.add_argument("--seed", type=int, default=0, help="model initialisation and data split (default: 0)")
@@ -131,10 +147,10 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
     case = CASES.get(args.case or "")
     profile = load_profile(case.profile if case else args.profile)
     schedule = load_schedule(args.schedule) if args.schedule else None
-    if schedule is not None and args.every_epochs:
-        schedule = schedule.every(epochs=args.every_epochs)
-    if schedule is not None and schedule.every_epochs is None:
-        raise SystemExit(f"hetero: error: schedule {schedule.name!r} counts seconds; pass --every-epochs N")
+    if (args.every_epochs or args.every_seconds) and schedule is None:
+        raise SystemExit("hetero: error: --every-epochs / --every-seconds need --schedule")
+    if schedule is not None and (args.every_epochs or args.every_seconds):
+        schedule = schedule.every(epochs=args.every_epochs, seconds=args.every_seconds)
     if schedule is not None:
         profile = schedule.phases[0]
     profile.allocation(args.mode)  # ValueError if the profile lacks the mode
@@ -163,8 +179,10 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         lr=lr, momentum=args.momentum, seed=args.seed,
     )
     if schedule is not None:
-        epochs = args.epochs or int(schedule.interval) * len(schedule.phases)
-        default_runs = ["dynamic"]
+        # on the wall clock the schedule ends the run; --epochs only bounds it
+        epochs = args.epochs or (int(schedule.interval) * len(schedule.phases) if schedule.every_epochs is not None
+                                 else SCHEDULE_EPOCH_CAP)
+        default_runs = [DEFAULT_POLICY]
     elif tta:
         epochs = args.epochs or (3 if args.tiny else 60)
         default_runs = ["uniform", "dynamic"]
@@ -179,7 +197,7 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
     unknown = [c for c in controllers if c not in allowed]
     if unknown or not controllers:
         raise SystemExit(f"hetero: error: --policies/--controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
-    baselines = (args.mode == "bsp" and schedule is None and not tta and case is None) \
+    baselines = (args.mode == "bsp" and not tta and case is None) \
         if not (args.baselines or args.no_baselines) else args.baselines
     return Settings(
         mode=args.mode, profile=profile, schedule=schedule, tta=args.tta, workload=workload, epochs=epochs,
@@ -216,7 +234,7 @@ def run(s: Settings) -> dict[str, Any]:
         "mode": s.mode,
         "profile": s.profile.name,
         "schedule": None if s.schedule is None else {
-            "name": s.schedule.name, "every_epochs": int(s.schedule.interval),
+            "name": s.schedule.name, "unit": s.schedule.unit, "every": s.schedule.interval,
             "phases": [p.name for p in s.schedule.phases]},
         "tiny": s.tiny,
         "environment": environment(s, emu),

@@ -1,5 +1,5 @@
-"""What a benchmark run measures in each mode: throughput against the baselines, the decisions after
-each phase change of a schedule, and the time to a test accuracy; each run's summary and the targets."""
+"""What a benchmark run measures in each mode: throughput against the baselines and the time to a test
+accuracy (a schedule's phases: :mod:`benchmarks.hetero.schedules`); each run's summary and the targets."""
 
 from __future__ import annotations
 
@@ -12,8 +12,7 @@ from benchmarks.hetero.baselines import measure_ddp, measure_ideal
 from benchmarks.hetero.compose import COMPOSE_SUFFIX, run_compose
 from benchmarks.hetero.policies import compare, measured_costs, policy_record
 from benchmarks.hetero.runs import CASES, RUN_VARIANTS, Run, run_cluster
-from benchmarks.hetero.settings import Emulation, Settings, log
-from deploy.profiles import scale
+from benchmarks.hetero.settings import Emulation, Settings
 
 
 SOURCE = "issue targets (the HL8 anchors)"
@@ -253,59 +252,6 @@ def case_targets(case: str, runs: dict[str, Any], comparison: dict[str, Any] | N
         fewer = None if decisions is None or policy.get("decisions") is None else policy["decisions"] - decisions
         targets.append(analysis.target(f"{case}: model decisions minus dynamic's", fewer, "<=", -1, POLICY_SOURCE))
     return targets
-
-
-def bench_schedule(s: Settings, emu: Emulation, report: dict) -> None:
-    """Dynamic heterogeneity: quotas rewritten at the schedule's epoch boundaries, one run per controller."""
-    assert s.schedule is not None
-    schedule = s.schedule
-    every = int(schedule.interval)
-    phase_shares = [scale(p, s.mode, s.cpu_budget) for p in schedule.phases]
-    runs: dict[str, Any] = {}
-    worst: list[int | None] = []
-    for name in s.controllers:
-        current = {"phase": 0}
-
-        def on_event(cluster: Any, event: dict, run: Run, current: dict = current) -> bool:
-            if event.get("event") != "epoch":
-                return False
-            phase = schedule.phase_index(int(event["epoch"]))
-            if phase != current["phase"] and int(event["epoch"]) < s.epochs:
-                lag = time.time() - float(event["time"])
-                cluster.set_shares(phase_shares[phase])
-                current["phase"] = phase
-                run.switches.append({"phase": phase, "profile": schedule.phases[phase].name,
-                                     "after_epoch": int(event["epoch"]), "switch_lag_s": round(lag, 3),
-                                     "shares": dict(zip(emu.names, [round(x, 4) for x in phase_shares[phase]]))})
-                log(f"{run.name}: phase {phase} ({schedule.phases[phase].name}) after epoch {event['epoch']}: shares "
-                    + " ".join(f"{k}={v:.4g}" for k, v in zip(emu.names, phase_shares[phase])))
-            return False
-
-        t = time.monotonic()
-        run = run_cluster(s, emu, f"{s.mode}-schedule-{name}", name, on_event=on_event)
-        record = summarize(s, emu, run, name, None, None)
-        basis = "epoch" if s.adjust_every == "epoch" else "adjust"
-        first = analysis.to_steady(run.events, emu.names, basis=basis, tolerance=BALANCE_TOLERANCE,
-                                   until_epoch=every)
-        changes = []
-        bounds = [sw["after_epoch"] for sw in run.switches] + [s.epochs]
-        for sw, until in zip(run.switches, bounds[1:]):
-            st = analysis.to_steady(run.events, emu.names, basis=basis, tolerance=BALANCE_TOLERANCE,
-                                    after_epoch=sw["after_epoch"], until_epoch=until)
-            changes.append({**sw, "from_profile": schedule.phases[sw["phase"] - 1].name,
-                            "adjustments_to_steady": st["adjustments"], "plan_changes_to_steady": st["plan_changes"],
-                            "steady_epoch": st["steady_epoch"], "stayed_steady": st["stayed_steady"]})
-        record["initial_phase"] = {"profile": schedule.phases[0].name, **first}
-        record["phase_changes"] = changes
-        runs[name] = record
-        report["timings_s"][f"run_{name}"] = round(time.monotonic() - t, 1)
-        if name == "dynamic":
-            worst = [c["adjustments_to_steady"] for c in changes]
-    report["runs"] = runs
-    value = None if not worst or None in worst else max(worst)  # type: ignore[type-var]
-    report["targets"] = [
-        analysis.target("dynamic schedule: max adjustments_to_steady over phase changes", value, "<=", 2, SOURCE),
-    ]
 
 
 def bench_tta(s: Settings, emu: Emulation, report: dict) -> None:

@@ -48,12 +48,7 @@ def render_table(report: dict) -> str:
                 for n, r in runs.items()]
         parts.append(analysis.markdown_table(["controller", "time to target (s)", "epochs", "best acc", "samples/s"], rows))
     elif report["kind"] == "schedule":
-        for n, r in runs.items():
-            rows = [[f"{c['from_profile']}->{c['profile']}", c["after_epoch"], c["adjustments_to_steady"],
-                     c["plan_changes_to_steady"], c["steady_epoch"]] for c in r.get("phase_changes", [])]
-            parts.append(f"{n}: {r.get('samples_per_s_overall')} samples/s overall, accuracy {r.get('accuracy')}\n\n"
-                         + analysis.markdown_table(["phase change", "after epoch", "adjustments", "plan changes",
-                                                    "steady epoch"], rows))
+        parts += [_schedule_table(name, r, report) for name, r in runs.items()]
     else:
         header = ["controller", "samples/s", "overall", "vs ideal", "vs ideal (all at once)", "vs DDP", "vs DDP split",
                   "exposed ms", "spread", "adj to steady", "accuracy"]
@@ -82,3 +77,34 @@ def render_table(report: dict) -> str:
     parts.append(f"limiter {env['limiter']}, cpu budget {env['cpu_budget']}, period {env['period_us']} us, "
                  f"load average at start {env['loadavg_start']}, torch {env['torch']}")
     return "\n\n".join(parts)
+
+
+def _schedule_table(name: str, run: dict[str, Any], report: dict[str, Any]) -> str:
+    """One run through a schedule: per phase its samples/s (and DDP's), the re-balance after its change."""
+    ddp = report.get("ddp") or {}
+    asp = report["mode"] == "asp"
+    header = ["phase", "profile", "samples/s", *(["DDP equal", "DDP tuned once", "DDP re-tuned"] if ddp else []),
+              "s to re-balance", "plan changes to re-balance", "plan changes in phase", "accuracy at end",
+              *(["update skew"] if asp else [])]
+    rows = []
+    for p in run.get("phases", []):
+        row = [p["phase"], p["profile"], p["samples_per_s"]]
+        if ddp:
+            row += [ddp[b]["phases"][p["phase"]]["samples_per_s"] for b in ("ddp_equal", "ddp_tuned_once", "ddp_retuned")]
+        row += [p["rebalance_s"], p["plan_changes_to_rebalance"], p["plan_changes"], p["accuracy_at_end"]]
+        if asp:
+            row.append(p.get("update_skew"))
+        rows.append(row)
+    whole = run.get("over_schedule") or {}
+    total = ["all", "", whole.get("samples_per_s")]
+    if ddp:
+        total += [ddp[b]["samples_per_s"] for b in ("ddp_equal", "ddp_tuned_once", "ddp_retuned")]
+    total += [whole.get("max_rebalance_s"), whole.get("max_plan_changes_to_rebalance"), "", run.get("accuracy")]
+    if asp:
+        total.append("")
+    rows.append(total)
+    ratios = whole.get("ratio_to")
+    line = f"{name}: samples/s over the schedule {whole.get('samples_per_s')}"
+    if ratios:
+        line += ", over DDP " + ", ".join(f"{k.removeprefix('ddp_')} {v}" for k, v in ratios.items())
+    return line + " (the 'all' row: the worst change's re-balance)\n\n" + analysis.markdown_table(header, rows)

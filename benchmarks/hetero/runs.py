@@ -103,8 +103,10 @@ def run_cluster(
     *,
     extra_server_args: Sequence[str] = (),
     on_event: Callable[[Any, dict, Run], bool] | None = None,
+    on_tick: Callable[[Any, Run], bool] | None = None,
 ) -> Run:
-    """Run ps-server and its workers to the end (or until ``on_event`` returns True); all cleaned up."""
+    """Run ps-server and its workers to the end (or until ``on_event`` returns True for an event, or
+    ``on_tick``, called every POLL_S with the cluster, for the moment); all cleaned up."""
     from deploy.launcher import LocalCluster, WorkerSpec
 
     # static declares each worker's cores (Eq. 4a); the launcher also passes them, this makes it explicit
@@ -135,6 +137,8 @@ def run_cluster(
                 # the summary is the last event: the metrics are complete, no need to watch the shutdown
                 finished = finished or event.get("event") == "summary"
             seen = len(events)
+            if on_tick is not None and not finished and on_tick(cluster, run):
+                stop_now = True
             if stop_now:
                 run.stopped_early = True
                 break

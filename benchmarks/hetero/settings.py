@@ -10,7 +10,7 @@ from pathlib import Path
 
 from benchmarks.workload import Workload
 from deploy.cgroups import CgroupBackend, detect_backend, slowdown_factors
-from deploy.profiles import Profile, Schedule, quota_period_us, scale
+from deploy.profiles import Profile, Schedule, quota_period_us, scale_phases, scale_server
 
 
 def log(message: str) -> None:
@@ -72,12 +72,12 @@ class Emulation:
 def resolve_emulation(s: Settings) -> Emulation:
     """Shares from the profile (or the schedule's first phase), the period, and the limiter backend."""
     phases = list(s.schedule.phases) if s.schedule is not None else [s.profile]
-    all_shares = [scale(p, s.mode, s.cpu_budget) for p in phases]
+    all_shares = scale_phases(phases, s.mode, s.cpu_budget)
     shares = all_shares[0]
     allocation = phases[0].allocation(s.mode)
     server_share = s.server_share
-    if server_share is None and s.mode == "asp" and allocation.server is not None:
-        server_share = allocation.server * s.cpu_budget / sum(allocation.workers)
+    if server_share is None and s.mode == "asp":
+        server_share = scale_server(phases, s.mode, s.cpu_budget)[0]
     every_share = [x for phase in all_shares for x in phase] + ([server_share] if server_share else [])
     period = s.period_us if s.period_us is not None else quota_period_us(every_share)
     backend = None

@@ -147,6 +147,63 @@ def test_bsp_and_asp_smoke(tmp_path: Path) -> None:
     print(f"benchmark smoke runs took {time.monotonic() - started:.1f} s")
 
 
+SWAPPED = PROFILE.replace("tiny2", "tiny2-swap").replace("[1, 3]", "[3, 1]")
+SCHEDULE = "kind: schedule\nname: tinyswap\nevery_seconds: 3\nphases: [tiny2.yaml, tiny2-swap.yaml]\n"
+PHASE_KEYS = {"phase", "profile", "start_s", "end_s", "shares", "samples_per_s", "seconds_measured", "rebalance_s",
+              "decisions_to_rebalance", "plan_changes_to_rebalance", "balanced_from_epoch", "stayed_balanced",
+              "decisions", "plan_changes", "plan", "accuracy_at_end"}
+WHOLE_KEYS = {"samples_per_s", "seconds", "changes", "max_plan_changes_to_rebalance", "max_rebalance_s"}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(detect_backend() is None, reason="a schedule rewrites cgroup quotas while the job runs")
+def test_schedule_smoke_on_the_wall_clock(tmp_path: Path) -> None:
+    """Two phases of 3 s (the workers' quotas swapped), BSP with the three DDP baselines and ASP at once:
+    every per-phase field, the ratios and the targets."""
+    (tmp_path / "tiny2.yaml").write_text(PROFILE, encoding="utf-8")
+    (tmp_path / "tiny2-swap.yaml").write_text(SWAPPED, encoding="utf-8")
+    (tmp_path / "tinyswap.yaml").write_text(SCHEDULE, encoding="utf-8")
+    procs = {mode: subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.hetero", "--tiny", "--json", "--schedule", str(tmp_path / "tinyswap.yaml"),
+         "--mode", mode, "--out", str(tmp_path / mode)],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for mode in ("bsp", "asp")}
+    reports = {}
+    try:
+        for mode, proc in procs.items():
+            stdout, stderr = proc.communicate(timeout=300)
+            assert proc.returncode == 0, stderr[-3000:]
+            reports[mode], end = json.JSONDecoder().raw_decode(stdout)
+            assert "| phase | profile | samples/s |" in stdout[end:]
+            assert (tmp_path / mode / f"hetero-{mode}-schedule-tinyswap.json").is_file()
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for mode, report in reports.items():
+        assert report["kind"] == "schedule" and report["reference_run"] == "auto" and set(report["runs"]) == {"auto"}
+        assert report["schedule"] == {"name": "tinyswap", "unit": "seconds", "every": 3.0,
+                                      "phases": ["tiny2", "tiny2-swap"]}
+        run = report["runs"]["auto"]
+        assert run["stopped_at_schedule_end"] and [sw["phase"] for sw in run["switches"]] == [1]
+        assert [p["phase"] for p in run["phases"]] == [0, 1]
+        for phase in run["phases"]:
+            assert PHASE_KEYS <= set(phase), PHASE_KEYS - set(phase)
+            assert phase["samples_per_s"] > 0 and phase["seconds_measured"] > 0
+        assert run["phases"][1]["shares"] == {"w0": 1.125, "w1": 0.375}
+        assert WHOLE_KEYS <= set(run["over_schedule"]) and run["over_schedule"]["samples_per_s"] > 0
+        assert all(TARGET_KEYS <= set(t) for t in report["targets"])
+    bsp, asp = reports["bsp"], reports["asp"]
+    for name in ("ddp_equal", "ddp_tuned_once", "ddp_retuned"):
+        assert bsp["ddp"][name]["samples_per_s"] > 0 and len(bsp["ddp"][name]["phases"]) == 2
+        assert bsp["runs"]["auto"]["over_schedule"]["ratio_to"][name] > 0
+        assert set(bsp["runs"]["auto"]["phases"][1]["ratio_to"]) >= {name}
+    assert sum(bsp["ddp"]["ddp_tuned_once"]["phases"][0]["batches"].values()) == bsp["workload"]["global_batch"]
+    assert len(bsp["targets"]) == 4 and len(asp["targets"]) == 3 and "ddp" not in asp
+    assert all(p["update_skew"] is None or p["update_skew"] >= 1 for p in asp["runs"]["auto"]["phases"])
+    assert all(set(p["updates"]) == {"w0", "w1"} for p in asp["runs"]["auto"]["phases"])
+
+
 def test_help_and_bad_arguments() -> None:
     run = lambda *a: subprocess.run([sys.executable, "-m", "benchmarks.hetero", *a], cwd=ROOT,
                                     capture_output=True, text=True, timeout=60, check=False)

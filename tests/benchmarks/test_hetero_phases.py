@@ -1,0 +1,179 @@
+"""A schedule's phases read back from a metrics log (benchmarks/hetero/phases.py), the driver that
+writes each phase's quotas on time (benchmarks/hetero/schedules.py), and the command line's schedule
+settings: fixed logs and a fake clock, no processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.hetero import phases as ph
+from benchmarks.hetero import schedules
+from benchmarks.hetero.cli import SCHEDULE_EPOCH_CAP, build_parser, settings
+from benchmarks.hetero.runs import Run
+from benchmarks.hetero.settings import Emulation
+
+T0 = 1000.0
+
+
+def epoch(n: int, end: float, wall: float, rate: float, times: dict[str, float], batches: dict[str, int],
+          step: int, updates: dict[str, int] | None = None) -> dict[str, Any]:
+    return {"event": "epoch", "epoch": n, "time": end, "wall_s": wall, "samples_per_s": rate, "compute_ms": times,
+            "batch_sizes": batches, "step": step, "updates": updates or {}}
+
+
+def adjust(at: float, step: int, changed: bool, batches: dict[str, int] | None = None,
+           times: dict[str, float] | None = None) -> dict[str, Any]:
+    return {"event": "adjust", "time": at, "step": step, "epoch": 0, "changed": changed,
+            "batch_sizes": batches or {}, "compute_ms": times or {}}
+
+
+EVEN = {"a": 100.0, "b": 104.0}
+UNEVEN = {"a": 100.0, "b": 180.0}
+PLAN = {"a": 50, "b": 50}
+
+
+def log() -> list[dict[str, Any]]:
+    """Epochs of 2 s from T0 (job start T0 - 1: the first epoch holds a second before the clock), 8 rounds
+    each; the quotas change at T0 + 5 (inside epoch 3); epochs 3-4 unbalanced, a new plan at the end of 4."""
+    plan2 = {"a": 60, "b": 40}
+    return [
+        adjust(T0 - 1, 0, True, PLAN),
+        epoch(1, T0 + 1, 2.0, 100.0, EVEN, PLAN, 8), adjust(T0 + 1.01, 8, False),
+        epoch(2, T0 + 3, 4.0, 100.0, EVEN, PLAN, 16), adjust(T0 + 3.01, 16, False),
+        epoch(3, T0 + 7, 8.0, 50.0, UNEVEN, PLAN, 24), adjust(T0 + 7.01, 24, False),
+        epoch(4, T0 + 9, 10.0, 60.0, UNEVEN, PLAN, 32), adjust(T0 + 9.01, 32, True, plan2),
+        epoch(5, T0 + 11, 12.0, 90.0, EVEN, plan2, 40), adjust(T0 + 11.01, 40, False),
+        epoch(6, T0 + 13, 14.0, 90.0, EVEN, plan2, 48),
+    ]
+
+
+def test_epoch_windows_start_where_the_previous_epoch_ended() -> None:
+    windows = ph.epoch_windows(log())
+    assert [(w.start - T0, w.end - T0, w.first_step, w.step) for w in windows[:3]] == [
+        (-1.0, 1.0, 0, 8), (1.0, 3.0, 8, 16), (3.0, 7.0, 16, 24)]
+    assert [w.samples for w in windows] == [200.0, 200.0, 200.0, 120.0, 180.0, 180.0]
+
+
+def test_spans_run_from_each_change_to_the_next_and_stop_at_the_end() -> None:
+    spans = ph.spans(["hl8", "swap", "hl1"], T0, [{"phase": 1, "time": T0 + 5}], T0 + 13)
+    assert [(s.phase, s.profile, s.start - T0, s.end - T0) for s in spans] == [(0, "hl8", 0, 5), (1, "swap", 5, 13)]
+    clipped = ph.spans(["hl8", "swap"], T0, [{"phase": 1, "time": T0 + 5}], T0 + 4)  # ended before the change
+    assert [(s.start - T0, s.end - T0) for s in clipped] == [(0, 4), (5, 5)]
+
+
+def test_throughput_cuts_the_epochs_at_the_spans_ends_pro_rata() -> None:
+    windows = ph.epoch_windows(log())
+    samples, seconds = ph.throughput(windows, T0, T0 + 5)  # half of epoch 1, epoch 2, half of epoch 3
+    assert (samples, seconds) == pytest.approx((100 + 200 + 100, 5.0))
+    samples, seconds = ph.throughput(windows, T0 + 5, T0 + 13)
+    assert samples / seconds == pytest.approx((100 + 120 + 180 + 180) / 8)
+
+
+def test_rebalance_counts_from_the_change_to_the_first_balanced_window_wholly_after_it() -> None:
+    events = log()
+    decisions = [e for e in events if e["event"] == "adjust"][1:]
+    got = ph.rebalance(ph.epoch_windows(events), decisions, T0 + 5, T0 + 13)
+    # epoch 3 straddles the change, 4 is unbalanced, 5 (from T0 + 9, after the plan change at its start) is balanced
+    assert got["rebalance_s"] == pytest.approx(4.0) and got["balanced_from_epoch"] == 5
+    assert (got["decisions_to_rebalance"], got["plan_changes_to_rebalance"]) == (2, 1)
+    assert got["stayed_balanced"] and (got["decisions"], got["plan_changes"]) == (3, 1)
+    never = ph.rebalance(ph.epoch_windows(events), decisions, T0 + 5, T0 + 9)
+    assert never["rebalance_s"] is None and never["plan_changes_to_rebalance"] is None and never["plan_changes"] == 0
+
+
+def test_a_parked_worker_is_left_out_of_the_balance() -> None:
+    parked = ph.Window(0, 1, 1, 0, 8, 100, {"a": 100.0, "b": 103.0, "c": 20.0}, {"a": 60, "b": 40, "c": 0}, {})
+    assert parked.active() == ["a", "b"] and parked.balanced(0.1)
+    assert not ph.Window(0, 1, 1, 0, 8, 100, {"a": 100.0}, {"a": 60, "b": 40}, {}).balanced(0.1)  # b not timed
+
+
+def test_rebalance_on_the_decisions_own_times() -> None:
+    """--adjust-every N: a window per decision, from the one before; the balanced one's own decision not counted."""
+    events = [adjust(T0, 0, True, PLAN), adjust(T0 + 6, 10, True, PLAN, UNEVEN),
+              adjust(T0 + 7, 20, False, PLAN, EVEN), adjust(T0 + 8, 30, False, PLAN, EVEN)]
+    windows = ph.adjust_windows(events)
+    assert [(w.start - T0, w.end - T0) for w in windows] == [(0, 6), (6, 7), (7, 8)]
+    got = ph.rebalance(windows, events[1:], T0 + 5, T0 + 9, basis="adjust")
+    assert (got["rebalance_s"], got["decisions_to_rebalance"], got["plan_changes_to_rebalance"]) == (1.0, 1, 1)
+
+
+def test_speeds_come_from_the_last_windows_and_a_missing_worker_from_its_share() -> None:
+    windows = ph.epoch_windows(log())
+    speeds = ph.speeds(windows, T0 + 5, T0 + 13, last=2)
+    assert speeds == pytest.approx({"a": 600.0, "b": 40 / 0.104})
+    filled = ph.speeds_by_share({"a": 300.0, "b": 100.0}, {"a": 1.0, "b": 0.5, "c": 0.25})
+    assert filled == pytest.approx({"a": 300.0, "b": 100.0, "c": 0.25 * (300 + 200) / 2})
+    assert ph.speeds_by_share({}, {"a": 1.0, "b": 3.0}) == {"a": 1.0, "b": 3.0}
+
+
+def test_a_baseline_over_the_schedule_weighs_seconds_or_samples() -> None:
+    assert ph.over_schedule([100.0, 300.0], [20.0, 20.0], "seconds") == pytest.approx(200.0)
+    assert ph.over_schedule([100.0, 300.0], [5.0, 5.0], "epochs") == pytest.approx(150.0)  # same samples each
+    assert ph.over_schedule([100.0, None], [1.0, 1.0], "seconds") is None
+
+
+def test_updates_and_skew_per_phase() -> None:
+    windows = [ph.Window(0, 2, 1, 0, 8, 0, {}, {}, {"a": 10, "b": 4}), ph.Window(2, 4, 2, 8, 16, 0, {}, {}, {"a": 6, "b": 6})]
+    counts = ph.updates(windows, 1, 4)
+    assert counts == {"a": 11.0, "b": 8.0} and ph.update_skew(counts) == pytest.approx(1.375)
+    assert ph.update_skew({"a": 3, "b": 0}) is None
+
+
+# ------------------------------------------------------------------ the driver, on a fake clock
+class FakeCluster:
+    def __init__(self) -> None:
+        self.shares: list[list[float]] = []
+        self.server_share = None
+
+    def set_shares(self, shares: list[float]) -> None:
+        self.shares.append(list(shares))
+
+
+def resolved(tmp_path: Path, *argv: str) -> Any:
+    return settings(build_parser().parse_args(list(argv)), tmp_path)
+
+
+def test_the_driver_writes_each_phase_on_the_wall_clock_and_stops_the_run_at_the_end(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = resolved(tmp_path, "--schedule", "swap", "--every-seconds", "10", "--cpu-budget", "1.5")
+    emu = Emulation(["w0", "w1", "w2", "w3"], [0.1875, 0.1875, 0.125, 1.0], None, 8000, None, "cgroup")
+    driver, cluster, run = schedules.PhaseDriver(s, emu), FakeCluster(), Run("r")
+    now = [T0]
+    monkeypatch.setattr(schedules.time, "time", lambda: now[0])
+    assert not driver.on_tick(cluster, run)  # no clock before round 0 ends
+    driver.on_event(cluster, {"event": "adjust", "time": T0 - 3}, run)  # BSP: the clock starts at round 0's end
+    driver.on_event(cluster, {"event": "first_round", "time": T0}, run)
+    for t, stop in ((T0 + 9.9, False), (T0 + 10.05, False), (T0 + 25, False), (T0 + 30, False), (T0 + 39.9, False),
+                    (T0 + 40, True)):
+        now[0] = t
+        assert driver.on_tick(cluster, run) is stop
+    assert [sw["phase"] for sw in driver.switches] == [1, 2, 3]
+    assert [sw["lag_s"] for sw in driver.switches] == pytest.approx([0.05, 5.0, 0.0], abs=1e-3)
+    assert [sw["at_s"] for sw in driver.switches] == pytest.approx([10.05, 25.0, 30.0], abs=1e-3)
+    assert cluster.shares == [[0.1875, 0.1875, 1.0, 0.125], [0.375] * 4, [0.1875, 0.1875, 0.125, 1.0]]
+
+
+def test_the_driver_switches_an_epoch_schedule_after_its_boundary_epoch(tmp_path: Path) -> None:
+    s = resolved(tmp_path, "--schedule", "tenant", "--every-epochs", "2", "--cpu-budget", "1.5")
+    assert s.epochs == 6
+    emu = Emulation(["w0", "w1", "w2", "w3"], [0.1875, 0.1875, 0.125, 1.0], None, 8000, None, "cgroup")
+    driver, cluster, run = schedules.PhaseDriver(s, emu), FakeCluster(), Run("r")
+    for n in range(1, 7):
+        driver.on_event(cluster, {"event": "epoch", "epoch": n, "time": T0 + n}, run)
+        assert not driver.on_tick(cluster, run)
+    assert [(sw["phase"], sw["after_epoch"]) for sw in driver.switches] == [(1, 2), (2, 4)]
+    assert cluster.shares[0] == pytest.approx([0.1875, 0.1875, 0.125, 0.5])
+
+
+def test_schedule_settings(tmp_path: Path) -> None:
+    s = resolved(tmp_path, "--schedule", "swap")
+    assert (s.schedule.unit, s.epochs, s.controllers, s.baselines) == ("seconds", SCHEDULE_EPOCH_CAP, ["auto"], True)
+    asp = resolved(tmp_path, "--schedule", "dynamic", "--every-seconds", "7", "--mode", "asp", "--policies", "dynamic,auto")
+    assert (asp.schedule.every_seconds, asp.controllers, asp.baselines) == (7.0, ["dynamic", "auto"], False)
+    with pytest.raises(SystemExit):
+        resolved(tmp_path, "--schedule", "swap", "--every-seconds", "5", "--every-epochs", "2")
+    with pytest.raises(SystemExit, match="need --schedule"):
+        resolved(tmp_path, "--every-seconds", "5")
