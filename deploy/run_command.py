@@ -71,6 +71,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         "  ps-cluster run --profile hl8                        # the main job\n"
         "  ps-cluster run --profile hl8 --quick                # a short run (about 30 s)\n"
         "  ps-cluster run --schedule dynamic --quick           # HL1->HL8->HL1, 2 epochs per phase\n"
+        "  ps-cluster run --schedule swap --every-epochs 2 --quick   # HL8, fast and slow swapped, even, HL8\n"
         "  ps-cluster run --profile hl4 --policy uniform   # the baseline: equal batches\n"
         "  ps-cluster run --mode asp --server-arg=--staleness-bound=2   # ASP, stale-synchronous\n"
         "exit status: 0 done, 1 the run failed (a worker or the server died), 2 bad input.",
