@@ -16,7 +16,8 @@ Definitions
   workers' mean time (:func:`benchmarks.analysis.balanced`): the time a balanced round takes.
 * time to re-balance after a change: from the change to the start of the first balanced window that
   begins after it (the first window wholly after the change: one taken across it mixes both
-  phases). Its resolution is a window's length. ``decisions_to_rebalance`` /
+  phases). Its resolution is a window's length (``window_s``, their mean in the span: an epoch of
+  the default workload is ~2 s on the 2-core VM at HL8). ``decisions_to_rebalance`` /
   ``plan_changes_to_rebalance``: the decisions made from the change up to that window's start (for
   basis epoch: those with a round count at most the window's first; a decision logged at an epoch's
   end has that epoch's count), and those of them that changed the plan.
@@ -149,6 +150,7 @@ def rebalance(windows: Sequence[Window], decisions: Sequence[Event], start: floa
         "balanced_from_epoch": None, "stayed_balanced": False,
         "decisions": len(after), "plan_changes": sum(1 for e in after if e.get("changed")),
         "windows": len(inside),
+        "window_s": round(sum(w.seconds for w in inside) / len(inside), 3) if inside else None,
     }
     if True not in flags:
         return record

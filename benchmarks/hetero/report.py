@@ -84,14 +84,14 @@ def _schedule_table(name: str, run: dict[str, Any], report: dict[str, Any]) -> s
     ddp = report.get("ddp") or {}
     asp = report["mode"] == "asp"
     header = ["phase", "profile", "samples/s", *(["DDP equal", "DDP tuned once", "DDP re-tuned"] if ddp else []),
-              "s to re-balance", "plan changes to re-balance", "plan changes in phase", "accuracy at end",
+              "s to re-balance", "window s", "plan changes to re-balance", "plan changes in phase", "accuracy at end",
               *(["update skew"] if asp else [])]
     rows = []
     for p in run.get("phases", []):
         row = [p["phase"], p["profile"], p["samples_per_s"]]
         if ddp:
             row += [ddp[b]["phases"][p["phase"]]["samples_per_s"] for b in ("ddp_equal", "ddp_tuned_once", "ddp_retuned")]
-        row += [p["rebalance_s"], p["plan_changes_to_rebalance"], p["plan_changes"], p["accuracy_at_end"]]
+        row += [p["rebalance_s"], p["window_s"], p["plan_changes_to_rebalance"], p["plan_changes"], p["accuracy_at_end"]]
         if asp:
             row.append(p.get("update_skew"))
         rows.append(row)
@@ -99,7 +99,7 @@ def _schedule_table(name: str, run: dict[str, Any], report: dict[str, Any]) -> s
     total = ["all", "", whole.get("samples_per_s")]
     if ddp:
         total += [ddp[b]["samples_per_s"] for b in ("ddp_equal", "ddp_tuned_once", "ddp_retuned")]
-    total += [whole.get("max_rebalance_s"), whole.get("max_plan_changes_to_rebalance"), "", run.get("accuracy")]
+    total += [whole.get("max_rebalance_s"), "", whole.get("max_plan_changes_to_rebalance"), "", run.get("accuracy")]
     if asp:
         total.append("")
     rows.append(total)

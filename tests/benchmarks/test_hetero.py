@@ -151,7 +151,7 @@ SWAPPED = PROFILE.replace("tiny2", "tiny2-swap").replace("[1, 3]", "[3, 1]")
 SCHEDULE = "kind: schedule\nname: tinyswap\nevery_seconds: 3\nphases: [tiny2.yaml, tiny2-swap.yaml]\n"
 PHASE_KEYS = {"phase", "profile", "start_s", "end_s", "shares", "samples_per_s", "seconds_measured", "rebalance_s",
               "decisions_to_rebalance", "plan_changes_to_rebalance", "balanced_from_epoch", "stayed_balanced",
-              "decisions", "plan_changes", "plan", "accuracy_at_end"}
+              "decisions", "plan_changes", "windows", "window_s", "plan", "accuracy_at_end"}
 WHOLE_KEYS = {"samples_per_s", "seconds", "changes", "max_plan_changes_to_rebalance", "max_rebalance_s"}
 
 

@@ -80,6 +80,7 @@ def test_rebalance_counts_from_the_change_to_the_first_balanced_window_wholly_af
     assert got["rebalance_s"] == pytest.approx(4.0) and got["balanced_from_epoch"] == 5
     assert (got["decisions_to_rebalance"], got["plan_changes_to_rebalance"]) == (2, 1)
     assert got["stayed_balanced"] and (got["decisions"], got["plan_changes"]) == (3, 1)
+    assert (got["windows"], got["window_s"]) == (3, 2.0)
     never = ph.rebalance(ph.epoch_windows(events), decisions, T0 + 5, T0 + 9)
     assert never["rebalance_s"] is None and never["plan_changes_to_rebalance"] is None and never["plan_changes"] == 0
 
