@@ -273,12 +273,18 @@ def schedule_targets(s: Settings, record: Mapping[str, Any], name: str) -> list[
             analysis.target(f"{head}: {name} over DDP re-tuned at every change, samples/s over the schedule",
                             ratios.get("ddp_retuned"), ">=", TARGET_RATIOS["ddp_retuned"], SCHEDULE_SOURCE),
         ]
-    targets += [
+    after_change = [
         analysis.target(f"{head}: {s.mode.upper()} {name}, most plan changes to re-balance after a change",
                         whole["max_plan_changes_to_rebalance"], "<=", MAX_PLAN_CHANGES, SCHEDULE_SOURCE),
         analysis.target(f"{head}: {s.mode.upper()} {name}, most seconds to re-balance after a change",
                         whole["max_rebalance_s"], "<=", MAX_REBALANCE_S, SCHEDULE_SOURCE),
     ]
+    never = [p["phase"] for p in record["phases"][1:] if p["rebalance_s"] is None]
+    for target in after_change:
+        if never:  # a change that never re-balanced within its phase fails, though it has no number
+            target["pass"] = False
+            target["note"] = f"never balanced within the phase after the change to phase {', '.join(map(str, never))}"
+    targets += after_change
     if s.mode == "asp":
         skews = [p.get("update_skew") for p in record["phases"]]
         known = [x for x in skews if x is not None]

@@ -178,3 +178,17 @@ def test_schedule_settings(tmp_path: Path) -> None:
         resolved(tmp_path, "--schedule", "swap", "--every-seconds", "5", "--every-epochs", "2")
     with pytest.raises(SystemExit, match="need --schedule"):
         resolved(tmp_path, "--every-seconds", "5")
+
+
+def test_the_targets_fail_a_change_that_never_rebalanced(tmp_path: Path) -> None:
+    s = resolved(tmp_path, "--schedule", "swap")
+    phases = [{"phase": k, "rebalance_s": None if k == 2 else 3.0} for k in range(4)]
+    record = {"phases": phases,
+              "over_schedule": {"ratio_to": {"ddp_tuned_once": 1.4, "ddp_retuned": 0.9},
+                                "max_plan_changes_to_rebalance": None, "max_rebalance_s": None}}
+    targets = {t["name"].split(": ", 1)[1]: t for t in schedules.schedule_targets(s, record, "auto")}
+    assert targets["auto over DDP tuned to the first phase, samples/s over the schedule"]["pass"] is True
+    assert targets["auto over DDP re-tuned at every change, samples/s over the schedule"]["pass"] is False
+    for name in ("BSP auto, most plan changes to re-balance after a change", "BSP auto, most seconds to re-balance after a change"):
+        assert targets[name]["value"] is None and targets[name]["pass"] is False and "phase 2" in targets[name]["note"]
+    assert all(t["name"].startswith("swap schedule, 20 s a phase: ") for t in targets.values())
