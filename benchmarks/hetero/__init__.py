@@ -22,8 +22,10 @@ and measures, in one run, under the same quotas, with the same model and global 
 
 ``--mode asp`` runs ASP (Table I's ASP column; the server gets its scaled share too) with the
 ``uniform`` and ``dynamic`` controllers and ``dynamic`` without LR scaling, and reports the update
-skew. ``--schedule dynamic`` steps the quotas through the schedule's phases (rewritten live at the
-epoch boundaries) and reports the decisions needed to be steady again after each change.
+skew. ``--schedule swap`` (or ``tenant``, ``dynamic``, a file) steps the quotas through the schedule's
+phases while the job runs, on the wall clock or at epoch boundaries, and reports per phase samples/s,
+the decisions and seconds to re-balance after each change, and in BSP DDP beside it under the same
+changes: equal batches, tuned to the first phase, re-tuned at every change (``schedules``).
 ``--tta TARGET`` times ``uniform`` and ``dynamic`` to a test accuracy on digits.
 
 Progress goes to stderr; stdout gets the JSON report (with ``--json``) followed by a markdown table.
@@ -32,6 +34,7 @@ Definitions of the reported numbers: ``benchmarks/analysis.py``.
 
 The modules, by concern: ``cli`` (flags, settings, the run), ``settings`` (a run's settings and the
 emulation), ``baselines`` (the ideal and DDP), ``runs`` (our server's runs and their variants),
-``compose`` (a run in containers), ``modes`` (throughput, schedule, time to accuracy; the targets) and
-``report`` (the environment and the table).
+``compose`` (a run in containers), ``modes`` (throughput, time to accuracy; the targets), ``schedules``
+(a schedule's run and its DDP baselines) with ``phases`` (its phases read back from the metrics log)
+and ``report`` (the environment and the table).
 """
