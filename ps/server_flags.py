@@ -205,7 +205,10 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--round-deadline-floor", type=positive_float, default=5.0, metavar="SECONDS",
                      help="the least --round-deadline auto gives")
     rel.add_argument("--push-idle", type=positive_float, default=10.0, metavar="SECONDS",
-                     help="drop a push whose stream sends no chunk for this long")
+                     help="drop a push whose stream brings no data for this long (an empty chunk is none)")
+    rel.add_argument("--push-admit-wait", type=positive_float, default=60.0, metavar="SECONDS",
+                     help="the longest a push waits for room under --push-buffer-mib; then RESOURCE_EXHAUSTED, "
+                          "which a worker retries")
     rel.add_argument("--join-wait", type=positive_float, default=300.0, metavar="SECONDS",
                      help="turn away a worker that joined and waited this long for the job to start")
     rel.add_argument("--push-buffer-mib", type=positive_int, default=1024, metavar="MiB",

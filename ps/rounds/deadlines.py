@@ -19,7 +19,8 @@ going while every BSP round waits for it. So:
 - A worker that joined before the job started waits at most `join_wait_s` for the start.
 
 `--round-deadline` sets D to a fixed number of seconds, or `off`; `--round-deadline-floor` the floor.
-The idle limit between the chunks of one push is the transport's (ps.serving.push_stream)."""
+The idle limit between the chunks of one push is the transport's (ps.serving.push_stream), the wait of
+a push for room among the others ps.rounds.inflight's (--push-admit-wait)."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 from ps.rounds.asp import AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.epochs import Epochs
+from ps.rounds.inflight import ADMIT_WAIT_S
 from ps.rounds.membership import Member
 from ps.rounds.state import JobState
 
@@ -46,14 +48,16 @@ HISTORY = 20
 @dataclass(frozen=True)
 class Limits:
     """What a peer may make the server wait for or hold: --round-deadline ('auto', 'off' or seconds),
-    --round-deadline-floor, --push-idle (seconds between a push's chunks), --join-wait (seconds before
-    the start), --push-buffer (bytes of pushes streaming at once: ps.rounds.inflight)."""
+    --round-deadline-floor, --push-idle (seconds without data in a push), --join-wait (seconds before
+    the start), --push-buffer (bytes of pushes streaming at once: ps.rounds.inflight), --push-admit-wait
+    (seconds a push waits for room)."""
 
     round_deadline: str | float = "auto"
     floor_s: float = 5.0
     push_idle_s: float | None = 10.0
     join_wait_s: float | None = 300.0
     push_bytes: int = 1 << 30
+    admit_wait_s: float = ADMIT_WAIT_S
 
     def __post_init__(self) -> None:
         if isinstance(self.round_deadline, str):
@@ -63,6 +67,8 @@ class Limits:
             raise ValueError(f"--round-deadline must be > 0 seconds, got {self.round_deadline}")
         if not self.floor_s > 0:
             raise ValueError(f"--round-deadline-floor must be > 0 seconds, got {self.floor_s}")
+        if not self.admit_wait_s > 0:
+            raise ValueError(f"--push-admit-wait must be > 0 seconds, got {self.admit_wait_s}")
 
 
 class RoundTimes:

@@ -10,7 +10,7 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
-from common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ServiceError
 from ps.rounds.ssp import EpochCounts
 
 MAX_NAME = 128
@@ -136,12 +136,16 @@ class Membership:
             raise FailedPrecondition(
                 f"worker {worker_id!r} is waiting to be admitted: the job has not started or the round it joins at is open"
             )
+        raise self.gone(worker_id)
+
+    def gone(self, worker_id: str) -> ServiceError:
+        """What a call as `worker_id`, not a member, hears: evicted ones to rejoin, the others to join."""
         reason = self.departed.get(worker_id)
         if reason is not None and reason.startswith("evicted"):
-            raise FailedPrecondition(f"worker {worker_id!r} was {reason}; rejoin")
+            return FailedPrecondition(f"worker {worker_id!r} was {reason}; rejoin")
         if reason is not None:
-            raise NotFound(f"worker {worker_id!r} {reason}; Join again")
-        raise NotFound(f"unknown worker id {worker_id!r}; Join first")
+            return NotFound(f"worker {worker_id!r} {reason}; Join again")
+        return NotFound(f"unknown worker id {worker_id!r}; Join first")
 
     def known(self, worker_id: str) -> bool:
         """Whether the id is a member's, pending or active, or a departed one's."""
