@@ -200,10 +200,14 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--round-deadline", type=round_deadline, default="auto", metavar="{auto,off,SECONDS}",
                      help="BSP: evict a member whose push is not complete this long after its round opened (the round "
                           "closes over the pushes that arrived); auto: max(--round-deadline-floor, 4 x the predicted or "
-                          "recent median round), at least 60 s until 3 rounds were timed. ASP with --staleness-bound: the "
-                          "same for the slowest worker while it holds others back (see docs/reliability.md)")
+                          "recent median round), at least --round-warmup until 3 rounds were timed. ASP with "
+                          "--staleness-bound: the same for the slowest worker while it holds others back (see "
+                          "docs/reliability.md)")
     rel.add_argument("--round-deadline-floor", type=positive_float, default=5.0, metavar="SECONDS",
                      help="the least --round-deadline auto gives")
+    rel.add_argument("--round-warmup", type=positive_float, default=60.0, metavar="SECONDS",
+                     help="--round-deadline auto: the least deadline of the job's first 3 rounds, of a worker name's "
+                          "first round in the job, and of a round no push reached")
     rel.add_argument("--push-idle", type=positive_float, default=10.0, metavar="SECONDS",
                      help="drop a push whose stream brings no data for this long (an empty chunk is none)")
     rel.add_argument("--push-admit-wait", type=positive_float, default=60.0, metavar="SECONDS",
