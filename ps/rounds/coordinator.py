@@ -154,9 +154,13 @@ class Coordinator(JobState):
 
     # ----------------------------------------------------------------- membership
     def _revoke(self, member: Member) -> None:
-        """`member` left or was evicted: its push streams still arriving end (ps.rounds.inflight). Its calls
-        here are refused from now on (Membership.get)."""
+        """`member` left or was evicted: its push streams still arriving end (ps.rounds.inflight), and with
+        --shards its id is revoked at every shard with the next commit, before the round's newcomers enter
+        (ps.shards.core). Its calls here are refused from now on (Membership.get), the fast path's store
+        included (a new group generation drops its keys)."""
         self.in_flight.drop(member.worker_id, str(self.membership.gone(member.worker_id)))
+        if self.shards is not None:
+            self.shards.revoke(member.worker_id)
 
     async def join(self, ask: JoinAsk) -> JoinInfo:
         """Admit a worker. Before the start it waits for all expected workers; later it
