@@ -32,3 +32,8 @@ class Unauthenticated(ServiceError):
 
 class PermissionDenied(ServiceError):
     """A call as a worker whose secret is not that worker's."""
+
+
+class ResourceExhausted(ServiceError):
+    """A request the server cannot take now, at one of its bounds (room for pushes, rejoins of a name);
+    the message says when to try again."""

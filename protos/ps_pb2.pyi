@@ -406,16 +406,18 @@ class Contribution(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., batch_size: _Optional[int] = ...) -> None: ...
 
 class CommitRequest(_message.Message):
-    __slots__ = ("round", "contributors", "lr", "wait_s")
+    __slots__ = ("round", "contributors", "lr", "wait_s", "revoked")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTORS_FIELD_NUMBER: _ClassVar[int]
     LR_FIELD_NUMBER: _ClassVar[int]
     WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
     round: int
     contributors: _containers.RepeatedCompositeFieldContainer[Contribution]
     lr: float
     wait_s: float
-    def __init__(self, round: _Optional[int] = ..., contributors: _Optional[_Iterable[_Union[Contribution, _Mapping]]] = ..., lr: _Optional[float] = ..., wait_s: _Optional[float] = ...) -> None: ...
+    revoked: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round: _Optional[int] = ..., contributors: _Optional[_Iterable[_Union[Contribution, _Mapping]]] = ..., lr: _Optional[float] = ..., wait_s: _Optional[float] = ..., revoked: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ShardAck(_message.Message):
     __slots__ = ("round", "applied_batch", "missing")

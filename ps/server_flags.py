@@ -200,12 +200,19 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--round-deadline", type=round_deadline, default="auto", metavar="{auto,off,SECONDS}",
                      help="BSP: evict a member whose push is not complete this long after its round opened (the round "
                           "closes over the pushes that arrived); auto: max(--round-deadline-floor, 4 x the predicted or "
-                          "recent median round), at least 60 s until 3 rounds were timed. ASP with --staleness-bound: the "
-                          "same for the slowest worker while it holds others back (see docs/reliability.md)")
+                          "recent median round), at least --round-warmup until 3 rounds were timed. ASP with "
+                          "--staleness-bound: the same for the slowest worker while it holds others back (see "
+                          "docs/reliability.md)")
     rel.add_argument("--round-deadline-floor", type=positive_float, default=5.0, metavar="SECONDS",
                      help="the least --round-deadline auto gives")
+    rel.add_argument("--round-warmup", type=positive_float, default=60.0, metavar="SECONDS",
+                     help="--round-deadline auto: the least deadline of the job's first 3 rounds, of a worker name's "
+                          "first round in the job, and of a round no push reached")
     rel.add_argument("--push-idle", type=positive_float, default=10.0, metavar="SECONDS",
-                     help="drop a push whose stream sends no chunk for this long")
+                     help="drop a push whose stream brings no data for this long (an empty chunk is none)")
+    rel.add_argument("--push-admit-wait", type=positive_float, default=60.0, metavar="SECONDS",
+                     help="the longest a push waits for room under --push-buffer-mib; then RESOURCE_EXHAUSTED, "
+                          "which a worker retries")
     rel.add_argument("--join-wait", type=positive_float, default=300.0, metavar="SECONDS",
                      help="turn away a worker that joined and waited this long for the job to start")
     rel.add_argument("--push-buffer-mib", type=positive_int, default=1024, metavar="MiB",

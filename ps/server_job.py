@@ -234,7 +234,7 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyCon
         shards=shards,
         fast_path_on_gpus=fast_path_on_gpus,
         limits=Limits(args.round_deadline, args.round_deadline_floor, args.push_idle, args.join_wait,
-                      args.push_buffer_mib << 20),
+                      args.push_buffer_mib << 20, warmup_s=args.round_warmup, admit_wait_s=args.push_admit_wait),
         norms=NormLimits(args.max_update_norm, args.clip_outliers),
     )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
@@ -44,7 +45,10 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     async def Push(
         self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
-        slot = self.core.in_flight.slot(self.core.begin_push)  # one push per worker, the bytes cap (ps.rounds.inflight)
+        task = asyncio.current_task()
+        assert task is not None
+        # one push per worker, the bytes cap, cancelled when its worker goes (ps.rounds.inflight)
+        slot = self.core.in_flight.slot(self.core.begin_push, task.cancel)
         try:
             meta, receiver = await receive_push(request_iterator, slot.begin, self.core.limits.push_idle_s, slot.admit)
             slot.received()
@@ -53,6 +57,11 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             await context.abort(status_code(exc), str(exc))
         except DecodeError as exc:  # the stream's messages are decoded here, as they are read
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
+        except asyncio.CancelledError:
+            if slot.dropped is None:
+                raise
+            task.uncancel()  # its worker left or was evicted: the stream ends with why
+            await context.abort(grpc.StatusCode.FAILED_PRECONDITION, slot.dropped)
         finally:
             slot.close()  # before the reply goes out: the worker's next push may follow it at once
         for message in reply_messages(reply):

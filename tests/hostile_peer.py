@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from protos import ps_pb2
 from ps.rounds.membership import MAX_CORES, MAX_NAME
+from ps.rounds.rejoins import Rejoins
 from ps.server_job import Job, build_job
 from common.transport.messages import MAX_COMPUTE_MS
 from common.transport.wire import FlatReceiver, encode, split
@@ -73,11 +74,21 @@ def snapshot(server: InProcessServer) -> dict[str, Any]:
 
 
 def start_server(*argv: str) -> InProcessServer:
-    """Build a job like `ps-server` would (tiny mlp on digits) and serve it in-process."""
+    """Build a job like `ps-server` would (tiny mlp on digits) and serve it in-process. A name's backoff
+    after a departure without a push lasts the whole test, so a join's code does not depend on how
+    long the calls before it took (ps/rounds/rejoins.py; tests/ps/rounds/test_rejoins.py times it)."""
     job = build_job(job_args("--model-arg", "hidden=8", *argv))
+    job.coordinator.membership.names = Rejoins(backoff_s=3600.0, max_backoff_s=3600.0)
     server = InProcessServer(job.coordinator)
     server.job = job
     return server.start()
+
+
+def name_held_back(server: InProcessServer, worker_id: str) -> str | None:
+    """The name of the active member `worker_id` when it has not pushed since its join (its departure
+    then holds the name back), else None."""
+    member = server.call(lambda: server.coordinator.members[worker_id])
+    return None if member.updates else member.name
 
 
 def stop_server(server: InProcessServer) -> None:

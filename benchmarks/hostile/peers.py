@@ -44,6 +44,7 @@ SHARD_POLL_S = 0.05
 FILL_MOST = 5000
 """Keys StoreRewrites sets at most in one generation (the store's documented bound is 4096)."""
 CHUNK = 1 << 20
+MESSAGES = 8  # the distinct messages a peer keeps of each refusal (call and code)
 
 
 def shard_address(address: str, server: str) -> str:
@@ -62,7 +63,7 @@ class Peer:
         self.target = target
         self.metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self.counts: collections.Counter[str] = collections.Counter()
-        self.said: dict[str, str] = {}
+        self.said: dict[str, list[str]] = collections.defaultdict(list)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._channels: list[grpc.Channel] = []
@@ -120,13 +121,19 @@ class Peer:
         what = f"{call} {code.name}"
         self.count(what)
         with self._lock:
-            self.said.setdefault(what, exc.details() or "")
+            if len(said := self.said[what]) < MESSAGES and (details := exc.details() or "") not in said:
+                said.append(details)
         return code
 
     def told(self) -> dict[str, str]:
         """The first message of each refusal (call and code) the peer met."""
         with self._lock:
-            return dict(self.said)
+            return {what: said[0] for what, said in self.said.items()}
+
+    def heard(self, what: str) -> list[str]:
+        """The distinct messages (the first MESSAGES) of the refusals `what` ("push FAILED_PRECONDITION")."""
+        with self._lock:
+            return list(self.said.get(what, []))
 
     # ------------------------------------------------------------------------------- membership
     def join(self, name: str) -> ps_pb2.JoinReply | None:

@@ -281,12 +281,14 @@ class JobStatus:
 @dataclass(frozen=True)
 class ShardCommit:
     """The coordinator closing a shard's open round (CommitRequest): the contributors whose slices enter
-    the step, with their batch sizes, the step's learning rate and how long to wait for a slice."""
+    the step, with their batch sizes, the step's learning rate, how long to wait for a slice, and the
+    worker ids gone since the last commit, which the shard refuses from then on."""
 
     round: int
     contributors: tuple[tuple[str, int], ...]  # (worker id, batch size)
     lr: float
     wait_s: float
+    revoked: tuple[str, ...] = ()
 
     def batches(self) -> dict[str, int]:
         """Each contributor's batch size; InvalidArgument unless the ids are distinct and the batches > 0."""

@@ -233,12 +233,13 @@ def _known(value: float) -> float | None:
 def shard_commit_to_proto(c: ShardCommit) -> ps_pb2.CommitRequest:
     return ps_pb2.CommitRequest(
         round=c.round, lr=c.lr, wait_s=c.wait_s,
-        contributors=[ps_pb2.Contribution(worker_id=w, batch_size=b) for w, b in c.contributors],
+        contributors=[ps_pb2.Contribution(worker_id=w, batch_size=b) for w, b in c.contributors], revoked=c.revoked,
     )
 
 
 def shard_commit_from_proto(p: ps_pb2.CommitRequest) -> ShardCommit:
-    return ShardCommit(p.round, tuple((c.worker_id, c.batch_size) for c in p.contributors), p.lr, p.wait_s)
+    return ShardCommit(p.round, tuple((c.worker_id, c.batch_size) for c in p.contributors), p.lr, p.wait_s,
+                       tuple(p.revoked))
 
 
 def shard_ack_to_proto(a: ShardAck) -> ps_pb2.ShardAck:

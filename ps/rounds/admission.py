@@ -41,7 +41,7 @@ class Admission:
         s = self.state
         if s.done:
             raise FailedPrecondition(f"the job has ended ({s.reason})")
-        s.membership.check_join(name, cores)
+        s.membership.check_join(name, cores, s.clock())
         if cuda_device is not None and (len(cuda_device) > MAX_NAME or not cuda_device.isprintable()):
             raise InvalidArgument(f"cuda_device must be a GPU UUID: at most {MAX_NAME} printable characters")
         if not s.policy.can_add(len(s.membership.pending) + 1):
@@ -95,7 +95,7 @@ class Admission:
         except asyncio.CancelledError:
             # the caller gave up (deadline, crash) before it was admitted: free its slot and name
             if member.worker_id in s.membership.pending:
-                s.membership.remove(member.worker_id, "gone before it was admitted")
+                s.membership.remove(member.worker_id, "gone before it was admitted", s.clock())
             raise
         if s.done or member.worker_id not in s.members:
             raise FailedPrecondition(member.turned_away or f"the job has ended ({s.reason})")

@@ -126,7 +126,8 @@ class Coordinator(JobState):
         self.end = JobEnd(self, self.whole_model)
         self.limits = limits or Limits()  # what a peer may make the server wait for or hold (ps.rounds.deadlines)
         self.deadlines = Deadlines(self, self.bsp, self.asp, self.epochs, self.limits, lambda w, why: self.departures.remove(w, "evict", why))
-        self.in_flight = PushesInFlight(self.limits.push_bytes)  # a Push stream's hold: in_flight.slot(begin_push)
+        # a Push stream's hold: in_flight.slot(begin_push, cancel)
+        self.in_flight = PushesInFlight(self.limits.push_bytes, self.limits.admit_wait_s)
         self.checkpoints = Checkpoints(self, self.whole_model, self.epochs, self.sampling, self.adaptive, self.admission)
         self.milestones = Milestones(self, self.epochs, self.evaluation, self.adaptive, self.path_trial, self.whole_model,
                                      on_checkpoint, self.checkpoint_state)
@@ -147,10 +148,20 @@ class Coordinator(JobState):
         for removed in (self.sampling.removed, self.path_trial.removed, self.end.forget, self.bsp.forget):
             events.member_removed.subscribe(removed)
         events.member_removed.subscribe(lambda member: self.asp.release())  # SSP: a slowest worker gone lets the others go on
+        events.member_removed.subscribe(self._revoke)
         for ended in (self.epochs.ended, lambda reason: self.asp.release(), self.whole_model.ended, self.admission.ended):
             events.ended.subscribe(ended)
 
     # ----------------------------------------------------------------- membership
+    def _revoke(self, member: Member) -> None:
+        """`member` left or was evicted: its push streams still arriving end (ps.rounds.inflight), and with
+        --shards its id is revoked at every shard with the next commit, before the round's newcomers enter
+        (ps.shards.core). Its calls here are refused from now on (Membership.get), the fast path's store
+        included (a new group generation drops its keys)."""
+        self.in_flight.drop(member.worker_id, str(self.membership.gone(member.worker_id)))
+        if self.shards is not None:
+            self.shards.revoke(member.worker_id)
+
     async def join(self, ask: JoinAsk) -> JoinInfo:
         """Admit a worker. Before the start it waits for all expected workers; later it
         enters at the next round boundary (BSP) or at once (ASP) and gets a share of B. Its dataset is

@@ -6,20 +6,25 @@ going while every BSP round waits for it. So:
 
 - A BSP round has a deadline D = max(floor, k·T̂) from the moment it opened, T̂ the round time the
   batch policy predicts or else the median of the recent rounds (the larger when both are known),
-  k = ROUND_FACTOR. Until MIN_ROUNDS rounds were timed (the job's start, a resume) D is at least
-  WARMUP_S: the first rounds carry the workers' first pulls and warm-up (so does a member's first round
-  after it joins or rejoins: it is held to WARMUP_S at least). At D, a member the round
-  waits for whose push is not complete is evicted (its next call hears "evicted ...; rejoin" and it
-  rejoins as after any eviction); the round closes over the pushes that arrived, weighted by their
-  samples, and B is re-split over the others from the next round (Σb = B). A round nobody pushed
-  is left alone: every member late is the job slow, not one member stuck.
+  k = ROUND_FACTOR. Until MIN_ROUNDS rounds were timed (the job's start, a resume) D is at least the
+  warm-up bound W (--round-warmup, WARMUP_S): the first rounds carry the workers' first pulls and
+  warm-up. So does a member's first round when its name enters the job for the first time: it is held
+  to W at least; the same name back after an eviction or a leave is not (ps.rounds.rejoins). A member
+  that entered after the round opened counts from its entry. At its bound, a member the round
+  waits for whose push is not complete is evicted (its next call hears "evicted at round R's deadline
+  (the bound applied) ...; rejoin" and it rejoins as after any eviction); the round closes over the
+  pushes that arrived, weighted by their samples, and B is re-split over the others from the next
+  round (Σb = B). A round nobody's push reached has a deadline too, the larger of D and W (with
+  --round-deadline auto): every member late is more likely the job slow than every member stuck, but
+  members that only hold their streams open do not hold the round for ever.
 - ASP with --staleness-bound: a running worker that holds others back (its clock is the slowest while
   some reply is held for it) and has not pushed for D (T̂: the median time between a worker's pushes)
   is evicted, which lets the held replies go.
 - A worker that joined before the job started waits at most `join_wait_s` for the start.
 
-`--round-deadline` sets D to a fixed number of seconds, or `off`; `--round-deadline-floor` the floor.
-The idle limit between the chunks of one push is the transport's (ps.serving.push_stream)."""
+`--round-deadline` sets D to a fixed number of seconds (no warm-up then), or `off`; `--round-deadline-floor`
+the floor. The idle limit between the chunks of one push is the transport's (ps.serving.push_stream), the
+wait of a push for room among the others ps.rounds.inflight's (--push-admit-wait)."""
 
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ from dataclasses import dataclass
 from ps.rounds.asp import AspUpdates
 from ps.rounds.bsp import BspRound
 from ps.rounds.epochs import Epochs
+from ps.rounds.inflight import ADMIT_WAIT_S
 from ps.rounds.membership import Member
 from ps.rounds.state import JobState
 
@@ -46,14 +52,17 @@ HISTORY = 20
 @dataclass(frozen=True)
 class Limits:
     """What a peer may make the server wait for or hold: --round-deadline ('auto', 'off' or seconds),
-    --round-deadline-floor, --push-idle (seconds between a push's chunks), --join-wait (seconds before
-    the start), --push-buffer (bytes of pushes streaming at once: ps.rounds.inflight)."""
+    --round-deadline-floor, --push-idle (seconds without data in a push), --join-wait (seconds before
+    the start), --push-buffer (bytes of pushes streaming at once: ps.rounds.inflight), --round-warmup
+    (the least deadline of the first rounds), --push-admit-wait (seconds a push waits for room)."""
 
     round_deadline: str | float = "auto"
     floor_s: float = 5.0
     push_idle_s: float | None = 10.0
     join_wait_s: float | None = 300.0
     push_bytes: int = 1 << 30
+    warmup_s: float = WARMUP_S
+    admit_wait_s: float = ADMIT_WAIT_S
 
     def __post_init__(self) -> None:
         if isinstance(self.round_deadline, str):
@@ -63,6 +72,10 @@ class Limits:
             raise ValueError(f"--round-deadline must be > 0 seconds, got {self.round_deadline}")
         if not self.floor_s > 0:
             raise ValueError(f"--round-deadline-floor must be > 0 seconds, got {self.floor_s}")
+        if not self.warmup_s > 0:
+            raise ValueError(f"--round-warmup must be > 0 seconds, got {self.warmup_s}")
+        if not self.admit_wait_s > 0:
+            raise ValueError(f"--push-admit-wait must be > 0 seconds, got {self.admit_wait_s}")
 
 
 class RoundTimes:
@@ -83,7 +96,7 @@ class RoundTimes:
         if not isinstance(s.round_deadline, str):
             return float(s.round_deadline)
         if len(self.recent) < MIN_ROUNDS:
-            return max(s.floor_s, WARMUP_S)
+            return max(s.floor_s, s.warmup_s)
         expected = statistics.median(self.recent)
         if predicted_s is not None and predicted_s > expected:
             expected = predicted_s
@@ -160,17 +173,33 @@ class Deadlines:
 
     def _late_in_round(self) -> list[str]:
         deadline = self.round_deadline_s()
-        now = self.state.clock()
-        assert self.opened_at is not None
-        open_s = now - self.opened_at
-        if deadline is None or open_s <= deadline or self.bsp.committing or not self.bsp.pushed:
+        opened = self.opened_at
+        assert opened is not None
+        if deadline is None or self.bsp.committing:
             return []
-        members = [self.state.members[w] for w in sorted(self.bsp.parking.required() - self.bsp.pushed)]
-        # auto: a member's first round since it joined (its first pull, its warm-up) has the warm-up's bound
-        auto = self.settings.round_deadline == "auto"
-        late = [m for m in members if m.updates or not auto or open_s > max(deadline, WARMUP_S)]
-        reason = f"evicted at round {self.state.round}'s deadline ({deadline:.1f} s) without its push"
-        return self._drop(late, reason)
+        now = self.state.clock()
+        late = []
+        for worker_id in sorted(self.bsp.parking.required() - self.bsp.pushed):
+            member = self.state.members[worker_id]
+            bound, why = self.member_bound(member, deadline)
+            # a member that entered after the round opened (nobody was left in it) counts from its entry
+            since = opened if member.pushed_at is None else max(opened, member.pushed_at)
+            if now - since > bound:
+                late.append((member, f"evicted at round {self.state.round}'s deadline ({bound:.1f} s{why}) "
+                                     "without its push"))
+        return self._drop(late)
+
+    def member_bound(self, member: Member, deadline: float) -> tuple[float, str]:
+        """The open round's bound for `member` (D, or with --round-deadline auto the warm-up's on its
+        name's first round and on a round nobody's push reached) and what it is, for its eviction."""
+        warmup = self.settings.warmup_s
+        if self.settings.round_deadline != "auto" or warmup <= deadline:
+            return deadline, ""
+        if member.warmup and not member.updates:
+            return warmup, ": its name's first round, the warm-up bound (--round-warmup)"
+        if not self.bsp.pushed:
+            return warmup, ": no push of the round arrived, the warm-up bound (--round-warmup)"
+        return deadline, ""
 
     def _holding_others(self) -> list[str]:
         if not self.asp.held or self.settings.round_deadline == "off":
@@ -183,15 +212,17 @@ class Deadlines:
         late = [m for w, m in self.state.members.items()
                 if w not in self.asp.held and clocks.clocks.get(w) == slowest
                 and now - (m.pushed_at if m.pushed_at is not None else m.last_seen) > deadline]
-        return self._drop(late, f"evicted: held other workers back (--staleness-bound) without a push for {deadline:.1f} s")
+        why = f"evicted: held other workers back (--staleness-bound) without a push for {deadline:.1f} s"
+        return self._drop([(m, why) for m in late])
 
-    def _drop(self, late: list[Member], reason: str) -> list[str]:
-        for member in late:
+    def _drop(self, late: list[tuple[Member, str]]) -> list[str]:
+        """Evict each member with its reason; their names."""
+        for member, reason in late:
             self.dropped += 1
             self.state.metrics.write("deadline", worker=member.name, round=self.state.round, step=self.state.step,
                                      epoch=self.state.epoch, reason=reason)
             self.evict(member.worker_id, reason)
-        return [m.name for m in late]
+        return [m.name for m, _ in late]
 
     def _join_waits(self) -> list[str]:
         """Before the start: the pending members that waited longer than join_wait_s."""
@@ -202,7 +233,7 @@ class Deadlines:
         late = [m for m in self.state.membership.pending.values() if now - m.last_seen > limit]
         for member in late:  # its Join wakes to hear why (Coordinator.join)
             member.turn_away(f"worker {member.name} waited {limit:g} s for the job to start (--join-wait); join again")
-            self.state.membership.remove(member.worker_id, member.turned_away)
+            self.state.membership.remove(member.worker_id, member.turned_away, now)
             self.state.metrics.write("join_wait", worker=member.name, waited_s=limit)
             member.activated.set()
         return [m.name for m in late]

@@ -32,7 +32,7 @@ class Departures:
     def remove(self, worker_id: str, event: str, reason: str) -> None:
         """Drop a worker (`event`: leave or evict), re-split B over the others, close a round it held up."""
         s = self.state
-        member = s.membership.remove(worker_id, reason)
+        member = s.membership.remove(worker_id, reason, s.clock())
         s.events.member_removed.emit(member)
         s.metrics.write(event, worker=member.name, reason=reason, step=s.step, epoch=s.epoch)
         self.fast_path.regroup()

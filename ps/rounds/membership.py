@@ -10,7 +10,8 @@ import math
 import secrets
 from dataclasses import dataclass, field
 
-from common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound
+from common.errors import AlreadyExists, FailedPrecondition, InvalidArgument, NotFound, ServiceError
+from ps.rounds.rejoins import Rejoins
 from ps.rounds.ssp import EpochCounts
 
 MAX_NAME = 128
@@ -41,6 +42,7 @@ class Member:
     activated: asyncio.Event = field(default_factory=asyncio.Event)
     pushed_at: float | None = None  # when its last push arrived whole, or it became active (ps.rounds.deadlines)
     turned_away: str = ""  # why it was removed before its Join was answered
+    warmup: bool = False  # its first round has the warm-up bound: its name's first entry (ps.rounds.rejoins)
 
     def seen(self, now: float) -> None:
         """A call from this worker (a heartbeat, a pull, a push)."""
@@ -73,6 +75,10 @@ class Member:
         self.epoch_data_wait_ms = []
         self.asp = EpochCounts()
 
+    def enter(self, warmup: bool) -> None:
+        """It enters the job (active); `warmup`: its first round has the warm-up bound."""
+        self.warmup = warmup
+
     def turn_away(self, why: str) -> None:
         """Removed before its Join was answered: the Join hears `why`."""
         self.turned_away = why
@@ -87,27 +93,29 @@ class Member:
 
 
 class Membership:
-    """Active and pending members keyed by worker id; names are unique among them."""
+    """Active and pending members keyed by worker id; names are unique among them. What a name's earlier
+    joins earn its next one (its warm-up, its backoff) is `names`'."""
 
-    def __init__(self, max_workers: int) -> None:
+    def __init__(self, max_workers: int, names: Rejoins | None = None) -> None:
         self.max_workers = max_workers
         self.active: dict[str, Member] = {}
         self.pending: dict[str, Member] = {}
         self.departed: dict[str, str] = {}  # worker id -> why it went ("left", "evicted after ...")
+        self.names = names or Rejoins()
         self._joined = 0
 
     def admit(self, name: str, cores: float, now: float, cuda_device: str | None = None, max_batch: int | None = None,
               switch_paths: bool = False) -> Member:
         """Validate a join and add the worker as pending (what it declared: Member's fields)."""
-        self.check_join(name, cores)
+        self.check_join(name, cores, now)
         member = Member(f"{name}-{secrets.token_hex(4)}", name, cores, self._joined, now, cuda_device=cuda_device,
                         switch_paths=switch_paths, max_batch=max_batch)
         self._joined += 1
         self.pending[member.worker_id] = member
         return member
 
-    def check_join(self, name: str, cores: float) -> None:
-        """Raise what `admit` would refuse, changing nothing."""
+    def check_join(self, name: str, cores: float, now: float) -> None:
+        """Raise what `admit` would refuse at `now`, changing nothing."""
         if not name or len(name) > MAX_NAME:
             raise InvalidArgument(f"name must be 1-{MAX_NAME} characters")
         if not name.isprintable():  # it goes into the server's progress lines and logs as it is
@@ -118,10 +126,12 @@ class Membership:
             raise FailedPrecondition(f"job full: {self.max_workers} workers are in the job (--max-workers)")
         if any(m.name == name for m in self.members()):
             raise AlreadyExists(f"a worker named {name!r} is already in the job; pick another --name or wait for its eviction")
+        self.names.check(name, now)
 
     def activate(self, worker_id: str) -> Member:
         member = self.pending.pop(worker_id)
         self.active[worker_id] = member
+        member.enter(self.names.entered(member.name))
         return member
 
     def members(self) -> list[Member]:
@@ -136,12 +146,16 @@ class Membership:
             raise FailedPrecondition(
                 f"worker {worker_id!r} is waiting to be admitted: the job has not started or the round it joins at is open"
             )
+        raise self.gone(worker_id)
+
+    def gone(self, worker_id: str) -> ServiceError:
+        """What a call as `worker_id`, not a member, hears: evicted ones to rejoin, the others to join."""
         reason = self.departed.get(worker_id)
         if reason is not None and reason.startswith("evicted"):
-            raise FailedPrecondition(f"worker {worker_id!r} was {reason}; rejoin")
+            return FailedPrecondition(f"worker {worker_id!r} was {reason}; rejoin")
         if reason is not None:
-            raise NotFound(f"worker {worker_id!r} {reason}; Join again")
-        raise NotFound(f"unknown worker id {worker_id!r}; Join first")
+            return NotFound(f"worker {worker_id!r} {reason}; Join again")
+        return NotFound(f"unknown worker id {worker_id!r}; Join first")
 
     def known(self, worker_id: str) -> bool:
         """Whether the id is a member's, pending or active, or a departed one's."""
@@ -151,8 +165,14 @@ class Membership:
         """Active members not heard from for more than `timeout` seconds."""
         return [m for m in self.active.values() if now - m.last_seen > timeout]
 
-    def remove(self, worker_id: str, reason: str) -> Member:
-        member = self.active.pop(worker_id, None) or self.pending.pop(worker_id)
+    def remove(self, worker_id: str, reason: str, now: float) -> Member:
+        """`worker_id` goes for `reason` at `now`; an active member without a push since it joined is a
+        strike against its name (ps.rounds.rejoins)."""
+        member = self.active.pop(worker_id, None)
+        if member is not None:
+            self.names.departed(member.name, member.updates > 0, now)
+        else:
+            member = self.pending.pop(worker_id)
         if len(self.departed) >= MAX_DEPARTED:
             self.departed.pop(next(iter(self.departed)))
         self.departed[worker_id] = reason

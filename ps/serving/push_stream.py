@@ -16,15 +16,40 @@ from common.transport.serialized import DataChunk
 from common.transport.wire import ChunkReceiver, OffsetReceiver
 
 
-async def next_chunk(chunks: AsyncIterator[DataChunk], idle_s: float | None) -> DataChunk | None:
-    """The stream's next chunk (None at its end); FailedPrecondition when none comes within `idle_s`
-    seconds (None: no limit), so a push that stopped mid-stream does not hold its buffer forever."""
-    if idle_s is None:
-        return await anext(chunks, None)
-    try:
-        return await asyncio.wait_for(anext(chunks, None), idle_s)
-    except TimeoutError:
-        raise FailedPrecondition(f"no chunk of this push for {idle_s:g} s (--push-idle); the push is dropped") from None
+class Idle:
+    """The idle limit of one push stream: a chunk that brings data (values, the header, the end) restarts
+    it, an empty one does not, so a stream that trickles empty chunks is dropped like a silent one."""
+
+    def __init__(self, idle_s: float | None) -> None:
+        self.idle_s = idle_s
+        self._until: float | None = None
+
+    def progress(self) -> None:
+        """Data arrived (or the wait starts): the stream has idle_s from now."""
+        if self.idle_s is not None:
+            self._until = asyncio.get_running_loop().time() + self.idle_s
+
+    def heard(self, chunk: DataChunk) -> None:
+        if len(chunk.data) or chunk.fields.HasField("header") or chunk.fields.HasField("end"):
+            self.progress()
+
+    async def next_chunk(self, chunks: AsyncIterator[DataChunk]) -> DataChunk | None:
+        """The stream's next chunk (None at its end); FailedPrecondition when no data came within idle_s
+        (None: no limit), so a push that stopped mid-stream does not hold its buffer forever."""
+        if self.idle_s is None:
+            chunk = await anext(chunks, None)
+        else:
+            if self._until is None:
+                self.progress()
+            assert self._until is not None
+            try:
+                chunk = await asyncio.wait_for(anext(chunks, None), max(0.0, self._until - asyncio.get_running_loop().time()))
+            except TimeoutError:
+                raise FailedPrecondition(f"no data in this push for {self.idle_s:g} s (--push-idle; an empty chunk is "
+                                         "no progress); the push is dropped") from None
+        if chunk is not None:
+            self.heard(chunk)
+        return chunk
 
 
 async def receive_push(
@@ -35,7 +60,7 @@ async def receive_push(
 ) -> tuple[PushMeta, ChunkReceiver | OffsetReceiver]:
     """The push's header and its filled receiver (not yet finished). Raises InvalidArgument for a
     malformed stream, DecodeError for an undecodable chunk, and FailedPrecondition when the stream
-    stalls for `idle_s` between two chunks. `admit`, awaited after the header was accepted and before
+    brings no data for `idle_s` (an empty chunk is no progress). `admit`, awaited after the header was accepted and before
     the payload is read, may hold the stream back (the server's cap on the bytes in flight).
 
     The step's times travel in the PushEnd on the push's last chunk, which replaces the header's
@@ -43,13 +68,15 @@ async def receive_push(
     push with offsets (PushHeader.offsets: buckets sent during backward) is received in any order
     and must end with a PushEnd."""
     chunks = aiter(chunks)
-    first = await next_chunk(chunks, idle_s)
+    idle = Idle(idle_s)
+    first = await idle.next_chunk(chunks)
     if first is None or not first.fields.HasField("header"):
         raise InvalidArgument("the first push chunk must carry the header")
     meta = push_meta_from_proto(first.fields.header)
     receiver = begin(meta)
     if admit is not None:
         await admit()
+        idle.progress()  # the wait for room was the server's: the stream's idle limit starts after it
     placed = receiver.out_of_order() if meta.offsets else None
     end: ps_pb2.PushEnd | None = None
     chunk: DataChunk | None = first
@@ -64,7 +91,7 @@ async def receive_push(
             placed.feed_at(chunk.fields.seq, chunk.fields.offset, chunk.data)
         if chunk.fields.HasField("end"):
             end = chunk.fields.end
-        chunk = await next_chunk(chunks, idle_s)
+        chunk = await idle.next_chunk(chunks)
     if end is None:
         if placed is not None:
             raise InvalidArgument("a push with offsets must end with a chunk carrying its end (PushEnd)")

@@ -46,6 +46,7 @@ class RemoteShards:
         self._timeout = call_timeout_s
         self._channels: list[grpc.aio.Channel] = []
         self._stubs: list[ps_pb2_grpc.ParameterShardStub] = []
+        self._revoked: list[str] = []  # worker ids gone since the last commit
 
     @property
     def own(self) -> Range:
@@ -91,9 +92,15 @@ class RemoteShards:
 
         await self._each(one)
 
+    def revoke(self, worker_id: str) -> None:
+        """`worker_id` left or was evicted: the next commit tells every shard to refuse it."""
+        self._revoked.append(worker_id)
+
     async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> list[ShardAck]:
-        """Close round `round_` on every shard with these contributors' slices (worker id: batch size)."""
-        request = shard_commit_to_proto(ShardCommit(round_, tuple(contributors.items()), lr, wait_s))
+        """Close round `round_` on every shard with these contributors' slices (worker id: batch size), and
+        revoke the worker ids gone since the last commit."""
+        revoked, self._revoked = tuple(self._revoked), []
+        request = shard_commit_to_proto(ShardCommit(round_, tuple(contributors.items()), lr, wait_s, revoked))
         acks = await self._each(lambda i, stub: stub.Commit(request, metadata=self._metadata, timeout=wait_s + self._timeout))
         return [shard_ack_from_proto(ack) for ack in acks]
 

@@ -6,6 +6,12 @@ as it arrives (and kept until the round is decided), and the coordinator's Commi
 contributors whose slices count. A slice from anyone else is taken out again and its push refused,
 so a shard steps with exactly the batches the coordinator stepped with. Pushes and pulls carry the
 worker's secret, which the shard checks with the key its coordinator loaded it with (ps.serving.worker_keys).
+
+A worker id that left the job or was evicted is revoked by the coordinator's next Commit (after that
+commit's decision, which may still count its slice as the coordinator did): from then on its pushes and
+pulls are refused whatever secret they carry. The round's newcomers enter after that commit, so a
+departed id stages at most one slice, in the round it departed in, which the commit drops; the
+members of a round and those gone during it fit the pending slices (twice the job's worker limit).
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from common.transport.wire import ChunkReceiver, check_wire_dtype
 from ps.serving.worker_keys import KEY_BYTES, WorkerKeys
 
 MAX_WAIT_S = 3600.0
+MAX_REVOKED = 65_536
+"""The revoked worker ids a shard remembers (the oldest go first)."""
 
 
 @dataclass
@@ -51,6 +59,7 @@ class ShardCore:
         self._staged: dict[str, _Staged] = {}
         self._arrived = asyncio.Event()
         self._decided: asyncio.Future[frozenset[str]] | None = None
+        self._revoked: dict[str, None] = {}  # worker ids that left or were evicted, oldest first
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
 
     @property
@@ -86,9 +95,24 @@ class ShardCore:
         self.store, self._sum = store, WeightedMean(stop - start, scale=spec.global_batch)
         self.payload.invalidate()
 
-    async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> ShardAck:
+    async def commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float,
+                     revoked: tuple[str, ...] = ()) -> ShardAck:
         """Close the open round: wait (up to wait_s) for the contributors' slices, drop the others',
-        step the optimizer on the batch-weighted mean, and answer the waiting pushes."""
+        step the optimizer on the batch-weighted mean, and answer the waiting pushes; then refuse the
+        `revoked` worker ids from now on."""
+        try:
+            return await self._commit(round_, contributors, lr, wait_s)
+        finally:
+            self.revoke(revoked)
+
+    def revoke(self, worker_ids: tuple[str, ...]) -> None:
+        """Refuse these worker ids' pushes and pulls from now on (they left the job or were evicted)."""
+        for worker_id in worker_ids:
+            self._revoked[worker_id] = None
+        while len(self._revoked) > MAX_REVOKED:
+            del self._revoked[next(iter(self._revoked))]
+
+    async def _commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> ShardAck:
         store, total = self._require_loaded(), self._sum
         assert total is not None
         if round_ != self.round:
@@ -194,6 +218,9 @@ class ShardCore:
             raise InvalidArgument("a push or pull needs a worker id")
         assert self.keys is not None
         self.keys.check(worker_id, secret)
+        if worker_id in self._revoked:
+            raise FailedPrecondition(f"worker {worker_id!r} left the job or was evicted: its secret is revoked at "
+                                     "this shard; rejoin")
 
     def _check_overflow(self, values: Vector, batch: int) -> None:
         """The commit's step stays finite with this slice in it (common.transport.magnitude), or InvalidArgument. The

@@ -85,7 +85,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
     async def Commit(self, request: ps_pb2.CommitRequest, context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
         commit = shard_commit_from_proto(request)
         try:
-            ack = await self.core.commit(commit.round, commit.batches(), commit.lr, commit.wait_s)
+            ack = await self.core.commit(commit.round, commit.batches(), commit.lr, commit.wait_s, commit.revoked)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return shard_ack_to_proto(ack)

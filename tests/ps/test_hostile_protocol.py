@@ -38,7 +38,7 @@ from tests.state_compare import assert_same
 from tests.hostile_peer import (
     Answer, COMPUTE_MS, CORES, Code, DECLARED_DTYPES, HAS_KIND, INVALID, NAMES, OK, POISON, PRECONDITION,
     PushSpec, SECRETS, STREAM_FAULTS, TIMEOUT, UNKNOWN_IDS, View, WIRE_DTYPES, ask, pick, read_params,
-    snapshot, start_server, stop_server, wait_until, worker_id_code,
+    name_held_back, snapshot, start_server, stop_server, wait_until, worker_id_code,
 )
 
 
@@ -58,6 +58,7 @@ class HostileMachine(RuleBasedStateMachine):
         self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="hostile")
         self.ids: dict[str, str] = {}    # active name -> worker id
         self.gone: dict[str, str] = {}   # departed worker id -> "left" | "evicted"
+        self.held_back: set[str] = set()  # names that went without a push since their join: refused from then on
         self.fresh = 0
         self.last_step = (0, 0)
         self.waiting: dict[str, concurrent.futures.Future] = {}  # name -> a BSP Join waiting for the round boundary
@@ -171,6 +172,8 @@ class HostileMachine(RuleBasedStateMachine):
             codes.add(PRECONDITION)
         if name in self.ids or name in v.pending.values():
             codes.add(Code.ALREADY_EXISTS)
+        elif name in self.held_back:
+            codes.add(Code.RESOURCE_EXHAUSTED)
         return codes or {OK}
 
     def join_call(self, name: str, cores: float) -> Answer:
@@ -228,6 +231,8 @@ class HostileMachine(RuleBasedStateMachine):
         secret = self.draw_secret(data, worker_id)
         v = self.view()
         expected = {self.id_code(worker_id, v, secret)}
+        if expected == {OK}:  # going without a push since its join, its name is held back
+            self.held_back |= {name_held_back(self.server, worker_id)} - {None}
         answer = self.refused_leaves_no_trace(
             lambda: ask(lambda: self.stub.Leave(ps_pb2.LeaveRequest(worker_id=worker_id, secret=secret), timeout=TIMEOUT)),
             expected, "Leave",
@@ -279,6 +284,7 @@ class HostileMachine(RuleBasedStateMachine):
         """A worker falls silent past --evict-after: the reaper evicts it (and only it)."""
         name = data.draw(st.sampled_from(sorted(self.ids)), label="silent worker")
         worker_id = self.ids[name]
+        self.held_back |= {name_held_back(self.server, worker_id)} - {None}
 
         def silence_and_reap() -> tuple[bool, list[str]]:
             c = self.server.coordinator
@@ -449,6 +455,7 @@ class HostileMachine(RuleBasedStateMachine):
             leaving = data.draw(st.lists(st.booleans(), min_size=len(rest), max_size=len(rest)), label="leavers")
             for i, (name, leaves) in enumerate(zip(rest, leaving)):
                 if leaves:
+                    self.held_back |= {name_held_back(self.server, self.ids[name])} - {None}
                     answer = ask(lambda name=name: self.stub.Leave(
                         ps_pb2.LeaveRequest(worker_id=self.ids[name], secret=SECRETS[self.ids[name]]), timeout=TIMEOUT))
                     assert answer.code == OK, answer

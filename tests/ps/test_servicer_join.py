@@ -215,6 +215,9 @@ def test_a_rejoin_gets_a_new_secret_and_the_old_one_opens_nothing(ps_server, thr
     c = start_cluster(ps_server, threads, "--global-batch", "32")
     old_id, old_secret = c.ids["b"], SECRETS[c.ids["b"]]
     leave(c.stub, old_id)
+    # b left without a push: its name waits a second before it joins again (ps/rounds/rejoins.py)
+    expect_refused(c.server, lambda: join(c.stub, "b"), Code.RESOURCE_EXHAUSTED, "join again in")
+    time.sleep(1.0)
     rejoin = threads.submit(join, c.server.stub(), "b")  # admitted when a closes the open round
     wait_pending(c.server, 1)
     grad = rand(c.numel, seed=3)

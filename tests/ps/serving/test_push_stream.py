@@ -1,6 +1,6 @@
 """A push's chunk stream read by receive_push (ps/serving/push_stream.py): the times of the
 PushEnd that closes it replace the header's, on a whole push as on one with offsets; a push without
-one keeps the header's; nothing may follow the end."""
+one keeps the header's; nothing may follow the end; only data keeps a push within its idle limit."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from protos import ps_pb2
-from common.errors import InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument
 from common.transport.messages import PushMeta, PushTimes
 from common.transport.serialized import DataChunk, data_view_parser
 from common.transport.wire import ChunkReceiver, encode
@@ -90,3 +90,32 @@ def test_a_push_with_offsets_must_end_with_its_times() -> None:
     assert meta.times == PushTimes(12.5, 3.0, 1.5, 0.25) and torch.equal(received, values)
     with pytest.raises(InvalidArgument, match="must end with a chunk carrying its end"):
         receive([first, back, ps_pb2.PushChunk(seq=2, offset=0, data=data[:8])])
+
+
+async def trickled(chunks: list[ps_pb2.PushChunk], every_s: float) -> AsyncIterator[DataChunk]:
+    """`chunks`, one every `every_s` seconds."""
+    for chunk in chunks:
+        yield PARSE(chunk.SerializeToString())
+        await asyncio.sleep(every_s)
+
+
+def test_progress_is_data_an_empty_chunk_does_not_restart_the_idle_limit() -> None:
+    """Empty chunks every 0.05 s keep no push alive past its 0.3 s idle limit; chunks with data at the
+    same pace do."""
+    values = torch.arange(8, dtype=torch.float32)
+    data = bytes(encode(values, "float32"))
+    empties = [ps_pb2.PushChunk(header=header(8), seq=0)] + [ps_pb2.PushChunk(seq=i) for i in range(1, 40)]
+
+    async def run(chunks: list[ps_pb2.PushChunk]) -> float:
+        started = asyncio.get_running_loop().time()
+        try:
+            await receive_push(trickled(chunks, 0.05), lambda m: ChunkReceiver(m.num_values, m.wire_dtype), idle_s=0.3)
+        finally:
+            elapsed = asyncio.get_running_loop().time() - started
+        return elapsed
+
+    with pytest.raises(FailedPrecondition, match=r"no data in this push for 0.3 s \(--push-idle; an empty chunk"):
+        asyncio.run(run(empties))
+    slow_data = [ps_pb2.PushChunk(header=header(8), seq=0)] + [
+        ps_pb2.PushChunk(seq=1 + i, data=data[4 * i: 4 * i + 4]) for i in range(8)]
+    assert asyncio.run(run(slow_data)) > 0.3  # 9 chunks 0.05 s apart: longer than the limit, data all along
