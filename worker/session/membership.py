@@ -4,6 +4,7 @@ after the server lost it, and left at the end."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Callable
 
@@ -14,7 +15,10 @@ from worker.device import gpu_uuid
 from worker.paths.path_parts import ProcessSession
 from worker.transport.client import LEAVE_TIMEOUT_S, Joined, PSClient, ServerError
 from worker.transport.heartbeat import Heartbeat
-from worker.transport.reconnect import TRANSIENT_CODES, rejoin_with_backoff
+from worker.transport.backoff import Backoff
+from worker.transport.reconnect import TRANSIENT_CODES, lost_because, rejoin_with_backoff, told_wait
+
+log = logging.getLogger("worker")
 
 
 class Membership:
@@ -29,12 +33,28 @@ class Membership:
         self._counted = ProcessSession()
         client.switch_paths = self._counted.only
         try:
-            self.joined: Joined = client.join(name, cores, cuda_device=self._cuda_device, max_batch=max_batch)
+            self.joined: Joined = self._first_join()
         except BaseException:
             self._counted.close()
             raise
         self.worker_id = self.joined.worker_id
         self.heartbeat = Heartbeat(client.heartbeat, self.worker_id, self.joined.heartbeat_interval_s)
+
+    def _first_join(self) -> Joined:
+        """The first Join, retried within --retry-for while the server refuses it for now
+        (RESOURCE_EXHAUSTED: at its bound of calls, or this name's wait after departures without a
+        push), waiting at least as long as the refusal says."""
+        waits = Backoff(total=self.retry_for).delays()
+        while True:
+            try:
+                return self.client.join(self.name, self.cores, cuda_device=self._cuda_device, max_batch=self.max_batch)
+            except ServerError as exc:
+                delay = next(waits, None)
+                if exc.code != "RESOURCE_EXHAUSTED" or delay is None:
+                    raise
+                wait = max(delay, told_wait(exc.message))
+                log.warning("%s: %s; joining again in %.1f s (--retry-for)", self.name, lost_because(exc), wait)
+                time.sleep(wait)
 
     def join_again(self, deadline: float) -> Joined:
         """Leave (if the server still knows this worker) and join again, by `deadline` (time.monotonic);

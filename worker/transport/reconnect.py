@@ -6,6 +6,7 @@ configures logging otherwise; ``ps-worker`` prints them as they are)."""
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -102,6 +103,16 @@ def what_next(retry_for: float) -> str:
     return f"rejoining, for up to {retry_for:.0f} s (--retry-for), then giving up"
 
 
+def told_wait(message: str) -> float:
+    """The wait a refusal names ("... join again in 4.0 s ..."), in seconds; 0 where it names none."""
+    found = _TOLD_WAIT.search(message)
+    return min(float(found.group(1)), MAX_TOLD_WAIT_S) if found else 0.0
+
+
+_TOLD_WAIT = re.compile(r"again in (\d+(?:\.\d+)?) s")
+MAX_TOLD_WAIT_S = 300.0
+"""The longest wait a server's refusal can impose on a worker (a bound on what a server is trusted for)."""
+
 TRANSIENT_CODES = ("UNAVAILABLE", "RESOURCE_EXHAUSTED")
 """Codes of a server that may answer otherwise soon (out of reach, or at its bound of calls held at
 once: ps/serving/call_budget.py): retried with backoff within --retry-for, never the end of a worker."""
@@ -119,7 +130,7 @@ def rejoin_with_backoff(who: str, client: PSClient, retry_for: float, error: Ser
     waiting.say(f"{lost_because(error)}; {what_next(retry_for)}")
     tried = False
     for delay in Backoff(total=retry_for).delays():
-        time.sleep(min(delay, waiting.remaining()))
+        time.sleep(min(max(delay, told_wait(error.message)), waiting.remaining()))
         if waiting.remaining() <= 0:
             break
         tried = True

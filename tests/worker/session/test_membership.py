@@ -51,3 +51,47 @@ def test_a_request_the_server_finds_wrong_ends_the_worker(monkeypatch: pytest.Mo
     with pytest.raises(ServerError):
         membership.recover(ServerError(code, "no"), PLAN, no_resync, no_rejoin)
     assert retried == []
+
+
+class RefusingClient:
+    """A client whose first `refusals` Joins are refused with `code`, naming a wait of `told` s."""
+
+    def __init__(self, refusals: int, code: str, told: float) -> None:
+        self.refusals, self.code, self.told, self.joins = refusals, code, told, 0
+
+    def join(self, *args: Any, **kwargs: Any) -> str:
+        self.joins += 1
+        if self.joins <= self.refusals:
+            raise ServerError(self.code, f"worker name 'w' left without a push: join again in {self.told:.1f} s")
+        return "joined"
+
+
+def first_join(client: RefusingClient, retry_for: float, monkeypatch: pytest.MonkeyPatch) -> tuple[Any, list[float]]:
+    slept: list[float] = []
+    monkeypatch.setattr(worker.session.membership.time, "sleep", slept.append)
+    membership = Membership.__new__(Membership)
+    membership.client, membership.name, membership.cores, membership.max_batch = client, "w", 1.0, 8  # type: ignore[assignment]
+    membership.retry_for, membership._cuda_device = retry_for, None
+    return membership._first_join(), slept
+
+
+def test_a_first_join_refused_for_now_is_retried_after_the_wait_the_server_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    client = RefusingClient(2, "RESOURCE_EXHAUSTED", told=2.5)
+    joined, slept = first_join(client, 60.0, monkeypatch)
+    assert joined == "joined" and client.joins == 3
+    assert len(slept) == 2 and all(wait >= 2.5 for wait in slept)
+
+
+def test_a_first_join_refused_otherwise_or_without_retries_ends_the_worker(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ServerError, match="join again"):
+        first_join(RefusingClient(1, "INVALID_ARGUMENT", told=1.0), 60.0, monkeypatch)
+    with pytest.raises(ServerError, match="join again"):
+        first_join(RefusingClient(1, "RESOURCE_EXHAUSTED", told=1.0), 0.0, monkeypatch)
+
+
+def test_a_told_wait_is_read_from_the_refusal_and_bounded() -> None:
+    from worker.transport.reconnect import MAX_TOLD_WAIT_S, told_wait
+
+    assert told_wait("join again in 4.0 s (the wait doubles)") == 4.0
+    assert told_wait("no wait named") == 0.0
+    assert told_wait("join again in 99999 s") == MAX_TOLD_WAIT_S
