@@ -17,18 +17,17 @@ through ``close()`` like Ctrl-C does.
 from __future__ import annotations
 
 import math
-import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Self
 
 from deploy.cluster_exits import START_TIMEOUT_S, STOP_GRACE_S, ServerStartError, WorkerFailedError
 from deploy.cluster_processes import ClusterProcesses
+from deploy.cluster_progress import ClusterProgress
 from deploy.cluster_quotas import LIMITERS, CpuQuotas
 from deploy.signals import signals_deferred
-from ps.ops.metrics import read_metrics
 
 __all__ = [
     "LIMITERS", "START_TIMEOUT_S", "STOP_GRACE_S", "LocalCluster", "ServerStartError", "WorkerFailedError", "WorkerSpec",
@@ -77,7 +76,7 @@ def worker_argv(spec: WorkerSpec, target: str, slowdown: float | None, *, quiet:
     return argv + list(spec.extra_args)
 
 
-class LocalCluster:
+class LocalCluster(ClusterProgress):
     """A ``ps-server`` process and one ``ps-worker`` process per :class:`WorkerSpec`, on 127.0.0.1.
 
     Use as a context manager; ``start()`` launches, ``wait()`` waits for the job, ``close()`` (also on
@@ -85,6 +84,8 @@ class LocalCluster:
     ``server.log``, ``<worker>.log``, and the metrics log ``metrics.jsonl``. The quotas are ``self.cpu``
     (:class:`deploy.cluster_quotas.CpuQuotas`: also ``held()``, ``settled``), the processes ``self.procs``
     (:class:`deploy.cluster_processes.ClusterProcesses`: also ``failed_workers()``, ``server_starts``).
+    What it reports (its processes, address, shares, metrics and the job's progress) is
+    :class:`deploy.cluster_progress.ClusterProgress`'s.
     """
 
     def __init__(
@@ -191,49 +192,11 @@ class LocalCluster:
             raise RuntimeError("the server still runs")
         self._start_server(*extra_args)
 
-    # ------------------------------------------------------------ properties
-    @property
-    def server(self) -> subprocess.Popen[bytes] | None:
-        """The server process (the latest, after a restart); None before start()."""
-        return self.procs.server
-
-    @property
-    def processes(self) -> dict[str, subprocess.Popen[bytes]]:
-        """The worker processes by name."""
-        return self.procs.processes
-
-    @property
-    def limiting(self) -> str:
-        """How workers are confined: ``cgroup-v1``, ``cgroup-v2`` or ``slowdown`` (probes before start())."""
-        return self.cpu.limiting
-
-    @property
-    def shares(self) -> list[float]:
-        """Each worker's share of cores now."""
-        return self.cpu.shares
-
-    @property
-    def server_share(self) -> float | None:
-        """The server's share of cores (None: unlimited)."""
-        return self.cpu.server_share
-
+    # --------------------------------------------------------------- control
     def plan(self) -> str:
         """One line saying how the heterogeneity is emulated (call after start())."""
         return self.cpu.describe([w.name for w in self.workers])
 
-    @property
-    def target(self) -> str:
-        """The server's address, ``127.0.0.1:PORT``."""
-        if self._port is None:
-            raise RuntimeError("the server is not listening yet (call start())")
-        return f"127.0.0.1:{self._port}"
-
-    @property
-    def metrics_path(self) -> Path:
-        """The server's JSON-lines metrics log."""
-        return self.workdir / "metrics.jsonl"
-
-    # --------------------------------------------------------------- control
     def set_shares(self, shares: Sequence[float]) -> None:
         """Rewrite every worker's quota now (same period); RuntimeError under the slowdown fallback."""
         self.cpu.set_shares([w.name for w in self.workers], shares, running=self._started and not self._closed)
@@ -241,37 +204,6 @@ class LocalCluster:
     def set_server_share(self, share: float) -> None:
         """Rewrite the server's quota now (only when it was started with a server_share under cgroups)."""
         self.cpu.set_server_share(share)
-
-    # ------------------------------------------------------------- progress
-    def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """The metrics log parsed so far (only events of ``kind`` if given)."""
-        if not self.metrics_path.exists():
-            return []
-        return [e for e in read_metrics(self.metrics_path) if kind is None or e.get("event") == kind]
-
-    def poll(self) -> int | None:
-        """The server's exit code, or None while it runs."""
-        if self.server is None:
-            raise RuntimeError("the cluster has not started")
-        return self.server.poll()
-
-    def check_workers(self) -> None:
-        """Raise :class:`WorkerFailedError` if a worker died while the server still runs.
-
-        Also raises the error that kept the startup quota from dropping to the shares (fast_start).
-        """
-        if self.cpu.settle_error is not None:
-            raise RuntimeError(f"could not apply the workers' quotas when the job started: {self.cpu.settle_error}")
-        self.procs.check_workers()
-
-    def wait(self, timeout: float | None = None) -> int:
-        """Wait for the server to exit and return its status; TimeoutError after ``timeout`` seconds.
-
-        Raises :class:`WorkerFailedError` as soon as a worker exits non-zero while the server runs
-        (the server would wait for it, or evict it and go on with a cluster that no longer matches
-        the profile). Workers get ``STOP_GRACE_S`` to exit after the server.
-        """
-        return self.procs.wait(timeout, self.check_workers)
 
     # ------------------------------------------------------------- teardown
     def close(self) -> None:

@@ -12,13 +12,13 @@ the piece is "resident" in the message, which nothing writes to again, and the n
 from there. The contiguous vector catches up only when something reads it whole (`flat`: an
 evaluation, a snapshot, a checkpoint) or changes it otherwise. A BSP step then reads the parameters
 and the gradient and writes the new values once, instead of writing them and copying them again
-into the message.
+into the message. The deferred step and the resident pieces are deferred_step.py's; this module
+holds the bounds that keep every value finite, the updates and the optimizer's state.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,17 +26,17 @@ from torch import nn
 
 from common.job.spec import JobSpec
 from common.params.flat_state import flatten_state, state_numel, unflatten_state
-from common.params.stepping import StepBounds, make_stepper
+from common.params.deferred_step import DeferredStep
+from common.params.stepping import StepBounds
 from common.transport.chunked import Vector, as_tensor, parts
 from common.transport.layout import flatten_params
 from common.transport.magnitude import ROUNDING, OverflowRisk, exact_magnitude, magnitude_of, within_limit
 
 
-class ParameterStore:
+class ParameterStore(DeferredStep):
     """Global model state. BSP steps the optimizer with an aggregated gradient; ASP adds updates.
-
-    `before_change` callbacks run before the values change (a step begins, an update, a load), so
-    a reader that is still framing the current values (common.transport.payload) can finish first.
+    The step is deferred and applied as its values are read (deferred_step.py), and `before_change`
+    callbacks run before the values change.
 
     No step or update can leave a value that is not finite: the store keeps a bound on its largest
     parameter (and the stepper on its state), works out before any change whether the incoming values
@@ -47,14 +47,7 @@ class ParameterStore:
     def __init__(self, flat: torch.Tensor, spec: JobSpec, piece_values: int | None = None) -> None:
         """A store over a copy of `flat` (all parameters, or one shard's range of them), stepped in
         pieces of `piece_values` values (default: common.params.stepping's for the optimizer)."""
-        self._spec = spec
-        self._flat = flat.detach().reshape(-1).float().clone()
-        self._stepper = make_stepper(self._flat, spec, piece_values)
-        self.pieces = self._stepper.pieces
-        self._pending: Vector | None = None  # the gradient of a step begun and not yet fully applied
-        self._next_piece = 0
-        self._resident: dict[int, torch.Tensor] = {}  # piece -> its values, kept where a step wrote them (a sent message)
-        self.before_change: list[Callable[[], None]] = []
+        super().__init__(flat, spec, piece_values)
         self._bound = self._finite_bound(self._flat)  # >= max|value| (common.transport.magnitude)
         self._exact = False  # whether the bounds are the exact maxima (nothing changed since they were taken)
 
@@ -63,37 +56,12 @@ class ParameterStore:
         return cls(flatten_params(model), spec)
 
     @property
-    def flat(self) -> torch.Tensor:
-        """All values, with any deferred step applied. Change them only through this class's methods."""
-        self.settle()
-        self._gather()
-        return self._flat
-
-    @property
-    def numel(self) -> int:
-        return self._flat.numel()
-
-    @property
     def lr(self) -> float:
         return self._stepper.lr
 
     def set_lr(self, lr: float) -> None:
         self.settle()  # a deferred step keeps the learning rate it began with
         self._stepper.set_lr(lr)
-
-    def values_into(self, start: int, stop: int, out: torch.Tensor) -> None:
-        """Write values [start, stop), stepped as far as they need to be, into `out` (converted to its
-        dtype). If [start, stop) is the next piece a deferred step owes and `out` is fp32, the step
-        writes into `out` and the piece's values stay there: `out` must never be written again."""
-        self.settle(start)
-        index = self._next_piece
-        if self._pending is not None and self.pieces[index] == (start, stop) and out.dtype == self._flat.dtype:
-            self._step_next(out)
-            self._resident[index] = out
-            return
-        self.settle(stop)
-        self._gather(start, stop)
-        out.copy_(self._flat[start:stop])
 
     def check_step(self, grad_bound: float, lr: float | None = None) -> None:
         """OverflowRisk unless a step with gradient values within `grad_bound` (at learning rate `lr`,
@@ -132,35 +100,6 @@ class ParameterStore:
         self._stepper.rescan()
         self._exact = True
         return True
-
-    def settle(self, stop: int | None = None) -> None:
-        """Apply the deferred step to every piece that holds a value before `stop` (default: all)."""
-        stop = self.numel if stop is None else stop
-        while self._pending is not None and self.pieces[self._next_piece][0] < stop:
-            self._step_next()
-
-    def _step_next(self, out: torch.Tensor | None = None) -> None:
-        """Step the next piece the deferred step owes, from wherever its values are, into `out`
-        (default: the contiguous vector)."""
-        grad = self._pending
-        assert grad is not None
-        index = self._next_piece
-        start, stop = self.pieces[index]
-        param = self._resident.pop(index, None)
-        if param is None:
-            param = self._flat[start:stop]
-        self._stepper.step_piece(index, grad[start:stop], param, self._flat[start:stop] if out is None else out)
-        self._next_piece += 1
-        if self._next_piece == len(self.pieces):
-            self._pending = None
-            self._stepper.end()
-
-    def _gather(self, start: int = 0, stop: int | None = None) -> None:
-        """Copy the resident pieces that hold values in [start, stop) back into the contiguous vector."""
-        stop = self.numel if stop is None else stop
-        for index in [i for i in self._resident if self.pieces[i][0] < stop and self.pieces[i][1] > start]:
-            first, last = self.pieces[index]
-            self._flat[first:last].copy_(self._resident.pop(index))
 
     def apply_gradient(self, grad: Vector, grad_bound: float | None = None) -> None:
         """θ ← optimizer_step(θ, g), at once (see `begin_step`)."""
@@ -251,13 +190,3 @@ class ParameterStore:
             raise ValueError(f"checkpoint has {params.numel()} parameters, the model has {self.numel}")
         self.assign(params)
         self.load_optimizer_state(state["optimizer"])
-
-    def _check_size(self, values: Vector) -> None:
-        if values.numel() != self.numel:
-            raise ValueError(f"{values.numel()} values for {self.numel} parameters")
-
-    def _changing(self) -> None:
-        """Before the values change: finish a deferred step, then let readers of the current values finish."""
-        self.settle()
-        for callback in self.before_change:
-            callback()

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,47 +27,17 @@ from common.job.spec import JobSpec
 from common.params.aggregation import WeightedMean
 from common.params.store import ParameterStore
 from common.transport.chunked import Vector
-from common.transport.magnitude import PUSH_MARGIN, OverflowRisk, magnitude_of
 from common.transport.messages import PushMeta, ShardAck, StepHeader, StepReply
-from common.transport.payload import Payload
 from common.transport.wire import ChunkReceiver, check_wire_dtype
 from ps.serving.worker_keys import KEY_BYTES, WorkerKeys
+from ps.shards.staging import ShardStaging
 
 MAX_WAIT_S = 3600.0
-MAX_REVOKED = 65_536
-"""The revoked worker ids a shard remembers (the oldest go first)."""
 
 
-@dataclass
-class _Staged:
-    batch: int
-    values: Vector
-
-
-class ShardCore:
-    """State of one shard; driven from one asyncio event loop."""
-
-    def __init__(self) -> None:
-        self.spec: JobSpec | None = None
-        self.start = self.stop = 0
-        self.round = 0
-        self.max_pending = 0
-        self.store: ParameterStore | None = None
-        self.keys: WorkerKeys | None = None
-        self._sum: WeightedMean | None = None
-        self._staged: dict[str, _Staged] = {}
-        self._arrived = asyncio.Event()
-        self._decided: asyncio.Future[frozenset[str]] | None = None
-        self._revoked: dict[str, None] = {}  # worker ids that left or were evicted, oldest first
-        self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
-
-    @property
-    def numel(self) -> int:
-        return self.stop - self.start
-
-    @property
-    def loaded(self) -> bool:
-        return self.store is not None
+class ShardCore(ShardStaging):
+    """State of one shard; driven from one asyncio event loop. What it holds, who may stage a slice and
+    the checks a slice passes are ShardStaging's (staging.py); the calls are this class's."""
 
     # ------------------------------------------------------------ coordinator
     def load(self, state: dict[str, Any]) -> None:
@@ -104,13 +73,6 @@ class ShardCore:
             return await self._commit(round_, contributors, lr, wait_s)
         finally:
             self.revoke(revoked)
-
-    def revoke(self, worker_ids: tuple[str, ...]) -> None:
-        """Refuse these worker ids' pushes and pulls from now on (they left the job or were evicted)."""
-        for worker_id in worker_ids:
-            self._revoked[worker_id] = None
-        while len(self._revoked) > MAX_REVOKED:
-            del self._revoked[next(iter(self._revoked))]
 
     async def _commit(self, round_: int, contributors: dict[str, int], lr: float, wait_s: float) -> ShardAck:
         store, total = self._require_loaded(), self._sum
@@ -178,9 +140,7 @@ class ShardCore:
         self._authenticate(meta.worker_id, meta.secret)  # re-checked: a reload may have changed the key meanwhile
         self._check_open(meta)  # and the round may have moved while the payload streamed in
         self._check_overflow(values, meta.batch_size)
-        assert self._sum is not None
-        self._sum.add(values, meta.batch_size)
-        self._staged[meta.worker_id] = _Staged(meta.batch_size, values)
+        self._stage(meta.worker_id, meta.batch_size, values)
         if self._decided is None:
             self._decided = asyncio.get_running_loop().create_future()
         decided = self._decided
@@ -209,56 +169,3 @@ class ShardCore:
         header = StepHeader(round=self.round, version=self.round, epoch=0, batch_size=0, done=False, lr=0.0,
                             global_batch=0, wire_dtype=spec.wire_dtype, num_values=self.numel)
         return StepReply(header, self.payload.get(self.round, store, spec.wire_dtype))
-
-    # ---------------------------------------------------------------- helpers
-    def _authenticate(self, worker_id: str, secret: str) -> None:
-        """The caller holds the secret of the worker it names (the shard does not know who is in the job:
-        the coordinator's Commit decides whose slices count)."""
-        if not worker_id:
-            raise InvalidArgument("a push or pull needs a worker id")
-        assert self.keys is not None
-        self.keys.check(worker_id, secret)
-        if worker_id in self._revoked:
-            raise FailedPrecondition(f"worker {worker_id!r} left the job or was evicted: its secret is revoked at "
-                                     "this shard; rejoin")
-
-    def _check_overflow(self, values: Vector, batch: int) -> None:
-        """The commit's step stays finite with this slice in it (common.transport.magnitude), or InvalidArgument. The
-        commit's learning rate is not known yet: the job's (the schedule only lowers it) or the current."""
-        store, spec, total = self._require_loaded(), self._require_loaded_spec(), self._sum
-        assert total is not None
-        bound = magnitude_of(values)
-        try:
-            if not total.admits(values, batch):
-                raise OverflowRisk(f"slice values up to {bound:.3g} overflow the round's sum")
-            store.check_step(bound * PUSH_MARGIN, lr=max(spec.lr, store.lr))
-        except OverflowRisk as exc:
-            raise InvalidArgument(f"{exc}: push refused, the range is unchanged (values this large would make it "
-                                  "non-finite)") from None
-
-    def _check_open(self, meta: PushMeta) -> None:
-        if meta.round != self.round:
-            raise FailedPrecondition(f"round {meta.round} is not open; the open round is {self.round}")
-        if meta.worker_id in self._staged:
-            raise FailedPrecondition(f"worker {meta.worker_id} already pushed for round {self.round}")
-
-    def _unstage(self, worker_id: str) -> None:
-        assert self._sum is not None
-        staged = self._staged.pop(worker_id)
-        self._sum.remove(staged.values, staged.batch)
-
-    def _abandon(self, reason: str) -> None:
-        decided, self._decided = self._decided, None
-        if decided is not None and not decided.done():
-            decided.set_exception(FailedPrecondition(reason))
-        self._staged.clear()
-
-    def _require_loaded(self) -> ParameterStore:
-        if self.store is None:
-            raise FailedPrecondition("this shard has not been loaded by its coordinator yet")
-        return self.store
-
-    def _require_loaded_spec(self) -> JobSpec:
-        self._require_loaded()
-        assert self.spec is not None
-        return self.spec

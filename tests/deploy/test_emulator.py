@@ -490,7 +490,7 @@ def test_a_signal_right_after_a_fork_still_leaves_no_process(
             signal.pthread_kill(threading.main_thread().ident, signal.SIGTERM)
         return proc
 
-    monkeypatch.setattr(launcher.subprocess, "Popen", popen_then_sigterm)
+    monkeypatch.setattr(real_subprocess, "Popen", popen_then_sigterm)  # the module cluster_processes spawns with
     cluster = launcher.LocalCluster([], [launcher.WorkerSpec("w0", 1.0)], tmp_path, limiter="slowdown")
     try:
         with signals.signals_as_exceptions(), pytest.raises(signals.Terminated):

@@ -25,14 +25,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS
-from ps.control.model.parking import ParkingSchedule
 from ps.control.auto.probes import probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
-from ps.control.checks import real
-from ps.control.model.balance import measured_balanced
+from ps.control.model.fitted_plan import FittedPlan
 from ps.control.model.optperf import nearest_plan
 from ps.control.performance import FinishTime, FittedRounds
 from ps.control.worker_plan import WorkerPlan
@@ -47,21 +45,18 @@ FOLLOW_UP = 2
 for this many times `min_samples` observations per worker: a law is fitted from them."""
 
 
-class AutoPolicy(WorkerPlan):
-    """Proportional steps until a worker's law is known, the law's solve and parking after."""
+class AutoPolicy(FittedPlan):
+    """Proportional steps until a worker's law is known, the law's solve and parking after
+    (model/fitted_plan.py)."""
 
     name = "auto"
-    parks = True
     extra_state_keys = frozenset({"auto"})
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self._laws = WorkerLaws(config.min_samples, config.deadband)
-        self._parking = ParkingSchedule()
+        self._held = self._laws = WorkerLaws(config.min_samples, config.deadband)
         self._rounds = RoundLog()
         self._follow_up = True  # the plan in force asks for a decision as soon as it is measured
-        self._confirming = False  # the last decision found a re-solve worth it and held to confirm it
-        self._report: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ what the policy is told
     def _added(self, worker_id: str) -> None:
@@ -74,12 +69,6 @@ class AutoPolicy(WorkerPlan):
     def _record(self, worker_id: str, batch: int, compute_ms: float, exposed_ms: float | None) -> None:
         if self._laws.record(worker_id, batch, compute_ms, exposed_ms):
             self._rounds.push(worker_id, batch)
-
-    def observe_round(self, round_ms: float) -> None:
-        ms = real("round_ms", round_ms)
-        if ms < 0:
-            raise ValueError(f"round_ms must be >= 0, got {ms}")
-        self._rounds.close(ms, self._laws.finishes())
 
     # ------------------------------------------------------------------ laws
     def _identified(self, worker_id: str) -> bool:
@@ -100,9 +89,6 @@ class AutoPolicy(WorkerPlan):
         return {k: ((finishes[k].cautious if self._identified(k) else finishes[k].at) if k in finishes
                     else unmeasured) for k in self._workers}
 
-    def _active(self) -> list[str]:
-        return [k for k, w in self._workers.items() if w.batch]
-
     # ------------------------------------------------------------------ decisions
     def decision_due(self) -> bool:
         """A decision is wanted now: a worker changed speed, or the plan in force was set from
@@ -116,7 +102,7 @@ class AutoPolicy(WorkerPlan):
 
     def _decide(self) -> dict[str, int] | None:
         active, current = self._active(), self.plan()
-        report: dict[str, Any] = {"policy": self.name, "previous": self._rounds.closing()}
+        report: dict[str, Any] = self._opening()
         if not all(self._workers[k].samples >= self._config.min_samples for k in active):
             self._parking.tick()
             self._report = {**report, "phase": "wait", **self._describe(current)}
@@ -174,25 +160,16 @@ class AutoPolicy(WorkerPlan):
                         **({"park": compared} if compared else {}), **self._describe(new)}
         return new
 
-    def replan(self) -> dict[str, int]:
-        """Split B over the current workers: the solve when every worker is measured, else by the
-        measured throughputs where known (`dynamic_start` for the others); a decision is then due as
-        soon as the new plan is measured."""
-        if not self._workers:
-            return {}
-        report = {"policy": self.name, "previous": self._rounds.closing()}
-        self._follow_up, self._confirming = True, False
-        if all(k in self._laws.finishes() for k in self._workers):
-            new, parked, compared = self._solve(self._times(), forced_in=[])
-            self._parking.install(parked, [])
-            self._apply(new)
-            self._report = {**report, "phase": "replan", **({"park": compared} if compared else {}),
-                            **self._describe(new)}
-            return self.plan()
-        self._parking.clear()
-        self._apply(self._split(self._measured_weights()))
-        self._report = {**report, "phase": "replan", **self._describe(self.plan())}
-        return self.plan()
+    def _replanning(self) -> None:
+        """A decision is due as soon as the replan's plan is measured."""
+        self._follow_up = True
+
+    def _solvable(self) -> bool:
+        """Every worker is measured (its law need not be known)."""
+        return all(k in self._laws.finishes() for k in self._workers)
+
+    def _solve_all(self) -> tuple[dict[str, int], list[str], dict[str, float]]:
+        return self._solve(self._times(), forced_in=[])
 
     def _solve(self, times: Mapping[str, FinishTime],
                forced_in: list[str]) -> tuple[dict[str, int], list[str], dict[str, float]]:
@@ -212,39 +189,13 @@ class AutoPolicy(WorkerPlan):
         return probe_targets([k for k in changed if not self._identified(k)], plan, current, means, lower, upper,
                              self._config.deadband)
 
-    def _balanced(self, plan: Mapping[str, int]) -> bool:
-        """Whether the plan in force is measured balanced, on each planned worker's times since it got
-        its batch (model/balance.py)."""
-        times = self._laws.in_force(plan)
-        lower, upper = self._bounds()
-        return times is not None and measured_balanced(times, plan, lower, upper, self._config.deadband)
-
     # ------------------------------------------------------------------ what the policy reports
-    def report(self) -> dict[str, Any]:
-        return dict(self._report)
-
-    def predicted_round_ms(self, total: int) -> float | None:
-        """The laws' round at the best split of `total` plus c; None until every law is known."""
-        active, (lower, upper) = self._active(), self._bounds()
-        finishes = self._laws.finishes()
-        if not active or not all(k in finishes and self._identified(k) for k in active):
-            return None
-        upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
-        return FittedRounds({k: finishes[k].at for k in active}, self._rounds.overhead_ms, lower,
-                            upper).predict_global(total)
-
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:
         """The laws (q, s, whether known), c, the parked workers and the predicted round of `plan`."""
         finishes = self._laws.finishes()
         fits = {k: {"q": round(f.line.q, 6), "s": round(f.line.s, 4), "law": self._identified(k)}
                 for k, f in finishes.items()}
-        c = self._rounds.overhead_ms if self._config.keep_global_sum else 0.0  # ASP: a step, no round
-        known = bool(plan) and all(k in finishes for k, b in plan.items() if b > 0)
-        predicted = FittedRounds({k: f.at for k, f in finishes.items()}, c).predict(plan) if known else None
-        self._rounds.predicted = predicted
-        return {"fits": fits, "overhead_ms": round(c, 3),
-                "predicted_round_ms": None if predicted is None else round(predicted, 3),
-                "parked": sorted(k for k, b in plan.items() if b == 0)}
+        return self._described(plan, fits, {k: f.at for k, f in finishes.items()})
 
     # ------------------------------------------------------------------ resume and checkpoints
     def _keeps_plan_of(self, old: WorkerPlan) -> bool:

@@ -27,7 +27,8 @@ and the measured median round of the plan before, so prediction error can be rea
 
 Each worker's observations and fit are held in worker_fits.py, the rounds behind c in rounds.py, the
 parked workers in parking.py, the probes' plan in probes.py, the bounds of a re-solve in trust.py and
-the policy's own checkpoint state in checkpoint.py; this module decides.
+the policy's own checkpoint state in checkpoint.py; what it shares with the auto policy (the round's
+overhead, the balance a plan is held on, replans and reports) in fitted_plan.py; this module decides.
 """
 
 from __future__ import annotations
@@ -35,11 +36,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ps.control.checks import real
-from ps.control.model.balance import measured_balanced
 from ps.control.model.checkpoint import ModelPart, model_state, read_model_state
 from ps.control.model.optperf import best_plan, nearest_plan
-from ps.control.model.parking import ParkingSchedule
+from ps.control.model.fitted_plan import FittedPlan
 from ps.control.model.probes import probe_plan
 from ps.control.model.rounds import WorkerSetRounds, prediction_error
 from ps.control.model.trust import trusted_bounds
@@ -57,23 +56,20 @@ MIN_GAIN = 0.03
 model's error on the plan in force, if larger)."""
 
 
-class ModelPolicy(WorkerPlan):
-    """Fitted per-worker times, a one-step optimal split, probes, and parking."""
+class ModelPolicy(FittedPlan):
+    """Fitted per-worker times, a one-step optimal split, probes, and parking (fitted_plan.py)."""
 
     name = "model"
-    parks = True
     extra_state_keys = frozenset({"model"})
+    _rounds: WorkerSetRounds
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self._fits = WorkerFits(config.min_samples, config.deadband)
-        self._parking = ParkingSchedule()
+        self._held = self._fits = WorkerFits(config.min_samples, config.deadband)
         self._probing: set[str] = set()  # workers whose current batch is a probe not yet measured
         self._rounds = WorkerSetRounds()
         self._solved = False
-        self._confirming = False  # the last decision found a re-solve worth it and held to confirm it
         self._since_decision = 0  # observations since the last decision
-        self._report: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ what the policy is told
     def _added(self, worker_id: str) -> None:
@@ -88,13 +84,6 @@ class ModelPolicy(WorkerPlan):
         if self._fits.record(worker_id, batch, compute_ms, exposed_ms):
             self._rounds.push(worker_id, batch)
             self._since_decision += 1
-
-    def observe_round(self, round_ms: float) -> None:
-        """The round's overhead c (rounds.py), per set of workers in the round too."""
-        ms = real("round_ms", round_ms)
-        if ms < 0:
-            raise ValueError(f"round_ms must be >= 0, got {ms}")
-        self._rounds.close(ms, self._fits.finishes())
 
     # ------------------------------------------------------------------ fits
     def _identified(self, worker_id: str) -> bool:
@@ -115,8 +104,8 @@ class ModelPolicy(WorkerPlan):
         any round, and in ASP). Kept in memory only: a resumed policy starts from the whole window."""
         return self._rounds.overhead_for(plan)
 
-    def _active(self) -> list[str]:
-        return [k for k, w in self._workers.items() if w.batch]
+    def _overhead(self, plan: Mapping[str, int]) -> float:
+        return self.overhead_for(plan)
 
     # ------------------------------------------------------------------ decisions
     def decision_due(self) -> bool:
@@ -142,7 +131,7 @@ class ModelPolicy(WorkerPlan):
     def _decide(self) -> dict[str, int] | None:
         active = self._active()
         current = self.plan()
-        report: dict[str, Any] = {"policy": self.name, "previous": self._rounds.closing()}
+        report: dict[str, Any] = self._opening()
         self._since_decision = 0
         self._parking.tick()
         if not self._measured_enough(active):
@@ -197,24 +186,14 @@ class ModelPolicy(WorkerPlan):
                         **self._describe(new)}
         return new
 
-    def replan(self) -> dict[str, int]:
-        """Split B over the current workers: solved from the fits when every worker has one (parking
-        included), else by measured throughputs where known (`dynamic_start` for the others)."""
-        if not self._workers:
-            return {}
-        report = {"policy": self.name, "previous": self._rounds.closing()}
-        self._confirming = False
-        if all(self._fits.fit(k) is not None for k in self._workers) and all(self._identified(k) for k in self._workers):
-            new, parked, compared = self._solve(forced_in=[], min_gain=MIN_GAIN)
-            self._install_parking(parked, [])
-            self._apply(new)
-            self._report = {**report, "phase": "replan", **({"park": compared} if compared else {}),
-                            **self._describe(new)}
-            return self.plan()
+    def _solvable(self) -> bool:
+        return all(self._fits.fit(k) is not None and self._identified(k) for k in self._workers)
+
+    def _solve_all(self) -> tuple[dict[str, int], list[str], dict[str, float]]:
+        return self._solve(forced_in=[], min_gain=MIN_GAIN)
+
+    def _unpark(self) -> None:
         self._parking.parked = {}  # those back for a re-probe stay so until a solve judges them
-        self._apply(self._split(self._measured_weights()))
-        self._report = {**report, "phase": "replan", **self._describe(self.plan())}
-        return self.plan()
 
     def _solve(self, forced_in: list[str], min_gain: float,
                trust: bool = False) -> tuple[dict[str, int], list[str], dict[str, float]]:
@@ -242,38 +221,10 @@ class ModelPolicy(WorkerPlan):
         self._parking.install(parked, reprobe)
         self._probing = set(reprobe)
 
-    def _balanced(self, plan: Mapping[str, int]) -> bool:
-        """Whether the plan in force is measured balanced (balance.measured_balanced), on each planned
-        worker's finish times since it got its batch (at least `min_samples`)."""
-        times = self._fits.in_force(plan)
-        lower, upper = self._bounds()
-        return times is not None and measured_balanced(times, plan, lower, upper, self._config.deadband)
-
     # ------------------------------------------------------------------ what a decision reports
-    def report(self) -> dict[str, Any]:
-        return dict(self._report)
-
-    def predicted_round_ms(self, total: int) -> float | None:
-        """The fits' round at the best split of `total` (a default bound follows it) plus c
-        (performance.FittedRounds); None until identified."""
-        active, (lower, upper) = self._active(), self._bounds()
-        if not active or not all(self._fits.fit(k) is not None and self._identified(k) for k in active):
-            return None
-        upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
-        times = self._fits.times()
-        return FittedRounds({k: times[k] for k in active}, self.overhead_ms, lower, upper).predict_global(total)
-
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:
         """The fits, c, the parked workers and the predicted round of `plan` (which becomes the plan in force)."""
-        finishes = self._fits.finishes()
-        fits = self._fits.report(plan, self._bounds()[0])
-        known = all(k in finishes for k, b in plan.items() if b > 0)
-        c = self.overhead_for(plan) if self._config.keep_global_sum else 0.0  # ASP: a step, no round
-        predicted = FittedRounds(self._fits.times(), c).predict(plan) if known and plan else None
-        self._rounds.predicted = predicted
-        return {"fits": fits, "overhead_ms": round(c, 3),
-                "predicted_round_ms": None if predicted is None else round(predicted, 3),
-                "parked": sorted(k for k, b in plan.items() if b == 0)}
+        return self._described(plan, self._fits.report(plan, self._bounds()[0]), self._fits.times())
 
     # ------------------------------------------------------------------ resume and checkpoints
     def _keeps_plan_of(self, old: WorkerPlan) -> bool:

@@ -1,0 +1,142 @@
+"""What the model and auto policies share (model/policy.py, auto/policy.py): a plan over fitted
+finish times, the BSP rounds behind their overhead c (rounds.py), the parked workers (parking.py),
+the balance a plan is held on (balance.py), and each decision's report with the fits, c and the
+predicted round of the plan it leaves in force. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from ps.control.checks import real
+from ps.control.config import PolicyConfig
+from ps.control.model.balance import measured_balanced
+from ps.control.model.parking import ParkingSchedule
+from ps.control.model.rounds import RoundLog
+from ps.control.model.time_fit import Finish
+from ps.control.performance import FinishTime, FittedRounds
+from ps.control.worker_plan import WorkerPlan
+
+
+class FittedTimes(Protocol):
+    """Every worker's observations and fitted finish time (worker_fits.py, auto/worker_laws.py)."""
+
+    def finishes(self) -> dict[str, Finish]: ...
+
+    def in_force(self, plan: Mapping[str, int]) -> dict[str, list[float]] | None: ...
+
+
+class FittedPlan(WorkerPlan):
+    """A plan solved from each worker's fitted finish time, with parking and a report per decision.
+    A subclass sets `_held` (its workers' times) and `_rounds`, and says which workers are identified."""
+
+    parks = True
+    _held: FittedTimes
+    _rounds: RoundLog
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self._parking = ParkingSchedule()
+        self._confirming = False  # the last decision found a re-solve worth it and held to confirm it
+        self._report: dict[str, Any] = {}
+
+    def observe_round(self, round_ms: float) -> None:
+        """The round's overhead c (rounds.py)."""
+        ms = real("round_ms", round_ms)
+        if ms < 0:
+            raise ValueError(f"round_ms must be >= 0, got {ms}")
+        self._rounds.close(ms, self._held.finishes())
+
+    def _identified(self, worker_id: str) -> bool:
+        """Whether the worker's fit is known well enough to solve with."""
+        raise NotImplementedError
+
+    def _overhead(self, plan: Mapping[str, int]) -> float:
+        """c for the workers of `plan`."""
+        return self._rounds.overhead_ms
+
+    def _active(self) -> list[str]:
+        return [k for k, w in self._workers.items() if w.batch]
+
+    def _opening(self) -> dict[str, Any]:
+        """The start of a decision's report: the policy and the plan it leaves (rounds.RoundLog.closing)."""
+        return {"policy": self.name, "previous": self._rounds.closing()}
+
+    def _balanced(self, plan: Mapping[str, int]) -> bool:
+        """Whether the plan in force is measured balanced (balance.measured_balanced), on each planned
+        worker's finish times since it got its batch (at least `min_samples`)."""
+        times = self._held.in_force(plan)
+        lower, upper = self._bounds()
+        return times is not None and measured_balanced(times, plan, lower, upper, self._config.deadband)
+
+    def replan(self) -> dict[str, int]:
+        """Split B over the current workers: solved from the fits when every worker has one that is
+        identified (`_solvable`; parking included), else by measured throughputs where known
+        (`dynamic_start` for the others)."""
+        if not self._workers:
+            return {}
+        report = self._opening()
+        self._confirming = False
+        self._replanning()
+        if self._solvable():
+            new, parked, compared = self._solve_all()
+            self._install_parking(parked, [])
+            self._apply(new)
+            self._report = {**report, "phase": "replan", **({"park": compared} if compared else {}),
+                            **self._describe(new)}
+            return self.plan()
+        self._unpark()
+        self._apply(self._split(self._measured_weights()))
+        self._report = {**report, "phase": "replan", **self._describe(self.plan())}
+        return self.plan()
+
+    def _replanning(self) -> None:
+        """Hook: a replan starts."""
+
+    def _solvable(self) -> bool:
+        """Whether a replan can solve from the fits."""
+        raise NotImplementedError
+
+    def _solve_all(self) -> tuple[dict[str, int], list[str], dict[str, float]]:
+        """A replan's solve: the split, who is parked, and the parking comparison."""
+        raise NotImplementedError
+
+    def _install_parking(self, parked: list[str], reprobe: list[str]) -> None:
+        """Record who is parked after a solve (parking.py)."""
+        self._parking.install(parked, reprobe)
+
+    def _unpark(self) -> None:
+        """A replan without the fits: nobody is parked."""
+        self._parking.clear()
+
+    def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:
+        """What a decision reports of `plan` (`_described`)."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ what a decision reports
+    def report(self) -> dict[str, Any]:
+        return dict(self._report)
+
+    def predicted_round_ms(self, total: int) -> float | None:
+        """The fits' round at the best split of `total` (a default bound follows it) plus c
+        (performance.FittedRounds); None until every active worker is identified."""
+        active, (lower, upper) = self._active(), self._bounds()
+        finishes = self._held.finishes()
+        if not active or not all(k in finishes and self._identified(k) for k in active):
+            return None
+        upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
+        return FittedRounds({k: finishes[k].at for k in active}, self._overhead(self.plan()), lower,
+                            upper).predict_global(total)
+
+    def _described(self, plan: Mapping[str, int], fits: dict[str, dict[str, Any]],
+                   times: Mapping[str, FinishTime]) -> dict[str, Any]:
+        """`fits`, c, the parked workers and the predicted round of `plan` over `times` (which becomes the
+        plan in force)."""
+        finishes = self._held.finishes()
+        c = self._overhead(plan) if self._config.keep_global_sum else 0.0  # ASP: a step, no round
+        known = bool(plan) and all(k in finishes for k, b in plan.items() if b > 0)
+        predicted = FittedRounds(times, c).predict(plan) if known else None
+        self._rounds.predicted = predicted
+        return {"fits": fits, "overhead_ms": round(c, 3),
+                "predicted_round_ms": None if predicted is None else round(predicted, 3),
+                "parked": sorted(k for k, b in plan.items() if b == 0)}
