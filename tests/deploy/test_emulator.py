@@ -194,7 +194,7 @@ def test_dynamic_schedule_switches_quotas_at_epoch_boundaries(tmp_path: Path, em
         tmp_path / "sched", "--schedule", str(schedule), "--cpu-budget", "1", *TINY_JOB, "--global-batch", "16",
         "--dataset-arg", "size=1024",
     )
-    phase_shares = [[0.5, 0.5], [0.25, 0.75], [0.75, 0.25]]
+    phase_shares = [[0.25, 0.25], [0.25, 0.75], [0.75, 0.25]]  # one scale: the largest phase (4 cores) is the budget
     period = quota_period_us([s for shares in phase_shares for s in shares])
     expected = [expected_limits(shares, period) for shares in phase_shares]
     observed: list[dict] = []
