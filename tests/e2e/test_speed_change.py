@@ -1,8 +1,9 @@
 """A change of speed in a real job: `ps-cluster run` on a schedule whose two phases swap two workers'
 CPU quotas (cgroups, so the kernel changes the speeds while the processes run), under the default
-batch policy. The plan must follow: the fast worker carries more of the batch before the swap, the
-other one after it, within a few decisions of the switch. Skips where no cgroup CPU controller is
-writable (the slowdown fallback cannot change a speed mid-run)."""
+batch policy. The plan must follow: the fast worker carries more of the batch before the swap; after
+it the sped-up worker carries half as much again or more and the slowed one less, within a few
+decisions of the switch. Skips where no cgroup CPU controller is writable (the slowdown fallback
+cannot change a speed mid-run)."""
 
 from __future__ import annotations
 
@@ -41,8 +42,9 @@ def test_the_default_policy_follows_a_swap_of_two_workers_speeds(tmp_path: Path)
     assert before[0]["policy"] == "auto", before[0]
     last = before[-1]["batch_sizes"]
     assert last["w1"] > last["w0"], [e["batch_sizes"] for e in before]
-    final = after[-1]["batch_sizes"]
-    assert final["w0"] > final["w1"], [(e["step"], e["batch_sizes"], e.get("phase")) for e in after]
+    final = after[-1]["batch_sizes"]  # the sped-up worker carries much more, the slowed one less
+    assert final["w0"] >= 1.5 * last["w0"] and final["w1"] < last["w1"], \
+        [(e["step"], e["batch_sizes"], e.get("phase")) for e in after]
     # the swap is acted on within the phase's first half of decisions (benchmarks.hetero --schedule
     # measures how many it takes against its target of 2)
     moved = [i for i, e in enumerate(after) if e["batch_sizes"]["w0"] > last["w0"]]
