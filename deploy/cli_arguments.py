@@ -8,7 +8,7 @@ import argparse
 from typing import TypeAlias
 
 from common.ops.arg_types import positive_float, positive_int
-from deploy.profiles import MODES
+from deploy.profiles import MODES, builtin_profiles
 
 PROG = "ps-cluster"
 
@@ -21,6 +21,12 @@ def port_in_range(text: str) -> int:
     if port > 65535:
         raise argparse.ArgumentTypeError(f"expected a port in 1-65535, got {text!r}")
     return port
+
+
+def profile_argument(parser: argparse._ActionsContainer) -> None:
+    """``--profile``: the heterogeneity profile, built-in or a file (a parser or one of its groups)."""
+    parser.add_argument("--profile", default="hl8", metavar="NAME|PATH",
+                        help=f"built-in profile ({', '.join(builtin_profiles())}) or a profile YAML file (default: hl8)")
 
 
 def mode_argument(parser: argparse.ArgumentParser) -> None:

@@ -8,8 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from deploy.cli_arguments import PROG, Subcommands, mode_argument, port_in_range, scale_argument
-from deploy.profiles import builtin_profiles, load_profile
+from deploy.cli_arguments import PROG, Subcommands, mode_argument, port_in_range, profile_argument, scale_argument
+from deploy.profiles import load_profile
 
 
 def _k8s(args: argparse.Namespace) -> int:
@@ -83,8 +83,7 @@ def add_k8s_command(subcommands: Subcommands) -> None:
         "exit status: 0 written, 2 bad input (nothing written).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--profile", default="hl8", metavar="NAME|PATH",
-                        help=f"built-in profile ({', '.join(builtin_profiles())}) or a profile YAML file (default: hl8)")
+    profile_argument(parser)
     mode_argument(parser)
     scale_argument(parser)
     parser.add_argument("--image", default="hetero-ps:local", metavar="REF",

@@ -9,8 +9,8 @@ import textwrap
 from pathlib import Path
 
 from common.ops.arg_types import positive_float, positive_int
-from deploy.cli_arguments import PROG, Subcommands
-from deploy.profiles import MODES, builtin_profiles, builtin_schedules, default_cpu_budget
+from deploy.cli_arguments import PROG, Subcommands, profile_argument
+from deploy.profiles import MODES, builtin_schedules, default_cpu_budget
 from ps.control.registry import POLICIES
 
 
@@ -78,9 +78,7 @@ def add_run_command(subcommands: Subcommands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     where = parser.add_argument_group("cluster")
-    where.add_argument("--profile", default="hl8", metavar="NAME|PATH",
-                       help=f"built-in profile ({', '.join(builtin_profiles())}) or a profile YAML file "
-                       "(default: hl8)")
+    profile_argument(where)
     where.add_argument("--schedule", metavar="NAME|PATH",
                        help=f"change the profile over time instead: built-in schedule "
                        f"({', '.join(builtin_schedules())}) or a schedule YAML file; replaces --profile")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from common.ops.arg_types import positive_int
 from deploy import k8s, slurm, slurm_follow
-from deploy.profiles import builtin_profiles, load_profile
+from deploy.cli_arguments import profile_argument
+from deploy.profiles import load_profile
 from deploy.server_args import given_options, server_parser, split_server_args
 
 
@@ -83,8 +84,7 @@ def add_slurm_parser(subcommands: argparse._SubParsersAction) -> argparse.Argume
         "exit status: the job's with --submit; else 0 written, 2 bad input (nothing written).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--profile", default="hl8", metavar="NAME|PATH",
-                        help=f"built-in profile ({', '.join(builtin_profiles())}) or a profile YAML file (default: hl8)")
+    profile_argument(parser)
     parser.add_argument("--out", type=Path, metavar="DIR",
                         help="the job folder: the script goes to DIR/" + slurm.SCRIPT_NAME + " and the job runs there "
                         "(default: the script on stdout, the job in the folder sbatch runs in; with --submit "
