@@ -1,9 +1,12 @@
-"""argparse types the benchmarks share: comma-separated parameter counts, integers and choices."""
+"""argparse types the benchmarks share: comma-separated parameter counts, integers and choices; the
+emulation options of the benchmarks that run an emulated cluster with --quick."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+
+from common.ops.arg_types import positive_float
 
 
 def counts(least: int, most: float | None = None) -> Callable[[str], list[int]]:
@@ -63,3 +66,12 @@ def parse_resolved(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
     except ValueError as exc:
         parser.error(str(exc))
     return args
+
+
+def emulation_arguments(parser: argparse.ArgumentParser) -> None:
+    """The emulation group: --cpu-budget and --limiter (slowdown under --quick)."""
+    emu = parser.add_argument_group("emulation")
+    emu.add_argument("--cpu-budget", type=positive_float, metavar="CORES",
+                     help="cores shared by the workers, in the profile's ratios (default: usable CPUs - 0.5)")
+    emu.add_argument("--limiter", choices=["auto", "cgroup", "slowdown"],
+                     help="cgroup quotas, or software slowdown (default: auto; --quick: slowdown)")

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli_types import choices, parse_resolved
+from benchmarks.cli_types import choices, emulation_arguments, parse_resolved
 from benchmarks.cluster_run import run_in_workdir
 from benchmarks.hostile.report import against_clean, held, render_table, targets
 from benchmarks.hostile.runs import ATTACKS, EXTRA_MEMBERS, Job, chosen_attacks, run_once
@@ -62,11 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                       f"{TIMEOUT_FACTOR:g} x the clean run's, at least {LEAST_TIMEOUT_S:g})")
     what.add_argument("--quick", action="store_true",
                       help="smoke test: a tiny CNN and data set, 2 epochs, software slowdown")
-    emu = p.add_argument_group("emulation")
-    emu.add_argument("--cpu-budget", type=positive_float, metavar="CORES",
-                     help="cores shared by the workers, in the profile's ratios (default: usable CPUs - 0.5)")
-    emu.add_argument("--limiter", choices=["auto", "cgroup", "slowdown"],
-                     help="cgroup quotas, or software slowdown (default: auto; --quick: slowdown)")
+    emulation_arguments(p)
     add_report_options(p.add_argument_group("output"), "hostile")
     return p
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli_types import choices, parse_resolved, seeds
+from benchmarks.cli_types import choices, emulation_arguments, parse_resolved, seeds
 from benchmarks.cluster_run import run_in_workdir
 from benchmarks.hetero.cli import build_parser as hetero_parser
 from benchmarks.hetero.cli import settings as hetero_settings
@@ -73,11 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="model_adaptive's smallest B (default: B/4)")
     job.add_argument("--max-global-batch", type=positive_int, default=None,
                      help="model_adaptive's largest B (default: 4B)")
-    emu = p.add_argument_group("emulation")
-    emu.add_argument("--cpu-budget", type=positive_float, metavar="CORES",
-                     help="cores shared by the workers, in the profile's ratios (default: usable CPUs - 0.5)")
-    emu.add_argument("--limiter", choices=["auto", "cgroup", "slowdown"],
-                     help="cgroup quotas, or software slowdown (default: auto; --quick: slowdown)")
+    emulation_arguments(p)
     add_report_options(p.add_argument_group("output"), "tta")
     return p
 
