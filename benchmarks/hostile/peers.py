@@ -22,7 +22,7 @@ import collections
 import functools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Self
 
 import grpc
@@ -125,6 +125,16 @@ class Peer:
                 said.append(details)
         return code
 
+    def drain(self, call: str, replies: Iterable[object]) -> None:
+        """Read a streaming call's replies to its end: counted "CALL OK", or its refusal (unless stopping)."""
+        try:
+            for _ in replies:
+                pass
+            self.count(f"{call} OK")
+        except grpc.RpcError as exc:
+            if not self.stopped:
+                self.refused(call, exc)
+
     def told(self) -> dict[str, str]:
         """The first message of each refusal (call and code) the peer met."""
         with self._lock:
@@ -223,13 +233,7 @@ class StalledPushes(Peer):
                 seq += 1
 
         self.count("pushes opened")
-        try:
-            for _ in self.stub.Push(chunks(), metadata=self.metadata):
-                pass
-            self.count("push OK")
-        except grpc.RpcError as exc:
-            if not self.stopped:
-                self.refused("push", exc)
+        self.drain("push", self.stub.Push(chunks(), metadata=self.metadata))
 
 
 class RejoinLoop(Peer):
@@ -294,14 +298,8 @@ class DepartedAtShards(Peer):
             pulled = status.round
 
     def _pull(self, stub: ps_pb2_grpc.ParameterShardStub, member: ps_pb2.JoinReply) -> None:
-        try:
-            for _ in stub.Pull(ps_pb2.PullRequest(worker_id=member.worker_id, secret=member.secret),
-                               metadata=self.metadata, timeout=RPC_S):
-                pass
-            self.count("shard pull OK")
-        except grpc.RpcError as exc:
-            if not self.stopped:
-                self.refused("shard pull", exc)
+        self.drain("shard pull", stub.Pull(ps_pb2.PullRequest(worker_id=member.worker_id, secret=member.secret),
+                                           metadata=self.metadata, timeout=RPC_S))
 
     def _stage(self, stub: ps_pb2_grpc.ParameterShardStub, member: ps_pb2.JoinReply, status: ps_pb2.StatusReply,
                num_values: int) -> None:
@@ -310,13 +308,7 @@ class DepartedAtShards(Peer):
         zeros = bytes(4 * num_values)
         parts = [zeros[i:i + CHUNK] for i in range(0, len(zeros), CHUNK)] or [b""]
         chunks = [ps_pb2.PushChunk(header=header if i == 0 else None, seq=i, data=p) for i, p in enumerate(parts)]
-        try:
-            for _ in stub.Push(iter(chunks), metadata=self.metadata, timeout=JOIN_S):
-                pass
-            self.count("shard stage OK")
-        except grpc.RpcError as exc:
-            if not self.stopped:
-                self.refused("shard stage", exc)
+        self.drain("shard stage", stub.Push(iter(chunks), metadata=self.metadata, timeout=JOIN_S))
 
 
 class StoreRewrites(Peer):
