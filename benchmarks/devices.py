@@ -122,8 +122,12 @@ def report(records: dict[str, dict], cpu_workers: int) -> dict[str, Any]:
         "mixed_dynamic_to_ideal": _ratio(rate.get("mixed_dynamic"), ideal),
         "mixed_dynamic_allreduce_to_mixed_dynamic": _ratio(rate.get("mixed_dynamic_allreduce"), rate.get("mixed_dynamic")),
     }
+    targets = []
+    if "gpu_allreduce" in rate and "gpu" in rate:
+        targets.append(analysis.target("one GPU worker, --allreduce (NCCL) over the PS path, steady samples/s",
+                                       ratios["gpu_allreduce_to_gpu"], ">=", 1.0, "devices"))
     return {"ideal_samples_per_s": ideal, "ratios": {k: v for k, v in ratios.items() if v is not None},
-            "scenarios": list(records.values())}
+            "targets": targets, "scenarios": list(records.values())}
 
 
 def table(result: dict[str, Any]) -> str:

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from benchmarks.analysis import target
 from benchmarks.report_output import add_result_options, save_result
 from common.job.datasets import Dataset, build_dataset
 from common.job.models import build_model
@@ -28,6 +29,15 @@ from worker.data.memory_probe import probe_max_batch
 
 TARGET = 0.10
 """The most the probe may be off the largest batch that fits, as a fraction of it."""
+
+
+def targets(measured: int, actual: int) -> list[dict[str, Any]]:
+    """The probe within `TARGET` of the largest batch that fits, and not above it (a worker planned a
+    batch above it runs out of memory)."""
+    return [target("a GPU worker's measured b_max off the largest batch that fits, fraction of it",
+                   abs(measured - actual) / max(1, actual), "<=", TARGET, "memory_bound"),
+            target("a GPU worker's measured b_max over the largest batch that fits", measured / max(1, actual), "<=", 1.0,
+                   "memory_bound")]
 
 
 def fits(model: nn.Module, batch: int, shape: tuple[int, ...], classes: int, device: torch.device) -> bool:
@@ -85,7 +95,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     error = abs(probe.max_batch - actual) / max(1, actual)
     report.update(device=torch.cuda.get_device_name(device), measured_b_max=probe.max_batch, largest_fitting=actual,
                   per_sample_bytes=round(probe.per_sample_bytes), fixed_bytes=round(probe.fixed_bytes),
-                  available_bytes=round(probe.available_bytes), relative_error=round(error, 4), met=error <= TARGET)
+                  available_bytes=round(probe.available_bytes), relative_error=round(error, 4), met=error <= TARGET,
+                  targets=targets(probe.max_batch, actual))
     print(json.dumps(report, indent=1))
     save_result(args, "memory_bound", report, argv)
     return 0
