@@ -101,7 +101,11 @@ def snapshot(server: InProcessServer) -> dict[str, Any]:
 
 
 def expect_refused(server: InProcessServer, call: Callable[[], Any], code: grpc.StatusCode, *fragments: str) -> str:
-    """expect_error, and the server state is exactly what it was before."""
+    """expect_error, and the server state is exactly what it was before (after the evaluations under way,
+    whose results land on the evaluator's thread whenever they finish)."""
+    evaluator = server.call(lambda: server.coordinator.evaluation.evaluator)
+    if evaluator is not None:
+        evaluator.settle()
     before = snapshot(server)
     details = expect_error(call, code, *fragments)
     assert_same(before, snapshot(server))

@@ -55,6 +55,10 @@ class BackgroundEvaluator:
         self._pending.append(future)
         return future
 
+    def settle(self) -> None:
+        """Wait for the evaluations submitted so far, from any thread (the one worker runs them in order)."""
+        self._pool.submit(lambda: None).result()
+
     def drain(self) -> None:
         """Wait for every submitted evaluation (errors propagate)."""
         for future in self._pending:
