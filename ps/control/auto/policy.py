@@ -15,7 +15,8 @@ A decision holds the plan while it is measured balanced (model/balance.py, withi
 while the solve predicts a round shorter by less than MIN_GAIN and the noise of the measured times;
 a re-solve of laws that held must also beat their error on the plan in force, twice in a row. A
 parked worker comes back for a re-probe now and then, and at once when an active worker's times
-rise by half or more (model/parking.py).
+rise by half or more (model/parking.py), at a batch that measures its speed: what its known law
+finishes within the round measured now, not the minimum a short solved round leaves it (probes.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS
-from ps.control.auto.probes import probe_plan, probe_targets
+from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
@@ -137,23 +138,23 @@ class AutoPolicy(FittedPlan):
             if balanced or confirm or not gain > min_gain:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
         base = current if hold else new
-        probes = self._probes(base, current, changed)
+        probes, entries = self._probes(base, current, changed), self._entries(base, current)
         lower, upper = self._bounds()
-        probed = probe_plan(base, probes, self._config.global_batch, lower, upper, self._exact_sum(),
-                            self.round_for_time) if probes else None
+        probed = probe_plan(base, {**probes, **entries}, self._config.global_batch, lower, upper,
+                            self._exact_sum(), self.round_for_time) if probes or entries else None
         if probed is not None:
             new, parked = probed, [k for k, b in base.items() if b == 0]
         elif hold:
             self._report = {**report, **hold, **self._describe(current)}
             return None
         else:
-            probes = {}
+            probes = entries = {}
         self._confirming = False
         known = all(self._identified(k) for k, b in new.items() if b > 0)
-        if known and resolve:  # a re-solve moves no more than its gain asks
+        if known and resolve and not entries:  # a re-solve moves no more than its gain asks
             new = nearest_plan(times, new, current, lower, upper, slack=min_gain / 2)
         self._parking.install(parked, reprobe)
-        self._follow_up = bool(reprobe or probes) or not known
+        self._follow_up = bool(reprobe or probes or entries) or not known
         phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
         self._report = {**report, "phase": phase, **({"reprobe": reprobe} if reprobe else {}),
                         **({"probe": sorted(probes)} if probes else {}),
@@ -188,6 +189,23 @@ class AutoPolicy(FittedPlan):
         means = {k: statistics.fmean(t) for k, t in (self._laws.in_force(current) or {}).items()}
         return probe_targets([k for k in changed if not self._identified(k)], plan, current, means, lower, upper,
                              self._config.deadband)
+
+    def _entries(self, plan: Mapping[str, int], current: Mapping[str, int]) -> dict[str, int]:
+        """The parked workers `plan` brings back, at the batch their known laws finish within the
+        round measured now, else at their cores' share (probes.entry_targets)."""
+        entering = [k for k, b in plan.items() if b > 0 and current.get(k, 0) == 0]
+        if not entering:
+            return {}
+        lower, upper = self._bounds()
+        finishes = self._laws.finishes()
+        times = self._laws.in_force(current) or {k: [finishes[k].at(b)] for k, b in current.items()
+                                                 if b > 0 and k in finishes}
+        slowest = max((statistics.fmean(t) for t in times.values()), default=0.0)
+        cores = {k: w.cores for k, w in self._workers.items()}
+        # a line through the origin measured at the minimum batch would bring it back there
+        known = {k: f.at for k, f in finishes.items() if self._identified(k)}
+        return entry_targets(entering, plan, known, slowest, self._config.deadband, cores, self._config.global_batch,
+                             lower, upper)
 
     # ------------------------------------------------------------------ what the policy reports
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:

@@ -1,10 +1,19 @@
-"""Probes of changed workers held at their minimum batch: after a change of speed a worker's law is
-the proportional line through its new times, and at the smallest batch that line overprices a worker
-whose time is mostly fixed cost (one back from parking that got faster). Where such a worker finishes
-earlier than the slowest by more than the deadband, yet the decision would not move it SPREAD up, it
-is moved SPREAD up whatever the gain, so that its next times give it a law (law.py). A worker the
-decision parks is not probed: its times at its minimum already finish after the round it solved for,
-and a probe would bring it back while it is counted as parked. Pure."""
+"""Probes of changed workers held at their minimum batch, and the first batch of a parked worker back
+in the plan. After a change of speed a worker's law is the proportional line through its new times,
+and at the smallest batch that line overprices a worker whose time is mostly fixed cost (one back from
+parking that got faster). Where such a worker finishes earlier than the slowest by more than the
+deadband, yet the decision would not move it SPREAD up, it is moved SPREAD up whatever the gain, so
+that its next times give it a law (law.py). A worker the decision parks is not probed: its times at
+its minimum already finish after the round it solved for, and a probe would bring it back while it is
+counted as parked.
+
+A parked worker's speed is not measured, and the solve gives one brought back (a recall, a re-probe)
+the batch its law from before parking finishes within the solved round: where the others absorb a
+slowdown that round is short, and that batch the minimum, where a step is almost all fixed cost and
+its time tells nothing of its speed per sample. So it comes back at the batch its known law finishes
+within the round measured now (`entry_targets`), and the others share what it leaves. Without a
+known law (a line through the origin, as after a change seen at its minimum batch) it comes back at
+its cores' share of B. Pure."""
 
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from ps.control.auto.law import SPREAD
+from ps.control.performance import FinishTime, batch_within
 from ps.control.split import fit_to_sum
 
 
@@ -46,3 +56,28 @@ def probe_plan(plan: Mapping[str, int], probes: Mapping[str, int], total: int, l
     scaled = fit_to_sum({k: float(plan[k]) for k in rest}, left, {k: lower[k] for k in rest},
                         {k: upper[k] for k in rest}, for_time)
     return {**dict.fromkeys(plan, 0), **scaled, **probes}
+
+
+def entry_targets(entering: Iterable[str], plan: Mapping[str, int], laws: Mapping[str, FinishTime], round_ms: float,
+                  deadband: float, cores: Mapping[str, float], total: int, lower: Mapping[str, int],
+                  upper: Mapping[str, int]) -> dict[str, int]:
+    """Each of `entering` (parked in the plan in force, planned in `plan`) at the largest batch its known
+    law (`laws`) finishes within `round_ms` (the slowest mean time of the plan in force) and the
+    `deadband` (where a step is almost all fixed cost, the batch within the round itself is as noisy
+    as that round's mean), or without one its cores' share of `total` among the workers `plan` plans;
+    no less than `plan` gives it, within its bounds, and all of them together leaving the others of
+    `plan` their lower bounds (cut back towards `plan` alike)."""
+    names = [k for k in entering if plan.get(k, 0) > 0]
+    planned = [k for k, b in plan.items() if b > 0]
+    mass = sum(cores[k] for k in planned)
+    wanted = {}
+    for k in names:
+        share = (batch_within(laws[k], (1.0 + deadband) * round_ms, lower[k], upper[k]) if k in laws
+                 else round(total * cores[k] / mass))
+        wanted[k] = min(max(share, plan[k], lower[k]), upper[k])
+    room = total - sum(lower[k] for k in planned if k not in wanted)
+    asked, given = sum(wanted.values()), sum(plan[k] for k in wanted)
+    if asked > max(room, given):
+        scale = max(0, room - given) / (asked - given)
+        wanted = {k: plan[k] + math.floor((b - plan[k]) * scale) for k, b in wanted.items()}
+    return wanted

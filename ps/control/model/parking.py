@@ -1,8 +1,8 @@
 """Who is parked (planned at batch 0) by the model and auto policies, and when each comes back for a
 re-probe: a parked worker's speed is not measured, so it is brought back now and then at the batch the
-split would give it, and waits twice as long each time it is parked again, so that a worker that got
-faster returns; all of them at once when the auto policy sees an active worker's times rise by half or
-more (`recall`). Pure."""
+split would give it (the auto policy: one that measures its speed, auto/probes.py), and waits twice
+as long each time it is parked again, so that a worker that got faster returns; all of them at once
+when the auto policy sees an active worker's times rise by half or more (`recall`). Pure."""
 
 from __future__ import annotations
 

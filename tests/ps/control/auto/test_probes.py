@@ -1,8 +1,11 @@
-"""ps.control.auto.probes: which changed workers are probed SPREAD up, and the plan around the probes."""
+"""ps.control.auto.probes: which changed workers are probed SPREAD up, the plan around the probes, and
+the batch a worker back from parking comes back at."""
 
 from __future__ import annotations
 
-from ps.control.auto.probes import probe_plan, probe_targets
+from collections.abc import Callable
+
+from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
 
 LOWER = {"a": 2, "b": 1}
 UPPER = {"a": 20, "b": 20}
@@ -29,3 +32,35 @@ def test_the_probe_plan_scales_the_others_to_what_the_probes_leave_and_keeps_the
     plan = probe_plan({"a": 2, "b": 8, "c": 0}, {"a": 4}, 10, {**LOWER, "c": 1}, {**UPPER, "c": 20},
                       exact_sum=True, for_time=False)
     assert plan == {"a": 4, "b": 6, "c": 0}
+
+
+def line(q: float, s: float) -> Callable[[int], float]:
+    return lambda b: q * b + s
+
+
+ENTRY_LOWER = {"a": 1, "b": 1, "d": 1}
+ENTRY_UPPER = {"a": 64, "b": 64, "d": 64}
+CORES = {"a": 1.0, "b": 1.0, "d": 2.0}
+
+
+def test_a_worker_back_from_parking_takes_the_batch_its_known_law_finishes_within_the_round_measured_now() -> None:
+    """The solve gave `d` its minimum; its law finishes 25 samples within the round of 40 ms and the
+    deadband (44 ms)."""
+    plan = {"a": 40, "b": 23, "d": 1}
+    assert entry_targets(["d"], plan, {"d": line(0.16, 40.0)}, 40.0, 0.1, CORES, 64, ENTRY_LOWER,
+                         ENTRY_UPPER) == {"d": 25}
+
+
+def test_without_a_known_law_it_takes_its_cores_share_and_never_less_than_the_plan_gives_it() -> None:
+    plan = {"a": 20, "b": 20, "d": 24}
+    assert entry_targets(["d"], plan, {}, 40.0, 0.1, CORES, 64, ENTRY_LOWER, ENTRY_UPPER) == {"d": 32}
+    assert entry_targets(["d"], plan, {"d": line(1.0, 30.0)}, 40.0, 0.1, CORES, 64, ENTRY_LOWER,
+                         ENTRY_UPPER) == {"d": 24}  # its law finishes 14 within the round: the plan's 24 stand
+
+
+def test_workers_back_from_parking_leave_the_others_their_minimum_cut_back_alike() -> None:
+    plan = {"a": 62, "b": 1, "d": 1}
+    fast = {k: line(0.01, 1.0) for k in ("b", "d")}  # each would take its upper bound, 64
+    assert entry_targets(["b", "d"], plan, fast, 40.0, 0.1, CORES, 64, ENTRY_LOWER, ENTRY_UPPER) == {"b": 31, "d": 31}
+    assert entry_targets(["d"], {"a": 0, "b": 63, "d": 1}, fast, 40.0, 0.1, CORES, 64, ENTRY_LOWER,
+                         ENTRY_UPPER) == {"d": 63}  # `a` stays parked, `b` keeps its minimum

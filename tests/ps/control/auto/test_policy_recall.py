@@ -1,0 +1,86 @@
+"""ps.control.auto.policy: a parked worker brought back into the plan (recalled when an active worker
+slowed, or re-probed) comes back at a batch that measures its speed, on simulated BSP rounds of
+workers whose step is mostly fixed cost at a batch of 1-2. The failure it guards against: quotas of a
+quarter and three quarters of a core swapped while the slow worker was parked; recalled at batch 1,
+its time there all fixed cost, its law priced it as slow and held it at a few samples while it was
+the fast worker. And the other way: a recalled worker that is still slow is parked again at the
+decision that measures it."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from ps.control.config import PolicyConfig
+from ps.control.policy import build_policy
+from tests.simulated_workers import Costs, run_rounds
+
+
+def quota(share: float) -> tuple[float, float]:
+    """(q, s) of a worker with `share` of a core: 0.01 ms a sample and 8 ms a step on a whole core."""
+    return 0.01 / share, 8.0 / share
+
+
+QUOTAS = {"a": quota(0.75), "d": quota(0.25)}
+"""Three quarters and a quarter of a core: `d`'s fixed cost alone outlasts `a`'s round of all of B."""
+QUICK_START = {"w0": (0.05, 9.0), "w1": (0.05, 9.0), "w2": (0.05, 9.0), "w3": (0.2, 40.0)}
+"""The quick start's shape: nearly all fixed cost, and a slow worker that cannot pay for itself."""
+
+
+def policy(costs: Costs, total: int) -> Any:
+    ctl = build_policy(PolicyConfig(policy="auto", global_batch=total))
+    for k in costs:
+        ctl.add_worker(k)
+    ctl.replan()
+    return ctl
+
+
+def parked_then(before: Costs, after: Costs, parked: str, total: int, seed: int,
+                noise: float = 0.05) -> list[dict[str, Any]]:
+    """The decisions (waits aside) after `before` turns into `after`, from the first that plans the
+    worker `parked` under `before` back in."""
+    rnd = random.Random(seed)
+    ctl = policy(before, total)
+    run_rounds(ctl, before, 60, rnd=rnd, noise=noise)
+    assert ctl.parked() == [parked]
+    reports = [r for r in run_rounds(ctl, after, 80, rnd=rnd, noise=noise, every=8) if r["phase"] != "wait"]
+    back = next(i for i, r in enumerate(reports) if r["plan"][parked] > 0)
+    return reports[back:]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_a_worker_recalled_after_a_swap_of_quotas_takes_the_larger_batch_within_two_decisions(seed: int) -> None:
+    """Recalled at batch 1 it was held at 1-5 samples for three to five decisions, or for good."""
+    after = {"a": QUOTAS["d"], "d": QUOTAS["a"]}
+    reports = parked_then(QUOTAS, after, "d", 64, seed)
+    assert reports[0]["phase"] == "reprobe" and reports[0]["speed_changed"] == ["a"]
+    plans = [(r["plan"]["d"], r["plan"]["a"]) for r in reports]
+    assert plans[1][0] > plans[1][1] and plans[-1][0] > plans[-1][1], plans
+    assert plans[0][0] >= 16, plans  # a quarter of B at least: a batch whose time is not all fixed cost
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_worker_recalled_while_others_absorb_the_slowdown_comes_back_at_its_share(seed: int) -> None:
+    """Two alike workers take up what the slowed one leaves, so the solved round stays short and the
+    recalled worker's law from before parking finishes only its minimum within it: it comes back at
+    what that law finishes within the round measured now, and within two decisions carries as much as
+    the workers it is now alike with."""
+    after = {**QUICK_START, "w0": QUICK_START["w3"], "w3": QUICK_START["w0"]}
+    reports = parked_then(QUICK_START, after, "w3", 256, seed)
+    for plan in (reports[1]["plan"], reports[-1]["plan"]):
+        assert plan["w3"] >= 0.8 * min(plan["w1"], plan["w2"]) and plan["w0"] == 0, plan
+    assert reports[0]["plan"]["w3"] >= 64, reports[0]["plan"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_recalled_worker_that_is_still_slow_is_parked_again_by_the_decision_that_measures_it(seed: int) -> None:
+    """A tenant makes `w0` five times slower; the parked `w3` is recalled at the batch its law
+    finishes within that slowed round, keeps its speed, and the next decision parks it again."""
+    after = {**QUICK_START, "w0": (0.25, 45.0)}
+    reports = parked_then(QUICK_START, after, "w3", 256, seed)
+    recall, measured = reports[0], reports[1]
+    assert recall["phase"] == "reprobe" and recall["round"] <= 4
+    assert measured["round"] - recall["round"] <= 8 and measured["plan"]["w3"] == 0, measured
+    assert all(r["plan"]["w3"] <= 1 for r in reports[1:] if r["phase"] != "reprobe")
