@@ -23,9 +23,14 @@ def test_a_worker_the_plan_parks_is_not_probed() -> None:
     assert probe_targets(["a"], {"a": 0, "b": 10}, CURRENT, MEANS, LOWER, UPPER, deadband=0.1) == {}
 
 
-def test_a_worker_within_the_deadband_of_the_slowest_or_above_its_minimum_is_not_probed() -> None:
+def test_a_worker_within_the_deadband_of_the_slowest_or_that_the_plan_moves_up_is_not_probed() -> None:
     assert probe_targets(["a"], {"a": 2, "b": 8}, CURRENT, {"a": 19.0, "b": 20.0}, LOWER, UPPER, deadband=0.1) == {}
-    assert probe_targets(["a"], {"a": 3, "b": 7}, {"a": 3, "b": 7}, MEANS, LOWER, UPPER, deadband=0.1) == {}
+    assert probe_targets(["a"], {"a": 4, "b": 6}, CURRENT, MEANS, LOWER, UPPER, deadband=0.1) == {}
+
+
+def test_an_early_worker_above_its_minimum_that_the_plan_holds_is_probed_spread_up() -> None:
+    """A proportional line through a few samples' times, mostly fixed cost, prices it as slow wherever it is."""
+    assert probe_targets(["a"], {"a": 3, "b": 7}, {"a": 3, "b": 7}, MEANS, LOWER, UPPER, deadband=0.1) == {"a": 5}
 
 
 def test_the_probe_plan_scales_the_others_to_what_the_probes_leave_and_keeps_the_parked_at_zero() -> None:
