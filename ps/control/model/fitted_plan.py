@@ -11,6 +11,8 @@ from typing import Any, Protocol
 from ps.control.checks import real
 from ps.control.config import PolicyConfig
 from ps.control.model.balance import measured_balanced
+from ps.control.model.break_even import park_below_break_even
+from ps.control.model.optperf import best_plan
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
 from ps.control.model.time_fit import Finish
@@ -118,15 +120,43 @@ class FittedPlan(WorkerPlan):
         return dict(self._report)
 
     def predicted_round_ms(self, total: int) -> float | None:
-        """The fits' round at the best split of `total` (a default bound follows it) plus c
-        (performance.FittedRounds); None until every active worker is identified."""
+        """The fits' round at the best split of `total` over the active workers (a default bound
+        follows it) plus c (performance.FittedRounds); None until every active worker is identified.
+        Where the policy parks (BSP), the split is the plan it would install: optperf.best_plan's
+        parking, and with `break_even` (--adaptive-batch) no active worker below its break-even batch
+        (`_break_even`): a B is priced with the workers it would park parked."""
         active, (lower, upper) = self._active(), self._bounds()
         finishes = self._held.finishes()
         if not active or not all(k in finishes and self._identified(k) for k in active):
             return None
         upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
-        return FittedRounds({k: finishes[k].at for k in active}, self._overhead(self.plan()), lower,
-                            upper).predict_global(total)
+        times = {k: finishes[k].at for k in active}
+        model = FittedRounds(times, self._overhead(self.plan()), lower, upper)
+        if not self._may_park() or not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
+            return model.predict_global(total)
+        plan, _, _ = best_plan(times, total, lower, upper, may_park=active, overhead=model.overhead_ms)
+        plan, _ = self._break_even(plan, times, lower, upper, active)
+        return model.predict(plan)
+
+    def _breaks_even(self, plan: Mapping[str, int]) -> bool:
+        """Whether `plan` may be held: no parkable active worker below its break-even batch (always
+        without `break_even`); a decision installs a solve over a plan that is not."""
+        parkable = [k for k, b in plan.items() if b > 0]
+        if len(parkable) < 2:
+            return True
+        times = {k: f.at for k, f in self._held.finishes().items() if k in plan}
+        return not self._break_even(plan, times, *self._bounds(), parkable)[1]
+
+    def _break_even(self, plan: Mapping[str, int], times: Mapping[str, FinishTime], lower: Mapping[str, int],
+                    upper: Mapping[str, int], may_park: list[str]) -> tuple[dict[str, int], list[str]]:
+        """`plan` with the workers of `may_park` below their break-even batch by their identified law
+        parked, their share split over the others by `times` (break_even.py), and those parked; `plan`
+        as it is without `break_even` in the config or where the policy does not park."""
+        if not (self._config.break_even and self._may_park()):
+            return dict(plan), []
+        finishes = self._held.finishes()
+        laws = {k: f.at for k, f in finishes.items() if k in self._workers and self._identified(k)}
+        return park_below_break_even(times, laws, plan, lower, upper, may_park)
 
     def _described(self, plan: Mapping[str, int], fits: dict[str, dict[str, Any]],
                    times: Mapping[str, FinishTime]) -> dict[str, Any]:
