@@ -179,6 +179,7 @@ class AutoPolicy(FittedPlan):
         if not self._exact_sum():
             return dict(upper if sum(upper.values()) < self._config.global_batch else lower), [], {}
         may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
+        lower = self._reprobe_bounds(lower, upper, forced_in)
         plan, parked, compared = solve(times, self._laws.finishes(), self._config.global_batch, lower, upper,
                                        may_park=may_park, overhead=self._rounds.overhead_ms, prefer=self.parked())
         plan, below = self._break_even(plan, times, lower, upper, may_park)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ps.control.performance import FinishTime, split
+from ps.control.performance import FinishTime, batch_within, split
 
 
 def compute_share(time: FinishTime, batch: int) -> float:
@@ -27,6 +27,29 @@ def compute_share(time: FinishTime, batch: int) -> float:
 def below_break_even(time: FinishTime, batch: int) -> bool:
     """Whether an active worker at `batch` spends more of its round on its fixed part than on samples."""
     return batch > 0 and compute_share(time, batch) < 1.0
+
+
+def break_even_batch(time: FinishTime, upper: int) -> int:
+    """The least batch in [1, upper] at or above the break-even of `time` (`upper` where none is; 1
+    without a fixed part)."""
+    fixed = time(0)
+    if fixed <= 0:
+        return 1
+    b = batch_within(time, 2.0 * fixed, 1, upper)
+    return min(upper, b if time(b) >= 2.0 * fixed else b + 1)
+
+
+def raised_to_break_even(laws: Mapping[str, FinishTime], lower: Mapping[str, int], upper: Mapping[str, int],
+                         workers: Iterable[str], total: int) -> dict[str, int]:
+    """`lower` with each of `workers` that has a law raised to its break-even batch (a worker brought
+    back to be measured runs where it pays for its round), where the bounds' sum still fits in `total`."""
+    raised = dict(lower)
+    for k in workers:
+        if k in laws:
+            floor = max(lower[k], break_even_batch(laws[k], upper[k]))
+            if sum(raised.values()) - raised[k] + floor <= total:
+                raised[k] = floor
+    return raised
 
 
 def park_below_break_even(times: Mapping[str, FinishTime], laws: Mapping[str, FinishTime], plan: Mapping[str, int],

@@ -214,6 +214,7 @@ class ModelPolicy(FittedPlan):
             lower, upper = trusted_bounds(now, B, lower, upper)
             # parking is a move like any other: only from the minimum batch (or parked already)
             may_park = [k for k in may_park if now[k] <= self._workers[k].min_batch]
+        lower = self._reprobe_bounds(lower, upper, forced_in)
         incumbents = [k for k in may_park if k in self._parking.parked or k in self._parking.reprobed]
         plan, parked, compared = best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms,
                                            min_gain=min_gain, prefer=incumbents)

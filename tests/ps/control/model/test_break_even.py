@@ -9,7 +9,8 @@ import pytest
 
 from ps.control.config import PolicyConfig
 from ps.control.model.policy import ModelPolicy
-from ps.control.model.break_even import below_break_even, compute_share, park_below_break_even
+from ps.control.model.break_even import (below_break_even, break_even_batch, compute_share, park_below_break_even,
+                                         raised_to_break_even)
 from ps.control.performance import FinishTime, split
 from ps.control.policy import build_policy
 from ps.control.worker_plan import WorkerPlan
@@ -26,6 +27,15 @@ def test_a_worker_is_below_its_break_even_where_its_fixed_part_exceeds_its_compu
     assert not below_break_even(law, 10) and not below_break_even(law, 50)
     assert not below_break_even(law, 0)  # parked
     assert not below_break_even(line(1.0, 0.0), 1) and compute_share(line(1.0, 0.0), 1) == float("inf")
+
+
+def test_the_break_even_batch_and_the_floor_it_sets_for_a_worker_brought_back() -> None:
+    assert break_even_batch(line(1.0, 10.0), 100) == 10 and break_even_batch(line(1.0, 10.5), 100) == 11
+    assert break_even_batch(line(1.0, 10.0), 6) == 6 and break_even_batch(line(1.0, 0.0), 100) == 1
+    laws = {"slow": line(1.0, 30.0)}
+    lower, upper = {"a": 1, "slow": 1}, {"a": 100, "slow": 100}
+    assert raised_to_break_even(laws, lower, upper, ["slow", "a"], 64) == {"a": 1, "slow": 30}
+    assert raised_to_break_even(laws, lower, upper, ["slow"], 20) == lower  # the floor would not fit in B
 
 
 def test_a_worker_planned_below_its_break_even_is_parked_and_its_share_split_over_the_others() -> None:
@@ -75,9 +85,10 @@ def test_the_policies_park_below_break_even_with_the_adaptive_batch_only(name: s
     assert 0 < held[-1]["plan"]["d"] < 37
     reports = run(policy(name, True), COSTS, rounds=40)
     first = next(i for i, r in enumerate(reports) if r["plan"]["d"] == 0)
-    after = reports[first:]  # a re-probe brings d back to be measured; the decision after it parks it again
+    after = reports[first:]  # a re-probe brings d back to be measured, at its break-even; the decision after parks it
     assert all(r["plan"]["d"] == 0 for r in after if r["phase"] != "reprobe")
-    assert [r["phase"] for r in after].count("reprobe") >= 1
+    reprobes = [r for r in after if r["phase"] == "reprobe"]
+    assert reprobes and all(r["plan"]["d"] >= 37 for r in reprobes)
     assert all(sum(r["plan"].values()) == 256 for r in reports)
 
 
