@@ -308,7 +308,8 @@ def policy_options(args: argparse.Namespace) -> dict[str, Any]:
 
 POLICY_FLAGS = {"policy": "--controller", "deadband": "--deadband", "min_batch": "--min-batch",
                 "max_batch": "--max-batch", "ewma_alpha": "--ewma-alpha", "dynamic_start": "--dynamic-start",
-                "park": "parking (--no-park)", "micro_batch": "--micro-batch"}
+                "park": "parking (--no-park)", "break_even": "break-even parking (--adaptive-batch)",
+                "micro_batch": "--micro-batch"}
 """The ps-server flag of each PolicyConfig field a resume may change, as its warning names it."""
 
 

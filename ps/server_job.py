@@ -128,6 +128,7 @@ def build_job(args: argparse.Namespace) -> Job:
         keep_global_sum=args.mode == "bsp",
         dynamic_start=args.dynamic_start,
         park=args.park and args.mode == "bsp" and not allreduce,
+        break_even=args.adaptive_batch != "off",
         micro_batch=args.micro_batch,
         options=policy_options(args),
     )

@@ -36,6 +36,9 @@ class PolicyConfig:
     park: bool = True
     """The model and auto policies in BSP: plan a worker that cannot pay for itself at batch 0 (parked)
     when the predicted round is shorter without it. Ignored by the other policies and in ASP."""
+    break_even: bool = False
+    """With `park` (--adaptive-batch): also park an active worker whose plan puts it below its break-even
+    batch, where its fixed cost exceeds its compute (ps/control/model/break_even.py)."""
     micro_batch: int = 1
     """BSP: every plan is in whole micro-batches of this many samples (ps/control/micro.py); 1: any batch."""
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -72,6 +75,8 @@ class PolicyConfig:
             check_micro_batch(micro_batch, global_batch, min_batch, max_batch, self.keep_global_sum)
         if not isinstance(self.park, bool):
             raise ValueError(f"park must be True or False, got {self.park!r}")
+        if not isinstance(self.break_even, bool):
+            raise ValueError(f"break_even must be True or False, got {self.break_even!r}")
         options = checked_options(self.policy, policy_settings(self.policy), self.options)
         for name, value in (
             ("global_batch", global_batch),

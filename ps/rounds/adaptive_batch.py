@@ -14,8 +14,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ps.control.global_batch.goodput import (AdaptiveBatch, AdaptiveConfig, Decision, contradicted, epoch_bound, moved,
-                                             probe_batch)
+from ps.control.global_batch.goodput import AdaptiveBatch, AdaptiveConfig, Decision, epoch_bound, moved, probe_batch
 from ps.control.global_batch.gns import NoiseScaleEstimator
 from ps.control.performance import RoundModel, global_round_model
 from ps.control.policy import build_policy, with_global_batch
@@ -60,8 +59,7 @@ class AdaptiveBatchSizing:
         self._round_ms: list[float] = []
         self._closed_at: float | None = None
         self._rounds_at: dict[int, float] = {}  # B -> median round ms measured at it (the latest stay)
-        self._previous: int | None = None  # B before the last goodput move, until the move is measured
-        self._floor, self._ceiling = 0, 2**62  # bounds left by decisions taken back
+        self._noise_at: dict[int, float] = {}  # B -> the relative standard error of that median
 
     # ---------------------------------------------------------------- measurement
     def push(self, meta: PushMeta, grad: Vector) -> None:
@@ -131,7 +129,6 @@ class AdaptiveBatchSizing:
                 return
             decider.apply(decision)
             self._round_ms = []
-            self._previous = current if decision.reason == "goodput" else None
         s.store.set_lr(self.lr_at(s.epoch))  # adascale: φ moved, even where B did not
         self._rounds = 0
         s.metrics.write("adapt", step=s.step, epoch=s.epoch, **decision.record(), lr=self.lr_at(s.epoch),
@@ -141,32 +138,29 @@ class AdaptiveBatchSizing:
 
     def _decision(self, current: int) -> tuple[Decision, str]:
         """The decision at B now and its basis: a goodput move that the rounds measured since contradict
-        is taken back ("measured"; B does not pass the batch taken back to in that direction again); under a policy without a fitted
-        model, B measured alone is probed against a second B ("probe"), so that the line through both
-        replaces the guess; else the goodput scan on the round model. Candidates leave an epoch at
-        least goodput.MIN_STEPS_PER_EPOCH rounds."""
+        by more than their noise is taken back ("measured"; B does not pass the batch taken back to in
+        that direction for goodput.TAKE_BACK_MEMORY decisions, goodput.AdaptiveBatch.review); under a
+        policy without a fitted model, B measured alone is probed against a second B ("probe"), so
+        that the line through both replaces the guess; else the goodput scan on the round model,
+        moving only on a gain beyond what φ's standard error could explain. Candidates leave an epoch
+        at least goodput.MIN_STEPS_PER_EPOCH rounds."""
         decider = self.decider
         assert decider is not None
-        config, phi = decider.config, self.estimator.estimate().phi
+        config, noise_scale = decider.config, self.estimator.estimate()
+        phi = noise_scale.phi
         lower, upper = self.state.policy.global_batch_range()
-        upper = min(config.max_batch if upper is None else upper, self._ceiling)
-        upper = epoch_bound(upper, self.samples_per_epoch)
-        lower = max(lower, config.min_batch, self._floor)
+        upper = epoch_bound(config.max_batch if upper is None else upper, self.samples_per_epoch)
+        lower = max(lower, config.min_batch)
         round_model, basis = self._round_model(current)
         predict = None if round_model is None else round_model.predict_global
-        previous = self._previous
-        if previous is not None and phi is not None and current not in self._rounds_at:
-            return decider.note(moved(config, current, current, phi, "measuring the batch moved to", predict)), basis
-        if previous is not None and contradicted(previous, current, self._rounds_at, phi, config.base_batch):
-            if previous < current:
-                self._ceiling = previous
-            else:
-                self._floor = previous
-            return decider.note(moved(config, current, previous, phi, "taken back: measured goodput fell")), "measured"
+        reviewed = decider.review(phi, self._rounds_at, self._noise_at, predict)
+        if reviewed is not None:
+            return reviewed, "measured" if reviewed.changed else basis
+        lower, upper = decider.bounds(lower, upper)
         probe = probe_batch(current, lower, upper) if len(self._rounds_at) < 2 and current in self._rounds_at else None
         if basis == "guess" and phi is not None and probe is not None:
             return decider.note(moved(config, current, probe, phi, "probe: a second batch for the round line", predict)), "probe"
-        return decider.choose(phi, lower, upper, predict, upward_only=basis == "guess"), basis
+        return decider.choose(phi, lower, upper, predict, upward_only=basis == "guess", phi_sd=noise_scale.phi_sd), basis
 
     def _round_model(self, current: int) -> tuple[RoundModel | None, str]:
         """T(B) and what it rests on (ps/control/performance.global_round_model: the policy's fitted
@@ -175,7 +169,10 @@ class AdaptiveBatchSizing:
         take-back compares it with the B before)."""
         policy = self.state.policy
         if len(self._round_ms) >= _MIN_ROUNDS:
-            self._rounds_at[current] = statistics.median(self._round_ms[_SETTLE:])
+            settled = self._round_ms[_SETTLE:]
+            at = self._rounds_at[current] = statistics.median(settled)
+            # the median's standard error, about 1.25 times the mean's
+            self._noise_at[current] = 1.25 * statistics.stdev(settled) / (at * len(settled) ** 0.5) if at > 0 else 0.0
         active = {k: t for k, t in policy.smoothed_ms().items() if policy.plan().get(k)}
         median = statistics.median(self._round_ms) if self._round_ms else None
         return global_round_model(policy.predicted_round_ms, current, self._rounds_at, active, median)

@@ -131,7 +131,7 @@ class AutoPolicy(FittedPlan):
                        max(self._config.deadband / 2, prediction_error(report["previous"])) if resolve else 0.0)
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
         hold: dict[str, Any] = {}
-        if not reprobe:
+        if not reprobe and self._breaks_even(current):
             balanced = set(parked) == set(self.parked()) and self._balanced(current)
             confirm = resolve and gain > min_gain and not balanced and not self._confirming
             self._confirming = confirm
@@ -175,13 +175,16 @@ class AutoPolicy(FittedPlan):
     def _solve(self, times: Mapping[str, FinishTime],
                forced_in: list[str]) -> tuple[dict[str, int], list[str], dict[str, float]]:
         """The best split of B over every worker, parking those (not `forced_in`) that surely only
-        slow the round (solve.py); ASP whose bounds cannot meet B: everyone at the bound B pushes them to."""
+        slow the round (solve.py) and, with `break_even`, those it plans below their break-even; ASP whose bounds cannot meet B: everyone at the bound B pushes them to."""
         lower, upper = self._bounds()
         if not self._exact_sum():
             return dict(upper if sum(upper.values()) < self._config.global_batch else lower), [], {}
         may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
-        return solve(times, self._laws.finishes(), self._config.global_batch, lower, upper, may_park=may_park,
-                     overhead=self._rounds.overhead_ms, prefer=self.parked())
+        lower = self._reprobe_bounds(lower, upper, forced_in)
+        plan, parked, compared = solve(times, self._laws.finishes(), self._config.global_batch, lower, upper,
+                                       may_park=may_park, overhead=self._rounds.overhead_ms, prefer=self.parked())
+        plan, below = self._break_even(plan, times, lower, upper, may_park)
+        return plan, parked + below, compared
 
     def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str]) -> dict[str, int]:
         """The changed workers on a proportional line to move up whatever the gain (probes.py)."""

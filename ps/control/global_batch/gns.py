@@ -35,6 +35,11 @@ give one instead: S = (y − y')/(1/b − 1/b'), G = (b y − b' y')/(b − b').
 EWMA of the S and the G separately (a ratio of noisy estimates is biased), and φ = S̄/Ḡ is reported
 only while Ḡ > 0 and S̄ >= 0: early in training, or at a minimum, G can come out negative from noise,
 and the estimate is then "unknown", never a made-up number.
+
+The uncertainty of φ comes from the spread of the rounds' estimates under the same weights: the
+EWMA's weighted variances of S, G and their covariance, divided by the effective number of rounds
+(Σw)²/Σw², carried to φ = S̄/Ḡ by the delta method, Var φ ≈ (Var S − 2φ Cov(S, G) + φ² Var G)/Ḡ².
+--adaptive-batch moves B only on a predicted gain larger than what this spread could explain.
 """
 
 from __future__ import annotations
@@ -43,14 +48,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import math
+
 import numpy as np
 
 from common.number_checks import finite, real_number, whole
 
-STATE_FORMAT = "gns/1"
-"""Format written by `NoiseScaleEstimator.state_dict` and required by `from_state_dict`."""
+STATE_FORMAT = "gns/2"
+"""Format written by `NoiseScaleEstimator.state_dict`; `from_state_dict` reads it and "gns/1" (the
+same without the sums of squares: its rounds read back with no spread, which the rounds after add)."""
 
-_STATE_KEYS = frozenset({"format", "smoothing", "signal_sum", "noise_sum", "rounds", "previous_single"})
+_STATE_KEYS_1 = frozenset({"format", "smoothing", "signal_sum", "noise_sum", "rounds", "previous_single"})
+_SQUARES = ("noise_sq_sum", "signal_sq_sum", "cross_sum")
+_STATE_KEYS = _STATE_KEYS_1 | frozenset(_SQUARES)
 _JENSEN_SLACK = 1e-5
 """Relative slack for B|g|² <= Σ b_k |g_k|² (exact in real numbers; norms summed in float32 round)."""
 
@@ -72,6 +82,8 @@ class NoiseScale:
     phi: float | None
     rounds: int
     reason: str
+    phi_sd: float | None = None
+    """The standard error of φ from the rounds' spread; None while φ is unknown or one round backs it."""
 
     @property
     def known(self) -> bool:
@@ -178,6 +190,7 @@ class NoiseScaleEstimator:
         self.smoothing = finite("smoothing", smoothing, 0.0, 1.0, open_high=True)
         self._signal_sum = 0.0
         self._noise_sum = 0.0
+        self._squares = [0.0, 0.0, 0.0]  # weighted sums of S², G² and S·G (_SQUARES)
         self._rounds = 0
         self._previous_single: tuple[int, float] | None = None
 
@@ -201,7 +214,29 @@ class NoiseScaleEstimator:
         keep = self.smoothing
         self._signal_sum = keep * self._signal_sum + estimate.signal
         self._noise_sum = keep * self._noise_sum + estimate.noise
+        fresh = (estimate.noise ** 2, estimate.signal ** 2, estimate.noise * estimate.signal)
+        self._squares = [keep * old + new for old, new in zip(self._squares, fresh, strict=True)]
         self._rounds += 1
+
+    def _weights(self) -> tuple[float, float]:
+        """Σw and Σw² of the rounds taken (w = smoothing^age)."""
+        keep, n = self.smoothing, self._rounds
+        if keep == 0.0:
+            return 1.0, 1.0
+        return (1.0 - keep ** n) / (1.0 - keep), (1.0 - keep ** (2 * n)) / (1.0 - keep ** 2)
+
+    def _phi_sd(self, signal: float, noise: float) -> float | None:
+        """The standard error of φ = noise/signal (the module's delta method); None with one round's worth."""
+        weight, weight_sq = self._weights()
+        effective = weight * weight / weight_sq
+        if effective <= 1.0 + 1e-9:
+            return None
+        unbias = effective / (effective - 1.0)
+        var_s = max(0.0, self._squares[0] / weight - noise * noise) * unbias
+        var_g = max(0.0, self._squares[1] / weight - signal * signal) * unbias
+        cov = (self._squares[2] / weight - noise * signal) * unbias
+        phi = noise / signal
+        return math.sqrt(max(0.0, var_s - 2.0 * phi * cov + phi * phi * var_g) / effective) / signal
 
     def estimate(self) -> NoiseScale:
         """The smoothed |G|², tr(Σ) and φ, or why φ is unknown."""
@@ -209,14 +244,14 @@ class NoiseScaleEstimator:
             reason = ("one worker at one batch size: needs successive rounds at two batch sizes"
                       if self._previous_single is not None else "no round observed yet")
             return NoiseScale(None, None, None, 0, reason)
-        weight = (1.0 - self.smoothing ** self._rounds) / (1.0 - self.smoothing)
+        weight = self._weights()[0]
         signal, noise = self._signal_sum / weight, self._noise_sum / weight
         if signal <= 0.0:
             reason = "gradient signal estimate |G|² <= 0 (noise-dominated)"
             return NoiseScale(signal, noise, None, self._rounds, reason)
         if noise < 0.0:
             return NoiseScale(signal, noise, None, self._rounds, "gradient noise estimate tr(Σ) < 0")
-        return NoiseScale(signal, noise, noise / signal, self._rounds, "")
+        return NoiseScale(signal, noise, noise / signal, self._rounds, "", self._phi_sd(signal, noise))
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-serialisable state (for checkpoints)."""
@@ -227,6 +262,7 @@ class NoiseScaleEstimator:
             "noise_sum": self._noise_sum,
             "rounds": self._rounds,
             "previous_single": None if self._previous_single is None else list(self._previous_single),
+            **dict(zip(_SQUARES, self._squares, strict=True)),
         }
 
     @classmethod
@@ -234,13 +270,14 @@ class NoiseScaleEstimator:
         """Rebuild from `state_dict` output; raises ValueError on malformed or inconsistent state."""
         if not isinstance(state, Mapping):
             raise ValueError(f"GNS state must be a mapping, got {type(state).__name__}")
-        if set(state) != _STATE_KEYS:
-            raise ValueError(f"GNS state must have exactly the keys {sorted(_STATE_KEYS)}, got {sorted(state)}")
-        if state["format"] != STATE_FORMAT:
-            raise ValueError(f"unsupported GNS state format {state['format']!r} (expected {STATE_FORMAT!r})")
+        if state.get("format") not in (STATE_FORMAT, "gns/1"):
+            raise ValueError(f"unsupported GNS state format {state.get('format')!r} (expected {STATE_FORMAT!r} or 'gns/1')")
+        keys = _STATE_KEYS if state["format"] == STATE_FORMAT else _STATE_KEYS_1
+        if set(state) != keys:
+            raise ValueError(f"GNS state must have exactly the keys {sorted(keys)}, got {sorted(state)}")
         est = cls(state["smoothing"])
         rounds = whole("rounds", state["rounds"], 0)
-        for key in ("signal_sum", "noise_sum"):
+        for key in ("signal_sum", "noise_sum", *(_SQUARES if keys is _STATE_KEYS else ())):
             if real_number(state[key]) is None:
                 raise ValueError(f"{key} must be a finite number, got {state[key]!r}")
         if rounds == 0 and (state["signal_sum"] != 0 or state["noise_sum"] != 0):
@@ -253,5 +290,11 @@ class NoiseScaleEstimator:
                                     finite("previous squared norm", previous[1], 0.0))
         est._signal_sum, est._noise_sum = float(state["signal_sum"]), float(state["noise_sum"])
         est._rounds = rounds
+        if keys is _STATE_KEYS:
+            est._squares = [float(state[key]) for key in _SQUARES]
+        elif rounds:  # gns/1: each round at the means, no spread yet
+            weight = est._weights()[0]
+            noise, signal = est._noise_sum / weight, est._signal_sum / weight
+            est._squares = [noise * noise * weight, signal * signal * weight, noise * signal * weight]
         return est
 

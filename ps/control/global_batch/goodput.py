@@ -5,7 +5,10 @@ model of a round predicts a round of B (ps/control/performance.py), times the st
 sample at batch B makes relative to one at the starting batch B₀ (φ the gradient noise scale,
 ps/control/global_batch/gns.py). A larger B is faster per sample where a round has fixed costs, and worth less
 per sample once B passes φ. `choose` scans B in [lower, upper] and moves only when the best predicted
-goodput beats the current one by the threshold (a change costs re-measuring every worker).
+goodput beats the current one by the threshold (a change costs re-measuring every worker) and by
+what the noise scale's uncertainty could explain (the gain at φ ± its standard error). A goodput move
+is measured at the batch it went to and taken back where the measured goodput fell by more than the
+rounds' noise; that direction is then closed for TAKE_BACK_MEMORY decisions (`AdaptiveBatch.review`).
 
 The learning rate follows B by one of three rules (`lr_factor`, a factor on the job's schedule):
 linear B/B₀ (Goyal et al.), sqrt √(B/B₀) (Krizhevsky), and adascale, AdaScale's gain ratio
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ps.control.global_batch.gns import statistical_efficiency
@@ -25,7 +28,14 @@ from common.number_checks import finite, whole
 
 LR_SCALINGS: tuple[str, ...] = ("adascale", "linear", "sqrt")
 """The `--lr-scaling` rules (the first is the default)."""
-STATE_FORMAT = "adaptive-batch/1"
+STATE_FORMAT = "adaptive-batch/2"
+"""Written by `AdaptiveBatch.state_dict`; "adaptive-batch/1" (without the move under review and the
+closed directions) still loads, with neither."""
+TAKE_BACK_MEMORY = 8
+"""Decisions a direction stays closed after a move in it was taken back."""
+NOISE_SDS = 2.0
+"""A measured goodput contradicts a move only where it fell by more than this many standard errors
+of the two median rounds it compares."""
 _GRID = 48
 """Candidate batches per decision: a geometric grid over [lower, upper] (plus both ends and B now)."""
 MIN_STEPS_PER_EPOCH = 8
@@ -92,13 +102,14 @@ class Decision:
     efficiency: float | None  # E(batch) relative to B₀
     samples_per_s: float | None  # predicted throughput at `batch`
     reason: str
+    gain_sd: float | None = None  # how far `gain` moves with φ one standard error either way
 
     def record(self) -> dict[str, Any]:
         """Fields for the metrics log's `adapt` record."""
         out = asdict(self)
-        for key in ("gain", "phi", "efficiency", "samples_per_s"):
+        for key in ("gain", "gain_sd", "phi", "efficiency", "samples_per_s"):
             if out[key] is not None:
-                out[key] = round(out[key], 6 if key == "gain" else 3)
+                out[key] = round(out[key], 6 if key.startswith("gain") else 3)
         return out
 
 
@@ -107,11 +118,25 @@ def goodput(throughput: float, phi: float, batch: int, base_batch: int) -> float
     return throughput * statistical_efficiency(phi, batch, base_batch)
 
 
+def gain_spread(rate_ratio: float, phi: float, phi_sd: float | None, batch: int, current: int) -> float:
+    """How far the predicted gain of `batch` over `current` (throughput ratio `rate_ratio`) moves with φ
+    one standard error either way (0 without one): E(B)/E(current) is monotone in φ, so the two ends bound it."""
+    if not phi_sd:
+        return 0.0
+
+    def gain(p: float) -> float:
+        return rate_ratio * (p + current) / (p + batch) - 1.0
+
+    return max(abs(gain(p) - gain(phi)) for p in (max(0.0, phi - phi_sd), phi + phi_sd))
+
+
 def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, upper: int,
-           round_ms: Callable[[int], float] | None, upward_only: bool = False) -> Decision:
+           round_ms: Callable[[int], float] | None, upward_only: bool = False,
+           phi_sd: float | None = None) -> Decision:
     """The batch to train at next. `lower`/`upper` are the flags' range narrowed to what the workers'
     bounds can make up; `round_ms(B)` the predicted time of a round of B (None: not measured yet).
-    Unchanged (with the reason) while φ or the round time is unknown or the gain is below threshold.
+    Unchanged (with the reason) while φ or the round time is unknown, or the gain is below the
+    threshold or within what φ's standard error `phi_sd` could explain (`gain_spread`).
     `upward_only`: `round_ms` is performance.measured_round's guess, which overvalues a smaller B (it counts the
     workers' fixed costs as per-sample time) and undervalues a larger one, so only a move up is
     trusted (inside the bounds; a B outside them still moves in)."""
@@ -140,11 +165,17 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     pool = [b for b in candidates(lo, hi, current) if b >= current or not (upward_only and inside)]
     best = max(pool, key=lambda b: (value(b), -abs(b - current)))
     gain = value(best) / now - 1.0 if now > 0 else None
+    spread = None
+    if gain is not None:
+        spread = gain_spread((gain + 1.0) * (phi + best) / (phi + current), phi, phi_sd, best, current)
     if best == current or (inside and (gain is None or gain < config.threshold)):
-        return unchanged("gain below --adapt-threshold" if best != current else "the current batch is best", gain)
+        reason = "gain below --adapt-threshold" if best != current else "the current batch is best"
+        return replace(unchanged(reason, gain), gain_sd=spread)
+    if inside and spread is not None and gain is not None and gain <= spread:
+        return replace(unchanged("gain within the noise scale's uncertainty", gain), gain_sd=spread)
     t = round_ms(best)
     return Decision(best, current, True, gain, phi, statistical_efficiency(phi, best, config.base_batch),
-                    best / t * 1000.0 if t > 0 else None, "goodput" if inside else "outside the bounds")
+                    best / t * 1000.0 if t > 0 else None, "goodput" if inside else "outside the bounds", spread)
 
 
 def epoch_bound(upper: int, samples_per_epoch: int, min_steps: int = MIN_STEPS_PER_EPOCH) -> int:
@@ -168,13 +199,17 @@ def measured_goodput(batch: int, round_ms: float, phi: float, base_batch: int) -
     return goodput(batch / round_ms * 1000.0, phi, batch, base_batch) if round_ms > 0 else 0.0
 
 
-def contradicted(previous: int, current: int, rounds: Mapping[int, float], phi: float | None, base_batch: int) -> bool:
+def contradicted(previous: int, current: int, rounds: Mapping[int, float], phi: float | None, base_batch: int,
+                 noise: Mapping[int, float] | None = None) -> bool:
     """Whether the rounds measured at both batches show that the move previous -> current lost
-    goodput (at φ now): the decision is then taken back. False while either is unmeasured."""
+    goodput (at φ now) by more than NOISE_SDS of their noise (`noise`: each median round's relative
+    standard error; none: any loss): the decision is then taken back. False while either is unmeasured."""
     if phi is None or previous not in rounds or current not in rounds:
         return False
-    return measured_goodput(current, rounds[current], phi, base_batch) < measured_goodput(previous, rounds[previous], phi,
-                                                                                        base_batch)
+    noise = noise or {}
+    tolerance = NOISE_SDS * math.hypot(noise.get(previous, 0.0), noise.get(current, 0.0))
+    return (measured_goodput(current, rounds[current], phi, base_batch)
+            < measured_goodput(previous, rounds[previous], phi, base_batch) * (1.0 - tolerance))
 
 
 def moved(config: AdaptiveConfig, current: int, batch: int, phi: float | None, reason: str,
@@ -186,7 +221,9 @@ def moved(config: AdaptiveConfig, current: int, batch: int, phi: float | None, r
 
 
 class AdaptiveBatch:
-    """The decision's state: B now, φ at the last decision, the decisions taken and their changes."""
+    """The decision's state: B now, φ at the last decision, the decisions taken and their changes, the
+    goodput move under review (`previous`: the B it left, until the move is measured) and the
+    directions closed by take-backs (`closed`: "up"/"down" -> [the batch B may not pass, decisions left])."""
 
     def __init__(self, config: AdaptiveConfig) -> None:
         self.config = config
@@ -195,23 +232,58 @@ class AdaptiveBatch:
         self.decisions = 0
         self.changes = 0
         self.last: Decision | None = None
+        self.previous: int | None = None
+        self.closed: dict[str, list[int]] = {}
+
+    def bounds(self, lower: int, upper: int) -> tuple[int, int]:
+        """[lower, upper] narrowed by the closed directions."""
+        if "up" in self.closed:
+            upper = min(upper, self.closed["up"][0])
+        if "down" in self.closed:
+            lower = max(lower, self.closed["down"][0])
+        return lower, upper
 
     def choose(self, phi: float | None, lower: int, upper: int, round_ms: Callable[[int], float] | None,
-               upward_only: bool = False) -> Decision:
-        """One decision at the current batch (counted; φ kept for the LR rule); `apply` it once the
-        caller has re-split the new B."""
-        return self.note(choose(self.config, self.batch, phi, lower, upper, round_ms, upward_only))
+               upward_only: bool = False, phi_sd: float | None = None) -> Decision:
+        """One decision at the current batch within the bounds left open (counted; φ kept for the LR
+        rule); `apply` it once the caller has re-split the new B."""
+        lo, hi = self.bounds(lower, upper)
+        return self.note(choose(self.config, self.batch, phi, lo, hi, round_ms, upward_only, phi_sd))
+
+    def review(self, phi: float | None, rounds: Mapping[int, float], noise: Mapping[int, float],
+               round_ms: Callable[[int], float] | None = None) -> Decision | None:
+        """The goodput move under review, if any: a decision to wait while the batch moved to is not
+        measured yet (`rounds`: the median round measured at each B, `noise` its relative standard
+        error), a take-back to the batch before where the measured goodput contradicts the move
+        (`contradicted`; the move's direction is then closed for TAKE_BACK_MEMORY decisions), else
+        None (the move stands and is no longer under review)."""
+        previous, current = self.previous, self.batch
+        if previous is None or phi is None:
+            return None
+        if current not in rounds:
+            return self.note(moved(self.config, current, current, phi, "measuring the batch moved to", round_ms))
+        self.previous = None
+        if not contradicted(previous, current, rounds, phi, self.config.base_batch, noise):
+            return None
+        self.closed["up" if previous < current else "down"] = [previous, TAKE_BACK_MEMORY + 1]
+        return self.note(moved(self.config, current, previous, phi, "taken back: measured goodput fell"))
 
     def note(self, decision: Decision) -> Decision:
-        """Count a decision made at the current batch (by `choose`, or a probe or take-back: `moved`)."""
+        """Count a decision made at the current batch (by `choose`, or a probe or take-back: `moved`);
+        a closed direction opens again after its decisions."""
         self.phi = decision.phi if decision.phi is not None else self.phi
         self.decisions += 1
         self.last = decision
+        for direction, entry in list(self.closed.items()):
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self.closed[direction]
         return decision
 
     def apply(self, decision: Decision) -> None:
-        """The decision's batch is now B."""
+        """The decision's batch is now B; a goodput move is under review until measured."""
         if decision.changed and decision.batch != self.batch:
+            self.previous = self.batch if decision.reason == "goodput" else None
             self.batch = decision.batch
             self.changes += 1
 
@@ -225,12 +297,15 @@ class AdaptiveBatch:
 
     def state_dict(self) -> dict[str, Any]:
         return {"format": STATE_FORMAT, "base_batch": self.config.base_batch, "batch": self.batch, "phi": self.phi,
-                "decisions": self.decisions, "changes": self.changes}
+                "decisions": self.decisions, "changes": self.changes, "previous": self.previous,
+                "closed": {k: list(v) for k, v in self.closed.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Take a checkpoint's state (ValueError, nothing changed, on a malformed one or another B₀)."""
-        if not isinstance(state, Mapping) or state.get("format") != STATE_FORMAT:
-            raise ValueError(f"adaptive-batch state must be a mapping of format {STATE_FORMAT!r}")
+        """Take a checkpoint's state, STATE_FORMAT or "adaptive-batch/1" (ValueError, nothing changed,
+        on a malformed one or another B₀)."""
+        if not isinstance(state, Mapping) or state.get("format") not in (STATE_FORMAT, "adaptive-batch/1"):
+            raise ValueError(f"adaptive-batch state must be a mapping of format {STATE_FORMAT!r} "
+                             "(or 'adaptive-batch/1')")
         if state.get("base_batch") != self.config.base_batch:
             raise ValueError(f"the checkpoint started at --global-batch {state.get('base_batch')!r}, "
                              f"not {self.config.base_batch}")
@@ -239,4 +314,21 @@ class AdaptiveBatch:
         phi = None if phi is None else finite("phi", phi, 0.0)
         decisions = whole("decisions", state.get("decisions"), 0)
         changes = whole("changes", state.get("changes"), 0)
+        previous, closed = None, {}
+        if state["format"] == STATE_FORMAT:
+            previous = None if state.get("previous") is None else whole("previous batch", state.get("previous"), 1)
+            closed = _closed(state.get("closed"))
         self.batch, self.phi, self.decisions, self.changes = batch, phi, decisions, changes
+        self.previous, self.closed = previous, closed
+
+
+def _closed(value: Any) -> dict[str, list[int]]:
+    """The state's closed directions, checked."""
+    if not isinstance(value, Mapping) or not set(value) <= {"up", "down"}:
+        raise ValueError("adaptive-batch state 'closed' must map 'up'/'down' to [batch, decisions left]")
+    out = {}
+    for direction, entry in value.items():
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise ValueError(f"adaptive-batch state 'closed' {direction!r} must be [batch, decisions left]")
+        out[direction] = [whole(f"closed {direction} batch", entry[0], 1), whole(f"closed {direction} decisions", entry[1], 1)]
+    return out

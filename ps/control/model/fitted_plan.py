@@ -11,6 +11,8 @@ from typing import Any, Protocol
 from ps.control.checks import real
 from ps.control.config import PolicyConfig
 from ps.control.model.balance import measured_balanced
+from ps.control.model.break_even import park_below_break_even, raised_to_break_even
+from ps.control.model.optperf import best_plan
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
 from ps.control.model.time_fit import Finish
@@ -119,14 +121,54 @@ class FittedPlan(WorkerPlan):
 
     def predicted_round_ms(self, total: int) -> float | None:
         """The fits' round at the best split of `total` (a default bound follows it) plus c
-        (performance.FittedRounds); None until every active worker is identified."""
+        (performance.FittedRounds); None until every active worker is identified. Without parking
+        (ASP, --no-park) the split is over the active workers; with it, the plan the policy would
+        install over them and the parked workers whose law is known: optperf.best_plan's parking and,
+        with `break_even` (--adaptive-batch), no active worker below its break-even batch
+        (`_break_even`): a B is priced with the workers it would park parked."""
         active, (lower, upper) = self._active(), self._bounds()
         finishes = self._held.finishes()
         if not active or not all(k in finishes and self._identified(k) for k in active):
             return None
         upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
-        return FittedRounds({k: finishes[k].at for k in active}, self._overhead(self.plan()), lower,
-                            upper).predict_global(total)
+        model = FittedRounds({k: finishes[k].at for k in active}, self._overhead(self.plan()), lower, upper)
+        if not self._may_park() or not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
+            return model.predict_global(total)
+        # the parked workers whose law is known are candidates too, as in a solve: a larger B may pay for them
+        every = [k for k in self._workers if k in active or (k in finishes and self._identified(k))]
+        times = {k: finishes[k].at for k in every}
+        plan, _, _ = best_plan(times, total, lower, upper, may_park=every, overhead=model.overhead_ms)
+        plan, _ = self._break_even(plan, times, lower, upper, every)
+        return FittedRounds(times, model.overhead_ms).predict(plan)
+
+    def _breaks_even(self, plan: Mapping[str, int]) -> bool:
+        """Whether `plan` may be held: no parkable active worker below its break-even batch (always
+        without `break_even`); a decision installs a solve over a plan that is not."""
+        parkable = [k for k, b in plan.items() if b > 0]
+        times = {k: f.at for k, f in self._held.finishes().items() if k in plan}
+        if len(parkable) < 2 or not all(k in times for k in parkable):  # one unmeasured: nothing to judge by
+            return True
+        return not self._break_even(plan, times, *self._bounds(), parkable)[1]
+
+    def _reprobe_bounds(self, lower: Mapping[str, int], upper: Mapping[str, int],
+                        reprobe: list[str]) -> dict[str, int]:
+        """`lower` with the workers brought back for a re-probe at their break-even batch at least
+        (with `break_even`; `lower` as it is without)."""
+        if not (self._config.break_even and self._may_park() and reprobe):
+            return dict(lower)
+        laws = {k: f.at for k, f in self._held.finishes().items() if k in reprobe and self._identified(k)}
+        return raised_to_break_even(laws, lower, upper, reprobe, self._config.global_batch)
+
+    def _break_even(self, plan: Mapping[str, int], times: Mapping[str, FinishTime], lower: Mapping[str, int],
+                    upper: Mapping[str, int], may_park: list[str]) -> tuple[dict[str, int], list[str]]:
+        """`plan` with the workers of `may_park` below their break-even batch by their identified law
+        parked, their share split over the others by `times` (break_even.py), and those parked; `plan`
+        as it is without `break_even` in the config or where the policy does not park."""
+        if not (self._config.break_even and self._may_park()):
+            return dict(plan), []
+        finishes = self._held.finishes()
+        laws = {k: f.at for k, f in finishes.items() if k in self._workers and self._identified(k)}
+        return park_below_break_even(times, laws, plan, lower, upper, may_park)
 
     def _described(self, plan: Mapping[str, int], fits: dict[str, dict[str, Any]],
                    times: Mapping[str, FinishTime]) -> dict[str, Any]:

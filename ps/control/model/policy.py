@@ -152,7 +152,8 @@ class ModelPolicy(FittedPlan):
                             **self._describe(new)}
             return new
         reprobe = self._parking.due()
-        if self._solved and not reprobe and not self._parking.reprobed and self._balanced(current):
+        breaks_even = self._breaks_even(current)
+        if self._solved and not reprobe and not self._parking.reprobed and breaks_even and self._balanced(current):
             self._confirming = False
             self._report = {**report, "phase": "hold", "balanced": True, "drift": drifted, **self._describe(current)}
             return None
@@ -166,12 +167,13 @@ class ModelPolicy(FittedPlan):
         # a new plan must beat the model's own error on the plan in force, parking included: where the
         # optimum is flat (a fixed cost dominates) noise in the fits must not move B back and forth, nor
         # near-equal workers swap places; the first solve and a re-probe are installed anyway
-        if self._solved and not reprobe and not gain > min_gain:
+        if self._solved and not reprobe and breaks_even and not gain > min_gain:
             self._parking.reprobed, self._confirming = {}, False
             self._report = {**report, "phase": "hold", "drift": drifted, **self._describe(current)}
             return None
         # no worker drifted: the gain must be found twice in a row, one decision's is often noise
-        if self._solved and not reprobe and not self._parking.reprobed and not drifted and not self._confirming:
+        if (self._solved and not reprobe and not self._parking.reprobed and not drifted and breaks_even
+                and not self._confirming):
             self._confirming = True
             self._report = {**report, "phase": "hold", "confirm": True, "drift": drifted, **self._describe(current)}
             return None
@@ -212,9 +214,12 @@ class ModelPolicy(FittedPlan):
             lower, upper = trusted_bounds(now, B, lower, upper)
             # parking is a move like any other: only from the minimum batch (or parked already)
             may_park = [k for k in may_park if now[k] <= self._workers[k].min_batch]
+        lower = self._reprobe_bounds(lower, upper, forced_in)
         incumbents = [k for k in may_park if k in self._parking.parked or k in self._parking.reprobed]
-        return best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms, min_gain=min_gain,
-                         prefer=incumbents)
+        plan, parked, compared = best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms,
+                                           min_gain=min_gain, prefer=incumbents)
+        plan, below = self._break_even(plan, times, lower, upper, [k for k in self._workers if k not in forced_in])
+        return plan, parked + below, compared
 
     def _install_parking(self, parked: list[str], reprobe: list[str]) -> None:
         """Record who is parked after a solve (parking.py); the re-probed workers are probes until measured."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from ps.control.global_batch.goodput import (MIN_STEPS_PER_EPOCH, AdaptiveBatch, AdaptiveConfig, choose, contradicted,
-                                             epoch_bound, measured_goodput, moved, probe_batch)
+from ps.control.global_batch.goodput import (MIN_STEPS_PER_EPOCH, AdaptiveBatch, AdaptiveConfig, Decision, choose,
+                                             contradicted, epoch_bound, measured_goodput, moved, probe_batch)
 from ps.control.performance import round_line
 
 CONFIG = AdaptiveConfig(base_batch=128, min_batch=64, max_batch=1024, threshold=0.05)
@@ -69,3 +69,34 @@ def test_a_probe_or_take_back_is_a_counted_decision_with_its_reason() -> None:
     assert decider.batch == 179 and decider.decisions == 1 and decider.changes == 1 and decider.phi == 300.0
     stay = decider.note(moved(CONFIG, 179, 179, None, "measuring the batch moved to"))
     assert not stay.changed and decider.phi == 300.0 and decider.decisions == 2
+
+
+def test_a_gain_within_the_noise_scales_uncertainty_is_no_move() -> None:
+    # a round of fixed cost only, φ = 1000: B = 256 gains about 1.6x, but φ may be far from 1000
+    sure = choose(CONFIG, 128, 1000.0, 64, 256, lambda b: 100.0)
+    assert sure.changed and sure.batch == 256 and sure.gain_sd == 0.0
+    unsure = choose(CONFIG, 128, 1000.0, 64, 256, lambda b: 100.0, phi_sd=50_000.0)
+    assert not unsure.changed and unsure.reason == "gain within the noise scale's uncertainty"
+    assert unsure.gain is not None and unsure.gain_sd is not None and unsure.gain_sd >= unsure.gain > CONFIG.threshold
+    assert choose(CONFIG, 128, 1000.0, 64, 256, lambda b: 100.0, phi_sd=10.0).changed
+    assert "gain_sd" in unsure.record()
+
+
+def test_the_move_under_review_and_the_closed_directions_are_in_the_checkpoint() -> None:
+    ab = AdaptiveBatch(CONFIG)
+    ab.apply(Decision(256, 128, True, 0.2, 500.0, None, None, "goodput"))
+    ab.closed = {"down": [64, 3]}
+    state = ab.state_dict()
+    assert state["format"] == "adaptive-batch/2" and state["previous"] == 128
+    restored = AdaptiveBatch(CONFIG)
+    restored.load_state_dict(state)
+    assert (restored.batch, restored.previous, restored.closed) == (256, 128, {"down": [64, 3]})
+    old = {k: v for k, v in state.items() if k not in ("previous", "closed")}
+    restored.load_state_dict({**old, "format": "adaptive-batch/1"})
+    assert (restored.batch, restored.previous, restored.closed) == (256, None, {})
+    bads: list[object] = [{"sideways": [64, 3]}, {"up": [64]}, {"up": [64, 0]}, []]
+    for bad in bads:
+        with pytest.raises(ValueError, match="closed"):
+            AdaptiveBatch(CONFIG).load_state_dict({**state, "closed": bad})
+    with pytest.raises(ValueError, match="adaptive-batch/2"):
+        AdaptiveBatch(CONFIG).load_state_dict({**state, "format": "adaptive-batch/0"})

@@ -1,0 +1,102 @@
+"""Tests for the break-even parking (ps.control.model.break_even) and the model policy's plan and
+pricing of a global batch with it (--adaptive-batch); pure, on simulated timings."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ps.control.config import PolicyConfig
+from ps.control.model.policy import ModelPolicy
+from ps.control.model.break_even import (below_break_even, break_even_batch, compute_share, park_below_break_even,
+                                         raised_to_break_even)
+from ps.control.performance import FinishTime, split
+from ps.control.policy import build_policy
+from ps.control.worker_plan import WorkerPlan
+from tests.simulated_workers import run_rounds
+
+
+def line(q: float, s: float) -> FinishTime:
+    return lambda b: q * b + s
+
+
+def test_a_worker_is_below_its_break_even_where_its_fixed_part_exceeds_its_compute() -> None:
+    law = line(1.0, 10.0)  # break-even at 10 samples
+    assert below_break_even(law, 1) and below_break_even(law, 9)
+    assert not below_break_even(law, 10) and not below_break_even(law, 50)
+    assert not below_break_even(law, 0)  # parked
+    assert not below_break_even(line(1.0, 0.0), 1) and compute_share(line(1.0, 0.0), 1) == float("inf")
+
+
+def test_the_break_even_batch_and_the_floor_it_sets_for_a_worker_brought_back() -> None:
+    assert break_even_batch(line(1.0, 10.0), 100) == 10 and break_even_batch(line(1.0, 10.5), 100) == 11
+    assert break_even_batch(line(1.0, 10.0), 6) == 6 and break_even_batch(line(1.0, 0.0), 100) == 1
+    laws = {"slow": line(1.0, 30.0)}
+    lower, upper = {"a": 1, "slow": 1}, {"a": 100, "slow": 100}
+    assert raised_to_break_even(laws, lower, upper, ["slow", "a"], 64) == {"a": 1, "slow": 30}
+    assert raised_to_break_even(laws, lower, upper, ["slow"], 20) == lower  # the floor would not fit in B
+
+
+def test_a_worker_planned_below_its_break_even_is_parked_and_its_share_split_over_the_others() -> None:
+    times = {"a": line(0.2, 5.0), "b": line(0.2, 5.0), "slow": line(1.0, 30.0)}
+    lower, upper = dict.fromkeys(times, 1), dict.fromkeys(times, 1000)
+    plan = split(times, 60, lower, upper)
+    assert 0 < plan["slow"] < 30  # the split alone keeps it at a few samples
+    parked_plan, parked = park_below_break_even(times, times, plan, lower, upper, list(times))
+    assert parked == ["slow"] and parked_plan["slow"] == 0 and sum(parked_plan.values()) == 60
+    assert not any(below_break_even(times[k], b) for k, b in parked_plan.items())
+    # not a candidate, or no law: kept
+    assert park_below_break_even(times, times, plan, lower, upper, ["a", "b"]) == (plan, [])
+    assert park_below_break_even(times, {"a": times["a"]}, plan, lower, upper, list(times)) == (plan, [])
+
+
+def test_the_last_worker_and_a_rest_that_cannot_make_up_the_total_are_kept() -> None:
+    times = {"a": line(1.0, 100.0), "b": line(1.0, 100.0)}
+    lower, upper = dict.fromkeys(times, 1), dict.fromkeys(times, 1000)
+    plan, parked = park_below_break_even(times, times, {"a": 20, "b": 20}, lower, upper, list(times))
+    assert parked == ["a"] and plan == {"a": 0, "b": 40}  # one left, below its break-even still
+    capped = {"a": 1000, "b": 25}
+    assert park_below_break_even(times, times, {"a": 20, "b": 20}, lower, capped, ["a"]) == ({"a": 20, "b": 20}, [])
+
+
+COSTS = {"a": (0.2, 5.0), "b": (0.2, 5.0), "c": (0.2, 5.0), "d": (0.4, 15.0)}
+"""(q, s): d's fixed cost is under the round the others reach without it, but its break-even is 37 samples
+and the best split of 256 gives it about 15."""
+
+
+def run(ctl: WorkerPlan, costs: dict[str, tuple[float, float]], rounds: int) -> list[dict]:
+    """Simulated BSP rounds (t = q·b + s, 2% noise, 2 ms overhead), a decision every 10; the reports."""
+    return run_rounds(ctl, costs, rounds, 0.02, random.Random(0), 2.0, 10)
+
+
+def policy(name: str, break_even: bool) -> WorkerPlan:
+    ctl = build_policy(PolicyConfig(policy=name, global_batch=256, break_even=break_even))
+    assert isinstance(ctl, WorkerPlan)
+    for k in COSTS:
+        ctl.add_worker(k)
+    ctl.replan()
+    return ctl
+
+
+@pytest.mark.parametrize("name", ["model", "auto"])
+def test_the_policies_park_below_break_even_with_the_adaptive_batch_only(name: str) -> None:
+    held = run(policy(name, False), COSTS, rounds=40)
+    assert 0 < held[-1]["plan"]["d"] < 37
+    reports = run(policy(name, True), COSTS, rounds=40)
+    first = next(i for i, r in enumerate(reports) if r["plan"]["d"] == 0)
+    after = reports[first:]  # a re-probe brings d back to be measured, at its break-even; the decision after parks it
+    assert all(r["plan"]["d"] == 0 for r in after if r["phase"] != "reprobe")
+    reprobes = [r for r in after if r["phase"] == "reprobe"]
+    assert reprobes and all(r["plan"]["d"] >= 37 for r in reprobes)
+    assert all(sum(r["plan"].values()) == 256 for r in reports)
+
+
+def test_a_global_batch_is_priced_with_the_workers_its_plan_parks() -> None:
+    ctl = policy("model", True)
+    assert isinstance(ctl, ModelPolicy)
+    run(ctl, COSTS, rounds=40)
+    c = ctl.overhead_ms
+    without_d = (256 / 3) * 0.2 + 5.0  # the three fast workers alone
+    assert ctl.predicted_round_ms(256) == pytest.approx(without_d + c, rel=0.05)
+    assert ctl.predicted_round_ms(3000) == pytest.approx(3000 / (3 / 0.2 + 1 / 0.4) * 1.0 + 9.0 + c, rel=0.1)
