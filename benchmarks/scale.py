@@ -55,10 +55,11 @@ from typing import Any
 import grpc
 
 from protos import ps_pb2_grpc
+from benchmarks.process_usage import cpu_fields, cpu_seconds, mean_max, peak_rss_mb, pss_mb
 from benchmarks.report_output import add_result_options, save_result
 from common.ops.arg_types import positive_float, positive_int
 from common.transport.proto_convert import status_request
-from deploy.proc_stat import child_pids, read_proc_stat
+from deploy.proc_stat import child_pids
 from ps.ops.metrics import read_metrics
 
 CHILD_ENV = {
@@ -156,68 +157,6 @@ def server_argv(s: Settings, port_file: Path, metrics: Path) -> list[str]:
 def worker_argv(target: str, name: str, s: Settings) -> list[str]:
     return ["-m", "worker.cli", "--server", target, "--name", name, "--threads", "1", "--quiet", "--device", "cpu",
             "--timeout", str(s.startup_timeout)]
-
-
-def proc_kb_field(path: Path, name: str) -> float | None:
-    """A ``Name:   123 kB`` line of a /proc file (status, smaps_rollup) in MB; None where it cannot be read."""
-    try:
-        for line in path.read_text().splitlines():
-            if line.startswith(f"{name}:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def peak_rss_mb(pid: int) -> float | None:
-    """VmHWM (peak resident set) of a live process, from /proc."""
-    return proc_kb_field(Path(f"/proc/{pid}/status"), "VmHWM")
-
-
-def pss_mb(pid: int) -> float | None:
-    """Pss (proportional set size) of a live process, from /proc/PID/smaps_rollup."""
-    return proc_kb_field(Path(f"/proc/{pid}/smaps_rollup"), "Pss")
-
-
-def cpu_seconds(pids: Sequence[int]) -> dict[int, float]:
-    """User + system CPU seconds of each live process in `pids` (those /proc cannot read are left out)."""
-    found = {}
-    for pid in pids:
-        stat = read_proc_stat(pid)
-        if stat is not None:
-            found[pid] = stat.cpu_s
-    return found
-
-
-def cpu_fields(mode: str, workers: int, steps: int, server_pid: int, shard_pids: Sequence[int],
-               before: dict[int, float], after: dict[int, float]) -> dict[str, Any]:
-    """The report's CPU fields from the server's and its shards' CPU seconds at the window's two ends
-    (None where a process was not read at both); `steps`: the window's rounds (BSP) or updates (ASP)."""
-    def used(pid: int) -> float | None:
-        return after[pid] - before[pid] if pid in before and pid in after else None
-
-    shards = [used(pid) for pid in shard_pids]
-    server = used(server_pid)
-    total = None if server is None or None in shards else server + sum(s for s in shards if s is not None)
-    pushes = steps * workers if mode == "bsp" else steps
-
-    def per(count: int) -> float | None:
-        return round(1e3 * total / count, 3) if total is not None and count > 0 else None
-
-    return {
-        "server_cpu_s": None if total is None else round(total, 2),
-        "shard_cpu_s": [None if s is None else round(s, 2) for s in shards],
-        "server_cpu_ms_per_round": per(steps) if mode == "bsp" else None,
-        "server_cpu_ms_per_push": per(pushes),
-    }
-
-
-def mean_max(values: Sequence[float | None]) -> dict[str, float | None]:
-    """Mean and max of the values read (None where none was)."""
-    known = [v for v in values if v is not None]
-    if not known:
-        return {"mean": None, "max": None}
-    return {"mean": round(sum(known) / len(known), 1), "max": max(known)}
 
 
 def failure_target(report: dict[str, Any]) -> dict[str, Any]:

@@ -8,7 +8,6 @@ worker spends a few CPU-seconds importing torch, which is most of the time on a 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -50,38 +49,6 @@ def test_a_global_batch_below_the_workers_is_one_line_and_exit_2(capsys: pytest.
     assert scale.main(["--workers", "8", "--global-batch", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["scale: error: --global-batch 4 is below --workers 8"]
-
-
-def test_cpu_per_round_and_per_push_from_the_server_and_its_shards() -> None:
-    before, after = {10: 1.0, 11: 0.5, 12: 0.25}, {10: 3.0, 11: 1.5, 12: 0.75}  # 2 + 1 + 0.5 s in the window
-    bsp = scale.cpu_fields("bsp", 8, 50, 10, [11, 12], before, after)
-    assert bsp == {"server_cpu_s": 3.5, "shard_cpu_s": [1.0, 0.5], "server_cpu_ms_per_round": 70.0,
-                   "server_cpu_ms_per_push": 8.75}  # 3.5 s / 50 rounds; / (50 x 8 pushes)
-    asp = scale.cpu_fields("asp", 8, 500, 10, [], {10: 1.0}, {10: 2.0})
-    assert asp == {"server_cpu_s": 1.0, "shard_cpu_s": [], "server_cpu_ms_per_round": None, "server_cpu_ms_per_push": 2.0}
-
-
-def test_cpu_fields_are_none_where_a_process_was_not_read_at_both_ends() -> None:
-    gone = scale.cpu_fields("bsp", 4, 10, 10, [11], {10: 1.0, 11: 1.0}, {10: 2.0})
-    assert gone == {"server_cpu_s": None, "shard_cpu_s": [None], "server_cpu_ms_per_round": None,
-                    "server_cpu_ms_per_push": None}
-    assert scale.cpu_fields("bsp", 4, 0, 10, [], {10: 1.0}, {10: 2.0})["server_cpu_ms_per_round"] is None
-
-
-def test_cpu_seconds_reads_live_processes_and_leaves_out_the_others() -> None:
-    found = scale.cpu_seconds([os.getpid(), 2**22 + 1])  # the second: above the kernel's pid limit
-    assert list(found) == [os.getpid()] and found[os.getpid()] >= 0
-
-
-def test_memory_fields_from_proc_files(tmp_path: Path) -> None:
-    status = tmp_path / "status"
-    status.write_text("Name:\tpython\nVmHWM:\t  262144 kB\nVmRSS:\t  131072 kB\n")
-    assert scale.proc_kb_field(status, "VmHWM") == 256.0
-    assert scale.proc_kb_field(status, "Pss") is None
-    assert scale.proc_kb_field(tmp_path / "missing", "VmHWM") is None
-    assert scale.peak_rss_mb(os.getpid()) is not None
-    assert scale.mean_max([250.0, None, 260.0]) == {"mean": 255.0, "max": 260.0}
-    assert scale.mean_max([None]) == {"mean": None, "max": None}
 
 
 def test_the_target_counts_errors_and_evictions() -> None:
