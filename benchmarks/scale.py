@@ -2,7 +2,7 @@
 
 ``python -m benchmarks.scale --workers 32 --mode bsp --rounds 50 --json`` starts the server (a small
 mlp on digits, ``--controller dynamic --adjust-every 5``, global batch ``8 N`` unless given; with
-``--shards K`` the server starts K-1 ``ps-shard`` processes and holds the first range itself) and N
+``--shards K``, BSP only, the server starts K-1 ``ps-shard`` processes and holds the first range itself) and N
 workers (one torch thread each), waits until every worker is training, measures ``--rounds`` more BSP rounds or ASP updates (the
 target is the count Status shows then, plus ``--rounds``; in ASP the first workers to finish
 starting up run thousands of updates before the last one pushes), then stops the server with SIGTERM (it tells every worker the job is stopping, writes a summary
@@ -362,6 +362,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     global_batch = args.global_batch or 8 * args.workers
     if global_batch < args.workers:
         print(f"scale: error: --global-batch {global_batch} is below --workers {args.workers}", file=sys.stderr)
+        return 2
+    if args.shards > 1 and args.mode != "bsp":
+        print(f"scale: error: --shards {args.shards} needs --mode bsp (ps-server shards BSP jobs only)", file=sys.stderr)
         return 2
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)  # run the cleanup in run()'s finally

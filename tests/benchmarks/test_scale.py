@@ -45,10 +45,12 @@ def test_a_bad_flag_is_one_line_and_exit_2(argv: list[str], capsys: pytest.Captu
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m benchmarks.scale: error:")
 
 
-def test_a_global_batch_below_the_workers_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+def test_flags_the_server_would_refuse_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert scale.main(["--workers", "8", "--global-batch", "4"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["scale: error: --global-batch 4 is below --workers 8"]
+    assert scale.main(["--mode", "asp", "--shards", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["scale: error: --shards 2 needs --mode bsp (ps-server shards BSP jobs only)"]
 
 
 def test_the_target_counts_errors_and_evictions() -> None:
