@@ -1,7 +1,8 @@
 """Scale benchmark: one real ``ps-server`` and N real ``ps-worker`` processes on loopback.
 
 ``python -m benchmarks.scale --workers 32 --mode bsp --rounds 50 --json`` starts the server (a small
-mlp on digits, ``--controller dynamic --adjust-every 5``, global batch ``8 N`` unless given) and N
+mlp on digits, ``--controller dynamic --adjust-every 5``, global batch ``8 N`` unless given; with
+``--shards K``, BSP only, the server starts K-1 ``ps-shard`` processes and holds the first range itself) and N
 workers (one torch thread each), waits until every worker is training, measures ``--rounds`` more BSP rounds or ASP updates (the
 target is the count Status shows then, plus ``--rounds``; in ASP the first workers to finish
 starting up run thousands of updates before the last one pushes), then stops the server with SIGTERM (it tells every worker the job is stopping, writes a summary
@@ -19,7 +20,17 @@ to the first that shows the target; ``window_start`` is the round/update count a
 wall_s (Status is polled every ``--poll`` seconds: both ends are within one poll of the true
 times). ``startup_s`` is from launching the server to the window (imports, joins, data, first
 steps); ``shutdown_s`` from SIGTERM until the server and every worker exited.
-``server_peak_rss_mb`` is the server's VmHWM just before SIGTERM.
+``server_peak_rss_mb`` is the server's VmHWM just before SIGTERM (``shard_peak_rss_mb`` each shard's).
+
+The server's CPU: ``server_cpu_s`` is the user + system CPU the server process and its shard
+processes used over the window (each read from /proc/PID/stat at both ends; ``shard_cpu_s`` the
+shards' part, one per shard), ``server_cpu_ms_per_round`` that over the window's rounds (BSP) and
+``server_cpu_ms_per_push`` over its pushes (BSP: rounds x workers; ASP: updates). It includes the
+Status calls this driver makes every ``--poll`` seconds. The workers' memory, read just before
+SIGTERM: ``worker_peak_rss_mb`` (mean and max of their VmHWM; shared library pages count in
+each) and ``worker_pss_mb_mean`` (proportional set size: shared pages split between the processes
+that map them, what one more worker adds to one machine). ``targets``: nothing failed (errors and
+evictions, 0 needed).
 """
 
 from __future__ import annotations
@@ -44,9 +55,11 @@ from typing import Any
 import grpc
 
 from protos import ps_pb2_grpc
+from benchmarks.process_usage import cpu_fields, cpu_seconds, mean_max, peak_rss_mb, pss_mb
 from benchmarks.report_output import add_result_options, save_result
 from common.ops.arg_types import positive_float, positive_int
 from common.transport.proto_convert import status_request
+from deploy.proc_stat import child_pids
 from ps.ops.metrics import read_metrics
 
 CHILD_ENV = {
@@ -88,6 +101,7 @@ class Settings:
     run_timeout: float
     poll: float
     workdir: Path
+    shards: int = 1
 
 
 @dataclass
@@ -135,6 +149,8 @@ def server_argv(s: Settings, port_file: Path, metrics: Path) -> list[str]:
     ]
     if s.mode == "asp":
         argv += ["--lr", "0.5"]  # README: ASP applies plain SGD updates and wants a larger lr
+    if s.shards > 1:
+        argv += ["--shards", str(s.shards)]
     return argv
 
 
@@ -143,15 +159,11 @@ def worker_argv(target: str, name: str, s: Settings) -> list[str]:
             "--timeout", str(s.startup_timeout)]
 
 
-def peak_rss_mb(pid: int) -> float | None:
-    """VmHWM (peak resident set) of a live process, from /proc."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
+def failure_target(report: dict[str, Any]) -> dict[str, Any]:
+    """The run's one target: no errors and no evictions."""
+    failures = len(report["errors"]) + (report["evictions"] or 0)
+    return {"name": "nothing failed: errors + evictions in a run (BSP/ASP, 4-64 workers, dense and sharded)",
+            "value": failures, "op": "<=", "threshold": 0, "pass": failures == 0}
 
 
 def wait_port(proc: subprocess.Popen, port_file: Path, timeout: float) -> int:
@@ -188,7 +200,9 @@ def run(s: Settings) -> dict[str, Any]:
     errors: list[str] = []
     report: dict[str, Any] = {
         "workers": s.workers, "mode": s.mode, step_name: s.rounds, "wall_s": None, f"{step_name}_per_s": None,
-        "evictions": None, "errors": errors, "server_peak_rss_mb": None, "startup_s": None,
+        "evictions": None, "errors": errors, "server_peak_rss_mb": None, "startup_s": None, "shards": s.shards,
+        "server_cpu_s": None, "shard_cpu_s": [], "server_cpu_ms_per_round": None, "server_cpu_ms_per_push": None,
+        "shard_peak_rss_mb": [], "worker_peak_rss_mb": {"mean": None, "max": None}, "worker_pss_mb_mean": None,
         "global_batch": s.global_batch, "model": f"mlp hidden={s.hidden} on digits",
         "controller": f"dynamic, adjust every {s.adjust_every}",
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
@@ -226,6 +240,8 @@ def run(s: Settings) -> dict[str, Any]:
             done_steps, joined, training = step()
             if training:
                 t0, s0 = time.monotonic(), done_steps
+                shard_pids = child_pids(server.pid)  # --shards K: its K-1 ps-shard processes
+                cpu0 = cpu_seconds([server.pid, *shard_pids])
                 break
             if time.monotonic() > deadline:
                 raise RuntimeError(f"not every worker trained within --startup-timeout {s.startup_timeout:.0f}s ({joined} joined)")
@@ -242,6 +258,7 @@ def run(s: Settings) -> dict[str, Any]:
             done_steps, joined, _ = step()
             if done_steps >= target:
                 t1, s1 = time.monotonic(), done_steps
+                cpu1 = cpu_seconds([server.pid, *shard_pids])
                 break
             check_alive()
             if time.monotonic() > deadline:
@@ -251,6 +268,12 @@ def run(s: Settings) -> dict[str, Any]:
         report[f"{step_name}_per_s"] = round((s1 - s0) / (t1 - t0), 2) if t1 > t0 else None
         report["measured_steps"] = s1 - s0
         report["server_peak_rss_mb"] = peak_rss_mb(procs.server.pid)
+        report.update(cpu_fields(s.mode, s.workers, s1 - s0, server.pid, shard_pids, cpu0, cpu1))
+        report["shard_peak_rss_mb"] = [peak_rss_mb(pid) for pid in shard_pids]
+        if len(shard_pids) != s.shards - 1:
+            errors.append(f"found {len(shard_pids)} shard processes of the server, not {s.shards - 1}")
+        report["worker_peak_rss_mb"] = mean_max([peak_rss_mb(p.pid) for p in procs.workers])
+        report["worker_pss_mb_mean"] = mean_max([pss_mb(p.pid) for p in procs.workers])["mean"]
         log(f"{step_name} {s0} -> {s1} in {t1 - t0:.2f}s; stopping the server")
         procs.server.send_signal(signal.SIGTERM)
         try:
@@ -288,6 +311,7 @@ def run(s: Settings) -> dict[str, Any]:
     if not errors and (not summary or summary[-1].get("reason") != "stopping"):
         errors.append(f"no summary with reason 'stopping' in the metrics log ({summary[-1:]})")
     errors.extend(worker_errors(s.workdir, [n for n in names if (s.workdir / f"{n}.log").exists()]))
+    report["targets"] = [failure_target(report)]
     report["workdir"] = str(s.workdir)
     return report
 
@@ -299,6 +323,10 @@ def render_table(report: dict[str, Any]) -> str:
         ("startup s", report["startup_s"]), ("wall s (measured)", report["wall_s"]),
         (f"{step}/s", report[f"{step}_per_s"]), ("evictions", report["evictions"]),
         ("errors", len(report["errors"])), ("server peak RSS MB", report["server_peak_rss_mb"]),
+        ("shards", report["shards"]), ("server CPU s (window)", report["server_cpu_s"]),
+        ("server CPU ms/round", report["server_cpu_ms_per_round"]), ("server CPU ms/push", report["server_cpu_ms_per_push"]),
+        ("worker peak RSS MB (mean / max)", f"{report['worker_peak_rss_mb']['mean']} / {report['worker_peak_rss_mb']['max']}"),
+        ("worker PSS MB (mean)", report["worker_pss_mb_mean"]),
     ]
     return "\n".join(["| metric | value |", "|---|---|", *(f"| {k} | {v} |" for k, v in rows)])
 
@@ -311,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=positive_int, default=50, help="target: BSP rounds or ASP updates")
     p.add_argument("--global-batch", type=positive_int, default=None, help="B (unset: 8 x workers)")
     p.add_argument("--hidden", type=positive_int, default=32, help="mlp width")
+    p.add_argument("--shards", type=positive_int, default=1,
+                   help="the server's --shards: it starts K-1 ps-shard processes on loopback (1: one dense server)")
     p.add_argument("--adjust-every", type=positive_int, default=5, help="controller decision every N steps")
     p.add_argument("--evict-after", type=positive_float, default=120.0,
                    help="server's --evict-after: generous, a worker sends no heartbeat while it builds its data after Join")
@@ -333,12 +363,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if global_batch < args.workers:
         print(f"scale: error: --global-batch {global_batch} is below --workers {args.workers}", file=sys.stderr)
         return 2
+    if args.shards > 1 and args.mode != "bsp":
+        print(f"scale: error: --shards {args.shards} needs --mode bsp (ps-server shards BSP jobs only)", file=sys.stderr)
+        return 2
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)  # run the cleanup in run()'s finally
     with contextlib.ExitStack() as stack:
         workdir = args.workdir or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="ps-scale-")))
         settings = Settings(args.workers, args.mode, args.rounds, global_batch, args.hidden, args.adjust_every,
-                            args.evict_after, args.startup_timeout, args.run_timeout, args.poll, workdir)
+                            args.evict_after, args.startup_timeout, args.run_timeout, args.poll, workdir, args.shards)
         report = run(settings)
         if args.workdir is None:
             report.pop("workdir")

@@ -1,6 +1,7 @@
-"""Smoke run of the scale benchmark: a real ps-server and 4 real ps-worker processes, BSP and ASP.
+"""The scale benchmark: its flags, the fields it computes from /proc, and a smoke run of a real
+ps-server and 4 real ps-worker processes, BSP, ASP and BSP with --shards 2.
 
-The two runs go side by side (each on its own free port) so that their idle waits overlap: each
+The smoke runs go side by side (each on its own free port) so that their idle waits overlap: each
 worker spends a few CPU-seconds importing torch, which is most of the time on a small machine.
 """
 
@@ -9,38 +10,89 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
+from benchmarks import scale
+
 WORKERS = 4
-RUNS = {"bsp": 8, "asp": 40}  # mode -> target rounds / updates
+RUNS = {"bsp": ("bsp", 8, 1), "asp": ("asp", 40, 1), "bsp-shards": ("bsp", 8, 2)}  # run -> mode, target steps, shards
+
+
+def settings(tmp_path: Path, **changes: object) -> scale.Settings:
+    base = scale.Settings(workers=4, mode="bsp", rounds=5, global_batch=32, hidden=32, adjust_every=5, evict_after=120.0,
+                          startup_timeout=60.0, run_timeout=60.0, poll=0.05, workdir=tmp_path)
+    for name, value in changes.items():
+        setattr(base, name, value)
+    return base
+
+
+def test_shards_default_to_one_server_and_reach_the_server_only_when_sharded(tmp_path: Path) -> None:
+    assert scale.build_parser().parse_args([]).shards == 1
+    assert scale.build_parser().parse_args(["--shards", "3"]).shards == 3
+    dense = scale.server_argv(settings(tmp_path), tmp_path / "port", tmp_path / "metrics.jsonl")
+    sharded = scale.server_argv(settings(tmp_path, shards=2), tmp_path / "port", tmp_path / "metrics.jsonl")
+    assert "--shards" not in dense
+    assert sharded[sharded.index("--shards") + 1] == "2"
+
+
+@pytest.mark.parametrize("argv", [["--shards", "0"], ["--shards", "two"], ["--workers", "0"]])
+def test_a_bad_flag_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        scale.main(argv)
+    assert info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m benchmarks.scale: error:")
+
+
+def test_flags_the_server_would_refuse_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert scale.main(["--workers", "8", "--global-batch", "4"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["scale: error: --global-batch 4 is below --workers 8"]
+    assert scale.main(["--mode", "asp", "--shards", "2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["scale: error: --shards 2 needs --mode bsp (ps-server shards BSP jobs only)"]
+
+
+def test_the_target_counts_errors_and_evictions() -> None:
+    clean = scale.failure_target({"errors": [], "evictions": 0})
+    assert (clean["value"], clean["pass"], clean["op"], clean["threshold"]) == (0, True, "<=", 0)
+    failed = scale.failure_target({"errors": ["w01 exited with 1"], "evictions": 2})
+    assert (failed["value"], failed["pass"]) == (3, False)
+    assert scale.failure_target({"errors": ["no server"], "evictions": None})["value"] == 1
 
 
 @pytest.mark.slow
 def test_scale_benchmark_smoke() -> None:
     procs = {
-        mode: subprocess.Popen(
+        run: subprocess.Popen(
             [sys.executable, "-m", "benchmarks.scale", "--workers", str(WORKERS), "--mode", mode, "--rounds", str(steps),
-             "--startup-timeout", "150", "--run-timeout", "60", "--json"],
+             "--shards", str(shards), "--startup-timeout", "200", "--run-timeout", "60", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        for mode, steps in RUNS.items()
+        for run, (mode, steps, shards) in RUNS.items()
     }
     try:
-        outputs = {mode: proc.communicate(timeout=240) for mode, proc in procs.items()}
+        outputs = {run: proc.communicate(timeout=300) for run, proc in procs.items()}
     finally:
         for proc in procs.values():  # the benchmark stops its own children when it is terminated
             if proc.poll() is None:
                 proc.terminate()
                 proc.wait(30)
-    for mode, (stdout, stderr) in outputs.items():
-        assert procs[mode].returncode == 0, f"{mode}: exit {procs[mode].returncode}\nstdout:\n{stdout}\nstderr:\n{stderr[-3000:]}"
+    for run, (stdout, stderr) in outputs.items():
+        assert procs[run].returncode == 0, f"{run}: exit {procs[run].returncode}\nstdout:\n{stdout}\nstderr:\n{stderr[-3000:]}"
         report = json.loads(stdout)
+        mode, steps, shards = RUNS[run]
         unit = "rounds" if mode == "bsp" else "updates"
-        assert (report["workers"], report["mode"], report[unit]) == (WORKERS, mode, RUNS[mode])
+        assert (report["workers"], report["mode"], report[unit], report["shards"]) == (WORKERS, mode, steps, shards)
         assert report["errors"] == [] and report["evictions"] == 0
         assert report["global_batch"] >= WORKERS
         assert report["wall_s"] > 0 and report[f"{unit}_per_s"] > 0 and report["measured_steps"] >= 1
         assert report["startup_s"] > 0 and report["shutdown_s"] >= 0
         assert report["server_peak_rss_mb"] is None or report["server_peak_rss_mb"] > 0
         assert "workdir" not in report  # the temporary directory is removed
+        assert report["server_cpu_s"] > 0 and report["server_cpu_ms_per_push"] > 0
+        assert (report["server_cpu_ms_per_round"] is not None) == (mode == "bsp")
+        assert len(report["shard_cpu_s"]) == len(report["shard_peak_rss_mb"]) == shards - 1
+        assert report["worker_peak_rss_mb"]["max"] >= report["worker_peak_rss_mb"]["mean"] > 0
+        assert report["worker_pss_mb_mean"] > 0
+        assert [t["pass"] for t in report["targets"]] == [True]

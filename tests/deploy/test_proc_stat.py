@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy.proc_stat import read_proc_stat
+from deploy.proc_stat import child_pids, read_proc_stat
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 
@@ -50,3 +50,16 @@ def test_a_zombie_and_a_gone_process() -> None:
     child.wait()
     assert read_proc_stat(child.pid) is None
     assert read_proc_stat(2**22 + 1) is None  # above the kernel's pid limit
+
+
+def test_the_parent_and_the_children_of_a_process() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        stat = read_proc_stat(child.pid)
+        assert stat is not None and stat.ppid == os.getpid()
+        assert child.pid in child_pids(os.getpid())
+        assert child_pids(child.pid) == []
+    finally:
+        child.kill()
+        child.wait()
+    assert child.pid not in child_pids(os.getpid())  # waited for: gone

@@ -369,6 +369,41 @@ def test_shard_errors_reach_the_client_and_shards_die_with_the_server(tmp_path: 
         cluster.stop()
 
 
+def test_a_push_waiting_when_a_sharded_server_stops_hears_the_job_is_done(tmp_path: Path) -> None:
+    """SIGTERM while a push waits in the open round: the stop drops the round and no shard commits it,
+    so the shard's part of the reply never comes; the push returns the done plan (it does not fail),
+    and the parameters stay the last committed round's."""
+    cluster = start_server(tmp_path, [*JOB, "--shards", "2"])
+    try:
+        (client, joined), (other, _) = join_two(cluster.target)
+        params = torch.empty(joined.layout.numel)
+        plan = client.pull(joined.worker_id, params)
+        before = params.clone()
+        meta = PushMeta(joined.worker_id, plan.round, plan.version, plan.batch_size, PushTimes(1.0), "float32")
+        result: dict[str, Any] = {}
+
+        def push() -> None:
+            try:
+                result["plan"] = client.push(meta, torch.ones(joined.layout.numel), params)
+            except ServerError as exc:
+                result["error"] = exc
+
+        pusher = threading.Thread(target=push)
+        pusher.start()
+        time.sleep(1.0)  # the push waits for the other worker's
+        cluster.server.send_signal(signal.SIGTERM)
+        pusher.join(60)
+        assert not pusher.is_alive()
+        assert "error" not in result, result
+        assert result["plan"].done
+        assert torch.equal(params, before)
+        assert cluster.server.wait(60) == 0, cluster.server_log()
+    finally:
+        for c in (client, other):
+            c.close()
+        cluster.stop()
+
+
 def test_the_token_guards_the_shards_too(tmp_path: Path) -> None:
     """With --token the shard processes check it as well: the workers (and the coordinator) carry it."""
     cluster = start_server(tmp_path, [*JOB, "--workers", "1", "--shards", "2", "--token", "s3cret-token-for-shards"])

@@ -141,16 +141,21 @@ class StepRunner:
         if self._streamed:  # the model's parameters are views of the flat ones: they fill in as chunks land
             follower.follow(plan)
             if plan.done:
-                self.settle_params()
+                self.settle_params(job_done=True)
         else:
             follower.apply(plan)
         if replica.parts.collective is None:  # the fast path's is taken at the next fetch (worker/timing/own_time.py)
             self.timer.push_ended(replica.member.client.last_push, pushed)
         return follower.plan
 
-    def settle_params(self) -> bool:
+    def settle_params(self, job_done: bool = False) -> bool:
         """Wait for a reply still streaming parameters in; False if it failed: the gradient computed
-        meanwhile is dropped, and the worker recovered (resync or rejoin, as after a failed push)."""
+        meanwhile is dropped, and the worker recovered (resync or rejoin, as after a failed push).
+        `job_done`: the reply said the job ended; a failure then ends the wait and nothing is
+        recovered. A stop drops the open round (ps/rounds/parts.py): with --shards no shard commits
+        it, so the shards' parts of the reply never come and their calls fail as the server stops
+        its shards; the model keeps the shards' ranges of the last committed round, which is the
+        round the coordinator's range 0 holds too."""
         parts = self._replica.parts
         try:
             parts.arrivals.wait_all()
@@ -158,7 +163,8 @@ class StepRunner:
             if parts.buckets is not None:
                 parts.buckets.disarm()
             self.timer.drop()
-            self._follower.apply(self._replica.recover(exc, self._follower.plan))
+            if not job_done:
+                self._follower.apply(self._replica.recover(exc, self._follower.plan))
             return False
         return True
 

@@ -88,12 +88,17 @@ class ShardFanOut:
 
     def gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepHeader:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
-        on the pool at once. If any call fails the others are cancelled and its error raised."""
+        on the pool at once. If any call fails the others are cancelled and its error raised, unless
+        the coordinator's reply said the job is done: then the plan is returned, with the ranges that
+        did not come left as they were. A stop drops the open round (ps/rounds/parts.py), no shard
+        commits it, and the shards' calls fail as the server stops them; the ranges left hold the
+        last committed round, as range 0 does."""
         assert self._pool is not None and self.own_stop is not None
         futures: list[Future[StepHeader]] = [
             self._pool.submit(receive, call, out[link.target.start : link.target.stop])
             for call, link in zip(calls, self.links, strict=True)
         ]
+        plan: StepHeader | None = None
         try:
             plan = receive(main, out[: self.own_stop])
             for future in futures:
@@ -102,6 +107,8 @@ class ShardFanOut:
         except BaseException as exc:  # an RPC error, or a reply that does not decode: no call is left running
             _cancel([main, *calls])
             if isinstance(exc, grpc.RpcError):
+                if plan is not None and plan.done:
+                    return plan
                 raise server_error(exc) from None
             raise
 
