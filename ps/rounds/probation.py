@@ -8,7 +8,7 @@ and no slice of the epoch is handed to it. Its replies ask it for one probe step
 batch of its share of B by declared cores (within its own max batch and the server's bounds, whole
 micro-batches, at least one), with --sampling exact the probe slice, the first samples of the open
 epoch's permutation, which no epoch counts. Its push of that batch is checked as any push (complete,
-finite, the norm bounds) for the round it was told (the open one or the one before: a probe may take
+finite, the norm bounds) for the round it was told (the open one or an earlier one: a probe may take
 longer than a round), then neither applied nor counted; its compute time is the policy's first
 measurement of the worker. The push's reply waits for the round boundary at which the member enters
 the plan (the re-split a join takes), and tells it its round and batch from there: what a worker's
@@ -100,13 +100,14 @@ class Probation:
         return (SliceRange(s.epoch, 0, self.probes[member.worker_id].batch),)
 
     def check(self, member: Member, meta: PushMeta) -> None:
-        """A probe is for the open round or the one before, once."""
+        """A probe comes once, for a round that opened (any: it is not applied, and a probe may take
+        many rounds); its batch is the one told for that round (PushChecks.told)."""
         s = self.state
         probe = self.probes[member.worker_id]
         if probe.pushed:
             raise FailedPrecondition(f"worker {member.name} already pushed its probe; it enters the plan at the "
                                      "round's close")
-        if meta.round not in (s.round, s.round - 1):
+        if not 0 <= meta.round <= s.round:
             raise FailedPrecondition(f"round {meta.round} is not open; the open round is {s.round}")
 
     async def probe(self, member: Member, compute_ms: float | None, exposed_ms: float) -> None:
