@@ -94,10 +94,12 @@ class Probation:
         probe = self.probes.get(member.worker_id)
         return planned if probe is None else probe.batch
 
-    def probe_slice(self, member: Member) -> tuple[SliceRange, ...]:
-        """--sampling exact: the samples of `member`'s probe (no epoch counts them)."""
-        s = self.state
-        return (SliceRange(s.epoch, 0, self.probes[member.worker_id].batch),)
+    def probe_step(self, member: Member, exact: bool) -> tuple[int, tuple[SliceRange, ...], tuple[SliceRange, ...]]:
+        """What a reply tells `member` on probation: its probe's batch, with `exact` (--sampling exact)
+        its probe slice, the first samples of the open epoch's permutation (no epoch counts them), and
+        nothing ahead."""
+        batch = self.probes[member.worker_id].batch
+        return batch, (SliceRange(self.state.epoch, 0, batch),) if exact else (), ()
 
     def check(self, member: Member, meta: PushMeta) -> None:
         """A probe comes once, for a round that opened (any: it is not applied, and a probe may take

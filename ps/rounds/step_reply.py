@@ -58,8 +58,7 @@ class StepReplies:
         plan = s.policy.plan()
         group = self.fast_path.group_info(member, plan)
         if self.probation.on(member):  # its probe (ps.rounds.probation)
-            batch, ahead = self.probation.batch(member, 0), ()
-            ranges = self.probation.probe_slice(member) if self.sampling.exact and not s.done else ()
+            batch, ranges, ahead = self.probation.probe_step(member, self.sampling.exact and not s.done)
         else:  # --sampling exact: its samples
             batch, ranges, ahead = self.sampling.slice_for(member, plan.get(member.name, 0))
         global_batch = sum(plan.values())
