@@ -18,8 +18,8 @@ A probationer that never pushes holds nothing: its push stream ends at the trans
 heartbeat timeout evicts it, and its name's rejoins back off as after any departure without a push.
 If the last planned member goes, the probationers enter the plan without a probe (nobody else
 trains). Not under ASP, the --allreduce fast path or --shards (a shard would count the probe's slice
-only from a contributor): there a newcomer enters the plan at once, with the warm-up bound on its
-name's first round (ps.rounds.deadlines)."""
+only from a contributor): there a newcomer enters the plan at its round boundary, with the warm-up
+bound on its name's first round (ps.rounds.deadlines)."""
 
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from ps.rounds.state import JobState
 
 @dataclass
 class Probe:
-    """A probationer's probe: the batch it is asked for, what its push took (None: not pushed yet), and
+    """A probationer's probe: the batch it is asked for, whether its push arrived and what it took, and
     the event its push's reply waits on (set when it enters the plan, leaves, or the job ends)."""
 
     batch: int
