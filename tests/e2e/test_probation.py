@@ -15,7 +15,7 @@ from benchmarks.hostile.peers import RejoinLoop, StalledPushes
 from tests.fault_jobs import status, wait_for
 from tests.processes import Cluster, start_server
 
-EPOCHS = 12
+EPOCHS = 24  # about 12 s clean: a worker started at round 5 joins well before the end
 JOB = ["--workers", "1", "--max-workers", "5", "--model-arg", "hidden=16", "--dataset", "digits", "--global-batch",
        "64", "--lr", "0.1", "--epochs", str(EPOCHS), "--evict-after", "30", "--push-idle", "2", "--grace", "2"]
 SLOWDOWN = "5"  # rounds of about 0.1 s: the job lasts long enough for a worker to start and join in its middle
