@@ -1,6 +1,7 @@
 """Admission: whether a worker may join (the job has not ended, a valid name, cores and GPU id, room in
 the job and in the global batch), the job's start (its path, its first plan) and the workers waiting
-that enter it at a round boundary, and the plan a resumed job starts from (the checkpoint's batch
+that enter it at a round boundary (a newcomer to a running BSP job on probation first: ps.rounds.probation,
+whose probationers enter the plan at a round boundary too), and the plan a resumed job starts from (the checkpoint's batch
 policy, kept when the same workers rejoin)."""
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from ps.rounds.bsp import BspRound
 from ps.rounds.epochs import Epochs
 from ps.rounds.fast_path import FastPath
 from ps.rounds.membership import MAX_NAME, Member
+from ps.rounds.probation import Probation
 from ps.rounds.state import JobState
 
 
@@ -27,8 +29,10 @@ def own_max_batch(config: PolicyConfig, declared: int | None) -> int | None:
 class Admission:
     """Join checks, the start and the waiting workers' entry."""
 
-    def __init__(self, state: JobState, epochs: Epochs, fast_path: FastPath, bsp: BspRound) -> None:
+    def __init__(self, state: JobState, epochs: Epochs, fast_path: FastPath, bsp: BspRound,
+                 probation: Probation) -> None:
         self.state = state
+        self.probation = probation
         self.epochs = epochs
         self.fast_path = fast_path
         self.bsp = bsp
@@ -44,7 +48,7 @@ class Admission:
         s.membership.check_join(name, cores, s.clock())
         if cuda_device is not None and (len(cuda_device) > MAX_NAME or not cuda_device.isprintable()):
             raise InvalidArgument(f"cuda_device must be a GPU UUID: at most {MAX_NAME} printable characters")
-        if not s.policy.can_add(len(s.membership.pending) + 1):
+        if not s.policy.can_add(len(s.membership.pending) + len(self.probation.probes) + 1):
             raise FailedPrecondition(
                 f"job full: the global batch {s.spec.global_batch} cannot give one more worker its minimum batch "
                 f"({len(s.members)} in the job, {len(s.membership.pending)} waiting); raise --global-batch "
@@ -89,8 +93,8 @@ class Admission:
                     self.start()
             # BSP: the members are computing the open round with the plan they were told, so a newcomer
             # enters when it closes, with a re-split that its replies carry (unless nobody is training)
-            elif s.spec.mode == "asp" or not s.members:
-                self.activate_pending()
+            elif s.spec.mode == "asp" or not s.planned():
+                self.activate_pending(everyone=True)
             await member.activated.wait()
         except asyncio.CancelledError:
             # the caller gave up (deadline, crash) before it was admitted: free its slot and name
@@ -114,22 +118,39 @@ class Admission:
         self.epochs.start(self.state.clock())
         self.started.set()
 
-    def activate_pending(self) -> None:
-        """Move pending workers into the job and re-split B over everyone."""
+    def activate_pending(self, everyone: bool = False) -> None:
+        """Move pending workers into the job, a newcomer to a running BSP job on probation
+        (ps.rounds.probation), and the probationers whose probe is in (`everyone`: all of them, nobody
+        else being planned) into the plan; re-split B over everyone planned."""
         s = self.state
-        if not s.membership.pending:
+        probation = self.started.is_set() and self.probation.available()
+        entering = self.probation.entering(everyone or not probation)
+        if not s.membership.pending and not entering:
             return
         now = s.clock()
+        joined = []
         for member in list(s.membership.pending.values()):
             s.membership.activate(member.worker_id)
+            member.pushed(now)  # an ASP newcomer's first push is due from now
+            if probation and not s.membership.names.proven(member.name):
+                self.probation.begin(member, own_max_batch(s.policy.config, member.max_batch))
+                member.activated.set()
+            else:
+                joined.append(member)
+        for member in joined + [m for m, _ in entering]:
             bound = own_max_batch(s.policy.config, member.max_batch)
             s.policy.add_worker(member.name, cores=member.cores, max_batch=bound)
-            member.pushed(now)  # an ASP newcomer's first push is due from now
             s.metrics.write("join", worker=member.name, cores=member.cores, step=s.step, epoch=s.epoch)
-        s.policy.replan()
-        s.events.plan_changed.emit()
+        if joined or entering:
+            s.policy.replan()
+            for member, probe in entering:  # the policy's first measurement of it (taken at the batch it plans)
+                if probe.compute_ms is not None:
+                    s.policy.observe(member.name, probe.batch, probe.compute_ms, exposed_ms=probe.exposed_ms)
+            s.events.plan_changed.emit()
         for member in s.members.values():
             member.activated.set()
+        for _, probe in entering:
+            probe.entered.set()
 
     def resume_with(self, saved: BatchPolicy) -> None:
         """Before the start: a checkpoint's policy, which the job starts from if its workers rejoin."""

@@ -39,9 +39,10 @@ class Coordinator(CoordinatorParts):
         member = await self.admission.admit(ask.name, ask.cores, ask.cuda_device, max_batch, ask.switch_paths)
         member.seen(self.clock())
         plan = self.policy.plan()
-        self.replies.tell(member, plan[member.name])
+        batch = self.probation.batch(member, plan.get(member.name, 0))  # on probation: its probe's
+        self.replies.tell(member, batch)
         return JoinInfo(
-            member.worker_id, member.index, plan[member.name], self.round, self.version, self.epoch,
+            member.worker_id, member.index, batch, self.round, self.version, self.epoch,
             self.spec.to_json(), self.layout, self.heartbeat_interval, self.fast_path.group_info(member, plan),
             tuple(self.shards.info()) if self.shards else (), self.keys.secret(member.worker_id), sum(plan.values()),
         )
@@ -87,7 +88,8 @@ class Coordinator(CoordinatorParts):
         return self.checks.header(member, meta)
 
     async def push(self, meta: PushMeta, values: Vector) -> StepReply:
-        """Apply a validated push; BSP returns once the round closes, ASP at once."""
+        """Apply a validated push; BSP returns once the round closes (a probe: once its worker entered
+        the plan), ASP at once."""
         member = self.member(meta.worker_id, meta.secret)
         if meta.kind == "snapshot":
             self.checks.snapshot(member, meta)
@@ -101,6 +103,10 @@ class Coordinator(CoordinatorParts):
             self.checks.values(member, meta, values)
         self.deadlines.pushed(member)
         if self.done:
+            return self.replies.reply(member)
+        if self.probation.on(member):  # checked, neither applied nor counted (ps.rounds.probation)
+            times = meta.times
+            await self.probation.probe(member, self.bsp.balanced_ms(member, meta), times.fitted_exposed_ms(self.spec.balance))
             return self.replies.reply(member)
         if self.spec.mode == "bsp":
             await self.round_close.push(member, meta, values)

@@ -8,8 +8,11 @@ going while every BSP round waits for it. So:
   batch policy predicts or else the median of the recent rounds (the larger when both are known),
   k = ROUND_FACTOR. Until MIN_ROUNDS rounds were timed (the job's start, a resume) D is at least the
   warm-up bound W (--round-warmup, WARMUP_S): the first rounds carry the workers' first pulls and
-  warm-up. So does a member's first round when its name enters the job for the first time: it is held
-  to W at least; the same name back after an eviction or a leave is not (ps.rounds.rejoins). A member
+  warm-up. So does the first round of a member present at the job's start (or a resume's), and on the
+  --allreduce fast path or with --shards of a member whose name enters the job for the first time: it is
+  held to W at least; the same name back after an eviction or a leave is not (ps.rounds.rejoins). A
+  newcomer to a running job on the PS path is on probation instead (ps.rounds.probation): the plan does
+  not hold it, so no round waits for it, until its probe push arrived; then it is held to D. A member
   that entered after the round opened counts from its entry. At its bound, a member the round
   waits for whose push is not complete is evicted (its next call hears "evicted at round R's deadline
   (the bound applied) ...; rejoin" and it rejoins as after any eviction); the round closes over the

@@ -39,9 +39,10 @@ class Departures:
         if s.done:
             self.end.check()
             return
-        if member.name in s.policy.plan():
+        planned = member.name in s.policy.plan()  # not one on probation (ps.rounds.probation): the plan stands
+        if planned:
             s.policy.remove_worker(member.name)
-        if s.members and s.policy.plan():
+        if planned and s.members and s.policy.plan():
             try:
                 s.policy.replan()
             except ValueError as exc:  # the survivors' --max-batch cannot make up B: end, do not hang the round

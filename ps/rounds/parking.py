@@ -33,8 +33,10 @@ class Parking:
         return self.state.policy.plan().get(member.name) == 0
 
     def required(self) -> set[str]:
-        """The members a BSP round waits for: every active member the plan gives a batch."""
-        return {wid for wid, m in self.state.members.items() if not self.is_parked(m)}
+        """The members a BSP round waits for: every active member the plan gives a batch (not one on
+        probation, which the plan does not hold: ps.rounds.probation)."""
+        plan = self.state.policy.plan()
+        return {wid for wid, m in self.state.members.items() if plan.get(m.name, 0) > 0}
 
     def wake(self) -> None:
         """A round closed or the job stopped: the waiting polls look again."""

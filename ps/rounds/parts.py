@@ -36,6 +36,7 @@ from ps.rounds.milestones import Milestones
 from ps.rounds.membership import Member, Membership
 from ps.rounds.parking import Parking
 from ps.rounds.path_trial import PathTrial
+from ps.rounds.probation import Probation
 from ps.rounds.push_checks import PushChecks
 from ps.rounds.rendezvous import Rendezvous
 from ps.rounds.round_close import RoundClose
@@ -108,11 +109,13 @@ class CoordinatorParts(JobState):
         self.sampling = Sampling(self, samples)  # --sampling exact: the epochs' slices
         self.epochs = Epochs(self, samples, adjust_every, checkpoint_every, self.sampling.completed_epochs)
         self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
-        self.admission = Admission(self, self.epochs, self.fast_path, self.bsp)
+        self.probation = Probation(self, samples)  # a newcomer's probe before the plan holds it
+        self.admission = Admission(self, self.epochs, self.fast_path, self.bsp, self.probation)
         self.whole_model = WholeModel(self, (full, None) if shards else None)
         self.evaluation = Evaluations(self, evaluator, self.epochs, self.whole_model)
         self.path_trial = PathTrial(self, self.bsp, self.fast_path, self.whole_model, self.stop, self.adaptive.on)
-        self.checks = PushChecks(self, self.bsp, self.asp, self.fast_path, self.whole_model, self.path_trial)
+        self.checks = PushChecks(self, self.bsp, self.asp, self.fast_path, self.whole_model, self.path_trial,
+                                 self.probation)
         self.norms = UpdateNorms(self, norms or NormLimits())
         self.end = JobEnd(self, self.whole_model)
         self.limits = limits or Limits()  # what a peer may make the server wait for or hold (ps.rounds.deadlines)
@@ -126,7 +129,7 @@ class CoordinatorParts(JobState):
                                       self.deadlines, self.path_trial, self.whole_model, self.admission, self.milestones,
                                       self.stop, min(evict_after, MAX_WAIT_S))
         self.replies = StepReplies(self, self.sampling, self.asp, self.adaptive, self.fast_path, self.path_trial,
-                                   self.whole_model, self.end)
+                                   self.whole_model, self.end, self.probation)
         self.departures = Departures(self, self.admission, self.epochs, self.fast_path, self.end, self.round_close,
                                      self.stop, evict_after)
         self._subscribe()
@@ -136,11 +139,13 @@ class CoordinatorParts(JobState):
         events = self.events
         events.plan_changed.subscribe(lambda: self.epochs.log_adjust(changed=True))
         events.plan_changed.subscribe(self.fast_path.regroup)
-        for removed in (self.sampling.removed, self.path_trial.removed, self.end.forget, self.bsp.forget):
+        for removed in (self.sampling.removed, self.path_trial.removed, self.end.forget, self.bsp.forget,
+                        self.probation.removed):
             events.member_removed.subscribe(removed)
         events.member_removed.subscribe(lambda member: self.asp.release())  # SSP: a slowest worker gone lets the others go on
         events.member_removed.subscribe(self._revoke)
-        for ended in (self.epochs.ended, lambda reason: self.asp.release(), self.whole_model.ended, self.admission.ended):
+        for ended in (self.epochs.ended, lambda reason: self.asp.release(), self.whole_model.ended, self.admission.ended,
+                      self.probation.ended):
             events.ended.subscribe(ended)
 
     def _revoke(self, member: Member) -> None:

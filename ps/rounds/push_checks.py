@@ -1,5 +1,6 @@
 """What a push must be before anything changes: its header against the job (kind, dtype, batch size,
-times, value count), its place in the sequence (the open BSP round once per worker, a known and not too
+times, value count), its place in the sequence (the open BSP round once per worker, a probe once for the
+open round or the one before, a known and not too
 old ASP version), its batch size against what the server told that worker, a snapshot against the
 request for one, and its values against overflowing the step. Each refusal is a ServiceError."""
 
@@ -11,6 +12,7 @@ from ps.rounds.bsp import BspRound
 from ps.rounds.fast_path import FastPath
 from ps.rounds.membership import Member
 from ps.rounds.path_trial import PathTrial
+from ps.rounds.probation import Probation
 from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
 from common.transport.chunked import Vector
@@ -23,8 +25,9 @@ class PushChecks:
     """The checks, over the shared state and the rounds' own."""
 
     def __init__(self, state: JobState, bsp: BspRound, asp: AspUpdates, fast_path: FastPath,
-                 whole_model: WholeModel, path_trial: PathTrial) -> None:
+                 whole_model: WholeModel, path_trial: PathTrial, probation: Probation) -> None:
         self.state = state
+        self.probation = probation
         self.path_trial = path_trial
         self.bsp = bsp
         self.asp = asp
@@ -110,11 +113,13 @@ class PushChecks:
             raise InvalidArgument(f"a snapshot has {num_values} values; the layout expects {numel}{with_state}")
 
     def sequence(self, member: Member, meta: PushMeta) -> None:
-        """BSP: the open round, once per worker; ASP: a version the server had, within --max-staleness.
-        Anything goes once the job is done (the reply tells the worker so)."""
+        """BSP: the open round, once per worker (a probe: ps.rounds.probation); ASP: a version the server
+        had, within --max-staleness. Anything goes once the job is done (the reply tells the worker so)."""
         if self.state.done:
             return
-        if self.state.spec.mode == "bsp":
+        if self.probation.on(member):
+            self.probation.check(member, meta)
+        elif self.state.spec.mode == "bsp":
             self.bsp.check_open(member, meta)
         else:
             self.asp.check_version(meta)

@@ -5,6 +5,9 @@
   same name back after an eviction or a leave is held to the round's deadline like everyone, so a
   worker that never pushes and rejoins each time it is evicted does not hold every round for the
   warm-up's bound.
+- **Probation until a push.** A member that enters a running BSP job under a name that has had no
+  push taken in this job proves it computes before the plan holds it (ps.rounds.probation); `proved`
+  notes the push, `proven` tells.
 - **Rejoins that make no progress back off.** A member that leaves or is evicted without having pushed
   since it joined is a strike against its name; the name may join again only `backoff_s` after
   that departure, doubling with each strike in a row up to `max_backoff_s` (RESOURCE_EXHAUSTED, which
@@ -32,6 +35,7 @@ class NameRecord:
     warmed: bool = False  # a member of this name has entered the job (its first round had the warm-up bound)
     strikes: int = 0  # departures in a row without a push
     not_before: float = 0.0  # when the name may join again
+    proven: bool = False  # a push of this name was taken in this job (a probe's or a round's)
 
 
 class Rejoins:
@@ -70,12 +74,23 @@ class Rejoins:
         self._keep(name, replace(record, warmed=True))
         return not record.warmed
 
+    def proved(self, name: str) -> None:
+        """A push of a member named `name` was taken (a probe, or one a round counted)."""
+        record = self._names.get(name, NameRecord())
+        if not record.proven:
+            self._keep(name, replace(record, proven=True))
+
+    def proven(self, name: str) -> bool:
+        """Whether a push of this name was taken in this job."""
+        record = self._names.get(name)
+        return record is not None and record.proven
+
     def departed(self, name: str, pushed: bool, now: float) -> float:
         """A member named `name` left or was evicted (`pushed`: it pushed since it joined); the seconds
         before the name may join again."""
         record = self._names.get(name, NameRecord())
         if pushed:
-            self._keep(name, replace(record, strikes=0, not_before=now))
+            self._keep(name, replace(record, strikes=0, not_before=now, proven=True))
             return 0.0
         strikes = record.strikes + 1
         wait = min(self.max_backoff_s, self.backoff_s * 2.0 ** (strikes - 1))

@@ -63,6 +63,11 @@ class JobState:
         """Active members by worker id."""
         return self.membership.active
 
+    def planned(self) -> list[Member]:
+        """The active members the batch policy plans (a parked one included; one on probation not)."""
+        plan = self.policy.plan()
+        return [m for m in self.members.values() if m.name in plan]
+
     @property
     def step(self) -> int:
         """The step counter the batch policy and checkpoints use: BSP rounds, ASP updates."""

@@ -1,5 +1,5 @@
 """What every answer to a worker carries (a push's, a pull's): the header for its next step (where the
-job stands, its batch and learning rate, its samples with --sampling exact, its group and path, whether
+job stands, its batch (on probation: its probe's) and learning rate, its samples with --sampling exact, its group and path, whether
 it is asked for a snapshot) and the parameters when they go with it; and the batch each answer told
 it, which its next push must be."""
 
@@ -13,6 +13,7 @@ from ps.rounds.fast_path import FastPath
 from ps.rounds.job_end import JobEnd
 from ps.rounds.membership import Member
 from ps.rounds.path_trial import PathTrial
+from ps.rounds.probation import Probation
 from ps.rounds.sampling import Sampling
 from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
@@ -23,8 +24,10 @@ class StepReplies:
     """Builds the replies from the concerns' state."""
 
     def __init__(self, state: JobState, sampling: Sampling, asp: AspUpdates, adaptive: AdaptiveBatchSizing,
-                 fast_path: FastPath, path_trial: PathTrial, whole_model: WholeModel, end: JobEnd) -> None:
+                 fast_path: FastPath, path_trial: PathTrial, whole_model: WholeModel, end: JobEnd,
+                 probation: Probation) -> None:
         self.state = state
+        self.probation = probation
         self.sampling = sampling
         self.asp = asp
         self.adaptive = adaptive
@@ -54,7 +57,10 @@ class StepReplies:
         params = self.path_trial.reply_carries_params(s.rendezvous is None) if params is None else params
         plan = s.policy.plan()
         group = self.fast_path.group_info(member, plan)
-        batch, ranges, ahead = self.sampling.slice_for(member, plan.get(member.name, 0))  # --sampling exact: its samples
+        if self.probation.on(member):  # its probe (ps.rounds.probation)
+            batch, ranges, ahead = self.probation.probe_step(member, self.sampling.exact and not s.done)
+        else:  # --sampling exact: its samples
+            batch, ranges, ahead = self.sampling.slice_for(member, plan.get(member.name, 0))
         global_batch = sum(plan.values())
         lr = self.asp.lr(batch, global_batch) if s.spec.mode == "asp" else self.adaptive.lr_at(s.epoch)
         if s.done:

@@ -1,8 +1,8 @@
 """Members that attack a real job from inside (ps-server, ps-shard and ps-worker processes; the attackers
-written from the protocols alone: benchmarks/hostile/peers.py): pushes that stall after their header
-do not hold a round past its deadline, nor keep the honest worker's push from the server; a member
-that never pushes and rejoins each time it is evicted holds its name's first round for the warm-up
-bound only, and its rejoins back off; ids that left cannot act at the shards."""
+written from the protocols alone: benchmarks/hostile/peers.py): members that join a running job and
+stall their pushes after the header, or never push, hold no round (they are on probation,
+ps.rounds.probation) nor keep the honest worker's push from the server; ids that left cannot act at
+the shards."""
 
 from __future__ import annotations
 
@@ -41,12 +41,12 @@ def finished(cluster: Cluster, worker: subprocess.Popen) -> dict:
 
 
 def test_pushes_that_stall_after_their_header_neither_hold_the_round_nor_the_honest_push(tmp_path: Path) -> None:
-    """Three joined members each push a header, then an empty chunk every second: two of them hold the
-    whole --push-buffer-mib (420 KB a push, 1 MiB), the third and the real worker's push wait for room.
-    Empty chunks are no progress: the stalled streams end at --push-idle, the waiting pushes are admitted
-    in their order, the round closes at its deadline over the worker's push and the stalled members are
-    evicted, their streams cancelled with them; they rejoin (backing off) and stall again, and the
-    worker trains the job to its end without ever being evicted."""
+    """Three members join the running job (on probation: ps.rounds.probation) and each push a header,
+    then an empty chunk every second: two of them hold the whole --push-buffer-mib (420 KB a push,
+    1 MiB), the third and the real worker's push wait for room. Empty chunks are no progress: the
+    stalled streams end at --push-idle, the waiting pushes are admitted in their order, and no round
+    waits for the stalled members (no probe of theirs arrived, the plan does not hold them): nobody is
+    evicted at a deadline, and the worker trains the job to its end."""
     cluster = start_server(tmp_path, ["--workers", "1", "--max-workers", "4", "--model-arg", "hidden=288", "--dataset",
                                       "digits", "--global-batch", "64", "--lr", "0.05", "--epochs", "1",
                                       "--push-buffer-mib", "1", "--push-idle", "2", "--round-deadline", "4",
@@ -60,37 +60,17 @@ def test_pushes_that_stall_after_their_header_neither_hold_the_round_nor_the_hon
     finally:
         attack.stop()
         cluster.stop()
-    evicted = [e["worker"] for e in cluster.events("evict")]
-    assert "w0" not in evicted and evicted, evicted
-    drops = cluster.events("deadline")
-    assert drops and all("deadline (4.0 s) without its push" in d["reason"] for d in drops), drops
+    assert cluster.events("evict") == [] and cluster.events("deadline") == [], cluster.events("evict")
+    assert {e["worker"] for e in cluster.events("probation")} == set(attack.names)
     said = attack.heard("push FAILED_PRECONDITION")
     assert any("no data in this push for 2 s (--push-idle; an empty chunk is no progress)" in d for d in said), said
-    assert any("was evicted at round" in d and "rejoin" in d for d in said), said  # streams cancelled at eviction
-    assert summary["longest_round_open_s"] < 4 + 2 + 2, summary  # the deadline, the reaper's tick, slack
+    assert summary["longest_round_open_s"] < 2 + 2, summary  # a wait for room: the idle limit, slack
 
 
-def held(cluster: Cluster, name: str) -> list[tuple[float, str]]:
-    """Each of `name`'s rounds held until its eviction at a deadline: the seconds from its entry (the
-    `join` event) to the `deadline` event, and the eviction's reason."""
-    entered, holds = None, []
-    for event in cluster.events():
-        if event.get("worker") != name:
-            continue
-        if event["event"] == "join":
-            entered = event["elapsed_s"]
-        elif event["event"] == "deadline" and entered is not None:
-            holds.append((event["elapsed_s"] - entered, event["reason"]))
-            entered = None
-    return holds
-
-
-def test_a_member_that_never_pushes_and_rejoins_gets_the_warm_up_once_and_backs_off(tmp_path: Path) -> None:
-    """A member joins a running job, heartbeats, never pushes, and joins again as soon as it is evicted.
-    Its name's first round holds for the warm-up bound (--round-warmup 4), and its eviction says so;
-    back, its rounds hold for the round's deadline (1 s, the floor), and the evictions say 1.0 s; its
-    joins in between are refused (RESOURCE_EXHAUSTED: join again in S s, doubling). The real worker
-    is never evicted and trains on."""
+def test_a_member_that_never_pushes_holds_no_round(tmp_path: Path) -> None:
+    """A member joins a running job, heartbeats and never pushes: it is on probation, so no round
+    waits for it and no deadline evicts it; the real worker trains on. (The warm-up bound of a name's
+    first round and the rejoins' backoff: tests/ps/rounds/test_deadlines.py, test_rejoins.py.)"""
     cluster = start_server(tmp_path, ["--workers", "1", "--max-workers", "2", *TINY, "--epochs", "1000",
                                       "--round-deadline-floor", "1", "--round-warmup", "4", "--evict-after", "30"])
     attack = RejoinLoop(cluster.target, "", name="x")
@@ -99,23 +79,18 @@ def test_a_member_that_never_pushes_and_rejoins_gets_the_warm_up_once_and_backs_
         wait_for_round(cluster, 10)
         attack.start()
         started = time.monotonic()
-        while len(held(cluster, "x")) < 4:
-            assert time.monotonic() - started < 60, held(cluster, "x")
+        while not cluster.events("probation"):
+            assert time.monotonic() - started < 30, "x did not enter"
             time.sleep(0.2)
         rounds = wait_for_round(cluster, 0)
-        wait_for_round(cluster, rounds + 5)  # w0 trains on
+        wait_for_round(cluster, rounds + 20, timeout=20)  # w0 trains on, x in the job
         assert worker.poll() is None, cluster.worker_log("w0")
     finally:
         attack.stop()
         cluster.stop()
-    (first_s, first_why), *back = held(cluster, "x")
-    assert 4 <= first_s < 4 + 2.5, first_s
-    assert "deadline (4.0 s: its name's first round, the warm-up bound (--round-warmup)) without its push" \
-        in first_why, first_why
-    assert all(s < 3 and "deadline (1.0 s) without its push" in why for s, why in back), back
-    waits = attack.heard("join RESOURCE_EXHAUSTED")
-    assert waits and all("join again in" in w and "time(s) in a row without a push" in w for w in waits), waits
-    assert {e["worker"] for e in cluster.events("evict")} == {"x"}
+    assert [e["worker"] for e in cluster.events("probation")] == ["x"]
+    assert cluster.events("deadline") == [] and cluster.events("evict") == []
+    assert "x" not in {e["worker"] for e in cluster.events("join")}  # never planned
 
 
 def test_ids_that_left_are_revoked_at_the_shards_and_cannot_crowd_out_the_worker(tmp_path: Path) -> None:

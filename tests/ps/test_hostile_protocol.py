@@ -83,6 +83,8 @@ class HostileMachine(RuleBasedStateMachine):
         if self.max_staleness is not None:
             argv += ["--max-staleness", str(self.max_staleness)]
         self.server = start_server(*argv)
+        # the model plans a late joiner at its round boundary: probation off (tests/ps/rounds/test_probation.py)
+        self.server.coordinator.probation.available = lambda: False  # type: ignore[method-assign]
         self.stub = ps_pb2_grpc.ParameterServerStub(self.server.channel())
         self.numel = self.server.coordinator.layout.numel
         names = [f"w{i}" for i in range(workers)]

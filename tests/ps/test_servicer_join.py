@@ -85,14 +85,15 @@ def test_join_that_the_global_batch_cannot_split_is_refused(ps_server, threads) 
     b = threads.submit(join, server.stub(), "b", 1.0)  # admitted when a's open round closes
     wait_pending(server, 1)
     h, _ = push(stub, push_chunks(header(a.worker_id, grad, batch_size=4), grad))
-    assert a.batch_size == 4 and b.result(TIMEOUT).batch_size == 2 and (h.round, h.batch_size) == (1, 2)
+    # b enters on probation (ps.rounds.probation): its probe is its share, 2; a's plan stands
+    assert a.batch_size == 4 and b.result(TIMEOUT).batch_size == 2 and (h.round, h.batch_size) == (1, 4)
     expect_refused(server, lambda: join(stub, "c", 1.0), Code.FAILED_PRECONDITION,
                    "job full: the global batch 4 cannot give one more worker its minimum batch", "--min-batch")
     leave(stub, b.result().worker_id)
     c = threads.submit(join, server.stub(), "c", 1.0)
     wait_pending(server, 1)
-    h, _ = push(stub, push_chunks(header(a.worker_id, grad, round=1, batch_size=2), grad))  # the round b left
-    assert c.result(TIMEOUT).batch_size == 2 and h.batch_size == 2
+    h, _ = push(stub, push_chunks(header(a.worker_id, grad, round=1, batch_size=4), grad))
+    assert c.result(TIMEOUT).batch_size == 2 and h.batch_size == 4
 
 
 def wait_pending(server: InProcessServer, count: int) -> None:

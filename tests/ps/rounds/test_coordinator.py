@@ -56,16 +56,18 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
 
     def recording_remove(worker_id: str, event: str, reason: str) -> None:
         member = c.membership.active.get(worker_id)
-        if member is not None and worker_id not in c.bsp.pushed and c.admission.started.is_set():
+        if (member is not None and worker_id not in c.bsp.pushed and c.admission.started.is_set()
+                and member.name in c.policy.plan()):  # not one on probation, which no round counts on
             lost[c.round] = lost.get(c.round, 0) + min(member.told.get(c.round, {0}))
         remove(worker_id, event, reason)
 
     activate = c.admission.activate_pending
 
-    def recording_activate() -> None:
-        if c.membership.pending and c.bsp.accumulator is not None and c.bsp.accumulator.count == 0:
+    def recording_activate(everyone: bool = False) -> None:
+        entering = c.membership.pending or c.probation.probes
+        if entering and c.bsp.accumulator is not None and c.bsp.accumulator.count == 0:
             lost[c.round] = 0  # the round starts afresh with the newcomers (nobody was left in it)
-        activate()
+        activate(everyone)
 
     c.round_close.next_round, c.departures.remove, c.admission.activate_pending = (  # type: ignore[method-assign]
         recording_next_round, recording_remove, recording_activate)

@@ -108,7 +108,9 @@ def test_a_round_nobody_pushed_has_the_warm_up_bound_with_an_auto_deadline() -> 
 
 def test_a_name_back_after_its_eviction_is_held_to_the_rounds_deadline_not_the_warm_up() -> None:
     """a pushes every round; b never does. b's first round has the warm-up bound; back (after its
-    backoff), its round has the deadline D = 1 s, and its eviction says 1.0 s."""
+    backoff) without a push taken, it is on probation (ps.rounds.probation): a's pushes close the rounds
+    alone. Its probe in, it enters the plan at the next boundary, held to the deadline D = 1 s, and its
+    eviction says 1.0 s."""
     async def run() -> None:
         async with job() as (c, clock, joined):
             pushed = await push(c, joined["a"])
@@ -120,9 +122,20 @@ def test_a_name_back_after_its_eviction_is_held_to_the_rounds_deadline_not_the_w
             clock.now += 1.0  # b's backoff after one departure without a push
             rejoin = asyncio.ensure_future(c.join(JoinAsk("b", 1.0)))
             await asyncio.sleep(0)
-            pushed = await push(c, joined["a"])  # closes round 1: b enters at its boundary
+            pushed = await push(c, joined["a"])  # closes round 1: b enters at its boundary, on probation
             b = await asyncio.wait_for(rejoin, 5)
             await asyncio.wait_for(pushed, 5)
+            assert c.probation.on(c.members[b.worker_id]) and "b" not in c.policy.plan()
+            clock.now += WARMUP
+            await asyncio.wait_for(await push(c, joined["a"]), 5)  # a alone closes the round
+            assert c.deadlines.check() == []
+            told = c.pull(b.worker_id, b.secret, header_only=True).header  # its probe, at the open round
+            meta = PushMeta(b.worker_id, told.round, told.version, told.batch_size, PushTimes(1.0), "float32",
+                            c.own_numel, secret=b.secret)
+            c.begin_push(meta)
+            probe = asyncio.ensure_future(c.push(meta, torch.zeros(c.own_numel)))
+            await asyncio.wait_for(await push(c, joined["a"]), 5)  # its close puts b in the plan
+            await asyncio.wait_for(probe, 5)
             pushed = await push(c, joined["a"])
             clock.now += 1.1
             held = c.round

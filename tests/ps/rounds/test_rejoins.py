@@ -1,5 +1,6 @@
 """What a worker name's earlier joins earn its next one (ps/rounds/rejoins.py): the warm-up bound once
-per name; rejoins after departures without a push back off, doubling to a cap, and a push clears them."""
+per name; rejoins after departures without a push back off, doubling to a cap, and a push clears them;
+a push taken proves the name (no probation when it is back)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,17 @@ def test_the_record_keeps_the_names_seen_last() -> None:
     names.entered("new")
     names.check("old", 0.5)  # forgotten: it joins as a new name
     assert names.entered("old") is True
+
+
+def test_a_name_is_proven_by_a_push_taken_and_stays_so() -> None:
+    names = Rejoins()
+    names.entered("a")
+    assert not names.proven("a") and not names.proven("never")
+    names.departed("a", pushed=False, now=0.0)
+    assert not names.proven("a")  # left without a push: on probation when back
+    names.proved("a")  # its probe was taken
+    assert names.proven("a")
+    names.departed("a", pushed=False, now=1.0)
+    assert names.proven("a")
+    names.departed("b", pushed=True, now=1.0)  # a push a round counted
+    assert names.proven("b")

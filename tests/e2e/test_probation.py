@@ -1,0 +1,74 @@
+"""Probation with real processes (ps-server, ps-worker; the attackers written from the protocols alone:
+benchmarks/hostile/peers.py): members that join a running BSP job under fresh names and stall their
+push or never push hold no round (no deadline eviction, no round open past the deadline) and the job
+ends about as fast as without them, while an honest ps-worker that joins in mid-job probes, enters the
+plan and trains, its samples counted and every epoch's exactly once. It prints one `PROBATION {...}`
+JSON line (run with `pytest -s -m slow tests/e2e/test_probation.py`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from benchmarks.hostile.peers import RejoinLoop, StalledPushes
+from tests.fault_jobs import status, wait_for
+from tests.processes import Cluster, start_server
+
+EPOCHS = 24  # about 12 s clean: a worker started at round 5 joins well before the end
+JOB = ["--workers", "1", "--max-workers", "5", "--model-arg", "hidden=16", "--dataset", "digits", "--global-batch",
+       "64", "--lr", "0.1", "--epochs", str(EPOCHS), "--evict-after", "30", "--push-idle", "2", "--grace", "2"]
+SLOWDOWN = "5"  # rounds of about 0.1 s: the job lasts long enough for a worker to start and join in its middle
+SLACK_S = 4.0
+"""How much longer than the clean job the attacked one may take (the attackers' calls share the CPUs)."""
+
+
+def finished(cluster: Cluster, workers: dict[str, subprocess.Popen]) -> dict:
+    """The job's summary once the server and `workers` exited 0."""
+    assert cluster.wait(150) == 0, cluster.server_log()
+    for name, proc in workers.items():
+        assert proc.wait(15) == 0, cluster.worker_log(name)
+    (summary,) = cluster.events("summary")
+    assert summary["reason"] == "finished", summary
+    return summary
+
+
+def run(tmp_path: Path, attacked: bool) -> tuple[Cluster, dict]:
+    """The job, clean or with a stalling member, a never-pushing one and an honest newcomer joining at round 5."""
+    cluster = start_server(tmp_path, JOB)
+    stall = StalledPushes(cluster.target, "", count=1, every_s=1.0)
+    never = RejoinLoop(cluster.target, "", name="never")
+    try:
+        workers = {"w0": cluster.start_worker("w0", "--retry-for", "60", "--slowdown", SLOWDOWN)}
+        if attacked:
+            wait_for(lambda: status(cluster.target)["round"] >= 5, 60, "round 5")
+            stall.start()
+            never.start()
+            workers["late"] = cluster.start_worker("late", "--retry-for", "60", "--slowdown", SLOWDOWN)
+        summary = finished(cluster, workers)
+    finally:
+        stall.stop()
+        never.stop()
+        cluster.stop()
+    return cluster, summary
+
+
+def test_fresh_names_that_never_push_hold_no_round_and_a_newcomer_trains_after_its_probe(tmp_path: Path) -> None:
+    (tmp_path / "clean").mkdir()
+    (tmp_path / "attacked").mkdir()
+    _, clean = run(tmp_path / "clean", attacked=False)
+    cluster, summary = run(tmp_path / "attacked", attacked=True)
+    print("PROBATION " + json.dumps({"clean_wall_s": clean["wall_s"], "attacked_wall_s": summary["wall_s"],
+                                     "longest_round_open_s": summary["longest_round_open_s"]}))
+    on_probation = {e["worker"] for e in cluster.events("probation")}
+    assert {"stall0", "never", "late"} <= on_probation, on_probation
+    assert [e["worker"] for e in cluster.events("probe")] == ["late"]  # the one that computes proved it
+    planned = {e["worker"] for e in cluster.events("join")}
+    assert "late" in planned and not planned & {"stall0", "never"}, planned
+    assert cluster.events("deadline") == [] and summary["deadline_drops"] == 0, summary
+    assert summary["longest_round_open_s"] < 5.0, summary  # within the round deadline's floor
+    assert summary["wall_s"] <= clean["wall_s"] + SLACK_S, (summary["wall_s"], clean["wall_s"])
+    assert summary["update_counts"].get("late", 0) > 0, summary  # its pushes went into rounds
+    exact = summary["exactly_once"]
+    assert exact["overlaps"] == 0 and exact["exact_epochs"] == list(range(EPOCHS)), exact
+    assert summary["short_rounds"] == 0 and summary["rounds"] == clean["rounds"], (summary, clean)

@@ -1,0 +1,196 @@
+"""Probation (ps/rounds/probation.py), on a coordinator driven directly: a newcomer to a running BSP
+job is not planned (no round waits for it, Σb = B over the others) until its probe push, which is
+checked, not applied nor counted, and measured; it enters the plan at the next round boundary, which
+its probe's reply tells. A probationer that leaves changes nothing of the others' plan; the workers
+at the start and a name with a push taken are not on probation; with nobody planned left, the
+probationers enter the plan."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import torch
+
+from common.transport.messages import JoinAsk, JoinInfo, PushMeta, PushTimes, StepReply
+from ps.rounds.coordinator import Coordinator
+from ps.rounds.probation import probe_batch
+from ps.server_job import build_job
+from tests.conftest import job_args
+
+B = 24
+
+
+@asynccontextmanager
+async def running(*flags: str) -> AsyncIterator[tuple[Coordinator, dict[str, JoinInfo]]]:
+    """A started 2-worker job (a and b, 1 core each) that closed a round."""
+    built = build_job(job_args("--global-batch", str(B), "--max-workers", "4", "--epochs", "100000",
+                               "--evict-after", "3600", "--controller", "dynamic", *flags))
+    c = built.coordinator
+    joined = dict(zip("ab", await asyncio.gather(c.join(JoinAsk("a", 1.0)), c.join(JoinAsk("b", 1.0))), strict=True))
+    try:
+        await close_round(c, joined)
+        yield c, joined
+    finally:
+        built.evaluator.close()
+        built.metrics.close()
+
+
+async def push(c: Coordinator, info: JoinInfo, grad: torch.Tensor | None = None) -> asyncio.Future[StepReply]:
+    """`info`'s push of what the server tells it now (a pull's header), taken in; its reply comes later."""
+    told = c.pull(info.worker_id, info.secret, header_only=True).header
+    meta = PushMeta(info.worker_id, told.round, told.version, told.batch_size, PushTimes(7.0), "float32",
+                    c.own_numel, secret=info.secret)
+    c.begin_push(meta)
+    pushed = asyncio.ensure_future(c.push(meta, torch.zeros(c.own_numel) if grad is None else grad))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    return pushed
+
+
+async def close_round(c: Coordinator, planned: dict[str, JoinInfo]) -> list[StepReply]:
+    """Every planned worker of `planned` pushes: the open round closes; their replies."""
+    pushes = [await push(c, info) for info in planned.values()]
+    return list(await asyncio.wait_for(asyncio.gather(*pushes), 5))
+
+
+async def newcomer(c: Coordinator, joined: dict[str, JoinInfo], name: str, cores: float = 1.0) -> JoinInfo:
+    """`name` joins the running job: it enters at the open round's close."""
+    joining = asyncio.ensure_future(c.join(JoinAsk(name, cores)))
+    await asyncio.sleep(0)
+    await close_round(c, joined)
+    return await asyncio.wait_for(joining, 5)
+
+
+def test_the_probe_batch_is_the_cores_share_in_whole_micro_batches_within_the_bounds() -> None:
+    assert probe_batch(24, 1.0, 2.0, 1, 24, 1) == 8
+    assert probe_batch(24, 1.0, 2.0, 1, 24, 5) == 10  # 8 -> two micro-batches of 5
+    assert probe_batch(24, 1.0, 2.0, 1, 6, 4) == 4  # its max batch (6) holds one micro-batch
+    assert probe_batch(24, 0.01, 100.0, 3, 24, 1) == 3  # at least the min batch
+    assert probe_batch(24, 1.0, 0.0, 1, 24, 8) == 24
+
+
+def test_a_newcomer_is_on_probation_and_no_round_waits_for_it() -> None:
+    async def run() -> None:
+        async with running() as (c, joined):
+            plan = dict(c.policy.plan())
+            info = await newcomer(c, joined, "c")
+            member = c.members[info.worker_id]
+            assert c.probation.on(member) and not member.warmup
+            assert c.policy.plan() == plan and sum(plan.values()) == B  # the others' plan stands
+            assert info.batch_size == 8  # a third of B by cores
+            header = c.pull(info.worker_id, info.secret, header_only=True).header
+            assert (header.round, header.batch_size, header.global_batch) == (c.round, 8, B)
+            assert header.slice and header.slice[0].offset == 0 and header.slice[0].count == 8  # the probe slice
+            assert info.worker_id not in c.parking.required()
+            held = c.sampling.slices.held
+            assert info.worker_id not in held  # no slice of the epoch is handed to it
+            before = c.round
+            await close_round(c, joined)  # a and b close rounds without it
+            assert c.round == before + 1 and c.probation.on(member)
+
+    asyncio.run(run())
+
+
+def test_a_probe_is_checked_not_applied_and_its_reply_tells_the_plan_it_entered() -> None:
+    async def run() -> None:
+        async with running() as (c, joined):
+            info = await newcomer(c, joined, "c")
+            samples = c.samples
+            probe = await push(c, info, torch.full((c.own_numel,), 3.0))
+            assert not probe.done()  # its reply waits for the round's close
+            assert c.bsp.pushes() == 0 and info.worker_id not in c.bsp.pushed
+            replies = await close_round(c, joined)
+            reply = await asyncio.wait_for(probe, 5)
+            assert c.samples == samples + B  # the round's B; the probe counted none
+            assert not c.probation.on(c.members[info.worker_id])
+            plan = c.policy.plan()
+            assert set(plan) == {"a", "b", "c"} and sum(plan.values()) == B
+            assert (reply.header.round, reply.header.batch_size) == (c.round, plan["c"])
+            assert all(r.header.round == c.round for r in replies)
+            assert c.policy.smoothed_ms()["c"] is not None  # the probe's time, its first measurement
+            assert c.membership.names.proven("c")
+            await close_round(c, {**joined, "c": info})  # it trains: the round waits for it too
+            assert c.samples == samples + 2 * B
+
+    asyncio.run(run())
+
+
+def test_a_probe_told_rounds_ago_is_taken_once_and_one_for_a_round_to_come_is_refused() -> None:
+    async def run() -> None:
+        async with running() as (c, joined):
+            info = await newcomer(c, joined, "c")
+            told = c.pull(info.worker_id, info.secret, header_only=True).header
+            await close_round(c, joined)
+            await close_round(c, joined)  # the round it was told is two behind: a probe takes its time
+            ahead = PushMeta(info.worker_id, c.round + 1, told.version, told.batch_size, PushTimes(1.0), "float32",
+                             c.own_numel, secret=info.secret)
+            with pytest.raises(Exception, match="is not open"):
+                c.begin_push(ahead)
+            meta = PushMeta(info.worker_id, told.round, told.version, told.batch_size, PushTimes(1.0), "float32",
+                            c.own_numel, secret=info.secret)
+            c.begin_push(meta)
+            probe = asyncio.ensure_future(c.push(meta, torch.zeros(c.own_numel)))
+            await asyncio.sleep(0)
+            with pytest.raises(Exception, match="already pushed its probe"):
+                c.begin_push(meta)
+            await close_round(c, joined)
+            await asyncio.wait_for(probe, 5)
+
+    asyncio.run(run())
+
+
+def test_a_probationer_that_goes_changes_nothing_of_the_plan_and_backs_off() -> None:
+    async def run() -> None:
+        async with running() as (c, joined):
+            info = await newcomer(c, joined, "c")
+            plan = dict(c.policy.plan())
+            await c.leave(info.worker_id, info.secret)
+            assert c.policy.plan() == plan and not c.probation.probes
+            with pytest.raises(Exception, match="join again in"):
+                await c.join(JoinAsk("c", 1.0))
+
+    asyncio.run(run())
+
+
+def test_with_nobody_planned_left_the_probationers_enter_the_plan() -> None:
+    async def run() -> None:
+        async with running() as (c, joined):
+            info = await newcomer(c, joined, "c")
+            for w in joined.values():
+                await c.leave(w.worker_id, w.secret)
+            assert not c.probation.probes and c.policy.plan() == {"c": B}
+            reply = await close_round(c, {"c": info})
+            assert reply[0].header.batch_size == B
+
+    asyncio.run(run())
+
+
+def test_a_name_with_a_push_taken_rejoins_without_probation() -> None:
+    async def run() -> None:
+        async with running() as (c, joined):
+            b = joined.pop("b")
+            await c.leave(b.worker_id, b.secret)  # b pushed a round: its name is proven
+            back = await newcomer(c, joined, "b")
+            assert not c.probation.probes and set(c.policy.plan()) == {"a", "b"}
+            assert back.batch_size == c.policy.plan()["b"]
+
+    asyncio.run(run())
+
+
+def test_asp_has_no_probation() -> None:
+    async def run() -> None:
+        built = build_job(job_args("--mode", "asp", "--global-batch", str(B), "--max-workers", "4",
+                                   "--evict-after", "3600"))
+        c = built.coordinator
+        try:
+            await asyncio.gather(c.join(JoinAsk("a", 1.0)), c.join(JoinAsk("b", 1.0)))
+            info = await c.join(JoinAsk("c", 1.0))
+            assert not c.probation.probes and "c" in c.policy.plan() and info.batch_size > 0
+        finally:
+            built.evaluator.close()
+            built.metrics.close()
+
+    asyncio.run(run())
