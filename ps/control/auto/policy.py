@@ -117,7 +117,8 @@ class AutoPolicy(FittedPlan):
         follow, changed = self._follow_up, sorted(self._laws.changed)
         if not (follow or changed):  # a parked worker waits for the server's decisions, not those asked for
             self._parking.tick()
-        if self._laws.slowed & set(changed):  # the load may have moved to a parked worker's machine, unmeasured
+        slowed = bool(self._laws.slowed & set(changed))
+        if slowed:  # the load may have moved to a parked worker's machine, unmeasured
             self._parking.recall()
         reprobe = self._parking.due()
         self._laws.changed, self._laws.slowed, self._follow_up = set(), set(), False
@@ -138,7 +139,7 @@ class AutoPolicy(FittedPlan):
             if balanced or confirm or not gain > min_gain:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
         base = current if hold else new
-        probes, entries = self._probes(base, current, changed), self._entries(base, current)
+        probes, entries = self._probes(base, current, changed, slowed), self._entries(base, current)
         lower, upper = self._bounds()
         probed = probe_plan(base, {**probes, **entries}, self._config.global_batch, lower, upper,
                             self._exact_sum(), self.round_for_time) if probes or entries else None
@@ -186,12 +187,17 @@ class AutoPolicy(FittedPlan):
         plan, below = self._break_even(plan, times, lower, upper, may_park)
         return plan, parked + below, compared
 
-    def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str]) -> dict[str, int]:
-        """The changed workers on a proportional line to move up whatever the gain (probes.py)."""
+    def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str],
+                slowed: bool) -> dict[str, int]:
+        """The changed workers on a proportional line to move up whatever the gain (probes.py), and where
+        a worker slowed, the unchanged ones too: the load may have moved to them, their speed-up hidden
+        in a small batch's fixed cost."""
         lower, upper = self._bounds()
         means = {k: statistics.fmean(t) for k, t in (self._laws.in_force(current) or {}).items()}
-        return probe_targets([k for k in changed if not self._identified(k)], plan, current, means, lower, upper,
-                             self._config.deadband)
+        candidates = [k for k in changed if not self._identified(k)]
+        if slowed:
+            candidates += [k for k in self._active() if k not in changed]
+        return probe_targets(candidates, plan, current, means, lower, upper, self._config.deadband)
 
     def _entries(self, plan: Mapping[str, int], current: Mapping[str, int]) -> dict[str, int]:
         """The parked workers `plan` brings back, at the batch their known laws finish within the
