@@ -94,7 +94,7 @@ class Admission:
             # BSP: the members are computing the open round with the plan they were told, so a newcomer
             # enters when it closes, with a re-split that its replies carry (unless nobody is training)
             elif s.spec.mode == "asp" or not s.planned():
-                self.activate_pending(everyone=True)
+                self.activate_pending()
             await member.activated.wait()
         except asyncio.CancelledError:
             # the caller gave up (deadline, crash) before it was admitted: free its slot and name
@@ -118,13 +118,13 @@ class Admission:
         self.epochs.start(self.state.clock())
         self.started.set()
 
-    def activate_pending(self, everyone: bool = False) -> None:
+    def activate_pending(self) -> None:
         """Move pending workers into the job, a newcomer to a running BSP job on probation
-        (ps.rounds.probation), and the probationers whose probe is in (`everyone`: all of them, nobody
-        else being planned) into the plan; re-split B over everyone planned."""
+        (ps.rounds.probation), and the probationers whose probe is in (all of them where the path takes
+        no probation any more) into the plan; re-split B over everyone planned."""
         s = self.state
         probation = self.started.is_set() and self.probation.available()
-        entering = self.probation.entering(everyone or not probation)
+        entering = self.probation.entering(not self.probation.path_allows())
         if not s.membership.pending and not entering:
             return
         now = s.clock()

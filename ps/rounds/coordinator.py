@@ -106,7 +106,10 @@ class Coordinator(CoordinatorParts):
             return self.replies.reply(member)
         if self.probation.on(member):  # checked, neither applied nor counted (ps.rounds.probation)
             times = meta.times
-            await self.probation.probe(member, self.bsp.balanced_ms(member, meta), times.fitted_exposed_ms(self.spec.balance))
+            entered = self.probation.took(member, self.bsp.balanced_ms(member, meta), times.fitted_exposed_ms(self.spec.balance))
+            if not self.planned():  # nobody trains: it enters now, the open round afresh
+                self.admission.activate_pending()
+            await entered.wait()
             return self.replies.reply(member)
         if self.spec.mode == "bsp":
             await self.round_close.push(member, meta, values)

@@ -16,8 +16,9 @@ reply to any push says.
 
 A probationer that never pushes holds nothing: its push stream ends at the transport's limits, the
 heartbeat timeout evicts it, and its name's rejoins back off as after any departure without a push.
-If the last planned member goes, the probationers enter the plan without a probe (nobody else
-trains). Not under ASP, the --allreduce fast path or --shards (a shard would count the probe's slice
+If the last planned member goes, a probationer whose probe is in enters the plan at once, and one
+whose probe is not in enters when it arrives (the open round starts afresh with them: nobody else
+trains), never before: it was told the probe's batch for the open round. Not under ASP, the --allreduce fast path or --shards (a shard would count the probe's slice
 only from a contributor): there a newcomer enters the plan at its round boundary, with the warm-up
 bound on its name's first round (ps.rounds.deadlines)."""
 
@@ -66,12 +67,15 @@ class Probation:
         self.probes: dict[str, Probe] = {}  # worker id -> its probe
         self.proven = 0  # probes taken
 
-    def available(self) -> bool:
-        """Whether a member entering now may be put on probation: BSP on the PS path, unsharded, with a
-        planned member to train meanwhile."""
+    def path_allows(self) -> bool:
+        """Whether the job's path takes probation: BSP on the PS path, unsharded."""
         s = self.state
-        return (s.spec.mode == "bsp" and s.rendezvous is None and not s.spec.allreduce and s.shards is None
-                and bool(s.planned()))
+        return s.spec.mode == "bsp" and s.rendezvous is None and not s.spec.allreduce and s.shards is None
+
+    def available(self) -> bool:
+        """Whether a member entering now may be put on probation: the path takes it, and a planned member
+        trains meanwhile."""
+        return self.path_allows() and bool(self.state.planned())
 
     def on(self, member: Member) -> bool:
         return member.worker_id in self.probes
@@ -112,9 +116,9 @@ class Probation:
         if not 0 <= meta.round <= s.round:
             raise FailedPrecondition(f"round {meta.round} is not open; the open round is {s.round}")
 
-    async def probe(self, member: Member, compute_ms: float | None, exposed_ms: float) -> None:
-        """`member`'s checked probe push: note what it took; return once it entered the plan (or left,
-        or the job ended)."""
+    def took(self, member: Member, compute_ms: float | None, exposed_ms: float) -> asyncio.Event:
+        """`member`'s checked probe push: note what it took; the event set once it entered the plan (or
+        left, or the job ended)."""
         s = self.state
         probe = self.probes[member.worker_id]
         probe.took(compute_ms, exposed_ms)
@@ -122,10 +126,12 @@ class Probation:
         s.membership.names.proved(member.name)
         s.metrics.write("probe", worker=member.name, batch=probe.batch, step=s.step, epoch=s.epoch,
                         compute_ms=None if compute_ms is None else round(compute_ms, 3))
-        await probe.entered.wait()
+        return probe.entered
 
     def entering(self, everyone: bool = False) -> list[tuple[Member, Probe]]:
-        """The probationers that enter the plan now (their probe is in; `everyone`: all of them), off probation."""
+        """The probationers that enter the plan now (their probe is in; `everyone`: all of them, the path
+        having left probation behind), off probation. One whose probe is not in never enters in the
+        middle of a round it was told its probe for: its push of the probe's batch would count there."""
         s = self.state
         leaving = [(s.members[w], p) for w, p in self.probes.items()
                    if w in s.members and (everyone or p.pushed)]

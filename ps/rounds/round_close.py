@@ -69,15 +69,15 @@ class RoundClose:
 
     def after_removal(self) -> None:
         """A member left or was evicted: close a round that only waited on it; with nobody planned left in
-        the open round, the waiting workers and those on probation start it."""
+        the open round, the waiting workers and the probationers whose probe is in start it."""
         pushes = self.bsp.pushes()
         if pushes and self.bsp.all_pushed():
             self.close()  # its boundary admits the workers waiting to join
         elif pushes and self.state.rendezvous is not None:
             self.fast_path.note_close_without(self.bsp.pushed)  # every report here came from the generation this
             self.close()  # removal replaced: close before every member reported (FastPath.note_close_without)
-        elif not self.state.planned():  # and the probationers enter the plan without their probe
-            self.admission.activate_pending(everyone=True)
+        elif not self.state.planned():  # and the probationers whose probe is in (ps.rounds.probation)
+            self.admission.activate_pending()
 
     def close(self) -> None:
         """Step the round's sum (--shards: commit it across the shards, in the background) and open the next."""

@@ -63,11 +63,11 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
 
     activate = c.admission.activate_pending
 
-    def recording_activate(everyone: bool = False) -> None:
-        entering = c.membership.pending or c.probation.probes
+    def recording_activate() -> None:
+        entering = c.membership.pending or any(p.pushed for p in c.probation.probes.values())
         if entering and c.bsp.accumulator is not None and c.bsp.accumulator.count == 0:
             lost[c.round] = 0  # the round starts afresh with the newcomers (nobody was left in it)
-        activate(everyone)
+        activate()
 
     c.round_close.next_round, c.departures.remove, c.admission.activate_pending = (  # type: ignore[method-assign]
         recording_next_round, recording_remove, recording_activate)

@@ -2,8 +2,8 @@
 job is not planned (no round waits for it, Σb = B over the others) until its probe push, which is
 checked, not applied nor counted, and measured; it enters the plan at the next round boundary, which
 its probe's reply tells. A probationer that leaves changes nothing of the others' plan; the workers
-at the start and a name with a push taken are not on probation; with nobody planned left, the
-probationers enter the plan."""
+at the start and a name with a push taken are not on probation; with nobody planned left, a
+probationer enters the plan on its probe."""
 
 from __future__ import annotations
 
@@ -155,15 +155,21 @@ def test_a_probationer_that_goes_changes_nothing_of_the_plan_and_backs_off() -> 
     asyncio.run(run())
 
 
-def test_with_nobody_planned_left_the_probationers_enter_the_plan() -> None:
+def test_with_nobody_planned_left_a_probationer_enters_the_plan_on_its_probe() -> None:
+    """Its probe's batch was told for the open round: it enters on its probe push (the open round
+    afresh, with all of B), never before, so that push counts in no round."""
     async def run() -> None:
         async with running() as (c, joined):
             info = await newcomer(c, joined, "c")
+            open_round = c.round
             for w in joined.values():
                 await c.leave(w.worker_id, w.secret)
-            assert not c.probation.probes and c.policy.plan() == {"c": B}
-            reply = await close_round(c, {"c": info})
-            assert reply[0].header.batch_size == B
+            assert info.worker_id in c.probation.probes and "c" not in c.policy.plan()
+            probed = await asyncio.wait_for(await push(c, info), 5)
+            assert not c.probation.probes and c.policy.plan() == {"c": B} and c.round == open_round
+            assert (probed.header.round, probed.header.batch_size) == (open_round, B)
+            (reply,) = await close_round(c, {"c": info})
+            assert c.round == open_round + 1 and reply.header.batch_size == B
 
     asyncio.run(run())
 
