@@ -55,6 +55,7 @@ from typing import Any
 import grpc
 
 from protos import ps_pb2_grpc
+from benchmarks.analysis import target
 from benchmarks.process_usage import cpu_fields, cpu_seconds, mean_max, peak_rss_mb, pss_mb
 from benchmarks.report_output import add_result_options, save_result
 from common.ops.arg_types import positive_float, positive_int
@@ -162,8 +163,8 @@ def worker_argv(target: str, name: str, s: Settings) -> list[str]:
 def failure_target(report: dict[str, Any]) -> dict[str, Any]:
     """The run's one target: no errors and no evictions."""
     failures = len(report["errors"]) + (report["evictions"] or 0)
-    return {"name": "nothing failed: errors + evictions in a run (BSP/ASP, 4-64 workers, dense and sharded)",
-            "value": failures, "op": "<=", "threshold": 0, "pass": failures == 0}
+    return target("nothing failed: errors + evictions in a run (BSP/ASP, 4-64 workers, dense and sharded)",
+                  failures, "<=", 0, "scale")
 
 
 def wait_port(proc: subprocess.Popen, port_file: Path, timeout: float) -> int:

@@ -1,7 +1,6 @@
 """What a push must be before anything changes: its header against the job (kind, dtype, batch size,
-times, value count), its place in the sequence (the open BSP round once per worker, a probe once for the
-open round or the one before, a known and not too
-old ASP version), its batch size against what the server told that worker, a snapshot against the
+times, value count), its place in the sequence (the open BSP round once per worker, a probe once for a
+round that opened, a known and not too old ASP version), its batch size against what the server told that worker, a snapshot against the
 request for one, and its values against overflowing the step. Each refusal is a ServiceError."""
 
 from __future__ import annotations

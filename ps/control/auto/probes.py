@@ -1,9 +1,10 @@
 """Probes of changed workers held where a proportional line prices them, and the first batch of a
 parked worker back in the plan. After a change of speed a worker's law is the proportional line
 through its new times, and at a small batch that line overprices a worker whose time is mostly fixed
-cost (one back from parking, or one of a few samples, that got faster). Where such a worker finishes earlier than the slowest by more than the
-deadband, yet the decision would not move it SPREAD up, it is moved SPREAD up whatever the gain, so
-that its next times give it a law (law.py). A worker the decision parks is not probed: its times at
+cost (one back from parking, or one of a few samples, that got faster); after a slowdown so may an
+unchanged worker's old law, its speed-up hidden in that fixed cost. Where such a worker finishes
+earlier than the slowest by more than the deadband, yet the decision would not move it SPREAD up, it
+is moved SPREAD up whatever the gain, so that its next times give it a law (law.py). A worker the decision parks is not probed: its times at
 its minimum already finish after the round it solved for, and a probe would bring it back while it is
 counted as parked.
 
@@ -28,9 +29,9 @@ from ps.control.split import fit_to_sum
 def probe_targets(candidates: Iterable[str], plan: Mapping[str, int], current: Mapping[str, int],
                   means: Mapping[str, float], lower: Mapping[str, int], upper: Mapping[str, int],
                   deadband: float) -> dict[str, int]:
-    """Each of `candidates` (changed, on a proportional line) whose mean time (`means`) at its batch in
-    `current` is earlier than the slowest's by more than `deadband`, and that `plan` keeps planned (not
-    parked) below SPREAD up: the batch SPREAD up (within its bound)."""
+    """Each of `candidates` (changed and on a proportional line, or unchanged after a slowdown) whose
+    mean time (`means`) at its batch in `current` is earlier than the slowest's by more than `deadband`,
+    and that `plan` keeps planned (not parked) below SPREAD up: the batch SPREAD up (within its bound)."""
     slowest = max(means.values(), default=0.0)
     out = {}
     for k in candidates:

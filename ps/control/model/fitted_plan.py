@@ -144,17 +144,23 @@ class FittedPlan(WorkerPlan):
     def _breaks_even(self, plan: Mapping[str, int]) -> bool:
         """Whether `plan` may be held: no parkable active worker below its break-even batch (always
         without `break_even`); a decision installs a solve over a plan that is not."""
+        if not self._parks_below_break_even():
+            return True
         parkable = [k for k, b in plan.items() if b > 0]
         times = {k: f.at for k, f in self._held.finishes().items() if k in plan}
         if len(parkable) < 2 or not all(k in times for k in parkable):  # one unmeasured: nothing to judge by
             return True
         return not self._break_even(plan, times, *self._bounds(), parkable)[1]
 
+    def _parks_below_break_even(self) -> bool:
+        """`break_even` in the config (--adaptive-batch) where the policy parks."""
+        return self._config.break_even and self._may_park()
+
     def _reprobe_bounds(self, lower: Mapping[str, int], upper: Mapping[str, int],
                         reprobe: list[str]) -> dict[str, int]:
         """`lower` with the workers brought back for a re-probe at their break-even batch at least
         (with `break_even`; `lower` as it is without)."""
-        if not (self._config.break_even and self._may_park() and reprobe):
+        if not (self._parks_below_break_even() and reprobe):
             return dict(lower)
         laws = {k: f.at for k, f in self._held.finishes().items() if k in reprobe and self._identified(k)}
         return raised_to_break_even(laws, lower, upper, reprobe, self._config.global_batch)
@@ -164,7 +170,7 @@ class FittedPlan(WorkerPlan):
         """`plan` with the workers of `may_park` below their break-even batch by their identified law
         parked, their share split over the others by `times` (break_even.py), and those parked; `plan`
         as it is without `break_even` in the config or where the policy does not park."""
-        if not (self._config.break_even and self._may_park()):
+        if not self._parks_below_break_even():
             return dict(plan), []
         finishes = self._held.finishes()
         laws = {k: f.at for k, f in finishes.items() if k in self._workers and self._identified(k)}
