@@ -28,6 +28,7 @@ from worker.transport.client import ServerError
 from worker.connection import DEFAULT_THREADS, connect
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
+from worker.probes.cpu_parts import PROBE
 from worker.probes.stall_hook import stall_while_asked
 from worker.data.job_build import JobSetupError
 from worker.data.loader import LoaderError, LoaderOptions
@@ -185,7 +186,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _terminate)
     enable_stack_dump()
     cores = args.cores if args.cores is not None else default_cores()
-    session: Session | None = None
     code = 0
     try:
         with connect(args.server, args.name, cores, args.slowdown, args.timeout, retry_for=args.retry_for, device=device,
@@ -215,12 +215,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 3
     except KeyboardInterrupt:
         code = 0
-    if session is not None and not session.closed:
-        # a channel close that hung was given up (PSClient.close); its thread may hold up the exit
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
+    # Past connect(), threads of gRPC, torch and the step overlap may still be alive (a SIGTERM can
+    # land anywhere): an interpreter shutdown runs C++ destructors under them ("terminate called
+    # without an active exception", SIGABRT), and a channel close that hung (PSClient.close) holds its
+    # thread up. Nothing is left to finalize, so the worker leaves at once.
+    PROBE.write()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -76,6 +76,9 @@ class Probe:
     def compute_ends(self) -> None:
         """step() is called: `compute` ends and `step` begins."""
 
+    def write(self) -> None:
+        """Write what was recorded (also run at exit; a worker that leaves by os._exit calls it first)."""
+
 
 def thread_kind(name: str) -> str:
     """A thread's name without its number: "Thread-7 (channel_spin)" -> "channel_spin", "reply_0" -> "reply"."""
