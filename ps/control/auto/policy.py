@@ -13,7 +13,9 @@ its new times, and its law is fitted again from them.
 
 A decision holds the plan while it is measured balanced (model/balance.py, within the deadband), or
 while the solve predicts a round shorter by less than MIN_GAIN and the noise of the measured times;
-a re-solve of laws that held must also beat their error on the plan in force, twice in a row. A
+a re-solve of laws that held must also beat their error on the plan in force, twice in a row. A plan
+measured far out of balance at two decisions in a row is not held whatever the laws say: it takes the
+measured proportional step (imbalance.py: laws fitted across a change, or too uncertain to move). A
 parked worker comes back for a re-probe now and then, and at once when an active worker's times
 rise by half or more (model/parking.py), at a batch that measures its speed: what its known law
 finishes within the round measured now, not the minimum a short solved round leaves it (probes.py).
@@ -25,7 +27,8 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS
+from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
+from ps.control.auto.imbalance import far_from_balance
 from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.auto.solve import MIN_GAIN, solve
@@ -132,12 +135,20 @@ class AutoPolicy(FittedPlan):
                        max(self._config.deadband / 2, prediction_error(report["previous"])) if resolve else 0.0)
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
         hold: dict[str, Any] = {}
+        stepped = False
         if not reprobe and self._breaks_even(current):
             balanced = set(parked) == set(self.parked()) and self._balanced(current)
-            confirm = resolve and gain > min_gain and not balanced and not self._confirming
-            self._confirming = confirm
+            confirmed, confirm = self._confirming, resolve and gain > min_gain and not balanced and not self._confirming
             if balanced or confirm or not gain > min_gain:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
+            # laws that see no gain in a plan measured far out of balance twice in a row do not hold there
+            if hold and not balanced and self._exact_sum() and self._far_from_balance(current):
+                measured = self._measured_step(current) if confirmed else current
+                if measured != current:
+                    new, parked, hold, stepped, confirm = measured, self.parked(), {}, True, False
+                elif not confirmed:
+                    hold["confirm"] = confirm = True
+            self._confirming = confirm
         base = current if hold else new
         probes, entries = self._probes(base, current, changed, slowed), self._entries(base, current)
         lower, upper = self._bounds()
@@ -151,15 +162,44 @@ class AutoPolicy(FittedPlan):
         else:
             probes = entries = {}
         self._confirming = False
-        known = all(self._identified(k) for k, b in new.items() if b > 0)
+        known = all(self._identified(k) for k, b in new.items() if b > 0) and not stepped
         if known and resolve and not entries:  # a re-solve moves no more than its gain asks
             new = nearest_plan(times, new, current, lower, upper, slack=min_gain / 2)
         self._parking.install(parked, reprobe)
         self._follow_up = bool(reprobe or probes or entries) or not known
         phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
+        if stepped:
+            report["far_from_balance"] = True
         self._report = {**report, "phase": phase, **({"reprobe": reprobe} if reprobe else {}),
                         **({"probe": sorted(probes)} if probes else {}),
                         **({"park": compared} if compared else {}), **self._describe(new)}
+        return new
+
+    def _far_from_balance(self, plan: Mapping[str, int]) -> bool:
+        """Whether the plan in force is measured out of balance by BANDS deadbands beyond the noise
+        (imbalance.py): the laws' solve would move it, unless they are wrong there (fitted through
+        times from both sides of a change, or flattened by noise) or too uncertain away from the
+        batches measured to vouch for a move, which only a move can cure."""
+        times = self._laws.in_force(plan)
+        lower, upper = self._bounds()
+        history = {k: self._laws.obs[k].items for k in plan}
+        return times is not None and far_from_balance(times, history, plan, lower, upper,
+                                                      BANDS * self._config.deadband)
+
+    def _measured_step(self, plan: Mapping[str, int]) -> dict[str, int]:
+        """The proportional step from the plan's measured times (OmniLearn's): each planned worker's
+        time as its mean time at its batch, scaled with the batch; the parked stay parked. With a
+        fixed cost the slowest worker's time falls less than its batch, so the step falls short of
+        balance rather than past it, and the next decision goes on from times at the new batches."""
+        times = self._laws.in_force(plan) or {}
+        lines: dict[str, FinishTime] = {k: _proportional(statistics.fmean(t) / plan[k]) for k, t in times.items()}
+        lower, upper = self._bounds()
+        parked = [k for k, b in plan.items() if b == 0]
+        lower = {**lower, **dict.fromkeys(parked, 0)}
+        upper = {**upper, **dict.fromkeys(parked, 0)}
+        for k in parked:
+            lines[k] = _proportional(1.0)
+        new, _, _ = solve(lines, {}, self._config.global_batch, lower, upper, may_park=[], overhead=0.0, prefer=[])
         return new
 
     def _replanning(self) -> None:
@@ -248,3 +288,8 @@ class AutoPolicy(FittedPlan):
         part = read_auto_part(state["auto"], self.plan(), self._laws)
         self._parking, self._rounds = part.parking, part.rounds
         self._follow_up, self._confirming = part.follow_up, part.confirming
+
+
+def _proportional(per_sample: float) -> FinishTime:
+    """A time proportional to the batch at `per_sample` ms a sample."""
+    return lambda batch: per_sample * batch

@@ -1,0 +1,41 @@
+"""Whether a plan in force is measured far out of balance: a planned worker's mean time above the
+fastest's by more than a width (a few deadbands) beyond the noise, the noise counted as the change
+test counts it (change.py: the times' relative noise and its persistence, spells of load that move
+several times together). The laws' solve would move such a plan unless they are wrong there; only a
+move can tell. Pure."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+
+from ps.control.auto.change import relative_noise, persistence
+from ps.control.auto.law import Item
+
+NOISE_SDS = 2.0
+"""The standard errors of two means' difference that count as noise."""
+
+
+def far_from_balance(times: Mapping[str, Sequence[float]], history: Mapping[str, Sequence[Item]],
+                     plan: Mapping[str, int], lower: Mapping[str, int], upper: Mapping[str, int],
+                     width: float) -> bool:
+    """Whether a worker inside its bounds, or held at its upper bound, finishes later than the fastest
+    worker inside its bounds by `width` of that one's mean time plus NOISE_SDS standard errors of the
+    difference (`times`: each planned worker's times at its batch; `history`: its observations,
+    whose noise and persistence give the errors). Workers whose bounds fix their batch, or held at
+    their lower bound, are not judged; fewer than two inside their bounds is no balance to judge."""
+    means: dict[str, tuple[float, float]] = {}
+    for k, ms in times.items():
+        if lower[k] == upper[k] or not ms:
+            continue
+        mean, m = statistics.fmean(ms), len(ms)
+        items = history.get(k, ())
+        error = relative_noise(items) * mean * math.sqrt(min(persistence(items), m) / m)
+        means[k] = (mean, error)
+    inside = [means[k] for k in means if lower[k] < plan[k] < upper[k]]
+    if len(inside) < 2:
+        return False
+    level, level_error = min(inside)
+    return any(plan[k] > lower[k] and mean - level > width * level + NOISE_SDS * math.hypot(error, level_error)
+               for k, (mean, error) in means.items())
