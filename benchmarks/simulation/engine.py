@@ -266,7 +266,7 @@ def describe(scenario: Scenario) -> dict[str, Any]:
     return {"policy": scenario.policy, "workers": scenario.workers, "global_batch": scenario.global_batch,
             "rounds": scenario.rounds, "adjust_every": scenario.adjust_every, "seed": scenario.seed,
             "law": {"q_ms": law.q_ms, "s_ms": law.s_ms, "sigma": law.sigma, "noise": law.noise,
-                    "classes": [vars(c) for c in law.classes]},
+                    "classes": [vars(c) for c in law.classes], "given": [list(g) for g in law.given]},
             "deadband": scenario.deadband, "options": dict(scenario.config().options),
             "min_batch": scenario.min_batch, "max_batch": scenario.max_batch,
             "micro_batch": scenario.micro_batch, "server_fixed_ms": scenario.server_fixed_ms,

@@ -36,17 +36,26 @@ class SpeedLaw:
     sigma: float = 0.5
     noise: float = 0.05
     classes: Sequence[DeviceClass] = ()
+    given: Sequence[tuple[float, float]] = ()
+    """Each worker's (q, s) in the order they are drawn, instead of drawing them (a replay of laws
+    measured in a real run); the draws past the list's end cycle through it."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "classes", tuple(self.classes))
+        object.__setattr__(self, "given", tuple((float(q), float(s)) for q, s in self.given))
+        if any(not (q > 0 and s >= 0) for q, s in self.given):
+            raise ValueError(f"given laws need q > 0 and s >= 0; got {self.given}")
         if not (self.q_ms > 0 and self.s_ms >= 0 and self.sigma >= 0 and self.noise >= 0):
             raise ValueError(f"a speed law needs q_ms > 0, s_ms >= 0, sigma >= 0, noise >= 0; got {self}")
         for c in self.classes:
             if not (c.q_ms > 0 and c.s_ms >= 0 and c.weight > 0):
                 raise ValueError(f"device class {c.name!r} needs q_ms > 0, s_ms >= 0, weight > 0")
 
-    def draw(self, count: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-        """`count` workers' (q, s), in ms per sample and ms per step."""
+    def draw(self, count: int, rng: np.random.Generator, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """`count` workers' (q, s), in ms per sample and ms per step (`start`: how many were drawn before)."""
+        if self.given:
+            laws = [self.given[(start + i) % len(self.given)] for i in range(count)]
+            return np.array([q for q, _ in laws], dtype=float), np.array([s for _, s in laws], dtype=float)
         if self.classes:
             weights = np.array([c.weight for c in self.classes], dtype=float)
             picked = rng.choice(len(self.classes), size=count, p=weights / weights.sum())
@@ -87,8 +96,8 @@ class Population:
 
     def add(self, count: int) -> list[str]:
         """Draw `count` new workers; their names (w0, w1, ... in order of arrival)."""
-        q, s = self.law.draw(count, self.rng)
         start = len(self.names)
+        q, s = self.law.draw(count, self.rng, start)
         names = [f"w{start + i}" for i in range(count)]
         self.names.extend(names)
         self.index.update({n: start + i for i, n in enumerate(names)})

@@ -45,3 +45,13 @@ def test_bad_laws_are_refused() -> None:
         SpeedLaw(q_ms=0.0)
     with pytest.raises(ValueError):
         parse_classes("gpu:0.1")
+
+
+def test_given_laws_are_taken_in_order_and_cycled_and_bad_ones_refused() -> None:
+    law = SpeedLaw(given=[(1.0, 5.0), (2.0, 0.0)])
+    pop = Population(law, np.random.default_rng(0))
+    pop.add(2)
+    pop.add(1)  # a third worker, joining later: the list cycles
+    assert pop.q.tolist() == [1.0, 2.0, 1.0] and pop.s.tolist() == [5.0, 0.0, 5.0]
+    with pytest.raises(ValueError, match="given laws"):
+        SpeedLaw(given=[(0.0, 1.0)])
