@@ -139,6 +139,21 @@ def accuracy_curve(events: Sequence[Event]) -> list[dict[str, Any]]:
             for e in of_kind(events, "eval") if e.get("accuracy") is not None]
 
 
+def global_batch_curve(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """An --adaptive-batch run's global batch over time: ``{"seconds", "global_batch"}`` at the start
+    (the B before the first decision) and at every ``adapt`` decision, the seconds on the server's
+    clock from the end of round 0 (from the job's start where there is none); empty without decisions."""
+    decisions = of_kind(events, "adapt")
+    if not decisions:
+        return []
+    started = of_kind(events, "first_round")
+    zero = float(started[0]["elapsed_s"]) if started and "elapsed_s" in started[0] else 0.0
+    points = [{"seconds": 0.0, "global_batch": int(decisions[0]["current"])}]
+    points += [{"seconds": round(max(0.0, float(d["elapsed_s"]) - zero), 3), "global_batch": int(d["global_batch"])}
+               for d in decisions]
+    return points
+
+
 def time_to_accuracy(curve: Sequence[Event], goal: float) -> float | None:
     """The ``seconds`` of the curve's first point at ``goal`` accuracy or above (None: never)."""
     reached = first_reaching(curve, goal)

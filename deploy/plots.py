@@ -286,6 +286,26 @@ def plot_adaptive_batch(events: Events, path: str | Path | None = None, *, title
     return _save(fig, path)
 
 
+def plot_global_batch(runs: Mapping[str, Sequence[tuple[float, int]]], path: str | Path | None = None, *,
+                      title: str = "Global batch over time") -> Figure:
+    """Several --adaptive-batch runs' global batch B against time (s), as ``{label: [(seconds, B), ...]}``:
+    a step at each decision."""
+    fig, ax = _figure()
+    for label, points in runs.items():
+        if points:
+            ax.step([x for x, _ in points], [b for _, b in points], where="post", marker="o", markersize=3,
+                    linewidth=1.4, label=label)
+    ax.set_xlabel("training wall time (s)")
+    ax.set_ylabel("global batch B")
+    ax.set_yscale("log", base=2)
+    ax.set_title(title)
+    ax.set_xlim(left=0)
+    ax.grid(True, alpha=0.3)
+    if ax.lines:
+        _legend(ax, len(ax.lines))
+    return _save(fig, path)
+
+
 def write_plots(
     events: Events, out_dir: str | Path, *, phases: Sequence[Mapping[str, Any]] = (),
     labels: Mapping[str, str] | None = None, title: str | None = None,

@@ -18,6 +18,7 @@ from benchmarks.hetero.report import environment
 from benchmarks.hetero.settings import Emulation, Settings, log, resolve_emulation
 from benchmarks.report_output import add_report_options, emit
 from benchmarks.tta import arms as arms_
+from benchmarks.tta.plots import write_plots
 from benchmarks.tta.report import render_table, summarize, targets
 from common.ops.arg_types import positive_float, positive_int
 
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster (one CPU-quota cgroup per worker): equal-batch DDP, DDP with per-rank batches set to our model "
         "policy's split, and our parameter server under the uniform, dynamic and model policies and model with "
         "--adaptive-batch gns; every seed, median and worst. Progress on stderr; JSON (--json) then a markdown "
-        "table on stdout.",
+        "table on stdout; with --out, the accuracy curves of every arm (a plot a seed) and the adaptive arm's B.",
         epilog="examples:\n"
         "  python -m benchmarks.tta --json --save-result                # HL8, cnn on patterns, seeds 0,1,2\n"
         "  ps-cluster make-data --dataset patterns --out /tmp/pat\n"
@@ -168,5 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code, report = run_in_workdir("tta", args.out, lambda workdir: run(args, workdir))
     if report is None:
         return code
+    if args.out is not None:
+        report["plots"] = [str(p) for p in write_plots(report, args.out)]
     emit(args, "tta", "tta", report, render_table(report), argv)
     return 0

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks import analysis
+from benchmarks.analysis import global_batch_curve
 from benchmarks.ddp_baseline import rank_counts
 from benchmarks.tta import report
 from benchmarks.tta.arms import ARMS, PS_ARMS, Goal, ps_flags
+from benchmarks.tta.plots import write_plots
 from tests.processes import ENV
 from tests.repo import ROOT
 
@@ -108,6 +110,24 @@ def test_a_quick_run_reports_every_arm_and_every_goal(tmp_path: Path) -> None:
     assert split == {n: max(1, b) for n, b in result["split"]["batch_sizes"].items()}
     assert set(result["arms"]) - set(PS_ARMS) == {"ddp_uniform", "ddp_split"}
     assert "| ddp_uniform |" in out.stdout[end:] and "| target |" in out.stdout[end:]
+    assert result["plots"] == [str(tmp_path / "out" / "accuracy-seed0.png")]
+    assert (tmp_path / "out" / "accuracy-seed0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_adaptive_arms_b_over_time_and_every_arms_curve_are_plotted(tmp_path: Path) -> None:
+    events = [{"event": "first_round", "wall_s": 1.0, "elapsed_s": 2.0},
+              {"event": "adapt", "elapsed_s": 5.5, "current": 128, "global_batch": 256},
+              {"event": "adapt", "elapsed_s": 9.0, "current": 256, "global_batch": 256}]
+    curve = global_batch_curve(events)
+    assert curve == [{"seconds": 0.0, "global_batch": 128}, {"seconds": 3.5, "global_batch": 256},
+                     {"seconds": 7.0, "global_batch": 256}]
+    assert global_batch_curve(events[:1]) == []
+    points = [{"epoch": 1, "accuracy": 0.4, "seconds": 3.0}, {"epoch": 2, "accuracy": 0.8, "seconds": 6.0}]
+    report = {"arms": {"ddp_uniform": {"seeds": {"0": {"curve": points}, "1": {"curve": points}}},
+                       "model_adaptive": {"seeds": {"0": {"curve": points, "global_batch_curve": curve}}}}}
+    paths = write_plots(report, tmp_path)
+    assert [p.name for p in paths] == ["accuracy-seed0.png", "accuracy-seed1.png", "global_batch.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
 
 
 @pytest.mark.parametrize("args, error", [
