@@ -12,7 +12,9 @@ going while every BSP round waits for it. So:
   --allreduce fast path or with --shards of a member whose name enters the job for the first time: it is
   held to W at least; the same name back after an eviction or a leave is not (ps.rounds.rejoins). A
   newcomer to a running job on the PS path is on probation instead (ps.rounds.probation): the plan does
-  not hold it, so no round waits for it, until its probe push arrived; then it is held to D. A member
+  not hold it, so no round waits for it, until its probe push arrived; then it is held to D. A
+  probationer whose probe has not arrived W after it was asked for is evicted (it holds a place among
+  --max-workers, not a round; --round-deadline off lifts this bound too). A member
   that entered after the round opened counts from its entry. At its bound, a member the round
   waits for whose push is not complete is evicted (its next call hears "evicted at round R's deadline
   (the bound applied) ...; rejoin" and it rejoins as after any eviction); the round closes over the
@@ -41,6 +43,7 @@ from ps.rounds.bsp import BspRound
 from ps.rounds.epochs import Epochs
 from ps.rounds.inflight import ADMIT_WAIT_S
 from ps.rounds.membership import Member
+from ps.rounds.probation import Probation
 from ps.rounds.state import JobState
 
 ROUND_FACTOR = 4.0
@@ -109,9 +112,10 @@ class RoundTimes:
 class Deadlines:
     """Checks the deadlines (called by the coordinator's reaper) and evicts through `evict(worker_id, reason)`."""
 
-    def __init__(self, state: JobState, bsp: BspRound, asp: AspUpdates, epochs: Epochs, settings: Limits,
-                 evict: Callable[[str, str], None]) -> None:
+    def __init__(self, state: JobState, bsp: BspRound, asp: AspUpdates, epochs: Epochs, probation: Probation,
+                 settings: Limits, evict: Callable[[str, str], None]) -> None:
         self.state = state
+        self.probation = probation
         self.epochs = epochs
         self.bsp = bsp
         self.asp = asp
@@ -171,7 +175,7 @@ class Deadlines:
         if self.opened_at is None:
             return self._join_waits()
         if s.spec.mode == "bsp":
-            return self._late_in_round()
+            return self._late_in_round() + self._probes_overdue()
         return self._holding_others()
 
     def _late_in_round(self) -> list[str]:
@@ -203,6 +207,14 @@ class Deadlines:
         if not self.bsp.pushed:
             return warmup, ": no push of the round arrived, the warm-up bound (--round-warmup)"
         return deadline, ""
+
+    def _probes_overdue(self) -> list[str]:
+        """Evict the probationers whose probe has not arrived within the warm-up bound W."""
+        if self.settings.round_deadline == "off":
+            return []
+        bound = self.settings.warmup_s
+        why = f"evicted: its probe push did not arrive within {bound:.1f} s of the ask (the warm-up bound, --round-warmup)"
+        return self._drop([(m, why) for m in self.probation.overdue(self.state.clock(), bound)])
 
     def _holding_others(self) -> list[str]:
         if not self.asp.held or self.settings.round_deadline == "off":

@@ -119,7 +119,8 @@ class CoordinatorParts(JobState):
         self.norms = UpdateNorms(self, norms or NormLimits())
         self.end = JobEnd(self, self.whole_model)
         self.limits = limits or Limits()  # what a peer may make the server wait for or hold (ps.rounds.deadlines)
-        self.deadlines = Deadlines(self, self.bsp, self.asp, self.epochs, self.limits, lambda w, why: self.departures.remove(w, "evict", why))
+        self.deadlines = Deadlines(self, self.bsp, self.asp, self.epochs, self.probation, self.limits,
+                                   lambda w, why: self.departures.remove(w, "evict", why))
         # a Push stream's hold: in_flight.slot(begin_push, cancel)
         self.in_flight = PushesInFlight(self.limits.push_bytes, self.limits.admit_wait_s)
         self.checkpoints = Checkpoints(self, self.whole_model, self.epochs, self.sampling, self.adaptive, self.admission)

@@ -14,8 +14,10 @@ measurement of the worker. The push's reply waits for the round boundary at whic
 the plan (the re-split a join takes), and tells it its round and batch from there: what a worker's
 reply to any push says.
 
-A probationer that never pushes holds nothing: its push stream ends at the transport's limits, the
-heartbeat timeout evicts it, and its name's rejoins back off as after any departure without a push.
+A probationer that never pushes holds no round: its push stream ends at the transport's limits, and
+the heartbeat timeout evicts it, or, if it goes on heartbeating, the warm-up bound (--round-warmup)
+after it was asked for its probe (ps.rounds.deadlines), so that it holds a place among --max-workers
+no longer; its name's rejoins back off as after any departure without a push.
 If the last planned member goes, a probationer whose probe is in enters the plan at once, and one
 whose probe is not in enters when it arrives (the open round starts afresh with them: nobody else
 trains), never before: it was told the probe's batch for the open round. Not under ASP, the --allreduce fast path or --shards (a shard would count the probe's slice
@@ -39,6 +41,7 @@ class Probe:
     the event its push's reply waits on (set when it enters the plan, leaves, or the job ends)."""
 
     batch: int
+    since: float = 0.0  # when it was asked for (the job's clock)
     pushed: bool = False
     compute_ms: float | None = None  # the time the policy balances (None: not measured)
     exposed_ms: float = 0.0
@@ -89,7 +92,7 @@ class Probation:
         high = min(cfg.default_max_batch, max_batch or cfg.default_max_batch, s.spec.global_batch, self.samples)
         batch = probe_batch(s.spec.global_batch, member.cores, planned_cores, max(cfg.min_batch, 1), high,
                             s.spec.micro_batch)
-        self.probes[member.worker_id] = Probe(batch)
+        self.probes[member.worker_id] = Probe(batch, s.clock())
         member.enter(False)
         s.metrics.write("probation", worker=member.name, probe_batch=batch, step=s.step, epoch=s.epoch)
 
@@ -138,6 +141,12 @@ class Probation:
         for member, _ in leaving:
             del self.probes[member.worker_id]
         return leaving
+
+    def overdue(self, now: float, bound_s: float) -> list[Member]:
+        """The probationers whose probe push has not arrived `bound_s` seconds after they were asked for it."""
+        s = self.state
+        return [s.members[w] for w, p in self.probes.items()
+                if w in s.members and not p.pushed and now - p.since > bound_s]
 
     def removed(self, member: Member) -> None:
         """`member` left or was evicted (RoundEvents.member_removed): its probe's reply goes."""

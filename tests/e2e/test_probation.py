@@ -65,7 +65,9 @@ def test_fresh_names_that_never_push_hold_no_round_and_a_newcomer_trains_after_i
     assert [e["worker"] for e in cluster.events("probe")] == ["late"]  # the one that computes proved it
     planned = {e["worker"] for e in cluster.events("join")}
     assert "late" in planned and not planned & {"stall0", "never"}, planned
-    assert cluster.events("deadline") == [] and summary["deadline_drops"] == 0, summary
+    # no round waits for a probationer; one still unprobed at --round-warmup (60 s) is evicted, nobody else
+    dropped = [e["worker"] for e in cluster.events("deadline")]
+    assert set(dropped) <= {"stall0", "never"} and summary["deadline_drops"] == len(dropped), (dropped, summary)
     assert summary["longest_round_open_s"] < 5.0, summary  # within the round deadline's floor
     assert summary["wall_s"] <= clean["wall_s"] + SLACK_S, (summary["wall_s"], clean["wall_s"])
     assert summary["update_counts"].get("late", 0) > 0, summary  # its pushes went into rounds

@@ -155,6 +155,29 @@ def test_a_probationer_that_goes_changes_nothing_of_the_plan_and_backs_off() -> 
     asyncio.run(run())
 
 
+def test_a_probationer_that_heartbeats_but_never_probes_is_evicted_at_the_warm_up_bound() -> None:
+    """It holds no round, but a place among --max-workers: the warm-up bound after the ask frees it,
+    and its name backs off; the others' plan stands."""
+    async def run() -> None:
+        async with running("--round-warmup", "5") as (c, joined):
+            now = [c.clock()]
+            c.clock = lambda: now[0]  # type: ignore[method-assign]
+            idle = await newcomer(c, joined, "c")
+            plan = dict(c.policy.plan())
+            now[0] += 4.0
+            c.heartbeat(idle.worker_id, idle.secret)
+            assert c.deadlines.check() == [] and c.probation.on(c.members[idle.worker_id])
+            await close_round(c, joined)  # the planned workers go on: their round is not late
+            now[0] += 2.0  # 6 s after the ask: past --round-warmup
+            c.heartbeat(idle.worker_id, idle.secret)
+            assert c.deadlines.check() == ["c"] and idle.worker_id not in c.members
+            assert c.policy.plan() == plan and not c.probation.probes
+            with pytest.raises(Exception, match="join again in"):
+                await c.join(JoinAsk("c", 1.0))
+
+    asyncio.run(run())
+
+
 def test_with_nobody_planned_left_a_probationer_enters_the_plan_on_its_probe() -> None:
     """Its probe's batch was told for the open round: it enters on its probe push (the open round
     afresh, with all of B), never before, so that push counts in no round."""
