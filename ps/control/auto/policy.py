@@ -123,7 +123,7 @@ class AutoPolicy(FittedPlan):
         slowed = bool(self._laws.slowed & set(changed))
         if slowed:  # the load may have moved to a parked worker's machine, unmeasured
             self._parking.recall()
-        reprobe = self._parking.due()
+        reprobe = self._reprobes_due()
         self._laws.changed, self._laws.slowed, self._follow_up = set(), set(), False
         report["speed_changed"] = changed
         times = self._times()

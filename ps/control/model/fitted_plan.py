@@ -11,7 +11,7 @@ from typing import Any, Protocol
 from ps.control.checks import real
 from ps.control.config import PolicyConfig
 from ps.control.model.balance import measured_balanced
-from ps.control.model.break_even import park_below_break_even, raised_to_break_even
+from ps.control.model.break_even import break_even_batch, park_below_break_even, raised_to_break_even
 from ps.control.model.optperf import best_plan
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
@@ -155,6 +155,19 @@ class FittedPlan(WorkerPlan):
     def _parks_below_break_even(self) -> bool:
         """`break_even` in the config (--adaptive-batch) where the policy parks."""
         return self._config.break_even and self._may_park()
+
+    def _reprobes_due(self) -> list[str]:
+        """The parked workers whose re-probe is due (parking.py); with `break_even`, those of them the
+        total leaves room to bring back at their break-even batch (`_reprobe_bounds`): one brought back
+        below it would run a round of its fixed cost for a few samples, the plan a break-even forbids.
+        The others stay parked and are due again at the next decision (a larger B may make room)."""
+        due = self._parking.due()
+        if not (self._parks_below_break_even() and due):
+            return due
+        lower, upper = self._bounds()
+        raised = self._reprobe_bounds(lower, upper, due)
+        laws = {k: f.at for k, f in self._held.finishes().items() if k in due and self._identified(k)}
+        return [k for k in due if k not in laws or raised[k] >= break_even_batch(laws[k], upper[k])]
 
     def _reprobe_bounds(self, lower: Mapping[str, int], upper: Mapping[str, int],
                         reprobe: list[str]) -> dict[str, int]:

@@ -151,7 +151,7 @@ class ModelPolicy(FittedPlan):
             self._report = {**report, "phase": "probe", "probe": sorted(self._probing), "drift": drifted,
                             **self._describe(new)}
             return new
-        reprobe = self._parking.due()
+        reprobe = self._reprobes_due()
         breaks_even = self._breaks_even(current)
         if self._solved and not reprobe and not self._parking.reprobed and breaks_even and self._balanced(current):
             self._confirming = False

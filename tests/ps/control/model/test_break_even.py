@@ -100,3 +100,25 @@ def test_a_global_batch_is_priced_with_the_workers_its_plan_parks() -> None:
     without_d = (256 / 3) * 0.2 + 5.0  # the three fast workers alone
     assert ctl.predicted_round_ms(256) == pytest.approx(without_d + c, rel=0.05)
     assert ctl.predicted_round_ms(3000) == pytest.approx(3000 / (3 / 0.2 + 1 / 0.4) * 1.0 + 9.0 + c, rel=0.1)
+
+
+SMALL_B = {"a": (0.1, 5.0), "b": (2.0, 40.0), "c": (2.0, 40.0), "d": (2.0, 40.0)}
+"""(q, s): b, c and d break even at 20 samples each; B = 48 has room to bring back two of them there,
+not three."""
+
+
+@pytest.mark.parametrize("name", ["model", "auto"])
+def test_a_re_probe_brings_back_only_the_workers_the_total_has_room_for_at_their_break_even(name: str) -> None:
+    """The others stay parked for a later re-probe: brought back at 1-10 samples, each ran a round of its
+    fixed cost for a few samples (seen in benchmarks.tta from B0 = 128: B = 42, a worker at batch 1)."""
+    ctl = build_policy(PolicyConfig(policy=name, global_batch=48, break_even=True))
+    for k in SMALL_B:
+        ctl.add_worker(k)
+    ctl.replan()
+    reports = run_rounds(ctl, SMALL_B, 200, 0.02, random.Random(0), 2.0, 10)
+    reprobes = [r for r in reports if r["phase"] == "reprobe"]
+    assert reprobes, [r["phase"] for r in reports]
+    for r in reprobes:
+        slow = {k: b for k, b in r["plan"].items() if k != "a" and b > 0}
+        assert slow and all(b >= 18 for b in slow.values()), r["plan"]  # 20 by the laws, fitted within the noise
+    assert all(sum(r["plan"].values()) == 48 for r in reports)
