@@ -128,6 +128,7 @@ class AutoPolicy(FittedPlan):
         report["speed_changed"] = changed
         times = self._times()
         new, parked, compared = self._solve(times, forced_in=reprobe)
+        reprobe = [k for k in reprobe if k not in parked]
         priced = FittedRounds(times)
         gain = priced.predict(current) / max(priced.predict(new), 1e-9) - 1.0
         resolve = not (reprobe or changed or follow)
@@ -224,7 +225,8 @@ class AutoPolicy(FittedPlan):
         lower = self._reprobe_bounds(lower, upper, forced_in)
         plan, parked, compared = solve(times, self._laws.finishes(), self._config.global_batch, lower, upper,
                                        may_park=may_park, overhead=self._rounds.overhead_ms, prefer=self.parked())
-        plan, below = self._break_even(plan, times, lower, upper, may_park)
+        # a re-probed worker the bounds left below its break-even is parked again, its re-probe put off
+        plan, below = self._break_even(plan, times, lower, upper, [*may_park, *forced_in] if self._may_park() else [])
         return plan, parked + below, compared
 
     def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str],

@@ -160,6 +160,7 @@ class ModelPolicy(FittedPlan):
         # the first solve's fits are new: the error of the plan they replace is not theirs
         min_gain = max(MIN_GAIN, prediction_error(report["previous"]) if self._solved else 0.0)
         new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain, trust=self._solved)
+        reprobe = [k for k in reprobe if k not in parked]
         finishes = self._fits.times(cautious=True)
         compare = FittedRounds(finishes)
         gain = (compare.predict(current) - compare.predict(new)) / max(compare.predict(new), 1e-9)
@@ -218,7 +219,8 @@ class ModelPolicy(FittedPlan):
         incumbents = [k for k in may_park if k in self._parking.parked or k in self._parking.reprobed]
         plan, parked, compared = best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms,
                                            min_gain=min_gain, prefer=incumbents)
-        plan, below = self._break_even(plan, times, lower, upper, [k for k in self._workers if k not in forced_in])
+        # a re-probed worker the bounds left below its break-even is parked again, its re-probe put off
+        plan, below = self._break_even(plan, times, lower, upper, list(self._workers))
         return plan, parked + below, compared
 
     def _install_parking(self, parked: list[str], reprobe: list[str]) -> None:
