@@ -7,11 +7,10 @@ is written (v2 ``cpu.max``, or v1 ``cpu.cfs_period_us`` and ``cpu.cfs_quota_us``
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from pathlib import Path
 
+from common.ops.cpu_quota import Mount, mounts
 from deploy.cgroup_files import CgroupError, read_control, write_checked, write_control
 
 MAX_SHARES_V1 = 262_144
@@ -20,14 +19,6 @@ MAX_WEIGHT_V2 = 10_000
 """The largest v2 ``cpu.weight`` (default 100)."""
 PARENT = "hetero-ps"
 """The directory, under the hierarchy's root, that holds every group this package creates."""
-
-
-@dataclass(frozen=True)
-class Mount:
-    """Where one cgroup hierarchy is mounted and where this process sits in it."""
-
-    mount_point: Path
-    home: Path
 
 
 class CgroupBackend(ABC):
@@ -121,37 +112,6 @@ class CgroupV1Backend(CgroupBackend):
 
     def reserve(self, group: Path) -> None:
         write_checked(group / "cpu.shares", str(MAX_SHARES_V1))
-
-
-def mounts() -> tuple[Mount | None, Mount | None]:
-    """The cgroup v2 mount and the v1 cpu-controller mount of this process, where present."""
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8") as f:
-            mountinfo = f.read().splitlines()
-        with open("/proc/self/cgroup", encoding="utf-8") as f:
-            membership = f.read().splitlines()
-    except OSError:
-        return None, None
-    paths: dict[str, str] = {}
-    for line in membership:
-        _, controllers, path = line.split(":", 2)
-        if controllers == "":
-            paths["v2"] = path
-        elif "cpu" in controllers.split(","):
-            paths["v1"] = path
-    found: dict[str, Mount] = {}
-    for line in mountinfo:
-        fields, _, tail = line.partition(" - ")
-        fstype, _, options = [*tail.split(), "", "", ""][:3]
-        parts = fields.split()
-        root, mount_point = parts[3], Path(parts[4])
-        key = "v2" if fstype == "cgroup2" else "v1" if fstype == "cgroup" and "cpu" in options.split(",") else None
-        if key is None or key in found or key not in paths:
-            continue
-        relative = os.path.relpath(paths[key], root)
-        home = mount_point if relative.startswith("..") else (mount_point / relative).resolve()
-        found[key] = Mount(mount_point, home)
-    return found.get("v2"), found.get("v1")
 
 
 def backends() -> list[CgroupBackend]:

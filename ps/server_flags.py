@@ -153,8 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "with --shards), the cycle on the PS path only. auto (default): busy for BSP where it is "
                           "measured, compute otherwise (ASP, --shards)")
     ctl.add_argument("--ewma-alpha", type=float_between(0.0, 1.0, low_open=True), default=0.3, help="weight of the newest compute time in the EWMA")
-    ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="uniform",
-                     help="first plan of the dynamic policy")
+    ctl.add_argument("--dynamic-start", choices=["uniform", "static"], default="static",
+                     help="first plan of the dynamic, model and auto policies (and the guess for a worker not "
+                          "measured yet): equal batches, or in proportion to each worker's declared cores (static, "
+                          "the default: a worker declares the CPUs it may use, its container's CPU quota "
+                          "included, unless given --cores)")
     add_policy_settings(ctl)
     ada = p.add_argument_group("adaptive global batch (docs/adaptive-batch.md)")
     ada.add_argument("--adaptive-batch", choices=("off", "gns"), default="off",

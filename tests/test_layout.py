@@ -59,7 +59,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     # (the only one that knows protos), the probes (leaves), the two paths, the data, the step's times,
     # and the session's parts that compose them; the Session, connect(), the device and the CLI at the top.
     "worker": frozenset({"worker.connection", "worker.runtime"}),  # the package's face: connect, Session
-    "worker.probes": frozenset(),
+    "worker.probes": frozenset({"common.ops"}),  # the machine's CPUs, its cgroup quota included
     "worker.transport": frozenset({*COMMON_PARTS, "protos", "worker.probes"}),
     "worker.timing": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
     "worker.paths": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),

@@ -94,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--server", type=host_port, default=argparse.SUPPRESS, metavar="HOST:PORT",
                    help="the parameter server to join (required: the flag or $PS_SERVER)")
     p.add_argument("--name", default=None, help="worker name shown in logs (unset: host-pid)")
-    p.add_argument("--cores", type=positive_float, default=None, help="declared resources for the static plan (unset: usable CPUs)")
+    p.add_argument("--cores", type=positive_float, default=None, help="declared resources for the static plan and the first plan of the others (unset: the CPUs this process may use, its cgroup CPU quota included)")
     p.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS,
                    help="torch intra-op threads (one per worker: torch's default, one per core, oversubscribes cores "
                         "that workers share)")

@@ -214,7 +214,7 @@ def test_pull_returns_current_parameters_and_plan(ps_server, threads) -> None:
 
 def test_status_fields(ps_server, threads) -> None:
     c = start_cluster(ps_server, threads, "--global-batch", "32", "--epochs", "3", "--controller", "dynamic",
-                      cores={"a": 2.0, "b": 6.0})
+                      "--dynamic-start", "uniform", cores={"a": 2.0, "b": 6.0})
     status = c.stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT)
     assert (status.mode, status.controller, status.round, status.version) == ("bsp", "dynamic", 0, 0)
     assert (status.epoch, status.epochs, status.done, status.global_batch) == (0, 3, False, 32)
@@ -236,6 +236,15 @@ def test_status_fields(ps_server, threads) -> None:
     workers = {w.name: w for w in status.workers}
     assert (workers["a"].compute_ms, workers["b"].compute_ms) == (12.5, 3.25)
     assert (workers["a"].updates, workers["b"].updates) == (1, 1)
+
+
+def test_the_first_plan_follows_the_declared_cores_by_default(ps_server, threads) -> None:
+    """--dynamic-start static is the default: before anything is measured, B is split by the cores each
+    worker declares (a worker declares its cgroup's CPU quota unless told --cores)."""
+    c = start_cluster(ps_server, threads, "--global-batch", "32", "--epochs", "3", cores={"a": 2.0, "b": 6.0})
+    status = c.stub.Status(ps_pb2.StatusRequest(), timeout=TIMEOUT)
+    assert status.controller == "auto"
+    assert {w.name: w.batch_size for w in status.workers} == {"a": 8, "b": 24}
 
 
 def test_job_end_is_reported(ps_server, threads) -> None:

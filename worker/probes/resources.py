@@ -5,10 +5,11 @@ behave like a slower one: `ps-worker --slowdown` (a sleep scaled from the step's
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from common.ops.cpu_quota import usable_cpus
 
 ComputeEnd = Callable[[float, float], float]
 """Ends the compute of a step that began at (time.perf_counter, time.process_time) seconds: its
@@ -17,11 +18,9 @@ parameters)."""
 
 
 def default_cores() -> float:
-    """CPUs this process may run on."""
-    try:
-        return float(len(os.sched_getaffinity(0)))
-    except AttributeError:
-        return float(os.cpu_count() or 1)
+    """CPUs this process may run on: its affinity, no more than its cgroups' CPU quota (a container's
+    `--cpus`, a Kubernetes limit)."""
+    return usable_cpus()
 
 
 def slowdown_delay(wall_s: float, cpu_s: float, slowdown: float) -> float:
