@@ -13,7 +13,7 @@ A change is the suffix of the tested times whose median is off the law by BANDS 
 by CHANGE_SDS standard errors (the times' noise, estimated robustly from the settled times, and the
 law's own error at that batch: the fit's, or a least-squares line's at that noise if larger; both
 count the noise's persistence, spells of load that move several times together), the newest
-CHANGE_ROUNDS of them all off on the same side; of such suffixes, the one that stands out most (the
+CHANGE_ROUNDS of them all off on the same side (one or two where each is QUICK's ratio off); of such suffixes, the one that stands out most (the
 likeliest start of the change), less its first times nearer the law than the shift (from before the
 change). CHANGE_ROUNDS times must be left after the change: one event often moves several workers,
 and the decision that follows sees them all.
@@ -29,6 +29,11 @@ from ps.control.auto.law import Item, law_of
 
 CHANGE_ROUNDS = 3
 """The fewest newest times, all off the law on one side, that make a change."""
+QUICK = ((4.0, 1), (2.5, 2))
+"""Fewer newest times make a change when each is this many times off the law (slower, or faster by
+its inverse): a quota cut to an eighth makes every round eight times longer until the plan follows,
+so its first time is trusted at once. A stalled step (twice as long, now and then, on a shared
+machine) in a spell of load stays below these; two in a row below the second."""
 WINDOW = 8
 """The newest observations kept unsettled: a change is judged on up to this many rounds after it."""
 CHANGE_SDS = 4.5
@@ -61,7 +66,7 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     before = [it for it in items if it[0] < settled]
     tail = [it for it in items if it[0] >= settled]
     law = law_of(before, min_samples)
-    if law is None or len(tail) < rounds:
+    if law is None or len(tail) < min(rounds, min(quick for _, quick in QUICK)):
         return None
     line = law.fit.line
     residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.batch is None else law.batch / b)
@@ -72,22 +77,33 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     used = before if law.known else [it for it in before if it[1] == law.batch]
     fit_error = max(line.sd(batch) / line.at(batch),
                     law_error(used, batch, noise, law.known) * math.sqrt(min(runs, len(used))))
-    newest = residuals[-rounds:]
-    best: tuple[float, int, float] | None = None
-    for m in range(rounds, len(tail) + 1):
+    best: tuple[float, int, float, int] | None = None
+    for m in range(1, len(tail) + 1):
         shift = statistics.median(residuals[-m:])
+        needed = needed_rounds(residuals, shift, rounds)
         error = math.sqrt((MEDIAN_EFFICIENCY * noise) ** 2 * min(runs, m) / m + fit_error ** 2)
         score = abs(shift) / error
-        if (abs(shift) >= floor and score >= sds and all(r * shift > 0 for r in newest)
-                and (best is None or score > best[0])):
-            best = (score, m, shift)
+        if (m >= needed and abs(shift) >= floor and score >= sds
+                and all(r * shift > 0 for r in residuals[-needed:]) and (best is None or score > best[0])):
+            best = (score, m, shift, needed)
     if best is None:
         return None
-    _, m, shift = best
+    _, m, shift, needed = best
     first = len(tail) - m
     while first < len(tail) and abs(residuals[first]) < abs(residuals[first] - shift):  # nearer the law: before it
         first += 1
-    return tail[first][0] if len(tail) - first >= rounds else None
+    return tail[first][0] if len(tail) - first >= needed else None
+
+
+def needed_rounds(residuals: Sequence[float], shift: float, rounds: int) -> int:
+    """How many of the newest times (relative residuals, oldest first) a change of `shift` needs:
+    `rounds`, or fewer where each of the newest that many is QUICK's ratio off the law on its side."""
+    for ratio, quick in QUICK:
+        newest = residuals[-quick:]
+        if quick < rounds and len(newest) == quick and all(
+                (1.0 + r >= ratio) if shift > 0 else (1.0 + r <= 1.0 / ratio) for r in newest):
+            return quick
+    return rounds
 
 
 def _unexplained(residual: float, ratio: float | None) -> float:

@@ -18,6 +18,9 @@ Item = tuple[int, int, float, float | None]
 
 SPREAD = 0.2
 """Two batch sizes identify a worker's fixed cost when the larger is this much above the smaller."""
+ADMIT_SPREAD = 2.0
+"""An admitted batch size, measured fewer than `min_samples` times, enters the fit only this many times
+away from every batch size measured: nearer, its one time's noise would tilt the line."""
 
 
 @dataclass(frozen=True)
@@ -30,19 +33,25 @@ class Law:
     batch: int | None = None
 
 
-def law_of(items: Sequence[Item], min_samples: int) -> Law | None:
-    """The law of a worker's observations (`items`, oldest first); None without any."""
-    return _law(tuple(items), min_samples)
+def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None) -> Law | None:
+    """The law of a worker's observations (`items`, oldest first); None without any. `admitted`: a
+    batch size that enters with fewer than `min_samples` times, ADMIT_SPREAD away from the others (a
+    change trusted on its first times, change.QUICK: a worker stepped away from them at once is
+    measured there no more)."""
+    return _law(tuple(items), min_samples, admitted)
 
 
 @lru_cache(maxsize=1024)  # a decision asks for every law several times, the change test after each push
-def _law(items: tuple[Item, ...], min_samples: int) -> Law | None:
+def _law(items: tuple[Item, ...], min_samples: int, admitted: int | None) -> Law | None:
     if not items:
         return None
     counts: dict[int, int] = {}
     for _, b, _, _ in items:
         counts[b] = counts.get(b, 0) + 1
     measured = [b for b, n in counts.items() if n >= min_samples]
+    if admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= ADMIT_SPREAD
+                                                               for b in measured):
+        measured.append(admitted)
     if measured and max(measured) >= (1.0 + SPREAD) * min(measured):
         fit = Observations([it for it in items if it[1] in measured]).fit(min_samples)
         return None if fit is None else Law(fit, True)

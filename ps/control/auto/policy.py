@@ -7,9 +7,10 @@ changed, its law is the line through the origin, and the solve over such lines i
 step (equal times at the measured throughputs); seen at two far enough apart, its law has its fixed
 cost, and the solve is the optimal split, parking a worker that surely only slows the round
 (model/optperf.py). The second batch size comes from the first step: no probe. A worker whose newest
-times leave its law by more than the noise for a few rounds changed speed (change.py): its points
-from before the change are forgotten (worker_laws.py), the next decision, due at once, steps it from
-its new times, and its law is fitted again from them.
+times leave its law by more than the noise for a few rounds (one round, four times off) changed speed
+(change.py): its points from before the change are forgotten (worker_laws.py), the next decision,
+due at once, steps it from its new times (and the others whose newest times moved with them), and
+its law is fitted again from them.
 
 A decision holds the plan while it is measured balanced (model/balance.py, within the deadband), or
 while the solve predicts a round shorter by less than MIN_GAIN and the noise of the measured times;
@@ -112,11 +113,13 @@ class AutoPolicy(FittedPlan):
             self._report = {**report, "phase": "wait", **self._describe(current)}
             return None
         # one event often moves several workers, and a plan measured out of balance may hide a change
-        # under a move: look again at the others, less strictly
+        # under a move: look again at the others, less strictly (on their newest time alone where a
+        # change was trusted on its first times: the others' rounds since are as few)
         if self._laws.changed or not self._balanced(current):
+            along = 1 if self._laws.quick else ALONG_ROUNDS
             for k in active:
                 if k not in self._laws.changed:
-                    self._laws.forget_before_change(k, ALONG_SDS, ALONG_ROUNDS)
+                    self._laws.forget_before_change(k, ALONG_SDS, along)
         follow, changed = self._follow_up, sorted(self._laws.changed)
         if not (follow or changed):  # a parked worker waits for the server's decisions, not those asked for
             self._parking.tick()
@@ -124,7 +127,7 @@ class AutoPolicy(FittedPlan):
         if slowed:  # the load may have moved to a parked worker's machine, unmeasured
             self._parking.recall()
         reprobe = self._reprobes_due()
-        self._laws.changed, self._laws.slowed, self._follow_up = set(), set(), False
+        self._laws.changed, self._laws.slowed, self._laws.quick, self._follow_up = set(), set(), False, False
         report["speed_changed"] = changed
         times = self._times()
         new, parked, compared = self._solve(times, forced_in=reprobe)

@@ -31,14 +31,21 @@ def probe_targets(candidates: Iterable[str], plan: Mapping[str, int], current: M
                   deadband: float) -> dict[str, int]:
     """Each of `candidates` (changed and on a proportional line, or unchanged after a slowdown) whose
     mean time (`means`) at its batch in `current` is earlier than the slowest's by more than `deadband`,
-    and that `plan` keeps planned (not parked) below SPREAD up: the batch SPREAD up (within its bound)."""
+    and that `plan` keeps planned (not parked) below SPREAD up: the batch SPREAD up (within its bound),
+    where that costs nothing even if its time is all proportional to its batch: scaled from its mean,
+    it finishes within `plan`'s round (each planned worker's mean scaled to its batch there) and the
+    deadband. A worker that slowed at a large batch finishes early only because a slower one holds the
+    round up; the plan cuts its batch, and a probe up would make it the slowest."""
     slowest = max(means.values(), default=0.0)
+    level = max((means[k] * plan[k] / current[k] for k in means if current.get(k, 0) > 0 and plan.get(k, 0) > 0),
+                default=0.0)
     out = {}
     for k in candidates:
         b = current.get(k, 0)
         up = b + max(2, math.ceil(SPREAD * b))
         early = k in means and means[k] < (1.0 - deadband) * slowest
-        if early and 0 < plan[k] < up <= upper[k]:
+        free = k in means and b > 0 and means[k] * up / b <= (1.0 + deadband) * level
+        if early and free and 0 < plan[k] < up <= upper[k]:
             out[k] = up
     return out
 

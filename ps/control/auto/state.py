@@ -1,8 +1,8 @@
-"""The auto policy's own part of its checkpoint state: each worker's observations and settled mark,
-who changed speed since the last decision, the parking schedule, the rounds behind c and the plan's
-measured round, and whether a decision is asked for or a re-solve awaits its confirmation; written as
-plain data and read back with every value checked, so a state that contradicts itself is refused with
-the field it names (pure). A resumed worker's first steps are warm-up again, as after a join."""
+"""The auto policy's own part of its checkpoint state: each worker's observations, settled mark and
+admitted batch (worker_laws.py), who changed speed since the last decision, the parking schedule, the
+rounds behind c and the plan's measured round, and whether a decision is asked for or a re-solve
+awaits its confirmation; written as plain data and read back with every value checked, so a state
+that contradicts itself is refused with the field it names (pure). A resumed worker's first steps are warm-up again, as after a join."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from ps.control.checks import integer
 from ps.control.model.state import nonnegative, observations
 from ps.control.model.time_fit import Observations
 
+WORKER_KEYS = frozenset({"obs", "seq", "settled", "admitted"})
 KEYS = frozenset({"workers", "changed", "parking", "overhead", "measured", "predicted", "follow_up", "confirming"})
 
 
@@ -34,7 +35,8 @@ def auto_part(laws: WorkerLaws, parking: ParkingSchedule, rounds: RoundLog, foll
               confirming: bool) -> dict[str, Any]:
     """The auto policy's state as plain data."""
     return {
-        "workers": {k: {"obs": [list(item) for item in o.items], "seq": o.seq, "settled": laws.settled[k]}
+        "workers": {k: {"obs": [list(item) for item in o.items], "seq": o.seq, "settled": laws.settled[k],
+                        **({"admitted": laws.admitted[k]} if k in laws.admitted else {})}
                     for k, o in laws.obs.items()},
         "changed": sorted(laws.changed), "parking": parking.state(),
         "overhead": list(rounds.overhead), "measured": list(rounds.measured), "predicted": rounds.predicted,
@@ -52,10 +54,13 @@ def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoP
     if not isinstance(entries, Mapping) or set(entries) != set(workers):
         raise ValueError("auto policy state must have one entry per worker of the policy")
     for k, entry in entries.items():
-        if not isinstance(entry, Mapping) or set(entry) != {"obs", "seq", "settled"}:
-            raise ValueError(f"auto state of {k!r} must have the keys obs, seq, settled")
+        if not isinstance(entry, Mapping) or not {"obs", "seq", "settled"} <= set(entry) <= WORKER_KEYS:
+            raise ValueError(f"auto state of {k!r} must have the keys obs, seq, settled (and may have admitted)")
         laws.obs[k] = Observations(observations(k, entry["obs"]), integer(f"seq of {k!r}", entry["seq"], minimum=0))
         laws.settled[k] = integer(f"settled mark of {k!r}", entry["settled"], minimum=0)
+        laws.admitted.pop(k, None)
+        if "admitted" in entry:
+            laws.admitted[k] = integer(f"admitted batch of {k!r}", entry["admitted"], minimum=1)
     changed = raw["changed"]
     if not isinstance(changed, list) or not set(changed) <= set(workers):
         raise ValueError("auto state 'changed' must list workers of the policy")

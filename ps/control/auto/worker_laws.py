@@ -30,6 +30,8 @@ class WorkerLaws(WorkerTimes):
         self.settled: dict[str, int] = {}
         self.changed: set[str] = set()  # changed speed since the last decision
         self.slowed: set[str] = set()  # of those, the ones whose times rose SLOWED times or more
+        self.admitted: dict[str, int] = {}  # the batch of a change trusted on fewer than min_samples times
+        self.quick = False  # a change since the last decision was trusted on fewer times than `rounds`
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
@@ -40,6 +42,7 @@ class WorkerLaws(WorkerTimes):
         self.settled.pop(worker_id, None)
         self.changed.discard(worker_id)
         self.slowed.discard(worker_id)
+        self.admitted.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
         """Take one time (False: a warm-up step, left out) and test the newest against the law."""
@@ -65,10 +68,14 @@ class WorkerLaws(WorkerTimes):
         self.obs[worker_id] = Observations(after, obs.seq)
         self.settled[worker_id] = obs.seq
         self.changed.add(worker_id)
+        self.quick = self.quick or len(after) < rounds
+        self.admitted.pop(worker_id, None)
+        if after and len(after) < self.min_samples and all(it[1] == after[0][1] for it in after):
+            self.admitted[worker_id] = after[0][1]
         return True
 
     def law(self, worker_id: str) -> Law | None:
-        return law_of(self.obs[worker_id].items, self.min_samples)
+        return law_of(self.obs[worker_id].items, self.min_samples, self.admitted.get(worker_id))
 
     def finishes(self) -> dict[str, Finish]:
         """Each measured worker's fitted finish time: its law, or its proportional line."""

@@ -1,6 +1,7 @@
 """ps.control.auto.change: a change of speed is found where the newest times leave the law by more
-than the noise for a few rounds, and starts where they left it; noise, one stalled step, or the
-fixed cost a proportional line does not know yet are no change."""
+than the noise for a few rounds (fewer, far off it), and starts where they left it; noise, one
+stalled step, or the fixed cost a proportional line does not know yet are no change. And the law a
+change's first times are admitted into (law.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import random
 import pytest
 
 from ps.control.auto.change import CHANGE_ROUNDS, WINDOW, change_start, relative_noise, settled_mark
+from ps.control.auto.law import law_of
 
 Item = tuple[int, int, float, float | None]
 
@@ -38,6 +40,29 @@ def test_a_halved_speed_is_found_after_a_few_rounds_and_starts_where_it_began() 
             assert start is None  # too few rounds to tell
         else:
             assert start == len(settled) + len(before_change)  # the first time after the change
+
+
+@pytest.mark.parametrize(("factor", "rounds", "found"), [(8.0, 1, True), (0.2, 1, True), (3.0, 1, False),
+                                                       (3.0, 2, True), (0.35, 2, True), (2.0, 2, False)])
+def test_times_far_off_the_law_are_a_change_on_fewer_rounds(factor: float, rounds: int, found: bool) -> None:
+    """QUICK: one time four times off the law (either way) is a change at once, two in a row 2.5 times
+    off; nearer, the change waits for CHANGE_ROUNDS times."""
+    rnd = random.Random(2)
+    settled = noisy(rnd, 32, 1.0, 10.0, 8, 0.02) + noisy(rnd, 64, 1.0, 10.0, 8, 0.02)
+    items, mark = law_then(settled, [(64, 74.0 * factor)] * rounds)
+    assert (change_start(items, mark, 3, 0.1) == len(settled)) is found
+
+
+def test_an_admitted_batch_enters_the_law_only_far_from_the_measured_ones() -> None:
+    """One time at a batch size admitted (a change trusted on it) identifies the fixed cost with the
+    times measured at another batch ADMIT_SPREAD away, never nearer: there its noise would tilt the line."""
+    measured = [(i, 103, 855.0 + i, None) for i in range(6)]
+    near = [(10, 124, 866.0, None), *[(11 + i, b, ms, None) for i, (_, b, ms, _) in enumerate(measured)]]
+    assert not law_of(near, 3, admitted=124).known
+    far = [(10, 260, 2000.0, None), *[(11 + i, b, ms, None) for i, (_, b, ms, _) in enumerate(measured)]]
+    law = law_of(far, 3, admitted=260)
+    assert law.known and law.fit.line.q == pytest.approx((2000.0 - 858.0) / (260 - 103), rel=0.05)
+    assert not law_of(far, 3).known
 
 
 def test_noise_alone_is_no_change() -> None:

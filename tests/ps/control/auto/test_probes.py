@@ -33,6 +33,14 @@ def test_an_early_worker_above_its_minimum_that_the_plan_holds_is_probed_spread_
     assert probe_targets(["a"], {"a": 3, "b": 7}, {"a": 3, "b": 7}, MEANS, LOWER, UPPER, deadband=0.1) == {"a": 5}
 
 
+def test_a_worker_whose_probe_would_outlast_the_planned_round_is_not_probed() -> None:
+    """A worker that slowed at a large batch finishes early only because a slower one holds the round
+    up: the plan cuts it, and a probe SPREAD up, priced in proportion to its batch, would outlast the
+    plan's round (phase 3 of the swap schedule: probed from 129 to 155 samples, a round of 1.3 s)."""
+    current, means = {"a": 129, "b": 125}, {"a": 1027.0, "b": 1564.0}
+    assert probe_targets(["a"], {"a": 72, "b": 40}, current, means, LOWER, {"a": 500, "b": 500}, deadband=0.1) == {}
+
+
 def test_the_probe_plan_scales_the_others_to_what_the_probes_leave_and_keeps_the_parked_at_zero() -> None:
     plan = probe_plan({"a": 2, "b": 8, "c": 0}, {"a": 4}, 10, {**LOWER, "c": 1}, {**UPPER, "c": 20},
                       exact_sum=True, for_time=False)
