@@ -62,6 +62,7 @@ class AutoPolicy(FittedPlan):
         self._held = self._laws = WorkerLaws(config.min_samples, config.deadband)
         self._rounds = RoundLog()
         self._follow_up = True  # the plan in force asks for a decision as soon as it is measured
+        self._soon = False  # ... on min_samples times, not FOLLOW_UP times as many: a step after a far change
 
     # ------------------------------------------------------------------ what the policy is told
     def _added(self, worker_id: str) -> None:
@@ -102,7 +103,7 @@ class AutoPolicy(FittedPlan):
         if not active or any(w.batch is None for w in self._workers.values()):
             return False
         changed = bool(self._laws.changed & set(active))
-        need = self._config.min_samples * (1 if changed else FOLLOW_UP)
+        need = self._config.min_samples * (1 if changed or self._soon else FOLLOW_UP)
         return (self._follow_up or changed) and all(self._workers[k].samples >= need for k in active)
 
     def _decide(self) -> dict[str, int] | None:
@@ -127,6 +128,7 @@ class AutoPolicy(FittedPlan):
         if slowed:  # the load may have moved to a parked worker's machine, unmeasured
             self._parking.recall()
         reprobe = self._reprobes_due()
+        quick, self._soon = self._laws.quick, False
         self._laws.changed, self._laws.slowed, self._laws.quick, self._follow_up = set(), set(), False, False
         report["speed_changed"] = changed
         times = self._times()
@@ -171,6 +173,7 @@ class AutoPolicy(FittedPlan):
             new = nearest_plan(times, new, current, lower, upper, slack=min_gain / 2)
         self._parking.install(parked, reprobe)
         self._follow_up = bool(reprobe or probes or entries) or not known
+        self._soon = quick and self._follow_up  # its rounds are long, and its laws are off by the change's size
         phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
         if stepped:
             report["far_from_balance"] = True
