@@ -171,12 +171,15 @@ class FittedPlan(WorkerPlan):
 
     def _reprobe_bounds(self, lower: Mapping[str, int], upper: Mapping[str, int],
                         reprobe: list[str]) -> dict[str, int]:
-        """`lower` with the workers brought back for a re-probe at their break-even batch at least
-        (with `break_even`; `lower` as it is without)."""
+        """`lower` with the active workers at their break-even batch at least, then the workers brought
+        back for a re-probe at theirs in what B leaves (with `break_even`; `lower` as it is without): a
+        re-probe never crowds out a worker that carries the round."""
         if not (self._parks_below_break_even() and reprobe):
             return dict(lower)
-        laws = {k: f.at for k, f in self._held.finishes().items() if k in reprobe and self._identified(k)}
-        return raised_to_break_even(laws, lower, upper, reprobe, self._config.global_batch)
+        laws = {k: f.at for k, f in self._held.finishes().items() if self._identified(k)}
+        active = [k for k, w in self._workers.items() if w.batch and k not in reprobe]
+        kept = raised_to_break_even(laws, lower, upper, active, self._config.global_batch)
+        return raised_to_break_even(laws, kept, upper, reprobe, self._config.global_batch)
 
     def _break_even(self, plan: Mapping[str, int], times: Mapping[str, FinishTime], lower: Mapping[str, int],
                     upper: Mapping[str, int], may_park: list[str]) -> tuple[dict[str, int], list[str]]:

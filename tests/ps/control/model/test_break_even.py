@@ -122,3 +122,20 @@ def test_a_re_probe_brings_back_only_the_workers_the_total_has_room_for_at_their
         slow = {k: b for k, b in r["plan"].items() if k != "a" and b > 0}
         assert slow and all(b >= 18 for b in slow.values()), r["plan"]  # 20 by the laws, fitted within the noise
     assert all(sum(r["plan"].values()) == 48 for r in reports)
+
+
+@pytest.mark.parametrize("name", ["auto"])  # the model policy, probed at batch 1, re-probes none of them here
+def test_a_re_probe_never_crowds_out_an_active_worker(name: str) -> None:
+    """B = 40 has room for two slow workers at their break-even (20 each) and nothing left for the fast
+    one, which carries B alone: re-probes fit in what the active workers leave at their own break-even
+    (seen in benchmarks.tta from B0 = 512: at B = 32 a re-probe of two slow workers parked the fastest)."""
+    costs = {"a": (0.1, 1.0), "b": (2.0, 40.0), "c": (2.0, 40.0), "d": (2.0, 40.0)}
+    ctl = build_policy(PolicyConfig(policy=name, global_batch=40, break_even=True))
+    for k in costs:
+        ctl.add_worker(k)
+    ctl.replan()
+    reports = run_rounds(ctl, costs, 200, 0.02, random.Random(0), 2.0, 10)
+    assert any(r["phase"] == "reprobe" for r in reports), [r["phase"] for r in reports]
+    settled = [r for r in reports if r["round"] >= 30]
+    assert settled and all(r["plan"]["a"] >= 10 for r in settled), [(r["round"], r["plan"]) for r in settled
+                                                                     if r["plan"]["a"] < 10]
