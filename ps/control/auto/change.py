@@ -13,10 +13,11 @@ A change is the suffix of the tested times whose median is off the law by BANDS 
 by CHANGE_SDS standard errors (the times' noise, estimated robustly from the settled times, and the
 law's own error at that batch: the fit's, or a least-squares line's at that noise if larger; both
 count the noise's persistence, spells of load that move several times together), the newest
-CHANGE_ROUNDS of them all off on the same side (one or two where each is QUICK's ratio off); of such suffixes, the one that stands out most (the
-likeliest start of the change), less its first times nearer the law than the shift (from before the
-change). CHANGE_ROUNDS times must be left after the change: one event often moves several workers,
-and the decision that follows sees them all.
+CHANGE_ROUNDS of them all off on the same side (one or two where each is QUICK's ratio off); of such
+suffixes, the one that stands out most (the likeliest start of the change), less its first times
+nearer the law than the shift (from before the change). CHANGE_ROUNDS times must be left after the
+change (QUICK's fewer): one event often moves several workers, and the decision that follows sees
+them all.
 """
 
 from __future__ import annotations
