@@ -26,7 +26,8 @@ from protos import ps_pb2, ps_pb2_grpc
 from tests.processes import Cluster, start_server
 from worker.transport.client import PSClient, ServerError
 
-TINY = ["--model-arg", "hidden=8", "--dataset", "digits", "--global-batch", "64", "--lr", "0.1"]
+TINY = ["--model-arg", "hidden=8", "--dataset", "digits", "--global-batch", "64", "--lr", "0.1",
+        "--dynamic-start", "uniform"]  # equal halves: a real worker declares its machine's CPUs, a raw one 1
 
 
 def join_all(cluster: Cluster, names: list[str]) -> tuple[list[PSClient], dict[str, object]]:
