@@ -67,7 +67,7 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     before = [it for it in items if it[0] < settled]
     tail = [it for it in items if it[0] >= settled]
     law = law_of(before, min_samples)
-    if law is None or len(tail) < min(rounds, min(quick for _, quick in QUICK)):
+    if law is None or not tail:  # QUICK's fewest is one time
         return None
     line = law.fit.line
     residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.batch is None else law.batch / b)
