@@ -106,7 +106,7 @@ class AutoPolicy(FittedPlan):
         need = self._config.min_samples * (1 if changed or self._soon else FOLLOW_UP)
         return (self._follow_up or changed) and all(self._workers[k].samples >= need for k in active)
 
-    def _decide(self) -> dict[str, int] | None:
+    def _decision(self) -> dict[str, int] | None:
         active, current = self._active(), self.plan()
         report: dict[str, Any] = self._opening()
         if not all(self._workers[k].samples >= self._config.min_samples for k in active):
@@ -172,6 +172,8 @@ class AutoPolicy(FittedPlan):
         if known and resolve and not entries:  # a re-solve moves no more than its gain asks
             new = nearest_plan(times, new, current, lower, upper, slack=min_gain / 2)
         self._parking.install(parked, reprobe)
+        if reprobe:
+            self._reprobing(current, report)
         self._follow_up = bool(reprobe or probes or entries) or not known
         self._soon = quick and self._follow_up  # its rounds are long, and its laws are off by the change's size
         phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
@@ -213,6 +215,10 @@ class AutoPolicy(FittedPlan):
         """A decision is due as soon as the replan's plan is measured."""
         self._follow_up = True
 
+    def _took_back(self) -> None:
+        """The plan taken back was measured: no decision is asked for."""
+        self._follow_up = self._soon = False
+
     def _solvable(self) -> bool:
         """Every worker is measured (its law need not be known)."""
         return all(k in self._laws.finishes() for k in self._workers)
@@ -229,8 +235,17 @@ class AutoPolicy(FittedPlan):
             return dict(upper if sum(upper.values()) < self._config.global_batch else lower), [], {}
         may_park = [k for k in self._workers if k not in forced_in] if self._may_park() else []
         lower = self._reprobe_bounds(lower, upper, forced_in)
+        # a parked worker whose law is not known comes back by a re-probe only: a line through the origin,
+        # fitted from a few samples' times, hides the fixed cost that parked it
+        kept_out = [k for k in self.parked() if k not in forced_in and not self._identified(k)]
+        rest = [k for k in self._workers if k not in kept_out]
+        if kept_out and sum(lower[k] for k in rest) <= self._config.global_batch <= sum(upper[k] for k in rest):
+            lower, upper = {**lower, **dict.fromkeys(kept_out, 0)}, {**upper, **dict.fromkeys(kept_out, 0)}
+        else:
+            kept_out = []
         plan, parked, compared = solve(times, self._laws.finishes(), self._config.global_batch, lower, upper,
                                        may_park=may_park, overhead=self._rounds.overhead_ms, prefer=self.parked())
+        parked = [*kept_out, *(k for k in parked if k not in kept_out)]
         # a re-probed worker the bounds left below its break-even is parked again, its re-probe put off
         plan, below = self._break_even(plan, times, lower, upper, [*may_park, *forced_in] if self._may_park() else [])
         return plan, parked + below, compared

@@ -41,6 +41,8 @@ class FittedPlan(WorkerPlan):
         self._parking = ParkingSchedule()
         self._confirming = False  # the last decision found a re-solve worth it and held to confirm it
         self._report: dict[str, Any] = {}
+        self._before_reprobe: tuple[dict[str, int], float] | None = None  # the plan a re-probe left, its round
+        self._judging = False  # a decision judges a re-probe
 
     def observe_round(self, round_ms: float) -> None:
         """The round's overhead c (rounds.py)."""
@@ -52,6 +54,63 @@ class FittedPlan(WorkerPlan):
     def _identified(self, worker_id: str) -> bool:
         """Whether the worker's fit is known well enough to solve with."""
         raise NotImplementedError
+
+    def _decision(self) -> dict[str, int] | None:
+        """The plan after one decision (None: unchanged), its report in `_report`."""
+        raise NotImplementedError
+
+    def _decide(self) -> dict[str, int] | None:
+        """`_decision`, unless it judges a re-probe the rounds contradict (`_taken_back`)."""
+        judged, self._before_reprobe = self._before_reprobe, None
+        parking, reprobed = self._parking.state(), list(self._parking.reprobed)
+        self._judging = judged is not None  # no re-probe starts at the decision that judges one
+        try:
+            new = self._decision()
+        finally:
+            self._judging = False
+        if judged is None:
+            return new
+        if self._report.get("phase") == "wait":  # not measured yet: the next decision judges it
+            self._before_reprobe = judged
+            return new
+        back = self._taken_back(judged, self._report["previous"]["measured_round_ms"],
+                                new if new is not None else self.plan(), reprobed)
+        if back is None:
+            return new
+        self._parking = ParkingSchedule.from_state(parking, self._workers)
+        self._parking.install([k for k, b in back.items() if b == 0], [])
+        self._before_reprobe, self._confirming = None, False
+        self._took_back()
+        opening = {k: v for k, v in self._report.items() if k in ("policy", "previous", "speed_changed")}
+        self._report = {**opening, "phase": "revert", "reverted": sorted(reprobed), **self._describe(back)}
+        return back
+
+    def _taken_back(self, judged: tuple[dict[str, int], float], measured: float | None,
+                    outcome: Mapping[str, int], reprobed: list[str]) -> dict[str, int] | None:
+        """The plan a re-probe left, where the decision that judges it keeps a re-probed worker in the
+        round although the rounds since measured slower than that plan's by more than the deadband; None
+        otherwise, and where B, the workers or their bounds changed since. The round is the judge, not
+        the fits: a law fitted at larger batches misses the fixed costs of the few samples a re-probe
+        runs at, and a fit through the re-probe's own times can favour the plan it made."""
+        left, before = judged
+        if measured is None or not measured > before * (1.0 + self._config.deadband):
+            return None
+        if not any(outcome.get(k, 0) > 0 for k in reprobed):
+            return None
+        lower, upper = self._bounds()
+        if (set(left) != set(self._workers) or sum(left.values()) != self._config.global_batch
+                or any(b and not lower[k] <= b <= upper[k] for k, b in left.items())):
+            return None
+        return dict(left)
+
+    def _reprobing(self, left: Mapping[str, int], report: Mapping[str, Any]) -> None:
+        """A re-probe is installed over `left`: remember it and its measured round (`report`'s opening)
+        for the decision that judges the re-probe."""
+        measured = report["previous"]["measured_round_ms"]
+        self._before_reprobe = None if measured is None else (dict(left), float(measured))
+
+    def _took_back(self) -> None:
+        """Hook: a re-probe was taken back, the plan it left is in force again."""
 
     def _overhead(self, plan: Mapping[str, int]) -> float:
         """c for the workers of `plan`."""
@@ -79,6 +138,7 @@ class FittedPlan(WorkerPlan):
             return {}
         report = self._opening()
         self._confirming = False
+        self._before_reprobe = None
         self._replanning()
         if self._solvable():
             new, parked, compared = self._solve_all()
@@ -160,8 +220,9 @@ class FittedPlan(WorkerPlan):
         """The parked workers whose re-probe is due (parking.py); with `break_even`, those of them the
         total leaves room to bring back at their break-even batch (`_reprobe_bounds`): one brought back
         below it would run a round of its fixed cost for a few samples, the plan a break-even forbids.
-        The others stay parked and are due again at the next decision (a larger B may make room)."""
-        due = self._parking.due()
+        The others stay parked and are due again at the next decision (a larger B may make room), as
+        are all of them at a decision that judges a re-probe: its rounds are no measure for another."""
+        due = [] if self._judging else self._parking.due()
         if not (self._parks_below_break_even() and due):
             return due
         lower, upper = self._bounds()

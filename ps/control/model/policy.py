@@ -128,7 +128,7 @@ class ModelPolicy(FittedPlan):
         return all(self._workers[k].samples >= (probing if k in self._probing or not self._solved else need)
                    for k in active)
 
-    def _decide(self) -> dict[str, int] | None:
+    def _decision(self) -> dict[str, int] | None:
         active = self._active()
         current = self.plan()
         report: dict[str, Any] = self._opening()
@@ -183,6 +183,8 @@ class ModelPolicy(FittedPlan):
             lower, upper = self._bounds()
             new = nearest_plan(finishes, new, current, lower, upper, slack=min_gain / 2)
         self._install_parking(parked, reprobe)
+        if reprobe:
+            self._reprobing(current, report)
         self._solved = True
         self._report = {**report, "phase": "reprobe" if reprobe else "solve", "drift": drifted,
                         **({"reprobe": reprobe} if reprobe else {}), **({"park": compared} if compared else {}),
@@ -227,6 +229,10 @@ class ModelPolicy(FittedPlan):
         """Record who is parked after a solve (parking.py); the re-probed workers are probes until measured."""
         self._parking.install(parked, reprobe)
         self._probing = set(reprobe)
+
+    def _took_back(self) -> None:
+        """The re-probed workers, parked again, are no probes to wait for."""
+        self._probing.clear()
 
     # ------------------------------------------------------------------ what a decision reports
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:
