@@ -19,6 +19,7 @@ Definitions
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -152,6 +153,32 @@ def global_batch_curve(events: Sequence[Event]) -> list[dict[str, Any]]:
     points += [{"seconds": round(max(0.0, float(d["elapsed_s"]) - zero), 3), "global_batch": int(d["global_batch"])}
                for d in decisions]
     return points
+
+
+def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """The ``adjust`` decisions whose plan puts an active worker below its break-even batch by the laws
+    that decision reports, where another worker is active (docs/adaptive-batch.md: a worker whose
+    fixed cost s exceeds its compute q·b is parked): ``{"step", "worker", "batch", "break_even"}``
+    each. A decision that waits for measurements (phase ``wait``) decides nothing and is not judged.
+    A law counts where it is known: ``law`` true (auto) or measured at two batch sizes or more
+    (``batches``, model); a line through the origin has no break-even. The break-even is the least b
+    with q·b >= s, on the report's rounded q and s."""
+    out = []
+    for e in of_kind(events, "adjust"):
+        if e.get("phase") == "wait":
+            continue
+        plan, fits = e.get("batch_sizes") or {}, e.get("fits") or {}
+        active = [k for k, b in plan.items() if b]
+        if len(active) < 2:
+            continue
+        for k in active:
+            fit = fits.get(k) or {}
+            known = fit.get("law", (fit.get("batches") or 0) >= 2)
+            q, s = float(fit.get("q") or 0.0), float(fit.get("s") or 0.0)
+            if known and q > 0 and s > 0 and q * plan[k] < s * (1.0 - 1e-6):
+                out.append({"step": e.get("step"), "worker": k, "batch": plan[k],
+                            "break_even": math.ceil(s / q - 1e-6)})
+    return out
 
 
 def time_to_accuracy(curve: Sequence[Event], goal: float) -> float | None:

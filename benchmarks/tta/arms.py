@@ -76,6 +76,7 @@ def run_ps(s: Settings, emu: Emulation, name: str, arm: str, goal: Goal, min_bat
     return record(analysis.accuracy_curve(run.events), goal, policy=policy, batch_sizes=plan,
                   global_batches=[d["global_batch"] for d in decisions] or None,
                   global_batch_curve=analysis.global_batch_curve(run.events) or None,
+                  below_break_even=analysis.below_break_even(run.events),
                   stopped_at_goal=run.stopped_early, run_wall_s=run.wall_s)
 
 

@@ -74,7 +74,19 @@ def targets(summary: Mapping[str, dict], seeds: Sequence[int]) -> list[dict[str,
         out.append(ratio_target("time to target: model_adaptive / model (fixed B0)", median["model_adaptive"],
                                 median["model"], 0.9, missed["model_adaptive"], missed["model"]))
         out.append(worst_seed(summary["model_adaptive"]["seeds"], summary["model"]["seeds"], seeds))
+    if "model_adaptive" in summary:
+        out.append(break_even_target(summary["model_adaptive"]["seeds"]))
     return out
+
+
+def break_even_target(seeds: Mapping[str, dict]) -> dict[str, Any]:
+    """No plan of the adaptive arm puts an active worker below its break-even batch, on any seed (the
+    metrics log's decisions, analysis.below_break_even): the count of such workers in plans; null
+    where no seed's record has the check."""
+    found = [r["below_break_even"] for r in seeds.values() if r.get("below_break_even") is not None]
+    value = sum(len(f) for f in found) if found else None
+    return analysis.target("plans of model_adaptive with an active worker below its break-even batch", value,
+                           "<=", 0, SOURCE)
 
 
 def worst_seed(adaptive: Mapping[str, dict], fixed: Mapping[str, dict], seeds: Sequence[int]) -> dict[str, Any]:

@@ -22,7 +22,8 @@ from tests.repo import ROOT
 PROFILE = "kind: profile\nname: tiny2\nbsp:\n  workers: [1, 3]\n"
 GOALS = ["time to target: our best configuration / ddp_uniform", "time to target: our best configuration / ddp_split",
          "time to target: model_adaptive / model (fixed B0)",
-         "time to target: model_adaptive / model (fixed B0), worst seed"]
+         "time to target: model_adaptive / model (fixed B0), worst seed",
+         "plans of model_adaptive with an active worker below its break-even batch"]
 
 
 def arm(*times: float | None) -> dict[str, dict]:
@@ -76,6 +77,28 @@ def test_the_goals_compare_our_best_arm_with_ddp_and_adaptive_with_fixed_b0() ->
     assert met[GOALS[1]]["value"] == round(31 / 50, 4) and met[GOALS[1]]["pass"] is True
     assert met[GOALS[2]]["value"] == round(31 / 32, 4) and met[GOALS[2]]["pass"] is False
     assert met[GOALS[3]]["value"] == round(40 / 34, 4) and met[GOALS[3]]["pass"] is False
+
+
+def test_a_plan_below_a_known_break_even_is_found_in_the_log_and_fails_the_goal() -> None:
+    def adjust(step: int, plan: dict[str, int], fits: dict[str, dict]) -> dict:
+        return {"event": "adjust", "step": step, "batch_sizes": plan, "fits": fits}
+
+    model_law = {"q": 35.0, "s": 82.0, "batches": 2}  # break-even ceil(82 / 35) = 3
+    events = [adjust(1, {"a": 30, "b": 2, "c": 4}, {"a": {"q": 7.0, "s": 0.0, "batches": 2}, "b": model_law,
+                                                      "c": {**model_law, "batches": 1}}),  # c: no law yet
+              adjust(2, {"a": 33, "b": 3, "c": 0}, {"b": model_law}),  # at its break-even
+              adjust(3, {"a": 0, "b": 2, "c": 0}, {"b": model_law}),  # the last worker in the round
+              adjust(4, {"a": 30, "b": 1, "c": 1}, {"b": {"q": 35.0, "s": 82.0, "law": True},
+                                                    "c": {"q": 35.0, "s": 82.0, "law": False}}),  # auto's reports
+              {**adjust(5, {"a": 30, "b": 1, "c": 0}, {"b": model_law}), "phase": "wait"},  # decides nothing
+              {"event": "epoch", "batch_sizes": {"a": 1, "b": 1}}]
+    found = analysis.below_break_even(events)
+    assert found == [{"step": 1, "worker": "b", "batch": 2, "break_even": 3},
+                     {"step": 4, "worker": "b", "batch": 1, "break_even": 3}]
+    seeds = {"0": {"below_break_even": []}, "1": {"below_break_even": found}}
+    assert report.break_even_target(seeds)["value"] == 2 and report.break_even_target(seeds)["pass"] is False
+    assert report.break_even_target({"0": {"below_break_even": []}})["pass"] is True
+    assert report.break_even_target({"0": {}})["pass"] is None
 
 
 def test_a_missed_target_is_a_failed_goal_where_the_other_side_reached_it_else_unknown() -> None:

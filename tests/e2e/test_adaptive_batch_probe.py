@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from benchmarks.analysis import below_break_even
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH
 from tests.processes import start_server
 
@@ -36,3 +39,26 @@ def test_under_dynamic_b_is_probed_and_moves_within_the_epoch_bound(tmp_path: Pa
     assert plans[-1] == decisions[-1]["global_batch"], (plans, decisions)
     (summary,) = cluster.events("summary")
     assert summary["reason"] == "finished" and summary["accuracy"] > 0.8, summary
+
+
+@pytest.mark.parametrize("policy", ["model", "auto"])
+def test_no_plan_puts_an_active_worker_below_its_break_even(tmp_path: Path, policy: str) -> None:
+    """The metrics log's decisions (benchmarks.analysis.below_break_even): every active worker with a
+    known law is planned at or above its break-even batch, the fixed cost of its round paid for by its
+    samples, from B0 = 128 moving down (a worker 8 times slower than the fastest)."""
+    args = [*JOB[:JOB.index("--controller")], "--controller", policy, "--adaptive-batch", "gns",
+            "--min-global-batch", "16", "--max-global-batch", "512", "--adjust-every", "4", "--grace", "5"]
+    cluster = start_server(tmp_path, args)
+    try:
+        for name, slowdown in (("a", "1"), ("b", "2"), ("c", "8")):
+            cluster.start_worker(name, "--slowdown", slowdown)
+        assert cluster.wait(240) == 0, cluster.server_log()
+    finally:
+        cluster.stop()
+    events = cluster.events()
+    decisions = cluster.events("adjust")
+    known = [e for e in decisions if any(f.get("law", (f.get("batches") or 0) >= 2) for f in (e.get("fits") or {}).values())]
+    assert known, decisions  # laws were fitted: the check below has plans to judge
+    assert below_break_even(events) == [], [(e["step"], e["batch_sizes"], e.get("fits")) for e in decisions]
+    (summary,) = cluster.events("summary")
+    assert summary["reason"] == "finished", summary
