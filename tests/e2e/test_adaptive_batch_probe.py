@@ -10,7 +10,7 @@ import pytest
 
 from benchmarks.analysis import below_break_even
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH
-from tests.processes import start_server
+from tests.processes import Cluster, start_server
 
 TRAIN_SAMPLES = 1437  # digits at the default test fraction 0.2
 JOB = ["--workers", "3", "--model", "mlp", "--dataset", "digits", "--global-batch", "128", "--epochs", "4",
@@ -18,14 +18,20 @@ JOB = ["--workers", "3", "--model", "mlp", "--dataset", "digits", "--global-batc
        "--grace", "5"]
 
 
-def test_under_dynamic_b_is_probed_and_moves_within_the_epoch_bound(tmp_path: Path) -> None:
-    cluster = start_server(tmp_path, JOB)
+def finished(tmp_path: Path, args: list[str], slowdowns: dict[str, str]) -> Cluster:
+    """The job of `args` run to its end with a worker per entry of `slowdowns` (name: slowdown)."""
+    cluster = start_server(tmp_path, args)
     try:
-        for name, slowdown in (("a", "1"), ("b", "2"), ("c", "4")):
+        for name, slowdown in slowdowns.items():
             cluster.start_worker(name, "--slowdown", slowdown)
         assert cluster.wait(240) == 0, cluster.server_log()
     finally:
         cluster.stop()
+    return cluster
+
+
+def test_under_dynamic_b_is_probed_and_moves_within_the_epoch_bound(tmp_path: Path) -> None:
+    cluster = finished(tmp_path, JOB, {"a": "1", "b": "2", "c": "4"})
     decisions = cluster.events("adapt")
     assert decisions, cluster.server_log()
     assert all(e["basis"] in ("guess", "line", "probe", "measured") for e in decisions), decisions
@@ -48,13 +54,7 @@ def test_no_plan_puts_an_active_worker_below_its_break_even(tmp_path: Path, poli
     samples, from B0 = 128 moving down (a worker 8 times slower than the fastest)."""
     args = [*JOB[:JOB.index("--controller")], "--controller", policy, "--adaptive-batch", "gns",
             "--min-global-batch", "16", "--max-global-batch", "512", "--adjust-every", "4", "--grace", "5"]
-    cluster = start_server(tmp_path, args)
-    try:
-        for name, slowdown in (("a", "1"), ("b", "2"), ("c", "8")):
-            cluster.start_worker(name, "--slowdown", slowdown)
-        assert cluster.wait(240) == 0, cluster.server_log()
-    finally:
-        cluster.stop()
+    cluster = finished(tmp_path, args, {"a": "1", "b": "2", "c": "8"})
     events = cluster.events()
     decisions = cluster.events("adjust")
     known = [e for e in decisions if any(f.get("law", (f.get("batches") or 0) >= 2) for f in (e.get("fits") or {}).values())]
