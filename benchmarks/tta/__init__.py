@@ -26,6 +26,13 @@ budget, each seed's, their median and worst. ``targets`` holds the issue's goals
 seeds): our best configuration ≤ 1/3 of ``ddp_uniform``'s time and ≤ 0.8 of ``ddp_split``'s;
 ``model_adaptive`` ≤ 0.9 of ``model``'s; on every seed ``model_adaptive`` ≤ 1.1 × ``model``.
 
-The modules: ``cli`` (flags, the arms over the seeds, output), ``arms`` (one run of an arm) and
-``report`` (medians, worst seeds, goals, table; pure).
+``--sweep 64,128,256,512,1024`` runs all of that from each B0 of the list (the adaptive arm within the
+same bounds from every start: the smallest B0/4 to 4 x the largest unless set), and judges the adaptive
+arm from each B0 against the best fixed B: its median within 1.1 of ``model``'s median at the B0 where
+that is least, its worst seed within 1.3 of that B's worst, its median at most 0.8 of ``ddp_split``'s
+at ``ddp_split``'s own best B0, and no plan below a worker's break-even batch (each seed's record lists
+any, from the metrics log: ``below_break_even``).
+
+The modules: ``cli`` (flags, the arms over the seeds, output), ``arms`` (one run of an arm),
+``report`` (medians, worst seeds, goals, table; pure) and ``sweep`` (the goals and table over B0s; pure).
 """

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli_types import choices, emulation_arguments, parse_resolved, seeds
+from benchmarks.cli_types import choices, emulation_arguments, ints, parse_resolved, seeds
 from benchmarks.cluster_run import run_in_workdir
 from benchmarks.hetero.cli import build_parser as hetero_parser
 from benchmarks.hetero.cli import settings as hetero_settings
@@ -20,12 +20,21 @@ from benchmarks.report_output import add_report_options, emit
 from benchmarks.tta import arms as arms_
 from benchmarks.tta.plots import write_plots
 from benchmarks.tta.report import render_table, summarize, targets
+from benchmarks.tta.sweep import render_sweep_table, sweep_targets
 from common.ops.arg_types import positive_float, positive_int
 
 TARGET = 0.8
 """The default target: past the plateau near 0.5 that the default CNN crosses on patterns in 7-12 epochs at B=512."""
 
 QUICK_DATASET_ARGS = ("size=384", "image_size=8", "shift=1", "separation=1.5")
+
+
+def sweep_batches(text: str) -> list[int]:
+    """Comma-separated distinct B0s >= 1, in increasing order."""
+    values = ints(text, least=1)
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct B0s, got {text!r}")
+    return sorted(values)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  python -m benchmarks.tta --json --save-result                # HL8, cnn on patterns, seeds 0,1,2\n"
         "  ps-cluster make-data --dataset patterns --out /tmp/pat\n"
         "  python -m benchmarks.tta --dataset image_folder --dataset-arg root=/tmp/pat --json\n"
+        "  python -m benchmarks.tta --sweep 64,128,256,512,1024 --arms model,model_adaptive,ddp_split --json\n"
         "  python -m benchmarks.tta --quick --json                      # smoke test (seconds)\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -69,11 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
                      f"{' '.join(QUICK_DATASET_ARGS)})")
     job.add_argument("--global-batch", type=positive_int, default=None, help="B, the fixed B0 of the adaptive arm "
                      "(default: 512; --quick: 64)")
+    job.add_argument("--sweep", type=sweep_batches, default=None, metavar="LIST",
+                     help="comma-separated B0s, e.g. 64,128,256,512,1024: every arm from each (instead of "
+                     "--global-batch), the adaptive arm within the same bounds from all of them, and the goals "
+                     "against the best fixed B of model and of ddp_split")
     job.add_argument("--lr", type=positive_float, default=0.02, help="learning rate (default: 0.02)")
     job.add_argument("--min-global-batch", type=positive_int, default=None,
-                     help="model_adaptive's smallest B (default: B/4)")
+                     help="model_adaptive's smallest B (default: B/4; --sweep: the smallest B0/4)")
     job.add_argument("--max-global-batch", type=positive_int, default=None,
-                     help="model_adaptive's largest B (default: 4B)")
+                     help="model_adaptive's largest B (default: 4B; --sweep: the largest B0 x 4)")
     emulation_arguments(p)
     add_report_options(p.add_argument_group("output"), "tta")
     return p
@@ -102,13 +116,16 @@ def resolve_defaults(args: argparse.Namespace) -> None:
     args.target = args.target if args.target is not None else (0.15 if quick else TARGET)
     args.budget = 60.0 if args.budget is None else args.budget
     args.epochs = args.epochs or (2 if quick else 30)
-    args.global_batch = args.global_batch or (64 if quick else 512)
-    args.min_global_batch = args.min_global_batch or max(1, args.global_batch // 4)
-    args.max_global_batch = args.max_global_batch or 4 * args.global_batch
+    if args.sweep is not None and args.global_batch is not None:
+        raise ValueError("--sweep gives the B0s: leave out --global-batch")
+    starts = args.sweep or [args.global_batch or (64 if quick else 512)]
+    args.global_batch = starts[0]
+    args.min_global_batch = args.min_global_batch or max(1, min(starts) // 4)
+    args.max_global_batch = args.max_global_batch or 4 * max(starts)
     if args.target > 1 or args.budget < 0:
         raise ValueError("--target is an accuracy in (0, 1]; --budget must be >= 0")
-    if not args.min_global_batch <= args.global_batch <= args.max_global_batch:
-        raise ValueError("--min-global-batch <= --global-batch <= --max-global-batch")
+    if not (args.min_global_batch <= min(starts) and max(starts) <= args.max_global_batch):
+        raise ValueError("--min-global-batch <= every B0 (--global-batch, --sweep) <= --max-global-batch")
     if "ddp_split" in args.arms and "model" not in args.arms:
         raise ValueError("--arms: ddp_split takes model's split: add model")
 
@@ -164,12 +181,26 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return report
 
 
+def run_sweep(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """Every arm from each B0 of --sweep (`run`, the adaptive arm within the same bounds); the sweep's report."""
+    started = time.monotonic()
+    runs: dict[str, dict[str, Any]] = {}
+    for b0 in args.sweep:
+        log(f"tta sweep: B0 = {b0}")
+        runs[str(b0)] = run(argparse.Namespace(**{**vars(args), "global_batch": b0}), workdir / f"b{b0}")
+    return {"benchmark": "tta", "sweep": args.sweep, "profile": args.profile, "quick": args.quick,
+            "seeds": args.seeds, "min_global_batch": args.min_global_batch, "max_global_batch": args.max_global_batch,
+            "runs": runs, "targets": sweep_targets(runs), "seconds": round(time.monotonic() - started, 1)}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_resolved(build_parser(), argv, resolve_defaults)
-    code, report = run_in_workdir("tta", args.out, lambda workdir: run(args, workdir))
+    code, report = run_in_workdir("tta", args.out, lambda workdir: (run_sweep if args.sweep else run)(args, workdir))
     if report is None:
         return code
     if args.out is not None:
-        report["plots"] = [str(p) for p in write_plots(report, args.out)]
-    emit(args, "tta", "tta", report, render_table(report), argv)
+        reports = report["runs"] if args.sweep else {"": report}
+        report["plots"] = [str(p) for b0, r in reports.items()
+                           for p in write_plots(r, args.out / f"b{b0}" if b0 else args.out)]
+    emit(args, "tta", "tta", report, (render_sweep_table if args.sweep else render_table)(report), argv)
     return 0

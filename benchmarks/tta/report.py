@@ -120,11 +120,16 @@ def render_table(report: dict) -> str:
         ["arm", "time to target, median (s)", "worst (s)", "reached", f"accuracy in {w['budget_s']:g} s, median",
          "worst", "batches (first seed)"], rows)]
     if report["targets"]:
-        parts.append(analysis.markdown_table(["target", "value", "needs", "met"], [
-            [t["name"], t["value"], f"{t['op']} {t['threshold']}", {True: "yes", False: "no"}.get(t["pass"], "-")]
-            for t in report["targets"]]))
+        parts.append(targets_table(report["targets"]))
     env = report["environment"]
     parts.append(f"target accuracy {w['target']}, {len(report['seeds'])} seeds, {w['model']} on {w['dataset']} "
                  f"(B {w['global_batch']}, lr {w['lr']}), limiter {env['limiter']}, cpu budget {env['cpu_budget']}, "
                  f"load average at start {env['loadavg_start']}, torch {env['torch']}")
     return "\n\n".join(parts)
+
+
+def targets_table(goals: Sequence[Mapping[str, Any]]) -> str:
+    """The goals as a markdown table: each one's value, what it needs and whether it is met."""
+    return analysis.markdown_table(["target", "value", "needs", "met"], [
+        [t["name"], t["value"], f"{t['op']} {t['threshold']}", {True: "yes", False: "no"}.get(t["pass"], "-")]
+        for t in goals])

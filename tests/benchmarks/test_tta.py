@@ -13,7 +13,7 @@ import pytest
 from benchmarks import analysis
 from benchmarks.analysis import global_batch_curve
 from benchmarks.ddp_baseline import rank_counts
-from benchmarks.tta import report
+from benchmarks.tta import report, sweep
 from benchmarks.tta.arms import ARMS, PS_ARMS, Goal, ps_flags
 from benchmarks.tta.plots import write_plots
 from tests.processes import ENV
@@ -153,11 +153,38 @@ def test_the_adaptive_arms_b_over_time_and_every_arms_curve_are_plotted(tmp_path
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
 
 
+def test_a_sweep_judges_the_adaptive_arm_from_every_b0_against_the_best_fixed_b_of_model_and_of_ddp() -> None:
+    def at(**arms: dict[str, dict]) -> dict:
+        return {"arms": report.summarize(arms)}
+
+    runs = {"64": at(model=arm(50, 60, 70), model_adaptive=arm(40, 45, 80), ddp_split=arm(60, 60, 60)),
+            "256": at(model=arm(30, 35, 40), model_adaptive=arm(30, 33, 36), ddp_split=arm(45, 50, 55)),
+            "1024": at(model=arm(100, 110, 120), model_adaptive=arm(None, 38, 40), ddp_split=arm(90, 90, 90))}
+    assert sweep.best_fixed(runs, "model") == "256" and sweep.best_fixed(runs, "ddp_split") == "256"
+    met = {t["name"]: t for t in sweep.sweep_targets(runs)}
+    median = {b0: met[f"from B0 = {b0}: model_adaptive median / model's at its best fixed B (256)"] for b0 in runs}
+    assert median["64"]["value"] == round(45 / 35, 4) and median["64"]["pass"] is False
+    assert median["256"]["value"] == round(33 / 35, 4) and median["256"]["pass"] is True
+    assert median["1024"]["value"] == round(40 / 35, 4)  # a seed that missed counts as the slowest
+    worst = met["from B0 = 64: model_adaptive worst seed / model's worst at its best fixed B (256)"]
+    assert worst["value"] == round(80 / 40, 4) and worst["pass"] is False
+    worst = met["from B0 = 1024: model_adaptive worst seed / model's worst at its best fixed B (256)"]
+    assert worst["value"] is None and worst["pass"] is False  # the adaptive arm missed the target on a seed
+    ddp = met["from B0 = 256: model_adaptive median / ddp_split's at its best fixed B (256)"]
+    assert ddp["value"] == round(33 / 50, 4) and ddp["pass"] is True
+    assert len(met) == 9  # no seed record has the break-even check
+    table = sweep.render_sweep_table({"runs": runs, "targets": list(met.values())})
+    assert "| 64 | 60 / 70 | 45 / 80 | 60 / 60 |" in table
+
+
 @pytest.mark.parametrize("args, error", [
     (["--arms", "ddp_uniform,sgd"], "choose from"),
     (["--arms", "ddp_split"], "ddp_split takes model's split"),
     (["--seeds", "0,0"], "distinct"),
-    (["--global-batch", "64", "--min-global-batch", "128"], "--min-global-batch <= --global-batch"),
+    (["--global-batch", "64", "--min-global-batch", "128"], "--min-global-batch <= every B0"),
+    (["--sweep", "64,128", "--min-global-batch", "128"], "--min-global-batch <= every B0"),
+    (["--sweep", "64,64"], "distinct B0s"),
+    (["--sweep", "64,128", "--global-batch", "64"], "leave out --global-batch"),
 ])
 def test_bad_arguments_are_one_line_and_exit_2(args: list[str], error: str) -> None:
     out = subprocess.run([sys.executable, "-m", "benchmarks.tta", *args], cwd=ROOT, capture_output=True, text=True,
