@@ -82,18 +82,36 @@ class AutoPolicy(FittedPlan):
         w, law = self._workers[worker_id], self._laws.law(worker_id)
         return w.min_batch == w.max_batch or (law is not None and law.known)
 
-    def _times(self) -> dict[str, FinishTime]:
+    def _times(self, straddled: Mapping[str, float] | None = None) -> dict[str, FinishTime]:
         """Each worker's finish time in its batch for comparing plans: a known law plus its uncertainty
-        (time_fit.Finish.cautious); a proportional line as measured (new times are trusted at once);
-        a worker not measured yet at the slowest measured time per sample, never predicted fast."""
+        (time_fit.Finish.cautious); a proportional line as measured (new times are trusted at once),
+        for a worker of `straddled` (a slowdown trusted on its first times, how many times slower they
+        were) that many times slower again; a worker not measured yet at the slowest measured time per
+        sample, never predicted fast.
+
+        A slowdown's first time straddles it (the round began at the old speed), so it shows less of
+        the slowdown than there is; a worker given too many samples holds every other worker's round
+        (an eighth of a core planned at 140 samples: rounds of 1.7 s where the optimum's are 0.6 s),
+        one given too few only waits, until the next decision measures it at the batch it got."""
         finishes = self._laws.finishes()
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
+        straddled = straddled or {}
 
         def unmeasured(batch: int) -> float:
             return per_sample * batch
 
-        return {k: ((finishes[k].cautious if self._identified(k) else finishes[k].at) if k in finishes
-                    else unmeasured) for k in self._workers}
+        def slower(time: FinishTime, factor: float) -> FinishTime:
+            return lambda batch: factor * time(batch)
+
+        times: dict[str, FinishTime] = {}
+        for k in self._workers:
+            if k not in finishes:
+                times[k] = unmeasured
+            elif self._identified(k):
+                times[k] = finishes[k].cautious
+            else:
+                times[k] = slower(finishes[k].at, straddled[k]) if k in straddled else finishes[k].at
+        return times
 
     # ------------------------------------------------------------------ decisions
     def decision_due(self) -> bool:
@@ -128,10 +146,11 @@ class AutoPolicy(FittedPlan):
         if slowed:  # the load may have moved to a parked worker's machine, unmeasured
             self._parking.recall()
         reprobe = self._reprobes_due()
-        quick, self._soon = self._laws.quick, False
+        quick, self._soon, jumps = self._laws.quick, False, self._laws.jumps
         self._laws.changed, self._laws.slowed, self._laws.quick, self._follow_up = set(), set(), False, False
+        self._laws.jumps = {}
         report["speed_changed"] = changed
-        times = self._times()
+        times = self._times(jumps)
         new, parked, compared = self._solve(times, forced_in=reprobe)
         reprobe = [k for k in reprobe if k not in parked]
         priced = FittedRounds(times)

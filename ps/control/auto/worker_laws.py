@@ -32,6 +32,7 @@ class WorkerLaws(WorkerTimes):
         self.slowed: set[str] = set()  # of those, the ones whose times rose SLOWED times or more
         self.admitted: dict[str, int] = {}  # the batch of a change trusted on fewer than min_samples times
         self.quick = False  # a change since the last decision was trusted on fewer times than `rounds`
+        self.jumps: dict[str, float] = {}  # of the slowed, trusted on fewer times: how many times slower
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
@@ -42,6 +43,7 @@ class WorkerLaws(WorkerTimes):
         self.settled.pop(worker_id, None)
         self.changed.discard(worker_id)
         self.slowed.discard(worker_id)
+        self.jumps.pop(worker_id, None)
         self.admitted.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
@@ -65,6 +67,8 @@ class WorkerLaws(WorkerTimes):
             ratios = [ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in after]
             if statistics.median(ratios) >= SLOWED:
                 self.slowed.add(worker_id)
+                if len(after) < rounds:
+                    self.jumps[worker_id] = statistics.median(ratios)
         self.obs[worker_id] = Observations(after, obs.seq)
         self.settled[worker_id] = obs.seq
         self.changed.add(worker_id)
