@@ -180,7 +180,7 @@ class PushChunk(_message.Message):
     def __init__(self, header: _Optional[_Union[PushHeader, _Mapping]] = ..., seq: _Optional[int] = ..., data: _Optional[bytes] = ..., pad: _Optional[bytes] = ..., offset: _Optional[int] = ..., end: _Optional[_Union[PushEnd, _Mapping]] = ...) -> None: ...
 
 class ParamsHeader(_message.Message):
-    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state", "slice", "next_slice", "path")
+    __slots__ = ("round", "version", "epoch", "batch_size", "done", "wire_dtype", "num_values", "lr", "global_batch", "reason", "generation", "rank", "world_size", "backend", "snapshot_requested", "hub_rank", "optimizer_state", "slice", "next_slice", "path", "probe")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -201,6 +201,7 @@ class ParamsHeader(_message.Message):
     SLICE_FIELD_NUMBER: _ClassVar[int]
     NEXT_SLICE_FIELD_NUMBER: _ClassVar[int]
     PATH_FIELD_NUMBER: _ClassVar[int]
+    PROBE_FIELD_NUMBER: _ClassVar[int]
     round: int
     version: int
     epoch: int
@@ -221,7 +222,8 @@ class ParamsHeader(_message.Message):
     slice: _containers.RepeatedCompositeFieldContainer[SliceRange]
     next_slice: _containers.RepeatedCompositeFieldContainer[SliceRange]
     path: str
-    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ..., slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ..., next_slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ..., path: _Optional[str] = ...) -> None: ...
+    probe: bool
+    def __init__(self, round: _Optional[int] = ..., version: _Optional[int] = ..., epoch: _Optional[int] = ..., batch_size: _Optional[int] = ..., done: _Optional[bool] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., lr: _Optional[float] = ..., global_batch: _Optional[int] = ..., reason: _Optional[str] = ..., generation: _Optional[int] = ..., rank: _Optional[int] = ..., world_size: _Optional[int] = ..., backend: _Optional[str] = ..., snapshot_requested: _Optional[bool] = ..., hub_rank: _Optional[int] = ..., optimizer_state: _Optional[bool] = ..., slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ..., next_slice: _Optional[_Iterable[_Union[SliceRange, _Mapping]]] = ..., path: _Optional[str] = ..., probe: _Optional[bool] = ...) -> None: ...
 
 class SliceRange(_message.Message):
     __slots__ = ("epoch", "offset", "count")

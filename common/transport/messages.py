@@ -184,6 +184,7 @@ class StepHeader:
     slice: tuple[SliceRange, ...] = ()  # --sampling exact: the samples of the next step (ps.rounds.sampling)
     next_slice: tuple[SliceRange, ...] = ()  # and of the step after, handed ahead while the plan holds
     path: str = ""  # --allreduce auto's trial: the path from this reply on ("allreduce", "ps"; "": not said)
+    probe: bool = False  # BSP, on probation: the next step is a probe, its whole gradient pushed to this server (ps.rounds.probation)
 
 
 @dataclass(frozen=True)

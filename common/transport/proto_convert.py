@@ -48,7 +48,7 @@ def step_header_to_proto(h: StepHeader) -> ps_pb2.ParamsHeader:
         wire_dtype=h.wire_dtype, num_values=h.num_values, lr=h.lr, global_batch=h.global_batch, reason=h.reason,
         generation=h.group.generation, rank=h.group.rank, world_size=h.group.world_size, backend=h.group.backend,
         hub_rank=h.group.hub_rank, snapshot_requested=h.snapshot_requested, optimizer_state=h.optimizer_state,
-        slice=_ranges_to_proto(h.slice), next_slice=_ranges_to_proto(h.next_slice), path=h.path,
+        slice=_ranges_to_proto(h.slice), next_slice=_ranges_to_proto(h.next_slice), path=h.path, probe=h.probe,
     )
 
 
@@ -58,7 +58,7 @@ def step_header_from_proto(p: ps_pb2.ParamsHeader) -> StepHeader:
         global_batch=p.global_batch, wire_dtype=p.wire_dtype, num_values=p.num_values, reason=p.reason,
         group=GroupInfo(p.generation, p.rank, p.world_size, p.backend, p.hub_rank),
         snapshot_requested=p.snapshot_requested, optimizer_state=p.optimizer_state,
-        slice=_ranges_from_proto(p.slice), next_slice=_ranges_from_proto(p.next_slice), path=p.path,
+        slice=_ranges_from_proto(p.slice), next_slice=_ranges_from_proto(p.next_slice), path=p.path, probe=p.probe,
     )
 
 

@@ -43,7 +43,7 @@ class Coordinator(CoordinatorParts):
         self.replies.tell(member, batch)
         return JoinInfo(
             member.worker_id, member.index, batch, self.round, self.version, self.epoch,
-            self.spec.to_json(), self.layout, self.heartbeat_interval, self.fast_path.group_info(member, plan),
+            self.spec.to_json(), self.layout, self.heartbeat_interval, self.replies.group(member, plan),
             tuple(self.shards.info()) if self.shards else (), self.keys.secret(member.worker_id), sum(plan.values()),
         )
 

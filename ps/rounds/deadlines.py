@@ -8,11 +8,11 @@ going while every BSP round waits for it. So:
   batch policy predicts or else the median of the recent rounds (the larger when both are known),
   k = ROUND_FACTOR. Until MIN_ROUNDS rounds were timed (the job's start, a resume) D is at least the
   warm-up bound W (--round-warmup, WARMUP_S): the first rounds carry the workers' first pulls and
-  warm-up. So does the first round of a member present at the job's start (or a resume's), and on the
-  --allreduce fast path or with --shards of a member whose name enters the job for the first time: it is
-  held to W at least; the same name back after an eviction or a leave is not (ps.rounds.rejoins). A
-  newcomer to a running job on the PS path is on probation instead (ps.rounds.probation): the plan does
-  not hold it, so no round waits for it, until its probe push arrived; then it is held to D. A
+  warm-up. So does the first round of a member present at the job's start (or a resume's), and of a
+  member whose name enters the job for the first time while nobody planned trains: it is held to W at
+  least; the same name back after an eviction or a leave is not (ps.rounds.rejoins). A newcomer to a
+  running job is on probation instead, on every path (ps.rounds.probation): the plan does not hold it,
+  so no round waits for it, until its probe push arrived; then it is held to D. A
   probationer whose probe has not arrived W after it was asked for is evicted (it holds a place among
   --max-workers, not a round; --round-deadline off lifts this bound too). A member
   that entered after the round opened counts from its entry. At its bound, a member the round

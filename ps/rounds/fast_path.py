@@ -1,6 +1,7 @@
 """The collective fast path's coordination (--allreduce): whether the job takes it (--allreduce auto
-decides at the start), the workers' group generations with their ranks, hub and store, and the record of a
-round closed without every report because a newer generation replaced the group that stepped it."""
+decides at the start), the planned workers' group generations with their ranks, hub and store (a
+newcomer on probation is in none: ps.rounds.probation), and the record of a round closed without every
+report because a newer generation replaced the group that stepped it."""
 
 from __future__ import annotations
 
@@ -102,11 +103,12 @@ class FastPath:
         return self.state.rendezvous.group.generation if self.state.rendezvous is not None else 0
 
     def regroup(self) -> None:
-        """A membership change starts a new group generation (ranks in join order)."""
+        """A change of the planned members starts a new group generation (ranks in join order); a member
+        on probation holds no rank until it enters the plan (ps.rounds.probation)."""
         s = self.state
         if s.rendezvous is None:
             return
-        ordered = sorted(s.members.values(), key=lambda m: m.index)
+        ordered = sorted(s.planned(), key=lambda m: m.index)
         group = s.rendezvous.regroup([m.worker_id for m in ordered], {m.worker_id: m.cuda_device for m in ordered})
         if group is not None:
             s.metrics.write(

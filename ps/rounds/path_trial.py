@@ -172,7 +172,7 @@ class PathTrial:
     def _to_ps_path(self) -> None:
         s = self.state
         assert s.rendezvous is not None
-        self._snapshot_from = {m.worker_id for m in s.members.values()}
+        self._snapshot_from = {m.worker_id for m in s.planned()}  # the group's: a probationer holds no copy of it
         self.fast_path.leave(self._park)
         self.bsp.follow_path()
         self.phase = "awaiting"

@@ -1,18 +1,25 @@
-"""Probation (BSP on the PS path): a newcomer to a running job proves that it computes before any round
+"""Probation (BSP, on every path): a newcomer to a running job proves that it computes before any round
 waits for it.
 
 A member that enters after the job's start (at a round boundary, ps.rounds.admission) while some
 member is planned, and whose name has not had a push taken in this job (ps.rounds.rejoins), is on
 probation: the batch policy does not plan it, so no round waits for it, Σb = B holds over the others
-and no slice of the epoch is handed to it. Its replies ask it for one probe step at the open round: a
+and no slice of the epoch is handed to it; on the --allreduce fast path it holds no rank in the
+workers' group either (ps.rounds.fast_path), so the group does not re-form for it. Its replies ask it
+for one probe step at the open round (`probe` in the header, with no group and no snapshot asked): a
 batch of its share of B by declared cores (within its own max batch and the server's bounds, whole
 micro-batches, at least one), with --sampling exact the probe slice, the first samples of the open
-epoch's permutation, which no epoch counts. Its push of that batch is checked as any push (complete,
-finite, the norm bounds) for the round it was told (the open one or an earlier one: a probe may take
-longer than a round), then neither applied nor counted; its compute time is the policy's first
-measurement of the worker. The push's reply waits for the round boundary at which the member enters
-the plan (the re-split a join takes), and tells it its round and batch from there: what a worker's
-reply to any push says.
+epoch's permutation, which no epoch counts.
+
+A probe travels the PS path whatever the job's: the whole gradient (with --shards every range, not
+only this server's) in one push of kind values to this server, so neither a shard nor the group sees a
+probationer. It is checked as any push (complete, finite, the norm bounds) for the round it was told
+(the open one or an earlier one: a probe may take longer than a round), then neither applied nor
+counted; its compute time is the policy's first measurement of the worker. The push's reply waits for
+the round boundary at which the member enters the plan (the re-split a join takes, and on the fast
+path the group's next generation, with the member in it), and tells it its round, batch and group
+from there: what a worker's reply to any push says. From that reply on the worker follows the job's
+path (its shards, its group).
 
 A probationer that never pushes holds no round: its push stream ends at the transport's limits, and
 the heartbeat timeout evicts it, or, if it goes on heartbeating, the warm-up bound (--round-warmup)
@@ -20,16 +27,15 @@ after it was asked for its probe (ps.rounds.deadlines), so that it holds a place
 no longer; its name's rejoins back off as after any departure without a push.
 If the last planned member goes, a probationer whose probe is in enters the plan at once, and one
 whose probe is not in enters when it arrives (the open round starts afresh with them: nobody else
-trains), never before: it was told the probe's batch for the open round. Not under ASP, the --allreduce fast path or --shards (a shard would count the probe's slice
-only from a contributor): there a newcomer enters the plan at its round boundary, with the warm-up
-bound on its name's first round (ps.rounds.deadlines)."""
+trains), never before: it was told the probe's batch for the open round. Not under ASP: there a
+newcomer enters at once (ps.rounds.admission)."""
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
 
-from common.errors import FailedPrecondition
+from common.errors import FailedPrecondition, InvalidArgument
 from common.transport.messages import PushMeta, SliceRange
 from ps.rounds.membership import Member
 from ps.rounds.state import JobState
@@ -71,9 +77,9 @@ class Probation:
         self.proven = 0  # probes taken
 
     def path_allows(self) -> bool:
-        """Whether the job's path takes probation: BSP on the PS path, unsharded."""
-        s = self.state
-        return s.spec.mode == "bsp" and s.rendezvous is None and not s.spec.allreduce and s.shards is None
+        """Whether the job takes probation: BSP, on every path (the PS path, --shards, --allreduce: a probe
+        travels to this server whole whatever the path)."""
+        return self.state.spec.mode == "bsp"
 
     def available(self) -> bool:
         """Whether a member entering now may be put on probation: the path takes it, and a planned member
@@ -107,6 +113,13 @@ class Probation:
         nothing ahead."""
         batch = self.probes[member.worker_id].batch
         return batch, (SliceRange(self.state.epoch, 0, batch),) if exact else (), ()
+
+    def check_kind(self, member: Member, meta: PushMeta) -> None:
+        """A probationer's push is its probe's gradient (kind values) on every path: a report or a
+        snapshot carries no computation to prove."""
+        if meta.kind != "values":
+            raise InvalidArgument(f"worker {member.name} is on probation: its push is its probe's whole gradient "
+                                  f"(kind values, on every path), not a {meta.kind}")
 
     def check(self, member: Member, meta: PushMeta) -> None:
         """A probe comes once, for a round that opened (any: it is not applied, and a probe may take

@@ -1,6 +1,6 @@
 """What a push must be before anything changes: its header against the job (kind, dtype, batch size,
-times, value count), its place in the sequence (the open BSP round once per worker, a probe once for a
-round that opened, a known and not too old ASP version), its batch size against what the server told that worker, a snapshot against the
+times, value count: this server's range, a probe's the whole gradient), its place in the sequence (the
+open BSP round once per worker, a probe once for a round that opened, a known and not too old ASP version), its batch size against what the server told that worker, a snapshot against the
 request for one, and its values against overflowing the step. Each refusal is a ServiceError."""
 
 from __future__ import annotations
@@ -60,6 +60,10 @@ class PushChecks:
             return ChunkReceiver(0, meta.wire_dtype)
         if meta.kind == "snapshot":
             self.snapshot_size(meta.num_values)
+        elif self.probation.on(member):  # a probe comes here whole, whatever the path (ps.rounds.probation)
+            if meta.num_values != s.layout.numel:
+                raise InvalidArgument(f"a probe carries the whole gradient: buffer has {meta.num_values} values, "
+                                      f"the layout expects {s.layout.numel}")
         elif meta.num_values != s.own_numel:
             where = f"; this server holds values [0, {s.own_numel}), the shards the rest" if s.shards else ""
             raise InvalidArgument(f"buffer has {meta.num_values} values, the layout expects {s.own_numel}{where}")
@@ -70,11 +74,15 @@ class PushChecks:
         return ChunkReceiver(meta.num_values, meta.wire_dtype)
 
     def kind(self, meta: PushMeta, member: Member) -> None:
-        """Gradients go to the server only without --allreduce; reports and snapshots only with it (and
-        the snapshot a path trial's switch back asks for: ps.rounds.path_trial)."""
+        """Gradients go to the server only without --allreduce, and from a probationer on every path (its
+        probe); reports and snapshots only with it (and the snapshot a path trial's switch back asks for:
+        ps.rounds.path_trial)."""
         fast_path = self.state.rendezvous is not None
         if meta.kind not in PUSH_KINDS:
             raise InvalidArgument(f"push kind must be one of {PUSH_KINDS}, got {meta.kind!r}")
+        if self.probation.on(member):  # its probe's gradient, on every path (ps.rounds.probation)
+            self.probation.check_kind(member, meta)
+            return
         if meta.kind == "snapshot" and self.path_trial.was_asked(member):
             return  # snapshot() tells whether it is still wanted
         if not fast_path and meta.kind == "values":

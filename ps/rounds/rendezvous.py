@@ -2,8 +2,9 @@
 
 The server keeps the key-value store the workers build their process group on (ps.rounds.group_store),
 served by its own Rendezvous RPC: only a member of the job that holds a rank in the generation it
-names reaches it, and a generation's keys go when the next one starts. Every membership change (join,
-leave, eviction) starts a new generation: ranks follow join order over the active workers, and the
+names reaches it, and a generation's keys go when the next one starts. Every change of the planned
+members (a join, or a newcomer's entry after its probation: ps.rounds.probation; a leave, an eviction)
+starts a new generation: ranks follow join order over the planned workers, and the
 backend is NCCL only when every one of them computes on its own CUDA device (gloo otherwise: NCCL
 refuses two ranks on one GPU, "Duplicate GPU detected", so workers sharing a GPU fall back to gloo
 instead of failing to form a group).

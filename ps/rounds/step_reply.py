@@ -1,6 +1,7 @@
 """What every answer to a worker carries (a push's, a pull's): the header for its next step (where the
-job stands, its batch (on probation: its probe's) and learning rate, its samples with --sampling exact, its group and path, whether
-it is asked for a snapshot) and the parameters when they go with it; and the batch each answer told
+job stands, its batch and learning rate, its samples with --sampling exact, its group and path, whether
+it is asked for a snapshot; on probation its probe's batch and samples, with no group, path or
+snapshot: ps.rounds.probation) and the parameters when they go with it; and the batch each answer told
 it, which its next push must be."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from ps.rounds.probation import Probation
 from ps.rounds.sampling import Sampling
 from ps.rounds.state import JobState
 from ps.rounds.whole_model import WholeModel
-from common.transport.messages import StepHeader, StepReply
+from common.transport.messages import GroupInfo, StepHeader, StepReply
 
 
 class StepReplies:
@@ -50,14 +51,19 @@ class StepReplies:
         s = self.state
         member.tell(s.step, batch, keep_after=s.round - 1 if s.spec.mode == "bsp" else None)
 
+    def group(self, member: Member, plan: dict[str, int]) -> GroupInfo:
+        """`member`'s place in the fast path's group (none on probation: the group does not hold it)."""
+        return GroupInfo() if self.probation.on(member) else self.fast_path.group_info(member, plan)
+
     def reply(self, member: Member, params: bool | None = None) -> StepReply:
         """The header for the worker's next step, with the parameters unless `params` is False
         (default: only without --allreduce, whose workers keep the parameters themselves)."""
         s = self.state
         params = self.path_trial.reply_carries_params(s.rendezvous is None) if params is None else params
         plan = s.policy.plan()
-        group = self.fast_path.group_info(member, plan)
-        if self.probation.on(member):  # its probe (ps.rounds.probation)
+        group = self.group(member, plan)
+        probe = self.probation.on(member)
+        if probe:  # its probe (ps.rounds.probation)
             batch, ranges, ahead = self.probation.probe_step(member, self.sampling.exact and not s.done)
         else:  # --sampling exact: its samples
             batch, ranges, ahead = self.sampling.slice_for(member, plan.get(member.name, 0))
@@ -69,7 +75,8 @@ class StepReplies:
         header = StepHeader(
             round=s.round, version=s.version, epoch=s.epoch, batch_size=batch, done=s.done, lr=lr,
             global_batch=global_batch, wire_dtype=self.params_dtype, num_values=s.own_numel if params else 0,
-            reason=s.reason, group=group, slice=ranges, next_slice=ahead, path=self.path_trial.path(),
-            snapshot_requested=self.whole_model.asks_snapshot(group) or self.path_trial.asks_snapshot(member),
+            reason=s.reason, group=group, slice=ranges, next_slice=ahead, path="" if probe else self.path_trial.path(),
+            snapshot_requested=not probe and (self.whole_model.asks_snapshot(group) or self.path_trial.asks_snapshot(member)),
+            probe=probe and not s.done,
         )
         return StepReply(header, self.current_payload() if params else s.payload.empty())

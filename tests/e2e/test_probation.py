@@ -3,7 +3,9 @@ benchmarks/hostile/peers.py): members that join a running BSP job under fresh na
 push or never push hold no round (no deadline eviction, no round open past the deadline) and the job
 ends about as fast as without them, while an honest ps-worker that joins in mid-job probes, enters the
 plan and trains, its samples counted and every epoch's exactly once. It prints one `PROBATION {...}`
-JSON line (run with `pytest -s -m slow tests/e2e/test_probation.py`)."""
+JSON line (run with `pytest -s -m slow tests/e2e/test_probation.py`). The same with --shards 2 (and
+its shard servers) and on the --allreduce fast path, where the probe goes whole to the server and
+the group re-forms once, when the newcomer enters the plan."""
 
 from __future__ import annotations
 
@@ -11,16 +13,23 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from benchmarks.hostile.peers import RejoinLoop, StalledPushes
 from tests.fault_jobs import status, wait_for
 from tests.processes import Cluster, start_server
 
 EPOCHS = 24  # about 12 s clean: a worker started at round 5 joins well before the end
+B = 64
 JOB = ["--workers", "1", "--max-workers", "5", "--model-arg", "hidden=16", "--dataset", "digits", "--global-batch",
-       "64", "--lr", "0.1", "--epochs", str(EPOCHS), "--evict-after", "30", "--push-idle", "2", "--grace", "2"]
+       str(B), "--lr", "0.1", "--epochs", str(EPOCHS), "--evict-after", "30", "--push-idle", "2", "--grace", "2"]
 SLOWDOWN = "5"  # rounds of about 0.1 s: the job lasts long enough for a worker to start and join in its middle
 SLACK_S = 4.0
 """How much longer than the clean job the attacked one may take (the attackers' calls share the CPUs)."""
+PATHS = {"shards": ["--shards", "2"], "allreduce": ["--allreduce", "on", "--sampling", "independent"]}
+WARMUP = ["--round-warmup", "20"]  # a stalled member planned would hold a round this long
+FLOOR_S = 5.0
+"""--round-deadline-floor's default: the longest a round may stay open."""
 
 
 def finished(cluster: Cluster, workers: dict[str, subprocess.Popen]) -> dict:
@@ -33,9 +42,10 @@ def finished(cluster: Cluster, workers: dict[str, subprocess.Popen]) -> dict:
     return summary
 
 
-def run(tmp_path: Path, attacked: bool) -> tuple[Cluster, dict]:
-    """The job, clean or with a stalling member, a never-pushing one and an honest newcomer joining at round 5."""
-    cluster = start_server(tmp_path, JOB)
+def run(tmp_path: Path, attacked: bool, *flags: str) -> tuple[Cluster, dict]:
+    """The job (with `flags`), clean or with a stalling member, a never-pushing one and an honest
+    newcomer joining at round 5."""
+    cluster = start_server(tmp_path, [*JOB, *flags])
     stall = StalledPushes(cluster.target, "", count=1, every_s=1.0)
     never = RejoinLoop(cluster.target, "", name="never")
     try:
@@ -68,9 +78,34 @@ def test_fresh_names_that_never_push_hold_no_round_and_a_newcomer_trains_after_i
     # no round waits for a probationer; one still unprobed at --round-warmup (60 s) is evicted, nobody else
     dropped = [e["worker"] for e in cluster.events("deadline")]
     assert set(dropped) <= {"stall0", "never"} and summary["deadline_drops"] == len(dropped), (dropped, summary)
-    assert summary["longest_round_open_s"] < 5.0, summary  # within the round deadline's floor
+    assert summary["longest_round_open_s"] < FLOOR_S, summary
     assert summary["wall_s"] <= clean["wall_s"] + SLACK_S, (summary["wall_s"], clean["wall_s"])
     assert summary["update_counts"].get("late", 0) > 0, summary  # its pushes went into rounds
     exact = summary["exactly_once"]
     assert exact["overlaps"] == 0 and exact["exact_epochs"] == list(range(EPOCHS)), exact
     assert summary["short_rounds"] == 0 and summary["rounds"] == clean["rounds"], (summary, clean)
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_on_the_sharded_and_the_fast_path_a_newcomer_probes_through_the_server(tmp_path: Path, path: str) -> None:
+    """--shards 2, or --allreduce: the probationers hold no round, the honest newcomer's probe (its whole
+    gradient, to the server) takes it into the plan and it trains; every plan sums to B."""
+    cluster, summary = run(tmp_path, True, *PATHS[path], *WARMUP)
+    assert {"stall0", "never", "late"} <= {e["worker"] for e in cluster.events("probation")}
+    assert [e["worker"] for e in cluster.events("probe")] == ["late"]
+    planned = {e["worker"] for e in cluster.events("join")}
+    assert "late" in planned and not planned & {"stall0", "never"}, planned
+    dropped = [e["worker"] for e in cluster.events("deadline")]  # a probationer unprobed at --round-warmup
+    assert set(dropped) <= {"stall0", "never"} and summary["deadline_drops"] == len(dropped), (dropped, summary)
+    assert summary["longest_round_open_s"] < FLOOR_S, summary
+    assert summary["update_counts"].get("late", 0) > 0, summary  # its pushes (reports) went into rounds
+    plans = [e["batch_sizes"] for e in cluster.events("adjust")]
+    assert plans and all(sum(p.values()) == B for p in plans), plans
+    (entered,) = [e["step"] for e in cluster.events("join") if e["worker"] == "late"]
+    # on the fast path a new batch size applies one step later (docs/fast-path.md): at late's entry
+    # w0's report is of its batch before the re-split; every other round is of B
+    off = [e["round"] for e in cluster.events("short_round")]
+    assert off == ([] if path == "shards" else off[:1]) and set(off) <= {entered}, (off, entered)
+    if path == "allreduce":  # the group formed at the start, and once more when late entered the plan
+        groups = [sorted(e["ranks"]) for e in cluster.events("regroup")]
+        assert groups == [["w0"], ["late", "w0"]], groups

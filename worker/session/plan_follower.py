@@ -43,6 +43,7 @@ class PlanFollower:
         its slice, one clear error if it cannot be trained on; the loader starts reading it now)."""
         replica = self._replica
         server_checks.step_plan(plan, self._max_batch, replica.spec.micro_batch)
+        server_checks.probe_step(plan, replica.spec)
         renew = (slices := isinstance(self.sampler, SliceSource)) and self.sampler.follow(plan)
         self.plan = plan
         if plan.path and not plan.done and (plan.path == "allreduce") != replica.spec.allreduce:

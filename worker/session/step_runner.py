@@ -1,6 +1,7 @@
 """A worker's steps, one after another: the batch fetched and its compute timed, the gradient
 pushed (in buckets during backward, or whole after it; ASP: the local optimizer's update; the fast
-path: all-reduced with the group), the reply's plan followed and its parameters in the model.
+path: all-reduced with the group; on probation, a probe: whole to the coordinator, whatever the path),
+the reply's plan followed and its parameters in the model.
 
 In BSP on the PS path the gradient goes out in buckets while backward runs (worker/paths/overlap.py);
 step() closes that push and waits for the reply's header: the parameters go on arriving, first
@@ -49,6 +50,7 @@ class StepRunner:
         self._streamed = False  # whether the last step's reply streamed in (during this step's forward)
         self._drawn = 0  # the size of the batch the next step's gradients come from
         self._drawn_step: tuple[StepHeader, torch.Tensor] | None = None  # and its plan and indices
+        self._probing = False  # the batch drawn is a probe's (ps.rounds.probation)
 
     def _end_compute(self, started_s: float, started_cpu_s: float) -> float:
         """The device's work done; the forward's wait for parameters, which is exposed, not compute."""
@@ -69,8 +71,12 @@ class StepRunner:
         x, y = self._follower.draw()
         self.timer.batch_drawn(self._follower.wait_ms)
         self._drawn, self._drawn_step = len(y), self._follower.drawn()
+        self._probing = self._follower.plan.probe
         if replica.parts.buckets is not None:
-            replica.parts.buckets.arm(self._open_push)
+            if self._probing:  # a probe goes whole to the coordinator after backward
+                replica.parts.buckets.disarm()
+            else:
+                replica.parts.buckets.arm(self._open_push)
         return x, y
 
     def _open_push(self) -> Stream:
@@ -89,6 +95,8 @@ class StepRunner:
             return self._follower.plan
         times = timer.times(replica.spec)
         parts = replica.parts
+        if self._probing:
+            return self._finish(lambda: self._probe(times))
         stream = parts.buckets.finish() if parts.buckets is not None else None
         if stream is not None:  # the buckets are out (or going): close the push; the reply below
             arrivals = parts.arrivals if parts.forward is not None else None
@@ -116,6 +124,17 @@ class StepRunner:
         parts = self._replica.parts
         push = partial(self._replica.member.client.push, self._meta(times), values, parts.params)
         return after_cancelled_stream(push) if parts.buckets is not None else push()
+
+    def _probe(self, times: PushTimes) -> StepHeader:
+        """On probation: the whole gradient to the coordinator, whatever the job's path (the group's
+        collective and the shards are the job's once the reply says this worker is in the plan)."""
+        replica = self._replica
+        parts = replica.parts
+        if parts.on_device is None:
+            grads = flatten_grads(replica.model, parts.grads)
+        else:
+            grads = parts.grads.copy_(flatten_grads(replica.model, parts.on_device[1]))
+        return replica.member.client.push_probe(self._meta(times), grads, parts.params)
 
     def _finish(self, push: Callable[[], StepHeader | None], pushed: float | None = None,
                 streamed: bool = False) -> StepHeader:

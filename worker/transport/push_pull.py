@@ -1,5 +1,6 @@
 """The worker's pushes and pulls of parameters (client.py's PSClient makes them): a push streamed up
-whole (`push`, `start_push`) or in buckets as backward makes them (`open_push`), and a pull of the plan
+whole (`push`, `start_push`) or in buckets as backward makes them (`open_push`), a probe's to the
+coordinator alone (`push_probe`), and a pull of the plan
 and the parameters, each over the coordinator and any shard servers (worker.transport.shard_fanout),
 with the reply's parameters decoded straight into a caller-owned fp32 buffer
 (worker.transport.reply_receiver) and its deadlines watched (worker.transport.watchdog).
@@ -70,6 +71,20 @@ class PushPull:
                  for link in fanout.links]
         main = self._push_reply(self._push(ordered_push(meta, values[:own], self.chunk_bytes, timing)))
         return functools.partial(fanout.gather, main, calls, out)
+
+    def push_probe(self, meta: PushMeta, values: torch.Tensor, out: torch.Tensor) -> StepHeader:
+        """A probe (ps.rounds.probation): every value of `values` to the coordinator alone, whatever the
+        job's path; its reply comes once this worker is in the plan. With --shards that reply carries the
+        coordinator's range only, so the whole model is pulled after it: the round it names cannot
+        close before this worker's next push, so every range is of that round."""
+        meta = replace(meta, num_values=values.numel(), secret=self.secret(meta.worker_id), offsets=False)
+        timing = self.last_push = PushTiming()
+        main = self._push_reply(self._push(ordered_push(meta, values, self.chunk_bytes, timing)))
+        own = self._fanout.own_stop if self._fanout.links else None
+        plan = finish(main, out if own is None else out[:own], timing)
+        if own is None or plan.done:
+            return plan
+        return self.pull(meta.worker_id, out)
 
     def open_push(self, meta: PushMeta, out: torch.Tensor) -> BucketStream:
         """A push of as many gradient values as `out` holds, sent in buckets, in any order, as they are

@@ -81,6 +81,20 @@ def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1) -> None:
         batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch)
 
 
+def probe_step(plan: StepHeader, spec: JobSpec) -> None:
+    """A probe (ps.rounds.probation) is a BSP step of a batch, in no group, asking for no snapshot and
+    no switch of path: the probationer pushes its whole gradient to its server and nothing else."""
+    if not plan.probe or plan.done:
+        return
+    if spec.mode != "bsp":
+        raise UntrustedReply(f"the server asks for a probe step in a {spec.mode.upper()} job; probes are BSP's")
+    if plan.batch_size == 0:
+        raise UntrustedReply("the server asks for a probe step of batch 0")
+    if plan.group.world_size or plan.snapshot_requested or plan.path:
+        raise UntrustedReply("the server asks for a probe step and names a group, a snapshot or a path with it; a "
+                             "probe is pushed whole to the server alone")
+
+
 def reply_length(num_values: int, expected: int) -> None:
     """A reply that carries parameters carries exactly the range it is for (0: a header alone)."""
     if num_values not in (0, expected):

@@ -3,18 +3,21 @@ job is not planned (no round waits for it, Σb = B over the others) until its pr
 checked, not applied nor counted, and measured; it enters the plan at the next round boundary, which
 its probe's reply tells. A probationer that leaves changes nothing of the others' plan; the workers
 at the start and a name with a push taken are not on probation; with nobody planned left, a
-probationer enters the plan on its probe."""
+probationer enters the plan on its probe. On the fast path a probationer holds no rank in the group
+and its probe is a gradient."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 
 import pytest
 import torch
 
-from common.transport.messages import JoinAsk, JoinInfo, PushMeta, PushTimes, StepReply
+from common.errors import InvalidArgument
+from common.transport.messages import GroupInfo, JoinAsk, JoinInfo, PushMeta, PushTimes, StepReply
 from ps.rounds.coordinator import Coordinator
 from ps.rounds.probation import probe_batch
 from ps.server_job import build_job
@@ -39,12 +42,16 @@ async def running(*flags: str) -> AsyncIterator[tuple[Coordinator, dict[str, Joi
 
 
 async def push(c: Coordinator, info: JoinInfo, grad: torch.Tensor | None = None) -> asyncio.Future[StepReply]:
-    """`info`'s push of what the server tells it now (a pull's header), taken in; its reply comes later."""
+    """`info`'s push of what the server tells it now (a pull's header), taken in; its reply comes later.
+    On the fast path a planned worker's push is a report of its step, a probe a gradient."""
     told = c.pull(info.worker_id, info.secret, header_only=True).header
+    values = torch.zeros(c.own_numel) if grad is None else grad
     meta = PushMeta(info.worker_id, told.round, told.version, told.batch_size, PushTimes(7.0), "float32",
-                    c.own_numel, secret=info.secret)
+                    values.numel(), secret=info.secret)
+    if c.rendezvous is not None and not told.probe:
+        meta, values = replace(meta, num_values=0, kind="report", generation=told.group.generation), torch.zeros(0)
     c.begin_push(meta)
-    pushed = asyncio.ensure_future(c.push(meta, torch.zeros(c.own_numel) if grad is None else grad))
+    pushed = asyncio.ensure_future(c.push(meta, values))
     for _ in range(3):
         await asyncio.sleep(0)
     return pushed
@@ -193,6 +200,39 @@ def test_with_nobody_planned_left_a_probationer_enters_the_plan_on_its_probe() -
             assert (probed.header.round, probed.header.batch_size) == (open_round, B)
             (reply,) = await close_round(c, {"c": info})
             assert c.round == open_round + 1 and reply.header.batch_size == B
+
+    asyncio.run(run())
+
+
+def test_on_the_fast_path_a_probationer_holds_no_rank_and_probes_with_its_whole_gradient() -> None:
+    """--allreduce: the group does not re-form for a probationer, whose replies name no group and ask
+    for a probe; a report from it proves nothing and is refused; its probe, a gradient pushed to the
+    server whatever the path, is checked and dropped, and it enters the plan and the group's next
+    generation at the round's close."""
+    async def run() -> None:
+        async with running("--allreduce", "on", "--sampling", "independent") as (c, joined):
+            generation = c.fast_path.generation()
+            info = await newcomer(c, joined, "c")
+            assert c.probation.on(c.members[info.worker_id]) and info.group == GroupInfo()
+            assert c.fast_path.generation() == generation and c.rendezvous.group.world_size == 2
+            told = c.pull(info.worker_id, info.secret, header_only=True).header
+            assert told.probe and told.group == GroupInfo() and not told.snapshot_requested and told.batch_size == 8
+            report = PushMeta(info.worker_id, told.round, told.version, told.batch_size, PushTimes(1.0), "float32",
+                              kind="report", secret=info.secret)
+            with pytest.raises(InvalidArgument, match="on probation: its push is its probe's whole gradient"):
+                c.begin_push(report)
+            await close_round(c, joined)  # a and b train on in their group of two
+            samples = c.samples
+            probe = await push(c, info, torch.full((c.layout.numel,), 3.0))
+            assert not probe.done() and c.bsp.pushes() == 0
+            await close_round(c, joined)
+            reply = await asyncio.wait_for(probe, 5)
+            assert c.samples == samples + B and not c.probation.probes
+            assert not reply.header.probe and reply.header.batch_size == c.policy.plan()["c"]
+            assert c.fast_path.generation() == generation + 1 and reply.header.group.world_size == 3
+            assert reply.header.group.generation == generation + 1 and reply.header.num_values == 0
+            await close_round(c, {**joined, "c": info})  # it reports in the group of three
+            assert c.samples == samples + 2 * B
 
     asyncio.run(run())
 

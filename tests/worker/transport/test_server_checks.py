@@ -70,6 +70,20 @@ def test_plans_and_batches_within_the_workers_bounds() -> None:
             checks.step_plan(bad, max_batch, micro)
 
 
+def test_a_probe_step_is_a_bsp_batch_in_no_group_asking_nothing_else() -> None:
+    bsp, asp = JobSpec(global_batch=32), JobSpec(global_batch=32, mode="asp")
+    checks.probe_step(plan(probe=True), bsp)
+    checks.probe_step(plan(probe=True, done=True, batch_size=0), asp)  # the job is over: nothing is probed
+    checks.probe_step(plan(world_size=2, path="allreduce"), bsp)  # no probe: the job's path
+    for bad, spec, said in ((plan(probe=True), asp, "probes are BSP's"),
+                            (plan(probe=True, batch_size=0), bsp, "batch 0"),
+                            (plan(probe=True, world_size=2), bsp, "names a group"),
+                            (plan(probe=True, snapshot_requested=True), bsp, "a snapshot"),
+                            (plan(probe=True, path="ps"), bsp, "or a path")):
+        with pytest.raises(checks.UntrustedReply, match=said):
+            checks.probe_step(bad, spec)
+
+
 def test_replies_heartbeats_and_shards() -> None:
     checks.reply_length(0, 10)
     checks.reply_length(10, 10)
