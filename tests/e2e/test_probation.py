@@ -24,8 +24,10 @@ B = 64
 JOB = ["--workers", "1", "--max-workers", "5", "--model-arg", "hidden=16", "--dataset", "digits", "--global-batch",
        str(B), "--lr", "0.1", "--epochs", str(EPOCHS), "--evict-after", "30", "--push-idle", "2", "--grace", "2"]
 SLOWDOWN = "5"  # rounds of about 0.1 s: the job lasts long enough for a worker to start and join in its middle
-SLACK_S = 4.0
-"""How much longer than the clean job the attacked one may take (the attackers' calls share the CPUs)."""
+SLACK = 0.6
+"""How much longer than the clean job the attacked one may take, as a fraction of it: the attackers'
+calls and the newcomer's start (a process importing torch) share the two CPUs; a round held to the
+warm-up bound (20 s) for a probationer would take it past this."""
 PATHS = {"shards": ["--shards", "2"], "allreduce": ["--allreduce", "on", "--sampling", "independent"]}
 WARMUP = ["--round-warmup", "20"]  # a stalled member planned would hold a round this long
 FLOOR_S = 5.0
@@ -79,7 +81,7 @@ def test_fresh_names_that_never_push_hold_no_round_and_a_newcomer_trains_after_i
     dropped = [e["worker"] for e in cluster.events("deadline")]
     assert set(dropped) <= {"stall0", "never"} and summary["deadline_drops"] == len(dropped), (dropped, summary)
     assert summary["longest_round_open_s"] < FLOOR_S, summary
-    assert summary["wall_s"] <= clean["wall_s"] + SLACK_S, (summary["wall_s"], clean["wall_s"])
+    assert summary["wall_s"] <= clean["wall_s"] * (1.0 + SLACK), (summary["wall_s"], clean["wall_s"])
     assert summary["update_counts"].get("late", 0) > 0, summary  # its pushes went into rounds
     exact = summary["exactly_once"]
     assert exact["overlaps"] == 0 and exact["exact_epochs"] == list(range(EPOCHS)), exact
