@@ -32,6 +32,8 @@ class WorkerLaws(WorkerTimes):
         self.slowed: set[str] = set()  # of those, the ones whose times rose SLOWED times or more
         self.admitted: dict[str, int] = {}  # the batch of a change trusted on fewer than min_samples times
         self.quick = False  # a change since the last decision was trusted on fewer times than `rounds`
+        # each worker's law with what it was fitted from: its observations, their version, the admitted batch
+        self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
@@ -43,6 +45,7 @@ class WorkerLaws(WorkerTimes):
         self.changed.discard(worker_id)
         self.slowed.discard(worker_id)
         self.admitted.pop(worker_id, None)
+        self._laws.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
         """Take one time (False: a warm-up step, left out) and test the newest against the law."""
@@ -75,7 +78,15 @@ class WorkerLaws(WorkerTimes):
         return True
 
     def law(self, worker_id: str) -> Law | None:
-        return law_of(self.obs[worker_id].items, self.min_samples, self.admitted.get(worker_id))
+        """The worker's law (law.py), fitted again only once its observations or admitted batch change:
+        a decision asks for every law many times."""
+        obs, admitted = self.obs[worker_id], self.admitted.get(worker_id)
+        kept = self._laws.get(worker_id)
+        if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == admitted:
+            return kept[3]
+        law = law_of(obs.items, self.min_samples, admitted)
+        self._laws[worker_id] = (obs, obs.version, admitted, law)
+        return law
 
     def finishes(self) -> dict[str, Finish]:
         """Each measured worker's fitted finish time: its law, or its proportional line."""

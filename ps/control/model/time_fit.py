@@ -216,15 +216,34 @@ def exposed_line(points: Sequence[Group], slope_floor: float) -> tuple[Line, flo
     return Line(slope, (st - slope * sb) / w), floor
 
 
+def fit_of(items: Sequence[tuple[int, int, float, float | None]], min_samples: int) -> Fit | None:
+    """The fit of observations (sequence number, batch, ms, exposed ms or None), oldest first, each
+    weighed by its age behind the newest; None without any. `min_samples`: the observations a batch
+    size needs to count as measured (Fit.batches)."""
+    if not items:
+        return None
+    last = items[-1][0]
+    points = groups([(last - seq, b, ms) for seq, b, ms, _ in items])
+    line = weighted_line(points)
+    if line is None:
+        return None
+    exposed_points = groups([(last - seq, b, e) for seq, b, _, e in items if e is not None])
+    exposed = exposed_line(exposed_points, line.q)
+    finish = Finish(line) if exposed is None else Finish(line, exposed[0], exposed[1])
+    return Fit(finish, sum(1 for p in points if p.count >= min_samples))
+
+
 class Observations:
     """One worker's recent observations, oldest first: (sequence number, batch, ms, exposed ms or
     None). The newest PER_BATCH per batch size are kept, for the MAX_BATCHES batch sizes seen most
     recently, so a worker that stays at one batch keeps the other point its line needs. The
     observations change only through `add` and `rescale`: each fit is kept until they do (a decision
-    asks for every worker's fit several times, and thousands of workers make that seconds)."""
+    asks for every worker's fit several times, and thousands of workers make that seconds), and
+    `version` counts those changes, so that what else is derived from them can be kept as long."""
 
     def __init__(self, items: Sequence[tuple[int, int, float, float | None]] = (), seq: int = 0) -> None:
         self._fits: dict[tuple[int, int], Fit | None] = {}
+        self.version = 0
         self.items: list[tuple[int, int, float, float | None]] = sorted(items)
         self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
         self._prune()
@@ -232,6 +251,7 @@ class Observations:
     def add(self, batch: int, ms: float, exposed: float | None) -> None:
         self.items.append((self.seq, batch, ms, exposed))
         self.seq += 1
+        self.version += 1
         self._prune()
 
     def _prune(self) -> None:
@@ -259,18 +279,7 @@ class Observations:
         return self._fits[key]
 
     def _fit(self, min_samples: int, exclude_last: int) -> Fit | None:
-        items = self.items[: len(self.items) - exclude_last] if exclude_last else self.items
-        if not items:
-            return None
-        last = items[-1][0]
-        points = groups([(last - seq, b, ms) for seq, b, ms, _ in items])
-        line = weighted_line(points)
-        if line is None:
-            return None
-        exposed_points = groups([(last - seq, b, e) for seq, b, _, e in items if e is not None])
-        exposed = exposed_line(exposed_points, line.q)
-        finish = Finish(line) if exposed is None else Finish(line, exposed[0], exposed[1])
-        return Fit(finish, sum(1 for p in points if p.count >= min_samples))
+        return fit_of(self.items[: len(self.items) - exclude_last] if exclude_last else self.items, min_samples)
 
     def run(self, batch: int) -> int:
         """How many of the newest observations in a row are at `batch`."""
@@ -308,6 +317,7 @@ class Observations:
         scales the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop
         the rest of it, which may be from before the change or after."""
         self._fits.clear()
+        self.version += 1
         run = self.run(self.items[-1][1]) if self.items else 0
         cut = len(self.items) - run
         self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]
