@@ -7,6 +7,7 @@ two times that happen to agree would tilt the line. Pure."""
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,15 +41,17 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     if not items:
         return None
     counts: dict[int, int] = {}
-    for _, b, _, _ in items:
+    seqs = []
+    for seq, b, _, _ in items:
         counts[b] = counts.get(b, 0) + 1
+        seqs.append(seq)
     measured = [b for b, n in counts.items() if n >= min_samples]
     if admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= ADMIT_SPREAD
                                                                for b in measured):
         measured.append(admitted)
     # a part of observations held as Observations holds them (in order, within its limits) is held so too
     held = (len(counts) <= MAX_BATCHES and max(counts.values()) <= PER_BATCH
-            and all(a[0] < b[0] for a, b in zip(items, items[1:])))
+            and all(map(operator.lt, seqs, seqs[1:])))
     if measured and max(measured) >= (1.0 + SPREAD) * min(measured):
         fit = _fit([it for it in items if it[1] in measured], min_samples, held)
         return None if fit is None else Law(fit, True)

@@ -19,6 +19,7 @@ grows), down to that floor. Pure and deterministic.
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -42,6 +43,8 @@ CAUTION = 2.0
 """Standard errors of a fitted time added to it where plans are compared (Finish.cautious)."""
 BOUND_TOLERANCE = 0.05
 """Exposed communication more than this fraction over its floor counts as communication-bound."""
+_RECENCY = {age: max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)}
+"""The weight of an observation by its age, for the ages where it is above OLDEST_WEIGHT and a few beyond."""
 
 
 @dataclass(frozen=True)
@@ -132,36 +135,52 @@ def groups(items: Sequence[tuple[int, int, float]]) -> list[Group]:
     """Recency-weighted groups of (age, batch, ms) observations; age counts the worker's newer
     observations. Outliers (a step that waited for a CPU, a collection) are left out of a group of
     four or more: times further from its median than OUTLIER_MADS robust deviations."""
-    by_batch: dict[int, list[tuple[float, float]]] = {}
+    by_batch: dict[int, tuple[list[float], list[float]]] = {}
+    recency = _RECENCY.get
     for age, batch, ms in items:
-        by_batch.setdefault(batch, []).append((max(OLDEST_WEIGHT, FORGET ** age), ms))
+        w = recency(age)
+        if w is None:
+            w = max(OLDEST_WEIGHT, FORGET ** age)
+        if batch in by_batch:
+            weights, times = by_batch[batch]
+            weights.append(w)
+            times.append(ms)
+        else:
+            by_batch[batch] = ([w], [ms])
     out = []
-    for batch, observed in sorted(by_batch.items()):
-        weighted = _without_outliers(observed)
-        mass = math.fsum(w for w, _ in weighted)
-        mean = math.fsum(w * t for w, t in weighted) / mass
-        if len(weighted) > 1:
-            var = math.fsum(w * (t - mean) ** 2 for w, t in weighted) / mass * len(weighted) / (len(weighted) - 1)
+    for batch in sorted(by_batch):
+        observed, times = by_batch[batch]
+        weights, kept = _without_outliers(observed, times)
+        n = len(kept)
+        mass = math.fsum(weights)
+        mean = math.fsum(map(operator.mul, weights, kept)) / mass
+        if n > 1:
+            var = math.fsum([w * (t - mean) ** 2 for w, t in zip(weights, kept)]) / mass * n / (n - 1)
         else:
             var = (ONE_SAMPLE_REL_NOISE * mean) ** 2
         var = max(var, (MIN_REL_NOISE * mean) ** 2, 1e-12)
         # the mean of n observations of variance var has variance var / n; recency discounts n to the mass
-        out.append(Group(batch, mean, mass / var, len(observed)))
+        out.append(Group(batch, mean, mass / var, len(times)))
     return out
 
 
-def _without_outliers(weighted: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (weight, time) pairs within OUTLIER_MADS scaled median absolute deviations of the median
+def _without_outliers(weights: list[float], times: list[float]) -> tuple[list[float], list[float]]:
+    """The weights and times within OUTLIER_MADS scaled median absolute deviations of the median
     (at least MIN_REL_NOISE of it), for groups of four or more."""
-    if len(weighted) < 4:
-        return weighted
-    times = sorted(t for _, t in weighted)
-    median = _median(times)
-    spread = max(1.4826 * _median(sorted(abs(t - median) for t in times)), MIN_REL_NOISE * abs(median), 1e-9)
-    return [(w, t) for w, t in weighted if abs(t - median) <= OUTLIER_MADS * spread]
+    if len(times) < 4:
+        return weights, times
+    median = sorted_median(sorted(times))
+    deviations = [abs(t - median) for t in times]
+    spread = max(1.4826 * sorted_median(sorted(deviations)), MIN_REL_NOISE * abs(median), 1e-9)
+    limit = OUTLIER_MADS * spread
+    if max(deviations) <= limit:
+        return weights, times
+    inside = [i for i, d in enumerate(deviations) if d <= limit]
+    return [weights[i] for i in inside], [times[i] for i in inside]
 
 
-def _median(ordered: Sequence[float]) -> float:
+def sorted_median(ordered: Sequence[float]) -> float:
+    """The median of values in order of size."""
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
@@ -178,7 +197,7 @@ def weighted_line(points: Sequence[Group]) -> Line | None:
     det = w * sbb - sb * sb
     # the weights are inverse variances, so (X'WX)^-1 is the covariance of the fitted (s, q)
     var_s, cov, var_q = (sbb / det, -sb / det, w / det) if det > 0 else (1.0 / w, 0.0, 0.0)
-    q = _slope(points)
+    q = _slope(w, sb, st, sbb, sbt)
     if q <= 0:  # times that fall with the batch: only noise can say so; a nearly flat line
         q = 1e-6 * st / sb
     s = (st - q * sb) / w
@@ -195,9 +214,8 @@ def _moments(points: Sequence[Group]) -> tuple[float, float, float, float, float
             math.fsum(p.weight * p.batch * p.mean for p in points))
 
 
-def _slope(points: Sequence[Group]) -> float:
-    """The weighted least-squares slope of t over b (0 when the groups share one batch)."""
-    w, sb, st, sbb, sbt = _moments(points)
+def _slope(w: float, sb: float, st: float, sbb: float, sbt: float) -> float:
+    """The weighted least-squares slope of t over b from the groups' moments (0 when they share one batch)."""
     det = w * sbb - sb * sb
     return (w * sbt - sb * st) / det if det > 0 else 0.0
 
@@ -211,8 +229,8 @@ def exposed_line(points: Sequence[Group], slope_floor: float) -> tuple[Line, flo
     floor = min(p.mean for p in points)
     if len(points) == 1:
         return Line(0.0, points[0].mean), floor
-    w, sb, st, _, _ = _moments(points)
-    slope = min(0.0, max(-slope_floor, _slope(points)))
+    w, sb, st, sbb, sbt = _moments(points)
+    slope = min(0.0, max(-slope_floor, _slope(w, sb, st, sbb, sbt)))
     return Line(slope, (st - slope * sb) / w), floor
 
 
@@ -249,10 +267,19 @@ class Observations:
         self._prune()
 
     def add(self, batch: int, ms: float, exposed: float | None) -> None:
+        self._fits.clear()
         self.items.append((self.seq, batch, ms, exposed))
         self.seq += 1
         self.version += 1
-        self._prune()
+        # the others were within the limits: only the new one's batch size can be one over
+        same = [i for i, item in enumerate(self.items) if item[1] == batch]
+        if len(same) > PER_BATCH:
+            del self.items[same[0]]
+        elif len(same) == 1:
+            newest = {b: seq for seq, b, _, _ in self.items}
+            if len(newest) > MAX_BATCHES:
+                oldest = min(newest, key=newest.__getitem__)
+                self.items = [item for item in self.items if item[1] != oldest]
 
     def _prune(self) -> None:
         self._fits.clear()
