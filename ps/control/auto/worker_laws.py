@@ -12,6 +12,7 @@ from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, sett
 from ps.control.auto.law import Law, law_of
 from ps.control.model.time_fit import Finish, Observations
 from ps.control.model.worker_times import WorkerTimes
+from ps.control.stdev import stdev
 
 SLOWED = 1.5
 """A change of speed that makes a worker's times this many times its old law's is a slowdown that may
@@ -100,5 +101,5 @@ class WorkerLaws(WorkerTimes):
         for k, b in plan.items():
             recent = self.recent(k, b) if b > 0 else None
             if recent and len(recent) > 1 and statistics.fmean(recent) > 0:
-                errors.append(statistics.stdev(recent) / statistics.fmean(recent) / len(recent) ** 0.5)
+                errors.append(stdev(recent) / statistics.fmean(recent) / len(recent) ** 0.5)
         return max(errors)
