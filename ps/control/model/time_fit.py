@@ -95,14 +95,22 @@ class Finish:
     floor: float = 0.0  # the exposed communication of a compute-bound step (the last bucket)
 
     def at(self, batch: float) -> float:
-        return self.line.at(batch) + self.exposed_at(batch)
+        """The line's time plus the exposed communication at `batch` (Line.at and `exposed_at` written
+        out: a solve prices thousands of workers at dozens of batches)."""
+        line, exposed = self.line, self.exposed
+        if exposed is None:
+            return line.q * batch + line.s + 0.0
+        return line.q * batch + line.s + max(self.floor, exposed.q * batch + exposed.s)
 
     def cautious(self, batch: float) -> float:
         """The finish time at `batch` plus CAUTION standard errors of the fit there, counted from no
         lower than the fit's centre: a plan that moves a worker far above the batches it was measured
         at is priced at what the measurements can vouch for, so noisy fits cannot carry a solve to an
-        extreme split. Nondecreasing in the batch, like `at`."""
-        return self.at(batch) + CAUTION * self.line.sd(max(batch, self.line.centre))
+        extreme split. Nondecreasing in the batch, like `at`. Line.sd and Line.centre written out."""
+        line = self.line
+        cov, var_q = line.cov, line.var_q
+        x = max(batch, -cov / var_q if var_q > 0 else 0.0)
+        return self.at(batch) + CAUTION * math.sqrt(max(0.0, line.var_s + 2.0 * x * cov + x * x * var_q))
 
     def exposed_at(self, batch: float) -> float:
         if self.exposed is None:
