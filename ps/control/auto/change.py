@@ -26,9 +26,10 @@ import bisect
 import math
 import statistics
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ps.control.auto.law import Item, law_of
-from ps.control.model.time_fit import sorted_median
+from ps.control.model.time_fit import GROUPS_KEPT, sorted_median
 
 CHANGE_ROUNDS = 3
 """The fewest newest times, all off the law on one side, that make a change."""
@@ -156,17 +157,31 @@ def noise_and_persistence(items: Sequence[Item]) -> tuple[float, float]:
     squares, dof = 0.0, 0
     products = spread = 0.0
     for times in by_batch.values():
-        centre = statistics.median(times)
-        if len(times) > 1 and centre > 0:
-            deviations = [t / centre - 1.0 for t in times]
-            squares += sum(min(abs(d), STALL) ** 2 for d in deviations)
+        sums = _deviation_sums(tuple(times))
+        if sums is not None:
+            squares += sums[0]
             dof += len(times) - 1
             if len(times) > 2:
-                dev = [max(-STALL, min(d, STALL)) for d in deviations]
-                products += sum(a * b for a, b in zip(dev, dev[1:]))
-                spread += sum(d * d for d in dev)
+                products += sums[1]
+                spread += sums[2]
     rho = min(MAX_CORRELATION, max(0.0, products / spread)) if spread > 0 else 0.0
     return math.sqrt((PRIOR_WEIGHT * PRIOR_NOISE ** 2 + squares) / (PRIOR_WEIGHT + dof)), (1.0 + rho) / (1.0 - rho)
+
+
+@lru_cache(maxsize=GROUPS_KEPT)  # a batch size a worker left keeps its times
+def _deviation_sums(times: tuple[float, ...]) -> tuple[float, float, float] | None:
+    """Of one batch size's times' relative deviations from their median: the sum of their squares
+    clipped at STALL, and (three times or more) the sum of lag-one products and of squares of the
+    deviations clipped to ±STALL; None for one time or a median of 0."""
+    centre = statistics.median(times)
+    if not (len(times) > 1 and centre > 0):
+        return None
+    deviations = [t / centre - 1.0 for t in times]
+    squares = sum(min(abs(d), STALL) ** 2 for d in deviations)
+    if len(times) <= 2:
+        return squares, 0.0, 0.0
+    dev = [max(-STALL, min(d, STALL)) for d in deviations]
+    return squares, sum(a * b for a, b in zip(dev, dev[1:])), sum(d * d for d in dev)
 
 
 def law_error(items: Sequence[Item], batch: int, noise: float, known: bool) -> float:

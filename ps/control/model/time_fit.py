@@ -23,6 +23,7 @@ import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 FORGET = 0.9
 """Weight of an observation relative to the next newer one of the same worker (half-life ~7)."""
@@ -43,6 +44,10 @@ CAUTION = 2.0
 """Standard errors of a fitted time added to it where plans are compared (Finish.cautious)."""
 BOUND_TOLERANCE = 0.05
 """Exposed communication more than this fraction over its floor counts as communication-bound."""
+GROUPS_KEPT = 1 << 14
+"""Groups kept for the next fit (a few per worker at thousands of workers): a batch size a worker
+left keeps its times, and once they are all OLDEST_WEIGHT old their weights too, so its group is the
+same at every fit until the worker comes back to it."""
 _RECENCY = {age: max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)}
 """The weight of an observation by its age, for the ages where it is above OLDEST_WEIGHT and a few beyond."""
 
@@ -155,24 +160,26 @@ def groups(items: Sequence[tuple[int, int, float]]) -> list[Group]:
             times.append(ms)
         else:
             by_batch[batch] = ([w], [ms])
-    out = []
-    for batch in sorted(by_batch):
-        observed, times = by_batch[batch]
-        weights, kept = _without_outliers(observed, times)
-        n = len(kept)
-        mass = math.fsum(weights)
-        mean = math.fsum(map(operator.mul, weights, kept)) / mass
-        if n > 1:
-            var = math.fsum([w * (t - mean) ** 2 for w, t in zip(weights, kept)]) / mass * n / (n - 1)
-        else:
-            var = (ONE_SAMPLE_REL_NOISE * mean) ** 2
-        var = max(var, (MIN_REL_NOISE * mean) ** 2, 1e-12)
-        # the mean of n observations of variance var has variance var / n; recency discounts n to the mass
-        out.append(Group(batch, mean, mass / var, len(times)))
-    return out
+    return [_group(batch, tuple(by_batch[batch][0]), tuple(by_batch[batch][1])) for batch in sorted(by_batch)]
 
 
-def _without_outliers(weights: list[float], times: list[float]) -> tuple[list[float], list[float]]:
+@lru_cache(maxsize=GROUPS_KEPT)
+def _group(batch: int, observed: tuple[float, ...], times: tuple[float, ...]) -> Group:
+    """The group of one batch size's times and their recency weights (`groups`)."""
+    weights, kept = _without_outliers(observed, times)
+    n = len(kept)
+    mass = math.fsum(weights)
+    mean = math.fsum(map(operator.mul, weights, kept)) / mass
+    if n > 1:
+        var = math.fsum([w * (t - mean) ** 2 for w, t in zip(weights, kept)]) / mass * n / (n - 1)
+    else:
+        var = (ONE_SAMPLE_REL_NOISE * mean) ** 2
+    var = max(var, (MIN_REL_NOISE * mean) ** 2, 1e-12)
+    # the mean of n observations of variance var has variance var / n; recency discounts n to the mass
+    return Group(batch, mean, mass / var, len(times))
+
+
+def _without_outliers(weights: Sequence[float], times: Sequence[float]) -> tuple[Sequence[float], Sequence[float]]:
     """The weights and times within OUTLIER_MADS scaled median absolute deviations of the median
     (at least MIN_REL_NOISE of it), for groups of four or more."""
     if len(times) < 4:
