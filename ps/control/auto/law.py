@@ -8,6 +8,7 @@ two times that happen to agree would tilt the line. Pure."""
 from __future__ import annotations
 
 import operator
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,11 +41,8 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     measured there no more)."""
     if not items:
         return None
-    counts: dict[int, int] = {}
-    seqs = []
-    for seq, b, _, _ in items:
-        counts[b] = counts.get(b, 0) + 1
-        seqs.append(seq)
+    counts: dict[int, int] = Counter([it[1] for it in items])
+    seqs = [it[0] for it in items]
     measured = [b for b, n in counts.items() if n >= min_samples]
     if admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= ADMIT_SPREAD
                                                                for b in measured):
@@ -53,7 +51,8 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     held = (len(counts) <= MAX_BATCHES and max(counts.values()) <= PER_BATCH
             and all(map(operator.lt, seqs, seqs[1:])))
     if measured and max(measured) >= (1.0 + SPREAD) * min(measured):
-        fit = _fit([it for it in items if it[1] in measured], min_samples, held)
+        kept = set(measured)
+        fit = _fit(list(items) if len(kept) == len(counts) else [it for it in items if it[1] in kept], min_samples, held)
         return None if fit is None else Law(fit, True)
     newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
     fit = _fit([it for it in items if it[1] == newest], min_samples, held)
