@@ -9,6 +9,6 @@ model/ (Cannikin's OptPerf: time fits, the one-step split, parking) and auto/, t
 proportional step until a worker's time law is known, model/'s solve and parking after, the step again
 on a change of speed); micro.py plans any of them in whole micro-batches; performance.py is the one
 model of a round's time the model policy, --adaptive-batch and the metrics' predictions share; split.py
-the integer splits, checks.py the number checks. global_batch/ chooses B by goodput from the gradient
+the integer splits, checks.py the number checks, stdev.py statistics.stdev without its Fractions. global_batch/ chooses B by goodput from the gradient
 noise scale. Pure: no torch, no gRPC, no clock, no I/O, so each rule is unit- and property-tested alone.
 Imports nothing of ps but the leaf common.number_checks."""

@@ -22,11 +22,14 @@ them all.
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ps.control.auto.law import Item, law_of
+from ps.control.model.time_fit import GROUPS_KEPT, sorted_median
 
 CHANGE_ROUNDS = 3
 """The fewest newest times, all off the law on one side, that make a change."""
@@ -66,26 +69,32 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     `rounds` of them at least, off by `sds` standard errors."""
     before = [it for it in items if it[0] < settled]
     tail = [it for it in items if it[0] >= settled]
+    if not tail:  # QUICK's fewest is one time
+        return None
     law = law_of(before, min_samples)
-    if law is None or not tail:  # QUICK's fewest is one time
+    if law is None:
         return None
     line = law.fit.line
     residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.batch is None else law.batch / b)
                  for _, b, ms, _ in tail]
     floor = BANDS * deadband
-    noise, runs = relative_noise(before), persistence(before)
+    noise, runs = noise_and_persistence(before)
     batch = tail[-1][1]
     used = before if law.known else [it for it in before if it[1] == law.batch]
     fit_error = max(line.sd(batch) / line.at(batch),
                     law_error(used, batch, noise, law.known) * math.sqrt(min(runs, len(used))))
+    needs = (needed_rounds(residuals, -1.0, rounds), needed_rounds(residuals, 1.0, rounds))  # by the shift's side
     best: tuple[float, int, float, int] | None = None
+    newest: list[float] = []  # residuals[-m:], in order of size
     for m in range(1, len(tail) + 1):
-        shift = statistics.median(residuals[-m:])
-        needed = needed_rounds(residuals, shift, rounds)
+        bisect.insort_left(newest, residuals[-m])  # an older equal residual first, as sorted() orders them
+        shift = sorted_median(newest)
+        needed = needs[shift > 0]
+        if m < needed or abs(shift) < floor:
+            continue
         error = math.sqrt((MEDIAN_EFFICIENCY * noise) ** 2 * min(runs, m) / m + fit_error ** 2)
         score = abs(shift) / error
-        if (m >= needed and abs(shift) >= floor and score >= sds
-                and all(r * shift > 0 for r in residuals[-needed:]) and (best is None or score > best[0])):
+        if score >= sds and all(r * shift > 0 for r in residuals[-needed:]) and (best is None or score > best[0]):
             best = (score, m, shift, needed)
     if best is None:
         return None
@@ -128,16 +137,7 @@ def relative_noise(items: Sequence[Item]) -> float:
     """The relative noise of the times: the pooled standard deviation of each time about the median of
     its batch size (each deviation clipped at STALL, so one stalled step does not blind the test for
     long), pooled with PRIOR_NOISE counted PRIOR_WEIGHT times."""
-    by_batch: dict[int, list[float]] = {}
-    for _, b, ms, _ in items:
-        by_batch.setdefault(b, []).append(ms)
-    squares, dof = 0.0, 0
-    for times in by_batch.values():
-        centre = statistics.median(times)
-        if len(times) > 1 and centre > 0:
-            squares += sum(min(abs(t / centre - 1.0), STALL) ** 2 for t in times)
-            dof += len(times) - 1
-    return math.sqrt((PRIOR_WEIGHT * PRIOR_NOISE ** 2 + squares) / (PRIOR_WEIGHT + dof))
+    return noise_and_persistence(items)[0]
 
 
 def persistence(items: Sequence[Item]) -> float:
@@ -145,18 +145,43 @@ def persistence(items: Sequence[Item]) -> float:
     the times' deviations from their batch size's median, in order, 0 <= ρ <= MAX_CORRELATION. A
     machine's load comes in spells (another process, a collection), and the mean of m times that
     move together is known only as well as that of m over this many independent ones."""
+    return noise_and_persistence(items)[1]
+
+
+def noise_and_persistence(items: Sequence[Item]) -> tuple[float, float]:
+    """`relative_noise` and `persistence` of the times, from one pass over their deviations from
+    their batch size's median."""
     by_batch: dict[int, list[float]] = {}
     for _, b, ms, _ in items:
         by_batch.setdefault(b, []).append(ms)
-    products = squares = 0.0
+    squares, dof = 0.0, 0
+    products = spread = 0.0
     for times in by_batch.values():
-        centre = statistics.median(times)
-        if len(times) > 2 and centre > 0:
-            dev = [max(-STALL, min(t / centre - 1.0, STALL)) for t in times]
-            products += sum(a * b for a, b in zip(dev, dev[1:]))
-            squares += sum(d * d for d in dev)
-    rho = min(MAX_CORRELATION, max(0.0, products / squares)) if squares > 0 else 0.0
-    return (1.0 + rho) / (1.0 - rho)
+        sums = _deviation_sums(tuple(times))
+        if sums is not None:
+            squares += sums[0]
+            dof += len(times) - 1
+            if len(times) > 2:
+                products += sums[1]
+                spread += sums[2]
+    rho = min(MAX_CORRELATION, max(0.0, products / spread)) if spread > 0 else 0.0
+    return math.sqrt((PRIOR_WEIGHT * PRIOR_NOISE ** 2 + squares) / (PRIOR_WEIGHT + dof)), (1.0 + rho) / (1.0 - rho)
+
+
+@lru_cache(maxsize=GROUPS_KEPT)  # a batch size a worker left keeps its times
+def _deviation_sums(times: tuple[float, ...]) -> tuple[float, float, float] | None:
+    """Of one batch size's times' relative deviations from their median: the sum of their squares
+    clipped at STALL, and (three times or more) the sum of lag-one products and of squares of the
+    deviations clipped to ±STALL; None for one time or a median of 0."""
+    centre = statistics.median(times)
+    if not (len(times) > 1 and centre > 0):
+        return None
+    deviations = [t / centre - 1.0 for t in times]
+    squares = sum(min(abs(d), STALL) ** 2 for d in deviations)
+    if len(times) <= 2:
+        return squares, 0.0, 0.0
+    dev = [max(-STALL, min(d, STALL)) for d in deviations]
+    return squares, sum(a * b for a, b in zip(dev, dev[1:])), sum(d * d for d in dev)
 
 
 def law_error(items: Sequence[Item], batch: int, noise: float, known: bool) -> float:

@@ -10,7 +10,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from ps.control.auto.change import relative_noise, persistence
+from ps.control.auto.change import noise_and_persistence
 from ps.control.auto.law import Item
 
 NOISE_SDS = 2.0
@@ -31,7 +31,8 @@ def far_from_balance(times: Mapping[str, Sequence[float]], history: Mapping[str,
             continue
         mean, m = statistics.fmean(ms), len(ms)
         items = history.get(k, ())
-        error = relative_noise(items) * mean * math.sqrt(min(persistence(items), m) / m)
+        noise, runs = noise_and_persistence(items)
+        error = noise * mean * math.sqrt(min(runs, m) / m)
         means[k] = (mean, error)
     inside = [means[k] for k in means if lower[k] < plan[k] < upper[k]]
     if len(inside) < 2:

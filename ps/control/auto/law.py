@@ -7,11 +7,12 @@ two times that happen to agree would tilt the line. Pure."""
 
 from __future__ import annotations
 
+import operator
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 
-from ps.control.model.time_fit import Fit, Observations
+from ps.control.model.time_fit import MAX_BATCHES, PER_BATCH, Fit, Observations, fit_of
 
 Item = tuple[int, int, float, float | None]
 """One observation: (sequence number, batch, ms, exposed ms or None)."""
@@ -38,24 +39,26 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     batch size that enters with fewer than `min_samples` times, ADMIT_SPREAD away from the others (a
     change trusted on its first times, change.QUICK: a worker stepped away from them at once is
     measured there no more)."""
-    return _law(tuple(items), min_samples, admitted)
-
-
-@lru_cache(maxsize=1024)  # a decision asks for every law several times, the change test after each push
-def _law(items: tuple[Item, ...], min_samples: int, admitted: int | None) -> Law | None:
     if not items:
         return None
-    counts: dict[int, int] = {}
-    for _, b, _, _ in items:
-        counts[b] = counts.get(b, 0) + 1
+    counts: dict[int, int] = Counter([it[1] for it in items])
+    seqs = [it[0] for it in items]
     measured = [b for b, n in counts.items() if n >= min_samples]
     if admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= ADMIT_SPREAD
                                                                for b in measured):
         measured.append(admitted)
+    # a part of observations held as Observations holds them (in order, within its limits) is held so too
+    held = (len(counts) <= MAX_BATCHES and max(counts.values()) <= PER_BATCH
+            and all(map(operator.lt, seqs, seqs[1:])))
     if measured and max(measured) >= (1.0 + SPREAD) * min(measured):
-        fit = Observations([it for it in items if it[1] in measured]).fit(min_samples)
+        kept = set(measured)
+        fit = _fit(list(items) if len(kept) == len(counts) else [it for it in items if it[1] in kept], min_samples, held)
         return None if fit is None else Law(fit, True)
     newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
-    fit = Observations([it for it in items if it[1] == newest]).fit(min_samples)
+    fit = _fit([it for it in items if it[1] == newest], min_samples, held)
     return None if fit is None else Law(fit, False, newest)
 
+
+def _fit(items: list[Item], min_samples: int, held: bool) -> Fit | None:
+    """The fit of `items` as Observations of them fit it (`held`: they are as it would hold them)."""
+    return fit_of(items, min_samples) if held else Observations(items).fit(min_samples)

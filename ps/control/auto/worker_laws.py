@@ -12,6 +12,7 @@ from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, sett
 from ps.control.auto.law import Law, law_of
 from ps.control.model.time_fit import Finish, Observations
 from ps.control.model.worker_times import WorkerTimes
+from ps.control.stdev import stdev
 
 SLOWED = 1.5
 """A change of speed that makes a worker's times this many times its old law's is a slowdown that may
@@ -33,6 +34,8 @@ class WorkerLaws(WorkerTimes):
         self.admitted: dict[str, int] = {}  # the batch of a change trusted on fewer than min_samples times
         self.quick = False  # a change since the last decision was trusted on fewer times than `rounds`
         self.jumps: dict[str, float] = {}  # of the slowed, trusted on fewer times: how many times slower
+        # each worker's law with what it was fitted from: its observations, their version, the admitted batch
+        self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
@@ -45,6 +48,7 @@ class WorkerLaws(WorkerTimes):
         self.slowed.discard(worker_id)
         self.jumps.pop(worker_id, None)
         self.admitted.pop(worker_id, None)
+        self._laws.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
         """Take one time (False: a warm-up step, left out) and test the newest against the law."""
@@ -79,7 +83,15 @@ class WorkerLaws(WorkerTimes):
         return True
 
     def law(self, worker_id: str) -> Law | None:
-        return law_of(self.obs[worker_id].items, self.min_samples, self.admitted.get(worker_id))
+        """The worker's law (law.py), fitted again only once its observations or admitted batch change:
+        a decision asks for every law many times."""
+        obs, admitted = self.obs[worker_id], self.admitted.get(worker_id)
+        kept = self._laws.get(worker_id)
+        if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == admitted:
+            return kept[3]
+        law = law_of(obs.items, self.min_samples, admitted)
+        self._laws[worker_id] = (obs, obs.version, admitted, law)
+        return law
 
     def finishes(self) -> dict[str, Finish]:
         """Each measured worker's fitted finish time: its law, or its proportional line."""
@@ -93,5 +105,5 @@ class WorkerLaws(WorkerTimes):
         for k, b in plan.items():
             recent = self.recent(k, b) if b > 0 else None
             if recent and len(recent) > 1 and statistics.fmean(recent) > 0:
-                errors.append(statistics.stdev(recent) / statistics.fmean(recent) / len(recent) ** 0.5)
+                errors.append(stdev(recent) / statistics.fmean(recent) / len(recent) ** 0.5)
         return max(errors)

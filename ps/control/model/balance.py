@@ -8,6 +8,8 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
+from ps.control.stdev import stdev
+
 
 def measured_balanced(times: Mapping[str, Sequence[float]], plan: Mapping[str, int], lower: Mapping[str, int],
                       upper: Mapping[str, int], deadband: float) -> bool:
@@ -22,7 +24,7 @@ def measured_balanced(times: Mapping[str, Sequence[float]], plan: Mapping[str, i
     for k, ms in times.items():
         if lower[k] == upper[k]:
             continue
-        error = statistics.stdev(ms) / math.sqrt(len(ms)) if len(ms) > 1 else 0.0
+        error = stdev(ms) / math.sqrt(len(ms)) if len(ms) > 1 else 0.0
         measured[k] = (statistics.fmean(ms), error)
     inside = [measured[k] for k in measured if lower[k] < plan[k] < upper[k]]
     if len(inside) < 2:

@@ -19,9 +19,11 @@ grows), down to that floor. Pure and deterministic.
 from __future__ import annotations
 
 import math
+import operator
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 FORGET = 0.9
 """Weight of an observation relative to the next newer one of the same worker (half-life ~7)."""
@@ -42,6 +44,12 @@ CAUTION = 2.0
 """Standard errors of a fitted time added to it where plans are compared (Finish.cautious)."""
 BOUND_TOLERANCE = 0.05
 """Exposed communication more than this fraction over its floor counts as communication-bound."""
+GROUPS_KEPT = 1 << 14
+"""Groups kept for the next fit (a few per worker at thousands of workers): a batch size a worker
+left keeps its times, and once they are all OLDEST_WEIGHT old their weights too, so its group is the
+same at every fit until the worker comes back to it."""
+_RECENCY = {age: max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)}
+"""The weight of an observation by its age, for the ages where it is above OLDEST_WEIGHT and a few beyond."""
 
 
 @dataclass(frozen=True)
@@ -92,14 +100,22 @@ class Finish:
     floor: float = 0.0  # the exposed communication of a compute-bound step (the last bucket)
 
     def at(self, batch: float) -> float:
-        return self.line.at(batch) + self.exposed_at(batch)
+        """The line's time plus the exposed communication at `batch` (Line.at and `exposed_at` written
+        out: a solve prices thousands of workers at dozens of batches)."""
+        line, exposed = self.line, self.exposed
+        if exposed is None:
+            return line.q * batch + line.s + 0.0
+        return line.q * batch + line.s + max(self.floor, exposed.q * batch + exposed.s)
 
     def cautious(self, batch: float) -> float:
         """The finish time at `batch` plus CAUTION standard errors of the fit there, counted from no
         lower than the fit's centre: a plan that moves a worker far above the batches it was measured
         at is priced at what the measurements can vouch for, so noisy fits cannot carry a solve to an
-        extreme split. Nondecreasing in the batch, like `at`."""
-        return self.at(batch) + CAUTION * self.line.sd(max(batch, self.line.centre))
+        extreme split. Nondecreasing in the batch, like `at`. Line.sd and Line.centre written out."""
+        line = self.line
+        cov, var_q = line.cov, line.var_q
+        x = max(batch, -cov / var_q if var_q > 0 else 0.0)
+        return self.at(batch) + CAUTION * math.sqrt(max(0.0, line.var_s + 2.0 * x * cov + x * x * var_q))
 
     def exposed_at(self, batch: float) -> float:
         if self.exposed is None:
@@ -132,36 +148,54 @@ def groups(items: Sequence[tuple[int, int, float]]) -> list[Group]:
     """Recency-weighted groups of (age, batch, ms) observations; age counts the worker's newer
     observations. Outliers (a step that waited for a CPU, a collection) are left out of a group of
     four or more: times further from its median than OUTLIER_MADS robust deviations."""
-    by_batch: dict[int, list[tuple[float, float]]] = {}
+    by_batch: dict[int, tuple[list[float], list[float]]] = {}
+    recency = _RECENCY.get
     for age, batch, ms in items:
-        by_batch.setdefault(batch, []).append((max(OLDEST_WEIGHT, FORGET ** age), ms))
-    out = []
-    for batch, observed in sorted(by_batch.items()):
-        weighted = _without_outliers(observed)
-        mass = math.fsum(w for w, _ in weighted)
-        mean = math.fsum(w * t for w, t in weighted) / mass
-        if len(weighted) > 1:
-            var = math.fsum(w * (t - mean) ** 2 for w, t in weighted) / mass * len(weighted) / (len(weighted) - 1)
+        w = recency(age)
+        if w is None:
+            w = max(OLDEST_WEIGHT, FORGET ** age)
+        if batch in by_batch:
+            weights, times = by_batch[batch]
+            weights.append(w)
+            times.append(ms)
         else:
-            var = (ONE_SAMPLE_REL_NOISE * mean) ** 2
-        var = max(var, (MIN_REL_NOISE * mean) ** 2, 1e-12)
-        # the mean of n observations of variance var has variance var / n; recency discounts n to the mass
-        out.append(Group(batch, mean, mass / var, len(observed)))
-    return out
+            by_batch[batch] = ([w], [ms])
+    return [_group(batch, tuple(by_batch[batch][0]), tuple(by_batch[batch][1])) for batch in sorted(by_batch)]
 
 
-def _without_outliers(weighted: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The (weight, time) pairs within OUTLIER_MADS scaled median absolute deviations of the median
+@lru_cache(maxsize=GROUPS_KEPT)
+def _group(batch: int, observed: tuple[float, ...], times: tuple[float, ...]) -> Group:
+    """The group of one batch size's times and their recency weights (`groups`)."""
+    weights, kept = _without_outliers(observed, times)
+    n = len(kept)
+    mass = math.fsum(weights)
+    mean = math.fsum(map(operator.mul, weights, kept)) / mass
+    if n > 1:
+        var = math.fsum([w * (t - mean) ** 2 for w, t in zip(weights, kept)]) / mass * n / (n - 1)
+    else:
+        var = (ONE_SAMPLE_REL_NOISE * mean) ** 2
+    var = max(var, (MIN_REL_NOISE * mean) ** 2, 1e-12)
+    # the mean of n observations of variance var has variance var / n; recency discounts n to the mass
+    return Group(batch, mean, mass / var, len(times))
+
+
+def _without_outliers(weights: Sequence[float], times: Sequence[float]) -> tuple[Sequence[float], Sequence[float]]:
+    """The weights and times within OUTLIER_MADS scaled median absolute deviations of the median
     (at least MIN_REL_NOISE of it), for groups of four or more."""
-    if len(weighted) < 4:
-        return weighted
-    times = sorted(t for _, t in weighted)
-    median = _median(times)
-    spread = max(1.4826 * _median(sorted(abs(t - median) for t in times)), MIN_REL_NOISE * abs(median), 1e-9)
-    return [(w, t) for w, t in weighted if abs(t - median) <= OUTLIER_MADS * spread]
+    if len(times) < 4:
+        return weights, times
+    median = sorted_median(sorted(times))
+    deviations = [abs(t - median) for t in times]
+    spread = max(1.4826 * sorted_median(sorted(deviations)), MIN_REL_NOISE * abs(median), 1e-9)
+    limit = OUTLIER_MADS * spread
+    if max(deviations) <= limit:
+        return weights, times
+    inside = [i for i, d in enumerate(deviations) if d <= limit]
+    return [weights[i] for i in inside], [times[i] for i in inside]
 
 
-def _median(ordered: Sequence[float]) -> float:
+def sorted_median(ordered: Sequence[float]) -> float:
+    """The median of values in order of size."""
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
@@ -178,7 +212,7 @@ def weighted_line(points: Sequence[Group]) -> Line | None:
     det = w * sbb - sb * sb
     # the weights are inverse variances, so (X'WX)^-1 is the covariance of the fitted (s, q)
     var_s, cov, var_q = (sbb / det, -sb / det, w / det) if det > 0 else (1.0 / w, 0.0, 0.0)
-    q = _slope(points)
+    q = _slope(w, sb, st, sbb, sbt)
     if q <= 0:  # times that fall with the batch: only noise can say so; a nearly flat line
         q = 1e-6 * st / sb
     s = (st - q * sb) / w
@@ -195,9 +229,8 @@ def _moments(points: Sequence[Group]) -> tuple[float, float, float, float, float
             math.fsum(p.weight * p.batch * p.mean for p in points))
 
 
-def _slope(points: Sequence[Group]) -> float:
-    """The weighted least-squares slope of t over b (0 when the groups share one batch)."""
-    w, sb, st, sbb, sbt = _moments(points)
+def _slope(w: float, sb: float, st: float, sbb: float, sbt: float) -> float:
+    """The weighted least-squares slope of t over b from the groups' moments (0 when they share one batch)."""
     det = w * sbb - sb * sb
     return (w * sbt - sb * st) / det if det > 0 else 0.0
 
@@ -211,9 +244,26 @@ def exposed_line(points: Sequence[Group], slope_floor: float) -> tuple[Line, flo
     floor = min(p.mean for p in points)
     if len(points) == 1:
         return Line(0.0, points[0].mean), floor
-    w, sb, st, _, _ = _moments(points)
-    slope = min(0.0, max(-slope_floor, _slope(points)))
+    w, sb, st, sbb, sbt = _moments(points)
+    slope = min(0.0, max(-slope_floor, _slope(w, sb, st, sbb, sbt)))
     return Line(slope, (st - slope * sb) / w), floor
+
+
+def fit_of(items: Sequence[tuple[int, int, float, float | None]], min_samples: int) -> Fit | None:
+    """The fit of observations (sequence number, batch, ms, exposed ms or None), oldest first, each
+    weighed by its age behind the newest; None without any. `min_samples`: the observations a batch
+    size needs to count as measured (Fit.batches)."""
+    if not items:
+        return None
+    last = items[-1][0]
+    points = groups([(last - seq, b, ms) for seq, b, ms, _ in items])
+    line = weighted_line(points)
+    if line is None:
+        return None
+    exposed_points = groups([(last - seq, b, e) for seq, b, _, e in items if e is not None])
+    exposed = exposed_line(exposed_points, line.q)
+    finish = Finish(line) if exposed is None else Finish(line, exposed[0], exposed[1])
+    return Fit(finish, sum(1 for p in points if p.count >= min_samples))
 
 
 class Observations:
@@ -221,18 +271,30 @@ class Observations:
     None). The newest PER_BATCH per batch size are kept, for the MAX_BATCHES batch sizes seen most
     recently, so a worker that stays at one batch keeps the other point its line needs. The
     observations change only through `add` and `rescale`: each fit is kept until they do (a decision
-    asks for every worker's fit several times, and thousands of workers make that seconds)."""
+    asks for every worker's fit several times, and thousands of workers make that seconds), and
+    `version` counts those changes, so that what else is derived from them can be kept as long."""
 
     def __init__(self, items: Sequence[tuple[int, int, float, float | None]] = (), seq: int = 0) -> None:
         self._fits: dict[tuple[int, int], Fit | None] = {}
+        self.version = 0
         self.items: list[tuple[int, int, float, float | None]] = sorted(items)
         self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
         self._prune()
 
     def add(self, batch: int, ms: float, exposed: float | None) -> None:
+        self._fits.clear()
         self.items.append((self.seq, batch, ms, exposed))
         self.seq += 1
-        self._prune()
+        self.version += 1
+        # the others were within the limits: only the new one's batch size can be one over
+        same = [i for i, item in enumerate(self.items) if item[1] == batch]
+        if len(same) > PER_BATCH:
+            del self.items[same[0]]
+        elif len(same) == 1:
+            newest = {b: seq for seq, b, _, _ in self.items}
+            if len(newest) > MAX_BATCHES:
+                oldest = min(newest, key=newest.__getitem__)
+                self.items = [item for item in self.items if item[1] != oldest]
 
     def _prune(self) -> None:
         self._fits.clear()
@@ -259,18 +321,7 @@ class Observations:
         return self._fits[key]
 
     def _fit(self, min_samples: int, exclude_last: int) -> Fit | None:
-        items = self.items[: len(self.items) - exclude_last] if exclude_last else self.items
-        if not items:
-            return None
-        last = items[-1][0]
-        points = groups([(last - seq, b, ms) for seq, b, ms, _ in items])
-        line = weighted_line(points)
-        if line is None:
-            return None
-        exposed_points = groups([(last - seq, b, e) for seq, b, _, e in items if e is not None])
-        exposed = exposed_line(exposed_points, line.q)
-        finish = Finish(line) if exposed is None else Finish(line, exposed[0], exposed[1])
-        return Fit(finish, sum(1 for p in points if p.count >= min_samples))
+        return fit_of(self.items[: len(self.items) - exclude_last] if exclude_last else self.items, min_samples)
 
     def run(self, batch: int) -> int:
         """How many of the newest observations in a row are at `batch`."""
@@ -308,6 +359,7 @@ class Observations:
         scales the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop
         the rest of it, which may be from before the change or after."""
         self._fits.clear()
+        self.version += 1
         run = self.run(self.items[-1][1]) if self.items else 0
         cut = len(self.items) - run
         self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]

@@ -1,0 +1,53 @@
+"""The sample standard deviation of floats as statistics.stdev gives it, bit for bit: the correctly
+rounded square root of the exact sample variance. statistics.stdev sums in Fractions; a decision takes
+it of every worker's times, and at thousands of workers that is most of its time. Here the floats,
+dyadic rationals, are scaled to integers over one power of two, so the variance is exact in integer
+arithmetic. Pure."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+
+_SQRT_BITS = 2 * sys.float_info.mant_dig + 3
+"""Twice the bits of the integer square root taken: a float's and two more, so that rounding it to
+odd, then to a float, rounds the true root correctly (statistics' own width)."""
+
+
+def stdev(values: Sequence[float]) -> float:
+    """statistics.stdev(values) for two or more values (StatisticsError with fewer); a value that is
+    not finite is left to statistics.stdev."""
+    if len(values) < 2:
+        raise statistics.StatisticsError("stdev requires at least two data points")
+    try:
+        ratios = [v.as_integer_ratio() for v in values]
+    except (OverflowError, ValueError):
+        return statistics.stdev(values)
+    scale = max(d for _, d in ratios)  # every denominator is a power of two, so it divides the largest
+    scaled = [n * (scale // d) for n, d in ratios]
+    count = len(scaled)
+    total = sum(scaled)
+    # the sum of squared deviations over count - 1, scale² and count: (count·Σx² − (Σx)²) / (count·(count−1)·scale²)
+    numerator = count * sum(x * x for x in scaled) - total * total
+    denominator = count * (count - 1) * scale * scale
+    common = math.gcd(numerator, denominator)
+    return _sqrt_of_fraction(numerator // common, denominator // common)
+
+
+def _sqrt_of_fraction(n: int, m: int) -> float:
+    """The square root of n/m (n >= 0, m > 0, in lowest terms) as a float, correctly rounded: an
+    integer square root of _SQRT_BITS bits, rounded to odd, then divided as ints (which rounds once).
+    The method is that of "Emulation of FMA and correctly rounded sums: proved algorithms using
+    rounding to odd"."""
+    q = (n.bit_length() - m.bit_length() - _SQRT_BITS) // 2
+    if q >= 0:
+        return (_isqrt_to_odd(n, m << 2 * q) << q) / 1
+    return _isqrt_to_odd(n << -2 * q, m) / (1 << -q)
+
+
+def _isqrt_to_odd(n: int, m: int) -> int:
+    """The integer square root of n/m, rounded to odd (an inexact root gets its last bit set)."""
+    a = math.isqrt(n // m)
+    return a | (a * a * m != n)
