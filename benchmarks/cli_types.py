@@ -36,12 +36,17 @@ def ints(text: str, least: int = 1) -> list[int]:
     return values
 
 
+def distinct_ints(text: str, least: int, what: str) -> list[int]:
+    """Comma-separated distinct integers >= `least`, named `what` in the error."""
+    values = ints(text, least=least)
+    if len(set(values)) != len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct {what}, got {text!r}")
+    return values
+
+
 def seeds(text: str) -> list[int]:
     """Comma-separated distinct seeds >= 0."""
-    values = ints(text, least=0)
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"expected distinct seeds, got {text!r}")
-    return values
+    return distinct_ints(text, 0, "seeds")
 
 
 def choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:

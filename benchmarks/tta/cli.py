@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli_types import choices, emulation_arguments, ints, parse_resolved, seeds
+from benchmarks.cli_types import choices, distinct_ints, emulation_arguments, parse_resolved, seeds
 from benchmarks.cluster_run import run_in_workdir
 from benchmarks.hetero.cli import build_parser as hetero_parser
 from benchmarks.hetero.cli import settings as hetero_settings
@@ -31,10 +31,7 @@ QUICK_DATASET_ARGS = ("size=384", "image_size=8", "shift=1", "separation=1.5")
 
 def sweep_batches(text: str) -> list[int]:
     """Comma-separated distinct B0s >= 1, in increasing order."""
-    values = ints(text, least=1)
-    if len(set(values)) != len(values):
-        raise argparse.ArgumentTypeError(f"expected distinct B0s, got {text!r}")
-    return sorted(values)
+    return sorted(distinct_ints(text, 1, "B0s"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -68,11 +68,11 @@ class WorkerLaws(WorkerTimes):
         before, after = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
         old = law_of(before, 1)
         if old is not None and after:
-            ratios = [ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in after]
-            if statistics.median(ratios) >= SLOWED:
+            ratio = statistics.median(ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in after)
+            if ratio >= SLOWED:
                 self.slowed.add(worker_id)
                 if len(after) < rounds:
-                    self.jumps[worker_id] = statistics.median(ratios)
+                    self.jumps[worker_id] = ratio
         self.obs[worker_id] = Observations(after, obs.seq)
         self.settled[worker_id] = obs.seq
         self.changed.add(worker_id)

@@ -62,13 +62,14 @@ class FittedPlan(WorkerPlan):
     def _decide(self) -> dict[str, int] | None:
         """`_decision`, unless it judges a re-probe the rounds contradict (`_taken_back`)."""
         judged, self._before_reprobe = self._before_reprobe, None
-        parking, reprobed = self._parking.state(), list(self._parking.reprobed)
+        parking = self._parking.state() if judged is not None else None  # to restore on a take-back
+        reprobed = list(self._parking.reprobed)
         self._judging = judged is not None  # no re-probe starts at the decision that judges one
         try:
             new = self._decision()
         finally:
             self._judging = False
-        if judged is None:
+        if judged is None or parking is None:
             return new
         if self._report.get("phase") == "wait":  # not measured yet: the next decision judges it
             self._before_reprobe = judged
