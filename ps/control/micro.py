@@ -134,6 +134,11 @@ class MicroBatched:
         """The inner policy's prediction at `total` samples, a whole number of micro-batches (None otherwise)."""
         return None if total % self._m else self._inner.predicted_round_ms(total // self._m)
 
+    def predicted_plan(self, total: int) -> dict[str, int] | None:
+        """The inner policy's plan at `total` samples, in samples (None where `predicted_round_ms` is)."""
+        plan = None if total % self._m else self._inner.predicted_plan(total // self._m)
+        return None if plan is None else self._samples(plan)
+
     def state_dict(self) -> dict[str, Any]:
         """The unit policy's state, and under `STATE_KEY` the micro-batch and the settings in samples."""
         return {**self._inner.state_dict(), STATE_KEY: {"micro_batch": self._m, "config": asdict(self._config)}}

@@ -80,6 +80,10 @@ class BatchPolicy(Protocol):
         """The predicted round (ms) at a global batch of `total` (ps/control/performance.py); None
         where the policy has no fitted model of its workers."""
 
+    def predicted_plan(self, total: int) -> dict[str, int] | None:
+        """The plan `predicted_round_ms(total)` prices (which workers a B would train); None where
+        that is None."""
+
     def state_dict(self) -> dict[str, Any]:
         """The whole state, as plain data, for a checkpoint."""
 

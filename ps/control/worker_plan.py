@@ -101,6 +101,10 @@ class WorkerPlan(WorkerRoster):
         (--adaptive-batch then predicts from the measured times)."""
         return None
 
+    def predicted_plan(self, total: int) -> dict[str, int] | None:
+        """The plan that `predicted_round_ms(total)` prices; None: it has no model."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """Full state as plain JSON-serialisable data (for checkpoints; plan_state.py)."""
         return {**plan_state(self._config, self._workers, self._adjustments), **self._extra_state()}

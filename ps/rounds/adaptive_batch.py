@@ -143,7 +143,7 @@ class AdaptiveBatchSizing:
         policy without a fitted model, B measured alone is probed against a second B ("probe"), so
         that the line through both replaces the guess; else the goodput scan on the round model,
         moving only on a gain beyond what φ's standard error could explain. Candidates leave an epoch
-        at least goodput.MIN_STEPS_PER_EPOCH rounds."""
+        at least goodput.MIN_STEPS_PER_EPOCH rounds and keep φ measurable (`_measurable`)."""
         decider = self.decider
         assert decider is not None
         config, noise_scale = decider.config, self.estimator.estimate()
@@ -160,7 +160,16 @@ class AdaptiveBatchSizing:
         probe = probe_batch(current, lower, upper) if len(self._rounds_at) < 2 and current in self._rounds_at else None
         if basis == "guess" and phi is not None and probe is not None:
             return decider.note(moved(config, current, probe, phi, "probe: a second batch for the round line", predict)), "probe"
-        return decider.choose(phi, lower, upper, predict, upward_only=basis == "guess", phi_sd=noise_scale.phi_sd), basis
+        return decider.choose(phi, lower, upper, predict, upward_only=basis == "guess", phi_sd=noise_scale.phi_sd,
+                              measurable=self._measurable), basis
+
+    def _measurable(self, batch: int) -> bool:
+        """Whether φ stays measurable at `batch`: the policy's plan there trains two or more workers (a
+        job of one worker: one); True where the policy has no plan to tell (gns.py needs a pair of
+        batches in a round, or two rounds at different batches of a lone worker)."""
+        policy = self.state.policy
+        plan = policy.predicted_plan(batch)
+        return plan is None or sum(b > 0 for b in plan.values()) >= min(2, len(policy.plan()))
 
     def _round_model(self, current: int) -> tuple[RoundModel | None, str]:
         """T(B) and what it rests on (ps/control/performance.global_round_model: the policy's fitted

@@ -145,10 +145,11 @@ class Deadlines:
         """A BSP round closed with `batch` samples: time it, count it; the next one opens now."""
         now = self.state.clock()
         self.rounds_closed += 1
-        if batch != self.state.spec.global_batch:  # a member left or was dropped while the round was open
+        planned = self.state.policy.config.global_batch  # the round's B (--adaptive-batch moves it from the flag's)
+        if batch != planned:  # a member left or was dropped while the round was open
             self.short_rounds += 1
             self.state.metrics.write("short_round", round=self.state.round, batch=batch,
-                                     global_batch=self.state.spec.global_batch, step=self.state.step)
+                                     global_batch=planned, step=self.state.step)
         if self.opened_at is not None:
             self.rounds.observe(now - self.opened_at)
             self.longest_open_s = max(self.longest_open_s, now - self.opened_at)

@@ -83,6 +83,7 @@ def test_adaptive_batch_moves_b_with_exact_splits_and_resumes_at_its_b(tmp_path:
     assert len(set(batches)) > 1, batches  # threshold 0: B moved
     (summary,) = first.events("summary")
     assert summary["epochs"] == 3 and summary["reason"] == "finished"
+    assert summary["short_rounds"] == 0  # every round at the B it was planned at, moved or not
     final = read_checkpoint(first.events("checkpoint")[-1]["path"])
     saved_b = final["adaptive"]["decider"]["batch"]
     assert saved_b == batches[-1] == sum(w["batch"] for w in final["controller"]["workers"])

@@ -132,14 +132,17 @@ def gain_spread(rate_ratio: float, phi: float, phi_sd: float | None, batch: int,
 
 def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, upper: int,
            round_ms: Callable[[int], float] | None, upward_only: bool = False,
-           phi_sd: float | None = None) -> Decision:
+           phi_sd: float | None = None, measurable: Callable[[int], bool] | None = None) -> Decision:
     """The batch to train at next. `lower`/`upper` are the flags' range narrowed to what the workers'
     bounds can make up; `round_ms(B)` the predicted time of a round of B (None: not measured yet).
     Unchanged (with the reason) while φ or the round time is unknown, or the gain is below the
     threshold or within what φ's standard error `phi_sd` could explain (`gain_spread`).
     `upward_only`: `round_ms` is performance.measured_round's guess, which overvalues a smaller B (it counts the
     workers' fixed costs as per-sample time) and undervalues a larger one, so only a move up is
-    trusted (inside the bounds; a B outside them still moves in)."""
+    trusted (inside the bounds; a B outside them still moves in).
+    `measurable(B)`: whether φ can still be measured at B (two or more workers train there,
+    gns.py); inside the bounds a move goes only where it can, so that the rounds after it can check
+    it (`review`) and φ keeps following training instead of freezing at the value that made the move."""
     lo, hi = max(lower, config.min_batch), min(upper, config.max_batch)
 
     def unchanged(reason: str, gain: float | None = None) -> Decision:
@@ -162,7 +165,8 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
 
     now = value(current)
     inside = lo <= current <= hi
-    pool = [b for b in candidates(lo, hi, current) if b >= current or not (upward_only and inside)]
+    pool = [b for b in candidates(lo, hi, current) if (b >= current or not (upward_only and inside))
+            and (b == current or not inside or measurable is None or measurable(b))]
     best = max(pool, key=lambda b: (value(b), -abs(b - current)))
     gain = value(best) / now - 1.0 if now > 0 else None
     spread = None
@@ -244,11 +248,12 @@ class AdaptiveBatch:
         return lower, upper
 
     def choose(self, phi: float | None, lower: int, upper: int, round_ms: Callable[[int], float] | None,
-               upward_only: bool = False, phi_sd: float | None = None) -> Decision:
+               upward_only: bool = False, phi_sd: float | None = None,
+               measurable: Callable[[int], bool] | None = None) -> Decision:
         """One decision at the current batch within the bounds left open (counted; φ kept for the LR
         rule); `apply` it once the caller has re-split the new B."""
         lo, hi = self.bounds(lower, upper)
-        return self.note(choose(self.config, self.batch, phi, lo, hi, round_ms, upward_only, phi_sd))
+        return self.note(choose(self.config, self.batch, phi, lo, hi, round_ms, upward_only, phi_sd, measurable))
 
     def review(self, phi: float | None, rounds: Mapping[int, float], noise: Mapping[int, float],
                round_ms: Callable[[int], float] | None = None) -> Decision | None:

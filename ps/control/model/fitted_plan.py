@@ -16,7 +16,7 @@ from ps.control.model.optperf import best_plan
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
 from ps.control.model.time_fit import Finish
-from ps.control.performance import FinishTime, FittedRounds
+from ps.control.performance import FinishTime, FittedRounds, split
 from ps.control.worker_plan import WorkerPlan
 
 
@@ -187,20 +187,33 @@ class FittedPlan(WorkerPlan):
         install over them and the parked workers whose law is known: optperf.best_plan's parking and,
         with `break_even` (--adaptive-batch), no active worker below its break-even batch
         (`_break_even`): a B is priced with the workers it would park parked."""
+        predicted = self._predicted(total)
+        return None if predicted is None else predicted[0]
+
+    def predicted_plan(self, total: int) -> dict[str, int] | None:
+        """The plan `predicted_round_ms(total)` prices (None where it is None): which workers a B would train."""
+        predicted = self._predicted(total)
+        return None if predicted is None or predicted[0] is None else predicted[1]
+
+    def _predicted(self, total: int) -> tuple[float | None, dict[str, int]] | None:
+        """The round and the plan at `total` (`predicted_round_ms`); the round None outside the bounds."""
         active, (lower, upper) = self._active(), self._bounds()
         finishes = self._held.finishes()
         if not active or not all(k in finishes and self._identified(k) for k in active):
             return None
         upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
         model = FittedRounds({k: finishes[k].at for k in active}, self._overhead(self.plan()), lower, upper)
-        if not self._may_park() or not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
-            return model.predict_global(total)
+        if not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
+            return None, {}
+        if not self._may_park():
+            plan = split(model.times, total, lower, upper)
+            return model.predict(plan), plan
         # the parked workers whose law is known are candidates too, as in a solve: a larger B may pay for them
         every = [k for k in self._workers if k in active or (k in finishes and self._identified(k))]
         times = {k: finishes[k].at for k in every}
         plan, _, _ = best_plan(times, total, lower, upper, may_park=every, overhead=model.overhead_ms)
         plan, _ = self._break_even(plan, times, lower, upper, every)
-        return FittedRounds(times, model.overhead_ms).predict(plan)
+        return FittedRounds(times, model.overhead_ms).predict(plan), dict(plan)
 
     def _breaks_even(self, plan: Mapping[str, int]) -> bool:
         """Whether `plan` may be held: no parkable active worker below its break-even batch (always

@@ -196,13 +196,18 @@ def test_every_change_of_b_keeps_the_exact_sum_and_the_bounds(policy: str, speed
         assert lower == n * min_batch and upper is None
 
 
-def test_the_model_policy_predicts_rounds_at_other_batches_once_identified() -> None:
+def model_policy(costs: dict[str, tuple[float, float]]):
+    """A model policy at B = 96 over workers `costs`, and a function that runs 200 rounds of them
+    (time q·b + s each, a round overhead of 2 ms, decisions as due)."""
     ctl = build_policy(PolicyConfig(policy="model", global_batch=96))
-    costs = {"a": (0.1, 5.0), "b": (0.3, 5.0)}
     for k in costs:
         ctl.add_worker(k)
     ctl.replan()
-    assert ctl.predicted_round_ms(96) is None
+    return ctl, lambda: fit(ctl, costs)
+
+
+def fit(ctl, costs: dict[str, tuple[float, float]]) -> None:
+    """200 rounds of workers whose time is q·b + s (`costs`), a round overhead of 2 ms, decisions as due."""
     for r in range(200):
         for k, b in ctl.plan().items():
             if b:
@@ -210,11 +215,29 @@ def test_the_model_policy_predicts_rounds_at_other_batches_once_identified() -> 
         ctl.observe_round(max(costs[k][0] * b + costs[k][1] for k, b in ctl.plan().items() if b) + 2.0)
         if ctl.decision_due() or r % 10 == 9:
             ctl.adjust()
+
+
+def test_the_model_policy_predicts_rounds_at_other_batches_once_identified() -> None:
+    ctl, run = model_policy({"a": (0.1, 5.0), "b": (0.3, 5.0)})
+    assert ctl.predicted_round_ms(96) is None
+    run()
     small, large = ctl.predicted_round_ms(96), ctl.predicted_round_ms(960)
     assert small is not None and large is not None
     # the optimum finishes both together: b_a = 3 b_b, T = 0.1 * 0.75 B + 5 (+ c = 2)
     assert large == pytest.approx(0.075 * 960 + 5 + 2, rel=0.05)
     assert small == pytest.approx(0.075 * 96 + 5 + 2, rel=0.1)
+
+
+def test_the_model_policy_says_which_workers_a_batch_would_train() -> None:
+    # b's fixed cost (30 ms) outweighs what it takes off a at a small B: the plan there parks it
+    ctl, run = model_policy({"a": (0.1, 5.0), "b": (0.3, 30.0)})
+    assert ctl.predicted_plan(96) is None  # nothing identified yet
+    run()
+    small, large = ctl.predicted_plan(16), ctl.predicted_plan(960)
+    assert small is not None and large is not None
+    assert sum(small.values()) == 16 and sum(large.values()) == 960
+    assert small["b"] == 0 < small["a"] and large["b"] > 0 and large["a"] > 0
+    assert ctl.predicted_round_ms(16) == pytest.approx(0.1 * 16 + 5 + 2, rel=0.1)
 
 
 def test_squared_norms_are_summed_in_float64_part_by_part() -> None:

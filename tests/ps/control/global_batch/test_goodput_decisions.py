@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ps.control.global_batch.goodput import (MIN_STEPS_PER_EPOCH, AdaptiveBatch, AdaptiveConfig, Decision, choose,
+from ps.control.global_batch.goodput import (MIN_STEPS_PER_EPOCH, AdaptiveBatch, AdaptiveConfig, Decision, candidates, choose,
                                              contradicted, epoch_bound, measured_goodput, moved, probe_batch)
 from ps.control.performance import round_line
 
@@ -100,3 +100,19 @@ def test_the_move_under_review_and_the_closed_directions_are_in_the_checkpoint()
             AdaptiveBatch(CONFIG).load_state_dict({**state, "closed": bad})
     with pytest.raises(ValueError, match="adaptive-batch/2"):
         AdaptiveBatch(CONFIG).load_state_dict({**state, "format": "adaptive-batch/0"})
+
+
+def test_a_move_goes_only_where_the_noise_scale_stays_measurable() -> None:
+    # φ small: goodput is best at a small B (32); below 100 the plan would train one worker alone, where
+    # the noise scale cannot be measured (one batch size per round), so the move stops at 100
+    config = AdaptiveConfig(base_batch=512, min_batch=16, max_batch=1024, threshold=0.05)
+    round_ms = lambda b: 0.2 * b + 20.0  # noqa: E731
+    free = choose(config, 512, 10.0, 16, 1024, round_ms)
+    assert free.changed and free.batch == 32
+    kept = choose(config, 512, 10.0, 16, 1024, round_ms, measurable=lambda b: b >= 100)
+    assert kept.changed and kept.batch == min(b for b in candidates(16, 1024, 512) if b >= 100)
+    # where no other batch is measurable, B stays; a B outside the bounds still moves in
+    assert not choose(config, 512, 10.0, 16, 1024, round_ms, measurable=lambda b: False).changed
+    outside = choose(config, 2048, 10.0, 16, 1024, round_ms, measurable=lambda b: False)
+    assert outside.changed and outside.batch <= 1024
+
