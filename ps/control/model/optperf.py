@@ -16,8 +16,7 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from ps.control.model.finish_table import table_of
-from ps.control.performance import (CallTable, FinishTable, FinishTime, FittedRounds, batch_within, round_time,
-                                    split)
+from ps.control.performance import CallTable, FinishTable, FinishTime, FittedRounds, round_time, split
 from ps.control.split import fit_to_sum
 
 
@@ -141,7 +140,11 @@ def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], curre
     if not stay:
         return dict(plan)
     level = round_time(times, plan) * (1.0 + slack)
-    caps = {k: max(plan[k], batch_within(times[k], level, lower[k], upper[k])) for k in stay}
+    staying = {k: times[k] for k in stay}
+    table = table_of(staying) or CallTable(list(staying.values()))
+    within = table.within(level, np.array([lower[k] for k in stay], dtype=np.int64),
+                          np.array([upper[k] for k in stay], dtype=np.int64))
+    caps = {k: max(plan[k], b) for k, b in zip(stay, within.tolist(), strict=True)}
     target = {k: float(min(max(current[k], lower[k], 1), caps[k])) for k in stay}
     kept = fit_to_sum(target, sum(plan[k] for k in stay), {k: lower[k] for k in stay}, caps)
     return {**{k: 0 for k in plan}, **newcomers, **kept}
