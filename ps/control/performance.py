@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import ClassVar, Protocol
 
+import numpy as np
+
 FinishTime = Callable[[int], float]
 """A worker's predicted finish time (ms) at a batch; nondecreasing."""
 
@@ -34,60 +36,100 @@ _BISECTIONS = 64
 
 
 def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
-          upper: Mapping[str, int]) -> dict[str, int]:
+          upper: Mapping[str, int], table: FinishTable | None = None) -> dict[str, int]:
     """Integers within [lower, upper] summing to `total` that minimise max_i times[i](b_i): the best
     split of B (Cannikin's OptPerf). For compute-bound workers the optimum finishes them together
     (Cannikin Appendix A.1): in the continuous limit b_i = (μ − s_i)/q_i with μ = (B + Σ s_i/q_i) /
     Σ 1/q_i. Here it is solved on integers for any nondecreasing f_i: each unit of B goes to the worker
     that would finish it soonest (exact for min-max with nondecreasing costs), after a search on T
     has placed all but about one unit a worker at once; bounds are water levels the fill cannot cross.
+    `table`: the same times as a FinishTable, rows in the order of `times`' keys (a solve's searches
+    then price every worker at once; without it, each is called).
 
     Requires sum(lower) <= total <= sum(upper) (ValueError otherwise). Ties go to the first key.
     """
     keys = list(times)
-    if sum(lower[k] for k in keys) > total or sum(upper[k] for k in keys) < total:
-        raise ValueError(f"infeasible split of {total}: bounds sum to [{sum(lower[k] for k in keys)}, "
-                         f"{sum(upper[k] for k in keys)}]")
-    plan = {k: lower[k] for k in keys}
-    left = total - sum(plan.values())
+    lo = np.array([lower[k] for k in keys], dtype=np.int64)
+    hi = np.array([upper[k] for k in keys], dtype=np.int64)
+    if int(lo.sum()) > total or int(hi.sum()) < total:
+        raise ValueError(f"infeasible split of {total}: bounds sum to [{int(lo.sum())}, {int(hi.sum())}]")
+    left = total - int(lo.sum())
     if left == 0 or not keys:
-        return plan
+        return dict(zip(keys, lo.tolist()))
+    table = CallTable(list(times.values())) if table is None else table
     # place most units at once: a level T whose caps fit in `total` with at most one unit a worker
     # left over. The caps' sum is nearly linear in T, so T is found by false position (Illinois: an
     # end kept twice has its residual halved; every fourth step bisects), and each worker's cap is
     # searched between its caps at the two ends only (caps grow with T)
-    low, high = min(times[k](lower[k]) for k in keys), max(times[k](upper[k]) for k in keys)
-    best, ceiling = dict(plan), dict(upper)
+    low, high = float(table.at(lo).min()), float(table.at(hi).max())
+    best, ceiling = lo, hi
     aim = total - len(keys) / 2
-    below, above = sum(best.values()) - aim, sum(ceiling.values()) - aim
+    placed = int(best.sum())
+    below, above = placed - aim, int(ceiling.sum()) - aim
     kept = 0  # +1: the low end moved last, -1: the high end
     for step in range(_BISECTIONS):
-        if total - sum(best.values()) <= len(keys) or high - low <= 1e-9 * max(1.0, abs(high)):
+        if total - placed <= len(keys) or high - low <= 1e-9 * max(1.0, abs(high)):
             break
         level = low - below * (high - low) / (above - below) if step % 4 != 3 and above > below else (low + high) / 2
         if not low < level < high:
             level = (low + high) / 2
-        caps = {k: best[k] if best[k] == ceiling[k] else batch_within(times[k], level, best[k], ceiling[k])
-                for k in keys}
-        if sum(caps.values()) <= total:
-            best, low, below = caps, level, sum(caps.values()) - aim
+        caps = table.within(level, best, ceiling)
+        capped = int(caps.sum())
+        if capped <= total:
+            best, low, below, placed = caps, level, capped - aim, capped
             above, kept = (above / 2 if kept == 1 else above), 1
         else:
-            ceiling, high, above = caps, level, sum(caps.values()) - aim
+            ceiling, high, above = caps, level, capped - aim
             below, kept = (below / 2 if kept == -1 else below), -1
-    plan = best
-    left = total - sum(plan.values())
+    plan = best.tolist()
+    left = total - placed
     # the rest one unit at a time, each to the worker that finishes it soonest: the units of least
     # finish in order, from any level's caps the same plan
-    heap = [(times[k](plan[k] + 1), i, k) for i, k in enumerate(keys) if plan[k] < upper[k]]
+    room = np.flatnonzero(best < hi)
+    bound = hi.tolist()
+    heap = list(zip(table.at(best[room] + 1, room).tolist(), room.tolist()))
     heapq.heapify(heap)
+    funcs = list(times.values())
     while left > 0:
-        _, i, k = heapq.heappop(heap)
-        plan[k] += 1
+        _, i = heapq.heappop(heap)
+        plan[i] += 1
         left -= 1
-        if plan[k] < upper[k]:
-            heapq.heappush(heap, (times[k](plan[k] + 1), i, k))
-    return plan
+        if plan[i] < bound[i]:
+            heapq.heappush(heap, (funcs[i](plan[i] + 1), i))
+    return dict(zip(keys, plan))
+
+
+class FinishTable(Protocol):
+    """Workers' finish times, one row each, priced many at once: the values their FinishTime calls
+    give, bit for bit (model/finish_table.py holds the fitted laws as arrays; `CallTable` calls any)."""
+
+    def at(self, batches: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Each row's finish time at its batch (`rows`: those rows only, in that order)."""
+
+    def within(self, level: float, lo: np.ndarray, hi: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """`batch_within` of each row: the largest batch in [lo, hi] it finishes by `level`."""
+
+    def take(self, rows: np.ndarray) -> FinishTable:
+        """The table of these rows, in this order."""
+
+
+@dataclass(frozen=True)
+class CallTable:
+    """A FinishTable of any finish times: each called once a batch."""
+
+    times: list[FinishTime]
+
+    def at(self, batches: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        times = self.times if rows is None else [self.times[r] for r in rows.tolist()]
+        return np.array([t(b) for t, b in zip(times, batches.tolist(), strict=True)], dtype=np.float64)
+
+    def within(self, level: float, lo: np.ndarray, hi: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        times = self.times if rows is None else [self.times[r] for r in rows.tolist()]
+        return np.array([lo_ if lo_ == hi_ else batch_within(t, level, lo_, hi_)
+                         for t, lo_, hi_ in zip(times, lo.tolist(), hi.tolist(), strict=True)], dtype=np.int64)
+
+    def take(self, rows: np.ndarray) -> CallTable:
+        return CallTable([self.times[r] for r in rows.tolist()])
 
 
 def batch_within(time: FinishTime, level: float, lo: int, hi: int) -> int:

@@ -2,7 +2,8 @@
 rounded square root of the exact sample variance. statistics.stdev sums in Fractions; a decision takes
 it of every worker's times, and at thousands of workers that is most of its time. Here the floats,
 dyadic rationals, are scaled to integers over one power of two, so the variance is exact in integer
-arithmetic. Pure."""
+arithmetic. A decision takes it of the same times several times (the balance tests, the noise of
+the plan in force), so the last values' deviations are kept. Pure."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ import math
 import statistics
 import sys
 from collections.abc import Sequence
+from functools import lru_cache
 
+KEPT = 1 << 14
+"""The standard deviations kept (one or two per worker at thousands of workers)."""
 _SQRT_BITS = 2 * sys.float_info.mant_dig + 3
 """Twice the bits of the integer square root taken: a float's and two more, so that rounding it to
 odd, then to a float, rounds the true root correctly (statistics' own width)."""
@@ -21,6 +25,12 @@ def stdev(values: Sequence[float]) -> float:
     not finite is left to statistics.stdev."""
     if len(values) < 2:
         raise statistics.StatisticsError("stdev requires at least two data points")
+    return _stdev(tuple(values))
+
+
+@lru_cache(maxsize=KEPT)
+def _stdev(values: tuple[float, ...]) -> float:
+    """`stdev` of two or more values."""
     try:
         ratios = [v.as_integer_ratio() for v in values]
     except (OverflowError, ValueError):

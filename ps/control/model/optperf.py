@@ -13,7 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 
-from ps.control.performance import FinishTime, FittedRounds, batch_within, round_time, split
+import numpy as np
+
+from ps.control.model.finish_table import table_of
+from ps.control.performance import CallTable, FinishTable, FinishTime, FittedRounds, round_time, split
 from ps.control.split import fit_to_sum
 
 
@@ -40,12 +43,14 @@ def best_plan(
     best prefix out} (empty when nobody was a candidate).
     """
     model = FittedRounds(times, overhead)
-    plan = split(times, total, lower, upper)
+    table = table_of(times) or CallTable(list(times.values()))  # every worker priced at once where they are laws
+    plan = split(times, total, lower, upper, table)
     held = model.predict(plan)
     favoured = set(prefer)
+    at_min = dict(zip(times, table.at(np.array([lower[k] for k in times], dtype=np.int64)).tolist()))
     order = sorted((k for k in dict.fromkeys(may_park) if k in times),
-                   key=lambda k: times[k](lower[k]) * (1.0 + min_gain if k in favoured else 1.0), reverse=True)
-    trial = _best_prefix(times, order, total, lower, upper, model)
+                   key=lambda k: at_min[k] * (1.0 + min_gain if k in favoured else 1.0), reverse=True)
+    trial = _best_prefix(times, order, total, lower, upper, model, table, at_min)
     if trial is None:
         return plan, [], {}
     compared = {"held": held, "parked": trial[0]}
@@ -55,7 +60,8 @@ def best_plan(
 
 
 def _best_prefix(times: Mapping[str, FinishTime], order: list[str], total: int, lower: Mapping[str, int],
-                 upper: Mapping[str, int], model: FittedRounds) -> tuple[float, list[str], dict[str, int]] | None:
+                 upper: Mapping[str, int], model: FittedRounds, table: FinishTable,
+                 at_min: Mapping[str, float]) -> tuple[float, list[str], dict[str, int]] | None:
     """The first n whose prefix order[:n] parked gives the shortest predicted round (its round, the
     prefix and the split of the rest), over the n whose rest can make up `total`; None if none can.
 
@@ -65,12 +71,17 @@ def _best_prefix(times: Mapping[str, FinishTime], order: list[str], total: int, 
     room at every level). So V(n) > A(n) from some n_c on and not before: V(n) = A(n) before n_c and is
     least at its first n equal to A(n_c - 1); from n_c on V(n) = L(n) is least at n_c. A binary search
     finds n_c, and two splits price the two candidates: O(n log n) evaluations of the finish times
-    instead of a split for every prefix (n splits, minutes at thousands of workers)."""
+    instead of a split for every prefix (n splits, minutes at thousands of workers). `table`: `times`
+    as a FinishTable (rows in their keys' order), `at_min` each one's time at its lower bound."""
     rest_lower = sum(lower[k] for k in times)
     rest_upper = sum(upper[k] for k in times)
     parkable = set(order)
     outside = [k for k in times if k not in parkable]
-    at_min = {k: times[k](lower[k]) for k in times}
+    row = {k: i for i, k in enumerate(times)}
+    lows = np.array([lower[k] for k in times], dtype=np.int64)
+    highs = np.array([upper[k] for k in times], dtype=np.int64)
+    outside_rows = np.array([row[k] for k in outside], dtype=np.int64)
+    order_rows = np.array([row[k] for k in order], dtype=np.int64)
     # feasible[n]: the rest of prefix n can make up `total` (and is not empty)
     feasible: list[bool] = [False]
     for n, k in enumerate(order, start=1):
@@ -88,12 +99,8 @@ def _best_prefix(times: Mapping[str, FinishTime], order: list[str], total: int, 
     slowest[len(order)] = floor
 
     def above_slowest(n: int) -> bool:  # V(n) > A(n): the rest's caps at A(n) fall short of `total`
-        level, room = slowest[n], 0
-        for k in [*outside, *order[n:]]:
-            room += batch_within(times[k], level, lower[k], upper[k])
-            if room >= total:
-                return False
-        return True
+        rows = np.concatenate([outside_rows, order_rows[n:]])
+        return int(table.within(slowest[n], lows[rows], highs[rows], rows).sum()) < total
 
     lo, hi = first, last + 1  # n_c in [first, last + 1]; last + 1: V(n) = A(n) everywhere
     while lo < hi:
@@ -112,7 +119,8 @@ def _best_prefix(times: Mapping[str, FinishTime], order: list[str], total: int, 
     for n in picks:
         out = set(order[:n])
         rest = [j for j in times if j not in out]
-        p = split({j: times[j] for j in rest}, total, lower, upper)
+        p = split({j: times[j] for j in rest}, total, lower, upper,
+                  table.take(np.array([row[j] for j in rest], dtype=np.int64)))
         t = model.predict(p)
         if trial is None or t < trial[0]:
             trial = (t, order[:n], p)
@@ -132,7 +140,11 @@ def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], curre
     if not stay:
         return dict(plan)
     level = round_time(times, plan) * (1.0 + slack)
-    caps = {k: max(plan[k], batch_within(times[k], level, lower[k], upper[k])) for k in stay}
+    staying = {k: times[k] for k in stay}
+    table = table_of(staying) or CallTable(list(staying.values()))
+    within = table.within(level, np.array([lower[k] for k in stay], dtype=np.int64),
+                          np.array([upper[k] for k in stay], dtype=np.int64))
+    caps = {k: max(plan[k], b) for k, b in zip(stay, within.tolist(), strict=True)}
     target = {k: float(min(max(current[k], lower[k], 1), caps[k])) for k in stay}
     kept = fit_to_sum(target, sum(plan[k] for k in stay), {k: lower[k] for k in stay}, caps)
     return {**{k: 0 for k in plan}, **newcomers, **kept}

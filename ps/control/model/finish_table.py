@@ -1,0 +1,111 @@
+"""The fitted finish times of many workers as arrays (performance.FinishTable): a solve at thousands
+of workers prices every worker at dozens of levels, and one numpy expression over the workers costs
+what a few Python calls do. Each row computes what its Finish's `at` or `cautious` computes, in the
+same order of the same float operations, so every value is the call's, bit for bit; `table_of`
+builds the table only where every time is such a call. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ps.control.model.time_fit import CAUTION, Finish
+from ps.control.performance import FinishTime
+
+_FUNCTIONS = {Finish.at: 0.0, Finish.cautious: CAUTION}
+"""The Finish methods a row can be, with the standard errors each adds."""
+FALSE_POSITIONS = 4
+"""Steps of false position before a search bisects."""
+MIN_ROWS = 64
+"""Fewer workers are priced by their calls: a numpy expression's own cost is a few of them."""
+
+
+@dataclass(frozen=True)
+class LineTable:
+    """One column per row of `coef`: the line (q, s), the exposed communication's line and floor (0
+    without it), the standard errors added (0 or CAUTION), the line's variances and covariance and
+    the batch its errors count from; whether any row has exposed communication or is cautious (the
+    parts no row has are not computed)."""
+
+    coef: np.ndarray
+    exposed: bool = True
+    cautious: bool = True
+
+    def at(self, batches: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """Finish.at's `line.q * b + line.s + max(floor, exposed.q * b + exposed.s)` (+ 0.0 without
+        exposure), plus Finish.cautious' standard errors where the row is cautious (+ 0.0 where not)."""
+        q, s, exposed_q, exposed_s, floor, caution, var_s, cov, var_q, centre = (
+            self.coef if rows is None else self.coef[:, rows])
+        b = batches.astype(np.float64)
+        finish: np.ndarray = q * b + s
+        if self.exposed:
+            finish = finish + np.maximum(floor, exposed_q * b + exposed_s)
+        if not self.cautious:
+            return finish
+        x = np.maximum(b, centre)
+        cautious: np.ndarray = finish + caution * np.sqrt(np.maximum(0.0, var_s + 2.0 * x * cov + x * x * var_q))
+        return cautious
+
+    def within(self, level: float, lo: np.ndarray, hi: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
+        """performance.batch_within of every row: the largest batch in [lo, hi] whose time is within
+        `level` (lo where none is). The times are nondecreasing, so the answer is one whatever the
+        search: false position between the bracket's ends (a time is nearly a line in the batch)
+        pricing each guess and the batch above it, which settles most rows in a step or two; bisection
+        for the rows still open after FALSE_POSITIONS steps."""
+        t = self if rows is None else self.take(rows)
+        ends = t.at(np.concatenate([lo, hi]), np.tile(np.arange(len(lo)), 2))
+        t_lo, t_hi = ends[:len(lo)], ends[len(lo):]
+        out = np.where(t_hi <= level, hi, lo)
+        todo = np.flatnonzero((t_hi > level) & (t_lo <= level))
+        low, high = lo[todo], hi[todo]  # t(low) <= level < t(high), for the rows of `todo`
+        f_lo, f_hi = t_lo[todo], t_hi[todo]
+        step = 0
+        while todo.size:
+            open_ = np.flatnonzero(high - low > 1)
+            if not open_.size:
+                break
+            l, h = low[open_], high[open_]
+            if step < FALSE_POSITIONS:
+                guess = l + np.floor((level - f_lo[open_]) / (f_hi[open_] - f_lo[open_]) * (h - l)).astype(np.int64)
+                guess = np.minimum(np.maximum(guess, l + 1), h - 1)
+            else:
+                guess = (l + h) // 2
+            above = np.minimum(guess + 1, h)
+            priced = t.at(np.concatenate([guess, above]), np.concatenate([todo[open_], todo[open_]]))
+            f_guess, f_above = priced[:len(guess)], priced[len(guess):]
+            fits, fits_above = f_guess <= level, f_above <= level
+            # the bracket shrinks to [guess, above] when guess fits and above does not
+            new_low = np.where(fits_above, above, np.where(fits, guess, l))
+            new_high = np.where(fits_above, h, np.where(fits, above, guess))
+            f_lo[open_] = np.where(fits_above, f_above, np.where(fits, f_guess, f_lo[open_]))
+            f_hi[open_] = np.where(fits_above, f_hi[open_], np.where(fits, f_above, f_guess))
+            low[open_], high[open_] = new_low, new_high
+            step += 1
+        out[todo] = low
+        return out
+
+    def take(self, rows: np.ndarray) -> LineTable:
+        return LineTable(self.coef[:, rows], self.exposed, self.cautious)
+
+
+def table_of(times: Mapping[str, FinishTime]) -> LineTable | None:
+    """The table of `times` (rows in the order of its keys) where each is a Finish's `at` or
+    `cautious`; None where one is anything else, or where they are fewer than MIN_ROWS."""
+    if len(times) < MIN_ROWS:
+        return None
+    finishes, rows = [], []
+    for time in times.values():
+        finish, function = getattr(time, "__self__", None), getattr(time, "__func__", None)
+        if not isinstance(finish, Finish) or function not in _FUNCTIONS:
+            return None
+        line, exposed = finish.line, finish.exposed
+        finishes.append(finish)
+        rows.append((line.q, line.s, 0.0 if exposed is None else exposed.q, 0.0 if exposed is None else exposed.s,
+                     finish.floor if exposed is not None else 0.0, _FUNCTIONS[function],
+                     *((line.var_s, line.cov, line.var_q, -line.cov / line.var_q if line.var_q > 0 else 0.0)
+                       if function is Finish.cautious else (0.0, 0.0, 0.0, 0.0))))
+    coef = np.ascontiguousarray(np.array(rows, dtype=np.float64).reshape(len(rows), 10).T)
+    return LineTable(coef, exposed=any(f.exposed is not None for f in finishes),
+                     cautious=any(r[5] for r in rows))

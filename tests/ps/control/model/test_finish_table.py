@@ -1,0 +1,68 @@
+"""ps.control.model.finish_table: the fitted finish times of many workers as arrays price every batch
+as their calls do, bit for bit, and a solve over them plans what one over the calls plans (pure)."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ps.control.model.finish_table import MIN_ROWS, table_of
+from ps.control.model.optperf import best_plan
+from ps.control.model.time_fit import Finish, Line
+from ps.control.performance import FinishTime, batch_within, split
+
+FAST = settings(max_examples=40, deadline=None)
+
+
+def finishes(seed: int, n: int) -> dict[str, FinishTime]:
+    """`n` fitted finish times of lognormal speeds: some cautious, some with exposed communication."""
+    rng = random.Random(seed)
+    times: dict[str, FinishTime] = {}
+    for i in range(n):
+        q, s = 0.5 * rng.lognormvariate(0.0, 0.5), rng.uniform(0.0, 20.0)
+        var_q = rng.choice([0.0, rng.uniform(1e-6, 1e-3)])
+        line = Line(q, s, var_s=rng.uniform(0.0, 2.0), cov=-rng.uniform(0.0, 0.02) if var_q else 0.0, var_q=var_q)
+        exposed = Line(-rng.uniform(0.0, q), rng.uniform(0.0, 30.0)) if rng.random() < 0.3 else None
+        finish = Finish(line, exposed, rng.uniform(0.0, 5.0) if exposed else 0.0)
+        times[f"w{i}"] = finish.cautious if rng.random() < 0.6 else finish.at
+    return times
+
+
+@FAST
+@given(st.integers(0, 10_000), st.integers(MIN_ROWS, 300))
+def test_the_table_prices_and_caps_every_worker_as_its_call_does(seed: int, n: int) -> None:
+    times = finishes(seed, n)
+    table = table_of(times)
+    assert table is not None
+    rng = np.random.default_rng(seed)
+    lo = rng.integers(0, 50, n)
+    hi = lo + rng.integers(0, 5000, n)
+    calls = list(times.values())
+    assert table.at(hi).tolist() == [t(b) for t, b in zip(calls, hi.tolist())]
+    for level in (0.0, 5.0, 50.0, 400.0, 3000.0):
+        assert table.within(level, lo, hi).tolist() == [
+            batch_within(t, level, a, b) for t, a, b in zip(calls, lo.tolist(), hi.tolist())]
+    rows = rng.permutation(n)[: n // 2]
+    assert table.at(hi[rows], rows).tolist() == [calls[r](hi[r]) for r in rows.tolist()]
+
+
+@FAST
+@given(st.integers(0, 10_000), st.integers(MIN_ROWS, 200), st.integers(2, 100))
+def test_a_solve_over_the_table_plans_what_one_over_the_calls_plans(seed: int, n: int, per_worker: int) -> None:
+    times = finishes(seed, n)
+    calls = {k: (lambda b, t=t: t(b)) for k, t in times.items()}  # not a Finish's method: no table
+    assert table_of(calls) is None
+    total = per_worker * n
+    lower, upper = dict.fromkeys(times, 1), dict.fromkeys(times, total)
+    assert split(times, total, lower, upper, table_of(times)) == split(calls, total, lower, upper)
+    keys = list(times)
+    assert (best_plan(times, total, lower, upper, may_park=keys, overhead=1.0, min_gain=0.03, prefer=keys[:3])
+            == best_plan(calls, total, lower, upper, may_park=keys, overhead=1.0, min_gain=0.03, prefer=keys[:3]))
+
+
+def test_fewer_workers_or_other_times_have_no_table() -> None:
+    assert table_of(finishes(0, MIN_ROWS - 1)) is None
+    assert table_of({**finishes(0, MIN_ROWS), "x": lambda b: 1.0 * b}) is None
