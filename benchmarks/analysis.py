@@ -161,8 +161,9 @@ def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
     fixed cost s exceeds its compute q·b is parked): ``{"step", "worker", "batch", "break_even"}``
     each. A decision that waits for measurements (phase ``wait``) decides nothing and is not judged.
     A law counts where it is known: ``law`` true (auto) or measured at two batch sizes or more
-    (``batches``, model); a line through the origin has no break-even. The break-even is the least b
-    with q·b >= s, on the report's rounded q and s."""
+    (``batches``, model), and its q measured (``slope_measured``, where reported); a line through the
+    origin, or one whose q is within its noise of zero, has no break-even. The break-even is the least
+    b with q·b >= s, on the report's rounded q and s."""
     out = []
     for e in of_kind(events, "adjust"):
         if e.get("phase") == "wait":
@@ -173,7 +174,7 @@ def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
             continue
         for k in active:
             fit = fits.get(k) or {}
-            known = fit.get("law", (fit.get("batches") or 0) >= 2)
+            known = fit.get("law", (fit.get("batches") or 0) >= 2) and fit.get("slope_measured", True)
             q, s = float(fit.get("q") or 0.0), float(fit.get("s") or 0.0)
             if known and q > 0 and s > 0 and q * plan[k] < s * (1.0 - 1e-6):
                 out.append({"step": e.get("step"), "worker": k, "batch": plan[k],

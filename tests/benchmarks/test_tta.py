@@ -91,6 +91,7 @@ def test_a_plan_below_a_known_break_even_is_found_in_the_log_and_fails_the_goal(
               adjust(4, {"a": 30, "b": 1, "c": 1}, {"b": {"q": 35.0, "s": 82.0, "law": True},
                                                     "c": {"q": 35.0, "s": 82.0, "law": False}}),  # auto's reports
               {**adjust(5, {"a": 30, "b": 1, "c": 0}, {"b": model_law}), "phase": "wait"},  # decides nothing
+              adjust(6, {"a": 30, "b": 1}, {"b": {**model_law, "slope_measured": False}}),  # q within its noise
               {"event": "epoch", "batch_sizes": {"a": 1, "b": 1}}]
     found = analysis.below_break_even(events)
     assert found == [{"step": 1, "worker": "b", "batch": 2, "break_even": 3},

@@ -32,6 +32,7 @@ from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
 from ps.control.auto.imbalance import far_from_balance
 from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
+from ps.control.model.time_fit import slope_measured
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
@@ -300,10 +301,10 @@ class AutoPolicy(FittedPlan):
 
     # ------------------------------------------------------------------ what the policy reports
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:
-        """The laws (q, s, whether known), c, the parked workers and the predicted round of `plan`."""
+        """The laws (q, s, whether known, whether q is measured), c, the parked workers and the predicted round of `plan`."""
         finishes = self._laws.finishes()
-        fits = {k: {"q": round(f.line.q, 6), "s": round(f.line.s, 4), "law": self._identified(k)}
-                for k, f in finishes.items()}
+        fits = {k: {"q": round(f.line.q, 6), "s": round(f.line.s, 4), "law": self._identified(k),
+                    "slope_measured": slope_measured(f.line)} for k, f in finishes.items()}
         return self._described(plan, fits, {k: f.at for k, f in finishes.items()})
 
     # ------------------------------------------------------------------ resume and checkpoints

@@ -15,7 +15,7 @@ from ps.control.model.break_even import break_even_batch, park_below_break_even,
 from ps.control.model.optperf import best_plan
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
-from ps.control.model.time_fit import Finish
+from ps.control.model.time_fit import Finish, slope_measured
 from ps.control.performance import FinishTime, FittedRounds, split
 from ps.control.worker_plan import WorkerPlan
 
@@ -260,11 +260,14 @@ class FittedPlan(WorkerPlan):
                     upper: Mapping[str, int], may_park: list[str]) -> tuple[dict[str, int], list[str]]:
         """`plan` with the workers of `may_park` below their break-even batch by their identified law
         parked, their share split over the others by `times` (break_even.py), and those parked; `plan`
-        as it is without `break_even` in the config or where the policy does not park."""
+        as it is without `break_even` in the config or where the policy does not park. A law whose time
+        per sample is not measured (time_fit.slope_measured) has no break-even: its fixed cost may be
+        the noise's (a fast worker fitted flat between 51 and 59 samples was parked at B = 193)."""
         if not self._parks_below_break_even():
             return dict(plan), []
         finishes = self._held.finishes()
-        laws = {k: f.at for k, f in finishes.items() if k in self._workers and self._identified(k)}
+        laws = {k: f.at for k, f in finishes.items()
+                if k in self._workers and self._identified(k) and slope_measured(f.line)}
         return park_below_break_even(times, laws, plan, lower, upper, may_park)
 
     def _described(self, plan: Mapping[str, int], fits: dict[str, dict[str, Any]],

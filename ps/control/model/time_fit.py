@@ -40,6 +40,9 @@ ONE_SAMPLE_REL_NOISE = 0.1
 """Relative standard deviation assumed for a group of one observation."""
 OUTLIER_MADS = 3.0
 """A time further than this many robust deviations from its group's median is left out of the fit."""
+SLOPE_SDS = 2.0
+"""A fitted time per sample counts as measured where it stands this many standard errors above zero
+(`slope_measured`)."""
 CAUTION = 2.0
 """Standard errors of a fitted time added to it where plans are compared (Finish.cautious)."""
 BOUND_TOLERANCE = 0.05
@@ -198,6 +201,13 @@ def sorted_median(ordered: Sequence[float]) -> float:
     """The median of values in order of size."""
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def slope_measured(line: Line) -> bool:
+    """Whether the line's time per sample stands SLOPE_SDS standard errors above zero. Times at nearby
+    batch sizes can tilt a line flat (q near 0, nearly all the time fixed) by their noise alone; such
+    a line's fixed cost is no measurement, and a break-even batch from it (s/q) can be any size."""
+    return line.q > SLOPE_SDS * math.sqrt(line.var_q)
 
 
 def weighted_line(points: Sequence[Group]) -> Line | None:

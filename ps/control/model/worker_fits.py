@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from ps.control.model.time_fit import Finish, Fit
+from ps.control.model.time_fit import Finish, Fit, slope_measured
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.performance import FinishTime
 
@@ -61,7 +61,8 @@ class WorkerFits(WorkerTimes):
         return True
 
     def report(self, plan: Mapping[str, int], min_batch: Mapping[str, int]) -> dict[str, dict[str, Any]]:
-        """Each fitted worker's q, s, the batch sizes its fit has, and whether it is bound by compute or
+        """Each fitted worker's q, s, the batch sizes its fit has, whether its q is measured
+        (time_fit.slope_measured), and whether it is bound by compute or
         by communication at its batch in `plan` (at `min_batch` where it has none or 0), with its
         exposed communication there where the worker reports it."""
         fits = {}
@@ -69,7 +70,8 @@ class WorkerFits(WorkerTimes):
             fit = self.fit(k)
             b = plan.get(k) or min_batch[k]
             entry: dict[str, Any] = {"q": round(f.line.q, 6), "s": round(f.line.s, 4),
-                                     "batches": fit.batches if fit else 0, "bound": f.bound(b)}
+                                     "batches": fit.batches if fit else 0, "bound": f.bound(b),
+                                     "slope_measured": slope_measured(f.line)}
             if f.exposed is not None:
                 entry["exposed_ms"] = round(f.exposed_at(b), 4)
             fits[k] = entry

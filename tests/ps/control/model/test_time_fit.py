@@ -67,3 +67,22 @@ def test_a_decision_at_many_workers_fits_each_worker_a_few_times(counted_groups:
             policy.adjust()
             costs.append(counted_groups[0])
     assert max(costs) <= 4 * n
+
+
+def test_a_slope_from_nearby_batches_within_its_noise_is_not_measured() -> None:
+    # t = 5 b + 100 with 5% noise: from batches 51-59 some fits leave the slope within its noise (a line
+    # tilted flat there has a break-even s/q of any size); from batches 20 and 60 every fit measures it
+    rng = random.Random(3)
+
+    def line(batches: list[int]) -> time_fit.Line:
+        items = [(i, b, (5.0 * b + 100.0) * (1.0 + rng.gauss(0.0, 0.05)), None) for i, b in enumerate(batches)]
+        fit = time_fit.fit_of(items, 3)
+        assert fit is not None
+        return fit.line
+
+    nearby = [line([51, 55, 59] * 4) for _ in range(20)]
+    apart = [line([20, 60] * 6) for _ in range(20)]
+    assert not all(time_fit.slope_measured(x) for x in nearby)
+    assert all(time_fit.slope_measured(x) for x in apart)
+    assert not time_fit.slope_measured(time_fit.Line(1e-6, 40.0, var_q=0.2))
+    assert time_fit.slope_measured(time_fit.Line(2.0, 0.0))  # an exact line
