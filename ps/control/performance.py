@@ -203,10 +203,15 @@ class FittedRounds:
 
     def predict_global(self, total: int) -> float | None:
         """The round at the best split of `total` over the workers of `times`; None outside their bounds."""
+        plan = self.plan_global(total)
+        return None if plan is None else self.predict(plan)
+
+    def plan_global(self, total: int) -> dict[str, int] | None:
+        """The best split of `total` over the workers of `times`; None outside their bounds."""
         keys = list(self.times)
         if not sum(self.lower[k] for k in keys) <= total <= sum(self.upper[k] for k in keys):
             return None
-        return self.predict(split(self.times, total, self.lower, self.upper))
+        return split(self.times, total, self.lower, self.upper)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from ps.control.model.optperf import best_plan
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
 from ps.control.model.time_fit import Finish, slope_measured
-from ps.control.performance import FinishTime, FittedRounds, split
+from ps.control.performance import FinishTime, FittedRounds
 from ps.control.worker_plan import WorkerPlan
 
 
@@ -193,21 +193,20 @@ class FittedPlan(WorkerPlan):
     def predicted_plan(self, total: int) -> dict[str, int] | None:
         """The plan `predicted_round_ms(total)` prices (None where it is None): which workers a B would train."""
         predicted = self._predicted(total)
-        return None if predicted is None or predicted[0] is None else predicted[1]
+        return None if predicted is None else predicted[1]
 
-    def _predicted(self, total: int) -> tuple[float | None, dict[str, int]] | None:
-        """The round and the plan at `total` (`predicted_round_ms`); the round None outside the bounds."""
+    def _predicted(self, total: int) -> tuple[float, dict[str, int]] | None:
+        """The round and the plan at `total` (`predicted_round_ms`); None until every active worker is
+        identified, or outside the bounds."""
         active, (lower, upper) = self._active(), self._bounds()
         finishes = self._held.finishes()
         if not active or not all(k in finishes and self._identified(k) for k in active):
             return None
         upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
         model = FittedRounds({k: finishes[k].at for k in active}, self._overhead(self.plan()), lower, upper)
-        if not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
-            return None, {}
-        if not self._may_park():
-            plan = split(model.times, total, lower, upper)
-            return model.predict(plan), plan
+        if not self._may_park() or not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
+            plan = model.plan_global(total)
+            return None if plan is None else (model.predict(plan), plan)
         # the parked workers whose law is known are candidates too, as in a solve: a larger B may pay for them
         every = [k for k in self._workers if k in active or (k in finishes and self._identified(k))]
         times = {k: finishes[k].at for k in every}
