@@ -78,6 +78,8 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.batch is None else law.batch / b)
                  for _, b, ms, _ in tail]
     floor = BANDS * deadband
+    if all(abs(r) < floor for r in residuals):  # no median of them reaches the floor: the noise is not needed
+        return None
     noise, runs = noise_and_persistence(before)
     batch = tail[-1][1]
     used = before if law.known else [it for it in before if it[1] == law.batch]

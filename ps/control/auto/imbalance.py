@@ -25,18 +25,24 @@ def far_from_balance(times: Mapping[str, Sequence[float]], history: Mapping[str,
     difference (`times`: each planned worker's times at its batch; `history`: its observations,
     whose noise and persistence give the errors). Workers whose bounds fix their batch, or held at
     their lower bound, are not judged; fewer than two inside their bounds is no balance to judge."""
-    means: dict[str, tuple[float, float]] = {}
+    means: dict[str, tuple[float, int]] = {}
     for k, ms in times.items():
         if lower[k] == upper[k] or not ms:
             continue
-        mean, m = statistics.fmean(ms), len(ms)
-        items = history.get(k, ())
-        noise, runs = noise_and_persistence(items)
-        error = noise * mean * math.sqrt(min(runs, m) / m)
-        means[k] = (mean, error)
-    inside = [means[k] for k in means if lower[k] < plan[k] < upper[k]]
+        means[k] = (statistics.fmean(ms), len(ms))
+
+    def error(k: str) -> float:
+        mean, m = means[k]
+        noise, runs = noise_and_persistence(history.get(k, ()))
+        return noise * mean * math.sqrt(min(runs, m) / m)
+
+    inside = [k for k in means if lower[k] < plan[k] < upper[k]]
     if len(inside) < 2:
         return False
-    level, level_error = min(inside)
-    return any(plan[k] > lower[k] and mean - level > width * level + NOISE_SDS * math.hypot(error, level_error)
-               for k, (mean, error) in means.items())
+    level = min(means[k][0] for k in inside)
+    # the noise is estimated only where it decides: the fastest (the least error among equal means) and
+    # the workers late by more than the width alone
+    level_error = min(error(k) for k in inside if means[k][0] == level)
+    return any(plan[k] > lower[k] and mean - level > width * level
+               and mean - level > width * level + NOISE_SDS * math.hypot(error(k), level_error)
+               for k, (mean, _) in means.items())

@@ -20,18 +20,27 @@ def measured_balanced(times: Mapping[str, Sequence[float]], plan: Mapping[str, i
     holding it there chose). Differences within twice the two means' standard error count as none:
     on this many rounds they are noise. Workers whose bounds fix their batch are not judged; fewer
     than two workers inside their bounds is no balance to judge (False)."""
-    measured: dict[str, tuple[float, float]] = {}
-    for k, ms in times.items():
-        if lower[k] == upper[k]:
-            continue
-        error = stdev(ms) / math.sqrt(len(ms)) if len(ms) > 1 else 0.0
-        measured[k] = (statistics.fmean(ms), error)
-    inside = [measured[k] for k in measured if lower[k] < plan[k] < upper[k]]
+    means = {k: statistics.fmean(ms) for k, ms in times.items() if lower[k] != upper[k]}
+
+    def error(k: str) -> float:
+        ms = times[k]
+        return stdev(ms) / math.sqrt(len(ms)) if len(ms) > 1 else 0.0
+
+    inside = [k for k in means if lower[k] < plan[k] < upper[k]]
     if len(inside) < 2:
         return False
-    level, level_error = min(inside)
-    for k, (mean, error) in measured.items():
-        tolerance = max(deadband * level, 2.0 * math.hypot(error, level_error))
+    level = min(means[k] for k in inside)
+    band = deadband * level
+    # the errors are taken only where they decide: the fastest (the least error among equal means) and
+    # the workers off the level by more than the deadband alone
+    off = [k for k, mean in means.items()
+           if (plan[k] > lower[k] and mean - level > band) or (plan[k] <= lower[k] and level - mean > band)]
+    if not off:
+        return True
+    level_error = min(error(k) for k in inside if means[k] == level)
+    for k in off:
+        mean = means[k]
+        tolerance = max(band, 2.0 * math.hypot(error(k), level_error))
         late = plan[k] > lower[k] and mean - level > tolerance
         early = plan[k] <= lower[k] and level - mean > tolerance
         if late or early:
