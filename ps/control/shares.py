@@ -35,7 +35,12 @@ def measured_weights(workers: Mapping[str, Worker], config: PolicyConfig) -> dic
     measured = {k: v / top_known for k, v in known.items()}
     guessed = {k: v / top_opening for k, v in opening.items()}
     # Put the unmeasured workers on the measured workers' throughput scale, per unit of opening weight.
-    per_unit = math.fsum(measured.values()) / math.fsum(guessed[k] for k in known)
+    # Declared cores may be any positive float: the measured workers' share of them can underflow to 0
+    # (5e-324 cores beside 1e6), and then no scale can be read from them.
+    scale = math.fsum(guessed[k] for k in known)
+    if not scale > 0:
+        return opening
+    per_unit = math.fsum(measured.values()) / scale
     weights = {k: measured[k] if k in known else guessed[k] * per_unit for k in workers}
     if all(0.0 < v < math.inf for v in weights.values()):
         return weights

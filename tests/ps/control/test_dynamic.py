@@ -140,6 +140,17 @@ def test_dynamic_replan_estimates_newcomers_from_cores() -> None:
     assert ctl.replan() == {"w0": 10, "w1": 30, "w2": 80}
 
 
+def test_a_newcomer_declaring_a_million_cores_beside_a_denormal_one_gets_a_plan() -> None:
+    """Declared cores are any positive float (a Join checks 0 < cores <= 1e6): the measured worker's
+    share of them underflows to 0, and the replan falls back to the cores instead of dividing by it."""
+    ctl = make_policy(cores=[5e-324], global_batch=24, dynamic_start="static")
+    ctl.replan()
+    run_to_steady(ctl, speed_map([1.0]))
+    ctl.add_worker("w1", cores=1e6)
+    plan = ctl.replan()
+    assert sum(plan.values()) == 24 and plan["w1"] > plan["w0"] >= 1
+
+
 # ---------------------------------------------------------------- property tests over random histories
 
 
