@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from ps.rounds.membership import Member
 from ps.rounds.state import JobState
@@ -24,19 +25,22 @@ RECHECK_S = 0.1
 class Parking:
     """Who is parked, and the long polls of the parked."""
 
-    def __init__(self, state: JobState) -> None:
+    def __init__(self, state: JobState, resting: Callable[[Member], bool] = lambda member: False) -> None:
+        """`resting`: whether a member the plan gives a batch was handed no samples for the open round
+        (ps.rounds.sampling: the job's last epoch ran out); it waits like a parked one."""
         self.state = state
+        self.resting = resting
         self._closed = asyncio.Event()  # set (and replaced) whenever a round closes or the job stops
 
     def is_parked(self, member: Member) -> bool:
-        """Planned at batch 0 (only BSP plans one)."""
-        return self.state.policy.plan().get(member.name) == 0
+        """Planned at batch 0 (only BSP plans one), or resting for the open round."""
+        return self.state.policy.plan().get(member.name) == 0 or self.resting(member)
 
     def required(self) -> set[str]:
         """The members a BSP round waits for: every active member the plan gives a batch (not one on
-        probation, which the plan does not hold: ps.rounds.probation)."""
+        probation, which the plan does not hold: ps.rounds.probation) and the round's samples reach."""
         plan = self.state.policy.plan()
-        return {wid for wid, m in self.state.members.items() if plan.get(m.name, 0) > 0}
+        return {wid for wid, m in self.state.members.items() if plan.get(m.name, 0) > 0 and not self.resting(m)}
 
     def wake(self) -> None:
         """A round closed or the job stopped: the waiting polls look again."""

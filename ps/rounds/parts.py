@@ -102,11 +102,11 @@ class CoordinatorParts(JobState):
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
         self.store.before_change.append(self.payload.complete)  # a reply in flight sends its version whole
         self.fast_path = FastPath(self, fast_path_on_gpus)
-        self.parking = Parking(self)
-        self.bsp = BspRound(self, self.parking)
         samples = len(dataset.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
-        self.adaptive = AdaptiveBatchSizing(self, self.bsp, adaptive or AdaptiveSettings(), samples)
         self.sampling = Sampling(self, samples)  # --sampling exact: the epochs' slices
+        self.parking = Parking(self, self.sampling.resting)
+        self.bsp = BspRound(self, self.parking)
+        self.adaptive = AdaptiveBatchSizing(self, self.bsp, adaptive or AdaptiveSettings(), samples)
         self.epochs = Epochs(self, samples, adjust_every, checkpoint_every, self.sampling.completed_epochs)
         self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
         self.probation = Probation(self, samples)  # a newcomer's probe before the plan holds it

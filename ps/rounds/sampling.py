@@ -37,6 +37,7 @@ class Sampling:
         self.fingerprint: str | None = None  # the first worker's declared dataset fingerprint ("" none)
         self._opened: int | None = None  # BSP: the round whose slices were handed out
         self._in_sum: set[str] = set()  # BSP: the workers whose push is in the open round's sum
+        self._ran_out: set[str] = set()  # BSP: the workers handed no samples for the open round (resting)
 
     @property
     def exact(self) -> bool:
@@ -72,7 +73,24 @@ class Sampling:
             return self._with_ahead(wid, self.slices.hand(wid, batch), batch, key=0)
         if self._opened != s.round:
             self._open(s.round)
-        return self._with_ahead(wid, self.slices.hand(wid, batch, key=s.round), batch, key=s.round + 1)
+        return self._with_ahead(wid, self._hand(wid, batch, s.round), batch, key=s.round + 1)
+
+    def _hand(self, wid: str, batch: int, round: int) -> tuple[SliceRange, ...]:
+        """`wid`'s slice of `batch` samples for BSP `round`, noting whether the last epoch left it none."""
+        ranges = self.slices.hand(wid, batch, key=round)
+        if ranges:
+            self._ran_out.discard(wid)
+        else:
+            self._ran_out.add(wid)
+        return ranges
+
+    def resting(self, member: Member) -> bool:
+        """BSP: the open round's slices are handed, and the job's last epoch left `member`, planned a
+        batch, none of them (its reply told it 0). It waits for the round's close like a parked worker,
+        and the round does not wait for its push."""
+        s = self.state
+        return (member.worker_id in self._ran_out and not s.done and member.worker_id not in self._in_sum
+                and s.policy.plan().get(member.name, 0) > 0)
 
     def _open(self, round: int) -> None:
         """BSP, the first reply of `round`: every member the plan gives a batch gets its slice, in the
@@ -88,8 +106,9 @@ class Sampling:
             self.slices.put_back(holder, tally=False)
         for m in order:
             self.slices.promote(_ahead(m.worker_id), m.worker_id, plan[m.name], key=round)
+        self._ran_out.clear()
         for m in order:
-            self.slices.hand(m.worker_id, plan[m.name], key=round)
+            self._hand(m.worker_id, plan[m.name], round)
         for m in order:
             self._hand_ahead(m.worker_id, plan[m.name], key=round + 1)
 
@@ -133,9 +152,11 @@ class Sampling:
             elif held.key <= closing:
                 self.slices.put_back(holder)
         self._in_sum.clear()
+        self._ran_out.clear()
 
     def removed(self, member: Member) -> None:
         """`member` left or was evicted: its slice goes back unless its push is in the open round's sum."""
+        self._ran_out.discard(member.worker_id)
         if member.worker_id not in self._in_sum:
             self.slices.put_back(member.worker_id)
         self.slices.put_back(_ahead(member.worker_id), tally=False)

@@ -69,6 +69,7 @@ class HostileMachine(MembershipRules, PushRules, RuleBasedStateMachine):
     def start(self, workers: int, short_job: bool, controller: str, staleness: int | None) -> None:
         # a short job (B=600, 1 epoch over 1437 samples) ends after ~3 rounds, so "done" gets exercised
         self.global_batch, epochs = (600, 1) if short_job else (24, 100)
+        self.one_epoch = short_job  # its one epoch is the last: its end hands a round fewer samples than B
         self.max_workers = workers + 2
         self.max_staleness = staleness if self.MODE == "asp" else None
         argv = [
