@@ -202,9 +202,7 @@ class PushRules:
             assert answer.code == OK, (n, answer)
             h, params = answer.value
             assert (h.round, h.version, h.done) == (after.round, after.version, after.done)
-            planned = after.plan.get(n, 0)
-            # --sampling exact: where the job's last epoch runs out, a reply hands fewer samples than planned
-            assert h.batch_size == planned or (self.one_epoch and 0 <= h.batch_size < planned), (n, h.batch_size, after.plan)
+            assert h.batch_size == after.plan.get(n, 0), (n, h.batch_size, after.plan)
             assert torch.equal(params, after.flat)
         self.settle_waiting(after.round, after.done)
 
