@@ -70,7 +70,7 @@ class HostileMachine(MembershipRules, PushRules, RuleBasedStateMachine):
         # a short job (B=600, 1 epoch over 1437 samples) ends after ~3 rounds, so "done" gets exercised. It
         # samples independently: under --sampling exact, where slices of its last epoch went back, which worker
         # the rest reaches depends on the order concurrent pushes arrive in, and a replayed case must draw alike
-        # (the exact epochs' end: tests/ps/rounds/test_epoch_slices.py, tests/ps/rounds/test_resting.py)
+        # (the exact epochs' end: tests/ps/rounds/test_epoch_slices.py, tests/ps/rounds/test_sampling_resting.py)
         self.global_batch, epochs = (600, 1) if short_job else (24, 100)
         self.max_workers = workers + 2
         self.max_staleness = staleness if self.MODE == "asp" else None
