@@ -85,12 +85,11 @@ class Sampling:
         return ranges
 
     def resting(self, member: Member) -> bool:
-        """BSP: the open round's slices are handed, and the job's last epoch left `member`, planned a
-        batch, none of them (its reply told it 0). It waits for the round's close like a parked worker,
-        and the round does not wait for its push."""
-        s = self.state
-        return (member.worker_id in self._ran_out and not s.done and member.worker_id not in self._in_sum
-                and s.policy.plan().get(member.name, 0) > 0)
+        """BSP: the open round's slices are handed, and the job's last epoch left `member` none of them
+        (its reply told it 0 while the plan gives it a batch: ps.rounds.parking asks only then). It waits
+        for the round's close like a parked worker, and the round does not wait for its push."""
+        wid = member.worker_id
+        return wid in self._ran_out and wid not in self._in_sum and not self.state.done
 
     def _open(self, round: int) -> None:
         """BSP, the first reply of `round`: every member the plan gives a batch gets its slice, in the
