@@ -22,6 +22,9 @@ SPREAD = 0.2
 ADMIT_SPREAD = 2.0
 """An admitted batch size, measured fewer than `min_samples` times, enters the fit only this many times
 away from every batch size measured: nearer, its one time's noise would tilt the line."""
+ADMIT_SPREAD_TWICE = 1.5
+"""... or this many times away where it is measured twice or more: the mean of two times is off by
+about 1/sqrt(2) of one time's noise."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,8 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     counts: dict[int, int] = Counter([it[1] for it in items])
     seqs = [it[0] for it in items]
     measured = [b for b, n in counts.items() if n >= min_samples]
-    if admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= ADMIT_SPREAD
+    spread = ADMIT_SPREAD if admitted is None or counts.get(admitted, 0) < 2 else ADMIT_SPREAD_TWICE
+    if admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= spread
                                                                for b in measured):
         measured.append(admitted)
     # a part of observations held as Observations holds them (in order, within its limits) is held so too

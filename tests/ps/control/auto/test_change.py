@@ -65,6 +65,20 @@ def test_an_admitted_batch_enters_the_law_only_far_from_the_measured_ones() -> N
     assert not law_of(far, 3).known
 
 
+def test_an_admitted_batch_measured_twice_enters_the_law_nearer() -> None:
+    """Two times at the admitted batch size (a change trusted on two rounds) enter the law
+    ADMIT_SPREAD_TWICE from the measured ones: the batch each worker had when every quota changed at
+    once is 1.5-1.7 times the one the step gives it, and without them the next decision steps again."""
+    measured = [(10 + i, 80, 700.0 + i, None) for i in range(3)]
+    two = [(0, 134, 1083.0, None), (1, 134, 1090.0, None), *measured]
+    law = law_of(two, 3, admitted=134)
+    assert law.known and law.fit.line.q == pytest.approx((1086.5 - 701.0) / (134 - 80), rel=0.05)
+    one = [(1, 134, 1090.0, None), *measured]
+    assert not law_of(one, 3, admitted=134).known  # one time: ADMIT_SPREAD away
+    near = [(0, 110, 950.0, None), (1, 110, 955.0, None), *measured]
+    assert not law_of(near, 3, admitted=110).known
+
+
 def test_noise_alone_is_no_change() -> None:
     alarms = 0
     for seed in range(200):
