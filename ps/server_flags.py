@@ -89,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset-arg", type=key_value, action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
     job.add_argument("--epochs", type=positive_int, default=10, help="passes over the training split")
     job.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the model's initial weights and the data split")
+    job.add_argument("--eval-every", type=positive_int, default=1, metavar="EPOCHS",
+                     help="evaluate the global model on the test split at every EPOCHS-th epoch's end and after the "
+                          "last; an evaluation runs beside the rounds, on the server's own thread, but takes the "
+                          "machine's CPU (a pass over the test split)")
     job.add_argument("--allreduce", nargs="?", const="on", choices=FAST_PATH_CHOICES, default="auto",
                      help="BSP collective fast path: workers all-reduce their gradients with torch.distributed "
                           "(NCCL if every worker has its own GPU, else gloo); the server coordinates rounds, plan and "

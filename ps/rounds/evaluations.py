@@ -29,6 +29,10 @@ class Evaluations:
         if self.results:
             self.last_accuracy = self.results[-1][1]
 
+    def due(self, epoch: int) -> bool:
+        """Whether `epoch`'s end is evaluated: every `evaluator.every`-th epoch's, and the last's."""
+        return self.evaluator is not None and (epoch % self.evaluator.every == 0 or epoch >= self.state.spec.epochs)
+
     def submit(self, epoch: int, wall: float | None = None) -> None:
         """Evaluate the model as it is at the end of `epoch` (`wall`: seconds into the job)."""
         if self.evaluator is None:

@@ -35,7 +35,11 @@ class BackgroundEvaluator:
     BatchNorm first gets its running statistics recomputed from the snapshot over training batches
     of `bn_batch` samples (common/job/batchnorm.py); `last_bn_stats` keeps them for the eval record."""
 
-    def __init__(self, model: nn.Module, dataset: TrainingData, bn_batch: int = 1, seed: int = 0) -> None:
+    def __init__(self, model: nn.Module, dataset: TrainingData, bn_batch: int = 1, seed: int = 0,
+                 every: int = 1) -> None:
+        if every < 1:
+            raise ValueError(f"evaluations every {every} epochs: must be 1 or more")
+        self.every = every  # epochs between evaluations (the last epoch's is always run)
         self._model = model
         self._dataset = dataset
         self._bn_batch = bn_batch

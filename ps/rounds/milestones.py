@@ -48,7 +48,8 @@ class Milestones:
     def _end_epoch(self) -> None:
         s = self.state
         self.epochs.end_epoch()
-        self.evaluation.submit(s.epoch)
+        if self.evaluation.due(s.epoch):
+            self.evaluation.submit(s.epoch)
         s.store.set_lr(self.adaptive.lr_at(s.epoch))
         if s.epoch >= s.spec.epochs:
             s.finish("finished")
