@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Mapping
 
 from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, settled_mark
-from ps.control.auto.law import Law, law_of
+from ps.control.auto.law import Item, Law, law_of
 from ps.control.model.time_fit import Finish, Observations
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.stdev import stdev
@@ -65,22 +65,33 @@ class WorkerLaws(WorkerTimes):
         start = change_start(obs.items, self.settled[worker_id], self.min_samples, self.deadband, sds, rounds)
         if start is None:
             return False
-        before, after = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
+        before, found = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
         old = law_of(before, 1)
+        after = found[1:] if old is not None and self._straddles(found, old) else found
         if old is not None and after:
             ratio = statistics.median(ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in after)
             if ratio >= SLOWED:
                 self.slowed.add(worker_id)
-                if len(after) < rounds:
+                if len(after) < rounds and after is found:  # a straddling time left in shows less than there is
                     self.jumps[worker_id] = ratio
         self.obs[worker_id] = Observations(after, obs.seq)
         self.settled[worker_id] = obs.seq
         self.changed.add(worker_id)
-        self.quick = self.quick or len(after) < rounds
+        self.quick = self.quick or len(found) < rounds
         self.admitted.pop(worker_id, None)
         if after and len(after) < self.min_samples and all(it[1] == after[0][1] for it in after):
             self.admitted[worker_id] = after[0][1]
         return True
+
+    def _straddles(self, found: list[Item], old: Law) -> bool:
+        """Whether the first of a change's times straddles it (its round began at the old speed): others
+        follow it, and it lies between the old law and their median, off that median by more than the
+        deadband. Such a time shows less of the change than there is."""
+        if len(found) < 2:
+            return False
+        ratios = [ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in found]
+        first, rest = ratios[0], statistics.median(ratios[1:])
+        return min(1.0, rest) < first < max(1.0, rest) and abs(first / rest - 1.0) > self.deadband
 
     def law(self, worker_id: str) -> Law | None:
         """The worker's law (law.py), fitted again only once its observations or admitted batch change:

@@ -1,0 +1,47 @@
+"""Every worker's observations and law (ps/control/auto/worker_laws.py): a change of speed forgets the
+times before it, and a first time that straddles the change is not taken for the new speed. Pure."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ps.control.auto.worker_laws import WorkerLaws
+from ps.control.model.worker_times import WARMUP
+
+
+def laws_after(times: list[tuple[int, float]]) -> WorkerLaws:
+    """Laws of one worker `w` that recorded `times` (batch, ms) after its warm-up."""
+    laws = WorkerLaws(min_samples=3, deadband=0.1)
+    laws.add("w")
+    for _ in range(WARMUP):
+        laws.record("w", 100, 1000.0, None)
+    for batch, ms in times:
+        laws.record("w", batch, ms, None)
+    return laws
+
+
+def settled(rnd: random.Random) -> list[tuple[int, float]]:
+    """Twenty rounds at batch 100 and 1000 ms (2% noise)."""
+    return [(100, 1000.0 * (1 + rnd.gauss(0.0, 0.02))) for _ in range(20)]
+
+
+@pytest.mark.parametrize("share_before", [0.3, 0.45])
+def test_a_first_time_that_straddles_a_slowdown_is_not_the_new_speed(share_before: float) -> None:
+    """Twice as slow from a round in which `share_before` of the step ran at the old speed: the law
+    after the change is the new speed's (2000 ms), not pulled toward the straddling time."""
+    rnd = random.Random(1)
+    straddling = share_before * 1000.0 + (1.0 - share_before) * 2000.0
+    laws = laws_after([*settled(rnd), (100, straddling), (100, 2010.0), (100, 1990.0), (100, 2000.0)])
+    assert laws.changed == {"w"}
+    assert [ms for _, _, ms, _ in laws.obs["w"].items][0] != straddling
+    assert laws.law("w").fit.finish.at(100) == pytest.approx(2000.0, rel=0.02)
+
+
+def test_a_first_time_at_the_new_speed_is_kept() -> None:
+    """A change at a round's start: its first time is the new speed's, and stays."""
+    rnd = random.Random(2)
+    laws = laws_after([*settled(rnd), (100, 2030.0), (100, 1990.0), (100, 2000.0)])
+    assert laws.changed == {"w"}
+    assert [ms for _, _, ms, _ in laws.obs["w"].items] == [2030.0, 1990.0, 2000.0]
