@@ -101,7 +101,8 @@ def plan_changes_after_every_quota_changes(seed: int) -> int:
 
 def test_when_every_quota_changes_in_a_round_most_runs_re_balance_in_two_plan_changes() -> None:
     """The step on the new times, then the solve: each worker's two times at the batch it had, 1.5-1.7
-    times the step's, enter its law (law.ADMIT_SPREAD_TWICE). 16 seeds: a third plan change in 6
-    (in 11 with those times left out of the law until 2x away), never a fourth."""
+    times the step's, enter its law (law.ADMIT_SPREAD_TWICE), a time that straddles the change does
+    not (worker_laws.py). 16 seeds: a third plan change in 4 (in 11 with those times left out of the
+    law until 2x away), never a fourth."""
     changes = [plan_changes_after_every_quota_changes(seed) for seed in range(16)]
-    assert max(changes) <= 3 and sum(c > 2 for c in changes) <= 7, changes
+    assert max(changes) <= 3 and sum(c > 2 for c in changes) <= 6, changes
