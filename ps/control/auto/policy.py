@@ -86,8 +86,8 @@ class AutoPolicy(FittedPlan):
     def _times(self, straddled: Mapping[str, float] | None = None) -> dict[str, FinishTime]:
         """Each worker's finish time in its batch for comparing plans: a known law plus its uncertainty
         (time_fit.Finish.cautious); a proportional line as measured (new times are trusted at once),
-        for a worker of `straddled` (a slowdown trusted on its first times, how many times slower they
-        were) that many times slower again; a worker not measured yet at the slowest measured time per
+        for a worker of `straddled` (a slowdown trusted on its first time, how many times slower it
+        was) that many times slower again; a worker not measured yet at the slowest measured time per
         sample, never predicted fast.
 
         A slowdown's first time straddles it (the round began at the old speed), so it shows less of

@@ -33,7 +33,7 @@ class WorkerLaws(WorkerTimes):
         self.slowed: set[str] = set()  # of those, the ones whose times rose SLOWED times or more
         self.admitted: dict[str, int] = {}  # the batch of a change trusted on fewer than min_samples times
         self.quick = False  # a change since the last decision was trusted on fewer times than `rounds`
-        self.jumps: dict[str, float] = {}  # of the slowed, trusted on fewer times: how many times slower
+        self.jumps: dict[str, float] = {}  # of the slowed, trusted on one time: how many times slower
         # each worker's law with what it was fitted from: its observations, their version, the admitted batch
         self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
 
@@ -72,7 +72,7 @@ class WorkerLaws(WorkerTimes):
             ratio = statistics.median(ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in after)
             if ratio >= SLOWED:
                 self.slowed.add(worker_id)
-                if len(after) < rounds and after is found:  # a straddling time left in shows less than there is
+                if len(found) == 1:  # its one time may straddle the change, showing less than there is
                     self.jumps[worker_id] = ratio
         self.obs[worker_id] = Observations(after, obs.seq)
         self.settled[worker_id] = obs.seq

@@ -45,3 +45,15 @@ def test_a_first_time_at_the_new_speed_is_kept() -> None:
     laws = laws_after([*settled(rnd), (100, 2030.0), (100, 1990.0), (100, 2000.0)])
     assert laws.changed == {"w"}
     assert [ms for _, _, ms, _ in laws.obs["w"].items] == [2030.0, 1990.0, 2000.0]
+
+
+def test_only_a_change_found_on_one_time_is_stepped_as_slower_again() -> None:
+    """One time eight times off may straddle the change (its round began at the old speed): it is
+    stepped as that many times slower again (`jumps`). Two times 2.5-3x off that agree are the new
+    speed: stepped on as they are (taken as slower again, the worker got 15 samples where the optimum
+    gives it 33, and the next decision had to step again)."""
+    rnd = random.Random(3)
+    one = laws_after([*settled(rnd), (100, 8000.0)])
+    assert one.changed == one.slowed == {"w"} and one.jumps["w"] == pytest.approx(8.0, rel=0.05)
+    two = laws_after([*settled(rnd), (100, 3000.0), (100, 3020.0)])
+    assert two.changed == two.slowed == {"w"} and two.jumps == {}
