@@ -1,9 +1,11 @@
 """`python -m benchmarks.simulation_check RESULT.json ...`: the simulator against real runs.
 
 Reads `benchmarks.hetero` result files of one setup (BSP, a policy deciding every epoch; the fast
-path's runs are left out), fits each worker's time law, its steps' noise and the round's overhead
-from all runs but one, simulates that one (benchmarks/simulation/replay.py) and compares its steady
-round time, plan changes and final plan with the real run's, for every run in turn. Targets: the
+path's runs are left out), or `benchmarks.scale` BSP result files of one setup (N workers, the
+dynamic policy deciding every few rounds: the windows between its decisions stand for epochs), fits
+each worker's time law, its steps' noise and the round's overhead from all runs but one, simulates
+that one (benchmarks/simulation/replay.py) and compares its steady round time, plan changes and
+final plan with the real run's, for every run in turn. Targets: the
 steady round within 10% of the real one in every run, and the plan changes equal to the real ones
 within one.
 
@@ -32,7 +34,7 @@ CHANGES_OFF = 1
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.simulation_check", description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", type=Path, metavar="RESULT.json",
-                   help="benchmarks.hetero result files (or reports) of one setup, two runs at least")
+                   help="benchmarks.hetero or benchmarks.scale result files (or reports) of one setup, two runs at least")
     p.add_argument("--seed", type=int, default=0, help="the simulation's seed (default 0)")
     add_report_options(p.add_argument_group("output"), "simulation_check")
     return p

@@ -1,7 +1,8 @@
 """The simulator checked against real runs: each worker's time law, the noise of its steps and the
 round's overhead are fitted from real runs of one setup (`benchmarks.hetero`'s per-epoch traces:
-each worker's batch and mean step time, and the epoch's samples/s), and the same job is simulated
-with the same policy, global batch and decision cadence (one decision an epoch). Leave one out: each
+each worker's batch and mean step time, and the epoch's samples/s; `benchmarks.scale`'s trace of the
+windows between its policy's decisions, read the same way), and the same job is simulated with the
+same policy, global batch and decision cadence (one decision an epoch, or a window). Leave one out: each
 run is predicted from the laws of the others, so the check is of the simulator, not of a fit to the
 run it predicts. Compared: the steady round time (the last half of the epochs, as the benchmark
 measures it), the plan changes, and the final plan. Pure."""
@@ -50,7 +51,10 @@ class RealRun:
 
 def read_runs(report: Mapping[str, Any], source: str) -> list[RealRun]:
     """The runs of a `benchmarks.hetero` throughput report (a result file's `report`) that have a
-    per-epoch trace; ValueError for a report of another kind."""
+    per-epoch trace, or the run of a `benchmarks.scale` BSP report with its decisions' trace;
+    ValueError for a report of another kind."""
+    if "adjust_every" in report and "trace" in report:
+        return [scale_run(report, source)]
     if report.get("kind") != "throughput" or report.get("mode") != "bsp":
         raise ValueError(f"{source}: not a benchmarks.hetero BSP throughput report (kind {report.get('kind')!r})")
     workload = report["workload"]
@@ -68,6 +72,18 @@ def read_runs(report: Mapping[str, Any], source: str) -> list[RealRun]:
         runs.append(RealRun(f"{source}:{name}", str(run["controller"]), total, max(1, size // total), epochs,
                             float(workload.get("steady_fraction", 0.5))))
     return runs
+
+
+def scale_run(report: Mapping[str, Any], source: str) -> RealRun:
+    """A `benchmarks.scale` BSP run as a RealRun whose "epochs" are the windows between its policy's
+    decisions (every `adjust_every` rounds; its trace: the plan in force, each worker's smoothed step
+    time at the window's end and the mean round)."""
+    trace = report["trace"]
+    if report.get("mode") != "bsp" or len(trace) < 2:
+        raise ValueError(f"{source}: a benchmarks.scale replay needs a BSP run with two decisions' trace at least")
+    windows = [Epoch({k: int(b) for k, b in w["batch_sizes"].items()}, {k: float(v) for k, v in w["compute_ms"].items()},
+                     float(w["round_ms"])) for w in trace]
+    return RealRun(f"{source}:dynamic", "dynamic", int(report["global_batch"]), int(report["adjust_every"]), windows)
 
 
 def fit_laws(runs: Sequence[RealRun]) -> dict[str, tuple[float, float]]:

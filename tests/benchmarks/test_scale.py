@@ -61,6 +61,23 @@ def test_the_target_counts_errors_and_evictions() -> None:
     assert scale.failure_target({"errors": ["no server"], "evictions": None})["value"] == 1
 
 
+def test_the_decision_trace_is_each_window_between_two_decisions() -> None:
+    """The plan in force between two `adjust` events of the window, the times the second measured it
+    at and the mean round on the server's clock; decisions outside the window are left out."""
+    events = [
+        {"event": "adjust", "step": 2, "time": 9.0, "batch_sizes": {"w00": 8, "w01": 8}, "compute_ms": {}},
+        {"event": "adjust", "step": 5, "time": 10.0, "batch_sizes": {"w00": 8, "w01": 8}, "compute_ms": {"w00": 40.0, "w01": 80.0}},
+        {"event": "epoch", "step": 7, "time": 10.5},
+        {"event": "adjust", "step": 10, "time": 11.0, "batch_sizes": {"w00": 11, "w01": 5}, "compute_ms": {"w00": 41.0, "w01": 79.0}},
+        {"event": "adjust", "step": 15, "time": 11.5, "batch_sizes": {"w00": 11, "w01": 5}, "compute_ms": {"w00": 55.0, "w01": 50.0}},
+    ]
+    trace = scale.decision_trace(events, 5, 15)
+    assert trace == [
+        {"step": 10, "batch_sizes": {"w00": 8, "w01": 8}, "compute_ms": {"w00": 41.0, "w01": 79.0}, "round_ms": 200.0},
+        {"step": 15, "batch_sizes": {"w00": 11, "w01": 5}, "compute_ms": {"w00": 55.0, "w01": 50.0}, "round_ms": 100.0},
+    ]
+
+
 @pytest.mark.slow
 def test_scale_benchmark_smoke() -> None:
     procs = {
@@ -96,3 +113,4 @@ def test_scale_benchmark_smoke() -> None:
         assert report["worker_peak_rss_mb"]["max"] >= report["worker_peak_rss_mb"]["mean"] > 0
         assert report["worker_pss_mb_mean"] > 0
         assert [t["pass"] for t in report["targets"]] == [True]
+        assert ("trace" in report) == (mode == "bsp") and report["adjust_every"] == 5

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from benchmarks import simulation_check
-from benchmarks.simulation.replay import Epoch, RealRun, fit_laws, overhead_ms, read_runs, step_noise
+from benchmarks.simulation.replay import Epoch, RealRun, fit_laws, overhead_ms, read_runs, scale_run, step_noise
 
 RESULTS = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
 HL8_DYNAMIC = [RESULTS / f"hetero-2026-11-27{suffix}.json" for suffix in ("", "-2", "-3", "-4", "-5", "-6")]
@@ -84,3 +84,24 @@ def test_reports_that_are_not_one_setups_throughput_runs_are_refused(
         assert exit_info.value.code == 2 and needle in capsys.readouterr().err, argv
     with pytest.raises(ValueError, match="synthetic dataset"):
         read_runs({"kind": "throughput", "mode": "bsp", "workload": {"global_batch": 8, "dataset_args": []}, "runs": {}}, "x")
+
+
+def scale_report(seed: int) -> dict[str, Any]:
+    """A benchmarks.scale BSP report whose trace lies on LAWS (3% noise), a decision every 5 rounds."""
+    run = made_run(PLANS, noise=0.03, seed=seed)
+    trace = [{"step": 5 * (i + 1), "batch_sizes": e.batches, "compute_ms": e.compute_ms, "round_ms": e.round_ms}
+             for i, e in enumerate(run.epochs)]
+    return {"workers": 3, "mode": "bsp", "global_batch": 300, "adjust_every": 5, "trace": trace}
+
+
+def test_a_scale_runs_decisions_are_replayed_like_a_hetero_runs_epochs(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = scale_run(scale_report(0), "scale.json")
+    assert (run.policy, run.global_batch, run.rounds_per_epoch, len(run.epochs)) == ("dynamic", 300, 5, len(PLANS))
+    paths = [_write(tmp_path / f"scale-{seed}.json", scale_report(seed)) for seed in range(2)]
+    assert simulation_check.main([*map(str, paths), "--json", "--out", str(tmp_path / "out")]) == 0
+    report = json.loads((tmp_path / "out" / "simulation_check.json").read_text())
+    assert [r["run"] for r in report["rows"]] == ["scale-0.json:dynamic", "scale-1.json:dynamic"]
+    assert all(r["simulated"]["round_ms"] > 0 and set(r["laws"]) == set(LAWS) for r in report["rows"]), report["rows"]
+    with pytest.raises(ValueError, match="two decisions"):
+        read_runs({**scale_report(0), "trace": []}, "short.json")
