@@ -1,4 +1,4 @@
-"""Pure functions from a run's metrics events to the numbers the heterogeneity benchmark reports.
+"""Pure functions from a run's metrics events to the numbers the heterogeneity and scale benchmarks report.
 
 No processes and no clock here: every function takes the parsed ``ps-server --metrics-log`` events
 (see docs/metrics.md) and returns plain numbers, so the definitions are easy to read and test.
@@ -9,6 +9,8 @@ Definitions
   as total samples / total time (each epoch's samples = its samples_per_s x its duration, the
   durations from the cumulative ``wall_s``), not a mean of per-epoch rates.
 * balanced: every worker's compute time is within ``tolerance`` (10%) of the workers' mean.
+* decision trace (``benchmarks.scale``): per window between two ``adjust`` events, the plan in force,
+  each worker's smoothed step time the second one reports, and the mean round on the server's clock.
 * adjustments to steady: the controller decisions (``adjust`` events after the first plan, or after
   the start of a window such as a phase of a dynamic schedule) made before the first balanced
   measurement. The measurement is, by ``basis``:
@@ -221,3 +223,19 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def decision_trace(events: Sequence[Event], first: int, last: int) -> list[dict[str, Any]]:
+    """BSP: between each two policy decisions of rounds `first`..`last`, the plan in force, each
+    worker's step time the second decision measured it at (`compute_ms`, the policy's smoothed ms)
+    and the mean round (ms, on the server's clock): what benchmarks/simulation/replay.py replays."""
+    adjusts = [e for e in events if e["event"] == "adjust" and first <= int(e.get("step", -1)) <= last]
+    trace = []
+    for before, after in zip(adjusts, adjusts[1:]):
+        rounds = int(after["step"]) - int(before["step"])
+        if rounds <= 0 or set(after["compute_ms"]) != set(before["batch_sizes"]):
+            continue
+        trace.append({"step": int(after["step"]), "batch_sizes": before["batch_sizes"],
+                      "compute_ms": after["compute_ms"],
+                      "round_ms": round(1000.0 * (float(after["time"]) - float(before["time"])) / rounds, 3)})
+    return trace

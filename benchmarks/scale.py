@@ -55,7 +55,7 @@ from typing import Any
 import grpc
 
 from protos import ps_pb2_grpc
-from benchmarks.analysis import target
+from benchmarks.analysis import decision_trace, target
 from benchmarks.process_usage import cpu_fields, cpu_seconds, mean_max, peak_rss_mb, pss_mb
 from benchmarks.report_output import add_result_options, save_result
 from common.ops.arg_types import positive_float, positive_int
@@ -319,22 +319,6 @@ def run(s: Settings) -> dict[str, Any]:
     report["targets"] = [failure_target(report)]
     report["workdir"] = str(s.workdir)
     return report
-
-
-def decision_trace(events: Sequence[dict[str, Any]], first: int, last: int) -> list[dict[str, Any]]:
-    """BSP: between each two policy decisions of rounds `first`..`last`, the plan in force, each
-    worker's step time the second decision measured it at (`compute_ms`, the policy's smoothed ms)
-    and the mean round (ms, on the server's clock): what benchmarks/simulation/replay.py replays."""
-    adjusts = [e for e in events if e["event"] == "adjust" and first <= int(e.get("step", -1)) <= last]
-    trace = []
-    for before, after in zip(adjusts, adjusts[1:]):
-        rounds = int(after["step"]) - int(before["step"])
-        if rounds <= 0 or set(after["compute_ms"]) != set(before["batch_sizes"]):
-            continue
-        trace.append({"step": int(after["step"]), "batch_sizes": before["batch_sizes"],
-                      "compute_ms": after["compute_ms"],
-                      "round_ms": round(1000.0 * (float(after["time"]) - float(before["time"])) / rounds, 3)})
-    return trace
 
 
 def render_table(report: dict[str, Any]) -> str:
