@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Mapping
 
 from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, settled_mark
-from ps.control.auto.law import Item, Law, law_of
+from ps.control.auto.law import Law, law_of
 from ps.control.model.time_fit import Finish, Observations
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.stdev import stdev
@@ -67,9 +67,11 @@ class WorkerLaws(WorkerTimes):
             return False
         before, found = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
         old = law_of(before, 1)
-        after = found[1:] if old is not None and self._straddles(found, old) else found
-        if old is not None and after:
-            ratio = statistics.median(ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in after)
+        # each new time over the old law's at its batch
+        ratios = [] if old is None else [ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in found]
+        after = found[1:] if self._straddles(ratios) else found
+        if ratios and after:
+            ratio = statistics.median(ratios[len(found) - len(after):])
             if ratio >= SLOWED:
                 self.slowed.add(worker_id)
                 if len(found) == 1:  # its one time may straddle the change, showing less than there is
@@ -83,13 +85,13 @@ class WorkerLaws(WorkerTimes):
             self.admitted[worker_id] = after[0][1]
         return True
 
-    def _straddles(self, found: list[Item], old: Law) -> bool:
-        """Whether the first of a change's times straddles it (its round began at the old speed): others
-        follow it, and it lies between the old law and their median, off that median by more than the
-        deadband. Such a time shows less of the change than there is."""
-        if len(found) < 2:
+    def _straddles(self, ratios: list[float]) -> bool:
+        """Whether the first of a change's times straddles it (its round began at the old speed; `ratios`:
+        each time over the old law's): others follow it, and it lies between the old law and their
+        median, off that median by more than the deadband. Such a time shows less of the change than
+        there is."""
+        if len(ratios) < 2:
             return False
-        ratios = [ms / max(old.fit.finish.at(b), 1e-9) for _, b, ms, _ in found]
         first, rest = ratios[0], statistics.median(ratios[1:])
         return min(1.0, rest) < first < max(1.0, rest) and abs(first / rest - 1.0) > self.deadband
 
