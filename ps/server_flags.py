@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ps.control.global_batch.goodput import LR_SCALINGS, AdaptiveConfig
+from ps.control.global_batch.goodput import DECIDE_EVERY, LR_SCALINGS, AdaptiveConfig
 from ps.control.registry import POLICIES, policy_settings
 from ps.control.settings import Setting, setting_key
 from ps.ops.metrics_http import add_endpoint_flags
@@ -170,8 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "rounds an epoch; works under every --controller (without the model policy's fits it "
                           "probes a second B to fit the round time in B); a move the measured goodput "
                           "contradicts is taken back")
-    ada.add_argument("--adapt-every", type=epoch_or_steps, default=None, metavar="{epoch,N}",
-                     help="--adaptive-batch decision at every epoch end (default) or every N rounds")
+    ada.add_argument("--adapt-every", type=epoch_or_steps, default=DECIDE_EVERY, metavar="{N,epoch}",
+                     help=f"--adaptive-batch: decide every N rounds (default {DECIDE_EVERY}: once B's round is measured) or at epoch ends")
     ada.add_argument("--min-global-batch", type=positive_int, default=None,
                      help="--adaptive-batch: the smallest B (default: --workers x --min-batch)")
     ada.add_argument("--max-global-batch", type=positive_int, default=None,

@@ -14,7 +14,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ps.control.global_batch.goodput import AdaptiveBatch, AdaptiveConfig, Decision, epoch_bound, moved, probe_batch
+from ps.control.global_batch.goodput import (DECIDE_EVERY, MIN_ROUNDS, SETTLE_ROUNDS, AdaptiveBatch, AdaptiveConfig, Decision,
+                                              epoch_bound, moved, probe_batch)
 from ps.control.global_batch.gns import NoiseScaleEstimator
 from ps.control.performance import RoundModel, global_round_model
 from ps.control.policy import build_policy, with_global_batch
@@ -26,9 +27,6 @@ from common.transport.messages import PushMeta
 
 _ROUND_TIMES = 64
 """Round times kept since the last decision (their median is the measured round at the current B)."""
-_SETTLE, _MIN_ROUNDS = 2, 6
-"""Rounds after a change of B left out of the median (the workers settle at new batches), and how many
-a stay at B needs before its median counts as the round at that B (on digits at B=179 an epoch holds 8)."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +35,7 @@ class AdaptiveSettings:
     N: every N rounds."""
 
     config: AdaptiveConfig | None = None
-    every: int | None = None
+    every: int | None = DECIDE_EVERY
 
 
 class AdaptiveBatchSizing:
@@ -157,7 +155,8 @@ class AdaptiveBatchSizing:
         if reviewed is not None:
             return reviewed, "measured" if reviewed.changed else basis
         lower, upper = decider.bounds(lower, upper)
-        probe = probe_batch(current, lower, upper) if len(self._rounds_at) < 2 and current in self._rounds_at else None
+        probe = (probe_batch(current, lower, upper, phi, predict, config.base_batch, self._measurable)
+                 if len(self._rounds_at) < 2 and current in self._rounds_at else None)
         if basis == "guess" and phi is not None and probe is not None:
             return decider.note(moved(config, current, probe, phi, "probe: a second batch for the round line", predict)), "probe"
         return decider.choose(phi, lower, upper, predict, upward_only=basis == "guess", phi_sd=noise_scale.phi_sd,
@@ -165,11 +164,13 @@ class AdaptiveBatchSizing:
 
     def _measurable(self, batch: int) -> bool:
         """Whether φ stays measurable at `batch`: the policy's plan there trains two or more workers (a
-        job of one worker: one); True where the policy has no plan to tell (gns.py needs a pair of
-        batches in a round, or two rounds at different batches of a lone worker)."""
+        job of one worker: one). At the B in force, the plan installed; at another B, the plan the
+        policy predicts (True where it has none to tell: gns.py needs a pair of batches in a round, or
+        two rounds at different batches of a lone worker)."""
         policy = self.state.policy
-        plan = policy.predicted_plan(batch)
-        return plan is None or sum(b > 0 for b in plan.values()) >= min(2, len(policy.plan()))
+        installed = policy.plan()
+        plan = installed if self.decider is not None and batch == self.decider.batch else policy.predicted_plan(batch)
+        return plan is None or sum(b > 0 for b in plan.values()) >= min(2, len(installed))
 
     def _round_model(self, current: int) -> tuple[RoundModel | None, str]:
         """T(B) and what it rests on (ps/control/performance.global_round_model: the policy's fitted
@@ -177,8 +178,8 @@ class AdaptiveBatchSizing:
         B now scaled with B, trusted upward only). The median round at B now is noted first (a
         take-back compares it with the B before)."""
         policy = self.state.policy
-        if len(self._round_ms) >= _MIN_ROUNDS:
-            settled = self._round_ms[_SETTLE:]
+        if len(self._round_ms) >= MIN_ROUNDS:
+            settled = self._round_ms[SETTLE_ROUNDS:]
             at = self._rounds_at[current] = statistics.median(settled)
             # the median's standard error, about 1.25 times the mean's
             self._noise_at[current] = 1.25 * statistics.stdev(settled) / (at * len(settled) ** 0.5) if at > 0 else 0.0

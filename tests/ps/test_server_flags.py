@@ -1,11 +1,13 @@
 """The flags of a policy's own settings are made from its declarations: a number with its bounds, a
-choice, a switch with its --no- form; only the chosen policy's reach its config."""
+choice, a switch with its --no- form; only the chosen policy's reach its config. The adaptive batch
+decides every DECIDE_EVERY rounds unless the flag says otherwise."""
 
 from __future__ import annotations
 
 import pytest
 
 from ps import server_flags
+from ps.control.global_batch.goodput import DECIDE_EVERY
 from ps.control.settings import Setting
 from ps.server_flags import build_parser, policy_flags, policy_options
 
@@ -37,3 +39,10 @@ def test_each_kind_of_setting_is_a_flag(declared: None, capsys: pytest.CaptureFi
     with pytest.raises(ValueError, match="--dynamic-rounds is for --policy dynamic, not --policy model"):
         policy_options(parser.parse_args(["--policy", "model", "--dynamic-rounds", "3"]))
     assert policy_flags()["dynamic.rounds"] == "--dynamic-rounds" and policy_flags()["park"] == "parking (--no-park)"
+
+
+def test_the_adaptive_batch_decides_as_soon_as_a_round_is_measured_unless_told_epoch() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["--adaptive-batch", "gns"]).adapt_every == DECIDE_EVERY == 8
+    assert parser.parse_args(["--adaptive-batch", "gns", "--adapt-every", "epoch"]).adapt_every is None
+    assert parser.parse_args(["--adaptive-batch", "gns", "--adapt-every", "30"]).adapt_every == 30

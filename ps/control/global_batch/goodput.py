@@ -36,6 +36,20 @@ TAKE_BACK_MEMORY = 8
 NOISE_SDS = 2.0
 """A measured goodput contradicts a move only where it fell by more than this many standard errors
 of the two median rounds it compares."""
+GAIN_SDS = 2.0
+"""A goodput move needs a predicted gain beyond what φ this many standard errors either way could
+explain: a decision every few rounds is many chances for a one-error spread to pass (on HL8 φ read 235
+sixteen rounds into a job and 7 eight rounds later, and a move made on the first was taken back)."""
+SETTLE_ROUNDS, MIN_ROUNDS = 2, 6
+"""Rounds after a change of B left out of its median round (the workers settle at new batches), and how
+many a stay at B needs before that median counts as the round at that B (on digits at B=179 an epoch
+holds 8)."""
+DECIDE_EVERY = SETTLE_ROUNDS + MIN_ROUNDS
+"""The default `--adapt-every`, in rounds: a decision as soon as the round at B can be measured. A
+decision at each epoch's end (`--adapt-every epoch`) leaves the whole first epoch at B₀, and from a start
+far from the best B that epoch is most of the time to a target accuracy."""
+UNMEASURABLE = "the noise scale is not measurable at the current batch"
+"""The reason of a move away from a B whose plan trains one worker (`choose`)."""
 _GRID = 48
 """Candidate batches per decision: a geometric grid over [lower, upper] (plus both ends and B now)."""
 MIN_STEPS_PER_EPOCH = 8
@@ -136,13 +150,15 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     """The batch to train at next. `lower`/`upper` are the flags' range narrowed to what the workers'
     bounds can make up; `round_ms(B)` the predicted time of a round of B (None: not measured yet).
     Unchanged (with the reason) while φ or the round time is unknown, or the gain is below the
-    threshold or within what φ's standard error `phi_sd` could explain (`gain_spread`).
+    threshold or within what GAIN_SDS of φ's standard error `phi_sd` could explain (`gain_spread`).
     `upward_only`: `round_ms` is performance.measured_round's guess, which overvalues a smaller B (it counts the
     workers' fixed costs as per-sample time) and undervalues a larger one, so only a move up is
     trusted (inside the bounds; a B outside them still moves in).
     `measurable(B)`: whether φ can still be measured at B (two or more workers train there,
     gns.py); inside the bounds a move goes only where it can, so that the rounds after it can check
-    it (`review`) and φ keeps following training instead of freezing at the value that made the move."""
+    it (`review`) and φ keeps following training instead of freezing at the value that made the move;
+    where it cannot at B now (the policy parked all but one worker after B moved there), B moves to
+    the best batch where it can, whatever the gain."""
     lo, hi = max(lower, config.min_batch), min(upper, config.max_batch)
 
     def unchanged(reason: str, gain: float | None = None) -> Decision:
@@ -165,17 +181,24 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
 
     now = value(current)
     inside = lo <= current <= hi
+    # B now where φ cannot be measured (the policy's plan trains one worker): φ would stay frozen at
+    # its value for as long as B stays, so B moves to the best batch where it can be, gain or not
+    frozen = inside and measurable is not None and not measurable(current)
     pool = [b for b in candidates(lo, hi, current) if (b >= current or not (upward_only and inside))
-            and (b == current or not inside or measurable is None or measurable(b))]
+            and (not frozen if b == current else not inside or measurable is None or measurable(b))] or [current]
     best = max(pool, key=lambda b: (value(b), -abs(b - current)))
     gain = value(best) / now - 1.0 if now > 0 else None
     spread = None
     if gain is not None:
         spread = gain_spread((gain + 1.0) * (phi + best) / (phi + current), phi, phi_sd, best, current)
+    if frozen and best != current:
+        t = round_ms(best)
+        return Decision(best, current, True, gain, phi, statistical_efficiency(phi, best, config.base_batch),
+                        best / t * 1000.0 if t > 0 else None, UNMEASURABLE, spread)
     if best == current or (inside and (gain is None or gain < config.threshold)):
         reason = "gain below --adapt-threshold" if best != current else "the current batch is best"
         return replace(unchanged(reason, gain), gain_sd=spread)
-    if inside and spread is not None and gain is not None and gain <= spread:
+    if inside and spread is not None and gain is not None and gain <= GAIN_SDS * spread:
         return replace(unchanged("gain within the noise scale's uncertainty", gain), gain_sd=spread)
     t = round_ms(best)
     return Decision(best, current, True, gain, phi, statistical_efficiency(phi, best, config.base_batch),
@@ -187,15 +210,21 @@ def epoch_bound(upper: int, samples_per_epoch: int, min_steps: int = MIN_STEPS_P
     return max(1, min(upper, samples_per_epoch // min_steps))
 
 
-def probe_batch(current: int, lower: int, upper: int) -> int | None:
+def probe_batch(current: int, lower: int, upper: int, phi: float | None = None,
+                round_ms: Callable[[int], float] | None = None, base_batch: int | None = None,
+                measurable: Callable[[int], bool] | None = None) -> int | None:
     """A second batch to measure rounds at while only B now has been (under a policy without a fitted
-    model the round time at another B is a guess until measured): twice B, or half B where twice is
-    above `upper`, clamped to [lower, upper]; None where the bounds hold no other batch."""
+    model the round time at another B is a guess until measured): twice B or half B, clamped to
+    [lower, upper] and where φ stays measurable (`measurable`, as for `choose`: a probe that trains
+    one worker alone freezes φ for as long as it lasts); None where none is. Where both are left, the
+    one whose goodput the guess `round_ms` at φ predicts higher (the guess counts a round's fixed
+    costs as per-sample time, so it favours the smaller batch: a probe down is taken where the
+    efficiency lost by growing B is worth more than the guess's throughput gain); without them, twice B."""
     up, down = min(upper, 2 * current), max(lower, current // 2)
-    for b in (up, down):
-        if lower <= b <= upper and b != current:
-            return b
-    return None
+    inside = [b for b in (up, down) if lower <= b <= upper and b != current and (measurable is None or measurable(b))]
+    if len(inside) == 2 and phi is not None and round_ms is not None and base_batch is not None:
+        return max(inside, key=lambda b: measured_goodput(b, round_ms(b), phi, base_batch))
+    return inside[0] if inside else None
 
 
 def measured_goodput(batch: int, round_ms: float, phi: float, base_batch: int) -> float:
@@ -286,8 +315,13 @@ class AdaptiveBatch:
         return decision
 
     def apply(self, decision: Decision) -> None:
-        """The decision's batch is now B; a goodput move is under review until measured."""
+        """The decision's batch is now B; a goodput move is under review until measured. A move away
+        from a B where φ was not measurable closes the way back for TAKE_BACK_MEMORY decisions: the
+        plan a goodput move would install there can differ from the one its check predicted (on HL8
+        B went 83 -> 77 -> 83 three times, each 77 run on one worker)."""
         if decision.changed and decision.batch != self.batch:
+            if decision.reason == UNMEASURABLE:
+                self.closed["down" if decision.batch > self.batch else "up"] = [decision.batch, TAKE_BACK_MEMORY]
             self.previous = self.batch if decision.reason == "goodput" else None
             self.batch = decision.batch
             self.changes += 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ps.control.global_batch.goodput import (MIN_STEPS_PER_EPOCH, AdaptiveBatch, AdaptiveConfig, Decision, candidates, choose,
+from ps.control.global_batch.goodput import (GAIN_SDS, MIN_STEPS_PER_EPOCH, TAKE_BACK_MEMORY, UNMEASURABLE, AdaptiveBatch, AdaptiveConfig, Decision, candidates, choose,
                                              contradicted, epoch_bound, measured_goodput, moved, probe_batch)
 from ps.control.performance import round_line
 
@@ -35,6 +35,23 @@ def test_a_choice_within_the_epoch_bound_never_passes_it() -> None:
 ])
 def test_the_probe_is_a_second_batch_within_the_bounds(current: int, lower: int, upper: int, probe: int | None) -> None:
     assert probe_batch(current, lower, upper) == probe
+
+
+def test_the_probe_goes_where_the_guess_predicts_the_better_goodput() -> None:
+    # the guess: the slowest worker's 2 ms/sample scales with B, 30 ms of the round stays
+    def guess(b: int) -> float:
+        return 30.0 + 2.0 * b
+
+    # phi far below B: the efficiency a larger B loses outweighs its throughput; probe down
+    assert probe_batch(256, 32, 1024, 20.0, guess, 256) == 128
+    # phi far above B: a larger B keeps its efficiency and amortises the fixed 30 ms; probe up
+    assert probe_batch(32, 8, 1024, 5000.0, guess, 32) == 64
+    # only where the noise scale stays measurable
+    assert probe_batch(256, 32, 1024, 20.0, guess, 256, measurable=lambda b: b > 200) == 512
+    assert probe_batch(256, 32, 1024, 20.0, guess, 256, measurable=lambda b: False) is None
+    # phi unknown, or no guess: twice B
+    assert probe_batch(256, 32, 1024, None, guess, 256) == 512
+    assert probe_batch(256, 32, 1024, 20.0, None, 256) == 512
 
 
 def test_a_probe_and_the_line_through_both_batches_choose_by_measured_rounds() -> None:
@@ -80,6 +97,10 @@ def test_a_gain_within_the_noise_scales_uncertainty_is_no_move() -> None:
     assert unsure.gain is not None and unsure.gain_sd is not None and unsure.gain_sd >= unsure.gain > CONFIG.threshold
     assert choose(CONFIG, 128, 1000.0, 64, 256, lambda b: 100.0, phi_sd=10.0).changed
     assert "gain_sd" in unsure.record()
+    # beyond one standard error's spread but within GAIN_SDS of them: no move either
+    near = choose(CONFIG, 128, 1000.0, 64, 256, lambda b: 100.0, phi_sd=892.0)
+    assert near.gain is not None and near.gain_sd is not None
+    assert not near.changed and near.gain_sd < near.gain <= GAIN_SDS * near.gain_sd
 
 
 def test_the_move_under_review_and_the_closed_directions_are_in_the_checkpoint() -> None:
@@ -113,6 +134,28 @@ def test_a_move_goes_only_where_the_noise_scale_stays_measurable() -> None:
     assert kept.changed and kept.batch == min(b for b in candidates(16, 1024, 512) if b >= 100)
     # where no other batch is measurable, B stays; a B outside the bounds still moves in
     assert not choose(config, 512, 10.0, 16, 1024, round_ms, measurable=lambda b: False).changed
+    # at a B where it cannot be measured (after the policy parked all but one worker there), B moves
+    # to the best measurable batch even where that loses goodput: φ would stay frozen otherwise
+    at_32 = choose(config, 32, 10.0, 16, 1024, round_ms, measurable=lambda b: b >= 100)
+    assert at_32.changed and at_32.batch == min(b for b in candidates(16, 1024, 32) if b >= 100)
+    assert at_32.gain is not None and at_32.gain < 0 and at_32.reason == UNMEASURABLE
+
+
+def test_a_move_away_from_an_unmeasurable_batch_closes_the_way_back() -> None:
+    config = AdaptiveConfig(base_batch=32, min_batch=16, max_batch=1024, threshold=0.05)
+    round_ms = lambda b: 0.2 * b + 20.0  # noqa: E731  (φ small: goodput is best at small B)
+    ab = AdaptiveBatch(config)
+    away = ab.choose(10.0, 16, 1024, round_ms, measurable=lambda b: b >= 100)
+    assert away.changed and away.reason == UNMEASURABLE and away.batch >= 100
+    ab.apply(away)
+    assert ab.previous is None  # not a goodput move: nothing to review
+    # the next decisions predict the small B measurable again; B does not go back below the move
+    for _ in range(TAKE_BACK_MEMORY):
+        assert ab.bounds(16, 1024) == (away.batch, 1024)
+        assert not ab.choose(10.0, 16, 1024, round_ms, measurable=lambda b: True).changed
+    assert ab.bounds(16, 1024) == (16, 1024)
+    back = ab.choose(10.0, 16, 1024, round_ms, measurable=lambda b: True)
+    assert back.changed and back.batch < away.batch
     outside = choose(config, 2048, 10.0, 16, 1024, round_ms, measurable=lambda b: False)
     assert outside.changed and outside.batch <= 1024
 
