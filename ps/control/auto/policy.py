@@ -190,7 +190,8 @@ class AutoPolicy(FittedPlan):
         self._confirming = False
         known = all(self._identified(k) for k, b in new.items() if b > 0) and not stepped
         if known and resolve and not entries:  # a re-solve moves no more than its gain asks
-            new = nearest_plan(times, new, current, lower, upper, slack=min_gain / 2)
+            new = nearest_plan(times, new, current, self._kept_at_break_even(new, lower, upper), upper,
+                               slack=min_gain / 2)
         self._parking.install(parked, reprobe)
         if reprobe:
             self._reprobing(current, report)

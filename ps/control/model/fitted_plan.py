@@ -88,7 +88,8 @@ class FittedPlan(WorkerPlan):
 
     def _taken_back(self, judged: tuple[dict[str, int], float], measured: float | None,
                     outcome: Mapping[str, int], reprobed: list[str]) -> dict[str, int] | None:
-        """The plan a re-probe left, where the decision that judges it keeps a re-probed worker in the
+        """The plan a re-probe left (with `break_even`, less the workers the laws now put below their
+        break-even), where the decision that judges it keeps a re-probed worker in the
         round although the rounds since measured slower than that plan's by more than the deadband; None
         otherwise, and where B, the workers or their bounds changed since. The round is the judge, not
         the fits: a law fitted at larger batches misses the fixed costs of the few samples a re-probe
@@ -102,7 +103,10 @@ class FittedPlan(WorkerPlan):
         if (set(left) != set(self._workers) or sum(left.values()) != self._config.global_batch
                 or any(b and not lower[k] <= b <= upper[k] for k, b in left.items())):
             return None
-        return dict(left)
+        # the laws have moved since that plan was made: one of its workers may now be below its break-even
+        active = [k for k, b in left.items() if b > 0]
+        times = {k: f.at for k, f in self._held.finishes().items() if k in left}
+        return self._break_even(left, times, lower, upper, active)[0] if all(k in times for k in active) else dict(left)
 
     def _reprobing(self, left: Mapping[str, int], report: Mapping[str, Any]) -> None:
         """A re-probe is installed over `left`: remember it and its measured round (`report`'s opening)
@@ -254,6 +258,21 @@ class FittedPlan(WorkerPlan):
         active = [k for k, w in self._workers.items() if w.batch and k not in reprobe]
         kept = raised_to_break_even(laws, lower, upper, active, self._config.global_batch)
         return raised_to_break_even(laws, kept, upper, reprobe, self._config.global_batch)
+
+    def _kept_at_break_even(self, plan: Mapping[str, int], lower: Mapping[str, int],
+                            upper: Mapping[str, int]) -> dict[str, int]:
+        """`lower` with each active worker of `plan` raised to its break-even batch (no higher than its
+        batch in `plan`), for a move toward the plan in force (optperf.nearest_plan) that must not take
+        a worker back below it (with `break_even`; `lower` as it is without)."""
+        if not self._parks_below_break_even():
+            return dict(lower)
+        finishes = self._held.finishes()
+        raised = dict(lower)
+        for k, b in plan.items():
+            f = finishes.get(k)
+            if b > 0 and f is not None and self._identified(k) and slope_measured(f.line):
+                raised[k] = max(lower[k], min(b, break_even_batch(f.at, upper[k])))
+        return raised
 
     def _break_even(self, plan: Mapping[str, int], times: Mapping[str, FinishTime], lower: Mapping[str, int],
                     upper: Mapping[str, int], may_park: list[str]) -> tuple[dict[str, int], list[str]]:

@@ -181,7 +181,8 @@ class ModelPolicy(FittedPlan):
         self._confirming = False
         if self._solved and self._exact_sum():
             lower, upper = self._bounds()
-            new = nearest_plan(finishes, new, current, lower, upper, slack=min_gain / 2)
+            new = nearest_plan(finishes, new, current, self._kept_at_break_even(new, lower, upper), upper,
+                               slack=min_gain / 2)
         self._install_parking(parked, reprobe)
         if reprobe:
             self._reprobing(current, report)

@@ -206,3 +206,28 @@ def test_a_re_probe_measured_slower_than_the_plan_it_left_never_stays_in_the_rou
     for r, after in slower:
         assert all(after["plan"][k] == 0 for k in r["reprobe"]), (r["round"], r["plan"], after["phase"], after["plan"])
     assert all(sum(r["plan"].values()) == 36 for r in reports if r["round"] >= 40)
+
+
+TTA_B45 = {"a": (18.9, 97.0), "b": (19.6, 87.9), "c": (36.5, 115.2), "d": (2.7, 42.7)}
+"""(q, s) of benchmarks.tta's workers at B = 45 (HL8, the patterns CNN, adaptive from B0 = 64): a, b and
+c break even at 6, 5 and 4 samples, d carries most of B."""
+
+
+@pytest.mark.parametrize("name", ["model", "auto"])
+@pytest.mark.parametrize("total", [45, 60, 71])
+def test_no_plan_keeps_an_active_worker_below_its_break_even(name: str, total: int) -> None:
+    """Neither a solve nor a re-probe, nor the move toward the plan in force after either (the nearest
+    plan within the gain's slack), leaves a worker in the round below its break-even by the laws the
+    decision reports: the benchmark's own check (benchmarks.analysis.below_break_even)."""
+    from benchmarks.analysis import below_break_even as reported_below
+
+    ctl = build_policy(PolicyConfig(policy=name, global_batch=total, break_even=True))
+    for k in TTA_B45:
+        ctl.add_worker(k)
+    ctl.replan()
+    reports = run_rounds(ctl, TTA_B45, 300, 0.05, random.Random(1), 2.0, 5)
+    events = [{"event": "adjust", "step": r["round"], "phase": r["phase"], "batch_sizes": r["plan"],
+               "fits": r.get("fits")} for r in reports]
+    assert any(r["phase"] in ("solve", "reprobe") for r in reports)
+    assert reported_below(events) == []
+    assert all(sum(r["plan"].values()) == total for r in reports)
