@@ -191,18 +191,16 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     spread = None
     if gain is not None:
         spread = gain_spread((gain + 1.0) * (phi + best) / (phi + current), phi, phi_sd, best, current)
-    if frozen and best != current:
-        t = round_ms(best)
-        return Decision(best, current, True, gain, phi, statistical_efficiency(phi, best, config.base_batch),
-                        best / t * 1000.0 if t > 0 else None, UNMEASURABLE, spread)
-    if best == current or (inside and (gain is None or gain < config.threshold)):
+    gated = inside and not frozen  # a move from a frozen B needs no gain
+    if best == current or (gated and (gain is None or gain < config.threshold)):
         reason = "gain below --adapt-threshold" if best != current else "the current batch is best"
         return replace(unchanged(reason, gain), gain_sd=spread)
-    if inside and spread is not None and gain is not None and gain <= GAIN_SDS * spread:
+    if gated and spread is not None and gain is not None and gain <= GAIN_SDS * spread:
         return replace(unchanged("gain within the noise scale's uncertainty", gain), gain_sd=spread)
     t = round_ms(best)
+    reason = UNMEASURABLE if frozen else "goodput" if inside else "outside the bounds"
     return Decision(best, current, True, gain, phi, statistical_efficiency(phi, best, config.base_batch),
-                    best / t * 1000.0 if t > 0 else None, "goodput" if inside else "outside the bounds", spread)
+                    best / t * 1000.0 if t > 0 else None, reason, spread)
 
 
 def epoch_bound(upper: int, samples_per_epoch: int, min_steps: int = MIN_STEPS_PER_EPOCH) -> int:

@@ -104,9 +104,7 @@ class FittedPlan(WorkerPlan):
                 or any(b and not lower[k] <= b <= upper[k] for k, b in left.items())):
             return None
         # the laws have moved since that plan was made: one of its workers may now be below its break-even
-        active = [k for k, b in left.items() if b > 0]
-        times = {k: f.at for k, f in self._held.finishes().items() if k in left}
-        return self._break_even(left, times, lower, upper, active)[0] if all(k in times for k in active) else dict(left)
+        return self._with_break_even(left)[0]
 
     def _reprobing(self, left: Mapping[str, int], report: Mapping[str, Any]) -> None:
         """A re-probe is installed over `left`: remember it and its measured round (`report`'s opening)
@@ -221,13 +219,19 @@ class FittedPlan(WorkerPlan):
     def _breaks_even(self, plan: Mapping[str, int]) -> bool:
         """Whether `plan` may be held: no parkable active worker below its break-even batch (always
         without `break_even`); a decision installs a solve over a plan that is not."""
+        return not self._with_break_even(plan)[1]
+
+    def _with_break_even(self, plan: Mapping[str, int]) -> tuple[dict[str, int], list[str]]:
+        """`plan` with its active workers below their break-even parked, by the laws now (`_break_even`
+        over the plan's own workers), and those parked; `plan` as it is where one active worker is not
+        measured yet (nothing to judge by), and without `break_even`."""
         if not self._parks_below_break_even():
-            return True
-        parkable = [k for k, b in plan.items() if b > 0]
+            return dict(plan), []
+        active = [k for k, b in plan.items() if b > 0]
         times = {k: f.at for k, f in self._held.finishes().items() if k in plan}
-        if len(parkable) < 2 or not all(k in times for k in parkable):  # one unmeasured: nothing to judge by
-            return True
-        return not self._break_even(plan, times, *self._bounds(), parkable)[1]
+        if not all(k in times for k in active):
+            return dict(plan), []
+        return self._break_even(plan, times, *self._bounds(), active)
 
     def _parks_below_break_even(self) -> bool:
         """`break_even` in the config (--adaptive-batch) where the policy parks."""
@@ -266,12 +270,11 @@ class FittedPlan(WorkerPlan):
         a worker back below it (with `break_even`; `lower` as it is without)."""
         if not self._parks_below_break_even():
             return dict(lower)
-        finishes = self._held.finishes()
+        laws = self._break_even_laws()
         raised = dict(lower)
         for k, b in plan.items():
-            f = finishes.get(k)
-            if b > 0 and f is not None and self._identified(k) and slope_measured(f.line):
-                raised[k] = max(lower[k], min(b, break_even_batch(f.at, upper[k])))
+            if b > 0 and k in laws:
+                raised[k] = max(lower[k], min(b, break_even_batch(laws[k], upper[k])))
         return raised
 
     def _break_even(self, plan: Mapping[str, int], times: Mapping[str, FinishTime], lower: Mapping[str, int],
@@ -283,10 +286,13 @@ class FittedPlan(WorkerPlan):
         the noise's (a fast worker fitted flat between 51 and 59 samples was parked at B = 193)."""
         if not self._parks_below_break_even():
             return dict(plan), []
-        finishes = self._held.finishes()
-        laws = {k: f.at for k, f in finishes.items()
+        return park_below_break_even(times, self._break_even_laws(), plan, lower, upper, may_park)
+
+    def _break_even_laws(self) -> dict[str, FinishTime]:
+        """The laws a break-even is taken from: each worker's identified law whose time per sample is
+        measured (`_break_even`)."""
+        return {k: f.at for k, f in self._held.finishes().items()
                 if k in self._workers and self._identified(k) and slope_measured(f.line)}
-        return park_below_break_even(times, laws, plan, lower, upper, may_park)
 
     def _described(self, plan: Mapping[str, int], fits: dict[str, dict[str, Any]],
                    times: Mapping[str, FinishTime]) -> dict[str, Any]:
