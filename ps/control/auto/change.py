@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import bisect
 import math
+import operator
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-from ps.control.auto.law import Item, law_of
+from ps.control.auto.law import Item, Law, law_of
 from ps.control.model.time_fit import GROUPS_KEPT, sorted_median
 
 CHANGE_ROUNDS = 3
@@ -63,15 +64,17 @@ MEDIAN_EFFICIENCY = 1.2533
 
 
 def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband: float,
-                 sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> int | None:
+                 sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS,
+                 settled_law: Callable[[Sequence[Item]], Law | None] | None = None) -> int | None:
     """The sequence number of the first time after a change of speed (`items` oldest first; those
     numbered below `settled` are the law's), or None where the newest times agree with the law:
-    `rounds` of them at least, off by `sds` standard errors."""
-    before = [it for it in items if it[0] < settled]
-    tail = [it for it in items if it[0] >= settled]
+    `rounds` of them at least, off by `sds` standard errors. `settled_law`: the law of the settled
+    items where the caller keeps it (law.law_of's, with `min_samples`)."""
+    split = bisect.bisect_left(items, settled, key=operator.itemgetter(0))  # oldest first: numbered in order
+    before, tail = items[:split], items[split:]
     if not tail:  # QUICK's fewest is one time
         return None
-    law = law_of(before, min_samples)
+    law = law_of(before, min_samples) if settled_law is None else settled_law(before)
     if law is None:
         return None
     line = law.fit.line

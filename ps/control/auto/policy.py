@@ -25,7 +25,7 @@ finishes within the round measured now, not the minimum a short solved round lea
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
@@ -135,11 +135,15 @@ class AutoPolicy(FittedPlan):
         # one event often moves several workers, and a plan measured out of balance may hide a change
         # under a move: look again at the others, less strictly (on their newest time alone where a
         # change was trusted on its first times: the others' rounds since are as few)
-        if self._laws.changed or not self._balanced(current):
+        in_force = self._laws.in_force(current)
+        measured_balanced = self._balanced_on(in_force, current)
+        if self._laws.changed or not measured_balanced:
             along = 1 if self._laws.quick else ALONG_ROUNDS
-            for k in active:
-                if k not in self._laws.changed:
-                    self._laws.forget_before_change(k, ALONG_SDS, along)
+            found = [k for k in active if k not in self._laws.changed
+                     and self._laws.forget_before_change(k, ALONG_SDS, along)]
+            if found:  # their times are those after the change now
+                in_force = self._laws.in_force(current)
+                measured_balanced = self._balanced_on(in_force, current)
         follow, changed = self._follow_up, sorted(self._laws.changed)
         if not (follow or changed):  # a parked worker waits for the server's decisions, not those asked for
             self._parking.tick()
@@ -163,20 +167,21 @@ class AutoPolicy(FittedPlan):
         hold: dict[str, Any] = {}
         stepped = False
         if not reprobe and self._breaks_even(current):
-            balanced = set(parked) == set(self.parked()) and self._balanced(current)
+            balanced = set(parked) == set(self.parked()) and measured_balanced
             confirmed, confirm = self._confirming, resolve and gain > min_gain and not balanced and not self._confirming
             if balanced or confirm or not gain > min_gain:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
             # laws that see no gain in a plan measured far out of balance twice in a row do not hold there
-            if hold and not balanced and self._exact_sum() and self._far_from_balance(current):
-                measured = self._measured_step(current) if confirmed else current
+            if hold and not balanced and self._exact_sum() and self._far_from_balance(current, in_force):
+                measured = self._measured_step(current, in_force) if confirmed else current
                 if measured != current:
                     new, parked, hold, stepped, confirm = measured, self.parked(), {}, True, False
                 elif not confirmed:
                     hold["confirm"] = confirm = True
             self._confirming = confirm
         base = current if hold else new
-        probes, entries = self._probes(base, current, changed, slowed), self._entries(base, current)
+        probes = self._probes(base, current, changed, slowed, in_force)
+        entries = self._entries(base, current, in_force)
         lower, upper = self._bounds()
         probed = probe_plan(base, {**probes, **entries}, self._config.global_batch, lower, upper,
                             self._exact_sum(), self.round_for_time) if probes or entries else None
@@ -205,24 +210,23 @@ class AutoPolicy(FittedPlan):
                         **({"park": compared} if compared else {}), **self._describe(new)}
         return new
 
-    def _far_from_balance(self, plan: Mapping[str, int]) -> bool:
+    def _far_from_balance(self, plan: Mapping[str, int], times: Mapping[str, Sequence[float]] | None) -> bool:
         """Whether the plan in force is measured out of balance by BANDS deadbands beyond the noise
         (imbalance.py): the laws' solve would move it, unless they are wrong there (fitted through
         times from both sides of a change, or flattened by noise) or too uncertain away from the
         batches measured to vouch for a move, which only a move can cure."""
-        times = self._laws.in_force(plan)
         lower, upper = self._bounds()
         history = {k: self._laws.obs[k].items for k in plan}
         return times is not None and far_from_balance(times, history, plan, lower, upper,
                                                       BANDS * self._config.deadband)
 
-    def _measured_step(self, plan: Mapping[str, int]) -> dict[str, int]:
+    def _measured_step(self, plan: Mapping[str, int], times: Mapping[str, Sequence[float]] | None) -> dict[str, int]:
         """The proportional step from the plan's measured times (OmniLearn's): each planned worker's
         time as its mean time at its batch, scaled with the batch; the parked stay parked. With a
         fixed cost the slowest worker's time falls less than its batch, so the step falls short of
         balance rather than past it, and the next decision goes on from times at the new batches."""
-        times = self._laws.in_force(plan) or {}
-        lines: dict[str, FinishTime] = {k: _proportional(statistics.fmean(t) / plan[k]) for k, t in times.items()}
+        lines: dict[str, FinishTime] = {k: _proportional(statistics.fmean(t) / plan[k])
+                                        for k, t in (times or {}).items()}
         lower, upper = self._bounds()
         parked = [k for k, b in plan.items() if b == 0]
         lower = {**lower, **dict.fromkeys(parked, 0)}
@@ -272,18 +276,19 @@ class AutoPolicy(FittedPlan):
         return plan, parked + below, compared
 
     def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str],
-                slowed: bool) -> dict[str, int]:
+                slowed: bool, in_force: Mapping[str, Sequence[float]] | None) -> dict[str, int]:
         """The changed workers on a proportional line to move up whatever the gain (probes.py), and where
         a worker slowed, the unchanged ones too: the load may have moved to them, their speed-up hidden
         in a small batch's fixed cost."""
         lower, upper = self._bounds()
-        means = {k: statistics.fmean(t) for k, t in (self._laws.in_force(current) or {}).items()}
+        means = {k: statistics.fmean(t) for k, t in (in_force or {}).items()}
         candidates = [k for k in changed if not self._identified(k)]
         if slowed:
             candidates += [k for k in self._active() if k not in changed]
         return probe_targets(candidates, plan, current, means, lower, upper, self._config.deadband)
 
-    def _entries(self, plan: Mapping[str, int], current: Mapping[str, int]) -> dict[str, int]:
+    def _entries(self, plan: Mapping[str, int], current: Mapping[str, int],
+                 in_force: Mapping[str, Sequence[float]] | None) -> dict[str, int]:
         """The parked workers `plan` brings back, at the batch their known laws finish within the
         round measured now, else at their cores' share (probes.entry_targets)."""
         entering = [k for k, b in plan.items() if b > 0 and current.get(k, 0) == 0]
@@ -291,8 +296,7 @@ class AutoPolicy(FittedPlan):
             return {}
         lower, upper = self._bounds()
         finishes = self._laws.finishes()
-        times = self._laws.in_force(current) or {k: [finishes[k].at(b)] for k, b in current.items()
-                                                 if b > 0 and k in finishes}
+        times = in_force or {k: [finishes[k].at(b)] for k, b in current.items() if b > 0 and k in finishes}
         slowest = max((statistics.fmean(t) for t in times.values()), default=0.0)
         cores = {k: w.cores for k, w in self._workers.items()}
         # a line through the origin measured at the minimum batch would bring it back there

@@ -5,11 +5,12 @@ times after it. Pure."""
 
 from __future__ import annotations
 
+import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, settled_mark
-from ps.control.auto.law import Law, law_of
+from ps.control.auto.law import Item, Law, law_of
 from ps.control.model.time_fit import Finish, Observations
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.stdev import stdev
@@ -19,6 +20,10 @@ SLOWED = 1.5
 have moved elsewhere (a swap, a tenant): the parked workers, whose speeds are not measured, are probed
 again. Noise that comes in spells passes the change test now and then, but seldom by this much in
 the median of the new times (a stalled step is one time)."""
+
+ROUGH = 1e-9
+"""A relative error far above a float sum's over a few times: where the largest standard error is
+sought, the exact one is taken only of those a float sum puts within this of it."""
 
 
 class WorkerLaws(WorkerTimes):
@@ -36,6 +41,8 @@ class WorkerLaws(WorkerTimes):
         self.jumps: dict[str, float] = {}  # of the slowed, trusted on one time: how many times slower
         # each worker's law with what it was fitted from: its observations, their version, the admitted batch
         self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
+        # each worker's settled law with what it was fitted from: its observations, the mark, how many
+        self._settled_laws: dict[str, tuple[Observations, int, int, Law | None]] = {}
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
@@ -49,20 +56,23 @@ class WorkerLaws(WorkerTimes):
         self.jumps.pop(worker_id, None)
         self.admitted.pop(worker_id, None)
         self._laws.pop(worker_id, None)
+        self._settled_laws.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
         """Take one time (False: a warm-up step, left out) and test the newest against the law."""
         if not super().record(worker_id, batch, ms, exposed):
             return False
-        if not self.forget_before_change(worker_id):
-            self.settled[worker_id] = settled_mark(self.obs[worker_id].items, self.settled[worker_id])
+        # the newest WINDOW are tested: the settled law is then the one a decision tests the worker against
+        self.settled[worker_id] = settled_mark(self.obs[worker_id].items, self.settled[worker_id])
+        self.forget_before_change(worker_id)
         return True
 
     def forget_before_change(self, worker_id: str, sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> bool:
         """Whether the worker's newest times left its law (change.py); if so the points before the
         change are forgotten and those after it settle as its law's."""
         obs = self.obs[worker_id]
-        start = change_start(obs.items, self.settled[worker_id], self.min_samples, self.deadband, sds, rounds)
+        start = change_start(obs.items, self.settled[worker_id], self.min_samples, self.deadband, sds, rounds,
+                             lambda before: self._settled_law(worker_id, before))
         if start is None:
             return False
         before, found = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
@@ -95,6 +105,18 @@ class WorkerLaws(WorkerTimes):
         first, rest = ratios[0], statistics.median(ratios[1:])
         return min(1.0, rest) < first < max(1.0, rest) and abs(first / rest - 1.0) > self.deadband
 
+    def _settled_law(self, worker_id: str, before: Sequence[Item]) -> Law | None:
+        """The law of the worker's settled observations `before`, fitted again only once they change:
+        the test after each push and the decision's test of every worker share it. Observations are
+        only ever dropped, never put back, so the same object, mark and count are the same items."""
+        obs, mark = self.obs[worker_id], self.settled[worker_id]
+        kept = self._settled_laws.get(worker_id)
+        if kept is not None and kept[0] is obs and kept[1] == mark and kept[2] == len(before):
+            return kept[3]
+        law = law_of(before, self.min_samples)
+        self._settled_laws[worker_id] = (obs, mark, len(before), law)
+        return law
+
     def law(self, worker_id: str) -> Law | None:
         """The worker's law (law.py), fitted again only once its observations or admitted batch change:
         a decision asks for every law many times."""
@@ -114,9 +136,15 @@ class WorkerLaws(WorkerTimes):
     def time_error(self, plan: Mapping[str, int]) -> float:
         """The largest relative standard error of a planned worker's mean time at its batch: how far
         the noise alone may move a prediction made from them."""
-        errors = [0.0]
+        rough: list[tuple[float, list[float]]] = []
         for k, b in plan.items():
             recent = self.recent(k, b) if b > 0 else None
-            if recent and len(recent) > 1 and statistics.fmean(recent) > 0:
-                errors.append(stdev(recent) / statistics.fmean(recent) / len(recent) ** 0.5)
-        return max(errors)
+            if recent and len(recent) > 1:
+                mean = statistics.fmean(recent)
+                if mean > 0:
+                    spread = math.sqrt(sum((t - mean) ** 2 for t in recent) / (len(recent) - 1))
+                    rough.append((spread / mean / float(len(recent)) ** 0.5, recent))
+        # the exact standard deviation (stdev.py) only where a float sum's may be the largest
+        top = max((error for error, _ in rough), default=0.0) * (1.0 - ROUGH)
+        exact = [stdev(t) / statistics.fmean(t) / float(len(t)) ** 0.5 for error, t in rough if error >= top]
+        return max(exact, default=0.0)

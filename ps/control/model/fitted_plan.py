@@ -5,7 +5,7 @@ predicted round of the plan it leaves in force. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from ps.control.checks import real
@@ -129,7 +129,10 @@ class FittedPlan(WorkerPlan):
     def _balanced(self, plan: Mapping[str, int]) -> bool:
         """Whether the plan in force is measured balanced (balance.measured_balanced), on each planned
         worker's finish times since it got its batch (at least `min_samples`)."""
-        times = self._held.in_force(plan)
+        return self._balanced_on(self._held.in_force(plan), plan)
+
+    def _balanced_on(self, times: Mapping[str, Sequence[float]] | None, plan: Mapping[str, int]) -> bool:
+        """`_balanced` on the plan's times in force (WorkerTimes.in_force's)."""
         lower, upper = self._bounds()
         return times is not None and measured_balanced(times, plan, lower, upper, self._config.deadband)
 

@@ -289,6 +289,8 @@ class Observations:
         self.version = 0
         self.items: list[tuple[int, int, float, float | None]] = sorted(items)
         self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
+        self._run_batch: int | None = None
+        self._run: list[float] = []
         self._prune()
 
     def add(self, batch: int, ms: float, exposed: float | None) -> None:
@@ -296,10 +298,16 @@ class Observations:
         self.items.append((self.seq, batch, ms, exposed))
         self.seq += 1
         self.version += 1
+        if batch == self._run_batch:
+            self._run.append(ms + (exposed or 0.0))
+        else:
+            self._run_batch, self._run = batch, [ms + (exposed or 0.0)]
         # the others were within the limits: only the new one's batch size can be one over
         same = [i for i, item in enumerate(self.items) if item[1] == batch]
         if len(same) > PER_BATCH:
             del self.items[same[0]]
+            if len(self._run) == len(same):  # every time at the batch was in the run, the dropped one too
+                del self._run[0]
         elif len(same) == 1:
             newest = {b: seq for seq, b, _, _ in self.items}
             if len(newest) > MAX_BATCHES:
@@ -322,6 +330,18 @@ class Observations:
                 seen[b] = seen.get(b, 0) + 1
                 out.append(item)
         self.items = out[::-1]
+        self._new_run()
+
+    def _new_run(self) -> None:
+        """The newest run of observations at one batch size, as finish times (ms + exposed), and its
+        batch size (None without observations): `run` and `recent` read it, `add` extends it."""
+        batch = self.items[-1][1] if self.items else None
+        run: list[float] = []
+        for _, b, ms, e in reversed(self.items):
+            if b != batch:
+                break
+            run.append(ms + (e or 0.0))
+        self._run_batch, self._run = batch, run[::-1]
 
     def fit(self, min_samples: int, exclude_last: int = 0) -> Fit | None:
         """The fit over every observation but the newest `exclude_last`; None without any."""
@@ -335,19 +355,15 @@ class Observations:
 
     def run(self, batch: int) -> int:
         """How many of the newest observations in a row are at `batch`."""
-        count = 0
-        for _, b, _, _ in reversed(self.items):
-            if b != batch:
-                break
-            count += 1
-        return count
+        return len(self._run) if batch == self._run_batch else 0
 
     def recent(self, batch: int, count: int) -> list[float] | None:
-        """The newest `count` finish times (ms + exposed) if they all are at `batch`, else None."""
-        tail = self.items[-count:]
-        if len(tail) < count or any(b != batch for _, b, _, _ in tail):
+        """The newest `count` (at least 1) finish times (ms + exposed) if they all are at `batch`, else None."""
+        if count < 1:
+            raise ValueError(f"recent takes at least one time, not {count}")
+        if batch != self._run_batch or count > len(self._run):
             return None
-        return [ms + (e or 0.0) for _, _, ms, e in tail]
+        return self._run[len(self._run) - count:]
 
     def drift(self, batch: int, min_samples: int, deadband: float) -> float | None:
         """The factor by which the newest run of times at `batch` (`min_samples` or more) is off the
@@ -374,3 +390,4 @@ class Observations:
         cut = len(self.items) - run
         self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]
                       + self.items[len(self.items) - min(keep, run):])
+        self._new_run()

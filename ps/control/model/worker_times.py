@@ -20,15 +20,13 @@ class WorkerTimes:
         self.min_samples = min_samples
         self.obs: dict[str, Observations] = {}
         self.warmup: dict[str, int] = {}
-        # each worker's last `recent` with what it was taken from: its observations, their version, the batch
-        self._recent: dict[str, tuple[Observations, int, int, list[float] | None]] = {}
 
     def add(self, worker_id: str) -> None:
         self.obs[worker_id], self.warmup[worker_id] = Observations(), WARMUP
 
     def remove(self, worker_id: str) -> None:
-        for table in (self.obs, self.warmup, self._recent):
-            table.pop(worker_id, None)
+        self.obs.pop(worker_id, None)
+        self.warmup.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
         """Take one time (False: a warm-up step, left out)."""
@@ -39,15 +37,9 @@ class WorkerTimes:
         return True
 
     def recent(self, worker_id: str, batch: int) -> list[float] | None:
-        """The worker's finish times since it got `batch` (at least `min_samples`; None: fewer), taken
-        again only once its observations change: a decision asks for them in every balance test."""
+        """The worker's finish times since it got `batch` (at least `min_samples`; None: fewer)."""
         obs = self.obs[worker_id]
-        kept = self._recent.get(worker_id)
-        if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == batch:
-            return None if kept[3] is None else list(kept[3])
-        recent = obs.recent(batch, max(self.min_samples, obs.run(batch)))
-        self._recent[worker_id] = (obs, obs.version, batch, recent)
-        return None if recent is None else list(recent)
+        return obs.recent(batch, max(self.min_samples, obs.run(batch)))
 
     def in_force(self, plan: Mapping[str, int]) -> dict[str, list[float]] | None:
         """Each planned worker's times since it got its batch in `plan` (None: one has too few)."""

@@ -57,3 +57,20 @@ def test_only_a_change_found_on_one_time_is_stepped_as_slower_again() -> None:
     assert one.changed == one.slowed == {"w"} and one.jumps["w"] == pytest.approx(8.0, rel=0.05)
     two = laws_after([*settled(rnd), (100, 3000.0), (100, 3020.0)])
     assert two.changed == two.slowed == {"w"} and two.jumps == {}
+
+
+def test_the_settled_law_is_fitted_once_for_the_push_and_the_decisions_test(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The test after a push and a decision's test of the same worker (another worker changed) judge
+    its newest times against the same settled law: it is fitted once, not again for the decision."""
+    from ps.control.auto import worker_laws
+
+    laws = laws_after(settled(random.Random(5)))
+    fitted = []
+    law_of = worker_laws.law_of
+    monkeypatch.setattr(worker_laws, "law_of", lambda items, *a: fitted.append(len(items)) or law_of(items, *a))
+    laws.record("w", 100, 1000.0, None)
+    assert len(fitted) == 1
+    assert not laws.forget_before_change("w", 2.5, 3)
+    assert len(fitted) == 1
+    laws.record("w", 100, 1000.0, None)  # a new push: the settled times moved on
+    assert len(fitted) == 2

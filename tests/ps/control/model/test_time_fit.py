@@ -86,3 +86,27 @@ def test_a_slope_from_nearby_batches_within_its_noise_is_not_measured() -> None:
     assert all(time_fit.slope_measured(x) for x in apart)
     assert not time_fit.slope_measured(time_fit.Line(1e-6, 40.0, var_q=0.2))
     assert time_fit.slope_measured(time_fit.Line(2.0, 0.0))  # an exact line
+
+
+def test_the_newest_run_is_kept_as_the_items_hold_it() -> None:
+    """`run` and `recent` read a run kept as times are added and pruned: it is always the newest
+    observations in a row at one batch size among those kept, as the items say."""
+    rnd = random.Random(3)
+    obs = Observations()
+    for _ in range(400):
+        batch = rnd.choice([8, 8, 8, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80])
+        obs.add(batch, rnd.uniform(1.0, 9.0), rnd.choice([None, 0.5]))
+        newest = obs.items[-1][1]
+        tail = []
+        for _, b, ms, e in reversed(obs.items):
+            if b != newest:
+                break
+            tail.append(ms + (e or 0.0))
+        tail.reverse()
+        assert obs.run(newest) == len(tail) and obs.run(newest + 1) == 0
+        assert obs.recent(newest, len(tail)) == tail
+        assert obs.recent(newest, len(tail) + 1) is None and obs.recent(newest + 1, 1) is None
+    rebuilt = Observations(obs.items, obs.seq)
+    assert rebuilt.run(obs.items[-1][1]) == obs.run(obs.items[-1][1])
+    with pytest.raises(ValueError, match="at least one"):
+        obs.recent(obs.items[-1][1], 0)
