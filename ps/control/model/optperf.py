@@ -40,14 +40,20 @@ def best_plan(
     `min_gain` (a fraction). Workers of `prefer` (those parked now) count `min_gain` slower in that
     order, so a near-tie keeps the same workers parked. Returns the plan (parked workers at 0), the parked workers (slowest
     first), and the predicted rounds compared: {"held": T with every worker in, "parked": T with the
-    best prefix out} (empty when nobody was a candidate).
+    best prefix out} (empty when nobody was a candidate, or when every worker finishes its minimum
+    batch within the round with everyone in: no parking can shorten it then).
     """
     model = FittedRounds(times, overhead)
     table = table_of(times) or CallTable(list(times.values()))  # every worker priced at once where they are laws
     plan = split(times, total, lower, upper, table)
-    held = model.predict(plan)
+    finish = round_time(times, plan)
+    held = finish + model.overhead_ms  # model.predict(plan)
     favoured = set(prefer)
     at_min = dict(zip(times, table.at(np.array([lower[k] for k in times], dtype=np.int64)).tolist()))
+    if max(at_min.values(), default=math.inf) < finish:
+        # every worker finishes its minimum within the round everyone makes: a split of fewer, with the
+        # parked at their minimum, is a split of all no slower, so parking cannot shorten the round
+        return plan, [], {}
     order = sorted((k for k in dict.fromkeys(may_park) if k in times),
                    key=lambda k: at_min[k] * (1.0 + min_gain if k in favoured else 1.0), reverse=True)
     trial = _best_prefix(times, order, total, lower, upper, model, table, at_min)
