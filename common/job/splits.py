@@ -81,11 +81,16 @@ def in_memory(split: TorchDataset[Any]) -> tuple[torch.Tensor, torch.Tensor] | N
 
 
 def sample_batch(split: TorchDataset[Any], indices: torch.Tensor | list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The samples at `indices` collated into one batch (tensors indexed directly when in memory)."""
+    """The samples at `indices` collated into one batch (tensors indexed directly when in memory); no
+    indices give a batch of no samples, shaped as one of the split's (a rank's share of a short last
+    step can be empty)."""
     tensors = in_memory(split)
     if tensors is not None:
         index = torch.as_tensor(indices, dtype=torch.int64)
         return tensors[0][index], tensors[1][index]
+    if len(indices) == 0:
+        inputs, labels = default_collate([split[0]])
+        return inputs[:0], labels[:0]
     inputs, labels = default_collate([split[int(i)] for i in indices])
     return inputs, labels
 

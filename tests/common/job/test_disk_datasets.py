@@ -81,3 +81,15 @@ def test_npy_arrays_are_memory_mapped_and_split(tmp_path: Path) -> None:
     assert sorted(rows) == list(range(20))
     x, y = data.train[0]
     assert x.dtype == torch.float32 and y == int(x[0]) // 2 % 4
+
+
+def test_no_indices_give_a_batch_of_no_samples_from_files_as_from_memory(tmp_path: Path) -> None:
+    """A DDP rank's share of a short last step can be empty: its batch has no samples, shaped as the
+    split's, whether the split is read from files or held in memory."""
+    from common.job.splits import sample_batch
+
+    folder = build_dataset("image_folder", {"root": str(write_folder(tmp_path / "images"))}, seed=0)
+    memory = build_dataset("patterns", {"size": 64}, seed=0)
+    for data in (folder, memory):
+        x, y = sample_batch(data.train, torch.tensor([], dtype=torch.int64))
+        assert x.shape == (0, *data.input_shape) and y.shape == (0,) and y.dtype == torch.int64
