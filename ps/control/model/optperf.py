@@ -46,11 +46,10 @@ def best_plan(
     model = FittedRounds(times, overhead)
     table = table_of(times) or CallTable(list(times.values()))  # every worker priced at once where they are laws
     plan = split(times, total, lower, upper, table)
-    finish = round_time(times, plan)
-    held = finish + model.overhead_ms  # model.predict(plan)
+    held = model.predict(plan)
     favoured = set(prefer)
     at_min = dict(zip(times, table.at(np.array([lower[k] for k in times], dtype=np.int64)).tolist()))
-    if max(at_min.values(), default=math.inf) < finish:
+    if max(at_min.values(), default=math.inf) + model.overhead_ms < held:
         # every worker finishes its minimum within the round everyone makes: a split of fewer, with the
         # parked at their minimum, is a split of all no slower, so parking cannot shorten the round
         return plan, [], {}

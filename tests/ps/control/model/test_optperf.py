@@ -106,7 +106,7 @@ def every_prefix(times: dict, total: int, lower: dict, upper: dict, may_park: li
             trial = (t, order[:n], p)
     if trial is None:
         return plan, [], {}
-    if max(times[k](lower[k]) for k in times) < held - overhead:  # every minimum within the round: no gain
+    if max(times[k](lower[k]) for k in times) + overhead < held:  # every minimum within the round: no gain
         assert trial[0] >= held, "a parked prefix beat the round although every worker makes its minimum"
         return plan, [], {}
     compared = {"held": held, "parked": trial[0]}
