@@ -50,7 +50,9 @@ BOUND_TOLERANCE = 0.05
 GROUPS_KEPT = 1 << 14
 """Groups kept for the next fit (a few per worker at thousands of workers): a batch size a worker
 left keeps its times, and once they are all OLDEST_WEIGHT old their weights too, so its group is the
-same at every fit until the worker comes back to it."""
+same at every fit until the worker comes back to it. Only such groups are kept: one with a younger
+time is new at every fit, and keeping it would only keep objects alive for the garbage collector to
+walk (half a decision's time at 1,024 workers)."""
 _RECENCY = {age: max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)}
 """The weight of an observation by its age, for the ages where it is above OLDEST_WEIGHT and a few beyond."""
 
@@ -163,10 +165,14 @@ def groups(items: Sequence[tuple[int, int, float]]) -> list[Group]:
             times.append(ms)
         else:
             by_batch[batch] = ([w], [ms])
-    return [_group(batch, tuple(by_batch[batch][0]), tuple(by_batch[batch][1])) for batch in sorted(by_batch)]
+    out: list[Group] = []
+    for batch in sorted(by_batch):
+        weights, times = by_batch[batch]
+        group = _kept_group if weights[-1] <= OLDEST_WEIGHT else _group  # the newest time is the last
+        out.append(group(batch, tuple(weights), tuple(times)))
+    return out
 
 
-@lru_cache(maxsize=GROUPS_KEPT)
 def _group(batch: int, observed: tuple[float, ...], times: tuple[float, ...]) -> Group:
     """The group of one batch size's times and their recency weights (`groups`)."""
     weights, kept = _without_outliers(observed, times)
@@ -180,6 +186,10 @@ def _group(batch: int, observed: tuple[float, ...], times: tuple[float, ...]) ->
     var = max(var, (MIN_REL_NOISE * mean) ** 2, 1e-12)
     # the mean of n observations of variance var has variance var / n; recency discounts n to the mass
     return Group(batch, mean, mass / var, len(times))
+
+
+_kept_group = lru_cache(maxsize=GROUPS_KEPT)(_group)
+"""`_group` kept for the groups that no longer age (GROUPS_KEPT)."""
 
 
 def _without_outliers(weights: Sequence[float], times: Sequence[float]) -> tuple[Sequence[float], Sequence[float]]:

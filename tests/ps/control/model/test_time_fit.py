@@ -69,6 +69,19 @@ def test_a_decision_at_many_workers_fits_each_worker_a_few_times(counted_groups:
     assert max(costs) <= 4 * n
 
 
+def test_only_groups_that_no_longer_age_are_kept_and_kept_or_not_a_group_is_the_same() -> None:
+    # (age, batch, ms), oldest first: batch 16's times are all OLDEST_WEIGHT old, batch 24's new; a fit
+    # keeps the first group for the next fit, not the second, new at every fit (its weights shift)
+    items = [(43 - i, 16, 20.0 + i) for i in range(4)] + [(3 - i, 24, 28.0 + 0.1 * i) for i in range(4)]
+    time_fit._kept_group.cache_clear()
+    grouped = time_fit.groups(items)
+    assert [g.batch for g in grouped] == [16, 24]
+    assert time_fit._kept_group.cache_info().currsize == 1
+    assert time_fit.groups(items) == grouped and time_fit._kept_group.cache_info().hits == 1
+    weights = tuple(max(time_fit.OLDEST_WEIGHT, time_fit.FORGET ** age) for age, _, _ in items[4:])
+    assert grouped[1] == time_fit._group(24, weights, tuple(ms for _, _, ms in items[4:]))
+
+
 def test_a_slope_from_nearby_batches_within_its_noise_is_not_measured() -> None:
     # t = 5 b + 100 with 5% noise: from batches 51-59 some fits leave the slope within its noise (a line
     # tilted flat there has a break-even s/q of any size); from batches 20 and 60 every fit measures it
