@@ -165,12 +165,8 @@ def groups(items: Sequence[tuple[int, int, float]]) -> list[Group]:
             times.append(ms)
         else:
             by_batch[batch] = ([w], [ms])
-    out: list[Group] = []
-    for batch in sorted(by_batch):
-        weights, times = by_batch[batch]
-        group = _kept_group if weights[-1] <= OLDEST_WEIGHT else _group  # the newest time is the last
-        out.append(group(batch, tuple(weights), tuple(times)))
-    return out
+    return [(_kept_group if weights[-1] <= OLDEST_WEIGHT else _group)(batch, tuple(weights), tuple(times))
+            for batch, (weights, times) in sorted(by_batch.items())]
 
 
 def _group(batch: int, observed: tuple[float, ...], times: tuple[float, ...]) -> Group:
@@ -189,7 +185,7 @@ def _group(batch: int, observed: tuple[float, ...], times: tuple[float, ...]) ->
 
 
 _kept_group = lru_cache(maxsize=GROUPS_KEPT)(_group)
-"""`_group` kept for the groups that no longer age (GROUPS_KEPT)."""
+"""`_group` kept for the groups that no longer age (GROUPS_KEPT): the newest time's weight, the last, is the floor."""
 
 
 def _without_outliers(weights: Sequence[float], times: Sequence[float]) -> tuple[Sequence[float], Sequence[float]]:
