@@ -168,8 +168,14 @@ def batch_within(time: FinishTime, level: float, lo: int, hi: int) -> int:
     return lo
 
 
-def round_time(times: Mapping[str, FinishTime], plan: Mapping[str, int]) -> float:
-    """The slowest finish among the workers with a batch (0 when none has one)."""
+def round_time(times: Mapping[str, FinishTime], plan: Mapping[str, int], table: FinishTable | None = None) -> float:
+    """The slowest finish among the workers with a batch (0 when none has one). `table`: the same
+    times as a FinishTable, rows in the order of `times`' keys (every worker priced at once)."""
+    if table is not None:
+        batches = np.array([plan.get(k, 0) for k in times], dtype=np.int64)
+        active = np.flatnonzero(batches > 0)
+        if active.size == sum(1 for b in plan.values() if b > 0):  # else a planned worker has no time: as below
+            return float(table.at(batches[active], active).max()) if active.size else 0.0
     return max((times[k](b) for k, b in plan.items() if b > 0), default=0.0)
 
 
@@ -195,11 +201,13 @@ class FittedRounds:
     overhead_ms: float = 0.0
     lower: Mapping[str, int] = field(default_factory=dict)
     upper: Mapping[str, int] = field(default_factory=dict)
+    table: FinishTable | None = field(default=None, compare=False)
+    """`times` as a FinishTable where the caller has one (rows in the order of their keys)."""
     basis: ClassVar[str] = "model"
 
     def predict(self, plan: Mapping[str, int]) -> float:
         """The round of `plan`: its slowest finish plus c."""
-        return round_time(self.times, plan) + self.overhead_ms
+        return round_time(self.times, plan, self.table) + self.overhead_ms
 
     def predict_global(self, total: int) -> float | None:
         """The round at the best split of `total` over the workers of `times`; None outside their bounds."""

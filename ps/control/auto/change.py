@@ -65,24 +65,28 @@ MEDIAN_EFFICIENCY = 1.2533
 
 def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband: float,
                  sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS,
-                 settled_law: Callable[[Sequence[Item]], Law | None] | None = None) -> int | None:
+                 settled_law: Callable[[Sequence[Item], int], Law | None] | None = None) -> int | None:
     """The sequence number of the first time after a change of speed (`items` oldest first; those
     numbered below `settled` are the law's), or None where the newest times agree with the law:
-    `rounds` of them at least, off by `sds` standard errors. `settled_law`: the law of the settled
-    items where the caller keeps it (law.law_of's, with `min_samples`)."""
+    `rounds` of them at least, off by `sds` standard errors. `settled_law`: the law of the first
+    so many items, the settled ones, where the caller keeps it (law.law_of's, with `min_samples`)."""
     split = bisect.bisect_left(items, settled, key=operator.itemgetter(0))  # oldest first: numbered in order
-    before, tail = items[:split], items[split:]
+    tail = items[split:]
     if not tail:  # QUICK's fewest is one time
         return None
-    law = law_of(before, min_samples) if settled_law is None else settled_law(before)
+    law = law_of(items[:split], min_samples) if settled_law is None else settled_law(items, split)
     if law is None:
         return None
     line = law.fit.line
-    residuals = [_unexplained(ms / line.at(b) - 1.0, None if law.batch is None else law.batch / b)
-                 for _, b, ms, _ in tail]
+    q, s = line.q, line.s  # Line.at written out: every worker is tested at a decision
+    if law.batch is None:
+        residuals = [ms / (q * b + s) - 1.0 for _, b, ms, _ in tail]
+    else:
+        residuals = [_unexplained(ms / (q * b + s) - 1.0, law.batch / b) for _, b, ms, _ in tail]
     floor = BANDS * deadband
     if all(abs(r) < floor for r in residuals):  # no median of them reaches the floor: the noise is not needed
         return None
+    before = items[:split]
     noise, runs = noise_and_persistence(before)
     batch = tail[-1][1]
     used = before if law.known else [it for it in before if it[1] == law.batch]

@@ -38,7 +38,8 @@ from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.fitted_plan import FittedPlan
 from ps.control.model.optperf import nearest_plan
-from ps.control.performance import FinishTime, FittedRounds
+from ps.control.model.finish_table import table_of
+from ps.control.performance import FinishTable, FinishTime, FittedRounds
 from ps.control.worker_plan import WorkerPlan
 
 GAIN_SDS = 2.0
@@ -156,9 +157,10 @@ class AutoPolicy(FittedPlan):
         self._laws.jumps = {}
         report["speed_changed"] = changed
         times = self._times(jumps)
-        new, parked, compared = self._solve(times, forced_in=reprobe)
+        table = table_of(times)  # every worker priced at once, for the solve and the gain
+        new, parked, compared = self._solve(times, forced_in=reprobe, table=table)
         reprobe = [k for k in reprobe if k not in parked]
-        priced = FittedRounds(times)
+        priced = FittedRounds(times, table=table)
         gain = priced.predict(current) / max(priced.predict(new), 1e-9) - 1.0
         resolve = not (reprobe or changed or follow)
         min_gain = max(MIN_GAIN, GAIN_SDS * self._laws.time_error(current),
@@ -251,10 +253,11 @@ class AutoPolicy(FittedPlan):
     def _solve_all(self) -> tuple[dict[str, int], list[str], dict[str, float]]:
         return self._solve(self._times(), forced_in=[])
 
-    def _solve(self, times: Mapping[str, FinishTime],
-               forced_in: list[str]) -> tuple[dict[str, int], list[str], dict[str, float]]:
+    def _solve(self, times: Mapping[str, FinishTime], forced_in: list[str],
+               table: FinishTable | None = None) -> tuple[dict[str, int], list[str], dict[str, float]]:
         """The best split of B over every worker, parking those (not `forced_in`) that surely only
-        slow the round (solve.py) and, with `break_even`, those it plans below their break-even; ASP whose bounds cannot meet B: everyone at the bound B pushes them to."""
+        slow the round (solve.py) and, with `break_even`, those it plans below their break-even; ASP whose bounds cannot meet B: everyone at the bound B pushes them to.
+        `table`: `times` as a FinishTable where the caller has one."""
         lower, upper = self._bounds()
         if not self._exact_sum():
             return dict(upper if sum(upper.values()) < self._config.global_batch else lower), [], {}
@@ -269,7 +272,8 @@ class AutoPolicy(FittedPlan):
         else:
             kept_out = []
         plan, parked, compared = solve(times, self._laws.finishes(), self._config.global_batch, lower, upper,
-                                       may_park=may_park, overhead=self._rounds.overhead_ms, prefer=self.parked())
+                                       may_park=may_park, overhead=self._rounds.overhead_ms, prefer=self.parked(),
+                                       table=table)
         parked = [*kept_out, *(k for k in parked if k not in kept_out)]
         # a re-probed worker the bounds left below its break-even is parked again, its re-probe put off
         plan, below = self._break_even(plan, times, lower, upper, [*may_park, *forced_in] if self._may_park() else [])

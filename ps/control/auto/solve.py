@@ -10,7 +10,7 @@ from collections.abc import Iterable, Mapping
 
 from ps.control.model.optperf import best_plan
 from ps.control.model.time_fit import CAUTION, Finish
-from ps.control.performance import FinishTime, round_time
+from ps.control.performance import FinishTable, FinishTime, round_time
 
 MIN_GAIN = 0.03
 """Parking must shorten the predicted round by this much (of the round with it parked)."""
@@ -18,15 +18,16 @@ MIN_GAIN = 0.03
 
 def solve(times: Mapping[str, FinishTime], finishes: Mapping[str, Finish], total: int, lower: Mapping[str, int],
           upper: Mapping[str, int], *, may_park: Iterable[str], overhead: float,
-          prefer: Iterable[str]) -> tuple[dict[str, int], list[str], dict[str, float]]:
+          prefer: Iterable[str], table: FinishTable | None = None) -> tuple[dict[str, int], list[str], dict[str, float]]:
     """The best split of `total` by `times` within the bounds, parking those of `may_park` that pay
     for it and `surely_slower` says so (those parked now, `prefer`, favoured in a near-tie); the plan,
-    the parked workers and the rounds compared (optperf.best_plan's)."""
+    the parked workers and the rounds compared (optperf.best_plan's). `table`: `times` as a
+    FinishTable where the caller has one."""
     candidates = list(may_park)
     for _ in range(2):
         plan, parked, compared = best_plan(times, total, lower, upper, may_park=candidates, overhead=overhead,
-                                           min_gain=MIN_GAIN, prefer=prefer)
-        level = round_time(times, plan) * (1.0 + MIN_GAIN)
+                                           min_gain=MIN_GAIN, prefer=prefer, table=table)
+        level = round_time(times, plan, table) * (1.0 + MIN_GAIN)
         sure = [k for k in parked if k in finishes and surely_slower(finishes[k], lower[k], level)]
         if sure == parked:
             break

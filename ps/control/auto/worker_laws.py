@@ -72,7 +72,7 @@ class WorkerLaws(WorkerTimes):
         change are forgotten and those after it settle as its law's."""
         obs = self.obs[worker_id]
         start = change_start(obs.items, self.settled[worker_id], self.min_samples, self.deadband, sds, rounds,
-                             lambda before: self._settled_law(worker_id, before))
+                             lambda items, count: self._settled_law(worker_id, items, count))
         if start is None:
             return False
         before, found = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
@@ -105,16 +105,17 @@ class WorkerLaws(WorkerTimes):
         first, rest = ratios[0], statistics.median(ratios[1:])
         return min(1.0, rest) < first < max(1.0, rest) and abs(first / rest - 1.0) > self.deadband
 
-    def _settled_law(self, worker_id: str, before: Sequence[Item]) -> Law | None:
-        """The law of the worker's settled observations `before`, fitted again only once they change:
-        the test after each push and the decision's test of every worker share it. Observations are
-        only ever dropped, never put back, so the same object, mark and count are the same items."""
+    def _settled_law(self, worker_id: str, items: Sequence[Item], count: int) -> Law | None:
+        """The law of the worker's settled observations, the first `count` of `items`, fitted again only
+        once they change: the test after each push and the decision's test of every worker share it.
+        Observations are only ever dropped, never put back, so the same object, mark and count are the
+        same items."""
         obs, mark = self.obs[worker_id], self.settled[worker_id]
         kept = self._settled_laws.get(worker_id)
-        if kept is not None and kept[0] is obs and kept[1] == mark and kept[2] == len(before):
+        if kept is not None and kept[0] is obs and kept[1] == mark and kept[2] == count:
             return kept[3]
-        law = law_of(before, self.min_samples)
-        self._settled_laws[worker_id] = (obs, mark, len(before), law)
+        law = law_of(items[:count], self.min_samples)
+        self._settled_laws[worker_id] = (obs, mark, count, law)
         return law
 
     def law(self, worker_id: str) -> Law | None:

@@ -30,6 +30,7 @@ def best_plan(
     overhead: float = 0.0,
     min_gain: float = 0.0,
     prefer: Iterable[str] = (),
+    table: FinishTable | None = None,
 ) -> tuple[dict[str, int], list[str], dict[str, float]]:
     """The split with the shortest predicted round, parking workers of `may_park` where that pays.
 
@@ -41,10 +42,12 @@ def best_plan(
     order, so a near-tie keeps the same workers parked. Returns the plan (parked workers at 0), the parked workers (slowest
     first), and the predicted rounds compared: {"held": T with every worker in, "parked": T with the
     best prefix out} (empty when nobody was a candidate, or when every worker finishes its minimum
-    batch within the round with everyone in: no parking can shorten it then).
+    batch within the round with everyone in: no parking can shorten it then). `table`: `times` as a
+    FinishTable where the caller has one (finish_table.table_of's).
     """
-    model = FittedRounds(times, overhead)
-    table = table_of(times) or CallTable(list(times.values()))  # every worker priced at once where they are laws
+    # every worker priced at once where they are laws
+    table = table if table is not None else table_of(times) or CallTable(list(times.values()))
+    model = FittedRounds(times, overhead, table=table)
     plan = split(times, total, lower, upper, table)
     held = model.predict(plan)
     favoured = set(prefer)
