@@ -1,18 +1,20 @@
 """ps.control.model.finish_table: the fitted finish times of many workers as arrays price every batch
-as their calls do, bit for bit, and a solve over them plans what one over the calls plans (pure)."""
+as their calls do, bit for bit, and a solve over them plans, and a plan's round over them prices, what
+one over the calls does (pure)."""
 
 from __future__ import annotations
 
 import random
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ps.control.model.finish_table import MIN_ROWS, table_of
 from ps.control.model.optperf import best_plan
 from ps.control.model.time_fit import Finish, Line
-from ps.control.performance import FinishTime, batch_within, split
+from ps.control.performance import FinishTime, FittedRounds, batch_within, round_time, split
 
 FAST = settings(max_examples=40, deadline=None)
 
@@ -61,6 +63,20 @@ def test_a_solve_over_the_table_plans_what_one_over_the_calls_plans(seed: int, n
     keys = list(times)
     assert (best_plan(times, total, lower, upper, may_park=keys, overhead=1.0, min_gain=0.03, prefer=keys[:3])
             == best_plan(calls, total, lower, upper, may_park=keys, overhead=1.0, min_gain=0.03, prefer=keys[:3]))
+
+
+@FAST
+@given(st.integers(0, 10_000), st.integers(MIN_ROWS, 200))
+def test_a_plans_round_over_the_table_is_the_slowest_call(seed: int, n: int) -> None:
+    times = finishes(seed, n)
+    table = table_of(times)
+    rng = random.Random(seed)
+    plan = {k: rng.choice([0, rng.randint(1, 500)]) for k in reversed(list(times))}  # parked ones, any order
+    assert round_time(times, plan, table) == round_time(times, plan)
+    assert FittedRounds(times, 2.0, table=table).predict(plan) == FittedRounds(times, 2.0).predict(plan)
+    assert round_time(times, dict.fromkeys(times, 0), table) == 0.0
+    with pytest.raises(KeyError):  # a planned worker without a time, as without the table
+        round_time(times, {**plan, "stranger": 3}, table)
 
 
 def test_fewer_workers_or_other_times_have_no_table() -> None:
