@@ -7,7 +7,8 @@ workers halfway through. Per run it reports the decisions to a steady plan, the 
 over the exact optimum, the policy's CPU per decision and per round, and after the change the
 decisions to steady again; every plan is checked to sum to B. A policy's own settings are
 ps-server's flags, ``--<policy>-<setting>``. The definitions are
-benchmarks/simulation/metrics.py's; the time law and its limits are docs/scaling.md's.
+benchmarks/simulation/metrics.py's; the time law and its limits are docs/scaling.md's. With ``--out
+DIR`` the curves against N are drawn too, as DIR/simulate.png (benchmarks/simulation/plots.py).
 
     python -m benchmarks.simulate --workers 16,256,1024,10000 --json --save-result
 """
@@ -21,6 +22,7 @@ from typing import Any
 
 from benchmarks.report_output import add_report_options, publish
 from benchmarks.simulation.engine import Event, Scenario
+from benchmarks.simulation.plots import FILE as PLOT_FILE, plot_rows
 from benchmarks.simulation.population import SpeedLaw, parse_classes
 from benchmarks.simulation.sweep import grid, summary, table, targets
 from common.ops.arg_types import positive_float, positive_int
@@ -128,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = summary(runs)
     report = {"rows": rows, "targets": targets(rows), "runs": runs}
     publish(args, "simulate", report, table(rows), argv)
+    if args.out is not None:  # the curves against N beside the report
+        plot_rows(rows, args.out / PLOT_FILE)
     return 0
 
 

@@ -18,6 +18,7 @@ def test_a_small_grid_writes_its_report_and_result(tmp_path: Path, capsys: pytes
             "--json", "--out", str(tmp_path / "out"), "--save-result", str(tmp_path / "results"), "--machine", "test"]
     assert simulate.main(argv) == 0
     report = json.loads((tmp_path / "out" / "simulate.json").read_text())
+    assert (tmp_path / "out" / "simulate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the curves against N
     assert [(r["policy"], r["workers"]) for r in report["rows"]] == [("dynamic", 4), ("model", 4), ("dynamic", 8), ("model", 8)]
     assert len(report["runs"]) == 8 and all(r["scenario"]["events"] for r in report["runs"])
     (result,) = (tmp_path / "results").glob("simulate-*.json")
