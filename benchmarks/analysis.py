@@ -165,7 +165,7 @@ def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
     A law counts where it is known: ``law`` true (auto) or measured at two batch sizes or more
     (``batches``, model), and its q measured (``slope_measured``, where reported); a line through the
     origin, or one whose q is within its noise of zero, has no break-even. The break-even is the least
-    b with q·b >= s, on the report's rounded q and s."""
+    b with q·b >= s, on the report's rounded q and s (a plan within their rounding of it is not below)."""
     out = []
     for e in of_kind(events, "adjust"):
         if e.get("phase") == "wait":
@@ -178,9 +178,11 @@ def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
             fit = fits.get(k) or {}
             known = fit.get("law", (fit.get("batches") or 0) >= 2) and fit.get("slope_measured", True)
             q, s = float(fit.get("q") or 0.0), float(fit.get("s") or 0.0)
-            if known and q > 0 and s > 0 and q * plan[k] < s * (1.0 - 1e-6):
+            # q and s are reported to 6 and 4 decimals: a plan within their rounding is not below
+            rounding = 0.5e-6 * plan[k] + 0.5e-4
+            if known and q > 0 and s > 0 and q * plan[k] + rounding < s * (1.0 - 1e-6):
                 out.append({"step": e.get("step"), "worker": k, "batch": plan[k],
-                            "break_even": math.ceil(s / q - 1e-6)})
+                            "break_even": math.ceil((s - 0.5e-4) / (q + 0.5e-6) - 1e-6)})
     return out
 
 

@@ -102,6 +102,15 @@ def test_a_plan_below_a_known_break_even_is_found_in_the_log_and_fails_the_goal(
     assert report.break_even_target({"0": {}})["pass"] is None
 
 
+def test_a_plan_at_its_break_even_within_the_reports_rounding_is_not_below() -> None:
+    """q is reported to 6 decimals and s to 4: 28 samples of the law q = 0.16942838, s = 4.74399 break
+    even, its report (0.169428, 4.744) says 27.99999 samples short by 0.00002 ms."""
+    rounded = {"q": 0.169428, "s": 4.744, "law": True}
+    events = [{"event": "adjust", "step": 1, "batch_sizes": {"a": 36, "b": 28}, "fits": {"b": rounded}},
+              {"event": "adjust", "step": 2, "batch_sizes": {"a": 37, "b": 27}, "fits": {"b": rounded}}]
+    assert analysis.below_break_even(events) == [{"step": 2, "worker": "b", "batch": 27, "break_even": 28}]
+
+
 def test_a_missed_target_is_a_failed_goal_where_the_other_side_reached_it_else_unknown() -> None:
     met = goals(ddp_uniform=arm(None, None, 100), ddp_split=arm(40, 50, 60), model=arm(30, 32, 34),
                 model_adaptive=arm(31, None, None))

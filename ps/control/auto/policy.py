@@ -185,7 +185,9 @@ class AutoPolicy(FittedPlan):
         probes = self._probes(base, current, changed, slowed, in_force)
         entries = self._entries(base, current, in_force)
         lower, upper = self._bounds()
-        probed = probe_plan(base, {**probes, **entries}, self._config.global_batch, lower, upper,
+        # the workers the probes and entries make room from keep their break-even (with `break_even`)
+        probed = probe_plan(base, {**probes, **entries}, self._config.global_batch,
+                            self._kept_at_break_even(base, lower, upper), upper,
                             self._exact_sum(), self.round_for_time) if probes or entries else None
         if probed is not None:
             new, parked = probed, [k for k, b in base.items() if b == 0]
@@ -230,6 +232,7 @@ class AutoPolicy(FittedPlan):
         lines: dict[str, FinishTime] = {k: _proportional(statistics.fmean(t) / plan[k])
                                         for k, t in (times or {}).items()}
         lower, upper = self._bounds()
+        lower = self._kept_at_break_even(plan, lower, upper)  # with `break_even`: none stepped below it
         parked = [k for k, b in plan.items() if b == 0]
         lower = {**lower, **dict.fromkeys(parked, 0)}
         upper = {**upper, **dict.fromkeys(parked, 0)}
@@ -299,6 +302,7 @@ class AutoPolicy(FittedPlan):
         if not entering:
             return {}
         lower, upper = self._bounds()
+        lower = self._kept_at_break_even(plan, lower, upper)  # with `break_even`: each at its break-even at least
         finishes = self._laws.finishes()
         times = in_force or {k: [finishes[k].at(b)] for k, b in current.items() if b > 0 and k in finishes}
         slowest = max((statistics.fmean(t) for t in times.values()), default=0.0)

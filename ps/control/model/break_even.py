@@ -13,7 +13,7 @@ cost) is never below. Pure.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from ps.control.performance import FinishTime, batch_within, split
 
@@ -52,14 +52,18 @@ def raised_to_break_even(laws: Mapping[str, FinishTime], lower: Mapping[str, int
     return raised
 
 
-def park_below_break_even(times: Mapping[str, FinishTime], laws: Mapping[str, FinishTime], plan: Mapping[str, int],
-                          lower: Mapping[str, int], upper: Mapping[str, int],
-                          may_park: Iterable[str]) -> tuple[dict[str, int], list[str]]:
-    """`plan` with the workers of `may_park` that `laws` put below their break-even parked, each
-    one's share split again over the others by `times` (performance.split); the plan and the workers
+def parked_one_by_one(laws: Mapping[str, FinishTime], plan_without: Callable[[list[str]], dict[str, int] | None],
+                      may_park: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+    """The plan `plan_without([])` makes, with the workers of `may_park` that `laws` put below their
+    break-even parked one at a time, the one furthest below first, the plan made again without those
+    parked each time (`plan_without(parked)`; None where the others cannot make up the total), until
+    none is below, one worker is left, or none of those below can be parked; the plan and the workers
     it parked (in the order parked). A worker without a law is never parked here."""
-    plan, parked = dict(plan), list[str]()
-    total, candidates = sum(plan.values()), set(may_park)
+    parked: list[str] = []
+    first, candidates = plan_without(parked), set(may_park)
+    if first is None:
+        raise ValueError("plan_without([]) made no plan")
+    plan = first
     while True:
         active = [k for k, b in plan.items() if b > 0]
         below = sorted((k for k in active if k in candidates and k in laws and below_break_even(laws[k], plan[k])),
@@ -67,10 +71,27 @@ def park_below_break_even(times: Mapping[str, FinishTime], laws: Mapping[str, Fi
         if len(active) < 2 or not below:
             return plan, parked
         for k in below:
-            rest = [j for j in active if j != k]
-            if sum(lower[j] for j in rest) <= total <= sum(upper[j] for j in rest):
-                plan = {**dict.fromkeys(plan, 0), **split({j: times[j] for j in rest}, total, lower, upper)}
-                parked.append(k)
+            again = plan_without([*parked, k])
+            if again is not None:
+                plan, parked = again, [*parked, k]
                 break
         else:
             return plan, parked
+
+
+def park_below_break_even(times: Mapping[str, FinishTime], laws: Mapping[str, FinishTime], plan: Mapping[str, int],
+                          lower: Mapping[str, int], upper: Mapping[str, int],
+                          may_park: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+    """`plan` with the workers of `may_park` that `laws` put below their break-even parked, each
+    one's share split again over the others by `times` (performance.split; `parked_one_by_one`)."""
+    total, active = sum(plan.values()), [k for k, b in plan.items() if b > 0]
+
+    def without(parked: list[str]) -> dict[str, int] | None:
+        rest = [j for j in active if j not in parked]
+        if not parked:
+            return dict(plan)
+        if not sum(lower[j] for j in rest) <= total <= sum(upper[j] for j in rest):
+            return None
+        return {**dict.fromkeys(plan, 0), **split({j: times[j] for j in rest}, total, lower, upper)}
+
+    return parked_one_by_one(laws, without, may_park)

@@ -5,18 +5,20 @@ predicted round of the plan it leaves in force. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 from ps.control.checks import real
 from ps.control.config import PolicyConfig
 from ps.control.model.balance import measured_balanced
-from ps.control.model.break_even import break_even_batch, park_below_break_even, raised_to_break_even
+from ps.control.model.break_even import (break_even_batch, park_below_break_even, parked_one_by_one,
+                                         raised_to_break_even)
 from ps.control.model.optperf import best_plan
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
 from ps.control.model.time_fit import Finish, slope_measured
 from ps.control.performance import FinishTime, FittedRounds
+from ps.control.split import fit_to_sum
 from ps.control.worker_plan import WorkerPlan
 
 
@@ -154,9 +156,36 @@ class FittedPlan(WorkerPlan):
                             **self._describe(new)}
             return self.plan()
         self._unpark()
-        self._apply(self._split(self._measured_weights()))
+        weights = self._measured_weights()
+        plan, parked = self._parked_below_break_even(lambda out: self._split_without(weights, out))
+        self._parking.park(parked)
+        self._apply(plan)
         self._report = {**report, "phase": "replan", **self._describe(self.plan())}
         return self.plan()
+
+    def _split_without(self, weights: Mapping[str, float], out: list[str]) -> dict[str, int] | None:
+        """B split by `weights` (`_split`) over the workers but those `out`, at batch 0; None where the
+        others' bounds cannot make B up."""
+        if not out:
+            return self._split(weights)
+        lower, upper = self._bounds()
+        rest = [k for k in self._workers if k not in out]
+        total = self._config.global_batch
+        if not self._exact_sum() or not sum(lower[k] for k in rest) <= total <= sum(upper[k] for k in rest):
+            return None
+        return {**dict.fromkeys(out, 0), **fit_to_sum({k: weights[k] for k in rest}, total,
+                                                      {k: lower[k] for k in rest}, {k: upper[k] for k in rest},
+                                                      self.round_for_time)}
+
+    def _parked_below_break_even(self, plan_without: Callable[[list[str]], dict[str, int] | None]
+                                 ) -> tuple[dict[str, int], list[str]]:
+        """The plan `plan_without([])` makes, with the workers whose law puts them below their
+        break-even parked, the plan made again without them (break_even.parked_one_by_one), and those
+        parked; as it is without `break_even`. For the plans a decision makes without a solve (a probe,
+        a split by measured speeds): their shape is theirs, and no worker with a known law runs a round
+        of its fixed cost for a few samples in them either."""
+        laws = self._break_even_laws() if self._parks_below_break_even() else {}
+        return parked_one_by_one(laws, plan_without, self._workers)
 
     def _replanning(self) -> None:
         """Hook: a replan starts."""

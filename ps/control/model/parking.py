@@ -64,6 +64,12 @@ class ParkingSchedule:
         self.reprobed = {k: self.parked[k].every for k in reprobe if k in self.parked}
         self.parked = entries
 
+    def park(self, workers: Iterable[str]) -> None:
+        """Workers parked by a plan made without a solve (a probe, a split by measured speeds): one
+        newly parked waits REPROBE_FIRST decisions, one parked already keeps counting."""
+        for k in workers:
+            self.parked.setdefault(k, Parked(0, REPROBE_FIRST))
+
     def forget(self, worker_id: str) -> None:
         """The worker left."""
         self.parked.pop(worker_id, None)

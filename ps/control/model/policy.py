@@ -141,9 +141,8 @@ class ModelPolicy(FittedPlan):
         self._probing.clear()
         unknown = [k for k in active if not self._identified(k)]
         if unknown:
-            lower, upper = self._bounds()
-            new = probe_plan(unknown, current, self._fits.finishes(), self._config.global_batch, lower, upper,
-                             self._exact_sum(), self.round_for_time)
+            new, parked = self._parked_below_break_even(lambda out: self._probe(unknown, current, out))
+            self._parking.park(parked)
             for k in unknown:
                 self._fits.probes[k] += 1
             self._probing = {k for k in unknown if new[k] != current[k]}
@@ -192,6 +191,17 @@ class ModelPolicy(FittedPlan):
                         **self._describe(new)}
         return new
 
+    def _probe(self, unknown: list[str], current: Mapping[str, int], out: list[str]) -> dict[str, int] | None:
+        """The probes' plan (probes.py) over `current` with the workers `out` at batch 0; None where the
+        others' bounds cannot make B up."""
+        lower, upper = self._bounds()
+        base = {**current, **dict.fromkeys(out, 0)}
+        rest = [k for k, b in base.items() if b > 0]
+        if out and not sum(lower[k] for k in rest) <= self._config.global_batch <= sum(upper[k] for k in rest):
+            return None
+        return probe_plan(unknown, base, self._fits.finishes(), self._config.global_batch, lower, upper,
+                          self._exact_sum(), self.round_for_time)
+
     def _solvable(self) -> bool:
         return all(self._fits.fit(k) is not None and self._identified(k) for k in self._workers)
 
@@ -222,8 +232,14 @@ class ModelPolicy(FittedPlan):
         incumbents = [k for k in may_park if k in self._parking.parked or k in self._parking.reprobed]
         plan, parked, compared = best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms,
                                            min_gain=min_gain, prefer=incumbents)
-        # a re-probed worker the bounds left below its break-even is parked again, its re-probe put off
-        plan, below = self._break_even(plan, times, lower, upper, list(self._workers))
+        # a re-probed worker the bounds left below its break-even is parked again, its re-probe put off;
+        # where the trust bounds leave the others no room to take its share, they give way
+        solved = plan
+        plan, below = self._break_even(solved, times, lower, upper, list(self._workers))
+        if trust and not self._breaks_even(plan):
+            lower, upper = self._bounds()
+            plan, below = self._break_even(solved, times, self._reprobe_bounds(lower, upper, forced_in), upper,
+                                           list(self._workers))
         return plan, parked + below, compared
 
     def _install_parking(self, parked: list[str], reprobe: list[str]) -> None:

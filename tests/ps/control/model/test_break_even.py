@@ -4,6 +4,8 @@ pricing of a global batch with it (--adaptive-batch); pure, on simulated timings
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
+from typing import Any
 
 import pytest
 
@@ -231,3 +233,58 @@ def test_no_plan_keeps_an_active_worker_below_its_break_even(name: str, total: i
     assert any(r["phase"] in ("solve", "reprobe") for r in reports)
     assert reported_below(events) == []
     assert all(sum(r["plan"].values()) == total for r in reports)
+
+
+E2E_LAWS = {"a": (0.09, 2.0), "b": (0.16, 5.0), "c": (0.05, 23.0)}
+"""(q, s) of the loopback job of tests/e2e/test_adaptive_batch_probe.py (digits, the MLP, slowdowns 1, 2
+and 8): c's step is almost all fixed cost, its break-even ~460 samples."""
+E2E_FOUR = {"a": (7.15, 41.0), "b": (23.8, 460.0), "c": (32.5, 473.0), "d": (37.2, 1000.0)}
+
+
+def run_with_global_batches(name: str, costs: Mapping[str, tuple[float, float]], seed: int,
+                            batches: Mapping[int, int], rounds: int = 80) -> list[dict[str, Any]]:
+    """`adjust` events of the policy from B = 128 (--adaptive-batch), B moved to `batches[r]` before round
+    r, a decision whenever asked and every 4 rounds, and every plan a B makes (a replan)."""
+    rnd = random.Random(seed)
+    ctl: Any = build_policy(PolicyConfig(policy=name, global_batch=128, break_even=True, min_samples=2))
+    for k in costs:
+        ctl.add_worker(k)
+    ctl.replan()
+    events = []
+    for r in range(rounds):
+        if r in batches:
+            ctl = with_global_batch(ctl, batches[r])
+            events.append({"event": "adjust", "step": r, **ctl.report(), "batch_sizes": ctl.plan()})
+        finishes = []
+        for k, b in ctl.plan().items():
+            if b:
+                q, s = costs[k]
+                finishes.append((q * b + s) * (1.0 + rnd.gauss(0.0, 0.05)))
+                ctl.observe(k, b, finishes[-1])
+        ctl.observe_round(max(finishes) + 1.0)
+        if ctl.decision_due() or r % 4 == 3:
+            ctl.adjust()
+            events.append({"event": "adjust", "step": r, **ctl.report(), "batch_sizes": ctl.plan()})
+    return events
+
+
+@pytest.mark.parametrize(("name", "costs", "seed", "batches"), [
+    ("model", E2E_LAWS, 3, {5: 64, 11: 179}),  # a probe and a replan before every law was known
+    ("model", E2E_LAWS, 4, {6: 64, 8: 179}),  # the re-solve judging a re-probe, its trust bounds too tight to park
+    ("auto", E2E_LAWS, 0, {3: 64, 9: 179}),  # a parked worker brought back crowding out the others
+    ("auto", E2E_LAWS, 2, {5: 64, 14: 179, 19: 100}),  # a step from the measured times, far from balance
+    ("auto", E2E_FOUR, 1, {2: 32, 10: 400, 20: 400}),
+])
+def test_no_plan_made_without_a_solve_puts_a_worker_with_a_known_law_below_its_break_even(
+        name: str, costs: Mapping[str, tuple[float, float]], seed: int, batches: Mapping[int, int]) -> None:
+    """Probes, replans by measured speeds, parked workers brought back and steps from the measured times
+    park a worker their plan puts below its break-even by its known law, or keep it there, as a solve
+    does (seen in the loopback job of tests/e2e: a probe left c at batch 1, its break-even 148)."""
+    from benchmarks.analysis import below_break_even as reported_below
+
+    events = run_with_global_batches(name, costs, seed, batches)
+    assert reported_below(events) == [], [(e["step"], e.get("phase"), e["batch_sizes"]) for e in events]
+    assert all(sum(e["batch_sizes"].values()) == [128, *batches.values()][sum(r <= e["step"] for r in batches)]
+               for e in events)
+    parked = [e for e in events if e.get("phase") in ("probe", "replan", "step") and e.get("parked")]
+    assert name == "auto" or parked  # the model's probe or replan parked c
