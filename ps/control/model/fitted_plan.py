@@ -17,6 +17,7 @@ from ps.control.model.optperf import best_plan
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
 from ps.control.model.time_fit import Finish, slope_measured
+from ps.control.model.worker_times import LONGEST_MS
 from ps.control.performance import FinishTime, FittedRounds
 from ps.control.split import fit_to_sum
 from ps.control.worker_plan import WorkerPlan
@@ -51,7 +52,7 @@ class FittedPlan(WorkerPlan):
         ms = real("round_ms", round_ms)
         if ms < 0:
             raise ValueError(f"round_ms must be >= 0, got {ms}")
-        self._rounds.close(ms, self._held.finishes())
+        self._rounds.close(min(ms, LONGEST_MS), self._held.finishes())  # as a worker's time is kept
 
     def _identified(self, worker_id: str) -> bool:
         """Whether the worker's fit is known well enough to solve with."""

@@ -13,6 +13,15 @@ WARMUP = 2
 allocations and caches, not its speed."""
 
 
+SHORTEST_MS = 1e-3
+"""A time is kept as at least this (a microsecond): a step measured at 0 ms (within the clock's
+resolution, or a server's cycle that closed as it opened) is no law's time, and a law of zero time
+would divide every time tested against it by zero."""
+LONGEST_MS = 1e9
+"""... and as at most this (11 days): the fits square and sum times, which a float holds only so far
+(a time of 1e200 ms overflowed them)."""
+
+
 class WorkerTimes:
     """Every worker's observations and the warm-up steps it still has to skip."""
 
@@ -33,7 +42,8 @@ class WorkerTimes:
         if self.warmup[worker_id] > 0:
             self.warmup[worker_id] -= 1
             return False
-        self.obs[worker_id].add(batch, ms, exposed)
+        ms = min(max(ms, SHORTEST_MS), LONGEST_MS)
+        self.obs[worker_id].add(batch, ms, None if exposed is None else min(exposed, LONGEST_MS))
         return True
 
     def recent(self, worker_id: str, batch: int) -> list[float] | None:
