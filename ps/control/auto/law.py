@@ -10,7 +10,7 @@ from __future__ import annotations
 import operator
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ps.control.model.time_fit import MAX_BATCHES, PER_BATCH, Fit, Observations, fit_of
 
@@ -27,8 +27,7 @@ ADMIT_SPREAD_TWICE = 1.5
 about 1/sqrt(2) of one time's noise."""
 
 
-@dataclass(frozen=True)
-class Law:
+class Law(NamedTuple):
     """The fit, whether it is the worker's whole law (`known`: its fixed cost measured) or its
     proportional line, and the batch size that line goes through (None for a known law)."""
 

@@ -22,7 +22,7 @@ import math
 import operator
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 from functools import lru_cache
 
 FORGET = 0.9
@@ -57,8 +57,7 @@ _RECENCY = {age: max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)}
 """The weight of an observation by its age, for the ages where it is above OLDEST_WEIGHT and a few beyond."""
 
 
-@dataclass(frozen=True)
-class Line:
+class Line(NamedTuple):
     """t(b) = q·b + s in ms (q: ms per sample, s: ms per step), with the covariance of the fitted
     (s, q) where the fit knows it (all zero: exact)."""
 
@@ -86,18 +85,16 @@ class Line:
         return Line(self.q * factor, self.s * factor, self.var_s * f2, self.cov * f2, self.var_q * f2)
 
 
-@dataclass(frozen=True)
-class Group:
+class Group(NamedTuple):
     """Observations at one batch size: their recency-weighted mean and the weight of that mean."""
 
     batch: int
     mean: float
     weight: float  # the recency mass over the variance: the inverse variance of the mean, discounted by age
-    count: int
+    samples: int
 
 
-@dataclass(frozen=True)
-class Finish:
+class Finish(NamedTuple):
     """When a worker's push is out at batch b: its step time plus the communication it leaves exposed."""
 
     line: Line
@@ -137,8 +134,7 @@ class Finish:
         return Finish(self.line.scaled(factor), self.exposed, self.floor)
 
 
-@dataclass(frozen=True)
-class Fit:
+class Fit(NamedTuple):
     """A worker's fitted finish time and how many batch sizes back it (2+: the intercept is measured)."""
 
     finish: Finish
@@ -279,7 +275,7 @@ def fit_of(items: Sequence[tuple[int, int, float, float | None]], min_samples: i
     exposed_points = groups([(last - seq, b, e) for seq, b, _, e in items if e is not None])
     exposed = exposed_line(exposed_points, line.q)
     finish = Finish(line) if exposed is None else Finish(line, exposed[0], exposed[1])
-    return Fit(finish, sum(1 for p in points if p.count >= min_samples))
+    return Fit(finish, sum(1 for p in points if p.samples >= min_samples))
 
 
 class Observations:
