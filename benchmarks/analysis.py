@@ -157,6 +157,11 @@ def global_batch_curve(events: Sequence[Event]) -> list[dict[str, Any]]:
     return points
 
 
+Q_ROUNDING, S_ROUNDING = 0.5e-6, 0.5e-4
+"""How far a reported law's q and s may be from the policy's: the reports round them to 6 and 4
+decimals (the fits in ps/control's `adjust` reports)."""
+
+
 def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
     """The ``adjust`` decisions whose plan puts an active worker below its break-even batch by the laws
     that decision reports, where another worker is active (docs/adaptive-batch.md: a worker whose
@@ -178,11 +183,10 @@ def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
             fit = fits.get(k) or {}
             known = fit.get("law", (fit.get("batches") or 0) >= 2) and fit.get("slope_measured", True)
             q, s = float(fit.get("q") or 0.0), float(fit.get("s") or 0.0)
-            # q and s are reported to 6 and 4 decimals: a plan within their rounding is not below
-            rounding = 0.5e-6 * plan[k] + 0.5e-4
-            if known and q > 0 and s > 0 and q * plan[k] + rounding < s * (1.0 - 1e-6):
+            # a plan within the report's rounding of q and s of its break-even is not below it
+            if known and q > 0 and s > 0 and (q + Q_ROUNDING) * plan[k] + S_ROUNDING < s * (1.0 - 1e-6):
                 out.append({"step": e.get("step"), "worker": k, "batch": plan[k],
-                            "break_even": math.ceil((s - 0.5e-4) / (q + 0.5e-6) - 1e-6)})
+                            "break_even": math.ceil((s - S_ROUNDING) / (q + Q_ROUNDING) - 1e-6)})
     return out
 
 

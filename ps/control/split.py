@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from ps.control.checks import integer, positive, real, same_keys
+
+
+def reachable(keys: Iterable[str], total: int, lower: Mapping[str, int], upper: Mapping[str, int]) -> bool:
+    """Whether the bounds of `keys` can make up `total`: Σ lower <= total <= Σ upper over them."""
+    keys = list(keys)
+    return sum(lower[k] for k in keys) <= total <= sum(upper[k] for k in keys)
 
 
 def clip(value: int, lower: int, upper: int) -> int:

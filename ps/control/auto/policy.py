@@ -37,6 +37,7 @@ from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.fitted_plan import FittedPlan
+from ps.control.split import reachable
 from ps.control.model.optperf import nearest_plan
 from ps.control.model.finish_table import table_of
 from ps.control.performance import FinishTable, FinishTime, FittedRounds
@@ -270,7 +271,7 @@ class AutoPolicy(FittedPlan):
         # fitted from a few samples' times, hides the fixed cost that parked it
         kept_out = [k for k in self.parked() if k not in forced_in and not self._identified(k)]
         rest = [k for k in self._workers if k not in kept_out]
-        if kept_out and sum(lower[k] for k in rest) <= self._config.global_batch <= sum(upper[k] for k in rest):
+        if kept_out and reachable(rest, self._config.global_batch, lower, upper):
             lower, upper = {**lower, **dict.fromkeys(kept_out, 0)}, {**upper, **dict.fromkeys(kept_out, 0)}
         else:
             kept_out = []

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 
 from ps.control.auto.law import SPREAD
 from ps.control.performance import FinishTime, batch_within
-from ps.control.split import fit_to_sum
+from ps.control.split import fit_to_sum, reachable
 
 
 def probe_targets(candidates: Iterable[str], plan: Mapping[str, int], current: Mapping[str, int],
@@ -59,7 +59,7 @@ def probe_plan(plan: Mapping[str, int], probes: Mapping[str, int], total: int, l
         return {**plan, **probes}
     rest = [k for k, b in plan.items() if b > 0 and k not in probes]
     left = total - sum(probes.values())
-    if not rest or not sum(lower[k] for k in rest) <= left <= sum(upper[k] for k in rest):
+    if not rest or not reachable(rest, left, lower, upper):
         return None
     scaled = fit_to_sum({k: float(plan[k]) for k in rest}, left, {k: lower[k] for k in rest},
                         {k: upper[k] for k in rest}, for_time)

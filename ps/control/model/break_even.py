@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from ps.control.performance import FinishTime, batch_within, split
+from ps.control.split import reachable
 
 
 def compute_share(time: FinishTime, batch: int) -> float:
@@ -87,10 +88,10 @@ def park_below_break_even(times: Mapping[str, FinishTime], laws: Mapping[str, Fi
     total, active = sum(plan.values()), [k for k, b in plan.items() if b > 0]
 
     def without(parked: list[str]) -> dict[str, int] | None:
-        rest = [j for j in active if j not in parked]
         if not parked:
             return dict(plan)
-        if not sum(lower[j] for j in rest) <= total <= sum(upper[j] for j in rest):
+        rest = [j for j in active if j not in parked]
+        if not reachable(rest, total, lower, upper):
             return None
         return {**dict.fromkeys(plan, 0), **split({j: times[j] for j in rest}, total, lower, upper)}
 

@@ -19,7 +19,7 @@ from ps.control.model.rounds import RoundLog
 from ps.control.model.time_fit import Finish, slope_measured
 from ps.control.model.worker_times import LONGEST_MS
 from ps.control.performance import FinishTime, FittedRounds
-from ps.control.split import fit_to_sum
+from ps.control.split import fit_to_sum, reachable
 from ps.control.worker_plan import WorkerPlan
 
 
@@ -172,7 +172,7 @@ class FittedPlan(WorkerPlan):
         lower, upper = self._bounds()
         rest = [k for k in self._workers if k not in out]
         total = self._config.global_batch
-        if not self._exact_sum() or not sum(lower[k] for k in rest) <= total <= sum(upper[k] for k in rest):
+        if not self._exact_sum() or not reachable(rest, total, lower, upper):
             return None
         return {**dict.fromkeys(out, 0), **fit_to_sum({k: weights[k] for k in rest}, total,
                                                       {k: lower[k] for k in rest}, {k: upper[k] for k in rest},
@@ -239,7 +239,7 @@ class FittedPlan(WorkerPlan):
             return None
         upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
         model = FittedRounds({k: finishes[k].at for k in active}, self._overhead(self.plan()), lower, upper)
-        if not self._may_park() or not sum(lower[k] for k in active) <= total <= sum(upper[k] for k in active):
+        if not self._may_park() or not reachable(active, total, lower, upper):
             plan = model.plan_global(total)
             return None if plan is None else (model.predict(plan), plan)
         # the parked workers whose law is known are candidates too, as in a solve: a larger B may pay for them

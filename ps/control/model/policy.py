@@ -44,6 +44,7 @@ from ps.control.model.rounds import WorkerSetRounds, prediction_error
 from ps.control.model.trust import trusted_bounds
 from ps.control.model.worker_fits import WorkerFits
 from ps.control.performance import FittedRounds
+from ps.control.split import reachable
 from ps.control.worker_plan import WorkerPlan
 
 MAX_PROBES = 3
@@ -197,7 +198,7 @@ class ModelPolicy(FittedPlan):
         lower, upper = self._bounds()
         base = {**current, **dict.fromkeys(out, 0)}
         rest = [k for k, b in base.items() if b > 0]
-        if out and not sum(lower[k] for k in rest) <= self._config.global_batch <= sum(upper[k] for k in rest):
+        if out and not reachable(rest, self._config.global_batch, lower, upper):
             return None
         return probe_plan(unknown, base, self._fits.finishes(), self._config.global_batch, lower, upper,
                           self._exact_sum(), self.round_for_time)
