@@ -145,7 +145,7 @@ class Admission:
             s.policy.replan()
             for member, probe in entering:  # the policy's first measurement of it (taken at the batch it plans)
                 if probe.compute_ms is not None:
-                    s.policy.observe(member.name, probe.batch, probe.compute_ms, exposed_ms=probe.exposed_ms)
+                    s.policy_calls.observe(member.name, probe.batch, probe.compute_ms, exposed_ms=probe.exposed_ms)
             s.events.plan_changed.emit()
         for member in s.members.values():
             member.activated.set()

@@ -95,7 +95,7 @@ class AspUpdates:
         self.clocks.sync(self.running())
         factor = staleness_factor(self.settings.staleness_lr, staleness, len(self.clocks.clocks))
         s.store.apply_update(delta, magnitude_of(delta) * factor, scale=factor)
-        s.policy.observe(member.name, meta.batch_size, meta.times.compute_ms)
+        s.policy_calls.observe(member.name, meta.batch_size, meta.times.compute_ms)
         member.count_staleness(staleness, self.clocks.tick(member.worker_id))
         self.epochs.count_push(member, meta.times.compute_ms, meta.batch_size, data_wait_ms=meta.times.data_wait_ms)
         s.next_version()

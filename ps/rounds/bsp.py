@@ -138,7 +138,7 @@ class BspRound:
         policy hears how long the round took since the one before closed."""
         now = self.state.clock()
         if self.closed_at is not None:
-            self.state.policy.observe_round(max(0.0, (now - self.closed_at) * 1000.0))
+            self.state.policy_calls.observe_round(max(0.0, (now - self.closed_at) * 1000.0))
         self.closed_at = now
         self.replied = set(self.pushed)
         self.pushed.clear()

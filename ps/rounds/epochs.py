@@ -76,7 +76,7 @@ class Epochs:
         asks for one now (a probe measured)."""
         per_worker = 1 if self.state.spec.mode == "bsp" else max(1, len(self.state.members))
         scheduled = self.adjust_every is not None and self.steps_since_adjust >= self.adjust_every * per_worker
-        return scheduled or self.state.policy.decision_due()
+        return scheduled or self.state.policy_calls.decision_due()
 
     def checkpoint_due(self) -> bool:
         """--checkpoint-every N: N steps since the last checkpoint."""
@@ -127,8 +127,10 @@ class Epochs:
         """One batch-policy decision, and its `adjust` record; whether it changed the plan."""
         policy = self.state.policy
         before, smoothed = policy.plan(), policy.smoothed_ms()
-        after = policy.adjust()
+        after = self.state.policy_calls.adjust()
         self.steps_since_adjust = 0
+        if after is None:  # the policy failed (its policy_error record says how): the plan in force stays
+            return policy.plan() != before
         self.log_adjust(changed=after != before, smoothed=smoothed)
         return after != before
 

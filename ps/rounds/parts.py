@@ -35,6 +35,7 @@ from ps.rounds.job_end import JobEnd
 from ps.rounds.milestones import Milestones
 from ps.rounds.membership import Member, Membership
 from ps.rounds.parking import Parking
+from ps.rounds.policy_calls import PolicyCalls
 from ps.rounds.path_trial import PathTrial
 from ps.rounds.probation import Probation
 from ps.rounds.push_checks import PushChecks
@@ -92,6 +93,7 @@ class CoordinatorParts(JobState):
         self.evict_after = evict_after
         self.heartbeat_interval = min(1.0, evict_after / 4)
         self.metrics = metrics or MetricsLog(None)
+        self.policy_calls = PolicyCalls(lambda: self.policy, self.metrics, lambda: (self.step, self.epoch))
         self.clock = clock
         self.events = RoundEvents()
         self.membership = Membership(max_workers or spec.workers)

@@ -54,7 +54,7 @@ class RoundClose:
         ms = self.bsp.balanced_ms(member, meta)
         if ms is not None:
             exposed = meta.times.fitted_exposed_ms(s.spec.balance)
-            s.policy.observe(member.name, meta.batch_size, ms, exposed_ms=exposed)
+            s.policy_calls.observe(member.name, meta.batch_size, ms, exposed_ms=exposed)
         self.bsp.add(member, meta, grad)
         self.sampling.pushed(member, meta.batch_size)
         self.adaptive.push(meta, grad)

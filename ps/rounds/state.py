@@ -19,6 +19,7 @@ from ps.ops.metrics import MetricsLog
 from common.params.store import ParameterStore
 from ps.rounds.events import RoundEvents
 from ps.rounds.membership import Member, Membership
+from ps.rounds.policy_calls import PolicyCalls
 from ps.rounds.rendezvous import Rendezvous
 from ps.shards.client import RemoteShards
 from common.transport.layout import Layout
@@ -46,6 +47,7 @@ class JobState:
     done: bool
     reason: str  # why the job ended
     _policy: BatchPolicy
+    policy_calls: PolicyCalls  # the policy's calls on every push and round, a failure in them contained
 
     @property
     def policy(self) -> BatchPolicy:
