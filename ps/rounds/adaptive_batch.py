@@ -14,8 +14,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ps.control.global_batch.goodput import (DECIDE_EVERY, MIN_ROUNDS, SETTLE_ROUNDS, AdaptiveBatch, AdaptiveConfig, Decision,
-                                              epoch_bound, moved, probe_batch)
+from ps.control.global_batch.goodput import (DECIDE_EVERY, MIN_ROUNDS, OUTSIDE, SETTLE_ROUNDS, AdaptiveBatch, AdaptiveConfig,
+                                              Decision, epoch_bound, moved, probe_batch)
 from ps.control.global_batch.gns import NoiseScaleEstimator
 from ps.control.performance import RoundModel, global_round_model
 from ps.control.policy import build_policy, with_global_batch
@@ -98,11 +98,30 @@ class AdaptiveBatchSizing:
         return base * self.decider.lr_factor() if self.decider is not None else base
 
     def after_round(self) -> None:
-        """--adapt-every N: decide after every N rounds."""
+        """--adapt-every N: decide after every N rounds; at once, whatever the schedule, where B is outside
+        the range a decision may choose from (`_range`: B₀ larger than an epoch holds
+        goodput.MIN_STEPS_PER_EPOCH rounds of, or than the workers' bounds make up): no measurement
+        could keep it there, and every round at it is spent where no decision would go."""
         if self.on:
             self._rounds += 1
-            if self.settings.every is not None and self._rounds >= self.settings.every:
+            scheduled = self.settings.every is not None and self._rounds >= self.settings.every
+            if scheduled or self._outside():
                 self.decide()
+
+    def _range(self) -> tuple[int, int]:
+        """The global batches a decision chooses from: the flags' range, narrowed to what the workers'
+        bounds make up and to what leaves an epoch MIN_STEPS_PER_EPOCH rounds."""
+        config = self.settings.config
+        assert config is not None
+        lower, upper = self.state.policy.global_batch_range()
+        upper = epoch_bound(config.max_batch if upper is None else upper, self.samples_per_epoch)
+        return max(lower, config.min_batch), upper
+
+    def _outside(self) -> bool:
+        """Whether B now is outside `_range`, where it can move (lower <= upper)."""
+        lower, upper = self._range()
+        batch = self.decider.batch if self.decider is not None else lower
+        return lower <= upper and not lower <= batch <= upper
 
     def at_epoch_end(self) -> None:
         """The default schedule: decide at each epoch's end."""
@@ -146,11 +165,11 @@ class AdaptiveBatchSizing:
         assert decider is not None
         config, noise_scale = decider.config, self.estimator.estimate()
         phi = noise_scale.phi
-        lower, upper = self.state.policy.global_batch_range()
-        upper = epoch_bound(config.max_batch if upper is None else upper, self.samples_per_epoch)
-        lower = max(lower, config.min_batch)
+        lower, upper = self._range()
         round_model, basis = self._round_model(current)
         predict = None if round_model is None else round_model.predict_global
+        if self._outside():  # into the range at once, measured or not (`after_round`)
+            return decider.note(moved(config, current, min(max(current, lower), upper), phi, OUTSIDE, predict)), basis
         reviewed = decider.review(phi, self._rounds_at, self._noise_at, predict)
         if reviewed is not None:
             return reviewed, "measured" if reviewed.changed else basis

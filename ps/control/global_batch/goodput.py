@@ -48,6 +48,9 @@ DECIDE_EVERY = SETTLE_ROUNDS + MIN_ROUNDS
 """The default `--adapt-every`, in rounds: a decision as soon as the round at B can be measured. A
 decision at each epoch's end (`--adapt-every epoch`) leaves the whole first epoch at B₀, and from a start
 far from the best B that epoch is most of the time to a target accuracy."""
+OUTSIDE = "outside the bounds"
+"""The reason of a move into the range a decision chooses from, from a B outside it (`choose`; the
+server moves a B₀ an epoch cannot hold enough rounds of at its first round)."""
 UNMEASURABLE = "the noise scale is not measurable at the current batch"
 """The reason of a move away from a B whose plan trains one worker (`choose`)."""
 _GRID = 48
@@ -198,7 +201,7 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     if gated and spread is not None and gain is not None and gain <= GAIN_SDS * spread:
         return replace(unchanged("gain within the noise scale's uncertainty", gain), gain_sd=spread)
     t = round_ms(best)
-    reason = UNMEASURABLE if frozen else "goodput" if inside else "outside the bounds"
+    reason = UNMEASURABLE if frozen else "goodput" if inside else OUTSIDE
     return Decision(best, current, True, gain, phi, statistical_efficiency(phi, best, config.base_batch),
                     best / t * 1000.0 if t > 0 else None, reason, spread)
 
