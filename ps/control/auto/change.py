@@ -55,6 +55,10 @@ ALONG_SDS = 2.5
 ALONG_ROUNDS rounds changed along with it: one event (a tenant, a quota) often moves several."""
 ALONG_ROUNDS = 3
 """The fewest newest times that make a change along with another worker's."""
+ALONG_TESTS = ((ALONG_SDS, ALONG_ROUNDS), (ALONG_SDS, 1))
+"""The tests a decision puts the workers that did not change to, as (sds, rounds) of `change_start`:
+on ALONG_ROUNDS newest times, or on the newest alone where a change was trusted on its first times
+(the others' rounds since are as few)."""
 STALL = 0.5
 """A time's relative deviation counts for the noise up to this much (a stalled step, not noise)."""
 MAX_CORRELATION = 0.9
@@ -70,13 +74,23 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
     numbered below `settled` are the law's), or None where the newest times agree with the law:
     `rounds` of them at least, off by `sds` standard errors. `settled_law`: the law of the first
     so many items, the settled ones, where the caller keeps it (law.law_of's, with `min_samples`)."""
+    return change_starts(items, settled, min_samples, deadband, ((sds, rounds),), settled_law)[0]
+
+
+def change_starts(items: Sequence[Item], settled: int, min_samples: int, deadband: float,
+                  tests: Sequence[tuple[float, int]],
+                  settled_law: Callable[[Sequence[Item], int], Law | None] | None = None) -> list[int | None]:
+    """`change_start` for each (sds, rounds) of `tests`, from one pass over the times: the residuals,
+    the noise and the medians of the newest times are the same for every test, only the bar differs
+    (a push's own test and the laxer one a decision puts the other workers to)."""
+    none: list[int | None] = [None] * len(tests)
     split = bisect.bisect_left(items, settled, key=operator.itemgetter(0))  # oldest first: numbered in order
     tail = items[split:]
     if not tail:  # QUICK's fewest is one time
-        return None
+        return none
     law = law_of(items[:split], min_samples) if settled_law is None else settled_law(items, split)
     if law is None:
-        return None
+        return none
     line = law.fit.line
     q, s = line.q, line.s  # Line.at written out: every worker is tested at a decision
     if law.batch is None:
@@ -85,33 +99,41 @@ def change_start(items: Sequence[Item], settled: int, min_samples: int, deadband
         residuals = [_unexplained(ms / (q * b + s) - 1.0, law.batch / b) for _, b, ms, _ in tail]
     floor = BANDS * deadband
     if all(abs(r) < floor for r in residuals):  # no median of them reaches the floor: the noise is not needed
-        return None
+        return none
     before = items[:split]
     noise, runs = noise_and_persistence(before)
     batch = tail[-1][1]
     used = before if law.known else [it for it in before if it[1] == law.batch]
     fit_error = max(line.sd(batch) / line.at(batch),
                     law_error(used, batch, noise, law.known) * math.sqrt(min(runs, len(used))))
-    needs = (needed_rounds(residuals, -1.0, rounds), needed_rounds(residuals, 1.0, rounds))  # by the shift's side
-    best: tuple[float, int, float, int] | None = None
+    # by the shift's side, for each test
+    needs = [(needed_rounds(residuals, -1.0, rounds), needed_rounds(residuals, 1.0, rounds)) for _, rounds in tests]
+    fewest = min(min(need) for need in needs)
+    best: list[tuple[float, int, float, int] | None] = [None] * len(tests)
     newest: list[float] = []  # residuals[-m:], in order of size
     for m in range(1, len(tail) + 1):
         bisect.insort_left(newest, residuals[-m])  # an older equal residual first, as sorted() orders them
         shift = sorted_median(newest)
-        needed = needs[shift > 0]
-        if m < needed or abs(shift) < floor:
+        if m < fewest or abs(shift) < floor:
             continue
         error = math.sqrt((MEDIAN_EFFICIENCY * noise) ** 2 * min(runs, m) / m + fit_error ** 2)
         score = abs(shift) / error
-        if score >= sds and all(r * shift > 0 for r in residuals[-needed:]) and (best is None or score > best[0]):
-            best = (score, m, shift, needed)
-    if best is None:
-        return None
-    _, m, shift, needed = best
-    first = len(tail) - m
-    while first < len(tail) and abs(residuals[first]) < abs(residuals[first] - shift):  # nearer the law: before it
-        first += 1
-    return tail[first][0] if len(tail) - first >= needed else None
+        for i, (sds, _) in enumerate(tests):
+            needed = needs[i][shift > 0]
+            found = best[i]
+            if (m >= needed and score >= sds and (found is None or score > found[0])
+                    and all(r * shift > 0 for r in residuals[-needed:])):
+                best[i] = (score, m, shift, needed)
+    starts = none[:]
+    for i, found in enumerate(best):
+        if found is None:
+            continue
+        _, m, shift, needed = found
+        first = len(tail) - m
+        while first < len(tail) and abs(residuals[first]) < abs(residuals[first] - shift):  # nearer the law: before it
+            first += 1
+        starts[i] = tail[first][0] if len(tail) - first >= needed else None
+    return starts
 
 
 def needed_rounds(residuals: Sequence[float], shift: float, rounds: int) -> int:

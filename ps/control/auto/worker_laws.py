@@ -9,7 +9,7 @@ import math
 import statistics
 from collections.abc import Mapping, Sequence
 
-from ps.control.auto.change import CHANGE_ROUNDS, CHANGE_SDS, change_start, settled_mark
+from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
 from ps.control.auto.law import Item, Law, law_of
 from ps.control.model.time_fit import Finish, Observations
 from ps.control.model.worker_times import WorkerTimes
@@ -43,6 +43,9 @@ class WorkerLaws(WorkerTimes):
         self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
         # each worker's settled law with what it was fitted from: its observations, the mark, how many
         self._settled_laws: dict[str, tuple[Observations, int, int, Law | None]] = {}
+        # each worker's change_start under change.ALONG_TESTS, found by its last push's test: its
+        # observations, their version and mark then, the start by test
+        self._along: dict[str, tuple[Observations, int, int, dict[tuple[float, int], int | None]]] = {}
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
@@ -57,24 +60,45 @@ class WorkerLaws(WorkerTimes):
         self.admitted.pop(worker_id, None)
         self._laws.pop(worker_id, None)
         self._settled_laws.pop(worker_id, None)
+        self._along.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
         """Take one time (False: a warm-up step, left out) and test the newest against the law."""
         if not super().record(worker_id, batch, ms, exposed):
             return False
         # the newest WINDOW are tested: the settled law is then the one a decision tests the worker against
-        self.settled[worker_id] = settled_mark(self.obs[worker_id].items, self.settled[worker_id])
-        self.forget_before_change(worker_id)
+        obs = self.obs[worker_id]
+        mark = self.settled[worker_id] = settled_mark(obs.items, self.settled[worker_id])
+        # the decision's laxer tests too, in the same pass: unless another push comes first, a decision
+        # asks them of every worker that did not change
+        tests = ((CHANGE_SDS, CHANGE_ROUNDS), *ALONG_TESTS)
+        start, *along = change_starts(obs.items, mark, self.min_samples, self.deadband, tests,
+                                      lambda items, count: self._settled_law(worker_id, items, count))
+        if start is not None:
+            self._changed_at(worker_id, start, CHANGE_ROUNDS)
+        else:
+            self._along[worker_id] = (obs, obs.version, mark, dict(zip(ALONG_TESTS, along, strict=True)))
         return True
 
     def forget_before_change(self, worker_id: str, sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> bool:
         """Whether the worker's newest times left its law (change.py); if so the points before the
         change are forgotten and those after it settle as its law's."""
-        obs = self.obs[worker_id]
-        start = change_start(obs.items, self.settled[worker_id], self.min_samples, self.deadband, sds, rounds,
-                             lambda items, count: self._settled_law(worker_id, items, count))
+        obs, mark = self.obs[worker_id], self.settled[worker_id]
+        kept = self._along.get(worker_id)
+        if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == mark and (sds, rounds) in kept[3]:
+            start = kept[3][(sds, rounds)]
+        else:
+            start = change_start(obs.items, mark, self.min_samples, self.deadband, sds, rounds,
+                                 lambda items, count: self._settled_law(worker_id, items, count))
         if start is None:
             return False
+        self._changed_at(worker_id, start, rounds)
+        return True
+
+    def _changed_at(self, worker_id: str, start: int, rounds: int) -> None:
+        """The worker changed speed at observation `start` (found on `rounds` times or fewer): the points
+        before it are forgotten, those after it settle as its law's."""
+        obs = self.obs[worker_id]
         before, found = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
         old = law_of(before, 1)
         # each new time over the old law's at its batch
@@ -93,7 +117,6 @@ class WorkerLaws(WorkerTimes):
         self.admitted.pop(worker_id, None)
         if after and len(after) < self.min_samples and all(it[1] == after[0][1] for it in after):
             self.admitted[worker_id] = after[0][1]
-        return True
 
     def _straddles(self, ratios: list[float]) -> bool:
         """Whether the first of a change's times straddles it (its round began at the old speed; `ratios`:

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from ps.control.auto.change import ALONG_TESTS, change_start
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.worker_times import WARMUP
 
@@ -74,3 +75,32 @@ def test_the_settled_law_is_fitted_once_for_the_push_and_the_decisions_test(monk
     assert len(fitted) == 1
     laws.record("w", 100, 1000.0, None)  # a new push: the settled times moved on
     assert len(fitted) == 2
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_decisions_test_of_a_worker_reads_what_its_push_found(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decision tests every worker that did not change (change.ALONG_TESTS): the push before it put
+    the worker's times to those tests in the same pass, so the decision tests no time again and finds
+    what a test of its own would. Times of 10% noise, the newest four off the law by 15 to 35%: found by
+    the decision's test and not, and by the push's own (skipped)."""
+    from ps.control.auto import worker_laws
+
+    rnd = random.Random(seed)
+    outcomes = set()
+    for step in range(21):
+        drift = 0.15 + 0.01 * step
+        laws = laws_after([(100, 1000.0 * (1 + rnd.gauss(0, 0.1 if k < 20 else 0.02) + (drift if k >= 20 else 0.0)))
+                           for k in range(24)])
+        if laws.changed:  # the push's own test found it: the decision has nothing to ask
+            continue
+        fresh = [change_start(laws.obs["w"].items, laws.settled["w"], 3, 0.1, sds, rounds) for sds, rounds in ALONG_TESTS]
+        calls: list[object] = []
+        monkeypatch.setattr(worker_laws, "change_start", lambda *a, **k: calls.append(a) or change_start(*a, **k))
+        for (sds, rounds), start in zip(ALONG_TESTS, fresh, strict=True):
+            outcomes.add(start is not None)
+            assert laws.forget_before_change("w", sds, rounds) == (start is not None)
+            if start is not None:
+                break  # taken: the other test's answer was of the times before it
+        assert calls == []
+        monkeypatch.undo()
+    assert outcomes == {True, False}
