@@ -61,6 +61,7 @@ def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoP
         laws.admitted.pop(k, None)
         if "admitted" in entry:
             laws.admitted[k] = integer(f"admitted batch of {k!r}", entry["admitted"], minimum=1)
+    laws.revision += 1
     changed = raw["changed"]
     if not isinstance(changed, list) or not set(changed) <= set(workers):
         raise ValueError("auto state 'changed' must list workers of the policy")

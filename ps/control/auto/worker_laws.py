@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from types import MappingProxyType
 from collections.abc import Mapping, Sequence
 
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
@@ -46,13 +47,18 @@ class WorkerLaws(WorkerTimes):
         # each worker's change_start under change.ALONG_TESTS, found by its last push's test: its
         # observations, their version and mark then, the start by test
         self._along: dict[str, tuple[Observations, int, int, dict[tuple[float, int], int | None]]] = {}
+        # `finishes` as of `revision`, which counts the changes of any worker's observations or admitted batch
+        self.revision = 0
+        self._finishes: tuple[int, Mapping[str, Finish]] | None = None
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
         self.settled[worker_id] = 0
+        self.revision += 1
 
     def remove(self, worker_id: str) -> None:
         super().remove(worker_id)
+        self.revision += 1
         self.settled.pop(worker_id, None)
         self.changed.discard(worker_id)
         self.slowed.discard(worker_id)
@@ -66,6 +72,7 @@ class WorkerLaws(WorkerTimes):
         """Take one time (False: a warm-up step, left out) and test the newest against the law."""
         if not super().record(worker_id, batch, ms, exposed):
             return False
+        self.revision += 1
         # the newest WINDOW are tested: the settled law is then the one a decision tests the worker against
         obs = self.obs[worker_id]
         mark = self.settled[worker_id] = settled_mark(obs.items, self.settled[worker_id])
@@ -99,6 +106,7 @@ class WorkerLaws(WorkerTimes):
         """The worker changed speed at observation `start` (found on `rounds` times or fewer): the points
         before it are forgotten, those after it settle as its law's."""
         obs = self.obs[worker_id]
+        self.revision += 1
         before, found = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
         old = law_of(before, 1)
         # each new time over the old law's at its batch
@@ -152,10 +160,14 @@ class WorkerLaws(WorkerTimes):
         self._laws[worker_id] = (obs, obs.version, admitted, law)
         return law
 
-    def finishes(self) -> dict[str, Finish]:
-        """Each measured worker's fitted finish time: its law, or its proportional line."""
-        laws = {k: self.law(k) for k in self.obs}
-        return {k: law.fit.finish for k, law in laws.items() if law is not None}
+    def finishes(self) -> Mapping[str, Finish]:
+        """Each measured worker's fitted finish time: its law, or its proportional line (read-only, kept
+        until `revision` moves: a decision asks for them several times, and no time comes in between)."""
+        if self._finishes is None or self._finishes[0] != self.revision:
+            laws = {k: self.law(k) for k in self.obs}
+            self._finishes = (self.revision, MappingProxyType({k: law.fit.finish for k, law in laws.items()
+                                                               if law is not None}))
+        return self._finishes[1]
 
     def time_error(self, plan: Mapping[str, int]) -> float:
         """The largest relative standard error of a planned worker's mean time at its batch: how far

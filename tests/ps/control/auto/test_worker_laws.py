@@ -104,3 +104,32 @@ def test_a_decisions_test_of_a_worker_reads_what_its_push_found(seed: int, monke
         assert calls == []
         monkeypatch.undo()
     assert outcomes == {True, False}
+
+
+def test_the_finish_times_are_fitted_once_until_a_time_comes_in() -> None:
+    """A decision asks for every worker's finish time several times: they are the same mapping until
+    a time is recorded, a worker changes speed, joins or leaves, or the state is read back; then they
+    are those of the observations now, as laws made afresh from them have them."""
+    from ps.control.auto.state import auto_part, read_auto_part
+    from ps.control.model.parking import ParkingSchedule
+    from ps.control.model.rounds import RoundLog
+
+    rnd = random.Random(7)
+    laws = laws_after(settled(rnd))
+    first = laws.finishes()
+    law = laws.law("w")
+    assert law is not None and laws.finishes() is first and dict(first) == {"w": law.fit.finish}
+    with pytest.raises(TypeError):
+        first["x"] = first["w"]  # type: ignore[index]
+    laws.record("w", 120, 1190.0, None)
+    assert laws.finishes() is not first
+    again = laws_after(settled(random.Random(7)) + [(120, 1190.0)])
+    assert laws.finishes() == again.finishes()
+    laws.add("v")
+    assert set(laws.finishes()) == {"w"}  # v is not measured yet
+    laws.remove("v")
+    slower = laws.finishes()
+    other = laws_after([(100, 1500.0 * (1 + rnd.gauss(0.0, 0.02))) for _ in range(20)])
+    state = auto_part(other, ParkingSchedule(), RoundLog(), False, False)
+    read_auto_part(state, {"w": 100}, laws)
+    assert laws.finishes() is not slower and laws.finishes() == other.finishes()
