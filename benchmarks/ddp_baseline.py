@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from common.ops.arg_types import eval_interval
 from benchmarks.workload import (
     Workload,
     add_child_workload_arguments,
@@ -142,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     tta.add_argument("--target", type=float, default=1.0, help="stop at the first evaluation at this accuracy or above ...")
     tta.add_argument("--budget", type=float, default=0.0, help="... once this many seconds of training have passed")
     tta.add_argument("--eval-rank", type=int, default=0, help="the rank that evaluates the test split and prints the curve")
+    tta.add_argument("--eval-every", type=eval_interval, default="1", metavar="EPOCHS",
+                     help="evaluate at every EPOCHS-th epoch's end and the last, or K times an epoch with EPOCHS = 1/K, "
+                          "as ps-server --eval-every does")
     return p
 
 
@@ -211,9 +215,30 @@ def train_to_target(args: argparse.Namespace, ddp: Any, optimizer: Any, dataset:
     n = len(dataset.train)
     generator = torch.Generator().manual_seed(args.seed * 7919 + 17)
     evals: list[dict] = []
-    seconds, resumed, step = 0.0, 0.0, 0
+    seconds, resumed, step, trained = 0.0, 0.0, 0, 0
+    every, per_epoch = args.eval_every
+
+    def evaluated(epoch: float, last: bool) -> bool:
+        """The clock stopped while the evaluating rank evaluates; whether to stop (the rank's say)."""
+        nonlocal seconds, resumed
+        dist.barrier()
+        seconds += time.perf_counter() - resumed
+        stop = torch.zeros(1)
+        if args.rank == args.eval_rank:
+            accuracy, loss_value = evaluate(ddp.module, dataset.test)
+            ddp.module.train()
+            evals.append({"epoch": epoch, "accuracy": round(accuracy, 5), "loss": round(loss_value, 5),
+                          "seconds": round(seconds, 3), "step": step})
+            print(f"epoch {epoch}: accuracy {accuracy:.4f} at {seconds:.1f} s", file=sys.stderr, flush=True)
+            stop[0] = float((accuracy >= args.target and seconds >= args.budget) or last)
+        dist.broadcast(stop, src=args.eval_rank)
+        resumed = time.perf_counter()
+        return bool(stop[0] > 0)
+
+    stopped = False
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(n, generator=generator)
+        taken = 0  # the epoch's K-ths evaluated (--evals-per-epoch), as the server takes them
         for start in range(0, n, total):
             chunk = order[start:start + total]
             counts = rank_counts(batches, len(chunk))
@@ -226,26 +251,20 @@ def train_to_target(args: argparse.Namespace, ddp: Any, optimizer: Any, dataset:
             slow_down(args.slowdown, began, began_cpu)
             optimizer.step()
             step += 1
+            trained += len(chunk) if step > 1 else 0  # the first step is before the clock
             if step == 1:  # every rank set up and stepped once: the clock starts
                 dist.barrier()
                 resumed = time.perf_counter()
-        dist.barrier()
-        seconds += time.perf_counter() - resumed
-        stop = torch.zeros(1)
-        if args.rank == args.eval_rank:
-            accuracy, loss_value = evaluate(ddp.module, dataset.test)
-            ddp.module.train()
-            evals.append({"epoch": epoch, "accuracy": round(accuracy, 5), "loss": round(loss_value, 5),
-                          "seconds": round(seconds, 3), "step": step})
-            print(f"epoch {epoch}: accuracy {accuracy:.4f} at {seconds:.1f} s", file=sys.stderr, flush=True)
-            stop[0] = float((accuracy >= args.target and seconds >= args.budget) or epoch == args.epochs)
-        dist.broadcast(stop, src=args.eval_rank)
-        resumed = time.perf_counter()
-        if stop[0] > 0:
+            passed = min(per_epoch - 1, (start + len(chunk)) * per_epoch // n)
+            if passed > taken and start + len(chunk) < n:
+                taken = passed
+                if evaluated(round(epoch - 1 + passed / per_epoch, 4), last=False):
+                    stopped = True
+                    break
+        if stopped or ((epoch % every == 0 or epoch == args.epochs) and evaluated(epoch, last=epoch == args.epochs)):
             break
-    timed = len(evals) * n - min(total, n)  # the first step is before the clock
-    return {"evals": evals, "steps": step, "epochs": len(evals), "seconds": round(seconds, 3),
-            "samples_per_s": round(timed / seconds, 2) if seconds > 0 else None,
+    return {"evals": evals, "steps": step, "epochs": evals[-1]["epoch"] if evals else 0, "seconds": round(seconds, 3),
+            "samples_per_s": round(trained / seconds, 2) if seconds > 0 else None,
             "batch_per_worker": batches, "workers": world}
 
 

@@ -19,16 +19,8 @@ from ps.ops.metrics_http import add_endpoint_flags
 from ps.serving.server_options import add_call_flags
 from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, SAMPLINGS,
                              STALENESS_LR, WIRE_DTYPES)
-from common.ops.arg_types import (
-    epoch_or_steps,
-    float_at_least,
-    float_between,
-    increasing_ints,
-    int_at_least,
-    port_number,
-    positive_float,
-    positive_int,
-)
+from common.ops.arg_types import (epoch_or_steps, eval_interval, float_at_least, float_between, increasing_ints,
+                                  int_at_least, port_number, positive_float, positive_int)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -89,10 +81,10 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset-arg", type=key_value, action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
     job.add_argument("--epochs", type=positive_int, default=10, help="passes over the training split")
     job.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the model's initial weights and the data split")
-    job.add_argument("--eval-every", type=positive_int, default=1, metavar="EPOCHS",
-                     help="evaluate the global model on the test split at every EPOCHS-th epoch's end and after the "
-                          "last; an evaluation runs beside the rounds, on the server's own thread, but takes the "
-                          "machine's CPU (a pass over the test split)")
+    job.add_argument("--eval-every", type=eval_interval, default="1", metavar="EPOCHS",
+                     help="evaluate the global model on the test split at every EPOCHS-th epoch's end and after the last, "
+                          "or K times an epoch with EPOCHS = 1/K (0.25: a time to an accuracy then resolves a quarter "
+                          "epoch); beside the rounds, on the server's own thread, but on the machine's CPU (a test pass)")
     job.add_argument("--allreduce", nargs="?", const="on", choices=FAST_PATH_CHOICES, default="auto",
                      help="BSP collective fast path: workers all-reduce their gradients with torch.distributed "
                           "(NCCL if every worker has its own GPU, else gloo); the server coordinates rounds, plan and "

@@ -146,7 +146,8 @@ def build_job(args: argparse.Namespace) -> Job:
     if allreduce and args.park and policy_class(args.policy).parks:
         metrics.write("parking", on=False, why=PARKING_OFF)
         print(f"ps-server: note: parking is off: {PARKING_OFF}", file=sys.stderr)
-    evaluator = BackgroundEvaluator(eval_model, dataset, bn_batch=bn_batch(spec), seed=spec.seed, every=args.eval_every)
+    evaluator = BackgroundEvaluator(eval_model, dataset, bn_batch=bn_batch(spec), seed=spec.seed,
+                                    every=args.eval_every.every, per_epoch=args.eval_every.per_epoch)
     checkpointer = Checkpointer(checkpoint_dir, args.keep_checkpoints, checkpoint_failed(metrics)) if checkpoint_dir else None
     rendezvous = Rendezvous() if allreduce else None  # the group's store: served by the Rendezvous RPC
     fast_path_on_gpus = Rendezvous if may_switch else None

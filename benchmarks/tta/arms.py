@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks import analysis
+from common.ops.arg_types import EvalInterval
 from benchmarks.hetero.baselines import with_death_signal, limiters
 from benchmarks.hetero.runs import Run, run_cluster
 from benchmarks.hetero.settings import Emulation, Settings, log
@@ -19,10 +20,12 @@ from benchmarks.hetero.settings import Emulation, Settings, log
 class Goal:
     """When a run may stop: at its first evaluation at ``target`` accuracy or above once ``budget_s``
     seconds of training have passed (so that the accuracy within the budget is known too), else at
-    the epoch cap of the settings."""
+    the epoch cap of the settings; every arm evaluates as ``eval_every`` says (ps-server's
+    --eval-every: every N-th epoch, or K times an epoch)."""
 
     target: float
     budget_s: float
+    eval_every: EvalInterval = EvalInterval((1, 1))
 
     def reached(self, accuracy: float, seconds: float) -> bool:
         return accuracy >= self.target and seconds >= self.budget_s
@@ -49,7 +52,7 @@ def record(curve: list[dict[str, Any]], goal: Goal, **fields: Any) -> dict[str, 
         "time_to_target_s": analysis.time_to_accuracy(curve, goal.target),
         "accuracy_at_budget": analysis.accuracy_within(curve, goal.budget_s),
         "best_accuracy": max((p["accuracy"] for p in curve), default=None),
-        "epochs": len(curve),
+        "epochs": curve[-1]["epoch"] if curve else 0,  # trained when last evaluated (a fraction within an epoch)
         **fields,
         "curve": curve,
     }
@@ -58,6 +61,7 @@ def record(curve: list[dict[str, Any]], goal: Goal, **fields: Any) -> dict[str, 
 def run_ps(s: Settings, emu: Emulation, name: str, arm: str, goal: Goal, min_batch: int, max_batch: int) -> dict:
     """One PS arm to the goal (or the epoch cap): its record with the final plan and, adaptive, its B's."""
     policy, extra = ps_flags(arm, min_batch, max_batch)
+    extra = [*extra, "--eval-every", goal.eval_every.flag()]
     first_round: list[float] = []
 
     def stop(cluster: Any, event: dict, run: Run) -> bool:
@@ -99,9 +103,10 @@ def run_ddp_arm(s: Settings, emu: Emulation, name: str, batches: Sequence[int], 
         result = run_ddp(s.workload, list(batches), preexecs, slowdowns, warmup=0, steps=1,
                          workdir=s.workdir / "runs" / name, timeout_s=s.run_timeout, reporter=reporter,
                          extra_args=["--epochs", str(s.epochs), "--target", str(goal.target),
-                                     "--budget", str(goal.budget_s), "--eval-rank", str(reporter)])
+                                     "--budget", str(goal.budget_s), "--eval-rank", str(reporter),
+                                     "--eval-every", goal.eval_every.flag()])
     curve = [{"epoch": e["epoch"], "accuracy": e["accuracy"], "seconds": e["seconds"]} for e in result["evals"]]
-    log(f"{name}: done: {len(curve)} epochs in {result['seconds']} s, best accuracy "
+    log(f"{name}: done: {result['epochs']} epochs in {result['seconds']} s, best accuracy "
         f"{max((p['accuracy'] for p in curve), default=None)}")
     return record(curve, goal, batch_sizes=dict(zip(emu.names, batches, strict=True)),
                   samples_per_s=result.get("samples_per_s"),

@@ -79,6 +79,37 @@ def positive_int(text: str) -> int:
     return value
 
 
+class EvalInterval(tuple[int, int]):
+    """Epochs between evaluations as (every, per_epoch): every N-th epoch's end (N, 1), or K times an
+    epoch, at each K-th of its samples (1, K)."""
+
+    @property
+    def every(self) -> int:
+        return self[0]
+
+    @property
+    def per_epoch(self) -> int:
+        return self[1]
+
+    def flag(self) -> str:
+        """The value as `eval_interval` reads it back."""
+        return str(self.every) if self.per_epoch == 1 else repr(1.0 / self.per_epoch)
+
+
+def eval_interval(text: str) -> EvalInterval:
+    """Epochs between evaluations: a whole number N >= 1 (every N-th epoch), or 1/K for a whole K (0.5,
+    0.25, 0.1: K times an epoch)."""
+    value = positive_float(text)
+    if value >= 1:
+        if value != int(value):
+            raise argparse.ArgumentTypeError(f"expected a whole number of epochs or 1/K (0.5, 0.25, ...), got {text!r}")
+        return EvalInterval((int(value), 1))
+    per_epoch = round(1.0 / value)
+    if abs(per_epoch * value - 1.0) > 1e-6:
+        raise argparse.ArgumentTypeError(f"expected a whole number of epochs or 1/K (0.5, 0.25, ...), got {text!r}")
+    return EvalInterval((1, per_epoch))
+
+
 def epoch_or_steps(text: str) -> int | None:
     """`epoch` -> None (at every epoch end), or a whole number of steps > 0."""
     if text == "epoch":

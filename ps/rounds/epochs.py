@@ -63,6 +63,10 @@ class Epochs:
                                   data_wait_ms=data_wait_ms)
         member.count_push(ms, exposed_ms, data_wait_ms)
 
+    def fraction_done(self) -> float:
+        """The fraction of the epoch in progress trained so far (its samples over the epoch's)."""
+        return (self.state.samples - self.epoch_start_samples) / self.samples_per_epoch if self.samples_per_epoch else 0.0
+
     def epoch_over(self) -> bool:
         """Whether the current epoch is over: all its samples reached the model (--sampling exact), or
         the samples trained reach its end."""

@@ -36,10 +36,12 @@ class BackgroundEvaluator:
     of `bn_batch` samples (common/job/batchnorm.py); `last_bn_stats` keeps them for the eval record."""
 
     def __init__(self, model: nn.Module, dataset: TrainingData, bn_batch: int = 1, seed: int = 0,
-                 every: int = 1) -> None:
-        if every < 1:
-            raise ValueError(f"evaluations every {every} epochs: must be 1 or more")
+                 every: int = 1, per_epoch: int = 1) -> None:
+        if every < 1 or per_epoch < 1 or (every > 1 and per_epoch > 1):
+            raise ValueError(f"evaluations every {every} epochs, {per_epoch} an epoch: each must be 1 or more, "
+                             "and one of them 1")
         self.every = every  # epochs between evaluations (the last epoch's is always run)
+        self.per_epoch = per_epoch  # evaluations an epoch, at each per_epoch-th of its samples
         self._model = model
         self._dataset = dataset
         self._bn_batch = bn_batch

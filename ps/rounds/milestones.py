@@ -39,6 +39,9 @@ class Milestones:
             self._end_epoch()
         if s.done:
             return
+        within = self.evaluation.within_epoch(self.epochs.fraction_done())
+        if within is not None:
+            self.evaluation.submit(within)
         self.adaptive.after_round()  # before the policy's decision resets the times it measured
         if self.epochs.adjust_due() and not self.path_trial.holds_plan:  # the trial times both paths at one plan
             self.path_trial.decided(changed=self.epochs.adjust())

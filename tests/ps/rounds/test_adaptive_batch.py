@@ -5,15 +5,10 @@ than an epoch holds goodput.MIN_STEPS_PER_EPOCH rounds of) moves into it at the 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
-
 import pytest
 
-from common.transport.messages import JoinAsk
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, OUTSIDE
-from ps.server_job import build_job
-from tests.conftest import job_args
-from tests.coordinator_rounds import close_round
+from tests.coordinator_rounds import close_round, joined_job
 
 DIGITS_TRAIN = 1437
 """The digits training split: an epoch holds 8 rounds of at most 179 samples."""
@@ -23,17 +18,11 @@ DIGITS_TRAIN = 1437
                                                  (64, None)])
 def test_a_start_an_epoch_cannot_hold_moves_in_at_the_first_round(start: int, moved_to: int | None) -> None:
     async def run() -> None:
-        built = build_job(job_args("--global-batch", str(start), "--min-global-batch", "16",
-                                   "--max-global-batch", "1024", "--adaptive-batch", "gns", "--epochs", "100000",
-                                   "--evict-after", "3600"))
-        c = built.coordinator
-        records: list[dict[str, Any]] = []
-        c.metrics.observe(lambda r: records.append(r) if r["event"] == "adapt" else None)
-        try:
-            joined = dict(zip("ab", await asyncio.gather(c.join(JoinAsk("a", 1.0)), c.join(JoinAsk("b", 1.0))),
-                              strict=True))
+        async with joined_job("--global-batch", str(start), "--min-global-batch", "16", "--max-global-batch", "1024",
+                              "--adaptive-batch", "gns", events=("adapt",)) as job:
+            c, records = job.c, job.records
             assert sum(c.policy.plan().values()) == start
-            await close_round(c, joined)
+            await close_round(c, job.joined)
             if moved_to is None:
                 assert records == [] and sum(c.policy.plan().values()) == start
                 return
@@ -41,10 +30,7 @@ def test_a_start_an_epoch_cannot_hold_moves_in_at_the_first_round(start: int, mo
                     for r in records] == [(start, moved_to, True, OUTSIDE, moved_to, None)]
             assert sum(c.policy.plan().values()) == moved_to
             for _ in range(3):
-                await close_round(c, joined)
+                await close_round(c, job.joined)
             assert len(records) == 1  # inside the range now: the schedule decides
-        finally:
-            built.evaluator.close()
-            built.metrics.close()
 
     asyncio.run(run())

@@ -9,10 +9,7 @@ from typing import Any
 
 import pytest
 
-from common.transport.messages import JoinAsk
-from ps.server_job import build_job
-from tests.conftest import job_args
-from tests.coordinator_rounds import close_round
+from tests.coordinator_rounds import close_round, joined_job
 
 B = 24
 
@@ -25,20 +22,15 @@ def fail(*args: Any, **kwargs: Any) -> Any:
 def test_a_policy_that_raises_loses_the_call_and_the_rounds_go_on(call: str, capsys: pytest.CaptureFixture[str]) -> None:
     """A decision every round: scheduled (`--adjust-every 1`), or asked of the policy where none is."""
     async def run() -> None:
-        built = build_job(job_args("--global-batch", str(B), "--epochs", "100000", "--evict-after", "3600",
-                                   "--controller", "auto",
-                                   *(("--adjust-every", "1") if call != "decision_due" else ())))
-        c = built.coordinator
-        records: list[dict[str, Any]] = []
-        c.metrics.observe(lambda r: records.append(r) if r["event"] in ("policy_error", "adjust") else None)
-        try:
-            joined = dict(zip("ab", await asyncio.gather(c.join(JoinAsk("a", 1.0)), c.join(JoinAsk("b", 1.0))),
-                              strict=True))
-            await close_round(c, joined)
+        async with joined_job("--global-batch", str(B), "--controller", "auto",
+                              *(("--adjust-every", "1") if call != "decision_due" else ()),
+                              events=("policy_error", "adjust")) as job:
+            c, records = job.c, job.records
+            await close_round(c, job.joined)
             setattr(c.policy, call, fail)
             plan = dict(c.policy.plan())
-            for n in range(5):
-                replies = await close_round(c, joined)
+            for _ in range(5):
+                replies = await close_round(c, job.joined)
                 assert len(replies) == 2 and all(r.header.round == c.round for r in replies)
             assert c.round == 6 and c.policy.plan() == plan
             assert c.policy_calls.failures == {call: 5 if call != "observe" else 10}
@@ -49,9 +41,6 @@ def test_a_policy_that_raises_loses_the_call_and_the_rounds_go_on(call: str, cap
                 (call, "auto", "ZeroDivisionError: float division by zero")}
             if call == "adjust":
                 assert not [r for r in records if r["event"] == "adjust" and r["step"] > 1]
-        finally:
-            built.evaluator.close()
-            built.metrics.close()
 
     asyncio.run(run())
     err = capsys.readouterr().err
