@@ -221,7 +221,9 @@ class FittedPlan(WorkerPlan):
         (ASP, --no-park) the split is over the active workers; with it, the plan the policy would
         install over them and the parked workers whose law is known: optperf.best_plan's parking and,
         with `break_even` (--adaptive-batch), no active worker below its break-even batch
-        (`_break_even`): a B is priced with the workers it would park parked."""
+        (`_break_even`): a B is priced with the workers it would park parked. A worker whose time per
+        sample is not measured is priced proportional to its batch above the batches it ran at
+        (`vouched`), not at its fixed cost alone."""
         predicted = self._predicted(total)
         return None if predicted is None else predicted[0]
 
@@ -238,13 +240,14 @@ class FittedPlan(WorkerPlan):
         if not active or not all(k in finishes and self._identified(k) for k in active):
             return None
         upper = {k: total if self._config.max_batch is None else hi for k, hi in upper.items()}
-        model = FittedRounds({k: finishes[k].at for k in active}, self._overhead(self.plan()), lower, upper)
+        # a law whose time per sample is not measured is not extrapolated upward (`vouched`)
+        model = FittedRounds({k: vouched(finishes[k]) for k in active}, self._overhead(self.plan()), lower, upper)
         if not self._may_park() or not reachable(active, total, lower, upper):
             plan = model.plan_global(total)
             return None if plan is None else (model.predict(plan), plan)
         # the parked workers whose law is known are candidates too, as in a solve: a larger B may pay for them
         every = [k for k in self._workers if k in active or (k in finishes and self._identified(k))]
-        times = {k: finishes[k].at for k in every}
+        times = {k: vouched(finishes[k]) for k in every}
         plan, _, _ = best_plan(times, total, lower, upper, may_park=every, overhead=model.overhead_ms)
         plan, _ = self._break_even(plan, times, lower, upper, every)
         return FittedRounds(times, model.overhead_ms).predict(plan), dict(plan)
@@ -339,3 +342,22 @@ class FittedPlan(WorkerPlan):
         return {"fits": fits, "overhead_ms": round(c, 3),
                 "predicted_round_ms": None if predicted is None else round(predicted, 3),
                 "parked": sorted(k for k, b in plan.items() if b == 0)}
+
+
+def vouched(finish: Finish) -> FinishTime:
+    """The finish time a prediction at another batch may rest on: `finish.at` where its line's time per
+    sample is measured (`slope_measured`); else `finish.at` up to the line's centre (where it was
+    measured) and proportional to the batch above it. Times at nearby batch sizes can fit a line flat
+    by their noise alone, and extrapolated upward it prices any batch at its fixed cost alone: on
+    HL8 a worker fitted at 16 samples (q = 4e-5 ms, s = 480 ms) was priced at 92 samples at 480 ms and
+    ran them in 2,230. Nondecreasing like `at`, and equal to it at and below the centre."""
+    line = finish.line
+    if slope_measured(line):
+        return finish.at
+    centre = max(1.0, line.centre)
+    at_centre = finish.at(centre)
+
+    def time(batch: float) -> float:
+        return finish.at(batch) if batch <= centre else at_centre * batch / centre
+
+    return time

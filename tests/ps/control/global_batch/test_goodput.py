@@ -23,6 +23,8 @@ from ps.control.global_batch.goodput import (
     lr_factor,
 )
 from ps.control.performance import measured_round, round_line
+from ps.control.model.fitted_plan import vouched
+from ps.control.model.time_fit import slope_measured
 from ps.control.config import PolicyConfig
 from ps.control.policy import build_policy, with_global_batch
 from ps.control.registry import POLICIES
@@ -238,6 +240,27 @@ def test_the_model_policy_says_which_workers_a_batch_would_train() -> None:
     assert sum(small.values()) == 16 and sum(large.values()) == 960
     assert small["b"] == 0 < small["a"] and large["b"] > 0 and large["a"] > 0
     assert ctl.predicted_round_ms(16) == pytest.approx(0.1 * 16 + 5 + 2, rel=0.1)
+
+
+def test_a_law_whose_time_per_sample_is_not_measured_prices_no_larger_batch_at_its_fixed_cost() -> None:
+    """b's times are 480 ms at every batch it ran (a few samples, then parked): its fitted line is flat and
+    its time per sample not measured. A larger B is priced with b proportional above the batches it ran
+    at (fitted_plan.vouched), not with b taking hundreds of samples for the same 480 ms: that priced B = 960
+    at 482 ms, which a alone takes 965 for."""
+    ctl, run = model_policy({"a": (1.0, 5.0), "b": (0.0, 480.0)})
+    run()
+    finish = ctl._held.finishes()["b"]  # type: ignore[attr-defined]
+    assert not slope_measured(finish.line)
+    plan, round_ms = ctl.predicted_plan(960), ctl.predicted_round_ms(960)
+    assert plan is not None and round_ms is not None
+    assert plan["b"] <= 2 * max(1.0, finish.line.centre) and round_ms > 0.95 * (960 + 5)
+    assert ctl.predicted_round_ms(96) == pytest.approx(96 + 5 + 2, rel=0.01)  # b parked: a's own round
+    time = vouched(finish)
+    batches = [1, 2, 3, 4, 8, 64, 960]
+    assert [time(b) for b in batches] == sorted(time(b) for b in batches)
+    assert all(time(b) == finish.at(b) for b in batches if b <= finish.line.centre)
+    measured = ctl._held.finishes()["a"]  # type: ignore[attr-defined]
+    assert slope_measured(measured.line) and vouched(measured) == measured.at
 
 
 def test_squared_norms_are_summed_in_float64_part_by_part() -> None:
