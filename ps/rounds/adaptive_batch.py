@@ -117,9 +117,9 @@ class AdaptiveBatchSizing:
         upper = epoch_bound(config.max_batch if upper is None else upper, self.samples_per_epoch)
         return max(lower, config.min_batch), upper
 
-    def _outside(self) -> bool:
-        """Whether B now is outside `_range`, where it can move (lower <= upper)."""
-        lower, upper = self._range()
+    def _outside(self, bounds: tuple[int, int] | None = None) -> bool:
+        """Whether B now is outside `bounds` (`_range` where not given), where it can move (lower <= upper)."""
+        lower, upper = self._range() if bounds is None else bounds
         batch = self.decider.batch if self.decider is not None else lower
         return lower <= upper and not lower <= batch <= upper
 
@@ -168,7 +168,7 @@ class AdaptiveBatchSizing:
         lower, upper = self._range()
         round_model, basis = self._round_model(current)
         predict = None if round_model is None else round_model.predict_global
-        if self._outside():  # into the range at once, measured or not (`after_round`)
+        if self._outside((lower, upper)):  # into the range at once, measured or not (`after_round`)
             return decider.note(moved(config, current, min(max(current, lower), upper), phi, OUTSIDE, predict)), basis
         reviewed = decider.review(phi, self._rounds_at, self._noise_at, predict)
         if reviewed is not None:
