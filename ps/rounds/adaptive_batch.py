@@ -14,7 +14,8 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ps.control.global_batch.goodput import (DECIDE_EVERY, MIN_ROUNDS, OUTSIDE, SETTLE_ROUNDS, AdaptiveBatch, AdaptiveConfig,
+from ps.control.global_batch.decider import AdaptiveBatch
+from ps.control.global_batch.goodput import (DECIDE_EVERY, MIN_ROUNDS, OUTSIDE, PROBE, SETTLE_ROUNDS, AdaptiveConfig,
                                               Decision, epoch_bound, moved, probe_batch)
 from ps.control.global_batch.gns import NoiseScaleEstimator
 from ps.control.performance import RoundModel, global_round_model
@@ -156,7 +157,7 @@ class AdaptiveBatchSizing:
     def _decision(self, current: int) -> tuple[Decision, str]:
         """The decision at B now and its basis: a goodput move that the rounds measured since contradict
         by more than their noise is taken back ("measured"; B does not pass the batch taken back to in
-        that direction for goodput.TAKE_BACK_MEMORY decisions, goodput.AdaptiveBatch.review); under a
+        that direction for decider.TAKE_BACK_MEMORY decisions, decider.AdaptiveBatch.review); under a
         policy without a fitted model, B measured alone is probed against a second B ("probe"), so
         that the line through both replaces the guess; else the goodput scan on the round model,
         moving only on a gain beyond what φ's standard error could explain. Candidates leave an epoch
@@ -177,7 +178,7 @@ class AdaptiveBatchSizing:
         probe = (probe_batch(current, lower, upper, phi, predict, config.base_batch, self._measurable)
                  if len(self._rounds_at) < 2 and current in self._rounds_at else None)
         if basis == "guess" and phi is not None and probe is not None:
-            return decider.note(moved(config, current, probe, phi, "probe: a second batch for the round line", predict)), "probe"
+            return decider.note(moved(config, current, probe, phi, PROBE, predict)), "probe"
         return decider.choose(phi, lower, upper, predict, upward_only=basis == "guess", phi_sd=noise_scale.phi_sd,
                               measurable=self._measurable), basis
 

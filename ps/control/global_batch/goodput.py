@@ -8,7 +8,7 @@ per sample once B passes φ. `choose` scans B in [lower, upper] and moves only w
 goodput beats the current one by the threshold (a change costs re-measuring every worker) and by
 what the noise scale's uncertainty could explain (the gain at φ ± its standard error). A goodput move
 is measured at the batch it went to and taken back where the measured goodput fell by more than the
-rounds' noise; that direction is then closed for TAKE_BACK_MEMORY decisions (`AdaptiveBatch.review`).
+rounds' noise; that direction is then closed for TAKE_BACK_MEMORY decisions (decider.py, `AdaptiveBatch.review`).
 
 The learning rate follows B by one of three rules (`lr_factor`, a factor on the job's schedule):
 linear B/B₀ (Goyal et al.), sqrt √(B/B₀) (Krizhevsky), and adascale, AdaScale's gain ratio
@@ -28,11 +28,6 @@ from common.number_checks import finite, whole
 
 LR_SCALINGS: tuple[str, ...] = ("adascale", "linear", "sqrt")
 """The `--lr-scaling` rules (the first is the default)."""
-STATE_FORMAT = "adaptive-batch/2"
-"""Written by `AdaptiveBatch.state_dict`; "adaptive-batch/1" (without the move under review and the
-closed directions) still loads, with neither."""
-TAKE_BACK_MEMORY = 8
-"""Decisions a direction stays closed after a move in it was taken back."""
 NOISE_SDS = 2.0
 """A measured goodput contradicts a move only where it fell by more than this many standard errors
 of the two median rounds it compares."""
@@ -53,6 +48,19 @@ OUTSIDE = "outside the bounds"
 server moves a B₀ an epoch cannot hold enough rounds of at its first round)."""
 UNMEASURABLE = "the noise scale is not measurable at the current batch"
 """The reason of a move away from a B whose plan trains one worker (`choose`)."""
+PROBE = "probe: a second batch for the round line"
+"""The reason of a move to a second batch to measure rounds at (`probe_batch`); it is reviewed like a
+goodput move, but stays only where its measured goodput is higher (decider.py)."""
+MAX_STEP = 2.0
+"""A goodput move inside the bounds goes at most this many times up or down from B now: its gain rests
+on φ's reading of the moment and on the round model away from the batches measured, and the next
+decision, a few rounds on, goes further if they still say so (on the CNN from B₀ = 64, φ read 225,
+80 and then 6.3 within 16 rounds, and B went 128 → 23 in one move: 40 s to the target against 21 s
+for B fixed at 64)."""
+ESCAPE_STEP = 1.25
+"""A move away from a B whose plan trains one worker goes at least this many times up where it can: a
+few samples more, the policy parks the same worker again (on the image files from B₀ = 64, B crept
+29 → 31 → 32 → 33 → 34, each run on one worker, a decision each)."""
 _GRID = 48
 """Candidate batches per decision: a geometric grid over [lower, upper] (plus both ends and B now)."""
 MIN_STEPS_PER_EPOCH = 8
@@ -171,10 +179,13 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
             rate = current / round_ms(current) * 1000.0
         return Decision(current, current, False, gain, phi, eff, rate, reason)
 
-    if phi is None:
-        return unchanged("noise scale not known yet")
-    if round_ms is None:
-        return unchanged("round time not measured yet")
+    if phi is None or round_ms is None:
+        # at a B where φ cannot be measured it would stay unknown (or frozen) for as long as B stays:
+        # B moves up to the nearest batch where it can be, with no goodput to compare
+        escape = _escape(lo, hi, current, measurable)
+        if escape is not None:
+            return moved(config, current, escape, phi, UNMEASURABLE, round_ms)
+        return unchanged("noise scale not known yet" if phi is None else "round time not measured yet")
     if lo > hi:
         return unchanged(f"the workers' bounds allow no batch in [{config.min_batch}, {config.max_batch}]")
 
@@ -185,10 +196,15 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     now = value(current)
     inside = lo <= current <= hi
     # B now where φ cannot be measured (the policy's plan trains one worker): φ would stay frozen at
-    # its value for as long as B stays, so B moves to the best batch where it can be, gain or not
+    # its value for as long as B stays, so B moves to the best batch where it can be, gain or not, and
+    # up where any is (a smaller B gives fewer workers a share)
     frozen = inside and measurable is not None and not measurable(current)
     pool = [b for b in candidates(lo, hi, current) if (b >= current or not (upward_only and inside))
             and (not frozen if b == current else not inside or measurable is None or measurable(b))] or [current]
+    if frozen:
+        pool = _upward(pool, current)
+    elif inside:
+        pool = [b for b in pool if current <= MAX_STEP * b and b <= MAX_STEP * current] or [current]
     best = max(pool, key=lambda b: (value(b), -abs(b - current)))
     gain = value(best) / now - 1.0 if now > 0 else None
     spread = None
@@ -204,6 +220,23 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     reason = UNMEASURABLE if frozen else "goodput" if inside else OUTSIDE
     return Decision(best, current, True, gain, phi, statistical_efficiency(phi, best, config.base_batch),
                     best / t * 1000.0 if t > 0 else None, reason, spread)
+
+
+def _escape(lower: int, upper: int, current: int, measurable: Callable[[int], bool] | None) -> int | None:
+    """The nearest candidate where φ is measurable ESCAPE_STEP times B now or more (else the nearest
+    above B now), where it is not measurable at B now (None: it is, or there is none above)."""
+    if measurable is None or not lower <= current <= upper or measurable(current):
+        return None
+    return next(iter(_upward([b for b in candidates(lower, upper, current) if measurable(b)], current)), None)
+
+
+def _upward(pool: list[int], current: int) -> list[int]:
+    """Of `pool` (sorted), those ESCAPE_STEP times `current` or more, else those above it, else all."""
+    for floor in (ESCAPE_STEP * current, current + 1):
+        above = [b for b in pool if b >= floor]
+        if above:
+            return above
+    return pool
 
 
 def epoch_bound(upper: int, samples_per_epoch: int, min_steps: int = MIN_STEPS_PER_EPOCH) -> int:
@@ -252,123 +285,3 @@ def moved(config: AdaptiveConfig, current: int, batch: int, phi: float | None, r
     eff = None if phi is None else statistical_efficiency(phi, batch, config.base_batch)
     t = round_ms(batch) if round_ms is not None else None
     return Decision(batch, current, batch != current, None, phi, eff, batch / t * 1000.0 if t else None, reason)
-
-
-class AdaptiveBatch:
-    """The decision's state: B now, φ at the last decision, the decisions taken and their changes, the
-    goodput move under review (`previous`: the B it left, until the move is measured) and the
-    directions closed by take-backs (`closed`: "up"/"down" -> [the batch B may not pass, decisions left])."""
-
-    def __init__(self, config: AdaptiveConfig) -> None:
-        self.config = config
-        self.batch = config.base_batch
-        self.phi: float | None = None
-        self.decisions = 0
-        self.changes = 0
-        self.last: Decision | None = None
-        self.previous: int | None = None
-        self.closed: dict[str, list[int]] = {}
-
-    def bounds(self, lower: int, upper: int) -> tuple[int, int]:
-        """[lower, upper] narrowed by the closed directions."""
-        if "up" in self.closed:
-            upper = min(upper, self.closed["up"][0])
-        if "down" in self.closed:
-            lower = max(lower, self.closed["down"][0])
-        return lower, upper
-
-    def choose(self, phi: float | None, lower: int, upper: int, round_ms: Callable[[int], float] | None,
-               upward_only: bool = False, phi_sd: float | None = None,
-               measurable: Callable[[int], bool] | None = None) -> Decision:
-        """One decision at the current batch within the bounds left open (counted; φ kept for the LR
-        rule); `apply` it once the caller has re-split the new B."""
-        lo, hi = self.bounds(lower, upper)
-        return self.note(choose(self.config, self.batch, phi, lo, hi, round_ms, upward_only, phi_sd, measurable))
-
-    def review(self, phi: float | None, rounds: Mapping[int, float], noise: Mapping[int, float],
-               round_ms: Callable[[int], float] | None = None) -> Decision | None:
-        """The goodput move under review, if any: a decision to wait while the batch moved to is not
-        measured yet (`rounds`: the median round measured at each B, `noise` its relative standard
-        error), a take-back to the batch before where the measured goodput contradicts the move
-        (`contradicted`; the move's direction is then closed for TAKE_BACK_MEMORY decisions), else
-        None (the move stands and is no longer under review)."""
-        previous, current = self.previous, self.batch
-        if previous is None or phi is None:
-            return None
-        if current not in rounds:
-            return self.note(moved(self.config, current, current, phi, "measuring the batch moved to", round_ms))
-        self.previous = None
-        if not contradicted(previous, current, rounds, phi, self.config.base_batch, noise):
-            return None
-        self.closed["up" if previous < current else "down"] = [previous, TAKE_BACK_MEMORY + 1]
-        return self.note(moved(self.config, current, previous, phi, "taken back: measured goodput fell"))
-
-    def note(self, decision: Decision) -> Decision:
-        """Count a decision made at the current batch (by `choose`, or a probe or take-back: `moved`);
-        a closed direction opens again after its decisions."""
-        self.phi = decision.phi if decision.phi is not None else self.phi
-        self.decisions += 1
-        self.last = decision
-        for direction, entry in list(self.closed.items()):
-            entry[1] -= 1
-            if entry[1] <= 0:
-                del self.closed[direction]
-        return decision
-
-    def apply(self, decision: Decision) -> None:
-        """The decision's batch is now B; a goodput move is under review until measured. A move away
-        from a B where φ was not measurable closes the way back for TAKE_BACK_MEMORY decisions: the
-        plan a goodput move would install there can differ from the one its check predicted (on HL8
-        B went 83 -> 77 -> 83 three times, each 77 run on one worker)."""
-        if decision.changed and decision.batch != self.batch:
-            if decision.reason == UNMEASURABLE:
-                self.closed["down" if decision.batch > self.batch else "up"] = [decision.batch, TAKE_BACK_MEMORY]
-            self.previous = self.batch if decision.reason == "goodput" else None
-            self.batch = decision.batch
-            self.changes += 1
-
-    def lr_factor(self) -> float:
-        """The factor on the job's learning rate at the current batch."""
-        return lr_factor(self.config.lr_scaling, self.batch, self.config.base_batch, self.phi)
-
-    def efficiency(self) -> float | None:
-        """E(B) of the current batch (None while φ is unknown)."""
-        return None if self.phi is None else statistical_efficiency(self.phi, self.batch, self.config.base_batch)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"format": STATE_FORMAT, "base_batch": self.config.base_batch, "batch": self.batch, "phi": self.phi,
-                "decisions": self.decisions, "changes": self.changes, "previous": self.previous,
-                "closed": {k: list(v) for k, v in self.closed.items()}}
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Take a checkpoint's state, STATE_FORMAT or "adaptive-batch/1" (ValueError, nothing changed,
-        on a malformed one or another B₀)."""
-        if not isinstance(state, Mapping) or state.get("format") not in (STATE_FORMAT, "adaptive-batch/1"):
-            raise ValueError(f"adaptive-batch state must be a mapping of format {STATE_FORMAT!r} "
-                             "(or 'adaptive-batch/1')")
-        if state.get("base_batch") != self.config.base_batch:
-            raise ValueError(f"the checkpoint started at --global-batch {state.get('base_batch')!r}, "
-                             f"not {self.config.base_batch}")
-        batch = whole("adaptive batch", state.get("batch"), 1)
-        phi = state.get("phi")
-        phi = None if phi is None else finite("phi", phi, 0.0)
-        decisions = whole("decisions", state.get("decisions"), 0)
-        changes = whole("changes", state.get("changes"), 0)
-        previous, closed = None, {}
-        if state["format"] == STATE_FORMAT:
-            previous = None if state.get("previous") is None else whole("previous batch", state.get("previous"), 1)
-            closed = _closed(state.get("closed"))
-        self.batch, self.phi, self.decisions, self.changes = batch, phi, decisions, changes
-        self.previous, self.closed = previous, closed
-
-
-def _closed(value: Any) -> dict[str, list[int]]:
-    """The state's closed directions, checked."""
-    if not isinstance(value, Mapping) or not set(value) <= {"up", "down"}:
-        raise ValueError("adaptive-batch state 'closed' must map 'up'/'down' to [batch, decisions left]")
-    out = {}
-    for direction, entry in value.items():
-        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-            raise ValueError(f"adaptive-batch state 'closed' {direction!r} must be [batch, decisions left]")
-        out[direction] = [whole(f"closed {direction} batch", entry[0], 1), whole(f"closed {direction} decisions", entry[1], 1)]
-    return out

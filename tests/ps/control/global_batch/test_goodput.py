@@ -15,13 +15,14 @@ from hypothesis import strategies as st
 
 from ps.control.global_batch.goodput import (
     LR_SCALINGS,
-    AdaptiveBatch,
+    MAX_STEP,
     AdaptiveConfig,
     candidates,
     choose,
     goodput,
     lr_factor,
 )
+from ps.control.global_batch.decider import AdaptiveBatch
 from ps.control.performance import measured_round, round_line
 from ps.control.model.fitted_plan import vouched
 from ps.control.model.time_fit import slope_measured
@@ -56,7 +57,7 @@ def test_the_choice_is_the_goodput_optimum_of_a_linear_round() -> None:
     # goodput = B/(qB + c) * (phi + B0)/(phi + B) peaks at B* = sqrt(c*phi/q)
     q, c, phi = 0.01, 40.0, 1000.0
     config = AdaptiveConfig(base_batch=128, min_batch=16, max_batch=16384, threshold=0.0)
-    decision = choose(config, 128, phi, 16, 16384, linear_round(q, c))
+    decision = choose(config, 1024, phi, 16, 16384, linear_round(q, c))  # within MAX_STEP of the optimum
     best = math.sqrt(c * phi / q)
     assert decision.changed and abs(math.log(decision.batch / best)) < math.log(16384 / 16) / 47
     assert decision.gain is not None and decision.gain > 0
@@ -66,6 +67,22 @@ def test_the_choice_is_the_goodput_optimum_of_a_linear_round() -> None:
     # no candidate beats it by much
     top = max(goodput(b / linear_round(q, c)(b), phi, b, 128) for b in range(16, 16385, 7))
     assert goodput(decision.batch / linear_round(q, c)(decision.batch), phi, decision.batch, 128) >= 0.99 * top
+
+
+def test_a_move_goes_at_most_max_step_and_the_next_decisions_go_on() -> None:
+    q, c, phi = 0.01, 40.0, 1000.0  # the optimum at 2,000
+    config = AdaptiveConfig(base_batch=128, min_batch=16, max_batch=16384, threshold=0.0)
+    batch, path = 128, []
+    for _ in range(6):
+        decision = choose(config, batch, phi, 16, 16384, linear_round(q, c))
+        assert batch <= MAX_STEP * decision.batch and decision.batch <= MAX_STEP * batch
+        batch = decision.batch
+        path.append(batch)
+    assert path[0] == max(b for b in candidates(16, 16384, 128) if b <= MAX_STEP * 128)
+    assert abs(math.log(batch / math.sqrt(c * phi / q))) < math.log(16384 / 16) / 47 and path[-1] == path[-2]
+    # from above the same, downward; a B outside the bounds moves to the best inside at once
+    assert choose(config, 16384, phi, 16, 16384, linear_round(q, c)).batch >= 16384 / MAX_STEP
+    assert choose(config, 20000, phi, 16, 16384, linear_round(q, c)).batch == batch
 
 
 def test_below_the_threshold_b_stays_and_at_zero_it_moves() -> None:

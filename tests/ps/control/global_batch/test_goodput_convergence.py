@@ -11,7 +11,8 @@ from collections.abc import Callable, Mapping
 import pytest
 
 from ps.control.config import PolicyConfig
-from ps.control.global_batch.goodput import TAKE_BACK_MEMORY, AdaptiveBatch, AdaptiveConfig, Decision
+from ps.control.global_batch.decider import TAKE_BACK_MEMORY, AdaptiveBatch
+from ps.control.global_batch.goodput import AdaptiveConfig, Decision
 from ps.control.model.break_even import below_break_even, park_below_break_even
 from ps.control.model.optperf import best_plan
 from ps.control.model.policy import ModelPolicy

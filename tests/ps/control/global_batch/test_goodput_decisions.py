@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ps.control.global_batch.goodput import (GAIN_SDS, MIN_STEPS_PER_EPOCH, TAKE_BACK_MEMORY, UNMEASURABLE, AdaptiveBatch, AdaptiveConfig, Decision, candidates, choose,
-                                             contradicted, epoch_bound, measured_goodput, moved, probe_batch)
+from ps.control.global_batch.decider import TAKE_BACK_MEMORY, AdaptiveBatch
+from ps.control.global_batch.goodput import (GAIN_SDS, MAX_STEP, MIN_STEPS_PER_EPOCH, UNMEASURABLE, AdaptiveConfig, Decision,
+                                             candidates, choose, contradicted, epoch_bound, measured_goodput, moved,
+                                             probe_batch)
 from ps.control.performance import round_line
 
 CONFIG = AdaptiveConfig(base_batch=128, min_batch=64, max_batch=1024, threshold=0.05)
@@ -61,8 +63,9 @@ def test_a_probe_and_the_line_through_both_batches_choose_by_measured_rounds() -
     assert line is not None and line.fixed == pytest.approx(40) and line.slope == pytest.approx(0.1)
     decision = choose(CONFIG, 128, 1e6, 64, 179, line.predict_global)
     assert decision.changed and decision.batch == 179 and decision.reason == "goodput"
-    # phi small: a sample at a larger B is worth less; the smallest B wins
-    assert choose(CONFIG, 179, 5.0, 64, 179, line.predict_global).batch == 64
+    # phi small: a sample at a larger B is worth less; the smallest B wins, reached MAX_STEP at a time
+    assert choose(CONFIG, 179, 5.0, 64, 179, line.predict_global).batch == min(
+        b for b in candidates(64, 179, 179) if MAX_STEP * b >= 179)
 
 
 def test_a_move_whose_measured_goodput_fell_is_contradicted() -> None:
@@ -128,10 +131,10 @@ def test_a_move_goes_only_where_the_noise_scale_stays_measurable() -> None:
     # the noise scale cannot be measured (one batch size per round), so the move stops at 100
     config = AdaptiveConfig(base_batch=512, min_batch=16, max_batch=1024, threshold=0.05)
     round_ms = lambda b: 0.2 * b + 20.0  # noqa: E731
-    free = choose(config, 512, 10.0, 16, 1024, round_ms)
-    assert free.changed and free.batch == 32
-    kept = choose(config, 512, 10.0, 16, 1024, round_ms, measurable=lambda b: b >= 100)
-    assert kept.changed and kept.batch == min(b for b in candidates(16, 1024, 512) if b >= 100)
+    free = choose(config, 128, 10.0, 16, 1024, round_ms)
+    assert free.changed and free.batch == min(b for b in candidates(16, 1024, 128) if MAX_STEP * b >= 128)
+    kept = choose(config, 128, 10.0, 16, 1024, round_ms, measurable=lambda b: b >= 100)
+    assert kept.changed and kept.batch == min(b for b in candidates(16, 1024, 128) if b >= 100)
     # where no other batch is measurable, B stays; a B outside the bounds still moves in
     assert not choose(config, 512, 10.0, 16, 1024, round_ms, measurable=lambda b: False).changed
     # at a B where it cannot be measured (after the policy parked all but one worker there), B moves

@@ -1,0 +1,156 @@
+"""The adaptive batch's state across decisions (`--adaptive-batch gns`): B now, the goodput move or
+probe under review until its rounds are measured (taken back where they contradict it, goodput.py's
+`contradicted`), the directions closed by take-backs, the learning-rate factor of B now, and the
+checkpoint of all of it. Each decision itself is goodput.py's. Pure: no clock, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from common.number_checks import finite, whole
+from ps.control.global_batch.gns import statistical_efficiency
+from ps.control.global_batch.goodput import (PROBE, UNMEASURABLE, AdaptiveConfig, Decision, choose, contradicted,
+                                             lr_factor, measured_goodput, moved)
+
+STATE_FORMAT = "adaptive-batch/2"
+"""Written by `AdaptiveBatch.state_dict`; "adaptive-batch/1" (without the move under review and the
+closed directions) still loads, with neither, and a /2 state without "probing" as a goodput move's."""
+TAKE_BACK_MEMORY = 8
+"""Decisions a direction stays closed after a move in it was taken back."""
+PROBE_BACK = "taken back: the probe measured no more goodput"
+"""The reason of the return from a probe whose measured goodput was not higher."""
+
+
+class AdaptiveBatch:
+    """The decision's state: B now, φ at the last decision, the decisions taken and their changes, the
+    goodput move or probe under review (`previous`: the B it left, until the move is measured;
+    `probing`: the move is a probe) and the directions closed by take-backs (`closed`: "up"/"down" ->
+    [the batch B may not pass, decisions left])."""
+
+    def __init__(self, config: AdaptiveConfig) -> None:
+        self.config = config
+        self.batch = config.base_batch
+        self.phi: float | None = None
+        self.decisions = 0
+        self.changes = 0
+        self.last: Decision | None = None
+        self.previous: int | None = None
+        self.probing = False
+        self.closed: dict[str, list[int]] = {}
+
+    def bounds(self, lower: int, upper: int) -> tuple[int, int]:
+        """[lower, upper] narrowed by the closed directions."""
+        if "up" in self.closed:
+            upper = min(upper, self.closed["up"][0])
+        if "down" in self.closed:
+            lower = max(lower, self.closed["down"][0])
+        return lower, upper
+
+    def choose(self, phi: float | None, lower: int, upper: int, round_ms: Callable[[int], float] | None,
+               upward_only: bool = False, phi_sd: float | None = None,
+               measurable: Callable[[int], bool] | None = None) -> Decision:
+        """One decision at the current batch within the bounds left open (counted; φ kept for the LR
+        rule); `apply` it once the caller has re-split the new B."""
+        lo, hi = self.bounds(lower, upper)
+        return self.note(choose(self.config, self.batch, phi, lo, hi, round_ms, upward_only, phi_sd, measurable))
+
+    def review(self, phi: float | None, rounds: Mapping[int, float], noise: Mapping[int, float],
+               round_ms: Callable[[int], float] | None = None) -> Decision | None:
+        """The goodput move or probe under review, if any: a decision to wait while the batch moved to
+        is not measured yet (`rounds`: the median round measured at each B, `noise` its relative
+        standard error), a take-back to the batch before where the measured goodput contradicts the
+        move (`contradicted`) or, for a probe, where it is not higher than before (a probe is a
+        measurement, made on no predicted gain: B stays there only on a measured one); the direction
+        taken back is then closed for TAKE_BACK_MEMORY decisions. Else None (the move stands and is
+        no longer under review)."""
+        previous, current = self.previous, self.batch
+        if previous is None or phi is None:
+            return None
+        if current not in rounds:
+            return self.note(moved(self.config, current, current, phi, "measuring the batch moved to", round_ms))
+        probing, self.previous, self.probing = self.probing, None, False
+        base = self.config.base_batch
+        if probing:
+            back = (previous in rounds and measured_goodput(current, rounds[current], phi, base)
+                    <= measured_goodput(previous, rounds[previous], phi, base))
+        else:
+            back = contradicted(previous, current, rounds, phi, base, noise)
+        if not back:
+            return None
+        self.closed["up" if previous < current else "down"] = [previous, TAKE_BACK_MEMORY + 1]
+        return self.note(moved(self.config, current, previous, phi, PROBE_BACK if probing else "taken back: measured goodput fell"))
+
+    def note(self, decision: Decision) -> Decision:
+        """Count a decision made at the current batch (by `choose`, or a probe or take-back: `moved`);
+        a closed direction opens again after its decisions."""
+        self.phi = decision.phi if decision.phi is not None else self.phi
+        self.decisions += 1
+        self.last = decision
+        for direction, entry in list(self.closed.items()):
+            entry[1] -= 1
+            if entry[1] <= 0:
+                del self.closed[direction]
+        return decision
+
+    def apply(self, decision: Decision) -> None:
+        """The decision's batch is now B; a goodput move is under review until measured. A move away
+        from a B where φ was not measurable closes the way back for TAKE_BACK_MEMORY decisions: the
+        plan a goodput move would install there can differ from the one its check predicted (on HL8
+        B went 83 -> 77 -> 83 three times, each 77 run on one worker)."""
+        if decision.changed and decision.batch != self.batch:
+            if decision.reason == UNMEASURABLE:
+                self.closed["down" if decision.batch > self.batch else "up"] = [decision.batch, TAKE_BACK_MEMORY]
+            self.previous = self.batch if decision.reason in ("goodput", PROBE) else None
+            self.probing = decision.reason == PROBE
+            self.batch = decision.batch
+            self.changes += 1
+
+    def lr_factor(self) -> float:
+        """The factor on the job's learning rate at the current batch."""
+        return lr_factor(self.config.lr_scaling, self.batch, self.config.base_batch, self.phi)
+
+    def efficiency(self) -> float | None:
+        """E(B) of the current batch (None while φ is unknown)."""
+        return None if self.phi is None else statistical_efficiency(self.phi, self.batch, self.config.base_batch)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"format": STATE_FORMAT, "base_batch": self.config.base_batch, "batch": self.batch, "phi": self.phi,
+                "decisions": self.decisions, "changes": self.changes, "previous": self.previous,
+                "probing": self.probing, "closed": {k: list(v) for k, v in self.closed.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Take a checkpoint's state, STATE_FORMAT or "adaptive-batch/1" (ValueError, nothing changed,
+        on a malformed one or another B₀)."""
+        if not isinstance(state, Mapping) or state.get("format") not in (STATE_FORMAT, "adaptive-batch/1"):
+            raise ValueError(f"adaptive-batch state must be a mapping of format {STATE_FORMAT!r} "
+                             "(or 'adaptive-batch/1')")
+        if state.get("base_batch") != self.config.base_batch:
+            raise ValueError(f"the checkpoint started at --global-batch {state.get('base_batch')!r}, "
+                             f"not {self.config.base_batch}")
+        batch = whole("adaptive batch", state.get("batch"), 1)
+        phi = state.get("phi")
+        phi = None if phi is None else finite("phi", phi, 0.0)
+        decisions = whole("decisions", state.get("decisions"), 0)
+        changes = whole("changes", state.get("changes"), 0)
+        previous, closed, probing = None, {}, False
+        if state["format"] == STATE_FORMAT:
+            previous = None if state.get("previous") is None else whole("previous batch", state.get("previous"), 1)
+            closed = _closed(state.get("closed"))
+            probing = state.get("probing", False)
+            if not isinstance(probing, bool):
+                raise ValueError(f"adaptive-batch state 'probing' must be true or false, got {probing!r}")
+        self.batch, self.phi, self.decisions, self.changes = batch, phi, decisions, changes
+        self.previous, self.closed, self.probing = previous, closed, probing and previous is not None
+
+
+def _closed(value: Any) -> dict[str, list[int]]:
+    """The state's closed directions, checked."""
+    if not isinstance(value, Mapping) or not set(value) <= {"up", "down"}:
+        raise ValueError("adaptive-batch state 'closed' must map 'up'/'down' to [batch, decisions left]")
+    out = {}
+    for direction, entry in value.items():
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            raise ValueError(f"adaptive-batch state 'closed' {direction!r} must be [batch, decisions left]")
+        out[direction] = [whole(f"closed {direction} batch", entry[0], 1), whole(f"closed {direction} decisions", entry[1], 1)]
+    return out
