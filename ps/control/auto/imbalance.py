@@ -19,17 +19,18 @@ NOISE_SDS = 2.0
 
 def far_from_balance(times: Mapping[str, Sequence[float]], history: Mapping[str, Sequence[Item]],
                      plan: Mapping[str, int], lower: Mapping[str, int], upper: Mapping[str, int],
-                     width: float) -> bool:
+                     width: float, means_of: Mapping[str, float] | None = None) -> bool:
     """Whether a worker inside its bounds, or held at its upper bound, finishes later than the fastest
     worker inside its bounds by `width` of that one's mean time plus NOISE_SDS standard errors of the
     difference (`times`: each planned worker's times at its batch; `history`: its observations,
     whose noise and persistence give the errors). Workers whose bounds fix their batch, or held at
-    their lower bound, are not judged; fewer than two inside their bounds is no balance to judge."""
+    their lower bound, are not judged; fewer than two inside their bounds is no balance to judge.
+    `means_of`: each worker's mean of `times`, where the caller has them."""
     means: dict[str, tuple[float, int]] = {}
     for k, ms in times.items():
         if lower[k] == upper[k] or not ms:
             continue
-        means[k] = (statistics.fmean(ms), len(ms))
+        means[k] = (statistics.fmean(ms) if means_of is None else means_of[k], len(ms))
 
     def error(k: str) -> float:
         mean, m = means[k]

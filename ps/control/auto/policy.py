@@ -138,14 +138,16 @@ class AutoPolicy(FittedPlan):
         # under a move: look again at the others, less strictly (on their newest time alone where a
         # change was trusted on its first times: the others' rounds since are as few)
         in_force = self._laws.in_force(current)
-        measured_balanced = self._balanced_on(in_force, current)
+        means = _means(in_force)
+        measured_balanced = self._balanced_on(in_force, current, means)
         if self._laws.changed or not measured_balanced:
             along = 1 if self._laws.quick else ALONG_ROUNDS
             found = [k for k in active if k not in self._laws.changed
                      and self._laws.forget_before_change(k, ALONG_SDS, along)]
             if found:  # their times are those after the change now
                 in_force = self._laws.in_force(current)
-                measured_balanced = self._balanced_on(in_force, current)
+                means = _means(in_force)
+                measured_balanced = self._balanced_on(in_force, current, means)
         follow, changed = self._follow_up, sorted(self._laws.changed)
         if not (follow or changed):  # a parked worker waits for the server's decisions, not those asked for
             self._parking.tick()
@@ -164,7 +166,7 @@ class AutoPolicy(FittedPlan):
         priced = FittedRounds(times, table=table)
         gain = priced.predict(current) / max(priced.predict(new), 1e-9) - 1.0
         resolve = not (reprobe or changed or follow)
-        min_gain = max(MIN_GAIN, GAIN_SDS * self._laws.time_error(current),
+        min_gain = max(MIN_GAIN, GAIN_SDS * self._laws.time_error(current, in_force),
                        max(self._config.deadband / 2, prediction_error(report["previous"])) if resolve else 0.0)
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
         hold: dict[str, Any] = {}
@@ -175,16 +177,16 @@ class AutoPolicy(FittedPlan):
             if balanced or confirm or not gain > min_gain:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
             # laws that see no gain in a plan measured far out of balance twice in a row do not hold there
-            if hold and not balanced and self._exact_sum() and self._far_from_balance(current, in_force):
-                measured = self._measured_step(current, in_force) if confirmed else current
+            if hold and not balanced and self._exact_sum() and self._far_from_balance(current, in_force, means):
+                measured = self._measured_step(current, means) if confirmed else current
                 if measured != current:
                     new, parked, hold, stepped, confirm = measured, self.parked(), {}, True, False
                 elif not confirmed:
                     hold["confirm"] = confirm = True
             self._confirming = confirm
         base = current if hold else new
-        probes = self._probes(base, current, changed, slowed, in_force)
-        entries = self._entries(base, current, in_force)
+        probes = self._probes(base, current, changed, slowed, means)
+        entries = self._entries(base, current, means)
         lower, upper = self._bounds()
         # the workers the probes and entries make room from keep their break-even (with `break_even`)
         probed = probe_plan(base, {**probes, **entries}, self._config.global_batch,
@@ -215,23 +217,23 @@ class AutoPolicy(FittedPlan):
                         **({"park": compared} if compared else {}), **self._describe(new)}
         return new
 
-    def _far_from_balance(self, plan: Mapping[str, int], times: Mapping[str, Sequence[float]] | None) -> bool:
+    def _far_from_balance(self, plan: Mapping[str, int], times: Mapping[str, Sequence[float]] | None,
+                          means: Mapping[str, float] | None) -> bool:
         """Whether the plan in force is measured out of balance by BANDS deadbands beyond the noise
         (imbalance.py): the laws' solve would move it, unless they are wrong there (fitted through
         times from both sides of a change, or flattened by noise) or too uncertain away from the
-        batches measured to vouch for a move, which only a move can cure."""
+        batches measured to vouch for a move, which only a move can cure. `means`: each worker's mean of `times`."""
         lower, upper = self._bounds()
         history = {k: self._laws.obs[k].items for k in plan}
         return times is not None and far_from_balance(times, history, plan, lower, upper,
-                                                      BANDS * self._config.deadband)
+                                                      BANDS * self._config.deadband, means)
 
-    def _measured_step(self, plan: Mapping[str, int], times: Mapping[str, Sequence[float]] | None) -> dict[str, int]:
+    def _measured_step(self, plan: Mapping[str, int], means: Mapping[str, float] | None) -> dict[str, int]:
         """The proportional step from the plan's measured times (OmniLearn's): each planned worker's
         time as its mean time at its batch, scaled with the batch; the parked stay parked. With a
         fixed cost the slowest worker's time falls less than its batch, so the step falls short of
         balance rather than past it, and the next decision goes on from times at the new batches."""
-        lines: dict[str, FinishTime] = {k: _proportional(statistics.fmean(t) / plan[k])
-                                        for k, t in (times or {}).items()}
+        lines: dict[str, FinishTime] = {k: _proportional(mean / plan[k]) for k, mean in (means or {}).items()}
         lower, upper = self._bounds()
         lower = self._kept_at_break_even(plan, lower, upper)  # with `break_even`: none stepped below it
         parked = [k for k, b in plan.items() if b == 0]
@@ -284,19 +286,19 @@ class AutoPolicy(FittedPlan):
         return plan, parked + below, compared
 
     def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str],
-                slowed: bool, in_force: Mapping[str, Sequence[float]] | None) -> dict[str, int]:
+                slowed: bool, means: Mapping[str, float] | None) -> dict[str, int]:
         """The changed workers on a proportional line to move up whatever the gain (probes.py), and where
         a worker slowed, the unchanged ones too: the load may have moved to them, their speed-up hidden
         in a small batch's fixed cost."""
         lower, upper = self._bounds()
-        means = {k: statistics.fmean(t) for k, t in (in_force or {}).items()}
+        means = means or {}
         candidates = [k for k in changed if not self._identified(k)]
         if slowed:
             candidates += [k for k in self._active() if k not in changed]
         return probe_targets(candidates, plan, current, means, lower, upper, self._config.deadband)
 
     def _entries(self, plan: Mapping[str, int], current: Mapping[str, int],
-                 in_force: Mapping[str, Sequence[float]] | None) -> dict[str, int]:
+                 means: Mapping[str, float] | None) -> dict[str, int]:
         """The parked workers `plan` brings back, at the batch their known laws finish within the
         round measured now, else at their cores' share (probes.entry_targets)."""
         entering = [k for k, b in plan.items() if b > 0 and current.get(k, 0) == 0]
@@ -305,8 +307,9 @@ class AutoPolicy(FittedPlan):
         lower, upper = self._bounds()
         lower = self._kept_at_break_even(plan, lower, upper)  # with `break_even`: each at its break-even at least
         finishes = self._laws.finishes()
-        times = in_force or {k: [finishes[k].at(b)] for k, b in current.items() if b > 0 and k in finishes}
-        slowest = max((statistics.fmean(t) for t in times.values()), default=0.0)
+        if means is None:
+            means = {k: finishes[k].at(b) for k, b in current.items() if b > 0 and k in finishes}
+        slowest = max(means.values(), default=0.0)
         cores = {k: w.cores for k, w in self._workers.items()}
         # a line through the origin measured at the minimum batch would bring it back there
         known = {k: f.at for k, f in finishes.items() if self._identified(k)}
@@ -345,6 +348,11 @@ class AutoPolicy(FittedPlan):
         part = read_auto_part(state["auto"], self.plan(), self._laws)
         self._parking, self._rounds = part.parking, part.rounds
         self._follow_up, self._confirming = part.follow_up, part.confirming
+
+
+def _means(in_force: Mapping[str, Sequence[float]] | None) -> dict[str, float] | None:
+    """Each worker's mean of its times in force (None without them): the decision's tests share them."""
+    return None if in_force is None else {k: statistics.fmean(t) for k, t in in_force.items()}
 
 
 def _proportional(per_sample: float) -> FinishTime:

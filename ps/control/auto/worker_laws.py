@@ -10,6 +10,8 @@ import statistics
 from types import MappingProxyType
 from collections.abc import Mapping, Sequence
 
+import numpy as np
+
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
 from ps.control.auto.law import Item, Law, law_of
 from ps.control.model.time_fit import Finish, Observations
@@ -24,7 +26,7 @@ the median of the new times (a stalled step is one time)."""
 
 ROUGH = 1e-9
 """A relative error far above a float sum's over a few times: where the largest standard error is
-sought, the exact one is taken only of those a float sum puts within this of it."""
+sought, the exact one is taken only of those a float sum puts within this of it (`largest_error`)."""
 
 
 class WorkerLaws(WorkerTimes):
@@ -169,18 +171,33 @@ class WorkerLaws(WorkerTimes):
                                                                if law is not None}))
         return self._finishes[1]
 
-    def time_error(self, plan: Mapping[str, int]) -> float:
+    def time_error(self, plan: Mapping[str, int], in_force: Mapping[str, Sequence[float]] | None = None) -> float:
         """The largest relative standard error of a planned worker's mean time at its batch: how far
-        the noise alone may move a prediction made from them."""
-        rough: list[tuple[float, list[float]]] = []
-        for k, b in plan.items():
-            recent = self.recent(k, b) if b > 0 else None
-            if recent and len(recent) > 1:
-                mean = statistics.fmean(recent)
-                if mean > 0:
-                    spread = math.sqrt(sum((t - mean) ** 2 for t in recent) / (len(recent) - 1))
-                    rough.append((spread / mean / float(len(recent)) ** 0.5, recent))
-        # the exact standard deviation (stdev.py) only where a float sum's may be the largest
-        top = max((error for error, _ in rough), default=0.0) * (1.0 - ROUGH)
-        exact = [stdev(t) / statistics.fmean(t) / float(len(t)) ** 0.5 for error, t in rough if error >= top]
-        return max(exact, default=0.0)
+        the noise alone may move a prediction made from them. `in_force`: `in_force(plan)` where the
+        caller has it (the same times)."""
+        runs: list[Sequence[float]]
+        if in_force is None:
+            runs = [recent for k, b in plan.items() if b > 0 and (recent := self.recent(k, b))]
+        else:
+            runs = [in_force[k] for k, b in plan.items() if b > 0]
+        return largest_error([t for t in runs if len(t) > 1])
+
+
+def largest_error(runs: Sequence[Sequence[float]]) -> float:
+    """The largest standard error of the mean over the mean among `runs` (two or more times each):
+    roughly for all at once (the runs of one length as one array), exactly (stdev.py) only for those
+    the rough values put within ROUGH of the largest."""
+    rough: list[tuple[float, Sequence[float]]] = []
+    by_length: dict[int, list[Sequence[float]]] = {}
+    for t in runs:
+        by_length.setdefault(len(t), []).append(t)
+    for length, group in by_length.items():
+        times = np.array(group, dtype=np.float64)
+        mean = times.mean(axis=1)
+        spread = np.sqrt(((times - mean[:, None]) ** 2).sum(axis=1) / (length - 1))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            errors = np.where(mean > 0, spread / mean / math.sqrt(length), -1.0)
+        rough += [(error, t) for error, t in zip(errors.tolist(), group, strict=True) if error >= 0.0]
+    top = max((error for error, _ in rough), default=0.0) * (1.0 - ROUGH)
+    exact = [stdev(t) / statistics.fmean(t) / float(len(t)) ** 0.5 for error, t in rough if error >= top]
+    return max(exact, default=0.0)

@@ -12,15 +12,17 @@ from ps.control.stdev import stdev
 
 
 def measured_balanced(times: Mapping[str, Sequence[float]], plan: Mapping[str, int], lower: Mapping[str, int],
-                      upper: Mapping[str, int], deadband: float) -> bool:
+                      upper: Mapping[str, int], deadband: float, means: Mapping[str, float] | None = None) -> bool:
     """Each planned worker's finish times at its batch (`times`, ms) give a mean; the fastest mean of
     the workers inside their bounds is the level. A worker inside its bounds, or held at its upper
     bound, must not finish later than the level by more than the deadband; one held at its lower
     bound must not finish earlier by more than that (it could take samples then; later is what
     holding it there chose). Differences within twice the two means' standard error count as none:
     on this many rounds they are noise. Workers whose bounds fix their batch are not judged; fewer
-    than two workers inside their bounds is no balance to judge (False)."""
-    means = {k: statistics.fmean(ms) for k, ms in times.items() if lower[k] != upper[k]}
+    than two workers inside their bounds is no balance to judge (False). `means`: each worker's mean
+    of `times`, where the caller has them."""
+    means = ({k: statistics.fmean(ms) for k, ms in times.items() if lower[k] != upper[k]} if means is None
+             else {k: means[k] for k in times if lower[k] != upper[k]})
 
     def error(k: str) -> float:
         ms = times[k]

@@ -134,10 +134,11 @@ class FittedPlan(WorkerPlan):
         worker's finish times since it got its batch (at least `min_samples`)."""
         return self._balanced_on(self._held.in_force(plan), plan)
 
-    def _balanced_on(self, times: Mapping[str, Sequence[float]] | None, plan: Mapping[str, int]) -> bool:
-        """`_balanced` on the plan's times in force (WorkerTimes.in_force's)."""
+    def _balanced_on(self, times: Mapping[str, Sequence[float]] | None, plan: Mapping[str, int],
+                     means: Mapping[str, float] | None = None) -> bool:
+        """`_balanced` on the plan's times in force (WorkerTimes.in_force's; `means`: their means)."""
         lower, upper = self._bounds()
-        return times is not None and measured_balanced(times, plan, lower, upper, self._config.deadband)
+        return times is not None and measured_balanced(times, plan, lower, upper, self._config.deadband, means)
 
     def replan(self) -> dict[str, int]:
         """Split B over the current workers: solved from the fits when every worker has one that is

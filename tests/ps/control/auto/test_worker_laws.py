@@ -4,11 +4,12 @@ times before it, and a first time that straddles the change is not taken for the
 from __future__ import annotations
 
 import random
+import statistics
 
 import pytest
 
 from ps.control.auto.change import ALONG_TESTS, change_start
-from ps.control.auto.worker_laws import WorkerLaws
+from ps.control.auto.worker_laws import WorkerLaws, largest_error
 from ps.control.model.worker_times import WARMUP
 
 
@@ -133,3 +134,31 @@ def test_the_finish_times_are_fitted_once_until_a_time_comes_in() -> None:
     state = auto_part(other, ParkingSchedule(), RoundLog(), False, False)
     read_auto_part(state, {"w": 100}, laws)
     assert laws.finishes() is not slower and laws.finishes() == other.finishes()
+
+
+def reference_error(runs: list[list[float]]) -> float:
+    """The largest relative standard error of a mean, from statistics alone."""
+    return max((statistics.stdev(t) / statistics.fmean(t) / len(t) ** 0.5 for t in runs if len(t) > 1), default=0.0)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_the_largest_error_is_the_exact_one_whatever_the_runs_lengths(seed: int) -> None:
+    rnd = random.Random(seed)
+    runs = [[rnd.choice([100.0, 1e-3, 3e5]) * (1 + rnd.gauss(0.0, rnd.choice([0.0, 1e-12, 0.05])))
+             for _ in range(rnd.randint(2, 12))] for _ in range(rnd.randint(1, 80))]
+    runs += [list(runs[0])] * rnd.randint(0, 3)  # ties
+    assert largest_error(runs) == reference_error(runs)  # bit for bit
+
+
+def test_the_time_error_of_a_plan_is_that_of_its_times_in_force() -> None:
+    laws = WorkerLaws(min_samples=3, deadband=0.1)
+    rnd = random.Random(0)
+    for k, batch in (("a", 10), ("b", 20), ("c", 0)):
+        laws.add(k)
+        for _ in range(WARMUP + 6):
+            laws.record(k, batch or 5, 100.0 * (1 + rnd.gauss(0.0, 0.05)), None)
+    plan = {"a": 10, "b": 20, "c": 0}
+    in_force = laws.in_force(plan)
+    assert in_force is not None and set(in_force) == {"a", "b"}
+    assert laws.time_error(plan) == laws.time_error(plan, in_force) == reference_error(list(in_force.values())) > 0
+    assert largest_error([]) == 0.0
