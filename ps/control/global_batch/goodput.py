@@ -179,12 +179,13 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
             rate = current / round_ms(current) * 1000.0
         return Decision(current, current, False, gain, phi, eff, rate, reason)
 
+    # B now where φ cannot be measured (the policy's plan trains one worker): φ would stay unknown, or
+    # frozen at its value, for as long as B stays, so B moves where it can be, gain or not, and up where
+    # any is (a smaller B gives fewer workers a share); with no goodput to compare, to the nearest
+    escapes = _escapes(lo, hi, current, measurable)
     if phi is None or round_ms is None:
-        # at a B where φ cannot be measured it would stay unknown (or frozen) for as long as B stays:
-        # B moves up to the nearest batch where it can be, with no goodput to compare
-        escape = _escape(lo, hi, current, measurable)
-        if escape is not None:
-            return moved(config, current, escape, phi, UNMEASURABLE, round_ms)
+        if escapes:
+            return moved(config, current, escapes[0], phi, UNMEASURABLE, round_ms)
         return unchanged("noise scale not known yet" if phi is None else "round time not measured yet")
     if lo > hi:
         return unchanged(f"the workers' bounds allow no batch in [{config.min_batch}, {config.max_batch}]")
@@ -195,16 +196,14 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
 
     now = value(current)
     inside = lo <= current <= hi
-    # B now where φ cannot be measured (the policy's plan trains one worker): φ would stay frozen at
-    # its value for as long as B stays, so B moves to the best batch where it can be, gain or not, and
-    # up where any is (a smaller B gives fewer workers a share)
-    frozen = inside and measurable is not None and not measurable(current)
-    pool = [b for b in candidates(lo, hi, current) if (b >= current or not (upward_only and inside))
-            and (not frozen if b == current else not inside or measurable is None or measurable(b))] or [current]
-    if frozen:
-        pool = _upward(pool, current)
-    elif inside:
-        pool = [b for b in pool if current <= MAX_STEP * b and b <= MAX_STEP * current] or [current]
+    frozen = escapes is not None
+    if escapes is not None:
+        pool = [b for b in escapes if b >= current or not upward_only] or [current]
+    else:
+        pool = [b for b in candidates(lo, hi, current) if (b >= current or not (upward_only and inside))
+                and (b == current or not inside or measurable is None or measurable(b))] or [current]
+        if inside:
+            pool = [b for b in pool if current <= MAX_STEP * b and b <= MAX_STEP * current] or [current]
     best = max(pool, key=lambda b: (value(b), -abs(b - current)))
     gain = value(best) / now - 1.0 if now > 0 else None
     spread = None
@@ -222,12 +221,13 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
                     best / t * 1000.0 if t > 0 else None, reason, spread)
 
 
-def _escape(lower: int, upper: int, current: int, measurable: Callable[[int], bool] | None) -> int | None:
-    """The nearest candidate where φ is measurable ESCAPE_STEP times B now or more (else the nearest
-    above B now), where it is not measurable at B now (None: it is, or there is none above)."""
+def _escapes(lower: int, upper: int, current: int, measurable: Callable[[int], bool] | None) -> list[int] | None:
+    """Where φ is not measurable at B now, inside the bounds: the candidates where it is, ESCAPE_STEP
+    times B now or more, else those above B now, else all (`_upward`; nearest first); None where it is
+    measurable at B now, or B now is outside the bounds."""
     if measurable is None or not lower <= current <= upper or measurable(current):
         return None
-    return next(iter(_upward([b for b in candidates(lower, upper, current) if measurable(b)], current)), None)
+    return _upward([b for b in candidates(lower, upper, current) if measurable(b)], current)
 
 
 def _upward(pool: list[int], current: int) -> list[int]:
