@@ -2,7 +2,7 @@
 them by more than the noise, for a few rounds in a row (OmniLearn's dynamic heterogeneity, where a
 Cannikin-style fit describes the past). Pure.
 
-A worker's observations (model/time_fit.Observations' items: sequence number, batch, ms, exposed
+A worker's observations (model/observations.Observations' items: sequence number, batch, ms, exposed
 ms) are split at a mark: those before it are settled, the law is fitted to them; the newest ones are
 tested against it. The newest WINDOW stay unsettled, so a change is judged on up to that many rounds
 after it; older ones settle into the law (law.py). Where the law is the proportional line through
@@ -41,6 +41,10 @@ so its first time is trusted at once. A stalled step (twice as long, now and the
 machine) in a spell of load stays below these; two in a row below the second."""
 WINDOW = 8
 """The newest observations kept unsettled: a change is judged on up to this many rounds after it."""
+SETTLE_EVERY = 2
+"""The settled observations grow this many at a time (the newest WINDOW to WINDOW + SETTLE_EVERY - 1
+stay unsettled): each growth fits the settled law again, and fitting it after every push was half of
+the policy's CPU a round at a thousand workers."""
 CHANGE_SDS = 4.5
 """A change is off the law by at least this many standard errors of its median."""
 PRIOR_NOISE = 0.1
@@ -158,8 +162,9 @@ def _unexplained(residual: float, ratio: float | None) -> float:
 
 
 def settled_mark(items: Sequence[Item], settled: int) -> int:
-    """The new mark after a test that found no change: every observation but the newest WINDOW settles."""
-    if len(items) <= WINDOW:
+    """The new mark after a test that found no change: once WINDOW + SETTLE_EVERY observations are
+    unsettled, every one but the newest WINDOW settles."""
+    if len(items) < WINDOW + SETTLE_EVERY or items[-WINDOW - SETTLE_EVERY][0] < settled:
         return settled
     return max(settled, items[-WINDOW][0])
 

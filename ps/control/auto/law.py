@@ -12,7 +12,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from ps.control.model.time_fit import MAX_BATCHES, PER_BATCH, Fit, Observations, fit_of
+from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
+from ps.control.model.time_fit import Fit, fit_of
 
 Item = tuple[int, int, float, float | None]
 """One observation: (sequence number, batch, ms, exposed ms or None)."""

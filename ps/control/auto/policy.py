@@ -63,6 +63,7 @@ class AutoPolicy(FittedPlan):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self._held = self._laws = WorkerLaws(config.min_samples, config.deadband)
+        self._laws.before_jump = self._settle_rounds
         self._rounds = RoundLog()
         self._follow_up = True  # the plan in force asks for a decision as soon as it is measured
         self._soon = False  # ... on min_samples times, not FOLLOW_UP times as many: a step after a far change

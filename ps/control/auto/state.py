@@ -15,7 +15,7 @@ from ps.control.model.rounds import RoundLog
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.checks import integer
 from ps.control.model.state import nonnegative, observations
-from ps.control.model.time_fit import Observations
+from ps.control.model.observations import Observations
 
 WORKER_KEYS = frozenset({"obs", "seq", "settled", "admitted"})
 KEYS = frozenset({"workers", "changed", "parking", "overhead", "measured", "predicted", "follow_up", "confirming"})

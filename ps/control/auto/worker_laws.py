@@ -14,7 +14,8 @@ import numpy as np
 
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
 from ps.control.auto.law import Item, Law, law_of
-from ps.control.model.time_fit import Finish, Observations
+from ps.control.model.observations import Observations
+from ps.control.model.time_fit import Finish
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.stdev import stdev
 
@@ -107,6 +108,7 @@ class WorkerLaws(WorkerTimes):
     def _changed_at(self, worker_id: str, start: int, rounds: int) -> None:
         """The worker changed speed at observation `start` (found on `rounds` times or fewer): the points
         before it are forgotten, those after it settle as its law's."""
+        self.before_jump()
         obs = self.obs[worker_id]
         self.revision += 1
         before, found = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
@@ -139,13 +141,14 @@ class WorkerLaws(WorkerTimes):
         return min(1.0, rest) < first < max(1.0, rest) and abs(first / rest - 1.0) > self.deadband
 
     def _settled_law(self, worker_id: str, items: Sequence[Item], count: int) -> Law | None:
-        """The law of the worker's settled observations, the first `count` of `items`, fitted again only
-        once they change: the test after each push and the decision's test of every worker share it.
-        Observations are only ever dropped, never put back, so the same object, mark and count are the
-        same items."""
+        """The law of the worker's settled observations, the first `count` of `items`, fitted when the
+        mark moves (change.SETTLE_EVERY pushes) and kept until it moves again: the tests after each push
+        and the decision's test of every worker share it. Observations are only ever dropped, never put
+        back, so under the same object and mark the settled ones are those it was fitted from, less any
+        that the newest pushed out (PER_BATCH a batch size)."""
         obs, mark = self.obs[worker_id], self.settled[worker_id]
         kept = self._settled_laws.get(worker_id)
-        if kept is not None and kept[0] is obs and kept[1] == mark and kept[2] == count:
+        if kept is not None and kept[0] is obs and kept[1] == mark:
             return kept[3]
         law = law_of(items[:count], self.min_samples)
         self._settled_laws[worker_id] = (obs, mark, count, law)

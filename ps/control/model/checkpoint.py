@@ -14,7 +14,7 @@ from ps.control.checks import integer
 from ps.control.model.parking import Parked, ParkingSchedule
 from ps.control.model.rounds import WorkerSetRounds
 from ps.control.model.state import flag, model_part, nonnegative, observations, parking_pair, state_list
-from ps.control.model.time_fit import Observations
+from ps.control.model.observations import Observations
 from ps.control.model.worker_fits import WorkerFits
 
 

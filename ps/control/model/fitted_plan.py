@@ -52,7 +52,11 @@ class FittedPlan(WorkerPlan):
         ms = real("round_ms", round_ms)
         if ms < 0:
             raise ValueError(f"round_ms must be >= 0, got {ms}")
-        self._rounds.close(min(ms, LONGEST_MS), self._held.finishes())  # as a worker's time is kept
+        self._rounds.close(min(ms, LONGEST_MS), self._held.finishes)  # as a worker's time is kept
+
+    def _settle_rounds(self) -> None:
+        """The closed rounds' c, taken now (`_held.before_jump`: before a worker's fit jumps)."""
+        self._rounds.settle()
 
     def _identified(self, worker_id: str) -> bool:
         """Whether the worker's fit is known well enough to solve with."""

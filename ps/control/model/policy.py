@@ -11,7 +11,7 @@ and splits B in one step by minimising the predicted round max_i f_i(b_i) + c (o
    moves each worker to a second batch (Cannikin's Eq. 8, nudged by probes.PROBE_STEP).
 2. **Solve.** Once the probes are measured it solves and installs the split, at once.
 3. **Hold or re-solve.** A worker off its older fit by the deadband and the noise changed speed:
-   its history is rescaled (time_fit.Observations.drift, rescale). A plan measured balanced is
+   its history is rescaled (observations.Observations.drift, rescale). A plan measured balanced is
    held. Otherwise the split is re-solved with the fits' uncertainty (time_fit.Finish.cautious) and
    installed if it beats the plan in force by more than MIN_GAIN or the model's error on that plan,
    and, unless a worker drifted, if the decision before found such a gain too; at once when B or
@@ -67,6 +67,7 @@ class ModelPolicy(FittedPlan):
     def __init__(self, config: Any) -> None:
         super().__init__(config)
         self._held = self._fits = WorkerFits(config.min_samples, config.deadband)
+        self._fits.before_jump = self._settle_rounds
         self._probing: set[str] = set()  # workers whose current batch is a probe not yet measured
         self._rounds = WorkerSetRounds()
         self._solved = False

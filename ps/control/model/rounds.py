@@ -3,13 +3,18 @@ server's clock past the slowest fitted finish of the batches pushed in it: what 
 wire add, and the excess of the slowest of several noisy finishes, so that predictions of whole rounds
 are not biased low), the rounds of the plan in force, and the round that plan was predicted to take,
 so that each decision reports how far its prediction was off. The model policy keeps c per set of
-workers in the round too (`WorkerSetRounds`). Pure."""
+workers in the round too (`WorkerSetRounds`).
+
+A round's c is taken against the fits as they are when c is next read (the decision that predicts
+with them), or just before a worker's fit jumps (a change of speed forgets its older times), not at
+the round's close: fitting every worker's law again after every round was two fifths of the auto
+policy's CPU at a thousand workers (docs/scaling.md). Pure."""
 
 from __future__ import annotations
 
 import statistics
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ps.control.model.time_fit import Finish
@@ -28,30 +33,55 @@ class RoundLog:
 
     def __init__(self, overhead: list[float] | None = None, measured: list[float] | None = None,
                  predicted: float | None = None) -> None:
-        self.overhead: deque[float] = deque(overhead or (), maxlen=OVERHEAD_ROUNDS)
+        self._overhead: deque[float] = deque(overhead or (), maxlen=OVERHEAD_ROUNDS)
         self.measured: list[float] = list(measured or ())[-MEASURED_ROUNDS:]
         self.predicted = predicted
         self.pushed: dict[str, int] = {}
+        # the closed rounds whose c is not taken yet, and where the fits to take it against come from
+        self._pending: deque[tuple[float, dict[str, int]]] = deque(maxlen=OVERHEAD_ROUNDS)
+        self._finishes: Callable[[], Mapping[str, Finish]] | None = None
 
     def push(self, worker_id: str, batch: int) -> None:
         """A worker's batch went into the open round."""
         self.pushed[worker_id] = batch
 
-    def close(self, round_ms: float, finishes: Mapping[str, Finish]) -> float | None:
-        """The round closed after `round_ms`; its c counts where every batch in it has a fit. Returns
-        that c (None: it does not count)."""
-        c = None
-        if self.pushed and all(k in finishes for k in self.pushed):
-            c = max(0.0, round_ms - max(finishes[k].at(b) for k, b in self.pushed.items()))
-            self.overhead.append(c)
+    def close(self, round_ms: float, finishes: Callable[[], Mapping[str, Finish]]) -> None:
+        """The round closed after `round_ms`; its c is taken when c is next read, against `finishes()`
+        then, and counts where every batch in it has a fit."""
+        if self.pushed:
+            self._pending.append((round_ms, self.pushed))
+            self._finishes = finishes
         self.measured = [*self.measured[-(MEASURED_ROUNDS - 1):], round_ms]
         self.pushed = {}
+
+    def _take(self, round_ms: float, pushed: Mapping[str, int], finishes: Mapping[str, Finish]) -> float | None:
+        """One closed round's c (None: one of its batches has no fit), kept among the recent ones."""
+        if not all(k in finishes for k in pushed):
+            return None
+        c = max(0.0, round_ms - max(finishes[k].at(b) for k, b in pushed.items()))
+        self._overhead.append(c)
         return c
+
+    def settle(self) -> None:
+        """Take the c of the rounds closed since it was last read (also before a worker's fit jumps:
+        worker_times.WorkerTimes.before_jump)."""
+        if self._pending and self._finishes is not None:
+            finishes = self._finishes()
+            for round_ms, pushed in self._pending:
+                self._take(round_ms, pushed, finishes)
+        self._pending.clear()
+
+    @property
+    def overhead(self) -> deque[float]:
+        """The c of the recent rounds that counted, oldest first."""
+        self.settle()
+        return self._overhead
 
     @property
     def overhead_ms(self) -> float:
         """c, the median overhead of the recent rounds (0 before any)."""
-        return statistics.median(self.overhead) if self.overhead else 0.0
+        overhead = self.overhead
+        return statistics.median(overhead) if overhead else 0.0
 
     def closing(self) -> dict[str, Any]:
         """The plan in force until now, for a decision's report: its predicted and its measured median
@@ -73,18 +103,18 @@ class WorkerSetRounds(RoundLog):
         super().__init__(overhead, measured, predicted)
         self.overhead_of: dict[frozenset[str], deque[float]] = {}
 
-    def close(self, round_ms: float, finishes: Mapping[str, Finish]) -> float | None:
-        in_round = frozenset(self.pushed)
-        c = super().close(round_ms, finishes)
+    def _take(self, round_ms: float, pushed: Mapping[str, int], finishes: Mapping[str, Finish]) -> float | None:
+        c = super()._take(round_ms, pushed, finishes)
         if c is not None:
-            self.overhead_of.setdefault(in_round, deque(maxlen=OVERHEAD_ROUNDS)).append(c)
+            self.overhead_of.setdefault(frozenset(pushed), deque(maxlen=OVERHEAD_ROUNDS)).append(c)
         return c
 
     def overhead_for(self, plan: Mapping[str, int]) -> float:
         """c for the workers `plan` puts in the round: the median over the recent rounds of that set
         once it has MIN_ERROR_ROUNDS of them, else over every recent round (0 before any)."""
+        overhead = self.overhead  # the pending rounds taken first
         own = self.overhead_of.get(frozenset(k for k, b in plan.items() if b > 0), ())
-        values = own if len(own) >= MIN_ERROR_ROUNDS else self.overhead
+        values = own if len(own) >= MIN_ERROR_ROUNDS else overhead
         return statistics.median(values) if values else 0.0
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import operator
-import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 from functools import lru_cache
@@ -30,10 +29,6 @@ FORGET = 0.9
 OLDEST_WEIGHT = 0.05
 """The least weight an observation keeps: an old batch size still anchors the line's slope against
 newer ones that cluster at nearly the same batch (a changed speed is handled by rescaling instead)."""
-PER_BATCH = 16
-"""Observations kept per batch size (the newest)."""
-MAX_BATCHES = 8
-"""Batch sizes kept per worker (those observed most recently)."""
 MIN_REL_NOISE = 0.02
 """Floor of a group's relative standard deviation: a few identical times are no proof of no noise."""
 ONE_SAMPLE_REL_NOISE = 0.1
@@ -53,8 +48,9 @@ left keeps its times, and once they are all OLDEST_WEIGHT old their weights too,
 same at every fit until the worker comes back to it. Only such groups are kept: one with a younger
 time is new at every fit, and keeping it would only keep objects alive for the garbage collector to
 walk (half a decision's time at 1,024 workers)."""
-_RECENCY = {age: max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)}
-"""The weight of an observation by its age, for the ages where it is above OLDEST_WEIGHT and a few beyond."""
+_RECENCY = [max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)]
+"""The weight of an observation by its age, for the ages where it is above OLDEST_WEIGHT and a few
+beyond (older ones weigh OLDEST_WEIGHT)."""
 
 
 class Line(NamedTuple):
@@ -150,22 +146,34 @@ def groups(items: Sequence[tuple[int, int, float]]) -> list[Group]:
     observations. Outliers (a step that waited for a CPU, a collection) are left out of a group of
     four or more: times further from its median than OUTLIER_MADS robust deviations."""
     by_batch: dict[int, tuple[list[float], list[float]]] = {}
-    recency = _RECENCY.get
     for age, batch, ms in items:
-        w = recency(age)
-        if w is None:
-            w = max(OLDEST_WEIGHT, FORGET ** age)
-        if batch in by_batch:
-            weights, times = by_batch[batch]
-            weights.append(w)
-            times.append(ms)
+        _file(by_batch, batch, _RECENCY[age] if age < len(_RECENCY) else OLDEST_WEIGHT, ms)
+    return _groups(by_batch)
+
+
+def _file(by_batch: dict[int, tuple[list[float], list[float]]], batch: int, weight: float, ms: float) -> None:
+    """Put one time and its recency weight with its batch size's."""
+    entry = by_batch.get(batch)
+    if entry is None:
+        by_batch[batch] = ([weight], [ms])
+    else:
+        entry[0].append(weight)
+        entry[1].append(ms)
+
+
+def _groups(by_batch: dict[int, tuple[list[float], list[float]]]) -> list[Group]:
+    """The groups of each batch size's weights and times, in order of batch size (`groups`)."""
+    out = []
+    for batch in sorted(by_batch):
+        weights, times = by_batch[batch]
+        if weights[-1] <= OLDEST_WEIGHT:
+            out.append(_kept_group(batch, tuple(weights), tuple(times)))
         else:
-            by_batch[batch] = ([w], [ms])
-    return [(_kept_group if weights[-1] <= OLDEST_WEIGHT else _group)(batch, tuple(weights), tuple(times))
-            for batch, (weights, times) in sorted(by_batch.items())]
+            out.append(_group(batch, weights, times))
+    return out
 
 
-def _group(batch: int, observed: tuple[float, ...], times: tuple[float, ...]) -> Group:
+def _group(batch: int, observed: Sequence[float], times: Sequence[float]) -> Group:
     """The group of one batch size's times and their recency weights (`groups`)."""
     weights, kept = _without_outliers(observed, times)
     n = len(kept)
@@ -189,11 +197,15 @@ def _without_outliers(weights: Sequence[float], times: Sequence[float]) -> tuple
     (at least MIN_REL_NOISE of it), for groups of four or more."""
     if len(times) < 4:
         return weights, times
-    median = sorted_median(sorted(times))
+    ordered = sorted(times)
+    median = sorted_median(ordered)
+    widest = max(median - ordered[0], ordered[-1] - median)  # the largest deviation: the extremes'
+    least = max(MIN_REL_NOISE * abs(median), 1e-9)
+    if widest <= OUTLIER_MADS * least:  # within the limit whatever the deviations' median
+        return weights, times
     deviations = [abs(t - median) for t in times]
-    spread = max(1.4826 * sorted_median(sorted(deviations)), MIN_REL_NOISE * abs(median), 1e-9)
-    limit = OUTLIER_MADS * spread
-    if max(deviations) <= limit:
+    limit = OUTLIER_MADS * max(1.4826 * sorted_median(sorted(deviations)), least)
+    if widest <= limit:
         return weights, times
     inside = [i for i, d in enumerate(deviations) if d <= limit]
     return [weights[i] for i in inside], [times[i] for i in inside]
@@ -267,129 +279,19 @@ def fit_of(items: Sequence[tuple[int, int, float, float | None]], min_samples: i
     size needs to count as measured (Fit.batches)."""
     if not items:
         return None
-    last = items[-1][0]
-    points = groups([(last - seq, b, ms) for seq, b, ms, _ in items])
+    last, ages = items[-1][0], len(_RECENCY)
+    by_batch: dict[int, tuple[list[float], list[float]]] = {}
+    exposed_by_batch: dict[int, tuple[list[float], list[float]]] = {}
+    for seq, b, ms, e in items:  # groups() of the times and of the exposed times, in one pass
+        age = last - seq
+        weight = _RECENCY[age] if age < ages else OLDEST_WEIGHT
+        _file(by_batch, b, weight, ms)
+        if e is not None:
+            _file(exposed_by_batch, b, weight, e)
+    points = _groups(by_batch)
     line = weighted_line(points)
     if line is None:
         return None
-    exposed_points = groups([(last - seq, b, e) for seq, b, _, e in items if e is not None])
-    exposed = exposed_line(exposed_points, line.q)
+    exposed = exposed_line(_groups(exposed_by_batch), line.q)
     finish = Finish(line) if exposed is None else Finish(line, exposed[0], exposed[1])
     return Fit(finish, sum(1 for p in points if p.samples >= min_samples))
-
-
-class Observations:
-    """One worker's recent observations, oldest first: (sequence number, batch, ms, exposed ms or
-    None). The newest PER_BATCH per batch size are kept, for the MAX_BATCHES batch sizes seen most
-    recently, so a worker that stays at one batch keeps the other point its line needs. The
-    observations change only through `add` and `rescale`: each fit is kept until they do (a decision
-    asks for every worker's fit several times, and thousands of workers make that seconds), and
-    `version` counts those changes, so that what else is derived from them can be kept as long."""
-
-    def __init__(self, items: Sequence[tuple[int, int, float, float | None]] = (), seq: int = 0) -> None:
-        self._fits: dict[tuple[int, int], Fit | None] = {}
-        self.version = 0
-        self.items: list[tuple[int, int, float, float | None]] = sorted(items)
-        self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
-        self._run_batch: int | None = None
-        self._run: list[float] = []
-        self._prune()
-
-    def add(self, batch: int, ms: float, exposed: float | None) -> None:
-        self._fits.clear()
-        self.items.append((self.seq, batch, ms, exposed))
-        self.seq += 1
-        self.version += 1
-        if batch == self._run_batch:
-            self._run.append(ms + (exposed or 0.0))
-        else:
-            self._run_batch, self._run = batch, [ms + (exposed or 0.0)]
-        # the others were within the limits: only the new one's batch size can be one over
-        same = [i for i, item in enumerate(self.items) if item[1] == batch]
-        if len(same) > PER_BATCH:
-            del self.items[same[0]]
-            if len(self._run) == len(same):  # every time at the batch was in the run, the dropped one too
-                del self._run[0]
-        elif len(same) == 1:
-            newest = {b: seq for seq, b, _, _ in self.items}
-            if len(newest) > MAX_BATCHES:
-                oldest = min(newest, key=newest.__getitem__)
-                self.items = [item for item in self.items if item[1] != oldest]
-
-    def _prune(self) -> None:
-        self._fits.clear()
-        newest: dict[int, int] = {}
-        count: dict[int, int] = {}
-        for seq, b, _, _ in self.items:
-            newest[b] = seq
-            count[b] = count.get(b, 0) + 1
-        kept = set(sorted(newest, key=newest.__getitem__)[-MAX_BATCHES:])
-        seen: dict[int, int] = {}
-        out = []
-        for item in reversed(self.items):
-            b = item[1]
-            if b in kept and seen.get(b, 0) < PER_BATCH:
-                seen[b] = seen.get(b, 0) + 1
-                out.append(item)
-        self.items = out[::-1]
-        self._new_run()
-
-    def _new_run(self) -> None:
-        """The newest run of observations at one batch size, as finish times (ms + exposed), and its
-        batch size (None without observations): `run` and `recent` read it, `add` extends it."""
-        batch = self.items[-1][1] if self.items else None
-        run: list[float] = []
-        for _, b, ms, e in reversed(self.items):
-            if b != batch:
-                break
-            run.append(ms + (e or 0.0))
-        self._run_batch, self._run = batch, run[::-1]
-
-    def fit(self, min_samples: int, exclude_last: int = 0) -> Fit | None:
-        """The fit over every observation but the newest `exclude_last`; None without any."""
-        key = (min_samples, exclude_last)
-        if key not in self._fits:
-            self._fits[key] = self._fit(min_samples, exclude_last)
-        return self._fits[key]
-
-    def _fit(self, min_samples: int, exclude_last: int) -> Fit | None:
-        return fit_of(self.items[: len(self.items) - exclude_last] if exclude_last else self.items, min_samples)
-
-    def run(self, batch: int) -> int:
-        """How many of the newest observations in a row are at `batch`."""
-        return len(self._run) if batch == self._run_batch else 0
-
-    def recent(self, batch: int, count: int) -> list[float] | None:
-        """The newest `count` (at least 1) finish times (ms + exposed) if they all are at `batch`, else None."""
-        if count < 1:
-            raise ValueError(f"recent takes at least one time, not {count}")
-        if batch != self._run_batch or count > len(self._run):
-            return None
-        return self._run[len(self._run) - count:]
-
-    def drift(self, batch: int, min_samples: int, deadband: float) -> float | None:
-        """The factor by which the newest run of times at `batch` (`min_samples` or more) is off the
-        fit of the observations before it, if it is off by the deadband or more and by more than twice
-        its mean's standard error (a changed speed); else None."""
-        run = self.run(batch)
-        recent = self.recent(batch, run) if run >= min_samples else None
-        before = self.fit(min_samples, exclude_last=run) if recent is not None else None
-        if recent is None or before is None or before.batches < 2:
-            return None
-        predicted, mean = before.finish.at(batch), statistics.fmean(recent)
-        ratio = mean / predicted if predicted > 0 else 1.0
-        noise = 2.0 * statistics.stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
-        return None if abs(ratio - 1.0) < max(deadband, noise, 1e-9) else ratio
-
-    def rescale(self, factor: float, keep: int) -> None:
-        """The worker's speed changed during its newest run of observations at one batch (`drift`):
-        carry its history before the run over to the new speed (step times times `factor`: a CPU share
-        scales the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop
-        the rest of it, which may be from before the change or after."""
-        self._fits.clear()
-        self.version += 1
-        run = self.run(self.items[-1][1]) if self.items else 0
-        cut = len(self.items) - run
-        self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]
-                      + self.items[len(self.items) - min(keep, run):])
-        self._new_run()

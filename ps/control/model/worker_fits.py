@@ -57,6 +57,7 @@ class WorkerFits(WorkerTimes):
         ratio = self.obs[worker_id].drift(batch, n, self.deadband) if batch else None
         if ratio is None:
             return False
+        self.before_jump()
         self.obs[worker_id].rescale(ratio, keep=n)
         return True
 

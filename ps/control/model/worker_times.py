@@ -4,9 +4,9 @@ on. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from ps.control.model.time_fit import Observations
+from ps.control.model.observations import Observations
 
 WARMUP = 2
 """Each worker's first observations after it joins are not fitted: they hold its first steps'
@@ -29,6 +29,9 @@ class WorkerTimes:
         self.min_samples = min_samples
         self.obs: dict[str, Observations] = {}
         self.warmup: dict[str, int] = {}
+        # called before a worker's fitted times jump (a change forgets its older times, a drift
+        # rescales them): the rounds closed until then take their overhead against the fits before it
+        self.before_jump: Callable[[], None] = _nothing
 
     def add(self, worker_id: str) -> None:
         self.obs[worker_id], self.warmup[worker_id] = Observations(), WARMUP
@@ -61,3 +64,7 @@ class WorkerTimes:
                     return None
                 out[k] = recent
         return out
+
+
+def _nothing() -> None:
+    """No rounds to settle (`WorkerTimes.before_jump` where no policy set one)."""

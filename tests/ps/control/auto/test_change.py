@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ps.control.auto.change import CHANGE_ROUNDS, WINDOW, change_start, relative_noise, settled_mark
+from ps.control.auto.change import CHANGE_ROUNDS, SETTLE_EVERY, WINDOW, change_start, relative_noise, settled_mark
 from ps.control.auto.law import law_of
 
 Item = tuple[int, int, float, float | None]
@@ -119,11 +119,14 @@ def test_a_proportional_line_is_off_by_the_fixed_cost_it_does_not_know_and_no_mo
     assert (change_start(items, mark, 3, 0.1) is not None) == changed
 
 
-def test_the_settled_mark_leaves_the_newest_window_unsettled() -> None:
+def test_the_settled_mark_leaves_the_newest_window_unsettled_and_moves_every_settle_every() -> None:
     items = history([(32, 10.0)] * (WINDOW + 5))
     assert settled_mark(items, 0) == 5
     assert settled_mark(items[:WINDOW], 0) == 0
     assert settled_mark(items, 9) == 9
+    # fewer than WINDOW + SETTLE_EVERY unsettled: the mark stays where it is
+    assert settled_mark(items, 5 - SETTLE_EVERY + 1) == 5 - SETTLE_EVERY + 1
+    assert settled_mark(items, 5 - SETTLE_EVERY) == 5
 
 
 def test_the_noise_is_estimated_per_batch_size_and_a_stall_counts_little() -> None:

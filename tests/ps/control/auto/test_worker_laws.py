@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from ps.control.auto.change import ALONG_TESTS, change_start
+from ps.control.auto.change import ALONG_TESTS, SETTLE_EVERY, change_start
 from ps.control.auto.worker_laws import WorkerLaws, largest_error
 from ps.control.model.worker_times import WARMUP
 
@@ -61,21 +61,27 @@ def test_only_a_change_found_on_one_time_is_stepped_as_slower_again() -> None:
     assert two.changed == two.slowed == {"w"} and two.jumps == {}
 
 
-def test_the_settled_law_is_fitted_once_for_the_push_and_the_decisions_test(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The test after a push and a decision's test of the same worker (another worker changed) judge
-    its newest times against the same settled law: it is fitted once, not again for the decision."""
+def test_the_settled_law_is_fitted_when_the_mark_moves_and_shared_with_the_decisions_test(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The settled law is fitted again only when the mark moves, once every SETTLE_EVERY pushes, and
+    a decision's test of the same worker (another worker changed) judges its newest times against
+    that same law, fitting nothing."""
     from ps.control.auto import worker_laws
 
     laws = laws_after(settled(random.Random(5)))
-    fitted = []
+    fitted: list[int] = []
     law_of = worker_laws.law_of
     monkeypatch.setattr(worker_laws, "law_of", lambda items, *a: fitted.append(len(items)) or law_of(items, *a))
-    laws.record("w", 100, 1000.0, None)
-    assert len(fitted) == 1
-    assert not laws.forget_before_change("w", 2.5, 3)
-    assert len(fitted) == 1
-    laws.record("w", 100, 1000.0, None)  # a new push: the settled times moved on
-    assert len(fitted) == 2
+    moves = 0
+    for _ in range(4 * SETTLE_EVERY):
+        mark, before = laws.settled["w"], len(fitted)
+        laws.record("w", 100, 1000.0, None)
+        moved = laws.settled["w"] != mark
+        moves += moved
+        assert len(fitted) == before + moved
+        assert not laws.forget_before_change("w", 2.5, 3)
+        assert len(fitted) == before + moved
+    assert moves == 4
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -18,7 +18,7 @@ from ps.control.model.optperf import best_plan
 from ps.control.performance import split
 from ps.control.policy import build_policy, policy_from_state, reconfigured
 from ps.control.worker_plan import WorkerPlan
-from ps.control.model.time_fit import Observations
+from ps.control.model.observations import Observations
 from tests.simulated_workers import assert_decides_alike, run_rounds
 
 FAST = settings(max_examples=30, deadline=None)

@@ -8,7 +8,7 @@ import pytest
 
 from ps.control.config import PolicyConfig
 from ps.control.model import time_fit
-from ps.control.model.time_fit import Observations
+from ps.control.model.observations import Observations
 from ps.control.policy import build_policy
 
 
@@ -16,13 +16,13 @@ from ps.control.policy import build_policy
 def counted_groups(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How often the fits group observations (each fit groups its times and its exposed times)."""
     calls = [0]
-    groups = time_fit.groups
+    groups = time_fit._groups
 
-    def counting(items):  # noqa: ANN001, ANN202
+    def counting(by_batch):  # noqa: ANN001, ANN202
         calls[0] += 1
-        return groups(items)
+        return groups(by_batch)
 
-    monkeypatch.setattr(time_fit, "groups", counting)
+    monkeypatch.setattr(time_fit, "_groups", counting)
     return calls
 
 
@@ -123,3 +123,31 @@ def test_the_newest_run_is_kept_as_the_items_hold_it() -> None:
     assert rebuilt.run(obs.items[-1][1]) == obs.run(obs.items[-1][1])
     with pytest.raises(ValueError, match="at least one"):
         obs.recent(obs.items[-1][1], 0)
+
+
+def _reference_without_outliers(weights: list[float], times: list[float]) -> tuple[list[float], list[float]]:
+    """The outlier rule written plainly: every deviation against the limit from the deviations' median."""
+    if len(times) < 4:
+        return weights, times
+    median = time_fit.sorted_median(sorted(times))
+    deviations = [abs(t - median) for t in times]
+    spread = max(1.4826 * time_fit.sorted_median(sorted(deviations)), time_fit.MIN_REL_NOISE * abs(median), 1e-9)
+    inside = [i for i, d in enumerate(deviations) if d <= time_fit.OUTLIER_MADS * spread]
+    return [weights[i] for i in inside], [times[i] for i in inside]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_outliers_are_those_of_the_plain_rule_bit_for_bit(seed: int) -> None:
+    """`_without_outliers` skips the deviations' median where no time can be beyond the limit: the
+    same times are left out as by the plain rule, whatever the noise (none, the floor's, more, stalls)."""
+    rnd = random.Random(seed)
+    for _ in range(2000):
+        n = rnd.randint(1, 17)
+        noise = rnd.choice([0.0, 0.005, time_fit.MIN_REL_NOISE, 0.05, 0.3])
+        times = [100.0 * (1.0 + rnd.gauss(0.0, noise)) * (2.0 if rnd.random() < 0.1 else 1.0) for _ in range(n)]
+        if rnd.random() < 0.2:  # on the floor's limit exactly
+            times[0] = 100.0 * (1.0 + time_fit.OUTLIER_MADS * time_fit.MIN_REL_NOISE)
+            times[1:] = [100.0] * (n - 1)
+        weights = [rnd.random() for _ in range(n)]
+        got = time_fit._without_outliers(weights, times)
+        assert (list(got[0]), list(got[1])) == _reference_without_outliers(weights, times)

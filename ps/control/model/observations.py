@@ -1,0 +1,137 @@
+"""One worker's recent step times as the model and auto policies keep them (`Observations`): the
+newest PER_BATCH per batch size for the MAX_BATCHES batch sizes seen most recently, with the fit of
+them (time_fit.fit_of) kept until they change. Pure."""
+
+from __future__ import annotations
+
+import math
+import operator
+import statistics
+from collections.abc import Sequence
+
+from ps.control.model.time_fit import Fit, fit_of
+
+PER_BATCH = 16
+"""Observations kept per batch size (the newest)."""
+MAX_BATCHES = 8
+"""Batch sizes kept per worker (those observed most recently)."""
+
+_BATCH = operator.itemgetter(1)
+"""An observation's batch size."""
+
+
+class Observations:
+    """One worker's recent observations, oldest first: (sequence number, batch, ms, exposed ms or
+    None). The newest PER_BATCH per batch size are kept, for the MAX_BATCHES batch sizes seen most
+    recently, so a worker that stays at one batch keeps the other point its line needs. The
+    observations change only through `add` and `rescale`: each fit is kept until they do (a decision
+    asks for every worker's fit several times, and thousands of workers make that seconds), and
+    `version` counts those changes, so that what else is derived from them can be kept as long."""
+
+    def __init__(self, items: Sequence[tuple[int, int, float, float | None]] = (), seq: int = 0) -> None:
+        self._fits: dict[tuple[int, int], Fit | None] = {}
+        self.version = 0
+        self.items: list[tuple[int, int, float, float | None]] = sorted(items)
+        self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
+        self._run_batch: int | None = None
+        self._run: list[float] = []
+        self._prune()
+
+    def add(self, batch: int, ms: float, exposed: float | None) -> None:
+        self._fits.clear()
+        self.items.append((self.seq, batch, ms, exposed))
+        self.seq += 1
+        self.version += 1
+        if batch == self._run_batch:
+            self._run.append(ms + (exposed or 0.0))
+        else:
+            self._run_batch, self._run = batch, [ms + (exposed or 0.0)]
+        # the others were within the limits: only the new one's batch size can be one over
+        same = operator.countOf(map(_BATCH, self.items), batch)
+        if same > PER_BATCH:
+            del self.items[next(i for i, item in enumerate(self.items) if item[1] == batch)]
+            if len(self._run) == same:  # every time at the batch was in the run, the dropped one too
+                del self._run[0]
+        elif same == 1:
+            newest = {b: seq for seq, b, _, _ in self.items}
+            if len(newest) > MAX_BATCHES:
+                oldest = min(newest, key=newest.__getitem__)
+                self.items = [item for item in self.items if item[1] != oldest]
+
+    def _prune(self) -> None:
+        self._fits.clear()
+        newest: dict[int, int] = {}
+        count: dict[int, int] = {}
+        for seq, b, _, _ in self.items:
+            newest[b] = seq
+            count[b] = count.get(b, 0) + 1
+        kept = set(sorted(newest, key=newest.__getitem__)[-MAX_BATCHES:])
+        seen: dict[int, int] = {}
+        out = []
+        for item in reversed(self.items):
+            b = item[1]
+            if b in kept and seen.get(b, 0) < PER_BATCH:
+                seen[b] = seen.get(b, 0) + 1
+                out.append(item)
+        self.items = out[::-1]
+        self._new_run()
+
+    def _new_run(self) -> None:
+        """The newest run of observations at one batch size, as finish times (ms + exposed), and its
+        batch size (None without observations): `run` and `recent` read it, `add` extends it."""
+        batch = self.items[-1][1] if self.items else None
+        run: list[float] = []
+        for _, b, ms, e in reversed(self.items):
+            if b != batch:
+                break
+            run.append(ms + (e or 0.0))
+        self._run_batch, self._run = batch, run[::-1]
+
+    def fit(self, min_samples: int, exclude_last: int = 0) -> Fit | None:
+        """The fit over every observation but the newest `exclude_last`; None without any."""
+        key = (min_samples, exclude_last)
+        if key not in self._fits:
+            self._fits[key] = self._fit(min_samples, exclude_last)
+        return self._fits[key]
+
+    def _fit(self, min_samples: int, exclude_last: int) -> Fit | None:
+        return fit_of(self.items[: len(self.items) - exclude_last] if exclude_last else self.items, min_samples)
+
+    def run(self, batch: int) -> int:
+        """How many of the newest observations in a row are at `batch`."""
+        return len(self._run) if batch == self._run_batch else 0
+
+    def recent(self, batch: int, count: int) -> list[float] | None:
+        """The newest `count` (at least 1) finish times (ms + exposed) if they all are at `batch`, else None."""
+        if count < 1:
+            raise ValueError(f"recent takes at least one time, not {count}")
+        if batch != self._run_batch or count > len(self._run):
+            return None
+        return self._run[len(self._run) - count:]
+
+    def drift(self, batch: int, min_samples: int, deadband: float) -> float | None:
+        """The factor by which the newest run of times at `batch` (`min_samples` or more) is off the
+        fit of the observations before it, if it is off by the deadband or more and by more than twice
+        its mean's standard error (a changed speed); else None."""
+        run = self.run(batch)
+        recent = self.recent(batch, run) if run >= min_samples else None
+        before = self.fit(min_samples, exclude_last=run) if recent is not None else None
+        if recent is None or before is None or before.batches < 2:
+            return None
+        predicted, mean = before.finish.at(batch), statistics.fmean(recent)
+        ratio = mean / predicted if predicted > 0 else 1.0
+        noise = 2.0 * statistics.stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
+        return None if abs(ratio - 1.0) < max(deadband, noise, 1e-9) else ratio
+
+    def rescale(self, factor: float, keep: int) -> None:
+        """The worker's speed changed during its newest run of observations at one batch (`drift`):
+        carry its history before the run over to the new speed (step times times `factor`: a CPU share
+        scales the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop
+        the rest of it, which may be from before the change or after."""
+        self._fits.clear()
+        self.version += 1
+        run = self.run(self.items[-1][1]) if self.items else 0
+        cut = len(self.items) - run
+        self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]
+                      + self.items[len(self.items) - min(keep, run):])
+        self._new_run()
