@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ps.control.global_batch.goodput import DECIDE_EVERY, LR_SCALINGS, AdaptiveConfig
+from ps.control.global_batch.goodput import DECIDE_EVERY, LR_SCALINGS, MIN_STEPS_PER_EPOCH, AdaptiveConfig
 from ps.control.registry import POLICIES, policy_settings
 from ps.control.settings import Setting, setting_key
 from ps.ops.metrics_http import add_endpoint_flags
@@ -158,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     ada = p.add_argument_group("adaptive global batch (docs/adaptive-batch.md)")
     ada.add_argument("--adaptive-batch", choices=("off", "gns"), default="off",
                      help="BSP: gns measures the gradient noise scale from the pushes and moves B to the best "
-                          "goodput (throughput x statistical efficiency) within the bounds below and at least 8 "
-                          "rounds an epoch; works under every --controller (without the model policy's fits it "
+                          "goodput (throughput x statistical efficiency) within the bounds below and at least "
+                          f"{MIN_STEPS_PER_EPOCH} rounds an epoch; works under every --controller (without the model policy's fits it "
                           "probes a second B to fit the round time in B); a move the measured goodput "
                           "contradicts is taken back")
     ada.add_argument("--adapt-every", type=epoch_or_steps, default=DECIDE_EVERY, metavar="{N,epoch}",

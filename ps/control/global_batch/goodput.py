@@ -63,10 +63,12 @@ few samples more, the policy parks the same worker again (on the image files fro
 29 → 31 → 32 → 33 → 34, each run on one worker, a decision each)."""
 _GRID = 48
 """Candidate batches per decision: a geometric grid over [lower, upper] (plus both ends and B now)."""
-MIN_STEPS_PER_EPOCH = 8
-"""A candidate B leaves at least this many rounds in an epoch (`epoch_bound`): a B near the training
-set's size makes one or two steps an epoch, too few for the model to learn from or for a round time
-to be measured at it (digits' 1,437 training samples bound B at 179)."""
+MIN_STEPS_PER_EPOCH = 2 * DECIDE_EVERY
+"""A candidate B leaves at least this many rounds in an epoch (`epoch_bound`): two decisions an epoch at
+the default `--adapt-every`. A B near the training set's size makes one or two steps an epoch, too few
+for the model to learn from or for a round time to be measured at it; and at one decision an epoch, a
+B too large is corrected an epoch a step (from B₀ = 1,024 on the image files, bounded at 409, B spent
+two epochs above 200). Digits' 1,437 training samples bound B at 89."""
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, OUTSIDE
 from tests.coordinator_rounds import close_round, joined_job
 
 DIGITS_TRAIN = 1437
-"""The digits training split: an epoch holds 8 rounds of at most 179 samples."""
+"""The digits training split: an epoch holds MIN_STEPS_PER_EPOCH (16) rounds of at most 89 samples."""
 
 
-@pytest.mark.parametrize(("start", "moved_to"), [(1024, DIGITS_TRAIN // MIN_STEPS_PER_EPOCH), (180, 179), (179, None),
+@pytest.mark.parametrize(("start", "moved_to"), [(1024, DIGITS_TRAIN // MIN_STEPS_PER_EPOCH), (90, 89), (89, None),
                                                  (64, None)])
 def test_a_start_an_epoch_cannot_hold_moves_in_at_the_first_round(start: int, moved_to: int | None) -> None:
     async def run() -> None:

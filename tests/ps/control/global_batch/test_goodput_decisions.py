@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from ps.control.global_batch.decider import TAKE_BACK_MEMORY, AdaptiveBatch
-from ps.control.global_batch.goodput import (GAIN_SDS, MAX_STEP, MIN_STEPS_PER_EPOCH, UNMEASURABLE, AdaptiveConfig, Decision,
+from ps.control.global_batch.goodput import (DECIDE_EVERY, GAIN_SDS, MAX_STEP, MIN_STEPS_PER_EPOCH, UNMEASURABLE, AdaptiveConfig, Decision,
                                              candidates, choose, contradicted, epoch_bound, measured_goodput, moved,
                                              probe_batch)
 from ps.control.performance import round_line
@@ -15,8 +15,8 @@ CONFIG = AdaptiveConfig(base_batch=128, min_batch=64, max_batch=1024, threshold=
 
 
 def test_an_epoch_bounds_b_to_its_minimum_steps() -> None:
-    assert MIN_STEPS_PER_EPOCH >= 4
-    assert epoch_bound(1024, 1437) == 1437 // MIN_STEPS_PER_EPOCH == 179  # digits: never 1024 (1.4 steps)
+    assert MIN_STEPS_PER_EPOCH == 2 * DECIDE_EVERY  # two decisions an epoch at the default --adapt-every
+    assert epoch_bound(1024, 1437) == 1437 // MIN_STEPS_PER_EPOCH == 89  # digits: never 1024 (1.4 steps)
     assert epoch_bound(1024, 65536) == 1024  # a large set leaves the flag's bound
     assert epoch_bound(1024, 1437, min_steps=2) == 718
     assert epoch_bound(1024, 3) == 1  # never below one sample
@@ -24,8 +24,8 @@ def test_an_epoch_bounds_b_to_its_minimum_steps() -> None:
 
 def test_a_choice_within_the_epoch_bound_never_passes_it() -> None:
     # a round of fixed cost only: goodput grows with B (phi large), the scan goes to the top of the range
-    decision = choose(CONFIG, 128, 1e6, 64, epoch_bound(1024, 1437), lambda b: 100.0)
-    assert decision.changed and decision.batch == 179
+    decision = choose(CONFIG, 64, 1e6, 64, epoch_bound(1024, 1437), lambda b: 100.0)
+    assert decision.changed and decision.batch == epoch_bound(1024, 1437) == 89
 
 
 @pytest.mark.parametrize(("current", "lower", "upper", "probe"), [
