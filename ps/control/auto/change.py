@@ -166,7 +166,7 @@ def settled_mark(items: Sequence[Item], settled: int) -> int:
     unsettled, every one but the newest WINDOW settles."""
     if len(items) < WINDOW + SETTLE_EVERY or items[-WINDOW - SETTLE_EVERY][0] < settled:
         return settled
-    return max(settled, items[-WINDOW][0])
+    return items[-WINDOW][0]  # newer than the mark: an older one is at or past it
 
 
 def relative_noise(items: Sequence[Item]) -> float:

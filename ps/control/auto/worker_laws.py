@@ -45,8 +45,8 @@ class WorkerLaws(WorkerTimes):
         self.jumps: dict[str, float] = {}  # of the slowed, trusted on one time: how many times slower
         # each worker's law with what it was fitted from: its observations, their version, the admitted batch
         self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
-        # each worker's settled law with what it was fitted from: its observations, the mark, how many
-        self._settled_laws: dict[str, tuple[Observations, int, int, Law | None]] = {}
+        # each worker's settled law with what it was fitted from: its observations and the mark
+        self._settled_laws: dict[str, tuple[Observations, int, Law | None]] = {}
         # each worker's change_start under change.ALONG_TESTS, found by its last push's test: its
         # observations, their version and mark then, the start by test
         self._along: dict[str, tuple[Observations, int, int, dict[tuple[float, int], int | None]]] = {}
@@ -149,9 +149,9 @@ class WorkerLaws(WorkerTimes):
         obs, mark = self.obs[worker_id], self.settled[worker_id]
         kept = self._settled_laws.get(worker_id)
         if kept is not None and kept[0] is obs and kept[1] == mark:
-            return kept[3]
+            return kept[2]
         law = law_of(items[:count], self.min_samples)
-        self._settled_laws[worker_id] = (obs, mark, count, law)
+        self._settled_laws[worker_id] = (obs, mark, law)
         return law
 
     def law(self, worker_id: str) -> Law | None:

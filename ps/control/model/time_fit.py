@@ -141,16 +141,6 @@ class Fit(NamedTuple):
         return self.finish.line
 
 
-def groups(items: Sequence[tuple[int, int, float]]) -> list[Group]:
-    """Recency-weighted groups of (age, batch, ms) observations; age counts the worker's newer
-    observations. Outliers (a step that waited for a CPU, a collection) are left out of a group of
-    four or more: times further from its median than OUTLIER_MADS robust deviations."""
-    by_batch: dict[int, tuple[list[float], list[float]]] = {}
-    for age, batch, ms in items:
-        _file(by_batch, batch, _RECENCY[age] if age < len(_RECENCY) else OLDEST_WEIGHT, ms)
-    return _groups(by_batch)
-
-
 def _file(by_batch: dict[int, tuple[list[float], list[float]]], batch: int, weight: float, ms: float) -> None:
     """Put one time and its recency weight with its batch size's."""
     entry = by_batch.get(batch)
@@ -162,7 +152,9 @@ def _file(by_batch: dict[int, tuple[list[float], list[float]]], batch: int, weig
 
 
 def _groups(by_batch: dict[int, tuple[list[float], list[float]]]) -> list[Group]:
-    """The groups of each batch size's weights and times, in order of batch size (`groups`)."""
+    """Recency-weighted groups of each batch size's times and their weights, in order of batch size.
+    Outliers (a step that waited for a CPU, a collection) are left out of a group of four or more:
+    times further from its median than OUTLIER_MADS robust deviations."""
     out = []
     for batch in sorted(by_batch):
         weights, times = by_batch[batch]
@@ -174,7 +166,7 @@ def _groups(by_batch: dict[int, tuple[list[float], list[float]]]) -> list[Group]
 
 
 def _group(batch: int, observed: Sequence[float], times: Sequence[float]) -> Group:
-    """The group of one batch size's times and their recency weights (`groups`)."""
+    """The group of one batch size's times and their recency weights (`_groups`)."""
     weights, kept = _without_outliers(observed, times)
     n = len(kept)
     mass = math.fsum(weights)
@@ -282,7 +274,7 @@ def fit_of(items: Sequence[tuple[int, int, float, float | None]], min_samples: i
     last, ages = items[-1][0], len(_RECENCY)
     by_batch: dict[int, tuple[list[float], list[float]]] = {}
     exposed_by_batch: dict[int, tuple[list[float], list[float]]] = {}
-    for seq, b, ms, e in items:  # groups() of the times and of the exposed times, in one pass
+    for seq, b, ms, e in items:  # the times and the exposed times, by batch size in one pass
         age = last - seq
         weight = _RECENCY[age] if age < ages else OLDEST_WEIGHT
         _file(by_batch, b, weight, ms)

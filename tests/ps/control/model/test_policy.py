@@ -1,5 +1,6 @@
-"""Tests for the model policy (ps.control.model.policy, time_fit, optperf): the fit, the one-step split, the
-probes, parking and re-probes, its state in checkpoints; pure, on simulated timings."""
+"""Tests for the model policy (ps.control.model.policy, optperf): the one-step split, the probes,
+parking and re-probes, and its decisions under noise; pure, on simulated timings (its fit:
+test_time_fit.py; its state in checkpoints: test_checkpoint.py)."""
 
 from __future__ import annotations
 
@@ -12,43 +13,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.config import PolicyConfig
-from ps.control.model.policy import MIN_GAIN, ModelPolicy
 from ps.control.model.optperf import best_plan
+from ps.control.model.policy import MIN_GAIN
 from ps.control.performance import split
-from ps.control.policy import build_policy, policy_from_state, reconfigured
-from ps.control.worker_plan import WorkerPlan
-from ps.control.model.observations import Observations
-from tests.simulated_workers import assert_decides_alike, run_rounds
+from tests.model_policy_runs import check_plan, model, run
 
 FAST = settings(max_examples=30, deadline=None)
-
-
-def model(costs: Mapping[str, tuple[float, float]], global_batch: int, **config: object) -> WorkerPlan:
-    ctl = build_policy(PolicyConfig(policy="model", global_batch=global_batch, **config))  # type: ignore[arg-type]
-    for k in costs:
-        ctl.add_worker(k)
-    ctl.replan()
-    return ctl
-
-
-def run(ctl: WorkerPlan, costs: Mapping[str, tuple[float, float]], rounds: int, noise: float = 0.02, seed: int = 0,
-        overhead: float = 2.0, every: int = 10) -> list[dict]:
-    """Simulate BSP rounds (t = q·b + s, relative noise), a decision when the policy asks for one and every
-    `every` rounds; check the sum rule and the bounds after each; return the decisions' reports."""
-    return run_rounds(ctl, costs, rounds, noise, random.Random(seed), overhead, every, check=check_plan)
-
-
-def check_plan(ctl: WorkerPlan) -> None:
-    """Σb = B over every worker, each within its bounds unless parked (b = 0, only where parking is on)."""
-    state = ctl.state_dict()
-    assert sum(ctl.plan().values()) == ctl.config.global_batch
-    for w in state["workers"]:
-        if w["batch"] == 0:
-            assert ctl.config.park and ctl.config.keep_global_sum
-        else:
-            assert w["min_batch"] <= w["batch"] <= w["max_batch"]
-    assert sum(b > 0 for b in ctl.plan().values()) >= 1
 
 
 def brute_force(costs: Mapping[str, tuple[float, float]], total: int, park: bool) -> float:
@@ -63,47 +33,6 @@ def brute_force(costs: Mapping[str, tuple[float, float]], total: int, park: bool
         plan = dict(zip(keys, (*head, last), strict=True))
         best = min(best, max(costs[k][0] * b + costs[k][1] for k, b in plan.items() if b > 0))
     return best
-
-
-# ---------------------------------------------------------------- the fit
-
-
-@FAST
-@given(st.floats(0.05, 5.0), st.floats(0.0, 200.0), st.integers(0, 2**16))
-def test_fit_recovers_q_and_s_from_noisy_times(q: float, s: float, seed: int) -> None:
-    rnd = random.Random(seed)
-    obs = Observations()
-    for b in [16, 48] * 12:
-        obs.add(b, (q * b + s) * (1.0 + rnd.gauss(0.0, 0.02)), None)
-    fit = obs.fit(min_samples=3)
-    assert fit is not None and fit.batches == 2
-    for b in (16, 32, 48):  # the line within the noise where it was measured
-        assert fit.line.at(b) == pytest.approx(q * b + s, rel=0.03)
-    # the slope: two group means 32 samples apart, each within a few noise widths
-    assert fit.line.q == pytest.approx(q, rel=0.1, abs=0.003 * (q * 48 + s))
-    assert fit.line.s == pytest.approx(s, abs=0.1 * (q * 48 + s))
-
-
-def test_fit_forgets_an_old_speed_and_drops_outliers() -> None:
-    obs = Observations()
-    for _ in range(10):
-        obs.add(20, 2.0 * 20 + 10, None)
-        obs.add(40, 2.0 * 40 + 10, None)
-    for _ in range(10):  # twice as fast now; one stall among them
-        obs.add(20, 1.0 * 20 + 5, None)
-        obs.add(40, 1.0 * 40 + 5, None)
-    obs.add(40, 500.0, None)
-    fit = obs.fit(min_samples=3)
-    assert fit is not None
-    assert fit.line.at(40) == pytest.approx(45.0, rel=0.15)
-
-
-def test_one_batch_size_gives_a_proportional_line() -> None:
-    obs = Observations()
-    for _ in range(5):
-        obs.add(32, 64.0, None)
-    fit = obs.fit(min_samples=3)
-    assert fit is not None and fit.batches == 1 and (fit.line.q, fit.line.s) == (2.0, 0.0)
 
 
 # ---------------------------------------------------------------- the split
@@ -337,74 +266,6 @@ def test_exposed_communication_enters_the_finish_time() -> None:
     assert ctl.report()["fits"]["b"]["exposed_ms"] == pytest.approx(30.0, rel=0.05)
 
 
-# ---------------------------------------------------------------- state
-
-
-def test_state_round_trips_and_resumes_under_other_settings() -> None:
-    costs = {"a": (0.2, 5.0), "b": (0.2, 5.0), "d": (0.8, 120.0)}
-    ctl = model(costs, 128)
-    run(ctl, costs, rounds=25)
-    state = json.loads(json.dumps(ctl.state_dict()))
-    back = policy_from_state(state)
-    assert isinstance(back, ModelPolicy)
-    assert json.dumps(back.state_dict(), sort_keys=True) == json.dumps(state, sort_keys=True)
-    # the restored policy goes on deciding like the original (its workers' first steps after the
-    # restore are warm-up, not fitted: the same decisions, the plans within rounding)
-    assert_decides_alike(run(back, costs, rounds=15, seed=3), run(ctl, costs, rounds=15, seed=3), costs)
-    # model -> dynamic -> model: the dynamic policy replans the parked worker in, the model's fits are gone
-    dynamic = reconfigured(ctl, PolicyConfig(policy="dynamic", global_batch=128))
-    assert dynamic.parked() == [] and sum(dynamic.plan().values()) == 128
-    again = reconfigured(dynamic, ctl.config)
-    check_plan(again)
-    # --no-park on resume: the parked worker is planned in again
-    unparked = reconfigured(ctl, PolicyConfig(policy="model", global_batch=128, park=False))
-    assert unparked.parked() == [] and sum(unparked.plan().values()) == 128
-
-
-def test_a_state_that_contradicts_itself_is_refused() -> None:
-    costs = {"a": (0.2, 5.0), "b": (0.2, 5.0), "d": (0.8, 120.0)}
-    ctl = model(costs, 128)
-    run(ctl, costs, rounds=25)
-    state = ctl.state_dict()
-    assert ctl.parked() == ["d"]
-    broken = json.loads(json.dumps(state))
-    broken["model"]["workers"]["d"]["parked"] = None
-    with pytest.raises(ValueError, match="batch 0 but is not parked"):
-        policy_from_state(broken)
-    foreign = json.loads(json.dumps(state))
-    foreign["config"]["policy"] = "oracle"
-    with pytest.raises(ValueError, match="names policy 'oracle'"):
-        policy_from_state(foreign)
-    no_model = json.loads(json.dumps(state))
-    del no_model["model"]
-    with pytest.raises(ValueError):
-        policy_from_state(no_model)
-    older = json.loads(json.dumps(state))  # written before the re-solve's confirmation existed
-    del older["model"]["confirming"]
-    assert policy_from_state(older).state_dict()["model"]["confirming"] is False
-    garbled = json.loads(json.dumps(state))
-    garbled["model"]["confirming"] = "yes"
-    with pytest.raises(ValueError, match="'confirming' must be true or false"):
-        policy_from_state(garbled)
-
-
-def test_a_state_written_by_the_single_controller_still_loads() -> None:
-    """A checkpoint's controller state from before the policies were split (no policy-specific keys,
-    no `samples`) loads as the policy its config names."""
-    state = {"version": 1, "adjustments": 2,
-             "config": {"policy": "dynamic", "global_batch": 64, "min_batch": 1, "max_batch": None,
-                        "deadband": 0.1, "ewma_alpha": 0.5, "keep_global_sum": True, "dynamic_start": "uniform",
-                        "min_samples": 3},
-             "workers": [{"id": "a", "cores": 1.0, "min_batch": 1, "max_batch": 64, "batch": 40, "ewma_ms": 40.0,
-                          "throughput": 1.0},
-                         {"id": "b", "cores": 1.0, "min_batch": 1, "max_batch": 64, "batch": 24, "ewma_ms": 48.0,
-                          "throughput": 0.5}]}
-    ctl = policy_from_state(state)
-    assert ctl.config.policy == "dynamic" and ctl.config.park and ctl.plan() == {"a": 40, "b": 24}
-    as_model = reconfigured(ctl, PolicyConfig(policy="model", global_batch=64))
-    assert sum(as_model.plan().values()) == 64
-
-
 QUICK_START = {"w0": (0.05, 9.0), "w1": (0.05, 9.0), "w2": (0.05, 9.0), "w3": (0.2, 40.0)}
 """The quick start's shape: three alike workers whose time is nearly all fixed cost (their slope is
 below what ±10% noise lets two nearby batch sizes measure), and a slow one that cannot pay for itself."""
@@ -450,20 +311,3 @@ def test_a_plan_measured_balanced_is_held_whatever_the_fits_say() -> None:
     reports = run(ctl, HL8_FIXED, 150, noise=0.02, seed=3)
     held = [r for r in reports if r["phase"] == "hold"]
     assert held and all(r.get("balanced") for r in held[-5:])
-
-
-def test_the_fit_knows_its_uncertainty_and_caution_grows_away_from_the_data() -> None:
-    obs = Observations()
-    rnd = random.Random(1)
-    for _ in range(12):
-        for b in (40, 60):
-            obs.add(b, (0.5 * b + 10.0) * (1 + rnd.gauss(0, 0.05)), None)
-    fit = obs.fit(3)
-    assert fit is not None
-    line = fit.line
-    assert 40 <= line.centre <= 60
-    assert line.sd(50) < line.sd(120) < line.sd(240)
-    assert fit.finish.cautious(50) > fit.finish.at(50)
-    assert fit.finish.cautious(240) - fit.finish.at(240) > fit.finish.cautious(60) - fit.finish.at(60)
-    values = [fit.finish.cautious(b) for b in range(0, 400)]
-    assert values == sorted(values)  # nondecreasing, as the split needs

@@ -1,10 +1,13 @@
-"""ps.control.model.time_fit: a worker's fit is computed once until its observations change (pure)."""
+"""ps.control.model.time_fit and observations: a worker's fit recovers its line, forgets an old speed,
+drops outliers and knows its uncertainty, and is computed once until its observations change (pure)."""
 
 from __future__ import annotations
 
 import random
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ps.control.config import PolicyConfig
 from ps.control.model import time_fit
@@ -70,16 +73,18 @@ def test_a_decision_at_many_workers_fits_each_worker_a_few_times(counted_groups:
 
 
 def test_only_groups_that_no_longer_age_are_kept_and_kept_or_not_a_group_is_the_same() -> None:
-    # (age, batch, ms), oldest first: batch 16's times are all OLDEST_WEIGHT old, batch 24's new; a fit
-    # keeps the first group for the next fit, not the second, new at every fit (its weights shift)
-    items = [(43 - i, 16, 20.0 + i) for i in range(4)] + [(3 - i, 24, 28.0 + 0.1 * i) for i in range(4)]
+    # batch size: (ages, times), oldest first: batch 16's times are all OLDEST_WEIGHT old, batch 24's new;
+    # a fit keeps the first group for the next fit, not the second, new at every fit (its weights shift)
+    ages = {16: [43 - i for i in range(4)], 24: [3 - i for i in range(4)]}
+    times = {16: [20.0 + i for i in range(4)], 24: [28.0 + 0.1 * i for i in range(4)]}
+    weights = {b: [max(time_fit.OLDEST_WEIGHT, time_fit.FORGET ** age) for age in ages[b]] for b in ages}
     time_fit._kept_group.cache_clear()
-    grouped = time_fit.groups(items)
+    grouped = time_fit._groups({b: (list(weights[b]), list(times[b])) for b in ages})
     assert [g.batch for g in grouped] == [16, 24]
     assert time_fit._kept_group.cache_info().currsize == 1
-    assert time_fit.groups(items) == grouped and time_fit._kept_group.cache_info().hits == 1
-    weights = tuple(max(time_fit.OLDEST_WEIGHT, time_fit.FORGET ** age) for age, _, _ in items[4:])
-    assert grouped[1] == time_fit._group(24, weights, tuple(ms for _, _, ms in items[4:]))
+    assert time_fit._groups({b: (list(weights[b]), list(times[b])) for b in ages}) == grouped
+    assert time_fit._kept_group.cache_info().hits == 1
+    assert grouped[1] == time_fit._group(24, tuple(weights[24]), tuple(times[24]))
 
 
 def test_a_slope_from_nearby_batches_within_its_noise_is_not_measured() -> None:
@@ -151,3 +156,58 @@ def test_outliers_are_those_of_the_plain_rule_bit_for_bit(seed: int) -> None:
         weights = [rnd.random() for _ in range(n)]
         got = time_fit._without_outliers(weights, times)
         assert (list(got[0]), list(got[1])) == _reference_without_outliers(weights, times)
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.floats(0.05, 5.0), st.floats(0.0, 200.0), st.integers(0, 2**16))
+def test_fit_recovers_q_and_s_from_noisy_times(q: float, s: float, seed: int) -> None:
+    rnd = random.Random(seed)
+    obs = Observations()
+    for b in [16, 48] * 12:
+        obs.add(b, (q * b + s) * (1.0 + rnd.gauss(0.0, 0.02)), None)
+    fit = obs.fit(min_samples=3)
+    assert fit is not None and fit.batches == 2
+    for b in (16, 32, 48):  # the line within the noise where it was measured
+        assert fit.line.at(b) == pytest.approx(q * b + s, rel=0.03)
+    # the slope: two group means 32 samples apart, each within a few noise widths
+    assert fit.line.q == pytest.approx(q, rel=0.1, abs=0.003 * (q * 48 + s))
+    assert fit.line.s == pytest.approx(s, abs=0.1 * (q * 48 + s))
+
+
+def test_fit_forgets_an_old_speed_and_drops_outliers() -> None:
+    obs = Observations()
+    for _ in range(10):
+        obs.add(20, 2.0 * 20 + 10, None)
+        obs.add(40, 2.0 * 40 + 10, None)
+    for _ in range(10):  # twice as fast now; one stall among them
+        obs.add(20, 1.0 * 20 + 5, None)
+        obs.add(40, 1.0 * 40 + 5, None)
+    obs.add(40, 500.0, None)
+    fit = obs.fit(min_samples=3)
+    assert fit is not None
+    assert fit.line.at(40) == pytest.approx(45.0, rel=0.15)
+
+
+def test_one_batch_size_gives_a_proportional_line() -> None:
+    obs = Observations()
+    for _ in range(5):
+        obs.add(32, 64.0, None)
+    fit = obs.fit(min_samples=3)
+    assert fit is not None and fit.batches == 1 and (fit.line.q, fit.line.s) == (2.0, 0.0)
+
+
+def test_the_fit_knows_its_uncertainty_and_caution_grows_away_from_the_data() -> None:
+    obs = Observations()
+    rnd = random.Random(1)
+    for _ in range(12):
+        for b in (40, 60):
+            obs.add(b, (0.5 * b + 10.0) * (1 + rnd.gauss(0, 0.05)), None)
+    fit = obs.fit(3)
+    assert fit is not None
+    line = fit.line
+    assert 40 <= line.centre <= 60
+    assert line.sd(50) < line.sd(120) < line.sd(240)
+    assert fit.finish.cautious(50) > fit.finish.at(50)
+    assert fit.finish.cautious(240) - fit.finish.at(240) > fit.finish.cautious(60) - fit.finish.at(60)
+    values = [fit.finish.cautious(b) for b in range(0, 400)]
+    assert values == sorted(values)  # nondecreasing, as the split needs
