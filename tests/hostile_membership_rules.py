@@ -15,7 +15,7 @@ from protos import ps_pb2
 from ps.rounds.membership import MAX_CORES, MAX_NAME
 from tests.hostile_peer import (
     Answer, CORES, Code, INVALID, NAMES, OK, PRECONDITION, SECRETS, TIMEOUT, View, ask, read_params,
-    name_held_back, wait_until,
+    name_held_back, pick, pick_from, wait_until,
 )
 
 
@@ -24,10 +24,8 @@ class MembershipRules:
 
     # ------------------------------------------------------------------------ Join
     def draw_join(self, data: st.DataObject) -> tuple[str, float]:
-        names = [st.builds(lambda: f"n{self.fresh}")] * 4 + [NAMES]
-        if self.ids:
-            names.append(st.sampled_from(sorted(self.ids)))
-        name = data.draw(st.one_of(names), label="name")
+        odd = data.draw(NAMES, label="odd name")
+        name = pick_from(data, [[f"n{self.fresh}"]] * 4 + [[odd], sorted(self.ids)], "name")
         cores = data.draw(st.one_of(st.just(1.0), st.just(2.0), CORES), label="cores")
         return name, cores
 
@@ -153,7 +151,7 @@ class MembershipRules:
     @rule(data=st.data())
     def evict(self, data: st.DataObject) -> None:
         """A worker falls silent past --evict-after: the reaper evicts it (and only it)."""
-        name = data.draw(st.sampled_from(sorted(self.ids)), label="silent worker")
+        name = pick(data, sorted(self.ids), "silent worker")
         worker_id = self.ids[name]
         self.held_back |= {name_held_back(self.server, worker_id)} - {None}
 

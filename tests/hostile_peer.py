@@ -243,7 +243,13 @@ UNKNOWN_IDS = st.one_of(st.sampled_from(["", "ghost-00000000", "w0", "w0-", "\x0
 def pick(data: st.DataObject, options: list[Any], label: str) -> Any:
     """One of `options`, drawn the same way whatever their number: they may come from the server's
     state, which concurrent calls leave in an order of their own (hypothesis replays must draw alike)."""
-    return options[data.draw(st.integers(0, 7), label=label) % len(options)]
+    return options[data.draw(st.integers(0, 63), label=label) % len(options)]
+
+
+def pick_from(data: st.DataObject, pools: list[list[Any]], label: str) -> Any:
+    """A member of one of the non-empty `pools` (a pool listed twice is drawn twice as often), drawn the
+    same way whatever the pools hold: which of them are empty may depend on the server's replies too."""
+    return pick(data, pick(data, [p for p in pools if p], f"{label}: kind"), label)
 
 
 def worker_id_code(server_ids: dict[str, str], gone: dict[str, str], pending: set[str], worker_id: str,

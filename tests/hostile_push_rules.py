@@ -209,10 +209,12 @@ class PushRules:
         specs = []
         for name in sorted(self.ids):  # each from a version it was told a batch at (the latest, mostly)
             told = sorted(version for version, batches in v.told[self.ids[name]].items() if max(batches) > 0)
-            if not told:  # told 0 since: the epoch's last samples went to the others, it waits for the job's end
-                continue
-            version = told[-1] if data.draw(st.booleans(), label="latest version") else pick(data, told, "version")
-            specs.append(self.valid_push(data, name, v, version))
+            # drawn alike whether or not it pushes: the told versions depend on the order the last burst's pushes came in
+            latest = data.draw(st.booleans(), label="latest version")
+            version = pick(data, told or [v.version], "version")
+            spec = self.valid_push(data, name, v, told[-1] if latest and told else version)
+            if told:  # told 0 since: the epoch's last samples went to the others, it waits for the job's end
+                specs.append(spec)
         answers = [f.result(2 * TIMEOUT) for f in [self.pool.submit(self.push_call, s) for s in specs]]
         allowed = {OK} if self.max_staleness is None or v.done else {OK, PRECONDITION}
         assert all(a.code in allowed for a in answers), answers

@@ -34,7 +34,7 @@ from tests.state_compare import assert_same
 from tests.hostile_membership_rules import MembershipRules
 from tests.hostile_push_rules import PushRules
 from tests.hostile_peer import (
-    Answer, OK, SECRETS, TIMEOUT, UNKNOWN_IDS, View, ask, snapshot, start_server, stop_server, worker_id_code,
+    Answer, OK, SECRETS, TIMEOUT, UNKNOWN_IDS, View, ask, pick_from, snapshot, start_server, stop_server, worker_id_code,
 )
 
 
@@ -122,14 +122,8 @@ class HostileMachine(MembershipRules, PushRules, RuleBasedStateMachine):
         return next((n for n, i in self.ids.items() if i == worker_id), None)
 
     def draw_worker_id(self, data: st.DataObject, extra: Iterable[str] = ()) -> str:
-        choices: list[st.SearchStrategy[str]] = [UNKNOWN_IDS]
-        if self.ids:
-            choices += [st.sampled_from(sorted(self.ids.values()))] * 3
-        if self.gone:
-            choices.append(st.sampled_from(sorted(self.gone)))
-        if extra := sorted(extra):
-            choices.append(st.sampled_from(extra))
-        return data.draw(st.one_of(choices), label="worker id")
+        unknown = data.draw(UNKNOWN_IDS, label="unknown id")
+        return pick_from(data, [[unknown]] + [sorted(self.ids.values())] * 3 + [sorted(self.gone), sorted(extra)], "worker id")
 
     def right_secret(self, worker_id: str) -> str:
         """The secret the server's Join gives (gave, or will give) that id."""
@@ -138,10 +132,8 @@ class HostileMachine(MembershipRules, PushRules, RuleBasedStateMachine):
     def draw_secret(self, data: st.DataObject, worker_id: str) -> str:
         """Mostly the worker's own secret; sometimes none, another worker's, or a made-up one."""
         others = sorted(SECRETS[i] for i in self.ids.values() if i != worker_id and i in SECRETS)
-        choices = [st.just(self.right_secret(worker_id))] * 6 + [st.just(""), st.text(max_size=70)]
-        if others:
-            choices.append(st.sampled_from(others))
-        return data.draw(st.one_of(choices), label="secret")
+        made_up = data.draw(st.text(max_size=70), label="made-up secret")
+        return pick_from(data, [[self.right_secret(worker_id)]] * 6 + [[""], [made_up], others], "secret")
 
     def id_code(self, worker_id: str, v: View, secret: str) -> grpc.StatusCode:
         return worker_id_code(self.ids, self.gone, set(v.pending), worker_id, secret, self.right_secret(worker_id))
