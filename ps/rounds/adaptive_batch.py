@@ -157,7 +157,8 @@ class AdaptiveBatchSizing:
     def _decision(self, current: int) -> tuple[Decision, str]:
         """The decision at B now and its basis: a goodput move that the rounds measured since contradict
         by more than their noise is taken back ("measured"; B does not pass the batch taken back to in
-        that direction for decider.TAKE_BACK_MEMORY decisions, decider.AdaptiveBatch.review); under a
+        that direction for decider.TAKE_BACK_MEMORY decisions, or until φ is decider.REOPEN_FACTOR
+        from the φ it was judged at, decider.AdaptiveBatch.review); under a
         policy without a fitted model, B measured alone is probed against a second B ("probe"), so
         that the line through both replaces the guess; else the goodput scan on the round model,
         moving only on a gain beyond what φ's standard error could explain. Candidates leave an epoch
@@ -174,7 +175,7 @@ class AdaptiveBatchSizing:
         reviewed = decider.review(phi, self._rounds_at, self._noise_at, predict)
         if reviewed is not None:
             return reviewed, "measured" if reviewed.changed else basis
-        lower, upper = decider.bounds(lower, upper)
+        lower, upper = decider.bounds(lower, upper, phi)
         probe = (probe_batch(current, lower, upper, phi, predict, config.base_batch, self._measurable)
                  if len(self._rounds_at) < 2 and current in self._rounds_at else None)
         if basis == "guess" and phi is not None and probe is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ps.control.global_batch.decider import PROBE_BACK, TAKE_BACK_MEMORY, AdaptiveBatch
+from ps.control.global_batch.decider import PROBE_BACK, REOPEN_FACTOR, TAKE_BACK_MEMORY, AdaptiveBatch
 from ps.control.global_batch.goodput import (ESCAPE_STEP, PROBE, UNMEASURABLE, AdaptiveConfig, candidates, choose,
                                              measured_goodput, moved)
 
@@ -97,3 +97,39 @@ def test_an_unmeasurable_batch_is_left_upward_where_a_smaller_one_is_predicted_m
     # with nothing measurable above, the best below
     below = choose(CONFIG, 20, 10.0, 16, 512, round_ms, measurable=lambda b: b < 20)
     assert below.changed and below.batch < 20
+
+
+def test_a_direction_closed_at_one_noise_scale_opens_once_it_has_halved_or_doubled() -> None:
+    """A probe down taken back at φ = 300 is judged at that φ: where φ falls to half of it the smaller
+    batch is worth more a sample than the take-back counted, and the way down opens again."""
+    ab = probed_to(32)
+    back = ab.review(PHI, {64: 100.0, 32: 70.0}, {64: 0.0, 32: 0.0})
+    assert back is not None
+    ab.apply(back)
+    assert ab.closed == {"down": [64, TAKE_BACK_MEMORY]} and ab.closed_phi == {"down": PHI}
+    assert ab.bounds(16, 512, PHI * 0.6) == (64, 512)  # within REOPEN_FACTOR: still closed
+    assert ab.bounds(16, 512, PHI * 1.9) == (64, 512)
+    assert ab.bounds(16, 512) == (64, 512)  # φ unknown: as it was
+    assert ab.bounds(16, 512, PHI / REOPEN_FACTOR * 0.99) == (16, 512)
+    assert ab.closed == {} and ab.closed_phi == {}
+    # a direction closed where φ could not be measured opens by count alone
+    ab.apply(moved(CONFIG, 64, 128, PHI, UNMEASURABLE))
+    assert ab.closed == {"down": [128, TAKE_BACK_MEMORY]} and ab.closed_phi == {}
+    assert ab.bounds(16, 512, PHI / 100) == (128, 512)
+
+
+def test_the_noise_scale_a_direction_was_closed_at_is_in_the_checkpoint() -> None:
+    ab = probed_to(32)
+    back = ab.review(PHI, {64: 100.0, 32: 70.0}, {64: 0.0, 32: 0.0})
+    assert back is not None
+    ab.apply(back)
+    state = ab.state_dict()
+    assert state["closed_phi"] == {"down": PHI}
+    restored = AdaptiveBatch(CONFIG)
+    restored.load_state_dict(state)
+    assert restored.closed == ab.closed and restored.closed_phi == {"down": PHI}
+    restored.load_state_dict({k: v for k, v in state.items() if k != "closed_phi"})  # written without it
+    assert restored.closed == ab.closed and restored.closed_phi == {}
+    for bad in ({"up": PHI}, {"down": -1.0}, {"down": "x"}, [PHI]):
+        with pytest.raises(ValueError, match="closed_phi"):
+            AdaptiveBatch(CONFIG).load_state_dict({**state, "closed_phi": bad})
