@@ -99,13 +99,19 @@ def test_an_unmeasurable_batch_is_left_upward_where_a_smaller_one_is_predicted_m
     assert below.changed and below.batch < 20
 
 
-def test_a_direction_closed_at_one_noise_scale_opens_once_it_has_halved_or_doubled() -> None:
-    """A probe down taken back at φ = 300 is judged at that φ: where φ falls to half of it the smaller
-    batch is worth more a sample than the take-back counted, and the way down opens again."""
+def taken_back_down() -> AdaptiveBatch:
+    """An AdaptiveBatch whose probe down to 32 was taken back at φ = PHI (fewer samples a second)."""
     ab = probed_to(32)
     back = ab.review(PHI, {64: 100.0, 32: 70.0}, {64: 0.0, 32: 0.0})
     assert back is not None
     ab.apply(back)
+    return ab
+
+
+def test_a_direction_closed_at_one_noise_scale_opens_once_it_has_halved_or_doubled() -> None:
+    """A probe down taken back at φ = 300 is judged at that φ: where φ falls to half of it the smaller
+    batch is worth more a sample than the take-back counted, and the way down opens again."""
+    ab = taken_back_down()
     assert ab.closed == {"down": [64, TAKE_BACK_MEMORY]} and ab.closed_phi == {"down": PHI}
     assert ab.bounds(16, 512, PHI * 0.6) == (64, 512)  # within REOPEN_FACTOR: still closed
     assert ab.bounds(16, 512, PHI * 1.9) == (64, 512)
@@ -119,10 +125,7 @@ def test_a_direction_closed_at_one_noise_scale_opens_once_it_has_halved_or_doubl
 
 
 def test_the_noise_scale_a_direction_was_closed_at_is_in_the_checkpoint() -> None:
-    ab = probed_to(32)
-    back = ab.review(PHI, {64: 100.0, 32: 70.0}, {64: 0.0, 32: 0.0})
-    assert back is not None
-    ab.apply(back)
+    ab = taken_back_down()
     state = ab.state_dict()
     assert state["closed_phi"] == {"down": PHI}
     restored = AdaptiveBatch(CONFIG)
