@@ -290,9 +290,12 @@ class AutoPolicy(FittedPlan):
                 slowed: bool, means: Mapping[str, float] | None) -> dict[str, int]:
         """The changed workers on a proportional line to move up whatever the gain (probes.py), and where
         a worker slowed, the unchanged ones too: the load may have moved to them, their speed-up hidden
-        in a small batch's fixed cost."""
+        in a small batch's fixed cost. Without `means` (a change trusted on its first times, before each
+        worker has `min_samples` times at its batch) on however few times each has: a later decision
+        no longer sees the change, and would hold a worker at a batch its line overprices for good."""
         lower, upper = self._bounds()
-        means = means or {}
+        if means is None:  # a change trusted on its first times: not min_samples of them are in force yet
+            means = self._laws.newest_means(plan)
         candidates = [k for k in changed if not self._identified(k)]
         if slowed:
             candidates += [k for k in self._active() if k not in changed]

@@ -4,6 +4,7 @@ on. Pure."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Mapping
 
 from ps.control.model.observations import Observations
@@ -63,6 +64,19 @@ class WorkerTimes:
                 if recent is None:
                     return None
                 out[k] = recent
+        return out
+
+
+    def newest_means(self, plan: Mapping[str, int]) -> dict[str, float]:
+        """Each planned worker's mean time since it got its batch in `plan`, however few (empty: one
+        has none)."""
+        out = {}
+        for k, b in plan.items():
+            if b > 0:
+                run = self.obs[k].run(b)
+                if run == 0:
+                    return {}
+                out[k] = statistics.fmean(self.obs[k].recent(b, run) or [])
         return out
 
 

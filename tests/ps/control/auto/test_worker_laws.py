@@ -168,3 +168,18 @@ def test_the_time_error_of_a_plan_is_that_of_its_times_in_force() -> None:
     assert in_force is not None and set(in_force) == {"a", "b"}
     assert laws.time_error(plan) == laws.time_error(plan, in_force) == reference_error(list(in_force.values())) > 0
     assert largest_error([]) == 0.0
+
+
+def test_the_newest_means_take_however_few_times_each_worker_has_at_its_batch() -> None:
+    laws = WorkerLaws(min_samples=3, deadband=0.1)
+    for k in ("a", "b", "c"):
+        laws.add(k)
+        for _ in range(WARMUP):
+            laws.record(k, 8, 1.0, None)
+    for ms in (10.0, 12.0, 14.0):
+        laws.record("a", 8, ms, None)
+    laws.record("b", 4, 30.0, None)
+    laws.record("b", 8, 20.0, None)  # its batch in the plan since this one time
+    assert laws.in_force({"a": 8, "b": 8}) is None
+    assert laws.newest_means({"a": 8, "b": 8, "c": 0}) == {"a": 12.0, "b": 20.0}
+    assert laws.newest_means({"a": 8, "b": 4}) == {}  # b has no time since it got 4
