@@ -4,7 +4,6 @@ on. Pure."""
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable, Mapping
 
 from ps.control.model.observations import Observations
@@ -55,28 +54,18 @@ class WorkerTimes:
         obs = self.obs[worker_id]
         return obs.recent(batch, max(self.min_samples, obs.run(batch)))
 
-    def in_force(self, plan: Mapping[str, int]) -> dict[str, list[float]] | None:
-        """Each planned worker's times since it got its batch in `plan` (None: one has too few)."""
+    def in_force(self, plan: Mapping[str, int], least: int | None = None) -> dict[str, list[float]] | None:
+        """Each planned worker's times since it got its batch in `plan` (None: one has fewer than
+        `least`, `min_samples` unless given)."""
+        least = self.min_samples if least is None else least
         out = {}
         for k, b in plan.items():
             if b > 0:
-                recent = self.recent(k, b)
+                obs = self.obs[k]
+                recent = obs.recent(b, max(least, obs.run(b)))
                 if recent is None:
                     return None
                 out[k] = recent
-        return out
-
-
-    def newest_means(self, plan: Mapping[str, int]) -> dict[str, float]:
-        """Each planned worker's mean time since it got its batch in `plan`, however few (empty: one
-        has none)."""
-        out = {}
-        for k, b in plan.items():
-            if b > 0:
-                run = self.obs[k].run(b)
-                if run == 0:
-                    return {}
-                out[k] = statistics.fmean(self.obs[k].recent(b, run) or [])
         return out
 
 

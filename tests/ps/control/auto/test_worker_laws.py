@@ -170,7 +170,7 @@ def test_the_time_error_of_a_plan_is_that_of_its_times_in_force() -> None:
     assert largest_error([]) == 0.0
 
 
-def test_the_newest_means_take_however_few_times_each_worker_has_at_its_batch() -> None:
+def test_the_times_in_force_at_least_one_take_however_few_each_worker_has_at_its_batch() -> None:
     laws = WorkerLaws(min_samples=3, deadband=0.1)
     for k in ("a", "b", "c"):
         laws.add(k)
@@ -181,5 +181,5 @@ def test_the_newest_means_take_however_few_times_each_worker_has_at_its_batch() 
     laws.record("b", 4, 30.0, None)
     laws.record("b", 8, 20.0, None)  # its batch in the plan since this one time
     assert laws.in_force({"a": 8, "b": 8}) is None
-    assert laws.newest_means({"a": 8, "b": 8, "c": 0}) == {"a": 12.0, "b": 20.0}
-    assert laws.newest_means({"a": 8, "b": 4}) == {}  # b has no time since it got 4
+    assert laws.in_force({"a": 8, "b": 8, "c": 0}, least=1) == {"a": [10.0, 12.0, 14.0], "b": [20.0]}
+    assert laws.in_force({"a": 8, "b": 4}, least=1) is None  # b has no time since it got 4
