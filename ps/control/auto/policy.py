@@ -295,7 +295,7 @@ class AutoPolicy(FittedPlan):
         no longer sees the change, and would hold a worker at a batch its line overprices for good."""
         lower, upper = self._bounds()
         if means is None:  # a change trusted on its first times: not min_samples of them are in force yet
-            means = _means(self._laws.in_force(plan, least=1)) or {}
+            means = _means(self._laws.in_force(current, least=1)) or {}
         candidates = [k for k in changed if not self._identified(k)]
         if slowed:
             candidates += [k for k in self._active() if k not in changed]
