@@ -282,7 +282,9 @@ class Listener:
 def test_a_shard_on_a_host_other_than_the_servers_is_never_contacted_unless_allowed(tmp_path: Path) -> None:
     listener = Listener("127.0.0.3")
     try:
-        scenario = Scenario(shards=[(listener.address, 1000, NUMEL)])
+        # the server's own part of the parameters is valid, so that the shard's is what the worker pulls
+        # next: with all NUMEL values the worker may refuse the server's reply before it reaches the shard
+        scenario = Scenario(shards=[(listener.address, 1000, NUMEL)], values=[0.0] * 1000)
         run = run_worker(scenario, tmp_path, "--max-batch", "16")
         refused(run, f"shard at {listener.address}, not on its own host 127.0.0.1")
         assert "--allow-shard-host 127.0.0.3" in run.stderr and "Leave" in run.calls
