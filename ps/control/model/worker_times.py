@@ -49,20 +49,19 @@ class WorkerTimes:
         self.obs[worker_id].add(batch, ms, None if exposed is None else min(exposed, LONGEST_MS))
         return True
 
-    def recent(self, worker_id: str, batch: int) -> list[float] | None:
-        """The worker's finish times since it got `batch` (at least `min_samples`; None: fewer)."""
+    def recent(self, worker_id: str, batch: int, least: int | None = None) -> list[float] | None:
+        """The worker's finish times since it got `batch` (at least `least`, `min_samples` unless
+        given; None: fewer)."""
         obs = self.obs[worker_id]
-        return obs.recent(batch, max(self.min_samples, obs.run(batch)))
+        return obs.recent(batch, max(self.min_samples if least is None else least, obs.run(batch)))
 
     def in_force(self, plan: Mapping[str, int], least: int | None = None) -> dict[str, list[float]] | None:
         """Each planned worker's times since it got its batch in `plan` (None: one has fewer than
         `least`, `min_samples` unless given)."""
-        least = self.min_samples if least is None else least
         out = {}
         for k, b in plan.items():
             if b > 0:
-                obs = self.obs[k]
-                recent = obs.recent(b, max(least, obs.run(b)))
+                recent = self.recent(k, b, least)
                 if recent is None:
                     return None
                 out[k] = recent
