@@ -86,26 +86,43 @@ class AutoPolicy(FittedPlan):
         w, law = self._workers[worker_id], self._laws.law(worker_id)
         return w.min_batch == w.max_batch or (law is not None and law.known)
 
-    def _times(self, straddled: Mapping[str, float] | None = None) -> dict[str, FinishTime]:
+    def _times(self, straddled: Mapping[str, float] | None = None,
+               current: Mapping[str, int] | None = None) -> dict[str, FinishTime]:
         """Each worker's finish time in its batch for comparing plans: a known law plus its uncertainty
         (time_fit.Finish.cautious); a proportional line as measured (new times are trusted at once),
         for a worker of `straddled` (a slowdown trusted on its first time, how many times slower it
-        was) that many times slower again; a worker not measured yet at the slowest measured time per
-        sample, never predicted fast.
+        was) that many times slower again, but no slower a sample than the slowest planned worker
+        this job has measured (WorkerLaws.slowest); a worker not measured yet at the slowest measured
+        time per sample, never predicted fast.
 
         A slowdown's first time straddles it (the round began at the old speed), so it shows less of
         the slowdown than there is; a worker given too many samples holds every other worker's round
         (an eighth of a core planned at 140 samples: rounds of 1.7 s where the optimum's are 0.6 s),
-        one given too few only waits, until the next decision measures it at the batch it got."""
+        one given too few only waits, until the next decision measures it at the batch it got. A first
+        time that does not straddle shows all of it, and that many times slower again is far beyond
+        any speed the job has seen (an eighth of a core taken for a sixty-fourth: 7-9 samples where the
+        optimum gives 32); the slowest worker measured bounds both cases.
+
+        A known law that rests on such a time (WorkerLaws.on_admitted) is, below the worker's batch in
+        `current`, no more than in proportion to it: a straddled time makes its line the flattest the
+        times allow, a fixed cost that a cut of the batch cannot save (an eighth of a core cut from 67
+        samples to 2 where the optimum gives it 27)."""
         finishes = self._laws.finishes()
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
         straddled = straddled or {}
+        slowest = self._laws.slowest
 
         def unmeasured(batch: int) -> float:
             return per_sample * batch
 
+        def proportional_below(time: FinishTime, batch: int) -> FinishTime:
+            at = time(batch)
+            return lambda b: time(b) if b >= batch else min(time(b), at * b / batch)
+
         def slower(time: FinishTime, factor: float) -> FinishTime:
-            return lambda batch: factor * time(batch)
+            if slowest is None:
+                return lambda batch: factor * time(batch)
+            return lambda batch: max(time(batch), min(factor * time(batch), slowest * batch))
 
         times: dict[str, FinishTime] = {}
         for k in self._workers:
@@ -113,6 +130,8 @@ class AutoPolicy(FittedPlan):
                 times[k] = unmeasured
             elif self._identified(k):
                 times[k] = finishes[k].cautious
+                if current and current.get(k, 0) > 0 and self._laws.on_admitted(k):
+                    times[k] = proportional_below(times[k], current[k])
             else:
                 times[k] = slower(finishes[k].at, straddled[k]) if k in straddled else finishes[k].at
         return times
@@ -149,6 +168,8 @@ class AutoPolicy(FittedPlan):
                 in_force = self._laws.in_force(current)
                 means = _means(in_force)
                 measured_balanced = self._balanced_on(in_force, current, means)
+        if means is not None:
+            self._laws.note_slowest(current, means)
         follow, changed = self._follow_up, sorted(self._laws.changed)
         if not (follow or changed):  # a parked worker waits for the server's decisions, not those asked for
             self._parking.tick()
@@ -160,7 +181,7 @@ class AutoPolicy(FittedPlan):
         self._laws.changed, self._laws.slowed, self._laws.quick, self._follow_up = set(), set(), False, False
         self._laws.jumps = {}
         report["speed_changed"] = changed
-        times = self._times(jumps)
+        times = self._times(jumps, current)
         table = table_of(times)  # every worker priced at once, for the solve and the gain
         new, parked, compared = self._solve(times, forced_in=reprobe, table=table)
         reprobe = [k for k in reprobe if k not in parked]

@@ -1,7 +1,7 @@
 """The auto policy's own part of its checkpoint state: each worker's observations, settled mark and
-admitted batch (worker_laws.py), who changed speed since the last decision, the parking schedule, the
-rounds behind c and the plan's measured round, and whether a decision is asked for or a re-solve
-awaits its confirmation; written as plain data and read back with every value checked, so a state
+admitted batch (worker_laws.py), who changed speed since the last decision, the slowest time per
+sample measured, the parking schedule, the rounds behind c and the plan's measured round, and whether
+a decision is asked for or a re-solve awaits its confirmation; written as plain data and read back with every value checked, so a state
 that contradicts itself is refused with the field it names (pure). A resumed worker's first steps are warm-up again, as after a join."""
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from ps.control.model.observations import Observations
 
 WORKER_KEYS = frozenset({"obs", "seq", "settled", "admitted"})
 KEYS = frozenset({"workers", "changed", "parking", "overhead", "measured", "predicted", "follow_up", "confirming"})
+OPTIONAL_KEYS = frozenset({"slowest"})
+"""Keys a state may lack (a state written without them reads as none measured)."""
 
 
 @dataclass
@@ -38,7 +40,7 @@ def auto_part(laws: WorkerLaws, parking: ParkingSchedule, rounds: RoundLog, foll
         "workers": {k: {"obs": [list(item) for item in o.items], "seq": o.seq, "settled": laws.settled[k],
                         **({"admitted": laws.admitted[k]} if k in laws.admitted else {})}
                     for k, o in laws.obs.items()},
-        "changed": sorted(laws.changed), "parking": parking.state(),
+        "changed": sorted(laws.changed), "slowest": laws.slowest, "parking": parking.state(),
         "overhead": list(rounds.overhead), "measured": list(rounds.measured), "predicted": rounds.predicted,
         "follow_up": follow_up, "confirming": confirming,
     }
@@ -47,8 +49,8 @@ def auto_part(laws: WorkerLaws, parking: ParkingSchedule, rounds: RoundLog, foll
 def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoPart:
     """`raw` read back into `laws` (of the policy's workers, whose plan is `plan`) and the rest;
     ValueError on a malformed state, or one whose parked workers are not those at batch 0."""
-    if not isinstance(raw, Mapping) or set(raw) != KEYS:
-        raise ValueError(f"auto policy state must have exactly the keys {sorted(KEYS)}")
+    if not isinstance(raw, Mapping) or not KEYS <= set(raw) <= KEYS | OPTIONAL_KEYS:
+        raise ValueError(f"auto policy state must have the keys {sorted(KEYS)} (and may have {sorted(OPTIONAL_KEYS)})")
     workers = list(laws.obs)
     entries = raw["workers"]
     if not isinstance(entries, Mapping) or set(entries) != set(workers):
@@ -66,6 +68,8 @@ def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoP
     if not isinstance(changed, list) or not set(changed) <= set(workers):
         raise ValueError("auto state 'changed' must list workers of the policy")
     laws.changed = set(changed)
+    slowest = raw.get("slowest")
+    laws.slowest = None if slowest is None else nonnegative("slowest", slowest)
     parking = ParkingSchedule.from_state(raw["parking"], workers)
     zero = {k for k, b in plan.items() if b == 0}
     if set(parking.parked) != zero:

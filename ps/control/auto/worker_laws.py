@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from types import MappingProxyType
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
-from ps.control.auto.law import Item, Law, law_of
+from ps.control.auto.law import SPREAD, Item, Law, law_of
 from ps.control.model.observations import Observations
 from ps.control.model.time_fit import Finish
 from ps.control.model.worker_times import WorkerTimes
@@ -43,6 +44,7 @@ class WorkerLaws(WorkerTimes):
         self.admitted: dict[str, int] = {}  # the batch of a change trusted on fewer than min_samples times
         self.quick = False  # a change since the last decision was trusted on fewer times than `rounds`
         self.jumps: dict[str, float] = {}  # of the slowed, trusted on one time: how many times slower
+        self.slowest: float | None = None  # the most ms a sample any planned worker has taken (`note_slowest`)
         # each worker's law with what it was fitted from: its observations, their version, the admitted batch
         self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
         # each worker's settled law with what it was fitted from: its observations and the mark
@@ -154,6 +156,20 @@ class WorkerLaws(WorkerTimes):
         self._settled_laws[worker_id] = (obs, mark, law)
         return law
 
+    def on_admitted(self, worker_id: str) -> bool:
+        """Whether the worker's law is known only through an admitted time (law.law_of: one or two times
+        at the batch it had when its change was found, fewer than `min_samples`), which may straddle the
+        change: the batch sizes measured since do not identify its fixed cost on their own."""
+        admitted = self.admitted.get(worker_id)
+        if admitted is None:
+            return False
+        law = self.law(worker_id)
+        if law is None or not law.known:
+            return False
+        counts = Counter(it[1] for it in self.obs[worker_id].items)
+        measured = [b for b, n in counts.items() if n >= self.min_samples]
+        return counts[admitted] < self.min_samples and not (measured and max(measured) >= (1.0 + SPREAD) * min(measured))
+
     def law(self, worker_id: str) -> Law | None:
         """The worker's law (law.py), fitted again only once its observations or admitted batch change:
         a decision asks for every law many times."""
@@ -173,6 +189,14 @@ class WorkerLaws(WorkerTimes):
             self._finishes = (self.revision, MappingProxyType({k: law.fit.finish for k, law in laws.items()
                                                                if law is not None}))
         return self._finishes[1]
+
+    def note_slowest(self, plan: Mapping[str, int], means: Mapping[str, float]) -> None:
+        """Keep the most ms per sample among the planned workers' mean times at their batches (`means`),
+        if more than any before: no worker this job has measured was slower, which bounds how slow a
+        slowdown found on one time is taken to be (AutoPolicy._times)."""
+        per_sample = [mean / plan[k] for k, mean in means.items() if plan.get(k, 0) > 0]
+        if per_sample:
+            self.slowest = max(self.slowest or 0.0, max(per_sample))
 
     def time_error(self, plan: Mapping[str, int], in_force: Mapping[str, Sequence[float]] | None = None) -> float:
         """The largest relative standard error of a planned worker's mean time at its batch: how far

@@ -62,20 +62,44 @@ def straddled_swap(seed: int, share_before: float) -> tuple[list[tuple[float, di
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_a_slowdown_trusted_on_a_straddled_time_gives_the_slowed_worker_no_more_than_the_optimum(seed: int) -> None:
+def test_a_slowdown_trusted_on_a_straddled_time_does_not_hold_the_round(seed: int) -> None:
     """w3 (a core, then an eighth) takes its straddled first time as four to five times slower where it
-    is about nineteen: stepped on that time alone it got 135-151 samples and every round took 1.7-1.9 s,
-    three times the optimum's; taken as that many times slower again it gets about what the optimum
-    gives it, and the rounds that follow take at most 2.5 times the optimum's."""
+    is about seven: stepped on that time alone it got 135-151 samples and every round took 1.7-1.9 s,
+    three times the optimum's; taken as that many times slower again (no slower a sample than w2 ran
+    before), its time at the step's batch stays within the others' (w2's straddled time holds them
+    long), and the rounds that follow take at most 2.5 times the optimum's. The straddled time stays in
+    w3's law (admitted beside the step's times) and tilts it flat, a fixed cost of 570 ms where it is
+    212: solved from it, the next decision cut w3 to 0-2 samples, where the optimum gives it 33, and
+    took until the end of the run to come back; below the step's batch w3 is now priced no lower than
+    in proportion to it, and gets 28-30."""
     rounds, after = straddled_swap(seed, share_before=0.45)
     best = optimum(after, 512) + OVERHEAD
+    plans = [p for _, p in rounds]
+    changes = [p for p, before in zip(plans[1:], plans) if p != before]
+    step = changes[0]
+    q, s = after["w3"]
+    assert q * step["w3"] + s <= max(after[k][0] * b + after[k][1] for k, b in step.items() if k != "w3" and b), step
+    times = {k: (lambda b, q=q, s=s: q * b + s) for k, (q, s) in after.items()}
+    optimal, _, _ = best_plan(times, 512, dict.fromkeys(after, 1), dict.fromkeys(after, 512), may_park=list(after))
+    assert all(p["w3"] >= 0.75 * optimal["w3"] for p in changes[1:]), (changes, optimal)
+    assert all(t <= 2.5 * best for t, _ in rounds[1:]), [round(t / best, 2) for t, _ in rounds]
+    assert round_of(after, plans[-1]) + OVERHEAD <= 1.05 * best, plans[-1]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_slowdown_whose_first_time_shows_all_of_it_is_stepped_near_the_optimum(seed: int) -> None:
+    """The same swap between two rounds: w3's first time shows the whole slowdown (7.4 times), and that
+    many times slower again took it for 55 times slower, an eighth of a core for a 64th: its step gave
+    it 8-9 samples where the optimum gives it 33. No slower a sample than the slowest worker measured
+    (w2, before the swap), it gets 40-41, and the next decision settles it."""
+    rounds, after = straddled_swap(seed, share_before=0.0)
     plans = [p for _, p in rounds]
     step = next(p for p in plans[1:] if p != plans[0])
     times = {k: (lambda b, q=q, s=s: q * b + s) for k, (q, s) in after.items()}
     optimal, _, _ = best_plan(times, 512, dict.fromkeys(after, 1), dict.fromkeys(after, 512), may_park=list(after))
-    assert step["w3"] <= 1.5 * optimal["w3"], (step, optimal)
-    assert all(t <= 2.5 * best for t, _ in rounds[1:]), [round(t / best, 2) for t, _ in rounds]
-    assert round_of(after, plans[-1]) + OVERHEAD <= 1.05 * best, plans[-1]
+    assert 0.75 * optimal["w3"] <= step["w3"] <= 1.5 * optimal["w3"], (step, optimal)
+    changes = sum(a != b for a, b in zip(plans, plans[1:]))
+    assert changes <= 2 and round_of(after, plans[-1]) + OVERHEAD <= 1.05 * (optimum(after, 512) + OVERHEAD), plans
 
 
 HL8_SHARES = {"w0": 3 / 16, "w1": 3 / 16, "w2": 1 / 8, "w3": 1.0}
