@@ -103,7 +103,7 @@ class AutoPolicy(FittedPlan):
         any speed the job has seen (an eighth of a core taken for a sixty-fourth: 7-9 samples where the
         optimum gives 32); the slowest worker measured bounds both cases.
 
-        A known law that rests on such a time (WorkerLaws.on_admitted) is, below the worker's batch in
+        A known law that rests on such a time (WorkerLaws.rests_on_lone_time) is, below the worker's batch in
         `current`, no more than in proportion to it: a straddled time makes its line the flattest the
         times allow, a fixed cost that a cut of the batch cannot save (an eighth of a core cut from 67
         samples to 2 where the optimum gives it 27)."""
@@ -130,7 +130,7 @@ class AutoPolicy(FittedPlan):
                 times[k] = unmeasured
             elif self._identified(k):
                 times[k] = finishes[k].cautious
-                if current and current.get(k, 0) > 0 and self._laws.on_admitted(k):
+                if current and current.get(k, 0) > 0 and self._laws.rests_on_lone_time(k):
                     times[k] = proportional_below(times[k], current[k])
             else:
                 times[k] = slower(finishes[k].at, straddled[k]) if k in straddled else finishes[k].at

@@ -42,6 +42,7 @@ class WorkerLaws(WorkerTimes):
         self.changed: set[str] = set()  # changed speed since the last decision
         self.slowed: set[str] = set()  # of those, the ones whose times rose SLOWED times or more
         self.admitted: dict[str, int] = {}  # the batch of a change trusted on fewer than min_samples times
+        self.lone: set[str] = set()  # of those, the changes found on one time alone (`rests_on_lone_time`)
         self.quick = False  # a change since the last decision was trusted on fewer times than `rounds`
         self.jumps: dict[str, float] = {}  # of the slowed, trusted on one time: how many times slower
         self.slowest: float | None = None  # the most ms a sample any planned worker has taken (`note_slowest`)
@@ -69,6 +70,7 @@ class WorkerLaws(WorkerTimes):
         self.slowed.discard(worker_id)
         self.jumps.pop(worker_id, None)
         self.admitted.pop(worker_id, None)
+        self.lone.discard(worker_id)
         self._laws.pop(worker_id, None)
         self._settled_laws.pop(worker_id, None)
         self._along.pop(worker_id, None)
@@ -129,8 +131,11 @@ class WorkerLaws(WorkerTimes):
         self.changed.add(worker_id)
         self.quick = self.quick or len(found) < rounds
         self.admitted.pop(worker_id, None)
+        self.lone.discard(worker_id)
         if after and len(after) < self.min_samples and all(it[1] == after[0][1] for it in after):
             self.admitted[worker_id] = after[0][1]
+            if len(found) == 1:
+                self.lone.add(worker_id)
 
     def _straddles(self, ratios: list[float]) -> bool:
         """Whether the first of a change's times straddles it (its round began at the old speed; `ratios`:
@@ -156,12 +161,12 @@ class WorkerLaws(WorkerTimes):
         self._settled_laws[worker_id] = (obs, mark, law)
         return law
 
-    def on_admitted(self, worker_id: str) -> bool:
-        """Whether the worker's law is known only through an admitted time (law.law_of: one or two times
-        at the batch it had when its change was found, fewer than `min_samples`), which may straddle the
-        change: the batch sizes measured since do not identify its fixed cost on their own."""
+    def rests_on_lone_time(self, worker_id: str) -> bool:
+        """Whether the worker's law is known only through the one time its change was found on (admitted,
+        `_changed_at`): no later time there could show whether it straddled the change (`_straddles`),
+        and the batch sizes measured since do not identify the worker's fixed cost on their own."""
         admitted = self.admitted.get(worker_id)
-        if admitted is None:
+        if admitted is None or worker_id not in self.lone:
             return False
         law = self.law(worker_id)
         if law is None or not law.known:

@@ -338,6 +338,7 @@ def test_a_change_trusted_on_its_first_time_keeps_that_batch_in_the_law_and_in_t
     assert first and "w3" in first[0]["speed_changed"]
     state = json.loads(json.dumps(ctl.state_dict()))
     assert state["auto"]["workers"]["w3"]["admitted"] == before
+    assert state["auto"]["workers"]["w3"]["lone"] is True  # found on that one time alone
     back = policy_from_state(state)
     assert json.dumps(back.state_dict(), sort_keys=True) == json.dumps(state, sort_keys=True)
     reports = run_rounds(ctl, after, 12, rnd=random.Random(2))
@@ -375,7 +376,8 @@ def test_a_state_that_contradicts_itself_is_refused() -> None:
         ({"auto/slowest": -1.0}, "slowest must be >= 0"),
         ({"auto/stray": 1}, "may have \\['slowest'\\]"),
         ({"auto/workers/a/admitted": 0}, "admitted batch of 'a'"),
-        ({"auto/workers/a/stray": 1}, "may have admitted"),
+        ({"auto/workers/a/stray": 1}, "may have admitted, lone"),
+        ({"auto/workers/a/lone": True}, "'lone' of 'a' must be true, beside an admitted batch"),
         ({"auto": None}, "batch 0 but the state has no auto part"),
     ]
     for change, message in cases:
