@@ -54,13 +54,19 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     # a part of observations held as Observations holds them (in order, within its limits) is held so too
     held = (len(counts) <= MAX_BATCHES and max(counts.values()) <= PER_BATCH
             and all(map(operator.lt, seqs, seqs[1:])))
-    if measured and max(measured) >= (1.0 + SPREAD) * min(measured):
+    if identifies_fixed_cost(measured):
         kept = set(measured)
         fit = _fit(list(items) if len(kept) == len(counts) else [it for it in items if it[1] in kept], min_samples, held)
         return None if fit is None else Law(fit, True)
     newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
     fit = _fit([it for it in items if it[1] == newest], min_samples, held)
     return None if fit is None else Law(fit, False, newest)
+
+
+def identifies_fixed_cost(batches: Sequence[int]) -> bool:
+    """Whether times measured at these batch sizes identify a fixed cost: the largest is SPREAD above the
+    smallest."""
+    return bool(batches) and max(batches) >= (1.0 + SPREAD) * min(batches)
 
 
 def _fit(items: list[Item], min_samples: int, held: bool) -> Fit | None:

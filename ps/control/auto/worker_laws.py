@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
-from ps.control.auto.law import SPREAD, Item, Law, law_of
+from ps.control.auto.law import Item, Law, identifies_fixed_cost, law_of
 from ps.control.model.observations import Observations
 from ps.control.model.time_fit import Finish
 from ps.control.model.worker_times import WorkerTimes
@@ -165,15 +165,14 @@ class WorkerLaws(WorkerTimes):
         """Whether the worker's law is known only through the one time its change was found on (admitted,
         `_changed_at`): no later time there could show whether it straddled the change (`_straddles`),
         and the batch sizes measured since do not identify the worker's fixed cost on their own."""
-        admitted = self.admitted.get(worker_id)
-        if admitted is None or worker_id not in self.lone:
+        if worker_id not in self.admitted or worker_id not in self.lone:
             return False
         law = self.law(worker_id)
         if law is None or not law.known:
             return False
+        # known: unless the batch sizes measured min_samples times identify it alone, the admitted one did
         counts = Counter(it[1] for it in self.obs[worker_id].items)
-        measured = [b for b, n in counts.items() if n >= self.min_samples]
-        return counts[admitted] < self.min_samples and not (measured and max(measured) >= (1.0 + SPREAD) * min(measured))
+        return not identifies_fixed_cost([b for b, n in counts.items() if n >= self.min_samples])
 
     def law(self, worker_id: str) -> Law | None:
         """The worker's law (law.py), fitted again only once its observations or admitted batch change:
