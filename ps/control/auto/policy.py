@@ -24,6 +24,7 @@ finishes within the round measured now, not the minimum a short solved round lea
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -32,14 +33,14 @@ from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
 from ps.control.auto.imbalance import far_from_balance
 from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
-from ps.control.model.time_fit import slope_measured
+from ps.control.model.time_fit import SLOPE_SDS, Finish, Line, slope_measured
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.fitted_plan import FittedPlan
 from ps.control.split import reachable
 from ps.control.model.optperf import nearest_plan
-from ps.control.model.finish_table import table_of
+from ps.control.model.finish_table import Priced, table_of
 from ps.control.performance import FinishTable, FinishTime, FittedRounds
 from ps.control.worker_plan import WorkerPlan
 
@@ -106,34 +107,35 @@ class AutoPolicy(FittedPlan):
         A known law that rests on such a time (WorkerLaws.rests_on_lone_time) is, below the worker's batch in
         `current`, no more than in proportion to it: a straddled time makes its line the flattest the
         times allow, a fixed cost that a cut of the batch cannot save (an eighth of a core cut from 67
-        samples to 2 where the optimum gives it 27)."""
+        samples to 2 where the optimum gives it 27). So is, no flatter than its slope's upper bound
+        (SLOPE_SDS standard errors above it), one whose time per sample is not measured
+        (time_fit.slope_measured): times at nearby batch sizes tilt a line flat by their noise alone,
+        and a flat line asks for a cut several times the one the worker needs (at 1,024 simulated
+        workers, one in a hundred fitted at a quarter of its slope: cut from 50 samples to 33 where
+        the optimum gives it 47, and moved back by later decisions)."""
         finishes = self._laws.finishes()
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
         straddled = straddled or {}
         slowest = self._laws.slowest
-
-        def unmeasured(batch: int) -> float:
-            return per_sample * batch
-
-        def proportional_below(time: FinishTime, batch: int) -> FinishTime:
-            at = time(batch)
-            return lambda b: time(b) if b >= batch else min(time(b), at * b / batch)
-
-        def slower(time: FinishTime, factor: float) -> FinishTime:
-            if slowest is None:
-                return lambda batch: factor * time(batch)
-            return lambda batch: max(time(batch), min(factor * time(batch), slowest * batch))
+        unmeasured = Finish(Line(per_sample, 0.0)).at
 
         times: dict[str, FinishTime] = {}
         for k in self._workers:
             if k not in finishes:
                 times[k] = unmeasured
             elif self._identified(k):
-                times[k] = finishes[k].cautious
-                if current and current.get(k, 0) > 0 and self._laws.rests_on_lone_time(k):
-                    times[k] = proportional_below(times[k], current[k])
+                line, batch = finishes[k].line, (current or {}).get(k, 0)
+                if batch > 0 and self._laws.rests_on_lone_time(k):
+                    times[k] = Priced(finishes[k]).steeper_below(batch)
+                elif batch > 0 and not slope_measured(line):
+                    times[k] = Priced(finishes[k]).steeper_below(batch, line.q + SLOPE_SDS * math.sqrt(line.var_q))
+                else:
+                    times[k] = finishes[k].cautious
+            elif k in straddled:
+                times[k] = Priced(finishes[k], cautious=False, factor=straddled[k],
+                                  cap=math.inf if slowest is None else slowest)
             else:
-                times[k] = slower(finishes[k].at, straddled[k]) if k in straddled else finishes[k].at
+                times[k] = finishes[k].at
         return times
 
     # ------------------------------------------------------------------ decisions
@@ -223,13 +225,13 @@ class AutoPolicy(FittedPlan):
             probes = entries = {}
         self._confirming = False
         known = all(self._identified(k) for k, b in new.items() if b > 0) and not stepped
-        if known and resolve and not entries:  # a re-solve moves no more than its gain asks
+        if resolve and not stepped and not entries:  # a re-solve moves no more than its gain asks
             new = nearest_plan(times, new, current, self._kept_at_break_even(new, lower, upper), upper,
                                slack=min_gain / 2)
         self._parking.install(parked, reprobe)
         if reprobe:
             self._reprobing(current, report)
-        self._follow_up = bool(reprobe or probes or entries) or not known
+        self._follow_up = bool(reprobe or probes or entries) or not (known or resolve)
         self._soon = quick and self._follow_up  # its rounds are long, and its laws are off by the change's size
         phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
         if stepped:
@@ -381,5 +383,5 @@ def _means(in_force: Mapping[str, Sequence[float]] | None) -> dict[str, float] |
 
 
 def _proportional(per_sample: float) -> FinishTime:
-    """A time proportional to the batch at `per_sample` ms a sample."""
-    return lambda batch: per_sample * batch
+    """A time proportional to the batch at `per_sample` ms a sample (a Finish's, which a FinishTable prices at once)."""
+    return Finish(Line(per_sample, 0.0)).at

@@ -1,11 +1,12 @@
 """The fitted finish times of many workers as arrays (performance.FinishTable): a solve at thousands
 of workers prices every worker at dozens of levels, and one numpy expression over the workers costs
-what a few Python calls do. Each row computes what its Finish's `at` or `cautious` computes, in the
-same order of the same float operations, so every value is the call's, bit for bit; `table_of`
-builds the table only where every time is such a call. Pure."""
+what a few Python calls do. Each row computes what its Finish's `at` or `cautious` computes, or a
+`Priced` time over one of them, in the same order of the same float operations, so every value is
+the call's, bit for bit; `table_of` builds the table only where every time is such a call. Pure."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -18,35 +19,79 @@ _FUNCTIONS = {Finish.at: 0.0, Finish.cautious: CAUTION}
 """The Finish methods a row can be, with the standard errors each adds."""
 FALSE_POSITIONS = 4
 """Steps of false position before a search bisects."""
+_PLAIN = (1.0, math.inf, 0.0, 0.0, 0.0)
+"""Priced's columns of a plain call."""
 MIN_ROWS = 64
 """Fewer workers are priced by their calls: a numpy expression's own cost is a few of them."""
+
+
+@dataclass(frozen=True)
+class Priced:
+    """A Finish's time (`cautious` or `at`) as a policy prices it where plans are compared: `factor`
+    times slower but no slower a sample than `cap` ms (and never faster than the time itself), and
+    below the batch `below` no flatter than `fall` ms a sample from its time there. A FinishTime
+    that `table_of` can put in a row."""
+
+    finish: Finish
+    cautious: bool = True
+    factor: float = 1.0
+    cap: float = math.inf
+    below: int = 0
+    fall: float = 0.0
+    at_below: float = 0.0
+
+    def base(self, batch: float) -> float:
+        time = self.finish.cautious(batch) if self.cautious else self.finish.at(batch)
+        if self.factor != 1.0:
+            time = max(time, min(self.factor * time, self.cap * batch))
+        return time
+
+    def __call__(self, batch: float) -> float:
+        time = self.base(batch)
+        return time if batch >= self.below else min(time, self.at_below - self.fall * (self.below - batch))
+
+    def steeper_below(self, batch: int, fall: float | None = None) -> Priced:
+        """This time, below `batch` no flatter than `fall` ms a sample nor than in proportion to
+        `batch` (None: in proportion)."""
+        at = self.base(batch)
+        return Priced(self.finish, self.cautious, self.factor, self.cap, batch,
+                      at / batch if fall is None else min(fall, at / batch), at)
 
 
 @dataclass(frozen=True)
 class LineTable:
     """One column per row of `coef`: the line (q, s), the exposed communication's line and floor (0
     without it), the standard errors added (0 or CAUTION), the line's variances and covariance and
-    the batch its errors count from; whether any row has exposed communication or is cautious (the
-    parts no row has are not computed)."""
+    the batch its errors count from, then Priced's factor, cap, below, fall and time at below (1, inf,
+    0, 0, 0 for a plain call); whether any row has exposed communication, is cautious, is slowed by a
+    factor or is held below a batch (the parts no row has are not computed)."""
 
     coef: np.ndarray
     exposed: bool = True
     cautious: bool = True
+    scaled: bool = False
+    held_below: bool = False
 
     def at(self, batches: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Finish.at's `line.q * b + line.s + max(floor, exposed.q * b + exposed.s)` (+ 0.0 without
-        exposure), plus Finish.cautious' standard errors where the row is cautious (+ 0.0 where not)."""
-        q, s, exposed_q, exposed_s, floor, caution, var_s, cov, var_q, centre = (
+        exposure), plus Finish.cautious' standard errors where the row is cautious (+ 0.0 where not),
+        then Priced's factor and its hold below a batch."""
+        q, s, exposed_q, exposed_s, floor, caution, var_s, cov, var_q, centre, factor, cap, below, fall, at_below = (
             self.coef if rows is None else self.coef[:, rows])
         b = batches.astype(np.float64)
         finish: np.ndarray = q * b + s
         if self.exposed:
             finish = finish + np.maximum(floor, exposed_q * b + exposed_s)
-        if not self.cautious:
-            return finish
-        x = np.maximum(b, centre)
-        cautious: np.ndarray = finish + caution * np.sqrt(np.maximum(0.0, var_s + 2.0 * x * cov + x * x * var_q))
-        return cautious
+        if self.cautious:
+            x = np.maximum(b, centre)
+            finish = finish + caution * np.sqrt(np.maximum(0.0, var_s + 2.0 * x * cov + x * x * var_q))
+        if self.scaled:  # fmin and fmax, as Python's min and max, pass over the NaN of inf * 0
+            with np.errstate(invalid="ignore"):
+                capped = cap * b
+            finish = np.where(factor != 1.0, np.fmax(finish, np.fmin(factor * finish, capped)), finish)
+        if self.held_below:
+            finish = np.where(b >= below, finish, np.minimum(finish, at_below - fall * (below - b)))
+        return finish
 
     def within(self, level: float, lo: np.ndarray, hi: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """performance.batch_within of every row: the largest batch in [lo, hi] whose time is within
@@ -87,25 +132,31 @@ class LineTable:
         return out
 
     def take(self, rows: np.ndarray) -> LineTable:
-        return LineTable(self.coef[:, rows], self.exposed, self.cautious)
+        return LineTable(self.coef[:, rows], self.exposed, self.cautious, self.scaled, self.held_below)
 
 
 def table_of(times: Mapping[str, FinishTime]) -> LineTable | None:
     """The table of `times` (rows in the order of its keys) where each is a Finish's `at` or
-    `cautious`; None where one is anything else, or where they are fewer than MIN_ROWS."""
+    `cautious` or a Priced time; None where one is anything else, or where they are fewer than MIN_ROWS."""
     if len(times) < MIN_ROWS:
         return None
     finishes, rows = [], []
     for time in times.values():
-        finish, function = getattr(time, "__self__", None), getattr(time, "__func__", None)
-        if not isinstance(finish, Finish) or function not in _FUNCTIONS:
-            return None
+        if isinstance(time, Priced):
+            finish, function = time.finish, Finish.cautious if time.cautious else Finish.at
+            priced = (time.factor, time.cap, float(time.below), time.fall, time.at_below)
+        else:
+            finish, function = getattr(time, "__self__", None), getattr(time, "__func__", None)
+            if not isinstance(finish, Finish) or function not in _FUNCTIONS:
+                return None
+            priced = _PLAIN
         line, exposed = finish.line, finish.exposed
         finishes.append(finish)
         rows.append((line.q, line.s, 0.0 if exposed is None else exposed.q, 0.0 if exposed is None else exposed.s,
                      finish.floor if exposed is not None else 0.0, _FUNCTIONS[function],
                      *((line.var_s, line.cov, line.var_q, -line.cov / line.var_q if line.var_q > 0 else 0.0)
-                       if function is Finish.cautious else (0.0, 0.0, 0.0, 0.0))))
-    coef = np.ascontiguousarray(np.array(rows, dtype=np.float64).reshape(len(rows), 10).T)
+                       if function is Finish.cautious else (0.0, 0.0, 0.0, 0.0)), *priced))
+    coef = np.ascontiguousarray(np.array(rows, dtype=np.float64).reshape(len(rows), 15).T)
     return LineTable(coef, exposed=any(f.exposed is not None for f in finishes),
-                     cautious=any(r[5] for r in rows))
+                     cautious=any(r[5] for r in rows), scaled=any(r[10] != 1.0 for r in rows),
+                     held_below=any(r[12] > 0 for r in rows))

@@ -1,9 +1,10 @@
-"""ps.control.model.finish_table: the fitted finish times of many workers as arrays price every batch
-as their calls do, bit for bit, and a solve over them plans, and a plan's round over them prices, what
+"""ps.control.model.finish_table: the fitted finish times of many workers (a Finish's calls, and
+Priced times over them) as arrays price every batch as their calls do, bit for bit, and a solve over them plans, and a plan's round over them prices, what
 one over the calls does (pure)."""
 
 from __future__ import annotations
 
+import math
 import random
 
 import numpy as np
@@ -11,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.model.finish_table import MIN_ROWS, table_of
+from ps.control.model.finish_table import MIN_ROWS, Priced, table_of
 from ps.control.model.optperf import best_plan
 from ps.control.model.time_fit import Finish, Line
 from ps.control.performance import FinishTime, FittedRounds, batch_within, round_time, split
@@ -20,7 +21,8 @@ FAST = settings(max_examples=40, deadline=None)
 
 
 def finishes(seed: int, n: int) -> dict[str, FinishTime]:
-    """`n` fitted finish times of lognormal speeds: some cautious, some with exposed communication."""
+    """`n` fitted finish times of lognormal speeds: some cautious, some with exposed communication, some
+Priced."""
     rng = random.Random(seed)
     times: dict[str, FinishTime] = {}
     for i in range(n):
@@ -30,6 +32,11 @@ def finishes(seed: int, n: int) -> dict[str, FinishTime]:
         exposed = Line(-rng.uniform(0.0, q), rng.uniform(0.0, 30.0)) if rng.random() < 0.3 else None
         finish = Finish(line, exposed, rng.uniform(0.0, 5.0) if exposed else 0.0)
         times[f"w{i}"] = finish.cautious if rng.random() < 0.6 else finish.at
+        if rng.random() < 0.3:  # priced by a policy: slowed by a factor up to a cap, held below a batch
+            priced = Priced(finish, cautious=rng.random() < 0.5, factor=rng.choice([1.0, rng.uniform(1.5, 8.0)]),
+                            cap=rng.choice([math.inf, rng.uniform(0.5, 5.0)]))
+            times[f"w{i}"] = priced.steeper_below(rng.randint(1, 400), rng.choice([None, rng.uniform(0.0, 1.0)])) \
+                if rng.random() < 0.7 else priced
     return times
 
 
