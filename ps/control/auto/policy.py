@@ -111,8 +111,8 @@ class AutoPolicy(FittedPlan):
         (SLOPE_SDS standard errors above it), one whose time per sample is not measured
         (time_fit.slope_measured): times at nearby batch sizes tilt a line flat by their noise alone,
         and a flat line asks for a cut several times the one the worker needs (at 1,024 simulated
-        workers, one in a hundred fitted at a quarter of its slope: cut from 50 samples to 33 where
-        the optimum gives it 47, and moved back by later decisions)."""
+        workers, one fitted at a quarter of its slope was cut from 50 samples to 33 where the optimum
+        gives it 47, and moved back by later decisions)."""
         finishes = self._laws.finishes()
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
         straddled = straddled or {}
@@ -231,7 +231,10 @@ class AutoPolicy(FittedPlan):
         self._parking.install(parked, reprobe)
         if reprobe:
             self._reprobing(current, report)
-        self._follow_up = bool(reprobe or probes or entries) or not (known or resolve)
+        # a re-solve that moved a worker by the deadband asks for its new batch measured, as a step does
+        moved = any(abs(b - current.get(k, 0)) >= self._config.deadband * current.get(k, 0)
+                    for k, b in new.items() if b > 0 and current.get(k, 0) > 0)
+        self._follow_up = bool(reprobe or probes or entries) or not (known or (resolve and not moved))
         self._soon = quick and self._follow_up  # its rounds are long, and its laws are off by the change's size
         phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
         if stepped:
