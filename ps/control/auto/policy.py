@@ -117,7 +117,7 @@ class AutoPolicy(FittedPlan):
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
         straddled = straddled or {}
         slowest = self._laws.slowest
-        unmeasured = Finish(Line(per_sample, 0.0)).at
+        unmeasured = _proportional(per_sample)
 
         times: dict[str, FinishTime] = {}
         for k in self._workers:

@@ -52,7 +52,7 @@ class Priced:
 
     def steeper_below(self, batch: int, fall: float | None = None) -> Priced:
         """This time, below `batch` no flatter than `fall` ms a sample nor than in proportion to
-        `batch` (None: in proportion)."""
+        `batch` (None: in proportion), in place of any hold below a batch it had."""
         at = self.base(batch)
         return Priced(self.finish, self.cautious, self.factor, self.cap, batch,
                       at / batch if fall is None else min(fall, at / batch), at)
