@@ -33,14 +33,15 @@ from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
 from ps.control.auto.imbalance import far_from_balance
 from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
-from ps.control.model.time_fit import SLOPE_SDS, Finish, Line, slope_measured
+from ps.control.model.time_fit import slope_measured
+from ps.control.auto.pricing import priced_times, proportional
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.fitted_plan import FittedPlan
 from ps.control.split import reachable
 from ps.control.model.optperf import nearest_plan
-from ps.control.model.finish_table import Priced, table_of
+from ps.control.model.finish_table import table_of
 from ps.control.performance import FinishTable, FinishTime, FittedRounds
 from ps.control.worker_plan import WorkerPlan
 
@@ -89,54 +90,8 @@ class AutoPolicy(FittedPlan):
 
     def _times(self, straddled: Mapping[str, float] | None = None,
                current: Mapping[str, int] | None = None) -> dict[str, FinishTime]:
-        """Each worker's finish time in its batch for comparing plans: a known law plus its uncertainty
-        (time_fit.Finish.cautious); a proportional line as measured (new times are trusted at once),
-        for a worker of `straddled` (a slowdown trusted on its first time, how many times slower it
-        was) that many times slower again, but no slower a sample than the slowest planned worker
-        this job has measured (WorkerLaws.slowest); a worker not measured yet at the slowest measured
-        time per sample, never predicted fast.
-
-        A slowdown's first time straddles it (the round began at the old speed), so it shows less of
-        the slowdown than there is; a worker given too many samples holds every other worker's round
-        (an eighth of a core planned at 140 samples: rounds of 1.7 s where the optimum's are 0.6 s),
-        one given too few only waits, until the next decision measures it at the batch it got. A first
-        time that does not straddle shows all of it, and that many times slower again is far beyond
-        any speed the job has seen (an eighth of a core taken for a sixty-fourth: 7-9 samples where the
-        optimum gives 32); the slowest worker measured bounds both cases.
-
-        A known law that rests on such a time (WorkerLaws.rests_on_lone_time) is, below the worker's batch in
-        `current`, no more than in proportion to it: a straddled time makes its line the flattest the
-        times allow, a fixed cost that a cut of the batch cannot save (an eighth of a core cut from 67
-        samples to 2 where the optimum gives it 27). So is, no flatter than its slope's upper bound
-        (SLOPE_SDS standard errors above it), one whose time per sample is not measured
-        (time_fit.slope_measured): times at nearby batch sizes tilt a line flat by their noise alone,
-        and a flat line asks for a cut several times the one the worker needs (at 1,024 simulated
-        workers, one fitted at a quarter of its slope was cut from 50 samples to 33 where the optimum
-        gives it 47, and moved back by later decisions)."""
-        finishes = self._laws.finishes()
-        per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
-        straddled = straddled or {}
-        slowest = self._laws.slowest
-        unmeasured = _proportional(per_sample)
-
-        times: dict[str, FinishTime] = {}
-        for k in self._workers:
-            if k not in finishes:
-                times[k] = unmeasured
-            elif self._identified(k):
-                line, batch = finishes[k].line, (current or {}).get(k, 0)
-                if batch > 0 and self._laws.rests_on_lone_time(k):
-                    times[k] = Priced(finishes[k]).steeper_below(batch)
-                elif batch > 0 and not slope_measured(line):
-                    times[k] = Priced(finishes[k]).steeper_below(batch, line.q + SLOPE_SDS * math.sqrt(line.var_q))
-                else:
-                    times[k] = finishes[k].cautious
-            elif k in straddled:
-                times[k] = Priced(finishes[k], cautious=False, factor=straddled[k],
-                                  cap=math.inf if slowest is None else slowest)
-            else:
-                times[k] = finishes[k].at
-        return times
+        """Each worker's finish time in its batch for comparing plans (pricing.py)."""
+        return priced_times(self._laws, list(self._workers), self._identified, straddled or {}, current or {})
 
     # ------------------------------------------------------------------ decisions
     def decision_due(self) -> bool:
@@ -260,14 +215,14 @@ class AutoPolicy(FittedPlan):
         time as its mean time at its batch, scaled with the batch; the parked stay parked. With a
         fixed cost the slowest worker's time falls less than its batch, so the step falls short of
         balance rather than past it, and the next decision goes on from times at the new batches."""
-        lines: dict[str, FinishTime] = {k: _proportional(mean / plan[k]) for k, mean in (means or {}).items()}
+        lines: dict[str, FinishTime] = {k: proportional(mean / plan[k]) for k, mean in (means or {}).items()}
         lower, upper = self._bounds()
         lower = self._kept_at_break_even(plan, lower, upper)  # with `break_even`: none stepped below it
         parked = [k for k, b in plan.items() if b == 0]
         lower = {**lower, **dict.fromkeys(parked, 0)}
         upper = {**upper, **dict.fromkeys(parked, 0)}
         for k in parked:
-            lines[k] = _proportional(1.0)
+            lines[k] = proportional(1.0)
         new, _, _ = solve(lines, {}, self._config.global_batch, lower, upper, may_park=[], overhead=0.0, prefer=[])
         return new
 
@@ -383,8 +338,3 @@ class AutoPolicy(FittedPlan):
 def _means(in_force: Mapping[str, Sequence[float]] | None) -> dict[str, float] | None:
     """Each worker's mean of its times in force (None without them): the decision's tests share them."""
     return None if in_force is None else {k: statistics.fmean(t) for k, t in in_force.items()}
-
-
-def _proportional(per_sample: float) -> FinishTime:
-    """A time proportional to the batch at `per_sample` ms a sample (a Finish's, which a FinishTable prices at once)."""
-    return Finish(Line(per_sample, 0.0)).at

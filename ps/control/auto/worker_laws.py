@@ -197,7 +197,7 @@ class WorkerLaws(WorkerTimes):
     def note_slowest(self, plan: Mapping[str, int], means: Mapping[str, float]) -> None:
         """Keep the most ms per sample among the planned workers' mean times at their batches (`means`),
         if more than any before: no worker this job has measured was slower, which bounds how slow a
-        slowdown found on one time is taken to be (AutoPolicy._times)."""
+        slowdown found on one time is taken to be (pricing.py)."""
         per_sample = [mean / plan[k] for k, mean in means.items() if plan.get(k, 0) > 0]
         if per_sample:
             self.slowest = max(self.slowest or 0.0, max(per_sample))
