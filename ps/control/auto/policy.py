@@ -14,11 +14,12 @@ its law is fitted again from them.
 
 A decision holds the plan while it is measured balanced (model/balance.py, within the deadband), or
 while the solve predicts a round shorter by less than MIN_GAIN and the noise of the measured times;
-a re-solve of laws that held must also beat their error on the plan in force, twice in a row. A plan
-measured far out of balance at two decisions in a row is not held whatever the laws say: it takes the
-measured proportional step (imbalance.py: laws fitted across a change, or too uncertain to move). A
-parked worker comes back for a re-probe now and then, and at once when an active worker's times
-rise by half or more (model/parking.py), at a batch that measures its speed: what its known law
+a re-solve of laws that held must also beat their error on the plan in force, twice in a row, and
+half the deadband unless workers measured idle by the deadband would be raised by it (model/balance.py).
+A plan measured far out of balance at two decisions in a row is not held whatever the laws say: it
+takes the measured proportional step (imbalance.py: laws fitted across a change, or too uncertain to
+move). A parked worker comes back for a re-probe now and then, and at once when an active worker's
+times rise by half or more (model/parking.py), at a batch that measures its speed: what its known law
 finishes within the round measured now, not the minimum a short solved round leaves it (probes.py).
 """
 
@@ -31,6 +32,7 @@ from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
 from ps.control.auto.imbalance import far_from_balance
+from ps.control.model.balance import measured_early
 from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.model.time_fit import slope_measured
@@ -145,8 +147,15 @@ class AutoPolicy(FittedPlan):
         priced = FittedRounds(times, table=table)
         gain = priced.predict(current) / max(priced.predict(new), 1e-9) - 1.0
         resolve = not (reprobe or changed or follow)
-        min_gain = max(MIN_GAIN, GAIN_SDS * self._laws.time_error(current, in_force),
-                       max(self._config.deadband / 2, prediction_error(report["previous"])) if resolve else 0.0)
+        noise_bar = max(MIN_GAIN, GAIN_SDS * self._laws.time_error(current, in_force))
+        laws_bar = max(noise_bar, prediction_error(report["previous"])) if resolve else noise_bar
+        min_gain = max(laws_bar, self._config.deadband / 2) if resolve else noise_bar
+        # half the deadband is no bar where a worker is measured finishing early by the deadband and
+        # the laws would raise it by the deadband: the measurement and the laws agree that it idles
+        early = self._idling(in_force, means) if resolve else []
+        if early and laws_bar < gain <= min_gain and self._moves_by_deadband(
+                self._nearest(times, new, current, laws_bar, early), current):
+            min_gain = laws_bar
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
         hold: dict[str, Any] = {}
         stepped = False
@@ -181,14 +190,12 @@ class AutoPolicy(FittedPlan):
         self._confirming = False
         known = all(self._identified(k) for k, b in new.items() if b > 0) and not stepped
         if resolve and not stepped and not entries:  # a re-solve moves no more than its gain asks
-            new = nearest_plan(times, new, current, self._kept_at_break_even(new, lower, upper), upper,
-                               slack=min_gain / 2)
+            new = self._nearest(times, new, current, min_gain, early)
         self._parking.install(parked, reprobe)
         if reprobe:
             self._reprobing(current, report)
         # a re-solve that moved a worker by the deadband asks for its new batch measured, as a step does
-        moved = any(abs(b - current.get(k, 0)) >= self._config.deadband * current.get(k, 0)
-                    for k, b in new.items() if b > 0 and current.get(k, 0) > 0)
+        moved = self._moves_by_deadband(new, current)
         self._follow_up = bool(reprobe or probes or entries) or not (known or (resolve and not moved))
         self._soon = quick and self._follow_up  # its rounds are long, and its laws are off by the change's size
         phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
@@ -198,6 +205,31 @@ class AutoPolicy(FittedPlan):
                         **({"probe": sorted(probes)} if probes else {}),
                         **({"park": compared} if compared else {}), **self._describe(new)}
         return new
+
+    def _idling(self, in_force: Mapping[str, Sequence[float]] | None, means: Mapping[str, float] | None) -> list[str]:
+        """The workers measured finishing the deadband early (model/balance.py), where their idle time
+        adds up to MIN_GAIN of the workers' time: a worker among hundreds that idles costs the round
+        nothing a move should be made for."""
+        if in_force is None or means is None:
+            return []
+        early = measured_early(in_force, self._config.deadband, means)
+        level = max(means.values(), default=0.0)
+        idle = math.fsum(level - means[k] for k in early) / (level * len(means)) if early else 0.0
+        return early if idle >= MIN_GAIN else []
+
+    def _nearest(self, times: Mapping[str, FinishTime], new: Mapping[str, int], current: Mapping[str, int],
+                 min_gain: float, early: Sequence[str]) -> dict[str, int]:
+        """The split nearest `current` within half of `min_gain` of `new`'s round, the workers measured
+        `early` that the laws too finish the deadband early raised to their batches in `new`
+        (optperf.nearest_plan)."""
+        lower, upper = self._bounds()
+        return nearest_plan(times, new, current, self._kept_at_break_even(new, lower, upper), upper, slack=min_gain / 2,
+                            early=self._config.deadband, measured_early=early)
+
+    def _moves_by_deadband(self, new: Mapping[str, int], current: Mapping[str, int]) -> bool:
+        """Whether `new` moves a worker active in both plans by the deadband of its batch in `current` or more."""
+        return any(abs(b - current.get(k, 0)) >= self._config.deadband * current.get(k, 0)
+                   for k, b in new.items() if b > 0 and current.get(k, 0) > 0)
 
     def _far_from_balance(self, plan: Mapping[str, int], times: Mapping[str, Sequence[float]] | None,
                           means: Mapping[str, float] | None) -> bool:

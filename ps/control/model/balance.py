@@ -1,6 +1,6 @@
 """Whether a plan in force is measured balanced: the model policy holds such a plan, since the equal
 finish its solver aims for is there already and a re-solve would move samples by the noise in its
-fits (pure)."""
+fits; and which workers it measures finishing early, idle for part of every round (pure)."""
 
 from __future__ import annotations
 
@@ -48,3 +48,22 @@ def measured_balanced(times: Mapping[str, Sequence[float]], plan: Mapping[str, i
         if late or early:
             return False
     return True
+
+
+def measured_early(times: Mapping[str, Sequence[float]], deadband: float,
+                   means: Mapping[str, float] | None = None) -> list[str]:
+    """The workers whose mean finish time (`times` at their batches; `means`, where the caller has them)
+    is earlier than the slowest worker's mean by more than the deadband of it, and by more than twice
+    the standard error of their difference: measured idle for more than the deadband of every round."""
+    means = {k: statistics.fmean(ms) for k, ms in times.items() if ms} if means is None else means
+    if len(means) < 2:
+        return []
+
+    def error(k: str) -> float:
+        ms = times[k]
+        return stdev(ms) / math.sqrt(len(ms)) if len(ms) > 1 else 0.0
+
+    level = max(means.values())
+    top = min(error(k) for k, mean in means.items() if mean == level)
+    return [k for k, mean in means.items()
+            if level - mean > deadband * level and level - mean > 2.0 * math.hypot(error(k), top)]

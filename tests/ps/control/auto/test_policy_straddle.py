@@ -57,7 +57,7 @@ def straddled_swap(seed: int, share_before: float) -> tuple[list[tuple[float, di
     """HL8 run to a steady plan, then w3 and w2 swap quotas during a round: that round's times of both
     are `share_before` at the old speed, the rest at the new. The rounds after (time, plan before it)."""
     after = {**HL8_MEASURED, "w3": HL8_MEASURED["w2"], "w2": HL8_MEASURED["w3"]}
-    rounds, _ = across_change(seed, HL8_MEASURED, after, lambda k, rnd: share_before if k in ("w2", "w3") else None, 100)
+    rounds, _ = across_change(seed, HL8_MEASURED, after, lambda k, rnd: share_before if k in ("w2", "w3") else None, 120)
     return rounds, after
 
 
@@ -121,3 +121,28 @@ def test_when_every_quota_changes_in_a_round_most_runs_re_balance_in_two_plan_ch
     law until 2x away), never a fourth."""
     changes = [plan_changes_after_every_quota_changes(seed) for seed in range(16)]
     assert max(changes) <= 3 and sum(c > 2 for c in changes) <= 6, changes
+
+
+def within_the_deadband(costs: Costs, plan: dict[str, int]) -> bool:
+    """Whether every active worker finishes within 10% of the plan's round (the benchmark's balance)."""
+    finish = [costs[k][0] * b + costs[k][1] for k, b in plan.items() if b]
+    return min(finish) >= 0.9 * max(finish)
+
+
+def test_after_a_straddled_swap_a_worker_held_early_is_raised() -> None:
+    """The straddled swap above, 20 seeds: the solve after the step leaves w1 (an eighth of its time
+    fixed cost) finishing 11-14% early, a round 2.5-3.7% longer than the laws' optimum, under half the
+    deadband a re-solve must gain. Its times measure it idle too, by more than the noise and by
+    MIN_GAIN of the workers' time: the re-solve then needs only the laws' own bar, and raises it to its
+    solved batch (model/optperf.nearest_plan). Held, 17 of 20 seeds never came within ±10% in the 60
+    rounds after the swap, and the last 30 rounds ran at 1.041 of the optimum's; raised, 1 of 20 and
+    1.023."""
+    after = {**HL8_MEASURED, "w3": HL8_MEASURED["w2"], "w2": HL8_MEASURED["w3"]}
+    best = optimum(after, 512) + OVERHEAD
+    never, late = 0, []
+    for seed in range(20):
+        rounds, _ = straddled_swap(seed, share_before=0.45)
+        never += not any(within_the_deadband(after, plan) for _, plan in rounds)
+        late.append(sum(t for t, _ in rounds[-30:]) / 30 / best)
+    assert never <= 3, never
+    assert sum(late) / len(late) <= 1.03, late

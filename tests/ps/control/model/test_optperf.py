@@ -40,6 +40,21 @@ def test_a_worker_that_must_move_moves_and_the_others_keep_their_shares() -> Non
     assert round_time(times, kept) <= round_time(times, optimum) * 1.01
 
 
+def test_a_worker_measured_early_that_the_laws_too_finish_early_takes_its_solved_batch() -> None:
+    # w1 idles: its fixed cost dominates, and at 49 samples it finishes 14% before the round
+    times = lines({"w0": (6.3, 200.0), "w1": (5.5, 233.0), "w2": (1.5, 25.0), "w3": (10.7, 212.0)})
+    lower, upper = dict.fromkeys(times, 1), dict.fromkeys(times, 512)
+    current = {"w0": 58, "w1": 49, "w2": 372, "w3": 33}
+    optimum = split(times, 512, lower, upper)
+    assert nearest_plan(times, optimum, current, lower, upper, slack=0.015)["w1"] < optimum["w1"] - 5
+    for raised in (nearest_plan(times, optimum, current, lower, upper, slack=0.015, early=0.1, measured_early=["w1"]),
+                   nearest_plan(times, optimum, current, lower, upper, slack=0.015, early=0.1, measured_early=["w1", "w0"])):
+        assert raised["w1"] >= optimum["w1"] - 1 and raised["w0"] in (57, 58) and sum(raised.values()) == 512
+    # measured early, but the laws put it within the deadband of the round: kept
+    assert nearest_plan(times, optimum, {**current, "w1": 56, "w2": 365}, lower, upper, slack=0.015, early=0.1,
+                        measured_early=["w1"])["w1"] < optimum["w1"]
+
+
 def test_parked_workers_stay_parked_and_a_newcomer_gets_its_optimal_batch() -> None:
     times = lines({"a": (0.1, 10.0), "b": (0.1, 10.0), "slow": (0.4, 60.0)})
     lower, upper = dict.fromkeys(times, 1), dict.fromkeys(times, 256)
