@@ -152,16 +152,19 @@ class AutoPolicy(FittedPlan):
         min_gain = max(laws_bar, self._config.deadband / 2) if resolve else noise_bar
         # half the deadband is no bar where a worker is measured finishing early by the deadband and
         # the laws would raise it by the deadband: the measurement and the laws agree that it idles
-        early = self._idling(in_force, means) if resolve else []
-        if early and laws_bar < gain <= min_gain and self._moves_by_deadband(
-                self._nearest(times, new, current, laws_bar, early), current):
+        early = self._idling(in_force, means) if resolve and self._exact_sum() else []
+        idle = bool(early) and laws_bar < gain <= min_gain and self._moves_by_deadband(
+            self._nearest(times, new, current, laws_bar, early), current)
+        if idle:
             min_gain = laws_bar
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
         hold: dict[str, Any] = {}
         stepped = False
         if not reprobe and self._breaks_even(current):
             balanced = set(parked) == set(self.parked()) and measured_balanced
-            confirmed, confirm = self._confirming, resolve and gain > min_gain and not balanced and not self._confirming
+            # idle workers measured are the confirmation: their times and the laws agree
+            confirmed = self._confirming
+            confirm = resolve and gain > min_gain and not balanced and not self._confirming and not idle
             if balanced or confirm or not gain > min_gain:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
             # laws that see no gain in a plan measured far out of balance twice in a row do not hold there
