@@ -227,7 +227,7 @@ class AutoPolicy(FittedPlan):
         (optperf.nearest_plan)."""
         lower, upper = self._bounds()
         return nearest_plan(times, new, current, self._kept_at_break_even(new, lower, upper), upper, slack=min_gain / 2,
-                            early=self._config.deadband, measured_early=early)
+                            idle=early, band=self._config.deadband)
 
     def _moves_by_deadband(self, new: Mapping[str, int], current: Mapping[str, int]) -> bool:
         """Whether `new` moves a worker active in both plans by the deadband of its batch in `current` or more."""

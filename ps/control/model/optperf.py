@@ -137,15 +137,15 @@ def _best_prefix(times: Mapping[str, FinishTime], order: list[str], total: int, 
 
 def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], current: Mapping[str, int],
                  lower: Mapping[str, int], upper: Mapping[str, int], slack: float,
-                 early: float | None = None, measured_early: Collection[str] = ()) -> dict[str, int]:
+                 idle: Collection[str] = (), band: float = 0.0) -> dict[str, int]:
     """Among the splits of `plan`'s total over `plan`'s workers (the same ones parked) whose round is
     within `slack` (a fraction) of `plan`'s, one nearest the plan in force: each worker's share of
     `current` (a worker not in it keeps its batch in `plan`), scaled to the total and held under the
     largest batch it finishes within that round. Where a fixed cost dominates, many splits predict
     nearly the same round, and the optimum among them moves with every wobble of the fits; this
-    keeps what the workers run at unless the fits ask for more. `early`: a worker of `measured_early`
-    that `times` too finish at its batch in `current` earlier than `plan`'s round by more than this
-    fraction of it takes its batch in `plan` instead (else no worker is raised but to fill the total:
+    keeps what the workers run at unless the fits ask for more. A worker of `idle` (measured finishing
+    early) that `times` too finish at its batch in `current` earlier than `plan`'s round by more than
+    `band` of it takes its batch in `plan` instead (else no worker is raised but to fill the total:
     one that only finishes early costs the round little, however much of its own time it idles)."""
     newcomers = {k: b for k, b in plan.items() if b > 0 and current.get(k, 0) <= 0}
     stay = [k for k, b in plan.items() if b > 0 and k not in newcomers]
@@ -158,9 +158,9 @@ def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], curre
                           np.array([upper[k] for k in stay], dtype=np.int64))
     caps = {k: max(plan[k], b) for k, b in zip(stay, within.tolist(), strict=True)}
     target = {k: float(min(max(current[k], lower[k], 1), caps[k])) for k in stay}
-    if early is not None:
-        short = round_time(times, plan) * (1.0 - early)
-        target.update({k: float(plan[k]) for k in measured_early
+    if idle:
+        short = round_time(times, plan) * (1.0 - band)
+        target.update({k: float(plan[k]) for k in idle
                        if k in target and plan[k] > current[k] and times[k](current[k]) < short})
     kept = fit_to_sum(target, sum(plan[k] for k in stay), {k: lower[k] for k in stay}, caps)
     return {**{k: 0 for k in plan}, **newcomers, **kept}

@@ -47,12 +47,12 @@ def test_a_worker_measured_early_that_the_laws_too_finish_early_takes_its_solved
     current = {"w0": 58, "w1": 49, "w2": 372, "w3": 33}
     optimum = split(times, 512, lower, upper)
     assert nearest_plan(times, optimum, current, lower, upper, slack=0.015)["w1"] < optimum["w1"] - 5
-    for raised in (nearest_plan(times, optimum, current, lower, upper, slack=0.015, early=0.1, measured_early=["w1"]),
-                   nearest_plan(times, optimum, current, lower, upper, slack=0.015, early=0.1, measured_early=["w1", "w0"])):
+    for raised in (nearest_plan(times, optimum, current, lower, upper, slack=0.015, idle=["w1"], band=0.1),
+                   nearest_plan(times, optimum, current, lower, upper, slack=0.015, idle=["w1", "w0"], band=0.1)):
         assert raised["w1"] >= optimum["w1"] - 1 and raised["w0"] in (57, 58) and sum(raised.values()) == 512
     # measured early, but the laws put it within the deadband of the round: kept
-    assert nearest_plan(times, optimum, {**current, "w1": 56, "w2": 365}, lower, upper, slack=0.015, early=0.1,
-                        measured_early=["w1"])["w1"] < optimum["w1"]
+    assert nearest_plan(times, optimum, {**current, "w1": 56, "w2": 365}, lower, upper, slack=0.015, idle=["w1"],
+                        band=0.1)["w1"] < optimum["w1"]
 
 
 def test_parked_workers_stay_parked_and_a_newcomer_gets_its_optimal_batch() -> None:
