@@ -25,8 +25,7 @@ def measured_balanced(times: Mapping[str, Sequence[float]], plan: Mapping[str, i
              else {k: means[k] for k in times if lower[k] != upper[k]})
 
     def error(k: str) -> float:
-        ms = times[k]
-        return stdev(ms) / math.sqrt(len(ms)) if len(ms) > 1 else 0.0
+        return _mean_error(times[k])
 
     inside = [k for k in means if lower[k] < plan[k] < upper[k]]
     if len(inside) < 2:
@@ -59,11 +58,12 @@ def measured_early(times: Mapping[str, Sequence[float]], deadband: float,
     if len(means) < 2:
         return []
 
-    def error(k: str) -> float:
-        ms = times[k]
-        return stdev(ms) / math.sqrt(len(ms)) if len(ms) > 1 else 0.0
-
     level = max(means.values())
-    top = min(error(k) for k, mean in means.items() if mean == level)
+    top = min(_mean_error(times[k]) for k, mean in means.items() if mean == level)
     return [k for k, mean in means.items()
-            if level - mean > deadband * level and level - mean > 2.0 * math.hypot(error(k), top)]
+            if level - mean > deadband * level and level - mean > 2.0 * math.hypot(_mean_error(times[k]), top)]
+
+
+def _mean_error(ms: Sequence[float]) -> float:
+    """The standard error of the mean of `ms` (0 for one time)."""
+    return stdev(ms) / math.sqrt(len(ms)) if len(ms) > 1 else 0.0

@@ -151,7 +151,8 @@ def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], curre
     stay = [k for k, b in plan.items() if b > 0 and k not in newcomers]
     if not stay:
         return dict(plan)
-    level = round_time(times, plan) * (1.0 + slack)
+    planned = round_time(times, plan)
+    level = planned * (1.0 + slack)
     staying = {k: times[k] for k in stay}
     table = table_of(staying) or CallTable(list(staying.values()))
     within = table.within(level, np.array([lower[k] for k in stay], dtype=np.int64),
@@ -159,7 +160,7 @@ def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], curre
     caps = {k: max(plan[k], b) for k, b in zip(stay, within.tolist(), strict=True)}
     target = {k: float(min(max(current[k], lower[k], 1), caps[k])) for k in stay}
     if idle:
-        short = round_time(times, plan) * (1.0 - band)
+        short = planned * (1.0 - band)
         target.update({k: float(plan[k]) for k in idle
                        if k in target and plan[k] > current[k] and times[k](current[k]) < short})
     kept = fit_to_sum(target, sum(plan[k] for k in stay), {k: lower[k] for k in stay}, caps)
