@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import operator
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
 from ps.control.model.time_fit import Fit, fit_of
+from ps.control.model.time_fits import fits_of
 
 Item = tuple[int, int, float, float | None]
 """One observation: (sequence number, batch, ms, exposed ms or None)."""
@@ -37,38 +38,74 @@ class Law(NamedTuple):
     batch: int | None = None
 
 
+class _Pick(NamedTuple):
+    """What a worker's law is fitted from: the items, whether they make its whole law, the batch size
+    of a proportional line, and whether they are as Observations holds them (in order, within its limits)."""
+
+    items: list[Item]
+    known: bool
+    batch: int | None
+    held: bool
+
+
 def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None) -> Law | None:
     """The law of a worker's observations (`items`, oldest first); None without any. `admitted`: a
     batch size that enters with fewer than `min_samples` times, ADMIT_SPREAD away from the others (a
     change trusted on its first times, change.QUICK: a worker stepped away from them at once is
     measured there no more)."""
+    pick = _pick(items, min_samples, admitted)
+    if pick is None:
+        return None
+    fit = fit_of(pick.items, min_samples) if pick.held else Observations(pick.items).fit(min_samples)
+    return None if fit is None else Law(fit, pick.known, pick.batch)
+
+
+def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: int) -> list[Law | None]:
+    """`law_of(obs.items, min_samples, admitted)` of each (obs, admitted), fitted at once
+    (model/time_fits.py): a decision refits every worker that pushed since the last."""
+    picks = [_pick(obs.items, min_samples, admitted, obs.counts) for obs, admitted in requests]
+    at_once = [i for i, pick in enumerate(picks) if pick is not None and pick.held]
+    fits: list[Fit | None] = [None] * len(picks)
+    for i, fit in zip(at_once, fits_of([picks[i].items for i in at_once], min_samples), strict=True):  # type: ignore[union-attr]
+        fits[i] = fit
+    laws: list[Law | None] = []
+    for pick, fit in zip(picks, fits, strict=True):
+        if pick is not None and not pick.held:
+            fit = Observations(pick.items).fit(min_samples)
+        laws.append(None if pick is None or fit is None else Law(fit, pick.known, pick.batch))
+    return laws
+
+
+def _pick(items: Sequence[Item], min_samples: int, admitted: int | None,
+          held_counts: Mapping[int, int] | None = None) -> _Pick | None:
+    """What `law_of` fits: the batch sizes measured `min_samples` times (and `admitted`) where they
+    identify the fixed cost, else the newest measured one alone; None without items. `held_counts`:
+    the items are an Observations', and these its counts by batch size."""
     if not items:
         return None
-    counts: dict[int, int] = Counter([it[1] for it in items])
-    seqs = [it[0] for it in items]
+    counts: Mapping[int, int] = Counter([it[1] for it in items]) if held_counts is None else held_counts
     measured = [b for b, n in counts.items() if n >= min_samples]
     spread = ADMIT_SPREAD if admitted is None or counts.get(admitted, 0) < 2 else ADMIT_SPREAD_TWICE
-    if admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= spread
+    if admitted is not None and admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= spread
                                                                for b in measured):
         measured.append(admitted)
-    # a part of observations held as Observations holds them (in order, within its limits) is held so too
-    held = (len(counts) <= MAX_BATCHES and max(counts.values()) <= PER_BATCH
-            and all(map(operator.lt, seqs, seqs[1:])))
+    held = held_counts is not None or _held(items, counts)
     if identifies_fixed_cost(measured):
         kept = set(measured)
-        fit = _fit(list(items) if len(kept) == len(counts) else [it for it in items if it[1] in kept], min_samples, held)
-        return None if fit is None else Law(fit, True)
+        return _Pick(list(items) if len(kept) == len(counts) else [it for it in items if it[1] in kept], True, None, held)
     newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
-    fit = _fit([it for it in items if it[1] == newest], min_samples, held)
-    return None if fit is None else Law(fit, False, newest)
+    return _Pick([it for it in items if it[1] == newest], False, newest, held)
+
+
+def _held(items: Sequence[Item], counts: Mapping[int, int]) -> bool:
+    """Whether `items` are as Observations holds them: in order, within its limits (a part of
+    observations held so is held so too)."""
+    seqs = [it[0] for it in items]
+    return (len(counts) <= MAX_BATCHES and max(counts.values()) <= PER_BATCH
+            and all(map(operator.lt, seqs, seqs[1:])))
 
 
 def identifies_fixed_cost(batches: Sequence[int]) -> bool:
     """Whether times measured at these batch sizes identify a fixed cost: the largest is SPREAD above the
     smallest."""
     return bool(batches) and max(batches) >= (1.0 + SPREAD) * min(batches)
-
-
-def _fit(items: list[Item], min_samples: int, held: bool) -> Fit | None:
-    """The fit of `items` as Observations of them fit it (`held`: they are as it would hold them)."""
-    return fit_of(items, min_samples) if held else Observations(items).fit(min_samples)

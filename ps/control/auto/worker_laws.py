@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
-from ps.control.auto.law import Item, Law, identifies_fixed_cost, law_of
+from ps.control.auto.law import Item, Law, identifies_fixed_cost, law_of, laws_of
 from ps.control.model.observations import Observations
 from ps.control.model.time_fit import Finish
 from ps.control.model.worker_times import WorkerTimes
@@ -185,10 +185,23 @@ class WorkerLaws(WorkerTimes):
         self._laws[worker_id] = (obs, obs.version, admitted, law)
         return law
 
+    def _refit(self) -> None:
+        """Fit every law whose observations or admitted batch changed, all at once (law.laws_of)."""
+        stale = []
+        for k, obs in self.obs.items():
+            admitted, kept = self.admitted.get(k), self._laws.get(k)
+            if kept is None or kept[0] is not obs or kept[1] != obs.version or kept[2] != admitted:
+                stale.append((k, obs, admitted))
+        if stale:
+            laws = laws_of([(obs, admitted) for _, obs, admitted in stale], self.min_samples)
+            for (k, obs, admitted), law in zip(stale, laws, strict=True):
+                self._laws[k] = (obs, obs.version, admitted, law)
+
     def finishes(self) -> Mapping[str, Finish]:
         """Each measured worker's fitted finish time: its law, or its proportional line (read-only, kept
         until `revision` moves: a decision asks for them several times, and no time comes in between)."""
         if self._finishes is None or self._finishes[0] != self.revision:
+            self._refit()
             laws = {k: self.law(k) for k in self.obs}
             self._finishes = (self.revision, MappingProxyType({k: law.fit.finish for k, law in laws.items()
                                                                if law is not None}))

@@ -5,7 +5,6 @@ them (time_fit.fit_of) kept until they change. Pure."""
 from __future__ import annotations
 
 import math
-import operator
 import statistics
 from collections.abc import Sequence
 
@@ -15,9 +14,6 @@ PER_BATCH = 16
 """Observations kept per batch size (the newest)."""
 MAX_BATCHES = 8
 """Batch sizes kept per worker (those observed most recently)."""
-
-_BATCH = operator.itemgetter(1)
-"""An observation's batch size."""
 
 
 class Observations:
@@ -32,6 +28,7 @@ class Observations:
         self._fits: dict[tuple[int, int], Fit | None] = {}
         self.version = 0
         self.items: list[tuple[int, int, float, float | None]] = sorted(items)
+        self.counts: dict[int, int] = {}  # the observations held at each batch size
         self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
         self._run_batch: int | None = None
         self._run: list[float] = []
@@ -47,16 +44,17 @@ class Observations:
         else:
             self._run_batch, self._run = batch, [ms + (exposed or 0.0)]
         # the others were within the limits: only the new one's batch size can be one over
-        same = operator.countOf(map(_BATCH, self.items), batch)
+        same = self.counts[batch] = self.counts.get(batch, 0) + 1
         if same > PER_BATCH:
             del self.items[next(i for i, item in enumerate(self.items) if item[1] == batch)]
+            self.counts[batch] -= 1
             if len(self._run) == same:  # every time at the batch was in the run, the dropped one too
                 del self._run[0]
-        elif same == 1:
+        elif same == 1 and len(self.counts) > MAX_BATCHES:
             newest = {b: seq for seq, b, _, _ in self.items}
-            if len(newest) > MAX_BATCHES:
-                oldest = min(newest, key=newest.__getitem__)
-                self.items = [item for item in self.items if item[1] != oldest]
+            oldest = min(newest, key=newest.__getitem__)
+            self.items = [item for item in self.items if item[1] != oldest]
+            del self.counts[oldest]
 
     def _prune(self) -> None:
         self._fits.clear()
@@ -74,7 +72,13 @@ class Observations:
                 seen[b] = seen.get(b, 0) + 1
                 out.append(item)
         self.items = out[::-1]
+        self._count()
         self._new_run()
+
+    def _count(self) -> None:
+        self.counts = {}
+        for _, b, _, _ in self.items:
+            self.counts[b] = self.counts.get(b, 0) + 1
 
     def _new_run(self) -> None:
         """The newest run of observations at one batch size, as finish times (ms + exposed), and its
@@ -134,4 +138,5 @@ class Observations:
         cut = len(self.items) - run
         self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]
                       + self.items[len(self.items) - min(keep, run):])
+        self._count()
         self._new_run()
