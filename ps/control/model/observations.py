@@ -1,6 +1,7 @@
 """One worker's recent step times as the model and auto policies keep them (`Observations`): the
 newest PER_BATCH per batch size for the MAX_BATCHES batch sizes seen most recently, with the fit of
-them (time_fit.fit_of) kept until they change. Pure."""
+them (time_fit.fit_of) kept until they change, and many workers' fits made at once (`fit_each`).
+Pure."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import statistics
 from collections.abc import Sequence
 
 from ps.control.model.time_fit import Fit, fit_of
+from ps.control.model.time_fits import fits_of
+from ps.control.stdev import stdev
 
 PER_BATCH = 16
 """Observations kept per batch size (the newest)."""
@@ -124,7 +127,7 @@ class Observations:
             return None
         predicted, mean = before.finish.at(batch), statistics.fmean(recent)
         ratio = mean / predicted if predicted > 0 else 1.0
-        noise = 2.0 * statistics.stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
+        noise = 2.0 * stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
         return None if abs(ratio - 1.0) < max(deadband, noise, 1e-9) else ratio
 
     def rescale(self, factor: float, keep: int) -> None:
@@ -140,3 +143,16 @@ class Observations:
                       + self.items[len(self.items) - min(keep, run):])
         self._count()
         self._new_run()
+
+
+def fit_each(observations: Sequence[Observations], min_samples: int, exclude_last: Sequence[int] | None = None) -> None:
+    """Make the fits that `obs.fit(min_samples, exclude)` of each of `observations` will ask for (each
+    without its newest `exclude_last`, none unless given) at once (time_fits.fits_of), where they are
+    not kept already: a decision asks for every worker's fit, and one at a time they are tens of
+    microseconds of Python a worker."""
+    excludes = [0] * len(observations) if exclude_last is None else exclude_last
+    todo = [(obs, (min_samples, n)) for obs, n in zip(observations, excludes, strict=True)
+            if (min_samples, n) not in obs._fits]
+    fits = fits_of([obs.items[: len(obs.items) - key[1]] if key[1] else obs.items for obs, key in todo], min_samples)
+    for (obs, key), fit in zip(todo, fits, strict=True):
+        obs._fits[key] = fit

@@ -119,7 +119,10 @@ class ModelPolicy(FittedPlan):
             return False
         if self._since_decision < self._config.min_samples * len(active) or not self._measured_enough(active):
             return False
-        return bool(self._probing) or not self._solved or not all(self._identified(k) for k in active)
+        if self._probing or not self._solved:
+            return True
+        self._fits.fit_all()  # every fit the test reads, at once
+        return not all(self._identified(k) for k in active)
 
     def _measured_enough(self, active: list[str]) -> bool:
         """Every worker in the plan has enough observations at its batch for a decision: `min_samples`,
@@ -139,8 +142,11 @@ class ModelPolicy(FittedPlan):
         if not self._measured_enough(active):
             self._report = {**report, "phase": "wait", **self._describe(current)}
             return None  # someone is not measured at its batch yet
-        drifted = [k for k in active if self._fits.drifted(k, self._workers[k].batch)]
+        batches = {k: self._workers[k].batch for k in active}
+        self._fits.fit_runs_bases(batches)  # what the drift tests read, at once
+        drifted = [k for k in active if self._fits.drifted(k, batches[k])]
         self._probing.clear()
+        self._fits.fit_all()  # every fit the decision reads (the drifted ones' after their rescale), at once
         unknown = [k for k in active if not self._identified(k)]
         if unknown:
             new, parked = self._parked_below_break_even(lambda out: self._probe(unknown, current, out))

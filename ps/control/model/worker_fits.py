@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from ps.control.model.observations import fit_each
 from ps.control.model.time_fit import Finish, Fit, slope_measured
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.performance import FinishTime
@@ -33,7 +34,8 @@ class WorkerFits(WorkerTimes):
         return self.obs[worker_id].fit(self.min_samples)
 
     def finishes(self) -> dict[str, Finish]:
-        """Every measured worker's fitted finish time."""
+        """Every measured worker's fitted finish time (the stale fits made at once)."""
+        self.fit_all()
         out = {}
         for k in self.obs:
             fit = self.fit(k)
@@ -49,6 +51,14 @@ class WorkerFits(WorkerTimes):
         per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
         return {k: ((finishes[k].cautious if cautious else finishes[k].at) if k in finishes
                     else (lambda b: per_sample * b)) for k in self.obs}
+
+    def fit_runs_bases(self, batches: Mapping[str, int | None]) -> None:
+        """Fit at once what `drifted` tests each worker's newest run at its batch in `batches` against:
+        the fit of its observations before the run (observations.fit_each)."""
+        n = self.min_samples
+        runs = {k: self.obs[k].run(b) for k, b in batches.items() if b}
+        tested = [k for k, run in runs.items() if run >= n]
+        fit_each([self.obs[k] for k in tested], n, [runs[k] for k in tested])
 
     def drifted(self, worker_id: str, batch: int | None) -> bool:
         """Whether the worker's speed changed during its current run at `batch` (time_fit.

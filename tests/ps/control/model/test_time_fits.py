@@ -10,7 +10,7 @@ import random
 import pytest
 
 from ps.control.auto.law import law_of, laws_of
-from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
+from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations, fit_each
 from ps.control.model.time_fit import Fit, fit_of
 from ps.control.model.time_fits import fits_of
 
@@ -75,6 +75,25 @@ def test_laws_at_once_are_each_workers_own_law(seed: int) -> None:
         if law is not None and alone is not None:
             assert (law.known, law.batch) == (alone.known, alone.batch)
             assert same(law.fit, alone.fit)
+
+
+def test_fits_made_at_once_are_kept_as_each_workers_own_and_kept_ones_are_not_made_again() -> None:
+    rnd = random.Random(5)
+    held = []
+    for _ in range(50):
+        obs = Observations()
+        for _, b, ms, e in observations(rnd):
+            obs.add(b, ms, e)
+        held.append(obs)
+    excludes = [rnd.randint(0, 5) for _ in held]
+    kept = held[0].fit(3, excludes[0])
+    fit_each(held, 3, excludes)
+    fit_each(held, 3)
+    assert held[0].fit(3, excludes[0]) is kept
+    for obs, n in zip(held, excludes, strict=True):
+        for exclude in {0, n}:
+            alone = fit_of(obs.items[: len(obs.items) - exclude], 3)
+            assert same(obs.fit(3, exclude), alone)
 
 
 def test_the_counts_by_batch_size_are_those_of_the_items_held() -> None:
