@@ -64,14 +64,11 @@ def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: in
     """`law_of(obs.items, min_samples, admitted)` of each (obs, admitted), fitted at once
     (model/time_fits.py): a decision refits every worker that pushed since the last."""
     picks = [_pick(obs.items, min_samples, admitted, obs.counts) for obs, admitted in requests]
-    at_once = [i for i, pick in enumerate(picks) if pick is not None and pick.held]
-    fits: list[Fit | None] = [None] * len(picks)
-    for i, fit in zip(at_once, fits_of([picks[i].items for i in at_once], min_samples), strict=True):  # type: ignore[union-attr]
-        fits[i] = fit
+    fitted = [pick for pick in picks if pick is not None]  # an Observations' items are held as it holds them
+    fits = iter(fits_of([pick.items for pick in fitted], min_samples))
     laws: list[Law | None] = []
-    for pick, fit in zip(picks, fits, strict=True):
-        if pick is not None and not pick.held:
-            fit = Observations(pick.items).fit(min_samples)
+    for pick in picks:
+        fit = None if pick is None else next(fits)
         laws.append(None if pick is None or fit is None else Law(fit, pick.known, pick.batch))
     return laws
 
@@ -86,8 +83,8 @@ def _pick(items: Sequence[Item], min_samples: int, admitted: int | None,
     counts: Mapping[int, int] = Counter([it[1] for it in items]) if held_counts is None else held_counts
     measured = [b for b, n in counts.items() if n >= min_samples]
     spread = ADMIT_SPREAD if admitted is None or counts.get(admitted, 0) < 2 else ADMIT_SPREAD_TWICE
-    if admitted is not None and admitted in counts and admitted not in measured and all(max(b / admitted, admitted / b) >= spread
-                                                               for b in measured):
+    if (admitted is not None and admitted in counts and admitted not in measured
+            and all(max(b / admitted, admitted / b) >= spread for b in measured)):
         measured.append(admitted)
     held = held_counts is not None or _held(items, counts)
     if identifies_fixed_cost(measured):

@@ -48,7 +48,7 @@ left keeps its times, and once they are all OLDEST_WEIGHT old their weights too,
 same at every fit until the worker comes back to it. Only such groups are kept: one with a younger
 time is new at every fit, and keeping it would only keep objects alive for the garbage collector to
 walk (half a decision's time at 1,024 workers)."""
-_RECENCY = [max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)]
+RECENCY = [max(OLDEST_WEIGHT, FORGET ** age) for age in range(64)]
 """The weight of an observation by its age, for the ages where it is above OLDEST_WEIGHT and a few
 beyond (older ones weigh OLDEST_WEIGHT)."""
 
@@ -271,12 +271,12 @@ def fit_of(items: Sequence[tuple[int, int, float, float | None]], min_samples: i
     size needs to count as measured (Fit.batches)."""
     if not items:
         return None
-    last, ages = items[-1][0], len(_RECENCY)
+    last, ages = items[-1][0], len(RECENCY)
     by_batch: dict[int, tuple[list[float], list[float]]] = {}
     exposed_by_batch: dict[int, tuple[list[float], list[float]]] = {}
     for seq, b, ms, e in items:  # the times and the exposed times, by batch size in one pass
         age = last - seq
-        weight = _RECENCY[age] if age < ages else OLDEST_WEIGHT
+        weight = RECENCY[age] if age < ages else OLDEST_WEIGHT
         _file(by_batch, b, weight, ms)
         if e is not None:
             _file(exposed_by_batch, b, weight, e)

@@ -14,13 +14,13 @@ from typing import NamedTuple
 import numpy as np
 
 from ps.control.model.time_fit import (
-    MIN_REL_NOISE, ONE_SAMPLE_REL_NOISE, OUTLIER_MADS, Finish, Fit, Line, OLDEST_WEIGHT, _RECENCY,
+    MIN_REL_NOISE, OLDEST_WEIGHT, ONE_SAMPLE_REL_NOISE, OUTLIER_MADS, RECENCY, Finish, Fit, Line,
 )
 
 Item = tuple[int, int, float, float | None]
 """One observation: (sequence number, batch, ms, exposed ms or None)."""
 
-_WEIGHTS = np.array([*_RECENCY, OLDEST_WEIGHT], dtype=np.float64)
+_WEIGHTS = np.array([*RECENCY, OLDEST_WEIGHT], dtype=np.float64)
 """The recency weight by age, the last entry for every age beyond the table's."""
 
 
@@ -56,7 +56,7 @@ def fits_of(item_lists: Sequence[Sequence[Item]], min_samples: int) -> list[Fit 
     last = np.zeros(len(item_lists), dtype=np.int64)
     filled = counts > 0
     last[filled] = seq[ends[filled] - 1]
-    age = np.minimum(last[worker] - seq, len(_RECENCY))
+    age = np.minimum(last[worker] - seq, len(RECENCY))
     weight = _WEIGHTS[age]
     groups = _groups(worker, batch, weight, ms)
     lines = _lines(groups, len(item_lists))
