@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections import Counter
 from types import MappingProxyType
 from collections.abc import Mapping, Sequence
 
@@ -171,26 +170,30 @@ class WorkerLaws(WorkerTimes):
         if law is None or not law.known:
             return False
         # known: unless the batch sizes measured min_samples times identify it alone, the admitted one did
-        counts = Counter(it[1] for it in self.obs[worker_id].items)
+        counts = self.obs[worker_id].counts
         return not identifies_fixed_cost([b for b, n in counts.items() if n >= self.min_samples])
 
     def law(self, worker_id: str) -> Law | None:
         """The worker's law (law.py), fitted again only once its observations or admitted batch change:
         a decision asks for every law many times."""
         obs, admitted = self.obs[worker_id], self.admitted.get(worker_id)
-        kept = self._laws.get(worker_id)
-        if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == admitted:
-            return kept[3]
+        if self._kept(worker_id, obs, admitted):
+            return self._laws[worker_id][3]
         law = law_of(obs.items, self.min_samples, admitted)
         self._laws[worker_id] = (obs, obs.version, admitted, law)
         return law
+
+    def _kept(self, worker_id: str, obs: Observations, admitted: int | None) -> bool:
+        """Whether the worker's kept law is of these observations, as they are, and this admitted batch."""
+        kept = self._laws.get(worker_id)
+        return kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == admitted
 
     def _refit(self) -> None:
         """Fit every law whose observations or admitted batch changed, all at once (law.laws_of)."""
         stale = []
         for k, obs in self.obs.items():
-            admitted, kept = self.admitted.get(k), self._laws.get(k)
-            if kept is None or kept[0] is not obs or kept[1] != obs.version or kept[2] != admitted:
+            admitted = self.admitted.get(k)
+            if not self._kept(k, obs, admitted):
                 stale.append((k, obs, admitted))
         if stale:
             laws = laws_of([(obs, admitted) for _, obs, admitted in stale], self.min_samples)

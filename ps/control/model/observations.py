@@ -62,10 +62,8 @@ class Observations:
     def _prune(self) -> None:
         self._fits.clear()
         newest: dict[int, int] = {}
-        count: dict[int, int] = {}
         for seq, b, _, _ in self.items:
             newest[b] = seq
-            count[b] = count.get(b, 0) + 1
         kept = set(sorted(newest, key=newest.__getitem__)[-MAX_BATCHES:])
         seen: dict[int, int] = {}
         out = []
@@ -75,7 +73,7 @@ class Observations:
                 seen[b] = seen.get(b, 0) + 1
                 out.append(item)
         self.items = out[::-1]
-        self._count()
+        self.counts = seen
         self._new_run()
 
     def _count(self) -> None:

@@ -33,6 +33,11 @@ class WorkerFits(WorkerTimes):
     def fit(self, worker_id: str) -> Fit | None:
         return self.obs[worker_id].fit(self.min_samples)
 
+    def fit_all(self) -> None:
+        """Fit every worker's observations that changed since their last fit, at once
+        (observations.fit_each): for a decision about to read every worker's fit."""
+        fit_each(list(self.obs.values()), self.min_samples)
+
     def finishes(self) -> dict[str, Finish]:
         """Every measured worker's fitted finish time (the stale fits made at once)."""
         self.fit_all()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from ps.control.model.observations import Observations, fit_each
+from ps.control.model.observations import Observations
 
 WARMUP = 2
 """Each worker's first observations after it joins are not fitted: they hold its first steps'
@@ -48,11 +48,6 @@ class WorkerTimes:
         ms = min(max(ms, SHORTEST_MS), LONGEST_MS)
         self.obs[worker_id].add(batch, ms, None if exposed is None else min(exposed, LONGEST_MS))
         return True
-
-    def fit_all(self) -> None:
-        """Fit every worker's observations that changed since their last fit, at once
-        (observations.fit_each): for a decision about to read every worker's fit."""
-        fit_each(list(self.obs.values()), self.min_samples)
 
     def recent(self, worker_id: str, batch: int, least: int | None = None) -> list[float] | None:
         """The worker's finish times since it got `batch` (at least `least`, `min_samples` unless

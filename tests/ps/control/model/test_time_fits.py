@@ -108,3 +108,8 @@ def test_the_counts_by_batch_size_are_those_of_the_items_held() -> None:
         assert len(counts) <= MAX_BATCHES and max(counts.values()) <= PER_BATCH
     obs.rescale(0.5, 3)
     assert sum(obs.counts.values()) == len(obs.items)
+    # built from more items than it keeps: the counts are those of the items it kept
+    many = [(seq, rnd.randint(1, 2 * MAX_BATCHES), 1.0, None) for seq in range(400)]
+    built = Observations(many)
+    assert len(built.items) < len(many)
+    assert built.counts == {b: sum(1 for it in built.items if it[1] == b) for b in {it[1] for it in built.items}}
