@@ -176,7 +176,7 @@ class AutoPolicy(FittedPlan):
                     hold["confirm"] = confirm = True
             self._confirming = confirm
         base = current if hold else new
-        probes = self._probes(base, current, changed, slowed, means)
+        probes = self._probes(base, current, changed, slowed, means, times)
         entries = self._entries(base, current, means)
         lower, upper = self._bounds()
         # the workers the probes and entries make room from keep their break-even (with `break_even`)
@@ -303,7 +303,8 @@ class AutoPolicy(FittedPlan):
         return plan, parked + below, compared
 
     def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str],
-                slowed: bool, means: Mapping[str, float] | None) -> dict[str, int]:
+                slowed: bool, means: Mapping[str, float] | None,
+                times: Mapping[str, FinishTime] | None = None) -> dict[str, int]:
         """The changed workers on a proportional line to move up whatever the gain (probes.py), and where
         a worker slowed, the unchanged ones too: the load may have moved to them, their speed-up hidden
         in a small batch's fixed cost. Without `means` (a change trusted on its first times, before each
@@ -315,7 +316,8 @@ class AutoPolicy(FittedPlan):
         candidates = [k for k in changed if not self._identified(k)]
         if slowed:
             candidates += [k for k in self._active() if k not in changed]
-        return probe_targets(candidates, plan, current, means, lower, upper, self._config.deadband)
+        shaped = {k: t for k, t in (times or {}).items() if k in self._laws.shapes and not self._identified(k)}
+        return probe_targets(candidates, plan, current, means, lower, upper, self._config.deadband, shaped)
 
     def _entries(self, plan: Mapping[str, int], current: Mapping[str, int],
                  means: Mapping[str, float] | None) -> dict[str, int]:

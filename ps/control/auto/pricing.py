@@ -1,7 +1,7 @@
 """How the auto policy prices each worker's finish time where it compares plans: a known law with its
-uncertainty, a proportional line as measured, a slowdown seen on one time bounded by the slowest
-worker measured, a law resting on such a time or on an unmeasured slope no flatter below the batch
-it runs at. Pure."""
+uncertainty, a proportional line as measured (or with the shape of the worker's law before its
+change), a slowdown seen on one time bounded by the slowest worker measured, a law resting on such a
+time or on an unmeasured slope no flatter below the batch it runs at. Pure."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ def priced_times(laws: WorkerLaws, workers: Sequence[str], identified: Callable[
                  straddled: Mapping[str, float], current: Mapping[str, int]) -> dict[str, FinishTime]:
     """Each of `workers`' finish time in its batch for comparing plans: a known law (`identified`) plus
     its uncertainty (time_fit.Finish.cautious); a proportional line as measured (new times are trusted
-    at once), for a worker of `straddled` (a slowdown trusted on its first time, how many times slower
+    at once), or where the worker's law before its change of speed had a fixed cost (WorkerLaws.shapes)
+    the line through its new times with that law's shape (`shaped`); for a worker of `straddled` (a slowdown trusted on its first time, how many times slower
     it was) that many times slower again, but no slower a sample than the slowest planned worker this
     job has measured (WorkerLaws.slowest); a worker not measured yet at the slowest measured time per
     sample, never predicted fast.
@@ -60,9 +61,18 @@ def priced_times(laws: WorkerLaws, workers: Sequence[str], identified: Callable[
         elif k in straddled:
             times[k] = Priced(finishes[k], cautious=False, factor=straddled[k],
                               cap=math.inf if slowest is None else slowest)
+        elif k in laws.shapes and (law := laws.law(k)) is not None and law.batch:
+            times[k] = shaped(finishes[k].at(law.batch), law.batch, laws.shapes[k])
         else:
             times[k] = finishes[k].at
     return times
+
+
+def shaped(ms: float, batch: int, fixed: float) -> FinishTime:
+    """The line through `ms` at `batch` whose fixed cost is `fixed` samples' time (a CPU share scales a
+    worker's time per sample and fixed cost alike, so its law before a change of speed keeps its shape)."""
+    q = ms / (batch + fixed)
+    return Finish(Line(q, q * fixed)).at
 
 
 def proportional(per_sample: float) -> FinishTime:

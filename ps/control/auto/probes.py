@@ -28,17 +28,21 @@ from ps.control.split import fit_to_sum, reachable
 
 def probe_targets(candidates: Iterable[str], plan: Mapping[str, int], current: Mapping[str, int],
                   means: Mapping[str, float], lower: Mapping[str, int], upper: Mapping[str, int],
-                  deadband: float) -> dict[str, int]:
+                  deadband: float, shaped: Mapping[str, FinishTime] | None = None) -> dict[str, int]:
     """Each of `candidates` (changed and on a proportional line, or unchanged after a slowdown) whose
     mean time (`means`) at its batch in `current` is earlier than the slowest's by more than `deadband`,
     and that `plan` keeps planned (not parked) below SPREAD up: the batch SPREAD up (within its bound),
     where that costs nothing even if its time is all proportional to its batch: scaled from its mean,
     it finishes within `plan`'s round (each planned worker's mean scaled to its batch there) and the
     deadband. A worker that slowed at a large batch finishes early only because a slower one holds the
-    round up; the plan cuts its batch, and a probe up would make it the slowest."""
+    round up; the plan cuts its batch, and a probe up would make it the slowest. `shaped`: the priced
+    times of workers on a line with their old law's shape (pricing.shaped), whose time at their batch
+    in `plan` is that price, not their mean scaled (scaled, a sped-up worker's fixed cost raised the
+    round so far that probes of twelve of sixteen workers took every sample from the other four)."""
     slowest = max(means.values(), default=0.0)
-    level = max((means[k] * plan[k] / current[k] for k in means if current.get(k, 0) > 0 and plan.get(k, 0) > 0),
-                default=0.0)
+    shaped = shaped or {}
+    level = max((shaped[k](plan[k]) if k in shaped else means[k] * plan[k] / current[k]
+                 for k in means if current.get(k, 0) > 0 and plan.get(k, 0) > 0), default=0.0)
     out = {}
     for k in candidates:
         b = current.get(k, 0)

@@ -1,5 +1,6 @@
 """The auto policy's own part of its checkpoint state: each worker's observations, settled mark,
-admitted batch and whether its change was found on one time alone (worker_laws.py), who changed speed
+admitted batch, whether its change was found on one time alone and the shape of its law before that
+change (worker_laws.py), who changed speed
 since the last decision, the slowest time per sample measured, the parking schedule, the rounds behind
 c and the plan's measured round, and whether a decision is asked for or a re-solve awaits its
 confirmation; written as plain data and read back with every value checked, so a state that
@@ -19,7 +20,7 @@ from ps.control.checks import integer
 from ps.control.model.state import nonnegative, observations
 from ps.control.model.observations import Observations
 
-WORKER_KEYS = frozenset({"obs", "seq", "settled", "admitted", "lone"})
+WORKER_KEYS = frozenset({"obs", "seq", "settled", "admitted", "lone", "shape"})
 KEYS = frozenset({"workers", "changed", "parking", "overhead", "measured", "predicted", "follow_up", "confirming"})
 OPTIONAL_KEYS = frozenset({"slowest"})
 """Keys a state may lack (a state written without them reads as none measured)."""
@@ -41,7 +42,8 @@ def auto_part(laws: WorkerLaws, parking: ParkingSchedule, rounds: RoundLog, foll
     return {
         "workers": {k: {"obs": [list(item) for item in o.items], "seq": o.seq, "settled": laws.settled[k],
                         **({"admitted": laws.admitted[k]} if k in laws.admitted else {}),
-                        **({"lone": True} if k in laws.lone else {})}
+                        **({"lone": True} if k in laws.lone else {}),
+                        **({"shape": laws.shapes[k]} if k in laws.shapes else {})}
                     for k, o in laws.obs.items()},
         "changed": sorted(laws.changed), "slowest": laws.slowest, "parking": parking.state(),
         "overhead": list(rounds.overhead), "measured": list(rounds.measured), "predicted": rounds.predicted,
@@ -60,11 +62,17 @@ def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoP
         raise ValueError("auto policy state must have one entry per worker of the policy")
     for k, entry in entries.items():
         if not isinstance(entry, Mapping) or not {"obs", "seq", "settled"} <= set(entry) <= WORKER_KEYS:
-            raise ValueError(f"auto state of {k!r} must have the keys obs, seq, settled (and may have admitted, lone)")
+            raise ValueError(f"auto state of {k!r} must have the keys obs, seq, settled (and may have admitted, lone, shape)")
         laws.obs[k] = Observations(observations(k, entry["obs"]), integer(f"seq of {k!r}", entry["seq"], minimum=0))
         laws.settled[k] = integer(f"settled mark of {k!r}", entry["settled"], minimum=0)
         laws.admitted.pop(k, None)
         laws.lone.discard(k)
+        laws.shapes.pop(k, None)
+        if "shape" in entry:
+            shape = nonnegative(f"shape of {k!r}", entry["shape"])
+            if not shape > 0:
+                raise ValueError(f"auto state 'shape' of {k!r} must be > 0, got {shape}")
+            laws.shapes[k] = shape
         if "admitted" in entry:
             laws.admitted[k] = integer(f"admitted batch of {k!r}", entry["admitted"], minimum=1)
         if "lone" in entry:

@@ -15,7 +15,7 @@ import numpy as np
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
 from ps.control.auto.law import Item, Law, identifies_fixed_cost, law_of, laws_of
 from ps.control.model.observations import Observations
-from ps.control.model.time_fit import Finish
+from ps.control.model.time_fit import Finish, slope_measured
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.stdev import stdev
 
@@ -45,6 +45,7 @@ class WorkerLaws(WorkerTimes):
         self.quick = False  # a change since the last decision was trusted on fewer times than `rounds`
         self.jumps: dict[str, float] = {}  # of the slowed, trusted on one time: how many times slower
         self.slowest: float | None = None  # the most ms a sample any planned worker has taken (`note_slowest`)
+        self.shapes: dict[str, float] = {}  # a changed worker's fixed cost in samples, s/q of its law before the change
         # each worker's law with what it was fitted from: its observations, their version, the admitted batch
         self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
         # each worker's settled law with what it was fitted from: its observations and the mark
@@ -70,6 +71,7 @@ class WorkerLaws(WorkerTimes):
         self.jumps.pop(worker_id, None)
         self.admitted.pop(worker_id, None)
         self.lone.discard(worker_id)
+        self.shapes.pop(worker_id, None)
         self._laws.pop(worker_id, None)
         self._settled_laws.pop(worker_id, None)
         self._along.pop(worker_id, None)
@@ -113,6 +115,7 @@ class WorkerLaws(WorkerTimes):
         before it are forgotten, those after it settle as its law's."""
         self.before_jump()
         obs = self.obs[worker_id]
+        self._keep_shape(worker_id, self.law(worker_id))
         self.revision += 1
         before, found = [it for it in obs.items if it[0] < start], [it for it in obs.items if it[0] >= start]
         old = law_of(before, 1)
@@ -135,6 +138,15 @@ class WorkerLaws(WorkerTimes):
             self.admitted[worker_id] = after[0][1]
             if len(found) == 1:
                 self.lone.add(worker_id)
+
+    def _keep_shape(self, worker_id: str, law: Law | None) -> None:
+        """Keep the fixed cost in samples (s/q) of the worker's law in force when a change is found, where it
+        is known with its time per sample measured and a fixed cost above 0, as the shape of its law
+        after the change until that law is known (pricing.shaped); forget any older one."""
+        self.shapes.pop(worker_id, None)
+        line = None if law is None or not law.known else law.fit.line
+        if line is not None and slope_measured(line) and line.s > 0:
+            self.shapes[worker_id] = line.s / line.q
 
     def _straddles(self, ratios: list[float]) -> bool:
         """Whether the first of a change's times straddles it (its round began at the old speed; `ratios`:

@@ -339,6 +339,8 @@ def test_a_change_trusted_on_its_first_time_keeps_that_batch_in_the_law_and_in_t
     state = json.loads(json.dumps(ctl.state_dict()))
     assert state["auto"]["workers"]["w3"]["admitted"] == before
     assert state["auto"]["workers"]["w3"]["lone"] is True  # found on that one time alone
+    # the shape of its law before the swap (HL8_FIXED's w3: 20 ms a step at 0.8 ms a sample), for its price
+    assert 15 < state["auto"]["workers"]["w3"]["shape"] < 35
     back = policy_from_state(state)
     assert json.dumps(back.state_dict(), sort_keys=True) == json.dumps(state, sort_keys=True)
     reports = run_rounds(ctl, after, 12, rnd=random.Random(2))
@@ -378,6 +380,8 @@ def test_a_state_that_contradicts_itself_is_refused() -> None:
         ({"auto/workers/a/admitted": 0}, "admitted batch of 'a'"),
         ({"auto/workers/a/stray": 1}, "may have admitted, lone"),
         ({"auto/workers/a/lone": True}, "'lone' of 'a' must be true, beside an admitted batch"),
+        ({"auto/workers/a/shape": 0.0}, "'shape' of 'a' must be > 0"),
+        ({"auto/workers/a/shape": "wide"}, "shape of 'a'"),
         ({"auto": None}, "batch 0 but the state has no auto part"),
     ]
     for change, message in cases:

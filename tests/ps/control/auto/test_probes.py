@@ -77,3 +77,15 @@ def test_workers_back_from_parking_leave_the_others_their_minimum_cut_back_alike
     assert entry_targets(["b", "d"], plan, fast, 40.0, 0.1, CORES, 64, ENTRY_LOWER, ENTRY_UPPER) == {"b": 31, "d": 31}
     assert entry_targets(["d"], {"a": 0, "b": 63, "d": 1}, fast, 40.0, 0.1, CORES, 64, ENTRY_LOWER,
                          ENTRY_UPPER) == {"d": 63}  # `a` stays parked, `b` keeps its minimum
+
+
+def test_a_shaped_workers_round_is_its_price_not_its_mean_scaled() -> None:
+    """A sped-up worker priced with its old law's shape (`f`, 47 -> 108 samples) finishes at its price
+    there (36 ms), not at its mean scaled with its batch (40.2 ms): an unchanged worker whose probe
+    would finish at 40.8 ms is within the deadband of the scaled round, not of the priced one."""
+    means = {"f": 17.5, "s": 68.0, "u": 34.0}
+    current = {"f": 47, "s": 91, "u": 60}
+    plan = {"f": 108, "s": 26, "u": 60}
+    lower, upper = dict.fromkeys(plan, 1), dict.fromkeys(plan, 512)
+    assert probe_targets(["u"], plan, current, means, lower, upper, 0.1) == {"u": 72}
+    assert probe_targets(["u"], plan, current, means, lower, upper, 0.1, {"f": lambda b: 36.0 * b / 108}) == {}

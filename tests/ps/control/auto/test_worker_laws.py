@@ -183,3 +183,19 @@ def test_the_times_in_force_at_least_one_take_however_few_each_worker_has_at_its
     assert laws.in_force({"a": 8, "b": 8}) is None
     assert laws.in_force({"a": 8, "b": 8, "c": 0}, least=1) == {"a": [10.0, 12.0, 14.0], "b": [20.0]}
     assert laws.in_force({"a": 8, "b": 4}, least=1) is None  # b has no time since it got 4
+
+
+def test_a_change_keeps_the_shape_of_a_known_law_and_only_of_one() -> None:
+    """A law known at 50 and 100 samples (t = 8·b + 200 ms: 25 samples' worth of fixed cost) that
+    changes speed keeps that fixed cost in samples as the shape of the law after the change; a law
+    known only as a proportional line, or one with no fixed cost, keeps none (and forgets an older one)."""
+    rnd = random.Random(4)
+    known = [(b, (8.0 * b + 200.0) * (1 + rnd.gauss(0.0, 0.01))) for b in (50, 100) * 10]
+    laws = laws_after([*known, (100, 2000.0), (100, 2010.0), (100, 1990.0)])
+    assert laws.changed == {"w"} and laws.shapes["w"] == pytest.approx(25.0, rel=0.1)
+    assert not laws_after([*settled(rnd), (100, 2010.0), (100, 1990.0), (100, 2000.0)]).shapes
+    flat = [(b, 10.0 * b * (1 + rnd.gauss(0.0, 0.01))) for b in (50, 100) * 10]
+    after = [(100, 2000.0 * (1 + rnd.gauss(0.0, 0.01))) for _ in range(12)]
+    again = laws_after([*known, (100, 2000.0), (100, 2010.0), (100, 1990.0), *after[:9], *flat,
+                        (100, 3000.0), (100, 3010.0), (100, 2990.0)])
+    assert "w" not in again.shapes
