@@ -303,20 +303,21 @@ class AutoPolicy(FittedPlan):
         return plan, parked + below, compared
 
     def _probes(self, plan: Mapping[str, int], current: Mapping[str, int], changed: list[str],
-                slowed: bool, means: Mapping[str, float] | None,
-                times: Mapping[str, FinishTime] | None = None) -> dict[str, int]:
+                slowed: bool, means: Mapping[str, float] | None, times: Mapping[str, FinishTime]) -> dict[str, int]:
         """The changed workers on a proportional line to move up whatever the gain (probes.py), and where
         a worker slowed, the unchanged ones too: the load may have moved to them, their speed-up hidden
         in a small batch's fixed cost. Without `means` (a change trusted on its first times, before each
         worker has `min_samples` times at its batch) on however few times each has: a later decision
-        no longer sees the change, and would hold a worker at a batch its line overprices for good."""
+        no longer sees the change, and would hold a worker at a batch its line overprices for good.
+        `times`: the decision's priced finish times; a worker priced on its old law's shape
+        (pricing.shaped) finishes at that price in the probes' round."""
         lower, upper = self._bounds()
         if means is None:  # a change trusted on its first times: not min_samples of them are in force yet
             means = _means(self._laws.in_force(current, least=1)) or {}
         candidates = [k for k in changed if not self._identified(k)]
         if slowed:
             candidates += [k for k in self._active() if k not in changed]
-        shaped = {k: t for k, t in (times or {}).items() if k in self._laws.shapes and not self._identified(k)}
+        shaped = {k: t for k, t in times.items() if k in self._laws.shapes and not self._identified(k)}
         return probe_targets(candidates, plan, current, means, lower, upper, self._config.deadband, shaped)
 
     def _entries(self, plan: Mapping[str, int], current: Mapping[str, int],

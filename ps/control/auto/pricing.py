@@ -19,8 +19,8 @@ def priced_times(laws: WorkerLaws, workers: Sequence[str], identified: Callable[
     """Each of `workers`' finish time in its batch for comparing plans: a known law (`identified`) plus
     its uncertainty (time_fit.Finish.cautious); a proportional line as measured (new times are trusted
     at once), or where the worker's law before its change of speed had a fixed cost (WorkerLaws.shapes)
-    the line through its new times with that law's shape (`shaped`); for a worker of `straddled` (a slowdown trusted on its first time, how many times slower
-    it was) that many times slower again, but no slower a sample than the slowest planned worker this
+    the line through its new times with that law's shape (`shaped`); for a worker of `straddled` (a
+    slowdown trusted on its first time, how many times slower it was) that many times slower again, but no slower a sample than the slowest planned worker this
     job has measured (WorkerLaws.slowest); a worker not measured yet at the slowest measured time per
     sample, never predicted fast.
 

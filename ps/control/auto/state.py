@@ -1,11 +1,10 @@
 """The auto policy's own part of its checkpoint state: each worker's observations, settled mark,
 admitted batch, whether its change was found on one time alone and the shape of its law before that
-change (worker_laws.py), who changed speed
-since the last decision, the slowest time per sample measured, the parking schedule, the rounds behind
-c and the plan's measured round, and whether a decision is asked for or a re-solve awaits its
-confirmation; written as plain data and read back with every value checked, so a state that
-contradicts itself is refused with the field it names (pure). A resumed worker's first steps are
-warm-up again, as after a join."""
+change (worker_laws.py), who changed speed since the last decision, the slowest time per sample
+measured, the parking schedule, the rounds behind c and the plan's measured round, and whether a
+decision is asked for or a re-solve awaits its confirmation; written as plain data and read back with
+every value checked, so a state that contradicts itself is refused with the field it names (pure). A
+resumed worker's first steps are warm-up again, as after a join."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from typing import Any
 from ps.control.model.parking import ParkingSchedule
 from ps.control.model.rounds import RoundLog
 from ps.control.auto.worker_laws import WorkerLaws
-from ps.control.checks import integer
+from ps.control.checks import integer, positive
 from ps.control.model.state import nonnegative, observations
 from ps.control.model.observations import Observations
 
@@ -69,10 +68,7 @@ def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoP
         laws.lone.discard(k)
         laws.shapes.pop(k, None)
         if "shape" in entry:
-            shape = nonnegative(f"shape of {k!r}", entry["shape"])
-            if not shape > 0:
-                raise ValueError(f"auto state 'shape' of {k!r} must be > 0, got {shape}")
-            laws.shapes[k] = shape
+            laws.shapes[k] = positive(f"auto state 'shape' of {k!r}", entry["shape"])
         if "admitted" in entry:
             laws.admitted[k] = integer(f"admitted batch of {k!r}", entry["admitted"], minimum=1)
         if "lone" in entry:

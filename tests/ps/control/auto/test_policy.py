@@ -381,7 +381,7 @@ def test_a_state_that_contradicts_itself_is_refused() -> None:
         ({"auto/workers/a/stray": 1}, "may have admitted, lone"),
         ({"auto/workers/a/lone": True}, "'lone' of 'a' must be true, beside an admitted batch"),
         ({"auto/workers/a/shape": 0.0}, "'shape' of 'a' must be > 0"),
-        ({"auto/workers/a/shape": "wide"}, "shape of 'a'"),
+        ({"auto/workers/a/shape": "wide"}, "'shape' of 'a' must be a number"),
         ({"auto": None}, "batch 0 but the state has no auto part"),
     ]
     for change, message in cases:
