@@ -159,12 +159,14 @@ class AutoPolicy(FittedPlan):
             min_gain = laws_bar
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
         hold: dict[str, Any] = {}
-        stepped = False
+        stepped = far = False
         if not reprobe and self._breaks_even(current):
             balanced = set(parked) == set(self.parked()) and measured_balanced
             # idle workers measured are the confirmation: their times and the laws agree
             confirmed = self._confirming
             confirm = resolve and gain > min_gain and not balanced and not self._confirming and not idle
+            if confirm and self._exact_sum() and self._far_from_balance(current, in_force, means):
+                confirm, far = False, True  # the times measure the plan far out of balance: they are the confirmation
             if balanced or confirm or not gain > min_gain:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
             # laws that see no gain in a plan measured far out of balance twice in a row do not hold there
@@ -192,7 +194,7 @@ class AutoPolicy(FittedPlan):
             probes = entries = {}
         self._confirming = False
         known = all(self._identified(k) for k, b in new.items() if b > 0) and not stepped
-        if resolve and not stepped and not entries:  # a re-solve moves no more than its gain asks
+        if resolve and not stepped and not entries and not far:  # a re-solve moves no more than its gain asks
             new = self._nearest(times, new, current, min_gain, early)
         self._parking.install(parked, reprobe)
         if reprobe:
@@ -202,7 +204,7 @@ class AutoPolicy(FittedPlan):
         self._follow_up = bool(reprobe or probes or entries) or not (known or (resolve and not moved))
         self._soon = quick and self._follow_up  # its rounds are long, and its laws are off by the change's size
         phase = "reprobe" if reprobe else "probe" if probes else "solve" if known else "step"
-        if stepped:
+        if stepped or far:
             report["far_from_balance"] = True
         self._report = {**report, "phase": phase, **({"reprobe": reprobe} if reprobe else {}),
                         **({"probe": sorted(probes)} if probes else {}),
