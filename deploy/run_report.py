@@ -53,6 +53,7 @@ def write_report(plan: Plan, events: list[dict[str, Any]], phases: list[dict[str
         "adjustments": summary.get("adjustments"),
         "epochs": summary.get("epochs"),
         "phases": phases,
+        "phases_not_reached": phases_not_reached(plan, phases),
         "plots": [str(p) for p in paths],
         "summary": summary,
     }
@@ -82,3 +83,17 @@ def print_summary(plan: Plan, result: dict[str, Any], say: Callable[[str], None]
         + (f"{100 * accuracy:.1f}%" if accuracy is not None else "-")
         + f" | controller adjustments {result['adjustments']} | {result['limiting']}"
     )
+    missed = result["phases_not_reached"]
+    if missed:
+        schedule = plan.schedule
+        unit = "--every-epochs" if schedule is not None and schedule.every_epochs is not None else "--every-seconds"
+        say(f"the job ended before the schedule's phase(s) {', '.join(missed)}: they never ran "
+            f"(a shorter {unit} or more --epochs reaches them)")
+
+
+def phases_not_reached(plan: Plan, phases: list[dict[str, Any]]) -> list[str]:
+    """The schedule's phases a run never entered, as 'index name' (none without a schedule)."""
+    if plan.schedule is None:
+        return []
+    reached = {int(r["phase"]) for r in phases}
+    return [f"{i + 1} {p.name}" for i, p in enumerate(plan.profiles) if i not in reached]

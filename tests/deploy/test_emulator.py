@@ -506,3 +506,25 @@ def test_a_signal_right_after_a_fork_still_leaves_no_process(
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+
+
+def test_a_run_that_ends_before_a_schedules_phase_says_so(tmp_path: Path) -> None:
+    """A job shorter than its schedule: the summary names the phases that never ran and the flag that
+    reaches them; one that went through every phase says nothing of it."""
+    from deploy.emulator import RunConfig, resolve
+    from deploy.run_report import phases_not_reached, print_summary
+
+    plan = resolve(RunConfig(schedule="swap", every_seconds=30.0, quick=True, cpu_budget=1.5, out=tmp_path / "a"))
+    reached = [{"event": "phase", "phase": 0, "profile": "hl8"}, {"event": "phase", "phase": 1, "profile": "hl8-swap"}]
+    assert phases_not_reached(plan, reached) == ["3 hl1", "4 hl8"]
+    result = {"summary": {}, "workers": [], "accuracy": None, "samples_per_s": 1.0, "train_wall_s": 1.0,
+              "total_wall_s": 2.0, "adjustments": 0, "limiting": "cgroup-v1", "phases": reached,
+              "phases_not_reached": phases_not_reached(plan, reached)}
+    lines: list[str] = []
+    print_summary(plan, result, lines.append)
+    assert lines[-1] == ("the job ended before the schedule's phase(s) 3 hl1, 4 hl8: they never ran "
+                         "(a shorter --every-seconds or more --epochs reaches them)")
+    every = [{"event": "phase", "phase": i} for i in range(4)]
+    assert phases_not_reached(plan, every) == []
+    profile = resolve(RunConfig(quick=True, cpu_budget=1.5, out=tmp_path / "b"))
+    assert phases_not_reached(profile, []) == []
