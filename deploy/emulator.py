@@ -176,6 +176,10 @@ class Emulation:
         return " ".join(f"{n}={sizes[n]}" for n in self.plan.names if n in sizes)
 
     def _print_epoch(self, event: dict[str, Any]) -> None:
+        if "with_epoch" in event:
+            self.say(f"epoch {event['epoch']:>2}/{self.plan.epochs} | ended with epoch {event['with_epoch']}, "
+                     "which trained alongside it (the figures above are both epochs')")
+            return
         sizes, times = event.get("batch_sizes") or {}, event.get("compute_ms") or {}
         cells = [
             f"{n} b={sizes.get(n, '-'):>4} {times[n]:6.0f} ms" if n in times else f"{n} b={sizes.get(n, '-'):>4}      - ms"

@@ -60,7 +60,9 @@ def progress_line(record: dict[str, Any]) -> str | None:
     times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
     auto may change at the start)."""
     event = record["event"]
-    if event == "epoch":
+    if event == "epoch" and "with_epoch" in record:
+        line = f"epoch {record['epoch']}: ended with epoch {record['with_epoch']}, which trained alongside it"
+    elif event == "epoch":
         batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
         times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())
         line = f"epoch {record['epoch']}: {record['samples_per_s']} samples/s | batch {batches} | {record['balance']} ms {times}"

@@ -5,6 +5,7 @@ and a checkpoint is due (every N steps, or at every epoch end), and the job's st
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from ps.rounds.membership import Member
 from ps.rounds.ssp import epoch_fields
@@ -30,6 +31,7 @@ class Epochs:
         self.steps_since_adjust = 0
         self.steps_since_checkpoint = 0
         self._first_round_logged = False
+        self._last_record: dict[str, Any] | None = None  # the last `epoch` record's fields (`end_epoch`'s along)
 
     def start(self, now: float) -> None:
         """The job (and its first epoch here) starts at `now`."""
@@ -86,15 +88,20 @@ class Epochs:
         """--checkpoint-every N: N steps since the last checkpoint."""
         return self.checkpoint_every is not None and self.steps_since_checkpoint >= self.checkpoint_every
 
-    def end_epoch(self) -> None:
-        """Count the epoch and write its `epoch` record; the members' per-epoch counters start again."""
+    def end_epoch(self, along: bool = False) -> None:
+        """Count the epoch and write its `epoch` record; the members' per-epoch counters start again.
+        `along`: it ends at the same step as the epoch before it, whose samples trained alongside it
+        (--sampling exact in ASP: a slow worker held that epoch's last samples while the others trained
+        this one); its record is that epoch's figures, over the same time, with `with_epoch` naming it."""
         s = self.state
         now = s.clock()
         s.next_epoch()
+        if along and self._last_record is not None:
+            s.metrics.write("epoch", **{**self._last_record, "epoch": s.epoch, "with_epoch": self._last_record["epoch"]})
+            return
         elapsed = now - (self.epoch_start_time or now)
         samples = s.samples - self.epoch_start_samples
-        s.metrics.write(
-            "epoch",
+        record = dict(
             epoch=s.epoch,
             step=s.step,
             wall_s=round(now - (self.start_time or now), 3),
@@ -114,6 +121,8 @@ class Epochs:
                           for m in s.members.values() if m.epoch_data_wait_ms},
             **(epoch_fields({m.name: m.asp for m in s.members.values()}) if s.spec.mode == "asp" else {}),
         )
+        s.metrics.write("epoch", **record)
+        self._last_record = record
         for m in s.members.values():
             m.new_epoch()
         self.epoch_start_time, self.epoch_start_samples = now, s.samples

@@ -35,8 +35,10 @@ class Milestones:
         """A step of `batch` samples: count them; run epoch ends, step-based policy decisions and checkpoints."""
         s = self.state
         self.epochs.count(batch)
+        along = False
         while not s.done and self.epochs.epoch_over():
-            self._end_epoch()
+            self._end_epoch(along)
+            along = True  # a second epoch ending at this step trained alongside the first
         if s.done:
             return
         within = self.evaluation.within_epoch(self.epochs.fraction_done())
@@ -48,9 +50,9 @@ class Milestones:
         if self.epochs.checkpoint_due():
             self.checkpoint()
 
-    def _end_epoch(self) -> None:
+    def _end_epoch(self, along: bool) -> None:
         s = self.state
-        self.epochs.end_epoch()
+        self.epochs.end_epoch(along)
         if self.evaluation.due(s.epoch):
             self.evaluation.submit(s.epoch)
         s.store.set_lr(self.adaptive.lr_at(s.epoch))

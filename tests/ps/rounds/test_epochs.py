@@ -1,0 +1,43 @@
+"""Epoch ends as the steps are counted (ps/rounds/epochs.py, milestones.py): under --sampling exact in
+ASP a slow worker can hold an epoch's last samples while the others train the whole next epoch, so
+both end at one step; the second's record says it trained alongside the first, with its figures.
+The coordinator is driven directly (no gRPC)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from common.transport.messages import JoinAsk
+from ps.ops.progress import progress_line
+from ps.rounds.coordinator import Coordinator
+from ps.server_job import build_job
+from tests.conftest import job_args
+
+
+def epoch_records(jump: int) -> list[dict[str, Any]]:
+    """The `epoch` records of a step after which `jump` more epochs are complete."""
+    job = build_job(job_args("--mode", "asp", "--workers", "2", "--global-batch", "64", "--epochs", "5",
+                             "--sampling", "exact", "--controller", "static"))
+    c: Coordinator = job.coordinator
+
+    async def joined() -> None:
+        await asyncio.gather(*(c.join(JoinAsk(f"w{i}", 1.0)) for i in range(2)))
+
+    asyncio.run(joined())
+    records: list[dict[str, Any]] = []
+    c.metrics.observe(lambda r: records.append(r) if r["event"] == "epoch" else None)
+    c.sampling.slices.completed = c.epoch + jump
+    c.milestones.advance(32)
+    return records
+
+
+def test_two_epochs_ending_at_one_step_write_the_second_as_trained_alongside_the_first() -> None:
+    first, second = epoch_records(2)
+    assert (first["epoch"], second["epoch"], second["with_epoch"]) == (1, 2, 1)
+    assert "with_epoch" not in first
+    assert {k: v for k, v in second.items() if k not in ("epoch", "with_epoch", "time", "elapsed_s")} == \
+        {k: v for k, v in first.items() if k not in ("epoch", "time", "elapsed_s")}
+    assert progress_line(second) == "epoch 2: ended with epoch 1, which trained alongside it"
+    (alone,) = epoch_records(1)
+    assert alone["epoch"] == 1 and "with_epoch" not in alone
