@@ -29,6 +29,11 @@ class CorruptSample(ValueError):
     """A file of the dataset that cannot be decoded; the message names it."""
 
 
+class OtherSize(ValueError):
+    """An image whose size differs from the first one's where no `image_size` resizes them; the message
+    names both and the option that resizes them (not corrupt: `on_corrupt=skip` does not pass it over)."""
+
+
 def decode_image(path: str, mode: str, size: int = 0) -> torch.Tensor:
     """The image at `path` as a float32 C x H x W tensor in [0, 1] (`mode` "L": 1 channel, "RGB": 3),
     resized to size x size first when `size` > 0. CorruptSample names the file it cannot decode."""
@@ -70,8 +75,10 @@ class ImageFiles(TorchDataset[tuple[torch.Tensor, int]]):
 
     def __init__(self, files: list[tuple[str, int]], mode: str, size: int, on_corrupt: str,
                  scale: tuple[torch.Tensor, torch.Tensor] | None = None,
-                 skipped_note: str = "skipped (on_corrupt=skip)") -> None:
+                 skipped_note: str = "skipped (on_corrupt=skip)",
+                 first: tuple[str, tuple[int, int]] | None = None) -> None:
         self.files, self.mode, self.size, self.on_corrupt = files, mode, size, on_corrupt
+        self.first = first  # without `size`: the first image's path and (width, height), which every image must have
         self.skipped_note = skipped_note  # what the warning says of a file passed over
         self.scale = scale  # per-channel (mean, std) that every image is standardized with (None: [0, 1])
         self._skipped: set[str] = set()
@@ -84,6 +91,7 @@ class ImageFiles(TorchDataset[tuple[torch.Tensor, int]]):
             path, label = self.files[(index + step) % len(self.files)]
             try:
                 image = decode_image(path, self.mode, self.size)
+                self._check_size(path, image)
                 return (image if self.scale is None else (image - self.scale[0]) / self.scale[1]), label
             except CorruptSample as exc:
                 if self.on_corrupt == "stop":
@@ -92,6 +100,15 @@ class ImageFiles(TorchDataset[tuple[torch.Tensor, int]]):
                     self._skipped.add(path)
                     log.warning("%s; %s", exc, self.skipped_note)
         raise CorruptSample(f"no image of the split can be decoded (the first: {self.files[index][0]})")
+
+    def _check_size(self, path: str, image: torch.Tensor) -> None:
+        """OtherSize where `image` (C x H x W) is not the first image's size and nothing resizes them."""
+        if self.size or self.first is None:
+            return
+        (first, (width, height)), (h, w) = self.first, image.shape[-2:]
+        if (w, h) != (width, height):
+            raise OtherSize(f"image {path} is {w}x{h} where the first, {first}, is {width}x{height}: the images "
+                            "must share one size, or --dataset-arg image_size=N resizes every one to N x N")
 
 
 def _class_files(folder: Path) -> list[tuple[str, list[str]]]:
@@ -113,6 +130,10 @@ def _class_files(folder: Path) -> list[tuple[str, list[str]]]:
     if not any(files for _, files in found):
         raise ValueError(f"{folder} holds no images ({', '.join(IMAGE_SUFFIXES)}) in class subfolders "
                          "(expected FOLDER/CLASS/IMAGE)")
+    empty = [name for name, files in found if not files]
+    if empty:
+        log.warning("%s: the class folder(s) %s hold no images (%s): their labels are kept, in name order, "
+                    "with no sample", folder, ", ".join(empty), ", ".join(IMAGE_SUFFIXES))
     return found
 
 
@@ -167,13 +188,15 @@ def image_folder(
     try:
         with Image.open(first) as image:
             mode = "L" if image.mode in ("L", "1", "I;16", "I") else "RGB"
+            shape = (first, image.size)
     except OSError as exc:
         raise ValueError(f"cannot decode image {first}: {exc}") from exc
-    statistics = ImageFiles(train, mode, image_size, "skip", skipped_note="passed over in the normalization statistics")
+    statistics = ImageFiles(train, mode, image_size, "skip", skipped_note="passed over in the normalization statistics",
+                            first=shape)
     scale = channel_scale(statistics, seed) if normalize else None
-    train_set = ImageFiles(train, mode, image_size, on_corrupt, scale)
+    train_set = ImageFiles(train, mode, image_size, on_corrupt, scale, first=shape)
     augment = RandomCropFlip(padding, bool(flip)) if padding or flip else None
-    return Splits(train_set, ImageFiles(test, mode, image_size, on_corrupt, scale), num_classes=len(names),
+    return Splits(train_set, ImageFiles(test, mode, image_size, on_corrupt, scale, first=shape), num_classes=len(names),
                   train_transform=augment)
 
 

@@ -59,6 +59,36 @@ def test_a_corrupt_image_is_named_and_stops_or_is_skipped(tmp_path: Path, caplog
     assert any("skipped (on_corrupt=skip)" in r.getMessage() for r in caplog.records)
 
 
+def test_images_of_another_size_are_one_clear_error_unless_image_size_resizes_them(tmp_path: Path) -> None:
+    """Without image_size every image must have the first one's size: one of another size is an error
+    naming it, the first and the option that resizes them, at build time where the normalization
+    statistics read it, else where a loader reads it (never a torch stacking error); image_size makes
+    every image that square. Not corrupt: on_corrupt=skip does not pass it over."""
+    root = write_folder(tmp_path / "images", per_class=4)
+    odd = root / "c2" / "3.png"
+    Image.fromarray(np.zeros((5, 7, 3), dtype=np.uint8), "RGB").save(odd)
+    with pytest.raises(ValueError, match=r"image .*c2/3\.png is 7x5 where the first, .*, is 8x8: .*image_size=N"):
+        build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1, "on_corrupt": "skip"}, seed=0)
+    lazy = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1, "normalize": False,
+                                          "padding": 0, "flip": False}, seed=0)
+    split = lazy.train if any(p == str(odd) for p, _ in lazy.train.files) else lazy.test
+    index = next(i for i, (p, _) in enumerate(split.files) if p == str(odd))
+    with pytest.raises(ValueError, match=r"c2/3\.png is 7x5"):
+        split[index]
+    resized = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1, "image_size": 6}, seed=0)
+    shapes = {tuple(resized.train[i][0].shape) for i in range(len(resized.train))}
+    assert shapes == {(3, 6, 6)} and resized.input_shape == (3, 6, 6)
+
+
+def test_a_class_folder_without_images_is_named_and_keeps_its_label(tmp_path: Path,
+                                                                     caplog: pytest.LogCaptureFixture) -> None:
+    root = write_folder(tmp_path / "images", classes=2, per_class=4)
+    (root / "b-empty").mkdir()
+    data = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.25}, seed=0)
+    assert data.num_classes == 3 and {label for _, label in data.train.dataset.files} == {1, 2}  # b-empty is label 0
+    assert any("b-empty" in r.getMessage() and "hold no images" in r.getMessage() for r in caplog.records)
+
+
 @pytest.mark.parametrize("make, words", [
     (lambda root: root.mkdir(), "holds no images"),
     (lambda root: None, "is not a folder"),
