@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+import torch
 import torch.nn.functional as F
 
 from common.job.registry import ALLOW_IMPORT_FLAG
@@ -63,14 +64,22 @@ ENVIRONMENT = {
 repeatable flag's variable holds a comma-separated list)."""
 
 
+class NonFiniteLoss(RuntimeError):
+    """A step's loss is NaN or Inf: its gradient would be too, which the server refuses."""
+
+
 def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
     """The built-in loop: cross-entropy on the job's data, one push per step (accumulated over the
     job's micro-batches, if it has them). A progress line after the first step, then every
-    ``log_every`` seconds."""
+    ``log_every`` seconds. NonFiniteLoss before a push whose loss is not finite."""
     model = session.model
     last_log = -math.inf
     for x, y in session.batches():
         loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
+        if not bool(torch.isfinite(loss)):
+            raise NonFiniteLoss(f"step {session.steps + 1} (epoch {session.epoch}, batch {len(x)}): the loss is "
+                                f"{float(loss)}: a sample holds NaN or Inf, or the learning rate diverged; the server "
+                                "refuses a gradient that is not finite")
         stall_while_asked(session.name)  # a test hook: no effect unless $PS_WORKER_STALL_DIR is set
         session.step()
         if not quiet and time.monotonic() - last_log >= log_every:
@@ -210,6 +219,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except JobSetupError as exc:  # the job names a model or dataset this worker cannot build
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         code = 2
+    except NonFiniteLoss as exc:  # nothing it could push would be taken: it left
+        print(f"ps-worker: error: {exc}; leaving the job", file=sys.stderr)
+        code = 1
     except UntrustedReply as exc:  # the server told this worker something it does not take: it left
         print(f"ps-worker: error: {exc}; leaving the job", file=sys.stderr)
         code = 3

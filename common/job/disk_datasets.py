@@ -217,15 +217,18 @@ def channel_scale(images: ImageFiles, seed: int) -> tuple[torch.Tensor, torch.Te
 class ArrayRows(TorchDataset[tuple[torch.Tensor, int]]):
     """Rows `indices` of memory-mapped feature and label arrays, read one at a time as float32/int64."""
 
-    def __init__(self, features: np.ndarray, labels: np.ndarray, indices: np.ndarray) -> None:
-        self.features, self.labels, self.indices = features, labels, indices
+    def __init__(self, features: np.ndarray, labels: np.ndarray, indices: np.ndarray, path: str = "features.npy") -> None:
+        self.features, self.labels, self.indices, self.path = features, labels, indices, path
 
     def __len__(self) -> int:
         return len(self.indices)
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         row = int(self.indices[index])
-        return torch.from_numpy(np.asarray(self.features[row], dtype=np.float32)), int(self.labels[row])
+        values = np.asarray(self.features[row], dtype=np.float32)
+        if not np.isfinite(values).all():  # a NaN trains to a NaN gradient, which the server refuses
+            raise ValueError(f"{self.path} row {row} holds NaN or Inf values (as float32)")
+        return torch.from_numpy(values), int(self.labels[row])
 
 
 def npy_arrays(seed: int, root: str = "", test_fraction: float = 0.2, num_classes: int = 0) -> Splits:
@@ -251,5 +254,6 @@ def npy_arrays(seed: int, root: str = "", test_fraction: float = 0.2, num_classe
         raise ValueError(f"{base}: labels must be in [0, {classes}), found {low}..{high}")
     order = np.random.default_rng(seed).permutation(len(labels))
     n_test = min(len(labels) - 1, max(1, int(round(len(labels) * test_fraction))))
-    return Splits(ArrayRows(features, labels, np.sort(order[n_test:])), ArrayRows(features, labels, np.sort(order[:n_test])),
-                  num_classes=classes, input_shape=tuple(int(d) for d in features.shape[1:]))
+    path = str(base / "features.npy")
+    return Splits(ArrayRows(features, labels, np.sort(order[n_test:]), path),
+                  ArrayRows(features, labels, np.sort(order[:n_test]), path), num_classes=classes, input_shape=tuple(int(d) for d in features.shape[1:]))

@@ -94,6 +94,25 @@ def test_a_worker_that_cannot_build_the_job_says_so_in_one_line_and_leaves(
         cluster.stop()
 
 
+def test_a_worker_whose_loss_is_not_finite_says_so_in_one_line_and_leaves(tmp_path: Path) -> None:
+    """A learning rate that diverges makes the loss NaN or Inf: the worker stops before pushing a
+    gradient the server would refuse, names the step and the likely causes, and leaves."""
+    cluster = start_server(tmp_path, [*JOB, "--lr", "1e12", "--momentum", "0"])
+    try:
+        worker = subprocess.run(
+            [sys.executable, "-m", "worker.cli", "--server", cluster.target, "--name", "wild", "--quiet", "--max-batch", "64"],
+            capture_output=True, text=True, env=ENV, timeout=120, check=False,
+        )
+        assert worker.returncode == 1, worker.stderr
+        lines = [line for line in worker.stderr.splitlines() if line.strip()]
+        assert len(lines) == 1 and lines[0].startswith("ps-worker: error: step ") and "the loss is " in lines[0] \
+            and "learning rate diverged" in lines[0] and lines[0].endswith("leaving the job"), worker.stderr
+        wait_for(lambda: cluster.events("leave"), 10, "the leave event")
+        assert [e["worker"] for e in cluster.events("leave")] == ["wild"]
+    finally:
+        cluster.stop()
+
+
 def test_a_worker_whose_server_disappears_says_so_at_once_and_gives_up_when_retry_for_runs_out(tmp_path: Path) -> None:
     """--retry-for bounds the whole recovery, the waits and the attempts together; the worker says at
     once that it lost the server and what it will do, and names the flag when it gives up."""

@@ -98,6 +98,20 @@ def test_what_a_worker_declares_at_join() -> None:
         declared_max_batch(lambda: JobSpec(model="no-such-model"), None, None)
 
 
+def test_a_first_sample_the_dataset_cannot_give_is_a_setup_error_naming_it(tmp_path) -> None:
+    """The memory probe reads the first training samples before the worker joins: a dataset's own error
+    there (a row of NaN, a corrupt file) is one JobSetupError with its words, not a traceback."""
+    import numpy as np
+
+    features = np.random.default_rng(0).random((40, 4))
+    features[:, 1] = np.nan
+    np.save(tmp_path / "features.npy", features)
+    np.save(tmp_path / "labels.npy", np.arange(40) % 2)
+    spec = JobSpec(dataset="npy_arrays", dataset_options={"root": str(tmp_path)})
+    with pytest.raises(JobSetupError, match=r"first training samples .*features\.npy row \d+ holds NaN or Inf"):
+        declared_max_batch(lambda: spec, None, None)
+
+
 def test_the_probe_leaves_the_model_as_it_was(digits) -> None:
     """The probe's steps run on the model the session then trains: its parameters, BatchNorm buffers,
     gradients (none) and mode are as built."""

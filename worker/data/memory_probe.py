@@ -147,7 +147,10 @@ def declared_max_batch(job: Callable[[], JobSpec], device: torch.device | None, 
     built, device = build_job(job(), allowed_imports), device or torch.device("cpu")
     spec, data = built.spec, built.dataset
     small = max(2, spec.micro_batch)
-    x, y = sample_batch(data.train, list(range(min(len(data.train), 2 * small))))  # type: ignore[arg-type]  # the probe's samples only (Splits checks __len__)
+    try:
+        x, y = sample_batch(data.train, list(range(min(len(data.train), 2 * small))))  # type: ignore[arg-type]  # the probe's samples only (Splits checks __len__)
+    except (ValueError, OSError) as exc:  # a dataset's own error names the file or row it cannot read
+        raise JobSetupError(f"reading the job's first training samples to measure this worker's memory: {exc}") from exc
     found = probe_max_batch(built.model, x, y, device, small=small)
     if spec.micro_batch > 1:
         if found.max_batch < spec.micro_batch:

@@ -100,6 +100,18 @@ def test_an_empty_or_missing_folder_is_one_clear_error(tmp_path: Path, make, wor
         build_dataset("image_folder", {"root": str(root)}, seed=0)
 
 
+def test_an_npy_row_that_is_not_finite_is_named_where_it_is_read(tmp_path: Path) -> None:
+    features = np.arange(40, dtype=np.float64).reshape(20, 2)
+    features[7, 1] = np.inf
+    np.save(tmp_path / "features.npy", features)
+    np.save(tmp_path / "labels.npy", np.arange(20) % 4)
+    data = build_dataset("npy_arrays", {"root": str(tmp_path)}, seed=1)
+    split = data.train if 7 in data.train.indices else data.test
+    with pytest.raises(ValueError, match=r"features\.npy row 7 holds NaN or Inf"):
+        split[int(np.flatnonzero(split.indices == 7)[0])]
+    assert all(np.isfinite(split[i][0].numpy()).all() for i in range(len(split)) if split.indices[i] != 7)
+
+
 def test_npy_arrays_are_memory_mapped_and_split(tmp_path: Path) -> None:
     features = np.arange(40, dtype=np.float64).reshape(20, 2)
     np.save(tmp_path / "features.npy", features)
