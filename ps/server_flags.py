@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--workers", type=positive_int, default=4, help="workers to wait for before training starts")
     job.add_argument("--model", default="mlp",
                      help="built-in mlp (options hidden=128 layers=2) or cnn (width=32), or package.module:function, "
-                          "a factory fn(input_shape, num_classes, **options) -> torch.nn.Module")
+                          "a factory fn(input_shape, num_classes, **options) -> torch.nn.Module that gives each "
+                          "sample one score per class (checked on two training samples when the job is set up)")
     job.add_argument("--model-arg", type=key_value, action="append", default=[], metavar="K=V", help="model option, e.g. hidden=512")
     job.add_argument("--dataset", default="digits",
                      help="built-in digits (scikit-learn's, 80/20 split), synthetic (options size=4096 image_size=32 "

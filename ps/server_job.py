@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sized
 from dataclasses import dataclass
+from typing import cast
 from pathlib import Path
 
 import torch
 
 from common.job.batchnorm import batchnorm_layers
 from common.job.datasets import TrainingData, build_dataset
-from common.job.models import build_model
+from common.job.models import build_model, check_takes
+from common.job.splits import sample_batch
 from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
 from common.ops.arg_types import is_host_port
 from common.ops.available_memory import available_cpu_bytes
@@ -87,6 +89,8 @@ def build_job(args: argparse.Namespace) -> Job:
     # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
     dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed, memory_bytes=available_cpu_bytes())
     model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed, memory_bytes=available_cpu_bytes())
+    firsts = list(range(min(2, len(cast(Sized, dataset.train)))))  # a factory's split is Sized (Splits checks)
+    check_takes(model, args.model, sample_batch(dataset.train, firsts)[0], dataset.num_classes)
     settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
     calls = CallBounds.serving(args.max_concurrent_rpcs or calls_for_workers(args.max_workers or args.workers),

@@ -123,3 +123,26 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, optio
     if not isinstance(model, nn.Module):
         raise ValueError(f"model factory {name!r} returned {type(model).__name__}, not an nn.Module")
     return model
+
+
+def check_takes(model: nn.Module, name: str, inputs: torch.Tensor, num_classes: int) -> None:
+    """ValueError unless `model` maps `inputs` (a few of the dataset's samples) to one score per class
+    for each: a model that does not fit the data fails here, where the job is set up, with words that
+    say so, not in every worker's first step. Run in eval mode without gradients, so nothing the model
+    holds changes (BatchNorm's running statistics included)."""
+    training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(inputs)
+    except Exception as exc:  # the user's forward: any error it raises is the model's
+        raise ValueError(f"model {name!r} cannot take the dataset's inputs of shape {tuple(inputs.shape[1:])}: "
+                         f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        model.train(training)
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (len(inputs), num_classes):
+        got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"model {name!r} must give one score per class for each sample, "
+                         f"({len(inputs)}, {num_classes}) for {len(inputs)} samples of a dataset of {num_classes} "
+                         f"classes; it gave {got}")
+

@@ -67,6 +67,9 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
         (["--model", "cnn", "--model-arg", "width=0"], "width must be >= 1, got 0"),
         (["--dataset", "synthetic", "--dataset-arg", "noise=NaN"], "noise must be a finite number, got nan"),
         (["--controller", "oracle"], "argument --controller: invalid choice: 'oracle'"),
+        (["--model", "tests.common.job.test_models:narrow_input_model"],
+         "model 'tests.common.job.test_models:narrow_input_model' cannot take the dataset's inputs of shape (1, 8, 8)"),
+        (["--model", "tests.common.job.test_models:wrong_classes_model"], "it gave (2, 13)"),
         (["--no-park=yes"], "--no-park: ignored explicit argument 'yes'"),
     ],
 )
