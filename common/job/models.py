@@ -145,4 +145,3 @@ def check_takes(model: nn.Module, name: str, inputs: torch.Tensor, num_classes: 
         raise ValueError(f"model {name!r} must give one score per class for each sample, "
                          f"({len(inputs)}, {num_classes}) for {len(inputs)} samples of a dataset of {num_classes} "
                          f"classes; it gave {got}")
-

@@ -165,12 +165,15 @@ class AutoPolicy(FittedPlan):
             # idle workers measured are the confirmation: their times and the laws agree
             confirmed = self._confirming
             confirm = resolve and gain > min_gain and not balanced and not self._confirming and not idle
-            if confirm and self._exact_sum() and self._far_from_balance(current, in_force, means):
+            # the plan in force measured far out of balance, asked once, where one of the two rules below needs it
+            measured_far = (not balanced and self._exact_sum() and (confirm or not gain > min_gain)
+                            and self._far_from_balance(current, in_force, means))
+            if confirm and measured_far:
                 confirm, far = False, True  # the times measure the plan far out of balance: they are the confirmation
             if balanced or confirm or not gain > min_gain:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
             # laws that see no gain in a plan measured far out of balance twice in a row do not hold there
-            if hold and not balanced and self._exact_sum() and self._far_from_balance(current, in_force, means):
+            if hold and measured_far:
                 measured = self._measured_step(current, means) if confirmed else current
                 if measured != current:
                     new, parked, hold, stepped, confirm = measured, self.parked(), {}, True, False

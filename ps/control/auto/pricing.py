@@ -20,9 +20,9 @@ def priced_times(laws: WorkerLaws, workers: Sequence[str], identified: Callable[
     its uncertainty (time_fit.Finish.cautious); a proportional line as measured (new times are trusted
     at once), or where the worker's law before its change of speed had a fixed cost (WorkerLaws.shapes)
     the line through its new times with that law's shape (`shaped`); for a worker of `straddled` (a
-    slowdown trusted on its first time, how many times slower it was) that many times slower again, but no slower a sample than the slowest planned worker this
-    job has measured (WorkerLaws.slowest); a worker not measured yet at the slowest measured time per
-    sample, never predicted fast.
+    slowdown trusted on its first time, how many times slower it was) that many times slower again,
+    but no slower a sample than the slowest planned worker this job has measured (WorkerLaws.slowest);
+    a worker not measured yet at the slowest measured time per sample, never predicted fast.
 
     A slowdown's first time straddles it (the round began at the old speed), so it shows less of
     the slowdown than there is; a worker given too many samples holds every other worker's round
