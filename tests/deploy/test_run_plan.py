@@ -1,0 +1,53 @@
+"""``ps-cluster run``'s plan, resolved before anything starts (deploy/run_plan.py): the default
+policy, a schedule's shares scaled alike, and a bad output folder or mixed server shares refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def test_the_default_policy_is_auto_on_a_profile_and_on_a_schedule(tmp_path: Path) -> None:
+    """Without --policy: the auto policy (ps-server's default), for fixed speeds and where a schedule
+    changes them; a named one is kept either way, and is what the server is started with."""
+    from deploy.emulator import RunConfig, resolve
+
+    def policy(**config: object) -> str:
+        plan = resolve(RunConfig(out=tmp_path / f"run{len(list(tmp_path.iterdir()))}", quick=True, **config))  # type: ignore[arg-type]
+        args = plan.server_args
+        assert args[args.index("--controller") + 1] == plan.config.policy
+        return str(plan.config.policy)
+
+    assert policy() == "auto"
+    assert policy(schedule="dynamic") == "auto"
+    assert policy(schedule="dynamic", policy="model") == "model"
+    assert policy(policy="uniform") == "uniform"
+
+
+def test_a_schedule_keeps_a_halved_worker_halved(tmp_path: Path) -> None:
+    """ps-cluster run scales every phase of a schedule alike: the tenant's w3 gets half its HL8 quota;
+    swap in epochs (--every-epochs 2) trains 2 epochs a phase."""
+    from deploy.emulator import RunConfig, resolve
+
+    plan = resolve(RunConfig(schedule="tenant", cpu_budget=1.5, mode="asp", out=tmp_path / "a"))
+    assert [phase[3] for phase in plan.shares] == pytest.approx([1.05, 0.525, 1.05])
+    assert plan.server_shares == pytest.approx([0.3] * 3)
+    swap = resolve(RunConfig(schedule="swap", every_epochs=2, quick=True, cpu_budget=1.5, out=tmp_path / "b"))
+    assert swap.epochs == 8 and swap.shares[1] == pytest.approx([0.1875, 0.1875, 1.0, 0.125])
+
+
+def test_bad_output_folder_and_mixed_server_shares_are_refused_when_planned(tmp_path: Path) -> None:
+    from deploy.emulator import RunConfig, resolve
+
+    afile = tmp_path / "afile"
+    afile.write_text("keep")
+    with pytest.raises(ValueError, match="--out .*afile exists and is not a folder"):
+        resolve(RunConfig(out=afile, quick=True))
+    assert afile.read_text() == "keep"
+    (tmp_path / "plain-asp.yaml").write_text("bsp:\n  workers: [6, 6, 4, 32]\nasp:\n  workers: [4, 4, 4, 28]\n")  # no server share
+    (tmp_path / "mixed.yaml").write_text("kind: schedule\nevery_epochs: 1\nphases: [plain-asp.yaml, hl8]\n")
+    with pytest.raises(ValueError, match="in asp every phase must give the server a share of cores, or none must: plain-asp give none"):
+        resolve(RunConfig(schedule=str(tmp_path / "mixed.yaml"), mode="asp", out=tmp_path / "y"))
+    assert not (tmp_path / "y").exists()
+    assert resolve(RunConfig(schedule=str(tmp_path / "mixed.yaml"), mode="bsp", out=tmp_path / "y")).server_shares == [None, None]

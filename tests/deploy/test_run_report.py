@@ -1,0 +1,69 @@
+"""The end of a ``ps-cluster run`` (deploy/run_report.py, deploy/plots.py): the summary's word on a
+schedule's phases that never ran, and the plots' phase spans, time axis and ASP panels. Pure."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+def test_phase_spans_place_epoch_and_clock_phases_on_the_epoch_axis() -> None:
+    """Pure: the shaded spans of the per-epoch plots, for phases in epochs and in seconds."""
+    from deploy.plots import phase_spans
+
+    events = [
+        {"event": "adjust", "time": 100.0},
+        *({"event": "epoch", "epoch": e, "time": 100.0 + 10 * e} for e in range(1, 7)),
+    ]
+    by_epoch = [{"phase": 0, "profile": "hl1", "epoch": 0}, {"phase": 1, "profile": "hl8", "epoch": 3}]
+    assert phase_spans(events, by_epoch) == [(0.5, 3.5, "HL1"), (3.5, 6.5, "HL8")]
+    by_clock = [{"phase": 0, "profile": "a", "elapsed_s": 0, "time": 100.0}, {"phase": 1, "profile": "b", "elapsed_s": 25, "time": 125.0}]
+    assert phase_spans(events, by_clock) == [(0.5, 3.0, "A"), (3.0, 6.5, "B")]
+
+
+@pytest.mark.parametrize("balance", ["compute", "busy", "cycle"])
+def test_the_time_plot_names_the_time_the_controller_balanced(balance: str) -> None:
+    """Pure: under --balance busy (cycle) the times are busy times (cycles); the axis and title say so."""
+    from deploy.plots import plot_compute_times
+
+    events = [*({"event": "epoch", "epoch": e, "time": 10.0 * e, "compute_ms": {"w0": 100.0 + e}} for e in range(1, 3)),
+              {"event": "summary", "balance": balance}]
+    ax = plot_compute_times(events).axes[0]
+    assert ax.get_ylabel() == f"{balance} time per step (ms)"
+    assert ax.get_title() == f"{balance.capitalize()} time per worker"
+
+
+def test_an_asp_run_gets_a_plot_of_each_workers_updates_staleness_and_ssp_waits(tmp_path: Path) -> None:
+    """Pure: write_plots adds asp.png when the epochs record staleness, its panels one line per worker."""
+    from deploy.plots import write_plots
+
+    fields = {"updates": {"w0": 9, "w1": 3}, "staleness_mean": {"w0": 1.5, "w1": 4.0}, "staleness_max": {"w0": 3, "w1": 7},
+              "ssp_wait_s": {"w0": 0.4, "w1": 0.0}, "batch_sizes": {"w0": 40, "w1": 24}, "compute_ms": {"w0": 10.0, "w1": 30.0}}
+    events = [{"event": "epoch", "epoch": e, "time": 10.0 * e, **fields} for e in range(1, 4)]
+    paths = write_plots(events, tmp_path)
+    assert [p.name for p in paths] == ["batch_sizes.png", "compute_times.png", "accuracy.png", "asp.png"]
+    assert all(p.stat().st_size > 0 for p in paths)
+    assert write_plots([{**e, "staleness_max": None} for e in events], tmp_path)[-1].name == "accuracy.png"
+
+
+def test_a_run_that_ends_before_a_schedules_phase_says_so(tmp_path: Path) -> None:
+    """A job shorter than its schedule: the summary names the phases that never ran and the flag that
+    reaches them; one that went through every phase says nothing of it."""
+    from deploy.emulator import RunConfig, resolve
+    from deploy.run_report import phases_not_reached, print_summary
+
+    plan = resolve(RunConfig(schedule="swap", every_seconds=30.0, quick=True, cpu_budget=1.5, out=tmp_path / "a"))
+    reached = [{"event": "phase", "phase": 0, "profile": "hl8"}, {"event": "phase", "phase": 1, "profile": "hl8-swap"}]
+    assert phases_not_reached(plan, reached) == ["3 hl1", "4 hl8"]
+    result = {"summary": {}, "workers": [], "accuracy": None, "samples_per_s": 1.0, "train_wall_s": 1.0,
+              "total_wall_s": 2.0, "adjustments": 0, "limiting": "cgroup-v1", "phases": reached,
+              "phases_not_reached": phases_not_reached(plan, reached)}
+    lines: list[str] = []
+    print_summary(plan, result, lines.append)
+    assert lines[-1] == ("the job ended before the schedule's phase(s) 3 hl1, 4 hl8: they never ran "
+                         "(a shorter --every-seconds or more --epochs reaches them)")
+    every = [{"event": "phase", "phase": i} for i in range(4)]
+    assert phases_not_reached(plan, every) == []
+    profile = resolve(RunConfig(quick=True, cpu_budget=1.5, out=tmp_path / "b"))
+    assert phases_not_reached(profile, []) == []
