@@ -35,7 +35,7 @@ from deploy.run_plan import (
 from deploy.run_report import write_report
 from deploy.schedule_phases import SchedulePhases
 from deploy.signals import ReceivedSignals, signals_as_exceptions
-from ps.ops.progress import EpochBar, on_terminal
+from ps.ops.progress import EpochBar, on_terminal, trained_alongside
 
 __all__ = [
     "DEFAULT_DATASET_ARGS", "DEFAULT_JOB", "DEFAULT_POLICY", "QUICK_DATASET_ARGS", "QUICK_JOB", "Emulation", "RunConfig",
@@ -176,9 +176,8 @@ class Emulation:
         return " ".join(f"{n}={sizes[n]}" for n in self.plan.names if n in sizes)
 
     def _print_epoch(self, event: dict[str, Any]) -> None:
-        if "with_epoch" in event:
-            self.say(f"epoch {event['epoch']:>2}/{self.plan.epochs} | ended with epoch {event['with_epoch']}, "
-                     "which trained alongside it (the figures above are both epochs')")
+        if (along := trained_alongside(event)) is not None:
+            self.say(f"epoch {event['epoch']:>2}/{self.plan.epochs} | {along} (the figures above are both epochs')")
             return
         sizes, times = event.get("batch_sizes") or {}, event.get("compute_ms") or {}
         cells = [

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from deploy.run_files import MetricsTail
+from ps.ops.progress import trained_alongside
 from deploy.slurm import METRICS_LOG
 
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
@@ -122,8 +123,8 @@ def describe(event: dict[str, Any]) -> str | None:
         return f"plan at step {event.get('step')}: {_batches(event)}"
     if kind == "adjust" and event.get("changed"):
         return f"plan at step {event.get('step')}: {_batches(event)} (adjustment {event.get('adjustments')})"
-    if kind == "epoch" and "with_epoch" in event:
-        return f"epoch {event.get('epoch')}: ended with epoch {event.get('with_epoch')}, which trained alongside it"
+    if (along := trained_alongside(event)) is not None:
+        return f"epoch {event.get('epoch')}: {along}"
     if kind == "epoch":
         rate = event.get("samples_per_s")
         return f"epoch {event.get('epoch')}: {_batches(event)}" + (f" | {rate:.0f} samples/s" if rate else "")

@@ -55,13 +55,21 @@ class EpochBar:
         self._bar.close()
 
 
+def trained_alongside(record: dict[str, Any]) -> str | None:
+    """What an `epoch` record that ended with the one before it says of itself (its `with_epoch`), None
+    for any other record: every view of the epochs words it alike."""
+    if record.get("event") != "epoch" or "with_epoch" not in record:
+        return None
+    return f"ended with epoch {record['with_epoch']}, which trained alongside it"
+
+
 def progress_line(record: dict[str, Any]) -> str | None:
     """The human progress line of a record a person watches (None for the others). An epoch line names what its
     times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
     auto may change at the start)."""
     event = record["event"]
-    if event == "epoch" and "with_epoch" in record:
-        line = f"epoch {record['epoch']}: ended with epoch {record['with_epoch']}, which trained alongside it"
+    if (along := trained_alongside(record)) is not None:
+        line = f"epoch {record['epoch']}: {along}"
     elif event == "epoch":
         batches = " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
         times = " ".join(f"{k}={v:.1f}" for k, v in record["compute_ms"].items())

@@ -9,7 +9,8 @@ import asyncio
 from typing import Any
 
 from common.transport.messages import JoinAsk
-from ps.ops.progress import progress_line
+from deploy.slurm_follow import describe
+from ps.ops.progress import progress_line, trained_alongside
 from ps.rounds.coordinator import Coordinator
 from ps.server_job import build_job
 from tests.conftest import job_args
@@ -39,5 +40,7 @@ def test_two_epochs_ending_at_one_step_write_the_second_as_trained_alongside_the
     assert {k: v for k, v in second.items() if k not in ("epoch", "with_epoch", "time", "elapsed_s")} == \
         {k: v for k, v in first.items() if k not in ("epoch", "time", "elapsed_s")}
     assert progress_line(second) == "epoch 2: ended with epoch 1, which trained alongside it"
+    assert describe(second) == "epoch 2: ended with epoch 1, which trained alongside it"  # the Slurm follower's line
+    assert trained_alongside(first) is None
     (alone,) = epoch_records(1)
     assert alone["epoch"] == 1 and "with_epoch" not in alone
