@@ -196,7 +196,7 @@ class AutoPolicy(FittedPlan):
         else:
             probes = entries = {}
         self._confirming = False
-        known = all(self._identified(k) for k, b in new.items() if b > 0) and not stepped
+        known = self._rests_on_laws(new, current) and not stepped
         if resolve and not stepped and not entries and not far:  # a re-solve moves no more than its gain asks
             new = self._nearest(times, new, current, min_gain, early)
         self._parking.install(parked, reprobe)
@@ -233,6 +233,16 @@ class AutoPolicy(FittedPlan):
         lower, upper = self._bounds()
         return nearest_plan(times, new, current, self._kept_at_break_even(new, lower, upper), upper, slack=min_gain / 2,
                             idle=early, band=self._config.deadband)
+
+    def _rests_on_laws(self, new: Mapping[str, int], current: Mapping[str, int]) -> bool:
+        """Whether `new` rests on known laws: every worker it plans has its law known, or keeps its batch
+        in `current` within the deadband, where its proportional line runs through times it is measured
+        at. Among a thousand workers a few seldom move far enough for a second batch size; holding
+        every re-solve to be a step for them asked for a decision after each, at the bar of a step,
+        and those moved most workers every time."""
+        band = self._config.deadband
+        return all(self._identified(k) or abs(b - current.get(k, 0)) < band * current.get(k, 0)
+                   for k, b in new.items() if b > 0)
 
     def _moves_by_deadband(self, new: Mapping[str, int], current: Mapping[str, int]) -> bool:
         """Whether `new` moves a worker active in both plans by the deadband of its batch in `current` or more."""
