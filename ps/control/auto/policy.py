@@ -237,17 +237,19 @@ class AutoPolicy(FittedPlan):
     def _rests_on_laws(self, new: Mapping[str, int], current: Mapping[str, int]) -> bool:
         """Whether `new` rests on known laws: every worker it plans has its law known, or keeps its batch
         in `current` within the deadband, where its proportional line runs through times it is measured
-        at. Among a thousand workers a few seldom move far enough for a second batch size; holding
-        every re-solve to be a step for them asked for a decision after each, at the bar of a step,
-        and those moved most workers every time."""
-        band = self._config.deadband
-        return all(self._identified(k) or abs(b - current.get(k, 0)) < band * current.get(k, 0)
+        at. Among a thousand workers a few seldom move far enough for a second batch size: were every
+        plan with them a step, each decision would ask for the next at a step's bar, moving most
+        workers every time."""
+        return all(self._identified(k) or not self._moved_by_deadband(b, current.get(k, 0))
                    for k, b in new.items() if b > 0)
+
+    def _moved_by_deadband(self, batch: int, was: int) -> bool:
+        """Whether `batch` is the deadband of `was` or more away from it (any batch from 0)."""
+        return abs(batch - was) >= self._config.deadband * was
 
     def _moves_by_deadband(self, new: Mapping[str, int], current: Mapping[str, int]) -> bool:
         """Whether `new` moves a worker active in both plans by the deadband of its batch in `current` or more."""
-        return any(abs(b - current.get(k, 0)) >= self._config.deadband * current.get(k, 0)
-                   for k, b in new.items() if b > 0 and current.get(k, 0) > 0)
+        return any(self._moved_by_deadband(b, current[k]) for k, b in new.items() if b > 0 and current.get(k, 0) > 0)
 
     def _far_from_balance(self, plan: Mapping[str, int], times: Mapping[str, Sequence[float]] | None,
                           means: Mapping[str, float] | None) -> bool:
