@@ -86,6 +86,11 @@ class ImageFiles(TorchDataset[tuple[torch.Tensor, int]]):
     def __len__(self) -> int:
         return len(self.files)
 
+    @property
+    def skipped(self) -> list[str]:
+        """The files passed over so far as corrupt, sorted (what a build reports of a statistics pass)."""
+        return sorted(self._skipped)
+
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         for step in range(len(self.files)):
             path, label = self.files[(index + step) % len(self.files)]
@@ -153,9 +158,10 @@ def image_folder(
     (grey: 1 channel, else RGB) and, with `image_size` > 0, resized to that square (else all must
     have the first one's size). With `normalize`, every image is standardized per channel by the
     mean and spread of up to NORMALIZE_SAMPLE training images drawn with `seed` (every process
-    draws the same), as a model trained on in-memory data sees it. Training samples get a random
-    crop (zero padding `padding`) and, with `flip`, a random horizontal flip; test samples are read
-    as they are."""
+    draws the same), as a model trained on in-memory data sees it; with `on_corrupt` stop, one of those
+    that cannot be decoded is a ValueError here, before any worker trains and stops at it. Training
+    samples get a random crop (zero padding `padding`) and, with `flip`, a random horizontal flip;
+    test samples are read as they are."""
     if not root:
         raise ValueError("give the folder: --dataset-arg root=PATH")
     if on_corrupt not in ON_CORRUPT:
@@ -194,6 +200,12 @@ def image_folder(
     statistics = ImageFiles(train, mode, image_size, "skip", skipped_note="passed over in the normalization statistics",
                             first=shape)
     scale = channel_scale(statistics, seed) if normalize else None
+    if on_corrupt == "stop" and statistics.skipped:  # else every worker stops at the file once training reads it
+        shown = ", ".join(statistics.skipped[:CORRUPT_SHOWN])
+        more = len(statistics.skipped) - CORRUPT_SHOWN
+        raise ValueError(f"cannot decode the training image(s) {shown}{f' and {more} more' if more > 0 else ''}: "
+                         "with on_corrupt=stop (the default) training would stop there; remove or replace the "
+                         "file(s), or --dataset-arg on_corrupt=skip passes over every image that cannot be decoded")
     train_set = ImageFiles(train, mode, image_size, on_corrupt, scale, first=shape)
     augment = RandomCropFlip(padding, bool(flip)) if padding or flip else None
     return Splits(train_set, ImageFiles(test, mode, image_size, on_corrupt, scale, first=shape), num_classes=len(names),
@@ -201,12 +213,14 @@ def image_folder(
 
 
 NORMALIZE_SAMPLE = 256
+CORRUPT_SHOWN = 5
+"""How many corrupt files found at build time the error names (the rest it counts)."""
 
 
 def channel_scale(images: ImageFiles, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-channel mean and standard deviation (C x 1 x 1 each) of up to NORMALIZE_SAMPLE of `images`,
-    drawn with `seed` (a corrupt file is passed over here: reading it in training stops or skips it as
-    `on_corrupt` says); a channel without spread keeps a deviation of 1."""
+    drawn with `seed` (a corrupt file is passed over here, and recorded in `images.skipped`: with
+    `on_corrupt` stop the build then refuses the folder); a channel without spread keeps a deviation of 1."""
     picks = np.random.default_rng(seed).permutation(len(images))[:NORMALIZE_SAMPLE]
     stack = torch.stack([images[int(i)][0] for i in sorted(picks)])
     mean = stack.mean(dim=(0, 2, 3)).view(-1, 1, 1)

@@ -11,6 +11,8 @@ import torch
 from PIL import Image
 
 from common.job.datasets import build_dataset
+from common.job.disk_datasets import CORRUPT_SHOWN
+from ps.server import main as server_main
 from worker.data.loader import Batches, LoaderError, LoaderOptions
 from worker.data.sampler import ElasticBatchSampler
 from tests.data_files import write_folder
@@ -35,15 +37,44 @@ def test_image_folder_decodes_the_files_and_augments_only_training(tmp_path: Pat
     assert torch.equal(augmented.test[0][0], data.test[0][0])  # test samples as they are
 
 
-def test_a_corrupt_image_is_named_and_stops_or_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_corrupt_training_image_the_statistics_read_stops_the_build_unless_skipped(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]) -> None:
+    """With on_corrupt=stop (the default) a training image the normalization statistics cannot decode is
+    one ValueError at build time, naming it and the ways on (remove it, or on_corrupt=skip): never a
+    job whose every worker stops at it. ps-server says so and exits 2 before it writes anything;
+    on_corrupt=skip builds."""
     root = write_folder(tmp_path / "images", per_class=4)
     bad = root / "c1" / "0.png"
     bad.write_bytes(b"not a png")
-    stop = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1}, seed=0)
+    with pytest.raises(ValueError, match=r"cannot decode the training image\(s\) \S*c1/0\.png: .*remove or replace "
+                                         r"the file\(s\), or --dataset-arg on_corrupt=skip"):
+        build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1}, seed=0)
     # the statistics pass over it and say so, without naming a skip the job was not set to make
     warned = [r.getMessage() for r in caplog.records if "0.png" in r.getMessage()]
     assert warned and all("normalization statistics" in w and "on_corrupt=skip" not in w for w in warned), warned
-    caplog.clear()
+    metrics = tmp_path / "metrics.jsonl"
+    assert server_main(["--quiet", "--dataset", "image_folder", "--dataset-arg", f"root={root}", "--dataset-arg",
+                        "test_fraction=0.1", "--metrics-log", str(metrics)]) == 2
+    assert "c1/0.png" in capsys.readouterr().err and not metrics.exists()
+    corrupt = {str(root / c / f"{i}.png") for c in ("c1", "c2") for i in range(4)}
+    for path in corrupt:
+        Path(path).write_bytes(b"")
+    skip = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1, "on_corrupt": "skip"}, seed=0)
+    assert skip.train.dataset.scale is not None and skip.input_shape == (3, 8, 8)
+    named = sorted(p for p, _ in skip.train.dataset.files if p in corrupt)
+    assert len(named) > CORRUPT_SHOWN  # the error names the first few and counts the rest
+    with pytest.raises(ValueError) as refused:
+        build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1}, seed=0)
+    assert f"{', '.join(named[:CORRUPT_SHOWN])} and {len(named) - CORRUPT_SHOWN} more: " in str(refused.value)
+
+
+def test_a_corrupt_image_is_named_and_stops_or_is_skipped(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Where a training image is read that the build did not (no normalization statistics here), it stops
+    the loader with an error naming it, or with on_corrupt=skip is passed over with a warning."""
+    root = write_folder(tmp_path / "images", per_class=4)
+    bad = root / "c1" / "0.png"
+    bad.write_bytes(b"not a png")
+    stop = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1, "normalize": False}, seed=0)
     index = next(i for i, (p, _) in enumerate(stop.train.dataset.files) if p == str(bad))  # under the augmentation
     with pytest.raises(ValueError, match="0.png"):
         stop.train[index]
