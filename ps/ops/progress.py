@@ -63,6 +63,11 @@ def trained_alongside(record: dict[str, Any]) -> str | None:
     return f"ended with epoch {record['with_epoch']}, which trained alongside it"
 
 
+NO_WORKER_LEFT = "no worker is left: the job waits for one to join"
+"""What a leave or eviction's line adds when it left a running job without workers, which waits (nothing
+ends it but a join or a stop)."""
+
+
 def progress_line(record: dict[str, Any]) -> str | None:
     """The human progress line of a record a person watches (None for the others). An epoch line names what its
     times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
@@ -82,6 +87,8 @@ def progress_line(record: dict[str, Any]) -> str | None:
         line = "plan: " + " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
     elif event in ("evict", "leave"):
         line = f"{record['worker']}: {record['reason']}"
+        if record.get("workers_left") == 0 and not record.get("done"):
+            line += f" ({NO_WORKER_LEFT})"
     elif event == "regroup":
         line = f"group generation {record['generation']}: {record['world_size']} workers over {record['backend']}"
         if record.get("algorithm"):

@@ -1,9 +1,11 @@
 """Progress for a person: a bar (epoch, rounds, samples/s, accuracy, time left) when the output is a
 terminal, plain lines when it is a pipe, for ps-server and for ps-cluster run. Real processes, their
-output a pseudo terminal or a pipe; and the plain line of an event, alone."""
+output a pseudo terminal or a pipe; and the plain line of an event, alone: a leave or eviction that
+leaves a running job without workers says the job waits for one."""
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import pty
@@ -13,10 +15,13 @@ import sys
 import termios
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from ps.ops.progress import print_progress
+from common.transport.messages import JoinAsk
+from ps.ops.progress import NO_WORKER_LEFT, print_progress, progress_line
+from tests.coordinator_rounds import joined_job
 from tests.processes import ENV, Cluster
 from tests.emulator_jobs import TINY_JOB, write_profile
 
@@ -144,3 +149,29 @@ def test_the_epoch_line_follows_the_balance_the_job_chose(capsys: pytest.Capture
         "--allreduce auto: the collective fast path (every worker computes on a GPU of its own; the controller "
         "balances compute time)",
     ]
+
+
+def test_a_departure_that_leaves_no_worker_says_the_job_waits_for_one() -> None:
+    """Every leave and evict record counts the workers left, active or waiting to enter (c, whom b's
+    eviction lets in); once none is left in a job not done, its line says the job waits for a join:
+    the server otherwise waits without a word. Driven on the coordinator (tests.coordinator_rounds)."""
+    async def run() -> list[dict[str, Any]]:
+        async with joined_job("--global-batch", "24", "--max-workers", "3", events=("leave", "evict")) as job:
+            c, (a, b) = job.c, job.joined.values()
+            await c.leave(a.worker_id, a.secret)
+            joining = asyncio.ensure_future(c.join(JoinAsk("c", 1.0)))
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not joining.done()  # waits for the open round's boundary, which b holds
+            c.members[b.worker_id].last_seen = c.clock() - c.evict_after - 1
+            assert c.evict_stale() == ["b"]
+            newcomer = await asyncio.wait_for(joining, 5)
+            await c.leave(newcomer.worker_id, newcomer.secret)
+            return job.records
+
+    records = asyncio.run(asyncio.wait_for(run(), 60))
+    assert [(r["event"], r["worker"], r["workers_left"], r["done"]) for r in records] == [
+        ("leave", "a", 1, False), ("evict", "b", 1, False), ("leave", "c", 0, False)]
+    assert [progress_line(r) for r in records] == [
+        "a: left", "b: evicted after 3600s without a heartbeat", f"c: left ({NO_WORKER_LEFT})"]
+    assert progress_line({**records[-1], "done": True}) == "c: left"  # a finished job waits for nobody
