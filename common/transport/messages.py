@@ -22,7 +22,7 @@ STORE_OPS = ("set", "get", "add", "check", "wait", "compare_set", "delete", "num
 @dataclass(frozen=True)
 class PushTimes:
     """What a push says of the worker's step, in ms: what the batch policy balances and fits and the
-    metrics show. Each is finite and in [0, MAX_COMPUTE_MS] (`check`).
+    metrics show. Each is finite and in [0, MAX_COMPUTE_MS], and data_wait_ms at most compute_ms (`check`).
 
     compute_ms: data fetch + forward + backward of the step, without the forward's wait for parameters
     still streaming in; under --balance busy the worker adds its own part of its previous push (busy
@@ -43,18 +43,26 @@ slow worker: the policies balance the whole step, data wait included)."""
                 allreduce: bool, data_wait_ms: float = 0.0) -> PushTimes:
         """What a worker reports for a step that computed `compute_ms` (`data_wait_ms` of it waiting for
         its batch), after a previous step that left it `exposed_ms` exposed, `push_ms` of it its own
-        push (the job's `balance`, `mode`, `allreduce`)."""
+        push (the job's `balance`, `mode`, `allreduce`). The data wait is reported as at most the
+        compute (`check`): it is measured inside the compute's window, but the compute is that window
+        less the forward's wait for parameters, taken from a total that may hold waits outside it
+        (worker.transport.arrivals), and clamped at 0; the compute is the measure the policies balance."""
         reported = compute_ms + (push_ms if balance == "busy" else 0.0)
+        data_wait_ms = min(data_wait_ms, compute_ms)
         if mode != "bsp" or allreduce:  # exposed communication is measured in BSP rounds on the PS path
             return cls(reported, data_wait_ms=data_wait_ms)
         return cls(reported, exposed_ms, push_ms, data_wait_ms)
 
     def check(self) -> None:
-        """InvalidArgument unless each time is finite and in [0, MAX_COMPUTE_MS]."""
+        """InvalidArgument unless each time is finite and in [0, MAX_COMPUTE_MS], and the data wait no
+        more than the compute it is part of (else the metrics' share of data wait exceeds the step)."""
         for field in fields(self):
             ms = getattr(self, field.name)
             if not (math.isfinite(ms) and 0 <= ms <= MAX_COMPUTE_MS):
                 raise InvalidArgument(f"{field.name} must be finite and in [0, {MAX_COMPUTE_MS:.0f}], got {ms}")
+        if self.data_wait_ms > self.compute_ms:
+            raise InvalidArgument(f"data_wait_ms {self.data_wait_ms} exceeds compute_ms {self.compute_ms}: the wait "
+                                  "for the batch is part of the step's compute, so at most compute_ms")
 
     def balanced_ms(self, balance: str, cycle_ms: float | None = None) -> float | None:
         """The time the batch policy balances for this push: the worker's compute_ms (its compute or busy

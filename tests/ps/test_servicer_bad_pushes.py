@@ -76,6 +76,13 @@ def _extra_chunk(c: Cluster) -> list[ps_pb2.PushChunk]:
     return [*chunks, ps_pb2.PushChunk(seq=len(chunks), data=bytes(encode(torch.ones(1))))]
 
 
+def _data_wait_over_compute_in_end(c: Cluster) -> list[ps_pb2.PushChunk]:
+    """A sound header, then a PushEnd whose data wait exceeds its compute: refused after the header was taken."""
+    chunks = _with(c)
+    chunks[-1].end.CopyFrom(ps_pb2.PushEnd(compute_ms=5.0, data_wait_ms=5.5))
+    return chunks
+
+
 BAD_PUSHES = [
     _bad("unknown-worker", lambda c: push_chunks(header("ghost-00000000", c.numel), _grad(c)), Code.NOT_FOUND, "unknown worker id 'ghost-00000000'", "Join first"),
     _bad("empty-worker-id", lambda c: push_chunks(header("", c.numel), _grad(c)), Code.NOT_FOUND, "unknown worker id ''"),
@@ -117,6 +124,10 @@ BAD_PUSHES = [
     _bad("compute-nan", lambda c: _with(c, compute_ms=math.nan), Code.INVALID_ARGUMENT, "compute_ms must be finite", "got nan"),
     _bad("compute-inf", lambda c: _with(c, compute_ms=math.inf), Code.INVALID_ARGUMENT, "compute_ms must be finite", "got inf"),
     _bad("compute-absurd", lambda c: _with(c, compute_ms=1e12), Code.INVALID_ARGUMENT, "compute_ms must be finite and in [0, 86400000]"),
+    _bad("data-wait-over-compute", lambda c: _with(c, compute_ms=5.0, data_wait_ms=6.0), Code.INVALID_ARGUMENT,
+         "data_wait_ms 6.0 exceeds compute_ms 5.0", "part of the step's compute"),
+    _bad("data-wait-over-compute-in-end", _data_wait_over_compute_in_end, Code.INVALID_ARGUMENT,
+         "data_wait_ms 5.5 exceeds compute_ms 5.0"),
     _bad("wire-dtype-unknown", lambda c: _with(c, wire_dtype="int8"), Code.INVALID_ARGUMENT, "wire dtype must be one of ['bfloat16', 'float16', 'float32'], got 'int8'"),
     _bad("wire-dtype-empty", lambda c: _with(c, wire_dtype=""), Code.INVALID_ARGUMENT, "wire dtype must be one of", "got ''"),
     _bad(

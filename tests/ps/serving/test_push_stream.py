@@ -78,6 +78,8 @@ def test_nothing_may_follow_the_end_and_its_times_are_checked() -> None:
         receive(chunks)
     with pytest.raises(InvalidArgument, match="compute_ms must be finite"):
         receive(whole(values, ps_pb2.PushEnd(compute_ms=math.nan)))
+    with pytest.raises(InvalidArgument, match="data_wait_ms 9.0 exceeds compute_ms 8.0"):
+        receive(whole(values, ps_pb2.PushEnd(compute_ms=8.0, data_wait_ms=9.0)))
 
 
 def test_a_push_with_offsets_must_end_with_its_times() -> None:

@@ -54,6 +54,20 @@ def test_the_times_a_push_reports_follow_the_jobs_balance() -> None:
     assert (asp.compute_ms, asp.exposed_ms, asp.own_exposed_ms) == (44.0, 0.0, 0.0)
 
 
+def test_a_step_whose_waits_leave_less_compute_than_its_data_wait_reports_a_push_the_server_takes() -> None:
+    """The forward's wait (Arrivals' total since the last step) may exceed the window it is taken from:
+    compute is clamped at 0, and the data wait, part of it, with it, so PushTimes.check passes."""
+    timer = StepTimer(lambda started_s, started_cpu_s: 1e6)
+    timer.fetch_begins(0, own_from_cpu=False)
+    timer.batch_drawn(1.5)
+    timer.compute_ends()
+    assert timer.compute_ms == 0.0 and timer.data_wait_ms == 1.5
+    for balance in ("compute", "busy"):
+        times = timer.times(JobSpec(mode="bsp", balance=balance))
+        assert times.data_wait_ms == 0.0
+        times.check()
+
+
 def test_the_own_part_of_a_push_and_a_parked_wait() -> None:
     timer = StepTimer(lambda started_s, started_cpu_s: 5.0)
     now = time.perf_counter()

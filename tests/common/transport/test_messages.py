@@ -1,0 +1,33 @@
+"""The messages' own rules (common/transport/messages.py): a push's times are each finite and in
+bounds, and its data wait, part of its compute, no more than that compute; a worker's step reports
+times that pass that check."""
+
+from __future__ import annotations
+
+import pytest
+
+from common.errors import InvalidArgument
+from common.transport.messages import PushTimes
+
+
+def test_a_data_wait_over_the_compute_it_is_part_of_is_refused() -> None:
+    PushTimes(compute_ms=5.0, data_wait_ms=5.0).check()  # the whole step waited for its batch
+    PushTimes(compute_ms=5.0, exposed_ms=9.0, own_exposed_ms=9.5).check()  # the own part is not bounded by it
+    with pytest.raises(InvalidArgument, match=r"data_wait_ms 5.000001 exceeds compute_ms 5.0: the wait for the batch "
+                                              r"is part of the step's compute, so at most compute_ms"):
+        PushTimes(compute_ms=5.0, data_wait_ms=5.000001).check()
+    with pytest.raises(InvalidArgument, match="data_wait_ms 1.0 exceeds compute_ms 0.0"):
+        PushTimes(data_wait_ms=1.0).check()
+
+
+@pytest.mark.parametrize("balance", ["compute", "busy", "cycle"])
+@pytest.mark.parametrize(("mode", "allreduce"), [("bsp", False), ("bsp", True), ("asp", False)])
+def test_a_steps_data_wait_is_at_most_its_compute(balance: str, mode: str, allreduce: bool) -> None:
+    """A data wait measured on its own clock a hair over the compute is reported as the compute; one
+    within it as it is."""
+    over = PushTimes.of_step(10.0, 3.0, 2.0, balance, mode, allreduce, data_wait_ms=10.0 + 1e-9)
+    assert over.data_wait_ms == 10.0
+    over.check()
+    within = PushTimes.of_step(10.0, 3.0, 2.0, balance, mode, allreduce, data_wait_ms=4.0)
+    assert within.data_wait_ms == 4.0
+    within.check()
