@@ -76,7 +76,8 @@ class ParameterServerServicer:
 
     def Join(self, request, context):
         """Register a worker; answers once the job can start with its id, the job spec,
-        the parameter layout and the worker's first batch size.
+        the parameter layout and the worker's first batch size. It carries no parameters and no samples:
+        the worker Pulls next, and computes its first step from that Pull's reply.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -87,6 +88,8 @@ class ParameterServerServicer:
         server stream: the header for the next step, then the parameters.
         BSP: a mean gradient; the reply comes once the round closes.
         ASP: an LR-scaled update; the reply comes once it is applied.
+        Only after a Pull since the worker's Join: a push before it is refused (FAILED_PRECONDITION),
+        since it came from neither the server's parameters nor (--sampling exact) the samples handed.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

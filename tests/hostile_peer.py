@@ -67,6 +67,13 @@ def read_params(stream: Iterable[ps_pb2.ParamsChunk]) -> tuple[ps_pb2.ParamsHead
     return h, receiver.finish(check_finite=False)
 
 
+def first_pulls(stub: Any, replies: Iterable[ps_pb2.JoinReply]) -> None:
+    """The Pull each joined worker of `replies` makes before its first push (the server refuses a push
+    before it: ps.rounds.push_checks)."""
+    for reply in replies:
+        read_params(stub.Pull(ps_pb2.PullRequest(worker_id=reply.worker_id, secret=reply.secret), timeout=TIMEOUT))
+
+
 def snapshot(server: InProcessServer) -> dict[str, Any]:
     """Everything a refused request must leave alone (tests/state_compare.py), copied on the
     server's loop; without the evaluator's accuracy, which lands from a background thread."""
@@ -284,6 +291,7 @@ class View:
     pending: dict[str, str]  # worker id -> name
     flat: torch.Tensor
     told: dict[str, dict[int, set[int]]]  # active worker id -> {round (ASP: version): batch sizes told}
+    pulled: set[str]  # the active worker ids that made a Pull since their Join (a push before it is refused)
 
     def batches_told(self, worker_id: str, step: int) -> set[int]:
         return self.told.get(worker_id, {}).get(step, set())

@@ -79,6 +79,8 @@ class PushRules:
             step = spec.round if self.MODE == "bsp" else spec.version
             if spec.batch_size not in v.batches_told(spec.worker_id, step):  # not the server's plan for it
                 codes.add(PRECONDITION)
+            if spec.worker_id in self.ids.values() and spec.worker_id not in v.pulled:  # no Pull since its Join
+                codes.add(PRECONDITION)
         return codes or {OK}
 
     def push_call(self, spec: PushSpec) -> Answer:
@@ -133,12 +135,20 @@ class PushRules:
             seed=data.draw(st.integers(0, 2**16), label="seed"),
         )
 
+    def first_pulls(self) -> None:
+        """Every worker that has not pulled since its Join makes that Pull, as an honest worker does
+        before its first push (a hostile push before it is refused: push_codes)."""
+        v = self.view()
+        for worker_id in sorted(set(self.ids.values()) - v.pulled):
+            self.pull_checked(worker_id, v, self.right_secret(worker_id))
+
     def pushed_ids(self) -> set[str]:
         return self.server.call(lambda: set(self.server.coordinator.bsp.pushed))
 
     def run_round(self, data: st.DataObject) -> None:
         """A BSP round: some workers push (their calls wait), hostile calls hit the open round, then the
         others push or leave; the round closes on exactly the valid pushes and answers them all."""
+        self.first_pulls()
         v = self.view()
         names = data.draw(st.permutations(sorted(self.ids)), label="push order")
         specs = {n: self.valid_push(data, n, v) for n in names}
@@ -205,6 +215,7 @@ class PushRules:
     def run_burst(self, data: st.DataObject) -> None:
         """Every worker pushes a valid update at the same time; each is applied once, or (with a
         staleness limit the others' updates overtook) refused as too old."""
+        self.first_pulls()
         v = self.view()
         specs = []
         for name in sorted(self.ids):  # each from a version it was told a batch at (the latest, mostly)

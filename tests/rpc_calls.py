@@ -31,8 +31,15 @@ worker.transport.client.PSClient does (ids are unique: each carries random digit
 
 
 def join(stub: Any, name: str, cores: float = 1.0, timeout: float = TIMEOUT) -> ps_pb2.JoinReply:
-    reply = stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), timeout=timeout)
+    """Join as `name`, then the Pull a worker makes before its first push (its parameters and samples)."""
+    return first_pull(stub, stub.Join(ps_pb2.JoinRequest(name=name, cores=cores), timeout=timeout))
+
+
+def first_pull(stub: Any, reply: ps_pb2.JoinReply) -> ps_pb2.JoinReply:
+    """`reply`'s worker noted with its secret, and its first Pull made (the server refuses a push
+    before it: ps.rounds.push_checks); `reply` itself."""
     SECRETS[reply.worker_id] = reply.secret
+    pull(stub, reply.worker_id)
     return reply
 
 

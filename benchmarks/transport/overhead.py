@@ -139,6 +139,8 @@ def measure_overhead_inprocess(numel: int, workers: int, iterations: int, warmup
                                        for k in range(workers)))
         ids = [j.worker_id for j in joins]
         secrets = [j.secret for j in joins]
+        for worker_id, secret in zip(ids, secrets, strict=True):  # a worker's first Pull, before its first push
+            core.pull(worker_id, secret, header_only=True)
         batch = [j.batch_size for j in joins]
         round_ = joins[0].round
 
@@ -206,8 +208,8 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
 
     from benchmarks.echo import STREAM_METHOD
     from protos import ps_pb2, ps_pb2_grpc
-    from common.transport.messages import Caller, JoinAsk, PushMeta, PushTimes
-    from common.transport.proto_convert import join_ask_to_proto, leave_to_proto
+    from common.transport.messages import Caller, JoinAsk, PullAsk, PushMeta, PushTimes
+    from common.transport.proto_convert import join_ask_to_proto, leave_to_proto, pull_ask_to_proto
     from common.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
     from worker.transport.channel import CHANNEL_OPTIONS
 
@@ -252,6 +254,8 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
                 stub = ps_pb2_grpc.ParameterServerStub(channel)
                 push = channel.stream_stream(push_method, response_deserializer=ps_pb2.ParamsChunk.FromString)  # chunks as bytes
                 joined = stub.Join(join_ask_to_proto(JoinAsk(f"w{k}", 1.0)), wait_for_ready=True, timeout=120)
+                list(stub.Pull(pull_ask_to_proto(PullAsk(joined.worker_id, joined.secret, header_only=True)),
+                               timeout=120))  # a worker's first Pull, before its first push
                 out = torch.empty(numel)
                 round_, batch = joined.round, joined.batch_size
                 for _ in range(warmup + iterations):

@@ -129,8 +129,12 @@ class Coordinator(CoordinatorParts):
             raise InvalidArgument("the optimizer state is pulled from an unsharded server only (--allreduce jobs)")
         member.seen(self.clock())
         if not optimizer_state:
-            return self.replies.reply(member, params=not header_only)
-        return with_optimizer_state(self.replies.reply(member, params=False), self.store.flat_optimizer_state(), self.payload)
+            reply = self.replies.reply(member, params=not header_only)
+        else:
+            reply = with_optimizer_state(self.replies.reply(member, params=False), self.store.flat_optimizer_state(),
+                                         self.payload)
+        member.answered_pull()
+        return reply
 
     async def wait_for_batch(self, worker_id: str, secret: str) -> None:
         """A parked worker's long poll (ps.rounds.parking): returns once the plan gives it a batch."""

@@ -43,10 +43,15 @@ class Member:
     pushed_at: float | None = None  # when its last push arrived whole, or it became active (ps.rounds.deadlines)
     turned_away: str = ""  # why it was removed before its Join was answered
     warmup: bool = False  # its first round has the warm-up bound: its name's first entry (ps.rounds.rejoins)
+    pulled: bool = False  # a Pull was answered since its Join: its first push may follow (ps.rounds.push_checks)
 
     def seen(self, now: float) -> None:
         """A call from this worker (a heartbeat, a pull, a push)."""
         self.last_seen = now
+
+    def answered_pull(self) -> None:
+        """A Pull was answered: it holds the parameters and its samples, and may push (ps.rounds.push_checks)."""
+        self.pulled = True
 
     def pushed(self, now: float) -> None:
         """A push arrived whole, or the worker became active (its first push is due from now)."""

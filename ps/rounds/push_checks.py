@@ -1,7 +1,9 @@
-"""What a push must be before anything changes: its header against the job (kind, dtype, batch size,
-times, value count: this server's range, a probe's the whole gradient), its place in the sequence (the
-open BSP round once per worker, a probe once for a round that opened, a known and not too old ASP version), its batch size against what the server told that worker, a snapshot against the
-request for one, and its values against overflowing the step. Each refusal is a ServiceError."""
+"""What a push must be before anything changes: from a worker that pulled since its Join, its header
+against the job (kind, dtype, batch size, times, value count: this server's range, a probe's the whole
+gradient), its place in the sequence (the open BSP round once per worker, a probe once for a round that
+opened, a known and not too old ASP version), its batch size against what the server told that worker,
+a snapshot against the request for one, and its values against overflowing the step. Each refusal is a
+ServiceError."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ class PushChecks:
         s = self.state
         check_wire_dtype(meta.wire_dtype)
         self.kind(meta, member)
+        self.pulled(member)
         if meta.kind == "snapshot":
             self.snapshot(member, meta)
         elif meta.batch_size <= 0:
@@ -93,6 +96,16 @@ class PushChecks:
             raise InvalidArgument(
                 "this job runs the collective fast path (--allreduce): all-reduce among the workers and push a "
                 "report (num_values 0), or a snapshot when asked"
+            )
+
+    def pulled(self, member: Member) -> None:
+        """A worker Pulls after its Join before its first push: Join answers neither the parameters nor,
+        under --sampling exact, the samples its first step trains on, so a push without that Pull came
+        from neither and would count samples it never saw as trained. Anything goes once the job is done."""
+        if not member.pulled and not self.state.done:
+            raise FailedPrecondition(
+                f"worker {member.name} pushed before its first Pull: after Join a worker Pulls the parameters "
+                "(and its samples under --sampling exact) and computes its first step from that reply"
             )
 
     def snapshot(self, member: Member, meta: PushMeta) -> None:

@@ -129,8 +129,8 @@ class Sampling:
 
     def pushed(self, member: Member, batch: int) -> None:
         """`member`'s push of `batch` samples is in: ASP, its update is applied; BSP, its gradient is in the
-        round's sum. A push whose slice no reply handed (a client that pushes right after Join, without
-        the Pull a worker makes first) takes the slice it is owed now."""
+        round's sum. A push whose slice no reply handed takes the slice it is owed now; one from a worker
+        that made no Pull since its Join never gets here (ps.rounds.push_checks refuses it)."""
         if not self.exact:
             return
         bsp = self.state.spec.mode == "bsp"

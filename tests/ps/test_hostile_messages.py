@@ -19,7 +19,7 @@ from common.transport.wire import CHUNK_BYTES
 from tests.conftest import InProcessServer
 from tests.state_compare import assert_same
 from tests.hostile_peer import (
-    Answer, Code, INVALID, MiB, OK, PRECONDITION, PushSpec, SECRETS, TIMEOUT, ask, read_params, snapshot,
+    Answer, Code, INVALID, MiB, OK, PRECONDITION, PushSpec, SECRETS, TIMEOUT, ask, first_pulls, read_params, snapshot,
     start_server, stop_server, wait_until,
 )
 
@@ -83,6 +83,7 @@ def test_join_flood_admits_exactly_the_expected_workers() -> None:
         assert sorted(state["status"]["workers"][i]["batch_size"] for i in range(4)) == [8, 8, 8, 8]
 
         grad = torch.full((server.coordinator.layout.numel,), 0.01)
+        first_pulls(stubs[0], [a.value for a in answers if a.code == OK])
         specs = [PushSpec(wid, 0, 0, 8, 5.0, "float32", len(grad)) for wid in admitted.values()]
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             answers = [f.result(2 * TIMEOUT) for f in [pool.submit(lambda s=s: ask(lambda: read_params(stubs[0].Push(iter(s.chunks()), timeout=TIMEOUT)))) for s in specs]]
@@ -114,6 +115,7 @@ def open_round():
         joins = [pool.submit(lambda n=n: stub.Join(ps_pb2.JoinRequest(name=n, cores=1.0), timeout=TIMEOUT)) for n in "ab"]
         replies = [f.result(TIMEOUT) for f in joins]
         SECRETS.update((r.worker_id, r.secret) for r in replies)
+        first_pulls(stub, replies)
         ids = dict(zip("ab", (r.worker_id for r in replies)))
         numel = server.coordinator.layout.numel
         pending = pool.submit(lambda: ask(lambda: read_params(stub.Push(iter(PushSpec(ids["a"], 0, 0, 16, 5.0, "float32", numel, seed=1).chunks()), timeout=3 * TIMEOUT))))

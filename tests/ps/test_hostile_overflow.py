@@ -14,7 +14,7 @@ from protos import ps_pb2, ps_pb2_grpc
 from tests.conftest import InProcessServer
 from tests.state_compare import assert_same
 from tests.hostile_peer import (
-    Answer, INVALID, OK, PushSpec, SECRETS, TIMEOUT, ask, read_params, snapshot, start_server, stop_server,
+    Answer, INVALID, OK, PushSpec, SECRETS, TIMEOUT, ask, first_pulls, read_params, snapshot, start_server, stop_server,
 )
 
 
@@ -25,6 +25,7 @@ def _join_all(server: InProcessServer, names: Iterable[str]) -> dict[str, str]:
         joins = {n: pool.submit(lambda n=n: stub.Join(ps_pb2.JoinRequest(name=n, cores=1.0), timeout=TIMEOUT)) for n in names}
         replies = {n: f.result(2 * TIMEOUT) for n, f in joins.items()}
     SECRETS.update((r.worker_id, r.secret) for r in replies.values())
+    first_pulls(stub, replies.values())
     return {n: r.worker_id for n, r in replies.items()}
 
 

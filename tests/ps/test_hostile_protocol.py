@@ -114,6 +114,7 @@ class HostileMachine(MembershipRules, PushRules, RuleBasedStateMachine):
                 c.done, c.round, c.version, c.epoch, c.samples, c.policy.plan(), set(c.bsp.pushed),
                 {k: m.name for k, m in c.membership.pending.items()}, c.store.flat.clone(),
                 {k: {step: set(b) for step, b in m.told.items()} for k, m in c.membership.active.items()},
+                {k for k, m in c.membership.active.items() if m.pulled},
             )
 
         return self.server.call(take)

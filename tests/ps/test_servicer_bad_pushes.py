@@ -7,6 +7,7 @@ exactly what it was before the call.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -18,7 +19,7 @@ import torch
 from protos import ps_pb2
 from common.transport.wire import encode
 from tests.rpc_calls import (
-    Cluster, Code, OpenRound, SECRETS, expect_refused, header, open_round, planned, pull, push, push_chunks,
+    Cluster, Code, OpenRound, SECRETS, TIMEOUT, expect_refused, header, open_round, planned, pull, push, push_chunks,
     rand, start_cluster,
 )
 
@@ -162,3 +163,36 @@ def test_asp_bad_push_is_refused_without_a_trace(ps_server, threads, build, code
     expect_refused(c.server, lambda: push(c.stub, build(c)), code, *_fill(fragments, c.numel))
     h, params = push(c.stub, push_chunks(header(c.ids["b"], delta, version=0), delta))  # b was told version 0
     assert h.version == 2 and torch.equal(params, c.theta0 + delta + delta)
+
+
+@pytest.mark.parametrize("mode", ["bsp", "asp"])
+def test_a_push_before_the_workers_first_pull_is_refused_without_a_trace(ps_server, threads, mode: str) -> None:
+    """A client written from the .proto that pushes right after Join, skipping the Pull: refused
+    (FAILED_PRECONDITION naming the rule), no slice of the epoch handed or counted; after its Pull the
+    same push is taken."""
+    server = ps_server("--mode", mode, "--global-batch", "32", "--lr", "0.1", "--momentum", "0", "--controller", "static")
+    stub = server.stub()
+    futures = {n: threads.submit(lambda n=n: stub.Join(ps_pb2.JoinRequest(name=n, cores=1.0), timeout=TIMEOUT))
+               for n in "ab"}
+    joins = {n: f.result(TIMEOUT) for n, f in futures.items()}
+    SECRETS.update((j.worker_id, j.secret) for j in joins.values())
+    grad = rand(server.coordinator.layout.numel, seed=3)
+
+    def pushed(name: str) -> tuple[ps_pb2.ParamsHeader, torch.Tensor]:
+        return push(stub, push_chunks(header(joins[name].worker_id, grad, batch_size=joins[name].batch_size), grad))
+
+    def slices() -> tuple[object, ...]:
+        s = server.coordinator.sampling.slices
+        return copy.deepcopy(s.held), list(s.returned), s.epoch, s.cursor, s.completed
+
+    before = server.call(slices)
+    expect_refused(server, lambda: pushed("b"), Code.FAILED_PRECONDITION, "worker b pushed before its first Pull",
+                   "after Join a worker Pulls the parameters")
+    assert server.call(slices) == before
+    for j in joins.values():
+        pull(stub, j.worker_id)
+    if mode == "asp":
+        assert pushed("b")[0].version == 1
+        return
+    pending = threads.submit(pushed, "a")
+    assert pushed("b")[0].round == pending.result(TIMEOUT)[0].round == 1

@@ -79,7 +79,8 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
 
     async def join(name: str) -> None:
         info = await c.join(JoinAsk(name, 1.0))
-        workers[name] = Worker(name, info.worker_id, info.secret, info.round, info.batch_size)
+        told = c.pull(info.worker_id, info.secret, header_only=True).header  # its first Pull, before any push
+        workers[name] = Worker(name, info.worker_id, info.secret, told.round, told.batch_size)
         admitted.append(info.round)
 
     async def push(w: Worker) -> None:

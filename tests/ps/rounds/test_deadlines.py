@@ -38,6 +38,8 @@ async def job(*flags: str) -> AsyncIterator[tuple[Coordinator, Clock, dict[str, 
     clock = Clock()
     c.clock = clock
     joined = dict(zip("ab", await asyncio.gather(c.join(JoinAsk("a", 1.0)), c.join(JoinAsk("b", 1.0))), strict=True))
+    for info in joined.values():  # a worker's first Pull, before its first push
+        c.pull(info.worker_id, info.secret, header_only=True)
     for _ in range(MIN_ROUNDS):
         c.deadlines.rounds.observe(0.1)  # D = the floor, 1 s, from here
     try:

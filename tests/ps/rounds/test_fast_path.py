@@ -18,7 +18,7 @@ from ps.checkpoint import checkpoint_files, read_checkpoint
 from ps.rounds.rendezvous import fast_path_fits
 from ps.server import main as server_main
 from tests.hostile_peer import wait_until
-from tests.rpc_calls import SECRETS, TIMEOUT, expect_refused, header, join_all, push_chunks, rand
+from tests.rpc_calls import SECRETS, TIMEOUT, expect_refused, first_pull, header, join_all, push_chunks, rand
 from worker.transport.client import PSClient
 from tests.fast_path_jobs import Code, TINY, call, report, report_round, snapshot_push
 
@@ -48,9 +48,8 @@ def test_every_plan_names_the_worker_with_the_largest_batch_as_hub(ps_server, th
 
 
 def _join_on(stub, name: str, gpu: str | None) -> ps_pb2.JoinReply:
-    reply = stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0, cuda=gpu is not None, cuda_device=gpu or ""), timeout=TIMEOUT)
-    SECRETS[reply.worker_id] = reply.secret
-    return reply
+    return first_pull(stub, stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0, cuda=gpu is not None,
+                                                         cuda_device=gpu or ""), timeout=TIMEOUT))
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,7 @@ import torch
 from protos import ps_pb2
 from ps.rounds.path_trial import MEASURE_ROUNDS, SETTLE_ROUNDS
 from tests.fast_path_jobs import TINY, call, report, snapshot_push
-from tests.rpc_calls import SECRETS, TIMEOUT, expect_refused, header, push, push_chunks, rand, sgd_step
+from tests.rpc_calls import SECRETS, TIMEOUT, expect_refused, first_pull, header, push, push_chunks, rand, sgd_step
 
 AUTO = [a for a in TINY if a != "--allreduce"]  # --allreduce auto, the default
 # 64 training samples at a global batch of 32: 2 rounds an epoch, 60 epochs (argparse takes the last --epochs)
@@ -24,9 +24,7 @@ Code = grpc.StatusCode
 
 
 def _join(stub, name: str, switch: bool = True) -> ps_pb2.JoinReply:
-    reply = stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0, switch_paths=switch), timeout=TIMEOUT)
-    SECRETS[reply.worker_id] = reply.secret
-    return reply
+    return first_pull(stub, stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0, switch_paths=switch), timeout=TIMEOUT))
 
 
 def _join_all(server, threads: concurrent.futures.Executor, switch: dict[str, bool]) -> dict[str, ps_pb2.JoinReply]:

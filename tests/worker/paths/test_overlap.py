@@ -153,6 +153,7 @@ from worker.transport.client import PSClient
 client = PSClient(sys.argv[1])
 joined = client.join("b", 20.0)
 numel = joined.layout.numel
+client.pull(joined.worker_id, torch.empty(numel))  # a worker's first Pull, before its first push
 stream = client.open_push(PushMeta(joined.worker_id, 0, 0, 20, PushTimes(), "float32"), torch.empty(numel))
 stream.send(numel // 2, torch.full((numel - numel // 2,), 1000.0))
 time.sleep(1.0)
@@ -164,7 +165,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_worker_killed_mid_push_leaves_the_round_consistent(ps_server, threads) -> None:
     """b (a real process) sends one bucket of its push and is killed: nothing of it is applied; once
     b is evicted the round closes with a's gradient alone."""
-    from tests.rpc_calls import SECRETS, header, push, push_chunks, rand
+    from tests.rpc_calls import first_pull, header, push, push_chunks, rand
 
     server = ps_server("--global-batch", "32", "--controller", "static", "--lr", "0.1", "--momentum", "0",
                        "--evict-after", "1")
@@ -173,8 +174,7 @@ def test_a_worker_killed_mid_push_leaves_the_round_consistent(ps_server, threads
         stub = server.stub()
         from protos import ps_pb2
 
-        reply = stub.Join(ps_pb2.JoinRequest(name="a", cores=12.0), timeout=TIMEOUT)
-        SECRETS[reply.worker_id] = reply.secret
+        reply = first_pull(stub, stub.Join(ps_pb2.JoinRequest(name="a", cores=12.0), timeout=TIMEOUT))
         theta0 = server.call(lambda: server.coordinator.store.flat.clone())
         grad_a = rand(theta0.numel(), seed=1)
         pending = threads.submit(push, server.stub(), push_chunks(header(reply.worker_id, grad_a, batch_size=12), grad_a))
