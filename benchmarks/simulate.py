@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.report_output import add_report_options, publish
@@ -25,7 +25,7 @@ from benchmarks.simulation.engine import Event, Scenario
 from benchmarks.simulation.plots import FILE as PLOT_FILE, plot_rows
 from benchmarks.simulation.population import SpeedLaw, parse_classes
 from benchmarks.simulation.sweep import grid, summary, table, targets
-from common.ops.arg_types import positive_float, positive_int
+from common.ops.arg_types import from_value_error, positive_float, positive_int
 from ps.control.registry import POLICIES, policy_settings
 from ps.server_flags import add_policy_settings, setting_dest
 
@@ -45,14 +45,15 @@ def _policies(text: str) -> list[str]:
     return names
 
 
-def _event(kind: str) -> type:
+def _event(kind: str) -> Callable[[str], Event]:
+    """The type of ``--<kind> ROUND:COUNT``: an Event, or a usage error that says what is wrong."""
     def parse(text: str) -> Event:
         try:
             at, count = (int(x) for x in text.split(":"))
         except ValueError:
-            raise argparse.ArgumentTypeError(f"--{kind} takes ROUND:COUNT, got {text!r}") from None
+            raise ValueError(f"expected ROUND:COUNT, got {text!r}") from None
         return Event(at, kind, count=count)
-    return parse  # type: ignore[return-value]
+    return from_value_error(parse)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     law.add_argument("--sigma", type=float, default=0.5, help="lognormal spread of the time per sample (default 0.5)")
     law.add_argument("--s-ms", type=float, default=10.0, help="fixed cost per step, ms (default 10)")
     law.add_argument("--noise", type=float, default=0.05, help="σ of each step's lognormal noise (default 0.05)")
-    law.add_argument("--classes", type=parse_classes, default=[], metavar="NAME:Q:S[:WEIGHT],...",
+    law.add_argument("--classes", type=from_value_error(parse_classes), default=[], metavar="NAME:Q:S[:WEIGHT],...",
                      help="a mix of device classes instead of lognormal speeds")
     server = p.add_argument_group("the server and the policy's settings")
     server.add_argument("--server-fixed-ms", type=float, default=1.0, help="the server's cost per round, ms (default 1)")

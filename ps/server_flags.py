@@ -19,8 +19,8 @@ from ps.ops.metrics_http import add_endpoint_flags
 from ps.serving.server_options import add_call_flags
 from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, SAMPLINGS,
                              STALENESS_LR, WIRE_DTYPES)
-from common.ops.arg_types import (epoch_or_steps, eval_interval, float_at_least, float_between, increasing_ints,
-                                  int_at_least, port_number, positive_float, positive_int)
+from common.ops.arg_types import (epoch_or_steps, eval_interval, float_at_least, float_between, from_value_error,
+                                  increasing_ints, int_at_least, port_number, positive_float, positive_int)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -284,11 +284,7 @@ def setting_dest(policy: str, setting: Setting) -> str:
 
 def setting_type(setting: Setting) -> Callable[[str], Any]:
     """The argparse type of a setting: its own parse and check, a bad value a usage error that says why."""
-    def parse(text: str) -> Any:
-        try:
-            return setting.parse(text)
-        except ValueError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
+    parse = from_value_error(setting.parse)
     parse.__name__ = setting.kind.__name__
     return parse
 

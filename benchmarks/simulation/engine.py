@@ -19,6 +19,7 @@ AssertionError."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -50,8 +51,14 @@ class Event:
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
             raise ValueError(f"event kind must be one of {', '.join(EVENT_KINDS)}; got {self.kind!r}")
-        if self.round < 0 or self.count < 0 or not 0.0 <= self.fraction <= 1.0 or self.factor <= 0:
-            raise ValueError(f"bad event {self}")
+        if self.round < 0:
+            raise ValueError(f"a {self.kind} event's round must be >= 0, got {self.round}")
+        if self.kind != "speed" and self.count < 1:
+            raise ValueError(f"a {self.kind} event's count of workers must be >= 1, got {self.count}")
+        if not 0.0 <= self.fraction <= 1.0:
+            raise ValueError(f"a speed change's fraction of the workers must be in [0, 1], got {self.fraction}")
+        if not 0.0 < self.factor < math.inf:
+            raise ValueError(f"a speed change's factor must be a finite number > 0, got {self.factor}")
 
 
 @dataclass(frozen=True)

@@ -9,10 +9,20 @@ CPU share does."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+MAX_SIGMA = 3.0
+"""The largest lognormal σ a law takes, for the workers' speeds and for a step's noise: three
+standard deviations out is e^9 ≈ 8,000 times the median already, and a σ of hundreds sends step
+times past what a float holds."""
+
+
+def _finite(*values: float) -> bool:
+    return all(math.isfinite(v) for v in values)
 
 
 @dataclass(frozen=True)
@@ -23,6 +33,11 @@ class DeviceClass:
     q_ms: float
     s_ms: float
     weight: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not (_finite(self.q_ms, self.s_ms, self.weight) and self.q_ms > 0 and self.s_ms >= 0 and self.weight > 0):
+            raise ValueError(f"device class {self.name!r} needs finite q_ms > 0, s_ms >= 0 and weight > 0; "
+                             f"got q_ms {self.q_ms:g}, s_ms {self.s_ms:g}, weight {self.weight:g}")
 
 
 @dataclass(frozen=True)
@@ -43,13 +58,12 @@ class SpeedLaw:
     def __post_init__(self) -> None:
         object.__setattr__(self, "classes", tuple(self.classes))
         object.__setattr__(self, "given", tuple((float(q), float(s)) for q, s in self.given))
-        if any(not (q > 0 and s >= 0) for q, s in self.given):
-            raise ValueError(f"given laws need q > 0 and s >= 0; got {self.given}")
-        if not (self.q_ms > 0 and self.s_ms >= 0 and self.sigma >= 0 and self.noise >= 0):
-            raise ValueError(f"a speed law needs q_ms > 0, s_ms >= 0, sigma >= 0, noise >= 0; got {self}")
-        for c in self.classes:
-            if not (c.q_ms > 0 and c.s_ms >= 0 and c.weight > 0):
-                raise ValueError(f"device class {c.name!r} needs q_ms > 0, s_ms >= 0, weight > 0")
+        if any(not (_finite(q, s) and q > 0 and s >= 0) for q, s in self.given):
+            raise ValueError(f"given laws need finite q > 0 and s >= 0; got {self.given}")
+        if not (_finite(self.q_ms, self.s_ms) and self.q_ms > 0 and self.s_ms >= 0
+                and 0 <= self.sigma <= MAX_SIGMA and 0 <= self.noise <= MAX_SIGMA):
+            raise ValueError(f"a speed law needs finite q_ms > 0 and s_ms >= 0, sigma and noise in [0, {MAX_SIGMA:g}]; "
+                             f"got q_ms {self.q_ms:g}, s_ms {self.s_ms:g}, sigma {self.sigma:g}, noise {self.noise:g}")
 
     def draw(self, count: int, rng: np.random.Generator, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
         """`count` workers' (q, s), in ms per sample and ms per step (`start`: how many were drawn before)."""
@@ -67,14 +81,17 @@ class SpeedLaw:
 
 
 def parse_classes(text: str) -> list[DeviceClass]:
-    """Device classes from `name:q_ms:s_ms:weight,...` (weight optional, 1)."""
+    """Device classes from `name:q_ms:s_ms:weight,...` (weight optional, 1); ValueError saying what is wrong."""
     out = []
     for part in filter(None, (p.strip() for p in text.split(","))):
         fields = part.split(":")
-        if len(fields) not in (3, 4):
+        try:
+            numbers = [float(x) for x in fields[1:]]
+        except ValueError:
+            numbers = []
+        if len(numbers) not in (2, 3):
             raise ValueError(f"a device class is name:q_ms:s_ms[:weight], got {part!r}")
-        name, numbers = fields[0], [float(x) for x in fields[1:]]
-        out.append(DeviceClass(name, numbers[0], numbers[1], numbers[2] if len(numbers) == 3 else 1.0))
+        out.append(DeviceClass(fields[0], *numbers))
     return out
 
 

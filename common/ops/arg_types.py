@@ -7,6 +7,23 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def from_value_error(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """`parse` as an argparse type whose ValueError is a usage error with its own message (argparse
+    turns a ValueError into "invalid <name> value", which says nothing of why)."""
+
+    def checked(text: str) -> T:
+        try:
+            return parse(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    checked.__name__ = getattr(parse, "__name__", "value")
+    return checked
 
 
 def _finite(text: str) -> float:

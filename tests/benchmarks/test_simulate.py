@@ -49,3 +49,24 @@ def test_a_policys_own_setting_is_a_flag_that_reaches_the_simulated_policy(
         simulate.main(["--workers", "4", "--policies", "dynamic", "--toy-share", "5"])  # not a simulated policy
     with pytest.raises(SystemExit):
         simulate.main(["--workers", "4", "--policies", "toy", "--toy-share", "17"])  # out of its bounds
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    """The one-line usage error `argv` ends in (exit 2, no traceback, nothing simulated)."""
+    with pytest.raises(SystemExit) as stop:
+        simulate.main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    (line,) = [x for x in err.splitlines() if x.startswith("python -m benchmarks.simulate: error: ")]
+    return line
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--join=3:-2"], "a join event's count of workers must be >= 1, got -2"),
+    (["--leave=3:-1"], "a leave event's count of workers must be >= 1, got -1"),
+    (["--fail", "x"], "expected ROUND:COUNT, got 'x'"),
+    (["--classes", "a:1"], "a device class is name:q_ms:s_ms[:weight], got 'a:1'"),
+    (["--classes", "a:0:1"], "device class 'a' needs finite q_ms > 0"),
+])
+def test_a_bad_event_or_device_class_says_why(flags: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert says in refused(["--workers", "2", "--rounds", "4", *flags], capsys)
