@@ -239,7 +239,7 @@ class Simulation:
     def _events_at(self, r: int) -> tuple[int, list[str]]:
         """Apply the events of round `r` that act at its start; the count of workers joining during
         it and the names of those that fail in it."""
-        joining, failing = 0, []
+        joining, failing = 0, list[str]()
         for event in (e for e in self.events if e.round == r):
             if event.kind == "speed":
                 chosen = self.pop.pick(round(event.fraction * int(self.pop.alive.sum())))
@@ -249,9 +249,9 @@ class Simulation:
             elif event.kind == "join":
                 joining += event.count
             elif event.kind == "leave":
-                self._remove(r, self.pop.pick(event.count))
+                self._remove(r, self.pop.pick(event.count, exclude=failing))
             else:
-                failing.extend(self.pop.pick(event.count))
+                failing.extend(self.pop.pick(event.count, exclude=failing))
         return joining, failing
 
     def _remove(self, effective: int, names: list[str]) -> None:

@@ -10,7 +10,7 @@ CPU share does."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -130,9 +130,12 @@ class Population:
     def living(self) -> list[str]:
         return [n for n, ok in zip(self.names, self.alive, strict=True) if ok]
 
-    def pick(self, count: int) -> list[str]:
-        """`count` living workers chosen at random (without replacement)."""
+    def pick(self, count: int, exclude: Collection[str] = ()) -> list[str]:
+        """`count` living workers chosen at random (without replacement), none of `exclude`; fewer
+        where fewer are left."""
         living = np.flatnonzero(self.alive)
+        if exclude:
+            living = np.setdiff1d(living, [self.index[n] for n in exclude])
         count = min(count, len(living))
         return [self.names[i] for i in sorted(self.rng.choice(living, size=count, replace=False))]
 

@@ -54,6 +54,13 @@ def test_every_plan_sums_to_b_through_changes_joins_leaves_and_failures(policy: 
     assert trace.round_ms[25] >= 10_000.0  # the round waited for the failed worker's eviction
 
 
+@pytest.mark.parametrize("seed", [1, 2])
+def test_workers_failing_or_leaving_in_one_round_are_distinct(seed: int) -> None:
+    events = [Event(5, "fail", count=2), Event(5, "fail", count=1), Event(5, "leave", count=2)]
+    trace = simulate(small(rounds=8, seed=seed, events=events))
+    assert int(trace.speeds_at[6][2].sum()) == 1  # 6 - 3 failed - 2 left, each worker picked once
+
+
 def test_micro_batched_plans_are_whole_micro_batches() -> None:
     trace = simulate(small(policy="dynamic", global_batch=96, micro_batch=8))
     assert all(int(p.sum()) == 96 and not (p % 8).any() for _, _, p in trace.plans)
