@@ -1,10 +1,11 @@
-"""argparse types the benchmarks share: comma-separated parameter counts, integers and choices; the
-emulation options of the benchmarks that run an emulated cluster with --quick."""
+"""argparse types the benchmarks share: comma-separated parameter counts, integers and choices, a folder to write
+into; the emulation options of the benchmarks that run an emulated cluster with --quick."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 from common.ops.arg_types import positive_float
 
@@ -59,6 +60,14 @@ def choices(allowed: Sequence[str]) -> Callable[[str], list[str]]:
         return values
 
     return parse
+
+
+def folder(text: str) -> Path:
+    """A folder to write into: one that exists, or a path where nothing does yet (made when written)."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a folder")
+    return path
 
 
 def parse_resolved(parser: argparse.ArgumentParser, argv: Sequence[str] | None,

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from benchmarks.cli_types import folder
+
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -43,7 +45,7 @@ def emit(args: argparse.Namespace, benchmark: str, name: str, report: dict[str, 
 
 def add_result_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--save-result [DIR]`` and ``--machine TEXT``: the flags every benchmark that prints JSON takes."""
-    parser.add_argument("--save-result", nargs="?", const=RESULTS, type=Path, metavar="DIR",
+    parser.add_argument("--save-result", nargs="?", const=RESULTS, type=folder, metavar="DIR",
                         help="also write the report as <benchmark>-<date>.json with the date, the machine and the "
                              "command (default DIR: benchmarks/results)")
     parser.add_argument("--machine", metavar="TEXT",
@@ -53,7 +55,7 @@ def add_result_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup
 def add_report_options(group: argparse.ArgumentParser | argparse._ArgumentGroup, files: str) -> None:
     """``--json``, ``--out DIR`` (the logs kept, and the report as `files` .json / .md) and the result flags."""
     group.add_argument("--json", action="store_true", help="print the JSON report on stdout before the table")
-    group.add_argument("--out", type=Path, metavar="DIR",
+    group.add_argument("--out", type=folder, metavar="DIR",
                        help=f"keep logs and metrics here and write {files}.json / {files}.md (default: a temporary folder)")
     add_result_options(group)
 

@@ -20,12 +20,14 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from benchmarks.cli_types import parse_resolved
 from benchmarks.report_output import add_report_options, publish
 from benchmarks.simulation.engine import Event, Scenario
 from benchmarks.simulation.plots import FILE as PLOT_FILE, plot_rows
-from benchmarks.simulation.population import SpeedLaw, parse_classes
-from benchmarks.simulation.sweep import grid, summary, table, targets
-from common.ops.arg_types import from_value_error, positive_float, positive_int
+from benchmarks.simulation.population import MAX_SIGMA, SpeedLaw, parse_classes
+from benchmarks.simulation.sweep import grid, scenarios, summary, table, targets
+from common.ops.arg_types import (float_at_least, float_between, from_value_error, int_at_least, positive_float,
+                                  positive_int)
 from ps.control.registry import POLICIES, policy_settings
 from ps.server_flags import add_policy_settings, setting_dest
 
@@ -66,10 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rounds", type=positive_int, default=200, help="BSP rounds per run (default 200)")
     run.add_argument("--adjust-every", type=positive_int, default=5, help="rounds between scheduled decisions (default 5)")
     run.add_argument("--batch-per-worker", type=positive_int, default=64, help="global batch B = this times N (default 64)")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=int_at_least(0), default=0)
     run.add_argument("--change", choices=("no", "yes", "both"), default="both",
                      help="runs without the speed change, with it, or both (default)")
-    run.add_argument("--change-fraction", type=float, default=0.2, help="share of the workers whose speed changes (default 0.2)")
+    run.add_argument("--change-fraction", type=float_between(0.0, 1.0), default=0.2, help="share of the workers whose speed changes (default 0.2)")
     run.add_argument("--change-factor", type=positive_float, default=2.0,
                      help="each changed worker becomes this many times slower or faster, each way with equal chance (default 2)")
     run.add_argument("--join", type=_event("join"), action="append", default=[], metavar="ROUND:COUNT",
@@ -79,17 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
                      help="COUNT workers stop answering in ROUND; the round waits --evict-ms for them")
     law = p.add_argument_group("the workers' time law: t = q·b + s, times lognormal noise")
     law.add_argument("--q-ms", type=positive_float, default=0.5, help="median time per sample, ms (default 0.5)")
-    law.add_argument("--sigma", type=float, default=0.5, help="lognormal spread of the time per sample (default 0.5)")
-    law.add_argument("--s-ms", type=float, default=10.0, help="fixed cost per step, ms (default 10)")
-    law.add_argument("--noise", type=float, default=0.05, help="σ of each step's lognormal noise (default 0.05)")
+    law.add_argument("--sigma", type=float_between(0.0, MAX_SIGMA), default=0.5,
+                     help=f"lognormal spread of the time per sample, at most {MAX_SIGMA:g} (default 0.5)")
+    law.add_argument("--s-ms", type=float_at_least(0.0), default=10.0, help="fixed cost per step, ms (default 10)")
+    law.add_argument("--noise", type=float_between(0.0, MAX_SIGMA), default=0.05,
+                     help=f"σ of each step's lognormal noise, at most {MAX_SIGMA:g} (default 0.05)")
     law.add_argument("--classes", type=from_value_error(parse_classes), default=[], metavar="NAME:Q:S[:WEIGHT],...",
                      help="a mix of device classes instead of lognormal speeds")
     server = p.add_argument_group("the server and the policy's settings")
-    server.add_argument("--server-fixed-ms", type=float, default=1.0, help="the server's cost per round, ms (default 1)")
-    server.add_argument("--server-per-worker-ms", type=float, default=0.02,
+    server.add_argument("--server-fixed-ms", type=float_at_least(0.0), default=1.0, help="the server's cost per round, ms (default 1)")
+    server.add_argument("--server-per-worker-ms", type=float_at_least(0.0), default=0.02,
                         help="the server's cost per pushing worker per round, ms (default 0.02)")
     server.add_argument("--evict-ms", type=positive_float, default=10_000.0, help="wait before a failed worker is evicted")
-    server.add_argument("--deadband", type=float, default=0.1)
+    server.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1)
     server.add_argument("--min-batch", type=positive_int, default=1)
     server.add_argument("--max-batch", type=positive_int, default=None)
     server.add_argument("--micro-batch", type=positive_int, default=1)
@@ -112,22 +116,26 @@ def own_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return options
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        options = own_settings(args)
-    except ValueError as exc:
-        parser.error(str(exc))
+def resolve(args: argparse.Namespace) -> None:
+    """Every run of the grid as `args.scenarios`, each checked as it is built (with the policies' own
+    settings, `args.options`): ValueError says what no run could go through."""
+    args.options = own_settings(args)
+    if args.max_batch is not None and args.max_batch < args.min_batch:
+        raise ValueError(f"--max-batch {args.max_batch} is below --min-batch {args.min_batch}")
     law = SpeedLaw(q_ms=args.q_ms, s_ms=args.s_ms, sigma=args.sigma, noise=args.noise, classes=args.classes)
     base = Scenario(policy=args.policies[0], workers=args.workers[0], global_batch=args.batch_per_worker * args.workers[0],
                     rounds=args.rounds, adjust_every=args.adjust_every, law=law, seed=args.seed,
                     deadband=args.deadband, min_batch=args.min_batch, max_batch=args.max_batch,
                     micro_batch=args.micro_batch, min_samples=args.min_samples,
                     server_fixed_ms=args.server_fixed_ms, server_per_worker_ms=args.server_per_worker_ms,
-                    evict_ms=args.evict_ms, events=(*args.join, *args.leave, *args.fail), policy_options=options)
-    runs = grid(base, args.policies, args.workers, args.batch_per_worker, args.change, args.change_fraction,
-                args.change_factor, progress=lambda line: print(line, file=sys.stderr, flush=True))
+                    evict_ms=args.evict_ms, events=(*args.join, *args.leave, *args.fail), policy_options=args.options)
+    args.scenarios = scenarios(base, args.policies, args.workers, args.batch_per_worker, args.change,
+                               args.change_fraction, args.change_factor)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_resolved(build_parser(), argv, resolve)
+    runs = grid(args.scenarios, progress=lambda line: print(line, file=sys.stderr, flush=True))
     rows = summary(runs)
     report = {"rows": rows, "targets": targets(rows), "runs": runs}
     publish(args, "simulate", report, table(rows), argv)

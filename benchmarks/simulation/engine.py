@@ -29,6 +29,7 @@ import numpy as np
 
 from benchmarks.simulation.optimum import Optimum, best_split, round_ms
 from benchmarks.simulation.population import Population, SpeedLaw
+from ps.control.checks import integer, positive, real
 from ps.control.config import PolicyConfig
 from ps.control.policy import BatchPolicy, build_policy
 
@@ -85,6 +86,58 @@ class Scenario:
     policy_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict, hash=False)
     """Policies' own settings (ps/control/settings.py, ps-server's `--<policy>-<setting>` flags) by
     policy name; the run's policy takes its entry, its declared defaults for the rest."""
+
+    def __post_init__(self) -> None:
+        """Refuse, before anything runs, a scenario a run could not go through: a count or a cost out
+        of range, settings the policy refuses, or events after which the workers cannot make up B
+        (none left, too many for each to take its least batch, too few for their largest batches)."""
+        for name in ("workers", "global_batch", "rounds", "adjust_every"):
+            integer(name, getattr(self, name), minimum=1)
+        integer("seed", self.seed, minimum=0)
+        for name in ("server_fixed_ms", "server_per_worker_ms"):
+            if real(name, getattr(self, name)) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        positive("evict_ms", self.evict_ms)
+        config = self.config()
+        m = config.micro_batch
+        least = math.ceil(config.min_batch / m) * m  # a worker's least batch, in whole micro-batches
+        most = None if config.max_batch is None else config.max_batch // m * m
+        if most is not None and most < least:
+            raise ValueError(f"max_batch {config.max_batch} holds no whole number of micro-batches of {m} "
+                             f"from min_batch {config.min_batch} on")
+        for start, count in self.living():
+            if count == 0:
+                raise ValueError(f"the events leave no worker from round {start} on (a run needs one at least)")
+            if count * least > config.global_batch:
+                raise ValueError(f"{count} workers (from round {start} on) need {count * least} samples at the least "
+                                 f"({least} each), more than B = {config.global_batch}; lower min_batch or micro_batch, "
+                                 f"or raise B")
+            if most is not None and count * most < config.global_batch:
+                raise ValueError(f"{count} workers (from round {start} on) take {count * most} samples at most "
+                                 f"({most} each), less than B = {config.global_batch}; raise max_batch or lower B")
+
+    def living(self) -> list[tuple[int, int]]:
+        """How many workers are in the job, as (round, count) from each round on where that changes
+        (first (0, workers)), the events acting as a run applies them: a leave at its round's start,
+        a failure's eviction and then the joins at its end, a departure never more than are left."""
+        counts, count = [(0, self.workers)], self.workers
+        for r in sorted({e.round for e in self.events if e.round < self.rounds}):
+            failing = joining = 0
+            for event in (e for e in self.events if e.round == r):
+                if event.kind == "leave":
+                    count -= min(event.count, count - failing)
+                    counts.append((r, count))
+                elif event.kind == "fail":
+                    failing += min(event.count, count - failing)
+                elif event.kind == "join":
+                    joining += event.count
+            if failing:
+                count -= failing
+                counts.append((r + 1, count))
+            if joining:
+                count += joining
+                counts.append((r + 1, count))
+        return counts
 
     def config(self) -> PolicyConfig:
         return PolicyConfig(policy=self.policy, global_batch=self.global_batch, deadband=self.deadband,

@@ -41,27 +41,35 @@ def run_one(scenario: Scenario) -> dict[str, Any]:
             "plans_checked": len(trace.plans), "sum_is_b": True, "simulation_cpu_s": round(wall, 2)}
 
 
-def grid(base: Scenario, policies: Sequence[str], sizes: Sequence[int], batch_per_worker: int,
-         change: str, fraction: float, factor: float,
-         progress: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
-    """Every policy at every N (global batch `batch_per_worker` · N), without the change and with it
-    (`change`: "no", "yes" or "both"), the change at half the rounds."""
+def scenarios(base: Scenario, policies: Sequence[str], sizes: Sequence[int], batch_per_worker: int,
+              change: str, fraction: float, factor: float) -> list[tuple[Scenario, bool]]:
+    """The grid's runs, each a scenario and whether it has the speed change: every policy at every N
+    (global batch `batch_per_worker` · N), without the change and with it (`change`: "no", "yes" or
+    "both"), the change at half the rounds. Each scenario is checked as it is built (ValueError), so
+    a grid that cannot run fails before any of it does."""
     variants = {"no": [False], "yes": [True], "both": [False, True]}[change]
-    runs = []
+    out = []
     for n in sizes:
         for policy in policies:
             for changed in variants:
                 events = [Event(base.rounds // 2, "speed", fraction=fraction, factor=factor)] if changed else []
-                sc = replace(base, policy=policy, workers=n, global_batch=batch_per_worker * n,
-                             events=[*base.events, *events])
-                record = run_one(sc)
-                record["speed_change"] = changed
-                runs.append(record)
-                first = record["phases"][0]
-                progress(f"{policy} N={n} change={changed}: steady {first['decisions_to_steady']}, "
-                         f"round/opt {first['round_over_optimum']}, decision max {record['cpu']['decision_ms_max']} ms, "
-                         f"{record['simulation_cpu_s']} s")
-    return runs
+                out.append((replace(base, policy=policy, workers=n, global_batch=batch_per_worker * n,
+                                    events=[*base.events, *events]), changed))
+    return out
+
+
+def grid(runs: Sequence[tuple[Scenario, bool]], progress: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
+    """Every run of `scenarios`, simulated and judged."""
+    records = []
+    for sc, changed in runs:
+        record = run_one(sc)
+        record["speed_change"] = changed
+        records.append(record)
+        first = record["phases"][0]
+        progress(f"{sc.policy} N={sc.workers} change={changed}: steady {first['decisions_to_steady']}, "
+                 f"round/opt {first['round_over_optimum']}, decision max {record['cpu']['decision_ms_max']} ms, "
+                 f"{record['simulation_cpu_s']} s")
+    return records
 
 
 def _cell(run: dict[str, Any], phase: int, key: str) -> Any:

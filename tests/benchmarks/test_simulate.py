@@ -11,6 +11,7 @@ import pytest
 from benchmarks import simulate
 from benchmarks.simulation.engine import Scenario, simulate as run_scenario
 from ps.control.registry import POLICIES
+from tests.cli_checks import PYTHON_INTERNALS
 
 
 def test_a_small_grid_writes_its_report_and_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -51,12 +52,13 @@ def test_a_policys_own_setting_is_a_flag_that_reaches_the_simulated_policy(
         simulate.main(["--workers", "4", "--policies", "toy", "--toy-share", "17"])  # out of its bounds
 
 
-def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
-    """The one-line usage error `argv` ends in (exit 2, no traceback, nothing simulated)."""
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The one-line usage error `argv` ends in (exit 2, no traceback), before anything is simulated."""
+    monkeypatch.setattr(simulate, "grid", lambda *_, **__: pytest.fail("a refused grid was simulated"))
     with pytest.raises(SystemExit) as stop:
         simulate.main(argv)
     err = capsys.readouterr().err
-    assert stop.value.code == 2 and "Traceback" not in err, err
+    assert stop.value.code == 2 and not any(internal in err for internal in PYTHON_INTERNALS), err
     (line,) = [x for x in err.splitlines() if x.startswith("python -m benchmarks.simulate: error: ")]
     return line
 
@@ -67,6 +69,28 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     (["--fail", "x"], "expected ROUND:COUNT, got 'x'"),
     (["--classes", "a:1"], "a device class is name:q_ms:s_ms[:weight], got 'a:1'"),
     (["--classes", "a:0:1"], "device class 'a' needs finite q_ms > 0"),
+    (["--sigma", "-1"], "argument --sigma: expected a number in [0, 3]"),
+    (["--noise", "1000"], "argument --noise: expected a number in [0, 3]"),
+    (["--s-ms", "nan"], "argument --s-ms: expected a finite number"),
+    (["--change-fraction", "2"], "argument --change-fraction: expected a number in [0, 1]"),
+    (["--deadband", "nan"], "argument --deadband: expected a finite number"),
+    (["--server-per-worker-ms", "-5"], "argument --server-per-worker-ms: expected a number >= 0"),
+    (["--seed", "-1"], "argument --seed: expected a whole number >= 0"),
+    (["--min-batch", "100"], "4 workers (from round 0 on) need 400 samples at the least (100 each), more than B = 256"),
+    (["--max-batch", "10"], "4 workers (from round 0 on) take 40 samples at most (10 each), less than B = 256"),
+    (["--min-batch", "100", "--max-batch", "10"], "--max-batch 10 is below --min-batch 100"),
+    (["--micro-batch", "7"], "global_batch 256 is not a multiple of micro_batch 7"),
+    (["--batch-per-worker", "1", "--join", "3:5"], "9 workers (from round 4 on) need 9 samples at the least"),
+    (["--leave", "2:4"], "the events leave no worker from round 2 on"),
+    (["--fail", "2:1", "--fail", "2:3"], "the events leave no worker from round 3 on"),
 ])
-def test_a_bad_event_or_device_class_says_why(flags: list[str], says: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert says in refused(["--workers", "2", "--rounds", "4", *flags], capsys)
+def test_a_bad_value_is_a_one_line_usage_error_before_any_run(
+        flags: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    assert says in refused(["--workers", "4", "--rounds", "4", *flags], capsys, monkeypatch)
+
+
+def test_an_out_that_is_a_file_is_refused_before_any_run(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "afile").touch()
+    line = refused(["--workers", "2", "--rounds", "4", "--out", str(tmp_path / "afile")], capsys, monkeypatch)
+    assert line.endswith("afile exists and is not a folder")

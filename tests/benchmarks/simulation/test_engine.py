@@ -61,6 +61,23 @@ def test_workers_failing_or_leaving_in_one_round_are_distinct(seed: int) -> None
     assert int(trace.speeds_at[6][2].sum()) == 1  # 6 - 3 failed - 2 left, each worker picked once
 
 
+def test_the_workers_in_the_job_follow_the_events_and_a_scenario_they_cannot_run_is_refused() -> None:
+    events = [Event(5, "leave", count=2), Event(5, "fail", count=1), Event(5, "join", count=3), Event(40, "join", count=1)]
+    assert small(events=events).living() == [(0, 6), (5, 4), (6, 3), (6, 6)]  # round 40 is past the run's end
+    with pytest.raises(ValueError, match="no worker from round 6 on"):
+        small(events=[Event(5, "fail", count=9), Event(5, "join", count=2)])  # evicted before the joins come in
+    with pytest.raises(ValueError, match="no worker from round 5 on"):
+        small(events=[Event(5, "leave", count=6)])
+    with pytest.raises(ValueError, match=r"9 workers \(from round 6 on\) need 144 samples"):
+        small(micro_batch=16, events=[Event(5, "join", count=3)])  # one micro-batch of 16 each, B = 96
+    with pytest.raises(ValueError, match=r"5 workers \(from round 3 on\) take 80 samples at most"):
+        small(max_batch=16, events=[Event(3, "leave", count=1)])
+    for bad in ({"seed": -1}, {"server_fixed_ms": float("nan")}, {"server_per_worker_ms": -1.0}, {"evict_ms": 0.0},
+                {"rounds": 0}, {"deadband": 1.0}):
+        with pytest.raises(ValueError):
+            small(**bad)
+
+
 def test_micro_batched_plans_are_whole_micro_batches() -> None:
     trace = simulate(small(policy="dynamic", global_batch=96, micro_batch=8))
     assert all(int(p.sum()) == 96 and not (p % 8).any() for _, _, p in trace.plans)

@@ -41,8 +41,9 @@ def test_steps_carry_noise_and_a_speed_change_scales_both_costs() -> None:
 
 
 def test_bad_laws_are_refused() -> None:
-    with pytest.raises(ValueError):
-        SpeedLaw(q_ms=0.0)
+    for bad in ({"q_ms": 0.0}, {"s_ms": float("inf")}, {"sigma": -0.1}, {"noise": 1000.0}):
+        with pytest.raises(ValueError):
+            SpeedLaw(**bad)
     with pytest.raises(ValueError):
         parse_classes("gpu:0.1")
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from benchmarks.simulation.engine import Scenario
-from benchmarks.simulation.sweep import FIXED_SPLITS, grid, summary, table, targets
+from benchmarks.simulation.sweep import FIXED_SPLITS, grid, scenarios, summary, table, targets
 
 
 def test_a_small_grid_is_summarised_and_judged() -> None:
     base = Scenario(policy="uniform", workers=4, global_batch=128, rounds=40)
-    runs = grid(base, ["uniform", "dynamic"], [4, 8], 32, "both", 0.25, 2.0)
+    runs = grid(scenarios(base, ["uniform", "dynamic"], [4, 8], 32, "both", 0.25, 2.0))
     assert len(runs) == 8 and all(r["sum_is_b"] for r in runs)
     assert [len(r["phases"]) for r in runs] == [1, 2] * 4
     rows = summary(runs)
