@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_resolved(build_parser(), argv, resolve)
     runs = grid(args.scenarios, progress=lambda line: print(line, file=sys.stderr, flush=True))
     rows = summary(runs)
-    report = {"rows": rows, "targets": targets(rows), "runs": runs}
+    report = {"rows": rows, "targets": targets(rows, args.change_fraction), "runs": runs}
     publish(args, "simulate", report, table(rows), argv)
     if args.out is not None:  # the curves against N beside the report
         plot_rows(rows, args.out / PLOT_FILE)

@@ -3,15 +3,18 @@ share of the workers halfway, each run judged (metrics.py) and the issue's goals
 goal on the final plan is set on its slowest step against the optimum's, the server's cost aside:
 that cost is a parameter here, and at thousands of workers it would dominate both rounds.
 
-A run's record: the scenario, per phase (before the change, after it) its decisions, decisions to
-steady, the final plan's round over the optimum, and the policy's CPU. Targets are set for the
-policies that measure their workers; `FIXED_SPLITS` split B by a rule no measurement changes, and are
+A run's record: the scenario, the round of its speed change (None without), per phase (the rounds
+between two events: the speed change, a join, a leave, a failure) its decisions, decisions to
+steady, the final plan's round over the optimum, and the policy's CPU. A row of the summary reads
+the phase in force when the speed change comes (the one that ends at its round; in a run without
+the change, the run's last phase) and, with the change, the phase that starts at its round.
+Targets are set for the policies that measure their workers; `FIXED_SPLITS` split B by a rule no measurement changes, and are
 reported without targets."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -42,8 +45,8 @@ def run_one(scenario: Scenario) -> dict[str, Any]:
 
 
 def scenarios(base: Scenario, policies: Sequence[str], sizes: Sequence[int], batch_per_worker: int,
-              change: str, fraction: float, factor: float) -> list[tuple[Scenario, bool]]:
-    """The grid's runs, each a scenario and whether it has the speed change: every policy at every N
+              change: str, fraction: float, factor: float) -> list[tuple[Scenario, int | None]]:
+    """The grid's runs, each a scenario and the round of its speed change (None: without one): every policy at every N
     (global batch `batch_per_worker` · N), without the change and with it (`change`: "no", "yes" or
     "both"), the change at half the rounds. Each scenario is checked as it is built (ValueError), so
     a grid that cannot run fails before any of it does."""
@@ -52,54 +55,72 @@ def scenarios(base: Scenario, policies: Sequence[str], sizes: Sequence[int], bat
     for n in sizes:
         for policy in policies:
             for changed in variants:
-                events = [Event(base.rounds // 2, "speed", fraction=fraction, factor=factor)] if changed else []
+                at = base.rounds // 2 if changed else None
+                events = [] if at is None else [Event(at, "speed", fraction=fraction, factor=factor)]
                 out.append((replace(base, policy=policy, workers=n, global_batch=batch_per_worker * n,
-                                    events=[*base.events, *events]), changed))
+                                    events=[*base.events, *events]), at))
     return out
 
 
-def grid(runs: Sequence[tuple[Scenario, bool]], progress: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
+def grid(runs: Sequence[tuple[Scenario, int | None]],
+         progress: Callable[[str], None] = lambda _: None) -> list[dict[str, Any]]:
     """Every run of `scenarios`, simulated and judged."""
     records = []
-    for sc, changed in runs:
+    for sc, change_round in runs:
         record = run_one(sc)
-        record["speed_change"] = changed
+        record["speed_change"], record["change_round"] = change_round is not None, change_round
         records.append(record)
-        first = record["phases"][0]
-        progress(f"{sc.policy} N={sc.workers} change={changed}: steady {first['decisions_to_steady']}, "
-                 f"round/opt {first['round_over_optimum']}, decision max {record['cpu']['decision_ms_max']} ms, "
-                 f"{record['simulation_cpu_s']} s")
+        steady = phase_at_change(record)
+        progress(f"{sc.policy} N={sc.workers} change={record['speed_change']}: "
+                 f"steady {_cell(steady, 'decisions_to_steady')}, round/opt {_cell(steady, 'round_over_optimum')}, "
+                 f"decision max {record['cpu']['decision_ms_max']} ms, {record['simulation_cpu_s']} s")
     return records
 
 
-def _cell(run: dict[str, Any], phase: int, key: str) -> Any:
-    phases = run["phases"]
-    return phases[phase][key] if len(phases) > phase else None
+def phase_at_change(run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The phase of `run` in force when its speed change comes: the one ending at the change's round
+    (None where the change is at round 0), or in a run without the change its last phase."""
+    if run["change_round"] is None:
+        return run["phases"][-1]
+    return next((p for p in run["phases"] if p["rounds"][1] == run["change_round"]), None)
+
+
+def phase_after_change(run: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The phase of `run` that starts at its speed change's round (None in a run without the change)."""
+    return next((p for p in run["phases"] if p["rounds"][0] == run["change_round"]), None)
+
+
+def _cell(phase: Mapping[str, Any] | None, key: str) -> Any:
+    return None if phase is None else phase[key]
 
 
 def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per policy and N: the run without the change for steadiness, optimality and CPU (the
-    run with it where there is none without), and the run with it for what follows the change."""
+    run with it where there is none without), each from its phase in force when the change comes
+    (`phase_at_change`), and the run with it for the phase that starts at the change."""
     rows: dict[tuple[str, int], dict[str, Any]] = {}
     for run in runs:
         sc = run["scenario"]
         row = rows.setdefault((sc["policy"], sc["workers"]), {"policy": sc["policy"], "workers": sc["workers"]})
         if not run["speed_change"] or "decisions_to_steady" not in row:
-            row.update(decisions_to_steady=_cell(run, 0, "decisions_to_steady"),
-                       round_over_optimum=_cell(run, 0, "round_over_optimum"),
-                       compute_over_optimum=_cell(run, 0, "compute_over_optimum"),
+            steady = phase_at_change(run)
+            row.update(decisions_to_steady=_cell(steady, "decisions_to_steady"),
+                       round_over_optimum=_cell(steady, "round_over_optimum"),
+                       compute_over_optimum=_cell(steady, "compute_over_optimum"),
                        decision_ms_median=run["cpu"]["decision_ms_median"],
                        decision_ms_max=run["cpu"]["decision_ms_max"],
                        policy_ms_per_round=run["cpu"]["round_ms_policy"])
         if run["speed_change"]:
-            row.update(steady_again=_cell(run, 1, "decisions_to_steady"),
-                       round_over_optimum_after=_cell(run, 1, "round_over_optimum"),
-                       compute_over_optimum_after=_cell(run, 1, "compute_over_optimum"))
+            after = phase_after_change(run)
+            row.update(steady_again=_cell(after, "decisions_to_steady"),
+                       round_over_optimum_after=_cell(after, "round_over_optimum"),
+                       compute_over_optimum_after=_cell(after, "compute_over_optimum"))
     return list(rows.values())
 
 
-def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's goals per measuring policy, each over every N simulated (one value per N, in order)."""
+def targets(rows: Sequence[dict[str, Any]], fraction: float) -> list[dict[str, Any]]:
+    """The issue's goals per measuring policy, each over every N simulated (one value per N, in order);
+    `fraction`: the share of the workers whose speed changes."""
     out = []
     for policy in dict.fromkeys(r["policy"] for r in rows):
         if policy in FIXED_SPLITS:
@@ -111,7 +132,7 @@ def targets(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append(_goal(f"simulated {policy}, N = {sizes}: final plan's slowest step / exact optimum's",
                          [r.get("compute_over_optimum") for r in mine], OPTIMUM_MAX))
         if any("steady_again" in r for r in mine):
-            out.append(_goal(f"simulated {policy}, N = {sizes}: decisions to steady after 20% change speed",
+            out.append(_goal(f"simulated {policy}, N = {sizes}: decisions to steady after {fraction * 100:g}% change speed",
                              [r.get("steady_again") for r in mine], STEADY_AGAIN_MAX))
         for n, goal in CPU_GOALS_MS.items():
             at = [r for r in mine if r["workers"] == n]
