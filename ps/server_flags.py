@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     opt.add_argument("--lr-gamma", type=float_between(0.0, 1.0, low_open=True), default=0.1, help="lr factor at each milestone")
     opt.add_argument("--no-lr-scaling", action="store_true", help="ASP: every worker uses lr instead of lr*b_k/B")
     ctl = p.add_argument_group("batch policy")
-    ctl.add_argument("--global-batch", type=positive_int, default=128, help="B, split across the workers")
+    ctl.add_argument("--global-batch", type=positive_int, default=128, help="B, split across the workers (at most the training set's size)")
     ctl.add_argument("--controller", dest="policy", choices=tuple(POLICIES), default="auto", help=argparse.SUPPRESS)
     ctl.add_argument("--policy", choices=tuple(POLICIES), default="auto",
                      help="the batch policy (docs/policies.md; --controller is another name for this flag): uniform "

@@ -89,10 +89,11 @@ def build_job(args: argparse.Namespace) -> Job:
     # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
     dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed, memory_bytes=available_cpu_bytes())
     model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed, memory_bytes=available_cpu_bytes())
-    firsts = list(range(min(2, len(cast(Sized, dataset.train)))))  # a factory's split is Sized (Splits checks)
-    check_takes(model, args.model, sample_batch(dataset.train, firsts)[0], dataset.num_classes)
+    samples = len(cast(Sized, dataset.train))  # a factory's split is Sized (Splits checks)
+    check_takes(model, args.model, sample_batch(dataset.train, list(range(min(2, samples))))[0], dataset.num_classes)
     settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
+    check_fits_training_set(args.global_batch, args.workers, samples)
     calls = CallBounds.serving(args.max_concurrent_rpcs or calls_for_workers(args.max_workers or args.workers),
                                args.max_rpcs_per_peer)
     spec = JobSpec(
@@ -210,6 +211,21 @@ def check_flags_together(args: argparse.Namespace) -> None:
         raise ValueError("--max-update-norm and --clip-outliers bound the pushes this server aggregates whole: not "
                          "with --shards (each shard sees a slice) or --allreduce on (the workers sum their gradients)")
     adaptive_config(args)
+
+
+def check_fits_training_set(global_batch: int, workers: int, samples: int) -> None:
+    """--global-batch at most the training set's `samples` (a ValueError naming the flags otherwise): a
+    larger B trains some samples twice in one step, ends several epochs at that step, and can ask more
+    of the job's last epoch than is left, so that workers are told smaller batches than the plan's."""
+    if global_batch <= samples:
+        return
+    if workers > samples:
+        raise ValueError(f"--global-batch {global_batch} exceeds the training set's {samples} samples, and no global "
+                         f"batch can give --workers {workers} a sample each within them: use a larger dataset or "
+                         f"--workers {samples} or fewer")
+    raise ValueError(f"--global-batch {global_batch} exceeds the training set's {samples} samples (a step would train "
+                     f"samples more than once and end epochs together): use --global-batch {samples} or less, or a "
+                     "larger dataset")
 
 
 def bn_batch(spec: JobSpec) -> int:

@@ -15,6 +15,10 @@ from tests.cli_checks import server_refuses
 from tests.processes import ENV
 
 
+TINY_SET = ["--dataset", "teacher", "--dataset-arg", "size=6"]
+"""A dataset of 5 training samples (and 1 test sample)."""
+
+
 def run(module: str, *args: str) -> subprocess.CompletedProcess:
     env = {**ENV, "PS_SHARD_KEY": "a-coordinator-key-for-tests"}  # ps-shard starts only with one
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=env, timeout=60)
@@ -71,10 +75,22 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
          "model 'tests.common.job.test_models:narrow_input_model' cannot take the dataset's inputs of shape (1, 8, 8)"),
         (["--model", "tests.common.job.test_models:wrong_classes_model"], "it gave (2, 13)"),
         (["--no-park=yes"], "--no-park: ignored explicit argument 'yes'"),
+        (TINY_SET + ["--workers", "2", "--global-batch", "16"],
+         "--global-batch 16 exceeds the training set's 5 samples (a step would train samples more than once and end "
+         "epochs together): use --global-batch 5 or less"),
+        (TINY_SET + ["--workers", "8", "--global-batch", "8"],
+         "no global batch can give --workers 8 a sample each within them: use a larger dataset or --workers 5 or fewer"),
     ],
 )
 def test_server_rejects_bad_input(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     server_refuses(args, needle, capsys)
+
+
+def test_a_global_batch_over_the_training_set_is_refused_before_the_metrics_log_is_written(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = tmp_path / "run.jsonl"
+    server_refuses([*TINY_SET, "--global-batch", "6", "--metrics-log", str(log)], "--global-batch 6 exceeds", capsys)
+    assert not log.exists()
 
 
 def test_server_error_is_one_line_from_a_real_process() -> None:

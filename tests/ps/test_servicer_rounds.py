@@ -249,11 +249,11 @@ def test_the_first_plan_follows_the_declared_cores_by_default(ps_server, threads
 
 def test_job_end_is_reported(ps_server, threads) -> None:
     """One round over the whole train split ends the only epoch: replies and Status say done."""
-    c = start_cluster(ps_server, threads, "--global-batch", "2000", "--epochs", "1")
-    assert 2000 >= c.server.coordinator.epochs.samples_per_epoch
+    c = start_cluster(ps_server, threads, "--global-batch", "1438", "--epochs", "1")  # digits' training split
+    assert c.server.coordinator.epochs.samples_per_epoch == 1438
     grad = rand(c.numel, seed=8)
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        futures = [pool.submit(push, c.server.stub(), push_chunks(header(c.ids[n], grad, batch_size=1000), grad)) for n in "ab"]
+        futures = [pool.submit(push, c.server.stub(), push_chunks(header(c.ids[n], grad, batch_size=719), grad)) for n in "ab"]
         replies = [f.result(TIMEOUT) for f in futures]
     assert all(h.done and h.epoch == 1 and h.round == 1 for h, _ in replies)
     assert c.server.job is not None
