@@ -14,6 +14,7 @@ from ps.ops.progress import progress_line, trained_alongside
 from ps.rounds.coordinator import Coordinator
 from ps.server_job import build_job
 from tests.conftest import job_args
+from tests.coordinator_rounds import JoinedJob, close_round, joined_job
 
 
 def epoch_records(jump: int) -> list[dict[str, Any]]:
@@ -44,3 +45,25 @@ def test_two_epochs_ending_at_one_step_write_the_second_as_trained_alongside_the
     assert trained_alongside(first) is None
     (alone,) = epoch_records(1)
     assert alone["epoch"] == 1 and "with_epoch" not in alone
+
+
+async def whole_set_rounds(rounds: int) -> tuple[list[dict[str, int]], dict[str, int], JoinedJob]:
+    """A BSP job whose global batch is its whole training set (5 samples): the batches each round's
+    replies tell, the plan, and the job after `rounds` rounds."""
+    async with joined_job("--dataset", "teacher", "--dataset-arg", "size=6", "--global-batch", "5", "--epochs",
+                          str(rounds), "--controller", "uniform", events=("epoch",)) as job:
+        told = []
+        for _ in range(rounds):
+            told.append({name: job.c.pull(info.worker_id, info.secret, header_only=True).header.batch_size
+                         for name, info in job.joined.items()})
+            await close_round(job.c, job.joined)
+        return told, job.c.policy.plan(), job
+
+
+def test_a_global_batch_of_the_whole_training_set_trains_each_sample_once_an_epoch_one_epoch_a_round() -> None:
+    told, plan, job = asyncio.run(whole_set_rounds(3))
+    assert sorted(plan.values()) == [2, 3] and told == [{"a": plan["a"], "b": plan["b"]}] * 3
+    report = job.c.sampling.slices.report()
+    assert report["trained"] == {"0": 5, "1": 5, "2": 5} and report["exact_epochs"] == [0, 1, 2], report
+    assert [(r["epoch"], r["step"]) for r in job.records] == [(1, 1), (2, 2), (3, 3)]
+    assert not any("with_epoch" in r for r in job.records) and job.c.done
