@@ -137,18 +137,40 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def settings(args: argparse.Namespace, workdir: Path) -> Settings:
-    if args.tta is not None and args.schedule:
-        raise SystemExit("hetero: error: choose one of --tta and --schedule")
+def check_flags(args: argparse.Namespace) -> None:
+    """ValueError naming a combination of flags that cannot run together, or a run not on --policies' list."""
+    if args.tta is not None and args.schedule is not None:
+        raise ValueError("choose one of --tta and --schedule")
     if args.baselines and args.no_baselines:
-        raise SystemExit("hetero: error: choose one of --baselines and --no-baselines")
-    if args.case and (args.tta is not None or args.schedule or args.mode != "bsp"):
-        raise SystemExit("hetero: error: --case is a BSP throughput case: leave out --tta, --schedule and --mode asp")
+        raise ValueError("choose one of --baselines and --no-baselines")
+    if args.case and (args.tta is not None or args.schedule is not None or args.mode != "bsp"):
+        raise ValueError("--case is a BSP throughput case: leave out --tta, --schedule and --mode asp")
+    if (args.every_epochs or args.every_seconds) and args.schedule is None:
+        raise ValueError("--every-epochs / --every-seconds need --schedule")
+    if args.controllers is not None:
+        runs, allowed = _runs(args.controllers), _allowed_runs(args)
+        unknown = [c for c in runs if c not in allowed]
+        if unknown or not runs:
+            raise ValueError(f"--policies/--controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
+
+
+def _runs(text: str) -> list[str]:
+    return [c.strip() for c in text.split(",") if c.strip()]
+
+
+def _allowed_runs(args: argparse.Namespace) -> set[str]:
+    """The runs --policies may name: a throughput run's policies and opt-ins, or any policy."""
+    if args.schedule is None and args.tta is None:
+        return set(CONTROLLERS[args.mode]) | set(OPT_IN[args.mode])
+    return set(POLICIES)
+
+
+def settings(args: argparse.Namespace, workdir: Path) -> Settings:
+    """The run the flags ask for; ValueError (bad input) names what is wrong with them."""
+    check_flags(args)
     case = CASES.get(args.case or "")
     profile = load_profile(case.profile if case else args.profile)
-    schedule = load_schedule(args.schedule) if args.schedule else None
-    if (args.every_epochs or args.every_seconds) and schedule is None:
-        raise SystemExit("hetero: error: --every-epochs / --every-seconds need --schedule")
+    schedule = load_schedule(args.schedule) if args.schedule is not None else None
     if schedule is not None and (args.every_epochs or args.every_seconds):
         schedule = schedule.every(epochs=args.every_epochs, seconds=args.every_seconds)
     if schedule is not None:
@@ -192,11 +214,7 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
     else:
         epochs = args.epochs or (2 if args.tiny else 12)
         default_runs = CONTROLLERS[args.mode]
-    controllers = [c.strip() for c in args.controllers.split(",") if c.strip()] if args.controllers else default_runs
-    allowed = set(CONTROLLERS[args.mode]) | set(OPT_IN[args.mode]) if schedule is None and not tta else set(POLICIES)
-    unknown = [c for c in controllers if c not in allowed]
-    if unknown or not controllers:
-        raise SystemExit(f"hetero: error: --policies/--controllers: unknown {unknown or 'empty'}; choose from {sorted(allowed)}")
+    controllers = _runs(args.controllers) if args.controllers is not None else default_runs
     baselines = (args.mode == "bsp" and not tta and case is None) \
         if not (args.baselines or args.no_baselines) else args.baselines
     return Settings(
@@ -265,7 +283,12 @@ def run(s: Settings) -> dict[str, Any]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_flags(args)
+    except ValueError as exc:
+        parser.error(str(exc))  # exit 2, before any folder is made
     code, done = run_in_workdir("hetero", args.out, lambda workdir: _settings_and_run(args, workdir))
     if done is None:
         return code

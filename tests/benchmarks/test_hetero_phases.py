@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from benchmarks.hetero import phases as ph
-from benchmarks.hetero import schedules
+from benchmarks.hetero import cli, schedules
 from benchmarks.hetero.cli import SCHEDULE_EPOCH_CAP, build_parser, settings
 from benchmarks.hetero.runs import Run
 from benchmarks.hetero.settings import Emulation
@@ -176,8 +176,31 @@ def test_schedule_settings(tmp_path: Path) -> None:
     assert (asp.schedule.every_seconds, asp.controllers, asp.baselines) == (7.0, ["dynamic", "auto"], False)
     with pytest.raises(SystemExit):
         resolved(tmp_path, "--schedule", "swap", "--every-seconds", "5", "--every-epochs", "2")
-    with pytest.raises(SystemExit, match="need --schedule"):
+    with pytest.raises(ValueError, match="need --schedule"):
         resolved(tmp_path, "--every-seconds", "5")
+
+
+@pytest.mark.parametrize(("argv", "needle"), [
+    (["--schedule", ""], "unknown schedule ''"),
+    (["--every-epochs", "2"], "need --schedule"),
+    (["--schedule", "swap", "--tta", "0.5"], "choose one of --tta and --schedule"),
+    (["--schedule", "swap", "--policies", "bogus"], "unknown ['bogus']"),
+    (["--policies", ""], "unknown empty"),
+    (["--baselines", "--no-baselines"], "choose one of --baselines"),
+    (["--case", "quickstart", "--mode", "asp"], "--case is a BSP throughput case"),
+])
+def test_bad_flags_exit_2_and_run_nothing(argv: list[str], needle: str, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    def ran(_: Any) -> None:
+        raise AssertionError("a benchmark ran on bad flags")
+
+    monkeypatch.setattr(cli, "run", ran)
+    try:
+        code = cli.main(["--tiny", "--out", str(tmp_path / "out"), *argv])
+    except SystemExit as exc:  # argparse's parser.error
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2 and any("error: " in line and needle in line for line in err.splitlines()), err
 
 
 def test_the_targets_fail_a_change_that_never_rebalanced(tmp_path: Path) -> None:
