@@ -16,7 +16,7 @@ def _k8s(args: argparse.Namespace) -> int:
     import yaml
 
     from deploy import k8s
-    from deploy.server_args import given_options, server_parser, split_server_args
+    from deploy.server_args import check_server_command, given_options, server_parser, split_server_args
 
     profile = load_profile(args.profile)
     profile.allocation(args.mode)  # ValueError if the profile lacks the mode
@@ -41,7 +41,7 @@ def _k8s(args: argparse.Namespace) -> int:
         gpu_resource=k8s.check_resource_name(args.gpu_resource), tls_secret=args.tls_secret,
         token_secret=args.token_secret,
     )
-    parser.parse_args(k8s.server_command(options, job)[4:])  # the whole command line, as ps-server will see it
+    check_server_command(parser, k8s.server_command(options, job)[4:])  # the whole command line, as ps-server will see it
     documents = k8s.render(options, job)
     if args.out is None:
         sys.stdout.write(yaml.safe_dump_all(documents, sort_keys=False))

@@ -23,7 +23,7 @@ from deploy.profiles import (
     scale_phases,
     scale_server,
 )
-from deploy.server_args import server_parser, split_server_args
+from deploy.server_args import check_server_command, server_parser, split_server_args
 
 DEFAULT_JOB: dict[str, Any] = {
     "model": "cnn",
@@ -186,7 +186,7 @@ def resolve(config: RunConfig) -> Plan:
         server_args += ["--adjust-every", str(config.adjust_every)]
     parser = server_parser()
     server_args += split_server_args(config.server_args, parser, _refused)
-    parser.parse_args([*server_args, "--port", "0"])  # a value only ps-server checks fails here, not after the run started
+    check_server_command(parser, [*server_args, "--port", "0"])  # what only ps-server checks fails here, not after the run started
     out = config.out if config.out is not None else _fresh(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
     _check_out(Path(out))
     return Plan(config, profiles, shares, server_shares, schedule, period, server_args, Path(out), names, epochs)

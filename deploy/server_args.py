@@ -2,7 +2,8 @@
 
 ``ps-cluster run`` and ``ps-cluster k8s`` set some ps-server flags themselves and pass the rest on;
 both refuse a flag they set (abbreviated too: argparse takes ``--epoch=3`` for ``--epochs``) and let
-ps-server's parser check the whole command line before anything starts or is written.
+ps-server's parser, and its checks of flags against each other, check the whole command line before
+anything starts or is written.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
-from ps.server_flags import build_parser
+from ps.server_flags import build_parser, settle_min_batch
 
 
 def server_parser() -> argparse.ArgumentParser:
@@ -24,6 +25,20 @@ def server_parser() -> argparse.ArgumentParser:
 
     parser.error = refuse  # type: ignore[method-assign]
     return parser
+
+
+def check_server_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+    """ValueError if ps-server would refuse ``argv`` before building its job: its parser (from
+    :func:`server_parser`), then its checks of flags against each other. The model's BatchNorm floor on
+    --min-batch is left to ps-server, which alone builds the model."""
+    from ps.server_job import check_flags_together
+
+    args = parser.parse_args(list(argv))
+    settle_min_batch(args, batchnorm=False)
+    try:
+        check_flags_together(args)
+    except ValueError as exc:
+        raise ValueError(f"ps-server would refuse these arguments: {exc}") from None
 
 
 def option_named(flag: str, options: Sequence[str]) -> str:

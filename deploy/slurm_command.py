@@ -16,7 +16,7 @@ from common.ops.arg_types import positive_int
 from deploy import k8s, slurm, slurm_follow
 from deploy.cli_arguments import profile_argument
 from deploy.profiles import load_profile
-from deploy.server_args import given_options, server_parser, split_server_args
+from deploy.server_args import check_server_command, given_options, server_parser, split_server_args
 
 
 def _slurm(args: argparse.Namespace) -> int:
@@ -36,7 +36,7 @@ def _slurm(args: argparse.Namespace) -> int:
         partition=args.partition, account=args.account, time=args.time, memory=args.memory, gres=args.gres,
         server_cpus=args.server_cpus, limiter=args.limiter, listen=args.listen,
     )
-    parser.parse_args([*slurm.server_args(options), "--port", "0"])  # the whole job, as ps-server will see it
+    check_server_command(parser, [*slurm.server_args(options), "--port", "0"])  # the whole job, as ps-server will see it
     text = slurm.render(options)
     if out is None:
         sys.stdout.write(text)

@@ -298,6 +298,7 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
         (["--server-arg=--epoch=3"], "--server-arg --epoch (that is --epochs): use ps-cluster run --epochs"),
         (["--server-arg=--work 2"], "--server-arg --work (that is --workers) is set by the emulator"),
         (["--server-arg=--bogus"], "ps-server would refuse these arguments: unrecognized arguments: --bogus"),
+        (["--mode", "asp", "--server-arg=--adaptive-batch=gns"], "ps-server would refuse these arguments: --adaptive-batch gns"),
         (["--adjust-every", "foo"], "argument --adjust-every: expected 'epoch' or a whole number of steps > 0, got 'foo'"),
         (["--model", "resnet9000", "--quick"], "unknown model 'resnet9000'"),
     ],

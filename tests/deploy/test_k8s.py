@@ -218,6 +218,7 @@ def test_out_writes_one_file_per_object(capsys: pytest.CaptureFixture[str], tmp_
         (["--server-arg=--port 1"], "--server-arg --port is set by ps-cluster k8s"),
         (["--server-arg=--work 3"], "--server-arg --work (that is --workers) is set by ps-cluster k8s"),
         (["--server-arg=--lr nan"], "ps-server would refuse these arguments"),
+        (["--mode", "asp", "--server-arg=--adaptive-batch gns"], "ps-server would refuse these arguments: --adaptive-batch gns is for --mode bsp"),
         (["--name", "Bad_Name"], "--name 'Bad_Name' must be a DNS label"),
         (["--namespace=-x"], "--namespace '-x' must be a DNS label"),
         (["--memory", "lots"], "--memory 'lots' is not a quantity"),

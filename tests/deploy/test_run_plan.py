@@ -1,5 +1,6 @@
 """``ps-cluster run``'s plan, resolved before anything starts (deploy/run_plan.py): the default
-policy, a schedule's shares scaled alike, and a bad output folder or mixed server shares refused."""
+policy, a schedule's shares scaled alike, and a bad output folder, mixed server shares or ps-server
+flags that do not go together refused."""
 
 from __future__ import annotations
 
@@ -51,3 +52,20 @@ def test_bad_output_folder_and_mixed_server_shares_are_refused_when_planned(tmp_
         resolve(RunConfig(schedule=str(tmp_path / "mixed.yaml"), mode="asp", out=tmp_path / "y"))
     assert not (tmp_path / "y").exists()
     assert resolve(RunConfig(schedule=str(tmp_path / "mixed.yaml"), mode="bsp", out=tmp_path / "y")).server_shares == [None, None]
+
+
+@pytest.mark.parametrize(("config", "needle"), [
+    ({"mode": "asp", "server_args": ["--adaptive-batch=gns"]}, "--adaptive-batch gns is for --mode bsp"),
+    ({"server_args": ["--min-batch=200"]}, "--workers 4 x --min-batch 200 exceeds --global-batch 256"),
+    ({"server_args": ["--staleness-bound=2"]}, "--staleness-bound and --staleness-lr are for --mode asp"),
+])
+def test_server_flags_that_do_not_go_together_are_refused_when_planned(
+        tmp_path: Path, config: dict[str, object], needle: str) -> None:
+    """ps-server's checks of flags against each other run on the server's command line at planning, as
+    its parser does: the error comes before any quota is set or process started."""
+    from deploy.emulator import RunConfig, resolve
+
+    with pytest.raises(ValueError, match="ps-server would refuse these arguments: ") as refused:
+        resolve(RunConfig(out=tmp_path / "x", quick=True, **config))  # type: ignore[arg-type]
+    assert needle in str(refused.value)
+    assert not (tmp_path / "x").exists()

@@ -145,6 +145,7 @@ def test_the_limiter_gives_each_task_its_quota(capsys: pytest.CaptureFixture[str
     (["--server-arg=--port 5"], "--port is set by ps-cluster slurm"),
     (["--server-arg=--token x"], "--token is set by ps-cluster slurm"),
     (["--server-arg=--epochs 0"], "ps-server would refuse"),
+    (["--mode", "asp", "--server-arg=--adaptive-batch gns"], "ps-server would refuse these arguments: --adaptive-batch gns is for --mode bsp"),
     (["--time", "tomorrow"], "--time 'tomorrow'"),
     (["--memory", "8 GB"], "--memory '8 GB'"),
     (["--job-name", "a b"], "--job-name 'a b'"),
