@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from deploy.cli_arguments import PROG
 from deploy.launcher import LocalCluster, WorkerFailedError, WorkerSpec
 from deploy.run_files import MetricsTail, last_line
 from deploy.run_plan import (
@@ -31,6 +32,7 @@ from deploy.run_plan import (
     Plan,
     RunConfig,
     resolve,
+    unreached,
 )
 from deploy.run_report import write_report
 from deploy.schedule_phases import SchedulePhases
@@ -190,5 +192,9 @@ class Emulation:
 
 
 def run(config: RunConfig, out: TextIO = sys.stdout) -> dict[str, Any]:
-    """Resolve and run; ValueError for bad input, RunFailed when the run breaks, Terminated on SIGTERM."""
-    return Emulation(resolve(config), out).run()
+    """Resolve and run; ValueError for bad input, RunFailed when the run breaks, Terminated on SIGTERM.
+    A schedule's phases that --epochs ends the job before are named on stderr first."""
+    plan = resolve(config)
+    if plan.schedule is not None and (left := unreached(plan.schedule, plan.epochs)):
+        print(f"{PROG}: warning: {left}", file=sys.stderr, flush=True)
+    return Emulation(plan, out).run()

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from deploy.cgroups import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US
+from common.job.spec import MAX_EPOCHS
 from common.number_checks import real_number
 
 MODES = ("bsp", "asp")
@@ -88,6 +89,12 @@ class Schedule:
     every_epochs: int | None = None
     every_seconds: float | None = None
     source: Path | None = None
+
+    def __post_init__(self) -> None:
+        """The phases together last at most the epochs a job may train (JobSpec's MAX_EPOCHS)."""
+        if self.every_epochs is not None and self.every_epochs * len(self.phases) > MAX_EPOCHS:
+            raise ValueError(f"schedule {self.name}: {len(self.phases)} phases of {self.every_epochs} epochs are more "
+                             f"than the {MAX_EPOCHS} epochs a job may train")
 
     @property
     def unit(self) -> str:

@@ -8,7 +8,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from common.ops.arg_types import positive_float, positive_int
+from common.job.spec import MAX_EPOCHS
+from common.ops.arg_types import int_between, positive_float, positive_int
 from deploy.cli_arguments import PROG, Subcommands, profile_argument
 from deploy.profiles import MODES, builtin_schedules, default_cpu_budget
 from ps.control.registry import POLICIES
@@ -104,7 +105,7 @@ def add_run_command(subcommands: Subcommands) -> None:
                           "fitted, then solved from the fits, and measured again when a worker's speed changes "
                           f"(docs/policies.md; default: {emulator.DEFAULT_POLICY}, as ps-server's, on a profile and "
                           "on a schedule)")
-    job.add_argument("--epochs", type=positive_int,
+    job.add_argument("--epochs", type=int_between(1, MAX_EPOCHS),
                      help=f"passes over the training split (default: {default['epochs']}, "
                      f"{quick['epochs']} with --quick; with a schedule in epochs: phases x interval)")
     job.add_argument("--model", help=f"built-in model (mlp, cnn) or package.module:function (default: {default['model']})")

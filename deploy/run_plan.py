@@ -192,6 +192,18 @@ def resolve(config: RunConfig) -> Plan:
     return Plan(config, profiles, shares, server_shares, schedule, period, server_args, Path(out), names, epochs)
 
 
+def unreached(schedule: Schedule, epochs: int) -> str | None:
+    """What a job of ``epochs`` epochs leaves out of ``schedule``, as a warning; None when every phase
+    runs (always on the wall clock, where the schedule's end stops the job)."""
+    every = schedule.every_epochs
+    left = [f"{k} ({p.name})" for k, p in enumerate(schedule.phases) if every is not None and k * every >= epochs]
+    if every is None or not left:
+        return None
+    return (f"--epochs {epochs} ends the job before phase{'s' if len(left) > 1 else ''} {', '.join(left)} of "
+            f"schedule {schedule.name} ({every} epochs a phase) start; --epochs {every * len(schedule.phases)} "
+            "runs every phase")
+
+
 def _fresh(path: Path) -> Path:
     """``path``, or ``path-2``, ``path-3``, ... if it exists already."""
     candidate, k = path, 1

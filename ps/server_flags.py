@@ -17,10 +17,10 @@ from ps.control.registry import POLICIES, policy_settings
 from ps.control.settings import Setting, setting_key
 from ps.ops.metrics_http import add_endpoint_flags
 from ps.serving.server_options import add_call_flags
-from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MODES, OPTIMIZERS, SAMPLINGS,
-                             STALENESS_LR, WIRE_DTYPES)
+from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MAX_EPOCHS, MODES, OPTIMIZERS,
+                             SAMPLINGS, STALENESS_LR, WIRE_DTYPES)
 from common.ops.arg_types import (epoch_or_steps, eval_interval, float_at_least, float_between, from_value_error,
-                                  increasing_ints, int_at_least, port_number, positive_float, positive_int)
+                                  increasing_ints, int_at_least, int_between, port_number, positive_float, positive_int)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -80,7 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "features.npy, labels.npy); or package.module:function, a factory fn(seed, **options) -> "
                           "common.job.datasets.Dataset or common.job.splits.Splits (docs/data.md)")
     job.add_argument("--dataset-arg", type=key_value, action="append", default=[], metavar="K=V", help="dataset option, e.g. size=8192")
-    job.add_argument("--epochs", type=positive_int, default=10, help="passes over the training split")
+    job.add_argument("--epochs", type=int_between(1, MAX_EPOCHS), default=10,
+                     help=f"passes over the training split (at most {MAX_EPOCHS})")
     job.add_argument("--seed", type=int_at_least(0), default=0, help="seeds the model's initial weights and the data split")
     job.add_argument("--eval-every", type=eval_interval, default="1", metavar="EPOCHS",
                      help="evaluate the global model on the test split at every EPOCHS-th epoch's end and after the last, "

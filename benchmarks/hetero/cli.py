@@ -19,8 +19,9 @@ from benchmarks.hetero.settings import Settings, log, resolve_emulation
 from benchmarks.report_output import add_report_options, emit
 from benchmarks.workload import Workload
 from deploy.profiles import builtin_schedules, default_cpu_budget, load_profile, load_schedule
-from deploy.run_plan import DEFAULT_POLICY
-from common.ops.arg_types import positive_float, positive_int
+from deploy.run_plan import DEFAULT_POLICY, unreached
+from common.job.spec import MAX_EPOCHS
+from common.ops.arg_types import int_between, positive_float, positive_int
 
 
 SCHEDULE_EPOCH_CAP = 10_000
@@ -105,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--dataset", help="data set (default: synthetic; --tta: digits)")
     job.add_argument("--dataset-arg", action="append", metavar="K=V", help="data set option (default: size=4096)")
     job.add_argument("--global-batch", type=positive_int, help="global batch B (default: 512)")
-    job.add_argument("--epochs", type=positive_int,
+    job.add_argument("--epochs", type=int_between(1, MAX_EPOCHS),
                      help="epochs per run (default: 12; --schedule: phases x every, and on the wall clock the schedule's end stops "
                      "the run; --tta: 60, a run stops at the target)")
     job.add_argument("--lr", type=positive_float, help="learning rate (default: 0.02; --tta: 0.1)")
@@ -266,6 +267,8 @@ def run(s: Settings) -> dict[str, Any]:
         "targets": [],
         "timings_s": {},
     }
+    if s.schedule is not None and (left := unreached(s.schedule, s.epochs)):
+        log(f"warning: {left}")
     env = report["environment"]
     log(f"{report_name(s)}: limiter {env['limiter']}, cpu budget {env['cpu_budget']}, shares {env['shares']}"
         + (f", server {env['server_share']}" if env["server_share"] else "") + f", period {env['period_us']} us, "

@@ -88,6 +88,18 @@ def int_at_least(least: int) -> Callable[[str], int]:
     return parse
 
 
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """A type for a whole number from `low` to `high`, both included."""
+
+    def parse(text: str) -> int:
+        value = _whole(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected a whole number in [{low}, {high}], got {text!r}")
+        return value
+
+    return parse
+
+
 def positive_int(text: str) -> int:
     """A whole number > 0."""
     value = _whole(text)

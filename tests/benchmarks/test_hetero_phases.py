@@ -215,3 +215,17 @@ def test_the_targets_fail_a_change_that_never_rebalanced(tmp_path: Path) -> None
     for name in ("BSP auto, most plan changes to re-balance after a change", "BSP auto, most seconds to re-balance after a change"):
         assert targets[name]["value"] is None and targets[name]["pass"] is False and "phase 2" in targets[name]["note"]
     assert all(t["name"].startswith("swap schedule, 20 s a phase: ") for t in targets.values())
+
+
+def test_a_schedule_run_that_ends_before_a_phase_starts_says_which_at_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    s = resolved(tmp_path, "--schedule", "tenant", "--every-epochs", "10", "--epochs", "12", "--cpu-budget", "1.5")
+    environment = {"limiter": "cgroup-v2", "cpu_budget": 1.5, "shares": [], "server_share": None, "period_us": 8000,
+                   "loadavg_start": []}
+    monkeypatch.setattr(cli, "resolve_emulation", lambda _: None)
+    monkeypatch.setattr(cli, "environment", lambda *_: dict(environment))
+    monkeypatch.setattr(cli, "bench_schedule", lambda *_: None)
+    cli.run(s)
+    err = capsys.readouterr().err
+    assert ("[hetero] warning: --epochs 12 ends the job before phase 2 (hl8) of schedule tenant (10 epochs a phase) "
+            "start; --epochs 30 runs every phase\n") in err

@@ -295,6 +295,7 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
         (["--server-arg=--workers 3"], "set by the emulator"),
         (["--server-arg", "--deadband 0.2 --epochs 3"], "use ps-cluster run --epochs"),
         (["--cpu-budget", "0"], "expected a number > 0"),
+        (["--epochs", "1000001"], "argument --epochs: expected a whole number in [1, 1000000]"),
         (["--server-arg=--epoch=3"], "--server-arg --epoch (that is --epochs): use ps-cluster run --epochs"),
         (["--server-arg=--work 2"], "--server-arg --work (that is --workers) is set by the emulator"),
         (["--server-arg=--bogus"], "ps-server would refuse these arguments: unrecognized arguments: --bogus"),

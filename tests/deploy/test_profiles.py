@@ -270,6 +270,10 @@ def test_schedule_interval_override() -> None:
         schedule.every(seconds=30, epochs=2)
     with pytest.raises(ValueError, match="progress"):
         schedule.phase_index(-1)
+    assert load_schedule("dynamic").every(epochs=125_000).every_epochs == 125_000  # 8 phases: 10**6 epochs
+    with pytest.raises(ValueError, match="schedule dynamic: 8 phases of 125001 epochs are more than the 1000000"):
+        load_schedule("dynamic").every(epochs=125_001)
+
 
 
 def test_user_schedule_with_relative_profile_paths(tmp_path: Path) -> None:
@@ -295,6 +299,9 @@ def test_user_schedule_with_relative_profile_paths(tmp_path: Path) -> None:
         ("every_epochs: 1\nphases: [hl1, hl3]\n", "phase 'hl3': unknown profile 'hl3'; known profiles"),
         ("every_epochs: 1\nphases: [hl1, six.yaml]\n", "same number of bsp workers"),
         ("every_epochs: 1\nphase: [hl1]\n", "unknown key.*phase"),
+        ("every_epochs: 100000000000000000000\nphases: [hl8, hl4]\n",
+         "schedule bad: 2 phases of 100000000000000000000 epochs are more than the 1000000 epochs a job may train"),
+        ("every_epochs: 500001\nphases: [hl8, hl4]\n", "2 phases of 500001 epochs are more than the 1000000"),
     ],
 )
 def test_bad_schedule_files_give_clear_errors(tmp_path: Path, text: str, message: str) -> None:

@@ -69,3 +69,30 @@ def test_server_flags_that_do_not_go_together_are_refused_when_planned(
         resolve(RunConfig(out=tmp_path / "x", quick=True, **config))  # type: ignore[arg-type]
     assert needle in str(refused.value)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_run_that_ends_before_a_schedule_phase_starts_says_which_at_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from deploy import emulator
+
+    monkeypatch.setattr(emulator.Emulation, "run", lambda self: {})
+    emulator.run(emulator.RunConfig(schedule="swap", every_epochs=10, epochs=2, quick=True, out=tmp_path / "x"))
+    err = capsys.readouterr().err
+    assert err == ("ps-cluster: warning: --epochs 2 ends the job before phases 1 (hl8-swap), 2 (hl1), 3 (hl8) of "
+                   "schedule swap (10 epochs a phase) start; --epochs 40 runs every phase\n")
+    emulator.run(emulator.RunConfig(schedule="swap", every_epochs=10, epochs=31, quick=True, out=tmp_path / "x"))
+    assert capsys.readouterr().err == ""
+
+
+def test_the_phases_an_epoch_count_leaves_out_are_named() -> None:
+    """Phase k of an epoch schedule starts after k intervals: a job that ends before is told which it misses;
+    on the wall clock the schedule's end stops the job, so nothing is missed."""
+    from deploy.profiles import load_schedule
+    from deploy.run_plan import unreached
+
+    dynamic = load_schedule("dynamic").every(epochs=10)
+    assert unreached(dynamic, 80) is None and unreached(dynamic, 71) is None
+    assert unreached(dynamic, 70) == ("--epochs 70 ends the job before phase 7 (hl1) of schedule dynamic (10 epochs "
+                                      "a phase) start; --epochs 80 runs every phase")
+    assert "before phases 1 (hl2), 2 (hl4), 3 (hl8)," in str(unreached(dynamic, 2))
+    assert unreached(load_schedule("swap"), 1) is None

@@ -55,6 +55,7 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
         (["--shards", "2", "--clip-outliers", "10"], "--max-update-norm and --clip-outliers bound the pushes this server aggregates whole"),
         (["--allreduce", "on", "--max-update-norm", "5"], "not with --shards (each shard sees a slice) or --allreduce on"),
         (["--threads", "0"], "argument --threads: expected a whole number > 0, got '0'"),
+        (["--epochs", "1000001"], "argument --epochs: expected a whole number in [1, 1000000], got '1000001'"),
         (["--keep-checkpoints", "0"], "argument --keep-checkpoints: expected a whole number > 0, got '0'"),
         (["--rendezvous-port", "29500"], "unrecognized arguments: --rendezvous-port 29500"),  # the store is on --port
         (["--nesterov", "--momentum", "0"], "--nesterov needs --momentum > 0"),
