@@ -51,8 +51,10 @@ TASKS = {
 }
 
 
-TINY = ("--dataset-arg", "size=1024")
-"""--tiny: hetero's software slowdown instead of quotas, and (teacher) small data."""
+TINY = ("--dataset-arg", "size=2560")
+"""--tiny: hetero's software slowdown instead of quotas, and (teacher) small data: 2,048 training samples,
+whose epoch holds 16 rounds (goodput.MIN_STEPS_PER_EPOCH) at the smallest arm's B of 128, as ps-server
+requires of the adaptive range."""
 
 
 def arms(task: Task) -> dict[str, list[str]]:

@@ -23,6 +23,7 @@ from common.ops.available_memory import available_cpu_bytes
 from common.params.norm_clip import NormLimits
 from ps.checkpoint import Checkpointer, check_no_other_job
 from ps.control.config import PolicyConfig
+from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, epoch_bound
 from ps.control.policy import build_policy
 from ps.control.registry import policy_class
 from ps.ops.metrics import MetricsLog
@@ -94,6 +95,7 @@ def build_job(args: argparse.Namespace) -> Job:
     settle_min_batch(args, bool(batchnorm_layers(model)))
     check_flags_together(args)
     check_fits_training_set(args.global_batch, args.workers, samples)
+    check_adaptive_epoch(args, samples)
     calls = CallBounds.serving(args.max_concurrent_rpcs or calls_for_workers(args.max_workers or args.workers),
                                args.max_rpcs_per_peer)
     spec = JobSpec(
@@ -281,3 +283,18 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
             raise ValueError("--shards serves BSP jobs without --allreduce (ASP and the collective fast path keep one server)")
     check_shard_security(args)
     return addresses
+
+
+def check_adaptive_epoch(args: argparse.Namespace, train_samples: int) -> None:
+    """--adaptive-batch gns against the training set's size: ValueError where its smallest B leaves an
+    epoch fewer than MIN_STEPS_PER_EPOCH rounds, which no decision would choose (goodput.epoch_bound).
+    A range of one B (min = max) is B held on purpose, φ measured at it, and passes."""
+    config = adaptive_config(args)
+    if config is None or config.min_batch == config.max_batch:
+        return
+    most = epoch_bound(config.max_batch, train_samples)
+    if config.min_batch > most:
+        smallest = (f"--min-global-batch {config.min_batch}" if args.min_global_batch is not None
+                    else f"its smallest B, --workers {args.workers} x --min-batch {args.min_batch} = {config.min_batch},")
+        raise ValueError(f"--adaptive-batch gns: {smallest} leaves no batch to choose from: an epoch of the training "
+                         f"set's {train_samples} samples holds {MIN_STEPS_PER_EPOCH} rounds only up to B = {most}")

@@ -56,6 +56,11 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
         (["--allreduce", "on", "--max-update-norm", "5"], "not with --shards (each shard sees a slice) or --allreduce on"),
         (["--threads", "0"], "argument --threads: expected a whole number > 0, got '0'"),
         (["--epochs", "1000001"], "argument --epochs: expected a whole number in [1, 1000000], got '1000001'"),
+        (["--adaptive-batch", "gns", "--workers", "2", "--global-batch", "512", "--min-global-batch", "200"],
+         "--adaptive-batch gns: --min-global-batch 200 leaves no batch to choose from: an epoch of the training set's "
+         "1438 samples holds 16 rounds only up to B = 89"),
+        (["--adaptive-batch", "gns", "--workers", "100", "--global-batch", "512"],
+         "its smallest B, --workers 100 x --min-batch 1 = 100, leaves no batch to choose from"),
         (["--keep-checkpoints", "0"], "argument --keep-checkpoints: expected a whole number > 0, got '0'"),
         (["--rendezvous-port", "29500"], "unrecognized arguments: --rendezvous-port 29500"),  # the store is on --port
         (["--nesterov", "--momentum", "0"], "--nesterov needs --momentum > 0"),

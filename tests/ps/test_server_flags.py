@@ -1,6 +1,7 @@
 """The flags of a policy's own settings are made from its declarations: a number with its bounds, a
 choice, a switch with its --no- form; only the chosen policy's reach its config. The adaptive batch
-decides every DECIDE_EVERY rounds unless the flag says otherwise."""
+decides every DECIDE_EVERY rounds unless the flag says otherwise, and its range must hold a B that
+leaves an epoch MIN_STEPS_PER_EPOCH rounds."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from ps import server_flags
 from ps.control.global_batch.goodput import DECIDE_EVERY
 from ps.control.settings import Setting
-from ps.server_flags import build_parser, policy_flags, policy_options
+from ps.server_flags import build_parser, policy_flags, policy_options, settle_min_batch
+from ps.server_job import check_adaptive_epoch
 
 DECLARED = {"dynamic": (Setting("loud", bool, False, "whether to shout"),
                         Setting("mode", str, "fast", "how to go", choices=("fast", "slow")),
@@ -46,3 +48,20 @@ def test_the_adaptive_batch_decides_as_soon_as_a_round_is_measured_unless_told_e
     assert parser.parse_args(["--adaptive-batch", "gns"]).adapt_every == DECIDE_EVERY == 8
     assert parser.parse_args(["--adaptive-batch", "gns", "--adapt-every", "epoch"]).adapt_every is None
     assert parser.parse_args(["--adaptive-batch", "gns", "--adapt-every", "30"]).adapt_every == 30
+
+
+@pytest.mark.parametrize(("flags", "refused"), [
+    (["--min-global-batch", "89"], False),  # 1,438 // 16 = 89: one B left
+    (["--min-global-batch", "90"], True),
+    (["--min-global-batch", "512", "--max-global-batch", "512"], False),  # B held on purpose: φ measured at it
+    (["--global-batch", "64"], False),
+    ([], False),  # B₀ above the bound moves down to it at the first round
+])
+def test_the_adaptive_range_must_hold_a_batch_an_epoch_has_16_rounds_of(flags: list[str], refused: bool) -> None:
+    args = build_parser().parse_args(["--adaptive-batch", "gns", "--workers", "2", "--global-batch", "512", *flags])
+    settle_min_batch(args, batchnorm=False)
+    if refused:
+        with pytest.raises(ValueError, match="holds 16 rounds only up to B = 89"):
+            check_adaptive_epoch(args, 1438)
+    else:
+        check_adaptive_epoch(args, 1438)

@@ -161,7 +161,7 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
            round_ms: Callable[[int], float] | None, upward_only: bool = False,
            phi_sd: float | None = None, measurable: Callable[[int], bool] | None = None) -> Decision:
     """The batch to train at next. `lower`/`upper` are the flags' range narrowed to what the workers'
-    bounds can make up; `round_ms(B)` the predicted time of a round of B (None: not measured yet).
+    bounds can make up and to what leaves an epoch MIN_STEPS_PER_EPOCH rounds (`epoch_bound`); `round_ms(B)` the predicted time of a round of B (None: not measured yet).
     Unchanged (with the reason) while φ or the round time is unknown, or the gain is below the
     threshold or within what GAIN_SDS of φ's standard error `phi_sd` could explain (`gain_spread`).
     `upward_only`: `round_ms` is performance.measured_round's guess, which overvalues a smaller B (it counts the
@@ -190,7 +190,8 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
             return moved(config, current, escapes[0], phi, UNMEASURABLE, round_ms)
         return unchanged("noise scale not known yet" if phi is None else "round time not measured yet")
     if lo > hi:
-        return unchanged(f"the workers' bounds allow no batch in [{config.min_batch}, {config.max_batch}]")
+        return unchanged(f"no batch in [{config.min_batch}, {config.max_batch}] is within the workers' bounds and leaves "
+                         f"an epoch {MIN_STEPS_PER_EPOCH} rounds")
 
     def value(b: int) -> float:
         t = round_ms(b)

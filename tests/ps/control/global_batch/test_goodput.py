@@ -114,6 +114,13 @@ def test_unknown_phi_or_round_time_changes_nothing() -> None:
     assert choose(config, 128, 50.0, 16, 1024, None).reason == "round time not measured yet"
 
 
+def test_no_batch_left_between_the_flags_and_the_bounds_changes_nothing_and_says_both_bounds() -> None:
+    """B held at 512 (min = max) on a training set whose epoch holds 16 rounds only up to 89."""
+    decision = choose(AdaptiveConfig(512, 512, 512), 512, 50.0, 2, 89, linear_round(0.01, 1.0))
+    assert not decision.changed and decision.batch == 512
+    assert decision.reason == "no batch in [512, 512] is within the workers' bounds and leaves an epoch 16 rounds"
+
+
 @FAST
 @given(st.integers(1, 64), st.integers(1, 4096), st.integers(1, 4096), st.floats(0.0, 1e5),
        st.floats(1e-4, 1.0), st.floats(0.0, 500.0), st.integers(0, 10**6))
