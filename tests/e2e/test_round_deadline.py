@@ -225,6 +225,7 @@ def test_asp_one_held_reply_per_worker_and_the_slowest_evicted_at_the_deadline(t
         a, b = joined["a"], joined["b"]
         beat_until(cb, b.worker_id, stop, errors)
         numel = a.layout.numel
+        ca.pull(a.worker_id, torch.empty(numel), header_only=True)  # a worker pulls before its first push
         step = PushMeta(a.worker_id, 0, a.version, a.batch_size, PushTimes(1.0), "float32")
         pending = ca.start_push(step, torch.zeros(numel), torch.empty(numel))
         time.sleep(1.0)
