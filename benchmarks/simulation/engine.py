@@ -31,6 +31,7 @@ from benchmarks.simulation.optimum import Optimum, best_split, round_ms
 from benchmarks.simulation.population import Population, SpeedLaw
 from ps.control.checks import integer, positive, real
 from ps.control.config import PolicyConfig
+from ps.control.micro import unit_config
 from ps.control.policy import BatchPolicy, build_policy
 
 EVENT_KINDS = ("speed", "join", "leave", "fail")
@@ -99,9 +100,9 @@ class Scenario:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         positive("evict_ms", self.evict_ms)
         config = self.config()
-        m = config.micro_batch
-        least = math.ceil(config.min_batch / m) * m  # a worker's least batch, in whole micro-batches
-        most = None if config.max_batch is None else config.max_batch // m * m
+        m, unit = config.micro_batch, unit_config(config)  # a worker's bounds in whole micro-batches
+        least = unit.min_batch * m
+        most = None if unit.max_batch is None else unit.max_batch * m
         if most is not None and most < least:
             raise ValueError(f"max_batch {config.max_batch} holds no whole number of micro-batches of {m} "
                              f"from min_batch {config.min_batch} on")
