@@ -161,7 +161,8 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
            round_ms: Callable[[int], float] | None, upward_only: bool = False,
            phi_sd: float | None = None, measurable: Callable[[int], bool] | None = None) -> Decision:
     """The batch to train at next. `lower`/`upper` are the flags' range narrowed to what the workers'
-    bounds can make up and to what leaves an epoch MIN_STEPS_PER_EPOCH rounds (`epoch_bound`); `round_ms(B)` the predicted time of a round of B (None: not measured yet).
+    bounds can make up and to what leaves an epoch MIN_STEPS_PER_EPOCH rounds (`epoch_bound`);
+    `round_ms(B)` the predicted time of a round of B (None: not measured yet).
     Unchanged (with the reason) while φ or the round time is unknown, or the gain is below the
     threshold or within what GAIN_SDS of φ's standard error `phi_sd` could explain (`gain_spread`).
     `upward_only`: `round_ms` is performance.measured_round's guess, which overvalues a smaller B (it counts the
