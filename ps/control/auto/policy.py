@@ -182,7 +182,7 @@ class AutoPolicy(FittedPlan):
             self._confirming = confirm
         base = current if hold else new
         probes = self._probes(base, current, changed, slowed, means, times)
-        entries = self._entries(base, current, means)
+        entries = self._entries(base, current, means, recalled=slowed)
         lower, upper = self._bounds()
         # the workers the probes and entries make room from keep their break-even (with `break_even`)
         probed = probe_plan(base, {**probes, **entries}, self._config.global_batch,
@@ -338,9 +338,11 @@ class AutoPolicy(FittedPlan):
         return probe_targets(candidates, plan, current, means, lower, upper, self._config.deadband, shaped)
 
     def _entries(self, plan: Mapping[str, int], current: Mapping[str, int],
-                 means: Mapping[str, float] | None) -> dict[str, int]:
+                 means: Mapping[str, float] | None, recalled: bool) -> dict[str, int]:
         """The parked workers `plan` brings back, at the batch their known laws finish within the
-        round measured now, else at their cores' share (probes.entry_targets)."""
+        round measured now, else at their cores' share (probes.entry_targets); on a re-probe (not a
+        `recalled` one: a slowdown seen elsewhere may be the load that left its machine), one on a line
+        through the origin near the batch its line finishes within that round."""
         entering = [k for k, b in plan.items() if b > 0 and current.get(k, 0) == 0]
         if not entering:
             return {}
@@ -351,10 +353,12 @@ class AutoPolicy(FittedPlan):
             means = {k: finishes[k].at(b) for k, b in current.items() if b > 0 and k in finishes}
         slowest = max(means.values(), default=0.0)
         cores = {k: w.cores for k, w in self._workers.items()}
-        # a line through the origin measured at the minimum batch would bring it back there
         known = {k: f.at for k, f in finishes.items() if self._identified(k)}
+        lines = {} if recalled else {
+            k: (finishes[k].at, law.batch) for k in entering if k not in known and k in finishes
+            and (law := self._laws.law(k)) is not None and law.batch is not None}
         return entry_targets(entering, plan, known, slowest, self._config.deadband, cores, self._config.global_batch,
-                             lower, upper)
+                             lower, upper, lines)
 
     # ------------------------------------------------------------------ what the policy reports
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:

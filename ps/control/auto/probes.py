@@ -13,8 +13,11 @@ the batch its law from before parking finishes within the solved round: where th
 slowdown that round is short, and that batch the minimum, where a step is almost all fixed cost and
 its time tells nothing of its speed per sample. So it comes back at the batch its known law finishes
 within the round measured now (`entry_targets`), and the others share what it leaves. Without a
-known law (a line through the origin, as after a change seen at its minimum batch) it comes back at
-its cores' share of B. Pure."""
+known law (a line through the origin, as after a change seen at its minimum batch) a recalled worker
+comes back at its cores' share of B (the load seen to slow another may have left its machine); a
+re-probed one near the batch its line finishes within that round, a batch size SPREAD from the one
+the line was measured at (`line_entry`): a worker far slower than the others, parked after its first
+batch, is re-probed at a few samples, not at a share of B hundreds of rounds long. Pure."""
 
 from __future__ import annotations
 
@@ -72,20 +75,26 @@ def probe_plan(plan: Mapping[str, int], probes: Mapping[str, int], total: int, l
 
 def entry_targets(entering: Iterable[str], plan: Mapping[str, int], laws: Mapping[str, FinishTime], round_ms: float,
                   deadband: float, cores: Mapping[str, float], total: int, lower: Mapping[str, int],
-                  upper: Mapping[str, int]) -> dict[str, int]:
+                  upper: Mapping[str, int], lines: Mapping[str, tuple[FinishTime, int]] | None = None) -> dict[str, int]:
     """Each of `entering` (parked in the plan in force, planned in `plan`) at the largest batch its known
     law (`laws`) finishes within `round_ms` (the slowest mean time of the plan in force) and the
     `deadband` (where a step is almost all fixed cost, the batch within the round itself is as noisy
-    as that round's mean), or without one its cores' share of `total` among the workers `plan` plans;
+    as that round's mean), or on a line through the origin (`lines`: the line and the batch it was
+    measured at) the batch of `line_entry`, or never measured its cores' share of `total` among the
+    workers `plan` plans;
     no less than `plan` gives it, within its bounds, and all of them together leaving the others of
     `plan` their lower bounds (cut back towards `plan` alike)."""
     names = [k for k in entering if plan.get(k, 0) > 0]
     planned = [k for k, b in plan.items() if b > 0]
     mass = sum(cores[k] for k in planned)
-    wanted = {}
+    lines, level, wanted = lines or {}, (1.0 + deadband) * round_ms, {}
     for k in names:
-        share = (batch_within(laws[k], (1.0 + deadband) * round_ms, lower[k], upper[k]) if k in laws
-                 else round(total * cores[k] / mass))
+        if k in laws:
+            share = batch_within(laws[k], level, lower[k], upper[k])
+        elif k in lines:
+            share = line_entry(*lines[k], level, lower[k], upper[k])
+        else:
+            share = round(total * cores[k] / mass)
         wanted[k] = min(max(share, plan[k], lower[k]), upper[k])
     room = total - sum(lower[k] for k in planned if k not in wanted)
     asked, given = sum(wanted.values()), sum(plan[k] for k in wanted)
@@ -93,3 +102,17 @@ def entry_targets(entering: Iterable[str], plan: Mapping[str, int], laws: Mappin
         scale = max(0, room - given) / (asked - given)
         wanted = {k: plan[k] + math.floor((b - plan[k]) * scale) for k, b in wanted.items()}
     return wanted
+
+
+def line_entry(line: FinishTime, measured: int, level: float, lo: int, hi: int) -> int:
+    """The batch a parked worker whose law is a line through the origin, through its times at batch
+    `measured`, comes back at: the largest its line finishes within `level`, if SPREAD from `measured`
+    (its time there then gives the worker its fixed cost, law.py); else the largest SPREAD below
+    `measured`, or, below `lo`, the smallest SPREAD above it. The line overprices every batch above
+    `measured` and underprices one below by at most the fixed cost, which its time at `measured`
+    bounds: a worker far slower than the others comes back at a few samples, not at a share of B."""
+    within = batch_within(line, level, lo, hi)
+    if within >= measured * (1.0 + SPREAD) or within * (1.0 + SPREAD) <= measured:
+        return within
+    below = math.floor(measured / (1.0 + SPREAD))
+    return below if below >= lo else min(measured + max(2, math.ceil(SPREAD * measured)), hi)

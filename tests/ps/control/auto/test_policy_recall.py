@@ -88,3 +88,17 @@ def test_a_recalled_worker_that_is_still_slow_is_parked_again_by_the_decision_th
     assert recall["phase"] == "reprobe" and recall["round"] <= 4
     assert measured["round"] - recall["round"] <= 8 and measured["plan"]["w3"] == 0, measured
     assert all(r["plan"]["w3"] <= 1 for r in reports[1:] if r["phase"] != "reprobe")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_worker_far_slower_than_the_others_is_reprobed_at_a_few_samples(seed: int) -> None:
+    """`w7`, 300 times slower a sample, is parked after the equal split, measured there alone: its law
+    is a line through the origin. At its cores' share of B each re-probe round took 9.6 s against a
+    planned round of 40 ms; near what its line finishes within the round, one of 1-2 samples takes
+    about 0.15 s, and its time there gives it its fixed cost."""
+    costs = {**{f"w{i}": (0.5, 2.0) for i in range(7)}, "w7": (150.0, 2.0)}
+    ctl = policy(costs, 512)
+    reports = run_rounds(ctl, costs, 300, rnd=random.Random(seed), every=5)
+    reprobes = [r for r in reports if r["phase"] == "reprobe"]
+    assert reprobes and ctl.parked() == ["w7"], [r["plan"] for r in reports[:5]]
+    assert all(r["plan"]["w7"] <= 2 for r in reprobes), [r["plan"] for r in reprobes]

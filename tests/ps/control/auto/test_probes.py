@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
+from ps.control.auto.probes import entry_targets, line_entry, probe_plan, probe_targets
 
 LOWER = {"a": 2, "b": 1}
 UPPER = {"a": 20, "b": 20}
@@ -89,3 +89,20 @@ def test_a_shaped_workers_round_is_its_price_not_its_mean_scaled() -> None:
     lower, upper = dict.fromkeys(plan, 1), dict.fromkeys(plan, 512)
     assert probe_targets(["u"], plan, current, means, lower, upper, 0.1) == {"u": 72}
     assert probe_targets(["u"], plan, current, means, lower, upper, 0.1, {"f": lambda b: 36.0 * b / 108}) == {}
+
+
+def test_a_reprobed_worker_on_a_line_through_the_origin_comes_back_at_a_few_samples_not_a_share_of_b() -> None:
+    """`d` was measured at 64 samples only, 150 ms a sample: at its cores' share it would take 32 of B,
+    4.8 s against a round of 40 ms. Its line finishes none within the round: it comes back at its
+    minimum, SPREAD below 64, where its time gives it its fixed cost."""
+    slow = (line(150.0, 0.0), 64)
+    assert entry_targets(["d"], {"a": 40, "b": 23, "d": 1}, {}, 40.0, 0.1, CORES, 64, ENTRY_LOWER, ENTRY_UPPER,
+                         {"d": slow}) == {"d": 1}
+
+
+def test_a_line_entry_is_a_batch_size_spread_from_the_one_the_line_was_measured_at() -> None:
+    assert line_entry(line(1.0, 0.0), 10, 30.0, 1, 64) == 30  # within the round and SPREAD above
+    assert line_entry(line(1.0, 0.0), 10, 4.0, 1, 64) == 4  # within the round and SPREAD below
+    assert line_entry(line(1.0, 0.0), 10, 11.0, 1, 64) == 8  # 11 is too near 10: the largest SPREAD below
+    assert line_entry(line(10.0, 0.0), 1, 11.0, 1, 64) == 3  # measured at its minimum: the smallest SPREAD above
+    assert line_entry(line(10.0, 0.0), 2, 11.0, 2, 3) == 3  # ... within its bound
