@@ -1,6 +1,6 @@
 """What a simulated run is judged by: how many decisions the policy takes to a steady plan (from the
-start, and again after a speed change), how far its plan's round is from the exact optimum's, and
-what its decisions cost in CPU.
+start, and again after a speed change), how far its plan's round is from the exact optimum's (the
+plan it ends with, and the mean of the rounds it ran), and what its decisions cost in CPU.
 
 Plan change. Two plans P and P' (batches by worker, 0: parked or absent) differ by
 d(P, P') = max(largest |P'_k − P_k| / P_k over the workers with a batch in both,
@@ -84,9 +84,23 @@ def phase(trace: Trace, start: int, end: int) -> dict[str, Any]:
         "optimum_ms": round(best, 3),
         "round_over_optimum": round(trace.round_of(final, start) / best, 4),
         "compute_over_optimum": round(compute / optimum.round_ms, 4),
+        "mean_round_over_optimum": round(mean_round(trace, start, end) / best, 4),
         "parked": int(np.count_nonzero((final[: len(alive)] == 0) & alive)),
         "optimum_parked": int(np.count_nonzero((optimum.batches == 0) & alive)),
     }
+
+
+def mean_round(trace: Trace, start: int, end: int) -> float:
+    """The mean noise-free round (with the server's cost) of rounds [start, end), each at the plan in
+    force in it: what the phase took, its transitions and re-probes included, which the plan it ends
+    with does not show."""
+    total, plans = 0.0, trace.plans
+    for i, (effective, _, plan) in enumerate(plans):
+        until = plans[i + 1][0] if i + 1 < len(plans) else end
+        first, last = max(effective, start), min(until, end)
+        if first < last:
+            total += (last - first) * trace.round_of(plan, first)
+    return total / max(1, end - start)
 
 
 def cpu(trace: Trace) -> dict[str, Any]:

@@ -5,7 +5,7 @@ that cost is a parameter here, and at thousands of workers it would dominate bot
 
 A run's record: the scenario, the round of its speed change (None without), per phase (the rounds
 between two events: the speed change, a join, a leave, a failure) its decisions, decisions to
-steady, the final plan's round over the optimum, and the policy's CPU. A row of the summary reads
+steady, the final plan's round and the phase's mean round over the optimum, and the policy's CPU. A row of the summary reads
 the phase in force when the speed change comes (the one that ends at its round; in a run without
 the change, the run's last phase) and, with the change, the phase that starts at its round.
 Targets are set for the policies that measure their workers; `FIXED_SPLITS` split B by a rule no measurement changes, and are
@@ -107,6 +107,7 @@ def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             row.update(decisions_to_steady=_cell(steady, "decisions_to_steady"),
                        round_over_optimum=_cell(steady, "round_over_optimum"),
                        compute_over_optimum=_cell(steady, "compute_over_optimum"),
+                       mean_round_over_optimum=_cell(steady, "mean_round_over_optimum"),
                        decision_ms_median=run["cpu"]["decision_ms_median"],
                        decision_ms_max=run["cpu"]["decision_ms_max"],
                        policy_ms_per_round=run["cpu"]["round_ms_policy"])
@@ -114,7 +115,8 @@ def summary(runs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             after = phase_after_change(run)
             row.update(steady_again=_cell(after, "decisions_to_steady"),
                        round_over_optimum_after=_cell(after, "round_over_optimum"),
-                       compute_over_optimum_after=_cell(after, "compute_over_optimum"))
+                       compute_over_optimum_after=_cell(after, "compute_over_optimum"),
+                       mean_round_over_optimum_after=_cell(after, "mean_round_over_optimum"))
     return list(rows.values())
 
 
@@ -152,17 +154,19 @@ def _goal(name: str, values: list[Any], most: float) -> dict[str, Any]:
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
     """The summary as a markdown table."""
-    head = ("| policy | N | decisions to steady | round / optimum (compute alone) | CPU per decision, ms "
-            "(median / max) | policy CPU per round, ms | after the change: steady again | round / optimum (compute alone) |\n"
-            "|---|---|---|---|---|---|---|---|")
+    head = ("| policy | N | decisions to steady | round / optimum (compute alone) | mean round / optimum "
+            "| CPU per decision, ms (median / max) | policy CPU per round, ms | after the change: steady again "
+            "| round / optimum (compute alone) | mean round / optimum |\n"
+            "|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
         lines.append(f"| {r['policy']} | {r['workers']} | {_show(r.get('decisions_to_steady'))} "
                      f"| {_show(r.get('round_over_optimum'))} ({_show(r.get('compute_over_optimum'))}) "
-                     f"| {_show(r.get('decision_ms_median'))} / "
+                     f"| {_show(r.get('mean_round_over_optimum'))} | {_show(r.get('decision_ms_median'))} / "
                      f"{_show(r.get('decision_ms_max'))} | {_show(r.get('policy_ms_per_round'))} "
                      f"| {_show(r.get('steady_again', '-'))} | {_show(r.get('round_over_optimum_after', '-'))} "
-                     f"({_show(r.get('compute_over_optimum_after', '-'))}) |")
+                     f"({_show(r.get('compute_over_optimum_after', '-'))}) "
+                     f"| {_show(r.get('mean_round_over_optimum_after', '-'))} |")
     return "\n".join(lines)
 
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from benchmarks.simulation.engine import Event, Scenario, simulate
-from benchmarks.simulation.metrics import decisions_to_steady, phase, phases, plan_change
+from benchmarks.simulation.metrics import decisions_to_steady, mean_round, phase, phases, plan_change
+from benchmarks.simulation.population import SpeedLaw
 
 
 def plans(*rows: list[int]) -> list[np.ndarray]:
@@ -38,3 +39,15 @@ def test_a_runs_phases_are_cut_at_its_events() -> None:
     assert first["decisions"] == second["decisions"] == 6
     assert first["round_over_optimum"] >= 1.0 and second["round_over_optimum"] >= 1.0
     assert first["optimum_ms"] != second["optimum_ms"]
+
+
+def test_a_phases_mean_round_counts_every_plan_in_force_for_the_rounds_it_ran() -> None:
+    """The equal split's opening rounds, held up by a worker 300 times slower a sample, are most of
+    the run's time; the plan the run ends with shows none of it."""
+    law = SpeedLaw(given=[(0.5, 2.0)] * 3 + [(150.0, 2.0)])
+    trace = simulate(Scenario(policy="auto", workers=4, global_batch=256, rounds=40, law=law))
+    whole = phase(trace, 0, 40)
+    by_hand = sum(trace.round_of(plan, max(r, 0)) * (min(until, 40) - r) for (r, _, plan), until
+                  in zip(trace.plans, [p[0] for p in trace.plans[1:]] + [40]) if r < 40) / 40
+    assert mean_round(trace, 0, 40) == pytest.approx(by_hand)
+    assert whole["mean_round_over_optimum"] > 5 * whole["round_over_optimum"]
