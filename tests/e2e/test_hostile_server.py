@@ -2,39 +2,28 @@
 reply it should not act on, leaves, runs no code that the server names, and waits on no call past
 its bound (a Join never answered, a reply whose values stop after the header).
 
-The fake server is written against protos/ alone (grpc and the generated messages), not against our
-server: it answers Status, Join, Pull, Push, Heartbeat and Leave as a scenario says. The baseline
-scenario is a job the worker completes, so each refusal below is the worker's check at work.
+The fake server (tests/hostile_server.py) is written against protos/ alone, not against our server:
+it answers Status, Join, Pull, Push, Heartbeat and Leave as a scenario says. The baseline scenario is
+a job the worker completes, so each refusal below is the worker's check at work.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import socket
-import struct
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
-from concurrent import futures
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import pytest
 
-from protos import ps_pb2, ps_pb2_grpc
+from tests.hostile_server import GOOD_SPEC, NUMEL, Scenario, serving
 from tests.repo import ROOT
 from tests.processes import ENV
 
-# mlp(hidden=16, layers=1) on digits (8x8 images, 10 classes): the worker builds this model itself
-LAYOUT = [("1.weight", (16, 64)), ("1.bias", (16,)), ("3.weight", (10, 16)), ("3.bias", (10,))]
-NUMEL = sum(math.prod(shape) for _, shape in LAYOUT)
-GOOD_SPEC = {"workers": 1, "model": "mlp", "model_options": {"hidden": 16, "layers": 1}, "dataset": "digits",
-             "global_batch": 16, "epochs": 1, "overlap": False}
 WORKER_TIMEOUT_S = 90
 MARKER_MODULE = '''
 from pathlib import Path
@@ -44,100 +33,6 @@ def make(*args, **kwargs):
     Path({marker!r}).write_text("called")
     raise RuntimeError("a factory the server named")
 '''
-
-
-@dataclass
-class Scenario:
-    """What the fake server says: the job spec, and fields of its replies that override good ones."""
-
-    spec: dict[str, Any] = field(default_factory=lambda: dict(GOOD_SPEC))
-    join: dict[str, Any] = field(default_factory=dict)
-    pull: dict[str, Any] = field(default_factory=dict)
-    values: list[float] | None = None  # the parameters a Pull sends (default NUMEL zeros)
-    shards: list[tuple[str, int, int]] = field(default_factory=list)
-    hang: str = ""  # "Join": never answered; "Pull-body", "Push-body": the first such reply stops after its header
-    expected_workers: int = 1  # what Status says
-    status_hangs_after: float | None = None  # seconds after the first Join from which Status is never answered
-
-
-class FakeServer(ps_pb2_grpc.ParameterServerServicer):
-    """Serves `scenario`; records the calls it got."""
-
-    def __init__(self, scenario: Scenario) -> None:
-        self.scenario = scenario
-        self.calls: list[str] = []
-        self.times: dict[str, float] = {}  # each call's first arrival (time.monotonic)
-        self.lock = threading.Lock()
-        self.stopped = threading.Event()
-
-    def _spec_json(self) -> str:
-        return json.dumps(self.scenario.spec)
-
-    def _record(self, name: str) -> int:
-        """Record a call; how many of its kind came before it."""
-        with self.lock:
-            self.calls.append(name)
-            self.times.setdefault(name, time.monotonic())
-            return self.calls.count(name) - 1
-
-    def _hang(self, context: Any) -> None:
-        """Answer nothing until the caller gives up or the test ends."""
-        while context.is_active() and not self.stopped.wait(0.05):
-            pass
-
-    def Status(self, request: Any, context: Any) -> ps_pb2.StatusReply:
-        self._record("Status")
-        after = self.scenario.status_hangs_after
-        if after is not None and "Join" in self.times and time.monotonic() - self.times["Join"] > after:
-            self._hang(context)
-        return ps_pb2.StatusReply(mode="bsp", job_json=self._spec_json(), global_batch=16,
-                                  expected_workers=self.scenario.expected_workers)
-
-    def Join(self, request: Any, context: Any) -> ps_pb2.JoinReply:
-        self._record("Join")
-        if self.scenario.hang == "Join":
-            self._hang(context)
-        fields: dict[str, Any] = {
-            "worker_id": "w0", "job_json": self._spec_json(), "num_params": NUMEL, "batch_size": 8,
-            "heartbeat_interval_s": 1.0, "secret": "s" * 32,
-            "layout": [ps_pb2.TensorSpec(name=n, shape=list(s), dtype="float32") for n, s in LAYOUT],
-            "shards": [ps_pb2.ShardInfo(address=a, start=b, stop=c) for a, b, c in self.scenario.shards],
-        }
-        return ps_pb2.JoinReply(**{**fields, **self.scenario.join})
-
-    def _params(self, done: bool) -> Iterator[ps_pb2.ParamsChunk]:
-        values = [0.0] * NUMEL if self.scenario.values is None else self.scenario.values
-        header = {"round": 0, "batch_size": 8, "global_batch": 16, "wire_dtype": "float32", "num_values": len(values),
-                  "lr": 0.1, "done": done, "reason": "finished" if done else ""}
-        if not done:
-            header.update(self.scenario.pull)
-        yield ps_pb2.ParamsChunk(header=ps_pb2.ParamsHeader(**header), seq=0)
-        yield ps_pb2.ParamsChunk(seq=1, data=struct.pack(f"<{len(values)}f", *values))
-
-    def _reply(self, name: str, number: int, done: bool, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
-        """The parameters; the first reply of `name` stops after its header where the scenario says so."""
-        chunks = self._params(done)
-        yield next(chunks)
-        if self.scenario.hang == f"{name}-body" and number == 0:
-            self._hang(context)
-            return
-        yield from chunks
-
-    def Pull(self, request: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
-        yield from self._reply("Pull", self._record("Pull"), False, context)
-
-    def Push(self, request_iterator: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
-        for _ in request_iterator:
-            pass
-        yield from self._reply("Push", self._record("Push"), True, context)
-
-    def Heartbeat(self, request: Any, context: Any) -> ps_pb2.HeartbeatReply:
-        self._record("Heartbeat")
-        return ps_pb2.HeartbeatReply()
-
-    def Leave(self, request: Any, context: Any) -> ps_pb2.LeaveReply:
-        self._record("Leave")
-        return ps_pb2.LeaveReply()
 
 
 @dataclass
@@ -152,22 +47,14 @@ class Run:
 def run_worker(scenario: Scenario, tmp_path: Path, *flags: str, timeout: str = "30", retry_for: str = "0") -> Run:
     """A real ps-worker against a fake server serving `scenario`, to its exit (`timeout`, `retry_for`:
     its --timeout and --retry-for)."""
-    fake = FakeServer(scenario)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    ps_pb2_grpc.add_ParameterServerServicer_to_server(fake, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
+    with serving(scenario) as (fake, target):
         env = {**ENV, "PYTHONPATH": f"{tmp_path}:{ENV.get('PYTHONPATH', '')}".rstrip(":")}
         proc = subprocess.run(
-            [sys.executable, "-m", "worker.cli", "--server", f"127.0.0.1:{port}", "--name", "w", "--quiet",
+            [sys.executable, "-m", "worker.cli", "--server", target, "--name", "w", "--quiet",
              "--timeout", timeout, "--retry-for", retry_for, *flags],
             capture_output=True, text=True, env=env, timeout=WORKER_TIMEOUT_S, cwd=ROOT,
         )
         ended = time.monotonic()
-    finally:
-        fake.stopped.set()
-        server.stop(grace=None)
     return Run(proc.returncode, proc.stderr, list(fake.calls), dict(fake.times), ended)
 
 

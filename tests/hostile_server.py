@@ -1,0 +1,140 @@
+"""A parameter server written against protos/ alone (grpc and the generated messages), not against
+ours, for tests of what a worker takes from its server: it answers Status, Join, Pull, Push, Heartbeat
+and Leave as a Scenario says (a good job the worker completes, but for the fields a scenario
+overrides) and records the calls it got. `serving` runs one in this process; tests/e2e/
+test_hostile_server.py runs a real ps-worker process against it, tests/worker/transport/
+test_server_checks_wire.py the worker's own code in this process."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from concurrent import futures
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from protos import ps_pb2, ps_pb2_grpc
+
+# mlp(hidden=16, layers=1) on digits (8x8 images, 10 classes): the worker builds this model itself
+LAYOUT = [("1.weight", (16, 64)), ("1.bias", (16,)), ("3.weight", (10, 16)), ("3.bias", (10,))]
+NUMEL = sum(math.prod(shape) for _, shape in LAYOUT)
+GOOD_SPEC = {"workers": 1, "model": "mlp", "model_options": {"hidden": 16, "layers": 1}, "dataset": "digits",
+             "global_batch": 16, "epochs": 1, "overlap": False}
+
+@dataclass
+class Scenario:
+    """What the fake server says: the job spec, and fields of its replies that override good ones."""
+
+    spec: dict[str, Any] = field(default_factory=lambda: dict(GOOD_SPEC))
+    join: dict[str, Any] = field(default_factory=dict)
+    pull: dict[str, Any] = field(default_factory=dict)
+    values: list[float] | None = None  # the parameters a Pull sends (default NUMEL zeros)
+    shards: list[tuple[str, int, int]] = field(default_factory=list)
+    hang: str = ""  # "Join": never answered; "Pull-body", "Push-body": the first such reply stops after its header
+    expected_workers: int = 1  # what Status says
+    status_hangs_after: float | None = None  # seconds after the first Join from which Status is never answered
+    header_on: str = "first"  # which chunks of a parameter reply carry its header: "first", "data" (not the first), "both"
+
+
+class FakeServer(ps_pb2_grpc.ParameterServerServicer):
+    """Serves `scenario`; records the calls it got."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = scenario
+        self.calls: list[str] = []
+        self.times: dict[str, float] = {}  # each call's first arrival (time.monotonic)
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def _spec_json(self) -> str:
+        return json.dumps(self.scenario.spec)
+
+    def _record(self, name: str) -> int:
+        """Record a call; how many of its kind came before it."""
+        with self.lock:
+            self.calls.append(name)
+            self.times.setdefault(name, time.monotonic())
+            return self.calls.count(name) - 1
+
+    def _hang(self, context: Any) -> None:
+        """Answer nothing until the caller gives up or the test ends."""
+        while context.is_active() and not self.stopped.wait(0.05):
+            pass
+
+    def Status(self, request: Any, context: Any) -> ps_pb2.StatusReply:
+        self._record("Status")
+        after = self.scenario.status_hangs_after
+        if after is not None and "Join" in self.times and time.monotonic() - self.times["Join"] > after:
+            self._hang(context)
+        return ps_pb2.StatusReply(mode="bsp", job_json=self._spec_json(), global_batch=16,
+                                  expected_workers=self.scenario.expected_workers)
+
+    def Join(self, request: Any, context: Any) -> ps_pb2.JoinReply:
+        self._record("Join")
+        if self.scenario.hang == "Join":
+            self._hang(context)
+        fields: dict[str, Any] = {
+            "worker_id": "w0", "job_json": self._spec_json(), "num_params": NUMEL, "batch_size": 8,
+            "heartbeat_interval_s": 1.0, "secret": "s" * 32,
+            "layout": [ps_pb2.TensorSpec(name=n, shape=list(s), dtype="float32") for n, s in LAYOUT],
+            "shards": [ps_pb2.ShardInfo(address=a, start=b, stop=c) for a, b, c in self.scenario.shards],
+        }
+        return ps_pb2.JoinReply(**{**fields, **self.scenario.join})
+
+    def _params(self, done: bool) -> Iterator[ps_pb2.ParamsChunk]:
+        values = [0.0] * NUMEL if self.scenario.values is None else self.scenario.values
+        fields: dict[str, Any] = {"round": 0, "batch_size": 8, "global_batch": 16, "wire_dtype": "float32",
+                                  "num_values": len(values), "lr": 0.1, "done": done, "reason": "finished" if done else ""}
+        if not done:
+            fields.update(self.scenario.pull)
+        header, on = ps_pb2.ParamsHeader(**fields), self.scenario.header_on
+        yield ps_pb2.ParamsChunk(header=header if on != "data" else None, seq=0)
+        yield ps_pb2.ParamsChunk(header=header if on != "first" else None, seq=1,
+                                 data=struct.pack(f"<{len(values)}f", *values))
+
+    def _reply(self, name: str, number: int, done: bool, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
+        """The parameters; the first reply of `name` stops after its header where the scenario says so."""
+        chunks = self._params(done)
+        yield next(chunks)
+        if self.scenario.hang == f"{name}-body" and number == 0:
+            self._hang(context)
+            return
+        yield from chunks
+
+    def Pull(self, request: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
+        yield from self._reply("Pull", self._record("Pull"), False, context)
+
+    def Push(self, request_iterator: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
+        for _ in request_iterator:
+            pass
+        yield from self._reply("Push", self._record("Push"), True, context)
+
+    def Heartbeat(self, request: Any, context: Any) -> ps_pb2.HeartbeatReply:
+        self._record("Heartbeat")
+        return ps_pb2.HeartbeatReply()
+
+    def Leave(self, request: Any, context: Any) -> ps_pb2.LeaveReply:
+        self._record("Leave")
+        return ps_pb2.LeaveReply()
+
+
+@contextmanager
+def serving(scenario: Scenario) -> Iterator[tuple[FakeServer, str]]:
+    """A FakeServer serving `scenario` on 127.0.0.1 (a free port): it and its HOST:PORT, until the block ends."""
+    fake = FakeServer(scenario)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    ps_pb2_grpc.add_ParameterServerServicer_to_server(fake, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield fake, f"127.0.0.1:{port}"
+    finally:
+        fake.stopped.set()
+        server.stop(grace=None)
