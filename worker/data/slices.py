@@ -39,7 +39,7 @@ class BadSlice(ServerError):
 def check_slice(plan: StepHeader, num_samples: int, last_epoch: int) -> None:
     """BadSlice unless `plan`'s slice, and its slice ahead if any, are ranges of epochs
     plan.epoch..`last_epoch` within the `num_samples` training samples whose counts sum to the batch
-    size it tells."""
+    size it tells, no sample of an epoch in two of them (one epoch trains each sample once)."""
     for ranges, what in ((plan.slice, "a slice"), (plan.next_slice, "a slice ahead")):
         if what == "a slice ahead" and not ranges:
             continue
@@ -51,6 +51,11 @@ def check_slice(plan: StepHeader, num_samples: int, last_epoch: int) -> None:
             total += r.count
         if total != plan.batch_size:
             raise BadSlice(f"the server handed {what} of {total} samples for a batch of {plan.batch_size}")
+    handed = sorted((r.epoch, r.offset, r.stop) for r in (*plan.slice, *plan.next_slice))
+    for (epoch, _, stop), (next_epoch, offset, _) in zip(handed, handed[1:]):
+        if epoch == next_epoch and offset < stop:  # a sample twice in one epoch: trained twice, another never
+            raise BadSlice(f"the server handed samples of epoch {epoch} twice (from {offset}, before {stop}), in one "
+                           f"step's slice or in its slice and the one ahead")
 
 
 Ranges = tuple[SliceRange, ...]

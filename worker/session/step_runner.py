@@ -29,6 +29,7 @@ from worker.session.collective_step import CollectiveStep
 from worker.session.plan_follower import PlanFollower
 from worker.session.replica import Replica
 from worker.timing.step_timer import StepTimer
+from worker.transport.call_bounds import MIN_PARKED_POLL_S
 from worker.transport.cancelled_push import after_cancelled_stream
 from worker.transport.client import ServerError
 
@@ -195,6 +196,7 @@ class StepRunner:
         if not self.settle_params():
             return follower.plan
         try:
+            asked = time.monotonic()
             plan = replica.pull(header_only=True, wait_for_batch=True)
             self.parked_polls += 1
             if plan.batch_size > 0 and not plan.done:
@@ -202,6 +204,8 @@ class StepRunner:
                 follower.apply(plan)
             else:
                 follower.follow(plan)
+                if not plan.done:  # still parked: the next poll no sooner than MIN_PARKED_POLL_S after this one
+                    time.sleep(max(0.0, asked + MIN_PARKED_POLL_S - time.monotonic()))
         except ServerError as exc:
             follower.apply(replica.recover(exc, follower.plan))
         return follower.plan

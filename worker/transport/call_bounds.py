@@ -31,6 +31,9 @@ ROUND_FACTOR = 4.0
 """A round's deadline in recent round times (ps-server's --round-deadline auto)."""
 LONG_POLL_S = 5.0
 """The longest a server holds a parked worker's long poll before it answers with the unchanged plan."""
+MIN_PARKED_POLL_S = 1.0
+"""The least time between a parked worker's long polls: a server that answers one at once with the
+unchanged plan (batch 0) is asked again after the rest of this, not in a busy loop of calls."""
 RECENT_ROUNDS = 20
 """How many of the latest intervals between push replies the round time is the median of."""
 

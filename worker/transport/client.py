@@ -193,6 +193,7 @@ class PSClient(PushPull):
 
     def _joined(self, info: JoinInfo, max_batch: int) -> Joined:
         """The Join reply as a Joined record, checked (worker.transport.server_checks) before a shard is reached."""
+        server_checks.joined(info)
         spec = server_checks.job_spec(info.job_json)
         shards = tuple(replace(s, address=shard_address(s.address, self.target)) for s in info.shards)
         server_checks.shard_ranges([(s.address, s.start, s.stop) for s in shards], info.layout.numel, self.target,
@@ -215,7 +216,7 @@ class PSClient(PushPull):
                 log.warning("the server sends no optimizer state (an older version): the momentum starts at zero")
                 return None
             out = torch.empty(numel)
-            header = receive_into(stream, out, first=first)
+            header = receive_into(stream, out, first=first, optimizer_state=True)
         except grpc.RpcError as exc:
             raise server_error(exc) from None
         return out if header.num_values else None

@@ -31,27 +31,34 @@ _NO_VALUES = torch.empty(0)
 
 
 def first_chunk(stream: Iterator[DataChunk]) -> DataChunk:
-    """A reply's first chunk (its header); a ServerError if the stream ends before it."""
+    """A reply's first chunk (its header); a ServerError if the stream ends before it, an UntrustedReply
+    if it has none."""
     first = next(stream, None)
     if first is None:
         raise ServerError("INTERNAL", "the server's reply ended before its header")
+    server_checks.header_place(0, first.fields.HasField("header"))
     return first
 
 
 def receive_into(stream: Iterator[DataChunk], out: torch.Tensor, *, first: DataChunk | None = None,
                  timing: PushTiming | None = None, filled: Callable[[int], None] | None = None,
-                 values_optional: bool = True) -> ps_pb2.ParamsHeader:
+                 values_optional: bool = True, optimizer_state: bool = False) -> ps_pb2.ParamsHeader:
     """A reply's header; its values land in `out`. `first`: its first chunk, already read; `timing`: told
     when the header is in; `filled`: told how many values are in after every chunk. `values_optional`:
-    a reply without values (header.num_values 0) leaves `out` alone, where otherwise it must fill it."""
+    a reply without values (header.num_values 0) leaves `out` alone, where otherwise it must fill it.
+    `optimizer_state`: the values asked for are the optimizer's state, else parameters (the header
+    must say the same: server_checks.payload)."""
     first = first_chunk(stream) if first is None else first
     if timing is not None:
         timing.replied = time.perf_counter()
     h: ps_pb2.ParamsHeader = first.fields.header
+    server_checks.payload(h.optimizer_state, optimizer_state)
     with _checked_reply(), PROBE.part("receive"):
         buffer = _NO_VALUES if values_optional and not h.num_values else out
         receiver = FlatReceiver(buffer, h.num_values, h.wire_dtype, check_finite=False)
-        for chunk in itertools.chain([first], stream):
+        for index, chunk in enumerate(itertools.chain([first], stream)):
+            if index:
+                server_checks.header_place(index, chunk.fields.HasField("header"))
             with PROBE.part("copy"):
                 receiver.feed(chunk.fields.seq, chunk.data)
             if filled is not None:

@@ -17,13 +17,20 @@ import numpy as np
 import torch
 
 from common.job.spec import INT32_MAX, JobSpec
-from common.transport.messages import StepHeader
+from common.transport.layout import Layout
+from common.transport.messages import GroupInfo, JoinInfo, StepHeader
 
 MIN_HEARTBEAT_S = 0.01
 """The shortest heartbeat interval a worker takes (the server sends a quarter of --evict-after, at
 most 1 s): anything shorter is a busy loop of RPCs."""
 MAX_HEARTBEAT_S = 3600.0
 ALLOW_SHARD_HOST_FLAG = "--allow-shard-host"
+MAX_ID_CHARS = 256
+"""The longest worker id or secret a worker takes (the project's server: a name of at most 128
+characters and 9 more; a secret of 64 hex digits): each travels with every later call."""
+BACKENDS = ("gloo", "nccl")
+LR_TOLERANCE = 1e-9
+"""An ASP learning rate may exceed the spec's schedule by this fraction (the rounding of eta*b_k/B)."""
 
 
 class UntrustedReply(ValueError):
@@ -45,6 +52,44 @@ def heartbeat_interval(seconds: float) -> float:
         raise UntrustedReply(f"the server's heartbeat interval {seconds:g} s is outside [{MIN_HEARTBEAT_S:g}, "
                              f"{MAX_HEARTBEAT_S:g}] s")
     return seconds
+
+
+def joined(info: JoinInfo) -> None:
+    """A Join reply's own fields: an id and a secret of 1 to MAX_ID_CHARS printable characters (they
+    are sent back with every call, and the id is printed), counters and join order >= 0, a layout of
+    one value or more, a group as in every plan (`group`)."""
+    for what, text in (("worker id", info.worker_id), ("secret", info.secret)):
+        if not (0 < len(text) <= MAX_ID_CHARS and text.isprintable()):
+            raise UntrustedReply(f"the server's {what} {text!r:.80} is not 1 to {MAX_ID_CHARS} printable characters")
+    if min(info.round, info.version, info.epoch, info.index) < 0:
+        raise UntrustedReply(f"the server's Join reply has a negative round, version, epoch or join order "
+                             f"({info.round}, {info.version}, {info.epoch}, {info.index})")
+    layout(info.layout)
+    group(info.group, ranked=False)
+
+
+def layout(entries: Layout) -> None:
+    """The parameter layout: at least one value, no negative dimension."""
+    bad = next((e for e in entries.entries if any(d < 0 for d in e.shape)), None)
+    if bad is not None:
+        raise UntrustedReply(f"the server's layout gives {bad.name[:80]!r} the shape {list(bad.shape)}")
+    if entries.numel < 1:
+        raise UntrustedReply("the server's layout holds no values")
+
+
+def group(g: GroupInfo, ranked: bool = True) -> None:
+    """--allreduce: a group generation >= 0 and, where the worker has a group, a backend it can form
+    the group over (gloo or nccl) and, where `ranked` (every plan's: a Join's rank may be -1, not in
+    the generation yet), its ranks inside it."""
+    if g.generation < 0 or g.world_size < 0:
+        raise UntrustedReply(f"the server's group has a negative generation or size ({g.generation}, {g.world_size})")
+    if not g.world_size:
+        return
+    if g.backend not in BACKENDS:
+        raise UntrustedReply(f"the server's group backend {g.backend[:40]!r} is not one of {', '.join(BACKENDS)}")
+    if ranked and not (0 <= g.rank < g.world_size and 0 <= g.hub_rank < g.world_size):
+        raise UntrustedReply(f"the server's group ranks (rank {g.rank}, hub {g.hub_rank}) are outside its size "
+                             f"{g.world_size}")
 
 
 def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int = 1) -> int:
@@ -71,14 +116,22 @@ def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1) -> None:
                              f"({plan.round}, {plan.version}, {plan.epoch})")
     if not (math.isfinite(plan.lr) and plan.lr >= 0):
         raise UntrustedReply(f"the server's learning rate {plan.lr} is not a finite number >= 0")
-    group = plan.group
-    if group.world_size and not (0 <= group.rank < group.world_size and 0 <= group.hub_rank < group.world_size):
-        raise UntrustedReply(f"the server's group ranks (rank {group.rank}, hub {group.hub_rank}) are outside its size "
-                             f"{group.world_size}")
-    if plan.path not in ("", "ps", "allreduce") or (plan.path == "allreduce" and not group.world_size):
+    group(plan.group)
+    if plan.path not in ("", "ps", "allreduce") or (plan.path == "allreduce" and not plan.group.world_size):
         raise UntrustedReply(f"the server's path {plan.path[:40]!r} is not ps, or allreduce with a group")
     if not plan.done:
         batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch)
+
+
+def asp_lr(plan: StepHeader, spec: JobSpec) -> None:
+    """ASP: the learning rate a worker steps at is eta_k = eta * b_k / B at the schedule's epoch (or
+    eta itself without --lr-scaling), never above the spec's schedule: a larger one would take steps the
+    job never set (one that overflows fp32 would drop every batch)."""
+    if spec.mode != "asp" or plan.done:
+        return
+    most = spec.lr_at(plan.epoch)
+    if plan.lr > most * (1 + LR_TOLERANCE):
+        raise UntrustedReply(f"the server's learning rate {plan.lr:g} is above the job's {most:g} at epoch {plan.epoch}")
 
 
 def probe_step(plan: StepHeader, spec: JobSpec) -> None:
@@ -99,6 +152,21 @@ def reply_length(num_values: int, expected: int) -> None:
     """A reply that carries parameters carries exactly the range it is for (0: a header alone)."""
     if num_values not in (0, expected):
         raise UntrustedReply(f"the server's reply carries {num_values} values, not the {expected} of its range")
+
+
+def header_place(index: int, has_header: bool) -> None:
+    """A reply's header is on its first chunk (`index` 0) and on no other."""
+    if has_header != (index == 0):
+        raise UntrustedReply("the server's reply starts without its header" if index == 0 else
+                             f"the server's reply carries a second header, on chunk {index}")
+
+
+def payload(optimizer_state: bool, asked_state: bool) -> None:
+    """A reply's values are what was asked for: the optimizer's state (a Pull with optimizer_state),
+    else parameters; a header that says otherwise is not loaded into either."""
+    if optimizer_state != asked_state:
+        said, asked = ("the optimizer's state", "parameters") if optimizer_state else ("parameters", "the optimizer's state")
+        raise UntrustedReply(f"the server's reply says it carries {said}, where this worker asked for {asked}")
 
 
 def finite_values(values: torch.Tensor, what: str = "parameters") -> None:

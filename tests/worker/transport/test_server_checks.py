@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,13 +14,15 @@ import torch
 from common.job.models import build_model
 from common.job.registry import ImportRefused, import_allowed
 from common.job.spec import JobSpec
-from common.transport.messages import GroupInfo, StepHeader
+from common.transport.layout import Layout, TensorEntry
+from common.transport.messages import GroupInfo, JoinInfo, StepHeader
 from worker.transport import server_checks as checks
 
 
 def plan(world_size: int = 0, rank: int = 0, **fields: object) -> StepHeader:
     base = {"round": 3, "version": 0, "epoch": 1, "batch_size": 8, "done": False, "lr": 0.1, "global_batch": 32}
-    return StepHeader(**{**base, **fields}, group=GroupInfo(world_size=world_size, rank=rank))  # type: ignore[arg-type]
+    group = GroupInfo(world_size=world_size, rank=rank, backend="gloo" if world_size else "")
+    return StepHeader(**{**base, **fields}, group=group)  # type: ignore[arg-type]
 
 
 def test_import_prefixes_are_whole_module_names() -> None:
@@ -65,7 +68,9 @@ def test_plans_and_batches_within_the_workers_bounds() -> None:
     for bad, max_batch, micro in ((plan(batch_size=9), 8, 1), (plan(batch_size=33), 0, 1), (plan(batch_size=-1), 0, 1),
                                   (plan(batch_size=6), 0, 4), (plan(lr=float("inf")), 0, 1), (plan(round=-1), 0, 1),
                                   (plan(world_size=2, rank=2), 0, 1), (plan(global_batch=2**31), 0, 1),
-                                  (plan(path="allreduce"), 0, 1), (plan(path="gpu"), 0, 1)):
+                                  (plan(path="allreduce"), 0, 1), (plan(path="gpu"), 0, 1),
+                                  (replace(plan(world_size=2), group=GroupInfo(world_size=2, backend="mpi")), 0, 1),
+                                  (replace(plan(), group=GroupInfo(generation=-1)), 0, 1)):
         with pytest.raises(checks.UntrustedReply):
             checks.step_plan(bad, max_batch, micro)
 
@@ -102,3 +107,48 @@ def test_replies_heartbeats_and_shards() -> None:
                    [("10.0.0.5:7000", 0, 10)]):
         with pytest.raises(checks.UntrustedReply):
             checks.shard_ranges(ranges, 10, "10.0.0.5:50051")
+
+
+def join_reply(**fields: object) -> JoinInfo:
+    base = {"worker_id": "w-0a1b2c3d", "index": 0, "batch_size": 8, "round": 0, "version": 0, "epoch": 0,
+            "job_json": "{}", "layout": Layout((TensorEntry("w", (2, 3), "float32"),)), "heartbeat_interval_s": 1.0,
+            "secret": "ab" * 32}
+    return JoinInfo(**{**base, **fields})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("fields", "said"), [
+    ({"worker_id": ""}, "worker id ''"), ({"secret": ""}, "secret ''"), ({"worker_id": "w\x1b[2J"}, "worker id"),
+    ({"secret": "s" * 257}, "1 to 256 printable"), ({"index": -1}, "negative round, version, epoch or join order"),
+    ({"round": -1}, "negative"), ({"layout": Layout(())}, "layout holds no values"),
+    ({"layout": Layout((TensorEntry("w", (-2, 3), "float32"),))}, "shape [-2, 3]"),
+    ({"group": GroupInfo(1, -1, 2, "mpi")}, "backend 'mpi'"),
+])
+def test_a_join_reply_names_the_worker_and_its_place_within_bounds(fields: dict[str, object], said: str) -> None:
+    checks.joined(join_reply())
+    checks.joined(join_reply(group=GroupInfo(3, -1, 2, "gloo")))  # not in the generation yet: a plan will say
+    with pytest.raises(checks.UntrustedReply, match=re.escape(said)):
+        checks.joined(join_reply(**fields))
+
+
+def test_an_asp_learning_rate_stays_within_the_jobs_schedule() -> None:
+    asp = JobSpec(global_batch=32, mode="asp", lr=0.1, lr_milestones=(2,), lr_gamma=0.5)
+    checks.asp_lr(plan(lr=0.1 * 8 / 32), asp)
+    checks.asp_lr(plan(lr=0.1), asp)  # without --lr-scaling
+    checks.asp_lr(plan(lr=1e300), JobSpec(global_batch=32))  # BSP: the server steps, the worker does not
+    checks.asp_lr(plan(lr=1e300, done=True), asp)
+    for bad in (plan(lr=1e300), plan(lr=0.1, epoch=2), plan(lr=0.11)):
+        with pytest.raises(checks.UntrustedReply, match="above the job's"):
+            checks.asp_lr(bad, asp)
+
+
+def test_a_replys_header_and_payload_are_what_was_asked() -> None:
+    checks.header_place(0, True)
+    checks.header_place(3, False)
+    checks.payload(False, False)
+    checks.payload(True, True)
+    with pytest.raises(checks.UntrustedReply, match="starts without its header"):
+        checks.header_place(0, False)
+    with pytest.raises(checks.UntrustedReply, match="second header, on chunk 2"):
+        checks.header_place(2, True)
+    with pytest.raises(checks.UntrustedReply, match="carries the optimizer's state, where this worker asked for parameters"):
+        checks.payload(True, False)

@@ -1,0 +1,94 @@
+"""What a worker takes from its server, over the wire: the worker's own code in this process (connect(),
+its Session) against a server written from protos/ alone (tests/hostile_server.py) that answers a
+reply the worker must refuse. Each refusal is one line naming what the server sent, the worker leaves
+and pushes nothing; a parked worker's long poll that the server answers at once is not a busy loop."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import pytest
+
+from protos import ps_pb2
+from tests.hostile_server import GOOD_SPEC, Scenario, serving
+from worker.connection import connect
+from worker.data.slices import BadSlice
+from worker.runtime import Session
+from worker.transport.call_bounds import MIN_PARKED_POLL_S
+from worker.transport.server_checks import UntrustedReply
+
+
+def joined(target: str) -> Session:
+    """A session of this process's worker at `target`: its memory bound given (no probe), torch's threads untouched."""
+    return connect(target, name="w", timeout=5.0, retry_for=0.0, max_batch=16, threads=None)
+
+
+def refused(scenario: Scenario, error: type[Exception], said: str) -> list[str]:
+    """The worker's refusal of `scenario`, checked to say `said`; the calls the server got."""
+    with serving(scenario) as (fake, target):
+        with pytest.raises(error, match=re.escape(said)) as raised:
+            joined(target).close()
+    assert "\n" not in str(raised.value)
+    assert "Leave" in fake.calls and "Push" not in fake.calls, fake.calls
+    return fake.calls
+
+
+@pytest.mark.parametrize(("join", "said"), [
+    ({"worker_id": ""}, "the server's worker id '' is not 1 to 256 printable characters"),
+    ({"secret": ""}, "the server's secret ''"),
+    ({"worker_id": "w\x1b[2J\nps-worker: error: forged"}, "the server's worker id 'w\\x1b[2J\\nps-worker"),
+    ({"worker_id": "w" * 100_000}, "is not 1 to 256 printable characters"),
+    ({"index": -5}, "negative round, version, epoch or join order (0, 0, 0, -5)"),
+    ({"round": -3}, "negative round"),
+    ({"layout": [ps_pb2.TensorSpec(name="1.weight", shape=[-1, 64], dtype="float32")]}, "shape [-1, 64]"),
+    ({"layout": []}, "the server's layout holds no values"),
+    ({"world_size": 2, "backend": "mpi"}, "the server's group backend 'mpi' is not one of gloo, nccl"),
+], ids=["empty-id", "empty-secret", "control-characters", "huge-id", "negative-index", "negative-round",
+        "negative-dimension", "no-layout", "unknown-backend"])
+def test_a_join_reply_the_worker_cannot_be_is_refused_before_it_pulls(join: dict[str, Any], said: str) -> None:
+    calls = refused(Scenario(join=join), UntrustedReply, said)
+    assert "Pull" not in calls
+
+
+def test_an_asp_learning_rate_above_the_jobs_is_refused_not_dropped_batch_after_batch() -> None:
+    """A finite rate whose every local step would overflow fp32 had the worker drop each batch and
+    pull again, for ever."""
+    refused(Scenario(spec={**GOOD_SPEC, "mode": "asp"}, pull={"lr": 1e300}), UntrustedReply,
+            "the server's learning rate 1e+300 is above the job's 0.1 at epoch 0")
+
+
+@pytest.mark.parametrize("slices", [
+    [(0, 0, 4), (0, 2, 4)],  # [0, 4) and [2, 6): samples 2 and 3 twice
+    [(0, 0, 8), (0, 0, 8, "ahead")],
+], ids=["within-the-slice", "slice-and-slice-ahead"])
+def test_samples_handed_twice_in_an_epoch_are_refused(slices: list[tuple[Any, ...]]) -> None:
+    pull: dict[str, list[ps_pb2.SliceRange]] = {"slice": [], "next_slice": []}
+    for epoch, offset, count, *ahead in slices:
+        pull["next_slice" if ahead else "slice"].append(ps_pb2.SliceRange(epoch=epoch, offset=offset, count=count))
+    refused(Scenario(spec={**GOOD_SPEC, "sampling": "exact"}, pull=pull), BadSlice, "the server handed samples of epoch 0 twice")
+
+
+@pytest.mark.parametrize(("scenario", "said"), [
+    (Scenario(pull={"optimizer_state": True}), "the server's reply says it carries the optimizer's state, where this "
+                                               "worker asked for parameters"),
+    (Scenario(header_on="data"), "the server's reply starts without its header"),
+    (Scenario(header_on="both"), "the server's reply carries a second header, on chunk 1"),
+], ids=["optimizer-state-for-parameters", "no-header", "second-header"])
+def test_a_reply_that_is_not_the_parameters_with_one_header_is_refused(scenario: Scenario, said: str) -> None:
+    refused(scenario, UntrustedReply, said)
+
+
+def test_a_long_poll_answered_at_once_is_asked_again_no_sooner_than_the_floor() -> None:
+    with serving(Scenario(join={"batch_size": 0}, pull={"batch_size": 0})) as (fake, target):
+        session = joined(target)
+        try:
+            start = time.monotonic()
+            for _ in range(3):
+                assert session.wait_parked().batch_size == 0
+            took = time.monotonic() - start
+        finally:
+            session.close()
+    assert took >= 3 * MIN_PARKED_POLL_S * 0.95, took
+    assert fake.calls.count("Pull") == 4  # the parameters at join, then one poll a wait
