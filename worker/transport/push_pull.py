@@ -107,7 +107,8 @@ class PushPull:
         return BucketStream(lanes, calls, functools.partial(finish, calls[0], out, timing), streamed)
 
     def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False, wait_for_batch: bool = False) -> StepHeader:
-        """The current plan, and the parameters into `out` unless `header_only`. `wait_for_batch` (a
+        """The current plan, and the parameters into `out` unless `header_only` (a reply without them is
+        refused unless it ends the job: server_checks.values_sent). `wait_for_batch` (a
         parked worker, header only): the server answers once it plans this worker a batch, or the job
         ends, or after a few seconds with the unchanged plan."""
         request = pull_ask_to_proto(PullAsk(worker_id, self.secret(worker_id), header_only=header_only,
@@ -115,11 +116,11 @@ class PushPull:
         main = self._pull_reply(self._pull(request), long_poll=wait_for_batch)
         if not self._fanout.links or header_only:
             try:
-                return receive(main, out)
+                return receive(main, out, values_optional=header_only)
             except grpc.RpcError as exc:
                 raise server_error(exc) from None
         calls = [self._pull_reply(link.pull(request), server=link.target.address) for link in self._fanout.links]
-        return self._fanout.gather(main, calls, out)
+        return self._fanout.gather(main, calls, out, values_optional=False)
 
     def _push_reply(self, call: Any, server: str | None = None) -> Watched[DataChunk]:
         """A push's reply from the coordinator (`server` None: its header times the rounds) or the

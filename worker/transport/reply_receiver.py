@@ -45,7 +45,8 @@ def receive_into(stream: Iterator[DataChunk], out: torch.Tensor, *, first: DataC
                  values_optional: bool = True, optimizer_state: bool = False) -> ps_pb2.ParamsHeader:
     """A reply's header; its values land in `out`. `first`: its first chunk, already read; `timing`: told
     when the header is in; `filled`: told how many values are in after every chunk. `values_optional`:
-    a reply without values (header.num_values 0) leaves `out` alone, where otherwise it must fill it.
+    a reply without values (header.num_values 0) leaves `out` alone, where otherwise it must fill it
+    unless it ends the job (server_checks.values_sent).
     `optimizer_state`: the values asked for are the optimizer's state, else parameters (the header
     must say the same: server_checks.payload)."""
     first = first_chunk(stream) if first is None else first
@@ -53,8 +54,9 @@ def receive_into(stream: Iterator[DataChunk], out: torch.Tensor, *, first: DataC
         timing.replied = time.perf_counter()
     h: ps_pb2.ParamsHeader = first.fields.header
     server_checks.payload(h.optimizer_state, optimizer_state)
+    server_checks.values_sent(h.num_values, h.done, required=not values_optional)
     with _checked_reply(), PROBE.part("receive"):
-        buffer = _NO_VALUES if values_optional and not h.num_values else out
+        buffer = _NO_VALUES if not h.num_values else out
         receiver = FlatReceiver(buffer, h.num_values, h.wire_dtype, check_finite=False)
         for index, chunk in enumerate(itertools.chain([first], stream)):
             if index:
@@ -67,9 +69,10 @@ def receive_into(stream: Iterator[DataChunk], out: torch.Tensor, *, first: DataC
     return h
 
 
-def receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepHeader:
-    """A reply's plan; its parameters (if it carries any) land in `out`."""
-    return step_header_from_proto(receive_into(stream, out, timing=timing))
+def receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None,
+            values_optional: bool = True) -> StepHeader:
+    """A reply's plan; its parameters land in `out` (`values_optional`: if it carries any)."""
+    return step_header_from_proto(receive_into(stream, out, timing=timing, values_optional=values_optional))
 
 
 def finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepHeader:

@@ -161,6 +161,13 @@ def header_place(index: int, has_header: bool) -> None:
                              f"the server's reply carries a second header, on chunk {index}")
 
 
+def values_sent(num_values: int, done: bool, required: bool) -> None:
+    """A reply that must carry values (a Pull of the parameters) carries some, unless it ends the job:
+    a header alone would leave the worker training on a model the server never handed it."""
+    if required and not num_values and not done:
+        raise UntrustedReply("the server's reply carries no values, where this worker asked for its parameters")
+
+
 def payload(optimizer_state: bool, asked_state: bool) -> None:
     """A reply's values are what was asked for: the optimizer's state (a Pull with optimizer_state),
     else parameters; a header that says otherwise is not loaded into either."""

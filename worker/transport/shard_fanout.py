@@ -86,21 +86,22 @@ class ShardFanOut:
                 pool.shutdown(wait=False, cancel_futures=True)
         self._pool = self._receiving = None
 
-    def gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor) -> StepHeader:
+    def gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor,
+               values_optional: bool = True) -> StepHeader:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
-        on the pool at once. If any call fails the others are cancelled and its error raised, unless
+        on the pool at once (`values_optional` False: a Pull of the parameters, every range carries its values). If any call fails the others are cancelled and its error raised, unless
         the coordinator's reply said the job is done: then the plan is returned, with the ranges that
         did not come left as they were. A stop drops the open round (ps/rounds/parts.py), no shard
         commits it, and the shards' calls fail as the server stops them; the ranges left hold the
         last committed round, as range 0 does."""
         assert self._pool is not None and self.own_stop is not None
         futures: list[Future[StepHeader]] = [
-            self._pool.submit(receive, call, out[link.target.start : link.target.stop])
+            self._pool.submit(receive, call, out[link.target.start : link.target.stop], None, values_optional)
             for call, link in zip(calls, self.links, strict=True)
         ]
         plan: StepHeader | None = None
         try:
-            plan = receive(main, out[: self.own_stop])
+            plan = receive(main, out[: self.own_stop], values_optional=values_optional)
             for future in futures:
                 future.result()
             return plan

@@ -146,6 +146,10 @@ def test_a_replys_header_and_payload_are_what_was_asked() -> None:
     checks.header_place(3, False)
     checks.payload(False, False)
     checks.payload(True, True)
+    checks.values_sent(0, done=False, required=False)  # a header alone where it may be one (a parked poll)
+    checks.values_sent(0, done=True, required=True)  # the job is over: nothing is trained on
+    with pytest.raises(checks.UntrustedReply, match="carries no values, where this worker asked for its parameters"):
+        checks.values_sent(0, done=False, required=True)
     with pytest.raises(checks.UntrustedReply, match="starts without its header"):
         checks.header_place(0, False)
     with pytest.raises(checks.UntrustedReply, match="second header, on chunk 2"):

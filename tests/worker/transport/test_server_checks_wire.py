@@ -73,9 +73,10 @@ def test_samples_handed_twice_in_an_epoch_are_refused(slices: list[tuple[Any, ..
 @pytest.mark.parametrize(("scenario", "said"), [
     (Scenario(pull={"optimizer_state": True}), "the server's reply says it carries the optimizer's state, where this "
                                                "worker asked for parameters"),
+    (Scenario(values=[]), "the server's reply carries no values, where this worker asked for its parameters"),
     (Scenario(header_on="data"), "the server's reply starts without its header"),
     (Scenario(header_on="both"), "the server's reply carries a second header, on chunk 1"),
-], ids=["optimizer-state-for-parameters", "no-header", "second-header"])
+], ids=["optimizer-state-for-parameters", "header-alone", "no-header", "second-header"])
 def test_a_reply_that_is_not_the_parameters_with_one_header_is_refused(scenario: Scenario, said: str) -> None:
     refused(scenario, UntrustedReply, said)
 
