@@ -32,6 +32,7 @@ from worker.timing.step_timer import StepTimer
 from worker.transport.call_bounds import MIN_PARKED_POLL_S
 from worker.transport.cancelled_push import after_cancelled_stream
 from worker.transport.client import ServerError
+import worker.transport.server_checks as server_checks
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +53,7 @@ class StepRunner:
         self._drawn = 0  # the size of the batch the next step's gradients come from
         self._drawn_step: tuple[StepHeader, torch.Tensor] | None = None  # and its plan and indices
         self._probing = False  # the batch drawn is a probe's (ps.rounds.probation)
+        self._refused = 0  # ASP: local steps refused in a row (each could overflow fp32)
 
     def _end_compute(self, started_s: float, started_cpu_s: float) -> float:
         """The device's work done; the forward's wait for parameters, which is exposed, not compute."""
@@ -111,7 +113,10 @@ class StepRunner:
         if replica.optimizer is not None:
             try:
                 values = replica.optimizer.update(grads, self._follower.plan.lr)
+                self._refused = 0
             except StepRefused as exc:
+                self._refused += 1
+                server_checks.local_steps(self._refused, self._follower.plan.lr)
                 log.warning("%s: %s; the batch is dropped", replica.member.name, exc)
                 plan = replica.pull()
                 self._follower.apply(plan)

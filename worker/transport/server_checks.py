@@ -29,6 +29,9 @@ MAX_ID_CHARS = 256
 """The longest worker id or secret a worker takes (the project's server: a name of at most 128
 characters and 9 more; a secret of 64 hex digits): each travels with every later call."""
 BACKENDS = ("gloo", "nccl")
+MAX_REFUSED_STEPS = 8
+"""ASP: the most local steps in a row a worker drops because they could overflow fp32 before it
+leaves: at the learning rate its server tells it, no step it could push would be taken."""
 LR_TOLERANCE = 1e-9
 """An ASP learning rate may exceed the spec's schedule by this fraction (the rounding of eta*b_k/B)."""
 
@@ -132,6 +135,14 @@ def asp_lr(plan: StepHeader, spec: JobSpec) -> None:
     most = spec.lr_at(plan.epoch)
     if plan.lr > most * (1 + LR_TOLERANCE):
         raise UntrustedReply(f"the server's learning rate {plan.lr:g} is above the job's {most:g} at epoch {plan.epoch}")
+
+
+def local_steps(refused_in_a_row: int, lr: float) -> None:
+    """ASP: a worker whose last MAX_REFUSED_STEPS local steps could each overflow fp32 at the server's
+    learning rate leaves instead of dropping batch after batch (a job spec's own lr can be that large)."""
+    if refused_in_a_row >= MAX_REFUSED_STEPS:
+        raise UntrustedReply(f"{refused_in_a_row} local steps in a row could overflow fp32 at the server's learning "
+                             f"rate {lr:g}")
 
 
 def probe_step(plan: StepHeader, spec: JobSpec) -> None:

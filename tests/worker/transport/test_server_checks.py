@@ -139,6 +139,9 @@ def test_an_asp_learning_rate_stays_within_the_jobs_schedule() -> None:
     for bad in (plan(lr=1e300), plan(lr=0.1, epoch=2), plan(lr=0.11)):
         with pytest.raises(checks.UntrustedReply, match="above the job's"):
             checks.asp_lr(bad, asp)
+    checks.local_steps(checks.MAX_REFUSED_STEPS - 1, 1e30)
+    with pytest.raises(checks.UntrustedReply, match=f"{checks.MAX_REFUSED_STEPS} local steps in a row could overflow"):
+        checks.local_steps(checks.MAX_REFUSED_STEPS, 1e30)
 
 
 def test_a_replys_header_and_payload_are_what_was_asked() -> None:

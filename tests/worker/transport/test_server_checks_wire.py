@@ -1,7 +1,8 @@
 """What a worker takes from its server, over the wire: the worker's own code in this process (connect(),
 its Session) against a server written from protos/ alone (tests/hostile_server.py) that answers a
 reply the worker must refuse. Each refusal is one line naming what the server sent, the worker leaves
-and pushes nothing; a parked worker's long poll that the server answers at once is not a busy loop."""
+and pushes nothing; a parked worker's long poll that the server answers at once is not a busy loop,
+nor an ASP worker's local steps that all overflow at its server's learning rate."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 
 from protos import ps_pb2
 from tests.hostile_server import GOOD_SPEC, Scenario, serving
+from worker.cli import train
 from worker.connection import connect
 from worker.data.slices import BadSlice
 from worker.runtime import Session
 from worker.transport.call_bounds import MIN_PARKED_POLL_S
-from worker.transport.server_checks import UntrustedReply
+from worker.transport.server_checks import MAX_REFUSED_STEPS, UntrustedReply
 
 
 def joined(target: str) -> Session:
@@ -93,3 +95,15 @@ def test_a_long_poll_answered_at_once_is_asked_again_no_sooner_than_the_floor() 
             session.close()
     assert took >= 3 * MIN_PARKED_POLL_S * 0.95, took
     assert fake.calls.count("Pull") == 4  # the parameters at join, then one poll a wait
+
+
+def test_an_asp_worker_whose_every_local_step_overflows_leaves_after_a_few() -> None:
+    """The spec's own learning rate can be one no local step survives: the worker drops a few such
+    batches, then leaves, instead of dropping and pulling for ever."""
+    asp = {**GOOD_SPEC, "mode": "asp", "lr": 1e300}
+    with serving(Scenario(spec=asp, pull={"lr": 1e300})) as (fake, target):
+        with joined(target) as session, pytest.raises(UntrustedReply, match=re.escape(
+                f"{MAX_REFUSED_STEPS} local steps in a row could overflow fp32 at the server's learning rate 1e+300")):
+            train(session, quiet=True)
+    assert "Push" not in fake.calls and "Leave" in fake.calls
+    assert fake.calls.count("Pull") == MAX_REFUSED_STEPS  # the first, then one after each batch dropped but the last
