@@ -26,7 +26,7 @@ class PlanFollower:
         self._loader, self._own, self._max_batch = loader, data, max_batch
         spec = replica.spec
         # --sampling exact: the server's slices (worker/data/slices.py), else its own draws
-        n = len(replica.dataset.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
+        self._samples = n = len(replica.dataset.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
         self.sampler = (SliceSource(n, spec.seed, spec.epochs) if spec.exact_epochs
                         else ElasticBatchSampler(n, seed=spec.seed * 1009 + replica.member.joined.index))
         train = replica.dataset.train if data is None else data.dataset
@@ -42,7 +42,7 @@ class PlanFollower:
         """Take `plan` as the current one, checked: the next batch is drawn at its size (--sampling exact:
         its slice, one clear error if it cannot be trained on; the loader starts reading it now)."""
         replica = self._replica
-        server_checks.step_plan(plan, self._max_batch, replica.spec.micro_batch)
+        server_checks.step_plan(plan, self._max_batch, replica.spec.micro_batch, self._samples)
         server_checks.probe_step(plan, replica.spec)
         server_checks.asp_lr(plan, replica.spec)
         renew = (slices := isinstance(self.sampler, SliceSource)) and self.sampler.follow(plan)

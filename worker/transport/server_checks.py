@@ -95,14 +95,18 @@ def group(g: GroupInfo, ranked: bool = True) -> None:
                              f"{g.world_size}")
 
 
-def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int = 1) -> int:
+def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int = 1, samples: int = 0) -> int:
     """A batch the server plans for this worker: in [0, global_batch] (0: parked), within this
     worker's own `max_batch` (0: no bound; with micro-batches it bounds one micro-batch, not the
-    batch) and a whole number of micro-batches."""
+    batch), a whole number of micro-batches, and at most the training set's `samples` (0: not known
+    yet; a larger batch would train a sample twice in one step, and a server refuses a global batch
+    above it)."""
     if not 0 <= global_batch <= INT32_MAX:
         raise UntrustedReply(f"the server's global batch {global_batch} is outside [0, {INT32_MAX}]")
     if not 0 <= batch <= global_batch:
         raise UntrustedReply(f"the server planned a batch of {batch}, outside [0, the global batch {global_batch}]")
+    if samples and batch > samples:
+        raise UntrustedReply(f"the server planned a batch of {batch}, above the training set's {samples} samples")
     if micro_batch <= 1 and max_batch > 0 and batch > max_batch:
         raise UntrustedReply(f"the server planned a batch of {batch}, above this worker's --max-batch {max_batch}")
     if micro_batch > 1 and batch % micro_batch:
@@ -110,7 +114,7 @@ def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int =
     return batch
 
 
-def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1) -> None:
+def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1, samples: int = 0) -> None:
     """A plan's numbers: counters >= 0, a finite learning rate >= 0, a batch within bounds
     (batch_size) unless the job is done (nothing more is drawn), a rank inside its group, a path it
     can switch to (--allreduce auto's trial)."""
@@ -123,7 +127,7 @@ def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1) -> None:
     if plan.path not in ("", "ps", "allreduce") or (plan.path == "allreduce" and not plan.group.world_size):
         raise UntrustedReply(f"the server's path {plan.path[:40]!r} is not ps, or allreduce with a group")
     if not plan.done:
-        batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch)
+        batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch, samples)
 
 
 def asp_lr(plan: StepHeader, spec: JobSpec) -> None:

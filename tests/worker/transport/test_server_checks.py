@@ -65,6 +65,9 @@ def test_plans_and_batches_within_the_workers_bounds() -> None:
     checks.step_plan(plan(batch_size=24), max_batch=8, micro_batch=4)  # the memory bounds a micro-batch
     checks.step_plan(plan(path="ps"), max_batch=8)  # --allreduce auto's trial: the path from this reply on
     checks.step_plan(plan(world_size=2, path="allreduce"), max_batch=8)
+    checks.step_plan(plan(), max_batch=8, samples=8)  # the whole training set
+    with pytest.raises(checks.UntrustedReply, match="above the training set's 7 samples"):
+        checks.step_plan(plan(), max_batch=8, samples=7)
     for bad, max_batch, micro in ((plan(batch_size=9), 8, 1), (plan(batch_size=33), 0, 1), (plan(batch_size=-1), 0, 1),
                                   (plan(batch_size=6), 0, 4), (plan(lr=float("inf")), 0, 1), (plan(round=-1), 0, 1),
                                   (plan(world_size=2, rank=2), 0, 1), (plan(global_batch=2**31), 0, 1),

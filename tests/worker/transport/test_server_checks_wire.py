@@ -22,16 +22,16 @@ from worker.transport.call_bounds import MIN_PARKED_POLL_S
 from worker.transport.server_checks import MAX_REFUSED_STEPS, UntrustedReply
 
 
-def joined(target: str) -> Session:
+def joined(target: str, max_batch: int = 16) -> Session:
     """A session of this process's worker at `target`: its memory bound given (no probe), torch's threads untouched."""
-    return connect(target, name="w", timeout=5.0, retry_for=0.0, max_batch=16, threads=None)
+    return connect(target, name="w", timeout=5.0, retry_for=0.0, max_batch=max_batch, threads=None)
 
 
-def refused(scenario: Scenario, error: type[Exception], said: str) -> list[str]:
+def refused(scenario: Scenario, error: type[Exception], said: str, max_batch: int = 16) -> list[str]:
     """The worker's refusal of `scenario`, checked to say `said`; the calls the server got."""
     with serving(scenario) as (fake, target):
         with pytest.raises(error, match=re.escape(said)) as raised:
-            joined(target).close()
+            joined(target, max_batch).close()
     assert "\n" not in str(raised.value)
     assert "Leave" in fake.calls and "Push" not in fake.calls, fake.calls
     return fake.calls
@@ -59,6 +59,12 @@ def test_an_asp_learning_rate_above_the_jobs_is_refused_not_dropped_batch_after_
     pull again, for ever."""
     refused(Scenario(spec={**GOOD_SPEC, "mode": "asp"}, pull={"lr": 1e300}), UntrustedReply,
             "the server's learning rate 1e+300 is above the job's 0.1 at epoch 0")
+
+
+def test_a_batch_above_the_training_set_is_refused() -> None:
+    """digits trains on 1,438 samples: a batch of 2,000 would train some of them twice in one step."""
+    big = Scenario(spec={**GOOD_SPEC, "global_batch": 2000}, pull={"batch_size": 2000, "global_batch": 2000})
+    refused(big, UntrustedReply, "the server planned a batch of 2000, above the training set's 1438 samples", max_batch=4096)
 
 
 @pytest.mark.parametrize("slices", [
