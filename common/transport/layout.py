@@ -41,6 +41,16 @@ class Layout:
     def matches(self, model: nn.Module) -> bool:
         return self == Layout.of(model)
 
+    def difference(self, other: Layout) -> str:
+        """Where `other` (a peer's) first differs from this one, in words ("" where they are the same)."""
+        for index, (own, theirs) in enumerate(zip(self.entries, other.entries)):
+            if own != theirs:
+                return (f"tensor {index} is {theirs.name[:80]!r} {list(theirs.shape)} {theirs.dtype[:20]} there, "
+                        f"{own.name!r} {list(own.shape)} {own.dtype} here")
+        if len(self.entries) != len(other.entries):
+            return f"{len(other.entries)} tensors there, {len(self.entries)} here"
+        return ""
+
 
 def flatten_params(model: nn.Module) -> torch.Tensor:
     """All parameters as one new contiguous fp32 vector."""

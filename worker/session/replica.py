@@ -42,8 +42,9 @@ class Replica:
             built = build_job(self.spec, tuple(allowed_imports))
         self.dataset: TrainingData = built.dataset
         self.model: nn.Module = built.model
-        if Layout.of(self.model) != joined.layout:
-            raise ServerError("FAILED_PRECONDITION", "this worker's model does not match the server's parameter layout")
+        if differs := Layout.of(self.model).difference(joined.layout):
+            raise ServerError("FAILED_PRECONDITION",
+                              f"this worker's model does not match the server's parameter layout: {differs}")
         if device.type != "cpu":
             self.model.to(device)
         self.parts = self._path_parts(flatten_params(self.model).cpu())

@@ -13,13 +13,14 @@ from typing import Any
 import pytest
 
 from protos import ps_pb2
-from tests.hostile_server import GOOD_SPEC, Scenario, serving
+from tests.hostile_server import GOOD_SPEC, LAYOUT, Scenario, serving
 from worker.cli import train
 from worker.connection import connect
 from worker.data.slices import BadSlice
 from worker.runtime import Session
 from worker.transport.call_bounds import MIN_PARKED_POLL_S
 from worker.transport.server_checks import MAX_REFUSED_STEPS, UntrustedReply
+from worker.transport.server_error import ServerError
 
 
 def joined(target: str, max_batch: int = 16) -> Session:
@@ -52,6 +53,12 @@ def refused(scenario: Scenario, error: type[Exception], said: str, max_batch: in
 def test_a_join_reply_the_worker_cannot_be_is_refused_before_it_pulls(join: dict[str, Any], said: str) -> None:
     calls = refused(Scenario(join=join), UntrustedReply, said)
     assert "Pull" not in calls
+
+
+def test_a_layout_of_another_model_is_refused_naming_where_it_differs() -> None:
+    layout = [ps_pb2.TensorSpec(name=n, shape=list(reversed(shape)), dtype="float32") for n, shape in LAYOUT]
+    refused(Scenario(join={"layout": layout}), ServerError, "does not match the server's parameter layout: tensor 0 "
+            "is '1.weight' [64, 16] float32 there, '1.weight' [16, 64] float32 here")
 
 
 def test_an_asp_learning_rate_above_the_jobs_is_refused_not_dropped_batch_after_batch() -> None:
