@@ -41,6 +41,8 @@ class Scenario:
     expected_workers: int = 1  # what Status says
     status_hangs_after: float | None = None  # seconds after the first Join from which Status is never answered
     header_on: str = "first"  # which chunks of a parameter reply carry its header: "first", "data" (not the first), "both"
+    pushes: int = 1  # the push replies up to the one that ends the job; the others are as a Pull's
+    push_values: list[float] | None = None  # the parameters of push replies that do not end the job (default: `values`)
 
 
 class FakeServer(ps_pb2_grpc.ParameterServerServicer):
@@ -88,8 +90,8 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         }
         return ps_pb2.JoinReply(**{**fields, **self.scenario.join})
 
-    def _params(self, done: bool) -> Iterator[ps_pb2.ParamsChunk]:
-        values = [0.0] * NUMEL if self.scenario.values is None else self.scenario.values
+    def _params(self, done: bool, values: list[float] | None = None) -> Iterator[ps_pb2.ParamsChunk]:
+        values = values or ([0.0] * NUMEL if self.scenario.values is None else self.scenario.values)
         fields: dict[str, Any] = {"round": 0, "batch_size": 8, "global_batch": 16, "wire_dtype": "float32",
                                   "num_values": len(values), "lr": 0.1, "done": done, "reason": "finished" if done else ""}
         if not done:
@@ -99,9 +101,11 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         yield ps_pb2.ParamsChunk(header=header if on != "first" else None, seq=1,
                                  data=struct.pack(f"<{len(values)}f", *values))
 
-    def _reply(self, name: str, number: int, done: bool, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
-        """The parameters; the first reply of `name` stops after its header where the scenario says so."""
-        chunks = self._params(done)
+    def _reply(self, name: str, number: int, done: bool, context: Any,
+               values: list[float] | None = None) -> Iterator[ps_pb2.ParamsChunk]:
+        """The parameters (`values`, else the scenario's); the first reply of `name` stops after its
+        header where the scenario says so."""
+        chunks = self._params(done, values)
         yield next(chunks)
         if self.scenario.hang == f"{name}-body" and number == 0:
             self._hang(context)
@@ -114,7 +118,9 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
     def Push(self, request_iterator: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
         for _ in request_iterator:
             pass
-        yield from self._reply("Push", self._record("Push"), True, context)
+        number = self._record("Push")
+        done = number + 1 >= self.scenario.pushes
+        yield from self._reply("Push", number, done, context, None if done else self.scenario.push_values)
 
     def Heartbeat(self, request: Any, context: Any) -> ps_pb2.HeartbeatReply:
         self._record("Heartbeat")

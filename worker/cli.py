@@ -71,12 +71,14 @@ class NonFiniteLoss(RuntimeError):
 def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
     """The built-in loop: cross-entropy on the job's data, one push per step (accumulated over the
     job's micro-batches, if it has them). A progress line after the first step, then every
-    ``log_every`` seconds. NonFiniteLoss before a push whose loss is not finite."""
+    ``log_every`` seconds. NonFiniteLoss before a push whose loss is not finite, unless the reply that
+    streamed the parameters in during its forward was refused (that reply's error, UntrustedReply)."""
     model = session.model
     last_log = -math.inf
     for x, y in session.batches():
         loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
         if not bool(torch.isfinite(loss)):
+            session.wait_params()  # a reply refused while its values streamed into this forward: its own error
             raise NonFiniteLoss(f"step {session.steps + 1} (epoch {session.epoch}, batch {len(x)}): the loss is "
                                 f"{float(loss)}: a sample holds NaN or Inf, or the learning rate diverged; the server "
                                 "refuses a gradient that is not finite")

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from protos import ps_pb2
-from tests.hostile_server import GOOD_SPEC, LAYOUT, Scenario, serving
+from tests.hostile_server import GOOD_SPEC, LAYOUT, NUMEL, Scenario, serving
 from worker.cli import train
 from worker.connection import connect
 from worker.data.slices import BadSlice
@@ -120,3 +120,13 @@ def test_an_asp_worker_whose_every_local_step_overflows_leaves_after_a_few() -> 
             train(session, quiet=True)
     assert "Push" not in fake.calls and "Leave" in fake.calls
     assert fake.calls.count("Pull") == MAX_REFUSED_STEPS  # the first, then one after each batch dropped but the last
+
+
+def test_parameters_refused_while_they_streamed_into_a_forward_are_the_error_not_its_loss() -> None:
+    """BSP with buckets: a push's reply streams its values into the model while the next forward
+    runs; NaN among them makes that forward's loss NaN, and the line names the reply, not the loss."""
+    nan = Scenario(spec={**GOOD_SPEC, "overlap": True}, pushes=3, push_values=[float("nan")] * NUMEL)
+    with serving(nan) as (fake, target):
+        with joined(target) as session, pytest.raises(UntrustedReply, match="the server's parameters hold NaN or Inf"):
+            train(session, quiet=True)
+    assert "Leave" in fake.calls
