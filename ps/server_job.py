@@ -74,19 +74,9 @@ class Job:
 def build_job(args: argparse.Namespace) -> Job:
     """Validate every argument and build the job; raises ValueError with one clear message."""
     allreduce = args.allreduce == "on"
-    if allreduce and args.mode != "bsp":
-        raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
+    check_paths_together(args)  # again in check_flags_together, which the launchers run: here before the data loads
     shard_addresses = parse_shard_addresses(args)  # first: a --shard-addresses list sets args.shards
-    if args.balance == "busy" and not busy_time_measured(args.shards):
-        raise ValueError("--balance busy is measured with one server only; it cannot run with --shards")
-    if args.balance == "cycle" and not cycle_measured(args.mode, allreduce, args.shards):
-        raise ValueError("--balance cycle is measured in BSP rounds on the PS path with one server only; it cannot "
-                         "run with --mode asp, --allreduce or --shards")
-    # --allreduce auto: the path is chosen when the job starts, where it can be the fast path at all
-    may_switch = (args.allreduce == "auto" and args.mode == "bsp" and args.shards == 1
-                  and args.balance in ("auto", "compute"))
-    if args.allreduce_algorithm != "auto" and not (allreduce or may_switch):
-        raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
+    may_switch = may_take_fast_path(args, args.shards)
     # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
     dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed, memory_bytes=available_cpu_bytes())
     model = build_model(args.model, dataset.input_shape, dataset.num_classes, parse_options(args.model_arg), args.seed, memory_bytes=available_cpu_bytes())
@@ -193,6 +183,7 @@ def build_job(args: argparse.Namespace) -> Job:
 def check_flags_together(args: argparse.Namespace) -> None:
     """The checks of flags against each other (each flag's own range is its argparse type's): a
     ValueError naming the flags, before anything is built."""
+    check_paths_together(args)
     if args.global_batch < args.workers:
         raise ValueError(f"--global-batch {args.global_batch} must be >= --workers {args.workers} (one sample each at least)")
     if args.max_batch is not None and args.max_batch < args.min_batch:
@@ -213,6 +204,35 @@ def check_flags_together(args: argparse.Namespace) -> None:
         raise ValueError("--max-update-norm and --clip-outliers bound the pushes this server aggregates whole: not "
                          "with --shards (each shard sees a slice) or --allreduce on (the workers sum their gradients)")
     adaptive_config(args)
+
+
+def server_count(args: argparse.Namespace) -> int:
+    """The job's servers: --shards, or a --shard-addresses list's (+1: this server)."""
+    if args.shard_addresses is None:
+        return int(args.shards)
+    return len([a for a in args.shard_addresses.split(",") if a.strip()]) + 1
+
+
+def may_take_fast_path(args: argparse.Namespace, shards: int) -> bool:
+    """--allreduce auto, where the path chosen when the job starts can be the fast path at all."""
+    return args.allreduce == "auto" and args.mode == "bsp" and shards == 1 and args.balance in ("auto", "compute")
+
+
+def check_paths_together(args: argparse.Namespace) -> None:
+    """The collective fast path, --shards and --balance against each other (ValueError naming the flags)."""
+    allreduce = args.allreduce == "on"
+    shards = server_count(args)
+    if allreduce and args.mode != "bsp":
+        raise ValueError("--allreduce is the BSP collective fast path; it cannot run with --mode asp")
+    if shards > 1 and (args.mode != "bsp" or allreduce):
+        raise ValueError("--shards serves BSP jobs without --allreduce (ASP and the collective fast path keep one server)")
+    if args.balance == "busy" and not busy_time_measured(shards):
+        raise ValueError("--balance busy is measured with one server only; it cannot run with --shards")
+    if args.balance == "cycle" and not cycle_measured(args.mode, allreduce, shards):
+        raise ValueError("--balance cycle is measured in BSP rounds on the PS path with one server only; it cannot "
+                         "run with --mode asp, --allreduce or --shards")
+    if args.allreduce_algorithm != "auto" and not (allreduce or may_take_fast_path(args, shards)):
+        raise ValueError("--allreduce-algorithm needs --allreduce (on, or auto in a BSP job that may take it)")
 
 
 def check_fits_training_set(global_batch: int, workers: int, samples: int) -> None:
@@ -278,9 +298,6 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
         args.shards = len(addresses) + 1
     if args.shards < 1:
         raise ValueError(f"--shards must be >= 1, got {args.shards}")
-    if args.shards > 1:
-        if args.mode != "bsp" or args.allreduce == "on":
-            raise ValueError("--shards serves BSP jobs without --allreduce (ASP and the collective fast path keep one server)")
     check_shard_security(args)
     return addresses
 

@@ -58,6 +58,10 @@ def test_bad_output_folder_and_mixed_server_shares_are_refused_when_planned(tmp_
     ({"mode": "asp", "server_args": ["--adaptive-batch=gns"]}, "--adaptive-batch gns is for --mode bsp"),
     ({"server_args": ["--min-batch=200"]}, "--workers 4 x --min-batch 200 exceeds --global-batch 256"),
     ({"server_args": ["--staleness-bound=2"]}, "--staleness-bound and --staleness-lr are for --mode asp"),
+    ({"mode": "asp", "server_args": ["--allreduce=on"]}, "--allreduce is the BSP collective fast path; it cannot run with --mode asp"),
+    ({"server_args": ["--shards=2", "--balance=busy"]}, "--balance busy is measured with one server only"),
+    ({"mode": "asp", "server_args": ["--shards=2"]}, "--shards serves BSP jobs without --allreduce"),
+    ({"server_args": ["--balance=busy", "--allreduce-algorithm=hub"]}, "--allreduce-algorithm needs --allreduce (on, or auto"),
 ])
 def test_server_flags_that_do_not_go_together_are_refused_when_planned(
         tmp_path: Path, config: dict[str, object], needle: str) -> None:
