@@ -16,6 +16,7 @@ DIR`` the curves against N are drawn too, as DIR/simulate.png (benchmarks/simula
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -116,12 +117,40 @@ def own_settings(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return options
 
 
+FLAGS = {"global_batch": "B", "adjust_every": "--adjust-every", "min_batch": "--min-batch", "max_batch": "--max-batch",
+         "micro_batch": "--micro-batch", "min_samples": "--min-samples", "server_fixed_ms": "--server-fixed-ms",
+         "server_per_worker_ms": "--server-per-worker-ms", "evict_ms": "--evict-ms"}
+"""A scenario's (and its policy's) settings by the flags that give them (B: --batch-per-worker x N)."""
+
+
+def in_flags(message: str) -> str:
+    """`message` with the scenario's field names put as the flags that set them."""
+    return re.sub(rf"\b({'|'.join(FLAGS)})\b", lambda m: FLAGS[m.group(1)], message)
+
+
+def check_event_rounds(args: argparse.Namespace) -> None:
+    """ValueError for a --join, --leave or --fail event at or after --rounds: the run would never reach it."""
+    for event in (*args.join, *args.leave, *args.fail):
+        if event.round >= args.rounds:
+            raise ValueError(f"--{event.kind} {event.round}:{event.count}: round {event.round} is past the run's "
+                             f"last (rounds 0 to {args.rounds - 1} with --rounds {args.rounds})")
+
+
 def resolve(args: argparse.Namespace) -> None:
     """Every run of the grid as `args.scenarios`, each checked as it is built (with the policies' own
-    settings, `args.options`): ValueError says what no run could go through."""
+    settings, `args.options`): ValueError says what no run could go through, naming the flags."""
     args.options = own_settings(args)
     if args.max_batch is not None and args.max_batch < args.min_batch:
         raise ValueError(f"--max-batch {args.max_batch} is below --min-batch {args.min_batch}")
+    check_event_rounds(args)
+    try:
+        args.scenarios = grid_scenarios(args)
+    except ValueError as exc:
+        raise ValueError(in_flags(str(exc))) from None
+
+
+def grid_scenarios(args: argparse.Namespace) -> list[tuple[Scenario, int | None]]:
+    """The grid's runs from the flags (sweep.scenarios), each checked as it is built."""
     law = SpeedLaw(q_ms=args.q_ms, s_ms=args.s_ms, sigma=args.sigma, noise=args.noise, classes=args.classes)
     base = Scenario(policy=args.policies[0], workers=args.workers[0], global_batch=args.batch_per_worker * args.workers[0],
                     rounds=args.rounds, adjust_every=args.adjust_every, law=law, seed=args.seed,
@@ -129,8 +158,8 @@ def resolve(args: argparse.Namespace) -> None:
                     micro_batch=args.micro_batch, min_samples=args.min_samples,
                     server_fixed_ms=args.server_fixed_ms, server_per_worker_ms=args.server_per_worker_ms,
                     evict_ms=args.evict_ms, events=(*args.join, *args.leave, *args.fail), policy_options=args.options)
-    args.scenarios = scenarios(base, args.policies, args.workers, args.batch_per_worker, args.change,
-                               args.change_fraction, args.change_factor)
+    return scenarios(base, args.policies, args.workers, args.batch_per_worker, args.change,
+                     args.change_fraction, args.change_factor)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -3,6 +3,7 @@ settings given as ps-server's flags."""
 
 from __future__ import annotations
 
+import re
 import json
 from pathlib import Path
 
@@ -12,6 +13,8 @@ from benchmarks import simulate
 from benchmarks.simulation.engine import Scenario, simulate as run_scenario
 from ps.control.registry import POLICIES
 from tests.cli_checks import PYTHON_INTERNALS
+
+FIELDS = [name for name in Scenario.__dataclass_fields__ if "_" in name]  # global_batch, min_batch, ...
 
 
 def test_a_small_grid_writes_its_report_and_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -60,6 +63,7 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: py
     err = capsys.readouterr().err
     assert stop.value.code == 2 and not any(internal in err for internal in PYTHON_INTERNALS), err
     (line,) = [x for x in err.splitlines() if x.startswith("python -m benchmarks.simulate: error: ")]
+    assert not re.search(rf"\b({'|'.join(FIELDS)})\b", line), line  # the flags, not the scenario's fields
     return line
 
 
@@ -79,7 +83,12 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: py
     (["--min-batch", "100"], "4 workers (from round 0 on) need 400 samples at the least (100 each), more than B = 256"),
     (["--max-batch", "10"], "4 workers (from round 0 on) take 40 samples at most (10 each), less than B = 256"),
     (["--min-batch", "100", "--max-batch", "10"], "--max-batch 10 is below --min-batch 100"),
-    (["--micro-batch", "7"], "global_batch 256 is not a multiple of micro_batch 7"),
+    (["--micro-batch", "7"], "B 256 is not a multiple of --micro-batch 7"),
+    (["--micro-batch", "64", "--max-batch", "32"], "--max-batch 32 is below --micro-batch 64"),
+    (["--batch-per-worker", "1", "--min-batch", "2"], "need 8 samples at the least (2 each), more than B = 4; lower --min-batch"),
+    (["--join", "4:1"], "--join 4:1: round 4 is past the run's last (rounds 0 to 3 with --rounds 4)"),
+    (["--leave", "2:1", "--leave", "9:1"], "--leave 9:1: round 9 is past the run's last (rounds 0 to 3 with --rounds 4)"),
+    (["--fail", "4:2"], "--fail 4:2: round 4 is past the run's last (rounds 0 to 3 with --rounds 4)"),
     (["--batch-per-worker", "1", "--join", "3:5"], "9 workers (from round 4 on) need 9 samples at the least"),
     (["--leave", "2:4"], "the events leave no worker from round 2 on"),
     (["--fail", "2:1", "--fail", "2:3"], "the events leave no worker from round 3 on"),
