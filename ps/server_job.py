@@ -167,6 +167,8 @@ def build_job(args: argparse.Namespace) -> Job:
                 search.skip(path, exc)
                 resume_from = search.next()
         if resume_from is not None:
+            check_resumed_batch(args, coordinator.policy.config.global_batch, samples)
+        if resume_from is not None:
             print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
             if job_changes:
                 print(f"ps-server: warning: the job's settings differ from the checkpoint's ({describe_resume_changes(job_changes)}); "
@@ -248,6 +250,16 @@ def check_fits_training_set(global_batch: int, workers: int, samples: int) -> No
     raise ValueError(f"--global-batch {global_batch} exceeds the training set's {samples} samples (a step would train "
                      f"samples more than once and end epochs together): use --global-batch {samples} or less, or a "
                      "larger dataset")
+
+
+def check_resumed_batch(args: argparse.Namespace, batch: int, samples: int) -> None:
+    """A resume's global batch (--adaptive-batch gns goes on at the checkpoint's B) at most the training
+    set's `samples`, as check_fits_training_set holds --global-batch: ValueError naming both otherwise."""
+    if batch > samples:
+        raise ValueError(f"--resume {args.resume}: the checkpoint's adaptive global batch B = {batch} exceeds the "
+                         f"training set's {samples} samples (the data holds fewer since it was written): restore "
+                         f"the training set, or resume without --adaptive-batch gns to restart at --global-batch "
+                         f"{args.global_batch}")
 
 
 def bn_batch(spec: JobSpec) -> int:

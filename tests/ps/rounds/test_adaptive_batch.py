@@ -5,10 +5,17 @@ than an epoch holds goodput.MIN_STEPS_PER_EPOCH rounds of) moves into it at the 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
+from pathlib import Path
+
 import pytest
 
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, OUTSIDE
+from ps.control.policy import build_policy
+from ps.server_job import build_job
+from tests.conftest import job_args
 from tests.coordinator_rounds import close_round, joined_job
+from tests.data_files import write_folder
 
 DIGITS_TRAIN = 1437
 """The digits training split: an epoch holds MIN_STEPS_PER_EPOCH (16) rounds of at most 89 samples."""
@@ -34,3 +41,27 @@ def test_a_start_an_epoch_cannot_hold_moves_in_at_the_first_round(start: int, mo
             assert len(records) == 1  # inside the range now: the schedule decides
 
     asyncio.run(run())
+
+
+def test_a_resume_at_a_b_above_a_smaller_training_set_is_refused(tmp_path: Path) -> None:
+    """A checkpoint's adaptive B above the training set it resumes on (an image folder that lost files
+    since) is refused at start, naming both numbers, as --global-batch above it is; nothing serves."""
+    root = write_folder(tmp_path / "images", classes=2, per_class=40)
+    flags = ["--dataset", "image_folder", "--dataset-arg", f"root={root}", "--global-batch", "8",
+             "--max-global-batch", "64", "--adaptive-batch", "gns"]
+    first = build_job(job_args(*flags, "--checkpoint-dir", str(tmp_path / "ckpt")))
+    try:  # a decision moved B to 60 (of the 64 training images)
+        state = first.coordinator.adaptive.decider
+        assert state is not None
+        state.batch = 60
+        c = first.coordinator
+        c.replace_policy(build_policy(replace(c.policy.config, global_batch=60)))
+        first.final_checkpoint()
+    finally:
+        first.evaluator.close()
+        first.metrics.close()
+    for path in sorted((root / "c1").iterdir())[10:]:
+        path.unlink()  # 50 images: 40 to train on
+    with pytest.raises(ValueError, match=r"--resume .*ckpt: the checkpoint's adaptive global batch B = 60 exceeds "
+                                         r"the training set's 40 samples"):
+        build_job(job_args(*flags, "--resume", str(tmp_path / "ckpt")))
