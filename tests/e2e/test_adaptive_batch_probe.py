@@ -12,7 +12,7 @@ from benchmarks.analysis import below_break_even
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH
 from tests.processes import Cluster, start_server
 
-TRAIN_SAMPLES = 1437  # digits at the default test fraction 0.2
+TRAIN_SAMPLES = 1438  # digits at the default test fraction 0.2
 JOB = ["--workers", "3", "--model", "mlp", "--dataset", "digits", "--global-batch", "128", "--epochs", "4",
        "--controller", "dynamic", "--adaptive-batch", "gns", "--min-global-batch", "64", "--max-global-batch", "1024",
        "--grace", "5"]

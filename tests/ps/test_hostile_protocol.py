@@ -67,7 +67,7 @@ class HostileMachine(MembershipRules, PushRules, RuleBasedStateMachine):
         staleness=st.sampled_from([None, 0, 2]),
     )
     def start(self, workers: int, short_job: bool, controller: str, staleness: int | None) -> None:
-        # a short job (B=600, 1 epoch over 1437 samples) ends after ~3 rounds, so "done" gets exercised. It
+        # a short job (B=600, 1 epoch over 1438 samples) ends after ~3 rounds, so "done" gets exercised. It
         # samples independently: under --sampling exact, where slices of its last epoch went back, which worker
         # the rest reaches depends on the order concurrent pushes arrive in, and a replayed case must draw alike
         # (the exact epochs' end: tests/ps/rounds/test_epoch_slices.py, tests/ps/rounds/test_sampling_resting.py)

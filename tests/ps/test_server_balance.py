@@ -42,7 +42,7 @@ def _steps(server: InProcessServer, steps: int) -> tuple[list[float], list[float
 
 @pytest.mark.parametrize("balance", ["compute", "busy"])
 def test_busy_time_adds_the_previous_push_and_compute_does_not(ps_server, balance: str) -> None:
-    # one worker, a global batch of 8: 3 steps stay inside the first epoch (1437 training samples)
+    # one worker, a global batch of 8: 3 steps stay inside the first epoch (1438 training samples)
     server = ps_server("--workers", "1", "--global-batch", "8", "--balance", balance)
     measured, received = _steps(server, 3)
     assert len(received) == 3

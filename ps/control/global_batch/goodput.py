@@ -68,7 +68,7 @@ MIN_STEPS_PER_EPOCH = 2 * DECIDE_EVERY
 the default `--adapt-every`. A B near the training set's size makes one or two steps an epoch, too few
 for the model to learn from or for a round time to be measured at it; and at one decision an epoch, a
 B too large is corrected an epoch a step (from B₀ = 1,024 on the image files, bounded at 409, B spent
-two epochs above 200). Digits' 1,437 training samples bound B at 89."""
+two epochs above 200). Digits' 1,438 training samples bound B at 89."""
 
 
 @dataclass(frozen=True)

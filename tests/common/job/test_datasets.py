@@ -16,6 +16,7 @@ from common.job.datasets import build_dataset, digits_arrays
 from common.job.splits import Splits
 from tests.data_files import Indexed
 from tests.processes import ENV
+from tests.repo import ROOT
 
 
 def test_digits_are_load_digits_exactly() -> None:
@@ -26,6 +27,15 @@ def test_digits_are_load_digits_exactly() -> None:
     data = build_dataset("digits", {}, 0)
     assert len(data.train_x) + len(data.test_x) == 1797 and tuple(data.train_x.shape[1:]) == (1, 8, 8)
     assert 0.0 <= float(data.train_x.min()) and float(data.train_x.max()) <= 1.0
+
+
+def test_the_digits_training_split_is_the_size_the_docs_give() -> None:
+    """At the default test_fraction 0.2 the training split holds 1,438 of the 1,797 images, whatever the
+    seed: the number the adaptive batch's epoch bound is documented with."""
+    sizes = {len(build_dataset("digits", {}, seed).train) for seed in (0, 7)}
+    assert sizes == {1438}
+    for path in (ROOT / "docs" / "adaptive-batch.md", ROOT / "ps" / "control" / "global_batch" / "goodput.py"):
+        assert "digits' 1,438 training samples" in " ".join(path.read_text().split()).lower(), path
 
 
 def test_building_digits_does_not_import_sklearn() -> None:

@@ -17,7 +17,7 @@ from tests.conftest import job_args
 from tests.coordinator_rounds import close_round, joined_job
 from tests.data_files import write_folder
 
-DIGITS_TRAIN = 1437
+DIGITS_TRAIN = 1438
 """The digits training split: an epoch holds MIN_STEPS_PER_EPOCH (16) rounds of at most 89 samples."""
 
 

@@ -16,7 +16,7 @@ from tests.coordinator_rounds import close_round, joined_job
                                               ("2", [2])])
 def test_an_epoch_is_evaluated_at_each_kth_of_its_samples(every: str, expected: list[float]) -> None:
     async def run() -> None:
-        # digits: 1,437 training samples, 6 rounds of 240 an epoch (the K-ths passed after rounds 2, 3, 5)
+        # digits: 1,438 training samples, 6 rounds of 240 an epoch (the K-ths passed after rounds 2, 3, 5)
         async with joined_job("--global-batch", "240", "--eval-every", every, "--epochs", "2", events=("eval",)) as job:
             while not job.c.done:
                 await close_round(job.c, job.joined)

@@ -16,16 +16,16 @@ CONFIG = AdaptiveConfig(base_batch=128, min_batch=64, max_batch=1024, threshold=
 
 def test_an_epoch_bounds_b_to_its_minimum_steps() -> None:
     assert MIN_STEPS_PER_EPOCH == 2 * DECIDE_EVERY  # two decisions an epoch at the default --adapt-every
-    assert epoch_bound(1024, 1437) == 1437 // MIN_STEPS_PER_EPOCH == 89  # digits: never 1024 (1.4 steps)
+    assert epoch_bound(1024, 1438) == 1438 // MIN_STEPS_PER_EPOCH == 89  # digits: never 1024 (1.4 steps)
     assert epoch_bound(1024, 65536) == 1024  # a large set leaves the flag's bound
-    assert epoch_bound(1024, 1437, min_steps=2) == 718
+    assert epoch_bound(1024, 1438, min_steps=2) == 719
     assert epoch_bound(1024, 3) == 1  # never below one sample
 
 
 def test_a_choice_within_the_epoch_bound_never_passes_it() -> None:
     # a round of fixed cost only: goodput grows with B (phi large), the scan goes to the top of the range
-    decision = choose(CONFIG, 64, 1e6, 64, epoch_bound(1024, 1437), lambda b: 100.0)
-    assert decision.changed and decision.batch == epoch_bound(1024, 1437) == 89
+    decision = choose(CONFIG, 64, 1e6, 64, epoch_bound(1024, 1438), lambda b: 100.0)
+    assert decision.changed and decision.batch == epoch_bound(1024, 1438) == 89
 
 
 @pytest.mark.parametrize(("current", "lower", "upper", "probe"), [
