@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cli_types import choices
+from benchmarks.cli_types import choices, parse_resolved
 from benchmarks.ddp_baseline import run_ddp
 from benchmarks.report_output import add_result_options, publish
 from benchmarks.transport.processes import Processes, wait_port_file
@@ -178,8 +178,21 @@ def mean(rows: Sequence[dict[str, Any]], key: str) -> float:
     return round(sum(r[key] for r in rows) / len(rows), 3)
 
 
+def check_batches(args: argparse.Namespace) -> None:
+    """Each case's model and training set as `args.described`; ValueError, before any process starts,
+    where a round's B = --workers x --batch exceeds a case's training samples (ps-server refuses it)."""
+    args.described = {name: describe(CASES[name].workload) for name in args.cases}
+    for name, (_, samples) in args.described.items():
+        if args.workers * args.batch > samples:
+            fits = (f"use --batch {samples // args.workers} or less" if samples >= args.workers
+                    else f"use --workers {samples} or fewer")
+            raise ValueError(f"--workers {args.workers} x --batch {args.batch} = {args.workers * args.batch} exceeds "
+                             f"case {name}'s {samples} training samples (ps-server refuses a global batch above "
+                             f"them): {fits}, or leave {name} out of --cases")
+
+
 def measure(case: Case, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    params, train_samples = describe(case.workload)
+    params, train_samples = args.described[case.name]
     log(f"{case.name}: {params:,} parameters; PS path, {args.workers} workers at batch {args.batch}")
     ps = [ps_parts(r, args.rounds) for r in ps_run(case, args, train_samples, workdir / f"{case.name}-ps")]
     log(f"{case.name}: DDP (gloo), {args.workers} ranks")
@@ -269,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = parse_resolved(build_parser(), argv, check_batches)
     import torch
 
     started = time.monotonic()

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 import worker.probes.cpu_parts as cpu_parts
+from benchmarks import round_cpu
 
 PARTS = ("process", "data", "compute", "push", "push_copy", "push_check", "push_send", "receive", "copy", "rest")
 
@@ -38,6 +39,19 @@ def test_the_round_cpu_benchmark_reports_every_part_next_to_ddp(tmp_path: Path) 
     assert fast["ratio"] == pytest.approx(fast["mean"]["process"] / case["ddp"]["mean"]["process_cpu_ms"], abs=0.002)
     assert [t["value"] for t in report["targets"]] == [case["ratio"], case["comm_ratio"], fast["ratio"]]
     assert (tmp_path / "round_cpu.md").read_text(encoding="utf-8").startswith("| case |")
+
+
+def test_a_batch_above_a_cases_training_set_is_one_usage_error_before_any_process(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """B = --workers x --batch above a case's training samples, which ps-server would refuse once
+    started: exit 2, one line naming the flags and the case's size, and nothing run."""
+    monkeypatch.setattr(round_cpu, "ps_run", lambda *_, **__: pytest.fail("a refused case was run"))
+    with pytest.raises(SystemExit) as stop:
+        round_cpu.main(["--cases", "tiny", "--batch", "128"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "Traceback" not in err, err
+    assert ("error: --workers 2 x --batch 128 = 256 exceeds case tiny's 205 training samples (ps-server refuses a "
+            "global batch above them): use --batch 102 or less, or leave tiny out of --cases") in err, err
 
 
 def test_the_cpu_hooks_are_the_code_itself_when_off() -> None:
