@@ -262,12 +262,14 @@ class PullRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., header_only: _Optional[bool] = ..., optimizer_state: _Optional[bool] = ..., secret: _Optional[str] = ..., wait_for_batch: _Optional[bool] = ...) -> None: ...
 
 class LeaveRequest(_message.Message):
-    __slots__ = ("worker_id", "secret")
+    __slots__ = ("worker_id", "secret", "reason")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     SECRET_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     secret: str
-    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ...) -> None: ...
+    reason: str
+    def __init__(self, worker_id: _Optional[str] = ..., secret: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LeaveReply(_message.Message):
     __slots__ = ()

@@ -18,6 +18,7 @@ from common.transport.proto_convert import (
     job_status_to_proto,
     join_ask_from_proto,
     join_to_proto,
+    leave_from_proto,
     leave_reply,
     pull_ask_from_proto,
     store_answer_to_proto,
@@ -84,9 +85,9 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self.core.note_reply_sent()
 
     async def Leave(self, request: ps_pb2.LeaveRequest, context: grpc.aio.ServicerContext) -> ps_pb2.LeaveReply:
-        caller = caller_from_proto(request)
+        ask = leave_from_proto(request)
         try:
-            await self.core.leave(caller.worker_id, caller.secret)
+            await self.core.leave(ask.worker_id, ask.secret, ask.reason)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         return leave_reply()

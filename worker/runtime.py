@@ -33,7 +33,7 @@ from common.job.datasets import TrainingData
 from common.job.spec import JobSpec
 from common.transport.messages import StepHeader
 from worker.data.job_build import BuiltJob
-from worker.data.loader import LoaderOptions
+from worker.data.loader import LoaderError, LoaderOptions
 from worker.data.slices import OwnData
 from worker.probes.resources import SlowerMachine
 from worker.session.membership import Membership
@@ -171,10 +171,10 @@ class Session:
         return self.plan
 
     # --------------------------------------------------------------- lifecycle
-    def leave(self) -> None:
-        """Tell the server this worker is going (not needed once the job is done)."""
+    def leave(self, reason: str = "") -> None:
+        """Tell the server this worker is going, and why ("": not said; not needed once the job is done)."""
         if not self.done:
-            self._membership.leave()
+            self._membership.leave(reason)
 
     def close(self) -> None:
         """Stop the heartbeat, leave the process group and close the connection (`closed` then says
@@ -187,10 +187,11 @@ class Session:
     def __enter__(self) -> Session:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        """Leave unless the job is done (an error, or a loop that stopped early), then close."""
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
+        """Leave unless the job is done (an error, or a loop that stopped early), then close. A worker
+        that stops on its data (LoaderError: a corrupt sample) tells the server which."""
         try:
             with contextlib.suppress(ServerError):
-                self.leave()
+                self.leave(error.reason() if isinstance(error, LoaderError) else "")
         finally:
             self.close()

@@ -208,7 +208,7 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
 
     from benchmarks.echo import STREAM_METHOD
     from protos import ps_pb2, ps_pb2_grpc
-    from common.transport.messages import Caller, JoinAsk, PullAsk, PushMeta, PushTimes
+    from common.transport.messages import JoinAsk, LeaveAsk, PullAsk, PushMeta, PushTimes
     from common.transport.proto_convert import join_ask_to_proto, leave_to_proto, pull_ask_to_proto
     from common.transport.wire import CHUNK_BYTES, FlatReceiver, encode, split
     from worker.transport.channel import CHANNEL_OPTIONS
@@ -272,7 +272,7 @@ def measure_overhead_outside(procs: Processes, numel: int, workers: int, iterati
                             round_, batch = message.header.round, message.header.batch_size
                         receiver.feed(message.seq, message.data)
                     marks.append(mark)
-                stub.Leave(leave_to_proto(Caller(joined.worker_id, joined.secret)))
+                stub.Leave(leave_to_proto(LeaveAsk(joined.worker_id, joined.secret)))
             finally:
                 channel.close()
 

@@ -26,7 +26,12 @@ ON_CORRUPT = ("stop", "skip")
 
 
 class CorruptSample(ValueError):
-    """A file of the dataset that cannot be decoded; the message names it."""
+    """A file of the dataset that cannot be decoded; the message names it, and so does `path` where one
+    file is to blame (an error a DataLoader process re-raises keeps the message only)."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class OtherSize(ValueError):
@@ -46,7 +51,7 @@ def decode_image(path: str, mode: str, size: int = 0) -> torch.Tensor:
                 image = image.resize((size, size), Image.Resampling.BILINEAR)
             pixels = np.asarray(image, dtype=np.uint8)
     except (OSError, UnidentifiedImageError, ValueError, SyntaxError) as exc:
-        raise CorruptSample(f"cannot decode image {path}: {exc}") from exc
+        raise CorruptSample(f"cannot decode image {path}: {exc}", path) from exc
     tensor = torch.from_numpy(pixels.copy()).to(torch.float32).div_(255.0)
     return tensor.unsqueeze(0) if tensor.dim() == 2 else tensor.permute(2, 0, 1).contiguous()
 

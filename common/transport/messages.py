@@ -217,12 +217,33 @@ class JoinAsk:
     switch_paths: bool = False  # it can follow --allreduce auto's trial between the paths (ps.rounds.path_trial)
 
 
+MAX_LEAVE_REASON = 256
+"""LeaveRequest.reason's cap in characters: the server refuses a longer reason, or one not printable."""
+
+
+def bounded_reason(text: str) -> str:
+    """`text` as a Leave's reason the server takes: each character that is not printable as '?', cut to
+    MAX_LEAVE_REASON (ending in '...')."""
+    text = "".join(c if c.isprintable() else "?" for c in text)
+    return text if len(text) <= MAX_LEAVE_REASON else text[: MAX_LEAVE_REASON - 3] + "..."
+
+
 @dataclass(frozen=True)
 class Caller:
-    """A worker calling as itself: its id and the secret its Join returned (LeaveRequest, HeartbeatRequest)."""
+    """A worker calling as itself: its id and the secret its Join returned (HeartbeatRequest)."""
 
     worker_id: str
     secret: str = ""
+
+
+@dataclass(frozen=True)
+class LeaveAsk:
+    """A worker leaving (LeaveRequest): its id, its secret, and why ("": not said; the server takes at
+    most MAX_LEAVE_REASON printable characters, see bounded_reason)."""
+
+    worker_id: str
+    secret: str = ""
+    reason: str = ""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from common.transport.messages import (
     STORE_OPS,
     Beat,
     Caller,
+    LeaveAsk,
     GroupInfo,
     JobStatus,
     JoinAsk,
@@ -166,15 +167,19 @@ def pull_ask_from_proto(p: ps_pb2.PullRequest) -> PullAsk:
     return PullAsk(p.worker_id, p.secret, p.header_only, p.optimizer_state, p.wait_for_batch)
 
 
-def leave_to_proto(c: Caller) -> ps_pb2.LeaveRequest:
-    return ps_pb2.LeaveRequest(worker_id=c.worker_id, secret=c.secret)
+def leave_to_proto(ask: LeaveAsk) -> ps_pb2.LeaveRequest:
+    return ps_pb2.LeaveRequest(worker_id=ask.worker_id, secret=ask.secret, reason=ask.reason)
+
+
+def leave_from_proto(p: ps_pb2.LeaveRequest) -> LeaveAsk:
+    return LeaveAsk(p.worker_id, p.secret, p.reason)
 
 
 def heartbeat_to_proto(c: Caller) -> ps_pb2.HeartbeatRequest:
     return ps_pb2.HeartbeatRequest(worker_id=c.worker_id, secret=c.secret)
 
 
-def caller_from_proto(p: ps_pb2.LeaveRequest | ps_pb2.HeartbeatRequest) -> Caller:
+def caller_from_proto(p: ps_pb2.HeartbeatRequest) -> Caller:
     return Caller(p.worker_id, p.secret)
 
 

@@ -86,7 +86,7 @@ def progress_line(record: dict[str, Any]) -> str | None:
     elif event == "adjust" and record.get("changed"):
         line = "plan: " + " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
     elif event in ("evict", "leave"):
-        line = f"{record['worker']}: {record['reason']}"
+        line = f"{record['worker']} left: {record['why']}" if record.get("why") else f"{record['worker']}: {record['reason']}"
         if record.get("workers_left") == 0 and not record.get("done"):
             line += f" ({NO_WORKER_LEFT})"
     elif event == "regroup":

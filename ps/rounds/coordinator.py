@@ -20,7 +20,8 @@ from ps.rounds.membership import Member
 from ps.rounds.parts import CoordinatorParts
 from ps.rounds.reports import status, summary
 from common.transport.chunked import Vector
-from common.transport.messages import Beat, JobStatus, JoinAsk, JoinInfo, PushMeta, StepReply, StoreAnswer, StoreCall
+from common.transport.messages import (MAX_LEAVE_REASON, Beat, JobStatus, JoinAsk, JoinInfo, PushMeta, StepReply, StoreAnswer,
+                                       StoreCall)
 from common.transport.wire import ChunkReceiver
 
 
@@ -55,10 +56,14 @@ class Coordinator(CoordinatorParts):
             self.keys.check(worker_id, secret)
         return self.membership.get(worker_id)
 
-    async def leave(self, worker_id: str, secret: str) -> None:
-        """Remove a worker; a BSP round that only waited on it closes with the others."""
+    async def leave(self, worker_id: str, secret: str, reason: str = "") -> None:
+        """Remove a worker; a BSP round that only waited on it closes with the others. `reason`, the
+        worker's own word on why (LeaveRequest.reason), goes into the leave record and changes nothing
+        else; InvalidArgument, the worker kept, for one over MAX_LEAVE_REASON characters or not printable."""
         self.member(worker_id, secret)
-        self.departures.remove(worker_id, "leave", "left")
+        if len(reason) > MAX_LEAVE_REASON or not reason.isprintable():
+            raise InvalidArgument(f"a Leave's reason must be at most {MAX_LEAVE_REASON} printable characters")
+        self.departures.remove(worker_id, "leave", "left", said=reason)
 
     def heartbeat(self, worker_id: str, secret: str) -> Beat:
         self.member(worker_id, secret).seen(self.clock())

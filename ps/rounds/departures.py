@@ -29,15 +29,16 @@ class Departures:
         self.stop = stop
         self.evict_after = evict_after
 
-    def remove(self, worker_id: str, event: str, reason: str) -> None:
+    def remove(self, worker_id: str, event: str, reason: str, said: str = "") -> None:
         """Drop a worker (`event`: leave or evict), re-split B over the others, close a round it held up.
         Its record counts the workers left (active or waiting to enter): at 0 a running job waits for a
-        join, which its progress says (ps.ops.progress) rather than waiting silently."""
+        join, which its progress says (ps.ops.progress) rather than waiting silently. `said`: the
+        worker's own reason for leaving, recorded as `why` when it gave one."""
         s = self.state
         member = s.membership.remove(worker_id, reason, s.clock())
         s.events.member_removed.emit(member)
         s.metrics.write(event, worker=member.name, reason=reason, step=s.step, epoch=s.epoch,
-                        workers_left=len(s.membership.members()), done=s.done)
+                        workers_left=len(s.membership.members()), done=s.done, **({"why": said} if said else {}))
         self.fast_path.regroup()
         if s.done:
             self.end.check()

@@ -13,7 +13,9 @@ import torch
 from protos import ps_pb2
 from common.job.models import build_model
 from common.job.spec import JobSpec
+from common.transport.messages import MAX_LEAVE_REASON
 from common.transport.layout import Layout
+from ps.ops.progress import NO_WORKER_LEFT, progress_line
 from tests.state_compare import assert_same
 from tests.rpc_calls import (
     Code, OpenRound, SECRETS, TIMEOUT, expect_refused, header, join, join_all, leave, open_round, pull,
@@ -229,3 +231,26 @@ def test_a_rejoin_gets_a_new_secret_and_the_old_one_opens_nothing(ps_server, thr
                                                              timeout=TIMEOUT)), Code.PERMISSION_DENIED, "wrong secret")
     expect_refused(c.server, lambda: read_params(c.stub.Pull(ps_pb2.PullRequest(worker_id=old_id, secret=old_secret),
                                                              timeout=TIMEOUT)), Code.NOT_FOUND, "left; Join again")
+
+
+# ------------------------------------------------------------------------ Leave
+def test_a_leave_says_why_in_its_record_and_progress_and_a_bad_reason_changes_nothing(ps_server, threads) -> None:
+    """LeaveRequest.reason (a worker that stopped on a corrupt sample says which) goes into the leave
+    record as `why` and into the progress line, and does nothing else: the job goes on, and waits
+    once no worker is left. One over MAX_LEAVE_REASON characters, or not printable, is INVALID_ARGUMENT
+    and the worker stays."""
+    c = start_cluster(ps_server, threads, "--global-batch", "32")
+    records: list[dict] = []
+    c.server.coordinator.metrics.observe(lambda r: records.append(r) if r["event"] == "leave" else None)
+    a, b = c.ids["a"], c.ids["b"]
+    for bad in ("x" * (MAX_LEAVE_REASON + 1), "corrupt sample\n/data/c1/7.png", "bell \x07"):
+        expect_refused(c.server, lambda bad=bad: c.stub.Leave(ps_pb2.LeaveRequest(worker_id=b, secret=SECRETS[b], reason=bad),
+                                                             timeout=TIMEOUT),
+                       Code.INVALID_ARGUMENT, f"a Leave's reason must be at most {MAX_LEAVE_REASON} printable characters")
+    c.stub.Leave(ps_pb2.LeaveRequest(worker_id=b, secret=SECRETS[b], reason="corrupt sample /data/c1/7.png"), timeout=TIMEOUT)
+    c.stub.Leave(ps_pb2.LeaveRequest(worker_id=a, secret=SECRETS[a], reason="x" * MAX_LEAVE_REASON), timeout=TIMEOUT)
+    assert [(r["worker"], r["reason"], r.get("why"), r["workers_left"], r["done"]) for r in records] == [
+        ("b", "left", "corrupt sample /data/c1/7.png", 1, False), ("a", "left", "x" * MAX_LEAVE_REASON, 0, False)]
+    assert progress_line(records[0]) == "b left: corrupt sample /data/c1/7.png"
+    assert progress_line(records[1]) == f"a left: {'x' * MAX_LEAVE_REASON} ({NO_WORKER_LEFT})"
+    assert not c.server.call(lambda: c.server.coordinator.done)  # a reason ends no job: it waits for a join

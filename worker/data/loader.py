@@ -40,6 +40,12 @@ class LoaderError(RuntimeError):
     """The dataset failed to produce a batch (a corrupt file, a factory's bug); the message says why,
     on its first line."""
 
+    def reason(self) -> str:
+        """What the worker tells the server as it leaves over it: "corrupt sample PATH" where the
+        dataset named the file it could not decode, else "data error: " and the message."""
+        path = getattr(self.__cause__, "path", None)
+        return f"corrupt sample {path}" if isinstance(path, str) and path else f"data error: {self}"
+
 
 @dataclass(frozen=True)
 class LoaderOptions:

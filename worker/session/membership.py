@@ -87,9 +87,9 @@ class Membership:
             raise error
         return rejoin_with_backoff(self.name, self.client, self.retry_for, error, rejoin, lambda: self.worker_id, plan)
 
-    def leave(self) -> None:
-        """Tell the server this worker is going."""
-        self.client.leave(self.worker_id)
+    def leave(self, reason: str = "") -> None:
+        """Tell the server this worker is going, and why ("": not said)."""
+        self.client.leave(self.worker_id, reason=reason)
 
     def close(self) -> None:
         """Stop the heartbeat and leave the process's count of sessions."""

@@ -26,7 +26,8 @@ import torch
 
 from protos import ps_pb2_grpc
 from common.job.spec import JobSpec
-from common.transport.messages import Beat, Caller, JobStatus, JoinAsk, JoinInfo, PullAsk, StoreAnswer, StoreCall
+from common.transport.messages import (Beat, Caller, JobStatus, JoinAsk, JoinInfo, LeaveAsk, PullAsk, StoreAnswer,
+                                       StoreCall, bounded_reason)
 from common.transport.proto_convert import (beat_from_proto, heartbeat_to_proto, job_status_from_proto, join_ask_to_proto,
                                             join_from_proto, leave_to_proto, pull_ask_to_proto, status_request,
                                             store_answer_from_proto, store_call_to_proto)
@@ -221,13 +222,15 @@ class PSClient(PushPull):
             raise server_error(exc) from None
         return out if header.num_values else None
 
-    def leave(self, worker_id: str, timeout: float | None = None) -> None:
-        """Tell the server this worker is going; DEADLINE_EXCEEDED after `timeout` s (default: --timeout,
-        at most LEAVE_TIMEOUT_S: a server that is reachable but does not answer must not hold up an exit
-        or a rejoin)."""
+    def leave(self, worker_id: str, timeout: float | None = None, reason: str = "") -> None:
+        """Tell the server this worker is going, and why (`reason`, bounded to what the server takes;
+        "": not said); DEADLINE_EXCEEDED after `timeout` s (default: --timeout, at most
+        LEAVE_TIMEOUT_S: a server that is reachable but does not answer must not hold up an exit or a
+        rejoin)."""
         timeout = min(self.bounds.call_s, LEAVE_TIMEOUT_S) if timeout is None else timeout
         try:
-            self._stub.Leave(leave_to_proto(Caller(worker_id, self.secret(worker_id))), timeout=timeout)
+            request = leave_to_proto(LeaveAsk(worker_id, self.secret(worker_id), bounded_reason(reason)))
+            self._stub.Leave(request, timeout=timeout)
         except grpc.RpcError as exc:
             raise server_error(exc) from None
         self._secrets.pop(worker_id, None)

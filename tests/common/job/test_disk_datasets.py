@@ -13,6 +13,7 @@ from PIL import Image
 from common.job.datasets import build_dataset
 from common.job.disk_datasets import CORRUPT_SHOWN
 from ps.server import main as server_main
+from common.transport.messages import MAX_LEAVE_REASON, bounded_reason
 from worker.data.loader import Batches, LoaderError, LoaderOptions
 from worker.data.sampler import ElasticBatchSampler
 from tests.data_files import write_folder
@@ -79,15 +80,26 @@ def test_a_corrupt_image_is_named_and_stops_or_is_skipped(tmp_path: Path, caplog
     with pytest.raises(ValueError, match="0.png"):
         stop.train[index]
     loader = Batches(stop.train, ElasticBatchSampler(len(stop.train), seed=0), LoaderOptions(0, 1))
-    with pytest.raises(LoaderError, match=r"cannot decode image .*c1/0\.png"):
+    with pytest.raises(LoaderError, match=r"cannot decode image .*c1/0\.png") as stopped:
         for _ in range(10):
             loader.next(len(stop.train))
     loader.close()
+    assert stopped.value.reason() == f"corrupt sample {bad}"  # what the worker tells the server as it leaves
     skip = build_dataset("image_folder", {"root": str(root), "test_fraction": 0.1, "on_corrupt": "skip"}, seed=0)
     caplog.clear()
     x, _ = skip.train[index]
     assert x.shape == (3, 8, 8)
     assert any("skipped (on_corrupt=skip)" in r.getMessage() for r in caplog.records)
+
+
+def test_a_leave_reason_is_bounded_and_printable() -> None:
+    """What a worker sends as LeaveRequest.reason is what the server takes: each character that is not
+    printable as '?', at most MAX_LEAVE_REASON characters; a loader error without a file says its line."""
+    assert bounded_reason("corrupt sample /d/a\nb.png") == "corrupt sample /d/a?b.png"
+    long = bounded_reason("corrupt sample /" + "d" * 600)
+    assert len(long) == MAX_LEAVE_REASON and long.endswith("...") and long.isprintable()
+    error = LoaderError("the loader stopped")
+    assert error.reason() == "data error: the loader stopped"
 
 
 def test_images_of_another_size_are_one_clear_error_unless_image_size_resizes_them(tmp_path: Path) -> None:

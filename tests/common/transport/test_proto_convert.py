@@ -22,6 +22,7 @@ from common.transport.messages import (
     JobStatus,
     JoinAsk,
     JoinInfo,
+    LeaveAsk,
     PullAsk,
     PushMeta,
     PushTimes,
@@ -165,8 +166,9 @@ def test_the_requests_go_through_their_messages_field_for_field() -> None:
     assert round_trip(ask, proto_convert.join_ask_to_proto, proto_convert.join_ask_from_proto, ps_pb2.JoinRequest) == ask
     pull = sample(PullAsk)
     assert round_trip(pull, proto_convert.pull_ask_to_proto, proto_convert.pull_ask_from_proto, ps_pb2.PullRequest) == pull
+    leaving = sample(LeaveAsk)
+    assert round_trip(leaving, proto_convert.leave_to_proto, proto_convert.leave_from_proto, ps_pb2.LeaveRequest) == leaving
     caller = sample(Caller)
-    assert round_trip(caller, proto_convert.leave_to_proto, proto_convert.caller_from_proto, ps_pb2.LeaveRequest) == caller
     assert round_trip(caller, proto_convert.heartbeat_to_proto, proto_convert.caller_from_proto,
                       ps_pb2.HeartbeatRequest) == caller
     commit = sample(ShardCommit)

@@ -54,12 +54,12 @@ async def drive(ops: list[tuple[str, int]], controller: str) -> tuple[list[tuple
         stepped.append((c.round, batch))
         next_round(batch)
 
-    def recording_remove(worker_id: str, event: str, reason: str) -> None:
+    def recording_remove(worker_id: str, event: str, reason: str, said: str = "") -> None:
         member = c.membership.active.get(worker_id)
         if (member is not None and worker_id not in c.bsp.pushed and c.admission.started.is_set()
                 and member.name in c.policy.plan()):  # not one on probation, which no round counts on
             lost[c.round] = lost.get(c.round, 0) + min(member.told.get(c.round, {0}))
-        remove(worker_id, event, reason)
+        remove(worker_id, event, reason, said)
 
     activate = c.admission.activate_pending
 
