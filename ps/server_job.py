@@ -8,7 +8,7 @@ import argparse
 import sys
 from collections.abc import Callable, Sized
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 from pathlib import Path
 
 import torch
@@ -160,14 +160,13 @@ def build_job(args: argparse.Namespace) -> Job:
             if resume_from is None or search is None:
                 break
             path, state, job_changes = resume_from
+            check_resumed_batch(args, state, samples)  # before the restore records the resume
             try:
                 changes = coordinator.restore(state)
                 break
             except NOT_LOADABLE as exc:
                 search.skip(path, exc)
                 resume_from = search.next()
-        if resume_from is not None:
-            check_resumed_batch(args, coordinator.policy.config.global_batch, samples)
         if resume_from is not None:
             print(f"ps-server: resuming from {path} (epoch {coordinator.epoch}, step {coordinator.step})", file=sys.stderr)
             if job_changes:
@@ -252,10 +251,14 @@ def check_fits_training_set(global_batch: int, workers: int, samples: int) -> No
                      "larger dataset")
 
 
-def check_resumed_batch(args: argparse.Namespace, batch: int, samples: int) -> None:
-    """A resume's global batch (--adaptive-batch gns goes on at the checkpoint's B) at most the training
-    set's `samples`, as check_fits_training_set holds --global-batch: ValueError naming both otherwise."""
-    if batch > samples:
+def check_resumed_batch(args: argparse.Namespace, checkpoint: dict[str, Any], samples: int) -> None:
+    """The B an --adaptive-batch gns resume goes on at, the checkpoint's (its `adaptive` decider's
+    `batch`), at most the training set's `samples`, as check_fits_training_set holds --global-batch:
+    ValueError naming both otherwise. A state the restore would refuse is left to it."""
+    saved = checkpoint.get("adaptive") if args.adaptive_batch != "off" else None
+    decider = saved.get("decider") if isinstance(saved, dict) else None
+    batch = decider.get("batch") if isinstance(decider, dict) else None
+    if isinstance(batch, int) and not isinstance(batch, bool) and batch > samples:
         raise ValueError(f"--resume {args.resume}: the checkpoint's adaptive global batch B = {batch} exceeds the "
                          f"training set's {samples} samples (the data holds fewer since it was written): restore "
                          f"the training set, or resume without --adaptive-batch gns to restart at --global-batch "

@@ -45,7 +45,8 @@ def test_a_start_an_epoch_cannot_hold_moves_in_at_the_first_round(start: int, mo
 
 def test_a_resume_at_a_b_above_a_smaller_training_set_is_refused(tmp_path: Path) -> None:
     """A checkpoint's adaptive B above the training set it resumes on (an image folder that lost files
-    since) is refused at start, naming both numbers, as --global-batch above it is; nothing serves."""
+    since) is refused at start, naming both numbers, as --global-batch above it is, before the resume
+    is recorded; nothing serves."""
     root = write_folder(tmp_path / "images", classes=2, per_class=40)
     flags = ["--dataset", "image_folder", "--dataset-arg", f"root={root}", "--global-batch", "8",
              "--max-global-batch", "64", "--adaptive-batch", "gns"]
@@ -64,4 +65,5 @@ def test_a_resume_at_a_b_above_a_smaller_training_set_is_refused(tmp_path: Path)
         path.unlink()  # 50 images: 40 to train on
     with pytest.raises(ValueError, match=r"--resume .*ckpt: the checkpoint's adaptive global batch B = 60 exceeds "
                                          r"the training set's 40 samples"):
-        build_job(job_args(*flags, "--resume", str(tmp_path / "ckpt")))
+        build_job(job_args(*flags, "--resume", str(tmp_path / "ckpt"), "--metrics-log", str(tmp_path / "m.jsonl")))
+    assert '"resume"' not in (tmp_path / "m.jsonl").read_text()
