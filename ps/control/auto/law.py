@@ -12,9 +12,12 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+import numpy as np
+
 from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
 from ps.control.model.time_fit import Fit, fit_of
-from ps.control.model.time_fits import fits_of
+from ps.control.model.item_rows import COLUMNS
+from ps.control.model.time_fits import fits_of_rows
 
 Item = tuple[int, int, float, float | None]
 """One observation: (sequence number, batch, ms, exposed ms or None)."""
@@ -61,37 +64,59 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
 
 
 def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: int) -> list[Law | None]:
-    """`law_of(obs.items, min_samples, admitted)` of each (obs, admitted), fitted at once
-    (model/time_fits.py): a decision refits every worker that pushed since the last."""
-    picks = [_pick(obs.items, min_samples, admitted, obs.counts) for obs, admitted in requests]
-    fitted = [pick for pick in picks if pick is not None]  # an Observations' items are held as it holds them
-    fits = iter(fits_of([pick.items for pick in fitted], min_samples))
+    """`law_of(obs.items, min_samples, admitted)` of each (obs, admitted), fitted at once from the
+    observations' rows (model/time_fits.py, model/item_rows.py): a decision refits every worker that
+    pushed since the last."""
+    choices = [_choice(obs.items, obs.counts, min_samples, admitted) if obs.items else None
+               for obs, admitted in requests]
+    held = [(obs, choice) for (obs, _), choice in zip(requests, choices, strict=True) if choice is not None]
+    blocks = [obs.rows.rows() for obs, _ in held]
+    rows = np.concatenate(blocks) if blocks else np.empty((0, COLUMNS))
+    worker = np.repeat(np.arange(len(held)), [len(block) for block in blocks])
+    # each worker's items at its chosen batch sizes (an Observations' items are held as it holds them)
+    chosen = [(w, b) for w, (_, (kept, _, _)) in enumerate(held) if kept is not None for b in kept]
+    if chosen:
+        top = int(rows[:, 1].max()) + 1
+        keys = worker * top + rows[:, 1].astype(np.int64)
+        whole = np.array([kept is None for _, (kept, _, _) in held], dtype=bool)
+        keep = whole[worker] | np.isin(keys, [w * top + b for w, b in chosen])
+        rows, worker = rows[keep], worker[keep]
+    fits = iter(fits_of_rows(np.bincount(worker, minlength=len(held)), rows, min_samples))
     laws: list[Law | None] = []
-    for pick in picks:
-        fit = None if pick is None else next(fits)
-        laws.append(None if pick is None or fit is None else Law(fit, pick.known, pick.batch))
+    for choice in choices:
+        fit = None if choice is None else next(fits)
+        laws.append(None if choice is None or fit is None else Law(fit, choice[1], choice[2]))
     return laws
 
 
-def _pick(items: Sequence[Item], min_samples: int, admitted: int | None,
-          held_counts: Mapping[int, int] | None = None) -> _Pick | None:
-    """What `law_of` fits: the batch sizes measured `min_samples` times (and `admitted`) where they
-    identify the fixed cost, else the newest measured one alone; None without items. `held_counts`:
-    the items are an Observations', and these its counts by batch size."""
+def _pick(items: Sequence[Item], min_samples: int, admitted: int | None) -> _Pick | None:
+    """What `law_of` fits (`_choice`'s items); None without items."""
     if not items:
         return None
-    counts: Mapping[int, int] = Counter([it[1] for it in items]) if held_counts is None else held_counts
+    counts: Mapping[int, int] = Counter([it[1] for it in items])
+    kept, known, batch = _choice(items, counts, min_samples, admitted)
+    held = _held(items, counts)
+    if kept is None:
+        return _Pick(list(items), known, batch, held)
+    return _Pick([it for it in items if it[1] in kept], known, batch, held)
+
+
+def _choice(items: Sequence[Item], counts: Mapping[int, int], min_samples: int,
+            admitted: int | None) -> tuple[set[int] | None, bool, int | None]:
+    """The batch sizes of `items` (not empty; `counts`: how many at each) that `law_of` fits (None: all
+    of them), whether they make the whole law, and the batch size of a proportional line: the batch
+    sizes measured `min_samples` times (and `admitted`) where they identify the fixed cost, else the
+    newest measured one alone."""
     measured = [b for b, n in counts.items() if n >= min_samples]
     spread = ADMIT_SPREAD if admitted is None or counts.get(admitted, 0) < 2 else ADMIT_SPREAD_TWICE
     if (admitted is not None and admitted in counts and admitted not in measured
             and all(max(b / admitted, admitted / b) >= spread for b in measured)):
         measured.append(admitted)
-    held = held_counts is not None or _held(items, counts)
     if identifies_fixed_cost(measured):
         kept = set(measured)
-        return _Pick(list(items) if len(kept) == len(counts) else [it for it in items if it[1] in kept], True, None, held)
+        return None if len(kept) == len(counts) else kept, True, None
     newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
-    return _Pick([it for it in items if it[1] == newest], False, newest, held)
+    return {newest}, False, newest
 
 
 def _held(items: Sequence[Item], counts: Mapping[int, int]) -> bool:

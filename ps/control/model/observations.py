@@ -9,6 +9,7 @@ import math
 import statistics
 from collections.abc import Sequence
 
+from ps.control.model.item_rows import ItemRows
 from ps.control.model.time_fit import Fit, fit_of
 from ps.control.model.time_fits import fits_of
 from ps.control.stdev import stdev
@@ -31,6 +32,7 @@ class Observations:
         self._fits: dict[tuple[int, int], Fit | None] = {}
         self.version = 0
         self.items: list[tuple[int, int, float, float | None]] = sorted(items)
+        self.rows = ItemRows()  # `items` as rows of an array, changed with it (item_rows.py)
         self.counts: dict[int, int] = {}  # the observations held at each batch size
         self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
         self._run_batch: int | None = None
@@ -39,7 +41,9 @@ class Observations:
 
     def add(self, batch: int, ms: float, exposed: float | None) -> None:
         self._fits.clear()
-        self.items.append((self.seq, batch, ms, exposed))
+        item = (self.seq, batch, ms, exposed)
+        self.items.append(item)
+        self.rows.append(item)
         self.seq += 1
         self.version += 1
         if batch == self._run_batch:
@@ -49,7 +53,9 @@ class Observations:
         # the others were within the limits: only the new one's batch size can be one over
         same = self.counts[batch] = self.counts.get(batch, 0) + 1
         if same > PER_BATCH:
-            del self.items[next(i for i, item in enumerate(self.items) if item[1] == batch)]
+            oldest_at = next(i for i, item in enumerate(self.items) if item[1] == batch)
+            del self.items[oldest_at]
+            self.rows.delete(oldest_at)
             self.counts[batch] -= 1
             if len(self._run) == same:  # every time at the batch was in the run, the dropped one too
                 del self._run[0]
@@ -57,6 +63,7 @@ class Observations:
             newest = {b: seq for seq, b, _, _ in self.items}
             oldest = min(newest, key=newest.__getitem__)
             self.items = [item for item in self.items if item[1] != oldest]
+            self.rows.reset(self.items)
             del self.counts[oldest]
 
     def _prune(self) -> None:
@@ -73,6 +80,7 @@ class Observations:
                 seen[b] = seen.get(b, 0) + 1
                 out.append(item)
         self.items = out[::-1]
+        self.rows.reset(self.items)
         self.counts = seen
         self._new_run()
 
@@ -139,6 +147,7 @@ class Observations:
         cut = len(self.items) - run
         self.items = ([(q, b, ms * factor, e) for q, b, ms, e in self.items[:cut]]
                       + self.items[len(self.items) - min(keep, run):])
+        self.rows.reset(self.items)
         self._count()
         self._new_run()
 

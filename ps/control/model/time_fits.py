@@ -13,12 +13,10 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ps.control.model.item_rows import COLUMNS, Item
 from ps.control.model.time_fit import (
     MIN_REL_NOISE, OLDEST_WEIGHT, ONE_SAMPLE_REL_NOISE, OUTLIER_MADS, RECENCY, Finish, Fit, Line,
 )
-
-Item = tuple[int, int, float, float | None]
-"""One observation: (sequence number, batch, ms, exposed ms or None)."""
 
 _WEIGHTS = np.array([*RECENCY, OLDEST_WEIGHT], dtype=np.float64)
 """The recency weight by age, the last entry for every age beyond the table's."""
@@ -39,32 +37,46 @@ def fits_of(item_lists: Sequence[Sequence[Item]], min_samples: int) -> list[Fit 
     """`[time_fit.fit_of(items, min_samples) for items in item_lists]`, at once."""
     counts = np.fromiter((len(items) for items in item_lists), dtype=np.int64, count=len(item_lists))
     total = int(counts.sum())
-    out: list[Fit | None] = [None] * len(item_lists)
     if total == 0:
-        return out
+        return [None] * len(item_lists)
     flat = list(chain.from_iterable(item_lists))
-    worker = np.repeat(np.arange(len(item_lists)), counts)
-    seq = np.fromiter(map(itemgetter(0), flat), dtype=np.int64, count=total)
-    batch = np.fromiter(map(itemgetter(1), flat), dtype=np.int64, count=total)
-    ms = np.fromiter(map(itemgetter(2), flat), dtype=np.float64, count=total)
+    rows = np.empty((total, COLUMNS), dtype=np.float64)
+    rows[:, 0] = np.fromiter(map(itemgetter(0), flat), dtype=np.int64, count=total)
+    rows[:, 1] = np.fromiter(map(itemgetter(1), flat), dtype=np.int64, count=total)
+    rows[:, 2] = np.fromiter(map(itemgetter(2), flat), dtype=np.float64, count=total)
     exposures = list(map(itemgetter(3), flat))
     none = exposures.count(None)
-    exposed = None if none == total else np.array(exposures if none == 0 else
-                                                  [np.nan if e is None else e for e in exposures], dtype=np.float64)
+    rows[:, 3] = np.nan if none == total else (exposures if none == 0 else
+                                               [np.nan if e is None else e for e in exposures])
+    return fits_of_rows(counts, rows, min_samples)
+
+
+def fits_of_rows(counts: np.ndarray, rows: np.ndarray, min_samples: int) -> list[Fit | None]:
+    """`fits_of` of the workers' items as rows (item_rows.py), each worker's `counts[w]` of them in
+    turn, oldest first."""
+    out: list[Fit | None] = [None] * len(counts)
+    total = len(rows)
+    if total == 0:
+        return out
+    worker = np.repeat(np.arange(len(counts)), counts)
+    seq = rows[:, 0].astype(np.int64)
+    batch = rows[:, 1].astype(np.int64)
+    ms = np.ascontiguousarray(rows[:, 2])
+    has = ~np.isnan(rows[:, 3])
+    exposed = np.ascontiguousarray(rows[:, 3]) if has.any() else None
     # every observation weighed by its age behind its worker's newest
     ends = np.cumsum(counts)
-    last = np.zeros(len(item_lists), dtype=np.int64)
+    last = np.zeros(len(counts), dtype=np.int64)
     filled = counts > 0
     last[filled] = seq[ends[filled] - 1]
     age = np.minimum(last[worker] - seq, len(RECENCY))
     weight = _WEIGHTS[age]
     groups = _groups(worker, batch, weight, ms)
-    lines = _lines(groups, len(item_lists))
+    lines = _lines(groups, len(counts))
     exposure = None
     if exposed is not None:
-        has = ~np.isnan(exposed)
-        exposure = _exposure(_groups(worker[has], batch[has], weight[has], exposed[has]), lines[0], len(item_lists))
-    measured = np.bincount(groups.worker, weights=groups.samples >= min_samples, minlength=len(item_lists))
+        exposure = _exposure(_groups(worker[has], batch[has], weight[has], exposed[has]), lines[0], len(counts))
+    measured = np.bincount(groups.worker, weights=groups.samples >= min_samples, minlength=len(counts))
     q, s, var_s, cov, var_q = (a.tolist() for a in lines)
     measured_batches = measured.astype(np.int64).tolist()
     for w in np.flatnonzero(filled).tolist():
