@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
@@ -93,7 +93,12 @@ class AutoPolicy(FittedPlan):
     def _times(self, straddled: Mapping[str, float] | None = None,
                current: Mapping[str, int] | None = None) -> dict[str, FinishTime]:
         """Each worker's finish time in its batch for comparing plans (pricing.py)."""
-        return priced_times(self._laws, list(self._workers), self._identified, straddled or {}, current or {})
+        return priced_times(self._laws, list(self._workers), self._identified_all(), straddled or {}, current or {})
+
+    def _identified_all(self) -> Callable[[str], bool]:
+        """`_identified` of the laws WorkerLaws.finishes fits (those it reads then), for every worker at once."""
+        known, workers = self._laws.known(), self._workers
+        return lambda k: k in known or workers[k].min_batch == workers[k].max_batch
 
     # ------------------------------------------------------------------ decisions
     def decision_due(self) -> bool:
@@ -363,8 +368,8 @@ class AutoPolicy(FittedPlan):
     # ------------------------------------------------------------------ what the policy reports
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:
         """The laws (q, s, whether known, whether q is measured), c, the parked workers and the predicted round of `plan`."""
-        finishes = self._laws.finishes()
-        fits = {k: {"q": round(f.line.q, 6), "s": round(f.line.s, 4), "law": self._identified(k),
+        finishes, identified = self._laws.finishes(), self._identified_all()
+        fits = {k: {"q": round(f.line.q, 6), "s": round(f.line.s, 4), "law": identified(k),
                     "slope_measured": slope_measured(f.line)} for k, f in finishes.items()}
         return self._described(plan, fits, {k: f.at for k, f in finishes.items()})
 

@@ -56,6 +56,7 @@ class WorkerLaws(WorkerTimes):
         # `finishes` as of `revision`, which counts the changes of any worker's observations or admitted batch
         self.revision = 0
         self._finishes: tuple[int, Mapping[str, Finish]] | None = None
+        self._known: frozenset[str] = frozenset()  # of the laws `_finishes` holds, the known ones
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
@@ -216,11 +217,17 @@ class WorkerLaws(WorkerTimes):
         """Each measured worker's fitted finish time: its law, or its proportional line (read-only, kept
         until `revision` moves: a decision asks for them several times, and no time comes in between)."""
         if self._finishes is None or self._finishes[0] != self.revision:
-            self._refit()
-            laws = {k: self.law(k) for k in self.obs}
+            self._refit()  # every kept law is of its worker's observations as they are
+            laws = {k: self._laws[k][3] for k in self.obs}
             self._finishes = (self.revision, MappingProxyType({k: law.fit.finish for k, law in laws.items()
                                                                if law is not None}))
+            self._known = frozenset(k for k, law in laws.items() if law is not None and law.known)
         return self._finishes[1]
+
+    def known(self) -> frozenset[str]:
+        """The workers whose law is known (law.Law.known), of the laws `finishes` holds."""
+        self.finishes()
+        return self._known
 
     def note_slowest(self, plan: Mapping[str, int], means: Mapping[str, float]) -> None:
         """Keep the most ms per sample among the planned workers' mean times at their batches (`means`),
