@@ -9,9 +9,11 @@ import math
 import statistics
 from collections.abc import Sequence
 
-from ps.control.model.item_rows import ItemRows
+import numpy as np
+
+from ps.control.model.item_rows import COLUMNS, ItemRows
 from ps.control.model.time_fit import Fit, fit_of
-from ps.control.model.time_fits import fits_of
+from ps.control.model.time_fits import fits_of_rows
 from ps.control.stdev import stdev
 
 PER_BATCH = 16
@@ -154,12 +156,14 @@ class Observations:
 
 def fit_each(observations: Sequence[Observations], min_samples: int, exclude_last: Sequence[int] | None = None) -> None:
     """Make the fits that `obs.fit(min_samples, exclude)` of each of `observations` will ask for (each
-    without its newest `exclude_last`, none unless given) at once (time_fits.fits_of), where they are
-    not kept already: a decision asks for every worker's fit, and one at a time they are tens of
-    microseconds of Python a worker."""
+    without its newest `exclude_last`, none unless given) at once from their rows (time_fits.fits_of_rows),
+    where they are not kept already: a decision asks for every worker's fit, and one at a time they are
+    tens of microseconds of Python a worker."""
     excludes = [0] * len(observations) if exclude_last is None else exclude_last
     todo = [(obs, (min_samples, n)) for obs, n in zip(observations, excludes, strict=True)
             if (min_samples, n) not in obs._fits]
-    fits = fits_of([obs.items[: len(obs.items) - key[1]] if key[1] else obs.items for obs, key in todo], min_samples)
+    blocks = [obs.rows.rows()[: len(obs.items) - key[1]] if key[1] else obs.rows.rows() for obs, key in todo]
+    rows = np.concatenate(blocks) if blocks else np.empty((0, COLUMNS))
+    fits = fits_of_rows(np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks)), rows, min_samples)
     for (obs, key), fit in zip(todo, fits, strict=True):
         obs._fits[key] = fit
