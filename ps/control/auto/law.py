@@ -16,7 +16,7 @@ import numpy as np
 
 from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
 from ps.control.model.time_fit import Fit, fit_of
-from ps.control.model.item_rows import COLUMNS
+from ps.control.model.item_rows import joined
 from ps.control.model.time_fits import fits_of_rows
 
 Item = tuple[int, int, float, float | None]
@@ -70,9 +70,8 @@ def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: in
     choices = [_choice(obs.items, obs.counts, min_samples, admitted) if obs.items else None
                for obs, admitted in requests]
     held = [(obs, choice) for (obs, _), choice in zip(requests, choices, strict=True) if choice is not None]
-    blocks = [obs.rows.rows() for obs, _ in held]
-    rows = np.concatenate(blocks) if blocks else np.empty((0, COLUMNS))
-    worker = np.repeat(np.arange(len(held)), [len(block) for block in blocks])
+    rows = joined([obs.rows for obs, _ in held])
+    worker = np.repeat(np.arange(len(held)), [len(obs.items) for obs, _ in held])
     # each worker's items at its chosen batch sizes (an Observations' items are held as it holds them)
     chosen = [(w, b) for w, (_, (kept, _, _)) in enumerate(held) if kept is not None for b in kept]
     if chosen:

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ps.control.model.item_rows import COLUMNS, ItemRows
+from ps.control.model.item_rows import ItemRows, joined, prefix_length
 from ps.control.model.time_fit import Fit, fit_of
 from ps.control.model.time_fits import fits_of_rows
 from ps.control.stdev import stdev
@@ -162,8 +162,8 @@ def fit_each(observations: Sequence[Observations], min_samples: int, exclude_las
     excludes = [0] * len(observations) if exclude_last is None else exclude_last
     todo = [(obs, (min_samples, n)) for obs, n in zip(observations, excludes, strict=True)
             if (min_samples, n) not in obs._fits]
-    blocks = [obs.rows.rows()[: len(obs.items) - key[1]] if key[1] else obs.rows.rows() for obs, key in todo]
-    rows = np.concatenate(blocks) if blocks else np.empty((0, COLUMNS))
-    fits = fits_of_rows(np.fromiter(map(len, blocks), dtype=np.int64, count=len(blocks)), rows, min_samples)
+    stops = [len(obs.items) - key[1] if key[1] else len(obs.items) for obs, key in todo]
+    counts = np.array([prefix_length(len(obs.items), stop) for (obs, _), stop in zip(todo, stops)], dtype=np.int64)
+    fits = fits_of_rows(counts, joined([obs.rows for obs, _ in todo], stops), min_samples)
     for (obs, key), fit in zip(todo, fits, strict=True):
         obs._fits[key] = fit

@@ -10,7 +10,7 @@ import random
 
 import numpy as np
 
-from ps.control.model.item_rows import ItemRows
+from ps.control.model.item_rows import ItemRows, joined
 from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
 from ps.control.model.time_fits import fits_of, fits_of_rows
 
@@ -52,8 +52,11 @@ def test_rows_grow_past_their_first_size_and_drop_from_the_middle() -> None:
     rows.delete(50)
     del items[50]
     assert np.array_equal(rows.rows(), np.array(as_rows(items)), equal_nan=True)
+    for count in (-200, -3, 0, 5, 99, 200):
+        assert np.array_equal(rows.rows(count), np.array(as_rows(items[:count])).reshape(-1, 4), equal_nan=True)
+    assert np.array_equal(joined([rows, rows], [2, -97]), np.array(as_rows(items[:2] + items[:-97])), equal_nan=True)
     rows.reset([])
-    assert len(rows) == 0 and rows.rows().shape == (0, 4)
+    assert len(rows) == 0 and rows.rows().shape == (0, 4) and joined([]).shape == (0, 4)
 
 
 def test_fits_from_rows_are_the_fits_from_tuples_bit_for_bit() -> None:
