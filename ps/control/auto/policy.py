@@ -344,10 +344,8 @@ class AutoPolicy(FittedPlan):
 
     def _entries(self, plan: Mapping[str, int], current: Mapping[str, int],
                  means: Mapping[str, float] | None, recalled: bool) -> dict[str, int]:
-        """The parked workers `plan` brings back, at the batch their known laws finish within the
-        round measured now, else at their cores' share (probes.entry_targets); on a re-probe (not a
-        `recalled` one: a slowdown seen elsewhere may be the load that left its machine), one on a line
-        through the origin near the batch its line finishes within that round."""
+        """The parked workers `plan` brings back, at their batches of probes.entry_targets (on a line
+        through the origin, by that line unless `recalled`: another's slowdown may be its speed-up)."""
         entering = [k for k, b in plan.items() if b > 0 and current.get(k, 0) == 0]
         if not entering:
             return {}
@@ -359,9 +357,7 @@ class AutoPolicy(FittedPlan):
         slowest = max(means.values(), default=0.0)
         cores = {k: w.cores for k, w in self._workers.items()}
         known = {k: f.at for k, f in finishes.items() if self._identified(k)}
-        lines = {} if recalled else {
-            k: (finishes[k].at, law.batch) for k in entering if k not in known and k in finishes
-            and (law := self._laws.law(k)) is not None and law.batch is not None}
+        lines = {} if recalled else self._laws.lines(k for k in entering if k not in known)
         return entry_targets(entering, plan, known, slowest, self._config.deadband, cores, self._config.global_batch,
                              lower, upper, lines)
 

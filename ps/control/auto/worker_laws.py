@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 from types import MappingProxyType
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -16,6 +16,7 @@ from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, chang
 from ps.control.auto.law import Item, Law, identifies_fixed_cost, law_of, laws_of
 from ps.control.model.observations import Observations
 from ps.control.model.time_fit import Finish, slope_measured
+from ps.control.performance import FinishTime
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.stdev import stdev
 
@@ -185,6 +186,16 @@ class WorkerLaws(WorkerTimes):
         # known: unless the batch sizes measured min_samples times identify it alone, the admitted one did
         counts = self.obs[worker_id].counts
         return not identifies_fixed_cost([b for b, n in counts.items() if n >= self.min_samples])
+
+    def lines(self, names: Iterable[str]) -> dict[str, tuple[FinishTime, int]]:
+        """Of `names`, those whose law is a line through the origin: the line's finish time and the
+        batch size it goes through (probes.line_entry)."""
+        out: dict[str, tuple[FinishTime, int]] = {}
+        for k in names:
+            law = self.law(k) if k in self.obs else None
+            if law is not None and not law.known and law.batch is not None:
+                out[k] = (law.fit.finish.at, law.batch)
+        return out
 
     def law(self, worker_id: str) -> Law | None:
         """The worker's law (law.py), fitted again only once its observations or admitted batch change:
