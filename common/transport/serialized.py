@@ -22,7 +22,8 @@ _WIRE_VARINT, _WIRE_FIXED64, _WIRE_LENGTH, _WIRE_FIXED32 = 0, 1, 2, 5
 @functools.lru_cache(maxsize=32)
 def _data_field_prefix(message_type: type[Message], size: int) -> bytes:
     """What protobuf writes before `size` bytes of the message type's `data` field: its tag and length."""
-    return message_type(data=bytes(size)).SerializeToString()[:-size] if size else b""
+    make: Callable[..., Message] = message_type  # a generated type takes its fields as keywords
+    return make(data=bytes(size)).SerializeToString()[:-size] if size else b""
 
 
 ALIGN = 16  # where `with_data` puts `data` in the message: at a multiple of this many bytes
@@ -64,7 +65,8 @@ def _pad_tag(message_type: type[Message]) -> bytes:
     field = message_type.DESCRIPTOR.fields_by_name.get("pad")
     if field is None:
         return b""
-    return message_type(pad=b"x").SerializeToString()[:-2]
+    make: Callable[..., Message] = message_type  # a generated type takes its fields as keywords
+    return make(pad=b"x").SerializeToString()[:-2]
 
 
 def passthrough(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
