@@ -29,7 +29,8 @@ import statistics
 from collections.abc import Callable, Sequence
 from functools import lru_cache
 
-from ps.control.auto.law import Item, Law, law_of
+from ps.control.auto.law import Law, law_of
+from ps.control.model.item_rows import Item
 from ps.control.model.time_fit import GROUPS_KEPT, sorted_median
 
 CHANGE_ROUNDS = 3

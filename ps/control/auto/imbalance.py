@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from ps.control.auto.change import noise_and_persistence
-from ps.control.auto.law import Item
+from ps.control.model.item_rows import Item
 
 NOISE_SDS = 2.0
 """The standard errors of two means' difference that count as noise."""

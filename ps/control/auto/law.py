@@ -16,11 +16,8 @@ import numpy as np
 
 from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
 from ps.control.model.time_fit import Fit, fit_of
-from ps.control.model.item_rows import joined
+from ps.control.model.item_rows import Item, joined
 from ps.control.model.time_fits import fits_of_rows
-
-Item = tuple[int, int, float, float | None]
-"""One observation: (sequence number, batch, ms, exposed ms or None)."""
 
 SPREAD = 0.2
 """Two batch sizes identify a worker's fixed cost when the larger is this much above the smaller."""

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
-from ps.control.auto.law import Item, Law, identifies_fixed_cost, law_of, laws_of
+from ps.control.auto.law import Law, identifies_fixed_cost, law_of, laws_of
+from ps.control.model.item_rows import Item
 from ps.control.model.observations import Observations
 from ps.control.model.time_fit import Finish, slope_measured
 from ps.control.performance import FinishTime
