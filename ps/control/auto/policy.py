@@ -87,8 +87,7 @@ class AutoPolicy(FittedPlan):
     # ------------------------------------------------------------------ laws
     def _identified(self, worker_id: str) -> bool:
         """Whether the worker's law is known (law.py), or its bounds fix its batch."""
-        w, law = self._workers[worker_id], self._laws.law(worker_id)
-        return w.min_batch == w.max_batch or (law is not None and law.known)
+        return self._identified_all()(worker_id)
 
     def _times(self, straddled: Mapping[str, float] | None = None,
                current: Mapping[str, int] | None = None) -> dict[str, FinishTime]:
@@ -96,7 +95,8 @@ class AutoPolicy(FittedPlan):
         return priced_times(self._laws, list(self._workers), self._identified_all(), straddled or {}, current or {})
 
     def _identified_all(self) -> Callable[[str], bool]:
-        """`_identified` of the laws WorkerLaws.finishes fits (those it reads then), for every worker at once."""
+        """`_identified` for every worker at once, of the laws WorkerLaws.finishes holds (fitted as the
+        observations are)."""
         known, workers = self._laws.known(), self._workers
         return lambda k: k in known or workers[k].min_batch == workers[k].max_batch
 
