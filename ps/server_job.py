@@ -211,7 +211,12 @@ def server_count(args: argparse.Namespace) -> int:
     """The job's servers: --shards, or a --shard-addresses list's (+1: this server)."""
     if args.shard_addresses is None:
         return int(args.shards)
-    return len([a for a in args.shard_addresses.split(",") if a.strip()]) + 1
+    return len(listed_shards(args.shard_addresses)) + 1
+
+
+def listed_shards(text: str) -> list[str]:
+    """A --shard-addresses list's addresses, as given (not checked)."""
+    return [a.strip() for a in text.split(",") if a.strip()]
 
 
 def may_take_fast_path(args: argparse.Namespace, shards: int) -> bool:
@@ -302,7 +307,7 @@ def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     """Check --shards/--shard-addresses (setting args.shards from the list); None: no listed shards."""
     addresses = None
     if args.shard_addresses is not None:
-        addresses = [a.strip() for a in args.shard_addresses.split(",") if a.strip()]
+        addresses = listed_shards(args.shard_addresses)
         for address in addresses:
             if not is_host_port(address):
                 raise ValueError(f"--shard-addresses: expected HOST:PORT, got {address!r}")
