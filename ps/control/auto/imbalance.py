@@ -2,7 +2,7 @@
 fastest's by more than a width (a few deadbands) beyond the noise, the noise counted as the change
 test counts it (change.py: the times' relative noise and its persistence, spells of load that move
 several times together). The laws' solve would move such a plan unless they are wrong there; only a
-move can tell. Pure."""
+move can tell: the proportional step from the measured times (`measured_step`). Pure."""
 
 from __future__ import annotations
 
@@ -11,7 +11,11 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from ps.control.auto.change import noise_and_persistence
+from ps.control.auto.pricing import proportional
+from ps.control.auto.solve import MIN_GAIN, solve
+from ps.control.model.balance import measured_early
 from ps.control.model.item_rows import Item
+from ps.control.performance import FinishTime
 
 NOISE_SDS = 2.0
 """The standard errors of two means' difference that count as noise."""
@@ -47,3 +51,32 @@ def far_from_balance(times: Mapping[str, Sequence[float]], history: Mapping[str,
     return any(plan[k] > lower[k] and mean - level > width * level
                and mean - level > width * level + NOISE_SDS * math.hypot(error(k), level_error)
                for k, (mean, _) in stats.items())
+
+
+def measured_step(plan: Mapping[str, int], means: Mapping[str, float], total: int, lower: Mapping[str, int],
+                  upper: Mapping[str, int]) -> dict[str, int]:
+    """The proportional step from the plan's measured times (OmniLearn's): each planned worker's time
+    as its mean time at its batch (`means`), scaled with the batch, within the bounds; the parked stay
+    parked. With a fixed cost the slowest worker's time falls less than its batch, so the step falls
+    short of balance rather than past it, and the next decision goes on from times at the new batches."""
+    lines: dict[str, FinishTime] = {k: proportional(mean / plan[k]) for k, mean in means.items()}
+    parked = [k for k, b in plan.items() if b == 0]
+    lower = {**lower, **dict.fromkeys(parked, 0)}
+    upper = {**upper, **dict.fromkeys(parked, 0)}
+    for k in parked:
+        lines[k] = proportional(1.0)
+    new, _, _ = solve(lines, {}, total, lower, upper, may_park=[], overhead=0.0, prefer=[])
+    return new
+
+
+def idling(in_force: Mapping[str, Sequence[float]] | None, means: Mapping[str, float] | None,
+           deadband: float) -> list[str]:
+    """The workers measured finishing the deadband early (model/balance.py), where their idle time adds
+    up to MIN_GAIN of the workers' time: a worker among hundreds that idles costs the round nothing a
+    move should be made for (`in_force`: each planned worker's times at its batch, `means` their means)."""
+    if in_force is None or means is None:
+        return []
+    early = measured_early(in_force, deadband, means)
+    level = max(means.values(), default=0.0)
+    idle = math.fsum(level - means[k] for k in early) / (level * len(means)) if early else 0.0
+    return early if idle >= MIN_GAIN else []

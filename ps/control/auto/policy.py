@@ -14,33 +14,35 @@ its law is fitted again from them.
 
 A decision holds the plan while it is measured balanced (model/balance.py, within the deadband), or
 while the solve predicts a round shorter by less than MIN_GAIN and the noise of the measured times;
-a re-solve of laws that held must also beat their error on the plan in force, twice in a row, and
-half the deadband unless workers measured idle by the deadband would be raised by it (model/balance.py).
+a re-solve of laws that held must also beat their error on the plan in force, twice in a row (once
+where it parks a worker: the solve parks only one that surely slows the round), and half the deadband
+unless workers measured idle by the deadband would be raised by it (model/balance.py).
 A plan measured far out of balance at two decisions in a row is not held whatever the laws say: it
 takes the measured proportional step (imbalance.py: laws fitted across a change, or too uncertain to
 move). A parked worker comes back for a re-probe now and then, and at once when an active worker's
 times rise by half or more (model/parking.py), at a batch that measures its speed: what its known law
-finishes within the round measured now, not the minimum a short solved round leaves it (probes.py).
+finishes within the round measured now, not the minimum a short solved round leaves it (probes.py),
+a re-probe no further above its batches measured than in proportion where its law is flat. The next
+decision judges it, at once where its times are change.QUICK's ratio off the round it left, and not on
+rounds across another worker's change of speed (a recall's are slowed by the change that called it).
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
-from ps.control.auto.imbalance import far_from_balance
-from ps.control.model.balance import measured_early
-from ps.control.auto.probes import entry_targets, probe_plan, probe_targets
+from ps.control.auto.imbalance import far_from_balance, idling, measured_step
+from ps.control.auto.probes import entry_targets, far_off, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.model.time_fit import slope_measured
 from ps.control.auto.pricing import priced_times, proportional
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
-from ps.control.model.fitted_plan import FittedPlan
+from ps.control.model.fitted_plan import FittedPlan, vouched
 from ps.control.split import reachable
 from ps.control.model.optperf import nearest_plan
 from ps.control.model.finish_table import table_of
@@ -107,14 +109,28 @@ class AutoPolicy(FittedPlan):
         active = self._active()
         if not active or any(w.batch is None for w in self._workers.values()):
             return False
+        if self._before_reprobe is not None and self._reprobe_far_off(self._before_reprobe[1]):
+            return True
         changed = bool(self._laws.changed & set(active))
         need = self._config.min_samples * (1 if changed or self._soon else FOLLOW_UP)
         return (self._follow_up or changed) and all(self._workers[k].samples >= need for k in active)
 
+    def _reprobe_far_off(self, before_ms: float | None) -> bool:
+        """probes.far_off of the workers back for a re-probe, on their times since (`before_ms`: the
+        measured round of the plan the re-probe left)."""
+        times = {}
+        for k in self._parking.reprobed:
+            worker = self._workers.get(k)
+            run = self._laws.recent(k, worker.batch, least=1) if worker is not None and worker.batch else None
+            if worker is not None and run is not None:  # this re-probe's times, not an earlier one's at that batch
+                times[k] = run[len(run) - min(len(run), worker.samples):]
+        return before_ms is not None and far_off(times, before_ms)
+
     def _decision(self) -> dict[str, int] | None:
         active, current = self._active(), self.plan()
         report: dict[str, Any] = self._opening()
-        if not all(self._workers[k].samples >= self._config.min_samples for k in active):
+        if not (all(self._workers[k].samples >= self._config.min_samples for k in active)
+                or self._reprobe_far_off(self._judged_round)):
             self._parking.tick()
             self._report = {**report, "phase": "wait", **self._describe(current)}
             return None
@@ -157,7 +173,7 @@ class AutoPolicy(FittedPlan):
         min_gain = max(laws_bar, self._config.deadband / 2) if resolve else noise_bar
         # half the deadband is no bar where a worker is measured finishing early by the deadband and
         # the laws would raise it by the deadband: the measurement and the laws agree that it idles
-        early = self._idling(in_force, means) if resolve and self._exact_sum() else []
+        early = idling(in_force, means, self._config.deadband) if resolve and self._exact_sum() else []
         idle = bool(early) and laws_bar < gain <= min_gain and self._moves_by_deadband(
             self._nearest(times, new, current, laws_bar, early), current)
         if idle:
@@ -169,7 +185,9 @@ class AutoPolicy(FittedPlan):
             balanced = set(parked) == set(self.parked()) and measured_balanced
             # idle workers measured are the confirmation: their times and the laws agree
             confirmed = self._confirming
-            confirm = resolve and gain > min_gain and not balanced and not self._confirming and not idle
+            # a parking is no noise's: the solve parks a worker only where it surely slows the round (solve.py)
+            parks = any(current.get(k, 0) > 0 for k in parked)
+            confirm = resolve and gain > min_gain and not balanced and not self._confirming and not idle and not parks
             # the plan in force measured far out of balance, asked once, where one of the two rules below needs it
             measured_far = (not balanced and self._exact_sum() and (confirm or not gain > min_gain)
                             and self._far_from_balance(current, in_force, means))
@@ -179,7 +197,7 @@ class AutoPolicy(FittedPlan):
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
             # laws that see no gain in a plan measured far out of balance twice in a row do not hold there
             if hold and measured_far:
-                measured = self._measured_step(current, means) if confirmed else current
+                measured = self._measured_step(current, means or {}) if confirmed else current
                 if measured != current:
                     new, parked, hold, stepped, confirm = measured, self.parked(), {}, True, False
                 elif not confirmed:
@@ -205,7 +223,7 @@ class AutoPolicy(FittedPlan):
         if resolve and not stepped and not entries and not far:  # a re-solve moves no more than its gain asks
             new = self._nearest(times, new, current, min_gain, early)
         self._parking.install(parked, reprobe)
-        if reprobe:
+        if reprobe and not slowed:  # a recall's rounds are slower for the slowdown that called it: no judge
             self._reprobing(current, report)
         # a re-solve that moved a worker by the deadband asks for its new batch measured, as a step does
         moved = self._moves_by_deadband(new, current)
@@ -218,17 +236,6 @@ class AutoPolicy(FittedPlan):
                         **({"probe": sorted(probes)} if probes else {}),
                         **({"park": compared} if compared else {}), **self._describe(new)}
         return new
-
-    def _idling(self, in_force: Mapping[str, Sequence[float]] | None, means: Mapping[str, float] | None) -> list[str]:
-        """The workers measured finishing the deadband early (model/balance.py), where their idle time
-        adds up to MIN_GAIN of the workers' time: a worker among hundreds that idles costs the round
-        nothing a move should be made for."""
-        if in_force is None or means is None:
-            return []
-        early = measured_early(in_force, self._config.deadband, means)
-        level = max(means.values(), default=0.0)
-        idle = math.fsum(level - means[k] for k in early) / (level * len(means)) if early else 0.0
-        return early if idle >= MIN_GAIN else []
 
     def _nearest(self, times: Mapping[str, FinishTime], new: Mapping[str, int], current: Mapping[str, int],
                  min_gain: float, early: Sequence[str]) -> dict[str, int]:
@@ -267,21 +274,10 @@ class AutoPolicy(FittedPlan):
         return times is not None and far_from_balance(times, history, plan, lower, upper,
                                                       BANDS * self._config.deadband, means)
 
-    def _measured_step(self, plan: Mapping[str, int], means: Mapping[str, float] | None) -> dict[str, int]:
-        """The proportional step from the plan's measured times (OmniLearn's): each planned worker's
-        time as its mean time at its batch, scaled with the batch; the parked stay parked. With a
-        fixed cost the slowest worker's time falls less than its batch, so the step falls short of
-        balance rather than past it, and the next decision goes on from times at the new batches."""
-        lines: dict[str, FinishTime] = {k: proportional(mean / plan[k]) for k, mean in (means or {}).items()}
+    def _measured_step(self, plan: Mapping[str, int], means: Mapping[str, float]) -> dict[str, int]:
+        """imbalance.measured_step of the plan, with `break_even` none stepped below it."""
         lower, upper = self._bounds()
-        lower = self._kept_at_break_even(plan, lower, upper)  # with `break_even`: none stepped below it
-        parked = [k for k, b in plan.items() if b == 0]
-        lower = {**lower, **dict.fromkeys(parked, 0)}
-        upper = {**upper, **dict.fromkeys(parked, 0)}
-        for k in parked:
-            lines[k] = proportional(1.0)
-        new, _, _ = solve(lines, {}, self._config.global_batch, lower, upper, may_park=[], overhead=0.0, prefer=[])
-        return new
+        return measured_step(plan, means, self._config.global_batch, self._kept_at_break_even(plan, lower, upper), upper)
 
     def _replanning(self) -> None:
         """A decision is due as soon as the replan's plan is measured."""
@@ -356,7 +352,9 @@ class AutoPolicy(FittedPlan):
             means = {k: finishes[k].at(b) for k, b in current.items() if b > 0 and k in finishes}
         slowest = max(means.values(), default=0.0)
         cores = {k: w.cores for k, w in self._workers.items()}
-        known = {k: f.at for k, f in finishes.items() if self._identified(k)}
+        # a re-probe by a law fitted flat (any batch at its fixed cost) goes no further than in proportion;
+        # a recall by the law as it is (the load that slowed another may have left its machine)
+        known = {k: f.at if recalled else vouched(f) for k, f in finishes.items() if self._identified(k)}
         lines = {} if recalled else self._laws.lines(k for k in entering if k not in known)
         return entry_targets(entering, plan, known, slowest, self._config.deadband, cores, self._config.global_batch,
                              lower, upper, lines)

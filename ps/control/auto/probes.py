@@ -17,13 +17,19 @@ known law (a line through the origin, as after a change seen at its minimum batc
 comes back at its cores' share of B (the load seen to slow another may have left its machine); a
 re-probed one near the batch its line finishes within that round, a batch size SPREAD from the one
 the line was measured at (`line_entry`): a worker far slower than the others, parked after its first
-batch, is re-probed at a few samples, not at a share of B hundreds of rounds long. Pure."""
+batch, is re-probed at a few samples, not at a share of B hundreds of rounds long.
+
+A re-probe is judged by the decision after it (the round judges it, model/fitted_plan.py), once its
+rounds are measured; where a worker back for it is as far off the round it left as change.QUICK
+trusts on one time or two, that decision comes at once (`far_off`): a worker whose fixed cost alone
+outlasts the others' round holds every round of its re-probe. Pure."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
+from ps.control.auto.change import QUICK
 from ps.control.auto.law import SPREAD
 from ps.control.performance import FinishTime, batch_within
 from ps.control.split import fit_to_sum, reachable
@@ -116,3 +122,12 @@ def line_entry(line: FinishTime, measured: int, level: float, lo: int, hi: int) 
         return within
     below = math.floor(measured / (1.0 + SPREAD))
     return below if below >= lo else min(measured + max(2, math.ceil(SPREAD * measured)), hi)
+
+
+def far_off(times: Mapping[str, Sequence[float]], round_ms: float) -> bool:
+    """Whether a worker back for a re-probe (`times`: each one's times since) took QUICK's ratio of
+    `round_ms` (the measured round of the plan the re-probe left) or more on its newest so many times:
+    no noise makes a time that far off (a stalled step stays below these), and each round until
+    `min_samples` times come in waits for it."""
+    return round_ms > 0 and any(len(t) >= n and all(ms >= ratio * round_ms for ms in t[-n:])
+                                for t in times.values() for ratio, n in QUICK)

@@ -46,6 +46,7 @@ class FittedPlan(WorkerPlan):
         self._report: dict[str, Any] = {}
         self._before_reprobe: tuple[dict[str, int], float] | None = None  # the plan a re-probe left, its round
         self._judging = False  # a decision judges a re-probe
+        self._judged_round: float | None = None  # ... and the measured round of the plan that re-probe left
 
     def observe_round(self, round_ms: float) -> None:
         """The round's overhead c (rounds.py)."""
@@ -72,14 +73,17 @@ class FittedPlan(WorkerPlan):
         parking = self._parking.state() if judged is not None else None  # to restore on a take-back
         reprobed = list(self._parking.reprobed)
         self._judging = judged is not None  # no re-probe starts at the decision that judges one
+        self._judged_round = None if judged is None else judged[1]
         try:
             new = self._decision()
         finally:
-            self._judging = False
+            self._judging, self._judged_round = False, None
         if judged is None or parking is None:
             return new
         if self._report.get("phase") == "wait":  # not measured yet: the next decision judges it
             self._before_reprobe = judged
+            return new
+        if set(self._report.get("speed_changed", ())) - set(reprobed):  # rounds across another's change judge nothing
             return new
         back = self._taken_back(judged, self._report["previous"]["measured_round_ms"],
                                 new if new is not None else self.plan(), reprobed)
