@@ -186,7 +186,7 @@ def resolve(config: RunConfig) -> Plan:
         server_args += ["--adjust-every", str(config.adjust_every)]
     parser = server_parser()
     server_args += split_server_args(config.server_args, parser, _refused)
-    check_server_command(parser, [*server_args, "--port", "0"])  # what only ps-server checks fails here, not after the run started
+    check_server_command(parser, [*server_args, "--port", "0"], files_here=True)  # what only ps-server checks fails here, not after the run started
     out = config.out if config.out is not None else _fresh(Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
     _check_out(Path(out))
     return Plan(config, profiles, shares, server_shares, schedule, period, server_args, Path(out), names, epochs)

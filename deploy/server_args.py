@@ -1,9 +1,9 @@
 """ps-server arguments passed through another command (``--server-arg``), checked by ps-server's own parser.
 
-``ps-cluster run`` and ``ps-cluster k8s`` set some ps-server flags themselves and pass the rest on;
-both refuse a flag they set (abbreviated too: argparse takes ``--epoch=3`` for ``--epochs``) and let
-ps-server's parser, and its checks of flags against each other, check the whole command line before
-anything starts or is written.
+``ps-cluster run``, ``ps-cluster k8s`` and ``ps-cluster slurm`` set some ps-server flags themselves and
+pass the rest on; each refuses a flag it sets (abbreviated too: argparse takes ``--epoch=3`` for
+``--epochs``) and lets ps-server's parser, and its checks of flags against each other, check the whole
+command line before anything starts or is written.
 """
 
 from __future__ import annotations
@@ -27,16 +27,23 @@ def server_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def check_server_command(parser: argparse.ArgumentParser, argv: Sequence[str]) -> None:
+def check_server_command(parser: argparse.ArgumentParser, argv: Sequence[str], files_here: bool = False) -> None:
     """ValueError if ps-server would refuse ``argv`` before building its job: its parser (from
-    :func:`server_parser`), then its checks of flags against each other. The model's BatchNorm floor on
-    --min-batch is left to ps-server, which alone builds the model."""
+    :func:`server_parser`), then its checks of flags against each other (--shard-addresses' entries and
+    the TLS flags among them). `files_here`: the server runs on this machine, so the TLS files it and its
+    shards read are read here too, as ps-server reads them (elsewhere they are a pod's or a node's). The
+    model's BatchNorm floor on --min-batch is left to ps-server, which alone builds the model."""
+    from common.transport.security import load_server_security
     from ps.server_job import check_flags_together
+    from ps.shards.setup import read_shard_ca
 
     args = parser.parse_args(list(argv))
     settle_min_batch(args, batchnorm=False)
     try:
         check_flags_together(args)
+        if files_here:
+            load_server_security(args.tls_cert, args.tls_key, args.tls_client_ca, args.token)
+            read_shard_ca(args)
     except ValueError as exc:
         raise ValueError(f"ps-server would refuse these arguments: {exc}") from None
 

@@ -21,6 +21,7 @@ from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default
 from common.ops.arg_types import is_host_port
 from common.ops.available_memory import available_cpu_bytes
 from common.params.norm_clip import NormLimits
+from common.transport.security import check_tls_pairs
 from ps.checkpoint import Checkpointer, check_no_other_job
 from ps.control.config import PolicyConfig
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, epoch_bound
@@ -42,7 +43,7 @@ from ps.server_flags import (adaptive_config, check_micro_batch_flags, describe_
 from ps.serving.call_budget import CallBounds, calls_for_workers
 from ps.shards.client import RemoteShards
 from ps.shards.processes import LocalShards
-from ps.shards.setup import check_shard_security, open_shards
+from ps.shards.setup import check_shard_security, open_shards, read_shard_ca
 
 
 @dataclass
@@ -76,6 +77,7 @@ def build_job(args: argparse.Namespace) -> Job:
     allreduce = args.allreduce == "on"
     check_paths_together(args)  # again in check_flags_together, which the launchers run: here before the data loads
     shard_addresses = parse_shard_addresses(args)  # first: a --shard-addresses list sets args.shards
+    read_shard_ca(args)  # a file that cannot be read: refused before the data loads and a shard starts
     may_switch = may_take_fast_path(args, args.shards)
     # the model first: one with BatchNorm sets --min-batch's default (server_flags.settle_min_batch)
     dataset = build_dataset(args.dataset, parse_options(args.dataset_arg), args.seed, memory_bytes=available_cpu_bytes())
@@ -185,6 +187,7 @@ def check_flags_together(args: argparse.Namespace) -> None:
     """The checks of flags against each other (each flag's own range is its argparse type's): a
     ValueError naming the flags, before anything is built."""
     check_paths_together(args)
+    check_shard_flags(args)
     if args.global_batch < args.workers:
         raise ValueError(f"--global-batch {args.global_batch} must be >= --workers {args.workers} (one sample each at least)")
     if args.max_batch is not None and args.max_batch < args.min_batch:
@@ -303,22 +306,39 @@ def build_coordinator(args: argparse.Namespace, spec: JobSpec, config: PolicyCon
     )
 
 
+def shard_addresses(args: argparse.Namespace) -> list[str] | None:
+    """A --shard-addresses list's addresses, each checked, and --shards against their count (ValueError
+    naming the entry or the flags); None: no list. Leaves args.shards as it is."""
+    if args.shard_addresses is None:
+        return None
+    addresses = listed_shards(args.shard_addresses)
+    for address in addresses:
+        if not is_host_port(address):
+            raise ValueError(f"--shard-addresses: expected HOST:PORT, got {address!r}")
+    if not addresses:
+        raise ValueError("--shard-addresses lists no address")
+    if args.shards not in (1, len(addresses) + 1):
+        raise ValueError(f"--shards {args.shards} disagrees with the {len(addresses)} --shard-addresses (+1: this server)")
+    return addresses
+
+
+def check_shard_flags(args: argparse.Namespace) -> None:
+    """--shard-addresses' entries and the TLS flags the server and its shards share, as ps-server refuses
+    them (ValueError, its message), for a launcher to refuse before it starts or writes anything. Reads
+    no file: the paths may name another machine's (a pod's, a Slurm node's)."""
+    shard_addresses(args)
+    check_tls_pairs(args.tls_cert, args.tls_key, args.tls_client_ca)
+    check_shard_security(args, server_count(args))
+
+
 def parse_shard_addresses(args: argparse.Namespace) -> list[str] | None:
     """Check --shards/--shard-addresses (setting args.shards from the list); None: no listed shards."""
-    addresses = None
-    if args.shard_addresses is not None:
-        addresses = listed_shards(args.shard_addresses)
-        for address in addresses:
-            if not is_host_port(address):
-                raise ValueError(f"--shard-addresses: expected HOST:PORT, got {address!r}")
-        if not addresses:
-            raise ValueError("--shard-addresses lists no address")
-        if args.shards not in (1, len(addresses) + 1):
-            raise ValueError(f"--shards {args.shards} disagrees with the {len(addresses)} --shard-addresses (+1: this server)")
+    addresses = shard_addresses(args)
+    if addresses is not None:
         args.shards = len(addresses) + 1
     if args.shards < 1:
         raise ValueError(f"--shards must be >= 1, got {args.shards}")
-    check_shard_security(args)
+    check_shard_security(args, args.shards)
     return addresses
 
 

@@ -272,14 +272,19 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def load_server_security(
-    cert: PathArg | None, key: PathArg | None, client_ca: PathArg | None, token_flag: str | None
-) -> ServerSecurity:
-    """Validate the server's security flags; ValueError with one clear line on any problem."""
+def check_tls_pairs(cert: PathArg | None, key: PathArg | None, client_ca: PathArg | None) -> None:
+    """The server's TLS flags given together as they must be (ValueError naming them); reads no file."""
     if (cert is None) != (key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     if client_ca is not None and cert is None:
         raise ValueError("--tls-client-ca needs --tls-cert and --tls-key (mutual TLS runs over TLS)")
+
+
+def load_server_security(
+    cert: PathArg | None, key: PathArg | None, client_ca: PathArg | None, token_flag: str | None
+) -> ServerSecurity:
+    """Validate the server's security flags; ValueError with one clear line on any problem."""
+    check_tls_pairs(cert, key, client_ca)
     token = resolve_token(token_flag)
     credentials = server_credentials(cert, key, client_ca) if cert is not None and key is not None else None
     return ServerSecurity(credentials, token, mutual=client_ca is not None)

@@ -21,9 +21,11 @@ from ps.shards.processes import LocalShards
 from ps.shards.ranges import split_ranges
 
 
-def check_shard_security(args: argparse.Namespace) -> None:
-    """ValueError (one line) for --shards flags that cannot give the shards the server's security."""
-    if args.shards <= 1:
+def check_shard_security(args: argparse.Namespace, servers: int) -> None:
+    """ValueError (one line) for --shards flags that cannot give the shards the server's security;
+    `servers`: the job's server count (--shards, or a --shard-addresses list's + 1). Reads no file:
+    the launchers run it where the paths name files of another machine (a pod, a Slurm node)."""
+    if servers <= 1:
         if args.shard_tls_ca is not None:
             raise ValueError("--shard-tls-ca is for --shards or --shard-addresses")
         return
@@ -34,12 +36,18 @@ def check_shard_security(args: argparse.Namespace) -> None:
         raise ValueError("--shard-tls-ca needs --tls-cert and --tls-key: the shards speak TLS when the server does")
 
 
+def read_shard_ca(args: argparse.Namespace) -> bytes | None:
+    """--shard-tls-ca's PEM bytes (None: not given); ValueError naming the flag and file if it cannot be
+    read or is not PEM: checked before the data loads or a shard starts."""
+    return None if args.shard_tls_ca is None else read_pem("--shard-tls-ca", args.shard_tls_ca)
+
+
 def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
     if args.shard_tls_ca is None:
         return None
     mutual = args.tls_client_ca is not None
     return grpc.ssl_channel_credentials(
-        root_certificates=read_pem("--shard-tls-ca", args.shard_tls_ca),
+        root_certificates=read_shard_ca(args),
         private_key=read_pem("--tls-key", args.tls_key) if mutual else None,
         certificate_chain=read_pem("--tls-cert", args.tls_cert) if mutual else None,
     )
@@ -57,7 +65,7 @@ def open_shards(args: argparse.Namespace, addresses: list[str] | None,
                 numel: int) -> tuple[LocalShards | None, RemoteShards | None]:
     """The shard processes started here (None: listed or no shards) and the coordinator's side of
     them (None: one server holds everything)."""
-    check_shard_security(args)
+    check_shard_security(args, args.shards)
     if args.shards <= 1:
         return None, None
     token = resolve_token(args.token)

@@ -165,6 +165,15 @@ def test_tls_token_secret_namespace_memory(capsys: pytest.CaptureFixture[str]) -
         assert worker["resources"]["limits"]["memory"] == "4Gi"
 
 
+def test_tls_paths_are_the_pods_and_not_read_here(capsys: pytest.CaptureFixture[str]) -> None:
+    """The shards' TLS flags are checked together, but their files are the server pod's (the Secret's
+    mount): none is read where the manifests are written."""
+    documents = manifests(capsys, "--tls-secret", "ps-tls", "--server-arg", f"--shards 2 --shard-tls-ca {k8s.TLS_DIR}/tls.crt")
+    (server,) = by_kind(documents, "StatefulSet")
+    (container,) = server["spec"]["template"]["spec"]["containers"]
+    assert f"{k8s.TLS_DIR}/tls.crt" in container["command"]
+
+
 def test_gpus_from_the_profile(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     path = tmp_path / "gpus.yaml"
     path.write_text("bsp:\n  workers: [4, 4]\n  gpus: [0, 1]\n", encoding="utf-8")
@@ -222,6 +231,10 @@ def test_out_writes_one_file_per_object(capsys: pytest.CaptureFixture[str], tmp_
         (["--mode", "asp", "--server-arg=--allreduce on"], "ps-server would refuse these arguments: --allreduce is the BSP collective fast path"),
         (["--server-arg=--shards 2 --balance busy"], "ps-server would refuse these arguments: --balance busy is measured with one server only"),
         (["--server-arg=--allreduce off --allreduce-algorithm hub"], "ps-server would refuse these arguments: --allreduce-algorithm needs --allreduce"),
+        (["--server-arg=--shard-addresses=10.0.0.7:50061,10.0.0.8"],
+         "ps-server would refuse these arguments: --shard-addresses: expected HOST:PORT, got '10.0.0.8'"),
+        (["--server-arg=--shard-tls-ca=/etc/ca.crt"], "ps-server would refuse these arguments: --shard-tls-ca is for --shards"),
+        (["--tls-secret", "ps-tls", "--server-arg=--shards 2"], "ps-server would refuse these arguments: --shards with TLS needs --shard-tls-ca"),
         (["--name", "Bad_Name"], "--name 'Bad_Name' must be a DNS label"),
         (["--namespace=-x"], "--namespace '-x' must be a DNS label"),
         (["--memory", "lots"], "--memory 'lots' is not a quantity"),

@@ -1,12 +1,16 @@
 """``ps-cluster run``'s plan, resolved before anything starts (deploy/run_plan.py): the default
 policy, a schedule's shares scaled alike, and a bad output folder, mixed server shares or ps-server
-flags that do not go together refused."""
+flags that do not go together (a malformed --shard-addresses entry, a shard TLS flag set ps-server
+refuses) refused."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+from tests.tls_certs import Certs, certs  # noqa: F401 (a fixture)
 
 
 def test_the_default_policy_is_auto_on_a_profile_and_on_a_schedule(tmp_path: Path) -> None:
@@ -100,3 +104,49 @@ def test_the_phases_an_epoch_count_leaves_out_are_named() -> None:
                                       "a phase) start; --epochs 80 runs every phase")
     assert "before phases 1 (hl2), 2 (hl4), 3 (hl8)," in str(unreached(dynamic, 2))
     assert unreached(load_schedule("swap"), 1) is None
+
+
+SHARD_FLAGS: list[tuple[Callable[[Certs], list[str]], str]] = [
+    (lambda c: ["--shard-addresses=10.0.0.7"], "--shard-addresses: expected HOST:PORT, got '10.0.0.7'"),
+    (lambda c: ["--shard-addresses=10.0.0.7:50061,:50062"], "--shard-addresses: expected HOST:PORT, got ':50062'"),
+    (lambda c: ["--shard-addresses=,"], "--shard-addresses lists no address"),
+    (lambda c: ["--shards=3", "--shard-addresses=10.0.0.7:50061"],
+     "--shards 3 disagrees with the 1 --shard-addresses (+1: this server)"),
+    (lambda c: [f"--shard-tls-ca={c.ca}"], "--shard-tls-ca is for --shards or --shard-addresses"),
+    (lambda c: ["--shards=2", f"--shard-tls-ca={c.ca}"], "--shard-tls-ca needs --tls-cert and --tls-key"),
+    (lambda c: ["--shards=2", f"--tls-cert={c.server_cert}"], "--tls-cert and --tls-key go together"),
+    (lambda c: ["--shards=2", f"--tls-cert={c.server_cert}", f"--tls-key={c.server_key}"],
+     "--shards with TLS needs --shard-tls-ca"),
+    (lambda c: ["--shards=2", f"--tls-cert={c.server_cert}", f"--tls-key={c.server_key}", f"--shard-tls-ca={c.ca}.gone"],
+     "--shard-tls-ca {dir}/ca.crt.gone: cannot read (No such file or directory)"),
+    (lambda c: ["--shards=2", f"--tls-cert={c.server_cert}.gone", f"--tls-key={c.server_key}", f"--shard-tls-ca={c.ca}"],
+     "--tls-cert {dir}/server.crt.gone: cannot read (No such file or directory)"),
+]
+"""Shard flags ps-server refuses, built from the test certificates ({dir}: their folder), and the line it
+refuses them with."""
+
+
+@pytest.mark.parametrize(("flags", "needle"), SHARD_FLAGS)
+def test_shard_flags_ps_server_refuses_are_refused_when_planned_in_its_words(
+        tmp_path: Path, certs: Certs, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        flags: Callable[[Certs], list[str]], needle: str) -> None:
+    """A malformed --shard-addresses entry or a shard TLS flag set (a file that is not there, a certificate
+    without its key) is refused at planning, before anything starts, with the line ps-server gives (and
+    ps-server refuses it before it starts a shard)."""
+    from deploy.emulator import RunConfig, resolve
+    from ps.server import main as server_main
+    from ps.shards import setup
+
+    def no_shards(*args: object, **kwargs: object) -> None:
+        raise AssertionError("ps-server started its shards before refusing")
+
+    monkeypatch.setattr(setup, "LocalShards", no_shards)
+
+    args = flags(certs)
+    assert server_main(["--port", "0", "--quiet", *args]) == 2
+    server_line = capsys.readouterr().err.strip()
+    assert server_line.startswith("ps-server: error: ") and needle.format(dir=certs.ca.parent) in server_line, server_line
+    with pytest.raises(ValueError) as refused:
+        resolve(RunConfig(out=tmp_path / "x", quick=True, server_args=args))
+    assert str(refused.value) == f"ps-server would refuse these arguments: {server_line.removeprefix('ps-server: error: ')}"
+    assert not (tmp_path / "x").exists()
