@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, default_collate
 from torch.utils.data import Dataset as TorchDataset
 
+from common.job.disk_datasets import CorruptSample
 from common.job.splits import in_memory
 
 _END = object()
@@ -38,13 +39,60 @@ _END = object()
 
 class LoaderError(RuntimeError):
     """The dataset failed to produce a batch (a corrupt file, a factory's bug); the message says why,
-    on its first line."""
+    on its first line; `path`: the file the dataset could not decode, where it named one."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
 
     def reason(self) -> str:
         """What the worker tells the server as it leaves over it: "corrupt sample PATH" where the
         dataset named the file it could not decode, else "data error: " and the message."""
-        path = getattr(self.__cause__, "path", None)
-        return f"corrupt sample {path}" if isinstance(path, str) and path else f"data error: {self}"
+        return f"corrupt sample {self.path}" if self.path else f"data error: {self}"
+
+
+@dataclass(frozen=True)
+class _Failed:
+    """A batch the dataset (or the collation) failed to give, handed on in its place: its error's line
+    and the file to blame. Both cross from a loader process as they are, where a DataLoader process's
+    own error comes back as the text of its traceback (the exception's type before its message, the
+    file only inside that text), so an error reads the same with --loader-workers as without."""
+
+    line: str
+    path: str | None
+
+
+def _failed(exc: Exception) -> _Failed:
+    path = exc.path if isinstance(exc, CorruptSample) else None
+    return _Failed(_first_line(exc), path or None)
+
+
+class _Guarded(TorchDataset[Any]):
+    """`dataset`, whose batches are read where the DataLoader reads them (a loader process, or the
+    feeder thread) and come as a _Failed where reading one raises."""
+
+    def __init__(self, dataset: TorchDataset[Any]) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> Any:
+        try:
+            many = getattr(self.dataset, "__getitems__", None)
+            return many(indices) if many else [self.dataset[i] for i in indices]
+        except Exception as exc:  # noqa: BLE001 - handed on as the batch, raised by take() as a LoaderError
+            return _failed(exc)
+
+
+def _collate(samples: Any) -> Any:
+    """default_collate, a _Failed passed on as it is, and a collation that raises as a _Failed."""
+    if isinstance(samples, _Failed):
+        return samples
+    try:
+        return default_collate(samples)
+    except Exception as exc:  # noqa: BLE001 - as in _Guarded
+        return _failed(exc)
 
 
 @dataclass(frozen=True)
@@ -94,7 +142,8 @@ class BatchLoader:
         # DataLoader asks for its next index list before it hands a batch on, and holds this many
         self.ahead = per_process * workers
         self._loader = DataLoader(
-            dataset, batch_sampler=self._requests, num_workers=workers, pin_memory=self.device.type == "cuda",
+            _Guarded(dataset), batch_sampler=self._requests, collate_fn=_collate, num_workers=workers,
+            pin_memory=self.device.type == "cuda",
             prefetch_factor=per_process or None,
             multiprocessing_context="spawn" if workers else None,
         )
@@ -148,7 +197,10 @@ class BatchLoader:
             item = self._ready.get()
             if item is _END:
                 raise LoaderError("the loader stopped")
-            if isinstance(item, BaseException):
+            if isinstance(item, _Failed):  # the dataset's error, whichever batch it came in
+                self._closed = True
+                raise LoaderError(item.line, item.path)
+            if isinstance(item, BaseException):  # the DataLoader's own (a loader process that died)
                 self._closed = True
                 raise LoaderError(_first_line(item)) from item
             delivered, self._taken = self._taken, self._taken + 1
