@@ -16,6 +16,7 @@ DIR`` the curves against N are drawn too, as DIR/simulate.png (benchmarks/simula
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -124,8 +125,36 @@ FLAGS = {"global_batch": "B", "adjust_every": "--adjust-every", "min_batch": "--
 
 
 def in_flags(message: str) -> str:
-    """`message` with the scenario's field names put as the flags that set them."""
-    return re.sub(rf"\b({'|'.join(FLAGS)})\b", lambda m: FLAGS[m.group(1)], message)
+    """`message` with the scenario's field names put as the flags that set them, and a B to raise or
+    lower as the flag that sets it here, --batch-per-worker (the simulator has no global batch flag)."""
+    message = re.sub(rf"\b({'|'.join(FLAGS)})\b", lambda m: FLAGS[m.group(1)], message)
+    return re.sub(r"\b(raise|lower) B\b", r"\1 --batch-per-worker", message)
+
+
+def check_micro_batch(args: argparse.Namespace) -> None:
+    """ValueError for a --micro-batch that leaves a run's B (--batch-per-worker x N) no whole number of
+    micro-batches, naming the nearest values of --batch-per-worker and of --micro-batch that make every
+    run's B whole and leave each worker room for its least batch (a --min-batch of whole micro-batches):
+    the scenario's own refusal would suggest a global batch, which no flag here sets."""
+    m, per = args.micro_batch, args.batch_per_worker
+    short = next((n for n in args.workers if per * n % m), None)
+    if short is None:
+        return
+    step = math.lcm(*(m // math.gcd(m, n) for n in args.workers))  # every B is whole for a multiple of it
+    least = -(-args.min_batch // m) * m
+    pers = [v for v in (per // step * step, max(per // step + 1, -(-least // step)) * step) if v >= least]
+    whole = per * math.gcd(*args.workers)  # what every run's B is a multiple of
+    fits = [d for d in _divisors(whole) if -(-args.min_batch // d) * d <= per]
+    micros = [*[d for d in fits if d < m][-1:], *[d for d in fits if d > m][:1]]  # the nearest below and above
+    other = f", or --micro-batch {' or '.join(map(str, micros))}" if micros else ""
+    raise ValueError(f"B {per * short} (--batch-per-worker {per} x {short} workers) is not a multiple of --micro-batch "
+                     f"{m}; use --batch-per-worker {' or '.join(map(str, pers))}{other}")
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of `n` (>= 1), ascending."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def check_event_rounds(args: argparse.Namespace) -> None:
@@ -143,6 +172,7 @@ def resolve(args: argparse.Namespace) -> None:
     if args.max_batch is not None and args.max_batch < args.min_batch:
         raise ValueError(f"--max-batch {args.max_batch} is below --min-batch {args.min_batch}")
     check_event_rounds(args)
+    check_micro_batch(args)
     try:
         args.scenarios = grid_scenarios(args)
     except ValueError as exc:

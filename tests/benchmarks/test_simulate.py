@@ -83,7 +83,7 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: py
     (["--min-batch", "100"], "4 workers (from round 0 on) need 400 samples at the least (100 each), more than B = 256"),
     (["--max-batch", "10"], "4 workers (from round 0 on) take 40 samples at most (10 each), less than B = 256"),
     (["--min-batch", "100", "--max-batch", "10"], "--max-batch 10 is below --min-batch 100"),
-    (["--micro-batch", "7"], "B 256 is not a multiple of --micro-batch 7"),
+    (["--micro-batch", "7"], "B 256 (--batch-per-worker 64 x 4 workers) is not a multiple of --micro-batch 7"),
     (["--micro-batch", "64", "--max-batch", "32"], "--max-batch 32 is below --micro-batch 64"),
     (["--batch-per-worker", "1", "--min-batch", "2"], "need 8 samples at the least (2 each), more than B = 4; lower --min-batch"),
     (["--join", "4:1"], "--join 4:1: round 4 is past the run's last (rounds 0 to 3 with --rounds 4)"),
@@ -96,6 +96,31 @@ def refused(argv: list[str], capsys: pytest.CaptureFixture[str], monkeypatch: py
 def test_a_bad_value_is_a_one_line_usage_error_before_any_run(
         flags: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     assert says in refused(["--workers", "4", "--rounds", "4", *flags], capsys, monkeypatch)
+
+
+@pytest.mark.parametrize(("flags", "says"), [
+    (["--workers", "4", "--micro-batch", "7"],
+     "B 256 (--batch-per-worker 64 x 4 workers) is not a multiple of --micro-batch 7; use --batch-per-worker 63 or 70, "
+     "or --micro-batch 4 or 8"),
+    (["--workers", "4,6", "--batch-per-worker", "10", "--micro-batch", "8"],
+     "B 60 (--batch-per-worker 10 x 6 workers) is not a multiple of --micro-batch 8; use --batch-per-worker 8 or 12, "
+     "or --micro-batch 5 or 10"),
+    (["--workers", "4", "--micro-batch", "300"],
+     "B 256 (--batch-per-worker 64 x 4 workers) is not a multiple of --micro-batch 300; use --batch-per-worker 300, "
+     "or --micro-batch 64"),
+    (["--workers", "4", "--batch-per-worker", "1", "--min-batch", "2"],
+     "4 workers (from round 0 on) need 8 samples at the least (2 each), more than B = 4; lower --min-batch or "
+     "--micro-batch, or raise --batch-per-worker"),
+    (["--workers", "4", "--max-batch", "10"],
+     "4 workers (from round 0 on) take 40 samples at most (10 each), less than B = 256; raise --max-batch or lower "
+     "--batch-per-worker"),
+])
+def test_a_refusal_says_what_to_change_in_the_simulators_own_flags(
+        flags: list[str], says: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """B is --batch-per-worker x N here (no global batch flag): a refused --micro-batch, --min-batch or
+    --max-batch names the values of --batch-per-worker and --micro-batch that make every run whole."""
+    line = refused(["--rounds", "4", *flags], capsys, monkeypatch)
+    assert line == f"python -m benchmarks.simulate: error: {says}"
 
 
 def test_an_out_that_is_a_file_is_refused_before_any_run(
