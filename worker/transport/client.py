@@ -155,7 +155,7 @@ class PSClient(PushPull):
         self._secrets[info.worker_id] = info.secret
         self.bounds.rejoined()
         try:
-            return self._joined(info, max_batch)
+            return self._joined(info, max_batch, reply.num_params)
         except server_checks.UntrustedReply:  # a member that will never push: leave at once
             with contextlib.suppress(ServerError):
                 self.leave(info.worker_id, timeout=CLOSE_TIMEOUT_S)
@@ -192,9 +192,11 @@ class PSClient(PushPull):
                 said.warning("%s: waiting for %s; asking %s every %g s (--timeout)", name, waits_for, self.target, t)
                 told = waits_for
 
-    def _joined(self, info: JoinInfo, max_batch: int) -> Joined:
-        """The Join reply as a Joined record, checked (worker.transport.server_checks) before a shard is reached."""
+    def _joined(self, info: JoinInfo, max_batch: int, num_params: int) -> Joined:
+        """The Join reply as a Joined record, checked (worker.transport.server_checks) before a shard is
+        reached; `num_params`: the reply's, which JoinInfo does not keep (its layout says it)."""
         server_checks.joined(info)
+        server_checks.num_params(num_params, info.layout)
         spec = server_checks.job_spec(info.job_json)
         shards = tuple(replace(s, address=shard_address(s.address, self.target)) for s in info.shards)
         server_checks.shard_ranges([(s.address, s.start, s.stop) for s in shards], info.layout.numel, self.target,

@@ -80,6 +80,15 @@ def layout(entries: Layout) -> None:
         raise UntrustedReply("the server's layout holds no values")
 
 
+def num_params(said: int, entries: Layout) -> None:
+    """A JoinReply's num_params is its layout's number of values: a reply that gives two sizes of the
+    parameters names two models, and the values that later fill one would not fit the other (the layout
+    is the model the worker builds: worker/session/replica.py)."""
+    if said != entries.numel:
+        raise UntrustedReply(f"the server's Join reply says num_params {said}, where its layout holds "
+                             f"{entries.numel} values")
+
+
 def group(g: GroupInfo, ranked: bool = True) -> None:
     """--allreduce: a group generation >= 0 and, where the worker has a group, a backend it can form
     the group over (gloo or nccl) and, where `ranked` (every plan's: a Join's rank may be -1, not in

@@ -133,6 +133,14 @@ def test_a_join_reply_names_the_worker_and_its_place_within_bounds(fields: dict[
         checks.joined(join_reply(**fields))
 
 
+def test_a_join_replys_num_params_is_its_layouts_number_of_values() -> None:
+    six = Layout((TensorEntry("w", (2, 3), "float32"),))
+    checks.num_params(6, six)
+    for said in (5, 0, 7, -6):
+        with pytest.raises(checks.UntrustedReply, match=re.escape(f"says num_params {said}, where its layout holds 6 values")):
+            checks.num_params(said, six)
+
+
 def test_an_asp_learning_rate_stays_within_the_jobs_schedule() -> None:
     asp = JobSpec(global_batch=32, mode="asp", lr=0.1, lr_milestones=(2,), lr_gamma=0.5)
     checks.asp_lr(plan(lr=0.1 * 8 / 32), asp)

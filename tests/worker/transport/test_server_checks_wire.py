@@ -55,6 +55,15 @@ def test_a_join_reply_the_worker_cannot_be_is_refused_before_it_pulls(join: dict
     assert "Pull" not in calls
 
 
+@pytest.mark.parametrize("num_params", [NUMEL + 1, 0], ids=["one-more", "none"])
+def test_a_join_reply_whose_num_params_is_not_its_layouts_is_refused_naming_both(num_params: int) -> None:
+    """The layout is the model the worker builds (the test below): a size that disagrees with it says
+    two models, and the worker acts on neither."""
+    calls = refused(Scenario(join={"num_params": num_params}), UntrustedReply,
+                    f"the server's Join reply says num_params {num_params}, where its layout holds {NUMEL} values")
+    assert "Pull" not in calls
+
+
 def test_a_layout_of_another_model_is_refused_naming_where_it_differs() -> None:
     layout = [ps_pb2.TensorSpec(name=n, shape=list(reversed(shape)), dtype="float32") for n, shape in LAYOUT]
     refused(Scenario(join={"layout": layout}), ServerError, "does not match the server's parameter layout: tensor 0 "
