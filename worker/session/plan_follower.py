@@ -44,6 +44,7 @@ class PlanFollower:
         replica = self._replica
         server_checks.step_plan(plan, self._max_batch, replica.spec.micro_batch, self._samples)
         server_checks.probe_step(plan, replica.spec)
+        server_checks.plan_epoch(plan, replica.spec)
         server_checks.asp_lr(plan, replica.spec)
         renew = (slices := isinstance(self.sampler, SliceSource)) and self.sampler.follow(plan)
         self.plan = plan

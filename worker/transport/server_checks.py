@@ -139,6 +139,17 @@ def step_plan(plan: StepHeader, max_batch: int, micro_batch: int = 1, samples: i
         batch_size(plan.batch_size, plan.global_batch, max_batch, micro_batch, samples)
 
 
+def plan_epoch(plan: StepHeader, spec: JobSpec) -> None:
+    """A plan's epoch is one of the job's (0 to epochs - 1), or its end (epochs) in the plan that ends
+    it: the server finishes the job as its last epoch ends. Under --sampling exact a slice's epochs
+    bound it too (worker.data.slices); without slices nothing else would, and the epoch picks the
+    learning rate of the spec's schedule (asp_lr, the fast path's)."""
+    if plan.done and plan.epoch > spec.epochs:
+        raise UntrustedReply(f"the server's plan ends the job at epoch {plan.epoch}, past its end at epoch {spec.epochs}")
+    if not plan.done and plan.epoch >= spec.epochs:
+        raise UntrustedReply(f"the server's plan is at epoch {plan.epoch}, past the job's last epoch {spec.epochs - 1}")
+
+
 def asp_lr(plan: StepHeader, spec: JobSpec) -> None:
     """ASP: the learning rate a worker steps at is eta_k = eta * b_k / B at the schedule's epoch (or
     eta itself without --lr-scaling), never above the spec's schedule: a larger one would take steps the

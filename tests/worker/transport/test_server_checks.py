@@ -141,6 +141,17 @@ def test_a_join_replys_num_params_is_its_layouts_number_of_values() -> None:
             checks.num_params(said, six)
 
 
+def test_a_plans_epoch_is_one_of_the_jobs_and_its_end_only_in_the_last_plan() -> None:
+    spec = JobSpec(global_batch=32, epochs=2, sampling="independent")
+    checks.plan_epoch(plan(epoch=0), spec)
+    checks.plan_epoch(plan(epoch=1), spec)
+    checks.plan_epoch(plan(epoch=2, done=True), spec)  # the plan that ends the job: its epochs all trained
+    for bad, said in ((plan(epoch=2), "is at epoch 2, past the job's last epoch 1"),
+                      (plan(epoch=3, done=True), "ends the job at epoch 3, past its end at epoch 2")):
+        with pytest.raises(checks.UntrustedReply, match=re.escape(said)):
+            checks.plan_epoch(bad, spec)
+
+
 def test_an_asp_learning_rate_stays_within_the_jobs_schedule() -> None:
     asp = JobSpec(global_batch=32, mode="asp", lr=0.1, lr_milestones=(2,), lr_gamma=0.5)
     checks.asp_lr(plan(lr=0.1 * 8 / 32), asp)

@@ -77,6 +77,13 @@ def test_an_asp_learning_rate_above_the_jobs_is_refused_not_dropped_batch_after_
             "the server's learning rate 1e+300 is above the job's 0.1 at epoch 0")
 
 
+@pytest.mark.parametrize("epoch", [1, 2**31 - 1], ids=["the-job's-end", "far-past-it"])
+def test_a_plan_past_the_jobs_last_epoch_is_refused(epoch: int) -> None:
+    """A job of one epoch trains epoch 0; independent sampling hands no slice whose epochs would say so."""
+    refused(Scenario(pull={"epoch": epoch}), UntrustedReply,
+            f"the server's plan is at epoch {epoch}, past the job's last epoch 0")
+
+
 def test_a_batch_above_the_training_set_is_refused() -> None:
     """digits trains on 1,438 samples: a batch of 2,000 would train some of them twice in one step."""
     big = Scenario(spec={**GOOD_SPEC, "global_batch": 2000}, pull={"batch_size": 2000, "global_batch": 2000})
