@@ -68,6 +68,26 @@ class NonFiniteLoss(RuntimeError):
     """A step's loss is NaN or Inf: its gradient would be too, which the server refuses."""
 
 
+def non_finite_loss(said: str, x: torch.Tensor, model: torch.nn.Module, servers: bool) -> NonFiniteLoss:
+    """The error of a step whose loss is not finite (`said`: the step and its loss), naming where it
+    came from: a sample of `x` that is not finite, else the model's parameters and their largest
+    magnitude. `servers`: they are the server's as its last reply sent them (the PS path: the worker
+    never steps them itself), and the line names them so. They are not refused on their size: a
+    learning rate that diverges makes a legitimate server's huge and finite as well (past 1e33 in
+    tests/e2e/test_worker_lifecycle.py's job), and a bound below that would refuse a model whose
+    large values the forward never multiplies; the loss is what shows no forward survives them."""
+    tail = "; the server refuses a gradient that is not finite"
+    if not bool(torch.isfinite(x).all()):
+        return NonFiniteLoss(f"{said}: a sample holds NaN or Inf{tail}")
+    largest = max((float(p.detach().abs().max()) for p in model.parameters() if p.numel()), default=0.0)
+    if servers:
+        return NonFiniteLoss(f"{said} on finite samples, from the server's parameters as it sent them (the largest "
+                             f"|value| {largest:.3g}): its learning rate diverged, or it sent values this model "
+                             f"cannot compute with{tail}")
+    return NonFiniteLoss(f"{said} on finite samples, at parameters whose largest |value| is {largest:.3g}: the "
+                         f"learning rate diverged{tail}")
+
+
 def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
     """The built-in loop: cross-entropy on the job's data, one push per step (accumulated over the
     job's micro-batches, if it has them). A progress line after the first step, then every
@@ -79,9 +99,8 @@ def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None
         loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
         if not bool(torch.isfinite(loss)):
             session.wait_params()  # a reply refused while its values streamed into this forward: its own error
-            raise NonFiniteLoss(f"step {session.steps + 1} (epoch {session.epoch}, batch {len(x)}): the loss is "
-                                f"{float(loss)}: a sample holds NaN or Inf, or the learning rate diverged; the server "
-                                "refuses a gradient that is not finite")
+            raise non_finite_loss(f"step {session.steps + 1} (epoch {session.epoch}, batch {len(x)}): the loss is "
+                                  f"{float(loss)}", x, model, servers=not session.spec.allreduce)
         stall_while_asked(session.name)  # a test hook: no effect unless $PS_WORKER_STALL_DIR is set
         session.step()
         if not quiet and time.monotonic() - last_log >= log_every:

@@ -14,7 +14,7 @@ import pytest
 
 from protos import ps_pb2
 from tests.hostile_server import GOOD_SPEC, LAYOUT, NUMEL, Scenario, serving
-from worker.cli import train
+from worker.cli import NonFiniteLoss, train
 from worker.connection import connect
 from worker.data.slices import BadSlice
 from worker.runtime import Session
@@ -136,6 +136,19 @@ def test_an_asp_worker_whose_every_local_step_overflows_leaves_after_a_few() -> 
             train(session, quiet=True)
     assert "Push" not in fake.calls and "Leave" in fake.calls
     assert fake.calls.count("Pull") == MAX_REFUSED_STEPS  # the first, then one after each batch dropped but the last
+
+
+def test_finite_parameters_no_forward_survives_are_named_as_the_servers_not_the_samples() -> None:
+    """3e38 is a finite fp32 value, and as finite as what a diverging learning rate makes (past 1e33 in
+    tests/e2e/test_worker_lifecycle.py's): the forward's loss is NaN on finite samples, and the line
+    names the server's parameters and their size."""
+    huge = Scenario(values=[3e38] * NUMEL)
+    with serving(huge) as (fake, target):
+        with joined(target) as session, pytest.raises(NonFiniteLoss, match=re.escape(
+                "on finite samples, from the server's parameters as it sent them (the largest |value| 3e+38)")) as raised:
+            train(session, quiet=True)
+    assert "a sample holds" not in str(raised.value) and "\n" not in str(raised.value)
+    assert "Push" not in fake.calls and "Leave" in fake.calls
 
 
 def test_parameters_refused_while_they_streamed_into_a_forward_are_the_error_not_its_loss() -> None:

@@ -1,0 +1,34 @@
+"""The built-in loop's line for a loss that is not finite (worker/cli.py, non_finite_loss): it names a
+sample that is not finite where there is one, else the parameters and their largest magnitude, as the
+server's where the worker never steps them itself (the PS path)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from worker.cli import non_finite_loss
+
+
+def model(scale: float) -> nn.Module:
+    layer = nn.Linear(2, 2)
+    with torch.no_grad():
+        layer.weight.fill_(scale)
+        layer.bias.zero_()
+    return layer
+
+
+@pytest.mark.parametrize("servers", [True, False], ids=["ps-path", "fast-path"])
+def test_a_sample_that_is_not_finite_is_named_whatever_the_parameters(servers: bool) -> None:
+    said = str(non_finite_loss("step 4: the loss is nan", torch.tensor([[1.0, float("nan")]]), model(3e38), servers))
+    assert said == "step 4: the loss is nan: a sample holds NaN or Inf; the server refuses a gradient that is not finite"
+
+
+def test_on_finite_samples_the_parameters_are_named_with_their_largest_magnitude() -> None:
+    x = torch.ones(1, 2)
+    servers = str(non_finite_loss("step 4: the loss is inf", x, model(-3e38), servers=True))
+    assert servers.startswith("step 4: the loss is inf on finite samples, from the server's parameters as it sent them "
+                              "(the largest |value| 3e+38): its learning rate diverged")
+    own = str(non_finite_loss("step 4: the loss is inf", x, model(2e20), servers=False))
+    assert "at parameters whose largest |value| is 2e+20: the learning rate diverged" in own and "server's" not in own
