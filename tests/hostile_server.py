@@ -42,7 +42,7 @@ class Scenario:
     status_hangs_after: float | None = None  # seconds after the first Join from which Status is never answered
     header_on: str = "first"  # which chunks of a parameter reply carry its header: "first", "data" (not the first), "both"
     pushes: int = 1  # the push replies up to the one that ends the job; the others are as a Pull's
-    push_values: list[float] | None = None  # the parameters of push replies that do not end the job (default: `values`)
+    push_values: list[float] | None = None  # the parameters of push replies that do not end the job (default: `values`; []: a header alone)
 
 
 class FakeServer(ps_pb2_grpc.ParameterServerServicer):
@@ -91,7 +91,8 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.JoinReply(**{**fields, **self.scenario.join})
 
     def _params(self, done: bool, values: list[float] | None = None) -> Iterator[ps_pb2.ParamsChunk]:
-        values = values or ([0.0] * NUMEL if self.scenario.values is None else self.scenario.values)
+        if values is None:
+            values = [0.0] * NUMEL if self.scenario.values is None else self.scenario.values
         fields: dict[str, Any] = {"round": 0, "batch_size": 8, "global_batch": 16, "wire_dtype": "float32",
                                   "num_values": len(values), "lr": 0.1, "done": done, "reason": "finished" if done else ""}
         if not done:

@@ -57,20 +57,22 @@ class PushPull:
 
         `meta` says what the push is (its kind: "report", with no values, and "snapshot" are the
         --allreduce fast path's) and its step's times; the client adds the secret and the number of
-        values each server gets. The times go in the PushEnd that closes the push."""
+        values each server gets. The times go in the PushEnd that closes the push. The reply to values
+        (the PS path's) carries the parameters unless it ends the job; a report's or a snapshot's may be
+        a header alone (ps/rounds/path_trial.py: the switch back waits for a snapshot)."""
         meta = replace(meta, num_values=values.numel(), secret=self.secret(meta.worker_id), offsets=False)
         timing = self.last_push = PushTiming()
         fanout = self._fanout
         if not fanout.links or meta.kind != "values":
             main = self._push_reply(self._push(ordered_push(meta, values, self.chunk_bytes, timing)))
-            return functools.partial(finish, main, out, timing)
+            return functools.partial(finish, main, out, timing, values_optional=meta.kind != "values")
         own = fanout.own_stop
         assert own is not None
         calls = [self._push_reply(link.push(ordered_push(meta, values[link.target.start : link.target.stop],
                                                          self.chunk_bytes, timing)), link.target.address)
                  for link in fanout.links]
         main = self._push_reply(self._push(ordered_push(meta, values[:own], self.chunk_bytes, timing)))
-        return functools.partial(fanout.gather, main, calls, out)
+        return functools.partial(fanout.gather, main, calls, out, values_optional=False)
 
     def push_probe(self, meta: PushMeta, values: torch.Tensor, out: torch.Tensor) -> StepHeader:
         """A probe (ps.rounds.probation): every value of `values` to the coordinator alone, whatever the
@@ -89,7 +91,8 @@ class PushPull:
     def open_push(self, meta: PushMeta, out: torch.Tensor) -> BucketStream:
         """A push of as many gradient values as `out` holds, sent in buckets, in any order, as they are
         ready (BSP, during backward: worker.paths.overlap); its reply's parameters land in `out`. The
-        step's times are not known yet: the stream's end carries them (BucketStream.end)."""
+        step's times are not known yet: the stream's end carries them (BucketStream.end). Its reply
+        carries the parameters unless it ends the job, as a whole push's of values (`start_push`)."""
         numel = out.numel()
         header = replace(meta, times=PushTimes(), num_values=0, offsets=True, secret=self.secret(meta.worker_id))
         fanout = self._fanout
@@ -103,8 +106,10 @@ class PushPull:
         lanes[0].timing = timing
         streamed = functools.partial(fanout.stream_reply, calls[0], calls[1:], out, timing)
         if fanout.links:
-            return BucketStream(lanes, calls, functools.partial(fanout.gather, calls[0], calls[1:], out), streamed)
-        return BucketStream(lanes, calls, functools.partial(finish, calls[0], out, timing), streamed)
+            return BucketStream(lanes, calls, functools.partial(fanout.gather, calls[0], calls[1:], out,
+                                                                values_optional=False), streamed)
+        return BucketStream(lanes, calls, functools.partial(finish, calls[0], out, timing, values_optional=False),
+                            streamed)
 
     def pull(self, worker_id: str, out: torch.Tensor, header_only: bool = False, wait_for_batch: bool = False) -> StepHeader:
         """The current plan, and the parameters into `out` unless `header_only` (a reply without them is

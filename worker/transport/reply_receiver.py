@@ -75,10 +75,12 @@ def receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming |
     return step_header_from_proto(receive_into(stream, out, timing=timing, values_optional=values_optional))
 
 
-def finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None) -> StepHeader:
-    """The reply of a call already started (its parameters into `out`), a ServerError if it failed."""
+def finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None,
+           values_optional: bool = True) -> StepHeader:
+    """The reply of a call already started (its parameters into `out`; `values_optional`: if it
+    carries any), a ServerError if it failed."""
     try:
-        return receive(call, out, timing)
+        return receive(call, out, timing, values_optional)
     except grpc.RpcError as exc:
         raise server_error(exc) from None
 

@@ -89,7 +89,7 @@ class ShardFanOut:
     def gather(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor,
                values_optional: bool = True) -> StepHeader:
         """--shards: receive the coordinator's reply (the plan, range 0) here and each shard's range
-        on the pool at once (`values_optional` False: a Pull of the parameters, every range carries its values). If any call fails the others are cancelled and its error raised, unless
+        on the pool at once (`values_optional` False: a Pull of the parameters or a push of values, every range carries its values). If any call fails the others are cancelled and its error raised, unless
         the coordinator's reply said the job is done: then the plan is returned, with the ranges that
         did not come left as they were. A stop drops the open round (ps/rounds/parts.py), no shard
         commits it, and the shards' calls fail as the server stops them; the ranges left hold the
@@ -116,10 +116,12 @@ class ShardFanOut:
     def stream_reply(self, main: Iterator[DataChunk], calls: list[Any], out: torch.Tensor, timing: PushTiming,
                      arrivals: Arrivals) -> StepHeader:
         """The reply's plan as soon as its header (its first chunk) is in; its values (and each shard's range) go on
-        arriving into `out` on the receiving threads, `arrivals` told as each chunk lands."""
+        arriving into `out` on the receiving threads, `arrivals` told as each chunk lands. A bucketed push's
+        reply: the PS path's, which carries the parameters unless it ends the job (server_checks.values_sent)."""
         try:
             first = first_chunk(main)
             server_checks.reply_length(first.fields.header.num_values, self.own_stop or 0)
+            server_checks.values_sent(first.fields.header.num_values, first.fields.header.done, required=True)
         except BaseException as exc:
             _cancel([main, *calls])
             if isinstance(exc, grpc.RpcError):

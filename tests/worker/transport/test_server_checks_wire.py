@@ -112,6 +112,19 @@ def test_a_reply_that_is_not_the_parameters_with_one_header_is_refused(scenario:
     refused(scenario, UntrustedReply, said)
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["whole-push", "buckets-streamed"])
+def test_a_push_reply_without_parameters_on_the_ps_path_is_refused(overlap: bool) -> None:
+    """On the PS path the server steps and the worker trains on what it sends back: a header alone
+    (not ending the job) would have it train its next batch on the parameters of a step before. The
+    fast path's reports and snapshots take headers alone (--allreduce auto's switch back)."""
+    bare = Scenario(spec={**GOOD_SPEC, "overlap": overlap}, pushes=3, push_values=[])
+    with serving(bare) as (fake, target):
+        with joined(target) as session, pytest.raises(UntrustedReply, match=re.escape(
+                "the server's reply carries no values, where this worker asked for its parameters")):
+            train(session, quiet=True)
+    assert fake.calls.count("Push") == 1 and "Leave" in fake.calls
+
+
 def test_a_long_poll_answered_at_once_is_asked_again_no_sooner_than_the_floor() -> None:
     with serving(Scenario(join={"batch_size": 0}, pull={"batch_size": 0})) as (fake, target):
         session = joined(target)
