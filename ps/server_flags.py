@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ps.control.global_batch.goodput import DECIDE_EVERY, LR_SCALINGS, MIN_STEPS_PER_EPOCH, AdaptiveConfig
+from ps.control.config import nearest_multiples
 from ps.control.registry import POLICIES, policy_settings
 from ps.control.settings import Setting, setting_key
 from ps.ops.metrics_http import add_endpoint_flags
@@ -358,7 +359,7 @@ def check_micro_batch_flags(args: argparse.Namespace) -> None:
         raise ValueError(f"--micro-batch is for --mode bsp (ASP updates do not add up to one global batch), not --mode {args.mode}")
     if args.global_batch % m:
         raise ValueError(f"--global-batch {args.global_batch} is not a multiple of --micro-batch {m}; use "
-                         f"{max(1, args.global_batch // m) * m} or {(args.global_batch // m + 1) * m}")
+                         f"{nearest_multiples(args.global_batch, m)}")
     if args.workers * m > args.global_batch:
         raise ValueError(f"--workers {args.workers} x --micro-batch {m} exceeds --global-batch {args.global_batch}")
     if args.max_batch is not None and args.max_batch < m:

@@ -104,10 +104,17 @@ def check_micro_batch(micro_batch: int, global_batch: int, min_batch: int, max_b
         raise ValueError(f"micro_batch {micro_batch} is for BSP: ASP updates do not add up to one global batch")
     if global_batch % micro_batch:
         raise ValueError(f"global_batch {global_batch} is not a multiple of micro_batch {micro_batch}; "
-                         f"use a global batch of {max(1, global_batch // micro_batch) * micro_batch} or "
-                         f"{(global_batch // micro_batch + 1) * micro_batch}")
+                         f"use a global batch of {nearest_multiples(global_batch, micro_batch)}")
     if max_batch is not None and max_batch < micro_batch:
         raise ValueError(f"max_batch {max_batch} is below micro_batch {micro_batch}: no worker could take one micro-batch")
+
+
+def nearest_multiples(total: int, micro_batch: int) -> str:
+    """The multiples of `micro_batch` nearest `total` (not a multiple of it), below and above, as a
+    remedy reads them: "96 or 128", or the one above where none is below ("32" for 20 with 32)."""
+    below = total // micro_batch * micro_batch
+    above = below + micro_batch
+    return f"{below} or {above}" if below else str(above)
 
 
 def config_changes(before: PolicyConfig, after: PolicyConfig) -> dict[str, tuple[Any, Any]]:

@@ -65,3 +65,15 @@ def test_the_adaptive_range_must_hold_a_batch_an_epoch_has_16_rounds_of(flags: l
             check_adaptive_epoch(args, 1438)
     else:
         check_adaptive_epoch(args, 1438)
+
+
+@pytest.mark.parametrize("flags, remedy", [
+    (["--global-batch", "60", "--micro-batch", "8"], "use 56 or 64"),
+    (["--global-batch", "20", "--micro-batch", "32"], "use 32"),
+])
+def test_a_global_batch_of_no_whole_micro_batches_is_refused_naming_the_multiples_nearest_it(
+        flags: list[str], remedy: str) -> None:
+    """The multiples of --micro-batch below and above --global-batch, or the one above where none is below."""
+    args = build_parser().parse_args(["--workers", "1", *flags])
+    with pytest.raises(ValueError, match=f"is not a multiple of --micro-batch [0-9]+; {remedy}$"):
+        server_flags.check_micro_batch_flags(args)

@@ -103,6 +103,7 @@ def test_model_policy_parks_in_micro_batches() -> None:
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"global_batch": 60, "micro_batch": 8}, "global_batch 60 is not a multiple of micro_batch 8; use a global batch of 56 or 64"),
+    ({"global_batch": 20, "micro_batch": 32}, "global_batch 20 is not a multiple of micro_batch 32; use a global batch of 32$"),
     ({"global_batch": 64, "micro_batch": 8, "keep_global_sum": False}, "micro_batch 8 is for BSP"),
     ({"global_batch": 64, "micro_batch": 8, "max_batch": 4}, "max_batch 4 is below micro_batch 8"),
     ({"global_batch": 64, "micro_batch": 0}, "micro_batch must be"),
