@@ -148,3 +148,29 @@ def assert_decides_alike(resumed: Sequence[Mapping[str, Any]], original: Sequenc
     names = list(workers)
     for r, o in zip(resumed, original, strict=True):
         assert all(abs(r["plan"][k] - o["plan"][k]) <= 2 for k in names)
+
+
+QUICK_START = {"w0": (0.05, 9.0), "w1": (0.05, 9.0), "w2": (0.05, 9.0), "w3": (0.2, 40.0)}
+"""The quick start's shape: nearly all fixed cost, and a slow worker that cannot pay for itself."""
+
+
+def auto_policy(costs: Costs, total: int) -> Any:
+    """The auto policy over workers named as `costs`, planned at B = `total`."""
+    ctl = build_policy(PolicyConfig(policy="auto", global_batch=total))
+    for k in costs:
+        ctl.add_worker(k)
+    ctl.replan()
+    return ctl
+
+
+def parked_then(before: Costs, after: Costs, parked: str, total: int, seed: int,
+                noise: float = 0.05) -> list[dict[str, Any]]:
+    """The decisions (waits aside) after `before` turns into `after`, from the first that plans the
+    worker `parked` under `before` back in."""
+    rnd = random.Random(seed)
+    ctl = auto_policy(before, total)
+    run_rounds(ctl, before, 60, rnd=rnd, noise=noise)
+    assert ctl.parked() == [parked]
+    reports = [r for r in run_rounds(ctl, after, 80, rnd=rnd, noise=noise, every=8) if r["phase"] != "wait"]
+    back = next(i for i, r in enumerate(reports) if r["plan"][parked] > 0)
+    return reports[back:]

@@ -9,13 +9,10 @@ decision that measures it."""
 from __future__ import annotations
 
 import random
-from typing import Any
 
 import pytest
 
-from ps.control.config import PolicyConfig
-from ps.control.policy import build_policy
-from tests.simulated_workers import Costs, run_rounds
+from tests.simulated_workers import QUICK_START, auto_policy, parked_then, run_rounds
 
 
 def quota(share: float) -> tuple[float, float]:
@@ -25,31 +22,6 @@ def quota(share: float) -> tuple[float, float]:
 
 QUOTAS = {"a": quota(0.75), "d": quota(0.25)}
 """Three quarters and a quarter of a core: `d`'s fixed cost alone outlasts `a`'s round of all of B."""
-QUICK_START = {"w0": (0.05, 9.0), "w1": (0.05, 9.0), "w2": (0.05, 9.0), "w3": (0.2, 40.0)}
-"""The quick start's shape: nearly all fixed cost, and a slow worker that cannot pay for itself."""
-
-
-def policy(costs: Costs, total: int) -> Any:
-    ctl = build_policy(PolicyConfig(policy="auto", global_batch=total))
-    for k in costs:
-        ctl.add_worker(k)
-    ctl.replan()
-    return ctl
-
-
-def parked_then(before: Costs, after: Costs, parked: str, total: int, seed: int,
-                noise: float = 0.05) -> list[dict[str, Any]]:
-    """The decisions (waits aside) after `before` turns into `after`, from the first that plans the
-    worker `parked` under `before` back in."""
-    rnd = random.Random(seed)
-    ctl = policy(before, total)
-    run_rounds(ctl, before, 60, rnd=rnd, noise=noise)
-    assert ctl.parked() == [parked]
-    reports = [r for r in run_rounds(ctl, after, 80, rnd=rnd, noise=noise, every=8) if r["phase"] != "wait"]
-    back = next(i for i, r in enumerate(reports) if r["plan"][parked] > 0)
-    return reports[back:]
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_a_worker_recalled_after_a_swap_of_quotas_takes_the_larger_batch_within_two_decisions(seed: int) -> None:
     """Recalled at batch 1 it was held at 1-5 samples for three to five decisions, or for good."""
@@ -97,7 +69,7 @@ def test_a_worker_far_slower_than_the_others_is_reprobed_at_a_few_samples(seed: 
     planned round of 40 ms; near what its line finishes within the round, one of 1-2 samples takes
     about 0.15 s, and its time there gives it its fixed cost."""
     costs = {**{f"w{i}": (0.5, 2.0) for i in range(7)}, "w7": (150.0, 2.0)}
-    ctl = policy(costs, 512)
+    ctl = auto_policy(costs, 512)
     reports = run_rounds(ctl, costs, 300, rnd=random.Random(seed), every=5)
     reprobes = [r for r in reports if r["phase"] == "reprobe"]
     assert reprobes and ctl.parked() == ["w7"], [r["plan"] for r in reports[:5]]

@@ -14,8 +14,7 @@ from typing import Any
 import pytest
 
 from ps.control.auto.probes import far_off
-from tests.ps.control.auto.test_policy_recall import QUICK_START, parked_then, policy
-from tests.simulated_workers import Costs, run_rounds
+from tests.simulated_workers import QUICK_START, Costs, auto_policy, parked_then, run_rounds
 
 
 def test_a_re_probe_far_off_the_round_it_left_is_judged_on_quicks_times() -> None:
@@ -35,7 +34,7 @@ def test_a_worker_whose_fixed_cost_outlasts_the_round_is_judged_two_rounds_into_
     """`w3` (60 ms of fixed cost against the others' 15-ms round) is parked, and each re-probe at a
     sample or two runs rounds of ~62 ms: the decision that judges it comes after two of them, not
     at the next scheduled decision five rounds on, and parks it again."""
-    ctl = policy(HOPELESS, 256)
+    ctl = auto_policy(HOPELESS, 256)
     reports = [r for r in run_rounds(ctl, HOPELESS, 200, rnd=random.Random(seed), every=5) if r["phase"] != "wait"]
     judged = [(r, after) for r, after in zip(reports, reports[1:]) if r["phase"] == "reprobe"]
     assert len(judged) >= 3, [(r["round"], r["phase"]) for r in reports]
@@ -52,10 +51,10 @@ def test_a_re_probe_measured_across_another_workers_slowdown_is_not_taken_back(s
     """The parked `w3` is back for a re-probe when it and `w0` swap speeds: the rounds since are slower
     than the plan the re-probe left, for `w0`'s slowdown, not `w3`'s; the decision that judges the
     re-probe keeps `w3`, which carries a share of B from the decision after it on."""
-    first = run_rounds(policy(QUICK_START, 256), QUICK_START, 60, rnd=random.Random(seed), every=5)
+    first = run_rounds(auto_policy(QUICK_START, 256), QUICK_START, 60, rnd=random.Random(seed), every=5)
     at = next(r["round"] for r in first if r["phase"] == "reprobe")
     rnd = random.Random(seed)
-    ctl = policy(QUICK_START, 256)
+    ctl = auto_policy(QUICK_START, 256)
     assert run_rounds(ctl, QUICK_START, at + 1, rnd=rnd, every=5)[-1]["phase"] == "reprobe"  # the swap comes now
     after = [r for r in run_rounds(ctl, SWAPPED, 40, rnd=rnd, every=5) if r["phase"] != "wait"]
     assert all(r["phase"] != "revert" for r in after[:2]), [(r["round"], r["phase"], r["plan"]) for r in after[:3]]
@@ -82,7 +81,7 @@ def test_a_worker_whose_law_is_flat_comes_back_no_further_than_in_proportion() -
     re-probe by it put `b` at 253 of B = 256 (a 120-ms round at its true 0.4 ms a sample). Above the
     batches it was measured at it is taken in proportion (fitted_plan.vouched): a few samples."""
     costs: Costs = {"a0": (0.1, 5.0), "a1": (0.1, 5.0), "a2": (0.1, 5.0), "b": (0.4, 20.0)}
-    ctl = policy(costs, 256)
+    ctl = auto_policy(costs, 256)
     run_rounds(ctl, costs, 60, rnd=random.Random(0), noise=0.05)
     assert ctl.parked() == ["b"]
     state: dict[str, Any] = copy.deepcopy(ctl.state_dict())
