@@ -38,7 +38,7 @@ from ps.control.auto.imbalance import far_from_balance, idling, measured_step
 from ps.control.auto.probes import entry_targets, far_off, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.model.time_fit import slope_measured
-from ps.control.auto.pricing import priced_times, proportional
+from ps.control.auto.pricing import priced_times
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws

@@ -45,8 +45,8 @@ class FittedPlan(WorkerPlan):
         self._confirming = False  # the last decision found a re-solve worth it and held to confirm it
         self._report: dict[str, Any] = {}
         self._before_reprobe: tuple[dict[str, int], float] | None = None  # the plan a re-probe left, its round
-        self._judging = False  # a decision judges a re-probe
-        self._judged_round: float | None = None  # ... and the measured round of the plan that re-probe left
+        # while a decision judges a re-probe: the measured round of the plan that re-probe left
+        self._judged_round: float | None = None
 
     def observe_round(self, round_ms: float) -> None:
         """The round's overhead c (rounds.py)."""
@@ -72,12 +72,11 @@ class FittedPlan(WorkerPlan):
         judged, self._before_reprobe = self._before_reprobe, None
         parking = self._parking.state() if judged is not None else None  # to restore on a take-back
         reprobed = list(self._parking.reprobed)
-        self._judging = judged is not None  # no re-probe starts at the decision that judges one
         self._judged_round = None if judged is None else judged[1]
         try:
             new = self._decision()
         finally:
-            self._judging, self._judged_round = False, None
+            self._judged_round = None
         if judged is None or parking is None:
             return new
         if self._report.get("phase") == "wait":  # not measured yet: the next decision judges it
@@ -288,7 +287,7 @@ class FittedPlan(WorkerPlan):
         below it would run a round of its fixed cost for a few samples, the plan a break-even forbids.
         The others stay parked and are due again at the next decision (a larger B may make room), as
         are all of them at a decision that judges a re-probe: its rounds are no measure for another."""
-        due = [] if self._judging else self._parking.due()
+        due = [] if self._judged_round is not None else self._parking.due()  # none starts at a decision judging one
         if not (self._parks_below_break_even() and due):
             return due
         lower, upper = self._bounds()
