@@ -49,6 +49,8 @@ class Event:
     count: int = 0
     fraction: float = 0.0
     factor: float = 2.0
+    scaled: tuple[tuple[str, float], ...] = ()
+    """A speed change's workers by name and the factor of each (2: twice as slow), instead of drawn."""
 
     def __post_init__(self) -> None:
         if self.kind not in EVENT_KINDS:
@@ -59,8 +61,11 @@ class Event:
             raise ValueError(f"a {self.kind} event's count of workers must be >= 1, got {self.count}")
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"a speed change's fraction of the workers must be in [0, 1], got {self.fraction}")
-        if not 0.0 < self.factor < math.inf:
-            raise ValueError(f"a speed change's factor must be a finite number > 0, got {self.factor}")
+        for factor in (self.factor, *(f for _, f in self.scaled)):
+            if not 0.0 < factor < math.inf:
+                raise ValueError(f"a speed change's factor must be a finite number > 0, got {factor}")
+        if self.scaled and self.kind != "speed":
+            raise ValueError(f"only a speed event names workers to scale, not a {self.kind} event")
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,13 @@ class Scenario:
         if most is not None and most < least:
             raise ValueError(f"max_batch {config.max_batch} holds no whole number of micro-batches of {m} "
                              f"from min_batch {config.min_batch} on")
+        drawn = self.workers + sum(e.count for e in self.events if e.kind == "join")
+        names = {f"w{i}" for i in range(drawn)}
+        for event in self.events:
+            unknown = [n for n, _ in event.scaled if n not in names]
+            if unknown:
+                raise ValueError(f"the speed change at round {event.round} names {', '.join(map(str, unknown))}, "
+                                 f"not among the run's workers (w0 to w{drawn - 1})")
         for start, count in self.living():
             if count == 0:
                 raise ValueError(f"the events leave no worker from round {start} on (a run needs one at least)")
@@ -295,7 +307,10 @@ class Simulation:
         it and the names of those that fail in it."""
         joining, failing = 0, list[str]()
         for event in (e for e in self.events if e.round == r):
-            if event.kind == "speed":
+            if event.kind == "speed" and event.scaled:
+                self.pop.scale(dict(event.scaled))
+                self._snapshot(r)
+            elif event.kind == "speed":
                 chosen = self.pop.pick(round(event.fraction * int(self.pop.alive.sum())))
                 ways = self.rng.choice([event.factor, 1.0 / event.factor], size=len(chosen))
                 self.pop.scale(dict(zip(chosen, ways.tolist(), strict=True)))
