@@ -52,13 +52,15 @@ def best_plan(
     held = model.predict(plan)
     favoured = set(prefer)
     at_min = dict(zip(times, table.at(np.array([lower[k] for k in times], dtype=np.int64)).tolist()))
-    if max(at_min.values(), default=math.inf) + model.overhead_ms < held:
+    # a worker its bounds hold at 0 runs no step: its time is in no round, parked or not
+    runs_min = {k: t if upper[k] > 0 else -math.inf for k, t in at_min.items()}
+    if max(runs_min.values(), default=math.inf) + model.overhead_ms < held:
         # every worker finishes its minimum within the round everyone makes: a split of fewer, with the
         # parked at their minimum, is a split of all no slower, so parking cannot shorten the round
         return plan, [], {}
     order = sorted((k for k in dict.fromkeys(may_park) if k in times),
                    key=lambda k: at_min[k] * (1.0 + min_gain if k in favoured else 1.0), reverse=True)
-    trial = _best_prefix(times, order, total, lower, upper, model, table, at_min)
+    trial = _best_prefix(times, order, total, lower, upper, model, table, runs_min)
     if trial is None:
         return plan, [], {}
     compared = {"held": held, "parked": trial[0]}
@@ -80,7 +82,8 @@ def _best_prefix(times: Mapping[str, FinishTime], order: list[str], total: int, 
     least at its first n equal to A(n_c - 1); from n_c on V(n) = L(n) is least at n_c. A binary search
     finds n_c, and two splits price the two candidates: O(n log n) evaluations of the finish times
     instead of a split for every prefix (n splits, minutes at thousands of workers). `table`: `times`
-    as a FinishTable (rows in their keys' order), `at_min` each one's time at its lower bound."""
+    as a FinishTable (rows in their keys' order), `at_min` each one's time at its lower bound (−inf for
+    a worker whose upper bound is 0: it takes no part in any round, so it sets no round's floor)."""
     rest_lower = sum(lower[k] for k in times)
     rest_upper = sum(upper[k] for k in times)
     parkable = set(order)

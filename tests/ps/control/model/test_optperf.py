@@ -121,7 +121,8 @@ def every_prefix(times: dict, total: int, lower: dict, upper: dict, may_park: li
             trial = (t, order[:n], p)
     if trial is None:
         return plan, [], {}
-    if max(times[k](lower[k]) for k in times) + overhead < held:  # every minimum within the round: no gain
+    running = [k for k in times if upper[k] > 0]  # a worker held at 0 by its bounds is in no round
+    if max(times[k](lower[k]) for k in running) + overhead < held:  # every minimum within the round: no gain
         assert trial[0] >= held, "a parked prefix beat the round although every worker makes its minimum"
         return plan, [], {}
     compared = {"held": held, "parked": trial[0]}
@@ -146,6 +147,36 @@ def test_best_plan_is_the_best_of_every_prefix(seed: int) -> None:
     overhead, min_gain = rnd.choice([0.0, 3.0]), rnd.choice([0.0, 0.03, 0.2])
     got = best_plan(times, total, lower, upper, may_park=may_park, overhead=overhead, min_gain=min_gain, prefer=prefer)
     assert got == every_prefix(times, total, lower, upper, may_park, overhead, min_gain, prefer)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_worker_held_at_0_by_its_bounds_sets_no_floor_to_the_round(seed: int) -> None:
+    """Workers its caller keeps out (bounds [0, 0], not candidates) take no part in any round: the
+    best plan parks the slow candidates as if they were not there. Their time at batch 0 counted as
+    the slowest minimum of every prefix's rest once, and a split of 64 workers then parked one slow
+    worker of 37 (a round of 208 ms where parking them all made 22)."""
+    rnd = random.Random(seed)
+    n = rnd.randint(2, 10)
+    keys = [f"w{i}" for i in range(n)]
+    times = lines({k: (rnd.lognormvariate(0, 1), rnd.choice([0.0, 10.0, rnd.uniform(0, 300)])) for k in keys})
+    out = {f"x{i}": rnd.uniform(50.0, 900.0) for i in range(rnd.randint(1, 3))}  # kept out: a fixed cost alone
+    times.update(lines({k: (1.0, s) for k, s in out.items()}))
+    lower = {**{k: rnd.choice([1, rnd.randint(1, 8)]) for k in keys}, **dict.fromkeys(out, 0)}
+    upper = {**{k: lower[k] + rnd.choice([rnd.randint(0, 40), 1000]) for k in keys}, **dict.fromkeys(out, 0)}
+    total = rnd.randint(sum(lower.values()), min(sum(upper.values()), 60 * n))
+    may_park = rnd.sample(keys, rnd.randint(1, n))
+    got = best_plan(times, total, lower, upper, may_park=may_park, min_gain=0.03)
+    assert got == every_prefix(times, total, lower, upper, may_park, 0.0, 0.03, [])
+    assert all(got[0][k] == 0 for k in out)
+
+
+def test_a_kept_out_worker_does_not_stop_the_slow_ones_being_parked() -> None:
+    times = lines({"fast": (0.1, 2.0), "fast2": (0.1, 2.0), "slow": (1.0, 200.0), "slow2": (1.0, 190.0),
+                   "out": (250.0, 0.0)})
+    lower = {"fast": 1, "fast2": 1, "slow": 1, "slow2": 1, "out": 0}
+    upper = {"fast": 256, "fast2": 256, "slow": 256, "slow2": 256, "out": 0}
+    plan, parked, _ = best_plan(times, 256, lower, upper, may_park=["fast", "fast2", "slow", "slow2"], min_gain=0.03)
+    assert sorted(parked) == ["slow", "slow2"] and plan["fast"] + plan["fast2"] == 256
 
 
 def test_best_plan_prices_a_few_prefixes_not_every_one() -> None:
