@@ -9,9 +9,10 @@ worker's secret, which the shard checks with the key its coordinator loaded it w
 
 A worker id that left the job or was evicted is revoked by the coordinator's next Commit (after that
 commit's decision, which may still count its slice as the coordinator did): from then on its pushes and
-pulls are refused whatever secret they carry. The round's newcomers enter after that commit, so a
-departed id stages at most one slice, in the round it departed in, which the commit drops; the
-members of a round and those gone during it fit the pending slices (twice the job's worker limit).
+pulls are refused whatever secret they carry. A push needs a Pull of the range by its worker since the
+load (ShardStaging._check_pulled). The round's newcomers enter after that commit, so a departed id
+stages at most one slice, in the round it departed in, which the commit drops; the members of a round
+and those gone during it fit the pending slices (twice the job's worker limit).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class ShardCore(ShardStaging):
             store.load_optimizer_state(state["optimizer"])
         store.before_change.append(self.payload.complete)  # a reply in flight sends its round's values whole
         self._abandon("the shard was reloaded (the coordinator restarted?); rejoin")
+        self._pulled.clear()
         self.spec, self.start, self.stop, self.round, self.keys = spec, start, stop, round_, keys
         # room for every worker of the job twice over: strangers' slices cannot crowd out the workers'
         self.max_pending = 2 * max(1, int(state.get("max_workers", spec.workers)))
@@ -121,6 +123,7 @@ class ShardCore(ShardStaging):
     def begin_push(self, meta: PushMeta) -> ChunkReceiver:
         spec = self._require_loaded_spec()
         self._authenticate(meta.worker_id, meta.secret)
+        self._check_pulled(meta.worker_id)
         check_wire_dtype(meta.wire_dtype)
         if meta.kind != "values":
             raise InvalidArgument(f"a shard takes gradient slices (kind values), got {meta.kind!r}")
@@ -160,7 +163,9 @@ class ShardCore(ShardStaging):
         """A worker's pull: the range's current values."""
         self._require_loaded()
         self._authenticate(worker_id, secret)
-        return self.reply()
+        reply = self.reply()
+        self._note_pull(worker_id)
+        return reply
 
     def reply(self) -> StepReply:
         """The range's current values, in the job's wire dtype."""

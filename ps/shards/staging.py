@@ -1,7 +1,7 @@
 """What a shard server holds (core.py's ShardCore is one): its range's store, the job's spec and the
-workers' key, the open round's staged slices with their batch-weighted sum, the worker ids revoked,
-and the checks a push passes before its slice is staged: the caller's secret, the open round, and a
-sum and a step that stay finite. No gRPC here.
+workers' key, the open round's staged slices with their batch-weighted sum, the worker ids revoked and
+those that pulled the range, and the checks a push passes before its slice is staged: the caller's
+secret, a Pull of the range before it, the open round, and a sum and a step that stay finite. No gRPC here.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from common.transport.payload import Payload
 from ps.serving.worker_keys import WorkerKeys
 
 MAX_REVOKED = 65_536
-"""The revoked worker ids a shard remembers (the oldest go first)."""
+"""The revoked worker ids a shard remembers (the oldest go first); as many of those that pulled."""
 
 
 @dataclass
@@ -44,6 +44,7 @@ class ShardStaging:
         self._arrived = asyncio.Event()
         self._decided: asyncio.Future[frozenset[str]] | None = None
         self._revoked: dict[str, None] = {}  # worker ids that left or were evicted, oldest first
+        self._pulled: dict[str, None] = {}  # worker ids that pulled the range since the load, oldest first
         self.payload = Payload()  # the transport may set its framing (Payload.use_frame)
 
     @property
@@ -58,8 +59,26 @@ class ShardStaging:
         """Refuse these worker ids' pushes and pulls from now on (they left the job or were evicted)."""
         for worker_id in worker_ids:
             self._revoked[worker_id] = None
+            self._pulled.pop(worker_id, None)
         while len(self._revoked) > MAX_REVOKED:
             del self._revoked[next(iter(self._revoked))]
+
+    def _note_pull(self, worker_id: str) -> None:
+        """`worker_id` (authenticated) was answered the range's values: its pushes may follow."""
+        self._pulled.pop(worker_id, None)
+        self._pulled[worker_id] = None  # the newest last
+        while len(self._pulled) > MAX_REVOKED:
+            del self._pulled[next(iter(self._pulled))]
+
+    def _check_pulled(self, worker_id: str) -> None:
+        """A worker pushes a slice only after a Pull of this range since the shard was loaded, as the coordinator
+        asks of its own range (ps.rounds.push_checks): a gradient computed without the range's values
+        came from values the shard never handed."""
+        if worker_id not in self._pulled:
+            raise FailedPrecondition(
+                f"worker {worker_id} pushed to this shard before its first Pull here: a worker Pulls every range "
+                "(the coordinator's and each shard's) after its Join and computes its first step from them"
+            )
 
     def _authenticate(self, worker_id: str, secret: str) -> None:
         """The caller holds the secret of the worker it names (the shard does not know who is in the job:

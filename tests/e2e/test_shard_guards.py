@@ -98,6 +98,30 @@ def test_a_shard_refuses_bad_input_and_keeps_its_values(shard) -> None:
     train(workers, rounds=2)
 
 
+def test_a_shard_refuses_a_push_before_the_workers_pull_of_its_range(shard) -> None:
+    """A worker that never pulled this shard's range (joined only, or pulled at the coordinator alone) has
+    its slice refused at once (FAILED_PRECONDITION), as the coordinator refuses a push before a Pull; the
+    range stays as it was, and once both workers pull they train through the shard."""
+    cluster, stub, workers = shard
+    client, joined = workers[1]
+    w1, secret = joined.worker_id, client.secret(joined.worker_id)
+    (w0client, w0), _ = workers
+    before = list(stub.Pull(ps_pb2.PullRequest(worker_id=w0.worker_id, secret=w0client.secret(w0.worker_id))))
+    numel = before[0].header.num_values
+    header = ps_pb2.PushHeader(worker_id=w1, round=0, batch_size=44, wire_dtype="float32", num_values=numel,
+                               secret=secret)
+
+    def push() -> None:
+        list(stub.Push(iter([ps_pb2.PushChunk(header=header, seq=0, data=b"\0" * 4 * numel)]), timeout=10))
+
+    refused(push, grpc.StatusCode.FAILED_PRECONDITION, "before its first Pull here")
+    client.pull(w1, torch.empty(joined.layout.numel), header_only=True)  # the coordinator's plan, not the range
+    refused(push, grpc.StatusCode.FAILED_PRECONDITION, "before its first Pull here")
+    after = stub.Pull(ps_pb2.PullRequest(worker_id=w0.worker_id, secret=w0client.secret(w0.worker_id)))
+    assert [m.SerializeToString() for m in after] == [m.SerializeToString() for m in before]
+    train(workers, rounds=2)
+
+
 def loaded_shard(spec: JobSpec, params: torch.Tensor) -> ShardCore:
     """A ShardCore holding `params` as the range [0, n) of a job (loaded as a coordinator would)."""
     core = ShardCore()
@@ -114,6 +138,7 @@ def test_a_shard_refuses_a_slice_that_could_overflow_and_keeps_its_values() -> N
         core = loaded_shard(JobSpec(workers=2, global_batch=64, lr=0.1, momentum=0.9), torch.zeros(8))
         assert core.keys is not None
         meta = PushMeta("w", 0, 0, 32, PushTimes(1.0), "float32", 8, secret=core.keys.secret("w"))
+        core.pull("w", meta.secret)
         receiver = core.begin_push(meta)
         receiver.feed(0, encode(torch.full((8,), 3e38)))
         with pytest.raises(InvalidArgument, match="overflow"):
@@ -137,6 +162,7 @@ def test_a_slice_the_commit_does_not_count_is_refused_and_leaves_no_trace() -> N
         tasks = {}
         for name, batch in pushes.items():
             meta = PushMeta(name, 0, 0, batch, PushTimes(1.0), "float32", 8, secret=keys.secret(name))
+            core.pull(name, meta.secret)
             receiver = core.begin_push(meta)
             receiver.feed(0, encode(values[name]))
             tasks[name] = asyncio.ensure_future(core.push(meta, receiver.finish()))
@@ -170,8 +196,10 @@ def test_a_shard_checks_the_workers_secrets() -> None:
                 core.begin_push(PushMeta("a", 0, 0, 20, PushTimes(1.0), "float32", 8, secret=secret))
             with pytest.raises(error):
                 core.pull("a", secret)
-        core.begin_push(PushMeta("a", 0, 0, 20, PushTimes(1.0), "float32", 8, secret=keys.secret("a")))
+        with pytest.raises(FailedPrecondition, match="before its first Pull here"):
+            core.begin_push(PushMeta("a", 0, 0, 20, PushTimes(1.0), "float32", 8, secret=keys.secret("a")))
         assert core.pull("a", keys.secret("a")).header.num_values == 8
+        core.begin_push(PushMeta("a", 0, 0, 20, PushTimes(1.0), "float32", 8, secret=keys.secret("a")))
 
     asyncio.run(run())
 

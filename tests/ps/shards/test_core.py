@@ -27,6 +27,7 @@ def loaded(spec: JobSpec, params: torch.Tensor) -> tuple[ShardCore, WorkerKeys]:
 
 def staged(core: ShardCore, keys: WorkerKeys, name: str, batch: int) -> asyncio.Future[object]:
     meta = PushMeta(name, core.round, 0, batch, PushTimes(1.0), "float32", core.numel, secret=keys.secret(name))
+    core.pull(name, keys.secret(name))  # a worker pulls the range before it pushes a slice of it
     receiver = core.begin_push(meta)
     receiver.feed(0, encode(torch.ones(core.numel)))
     return asyncio.ensure_future(core.push(meta, receiver.finish()))
@@ -55,6 +56,7 @@ def test_a_revoked_ids_push_still_arriving_is_refused_when_it_lands() -> None:
     async def run() -> None:
         core, keys = loaded(JobSpec(workers=2, global_batch=64, lr=0.1), torch.zeros(8))
         meta = PushMeta("gone", 0, 0, 32, PushTimes(1.0), "float32", 8, secret=keys.secret("gone"))
+        core.pull("gone", meta.secret)
         receiver = core.begin_push(meta)  # its header came in round 0
         await core.commit(0, {}, 0.1, wait_s=0.0, revoked=("gone",))
         receiver.feed(0, encode(torch.ones(8)))
