@@ -23,7 +23,7 @@ class MetricsLog:
     def __init__(self, path: str | Path | None, echo: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._echo = echo
         self._file = open(path, "a", encoding="utf-8") if path else None  # noqa: SIM115
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # an echo or observer may write a record of its own
         self._start = time.monotonic()
         self._observers: list[Observer] = []
 
@@ -43,17 +43,18 @@ class MetricsLog:
                 observer(record)
 
     def write(self, event: str, **fields: Any) -> dict[str, Any]:
-        record = {"event": event, "time": round(time.time(), 3), "elapsed_s": round(time.monotonic() - self._start, 3)}
-        record.update(fields)
-        if self._file is not None:
-            line = json.dumps(record, sort_keys=False)
-            with self._lock:
-                self._file.write(line + "\n")
+        """One record, stamped, appended, echoed and observed whole before another (the event loop's and the
+        evaluator's thread write both): the file's order is the times' and the echoed lines'."""
+        with self._lock:
+            record = {"event": event, "time": round(time.time(), 3), "elapsed_s": round(time.monotonic() - self._start, 3)}
+            record.update(fields)
+            if self._file is not None:
+                self._file.write(json.dumps(record, sort_keys=False) + "\n")
                 self._file.flush()
-        if self._echo is not None:
-            self._echo(record)
-        for observer in self._observers:
-            observer(record)
+            if self._echo is not None:
+                self._echo(record)
+            for observer in self._observers:
+                observer(record)
         return record
 
     def close(self) -> None:
