@@ -7,6 +7,8 @@ ServiceError."""
 
 from __future__ import annotations
 
+import math
+
 from common.errors import FailedPrecondition, InvalidArgument
 from ps.rounds.asp import AspUpdates
 from ps.rounds.bsp import BspRound
@@ -58,6 +60,9 @@ class PushChecks:
             if not 0 <= meta.generation <= generation:
                 raise InvalidArgument(f"a report's generation must be in [0, {generation}] (0: not said), "
                                       f"got {meta.generation}")
+            for name, norm in (("local_sq_norm", meta.local_sq_norm), ("global_sq_norm", meta.global_sq_norm)):
+                if not (math.isfinite(norm) and norm >= 0):  # a squared norm; 0: not measured
+                    raise InvalidArgument(f"a report's {name} must be finite and >= 0 (0: not measured), got {norm}")
             self.sequence(member, meta)
             self.told(member, meta)
             return ChunkReceiver(0, meta.wire_dtype)
