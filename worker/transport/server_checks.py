@@ -150,6 +150,14 @@ def plan_epoch(plan: StepHeader, spec: JobSpec) -> None:
         raise UntrustedReply(f"the server's plan is at epoch {plan.epoch}, past the job's last epoch {spec.epochs - 1}")
 
 
+def join_epoch(epoch: int, spec: JobSpec) -> None:
+    """A Join reply's epoch is one of the job's (0 to epochs - 1), as a plan's that does not end the
+    job (`plan_epoch`): a server answers no Join once its job has ended, and the worker's first
+    step, its learning rate and (--sampling exact) the epochs its slices may name start there."""
+    if epoch >= spec.epochs:
+        raise UntrustedReply(f"the server's Join reply is at epoch {epoch}, past the job's last epoch {spec.epochs - 1}")
+
+
 def asp_lr(plan: StepHeader, spec: JobSpec) -> None:
     """ASP: the learning rate a worker steps at is eta_k = eta * b_k / B at the schedule's epoch (or
     eta itself without --lr-scaling), never above the spec's schedule: a larger one would take steps the

@@ -84,6 +84,14 @@ def test_a_plan_past_the_jobs_last_epoch_is_refused(epoch: int) -> None:
             f"the server's plan is at epoch {epoch}, past the job's last epoch 0")
 
 
+@pytest.mark.parametrize("epoch", [1, 2**31 - 1], ids=["the-job's-end", "far-past-it"])
+def test_a_join_reply_past_the_jobs_last_epoch_is_refused_before_it_pulls(epoch: int) -> None:
+    """As a plan's: a server answers no Join once its job has ended, and a job of one epoch trains epoch 0."""
+    calls = refused(Scenario(join={"epoch": epoch}), UntrustedReply,
+                    f"the server's Join reply is at epoch {epoch}, past the job's last epoch 0")
+    assert "Pull" not in calls
+
+
 def test_a_batch_above_the_training_set_is_refused() -> None:
     """digits trains on 1,438 samples: a batch of 2,000 would train some of them twice in one step."""
     big = Scenario(spec={**GOOD_SPEC, "global_batch": 2000}, pull={"batch_size": 2000, "global_batch": 2000})
