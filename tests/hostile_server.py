@@ -1,7 +1,7 @@
 """A parameter server written against protos/ alone (grpc and the generated messages), not against
 ours, for tests of what a worker takes from its server: it answers Status, Join, Pull, Push, Heartbeat
 and Leave as a Scenario says (a good job the worker completes, but for the fields a scenario
-overrides) and records the calls it got. `serving` runs one in this process; tests/e2e/
+overrides), with a shard server's Push and Pull where the scenario has one, and records the calls it got. `serving` runs one in this process; tests/e2e/
 test_hostile_server.py runs a real ps-worker process against it, tests/worker/transport/
 test_server_checks_wire.py the worker's own code in this process."""
 
@@ -43,6 +43,9 @@ class Scenario:
     header_on: str = "first"  # which chunks of a parameter reply carry its header: "first", "data" (not the first), "both"
     pushes: int = 1  # the push replies up to the one that ends the job; the others are as a Pull's
     push_values: list[float] | None = None  # the parameters of push replies that do not end the job (default: `values`; []: a header alone)
+    shard_from: int = 0  # > 0: the server holds values [0, shard_from), a FakeShard on its host the rest
+    shard: dict[str, Any] = field(default_factory=dict)  # fields of the shard's reply headers that override good ones
+    shard_values: list[float] | None = None  # the values the shard's replies carry (default: zeros for its range)
 
 
 class FakeServer(ps_pb2_grpc.ParameterServerServicer):
@@ -54,6 +57,7 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         self.times: dict[str, float] = {}  # each call's first arrival (time.monotonic)
         self.lock = threading.Lock()
         self.stopped = threading.Event()
+        self.shards = list(scenario.shards)  # what Join names (serving adds the FakeShard's range)
 
     def _spec_json(self) -> str:
         return json.dumps(self.scenario.spec)
@@ -86,13 +90,13 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
             "worker_id": "w0", "job_json": self._spec_json(), "num_params": NUMEL, "batch_size": 8,
             "heartbeat_interval_s": 1.0, "secret": "s" * 32,
             "layout": [ps_pb2.TensorSpec(name=n, shape=list(s), dtype="float32") for n, s in LAYOUT],
-            "shards": [ps_pb2.ShardInfo(address=a, start=b, stop=c) for a, b, c in self.scenario.shards],
+            "shards": [ps_pb2.ShardInfo(address=a, start=b, stop=c) for a, b, c in self.shards],
         }
         return ps_pb2.JoinReply(**{**fields, **self.scenario.join})
 
     def _params(self, done: bool, values: list[float] | None = None) -> Iterator[ps_pb2.ParamsChunk]:
         if values is None:
-            values = [0.0] * NUMEL if self.scenario.values is None else self.scenario.values
+            values = [0.0] * (self.scenario.shard_from or NUMEL) if self.scenario.values is None else self.scenario.values
         fields: dict[str, Any] = {"round": 0, "batch_size": 8, "global_batch": 16, "wire_dtype": "float32",
                                   "num_values": len(values), "lr": 0.1, "done": done, "reason": "finished" if done else ""}
         if not done:
@@ -132,16 +136,55 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         return ps_pb2.LeaveReply()
 
 
-@contextmanager
-def serving(scenario: Scenario) -> Iterator[tuple[FakeServer, str]]:
-    """A FakeServer serving `scenario` on 127.0.0.1 (a free port): it and its HOST:PORT, until the block ends."""
-    fake = FakeServer(scenario)
+class FakeShard(ps_pb2_grpc.ParameterShardServicer):
+    """The shard server of `scenario.shard_from`: answers Push and Pull with its range's values (as the
+    scenario says); records the calls it got as "Shard-Push", "Shard-Pull" on `fake`."""
+
+    def __init__(self, fake: FakeServer) -> None:
+        self.fake = fake
+
+    def _range(self) -> Iterator[ps_pb2.ParamsChunk]:
+        s = self.fake.scenario
+        values = [0.0] * (NUMEL - s.shard_from) if s.shard_values is None else s.shard_values
+        fields: dict[str, Any] = {"round": 0, "wire_dtype": "float32", "num_values": len(values), **s.shard}
+        yield ps_pb2.ParamsChunk(header=ps_pb2.ParamsHeader(**fields), seq=0)
+        yield ps_pb2.ParamsChunk(seq=1, data=struct.pack(f"<{len(values)}f", *values))
+
+    def Pull(self, request: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
+        self.fake._record("Shard-Pull")
+        yield from self._range()
+
+    def Push(self, request_iterator: Any, context: Any) -> Iterator[ps_pb2.ParamsChunk]:
+        for _ in request_iterator:
+            pass
+        self.fake._record("Shard-Push")
+        yield from self._range()
+
+
+def _start(add: Any) -> tuple[grpc.Server, int]:
+    """A gRPC server on 127.0.0.1 (a free port) with the servicer `add` adds to it, started; its port."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-    ps_pb2_grpc.add_ParameterServerServicer_to_server(fake, server)
+    add(server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
+    return server, port
+
+
+@contextmanager
+def serving(scenario: Scenario) -> Iterator[tuple[FakeServer, str]]:
+    """A FakeServer serving `scenario` on 127.0.0.1 (a free port), with its FakeShard where the scenario
+    has one: it and its HOST:PORT, until the block ends."""
+    fake = FakeServer(scenario)
+    servers = []
+    if scenario.shard_from:
+        shard, shard_port = _start(lambda s: ps_pb2_grpc.add_ParameterShardServicer_to_server(FakeShard(fake), s))
+        servers.append(shard)
+        fake.shards.append((f"127.0.0.1:{shard_port}", scenario.shard_from, NUMEL))
+    server, port = _start(lambda s: ps_pb2_grpc.add_ParameterServerServicer_to_server(fake, s))
+    servers.append(server)
     try:
         yield fake, f"127.0.0.1:{port}"
     finally:
         fake.stopped.set()
-        server.stop(grace=None)
+        for each in servers:
+            each.stop(grace=None)

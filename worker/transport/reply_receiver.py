@@ -42,19 +42,19 @@ def first_chunk(stream: Iterator[DataChunk]) -> DataChunk:
 
 def receive_into(stream: Iterator[DataChunk], out: torch.Tensor, *, first: DataChunk | None = None,
                  timing: PushTiming | None = None, filled: Callable[[int], None] | None = None,
-                 values_optional: bool = True, optimizer_state: bool = False) -> ps_pb2.ParamsHeader:
+                 values_optional: bool = True, optimizer_state: bool = False, shard: bool = False) -> ps_pb2.ParamsHeader:
     """A reply's header; its values land in `out`. `first`: its first chunk, already read; `timing`: told
     when the header is in; `filled`: told how many values are in after every chunk. `values_optional`:
     a reply without values (header.num_values 0) leaves `out` alone, where otherwise it must fill it
     unless it ends the job (server_checks.values_sent).
     `optimizer_state`: the values asked for are the optimizer's state, else parameters (the header
-    must say the same: server_checks.payload)."""
+    must say the same: server_checks.payload). `shard`: the reply is a shard server's, which ends no job."""
     first = first_chunk(stream) if first is None else first
     if timing is not None:
         timing.replied = time.perf_counter()
     h: ps_pb2.ParamsHeader = first.fields.header
     server_checks.payload(h.optimizer_state, optimizer_state)
-    server_checks.values_sent(h.num_values, h.done, required=not values_optional)
+    server_checks.values_sent(h.num_values, h.done, required=not values_optional, shard=shard)
     with _checked_reply(), PROBE.part("receive"):
         buffer = _NO_VALUES if not h.num_values else out
         receiver = FlatReceiver(buffer, h.num_values, h.wire_dtype, check_finite=False)
@@ -70,9 +70,10 @@ def receive_into(stream: Iterator[DataChunk], out: torch.Tensor, *, first: DataC
 
 
 def receive(stream: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None,
-            values_optional: bool = True) -> StepHeader:
-    """A reply's plan; its parameters land in `out` (`values_optional`: if it carries any)."""
-    return step_header_from_proto(receive_into(stream, out, timing=timing, values_optional=values_optional))
+            values_optional: bool = True, shard: bool = False) -> StepHeader:
+    """A reply's plan; its parameters land in `out` (`values_optional`: if it carries any; `shard`: a shard server's)."""
+    return step_header_from_proto(receive_into(stream, out, timing=timing, values_optional=values_optional,
+                                               shard=shard))
 
 
 def finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | None = None,
@@ -86,13 +87,14 @@ def finish(call: Iterator[DataChunk], out: torch.Tensor, timing: PushTiming | No
 
 
 def receive_lane(stream: Iterator[DataChunk], out: torch.Tensor, arrivals: Arrivals, lane: int, calls: list[Any],
-                 first: DataChunk | None = None) -> None:
-    """One server's part of a streamed reply into `out` (its first chunk already read: `first`),
+                 first: DataChunk | None = None, shard: bool = False) -> None:
+    """One server's part of a streamed reply into `out` (its first chunk already read: `first`; `shard`: a shard server's),
     `arrivals` told after every chunk. On failure every call of the reply is cancelled and the error
     handed to `arrivals` (the step that waits for it drops its gradient)."""
     error: BaseException | None = None
     try:
-        receive_into(stream, out, first=first, filled=functools.partial(arrivals.advance, lane), values_optional=False)
+        receive_into(stream, out, first=first, filled=functools.partial(arrivals.advance, lane), values_optional=False,
+                     shard=shard)
     except grpc.RpcError as exc:
         error = server_error(exc)
     except BaseException as exc:  # noqa: BLE001 (a reply that does not decode: the step hears of it)

@@ -204,9 +204,13 @@ def header_place(index: int, has_header: bool) -> None:
                              f"the server's reply carries a second header, on chunk {index}")
 
 
-def values_sent(num_values: int, done: bool, required: bool) -> None:
+def values_sent(num_values: int, done: bool, required: bool, shard: bool = False) -> None:
     """A reply that must carry values (a Pull of the parameters) carries some, unless it ends the job:
-    a header alone would leave the worker training on a model the server never handed it."""
+    a header alone would leave the worker training on a model the server never handed it. A `shard`
+    server's reply ends no job (its coordinator's does; ps/shards/core.py says done False): its range
+    comes whatever its header says."""
+    if required and not num_values and shard and done:
+        raise UntrustedReply("a shard server's reply carries no values (a shard ends no job; the server's reply does)")
     if required and not num_values and not done:
         raise UntrustedReply("the server's reply carries no values, where this worker asked for its parameters")
 

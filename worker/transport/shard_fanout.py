@@ -96,7 +96,7 @@ class ShardFanOut:
         last committed round, as range 0 does."""
         assert self._pool is not None and self.own_stop is not None
         futures: list[Future[StepHeader]] = [
-            self._pool.submit(receive, call, out[link.target.start : link.target.stop], None, values_optional)
+            self._pool.submit(receive, call, out[link.target.start : link.target.stop], None, values_optional, True)
             for call, link in zip(calls, self.links, strict=True)
         ]
         plan: StepHeader | None = None
@@ -138,7 +138,7 @@ class ShardFanOut:
             self._receiving = ThreadPoolExecutor(max_workers=1 + len(self.links), thread_name_prefix="reply")
         everything = [main, *calls]
         for number, (stream, view, head) in zip(numbers, lanes, strict=True):
-            self._receiving.submit(receive_lane, stream, view, arrivals, number, everything, head)
+            self._receiving.submit(receive_lane, stream, view, arrivals, number, everything, head, stream is not main)
         return step_header_from_proto(h)
 
 

@@ -133,6 +133,32 @@ def test_a_push_reply_without_parameters_on_the_ps_path_is_refused(overlap: bool
     assert fake.calls.count("Push") == 1 and "Leave" in fake.calls
 
 
+SHARD_FROM = 1000  # the fake server holds values [0, 1000), its shard the rest
+
+
+def test_a_job_with_a_good_shard_runs_to_its_end() -> None:
+    with serving(Scenario(shard_from=SHARD_FROM, pushes=2)) as (fake, target):
+        with joined(target) as session:
+            train(session, quiet=True)
+    assert fake.calls.count("Shard-Push") == 2 and "Leave" not in fake.calls, fake.calls
+
+
+@pytest.mark.parametrize(("shard", "values", "said"), [
+    ({"done": True, "reason": "finished"}, [], "a shard server's reply carries no values (a shard ends no job; "
+                                              "the server's reply does)"),
+    ({}, [], "the server's reply carries no values, where this worker asked for its parameters"),
+    ({}, [0.0] * (NUMEL - SHARD_FROM - 1), f"the layout expects {NUMEL - SHARD_FROM}"),
+    ({}, [float("inf")] * (NUMEL - SHARD_FROM), "the server's parameters hold NaN or Inf values"),
+    ({"optimizer_state": True}, None, "says it carries the optimizer's state, where this worker asked for parameters"),
+], ids=["done-without-values", "header-alone", "short", "infinite", "optimizer-state"])
+def test_a_shard_reply_that_is_not_its_range_is_refused(shard: dict[str, Any], values: list[float] | None,
+                                                        said: str) -> None:
+    """The worker pulls every range at its join: a shard's reply fills its range exactly, with finite
+    parameters; it never ends the job (its header's done is no reason to send nothing)."""
+    calls = refused(Scenario(shard_from=SHARD_FROM, shard=shard, shard_values=values), UntrustedReply, said)
+    assert "Shard-Pull" in calls
+
+
 def test_a_long_poll_answered_at_once_is_asked_again_no_sooner_than_the_floor() -> None:
     with serving(Scenario(join={"batch_size": 0}, pull={"batch_size": 0})) as (fake, target):
         session = joined(target)
