@@ -76,15 +76,19 @@ class PushPull:
 
     def push_probe(self, meta: PushMeta, values: torch.Tensor, out: torch.Tensor) -> StepHeader:
         """A probe (ps.rounds.probation): every value of `values` to the coordinator alone, whatever the
-        job's path; its reply comes once this worker is in the plan. With --shards that reply carries the
-        coordinator's range only, so the whole model is pulled after it: the round it names cannot
-        close before this worker's next push, so every range is of that round."""
+        job's path; its reply comes once this worker is in the plan. On the fast path (the reply names
+        this worker's group) a header alone is the reply: the group holds the parameters. On the PS
+        path the reply may carry them, or not (--allreduce auto's switch back answers without them
+        until a snapshot came), and with --shards it carries the coordinator's range only: unless it
+        carries them all, the whole model is pulled after it (a Pull must carry them:
+        server_checks.values_sent). The round it names cannot close before this worker's next push,
+        so every range is of that round."""
         meta = replace(meta, num_values=values.numel(), secret=self.secret(meta.worker_id), offsets=False)
         timing = self.last_push = PushTiming()
         main = self._push_reply(self._push(ordered_push(meta, values, self.chunk_bytes, timing)))
         own = self._fanout.own_stop if self._fanout.links else None
         plan = finish(main, out if own is None else out[:own], timing)
-        if own is None or plan.done:
+        if plan.done or plan.group.world_size or (own is None and plan.num_values):
             return plan
         return self.pull(meta.worker_id, out)
 

@@ -133,6 +133,19 @@ def test_a_push_reply_without_parameters_on_the_ps_path_is_refused(overlap: bool
     assert fake.calls.count("Push") == 1 and "Leave" in fake.calls
 
 
+def test_a_probe_reply_without_parameters_on_the_ps_path_is_followed_by_a_pull_of_them() -> None:
+    """A probe is answered once the worker is in the plan, rounds after the parameters it pulled at its
+    join: a header alone, not on the fast path (no group named), would have it train its first planned
+    step on those. Our server sends one on the PS path too (--allreduce auto's switch back, until a
+    snapshot came), so the worker pulls the parameters instead of leaving."""
+    bare = Scenario(pull={"probe": True}, pushes=2, push_values=[])
+    with serving(bare) as (fake, target):
+        with joined(target) as session:
+            train(session, quiet=True)
+    assert [c for c in fake.calls if c in ("Pull", "Push")] == ["Pull", "Push", "Pull", "Push"], fake.calls
+    assert "Leave" not in fake.calls
+
+
 SHARD_FROM = 1000  # the fake server holds values [0, 1000), its shard the rest
 
 
