@@ -1,6 +1,6 @@
 """A parameter server written against protos/ alone (grpc and the generated messages), not against
-ours, for tests of what a worker takes from its server: it answers Status, Join, Pull, Push, Heartbeat
-and Leave as a Scenario says (a good job the worker completes, but for the fields a scenario
+ours, for tests of what a worker takes from its server: it answers Status, Join, Pull, Push, Heartbeat,
+Rendezvous and Leave as a Scenario says (a good job the worker completes, but for the fields a scenario
 overrides), with a shard server's Push and Pull where the scenario has one, and records the calls it got. `serving` runs one in this process; tests/e2e/
 test_hostile_server.py runs a real ps-worker process against it, tests/worker/transport/
 test_server_checks_wire.py the worker's own code in this process."""
@@ -46,6 +46,7 @@ class Scenario:
     shard_from: int = 0  # > 0: the server holds values [0, shard_from), a FakeShard on its host the rest
     shard: dict[str, Any] = field(default_factory=dict)  # fields of the shard's reply headers that override good ones
     shard_values: list[float] | None = None  # the values the shard's replies carry (default: zeros for its range)
+    store: dict[str, Any] = field(default_factory=dict)  # the fields of every Rendezvous reply (default: ready, nothing more)
 
 
 class FakeServer(ps_pb2_grpc.ParameterServerServicer):
@@ -130,6 +131,10 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
     def Heartbeat(self, request: Any, context: Any) -> ps_pb2.HeartbeatReply:
         self._record("Heartbeat")
         return ps_pb2.HeartbeatReply()
+
+    def Rendezvous(self, request: Any, context: Any) -> ps_pb2.StoreReply:
+        self._record("Rendezvous")
+        return ps_pb2.StoreReply(**{"ready": True, **self.scenario.store})
 
     def Leave(self, request: Any, context: Any) -> ps_pb2.LeaveReply:
         self._record("Leave")

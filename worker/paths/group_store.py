@@ -22,6 +22,10 @@ from worker.transport.client import ServerError
 from worker.paths.process_group import CollectiveError
 
 LONG_POLL_S = 10.0  # what the server holds a get or wait for at most (ps.rounds.group_store.StoreLimits)
+MIN_STORE_POLL_S = 1.0
+"""The least time between a get's or wait's long polls (at most the call's wait_s): a server answers
+"not set yet" once wait_s has passed; one that answers at once is asked again after the rest of this,
+not in a busy loop of calls until the store's timeout."""
 
 
 class ServerStore(dist.Store):
@@ -70,14 +74,16 @@ class ServerStore(dist.Store):
         """Long polls until the keys are set; CollectiveError once `timeout` has passed without them."""
         deadline = time.monotonic() + timeout.total_seconds()
         while True:
-            remaining = deadline - time.monotonic()
-            answer = self._ask(op, keys, wait_s=max(0.0, min(LONG_POLL_S, remaining)))
+            asked = time.monotonic()
+            wait_s = max(0.0, min(LONG_POLL_S, deadline - asked))
+            answer = self._ask(op, keys, wait_s=wait_s)
             if answer.ready:
                 return answer
             if time.monotonic() >= deadline:
                 shown = ", ".join(repr(k) for k in keys[:3]) + (", ..." if len(keys) > 3 else "")
                 raise CollectiveError(f"group generation {self.generation}: no peer set {shown} in the group's store "
                                       f"within {timeout}")
+            time.sleep(max(0.0, min(asked + min(wait_s, MIN_STORE_POLL_S), deadline) - time.monotonic()))
 
 
 def _bytes(value: str | bytes) -> bytes:

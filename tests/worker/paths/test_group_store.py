@@ -14,10 +14,11 @@ import torch
 import torch.distributed as dist
 
 from tests.fast_path_jobs import TINY
+from tests.hostile_server import Scenario, serving
 from tests.rpc_calls import TIMEOUT
 from worker.transport.client import Joined, PSClient
-from worker.paths.collective import CollectiveError
-from worker.paths.group_store import ServerStore
+from worker.paths.group_store import MIN_STORE_POLL_S, ServerStore
+from worker.paths.process_group import CollectiveError
 
 
 def joined_pair(server, threads) -> list[tuple[PSClient, Joined]]:
@@ -42,7 +43,7 @@ def test_a_gloo_group_forms_and_reduces_on_the_servers_store(ps_server, threads)
         def rank(r: int) -> torch.Tensor:
             group = dist.ProcessGroupGloo(stores[r], r, 2, timedelta(seconds=20))
             values = torch.full((5,), float(r + 1))
-            group.allreduce([values]).wait()
+            group.allreduce([values]).wait()  # type: ignore[attr-defined]  # torch's stubs omit the backend's collectives
             return values
 
         futures = [threads.submit(rank, r) for r in range(2)]
@@ -80,3 +81,21 @@ def test_a_get_waits_for_a_peer_and_gives_up_at_the_timeout(ps_server, threads) 
         for client, _ in pairs:
             with contextlib.suppress(Exception):
                 client.close()
+
+
+def test_a_server_that_answers_a_long_poll_at_once_is_not_asked_in_a_busy_loop() -> None:
+    """A server answers a get "not set yet" once the call's wait_s has passed: one written from the
+    .proto alone that answers it at once is asked again no sooner than MIN_STORE_POLL_S after."""
+    group = {"world_size": 2, "rank": 0, "generation": 1, "backend": "gloo"}
+    with serving(Scenario(join=group, store={"ready": False})) as (fake, target):
+        client = PSClient(target)
+        try:
+            store = store_of(client, client.join("w", 1.0, TIMEOUT), timeout_s=2.0)
+            start = time.monotonic()
+            with pytest.raises(CollectiveError, match="no peer set 'k' in the group's store within 0:00:02"):
+                store.get("k")
+            took = time.monotonic() - start
+        finally:
+            client.close()
+    assert fake.calls.count("Rendezvous") <= 2.0 / MIN_STORE_POLL_S + 2, fake.calls.count("Rendezvous")
+    assert 1.9 < took < 5, took
