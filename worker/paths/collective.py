@@ -103,7 +103,8 @@ class Collective:
         except (CollectiveError, ServerError):
             self.process_group.close()
             raise
-        except (RuntimeError, ValueError) as exc:  # DistBackendError / DistNetworkError are RuntimeErrors
+        except (RuntimeError, ValueError, MemoryError) as exc:  # DistBackendError / DistNetworkError are RuntimeErrors;
+            # a store value gloo cannot parse (a hostile server's) is a ValueError or std::bad_alloc's MemoryError
             self.process_group.close()
             raise CollectiveError(f"could not form group generation {group.generation}: {exc}") from exc
 

@@ -43,7 +43,14 @@ class ServerStore(dist.Store):
         self._ask("set", (key,), value=_bytes(value))
 
     def get(self, key: str) -> bytes:
-        return self._until_ready("get", (key,), self.timeout).value  # type: ignore[attr-defined]  # torch's stubs omit Store.timeout
+        """`key`'s value, never empty: no rank of a group sets one (gloo's addresses, NCCL's id, the
+        barrier's "1"), and gloo reads an empty address by crashing the process (a segfault), where
+        a CollectiveError only ends this group."""
+        value = self._until_ready("get", (key,), self.timeout).value  # type: ignore[attr-defined]  # torch's stubs omit Store.timeout
+        if not value:
+            raise CollectiveError(f"group generation {self.generation}'s store: the server answers {key[:80]!r} with an "
+                                  "empty value, which no rank of a group sets")
+        return value
 
     def add(self, key: str, amount: int) -> int:
         return self._ask("add", (key,), amount=amount).number

@@ -6,6 +6,8 @@ rank's key) is one CollectiveError."""
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
 import time
 from datetime import timedelta
 
@@ -15,6 +17,8 @@ import torch.distributed as dist
 
 from tests.fast_path_jobs import TINY
 from tests.hostile_server import Scenario, serving
+from tests.processes import ENV
+from tests.repo import ROOT
 from tests.rpc_calls import TIMEOUT
 from worker.transport.client import Joined, PSClient
 from worker.paths.group_store import MIN_STORE_POLL_S, ServerStore
@@ -99,3 +103,18 @@ def test_a_server_that_answers_a_long_poll_at_once_is_not_asked_in_a_busy_loop()
             client.close()
     assert fake.calls.count("Rendezvous") <= 2.0 / MIN_STORE_POLL_S + 2, fake.calls.count("Rendezvous")
     assert 1.9 < took < 5, took
+
+
+@pytest.mark.parametrize(("value", "said"), [
+    (b"", "CollectiveError: group generation 1's store: the server answers '0//cpu//0/0' with an empty value, "
+          "which no rank of a group sets"),
+    (b"1", "CollectiveError: could not form group generation 1: std::bad_alloc"),
+    (b"\x00" * 8, "CollectiveError: could not form group generation 1: vector::_M_default_append"),
+], ids=["empty", "one-byte", "eight-zeros"])
+def test_store_values_gloo_cannot_read_as_addresses_end_the_group_not_the_process(value: bytes, said: str) -> None:
+    """A server whose store answers every get with one value: gloo reads it as the ranks' addresses. An
+    empty one crashed the process (a segfault), a short one escaped as a MemoryError (std::bad_alloc);
+    each is a CollectiveError now, which the worker recovers from by waiting for the next group."""
+    run = subprocess.run([sys.executable, "-m", "tests.hostile_store", value.hex()], capture_output=True, text=True,
+                         env=ENV, cwd=ROOT, timeout=120)
+    assert run.returncode == 0 and run.stdout.strip() == said, (run.returncode, run.stdout, run.stderr[-2000:])
