@@ -46,6 +46,7 @@ class PlanFollower:
         server_checks.probe_step(plan, replica.spec)
         server_checks.plan_epoch(plan, replica.spec)
         server_checks.asp_lr(plan, replica.spec)
+        server_checks.group_lr(plan, replica.spec, self._samples)
         renew = (slices := isinstance(self.sampler, SliceSource)) and self.sampler.follow(plan)
         self.plan = plan
         if plan.path and not plan.done and (plan.path == "allreduce") != replica.spec.allreduce:

@@ -169,6 +169,19 @@ def asp_lr(plan: StepHeader, spec: JobSpec) -> None:
         raise UntrustedReply(f"the server's learning rate {plan.lr:g} is above the job's {most:g} at epoch {plan.epoch}")
 
 
+def group_lr(plan: StepHeader, spec: JobSpec, samples: int) -> None:
+    """The fast path (a plan that names a group): the group steps its own copy at the plan's learning
+    rate, the job's schedule at its epoch times --adaptive-batch's factor for the B in force, which is
+    at most max(1, B / B0) (linear, sqrt and AdaScale alike) with B at most the training set's
+    `samples` (0: not known) and B0 the spec's global batch. A larger one is no rate the job set."""
+    if plan.done or not plan.group.world_size:
+        return
+    most = spec.lr_at(plan.epoch) * max(1.0, (samples or spec.global_batch) / spec.global_batch)
+    if plan.lr > most * (1 + LR_TOLERANCE):
+        raise UntrustedReply(f"the server's learning rate {plan.lr:g} for its group is above the job's {most:g} at "
+                             f"epoch {plan.epoch} (its schedule, scaled up to a global batch of {samples or spec.global_batch})")
+
+
 def local_steps(refused_in_a_row: int, lr: float) -> None:
     """ASP: a worker whose last MAX_REFUSED_STEPS local steps could each overflow fp32 at the server's
     learning rate leaves instead of dropping batch after batch (a job spec's own lr can be that large)."""

@@ -77,6 +77,15 @@ def test_an_asp_learning_rate_above_the_jobs_is_refused_not_dropped_batch_after_
             "the server's learning rate 1e+300 is above the job's 0.1 at epoch 0")
 
 
+def test_a_fast_path_learning_rate_above_the_jobs_is_refused_before_the_group_steps_at_it() -> None:
+    """The group steps its own copy at the plan's rate: at most the schedule's times max(1, B / B0), B
+    at most digits' 1,438 training samples and B0 the spec's 16."""
+    group = {"generation": 1, "rank": 0, "world_size": 1, "backend": "gloo"}
+    refused(Scenario(spec={**GOOD_SPEC, "allreduce": True}, join=group, pull={**group, "hub_rank": 0, "lr": 1e30}), UntrustedReply,
+            "the server's learning rate 1e+30 for its group is above the job's 8.9875 at epoch 0 (its schedule, scaled "
+            "up to a global batch of 1438)")
+
+
 @pytest.mark.parametrize("epoch", [1, 2**31 - 1], ids=["the-job's-end", "far-past-it"])
 def test_a_plan_past_the_jobs_last_epoch_is_refused(epoch: int) -> None:
     """A job of one epoch trains epoch 0; independent sampling hands no slice whose epochs would say so."""
