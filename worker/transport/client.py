@@ -199,6 +199,7 @@ class PSClient(PushPull):
         server_checks.num_params(num_params, info.layout)
         spec = server_checks.job_spec(info.job_json)
         server_checks.join_epoch(info.epoch, spec)
+        server_checks.shard_addresses([s.address for s in info.shards])
         shards = tuple(replace(s, address=shard_address(s.address, self.target)) for s in info.shards)
         server_checks.shard_ranges([(s.address, s.start, s.stop) for s in shards], info.layout.numel, self.target,
                                    self.allowed_shard_hosts)

@@ -250,6 +250,16 @@ def host_of(address: str) -> str:
     return address.rpartition(":")[0].strip("[]")
 
 
+def shard_addresses(addresses: Sequence[str]) -> None:
+    """--shards: each shard's address as the server advertises it is HOST:PORT with a port in [1, 65535]
+    (the host may be "" or a wildcard: the server's own). gRPC takes others as another port than the
+    one named (":" alone is 443, 99999 is 34463), where this worker would send its credentials."""
+    for address in addresses:
+        _, sep, port = address.rpartition(":")
+        if not (sep and port.isdigit() and 0 < int(port) <= 65535):
+            raise UntrustedReply(f"the server's shard address {address[:80]!r} is not HOST:PORT with a port in [1, 65535]")
+
+
 def shard_ranges(ranges: Sequence[tuple[str, int, int]], numel: int, server_target: str,
                  allowed_hosts: Sequence[str] = ()) -> None:
     """--shards: the ranges other servers hold tile [its start, `numel`) in order, and each server
