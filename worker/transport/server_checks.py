@@ -91,8 +91,8 @@ def num_params(said: int, entries: Layout) -> None:
 
 def group(g: GroupInfo, ranked: bool = True) -> None:
     """--allreduce: a group generation >= 0 and, where the worker has a group, a backend it can form
-    the group over (gloo or nccl) and, where `ranked` (every plan's: a Join's rank may be -1, not in
-    the generation yet), its ranks inside it."""
+    the group over (gloo or nccl) and its ranks inside it; where not `ranked` (a Join's), the rank
+    may be -1 too: not in the generation yet."""
     if g.generation < 0 or g.world_size < 0:
         raise UntrustedReply(f"the server's group has a negative generation or size ({g.generation}, {g.world_size})")
     if not g.world_size:
@@ -102,6 +102,9 @@ def group(g: GroupInfo, ranked: bool = True) -> None:
     if ranked and not (0 <= g.rank < g.world_size and 0 <= g.hub_rank < g.world_size):
         raise UntrustedReply(f"the server's group ranks (rank {g.rank}, hub {g.hub_rank}) are outside its size "
                              f"{g.world_size}")
+    if not ranked and not -1 <= g.rank < g.world_size:
+        raise UntrustedReply(f"the server's group rank {g.rank} is neither -1 (not in the generation yet) nor inside "
+                             f"its size {g.world_size}")
 
 
 def batch_size(batch: int, global_batch: int, max_batch: int, micro_batch: int = 1, samples: int = 0) -> int:

@@ -48,8 +48,11 @@ def refused(scenario: Scenario, error: type[Exception], said: str, max_batch: in
     ({"layout": [ps_pb2.TensorSpec(name="1.weight", shape=[-1, 64], dtype="float32")]}, "shape [-1, 64]"),
     ({"layout": []}, "the server's layout holds no values"),
     ({"world_size": 2, "backend": "mpi"}, "the server's group backend 'mpi' is not one of gloo, nccl"),
+    ({"world_size": 2, "backend": "gloo", "rank": 2}, "the server's group rank 2 is neither -1 (not in the generation "
+                                                      "yet) nor inside its size 2"),
+    ({"world_size": 2, "backend": "gloo", "rank": -2}, "the server's group rank -2 is neither -1"),
 ], ids=["empty-id", "empty-secret", "control-characters", "huge-id", "negative-index", "negative-round",
-        "negative-dimension", "no-layout", "unknown-backend"])
+        "negative-dimension", "no-layout", "unknown-backend", "rank-past-the-group", "rank-below--1"])
 def test_a_join_reply_the_worker_cannot_be_is_refused_before_it_pulls(join: dict[str, Any], said: str) -> None:
     calls = refused(Scenario(join=join), UntrustedReply, said)
     assert "Pull" not in calls
