@@ -46,6 +46,8 @@ class Scenario:
     shard_from: int = 0  # > 0: the server holds values [0, shard_from), a FakeShard on its host the rest
     shard: dict[str, Any] = field(default_factory=dict)  # fields of the shard's reply headers that override good ones
     shard_values: list[float] | None = None  # the values the shard's replies carry (default: zeros for its range)
+    shard_push: dict[str, Any] = field(default_factory=dict)  # and of its push replies alone, over `shard`
+    shard_push_values: list[float] | None = None  # the values its push replies carry (default: `shard_values`)
     store: dict[str, Any] = field(default_factory=dict)  # the fields of every Rendezvous reply (default: ready, nothing more)
 
 
@@ -148,10 +150,12 @@ class FakeShard(ps_pb2_grpc.ParameterShardServicer):
     def __init__(self, fake: FakeServer) -> None:
         self.fake = fake
 
-    def _range(self) -> Iterator[ps_pb2.ParamsChunk]:
+    def _range(self, push: bool = False) -> Iterator[ps_pb2.ParamsChunk]:
         s = self.fake.scenario
-        values = [0.0] * (NUMEL - s.shard_from) if s.shard_values is None else s.shard_values
-        fields: dict[str, Any] = {"round": 0, "wire_dtype": "float32", "num_values": len(values), **s.shard}
+        values = s.shard_push_values if push and s.shard_push_values is not None else s.shard_values
+        values = [0.0] * (NUMEL - s.shard_from) if values is None else values
+        fields: dict[str, Any] = {"round": 0, "wire_dtype": "float32", "num_values": len(values), **s.shard,
+                                  **(s.shard_push if push else {})}
         yield ps_pb2.ParamsChunk(header=ps_pb2.ParamsHeader(**fields), seq=0)
         yield ps_pb2.ParamsChunk(seq=1, data=struct.pack(f"<{len(values)}f", *values))
 
@@ -163,7 +167,7 @@ class FakeShard(ps_pb2_grpc.ParameterShardServicer):
         for _ in request_iterator:
             pass
         self.fake._record("Shard-Push")
-        yield from self._range()
+        yield from self._range(push=True)
 
 
 def _start(add: Any) -> tuple[grpc.Server, int]:

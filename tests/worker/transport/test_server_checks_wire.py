@@ -194,6 +194,19 @@ def test_a_shard_reply_that_is_not_its_range_is_refused(shard: dict[str, Any], v
     assert "Shard-Pull" in calls
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["whole-push", "buckets-streamed"])
+def test_a_shard_push_reply_that_says_done_without_values_is_refused(overlap: bool) -> None:
+    """A push's reply from a shard, gathered whole or streamed into the next forward: its range comes
+    whatever its header says (the server's reply, not the shard's, ends the job)."""
+    bare = Scenario(spec={**GOOD_SPEC, "overlap": overlap}, shard_from=SHARD_FROM, pushes=3,
+                    shard_push={"done": True, "reason": "finished"}, shard_push_values=[])
+    with serving(bare) as (fake, target):
+        with joined(target) as session, pytest.raises(UntrustedReply, match=re.escape(
+                "a shard server's reply carries no values (a shard ends no job; the server's reply does)")):
+            train(session, quiet=True)
+    assert fake.calls.count("Shard-Push") == 1 and "Leave" in fake.calls, fake.calls
+
+
 def test_a_long_poll_answered_at_once_is_asked_again_no_sooner_than_the_floor() -> None:
     with serving(Scenario(join={"batch_size": 0}, pull={"batch_size": 0})) as (fake, target):
         session = joined(target)
