@@ -42,12 +42,14 @@ def _of(events: Events, kind: str) -> list[Mapping[str, Any]]:
 
 
 def worker_names(events: Events) -> list[str]:
-    """Workers in the order they first appear in the log, sorted by name when names sort naturally."""
+    """Workers in the order they first appear in the log, sorted by name when names sort naturally.
+    Only the maps by worker count: a `probe` record's compute_ms is one worker's number."""
     seen: dict[str, None] = {}
     for event in events:
         for key in ("batch_sizes", "compute_ms"):
-            for name in event.get(key) or {}:
-                seen.setdefault(name, None)
+            value = event.get(key)
+            if isinstance(value, Mapping):
+                seen.update(dict.fromkeys(value))
     return sorted(seen, key=_natural)
 
 

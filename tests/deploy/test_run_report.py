@@ -47,6 +47,20 @@ def test_an_asp_run_gets_a_plot_of_each_workers_updates_staleness_and_ssp_waits(
     assert write_plots([{**e, "staleness_max": None} for e in events], tmp_path)[-1].name == "accuracy.png"
 
 
+def test_a_worker_that_joined_a_running_job_is_plotted(tmp_path: Path) -> None:
+    """A newcomer's `probe` record carries its own compute_ms as a number: ps-cluster run's summary
+    ended in "'float' object is not iterable" (exit 2, no plots) where a worker under a small quota
+    joined after the job had started."""
+    from deploy.plots import worker_names, write_plots
+
+    events = [{"event": "epoch", "epoch": 1, "time": 10.0, "batch_sizes": {"w0": 64}, "compute_ms": {"w0": 10.0}},
+              {"event": "probe", "worker": "w1", "batch": 1, "step": 3, "epoch": 1, "compute_ms": 668.2},
+              {"event": "epoch", "epoch": 2, "time": 20.0, "batch_sizes": {"w0": 63, "w1": 1},
+               "compute_ms": {"w0": 10.0, "w1": 670.0}}]
+    assert worker_names(events) == ["w0", "w1"]
+    assert [p.name for p in write_plots(events, tmp_path)] == ["batch_sizes.png", "compute_times.png", "accuracy.png"]
+
+
 def test_a_run_that_ends_before_a_schedules_phase_says_so(tmp_path: Path) -> None:
     """A job shorter than its schedule: the summary names the phases that never ran and the flag that
     reaches them; one that went through every phase says nothing of it."""
