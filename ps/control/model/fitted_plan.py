@@ -54,6 +54,7 @@ class FittedPlan(WorkerPlan):
         if ms < 0:
             raise ValueError(f"round_ms must be >= 0, got {ms}")
         self._rounds.close(min(ms, LONGEST_MS), self._held.finishes)  # as a worker's time is kept
+        self._parking.elapse(ms)
 
     def _settle_rounds(self) -> None:
         """The closed rounds' c, taken now (`_held.before_jump`: before a worker's fit jumps)."""
@@ -79,6 +80,7 @@ class FittedPlan(WorkerPlan):
             self._judged_round = None
         if judged is None or parking is None:
             return new
+        cost = self._reprobe_cost(judged[1])
         if self._report.get("phase") == "wait":  # not measured yet: the next decision judges it
             self._before_reprobe = judged
             return new
@@ -87,14 +89,23 @@ class FittedPlan(WorkerPlan):
         back = self._taken_back(judged, self._report["previous"]["measured_round_ms"],
                                 new if new is not None else self.plan(), reprobed)
         if back is None:
+            self._parking.owe(reprobed, cost)
             return new
         self._parking = ParkingSchedule.from_state(parking, self._workers)
         self._parking.install([k for k, b in back.items() if b == 0], [])
+        self._parking.owe(reprobed, cost)
         self._before_reprobe, self._confirming = None, False
         self._took_back()
         opening = {k: v for k, v in self._report.items() if k in ("policy", "previous", "speed_changed")}
         self._report = {**opening, "phase": "revert", "reverted": sorted(reprobed), **self._describe(back)}
         return back
+
+    def _reprobe_cost(self, before: float) -> float:
+        """The ms of rounds the re-probe this decision judges cost beyond the plan it left (whose round
+        was `before`): its rounds' measured median less that, times their count (0 where not measured)."""
+        previous = self._report.get("previous", {})
+        measured, rounds = previous.get("measured_round_ms"), previous.get("rounds", 0)
+        return max(0.0, measured - before) * rounds if measured is not None else 0.0
 
     def _taken_back(self, judged: tuple[dict[str, int], float], measured: float | None,
                     outcome: Mapping[str, int], reprobed: list[str]) -> dict[str, int] | None:

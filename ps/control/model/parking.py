@@ -1,11 +1,13 @@
 """Who is parked (planned at batch 0) by the model and auto policies, and when each comes back for a
 re-probe: a parked worker's speed is not measured, so it is brought back now and then at the batch the
 split would give it (the auto policy: one that measures its speed, auto/probes.py), and waits twice
-as long each time it is parked again, so that a worker that got faster returns; all of them at once
+as long each time it is parked again (and long enough for its re-probes to take at most REPROBE_SHARE of
+the job's time), so that a worker that got faster returns; all of them at once
 when the auto policy sees an active worker's times rise by half or more (`recall`). Pure."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -16,15 +18,23 @@ from ps.control.model.state import parking_pair
 REPROBE_FIRST = 2
 """Decisions a newly parked worker waits before its first re-probe."""
 REPROBE_MAX = 32
-"""The longest wait between re-probes, in decisions."""
+"""The longest wait between re-probes, in decisions, that doubling reaches."""
+REPROBE_SHARE = 0.1
+"""The share of the job's time a parked worker's re-probes may take: one parked again after a re-probe
+that cost X ms of rounds beyond the plan it left waits at least X / REPROBE_SHARE ms of rounds for its
+next one, as well as its decisions. A worker whose fixed cost alone outlasts the others' round many
+times over holds every round of a re-probe; re-probed every REPROBE_MAX decisions, it would cost the
+job a share that grows with that excess."""
 
 
 @dataclass
 class Parked:
-    """A parked worker: decisions since it was parked, and how many it waits before a re-probe."""
+    """A parked worker: decisions since it was parked, how many it waits before a re-probe, and the ms
+    of rounds it waits for still (REPROBE_SHARE; in memory only: a resumed job owes nothing)."""
 
     waited: int
     every: int
+    owed_ms: float = 0.0
 
 
 class ParkingSchedule:
@@ -39,15 +49,29 @@ class ParkingSchedule:
         for entry in self.parked.values():
             entry.waited += 1
 
+    def elapse(self, round_ms: float) -> None:
+        """A round of `round_ms` passed."""
+        for entry in self.parked.values():
+            entry.owed_ms = max(0.0, entry.owed_ms - round_ms)
+
     def due(self) -> list[str]:
         """The parked workers whose re-probe is due."""
-        return [k for k, e in self.parked.items() if e.waited >= e.every]
+        return [k for k, e in self.parked.items() if e.waited >= e.every and e.owed_ms <= 0.0]
+
+    def owe(self, workers: Iterable[str], cost_ms: float) -> None:
+        """Workers parked again after a re-probe that cost `cost_ms` of rounds wait for their next one
+        cost_ms / REPROBE_SHARE ms of rounds at least."""
+        for k in workers:
+            entry = self.parked.get(k)
+            if entry is not None and math.isfinite(cost_ms) and cost_ms > 0:
+                entry.owed_ms = max(entry.owed_ms, cost_ms / REPROBE_SHARE)
 
     def recall(self) -> None:
         """Every parked worker due for a re-probe now, its backoff started over: a change of speed seen
         elsewhere often comes with one here, unseen (a swap, a tenant that moved between machines)."""
         for entry in self.parked.values():
             entry.waited = entry.every = REPROBE_FIRST
+            entry.owed_ms = 0.0
 
     def install(self, parked: Iterable[str], reprobe: Iterable[str]) -> None:
         """Who is parked after a solve: one parked again right after its re-probe waits twice as long

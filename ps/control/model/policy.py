@@ -20,7 +20,7 @@ and splits B in one step by minimising the predicted round max_i f_i(b_i) + c (o
 4. **Park.** In BSP a worker whose fixed cost alone exceeds the round the others reach without it
    is planned at batch 0 where that predicts a shorter round (optperf.best_plan), Σb = B over the
    others; it is re-probed after parking.REPROBE_FIRST decisions, the wait doubling up to
-   REPROBE_MAX. ASP never parks: the same fit splits B for equal step times.
+   REPROBE_MAX, and long enough that its re-probes take parking.REPROBE_SHARE of the job's time at most. ASP never parks: the same fit splits B for equal step times.
 
 Every decision's `report` carries the fits, c, the predicted round of the plan it leaves in force
 and the measured median round of the plan before, so prediction error can be read from the log.

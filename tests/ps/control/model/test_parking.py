@@ -1,0 +1,73 @@
+"""ps.control.model.parking: when a parked worker comes back for a re-probe, and a re-probe's cost
+bounding how often (REPROBE_SHARE); pure schedule tests, then both policies that park on a worker
+whose fixed cost alone is forty of the others' rounds."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from ps.control.config import PolicyConfig
+from ps.control.model.parking import REPROBE_FIRST, REPROBE_SHARE, ParkingSchedule
+from ps.control.policy import build_policy
+from tests.simulated_workers import optimum
+
+
+def test_a_costly_reprobe_owes_its_cost_over_the_share_before_the_next() -> None:
+    schedule = ParkingSchedule()
+    schedule.install(["d"], [])
+    for _ in range(REPROBE_FIRST):
+        schedule.tick()
+    assert schedule.due() == ["d"]
+    schedule.owe(["d"], 50.0)  # 500 ms of rounds to wait
+    for _ in range(40):
+        schedule.tick()
+    assert schedule.due() == []
+    for _ in range(24):
+        schedule.elapse(20.0)
+    assert schedule.due() == []
+    schedule.elapse(20.0)
+    assert schedule.due() == ["d"]
+
+
+def test_only_parked_workers_owe_and_a_recall_forgives() -> None:
+    schedule = ParkingSchedule()
+    schedule.install(["d"], [])
+    schedule.owe(["d", "active"], 1_000.0)
+    schedule.owe(["d"], float("nan"))  # a cost not measured owes nothing more
+    assert set(schedule.parked) == {"d"} and schedule.parked["d"].owed_ms == pytest.approx(1_000.0 / REPROBE_SHARE)
+    schedule.recall()
+    assert schedule.due() == ["d"]
+
+
+COSTS = {"a": (0.2, 5.0), "b": (0.2, 5.0), "c": (0.2, 5.0), "d": (2.0, 800.0)}
+
+
+@pytest.mark.parametrize("name", ["auto", "model"])
+def test_a_hopeless_workers_reprobes_take_a_tenth_of_the_job_at_most(name: str) -> None:
+    """d's fixed cost alone is 40 rounds of the others'. Re-probed every 2, 4, ... 32 decisions whatever
+    that costs, its re-probes would take 15% (auto) and 52% (model, whose re-probe runs until the next
+    decision) of a 2,000-round job from its first parking on; waiting for their cost over
+    REPROBE_SHARE, 9% and 10.5%: the share, and a little more for the last one."""
+    ctl = build_policy(PolicyConfig(policy=name, global_batch=192))
+    for k in COSTS:
+        ctl.add_worker(k)
+    ctl.replan()
+    rnd, spent, excess, parked = random.Random(0), 0.0, 0.0, False
+    best = optimum(COSTS, 192) + 2.0
+    for r in range(2_000):
+        plan = ctl.plan()
+        finishes = {k: (COSTS[k][0] * b + COSTS[k][1]) * (1.0 + rnd.gauss(0.0, 0.02)) for k, b in plan.items() if b > 0}
+        for k, t in finishes.items():
+            ctl.observe(k, plan[k], t)
+        round_ms = max(finishes.values()) + 2.0
+        ctl.observe_round(round_ms)
+        if parked:
+            spent += round_ms
+            excess += round_ms - best if plan["d"] > 0 else 0.0
+        if ctl.decision_due() or r % 10 == 9:
+            ctl.adjust()
+            parked = parked or ctl.parked() == ["d"]
+    assert ctl.parked() == ["d"]
+    assert excess / spent < REPROBE_SHARE * 1.5
