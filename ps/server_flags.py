@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ps.control.global_batch.goodput import DECIDE_EVERY, LR_SCALINGS, MIN_STEPS_PER_EPOCH, AdaptiveConfig
+from ps.control.global_batch.goodput import ADAPT_THRESHOLD, DECIDE_EVERY, LR_SCALINGS, MIN_STEPS_PER_EPOCH, AdaptiveConfig
 from ps.control.config import nearest_multiples
 from ps.control.registry import POLICIES, policy_settings
 from ps.control.settings import Setting, setting_key
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--adaptive-batch: the smallest B (default: --workers x --min-batch)")
     ada.add_argument("--max-global-batch", type=positive_int, default=None,
                      help="--adaptive-batch: the largest B (default: 8 x --global-batch)")
-    ada.add_argument("--adapt-threshold", type=float_between(0.0, 1.0, high_open=True), default=0.05,
+    ada.add_argument("--adapt-threshold", type=float_between(0.0, 1.0, high_open=True), default=ADAPT_THRESHOLD,
                      help="--adaptive-batch: change B only for a predicted goodput gain of at least this fraction")
     ada.add_argument("--lr-scaling", choices=LR_SCALINGS, default=LR_SCALINGS[0],
                      help="--adaptive-batch: the learning rate at B, times adascale's gain (B/B0)(phi+B0)/(phi+B), "
@@ -369,8 +369,11 @@ def check_micro_batch_flags(args: argparse.Namespace) -> None:
 def adaptive_config(args: argparse.Namespace) -> AdaptiveConfig | None:
     """--adaptive-batch and its bounds, checked against the job's other flags (ValueError naming them);
     None when it is off."""
-    given = [f for f, v in (("--min-global-batch", args.min_global_batch), ("--max-global-batch", args.max_global_batch))
-             if v is not None]
+    given = [f for f, v, default in (("--min-global-batch", args.min_global_batch, None),
+                                     ("--max-global-batch", args.max_global_batch, None),
+                                     ("--adapt-every", args.adapt_every, DECIDE_EVERY),
+                                     ("--adapt-threshold", args.adapt_threshold, ADAPT_THRESHOLD),
+                                     ("--lr-scaling", args.lr_scaling, LR_SCALINGS[0])) if v != default]
     if args.adaptive_batch == "off":
         if given:
             raise ValueError(f"{given[0]} needs --adaptive-batch gns")

@@ -117,6 +117,10 @@ def test_adaptive_batch_moves_b_with_exact_splits_and_resumes_at_its_b(tmp_path:
     (["--adaptive-batch", "gns", "--shards", "2"], "--adaptive-batch gns runs with one server: not with --shards"),
     (["--adaptive-batch", "gns", "--micro-batch", "8"], "--adaptive-batch gns does not run with --micro-batch"),
     (["--min-global-batch", "16"], "--min-global-batch needs --adaptive-batch gns"),
+    (["--lr-scaling", "linear"], "--lr-scaling needs --adaptive-batch gns"),
+    (["--mode", "asp", "--lr-scaling", "sqrt"], "--lr-scaling needs --adaptive-batch gns"),
+    (["--adapt-every", "epoch"], "--adapt-every needs --adaptive-batch gns"),
+    (["--adapt-threshold", "0.2"], "--adapt-threshold needs --adaptive-batch gns"),
 ])
 def test_bad_adaptive_flags_are_one_line_and_exit_2(args: list[str], needle: str, capsys: pytest.CaptureFixture[str]) -> None:
     server_refuses(args, needle, capsys)  # exit 2, the needle, no traceback, nothing listens

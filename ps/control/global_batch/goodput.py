@@ -61,6 +61,8 @@ ESCAPE_STEP = 1.25
 """A move away from a B whose plan trains one worker goes at least this many times up where it can: a
 few samples more, the policy parks the same worker again (on the image files from B₀ = 64, B crept
 29 → 31 → 32 → 33 → 34, each run on one worker, a decision each)."""
+ADAPT_THRESHOLD = 0.05
+"""The default `--adapt-threshold`: the least predicted goodput gain a change of B needs."""
 _GRID = 48
 """Candidate batches per decision: a geometric grid over [lower, upper] (plus both ends and B now)."""
 MIN_STEPS_PER_EPOCH = 2 * DECIDE_EVERY
@@ -78,7 +80,7 @@ class AdaptiveConfig:
     base_batch: int
     min_batch: int
     max_batch: int
-    threshold: float = 0.05
+    threshold: float = ADAPT_THRESHOLD
     lr_scaling: str = "adascale"
 
     def __post_init__(self) -> None:
