@@ -261,12 +261,21 @@ def check_fits_training_set(global_batch: int, workers: int, samples: int) -> No
 
 def check_resumed_batch(args: argparse.Namespace, checkpoint: dict[str, Any], samples: int) -> None:
     """The B an --adaptive-batch gns resume goes on at, the checkpoint's (its `adaptive` decider's
-    `batch`), at most the training set's `samples`, as check_fits_training_set holds --global-batch:
-    ValueError naming both otherwise. A state the restore would refuse is left to it."""
+    `batch`), at most the training set's `samples`, as check_fits_training_set holds --global-batch,
+    and at least --workers x --min-batch, as check_flags_together holds it (else no worker past the B-th
+    could join, and the job would wait for them): ValueError naming both otherwise. A state the
+    restore would refuse is left to it."""
     saved = checkpoint.get("adaptive") if args.adaptive_batch != "off" else None
     decider = saved.get("decider") if isinstance(saved, dict) else None
     batch = decider.get("batch") if isinstance(decider, dict) else None
-    if isinstance(batch, int) and not isinstance(batch, bool) and batch > samples:
+    if not isinstance(batch, int) or isinstance(batch, bool):
+        return
+    if batch < args.workers * args.min_batch:
+        raise ValueError(f"--resume {args.resume}: the checkpoint's adaptive global batch B = {batch} cannot give "
+                         f"--workers {args.workers} x --min-batch {args.min_batch} their minimum batches: resume "
+                         f"with a lower --min-batch, or without --adaptive-batch gns to restart at --global-batch "
+                         f"{args.global_batch}")
+    if batch > samples:
         raise ValueError(f"--resume {args.resume}: the checkpoint's adaptive global batch B = {batch} exceeds the "
                          f"training set's {samples} samples (the data holds fewer since it was written): restore "
                          f"the training set, or resume without --adaptive-batch gns to restart at --global-batch "

@@ -43,6 +43,21 @@ def test_a_start_an_epoch_cannot_hold_moves_in_at_the_first_round(start: int, mo
     asyncio.run(run())
 
 
+def checkpoint_at(batch: int, directory: Path, flags: list[str]) -> None:
+    """The final checkpoint in `directory` of a job of `flags` whose adaptive B a decision moved to `batch`."""
+    first = build_job(job_args(*flags, "--checkpoint-dir", str(directory)))
+    try:
+        state = first.coordinator.adaptive.decider
+        assert state is not None
+        state.batch = batch
+        c = first.coordinator
+        c.replace_policy(build_policy(replace(c.policy.config, global_batch=batch)))
+        first.final_checkpoint()
+    finally:
+        first.evaluator.close()
+        first.metrics.close()
+
+
 def test_a_resume_at_a_b_above_a_smaller_training_set_is_refused(tmp_path: Path) -> None:
     """A checkpoint's adaptive B above the training set it resumes on (an image folder that lost files
     since) is refused at start, naming both numbers, as --global-batch above it is, before the resume
@@ -50,20 +65,23 @@ def test_a_resume_at_a_b_above_a_smaller_training_set_is_refused(tmp_path: Path)
     root = write_folder(tmp_path / "images", classes=2, per_class=40)
     flags = ["--dataset", "image_folder", "--dataset-arg", f"root={root}", "--global-batch", "8",
              "--max-global-batch", "64", "--adaptive-batch", "gns"]
-    first = build_job(job_args(*flags, "--checkpoint-dir", str(tmp_path / "ckpt")))
-    try:  # a decision moved B to 60 (of the 64 training images)
-        state = first.coordinator.adaptive.decider
-        assert state is not None
-        state.batch = 60
-        c = first.coordinator
-        c.replace_policy(build_policy(replace(c.policy.config, global_batch=60)))
-        first.final_checkpoint()
-    finally:
-        first.evaluator.close()
-        first.metrics.close()
+    checkpoint_at(60, tmp_path / "ckpt", flags)  # a decision moved B to 60 (of the 64 training images)
     for path in sorted((root / "c1").iterdir())[10:]:
         path.unlink()  # 50 images: 40 to train on
     with pytest.raises(ValueError, match=r"--resume .*ckpt: the checkpoint's adaptive global batch B = 60 exceeds "
                                          r"the training set's 40 samples"):
         build_job(job_args(*flags, "--resume", str(tmp_path / "ckpt"), "--metrics-log", str(tmp_path / "m.jsonl")))
+    assert '"resume"' not in (tmp_path / "m.jsonl").read_text()
+
+
+def test_a_resume_at_a_b_below_the_workers_minimum_batches_is_refused(tmp_path: Path) -> None:
+    """A checkpoint's adaptive B below --workers x --min-batch (written at a lower --min-batch, or edited
+    by hand) is refused at start, naming both, as --global-batch below it is: resumed, no worker past the
+    B-th could join and the job waited for them."""
+    flags = ["--global-batch", "32", "--min-global-batch", "16", "--max-global-batch", "64", "--adaptive-batch", "gns"]
+    checkpoint_at(16, tmp_path / "ckpt", flags)
+    with pytest.raises(ValueError, match=r"--resume .*ckpt: the checkpoint's adaptive global batch B = 16 cannot give "
+                                         r"--workers 2 x --min-batch 10 their minimum batches"):
+        build_job(job_args(*flags, "--min-batch", "10", "--min-global-batch", "20", "--resume", str(tmp_path / "ckpt"),
+                           "--metrics-log", str(tmp_path / "m.jsonl")))
     assert '"resume"' not in (tmp_path / "m.jsonl").read_text()
