@@ -37,7 +37,7 @@ from deploy.run_plan import (
 from deploy.run_report import write_report
 from deploy.schedule_phases import SchedulePhases
 from deploy.signals import ReceivedSignals, signals_as_exceptions
-from ps.ops.progress import EpochBar, on_terminal, trained_alongside
+from ps.ops.progress import EpochBar, adapt_line, on_terminal, trained_alongside
 
 __all__ = [
     "DEFAULT_DATASET_ARGS", "DEFAULT_JOB", "DEFAULT_POLICY", "QUICK_DATASET_ARGS", "QUICK_JOB", "Emulation", "RunConfig",
@@ -162,6 +162,8 @@ class Emulation:
                 self.phases.log(0, event)
             elif event.get("changed"):
                 self.say(f"  plan at step {event['step']}: {self._batches(event)} (adjustment {event['adjustments']})")
+        elif kind == "adapt" and event.get("changed"):
+            self.say(f"  {adapt_line(event)} at step {event['step']}")
         elif kind == "epoch":
             if self.bar is None or not self.bar.update(event):
                 self._print_epoch(event)

@@ -68,6 +68,14 @@ NO_WORKER_LEFT = "no worker is left: the job waits for one to join"
 ends it but a join or a stop)."""
 
 
+def adapt_line(record: dict[str, Any]) -> str:
+    """An `adapt` record's line where B moved (--adaptive-batch gns): from, to, why, and φ (unknown while
+    it is not measured)."""
+    phi = record.get("phi")
+    noise = "unknown" if phi is None else f"{phi:.4g}"
+    return f"global batch {record['current']} -> {record['global_batch']} ({record['reason']}; noise scale {noise})"
+
+
 def progress_line(record: dict[str, Any]) -> str | None:
     """The human progress line of a record a person watches (None for the others). An epoch line names what its
     times measure: the record's `balance` (compute, busy or cycle time; the job's, which --allreduce
@@ -83,6 +91,8 @@ def progress_line(record: dict[str, Any]) -> str | None:
             line += " | data wait ms " + " ".join(f"{k}={v:.1f}" for k, v in record["data_wait_ms"].items())
     elif event == "eval":
         line = f"epoch {record['epoch']}: test accuracy {record['accuracy']:.4f} loss {record['loss']:.4f}"
+    elif event == "adapt" and record.get("changed"):
+        line = adapt_line(record)
     elif event == "adjust" and record.get("changed"):
         line = "plan: " + " ".join(f"{k}={v}" for k, v in record["batch_sizes"].items())
     elif event in ("evict", "leave"):

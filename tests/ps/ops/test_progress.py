@@ -175,3 +175,14 @@ def test_a_departure_that_leaves_no_worker_says_the_job_waits_for_one() -> None:
     assert [progress_line(r) for r in records] == [
         "a: left", "b: evicted after 3600s without a heartbeat", f"c: left ({NO_WORKER_LEFT})"]
     assert progress_line({**records[-1], "done": True}) == "c: left"  # a finished job waits for nobody
+
+
+def test_a_change_of_the_adaptive_global_batch_is_a_line_and_a_decision_that_keeps_it_is_none() -> None:
+    """--adaptive-batch gns: a person watching the server or ps-cluster run sees B move (before, only
+    as a plan whose batches summed to another B)."""
+    moved = {"event": "adapt", "step": 23, "current": 64, "batch": 89, "global_batch": 89, "changed": True,
+             "reason": "goodput", "phi": 128.068}
+    assert progress_line(moved) == "global batch 64 -> 89 (goodput; noise scale 128.1)"
+    assert progress_line({**moved, "phi": None, "reason": "outside the bounds"}) == (
+        "global batch 64 -> 89 (outside the bounds; noise scale unknown)")
+    assert progress_line({**moved, "batch": 64, "global_batch": 64, "changed": False}) is None
