@@ -50,7 +50,7 @@ class Admission:
             raise InvalidArgument(f"cuda_device must be a GPU UUID: at most {MAX_NAME} printable characters")
         if not s.policy.can_add(len(s.membership.pending) + len(self.probation.probes) + 1):
             raise FailedPrecondition(
-                f"job full: the global batch {s.spec.global_batch} cannot give one more worker its minimum batch "
+                f"job full: the global batch {s.policy.config.global_batch} cannot give one more worker its minimum batch "
                 f"({len(s.members)} in the job, {len(s.membership.pending)} waiting); raise --global-batch "
                 "or lower --min-batch"
             )

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, OUTSIDE
-from ps.control.policy import build_policy
+from ps.control.policy import build_policy, with_global_batch
 from ps.server_job import build_job
 from tests.conftest import job_args
+from common.transport.messages import JoinAsk
+from common.errors import FailedPrecondition
 from tests.coordinator_rounds import close_round, joined_job
 from tests.data_files import write_folder
 
@@ -85,3 +87,17 @@ def test_a_resume_at_a_b_below_the_workers_minimum_batches_is_refused(tmp_path: 
         build_job(job_args(*flags, "--min-batch", "10", "--min-global-batch", "20", "--resume", str(tmp_path / "ckpt"),
                            "--metrics-log", str(tmp_path / "m.jsonl")))
     assert '"resume"' not in (tmp_path / "m.jsonl").read_text()
+
+
+def test_a_worker_refused_as_the_job_is_full_is_told_the_b_in_force() -> None:
+    """The join refused where B cannot give one more worker its minimum batch names the global batch a
+    decision moved to, not --global-batch (before: 'the global batch 32' at B = 16)."""
+    async def run() -> None:
+        async with joined_job("--global-batch", "32", "--min-batch", "8", "--max-workers", "4", "--min-global-batch", "16",
+                              "--adaptive-batch", "gns") as job:
+            c = job.c
+            c.replace_policy(with_global_batch(c.policy, 16))
+            with pytest.raises(FailedPrecondition, match="job full: the global batch 16 cannot give one more worker"):
+                await c.join(JoinAsk("c", 1.0))
+
+    asyncio.run(run())
