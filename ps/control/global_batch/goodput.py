@@ -48,6 +48,9 @@ OUTSIDE = "outside the bounds"
 server moves a B₀ an epoch cannot hold enough rounds of at its first round)."""
 UNMEASURABLE = "the noise scale is not measurable at the current batch"
 """The reason of a move away from a B whose plan trains one worker (`choose`)."""
+STUCK = "the noise scale is not measurable at the current batch, nor at any batch it may move to"
+"""The reason B stays where its plan trains one worker and no candidate's would train two (`choose`): φ
+is then the value of the last round that measured it (the `adapt` record's `rounds` stays)."""
 PROBE = "probe: a second batch for the round line"
 """The reason of a move to a second batch to measure rounds at (`probe_batch`); it is reviewed like a
 goodput move, but stays only where its measured goodput is higher (decider.py)."""
@@ -217,7 +220,7 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
         spread = gain_spread((gain + 1.0) * (phi + best) / (phi + current), phi, phi_sd, best, current)
     gated = inside and not frozen  # a move from a frozen B needs no gain
     if best == current or (gated and (gain is None or gain < config.threshold)):
-        reason = "gain below --adapt-threshold" if best != current else "the current batch is best"
+        reason = "gain below --adapt-threshold" if best != current else STUCK if frozen else "the current batch is best"
         return replace(unchanged(reason, gain), gain_sd=spread)
     if gated and spread is not None and gain is not None and gain <= GAIN_SDS * spread:
         return replace(unchanged("gain within the noise scale's uncertainty", gain), gain_sd=spread)

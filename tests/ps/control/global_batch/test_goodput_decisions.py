@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from ps.control.global_batch.decider import TAKE_BACK_MEMORY, AdaptiveBatch
-from ps.control.global_batch.goodput import (DECIDE_EVERY, GAIN_SDS, MAX_STEP, MIN_STEPS_PER_EPOCH, UNMEASURABLE, AdaptiveConfig, Decision,
+from ps.control.global_batch.goodput import (DECIDE_EVERY, GAIN_SDS, MAX_STEP, MIN_STEPS_PER_EPOCH, STUCK, UNMEASURABLE,
+                                             AdaptiveConfig, Decision,
                                              candidates, choose, contradicted, epoch_bound, measured_goodput, moved,
                                              probe_batch)
 from ps.control.performance import round_line
@@ -135,8 +136,10 @@ def test_a_move_goes_only_where_the_noise_scale_stays_measurable() -> None:
     assert free.changed and free.batch == min(b for b in candidates(16, 1024, 128) if MAX_STEP * b >= 128)
     kept = choose(config, 128, 10.0, 16, 1024, round_ms, measurable=lambda b: b >= 100)
     assert kept.changed and kept.batch == min(b for b in candidates(16, 1024, 128) if b >= 100)
-    # where no other batch is measurable, B stays; a B outside the bounds still moves in
-    assert not choose(config, 512, 10.0, 16, 1024, round_ms, measurable=lambda b: False).changed
+    # where no other batch is measurable, B stays, and says why (before: "the current batch is best",
+    # while φ stayed at its last measured value); a B outside the bounds still moves in
+    stuck = choose(config, 512, 10.0, 16, 1024, round_ms, measurable=lambda b: False)
+    assert not stuck.changed and stuck.reason == STUCK
     # at a B where it cannot be measured (after the policy parked all but one worker there), B moves
     # to the best measurable batch even where that loses goodput: φ would stay frozen otherwise
     at_32 = choose(config, 32, 10.0, 16, 1024, round_ms, measurable=lambda b: b >= 100)
