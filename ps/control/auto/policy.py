@@ -353,8 +353,10 @@ class AutoPolicy(FittedPlan):
         slowest = max(means.values(), default=0.0)
         cores = {k: w.cores for k, w in self._workers.items()}
         # a re-probe by a law fitted flat (any batch at its fixed cost) goes no further than in proportion;
-        # a recall by the law as it is (the load that slowed another may have left its machine)
-        known = {k: f.at if recalled else vouched(f) for k, f in finishes.items() if self._identified(k)}
+        # a recall by the law as it is (the load that slowed another may have left its machine), where
+        # its time per sample is measured: a flat one comes back at its cores' share, as one without a law
+        known = {k: f.at if recalled else vouched(f) for k, f in finishes.items()
+                 if self._identified(k) and (slope_measured(f.line) or not recalled)}
         lines = {} if recalled else self._laws.lines(k for k in entering if k not in known)
         return entry_targets(entering, plan, known, slowest, self._config.deadband, cores, self._config.global_batch,
                              lower, upper, lines)

@@ -13,8 +13,8 @@ the batch its law from before parking finishes within the solved round: where th
 slowdown that round is short, and that batch the minimum, where a step is almost all fixed cost and
 its time tells nothing of its speed per sample. So it comes back at the batch its known law finishes
 within the round measured now (`entry_targets`), and the others share what it leaves. Without a
-known law (a line through the origin, as after a change seen at its minimum batch) a recalled worker
-comes back at its cores' share of B (the load seen to slow another may have left its machine); a
+known law (a line through the origin, as after a change seen at its minimum batch) or with a law fitted
+flat (its time per sample not measured) a recalled worker comes back at its cores' share of B (the load seen to slow another may have left its machine); a
 re-probed one near the batch its line finishes within that round, a batch size SPREAD from the one
 the line was measured at (`line_entry`): a worker far slower than the others, parked after its first
 batch, is re-probed at a few samples, not at a share of B hundreds of rounds long.

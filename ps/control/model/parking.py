@@ -43,6 +43,8 @@ class ParkingSchedule:
     def __init__(self) -> None:
         self.parked: dict[str, Parked] = {}
         self.reprobed: dict[str, int] = {}  # back for a re-probe: the wait it had while parked
+        # back by a solve, not due (a re-probe raised the round it fits in): its schedule, for one solve
+        self.returned: dict[str, Parked] = {}
 
     def tick(self) -> None:
         """A decision passed."""
@@ -75,17 +77,23 @@ class ParkingSchedule:
 
     def install(self, parked: Iterable[str], reprobe: Iterable[str]) -> None:
         """Who is parked after a solve: one parked again right after its re-probe waits twice as long
-        as before (up to REPROBE_MAX), a newly parked one REPROBE_FIRST decisions, one still parked
-        keeps counting; `reprobe` are brought back now."""
+        as before (up to REPROBE_MAX), and so does one parked again right after a solve brought it back
+        unasked (it fit in a round a re-probe lengthened), its wait for time owed kept; a newly parked one REPROBE_FIRST
+        decisions, one still parked keeps counting; `reprobe` are brought back now."""
         entries = {}
         for k in parked:
             if k in self.parked:
                 entries[k] = self.parked[k]
             elif k in self.reprobed:
                 entries[k] = Parked(0, min(REPROBE_MAX, 2 * self.reprobed[k]))
+            elif k in self.returned:  # measured in the round it fit in, as a re-probe would have
+                back = self.returned[k]
+                entries[k] = Parked(0, min(REPROBE_MAX, 2 * back.every), back.owed_ms)
             else:
                 entries[k] = Parked(0, REPROBE_FIRST)
+        reprobe = set(reprobe)
         self.reprobed = {k: self.parked[k].every for k in reprobe if k in self.parked}
+        self.returned = {k: e for k, e in self.parked.items() if k not in entries and k not in reprobe}
         self.parked = entries
 
     def park(self, workers: Iterable[str]) -> None:
@@ -98,10 +106,11 @@ class ParkingSchedule:
         """The worker left."""
         self.parked.pop(worker_id, None)
         self.reprobed.pop(worker_id, None)
+        self.returned.pop(worker_id, None)
 
     def clear(self) -> None:
         """Nobody is parked (a plan without the fits)."""
-        self.parked, self.reprobed = {}, {}
+        self.parked, self.reprobed, self.returned = {}, {}, {}
 
     def state(self) -> dict[str, Any]:
         """As plain data: {"parked": {worker: [waited, every]}, "reprobed": {worker: wait}}."""

@@ -74,3 +74,18 @@ def test_a_worker_far_slower_than_the_others_is_reprobed_at_a_few_samples(seed: 
     reprobes = [r for r in reports if r["phase"] == "reprobe"]
     assert reprobes and ctl.parked() == ["w7"], [r["plan"] for r in reports[:5]]
     assert all(r["plan"]["w7"] <= 2 for r in reprobes), [r["plan"] for r in reprobes]
+
+
+def test_a_recall_brings_a_worker_back_by_a_flat_law_at_its_share_not_at_most_of_b() -> None:
+    """256 simulated workers of three classes, a fifth changing speed at round 150: the recall that
+    followed brought a worker whose law was fitted flat (times at batches 1-2: 21 ms, q not measured)
+    back at 13,328 of B = 16,384, a round 338 times the optimum's. A flat law's time per sample is no
+    measure of its speed: the worker comes back at its share, as one without a law."""
+    from benchmarks.simulation.engine import Event, Scenario, simulate
+    from benchmarks.simulation.population import SpeedLaw, parse_classes
+
+    law = SpeedLaw(classes=parse_classes("a:0.1:5:2,b:0.4:20:1,c:2:60:1"))
+    scenario = Scenario(policy="auto", workers=256, global_batch=64 * 256, seed=1, rounds=158, law=law,
+                        events=(Event(150, "speed", fraction=0.2, factor=2.0),))
+    trace = simulate(scenario)
+    assert max(trace.round_ms[150:]) < 20 * trace.optimum_at(150).round_ms

@@ -71,3 +71,20 @@ def test_a_hopeless_workers_reprobes_take_a_tenth_of_the_job_at_most(name: str) 
             parked = parked or ctl.parked() == ["d"]
     assert ctl.parked() == ["d"]
     assert excess / spent < REPROBE_SHARE * 1.5
+
+
+def test_a_worker_a_solve_brought_back_unasked_is_parked_again_as_after_a_reprobe() -> None:
+    """A re-probe lengthens the round, and a solve then brings back parked workers that fit in it, not
+    due: measured there as in a re-probe, one parked again waits twice as long and keeps what it owes
+    rather than start over at REPROBE_FIRST decisions (at 256 workers of two classes, groups of
+    parked workers rode along each other's re-probes and came back every 15-25 rounds)."""
+    schedule = ParkingSchedule()
+    schedule.install(["d", "e"], [])
+    schedule.owe(["e"], 100.0)
+    schedule.install([], ["d"])  # d re-probed; e back by the solve, unasked
+    schedule.install(["d", "e"], [])
+    assert schedule.parked["d"].every == schedule.parked["e"].every == 2 * REPROBE_FIRST
+    assert schedule.parked["e"].owed_ms == pytest.approx(100.0 / REPROBE_SHARE)
+    schedule.install([], [])
+    schedule.install(["x"], [])  # parked for the first time
+    assert schedule.parked["x"].every == REPROBE_FIRST
