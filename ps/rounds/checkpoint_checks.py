@@ -5,7 +5,8 @@ this server reads is checked for its type and range before the coordinator takes
 must parse (JSON, then a valid JobSpec) and be this job's; the counters must be whole numbers in
 [0, COUNTER_LIMIT] (the epoch at most JobSpec's MAX_EPOCHS); the parameters finite and as many as the
 model has; the optimizer state one the job's optimizer loads (finite buffers of that length,
-hyperparameters within what it accepts: common.params.hyperparameters); the batch policy's state one
+hyperparameters within what it accepts: common.params.hyperparameters, and but for the learning rate
+the job spec's own: the load would take them over the job's); the batch policy's state one
 that restores; the exact epochs' cursor whole numbers. Each failure is an InvalidCheckpoint naming the
 field and what was wrong with it. Pure: no I/O.
 """
@@ -47,10 +48,13 @@ def check_checkpoint(checkpoint: Any, spec: JobSpec, numel: int) -> dict[str, tu
     for key in COUNTERS:
         _whole(checkpoint, key, MAX_EPOCHS if key == "epoch" else COUNTER_LIMIT)
     _check_params(checkpoint["params"], numel)
+    stepper = make_stepper(torch.empty(numel), spec)
+    job_group = stepper.state_dict()["param_groups"][0]
     try:
-        make_stepper(torch.empty(numel), spec).load_state_dict(checkpoint["optimizer"])
+        stepper.load_state_dict(checkpoint["optimizer"])
     except RESTORE_ERRORS as exc:
         raise InvalidCheckpoint(f"its optimizer state does not load: {exc}") from None
+    _check_job_hyperparameters(checkpoint["optimizer"]["param_groups"][0], job_group)
     try:
         policy_from_state(checkpoint["controller"])
     except RESTORE_ERRORS as exc:
@@ -68,6 +72,30 @@ def _job_changes(checkpoint: dict[str, Any], spec: JobSpec) -> dict[str, tuple[A
         return resume_changes(checkpoint, spec)
     except (ValueError, TypeError) as exc:  # TypeError: a JSON value of a field no JobSpec takes
         raise InvalidCheckpoint(f"its job spec: {exc}") from None
+
+
+def _check_job_hyperparameters(saved: dict[str, Any], job: dict[str, Any]) -> None:
+    """The saved group's hyperparameters are its job's (the spec's, already checked to be this job's):
+    the load takes them over the job's, so a momentum or weight decay edited in the file would train
+    on silently. The learning rate follows the schedule (set from the epoch after the load)."""
+    for key, value in saved.items():
+        if key in ("lr", "params"):
+            continue
+        if key not in job:
+            raise InvalidCheckpoint(f"its optimizer's {key} is {value!r:.60}, the job's optimizer has no {key}")
+        if not _same(value, job[key]):
+            raise InvalidCheckpoint(f"its optimizer's {key} is {value!r:.60}, the job's is {job[key]!r} (a "
+                                    f"checkpoint's optimizer hyperparameters are its job spec's)")
+
+
+def _same(value: Any, expected: Any) -> bool:
+    """Equal as a hyperparameter: betas as a tuple or a list, 0 and 0.0 alike (torch writes dampening 0),
+    never a bool for a number."""
+    if isinstance(value, (list, tuple)) and isinstance(expected, (list, tuple)):
+        return list(value) == list(expected)
+    if all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (value, expected)):
+        return bool(value == expected)
+    return type(value) is type(expected) and bool(value == expected)
 
 
 def _whole(checkpoint: dict[str, Any], key: str, limit: int) -> int:

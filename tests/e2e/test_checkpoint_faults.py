@@ -186,6 +186,10 @@ def bad_dampening(state: dict) -> None:
     state["optimizer"]["param_groups"][0]["dampening"] = -5
 
 
+def other_momentum(state: dict) -> None:
+    state["optimizer"]["param_groups"][0]["momentum"] = 0.5  # in range, not the job's 0.9
+
+
 def nan_parameter(state: dict) -> None:
     state["params"][3] = math.nan
 
@@ -199,6 +203,7 @@ BAD_FILES: dict[str, tuple[Callable[[dict], None], str]] = {
     "momentum-nan": (bad_momentum, "the optimizer's momentum must be a number in [0, 1), got nan"),
     "maximize": (bad_maximize, "the optimizer's maximize must be False, got True"),
     "dampening": (bad_dampening, "the optimizer's dampening must be a number in [0, 1], got -5"),
+    "momentum-other": (other_momentum, "its optimizer's momentum is 0.5, the job's is 0.9"),
     "negative-round": (lambda s: s.update(round=-1), "its round must be a whole number in [0, 9007199254740992], got -1"),
     "huge-samples": (lambda s: s.update(samples=10**30), f"its samples must be a whole number in [0, 9007199254740992], got {10**30}"),
 }

@@ -80,6 +80,12 @@ SPOILERS: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     ("weight-decay", lambda s: group(s).update(weight_decay=-1e-4), "the optimizer's weight_decay must be a number in [0, inf)"),
     ("maximize", lambda s: group(s).update(maximize=True), "the optimizer's maximize must be False, got True"),
     ("nesterov-damped", lambda s: group(s).update(nesterov=True, dampening=0.5), "nesterov needs momentum > 0 and dampening 0"),
+    # hyperparameters in range but not the job's (--momentum 0.9, no weight decay, no Nesterov): taken before
+    ("momentum-other", lambda s: group(s).update(momentum=0.5), "its optimizer's momentum is 0.5, the job's is 0.9"),
+    ("weight-decay-other", lambda s: group(s).update(weight_decay=0.25), "its optimizer's weight_decay is 0.25, the job's is 0.0"),
+    ("nesterov-other", lambda s: group(s).update(nesterov=True), "its optimizer's nesterov is True, the job's is False"),
+    ("fused-junk", lambda s: group(s).update(fused="junk"), "its optimizer's fused is 'junk', the job's is None"),
+    ("unknown-key", lambda s: group(s).update(lookahead=5), "its optimizer's lookahead is 5, the job's optimizer has no lookahead"),
     ("two-groups", lambda s: s["optimizer"]["param_groups"].append({}), "one parameter group"),
     ("policy-junk", lambda s: s.update(controller={"junk": [1, 2]}), "its batch policy state does not restore"),
     ("policy-text", lambda s: s.update(controller="dynamic"), "its batch policy state does not restore"),
