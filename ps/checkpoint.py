@@ -25,8 +25,10 @@ from typing import Any
 import torch
 
 MAGIC = b"HPSCKPT1"
-NAME = re.compile(r"^ckpt-(\d{10})\.pt$")
-TEMPORARY = re.compile(r"^\.ckpt-\d{10}\.pt\.\d+\.tmp$")
+NAME = re.compile(r"^ckpt-(\d{10,})\.pt$")
+"""ckpt-<step>.pt, the step zero-padded to 10 digits; a step past them (a resumed checkpoint's may be
+up to 2^53) takes more, and the files are ordered by the number, not the name."""
+TEMPORARY = re.compile(r"^\.ckpt-\d{10,}\.pt\.\d+\.tmp$")
 
 
 class CorruptCheckpoint(ValueError):
@@ -88,7 +90,7 @@ def checkpoint_files(directory: Path) -> list[Path]:
     """Checkpoint files in step order, oldest first."""
     if not directory.is_dir():
         return []
-    return sorted(p for p in directory.iterdir() if NAME.match(p.name))
+    return sorted((p for p in directory.iterdir() if NAME.match(p.name)), key=lambda p: int(p.name[5:-3]))
 
 
 UNREADABLE = (CorruptCheckpoint, RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError)
