@@ -144,7 +144,7 @@ class AdaptiveBatch:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Take a checkpoint's state, STATE_FORMAT or "adaptive-batch/1" (ValueError, nothing changed,
-        on a malformed one or another B₀)."""
+        on a malformed one, another B₀ or a B outside the job's bounds)."""
         if not isinstance(state, Mapping) or state.get("format") not in (STATE_FORMAT, "adaptive-batch/1"):
             raise ValueError(f"adaptive-batch state must be a mapping of format {STATE_FORMAT!r} "
                              "(or 'adaptive-batch/1')")
@@ -152,6 +152,10 @@ class AdaptiveBatch:
             raise ValueError(f"the checkpoint started at --global-batch {state.get('base_batch')!r}, "
                              f"not {self.config.base_batch}")
         batch = whole("adaptive batch", state.get("batch"), 1)
+        lo, hi = self.config.min_batch, self.config.max_batch
+        if not lo <= batch <= hi:  # below: workers refused as the job full; above: more than the flags allow
+            raise ValueError(f"the checkpoint's adaptive batch B = {batch} is outside [--min-global-batch {lo}, "
+                             f"--max-global-batch {hi}]")
         phi = state.get("phi")
         phi = None if phi is None else finite("phi", phi, 0.0)
         decisions = whole("decisions", state.get("decisions"), 0)

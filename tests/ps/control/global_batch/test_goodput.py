@@ -191,6 +191,19 @@ def test_state_round_trips_through_json_and_refuses_another_start() -> None:
         b.load_state_dict({**a.state_dict(), "batch": 0})
 
 
+def test_a_state_whose_batch_is_outside_the_job_s_bounds_is_refused() -> None:
+    """A checkpoint edited to B = 1 in a job of two workers resumed and hung: each worker was refused as
+    the job full. Above --max-global-batch it trained at the file's B."""
+    a = AdaptiveBatch(AdaptiveConfig(128, 16, 4096))
+    for batch in (15, 4097):
+        with pytest.raises(ValueError, match=f"adaptive batch B = {batch} is outside "
+                                             r"\[--min-global-batch 16, --max-global-batch 4096\]"):
+            a.load_state_dict({**a.state_dict(), "batch": batch})
+        assert a.batch == 128  # nothing changed
+    a.load_state_dict({**a.state_dict(), "batch": 4096})
+    assert a.batch == 4096
+
+
 @FAST
 @given(st.sampled_from(tuple(POLICIES)), st.lists(st.floats(0.2, 5.0), min_size=1, max_size=6),
        st.lists(st.integers(4, 3000), min_size=1, max_size=12), st.integers(1, 3), st.integers(0, 10**6))
