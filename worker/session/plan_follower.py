@@ -42,6 +42,8 @@ class PlanFollower:
         """Take `plan` as the current one, checked: the next batch is drawn at its size (--sampling exact:
         its slice, one clear error if it cannot be trained on; the loader starts reading it now)."""
         replica = self._replica
+        if isinstance(self.sampler, SliceSource):  # the job's end, which a resume may have moved (Replica._rejoin)
+            self.sampler.last_epoch = replica.spec.epochs
         server_checks.step_plan(plan, self._max_batch, replica.spec.micro_batch, self._samples)
         server_checks.probe_step(plan, replica.spec)
         server_checks.plan_epoch(plan, replica.spec)

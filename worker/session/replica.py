@@ -101,8 +101,11 @@ class Replica:
     def _rejoin(self, deadline: float) -> StepHeader:
         """Join again by `deadline` (time.monotonic), into the same job, and pull its parameters."""
         joined = self.member.join_again(deadline)
-        if replace(joined.spec, allreduce=self.spec.allreduce) != self.spec or joined.layout != Layout.of(self.model):
+        same = replace(joined.spec, allreduce=self.spec.allreduce, epochs=self.spec.epochs)
+        if same != self.spec or joined.layout != Layout.of(self.model):
             raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
+        if joined.spec.epochs != self.spec.epochs:  # a --resume that extends or shortens the job: its end is the server's
+            self.spec = replace(self.spec, epochs=joined.spec.epochs)
         if joined.spec.allreduce != self.spec.allreduce:  # --allreduce auto's trial switched the path meanwhile
             self.spec = joined.spec
             self.parts = self._path_parts(self.parts.params, self.parts)
