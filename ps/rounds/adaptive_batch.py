@@ -231,6 +231,9 @@ class AdaptiveBatchSizing:
         if not isinstance(saved, dict) or set(saved) != {"decider", "gns"}:
             raise ValueError("the checkpoint's adaptive-batch state must hold exactly 'decider' and 'gns'")
         estimator = NoiseScaleEstimator.from_state_dict(saved["gns"])
+        if estimator.smoothing != self.estimator.smoothing:  # the server's constant, not the file's to set
+            raise ValueError(f"the checkpoint's noise-scale smoothing {estimator.smoothing!r} is not this server's "
+                             f"{self.estimator.smoothing!r}")
         self.decider.load_state_dict(saved["decider"])
         self.estimator = estimator
         s = self.state

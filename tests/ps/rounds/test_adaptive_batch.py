@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from ps.checkpoint import write_checkpoint
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, OUTSIDE
 from ps.control.policy import build_policy, with_global_batch
 from ps.server_job import build_job
@@ -101,3 +102,20 @@ def test_a_worker_refused_as_the_job_is_full_is_told_the_b_in_force() -> None:
                 await c.join(JoinAsk("c", 1.0))
 
     asyncio.run(run())
+
+
+def test_a_checkpoint_s_noise_scale_smoothing_other_than_the_server_s_is_refused(tmp_path: Path) -> None:
+    """The estimator's smoothing is the server's constant (0.98); a file edited to 0 (phi from the last
+    round alone) was taken, silently. It is skipped like any unusable file, naming the field."""
+    flags = ["--global-batch", "32", "--adaptive-batch", "gns"]
+    first = build_job(job_args(*flags))
+    try:
+        state = first.coordinator.checkpoint_state()
+    finally:
+        first.evaluator.close()
+        first.metrics.close()
+    state["adaptive"]["gns"]["smoothing"] = 0.0
+    write_checkpoint(tmp_path / "ckpt", state, 1, keep=1)
+    with pytest.raises(ValueError, match=r"no usable checkpoint there \(ckpt-0000000001.pt: .*the checkpoint's noise-scale "
+                                         r"smoothing 0.0 is not this server's 0.98"):
+        build_job(job_args(*flags, "--resume", str(tmp_path / "ckpt"), "--metrics-log", str(tmp_path / "m.jsonl")))
