@@ -83,7 +83,18 @@ def read_checkpoint(path: str | Path) -> dict[str, Any]:
     digest, payload = data[len(MAGIC) : len(MAGIC) + 32], data[len(MAGIC) + 32 :]
     if hashlib.sha256(payload).digest() != digest:
         raise CorruptCheckpoint(f"{path}: checksum mismatch (truncated or corrupt)")
-    return torch.load(io.BytesIO(payload), weights_only=True)
+    try:
+        return torch.load(io.BytesIO(payload), weights_only=True)
+    except pickle.UnpicklingError as exc:  # torch's message spans lines and advises weights_only=False
+        raise CorruptCheckpoint(f"{path}: holds objects a checkpoint does not (refused by torch.load's weights_only: "
+                                f"{_refusal(exc)})") from None
+
+
+def _refusal(exc: Exception) -> str:
+    """The line of a weights_only refusal that names what was refused (torch's other lines are advice)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    named = [line for line in lines if not line.startswith(("Weights only load failed", "Check the documentation"))]
+    return (named[0] if named else "not plain data")[:200]
 
 
 def checkpoint_files(directory: Path) -> list[Path]:

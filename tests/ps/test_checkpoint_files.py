@@ -1,13 +1,20 @@
 """Checkpoint files past the 10 digits of their names' steps (a resumed checkpoint's round may be up to
-2^53): found, ordered by step and pruned like the others (the resume with real processes is
-tests/e2e/test_checkpoint_faults.py)."""
+2^53): found, ordered by step and pruned like the others; a checksum-valid file whose pickle calls a
+function: refused, in one line (the resume with real processes is tests/e2e/test_checkpoint_faults.py)."""
 
 from __future__ import annotations
 
+import hashlib
+import io
 import os
 from pathlib import Path
+from typing import Any
 
-from ps.checkpoint import checkpoint_files, latest_checkpoint, remove_temporaries, write_checkpoint
+import pytest
+import torch
+
+from ps.checkpoint import (MAGIC, CorruptCheckpoint, checkpoint_files, latest_checkpoint, read_checkpoint,
+                           remove_temporaries, write_checkpoint)
 
 BIG = 10**12  # 13 digits
 
@@ -31,3 +38,30 @@ def test_a_long_step_s_temporary_is_removed(tmp_path: Path) -> None:
     stale = tmp_path / f".ckpt-{BIG}.pt.{os.getpid() + 1}.tmp"
     stale.write_bytes(b"half")
     assert remove_temporaries(tmp_path) == [stale] and not stale.exists()
+
+
+class Touch:
+    """Unpickled without weights_only, it would create `path`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {self.path}",))
+
+
+def test_a_pickle_that_calls_a_function_is_refused_in_one_line(tmp_path: Path) -> None:
+    """torch's refusal spans nine lines and advises weights_only=False; the reason is one line naming
+    the file and what was refused."""
+    marker = tmp_path / "ran"
+    buffer = io.BytesIO()
+    torch.save({"params": Touch(marker)}, buffer)
+    payload = buffer.getvalue()
+    path = tmp_path / "ckpt-0000000001.pt"
+    path.write_bytes(MAGIC + hashlib.sha256(payload).digest() + payload)
+    with pytest.raises(CorruptCheckpoint) as caught:
+        read_checkpoint(path)
+    message = str(caught.value)
+    assert "\n" not in message and "weights_only` set to `False`" not in message, message
+    assert message.startswith(f"{path}: holds objects a checkpoint does not") and "system" in message, message
+    assert not marker.exists()
