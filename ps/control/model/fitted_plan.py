@@ -91,7 +91,9 @@ class FittedPlan(WorkerPlan):
         if back is None:
             self._parking.owe(reprobed, cost)
             return new
-        self._parking = ParkingSchedule.from_state(parking, self._workers)
+        restored = ParkingSchedule.from_state(parking, self._workers)
+        restored.keep_time(self._parking)
+        self._parking = restored
         self._parking.install([k for k, b in back.items() if b == 0], [])
         self._parking.owe(reprobed, cost)
         self._before_reprobe, self._confirming = None, False

@@ -29,12 +29,13 @@ job a share that grows with that excess."""
 
 @dataclass
 class Parked:
-    """A parked worker: decisions since it was parked, how many it waits before a re-probe, and the ms
-    of rounds it waits for still (REPROBE_SHARE; in memory only: a resumed job owes nothing)."""
+    """A parked worker: decisions since it was parked, how many it waits before a re-probe, and the
+    schedule's clock (ms of rounds) it waits for as well (REPROBE_SHARE; in memory only: a resumed job
+    owes nothing)."""
 
     waited: int
     every: int
-    owed_ms: float = 0.0
+    until_ms: float = 0.0
 
 
 class ParkingSchedule:
@@ -45,6 +46,7 @@ class ParkingSchedule:
         self.reprobed: dict[str, int] = {}  # back for a re-probe: the wait it had while parked
         # back by a solve, not due (a re-probe raised the round it fits in): its schedule, for one solve
         self.returned: dict[str, Parked] = {}
+        self.clock_ms = 0.0  # the rounds' ms since this schedule was made
 
     def tick(self) -> None:
         """A decision passed."""
@@ -53,12 +55,11 @@ class ParkingSchedule:
 
     def elapse(self, round_ms: float) -> None:
         """A round of `round_ms` passed."""
-        for entry in self.parked.values():
-            entry.owed_ms = max(0.0, entry.owed_ms - round_ms)
+        self.clock_ms += round_ms
 
     def due(self) -> list[str]:
         """The parked workers whose re-probe is due."""
-        return [k for k, e in self.parked.items() if e.waited >= e.every and e.owed_ms <= 0.0]
+        return [k for k, e in self.parked.items() if e.waited >= e.every and e.until_ms <= self.clock_ms]
 
     def owe(self, workers: Iterable[str], cost_ms: float) -> None:
         """Workers parked again after a re-probe that cost `cost_ms` of rounds wait for their next one
@@ -66,14 +67,23 @@ class ParkingSchedule:
         for k in workers:
             entry = self.parked.get(k)
             if entry is not None and math.isfinite(cost_ms) and cost_ms > 0:
-                entry.owed_ms = max(entry.owed_ms, cost_ms / REPROBE_SHARE)
+                entry.until_ms = max(entry.until_ms, self.clock_ms + cost_ms / REPROBE_SHARE)
+
+    def keep_time(self, other: ParkingSchedule) -> None:
+        """`other`'s clock, and what each worker parked in both waits for on it (a schedule read back
+        from a state, which holds neither)."""
+        self.clock_ms = other.clock_ms
+        for k, entry in self.parked.items():
+            was = other.parked.get(k) or other.returned.get(k)
+            if was is not None:
+                entry.until_ms = was.until_ms
 
     def recall(self) -> None:
         """Every parked worker due for a re-probe now, its backoff started over: a change of speed seen
         elsewhere often comes with one here, unseen (a swap, a tenant that moved between machines)."""
         for entry in self.parked.values():
             entry.waited = entry.every = REPROBE_FIRST
-            entry.owed_ms = 0.0
+            entry.until_ms = 0.0
 
     def install(self, parked: Iterable[str], reprobe: Iterable[str]) -> None:
         """Who is parked after a solve: one parked again right after its re-probe waits twice as long
@@ -88,7 +98,7 @@ class ParkingSchedule:
                 entries[k] = Parked(0, min(REPROBE_MAX, 2 * self.reprobed[k]))
             elif k in self.returned:  # measured in the round it fit in, as a re-probe would have
                 back = self.returned[k]
-                entries[k] = Parked(0, min(REPROBE_MAX, 2 * back.every), back.owed_ms)
+                entries[k] = Parked(0, min(REPROBE_MAX, 2 * back.every), back.until_ms)
             else:
                 entries[k] = Parked(0, REPROBE_FIRST)
         reprobe = set(reprobe)

@@ -36,7 +36,7 @@ def test_only_parked_workers_owe_and_a_recall_forgives() -> None:
     schedule.install(["d"], [])
     schedule.owe(["d", "active"], 1_000.0)
     schedule.owe(["d"], float("nan"))  # a cost not measured owes nothing more
-    assert set(schedule.parked) == {"d"} and schedule.parked["d"].owed_ms == pytest.approx(1_000.0 / REPROBE_SHARE)
+    assert set(schedule.parked) == {"d"} and schedule.parked["d"].until_ms == pytest.approx(1_000.0 / REPROBE_SHARE)
     schedule.recall()
     assert schedule.due() == ["d"]
 
@@ -84,7 +84,20 @@ def test_a_worker_a_solve_brought_back_unasked_is_parked_again_as_after_a_reprob
     schedule.install([], ["d"])  # d re-probed; e back by the solve, unasked
     schedule.install(["d", "e"], [])
     assert schedule.parked["d"].every == schedule.parked["e"].every == 2 * REPROBE_FIRST
-    assert schedule.parked["e"].owed_ms == pytest.approx(100.0 / REPROBE_SHARE)
+    assert schedule.parked["e"].until_ms == pytest.approx(100.0 / REPROBE_SHARE)
     schedule.install([], [])
     schedule.install(["x"], [])  # parked for the first time
     assert schedule.parked["x"].every == REPROBE_FIRST
+
+
+def test_a_schedule_read_back_keeps_the_clock_and_what_each_worker_waits_for() -> None:
+    """A re-probe taken back restores the schedule from its state, which holds no time: the workers
+    parked in both keep what they wait for on the clock."""
+    schedule = ParkingSchedule()
+    schedule.install(["d", "e"], [])
+    schedule.elapse(50.0)
+    schedule.owe(["e"], 10.0)
+    restored = ParkingSchedule.from_state(schedule.state(), ["d", "e"])
+    restored.keep_time(schedule)
+    assert restored.clock_ms == 50.0 and restored.parked["e"].until_ms == pytest.approx(50.0 + 10.0 / REPROBE_SHARE)
+    assert restored.parked["d"].until_ms == 0.0
