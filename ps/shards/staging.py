@@ -60,15 +60,13 @@ class ShardStaging:
         for worker_id in worker_ids:
             self._revoked[worker_id] = None
             self._pulled.pop(worker_id, None)
-        while len(self._revoked) > MAX_REVOKED:
-            del self._revoked[next(iter(self._revoked))]
+        _keep_newest(self._revoked)
 
     def _note_pull(self, worker_id: str) -> None:
         """`worker_id` (authenticated) was answered the range's values: its pushes may follow."""
         self._pulled.pop(worker_id, None)
         self._pulled[worker_id] = None  # the newest last
-        while len(self._pulled) > MAX_REVOKED:
-            del self._pulled[next(iter(self._pulled))]
+        _keep_newest(self._pulled)
 
     def _check_pulled(self, worker_id: str) -> None:
         """A worker pushes a slice only after a Pull of this range since the shard was loaded, as the coordinator
@@ -136,3 +134,9 @@ class ShardStaging:
         self._require_loaded()
         assert self.spec is not None
         return self.spec
+
+
+def _keep_newest(ids: dict[str, None]) -> None:
+    """Drop the oldest of `ids` (insertion order) past MAX_REVOKED."""
+    while len(ids) > MAX_REVOKED:
+        del ids[next(iter(ids))]
