@@ -101,7 +101,8 @@ def checkpoint_files(directory: Path) -> list[Path]:
     """Checkpoint files in step order, oldest first."""
     if not directory.is_dir():
         return []
-    return sorted((p for p in directory.iterdir() if NAME.match(p.name)), key=lambda p: int(p.name[5:-3]))
+    steps = [(int(m.group(1)), p) for p in directory.iterdir() if (m := NAME.match(p.name))]
+    return [p for _, p in sorted(steps)]
 
 
 UNREADABLE = (CorruptCheckpoint, RuntimeError, EOFError, OSError, pickle.UnpicklingError, ValueError)
