@@ -80,7 +80,6 @@ class FittedPlan(WorkerPlan):
             self._judged_round = None
         if judged is None or parking is None:
             return new
-        cost = self._reprobe_cost(judged[1])
         if self._report.get("phase") == "wait":  # not measured yet: the next decision judges it
             self._before_reprobe = judged
             return new
@@ -88,6 +87,7 @@ class FittedPlan(WorkerPlan):
             return new
         back = self._taken_back(judged, self._report["previous"]["measured_round_ms"],
                                 new if new is not None else self.plan(), reprobed)
+        cost = self._reprobe_cost(judged[1])
         if back is None:
             self._parking.owe(reprobed, cost)
             return new
