@@ -12,15 +12,12 @@ times leave its law by more than the noise for a few rounds (one round, four tim
 due at once, steps it from its new times (and the others whose newest times moved with them), and
 its law is fitted again from them.
 
-A decision holds the plan while it is measured balanced (model/balance.py, within the deadband), or
-while the solve predicts a round shorter by less than MIN_GAIN and the noise of the measured times;
-a re-solve of laws that held must also beat their error on the plan in force, twice in a row (once
-where it parks a worker: the solve parks only one that surely slows the round), and half the deadband
-unless workers measured idle by the deadband would be raised by it (model/balance.py).
-A plan measured far out of balance at two decisions in a row is not held whatever the laws say: it
-takes the measured proportional step (imbalance.py: laws fitted across a change, or too uncertain to
-move). A parked worker comes back for a re-probe now and then, and at once when an active worker's
-times rise by half or more (model/parking.py), at a batch that measures its speed: what its known law
+A decision holds the plan while it is measured balanced or the new split gains too little (hold.py;
+the bar: the noise of the measured times, and for a re-solve of laws that held, their error on the
+plan in force and half the deadband unless workers measured idle would be raised).
+
+A parked worker comes back for a re-probe now and then, and at once when an active worker's times
+rise by half or more (model/parking.py), at a batch that measures its speed: what its known law
 finishes within the round measured now, not the minimum a short solved round leaves it (probes.py),
 a re-probe no further above its batches measured than in proportion where its law is flat. The next
 decision judges it, at once where its times are change.QUICK's ratio off the round it left, and not on
@@ -34,12 +31,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
+from ps.control.auto.hold import bar, verdict
 from ps.control.auto.imbalance import far_from_balance, idling, measured_step
 from ps.control.auto.probes import entry_targets, far_off, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.model.time_fit import slope_measured
 from ps.control.auto.pricing import priced_times
-from ps.control.auto.solve import MIN_GAIN, solve
+from ps.control.auto.solve import solve
 from ps.control.auto.state import auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.fitted_plan import FittedPlan, vouched
@@ -49,11 +47,6 @@ from ps.control.model.finish_table import table_of
 from ps.control.performance import FinishTable, FinishTime, FittedRounds
 from ps.control.worker_plan import WorkerPlan
 
-GAIN_SDS = 2.0
-"""A new split replaces the plan in force only if its predicted round is shorter by MIN_GAIN (as
-parking must) and by this many standard errors of the noisiest worker's mean time; a re-solve of laws
-that held, by half the deadband too (a smaller gain is not worth a move) and by their error on the
-plan in force."""
 FOLLOW_UP = 2
 """A decision the policy asks for (after a step from proportional lines, a re-probe or a replan) waits
 for this many times `min_samples` observations per worker: a law is fitted from them."""
@@ -134,20 +127,7 @@ class AutoPolicy(FittedPlan):
             self._parking.tick()
             self._report = {**report, "phase": "wait", **self._describe(current)}
             return None
-        # one event often moves several workers, and a plan measured out of balance may hide a change
-        # under a move: look again at the others, less strictly (on their newest time alone where a
-        # change was trusted on its first times: the others' rounds since are as few)
-        in_force = self._laws.in_force(current)
-        means = _means(in_force)
-        measured_balanced = self._balanced_on(in_force, current, means)
-        if self._laws.changed or not measured_balanced:
-            along = 1 if self._laws.quick else ALONG_ROUNDS
-            found = [k for k in active if k not in self._laws.changed
-                     and self._laws.forget_before_change(k, ALONG_SDS, along)]
-            if found:  # their times are those after the change now
-                in_force = self._laws.in_force(current)
-                means = _means(in_force)
-                measured_balanced = self._balanced_on(in_force, current, means)
+        in_force, means, measured_balanced = self._measured(active, current)
         if means is not None:
             self._laws.note_slowest(current, means)
         follow, changed = self._follow_up, sorted(self._laws.changed)
@@ -168,40 +148,26 @@ class AutoPolicy(FittedPlan):
         priced = FittedRounds(times, table=table)
         gain = priced.predict(current) / max(priced.predict(new), 1e-9) - 1.0
         resolve = not (reprobe or changed or follow)
-        noise_bar = max(MIN_GAIN, GAIN_SDS * self._laws.time_error(current, in_force))
-        laws_bar = max(noise_bar, prediction_error(report["previous"])) if resolve else noise_bar
-        min_gain = max(laws_bar, self._config.deadband / 2) if resolve else noise_bar
-        # half the deadband is no bar where a worker is measured finishing early by the deadband and
-        # the laws would raise it by the deadband: the measurement and the laws agree that it idles
         early = idling(in_force, means, self._config.deadband) if resolve and self._exact_sum() else []
-        idle = bool(early) and laws_bar < gain <= min_gain and self._moves_by_deadband(
-            self._nearest(times, new, current, laws_bar, early), current)
-        if idle:
-            min_gain = laws_bar
+        min_gain, idle = bar(time_error=self._laws.time_error(current, in_force), deadband=self._config.deadband,
+                             laws_error=prediction_error(report["previous"]), resolve=resolve, gain=gain,
+                             idle=lambda at: bool(early) and self._moves_by_deadband(
+                                 self._nearest(times, new, current, at, early), current))
         report.update(gain=round(gain, 4), min_gain=round(min_gain, 4))
         hold: dict[str, Any] = {}
         stepped = far = False
         if not reprobe and self._breaks_even(current):
             balanced = set(parked) == set(self.parked()) and measured_balanced
-            # idle workers measured are the confirmation: their times and the laws agree
-            confirmed = self._confirming
-            # a parking is no noise's: the solve parks a worker only where it surely slows the round (solve.py)
-            parks = any(current.get(k, 0) > 0 for k in parked)
-            confirm = resolve and gain > min_gain and not balanced and not self._confirming and not idle and not parks
-            # the plan in force measured far out of balance, asked once, where one of the two rules below needs it
-            measured_far = (not balanced and self._exact_sum() and (confirm or not gain > min_gain)
-                            and self._far_from_balance(current, in_force, means))
-            if confirm and measured_far:
-                confirm, far = False, True  # the times measure the plan far out of balance: they are the confirmation
-            if balanced or confirm or not gain > min_gain:
+            said = verdict(balanced=balanced, resolve=resolve, gains=gain > min_gain, confirming=self._confirming,
+                           idle=idle, parks=any(current.get(k, 0) > 0 for k in parked), exact_sum=self._exact_sum(),
+                           measured_far=lambda: self._far_from_balance(current, in_force, means))
+            far, confirm = said.far, said.confirm
+            if said.hold:
                 hold = {"phase": "hold", **({"balanced": True} if balanced else {}), **({"confirm": True} if confirm else {})}
-            # laws that see no gain in a plan measured far out of balance twice in a row do not hold there
-            if hold and measured_far:
-                measured = self._measured_step(current, means or {}) if confirmed else current
+            if said.measured_step:
+                measured = self._measured_step(current, means or {})
                 if measured != current:
                     new, parked, hold, stepped, confirm = measured, self.parked(), {}, True, False
-                elif not confirmed:
-                    hold["confirm"] = confirm = True
             self._confirming = confirm
         base = current if hold else new
         probes = self._probes(base, current, changed, slowed, means, times)
@@ -236,6 +202,24 @@ class AutoPolicy(FittedPlan):
                         **({"probe": sorted(probes)} if probes else {}),
                         **({"park": compared} if compared else {}), **self._describe(new)}
         return new
+
+    def _measured(self, active: Sequence[str], current: Mapping[str, int]
+                  ) -> tuple[dict[str, list[float]] | None, dict[str, float] | None, bool]:
+        """Each worker's times in force at its batch, their means, and whether they measure the plan
+        balanced. One event often moves several workers, and a plan out of balance may hide a change
+        under a move: the others are looked at again then, less strictly (change.ALONG_SDS)."""
+        in_force = self._laws.in_force(current)
+        means = _means(in_force)
+        measured_balanced = self._balanced_on(in_force, current, means)
+        if self._laws.changed or not measured_balanced:
+            along = 1 if self._laws.quick else ALONG_ROUNDS
+            found = [k for k in active if k not in self._laws.changed
+                     and self._laws.forget_before_change(k, ALONG_SDS, along)]
+            if found:  # their times are those after the change now
+                in_force = self._laws.in_force(current)
+                means = _means(in_force)
+                measured_balanced = self._balanced_on(in_force, current, means)
+        return in_force, means, measured_balanced
 
     def _nearest(self, times: Mapping[str, FinishTime], new: Mapping[str, int], current: Mapping[str, int],
                  min_gain: float, early: Sequence[str]) -> dict[str, int]:
