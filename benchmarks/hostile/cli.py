@@ -26,6 +26,8 @@ QUICK_DATASET_ARGS = ["size=384", "image_size=8", "shift=1", "separation=1.5"]
 EPOCHS = 30
 """Of ps-cluster run's quick job: about 150 rounds, half a minute of training on two cores, so that an
 attack has time to act (the round deadline is 5 s at least, a stalled push sends a chunk every 5 s)."""
+QUICK_EPOCHS = 6
+"""--quick's: a second or two of training, time for every attacker to be answered at least once."""
 TIMEOUT_FACTOR = 3.0
 """A run under attack stops at this many times the clean run's time (its ratio then reads below 1/3)."""
 LEAST_TIMEOUT_S = 60.0
@@ -56,12 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
                       "departed_at_shards needs --shards, store_rewrites --allreduce)")
     what.add_argument("--shards", type=positive_int, default=1, help="every run with ps-server --shards N (default: 1)")
     what.add_argument("--allreduce", action="store_true", help="every run on the --allreduce fast path")
-    what.add_argument("--epochs", type=positive_int, default=None, help="epochs of each run (default: 30, about 150 rounds; --quick: 2)")
+    what.add_argument("--epochs", type=positive_int, default=None, help=f"epochs of each run (default: 30, about 150 rounds; --quick: {QUICK_EPOCHS})")
     what.add_argument("--run-timeout", type=positive_float, default=None, metavar="S",
                       help=f"seconds a run under attack may take before its server is stopped (default: "
                       f"{TIMEOUT_FACTOR:g} x the clean run's, at least {LEAST_TIMEOUT_S:g})")
     what.add_argument("--quick", action="store_true",
-                      help="smoke test: a tiny CNN and data set, 2 epochs, software slowdown")
+                      help=f"smoke test: a tiny CNN and data set, {QUICK_EPOCHS} epochs, software slowdown")
     emulation_arguments(p)
     add_report_options(p.add_argument_group("output"), "hostile")
     return p
@@ -69,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def resolve_defaults(args: argparse.Namespace) -> None:
     """Fill the defaults that depend on --quick; ValueError for an attack the job cannot have."""
-    args.epochs = args.epochs or (2 if args.quick else EPOCHS)
+    args.epochs = args.epochs or (QUICK_EPOCHS if args.quick else EPOCHS)
     args.limiter = args.limiter or ("slowdown" if args.quick else "auto")
     args.attacks, args.skipped = chosen_attacks(args.attacks, args.shards, args.allreduce)
 

@@ -151,7 +151,9 @@ class Peer:
         try:
             reply = self.stub.Join(ps_pb2.JoinRequest(name=name, cores=1.0), metadata=self.metadata, timeout=JOIN_S)
         except grpc.RpcError as exc:
-            if not self.stopped:
+            if self.stopped:  # the job ended before the server answered: say so, the attack was there
+                self.count("join unanswered at the end")
+            else:
                 self.refused("join", exc)
                 self._stop.wait(RETRY_S)
             return None
