@@ -11,6 +11,7 @@ from typing import Any
 import grpc
 import torch
 
+from common.ops import address
 from common.ops.memory import tune_malloc
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import ServerSecurity, load_server_security
@@ -70,7 +71,7 @@ async def serve(
         job.close_shards()
         raise OSError(str(exc)) from None
     try:
-        bound = security.add_port(server, f"{host}:{port}")
+        bound = security.add_port(server, address.join(host, port))
     except OSError:
         job.close_shards()
         raise

@@ -18,7 +18,7 @@ from common.job.datasets import TrainingData, build_dataset
 from common.job.models import build_model, check_takes
 from common.job.splits import sample_batch
 from common.job.spec import JobSpec, busy_time_measured, cycle_measured, default_balance
-from common.ops.arg_types import is_host_port
+from common.ops import address
 from common.ops.available_memory import available_cpu_bytes
 from common.params.norm_clip import NormLimits
 from common.transport.security import check_tls_pairs
@@ -321,9 +321,11 @@ def shard_addresses(args: argparse.Namespace) -> list[str] | None:
     if args.shard_addresses is None:
         return None
     addresses = listed_shards(args.shard_addresses)
-    for address in addresses:
-        if not is_host_port(address):
-            raise ValueError(f"--shard-addresses: expected HOST:PORT, got {address!r}")
+    for entry in addresses:
+        try:
+            address.split(entry)
+        except ValueError as exc:
+            raise ValueError(f"--shard-addresses: {exc}") from None
     if not addresses:
         raise ValueError("--shard-addresses lists no address")
     if args.shards not in (1, len(addresses) + 1):

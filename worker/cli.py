@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from common.job.registry import ALLOW_IMPORT_FLAG
-from common.ops.arg_types import float_at_least, host_port, int_at_least, positive_float, positive_int
+from common.ops.arg_types import float_at_least, host_name, host_port, int_at_least, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
@@ -169,7 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run a job whose model or dataset is a package.module:function factory from MODULE or a "
                         "module inside it (repeatable); the built-in models and data sets need none, and a job "
                         "naming any other module is refused before anything of it is imported")
-    p.add_argument(ALLOW_SHARD_HOST_FLAG, dest="allow_shard_host", action="append", default=None, metavar="HOST",
+    p.add_argument(ALLOW_SHARD_HOST_FLAG, dest="allow_shard_host", action="append", type=host_name, default=None,
+                   metavar="HOST",
                    help="follow the server to shard servers on HOST too (repeatable); unset: only on the host of "
                         "--server, since the worker sends its token and secret there")
     p.add_argument("--heap-reserve", type=int, default=argparse.SUPPRESS, metavar="MIB",

@@ -9,6 +9,8 @@ import math
 from collections.abc import Callable
 from typing import TypeVar
 
+from common.ops import address
+
 T = TypeVar("T")
 
 
@@ -160,17 +162,21 @@ def increasing_ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def is_host_port(text: str) -> bool:
-    """Whether `text` is HOST:PORT with a port in 1-65535 ([::1]:PORT for IPv6)."""
-    host, sep, port = text.strip().rpartition(":")
-    return bool(sep and host and port.isdigit() and 0 < int(port) <= 65535)
-
-
 def host_port(text: str) -> str:
-    """HOST:PORT, as given (stripped), with a port in 1-65535."""
-    if not is_host_port(text):
-        raise argparse.ArgumentTypeError(f"expected HOST:PORT with a port in 1-65535, got {text!r}")
+    """HOST:PORT, as given (stripped), with a port in 1-65535 ([::1]:PORT for IPv6: address.split)."""
+    try:
+        address.split(text.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text.strip()
+
+
+def host_name(text: str) -> str:
+    """--host: a name, an IPv4 address or an IPv6 one (brackets optional), without brackets."""
+    try:
+        return address.listen_host(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def port_number(text: str) -> int:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from common.ops import address
 from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, new_shard_key
 
 START_TIMEOUT_S = 60.0
@@ -39,7 +40,7 @@ class LocalShards:
         self.shard_key = shard_key or new_shard_key()
         env[SHARD_KEY_ENV] = self.shard_key
         env.pop(SHARD_KEY_FILE_ENV, None)
-        connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+        connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]", "") else host
         try:
             port_files = []
             for i in range(count):
@@ -51,7 +52,7 @@ class LocalShards:
                 # its shards for the final checkpoint, and not the shards themselves
                 self.procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, start_new_session=True))
             for port_file, proc in zip(port_files, self.procs, strict=True):
-                self.addresses.append(f"{connect_host}:{self._wait_port(port_file, proc)}")
+                self.addresses.append(address.join(connect_host, self._wait_port(port_file, proc)))
         except BaseException:
             self.stop()
             raise

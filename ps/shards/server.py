@@ -20,7 +20,8 @@ from pathlib import Path
 import grpc
 import torch
 
-from common.ops.arg_types import port_number, positive_int
+from common.ops import address
+from common.ops.arg_types import host_name, port_number, positive_int
 from ps.ops.health import OVERALL, SERVING, Health
 from common.ops.memory import tune_malloc
 from ps.ops.metrics_http import add_endpoint_flags
@@ -47,7 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
                 "names (required; ps-server --shards N sets it for the shards it starts).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    p.add_argument("--host", type=host_name, default="127.0.0.1",
+                   help="address to listen on (0.0.0.0 for all; an IPv6 address with or without brackets)")
     p.add_argument("--port", type=port_number, default=0, help="0 picks a free port (printed at start)")
     p.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
     add_endpoint_flags(p, "this shard's gRPC message bytes")
@@ -92,7 +94,7 @@ async def serve_shard(host: str, port: int, port_file: PortFile | None, security
     await health.add_to(server)
     register(ParameterShardServicer(ShardCore(), on_load=functools.partial(health.set, SERVING, [service]),
                                     max_load_bytes=max_load_bytes), server, "ParameterShard", on_message)
-    bound = security.add_port(server, f"{host}:{port}")
+    bound = security.add_port(server, address.join(host, port))
     await server.start()
     await health.set(SERVING, [OVERALL])
     print(f"ps-shard: listening on {host}:{bound} ({security.description})", flush=True)

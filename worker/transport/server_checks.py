@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from common.job.spec import INT32_MAX, JobSpec
+from common.ops import address
 from common.transport.layout import Layout
 from common.transport.messages import GroupInfo, JoinInfo, StepHeader
 
@@ -248,19 +249,16 @@ def finite_values(values: torch.Tensor, what: str = "parameters") -> None:
         raise UntrustedReply(f"the server's {what} hold NaN or Inf values")
 
 
-def host_of(address: str) -> str:
-    """The host of HOST:PORT ([v6]:PORT too), without brackets."""
-    return address.rpartition(":")[0].strip("[]")
-
-
 def shard_addresses(addresses: Sequence[str]) -> None:
     """--shards: each shard's address as the server advertises it is HOST:PORT with a port in [1, 65535]
     (the host may be "" or a wildcard: the server's own). gRPC takes others as another port than the
     one named (":" alone is 443, 99999 is 34463), where this worker would send its credentials."""
-    for address in addresses:
-        _, sep, port = address.rpartition(":")
-        if not (sep and port.isdigit() and 0 < int(port) <= 65535):
-            raise UntrustedReply(f"the server's shard address {address[:80]!r} is not HOST:PORT with a port in [1, 65535]")
+    for entry in addresses:
+        try:
+            address.split(entry, empty_host=True)
+        except ValueError as exc:
+            raise UntrustedReply(f"the server's shard address {entry[:80]!r} is not HOST:PORT with a port in "
+                                 f"[1, 65535] ({str(exc)[:160]})") from None
 
 
 def shard_ranges(ranges: Sequence[tuple[str, int, int]], numel: int, server_target: str,
@@ -268,17 +266,17 @@ def shard_ranges(ranges: Sequence[tuple[str, int, int]], numel: int, server_targ
     """--shards: the ranges other servers hold tile [its start, `numel`) in order, and each server
     is on the host this worker reached its server at, or one it allowed (`allowed_hosts`): the
     worker sends them its token and its secret."""
-    server_host = host_of(server_target)
+    server_host = address.host_of(server_target)
     expected_start = ranges[0][1] if ranges else numel
     if not 0 < expected_start <= numel:
         raise UntrustedReply(f"the server's first shard range starts at {expected_start}, outside (0, {numel}]")
-    for address, start, stop in ranges:
+    for shard, start, stop in ranges:
         if start != expected_start or not start < stop <= numel:
-            raise UntrustedReply(f"the server's shard ranges do not tile its {numel} values ({address}: [{start}, {stop}))")
+            raise UntrustedReply(f"the server's shard ranges do not tile its {numel} values ({shard}: [{start}, {stop}))")
         expected_start = stop
-        host = host_of(address)
+        host = address.host_of(shard)
         if host != server_host and host not in allowed_hosts:
-            raise UntrustedReply(f"the server names a shard at {address}, not on its own host {server_host}; this "
+            raise UntrustedReply(f"the server names a shard at {shard}, not on its own host {server_host}; this "
                                  f"worker sends its credentials there only with {ALLOW_SHARD_HOST_FLAG} {host}")
     if expected_start != numel:
         raise UntrustedReply(f"the server's shard ranges end at {expected_start}, not at its {numel} values")

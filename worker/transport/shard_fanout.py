@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 import torch
 
+from common.ops import address
 from common.transport.messages import ShardTarget, StepHeader
 from common.transport.proto_convert import step_header_from_proto
 from common.transport.serialized import DataChunk
@@ -30,15 +31,15 @@ def reachable_address(host: str, port: int, server_target: str) -> tuple[str, in
     """Where to reach a service the server advertises (a shard): a wildcard host (bound
     to all interfaces) means the host of the server's own address."""
     if host in WILDCARD_HOSTS:
-        host = server_target.rsplit(":", 1)[0].strip("[]")
+        host = address.host_of(server_target)
     return host, port
 
 
-def shard_address(address: str, server_target: str) -> str:
-    """A shard's advertised `host:port` as this worker reaches it (reachable_address)."""
-    host, _, port = address.rpartition(":")
-    host, _ = reachable_address(host.strip("[]"), 0, server_target)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+def shard_address(advertised: str, server_target: str) -> str:
+    """A shard's advertised `host:port` (checked: server_checks.shard_addresses) as this worker reaches
+    it (reachable_address)."""
+    host, port = address.split(advertised, empty_host=True)
+    return address.join(*reachable_address(host, port, server_target))
 
 
 @dataclass(frozen=True)

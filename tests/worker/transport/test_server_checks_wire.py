@@ -67,13 +67,15 @@ def test_a_join_reply_whose_num_params_is_not_its_layouts_is_refused_naming_both
     assert "Pull" not in calls
 
 
-@pytest.mark.parametrize("address", ["127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", "127.0.0.1:1,2"],
-                         ids=["no-port", "port-past-65535", "port-0", "no-colon", "two-ports"])
+@pytest.mark.parametrize("address", ["127.0.0.1:", "127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1", "127.0.0.1:1,2",
+                                     "::1:7001", "[::1:7001"],
+                         ids=["no-port", "port-past-65535", "port-0", "no-colon", "two-ports", "ipv6-unbracketed",
+                              "bracket-unclosed"])
 def test_a_shard_address_that_is_not_host_port_is_refused_before_it_is_reached(address: str) -> None:
     """gRPC reads "127.0.0.1:" as port 443 and 99999 as 34463: the worker would have sent its secret
     to a port the server never named."""
     calls = refused(Scenario(shards=[(address, 1000, NUMEL)], values=[0.0] * 1000), UntrustedReply,
-                    f"the server's shard address {address!r} is not HOST:PORT with a port in [1, 65535]")
+                    f"the server's shard address {address!r} is not HOST:PORT with a port in [1, 65535] (")
     assert "Pull" not in calls
 
 
