@@ -213,8 +213,12 @@ class JoinAsk:
     cuda_device: str | None = None  # the UUID of the GPU it computes on ("": not known), None on CPU
     max_batch: int = 0  # the most samples its memory holds (0: no bound of its own)
     dataset_length: int = 0  # --sampling exact: the length of the training set it trains on (0: not declared)
-    dataset_fingerprint: str = ""  # and the fingerprint the user gave it ("": none)
+    dataset_fingerprint: str = ""  # and the fingerprint the user gave it ("": none; MAX_FINGERPRINT printable characters at most)
     switch_paths: bool = False  # it can follow --allreduce auto's trial between the paths (ps.rounds.path_trial)
+
+
+MAX_FINGERPRINT = 256
+"""JoinRequest.dataset_fingerprint's cap in characters: the server refuses a longer one, or one not printable."""
 
 
 MAX_LEAVE_REASON = 256
