@@ -260,6 +260,12 @@ class PullAsk:
     optimizer_state: bool = False  # --allreduce: the optimizer's flat state instead of the parameters
     wait_for_batch: bool = False  # a parked worker's long poll: answered once the plan gives it a batch
 
+    def check(self) -> None:
+        """InvalidArgument for a Pull that asks for the header alone and the optimizer's state with it."""
+        if self.header_only and self.optimizer_state:
+            raise InvalidArgument("a Pull asks for header_only or optimizer_state, not both: a header alone carries "
+                                  "no optimizer state")
+
 
 @dataclass(frozen=True)
 class Beat:

@@ -1,13 +1,13 @@
 """The messages' own rules (common/transport/messages.py): a push's times are each finite and in
 bounds, and its data wait, part of its compute, no more than that compute; a worker's step reports
-times that pass that check."""
+times that pass that check; a Pull asks for the header alone or the optimizer's state, not both."""
 
 from __future__ import annotations
 
 import pytest
 
 from common.errors import InvalidArgument
-from common.transport.messages import PushTimes
+from common.transport.messages import PullAsk, PushTimes
 
 
 def test_a_data_wait_over_the_compute_it_is_part_of_is_refused() -> None:
@@ -31,3 +31,10 @@ def test_a_steps_data_wait_is_at_most_its_compute(balance: str, mode: str, allre
     within = PushTimes.of_step(10.0, 3.0, 2.0, balance, mode, allreduce, data_wait_ms=4.0)
     assert within.data_wait_ms == 4.0
     within.check()
+
+
+def test_a_pull_asks_for_the_header_alone_or_the_optimizer_state_not_both() -> None:
+    for header_only, optimizer_state in ((False, False), (True, False), (False, True)):
+        PullAsk("w", header_only=header_only, optimizer_state=optimizer_state, wait_for_batch=True).check()
+    with pytest.raises(InvalidArgument, match="not both: a header alone carries no optimizer state"):
+        PullAsk("w", header_only=True, optimizer_state=True).check()
