@@ -22,7 +22,8 @@ STORE_OPS = ("set", "get", "add", "check", "wait", "compare_set", "delete", "num
 @dataclass(frozen=True)
 class PushTimes:
     """What a push says of the worker's step, in ms: what the batch policy balances and fits and the
-    metrics show. Each is finite and in [0, MAX_COMPUTE_MS], and data_wait_ms at most compute_ms (`check`).
+    metrics show. Each is finite and in [0, MAX_COMPUTE_MS], data_wait_ms at most compute_ms and
+    own_exposed_ms at most exposed_ms (`check`).
 
     compute_ms: data fetch + forward + backward of the step, without the forward's wait for parameters
     still streaming in; under --balance busy the worker adds its own part of its previous push (busy
@@ -46,16 +47,20 @@ slow worker: the policies balance the whole step, data wait included)."""
         push (the job's `balance`, `mode`, `allreduce`). The data wait is reported as at most the
         compute (`check`): it is measured inside the compute's window, but the compute is that window
         less the forward's wait for parameters, taken from a total that may hold waits outside it
-        (worker.transport.arrivals), and clamped at 0; the compute is the measure the policies balance."""
+        (worker.transport.arrivals), and clamped at 0; the compute is the measure the policies balance.
+        The own part is reported as at most the exposed time for the same reason: the two are taken on
+        their own clocks, and after a step with no exposed time measured (a parked wait, a dropped step)
+        the own part is the last push's."""
         reported = compute_ms + (push_ms if balance == "busy" else 0.0)
         data_wait_ms = min(data_wait_ms, compute_ms)
         if mode != "bsp" or allreduce:  # exposed communication is measured in BSP rounds on the PS path
             return cls(reported, data_wait_ms=data_wait_ms)
-        return cls(reported, exposed_ms, push_ms, data_wait_ms)
+        return cls(reported, exposed_ms, min(push_ms, exposed_ms), data_wait_ms)
 
     def check(self) -> None:
-        """InvalidArgument unless each time is finite and in [0, MAX_COMPUTE_MS], and the data wait no
-        more than the compute it is part of (else the metrics' share of data wait exceeds the step)."""
+        """InvalidArgument unless each time is finite and in [0, MAX_COMPUTE_MS], the data wait no more
+        than the compute it is part of (else the metrics' share of data wait exceeds the step), and the
+        own exposed part no more than the exposed time it is part of."""
         for field in fields(self):
             ms = getattr(self, field.name)
             if not (math.isfinite(ms) and 0 <= ms <= MAX_COMPUTE_MS):
@@ -63,6 +68,9 @@ slow worker: the policies balance the whole step, data wait included)."""
         if self.data_wait_ms > self.compute_ms:
             raise InvalidArgument(f"data_wait_ms {self.data_wait_ms} exceeds compute_ms {self.compute_ms}: the wait "
                                   "for the batch is part of the step's compute, so at most compute_ms")
+        if self.own_exposed_ms > self.exposed_ms:
+            raise InvalidArgument(f"own_exposed_ms {self.own_exposed_ms} exceeds exposed_ms {self.exposed_ms}: the "
+                                  "worker's own part of the exposed time is part of it, so at most exposed_ms")
 
     def balanced_ms(self, balance: str, cycle_ms: float | None = None) -> float | None:
         """The time the batch policy balances for this push: the worker's compute_ms (its compute or busy

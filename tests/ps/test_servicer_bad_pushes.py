@@ -138,6 +138,8 @@ BAD_PUSHES = [
          "data_wait_ms 6.0 exceeds compute_ms 5.0", "part of the step's compute"),
     _bad("data-wait-over-compute-in-end", _data_wait_over_compute_in_end, Code.INVALID_ARGUMENT,
          "data_wait_ms 5.5 exceeds compute_ms 5.0"),
+    _bad("own-exposed-over-exposed", lambda c: _with(c, exposed_ms=2.0, own_exposed_ms=3.0), Code.INVALID_ARGUMENT,
+         "own_exposed_ms 3.0 exceeds exposed_ms 2.0", "at most exposed_ms"),
     _bad("wire-dtype-unknown", lambda c: _with(c, wire_dtype="int8"), Code.INVALID_ARGUMENT, "wire dtype must be one of ['bfloat16', 'float16', 'float32'], got 'int8'"),
     _bad("wire-dtype-empty", lambda c: _with(c, wire_dtype=""), Code.INVALID_ARGUMENT, "wire dtype must be one of", "got ''"),
     _bad(

@@ -1,6 +1,7 @@
 """The messages' own rules (common/transport/messages.py): a push's times are each finite and in
-bounds, and its data wait, part of its compute, no more than that compute; a worker's step reports
-times that pass that check; a Pull asks for the header alone or the optimizer's state, not both."""
+bounds, its data wait no more than the compute it is part of, its own exposed part no more than the
+exposed time it is part of; a worker's step reports times that pass that check; a Pull asks for the
+header alone or the optimizer's state, not both."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from common.transport.messages import PullAsk, PushTimes
 
 def test_a_data_wait_over_the_compute_it_is_part_of_is_refused() -> None:
     PushTimes(compute_ms=5.0, data_wait_ms=5.0).check()  # the whole step waited for its batch
-    PushTimes(compute_ms=5.0, exposed_ms=9.0, own_exposed_ms=9.5).check()  # the own part is not bounded by it
+    PushTimes(compute_ms=5.0, exposed_ms=9.5, own_exposed_ms=9.5).check()  # exposed time is not bounded by it
     with pytest.raises(InvalidArgument, match=r"data_wait_ms 5.000001 exceeds compute_ms 5.0: the wait for the batch "
                                               r"is part of the step's compute, so at most compute_ms"):
         PushTimes(compute_ms=5.0, data_wait_ms=5.000001).check()
@@ -31,6 +32,26 @@ def test_a_steps_data_wait_is_at_most_its_compute(balance: str, mode: str, allre
     within = PushTimes.of_step(10.0, 3.0, 2.0, balance, mode, allreduce, data_wait_ms=4.0)
     assert within.data_wait_ms == 4.0
     within.check()
+
+
+def test_an_own_exposed_part_over_the_exposed_time_it_is_part_of_is_refused() -> None:
+    PushTimes(exposed_ms=9.0, own_exposed_ms=9.0).check()  # all of it the worker's own
+    with pytest.raises(InvalidArgument, match=r"own_exposed_ms 9.5 exceeds exposed_ms 9.0: the worker's own part of "
+                                              r"the exposed time is part of it, so at most exposed_ms"):
+        PushTimes(compute_ms=5.0, exposed_ms=9.0, own_exposed_ms=9.5).check()
+    with pytest.raises(InvalidArgument, match="own_exposed_ms 1.0 exceeds exposed_ms 0.0"):
+        PushTimes(own_exposed_ms=1.0).check()  # no exposed time measured: no part of it either
+
+
+@pytest.mark.parametrize("balance", ["compute", "busy", "cycle"])
+def test_a_steps_own_exposed_part_is_at_most_its_exposed_time(balance: str) -> None:
+    """An own part taken on its own clock over the exposed time (or the last push's, after a step that
+    measured none) is reported as the exposed time; busy time still adds the whole own part."""
+    over = PushTimes.of_step(10.0, 3.0, 4.0, balance, "bsp", False)
+    assert (over.exposed_ms, over.own_exposed_ms) == (3.0, 3.0)
+    assert over.compute_ms == (14.0 if balance == "busy" else 10.0)
+    over.check()
+    assert PushTimes.of_step(10.0, 3.0, 2.0, balance, "bsp", False).own_exposed_ms == 2.0
 
 
 def test_a_pull_asks_for_the_header_alone_or_the_optimizer_state_not_both() -> None:
