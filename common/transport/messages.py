@@ -102,6 +102,13 @@ class PushMeta:
     local_sq_norm: float = 0.0  # a report's |g_k|² (float64; 0: not measured)
     global_sq_norm: float = 0.0  # a report's |g|² of the group's mean (float64; 0: not measured)
 
+    def check_norms(self) -> None:
+        """InvalidArgument unless both squared norms are finite and >= 0, on a push of any kind: a
+        report's are the noise scale's inputs, and any other push's (not read) are held to the same rule."""
+        for name, norm in (("local_sq_norm", self.local_sq_norm), ("global_sq_norm", self.global_sq_norm)):
+            if not (math.isfinite(norm) and norm >= 0):
+                raise InvalidArgument(f"a push's {name} must be finite and >= 0 (0: not measured), got {norm}")
+
 
 @dataclass(frozen=True)
 class GroupInfo:

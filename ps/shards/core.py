@@ -130,6 +130,7 @@ class ShardCore(ShardStaging):
         if not 0 < meta.batch_size <= spec.global_batch:
             raise InvalidArgument(f"batch size must be in [1, {spec.global_batch}], got {meta.batch_size}")
         meta.times.check()
+        meta.check_norms()
         if meta.num_values != self.numel:
             raise InvalidArgument(f"buffer has {meta.num_values} values; this shard holds [{self.start}, {self.stop}), "
                                   f"{self.numel} values")

@@ -1,14 +1,17 @@
 """The messages' own rules (common/transport/messages.py): a push's times are each finite and in
 bounds, its data wait no more than the compute it is part of, its own exposed part no more than the
-exposed time it is part of; a worker's step reports times that pass that check; a Pull asks for the
-header alone or the optimizer's state, not both."""
+exposed time it is part of; its squared norms finite and >= 0 whatever its kind; a worker's step
+reports times that pass that check; a Pull asks for the header alone or the optimizer's state, not both."""
 
 from __future__ import annotations
+
+import math
+from dataclasses import replace
 
 import pytest
 
 from common.errors import InvalidArgument
-from common.transport.messages import PullAsk, PushTimes
+from common.transport.messages import PullAsk, PushMeta, PushTimes
 
 
 def test_a_data_wait_over_the_compute_it_is_part_of_is_refused() -> None:
@@ -52,6 +55,17 @@ def test_a_steps_own_exposed_part_is_at_most_its_exposed_time(balance: str) -> N
     assert over.compute_ms == (14.0 if balance == "busy" else 10.0)
     over.check()
     assert PushTimes.of_step(10.0, 3.0, 2.0, balance, "bsp", False).own_exposed_ms == 2.0
+
+
+@pytest.mark.parametrize("kind", ["values", "report", "snapshot"])
+def test_a_pushs_squared_norms_are_finite_and_not_negative_whatever_its_kind(kind: str) -> None:
+    meta = PushMeta("w", 0, 0, 8, PushTimes(), "float32", kind=kind)
+    replace(meta, local_sq_norm=2.5, global_sq_norm=0.0).check_norms()
+    for bad, field, value in ((replace(meta, local_sq_norm=-1.0), "local_sq_norm", -1.0),
+                              (replace(meta, global_sq_norm=math.inf), "global_sq_norm", math.inf),
+                              (replace(meta, local_sq_norm=math.nan), "local_sq_norm", math.nan)):
+        with pytest.raises(InvalidArgument, match=rf"a push's {field} must be finite and >= 0 \(0: not measured\), got {value}"):
+            bad.check_norms()
 
 
 def test_a_pull_asks_for_the_header_alone_or_the_optimizer_state_not_both() -> None:

@@ -94,3 +94,13 @@ def test_a_pull_for_what_only_the_parameter_server_serves_is_refused(flag: str, 
         core.pull("w", secret, **{flag: True})
     with pytest.raises(FailedPrecondition, match="before its first Pull here"):  # it counts as no pull
         core.begin_push(PushMeta("w", 0, 0, 32, PushTimes(1.0), "float32", 8, secret=secret))
+
+
+def test_a_slice_with_a_negative_or_non_finite_squared_norm_is_refused() -> None:
+    """A shard holds a push's squared norms to the coordinator's rule (PushMeta.check_norms) before it stages anything."""
+    core, keys = loaded(JobSpec(workers=2, global_batch=64, lr=0.1), torch.zeros(8))
+    secret = keys.secret("w")
+    core.pull("w", secret)
+    with pytest.raises(InvalidArgument, match="a push's local_sq_norm must be finite and >= 0"):
+        core.begin_push(PushMeta("w", 0, 0, 32, PushTimes(1.0), "float32", 8, secret=secret, local_sq_norm=-4.0))
+    assert core._staged == {}
