@@ -1,9 +1,9 @@
 """What a push must be before anything changes: from a worker that pulled since its Join, its header
-against the job (kind, dtype, batch size, times, squared norms, value count: this server's range, a probe's the whole
-gradient), its place in the sequence (the open BSP round once per worker, a probe once for a round that
-opened, a known and not too old ASP version), its batch size against what the server told that worker,
-a snapshot against the request for one, and its values against overflowing the step. Each refusal is a
-ServiceError."""
+against the job (kind, dtype, batch size, times, squared norms, value count: this server's range, a
+probe's the whole gradient), its place in the sequence (the open BSP round once per worker, a probe
+once for a round that opened, a known and not too old ASP version), its batch size against what the
+server told that worker, a snapshot against the request for one, and its values against overflowing
+the step. Each refusal is a ServiceError."""
 
 from __future__ import annotations
 
