@@ -425,7 +425,8 @@ class ParameterShardServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Pull(self, request, context):
-        """Workers: the range's current values.
+        """Workers: the range's current values (header_only: the header alone, which opens no push here).
+        optimizer_state and wait_for_batch are the ParameterServer's: refused (INVALID_ARGUMENT).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

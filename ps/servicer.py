@@ -74,6 +74,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
     ) -> AsyncIterator[bytes]:
         ask = pull_ask_from_proto(request)
         try:
+            ask.check()
             if ask.wait_for_batch:
                 await self.core.wait_for_batch(ask.worker_id, ask.secret)
             reply = self.core.pull(ask.worker_id, ask.secret, header_only=ask.header_only,

@@ -22,7 +22,8 @@ STORE_OPS = ("set", "get", "add", "check", "wait", "compare_set", "delete", "num
 @dataclass(frozen=True)
 class PushTimes:
     """What a push says of the worker's step, in ms: what the batch policy balances and fits and the
-    metrics show. Each is finite and in [0, MAX_COMPUTE_MS], and data_wait_ms at most compute_ms (`check`).
+    metrics show. Each is finite and in [0, MAX_COMPUTE_MS], data_wait_ms at most compute_ms and
+    own_exposed_ms at most exposed_ms (`check`).
 
     compute_ms: data fetch + forward + backward of the step, without the forward's wait for parameters
     still streaming in; under --balance busy the worker adds its own part of its previous push (busy
@@ -46,16 +47,20 @@ slow worker: the policies balance the whole step, data wait included)."""
         push (the job's `balance`, `mode`, `allreduce`). The data wait is reported as at most the
         compute (`check`): it is measured inside the compute's window, but the compute is that window
         less the forward's wait for parameters, taken from a total that may hold waits outside it
-        (worker.transport.arrivals), and clamped at 0; the compute is the measure the policies balance."""
+        (worker.transport.arrivals), and clamped at 0; the compute is the measure the policies balance.
+        The own part is reported as at most the exposed time: the two are taken on their own clocks and
+        may come from different steps (after a parked wait the exposed time is the one before it, after
+        a dropped step the own part is the last push's)."""
         reported = compute_ms + (push_ms if balance == "busy" else 0.0)
         data_wait_ms = min(data_wait_ms, compute_ms)
         if mode != "bsp" or allreduce:  # exposed communication is measured in BSP rounds on the PS path
             return cls(reported, data_wait_ms=data_wait_ms)
-        return cls(reported, exposed_ms, push_ms, data_wait_ms)
+        return cls(reported, exposed_ms, min(push_ms, exposed_ms), data_wait_ms)
 
     def check(self) -> None:
-        """InvalidArgument unless each time is finite and in [0, MAX_COMPUTE_MS], and the data wait no
-        more than the compute it is part of (else the metrics' share of data wait exceeds the step)."""
+        """InvalidArgument unless each time is finite and in [0, MAX_COMPUTE_MS], the data wait no more
+        than the compute it is part of (else the metrics' share of data wait exceeds the step), and the
+        own exposed part no more than the exposed time it is part of."""
         for field in fields(self):
             ms = getattr(self, field.name)
             if not (math.isfinite(ms) and 0 <= ms <= MAX_COMPUTE_MS):
@@ -63,6 +68,9 @@ slow worker: the policies balance the whole step, data wait included)."""
         if self.data_wait_ms > self.compute_ms:
             raise InvalidArgument(f"data_wait_ms {self.data_wait_ms} exceeds compute_ms {self.compute_ms}: the wait "
                                   "for the batch is part of the step's compute, so at most compute_ms")
+        if self.own_exposed_ms > self.exposed_ms:
+            raise InvalidArgument(f"own_exposed_ms {self.own_exposed_ms} exceeds exposed_ms {self.exposed_ms}: the "
+                                  "worker's own part of the exposed time is part of it, so at most exposed_ms")
 
     def balanced_ms(self, balance: str, cycle_ms: float | None = None) -> float | None:
         """The time the batch policy balances for this push: the worker's compute_ms (its compute or busy
@@ -93,6 +101,13 @@ class PushMeta:
     offsets: bool = False  # the chunks carry their offsets and arrive in any order (buckets sent during backward)
     local_sq_norm: float = 0.0  # a report's |g_k|² (float64; 0: not measured)
     global_sq_norm: float = 0.0  # a report's |g|² of the group's mean (float64; 0: not measured)
+
+    def check_norms(self) -> None:
+        """InvalidArgument unless both squared norms are finite and >= 0, on a push of any kind: a
+        report's are the noise scale's inputs, and any other push's (not read) are held to the same rule."""
+        for name, norm in (("local_sq_norm", self.local_sq_norm), ("global_sq_norm", self.global_sq_norm)):
+            if not (math.isfinite(norm) and norm >= 0):
+                raise InvalidArgument(f"a push's {name} must be finite and >= 0 (0: not measured), got {norm}")
 
 
 @dataclass(frozen=True)
@@ -213,8 +228,12 @@ class JoinAsk:
     cuda_device: str | None = None  # the UUID of the GPU it computes on ("": not known), None on CPU
     max_batch: int = 0  # the most samples its memory holds (0: no bound of its own)
     dataset_length: int = 0  # --sampling exact: the length of the training set it trains on (0: not declared)
-    dataset_fingerprint: str = ""  # and the fingerprint the user gave it ("": none)
+    dataset_fingerprint: str = ""  # and the fingerprint the user gave it ("": none; MAX_FINGERPRINT printable characters at most)
     switch_paths: bool = False  # it can follow --allreduce auto's trial between the paths (ps.rounds.path_trial)
+
+
+MAX_FINGERPRINT = 256
+"""JoinRequest.dataset_fingerprint's cap in characters: the server refuses a longer one, or one not printable."""
 
 
 MAX_LEAVE_REASON = 256
@@ -255,6 +274,12 @@ class PullAsk:
     header_only: bool = False
     optimizer_state: bool = False  # --allreduce: the optimizer's flat state instead of the parameters
     wait_for_batch: bool = False  # a parked worker's long poll: answered once the plan gives it a batch
+
+    def check(self) -> None:
+        """InvalidArgument for a Pull that asks for the header alone and the optimizer's state with it."""
+        if self.header_only and self.optimizer_state:
+            raise InvalidArgument("a Pull asks for header_only or optimizer_state, not both: a header alone carries "
+                                  "no optimizer state")
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,8 @@ class Membership:
             raise InvalidArgument(f"name must be 1-{MAX_NAME} characters")
         if not name.isprintable():  # it goes into the server's progress lines and logs as it is
             raise InvalidArgument(f"name must be printable (no control characters), got {name!r:.160}")
+        if name != name.strip():  # " a" and "a" would be two workers that print alike
+            raise InvalidArgument(f"name must not begin or end with whitespace, got {name!r:.160}")
         if not (math.isfinite(cores) and 0 < cores <= MAX_CORES):
             raise InvalidArgument(f"cores must be a finite number in (0, {MAX_CORES:.0f}], got {cores}")
         if len(self.active) + len(self.pending) >= self.max_workers:

@@ -1,13 +1,11 @@
 """What a push must be before anything changes: from a worker that pulled since its Join, its header
-against the job (kind, dtype, batch size, times, value count: this server's range, a probe's the whole
-gradient), its place in the sequence (the open BSP round once per worker, a probe once for a round that
-opened, a known and not too old ASP version), its batch size against what the server told that worker,
-a snapshot against the request for one, and its values against overflowing the step. Each refusal is a
-ServiceError."""
+against the job (kind, dtype, batch size, times, squared norms, value count: this server's range, a
+probe's the whole gradient), its place in the sequence (the open BSP round once per worker, a probe
+once for a round that opened, a known and not too old ASP version), its batch size against what the
+server told that worker, a snapshot against the request for one, and its values against overflowing
+the step. Each refusal is a ServiceError."""
 
 from __future__ import annotations
-
-import math
 
 from common.errors import FailedPrecondition, InvalidArgument
 from ps.rounds.asp import AspUpdates
@@ -53,6 +51,7 @@ class PushChecks:
         if meta.batch_size > limit:
             raise InvalidArgument(f"batch size {meta.batch_size} exceeds the global batch {limit}")
         meta.times.check()
+        meta.check_norms()
         if meta.kind == "report":
             if meta.num_values != 0:
                 raise InvalidArgument(f"a report carries no values (num_values 0), got {meta.num_values}")
@@ -60,9 +59,6 @@ class PushChecks:
             if not 0 <= meta.generation <= generation:
                 raise InvalidArgument(f"a report's generation must be in [0, {generation}] (0: not said), "
                                       f"got {meta.generation}")
-            for name, norm in (("local_sq_norm", meta.local_sq_norm), ("global_sq_norm", meta.global_sq_norm)):
-                if not (math.isfinite(norm) and norm >= 0):  # a squared norm; 0: not measured
-                    raise InvalidArgument(f"a report's {name} must be finite and >= 0 (0: not measured), got {norm}")
             self.sequence(member, meta)
             self.told(member, meta)
             return ChunkReceiver(0, meta.wire_dtype)

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.errors import FailedPrecondition
-from common.transport.messages import SliceRange
+from common.errors import FailedPrecondition, InvalidArgument
+from common.transport.messages import MAX_FINGERPRINT, SliceRange
 from ps.rounds.epoch_slices import EpochSlices
 from ps.rounds.membership import Member
 from ps.rounds.state import JobState
@@ -44,7 +44,13 @@ class Sampling:
         return self.state.spec.exact_epochs
 
     def check_join(self, length: int, fingerprint: str) -> None:
-        """A worker's declared dataset (`length` 0: not declared) is the job's, or it is refused."""
+        """A worker's declared dataset (`length` 0: not declared) is the job's, or it is refused: a
+        malformed length or fingerprint InvalidArgument, another dataset FailedPrecondition."""
+        if length < 0:
+            raise InvalidArgument(f"dataset_length must be >= 0 (0: not declared), got {length}")
+        if len(fingerprint) > MAX_FINGERPRINT or not fingerprint.isprintable():
+            raise InvalidArgument(f"dataset_fingerprint must be at most {MAX_FINGERPRINT} printable characters "
+                                  f"(empty: none), got {fingerprint!r:.80}")
         if length and length != self.num_samples:
             raise FailedPrecondition(f"this worker's dataset has {length} samples, the job's training set has "
                                      f"{self.num_samples}: every worker must train on the same dataset")

@@ -66,7 +66,7 @@ async def receive_push(
     The step's times travel in the PushEnd on the push's last chunk, which replaces the header's
     (checked here; the header's were checked by `begin`); a push without one keeps the header's. A
     push with offsets (PushHeader.offsets: buckets sent during backward) is received in any order
-    and must end with a PushEnd."""
+    and must end with a PushEnd; a push without them is in order, and a chunk's offset, if set, is its place."""
     chunks = aiter(chunks)
     idle = Idle(idle_s)
     first = await idle.next_chunk(chunks)
@@ -86,6 +86,9 @@ async def receive_push(
         if chunk is not first and chunk.fields.HasField("header"):
             raise InvalidArgument(f"chunk {chunk.fields.seq} carries a second header; one push per stream")
         if placed is None:
+            if chunk.fields.offset not in (0, receiver.filled):  # 0: not set
+                raise InvalidArgument(f"chunk {chunk.fields.seq} says offset {chunk.fields.offset}, where this push "
+                                      f"(without offsets: in order) is at value {receiver.filled}")
             receiver.feed(chunk.fields.seq, chunk.data)
         else:
             placed.feed_at(chunk.fields.seq, chunk.fields.offset, chunk.data)

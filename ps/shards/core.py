@@ -130,6 +130,7 @@ class ShardCore(ShardStaging):
         if not 0 < meta.batch_size <= spec.global_batch:
             raise InvalidArgument(f"batch size must be in [1, {spec.global_batch}], got {meta.batch_size}")
         meta.times.check()
+        meta.check_norms()
         if meta.num_values != self.numel:
             raise InvalidArgument(f"buffer has {meta.num_values} values; this shard holds [{self.start}, {self.stop}), "
                                   f"{self.numel} values")
@@ -159,10 +160,20 @@ class ShardCore(ShardStaging):
                                      "size was not the one the coordinator counted); rejoin")
         return self.reply()
 
-    def pull(self, worker_id: str, secret: str) -> StepReply:
-        """A worker's pull: the range's current values."""
+    def pull(self, worker_id: str, secret: str, header_only: bool = False, optimizer_state: bool = False,
+             wait_for_batch: bool = False) -> StepReply:
+        """A worker's pull: the range's current values (`header_only`: the header alone, num_values 0,
+        which hands no values and so opens no push here). InvalidArgument for what only the
+        ParameterServer serves: the optimizer's state, and the long poll for a batch (a shard holds no plan)."""
         self._require_loaded()
         self._authenticate(worker_id, secret)
+        if optimizer_state:
+            raise InvalidArgument("a shard serves its range's values, not the optimizer's state (pulled from an "
+                                  "unsharded ParameterServer only)")
+        if wait_for_batch:
+            raise InvalidArgument("wait_for_batch is the ParameterServer's long poll: a shard holds no plan")
+        if header_only:
+            return StepReply(self._header(0), ())
         reply = self.reply()
         self._note_pull(worker_id)
         return reply
@@ -171,6 +182,10 @@ class ShardCore(ShardStaging):
         """The range's current values, in the job's wire dtype."""
         spec = self._require_loaded_spec()
         store = self._require_loaded()
-        header = StepHeader(round=self.round, version=self.round, epoch=0, batch_size=0, done=False, lr=0.0,
-                            global_batch=0, wire_dtype=spec.wire_dtype, num_values=self.numel)
-        return StepReply(header, self.payload.get(self.round, store, spec.wire_dtype))
+        return StepReply(self._header(self.numel), self.payload.get(self.round, store, spec.wire_dtype))
+
+    def _header(self, num_values: int) -> StepHeader:
+        """A reply's header: the open round, and `num_values` of the range in the job's wire dtype."""
+        spec = self._require_loaded_spec()
+        return StepHeader(round=self.round, version=self.round, epoch=0, batch_size=0, done=False, lr=0.0,
+                          global_batch=0, wire_dtype=spec.wire_dtype, num_values=num_values)

@@ -54,7 +54,9 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
     async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         ask = pull_ask_from_proto(request)
         try:
-            reply = self.core.pull(ask.worker_id, ask.secret)
+            ask.check()
+            reply = self.core.pull(ask.worker_id, ask.secret, header_only=ask.header_only,
+                                   optimizer_state=ask.optimizer_state, wait_for_batch=ask.wait_for_batch)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
         for message in reply_messages(reply):

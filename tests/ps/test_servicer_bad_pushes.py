@@ -77,6 +77,13 @@ def _extra_chunk(c: Cluster) -> list[ps_pb2.PushChunk]:
     return [*chunks, ps_pb2.PushChunk(seq=len(chunks), data=bytes(encode(torch.ones(1))))]
 
 
+def _offset_not_its_place(c: Cluster) -> list[ps_pb2.PushChunk]:
+    """A push in order (no offsets) whose second chunk says it starts one chunk later than it does."""
+    chunks = _with(c)
+    chunks[1].offset = 2 * 256  # 1024-byte chunks: chunk 1 starts at value 256
+    return chunks
+
+
 def _data_wait_over_compute_in_end(c: Cluster) -> list[ps_pb2.PushChunk]:
     """A sound header, then a PushEnd whose data wait exceeds its compute: refused after the header was taken."""
     chunks = _with(c)
@@ -101,6 +108,8 @@ BAD_PUSHES = [
     _bad("stream-empty-payload", lambda c: _with(c, torch.empty(0)), Code.INVALID_ARGUMENT, "too little data: got 0 of {n} values"),
     _bad("stream-too-long", lambda c: _with(c, torch.cat([_grad(c), torch.ones(3)])), Code.INVALID_ARGUMENT, "too much data", "overruns the {n} expected values"),
     _bad("extra-chunk", _extra_chunk, Code.INVALID_ARGUMENT, "too much data"),
+    _bad("in-order-chunk-offset-not-its-place", _offset_not_its_place, Code.INVALID_ARGUMENT,
+         "chunk 1 says offset 512, where this push (without offsets: in order) is at value 256"),
     _bad("chunk-out-of-order", _reordered, Code.INVALID_ARGUMENT, "chunk out of order: expected seq 1, got 2"),
     _bad("first-chunk-without-header", _headerless, Code.INVALID_ARGUMENT, "the first push chunk must carry the header"),
     _bad("empty-stream", lambda c: [], Code.INVALID_ARGUMENT, "the first push chunk must carry the header"),
@@ -129,6 +138,12 @@ BAD_PUSHES = [
          "data_wait_ms 6.0 exceeds compute_ms 5.0", "part of the step's compute"),
     _bad("data-wait-over-compute-in-end", _data_wait_over_compute_in_end, Code.INVALID_ARGUMENT,
          "data_wait_ms 5.5 exceeds compute_ms 5.0"),
+    _bad("values-local-sq-norm-negative", lambda c: _with(c, local_sq_norm=-1.0), Code.INVALID_ARGUMENT,
+         "a push's local_sq_norm must be finite and >= 0 (0: not measured), got -1.0"),
+    _bad("values-global-sq-norm-nan", lambda c: _with(c, global_sq_norm=math.nan), Code.INVALID_ARGUMENT,
+         "a push's global_sq_norm must be finite and >= 0", "got nan"),
+    _bad("own-exposed-over-exposed", lambda c: _with(c, exposed_ms=2.0, own_exposed_ms=3.0), Code.INVALID_ARGUMENT,
+         "own_exposed_ms 3.0 exceeds exposed_ms 2.0", "at most exposed_ms"),
     _bad("wire-dtype-unknown", lambda c: _with(c, wire_dtype="int8"), Code.INVALID_ARGUMENT, "wire dtype must be one of ['bfloat16', 'float16', 'float32'], got 'int8'"),
     _bad("wire-dtype-empty", lambda c: _with(c, wire_dtype=""), Code.INVALID_ARGUMENT, "wire dtype must be one of", "got ''"),
     _bad(

@@ -49,6 +49,8 @@ def test_join_replies_with_job_layout_and_plan(ps_server, threads) -> None:
         ("", 1.0, "name must be 1-128 characters"),
         ("x" * 129, 1.0, "name must be 1-128 characters"),
         ("w\x1b[2J\r", 1.0, "name must be printable (no control characters)"),
+        (" w", 1.0, "name must not begin or end with whitespace, got ' w'"),
+        ("w ", 1.0, "name must not begin or end with whitespace"),
         ("w", 0.0, "cores must be a finite number in (0, 1000000], got 0.0"),
         ("w", -2.0, "cores must be a finite number in (0, 1000000], got -2.0"),
         ("w", math.nan, "cores must be a finite number in (0, 1000000], got nan"),

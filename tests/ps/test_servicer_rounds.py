@@ -212,6 +212,17 @@ def test_pull_returns_current_parameters_and_plan(ps_server, threads) -> None:
     assert_same(snapshot(c.server), snapshot(c.server))  # pulls change nothing
 
 
+def test_a_pull_for_the_header_alone_and_the_optimizer_state_is_refused(ps_server, threads) -> None:
+    """header_only and optimizer_state contradict (a header alone carries no state): INVALID_ARGUMENT
+    at once, a parked worker's long poll included, and nothing changes."""
+    c = start_cluster(ps_server, threads, cores={"a": 1.0, "b": 1.0})
+    for wait in (False, True):
+        request = ps_pb2.PullRequest(worker_id=c.ids["a"], secret=c.joins["a"].secret, header_only=True,
+                                     optimizer_state=True, wait_for_batch=wait)
+        expect_refused(c.server, lambda: list(c.stub.Pull(request, timeout=TIMEOUT)), Code.INVALID_ARGUMENT,
+                       "a Pull asks for header_only or optimizer_state, not both")
+
+
 def test_status_fields(ps_server, threads) -> None:
     c = start_cluster(ps_server, threads, "--global-batch", "32", "--epochs", "3", "--controller", "dynamic",
                       "--dynamic-start", "uniform", cores={"a": 2.0, "b": 6.0})

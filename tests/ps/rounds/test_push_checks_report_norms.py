@@ -21,7 +21,7 @@ def test_a_report_with_a_negative_or_non_finite_norm_is_refused(ps_server, threa
     for bad in (-1.0, float("nan"), float("inf")):
         h = header(a, 0, round=0, batch_size=16, kind=ps_pb2.PUSH_REPORT, generation=generation, **{field: bad})
         expect_refused(server, lambda: call(server.stub(), push_chunks(h, torch.empty(0))), Code.INVALID_ARGUMENT,
-                       f"a report's {field} must be finite and >= 0")
+                       f"a push's {field} must be finite and >= 0")
     # the round is still open for both: their own reports close it
     replies = [threads.submit(call, server.stub(), report(w, 0, generation=generation)) for w in (a, b)]
     assert all(f.result(TIMEOUT).round == 1 for f in replies)

@@ -1,6 +1,7 @@
 """A push's chunk stream read by receive_push (ps/serving/push_stream.py): the times of the
 PushEnd that closes it replace the header's, on a whole push as on one with offsets; a push without
-one keeps the header's; nothing may follow the end; only data keeps a push within its idle limit."""
+one keeps the header's; nothing may follow the end; a chunk in order is where its offset says, if it
+says one; only data keeps a push within its idle limit."""
 
 from __future__ import annotations
 
@@ -92,6 +93,24 @@ def test_a_push_with_offsets_must_end_with_its_times() -> None:
     assert meta.times == PushTimes(12.5, 3.0, 1.5, 0.25) and torch.equal(received, values)
     with pytest.raises(InvalidArgument, match="must end with a chunk carrying its end"):
         receive([first, back, ps_pb2.PushChunk(seq=2, offset=0, data=data[:8])])
+
+
+def test_an_in_order_chunk_whose_offset_is_not_its_place_is_refused() -> None:
+    """Without offsets the chunks go in order from value 0: a chunk may say its offset (or leave it
+    0, not set), and one that says another place is refused before anything is received."""
+    values = torch.arange(6, dtype=torch.float32)
+    chunks = whole(values, END)
+    chunks[1].offset = 2  # its place: the first chunk carried 2 values
+    meta, received = receive(chunks)
+    assert torch.equal(received, values)
+    for wrong in (1, 3, 6, -2):
+        chunks[1].offset = wrong
+        with pytest.raises(InvalidArgument, match=f"chunk 1 says offset {wrong}, where this push .* is at value 2"):
+            receive(chunks)
+    chunks[1].offset = 0
+    chunks[0].offset = 4
+    with pytest.raises(InvalidArgument, match="chunk 0 says offset 4, where this push .* is at value 0"):
+        receive(chunks)
 
 
 async def trickled(chunks: list[ps_pb2.PushChunk], every_s: float) -> AsyncIterator[DataChunk]:
