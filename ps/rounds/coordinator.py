@@ -37,7 +37,11 @@ class Coordinator(CoordinatorParts):
         max_batch = ask.max_batch or None  # None: no bound of its own
         self.admission.check(ask.name, ask.cores, ask.cuda_device, max_batch)
         self.sampling.check_join(ask.dataset_length, ask.dataset_fingerprint)
-        member = await self.admission.admit(ask.name, ask.cores, ask.cuda_device, max_batch, ask.switch_paths)
+        try:
+            member = await self.admission.admit(ask.name, ask.cores, ask.cuda_device, max_batch, ask.switch_paths)
+        except BaseException:
+            self.sampling.withdraw(ask.dataset_fingerprint)
+            raise
         member.seen(self.clock())
         plan = self.policy.plan()
         batch = self.probation.batch(member, plan.get(member.name, 0))  # on probation: its probe's

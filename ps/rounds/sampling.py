@@ -35,6 +35,7 @@ class Sampling:
         self.num_samples = num_samples
         self.slices = EpochSlices(num_samples, last_epoch=state.spec.epochs)
         self.fingerprint: str | None = None  # the first worker's declared dataset fingerprint ("" none)
+        self._declared = 0  # the joins, waiting or done, that declared it
         self._opened: int | None = None  # BSP: the round whose slices were handed out
         self._in_sum: set[str] = set()  # BSP: the workers whose push is in the open round's sum
         self._ran_out: set[str] = set()  # BSP: the workers handed no samples for the open round (resting)
@@ -57,8 +58,18 @@ class Sampling:
         if fingerprint and self.fingerprint and fingerprint != self.fingerprint:
             raise FailedPrecondition(f"this worker's dataset fingerprint {fingerprint!r} differs from the job's "
                                      f"{self.fingerprint!r} (the first worker's)")
-        if fingerprint and not self.fingerprint:
+        if fingerprint:
             self.fingerprint = fingerprint
+            self._declared += 1
+
+    def withdraw(self, fingerprint: str) -> None:
+        """A join checked with `fingerprint` did not end in the job (cancelled while it waited, turned
+        away): the job's fingerprint is kept only while a worker that declared it is joining or has
+        joined, so that one that never trained cannot refuse every later worker."""
+        if fingerprint and fingerprint == self.fingerprint:
+            self._declared -= 1
+            if self._declared == 0:
+                self.fingerprint = None
 
     def slice_for(self, member: Member, batch: int) -> tuple[int, tuple[SliceRange, ...], tuple[SliceRange, ...]]:
         """The batch a reply tells `member` for its next step, planned at `batch`, the ranges it hands it

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from common.errors import InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument
 from common.transport.messages import MAX_FINGERPRINT, JoinAsk
 from ps.server_job import build_job
 from tests.conftest import job_args
@@ -32,6 +32,33 @@ def test_a_malformed_dataset_declaration_is_refused_and_changes_nothing(length: 
         # the same worker with a well-formed declaration joins, and its fingerprint is the job's
         joined = asyncio.run(c.join(JoinAsk("a", 1.0, dataset_fingerprint="v" * MAX_FINGERPRINT)))
         assert joined.worker_id in c.members and c.sampling.fingerprint == "v" * MAX_FINGERPRINT
+    finally:
+        job.evaluator.close()
+        job.metrics.close()
+
+
+def test_a_fingerprint_declared_by_a_join_that_never_ended_in_the_job_refuses_no_one() -> None:
+    """The first worker declares the job's fingerprint; if its join is cancelled while it waits for
+    the others (its process died, its deadline passed), the workers that then come with another
+    fingerprint start the job. One that joined keeps it the job's."""
+    job = build_job(job_args("--workers", "2", "--sampling", "exact"))
+    c = job.coordinator
+
+    async def scenario() -> None:
+        typo = asyncio.ensure_future(c.join(JoinAsk("a", 1.0, dataset_fingerprint="v1-typo")))
+        await asyncio.sleep(0.05)
+        assert c.sampling.fingerprint == "v1-typo" and len(c.membership.pending) == 1
+        typo.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await typo
+        assert c.membership.pending == {} and c.sampling.fingerprint is None
+        joined = await asyncio.gather(*(c.join(JoinAsk(n, 1.0, dataset_fingerprint="v1")) for n in ("b", "c")))
+        assert {j.worker_id for j in joined} == set(c.members) and c.sampling.fingerprint == "v1"
+        with pytest.raises(FailedPrecondition, match="differs from the job's 'v1'"):
+            c.sampling.check_join(0, "v1-typo")
+
+    try:
+        asyncio.run(scenario())
     finally:
         job.evaluator.close()
         job.metrics.close()
