@@ -85,5 +85,7 @@ class StepTimer:
         self._fetched = None
 
     def parked(self) -> None:
-        """The worker waits, parked: the wait is no communication a step left exposed."""
+        """The worker waits, parked: the wait is no communication a step left exposed, so the next
+        step's exposed time is its forward's wait alone (not added to the step's before the wait)."""
         self.compute_end = None
+        self.exposed_ms = 0.0

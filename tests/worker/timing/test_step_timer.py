@@ -75,8 +75,11 @@ def test_the_own_part_of_a_push_and_a_parked_wait() -> None:
     assert timer.push_ms == pytest.approx(2.0 + 4.0, abs=2.0)
     timer.fetch_begins(0, own_from_cpu=False)
     timer.compute_ends()
+    assert timer.exposed_ms == 5.0
     timer.parked()  # the wait while parked is not exposed communication
     timer.fetch_begins(1, own_from_cpu=False)
-    assert timer.exposed_ms == 5.0  # the forward's wait alone
+    timer.compute_ends()
+    assert timer.exposed_ms == 5.0  # this step's forward wait alone, not added to the last step's
+    timer.fetch_begins(2, own_from_cpu=False)
     timer.drop()
     assert not timer.computing
