@@ -39,9 +39,12 @@ def split(address: str, *, empty_host: bool = False, any_port: bool = False) -> 
         raise ValueError(f"expected HOST:PORT with a port in {low}-{MAX_PORT}, got {address!r}")
     bracketed = host.startswith("[") and host.endswith("]")
     if not bracketed and ":" in host:
-        raise ValueError(f"an IPv6 address goes in brackets ([::1]:PORT), got {address!r}")
+        raise ValueError(f"expected HOST:PORT with an IPv6 host in brackets ([::1]:PORT), got {address!r}")
     if host or not empty_host:
-        host = listen_host(host)
+        try:
+            host = listen_host(host)
+        except ValueError as exc:
+            raise ValueError(f"expected HOST:PORT, got {address!r}: {exc}") from None
     return host, int(port)
 
 

@@ -301,7 +301,7 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
         (["--server-arg=--bogus"], "ps-server would refuse these arguments: unrecognized arguments: --bogus"),
         (["--mode", "asp", "--server-arg=--adaptive-batch=gns"], "ps-server would refuse these arguments: --adaptive-batch gns"),
         (["--server-arg=--shard-addresses=10.0.0.7"],
-         "ps-server would refuse these arguments: --shard-addresses: expected HOST:PORT, got '10.0.0.7'"),
+         "ps-server would refuse these arguments: --shard-addresses: expected HOST:PORT with a port in 1-65535, got '10.0.0.7'"),
         (["--server-arg=--shards=2 --tls-cert=/nonexistent/server.crt --tls-key=/nonexistent/server.key --shard-tls-ca=/nonexistent/ca.crt"],
          "ps-server would refuse these arguments: --tls-cert /nonexistent/server.crt: cannot read (No such file or directory)"),
         (["--adjust-every", "foo"], "argument --adjust-every: expected 'epoch' or a whole number of steps > 0, got 'foo'"),

@@ -232,7 +232,7 @@ def test_out_writes_one_file_per_object(capsys: pytest.CaptureFixture[str], tmp_
         (["--server-arg=--shards 2 --balance busy"], "ps-server would refuse these arguments: --balance busy is measured with one server only"),
         (["--server-arg=--allreduce off --allreduce-algorithm hub"], "ps-server would refuse these arguments: --allreduce-algorithm needs --allreduce"),
         (["--server-arg=--shard-addresses=10.0.0.7:50061,10.0.0.8"],
-         "ps-server would refuse these arguments: --shard-addresses: expected HOST:PORT, got '10.0.0.8'"),
+         "ps-server would refuse these arguments: --shard-addresses: expected HOST:PORT with a port in 1-65535, got '10.0.0.8'"),
         (["--server-arg=--shard-tls-ca=/etc/ca.crt"], "ps-server would refuse these arguments: --shard-tls-ca is for --shards"),
         (["--tls-secret", "ps-tls", "--server-arg=--shards 2"], "ps-server would refuse these arguments: --shards with TLS needs --shard-tls-ca"),
         (["--name", "Bad_Name"], "--name 'Bad_Name' must be a DNS label"),

@@ -107,7 +107,7 @@ def test_the_phases_an_epoch_count_leaves_out_are_named() -> None:
 
 
 SHARD_FLAGS: list[tuple[Callable[[Certs], list[str]], str]] = [
-    (lambda c: ["--shard-addresses=10.0.0.7"], "--shard-addresses: expected HOST:PORT, got '10.0.0.7'"),
+    (lambda c: ["--shard-addresses=10.0.0.7"], "--shard-addresses: expected HOST:PORT with a port in 1-65535, got '10.0.0.7'"),
     (lambda c: ["--shard-addresses=10.0.0.7:50061,:50062"], "--shard-addresses: expected HOST:PORT, got ':50062'"),
     (lambda c: ["--shard-addresses=,"], "--shard-addresses lists no address"),
     (lambda c: ["--shards=3", "--shard-addresses=10.0.0.7:50061"],

@@ -149,7 +149,7 @@ def test_the_limiter_gives_each_task_its_quota(capsys: pytest.CaptureFixture[str
     (["--mode", "asp", "--server-arg=--allreduce on"], "ps-server would refuse these arguments: --allreduce is the BSP collective fast path"),
     (["--server-arg=--shards 2 --balance cycle"], "ps-server would refuse these arguments: --balance cycle is measured in BSP rounds"),
     (["--server-arg=--allreduce off --allreduce-algorithm ring"], "ps-server would refuse these arguments: --allreduce-algorithm needs --allreduce"),
-    (["--server-arg=--shard-addresses=node7"], "ps-server would refuse these arguments: --shard-addresses: expected HOST:PORT, got 'node7'"),
+    (["--server-arg=--shard-addresses=node7"], "ps-server would refuse these arguments: --shard-addresses: expected HOST:PORT with a port in 1-65535, got 'node7'"),
     (["--server-arg=--tls-cert /certs/server.crt"], "ps-server would refuse these arguments: --tls-cert and --tls-key go together"),
     (["--server-arg=--shards 2 --tls-cert /certs/server.crt --tls-key /certs/server.key"],
      "ps-server would refuse these arguments: --shards with TLS needs --shard-tls-ca"),

@@ -25,7 +25,7 @@ def test_an_address_splits_into_its_host_without_brackets_and_its_port(text: str
 
 
 @pytest.mark.parametrize(("text", "says"), [
-    ("::1:50051", "an IPv6 address goes in brackets"),
+    ("::1:50051", "an IPv6 host in brackets"),
     ("127.0.0.1", "expected HOST:PORT"),
     ("127.0.0.1:0", "a port in 1-65535"),
     ("127.0.0.1:65536", "a port in 1-65535"),
@@ -34,7 +34,7 @@ def test_an_address_splits_into_its_host_without_brackets_and_its_port(text: str
     (":50051", "the host is empty"),
     ("my host:50051", "a host is a name or an IP address"),
     ("[127.0.0.1]:50051", "brackets hold an IPv6 address"),
-    ("[::1:50051", "an IPv6 address goes in brackets"),
+    ("[::1:50051", "an IPv6 host in brackets"),
     ("[:::1]:5", "is not an IPv6 address"),
 ])
 def test_an_address_gRPC_would_read_otherwise_is_refused_saying_why(text: str, says: str) -> None:
