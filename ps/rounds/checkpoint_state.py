@@ -66,15 +66,21 @@ def resume_changes(checkpoint: dict[str, Any], spec: JobSpec) -> dict[str, tuple
     return {k: (saved.get(k), current[k]) for k in differ}
 
 
+NEGATED_FLAGS = {"overlap"}
+"""Fields whose flag turns them off (--no-overlap): the flag is on where the field is False."""
+
+
 def describe_resume_changes(changes: dict[str, tuple[Any, Any]]) -> str:
     """'--epochs 4 -> 8, --balance compute -> cycle' for the warning line of a resume that changes them."""
-    return ", ".join(f"{RESUMABLE_FIELDS[k]} {_flag_value(old)} -> {_flag_value(new)}" for k, (old, new) in changes.items())
+    return ", ".join(f"{RESUMABLE_FIELDS[k]} {_flag_value(old, k)} -> {_flag_value(new, k)}" for k, (old, new) in changes.items())
 
 
-def _flag_value(value: Any) -> str:
+def _flag_value(value: Any, field: str) -> str:
     if value is None:  # a field the checkpoint's job predates
         return "unset"
-    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return "on" if value != (field in NEGATED_FLAGS) else "off"
+    return str(value)
 
 
 def saved_policy(checkpoint: dict[str, Any], state: JobState) -> BatchPolicy:

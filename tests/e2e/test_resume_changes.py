@@ -49,7 +49,7 @@ def test_workers_rejoin_a_resume_that_changes_sampling_overlap_and_balance(tmp_p
     finally:
         cluster.stop()
     assert ("the job's settings differ from the checkpoint's (--balance compute -> busy, --epochs 40 -> "
-            f"{epochs}, --no-overlap off -> on, --sampling independent -> exact)") in resumed.server_log()
+            f"{epochs}, --no-overlap on -> off, --sampling independent -> exact)") in resumed.server_log()
     (summary,) = resumed.events("summary")
     assert summary["epochs"] == epochs and summary["reason"] == "finished", summary
     seen: Counter = Counter()
