@@ -16,7 +16,6 @@ from worker.data.memory_probe import declared_max_batch
 from worker.transport.reconnect import Waiting, wait_for_server
 from worker.probes.resources import default_cores
 from worker.runtime import Session
-from worker.transport.server_checks import job_spec
 from worker.data.slices import OwnData
 
 DEFAULT_THREADS = 1
@@ -85,7 +84,7 @@ def connect(
         if threads is not None:
             torch.set_num_threads(threads)
         # the job spec from Status: its model is measured before joining (worker/data/memory_probe.py)
-        declared = declared_max_batch(lambda: job_spec(client.status().job_json), device, max_batch, allow_imports)
+        declared = declared_max_batch(client.job_spec, device, max_batch, allow_imports)
         own = None if dataset is None else OwnData(dataset, dataset_fingerprint)
         client.declared = own.declared() if own is not None else (0, "")
         return Session(client, who, cores or default_cores(), slowdown, retry_for, device, step_overhead_ms,

@@ -32,6 +32,16 @@ ALLREDUCE_ALGORITHMS = ("auto", "ring", "hub")
 algorithm), "hub" sums at one rank and sends the sum back, "auto" is hub over gloo and ring over NCCL."""
 
 
+RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce", "overlap": "--no-overlap",
+                    "sampling": "--sampling", "gradient_norms": "--adaptive-batch"}
+"""The fields that may change within one job, with the ps-server flags that set them: how long it
+runs (a resume may extend it), and neither the transport (the fast path or not: also --allreduce
+auto's trial), what the batch policy balances, who draws the samples, nor whether the fast path
+reports gradient norms (for --adaptive-batch), which are no part of the job's math. A resume may
+change them (ps/rounds/checkpoint_state.py) and a worker follows (worker/session/replica.py); any
+other field differs only in another job (`other_job`)."""
+
+
 INT32_MAX = 2**31 - 1
 """The wire's batch fields are int32: no batch, global batch or worker count beyond it."""
 MAX_NAME_CHARS = 256  # a model or dataset name: a built-in or a package.module:function path
@@ -208,3 +218,10 @@ class JobSpec:
             raise ValueError(f"lr_milestones must be a list of epochs, got {milestones!r:.60}")
         data["lr_milestones"] = tuple(milestones)
         return cls(**data)
+
+
+def other_job(before: JobSpec, after: JobSpec) -> dict[str, tuple[Any, Any]]:
+    """The fields outside RESUMABLE_FIELDS in which `after` differs from `before`, {field: (before's,
+    after's)}: empty where the two are one job."""
+    return {f.name: (getattr(before, f.name), getattr(after, f.name)) for f in fields(JobSpec)
+            if f.name not in RESUMABLE_FIELDS and getattr(before, f.name) != getattr(after, f.name)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 
 from ps.control.config import PolicyConfig
+from ps.control.global_batch.goodput import AdaptiveConfig
 from ps.control.micro import usable_max
 from ps.control.policy import BatchPolicy, reconfigured
 from common.errors import FailedPrecondition, InvalidArgument
@@ -26,12 +27,33 @@ def own_max_batch(config: PolicyConfig, declared: int | None) -> int | None:
     return None if declared is None else min(declared, config.default_max_batch)
 
 
+def job_full(config: PolicyConfig, adaptive: AdaptiveConfig | None, workers: int, in_job: int, waiting: int) -> str:
+    """The refusal of a join that the global batch in force has no minimum batch left for, and what
+    makes room for `workers` (this one included; `in_job` are active, `waiting` pending). Under
+    --adaptive-batch B moves within its bounds and --global-batch is only where it starts, so the
+    floor --min-global-batch is what keeps room."""
+    each = -(-config.min_batch // config.micro_batch) * config.micro_batch  # whole micro-batches
+    need = workers * each
+    said = (f"job full: the global batch {config.global_batch} cannot give one more worker its minimum batch "
+            f"({in_job} in the job, {waiting} waiting); {workers} workers at --min-batch {config.min_batch} take "
+            f"a global batch of {need}")
+    if adaptive is None:
+        return f"{said}: raise --global-batch to {need} or lower --min-batch"
+    low = [flag for flag, value in (("--min-global-batch", adaptive.min_batch), ("--global-batch", adaptive.base_batch),
+                                    ("--max-global-batch", adaptive.max_batch)) if value < need]
+    return (f"{said}, and --adaptive-batch moves B within [--min-global-batch {adaptive.min_batch}, --max-global-batch "
+            f"{adaptive.max_batch}] (--global-batch {adaptive.base_batch} is where it started): raise "
+            f"{', '.join(low) or '--min-global-batch'} to {need} or lower --min-batch")
+
+
 class Admission:
     """Join checks, the start and the waiting workers' entry."""
 
     def __init__(self, state: JobState, epochs: Epochs, fast_path: FastPath, bsp: BspRound,
-                 probation: Probation) -> None:
+                 probation: Probation, adaptive: AdaptiveConfig | None = None) -> None:
+        """`adaptive`: --adaptive-batch's bounds on B (None: B is fixed), for the refusal of a full job."""
         self.state = state
+        self.adaptive = adaptive
         self.probation = probation
         self.epochs = epochs
         self.fast_path = fast_path
@@ -48,12 +70,10 @@ class Admission:
         s.membership.check_join(name, cores, s.clock())
         if cuda_device is not None and (len(cuda_device) > MAX_NAME or not cuda_device.isprintable()):
             raise InvalidArgument(f"cuda_device must be a GPU UUID: at most {MAX_NAME} printable characters")
-        if not s.policy.can_add(len(s.membership.pending) + len(self.probation.probes) + 1):
-            raise FailedPrecondition(
-                f"job full: the global batch {s.policy.config.global_batch} cannot give one more worker its minimum batch "
-                f"({len(s.members)} in the job, {len(s.membership.pending)} waiting); raise --global-batch "
-                "or lower --min-batch"
-            )
+        waiting = len(s.membership.pending)
+        if not s.policy.can_add(waiting + len(self.probation.probes) + 1):
+            workers = len(s.policy.workers()) + waiting + len(self.probation.probes) + 1
+            raise FailedPrecondition(job_full(s.policy.config, self.adaptive, workers, len(s.members), waiting))
         self.check_memory(max_batch)
 
     def check_memory(self, max_batch: int | None) -> None:

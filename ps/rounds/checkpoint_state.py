@@ -12,7 +12,7 @@ import torch
 
 from ps.control.config import config_changes
 from ps.control.policy import BatchPolicy, policy_from_state
-from common.job.spec import JobSpec
+from common.job.spec import RESUMABLE_FIELDS, JobSpec
 from ps.rounds.adaptive_batch import AdaptiveBatchSizing
 from ps.rounds.admission import Admission
 from ps.rounds.epochs import Epochs
@@ -50,15 +50,6 @@ def checkpoint_state(state: JobState, flat: torch.Tensor, optimizer: dict[str, A
     }
 
 
-RESUMABLE_FIELDS = {"epochs": "--epochs", "balance": "--balance", "allreduce": "--allreduce", "overlap": "--no-overlap",
-                    "sampling": "--sampling", "gradient_norms": "--adaptive-batch"}
-"""The job's fields a resume may change, with their flags: how long it runs (a job may be extended),
-and neither the transport (the fast path or not), what the batch policy balances, who draws the
-samples (a checkpoint that names no sampling was sampled independently), nor whether the fast path
-reports gradient norms (for --adaptive-batch, itself a server flag a resume may change), which are
-no part of the job's math. Every other field differs only in another job."""
-
-
 def resume_changes(checkpoint: dict[str, Any], spec: JobSpec) -> dict[str, tuple[Any, Any]]:
     """The fields of RESUMABLE_FIELDS that differ between the checkpoint's job and `spec`,
     {field: (checkpoint's, spec's)}; ValueError if the checkpoint is another job's."""
@@ -69,20 +60,27 @@ def resume_changes(checkpoint: dict[str, Any], spec: JobSpec) -> dict[str, tuple
     differ = sorted(k for k in current if saved.get(k) != current[k])
     refused = [k for k in differ if k not in RESUMABLE_FIELDS]
     if refused:
-        raise ValueError(f"the checkpoint was written for a different job: {', '.join(refused)} differ; "
+        values = "; ".join(f"{k}: checkpoint {saved.get(k)!r:.60}, command line {current[k]!r:.60}" for k in refused)
+        raise ValueError(f"the checkpoint was written for a different job: {', '.join(refused)} differ ({values}); "
                          "start the server with the job's original flags")
     return {k: (saved.get(k), current[k]) for k in differ}
 
 
+NEGATED_FLAGS = {"overlap"}
+"""Fields whose flag turns them off (--no-overlap): the flag is on where the field is False."""
+
+
 def describe_resume_changes(changes: dict[str, tuple[Any, Any]]) -> str:
     """'--epochs 4 -> 8, --balance compute -> cycle' for the warning line of a resume that changes them."""
-    return ", ".join(f"{RESUMABLE_FIELDS[k]} {_flag_value(old)} -> {_flag_value(new)}" for k, (old, new) in changes.items())
+    return ", ".join(f"{RESUMABLE_FIELDS[k]} {_flag_value(old, k)} -> {_flag_value(new, k)}" for k, (old, new) in changes.items())
 
 
-def _flag_value(value: Any) -> str:
+def _flag_value(value: Any, field: str) -> str:
     if value is None:  # a field the checkpoint's job predates
         return "unset"
-    return ("on" if value else "off") if isinstance(value, bool) else str(value)
+    if isinstance(value, bool):
+        return "on" if value != (field in NEGATED_FLAGS) else "off"
+    return str(value)
 
 
 def saved_policy(checkpoint: dict[str, Any], state: JobState) -> BatchPolicy:

@@ -112,7 +112,8 @@ class CoordinatorParts(JobState):
         self.epochs = Epochs(self, samples, adjust_every, checkpoint_every, self.sampling.completed_epochs)
         self.asp = AspUpdates(self, self.epochs, asp or AspSettings())
         self.probation = Probation(self, samples)  # a newcomer's probe before the plan holds it
-        self.admission = Admission(self, self.epochs, self.fast_path, self.bsp, self.probation)
+        self.admission = Admission(self, self.epochs, self.fast_path, self.bsp, self.probation,
+                                   self.adaptive.settings.config)
         self.whole_model = WholeModel(self, (full, None) if shards else None)
         self.evaluation = Evaluations(self, evaluator, self.epochs, self.whole_model)
         self.path_trial = PathTrial(self, self.bsp, self.fast_path, self.whole_model, self.stop, self.adaptive.on)

@@ -180,6 +180,8 @@ def test_the_spec_asks_for_gradient_norms_with_adaptive_batch_only() -> None:
         assert resume_changes({**state, "spec": json.dumps(older)}, jobs[0].coordinator.spec) == {
             "gradient_norms": (None, False)}
         assert describe_resume_changes({"gradient_norms": (None, False)}) == "--adaptive-batch unset -> off"
+        # overlap False is --no-overlap on: the line says the flag as it was given
+        assert describe_resume_changes({"overlap": (False, True)}) == "--no-overlap on -> off"
     finally:
         for job in jobs:
             job.evaluator.close()

@@ -92,7 +92,8 @@ def test_join_that_the_global_batch_cannot_split_is_refused(ps_server, threads) 
     # b enters on probation (ps.rounds.probation): its probe is its share, 2; a's plan stands
     assert a.batch_size == 4 and b.result(TIMEOUT).batch_size == 2 and (h.round, h.batch_size) == (1, 4)
     expect_refused(server, lambda: join(stub, "c", 1.0), Code.FAILED_PRECONDITION,
-                   "job full: the global batch 4 cannot give one more worker its minimum batch", "--min-batch")
+                   "job full: the global batch 4 cannot give one more worker its minimum batch",
+                   "3 workers at --min-batch 2 take a global batch of 6: raise --global-batch to 6 or lower --min-batch")
     leave(stub, b.result().worker_id)
     c = threads.submit(join, server.stub(), "c", 1.0)
     wait_pending(server, 1)

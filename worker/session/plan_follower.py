@@ -24,14 +24,19 @@ class PlanFollower:
     def __init__(self, replica: Replica, loader: LoaderOptions, data: OwnData | None, max_batch: int) -> None:
         self._replica = replica
         self._loader, self._own, self._max_batch = loader, data, max_batch
-        spec = replica.spec
-        # --sampling exact: the server's slices (worker/data/slices.py), else its own draws
-        self._samples = n = len(replica.dataset.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
-        self.sampler = (SliceSource(n, spec.seed, spec.epochs) if spec.exact_epochs
-                        else ElasticBatchSampler(n, seed=spec.seed * 1009 + replica.member.joined.index))
-        train = replica.dataset.train if data is None else data.dataset
-        self._batches = Batches(train, self.sampler, loader, replica.device)
+        self._samples = len(replica.dataset.train)  # type: ignore[arg-type]  # common.job.splits.Splits checks __len__
+        self.sampler, self._batches = self._draws()
         self.plan: StepHeader
+
+    def _draws(self) -> tuple[SliceSource | ElasticBatchSampler, Batches]:
+        """The index source the job's spec calls for (--sampling exact: the server's slices,
+        worker/data/slices.py; else its own draws) and the batches read from it."""
+        replica = self._replica
+        spec, n = replica.spec, self._samples
+        sampler = (SliceSource(n, spec.seed, spec.epochs) if spec.exact_epochs
+                   else ElasticBatchSampler(n, seed=spec.seed * 1009 + replica.member.joined.index))
+        train = replica.dataset.train if self._own is None else self._own.dataset
+        return sampler, Batches(train, sampler, self._loader, replica.device)
 
     def apply(self, plan: StepHeader) -> None:
         """Load the parameters into the model and follow `plan`."""
@@ -42,6 +47,9 @@ class PlanFollower:
         """Take `plan` as the current one, checked: the next batch is drawn at its size (--sampling exact:
         its slice, one clear error if it cannot be trained on; the loader starts reading it now)."""
         replica = self._replica
+        if replica.spec.exact_epochs != isinstance(self.sampler, SliceSource):  # a resume changed --sampling or --allreduce
+            self._batches.close()
+            self.sampler, self._batches = self._draws()
         if isinstance(self.sampler, SliceSource):  # the job's end, which a resume may have moved (Replica._rejoin)
             self.sampler.last_epoch = replica.spec.epochs
         server_checks.step_plan(plan, self._max_batch, replica.spec.micro_batch, self._samples)

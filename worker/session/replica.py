@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import fields, replace
 from functools import partial
 
 import torch
@@ -23,6 +23,7 @@ from worker.paths.local_optimizer import LocalOptimizer
 from worker.paths.path_parts import PathParts
 from worker.session.membership import Membership
 from worker.transport.client import ServerError
+from worker.transport.server_checks import UntrustedReply
 
 log = logging.getLogger(__name__)
 
@@ -99,22 +100,32 @@ class Replica:
         return self.member.recover(error, plan, lambda: self.pull(header_only=self.spec.allreduce), self._rejoin)
 
     def _rejoin(self, deadline: float) -> StepHeader:
-        """Join again by `deadline` (time.monotonic), into the same job, and pull its parameters."""
+        """Join again by `deadline` (time.monotonic), into the same job (PSClient checks its spec, and a
+        layout of another model is refused here), and pull its parameters."""
         joined = self.member.join_again(deadline)
-        same = replace(joined.spec, allreduce=self.spec.allreduce, epochs=self.spec.epochs)
-        if same != self.spec or joined.layout != Layout.of(self.model):
-            raise ServerError("FAILED_PRECONDITION", "the server now runs a different job; not rejoining")
-        if joined.spec.epochs != self.spec.epochs:  # a --resume that extends or shortens the job: its end is the server's
-            self.spec = replace(self.spec, epochs=joined.spec.epochs)
-        if joined.spec.allreduce != self.spec.allreduce:  # --allreduce auto's trial switched the path meanwhile
-            self.spec = joined.spec
-            self.parts = self._path_parts(self.parts.params, self.parts)
+        if differs := Layout.of(self.model).difference(joined.layout):
+            raise UntrustedReply(f"the server's Join reply gives another parameter layout than this worker's model: {differs}")
+        self._take(joined.spec)
         if self.parts.collective is not None:  # a newcomer again: the next group syncs it from a peer
             self.parts.collective.rejoined()
         self.member.adopt(joined)
         if self.optimizer is not None:
             self.optimizer.reset()
         return self.pull_global_model()
+
+    def _take(self, spec: JobSpec) -> None:
+        """A rejoined job's spec, which a resume may have changed where common.job.spec.RESUMABLE_FIELDS
+        allows (--epochs: its end is the server's; --allreduce, also --allreduce auto's trial meanwhile;
+        --balance, --sampling, ...): the path is built again where what it is built from changed."""
+        old = self.spec
+        if spec == old:
+            return
+        self.spec = spec
+        changed = [f"{f.name} {getattr(old, f.name)} -> {getattr(spec, f.name)}"
+                   for f in fields(spec) if getattr(old, f.name) != getattr(spec, f.name)]
+        log.info("%s: the job's settings changed: %s", self.member.name, ", ".join(changed))
+        if (spec.allreduce, spec.overlap, spec.gradient_norms) != (old.allreduce, old.overlap, old.gradient_norms):
+            self.parts = self._path_parts(self.parts.params, self.parts)
 
     def close(self) -> None:
         self.parts.close()

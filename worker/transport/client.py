@@ -100,10 +100,24 @@ class PSClient(PushPull):
         self._pull = pull_call(self._channel, "ParameterServer")
         self._fanout = ShardFanOut(self._open_channel)  # --shards: each shard one range after the coordinator's
         self._secrets: dict[str, str] = {}  # worker id -> the secret its Join returned
+        self.job: JobSpec | None = None  # the spec the server gave last (Status, Join): every later one is checked against it
 
     def secret(self, worker_id: str) -> str:
         """The secret this client's Join got for `worker_id` ("" if none)."""
         return self._secrets.get(worker_id, "")
+
+    def job_spec(self) -> JobSpec:
+        """The job spec in the server's Status, checked (server_checks.job_spec, and same_job against
+        the one it gave before)."""
+        return self._held(self.status().job_json, "Status")
+
+    def _held(self, text: str, reply: str) -> JobSpec:
+        """The spec `text` of the server's `reply`, checked, held as the job this worker is in."""
+        spec = server_checks.job_spec(text)
+        if self.job is not None:
+            server_checks.same_job(self.job, spec, reply)
+        self.job = spec
+        return spec
 
     def use_secret(self, worker_id: str, secret: str) -> None:
         """Send `secret` with the calls naming `worker_id` (a worker that joined through another client)."""
@@ -184,8 +198,9 @@ class PSClient(PushPull):
                 raise ServerError("DEADLINE_EXCEEDED", f"the server at {self.target} did not answer this worker's "
                                   f"Join within {t:g} s (--timeout), nor its Status ({exc})") from None
             try:
+                self._held(status.job_json, "Status")
                 waits_for = self.bounds.join_wait(self.target, status, time.monotonic() - started)
-            except ServerError:
+            except (ServerError, server_checks.UntrustedReply):
                 call.cancel()
                 raise
             if waits_for != told:
@@ -197,7 +212,7 @@ class PSClient(PushPull):
         reached; `num_params`: the reply's, which JoinInfo does not keep (its layout says it)."""
         server_checks.joined(info)
         server_checks.num_params(num_params, info.layout)
-        spec = server_checks.job_spec(info.job_json)
+        spec = self._held(info.job_json, "Join reply")
         server_checks.join_epoch(info.epoch, spec)
         server_checks.shard_addresses([s.address for s in info.shards])
         shards = tuple(replace(s, address=shard_address(s.address, self.target)) for s in info.shards)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from common.job.spec import INT32_MAX, JobSpec
+from common.job.spec import INT32_MAX, JobSpec, other_job
 from common.ops import address
 from common.transport.layout import Layout
 from common.transport.messages import GroupInfo, JoinInfo, StepHeader
@@ -48,6 +48,17 @@ def job_spec(text: str) -> JobSpec:
         return JobSpec.from_json(text)
     except (TypeError, ValueError) as exc:
         raise UntrustedReply(f"the server's job spec is refused: {exc}") from None
+
+
+def same_job(held: JobSpec, told: JobSpec, reply: str) -> None:
+    """The spec in the server's `reply` is the job it gave this worker before (`held`: at its Status,
+    or its last Join): they may differ only where a job may change (common.job.spec.RESUMABLE_FIELDS:
+    a resume's --epochs, --balance, ...). Any other difference is a server that contradicts itself;
+    the worker leaves rather than train a model built for one job on another's settings."""
+    if differs := other_job(held, told):
+        changes = ", ".join(f"{name} {old!r:.60} -> {new!r:.60}" for name, (old, new) in differs.items())
+        raise UntrustedReply(f"the server's {reply} names another job than the one it gave this worker before "
+                             f"({changes})")
 
 
 def heartbeat_interval(seconds: float) -> float:

@@ -90,16 +90,23 @@ def test_a_resume_at_a_b_below_the_workers_minimum_batches_is_refused(tmp_path: 
     assert '"resume"' not in (tmp_path / "m.jsonl").read_text()
 
 
-def test_a_worker_refused_as_the_job_is_full_is_told_the_b_in_force() -> None:
+def test_a_worker_refused_as_the_job_is_full_is_told_the_b_in_force_and_the_bound_that_makes_room() -> None:
     """The join refused where B cannot give one more worker its minimum batch names the global batch a
-    decision moved to, not --global-batch (before: 'the global batch 32' at B = 16)."""
+    decision moved to, and as the advice B's floor: --global-batch is only where B starts, and raising
+    it (32, already above the 24 three workers need) would not have let the worker in."""
     async def run() -> None:
         async with joined_job("--global-batch", "32", "--min-batch", "8", "--max-workers", "4", "--min-global-batch", "16",
                               "--adaptive-batch", "gns") as job:
             c = job.c
             c.replace_policy(with_global_batch(c.policy, 16))
-            with pytest.raises(FailedPrecondition, match="job full: the global batch 16 cannot give one more worker"):
+            with pytest.raises(FailedPrecondition) as refused:
                 await c.join(JoinAsk("c", 1.0))
+            message = str(refused.value)
+            assert message.startswith("job full: the global batch 16 cannot give one more worker"), message
+            assert ("3 workers at --min-batch 8 take a global batch of 24, and --adaptive-batch moves B within "
+                    "[--min-global-batch 16, --max-global-batch ") in message, message
+            assert message.endswith("(--global-batch 32 is where it started): raise --min-global-batch to 24 or "
+                                    "lower --min-batch"), message
 
     asyncio.run(run())
 

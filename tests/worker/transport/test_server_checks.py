@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import re
 import sys
-from dataclasses import replace
+from dataclasses import fields, replace
 
 import pytest
 import torch
 
 from common.job.models import build_model
 from common.job.registry import ImportRefused, import_allowed
-from common.job.spec import JobSpec
+from common.job.spec import RESUMABLE_FIELDS, JobSpec
 from common.transport.layout import Layout, TensorEntry
 from common.transport.messages import GroupInfo, JoinInfo, StepHeader
 from worker.transport import server_checks as checks
@@ -181,3 +181,16 @@ def test_a_replys_header_and_payload_are_what_was_asked() -> None:
         checks.header_place(2, True)
     with pytest.raises(checks.UntrustedReply, match="carries the optimizer's state, where this worker asked for parameters"):
         checks.payload(True, False)
+
+
+def test_a_spec_may_change_only_where_one_job_may() -> None:
+    """A resume's changes (common.job.spec.RESUMABLE_FIELDS) are one job; any other difference is a server
+    that contradicts itself, refused naming each field and both values."""
+    held = JobSpec(workers=2, global_batch=32)
+    assert set(RESUMABLE_FIELDS) <= {f.name for f in fields(JobSpec)}
+    checks.same_job(held, replace(held, epochs=20, balance="busy", allreduce=True, overlap=False,
+                                  sampling="independent", gradient_norms=False), "Join reply")
+    with pytest.raises(checks.UntrustedReply, match=re.escape(
+            "the server's Join reply names another job than the one it gave this worker before (mode 'bsp' -> 'asp', "
+            "global_batch 32 -> 64)")):
+        checks.same_job(held, replace(held, mode="asp", global_batch=64, epochs=3), "Join reply")

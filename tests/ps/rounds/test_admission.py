@@ -1,0 +1,31 @@
+"""The refusal of a join that the global batch has no room for: what it advises under a fixed and an
+adaptive global batch (the servicer's and the coordinator's tests check that a full job says it)."""
+
+from __future__ import annotations
+
+from ps.control.config import PolicyConfig
+from ps.control.global_batch.goodput import AdaptiveConfig
+from ps.rounds.admission import job_full
+
+
+def test_a_fixed_batch_job_is_told_the_global_batch_that_makes_room() -> None:
+    message = job_full(PolicyConfig(global_batch=20, min_batch=8), None, workers=3, in_job=2, waiting=0)
+    assert message == ("job full: the global batch 20 cannot give one more worker its minimum batch (2 in the job, "
+                       "0 waiting); 3 workers at --min-batch 8 take a global batch of 24: raise --global-batch to 24 "
+                       "or lower --min-batch")
+
+
+def test_micro_batches_count_whole_in_the_global_batch_that_makes_room() -> None:
+    """--min-batch 5 in micro-batches of 4 is two micro-batches, 8 samples, a worker."""
+    message = job_full(PolicyConfig(global_batch=16, min_batch=5, micro_batch=4), None, workers=3, in_job=2, waiting=0)
+    assert "3 workers at --min-batch 5 take a global batch of 24: raise --global-batch to 24" in message
+
+
+def test_an_adaptive_batch_job_is_told_the_bounds_of_b_not_where_it_started() -> None:
+    """Under --adaptive-batch, --global-batch is B's start: only the bounds that are short are named."""
+    config = PolicyConfig(global_batch=16, min_batch=8)
+    raised = job_full(config, AdaptiveConfig(base_batch=48, min_batch=16, max_batch=64), workers=3, in_job=2, waiting=0)
+    assert raised.endswith("--adaptive-batch moves B within [--min-global-batch 16, --max-global-batch 64] "
+                           "(--global-batch 48 is where it started): raise --min-global-batch to 24 or lower --min-batch")
+    short = job_full(config, AdaptiveConfig(base_batch=16, min_batch=16, max_batch=20), workers=3, in_job=2, waiting=0)
+    assert short.endswith("raise --min-global-batch, --global-batch, --max-global-batch to 24 or lower --min-batch")
