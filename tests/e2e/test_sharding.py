@@ -9,6 +9,7 @@ server: test_shard_guards.py.
 from __future__ import annotations
 
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -45,6 +46,37 @@ def run(tmp_path: Path, name: str, *extra: str) -> tuple[torch.Tensor, dict]:
     try:
         params = drive(cluster.target)
         return params, stop_and_checkpoint(cluster)
+    finally:
+        cluster.stop()
+
+
+def ipv6_loopback() -> bool:
+    """Whether this machine can listen on ::1 (an IPv6 loopback)."""
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as probe:
+            probe.bind(("::1", 0))
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not ipv6_loopback(), reason="no IPv6 loopback (::1) on this machine")
+def test_a_sharded_job_on_the_ipv6_loopback_listens_advertises_and_trains_in_brackets(tmp_path: Path) -> None:
+    """--host ::1: the server and the shard it starts listen on [::1]:PORT, the Join reply names the
+    shard as [::1]:PORT (unbracketed, gRPC would read no port and the worker refuses it), and workers
+    that reach the server at [::1]:PORT train through both."""
+    workdir = tmp_path / "v6"
+    workdir.mkdir()
+    cluster = start_server(workdir, [*JOB, "--host", "::1", "--shards", "2"])
+    try:
+        workers = join_two(f"[::1]:{cluster.port}")
+        try:
+            assert [s.address.startswith("[::1]:") for s in workers[0][1].shards] == [True]
+            params = train(workers, 2)
+        finally:
+            for client, _ in workers:
+                client.close()
+        assert bool(torch.isfinite(params).all())
     finally:
         cluster.stop()
 
