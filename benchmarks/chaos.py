@@ -330,7 +330,8 @@ def report(run: str, events: list[dict[str, Any]], watch: Watch, injected: Count
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m benchmarks.chaos`'s command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.chaos", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--epochs", type=positive_int, default=8, help="epochs of each run")
@@ -342,6 +343,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="which runs: free (no faults), faulted (--faults), workers (--faults on workers only), membership")
     p.add_argument("--out", type=Path, default=None, help="keep the runs' logs here (unset: a temporary folder)")
     p.add_argument("--json", action="store_true", help="JSON on stdout (else a table)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     faults = [f.strip() for f in args.faults.split(",") if f.strip()]
     if unknown := set(faults) - set(FAULTS):

@@ -202,7 +202,8 @@ def rss_child(root: Path, batch: int, train_size: int) -> None:
                       "rss_after_setup_mb": round(setup, 1), "epoch": epoch}))
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m benchmarks.data`'s command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.data", description=__doc__.split("\n\n")[0])
     p.add_argument("--files", type=positive_int, default=20000, help="images in the folder written for the run")
     p.add_argument("--image-size", type=positive_int, default=32, help="their side (3 channels)")
@@ -218,6 +219,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--train-size", type=positive_int, default=32, help="the memory run resizes each image to this side")
     p.add_argument("--rss-child", type=Path, help=argparse.SUPPRESS)
     add_result_options(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.rss_child is not None:
         rss_child(args.rss_child, args.batch, args.train_size)

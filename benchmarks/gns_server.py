@@ -117,11 +117,17 @@ def table(report: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m benchmarks.gns_server`'s command line: gns_check's and the server runs' own."""
     parser = gns_check.build_parser()
     parser.prog = "python -m benchmarks.gns_server"
     parser.add_argument("--freeze-epochs", type=int, default=2, help="epochs at a 1e-9 LR before the comparison")
     parser.add_argument("--run-timeout", type=float, default=600.0, help="seconds per server run")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if len(args.shares) < 2 or args.freeze_epochs < 1 or args.frozen_rounds < 1:
         parser.error("need two or more --shares, --freeze-epochs >= 1 and --frozen-rounds >= 1")

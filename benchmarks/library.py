@@ -153,7 +153,8 @@ def table(report: dict[str, Any]) -> str:
     return markdown_table(["workers", "samples/s (steady)", "samples/s (job)", "vs ps-worker", "accuracy"], rows)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m benchmarks.library`'s command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.library", description=__doc__.splitlines()[0])
     p.add_argument("--workers", type=positive_int, default=4, help="workers in the job")
     p.add_argument("--epochs", type=positive_int, default=6, help="epochs of the job (the quick start's 12 halved)")
@@ -163,6 +164,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="also run the loop with threads=None (torch's default thread count)")
     p.add_argument("--json", action="store_true", help="print the JSON report before the table")
     add_result_options(p)
+    return p
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     args.variants = [v for v in VARIANTS if v != "library_torch_threads" or args.torch_threads_baseline]
     return args

@@ -71,13 +71,19 @@ def largest_fitting(model: nn.Module, start: int, shape: tuple[int, ...], classe
     return low
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m benchmarks.memory_bound`'s command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.memory_bound", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="cnn-bn")
     p.add_argument("--model-arg", action="append", default=[], metavar="K=V")
     p.add_argument("--dataset", default="synthetic", help="gives the input shape and the classes")
     p.add_argument("--device", default="cuda")
     add_result_options(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     report: dict[str, Any] = {"model": args.model, "model_args": args.model_arg, "target": f"within {TARGET:.0%}"}
     if not torch.cuda.is_available():

@@ -70,7 +70,8 @@ def spread(values: list[float]) -> dict[str, float | None]:
             "stdev": round(statistics.stdev(values), 4) if len(values) > 1 else None}
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m benchmarks.micro_batches`'s command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.micro_batches", description=__doc__.split("\n\n")[0])
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (each: uniform, variable, micro); empty: skip the accuracy part")
     p.add_argument("--global-batch", type=int, default=48, help="B of the accuracy runs")
@@ -84,6 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--limiter", choices=("auto", "cgroup", "slowdown"), default="auto",
                    help="how HL8's shares are applied (benchmarks.hetero --limiter)")
     add_result_options(p)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
     budget = [*(["--cpu-budget", args.cpu_budget] if args.cpu_budget else []), "--limiter", args.limiter]

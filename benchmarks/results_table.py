@@ -114,9 +114,15 @@ def updated(page: str, table: str) -> str:
     return head + table + rest.split(END, 1)[1]
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m benchmarks.results_table`'s command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.results_table", description=__doc__.splitlines()[0])
     p.add_argument("--write", action="store_true", help=f"rewrite the table in {PAGE.relative_to(ROOT)}")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         table = render(load())

@@ -6,9 +6,8 @@ a flag counts only after a command's name on it: ``ps-server``, ``ps-worker``, `
 A bare flag in prose is not checked, nor what ``--`` ends or a ``#`` comment holds, nor a flag's value
 but ``--server-arg``'s, whose flags are ps-server's (``ps-cluster run --server-arg=--deadband=0.2``).
 The commands' parsers are the ones docs/cli.md is rendered from (deploy/cli_reference.py); a
-benchmark's is its module's ``build_parser()``, or its package's ``cli.build_parser()``: the benchmarks
-without one (their parser is built inside ``main``) are left out, and ``BENCHMARKS_WITHOUT_PARSER``
-lists the ones the docs name.
+benchmark's is its module's ``build_parser()``, or its package's ``cli.build_parser()``, which a
+benchmark the docs name must have.
 """
 
 from __future__ import annotations
@@ -37,9 +36,6 @@ PASSED_ON = "--server-arg"
 # The setting of docs/policies.md's example policy, a flag only where that policy is registered.
 EXAMPLE_FLAGS = {"--toy-share"}
 ALIASES = {"python -m ps.server": "ps-server", "python -m worker.cli": "ps-worker"}
-# Benchmarks the docs name whose parser is built inside main(): their flags are not checked.
-BENCHMARKS_WITHOUT_PARSER = {"chaos", "data", "gns_server", "library", "memory_bound", "micro_batches",
-                             "results_table", "simulation.plots"}
 
 
 def command_lines(text: str) -> Iterator[str]:
@@ -145,6 +141,8 @@ def drifts(text: str) -> list[str]:
                 continue
             if parser is None and command.startswith("ps-cluster ") and not flag:
                 wrong.append(f"{command}: no such subcommand")
+            elif parser is None and not flag:
+                wrong.append(f"{command}: no build_parser()")
             elif parser is not None and flag and flag not in option_names(parser):
                 wrong.append(f"{command} {flag}")
     return wrong
@@ -159,10 +157,12 @@ def test_the_check_catches_a_made_up_flag() -> None:
     page = ("Run `ps-server --no-such-flag 3` or\n\n```bash\nps-worker --server h:1 \\\n  --made-up\n"
             "ps-cluster run --profile hl8 --quick && python -m benchmarks.scale --nope\n```\n"
             "`ps-cluster run --epoch 3` (a prefix), `ps-cluster nothing --x`, `--bare` in prose,\n"
-            "`ps-cluster slurm --server-arg='--lr 1 --made-up'`, `python -m benchmarks.no_such --x`.\n")
+            "`ps-cluster slurm --server-arg='--lr 1 --made-up'`, `python -m benchmarks.no_such --x`,\n"
+            "`python -m benchmarks.cli_types --x`.\n")
     assert drifts(page) == ["ps-worker --made-up", "python -m benchmarks.scale --nope", "ps-server --no-such-flag",
                             "ps-cluster run --epoch", "ps-cluster nothing: no such subcommand", "ps-server --made-up",
-                            "python -m benchmarks.no_such: no such module"]
+                            "python -m benchmarks.no_such: no such module",
+                            "python -m benchmarks.cli_types: no build_parser()"]
 
 
 def test_a_flag_belongs_to_the_command_before_it() -> None:
@@ -177,7 +177,3 @@ def test_server_arg_holds_ps_servers_flags() -> None:
         ("ps-cluster k8s", "--server-arg"), ("ps-server", "--epochs"), ("ps-cluster k8s", "--server-arg"),
         ("ps-server", "--lr"), ("ps-cluster k8s", "--server-arg"), ("ps-cluster k8s", "--out")]
 
-
-def test_the_benchmarks_left_out_have_no_parser_builder() -> None:
-    for name in sorted(BENCHMARKS_WITHOUT_PARSER):
-        assert benchmark_parser(f"benchmarks.{name}") is None, f"{name} has build_parser(): check it"

@@ -98,11 +98,17 @@ def rows_of(result: Any) -> list[Row]:
     return rows
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m benchmarks.simulation.plots`'s command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.simulation.plots",
                                 description=f"Draw a benchmarks.simulate result's curves against N as DIR/{FILE}.")
     p.add_argument("result", type=Path, help="a simulate result file (benchmarks/results/simulate-*.json) or report")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="where to write the plot (made if missing)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     try:
         rows = rows_of(json.loads(args.result.read_text()))
