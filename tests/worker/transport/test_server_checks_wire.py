@@ -206,7 +206,10 @@ def test_a_shard_push_reply_that_says_done_without_values_is_refused(overlap: bo
         with joined(target) as session, pytest.raises(UntrustedReply, match=re.escape(
                 "a shard server's reply carries no values (a shard ends no job; the server's reply does)")):
             train(session, quiet=True)
-    assert fake.calls.count("Shard-Push") == 1 and "Leave" in fake.calls, fake.calls
+    # streamed, the next step's buckets may already be on their way when the reply is found bare: that
+    # push reaches the servers too (the fake hears its call start, at times after the Leave), no later one
+    pushed = {fake.calls.count("Shard-Push"), fake.calls.count("Push")}
+    assert pushed <= ({1, 2} if overlap else {1}) and "Leave" in fake.calls, fake.calls
 
 
 def test_a_long_poll_answered_at_once_is_asked_again_no_sooner_than_the_floor() -> None:
