@@ -13,7 +13,7 @@ from typing import Any
 from ps.control.checks import integer
 from ps.control.model.parking import Parked, ParkingSchedule
 from ps.control.model.rounds import WorkerSetRounds
-from ps.control.model.state import flag, model_part, nonnegative, observations, parking_pair, state_list
+from ps.control.model.state import flag, model_part, nonnegative, observations, parking_entry, state_list
 from ps.control.model.observations import Observations
 from ps.control.model.worker_fits import WorkerFits
 
@@ -36,13 +36,13 @@ def model_state(fits: WorkerFits, part: ModelPart) -> dict[str, Any]:
     return {
         "workers": {
             k: {"obs": [list(item) for item in o.items], "seq": o.seq, "probes": fits.probes[k],
-                "parked": None if k not in parked else [parked[k].waited, parked[k].every]}
+                "parked": None if k not in parked else [parked[k].waited, parked[k].every, parked[k].until_ms]}
             for k, o in fits.obs.items()
         },
         "probing": sorted(part.probing), "reprobed": dict(part.parking.reprobed),
         "overhead": list(part.rounds.overhead), "measured": list(part.rounds.measured),
         "predicted": part.rounds.predicted, "solved": part.solved, "confirming": part.confirming,
-        "since_decision": part.since_decision,
+        "since_decision": part.since_decision, "parking_clock_ms": part.parking.clock_ms,
     }
 
 
@@ -60,10 +60,10 @@ def read_model_state(raw: Any, plan: Mapping[str, int], fits: WorkerFits) -> Mod
         fits.obs[k] = Observations(observations(k, entry["obs"]), integer(f"seq of {k!r}", entry["seq"], minimum=0))
         fits.probes[k] = integer(f"probes of {k!r}", entry["probes"], minimum=0)
         if entry["parked"] is not None:
-            waited, every = parking_pair(k, entry["parked"])
+            waited, every, until_ms = parking_entry(k, entry["parked"])
             if plan.get(k) != 0:
                 raise ValueError(f"worker {k!r} is parked in the model state but has batch {plan.get(k)}")
-            parking.parked[k] = Parked(waited, every)
+            parking.parked[k] = Parked(waited, every, until_ms)
         elif plan.get(k) == 0:
             raise ValueError(f"worker {k!r} has batch 0 but is not parked in the model state")
     probing = raw["probing"]
@@ -73,6 +73,7 @@ def read_model_state(raw: Any, plan: Mapping[str, int], fits: WorkerFits) -> Mod
     if not isinstance(reprobed, Mapping) or not set(reprobed) <= set(fits.obs):
         raise ValueError("model state 'reprobed' must map workers of the policy to their wait")
     parking.reprobed = {k: integer(f"re-probe wait of {k!r}", v, minimum=1) for k, v in reprobed.items()}
+    parking.clock_ms = nonnegative("parking_clock_ms", raw.get("parking_clock_ms", 0.0))
     rounds = WorkerSetRounds([nonnegative("overhead", v) for v in state_list("overhead", raw["overhead"])],
                              [nonnegative("measured", v) for v in state_list("measured", raw["measured"])],
                              None if raw["predicted"] is None else nonnegative("predicted", raw["predicted"]))

@@ -8,13 +8,19 @@ when the auto policy sees an active worker's times rise by half or more (`recall
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from ps.control.checks import integer
-from ps.control.model.state import parking_pair
+from ps.control.model.state import nonnegative, parking_entry
 
+CLOCK_CAP_MS = sys.float_info.max
+"""Where the schedule's clock and what a worker waits for on it stop (rounds timed at extremes): finite,
+so that the state holds them."""
+STATE_KEYS = frozenset({"parked", "reprobed", "clock_ms"})
+"""The keys of a schedule's state (clock_ms absent in a state that kept no clock: then 0)."""
 REPROBE_FIRST = 2
 """Decisions a newly parked worker waits before its first re-probe."""
 REPROBE_MAX = 32
@@ -30,8 +36,8 @@ job a share that grows with that excess."""
 @dataclass
 class Parked:
     """A parked worker: decisions since it was parked, how many it waits before a re-probe, and the
-    schedule's clock (ms of rounds) it waits for as well (REPROBE_SHARE; in memory only: a resumed job
-    owes nothing)."""
+    schedule's clock (ms of rounds) it waits for as well (REPROBE_SHARE; kept in the policy's state, so
+    a resumed job still owes what its re-probes cost)."""
 
     waited: int
     every: int
@@ -55,7 +61,7 @@ class ParkingSchedule:
 
     def elapse(self, round_ms: float) -> None:
         """A round of `round_ms` passed."""
-        self.clock_ms += round_ms
+        self.clock_ms = min(self.clock_ms + round_ms, CLOCK_CAP_MS)
 
     def due(self) -> list[str]:
         """The parked workers whose re-probe is due."""
@@ -67,7 +73,7 @@ class ParkingSchedule:
         for k in workers:
             entry = self.parked.get(k)
             if entry is not None and math.isfinite(cost_ms) and cost_ms > 0:
-                entry.until_ms = max(entry.until_ms, self.clock_ms + cost_ms / REPROBE_SHARE)
+                entry.until_ms = max(entry.until_ms, min(self.clock_ms + cost_ms / REPROBE_SHARE, CLOCK_CAP_MS))
 
     def keep_time(self, other: ParkingSchedule) -> None:
         """`other`'s clock, and what each worker parked in both waits for on it (a schedule read back
@@ -123,23 +129,26 @@ class ParkingSchedule:
         self.parked, self.reprobed, self.returned = {}, {}, {}
 
     def state(self) -> dict[str, Any]:
-        """As plain data: {"parked": {worker: [waited, every]}, "reprobed": {worker: wait}}."""
-        return {"parked": {k: [e.waited, e.every] for k, e in self.parked.items()}, "reprobed": dict(self.reprobed)}
+        """As plain data: {"parked": {worker: [waited, every, until ms]}, "reprobed": {worker: wait},
+        "clock_ms": the clock}."""
+        return {"parked": {k: [e.waited, e.every, e.until_ms] for k, e in self.parked.items()},
+                "reprobed": dict(self.reprobed), "clock_ms": self.clock_ms}
 
     @classmethod
     def from_state(cls, state: Any, workers: Iterable[str]) -> ParkingSchedule:
         """Read `state` back (ValueError naming the field on one that is malformed or names a worker
         not in `workers`)."""
         known = set(workers)
-        if not isinstance(state, Mapping) or set(state) != {"parked", "reprobed"}:
-            raise ValueError("parking state must have exactly the keys parked and reprobed")
+        if not isinstance(state, Mapping) or not {"parked", "reprobed"} <= set(state) <= STATE_KEYS:
+            raise ValueError("parking state must have the keys parked and reprobed (and may have clock_ms)")
         parked, reprobed = state["parked"], state["reprobed"]
         if not isinstance(parked, Mapping) or not set(parked) <= known:
-            raise ValueError("parking state 'parked' must map workers of the policy to [waited, every]")
+            raise ValueError("parking state 'parked' must map workers of the policy to [waited, every, until ms]")
         if not isinstance(reprobed, Mapping) or not set(reprobed) <= known:
             raise ValueError("parking state 'reprobed' must map workers of the policy to their wait")
         schedule = cls()
-        for k, pair in parked.items():
-            schedule.parked[k] = Parked(*parking_pair(k, pair))
+        for k, entry in parked.items():
+            schedule.parked[k] = Parked(*parking_entry(k, entry))
+        schedule.clock_ms = nonnegative("parking clock_ms", state.get("clock_ms", 0.0))
         schedule.reprobed = {k: integer(f"re-probe wait of {k!r}", v, minimum=1) for k, v in reprobed.items()}
         return schedule

@@ -11,7 +11,7 @@ from ps.control.checks import integer, real
 
 MODEL_KEYS = frozenset({"workers", "probing", "reprobed", "overhead", "measured", "predicted", "solved",
                         "since_decision"})
-OPTIONAL_KEYS = frozenset({"confirming"})
+OPTIONAL_KEYS = frozenset({"confirming", "parking_clock_ms"})
 """Keys a state may lack: one written before they existed loads with their defaults."""
 
 
@@ -45,12 +45,14 @@ def nonnegative(name: str, value: Any) -> float:
     return number
 
 
-def parking_pair(worker_id: str, value: Any) -> tuple[int, int]:
-    """A parked worker's [decisions waited, decisions between re-probes]."""
-    if not isinstance(value, list) or len(value) != 2:
-        raise ValueError(f"parking of {worker_id!r} must be [waited, every]")
+def parking_entry(worker_id: str, value: Any) -> tuple[int, int, float]:
+    """A parked worker's [decisions waited, decisions between re-probes, the parking clock's ms it
+    waits for] (a state without the third waits for none)."""
+    if not isinstance(value, list) or len(value) not in (2, 3):
+        raise ValueError(f"parking of {worker_id!r} must be [waited, every, until ms]")
+    until = nonnegative(f"parking clock of {worker_id!r}", value[2]) if len(value) == 3 else 0.0
     return (integer(f"parking wait of {worker_id!r}", value[0], minimum=0),
-            integer(f"re-probe interval of {worker_id!r}", value[1], minimum=1))
+            integer(f"re-probe interval of {worker_id!r}", value[1], minimum=1), until)
 
 
 def observations(worker_id: str, value: Any) -> list[tuple[int, int, float, float | None]]:

@@ -10,7 +10,7 @@ import pytest
 
 from ps.control.config import PolicyConfig
 from ps.control.model.parking import REPROBE_FIRST, REPROBE_SHARE, ParkingSchedule
-from ps.control.policy import build_policy
+from ps.control.policy import build_policy, policy_from_state
 from tests.simulated_workers import optimum
 
 
@@ -73,6 +73,31 @@ def test_a_hopeless_workers_reprobes_take_a_tenth_of_the_job_at_most(name: str) 
     assert excess / spent < REPROBE_SHARE * 1.5
 
 
+@pytest.mark.parametrize("name", ["auto", "model"])
+def test_a_checkpointed_policy_keeps_what_a_parked_worker_owes(name: str) -> None:
+    """After d's first costly re-probe the policy's state holds the clock and what d waits for on it,
+    and the policy read back from that state (a resumed job) holds the same."""
+    ctl = build_policy(PolicyConfig(policy=name, global_batch=192))
+    for k in COSTS:
+        ctl.add_worker(k)
+    ctl.replan()
+    rnd = random.Random(0)
+    for r in range(400):
+        plan = ctl.plan()
+        finishes = {k: (COSTS[k][0] * b + COSTS[k][1]) * (1.0 + rnd.gauss(0.0, 0.02)) for k, b in plan.items() if b > 0}
+        for k, t in finishes.items():
+            ctl.observe(k, plan[k], t)
+        ctl.observe_round(max(finishes.values()) + 2.0)
+        if ctl.decision_due() or r % 10 == 9:
+            ctl.adjust()
+    state = ctl.state_dict()
+    part = state["auto"]["parking"] if name == "auto" else state["model"]
+    until = part["parked"]["d"][2] if name == "auto" else part["workers"]["d"]["parked"][2]
+    clock = part["clock_ms"] if name == "auto" else part["parking_clock_ms"]
+    assert ctl.parked() == ["d"] and until > clock > 0.0
+    assert policy_from_state(state).state_dict() == state
+
+
 def test_a_worker_a_solve_brought_back_unasked_is_parked_again_as_after_a_reprobe() -> None:
     """A re-probe lengthens the round, and a solve then brings back parked workers that fit in it, not
     due: measured there as in a re-probe, one parked again waits twice as long and keeps what it owes
@@ -91,8 +116,8 @@ def test_a_worker_a_solve_brought_back_unasked_is_parked_again_as_after_a_reprob
 
 
 def test_a_schedule_read_back_keeps_the_clock_and_what_each_worker_waits_for() -> None:
-    """A re-probe taken back restores the schedule from its state, which holds no time: the workers
-    parked in both keep what they wait for on the clock."""
+    """A re-probe taken back restores the schedule from the state saved before it: the workers parked
+    in both keep what they wait for now, on the clock as it is now."""
     schedule = ParkingSchedule()
     schedule.install(["d", "e"], [])
     schedule.elapse(50.0)
@@ -101,3 +126,34 @@ def test_a_schedule_read_back_keeps_the_clock_and_what_each_worker_waits_for() -
     restored.keep_time(schedule)
     assert restored.clock_ms == 50.0 and restored.parked["e"].until_ms == pytest.approx(50.0 + 10.0 / REPROBE_SHARE)
     assert restored.parked["d"].until_ms == 0.0
+
+
+def test_the_time_a_worker_owes_is_in_the_state_a_resumed_job_reads() -> None:
+    """A checkpoint holds the schedule's clock and what each parked worker waits for on it: a resumed
+    job does not re-probe a hopeless worker at once. A state that holds neither reads as owing nothing."""
+    schedule = ParkingSchedule()
+    schedule.install(["d"], [])
+    for _ in range(REPROBE_FIRST):
+        schedule.tick()
+    schedule.elapse(100.0)
+    schedule.owe(["d"], 50.0)
+    resumed = ParkingSchedule.from_state(schedule.state(), ["d"])
+    assert resumed.clock_ms == 100.0 and resumed.parked["d"].until_ms == pytest.approx(100.0 + 50.0 / REPROBE_SHARE)
+    assert resumed.due() == []
+    resumed.elapse(50.0 / REPROBE_SHARE)
+    assert resumed.due() == ["d"]
+    older = ParkingSchedule.from_state({"parked": {"d": [2, 2]}, "reprobed": {}}, ["d"])
+    assert older.clock_ms == 0.0 and older.parked["d"].until_ms == 0.0 and older.due() == ["d"]
+    for bad in ({"parked": {"d": [2, 2, -1.0]}, "reprobed": {}}, {"parked": {}, "reprobed": {}, "clock_ms": "x"},
+                {"parked": {}, "reprobed": {}, "clock": 1.0}):
+        with pytest.raises(ValueError):
+            ParkingSchedule.from_state(bad, ["d"])
+
+
+def test_rounds_timed_at_an_extreme_leave_the_clock_finite() -> None:
+    schedule = ParkingSchedule()
+    schedule.install(["d"], [])
+    schedule.elapse(1.7e308)
+    schedule.elapse(1.7e308)
+    schedule.owe(["d"], 1e308)
+    assert ParkingSchedule.from_state(schedule.state(), ["d"]).clock_ms == schedule.clock_ms < float("inf")
