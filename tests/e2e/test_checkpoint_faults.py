@@ -22,7 +22,7 @@ import pytest
 from ps.checkpoint import Checkpointer, checkpoint_files, read_checkpoint, write_checkpoint
 from ps.rounds.checkpoint_state import CHECKPOINT_FORMAT
 from tests.processes import ENV, start_server
-from tests.fault_jobs import status, wait_for
+from tests.fault_jobs import resume_after_kill, status, wait_for
 
 JOB = ["--workers", "2", "--model-arg", "hidden=256", "--dataset", "digits", "--global-batch", "128", "--lr", "0.1",
        "--grace", "5"]
@@ -278,16 +278,7 @@ def test_workers_rejoin_a_resume_that_changes_epochs(tmp_path: Path) -> None:
         for name in ("w0", "w1"):
             cluster.start_worker(name, "--retry-for", "60")
         wait_for(lambda: status(cluster.target)["epoch"] >= 1, 120, "epoch 1")
-        cluster.server.kill()
-        cluster.server.wait()
-        epochs = read_checkpoint(checkpoint_files(ckpt)[-1])["epoch"] + 2
-        (tmp_path / "second").mkdir()
-        resumed = start_server(tmp_path / "second", [*JOB, "--epochs", str(epochs), "--resume", str(ckpt)], port=cluster.port)
-        resumed.workers = cluster.workers
-        assert resumed.wait(120) == 0, resumed.server_log()
-        for name, proc in zip(("w0", "w1"), cluster.workers, strict=True):
-            assert proc.wait(30) == 0, cluster.worker_log(name)
-            assert f"{name}: rejoined {cluster.target} as " in cluster.worker_log(name)
+        resumed, epochs = resume_after_kill(cluster, ckpt, tmp_path / "second", JOB, ("w0", "w1"))
     finally:
         cluster.stop()
     (summary,) = resumed.events("summary")

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from common.job.epoch_order import slice_indices
 from common.transport.messages import SliceRange
-from ps.checkpoint import checkpoint_files, read_checkpoint
-from tests.fault_jobs import status, wait_for
+from tests.fault_jobs import resume_after_kill, status, wait_for
 from tests.processes import start_server
 
 N = 1438  # the digits training split
@@ -27,7 +26,6 @@ def test_workers_rejoin_a_resume_that_changes_sampling_overlap_and_balance(tmp_p
     resumed epochs trained once, each step on its slice) and the job ends at its last epoch."""
     ckpt, audit = tmp_path / "ckpt", tmp_path / "audit"
     (tmp_path / "first").mkdir()
-    (tmp_path / "second").mkdir()
     audit.mkdir()
     cluster = start_server(tmp_path / "first", [*JOB, *FIRST, "--epochs", "40", "--checkpoint-dir", str(ckpt)])
     try:
@@ -35,17 +33,7 @@ def test_workers_rejoin_a_resume_that_changes_sampling_overlap_and_balance(tmp_p
             cluster.start_worker(name, "--retry-for", "60", "--slowdown", "5",
                                  prefix=("env", f"PS_TRAINED_INDICES={audit / name}.jsonl"))
         wait_for(lambda: status(cluster.target)["epoch"] >= 1, 120, "epoch 1")
-        cluster.server.kill()
-        cluster.server.wait()
-        start = read_checkpoint(checkpoint_files(ckpt)[-1])["epoch"]
-        epochs = start + 2
-        resumed = start_server(tmp_path / "second", [*JOB, "--epochs", str(epochs), "--resume", str(ckpt)],
-                               port=cluster.port)
-        resumed.workers = cluster.workers
-        assert resumed.wait(120) == 0, resumed.server_log()
-        for name, proc in zip(("w0", "w1"), cluster.workers, strict=True):
-            assert proc.wait(30) == 0, cluster.worker_log(name)
-            assert f"{name}: rejoined {cluster.target} as " in cluster.worker_log(name)
+        resumed, epochs = resume_after_kill(cluster, ckpt, tmp_path / "second", JOB, ("w0", "w1"))
     finally:
         cluster.stop()
     assert ("the job's settings differ from the checkpoint's (--balance compute -> busy, --epochs 40 -> "
@@ -60,4 +48,5 @@ def test_workers_rejoin_a_resume_that_changes_sampling_overlap_and_balance(tmp_p
             seen.update((r.epoch, p) for r in ranges for p in range(r.offset, r.stop))
     assert max(seen.values()) == 1, [key for key, count in seen.items() if count > 1][:10]
     per_epoch = Counter(epoch for epoch, _ in seen)
-    assert all(per_epoch[e] == N for e in range(start, epochs)), per_epoch
+    resumed_at = epochs - 2  # the checkpoint's epoch: resume_after_kill runs two more
+    assert all(per_epoch[e] == N for e in range(resumed_at, epochs)), per_epoch
