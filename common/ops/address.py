@@ -8,6 +8,8 @@ from __future__ import annotations
 import ipaddress
 
 MAX_PORT = 65535
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
+"""Hosts that bind every interface: one who reaches a service listening there dials another host of it."""
 
 
 def listen_host(text: str) -> str:

@@ -162,21 +162,15 @@ def increasing_ints(text: str) -> tuple[int, ...]:
     return values
 
 
-def host_port(text: str) -> str:
-    """HOST:PORT, as given (stripped), with a port in 1-65535 ([::1]:PORT for IPv6: address.split)."""
-    try:
-        address.split(text.strip())
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+def _host_port(text: str) -> str:
+    address.split(text.strip())
     return text.strip()
 
 
-def host_name(text: str) -> str:
-    """--host: a name, an IPv4 address or an IPv6 one (brackets optional), without brackets."""
-    try:
-        return address.listen_host(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+host_port = from_value_error(_host_port)
+"""HOST:PORT, as given (stripped), with a port in 1-65535 ([::1]:PORT for IPv6: address.split)."""
+host_name = from_value_error(address.listen_host)
+"""--host: a name, an IPv4 address or an IPv6 one (brackets optional), without brackets."""
 
 
 def port_number(text: str) -> int:

@@ -40,7 +40,7 @@ class LocalShards:
         self.shard_key = shard_key or new_shard_key()
         env[SHARD_KEY_ENV] = self.shard_key
         env.pop(SHARD_KEY_FILE_ENV, None)
-        connect_host = "127.0.0.1" if host in ("0.0.0.0", "::", "[::]", "") else host
+        connect_host = "127.0.0.1" if host in address.WILDCARD_HOSTS else host
         try:
             port_files = []
             for i in range(count):

@@ -24,13 +24,10 @@ from worker.transport.reply_receiver import first_chunk, receive, receive_lane
 from worker.transport.server_error import server_error
 from worker.transport.stream_calls import PushCall, pull_call, push_call
 
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "[::]")
-
-
 def reachable_address(host: str, port: int, server_target: str) -> tuple[str, int]:
     """Where to reach a service the server advertises (a shard): a wildcard host (bound
     to all interfaces) means the host of the server's own address."""
-    if host in WILDCARD_HOSTS:
+    if host in address.WILDCARD_HOSTS:
         host = address.host_of(server_target)
     return host, port
 
