@@ -49,8 +49,7 @@ slow worker: the policies balance the whole step, data wait included)."""
         less the forward's wait for parameters, taken from a total that may hold waits outside it
         (worker.transport.arrivals), and clamped at 0; the compute is the measure the policies balance.
         The own part is reported as at most the exposed time: the two are taken on their own clocks and
-        may come from different steps (after a parked wait the exposed time is the one before it, after
-        a dropped step the own part is the last push's)."""
+        may come from different steps (after a dropped step the own part is the last push's)."""
         reported = compute_ms + (push_ms if balance == "busy" else 0.0)
         data_wait_ms = min(data_wait_ms, compute_ms)
         if mode != "bsp" or allreduce:  # exposed communication is measured in BSP rounds on the PS path
