@@ -17,11 +17,11 @@ from ps.control.config import nearest_multiples
 from ps.control.registry import POLICIES, policy_settings
 from ps.control.settings import Setting, setting_key
 from ps.ops.metrics_http import add_endpoint_flags
-from ps.serving.server_options import add_call_flags
+from ps.serving.server_options import add_call_flags, add_listen_flags
 from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MAX_EPOCHS, MODES, OPTIMIZERS,
                              SAMPLINGS, STALENESS_LR, WIRE_DTYPES)
-from common.ops.arg_types import (epoch_or_steps, host_name, eval_interval, float_at_least, float_between, from_value_error,
-                                  increasing_ints, int_at_least, int_between, port_number, positive_float, positive_int)
+from common.ops.arg_types import (epoch_or_steps, eval_interval, float_at_least, float_between, from_value_error,
+                                  increasing_ints, int_at_least, int_between, positive_float, positive_int)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -228,10 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--resume", type=Path, default=None, metavar="DIR",
                      help="continue from the newest valid checkpoint in DIR (also checkpoints there)")
     net = p.add_argument_group("server")
-    net.add_argument("--host", type=host_name, default="127.0.0.1",
-                     help="address to listen on (0.0.0.0 for all; an IPv6 address with or without brackets)")
-    net.add_argument("--port", type=port_number, default=50051, help="0 picks a free port (printed at start)")
-    net.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
+    add_listen_flags(net, 50051)
     net.add_argument("--shards", type=positive_int, default=1,
                      help="BSP: split the parameters by contiguous ranges across N server processes (this one and "
                           "N-1 ps-shard processes it starts on --host); workers push and pull the ranges in parallel")

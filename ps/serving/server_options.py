@@ -1,5 +1,5 @@
-"""What every server process of the service shares: gRPC message limits, the flags of the calls it
-holds at once, and the event loop."""
+"""What every server process of the service shares: gRPC message limits, the flags of where it
+listens and of the calls it holds at once, and the event loop."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import argparse
 import asyncio
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-from common.ops.arg_types import positive_int
+from common.ops.arg_types import host_name, port_number, positive_int
 
 # Payload travels as ~1 MiB chunks; the limit leaves room for headers and rejects anything bigger.
 MAX_MESSAGE_BYTES = 8 * 1024 * 1024
@@ -17,6 +18,14 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+
+
+def add_listen_flags(parser: argparse.ArgumentParser | Any, default_port: int) -> None:
+    """--host, --port and --port-file on `parser` (or an argument group)."""
+    parser.add_argument("--host", type=host_name, default="127.0.0.1",
+                        help="address to listen on (0.0.0.0 for all; an IPv6 address with or without brackets)")
+    parser.add_argument("--port", type=port_number, default=default_port, help="0 picks a free port (printed at start)")
+    parser.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
 
 
 def add_call_flags(parser: argparse.ArgumentParser | Any, default: int | None, control: str, unset: str = "") -> None:

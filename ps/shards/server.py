@@ -21,7 +21,7 @@ import grpc
 import torch
 
 from common.ops import address
-from common.ops.arg_types import host_name, port_number, positive_int
+from common.ops.arg_types import positive_int
 from ps.ops.health import OVERALL, SERVING, Health
 from common.ops.memory import tune_malloc
 from ps.ops.metrics_http import add_endpoint_flags
@@ -34,7 +34,7 @@ from ps.serving.call_budget import CallBounds
 from ps.serving.call_limits import CallLimits
 from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
-from ps.serving.server_options import GRPC_OPTIONS, add_call_flags, run_loop, wait_for_stop_signal
+from ps.serving.server_options import GRPC_OPTIONS, add_call_flags, add_listen_flags, run_loop, wait_for_stop_signal
 
 PR_SET_PDEATHSIG = 1
 DEFAULT_BOUNDS = CallBounds.serving(1024)
@@ -48,10 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "names (required; ps-server --shards N sets it for the shards it starts).",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--host", type=host_name, default="127.0.0.1",
-                   help="address to listen on (0.0.0.0 for all; an IPv6 address with or without brackets)")
-    p.add_argument("--port", type=port_number, default=0, help="0 picks a free port (printed at start)")
-    p.add_argument("--port-file", type=Path, default=None, help="write the bound port to this file (for scripts)")
+    add_listen_flags(p, 0)
     add_endpoint_flags(p, "this shard's gRPC message bytes")
     p.add_argument("--threads", type=positive_int, default=1, help="torch threads for the optimizer step")
     p.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help="serve TLS with this PEM certificate (chain)")
