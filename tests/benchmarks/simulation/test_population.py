@@ -41,11 +41,13 @@ def test_steps_carry_noise_and_a_speed_change_scales_both_costs() -> None:
 
 
 def test_bad_laws_are_refused() -> None:
-    for bad in ({"q_ms": 0.0}, {"s_ms": float("inf")}, {"sigma": -0.1}, {"noise": 1000.0}):
+    for bad in ({"q_ms": 0.0}, {"s_ms": float("inf")}, {"sigma": -0.1}, {"noise": 1000.0},
+                {"q_ms": 1e-300}, {"q_ms": 1e300}, {"s_ms": 1e300}):  # steps or their ratios past a float
         with pytest.raises(ValueError):
             SpeedLaw(**bad)
-    with pytest.raises(ValueError):
-        parse_classes("gpu:0.1")
+    for text in ("gpu:0.1", "gpu:1e-300:0,cpu:1:0", "gpu:1:1e300"):
+        with pytest.raises(ValueError):
+            parse_classes(text)
 
 
 def test_given_laws_are_taken_in_order_and_cycled_and_bad_ones_refused() -> None:
