@@ -117,13 +117,12 @@ class Scenario:
         if most is not None and most < least:
             raise ValueError(f"max_batch {config.max_batch} holds no whole number of micro-batches of {m} "
                              f"from min_batch {config.min_batch} on")
-        drawn = self.workers + sum(e.count for e in self.events if e.kind == "join")
-        names = {f"w{i}" for i in range(drawn)}
-        for event in self.events:
-            unknown = [n for n, _ in event.scaled if n not in names]
+        for event in self.events:  # a worker joining in round j is drawn at its end: named from round j + 1 on
+            drawn = self.workers + sum(e.count for e in self.events if e.kind == "join" and e.round < event.round)
+            unknown = [n for n, _ in event.scaled if n not in {f"w{i}" for i in range(drawn)}]
             if unknown:
                 raise ValueError(f"the speed change at round {event.round} names {', '.join(map(str, unknown))}, "
-                                 f"not among the run's workers (w0 to w{drawn - 1})")
+                                 f"not among the run's workers by then (w0 to w{drawn - 1})")
         for start, count in self.living():
             if count == 0:
                 raise ValueError(f"the events leave no worker from round {start} on (a run needs one at least)")
