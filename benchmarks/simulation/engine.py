@@ -170,12 +170,15 @@ class Scenario:
 @dataclass
 class Decision:
     """One `adjust`: the round it closed, whether it changed the plan, the policy's CPU for it (s),
-    and the plan it left (batches by population index, 0: parked or not in the job)."""
+    the plan it left (batches by population index, 0: parked or not in the job), and the round from
+    which the workers it planned for are in the job (`round` + 1 where a failure evicted workers as
+    the round closed, before the decision; else the last event's round at or before `round`)."""
 
     round: int
     changed: bool
     cpu_s: float
     plan: np.ndarray
+    workers_from: int
 
 
 @dataclass
@@ -299,7 +302,8 @@ class Simulation:
                 cpu = time.process_time()
                 after = self.policy.adjust()
                 spent = time.process_time() - cpu
-                self.trace.decisions.append(Decision(r, after != before, spent, self._install(r + 1, "decision")))
+                self.trace.decisions.append(Decision(r, after != before, spent, self._install(r + 1, "decision"),
+                                                     workers_from=max(self.trace.speeds_at)))
             if joining:
                 for name in self.pop.add(joining):
                     self.policy.add_worker(name)

@@ -61,14 +61,17 @@ def phases(trace: Trace) -> list[tuple[int, int]]:
 
 
 def phase(trace: Trace, start: int, end: int) -> dict[str, Any]:
-    """The phase of rounds [start, end) judged: its decisions (those closing its rounds), their plan
+    """The phase of rounds [start, end) judged: its decisions (those planning for its workers), their plan
     changes, decisions to steady, and the plan it ends with (after its last decision) against the
     exact optimum for the workers of the phase, both noise-free rounds with the server's cost, and
     their slowest steps alone (`compute_over_optimum`: the split's own quality, which a server cost
     growing with N hides at thousands of workers)."""
     sc = trace.scenario
-    opening = [p for effective, _, p in trace.plans if effective <= start][-1]
-    decisions = [d for d in trace.decisions if start <= d.round < end]
+    # a decision is the phase's whose workers it planned for: one at the close of a round whose
+    # failure evicted workers is the next phase's, and it follows that phase's opening plan
+    decisions = [d for d in trace.decisions if start <= d.workers_from < end]
+    own = {id(d.plan) for d in decisions}
+    opening = [p for effective, _, p in trace.plans if effective <= start and id(p) not in own][-1]
     plans = [opening, *(d.plan for d in decisions)]
     final = plans[-1]
     optimum = trace.optimum_at(start)
