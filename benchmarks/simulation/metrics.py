@@ -61,17 +61,16 @@ def phases(trace: Trace) -> list[tuple[int, int]]:
 
 
 def phase(trace: Trace, start: int, end: int) -> dict[str, Any]:
-    """The phase of rounds [start, end) judged: its decisions (those planning for its workers), their plan
+    """The phase of rounds [start, end) judged: its decisions (those closing its rounds), their plan
     changes, decisions to steady, and the plan it ends with (after its last decision) against the
     exact optimum for the workers of the phase, both noise-free rounds with the server's cost, and
     their slowest steps alone (`compute_over_optimum`: the split's own quality, which a server cost
     growing with N hides at thousands of workers)."""
     sc = trace.scenario
-    # a decision is the phase's whose workers it planned for: one at the close of a round whose
-    # failure evicted workers is the next phase's, and it follows that phase's opening plan
-    decisions = [d for d in trace.decisions if start <= d.workers_from < end]
-    own = {id(d.plan) for d in decisions}
-    opening = [p for effective, _, p in trace.plans if effective <= start and id(p) not in own][-1]
+    opening = [p for effective, _, p in trace.plans if effective <= start][-1]
+    # a decision at the close of a round whose failure evicted workers planned for those left, not
+    # the phase's: it is the next phase's opening plan (or, with workers joining then, never in force)
+    decisions = [d for d in trace.decisions if start <= d.round < end and d.workers_from < end]
     plans = [opening, *(d.plan for d in decisions)]
     final = plans[-1]
     optimum = trace.optimum_at(start)
