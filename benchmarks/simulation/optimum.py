@@ -60,7 +60,7 @@ def best_split(q: np.ndarray, s: np.ndarray, total: int, lo: int, hi: int, *, un
         raise ValueError(f"total {total} is not a whole number of units of {unit}")
     units, lo_u, hi_u = total // unit, -(-lo // unit), hi // unit
     qu = q * unit
-    least = -(-units // hi_u)  # the fewest workers that hold `units` within `hi`
+    least = -(-units // hi_u) if hi_u else len(q) + 1  # the fewest workers that hold `units` within `hi`
     busy = least if park else len(q)  # the fewest that take part, each with `lo` at the least
     if len(q) == 0 or least > len(q) or busy * lo_u > units:
         raise ValueError(f"{len(q)} workers with batches in [{lo}, {hi}] cannot make up {total}")
@@ -92,24 +92,33 @@ def _fit(q: np.ndarray, s: np.ndarray, plan: np.ndarray, units: int, lo: int, hi
 
 
 def _trim(q: np.ndarray, s: np.ndarray, plan: np.ndarray, excess: int, lo: int, hi: int) -> None:
-    """Take up to `excess` units from `plan`, one each from the workers that finish last above their
-    minimum (a round never grows by it); where everyone is at the minimum, park the slowest."""
+    """Take up to `excess` units from `plan`: one each from the workers above their minimum that
+    finish last, or an equal share from each where `excess` outnumbers them (the caps of a level a
+    float cannot resolve overshoot by millions, one unit a pass would not end); where everyone is at
+    the minimum, park the slowest."""
     room = np.flatnonzero(plan > lo)
     if len(room) == 0:  # only with minimums above a unit
         busy = np.flatnonzero(plan > 0)
         plan[busy[np.argmax(q[busy] * plan[busy] + s[busy])]] = 0
         return
-    finish = q[room] * plan[room] + s[room]
-    plan[room[np.argsort(-finish, kind="stable")[:excess]]] -= 1
+    order = room[np.argsort(-(q[room] * plan[room] + s[room]), kind="stable")]
+    if excess < len(order):
+        plan[order[:excess]] -= 1
+    else:
+        plan[order] -= np.minimum(plan[order] - lo, excess // len(order))
 
 
 def _fill(q: np.ndarray, s: np.ndarray, plan: np.ndarray, short: int, lo: int, hi: int) -> None:
-    """Give up to `short` units to `plan`, one each to the busy workers below `hi` that finish first
-    with it; where every busy one is at `hi`, unpark the worker that finishes its minimum first."""
+    """Give up to `short` units to `plan`: one each to the busy workers below `hi` that finish first
+    with it, or an equal share to each where `short` outnumbers them; where every busy one is at
+    `hi`, unpark the worker that finishes its minimum first."""
     room = np.flatnonzero((plan > 0) & (plan < hi))
     if len(room) == 0:
         idle = np.flatnonzero(plan == 0)
         plan[idle[np.argmin(q[idle] * lo + s[idle])]] = lo
         return
-    finish = q[room] * (plan[room] + 1) + s[room]
-    plan[room[np.argsort(finish, kind="stable")[:short]]] += 1
+    order = room[np.argsort(q[room] * (plan[room] + 1) + s[room], kind="stable")]
+    if short < len(order):
+        plan[order[:short]] += 1
+    else:
+        plan[order] += np.minimum(hi - plan[order], short // len(order))

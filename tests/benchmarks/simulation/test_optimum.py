@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
+from benchmarks.simulation import optimum
 from benchmarks.simulation.optimum import best_split, round_ms
 
 
@@ -66,6 +67,20 @@ def test_a_fixed_cost_that_hides_a_units_time_still_gives_a_plan_of_the_total() 
     best = best_split(np.full(3, 1e-9), np.full(3, 1e9), 6, 1, 6)
     assert int(best.batches.sum()) == 6 and all(1 <= b <= 6 for b in best.batches)
     assert best.round_ms == pytest.approx(1e9)
+
+
+def test_caps_far_off_the_total_are_brought_to_it_in_a_few_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At s = 1e12 ms a float's step is 1.2e-4 ms, 1.2e8 units of q = 1e-12 ms: the caps of any level
+    are off B by up to that many, and one unit a worker a pass took B / N passes (100,000 / 2 here,
+    2**52 at B = 2**53)."""
+    passes = []
+    for name in ("_trim", "_fill"):
+        step = getattr(optimum, name)
+        monkeypatch.setattr(optimum, name, lambda *a, step=step: passes.append(a[3]) or step(*a))
+    for total, q, s in ((100_000, [1e-12] * 2, [1e12] * 2), (10_000_000, [1e-12, 3e-12, 2e-12], [1e12, 1e12, 5e11])):
+        passes.clear()
+        best = best_split(np.array(q), np.array(s), total, 1, total)
+        assert int(best.batches.sum()) == total and len(passes) <= 4, passes[:8]
 
 
 @pytest.mark.parametrize("seed", range(30))
