@@ -85,6 +85,7 @@ class SpeedLaw:
             return np.array([q for q, _ in laws], dtype=float), np.array([s for _, s in laws], dtype=float)
         if self.classes:
             weights = np.array([c.weight for c in self.classes], dtype=float)
+            weights /= weights.max()  # weights near the largest float would sum to inf
             picked = rng.choice(len(self.classes), size=count, p=weights / weights.sum())
             q = np.array([c.q_ms for c in self.classes])[picked]
             s = np.array([c.s_ms for c in self.classes])[picked]
