@@ -24,12 +24,11 @@ from typing import Any
 
 from benchmarks.cli_types import parse_resolved
 from benchmarks.report_output import add_report_options, publish
-from benchmarks.simulation.engine import Event, Scenario
+from benchmarks.simulation.engine import MAX_FACTOR, MAX_GLOBAL_BATCH, Event, Scenario
 from benchmarks.simulation.plots import FILE as PLOT_FILE, plot_rows
-from benchmarks.simulation.population import MAX_SIGMA, SpeedLaw, parse_classes
+from benchmarks.simulation.population import MAX_MS, MAX_SIGMA, MIN_Q_MS, SpeedLaw, parse_classes
 from benchmarks.simulation.sweep import grid, scenarios, summary, table, targets
-from common.ops.arg_types import (float_at_least, float_between, from_value_error, int_at_least, positive_float,
-                                  positive_int)
+from common.ops.arg_types import float_between, from_value_error, int_at_least, positive_int
 from ps.control.registry import POLICIES, policy_settings
 from ps.server_flags import add_policy_settings, setting_dest
 
@@ -74,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--change", choices=("no", "yes", "both"), default="both",
                      help="runs without the speed change, with it, or both (default)")
     run.add_argument("--change-fraction", type=float_between(0.0, 1.0), default=0.2, help="share of the workers whose speed changes (default 0.2)")
-    run.add_argument("--change-factor", type=positive_float, default=2.0,
+    run.add_argument("--change-factor", type=float_between(1.0 / MAX_FACTOR, MAX_FACTOR), default=2.0,
                      help="each changed worker becomes this many times slower or faster, each way with equal chance (default 2)")
     run.add_argument("--join", type=_event("join"), action="append", default=[], metavar="ROUND:COUNT",
                      help="COUNT workers join during ROUND (repeatable)")
@@ -82,19 +81,19 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--fail", type=_event("fail"), action="append", default=[], metavar="ROUND:COUNT",
                      help="COUNT workers stop answering in ROUND; the round waits --evict-ms for them")
     law = p.add_argument_group("the workers' time law: t = q·b + s, times lognormal noise")
-    law.add_argument("--q-ms", type=positive_float, default=0.5, help="median time per sample, ms (default 0.5)")
+    law.add_argument("--q-ms", type=float_between(MIN_Q_MS, MAX_MS), default=0.5, help="median time per sample, ms (default 0.5)")
     law.add_argument("--sigma", type=float_between(0.0, MAX_SIGMA), default=0.5,
                      help=f"lognormal spread of the time per sample, at most {MAX_SIGMA:g} (default 0.5)")
-    law.add_argument("--s-ms", type=float_at_least(0.0), default=10.0, help="fixed cost per step, ms (default 10)")
+    law.add_argument("--s-ms", type=float_between(0.0, MAX_MS), default=10.0, help="fixed cost per step, ms (default 10)")
     law.add_argument("--noise", type=float_between(0.0, MAX_SIGMA), default=0.05,
                      help=f"σ of each step's lognormal noise, at most {MAX_SIGMA:g} (default 0.05)")
     law.add_argument("--classes", type=from_value_error(parse_classes), default=[], metavar="NAME:Q:S[:WEIGHT],...",
                      help="a mix of device classes instead of lognormal speeds")
     server = p.add_argument_group("the server and the policy's settings")
-    server.add_argument("--server-fixed-ms", type=float_at_least(0.0), default=1.0, help="the server's cost per round, ms (default 1)")
-    server.add_argument("--server-per-worker-ms", type=float_at_least(0.0), default=0.02,
+    server.add_argument("--server-fixed-ms", type=float_between(0.0, MAX_MS), default=1.0, help="the server's cost per round, ms (default 1)")
+    server.add_argument("--server-per-worker-ms", type=float_between(0.0, MAX_MS), default=0.02,
                         help="the server's cost per pushing worker per round, ms (default 0.02)")
-    server.add_argument("--evict-ms", type=positive_float, default=10_000.0, help="wait before a failed worker is evicted")
+    server.add_argument("--evict-ms", type=float_between(0.0, MAX_MS, low_open=True), default=10_000.0, help="wait before a failed worker is evicted")
     server.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1)
     server.add_argument("--min-batch", type=positive_int, default=1)
     server.add_argument("--max-batch", type=positive_int, default=None)
@@ -157,6 +156,15 @@ def _divisors(n: int) -> list[int]:
     return sorted({*small, *(n // d for d in small)})
 
 
+def check_global_batch(args: argparse.Namespace) -> None:
+    """ValueError for a run whose B (--batch-per-worker x N) is above engine.py's MAX_GLOBAL_BATCH,
+    naming the largest --batch-per-worker every run takes (before check_micro_batch factors B)."""
+    most = max(args.workers)
+    if args.batch_per_worker * most > MAX_GLOBAL_BATCH:
+        raise ValueError(f"B {args.batch_per_worker * most} (--batch-per-worker {args.batch_per_worker} x {most} workers) "
+                         f"is above 2**53; use --batch-per-worker {MAX_GLOBAL_BATCH // most} at most")
+
+
 def check_event_rounds(args: argparse.Namespace) -> None:
     """ValueError for a --join, --leave or --fail event at or after --rounds: the run would never reach it."""
     for event in (*args.join, *args.leave, *args.fail):
@@ -172,6 +180,7 @@ def resolve(args: argparse.Namespace) -> None:
     if args.max_batch is not None and args.max_batch < args.min_batch:
         raise ValueError(f"--max-batch {args.max_batch} is below --min-batch {args.min_batch}")
     check_event_rounds(args)
+    check_global_batch(args)
     check_micro_batch(args)
     try:
         args.scenarios = grid_scenarios(args)

@@ -72,6 +72,10 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    resolved = [path.resolve() for path in args.results]
+    twice = next((path for path, full in zip(args.results, resolved, strict=True) if resolved.count(full) > 1), None)
+    if twice is not None:  # leave one out would predict its runs from themselves
+        parser.error(f"{twice} is given twice: each run is predicted from the others, so give each file once")
     try:
         runs = [run for path in args.results for run in read_runs(load(path), path.name)]
         rows = leave_one_out(runs, args.seed)

@@ -19,7 +19,6 @@ AssertionError."""
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,13 +27,17 @@ from typing import Any
 import numpy as np
 
 from benchmarks.simulation.optimum import Optimum, best_split, round_ms
-from benchmarks.simulation.population import Population, SpeedLaw
+from benchmarks.simulation.population import MAX_MS, Population, SpeedLaw
 from ps.control.checks import integer, positive, real
 from ps.control.config import PolicyConfig
 from ps.control.micro import unit_config
 from ps.control.policy import BatchPolicy, build_policy
 
 EVENT_KINDS = ("speed", "join", "leave", "fail")
+MAX_FACTOR = 1e6
+"""The most a speed change multiplies or divides a worker's times by (population.py's MAX_MS says why)."""
+MAX_GLOBAL_BATCH = 2**53
+"""The largest B: a float holds every whole number up to it, and a plan's batches fit an int64."""
 
 
 @dataclass(frozen=True)
@@ -62,8 +65,8 @@ class Event:
         if not 0.0 <= self.fraction <= 1.0:
             raise ValueError(f"a speed change's fraction of the workers must be in [0, 1], got {self.fraction}")
         for factor in (self.factor, *(f for _, f in self.scaled)):
-            if not 0.0 < factor < math.inf:
-                raise ValueError(f"a speed change's factor must be a finite number > 0, got {factor}")
+            if not 1.0 / MAX_FACTOR <= factor <= MAX_FACTOR:
+                raise ValueError(f"a speed change's factor must be in [{1.0 / MAX_FACTOR:g}, {MAX_FACTOR:g}], got {factor}")
         if self.scaled and self.kind != "speed":
             raise ValueError(f"only a speed event names workers to scale, not a {self.kind} event")
 
@@ -100,10 +103,13 @@ class Scenario:
         for name in ("workers", "global_batch", "rounds", "adjust_every"):
             integer(name, getattr(self, name), minimum=1)
         integer("seed", self.seed, minimum=0)
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise ValueError(f"global_batch {self.global_batch} is above {MAX_GLOBAL_BATCH} (2**53); lower B")
         for name in ("server_fixed_ms", "server_per_worker_ms"):
-            if real(name, getattr(self, name)) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        positive("evict_ms", self.evict_ms)
+            if not 0 <= real(name, getattr(self, name)) <= MAX_MS:
+                raise ValueError(f"{name} must be in [0, {MAX_MS:g}], got {getattr(self, name)}")
+        if positive("evict_ms", self.evict_ms) > MAX_MS:
+            raise ValueError(f"evict_ms must be at most {MAX_MS:g}, got {self.evict_ms}")
         config = self.config()
         m, unit = config.micro_batch, unit_config(config)  # a worker's bounds in whole micro-batches
         least = unit.min_batch * m
@@ -111,13 +117,12 @@ class Scenario:
         if most is not None and most < least:
             raise ValueError(f"max_batch {config.max_batch} holds no whole number of micro-batches of {m} "
                              f"from min_batch {config.min_batch} on")
-        drawn = self.workers + sum(e.count for e in self.events if e.kind == "join")
-        names = {f"w{i}" for i in range(drawn)}
-        for event in self.events:
-            unknown = [n for n, _ in event.scaled if n not in names]
+        for event in self.events:  # a worker joining in round j is drawn at its end: named from round j + 1 on
+            drawn = self.workers + sum(e.count for e in self.events if e.kind == "join" and e.round < event.round)
+            unknown = [n for n, _ in event.scaled if n not in {f"w{i}" for i in range(drawn)}]
             if unknown:
                 raise ValueError(f"the speed change at round {event.round} names {', '.join(map(str, unknown))}, "
-                                 f"not among the run's workers (w0 to w{drawn - 1})")
+                                 f"not among the run's workers by then (w0 to w{drawn - 1})")
         for start, count in self.living():
             if count == 0:
                 raise ValueError(f"the events leave no worker from round {start} on (a run needs one at least)")
@@ -165,12 +170,15 @@ class Scenario:
 @dataclass
 class Decision:
     """One `adjust`: the round it closed, whether it changed the plan, the policy's CPU for it (s),
-    and the plan it left (batches by population index, 0: parked or not in the job)."""
+    the plan it left (batches by population index, 0: parked or not in the job), and the round from
+    which the workers it planned for are in the job (`round` + 1 where a failure evicted workers as
+    the round closed, before the decision; else the last event's round at or before `round`)."""
 
     round: int
     changed: bool
     cpu_s: float
     plan: np.ndarray
+    workers_from: int
 
 
 @dataclass
@@ -294,7 +302,8 @@ class Simulation:
                 cpu = time.process_time()
                 after = self.policy.adjust()
                 spent = time.process_time() - cpu
-                self.trace.decisions.append(Decision(r, after != before, spent, self._install(r + 1, "decision")))
+                self.trace.decisions.append(Decision(r, after != before, spent, self._install(r + 1, "decision"),
+                                                     workers_from=max(self.trace.speeds_at)))
             if joining:
                 for name in self.pop.add(joining):
                     self.policy.add_worker(name)

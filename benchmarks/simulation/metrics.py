@@ -68,7 +68,9 @@ def phase(trace: Trace, start: int, end: int) -> dict[str, Any]:
     growing with N hides at thousands of workers)."""
     sc = trace.scenario
     opening = [p for effective, _, p in trace.plans if effective <= start][-1]
-    decisions = [d for d in trace.decisions if start <= d.round < end]
+    # a decision at the close of a round whose failure evicted workers planned for those left, not
+    # the phase's: it is the next phase's opening plan (or, with workers joining then, never in force)
+    decisions = [d for d in trace.decisions if start <= d.round < end and d.workers_from < end]
     plans = [opening, *(d.plan for d in decisions)]
     final = plans[-1]
     optimum = trace.optimum_at(start)

@@ -6,7 +6,9 @@ Water-filling on a level T: at T each worker takes the most samples it finishes 
 cap_k(T) = min(hi, ⌊(T − s_k)/q_k⌋), and a worker that cannot finish its minimum batch within T is
 parked. The continuous water level (T = (B + Σ s/q) / Σ 1/q over the workers in) starts a bisection
 on T for the least level whose caps add up to B: the integer optimum is that level, one of the values
-t_k(b). Its caps, trimmed to B from the workers that finish last, are the plan. Vectorised with
+t_k(b). Its caps, trimmed to B from the workers that finish last, are the plan (topped up to B by
+the workers that finish first where they fall short: a fixed cost so large that a unit's time is
+below its float resolution makes the caps jump past the level's). Vectorised with
 numpy: one level costs O(N). Exact for a minimum batch of one unit (the default: `min_batch` 1, or
 one micro-batch); with larger minimums a parked worker that would take part at the optimum level only
 with fewer than its minimum is left parked."""
@@ -58,7 +60,9 @@ def best_split(q: np.ndarray, s: np.ndarray, total: int, lo: int, hi: int, *, un
         raise ValueError(f"total {total} is not a whole number of units of {unit}")
     units, lo_u, hi_u = total // unit, -(-lo // unit), hi // unit
     qu = q * unit
-    if len(q) == 0 or hi_u * len(q) < units or (not park and lo_u * len(q) > units):
+    least = -(-units // hi_u) if hi_u else len(q) + 1  # the fewest workers that hold `units` within `hi`
+    busy = least if park else len(q)  # the fewest that take part, each with `lo` at the least
+    if len(q) == 0 or least > len(q) or busy * lo_u > units:
         raise ValueError(f"{len(q)} workers with batches in [{lo}, {hi}] cannot make up {total}")
     # the continuous water level over everyone, a lower bound of the integer one
     low = min(float((units + np.sum(s / qu)) / np.sum(1.0 / qu)), float(np.min(qu * lo_u + s)))
@@ -72,27 +76,49 @@ def best_split(q: np.ndarray, s: np.ndarray, total: int, lo: int, hi: int, *, un
             high = mid
         else:
             low = mid
-    plan = _caps(qu, s, high, lo_u, hi_u, park)
-    plan = _trim(qu, s, plan, int(plan.sum()) - units, lo_u)
+    plan = _fit(qu, s, _caps(qu, s, high, lo_u, hi_u, park), units, lo_u, hi_u)
     return Optimum(plan * unit, round_ms(qu, s, plan))
 
 
-def _trim(q: np.ndarray, s: np.ndarray, plan: np.ndarray, excess: int, lo: int) -> np.ndarray:
-    """`plan` less `excess` units, taken one at a time from the workers that finish last above their
-    minimum (a round never grows by it)."""
+def _fit(q: np.ndarray, s: np.ndarray, plan: np.ndarray, units: int, lo: int, hi: int) -> np.ndarray:
+    """`plan` brought to `units`: trimmed (`_trim`) where it is over, topped up (`_fill`) where it is
+    under. Parking a worker at its minimum can leave it under, and unparking one over; neither undoes
+    the other, since k busy workers are parked to k - 1 only where k·lo > units and unparked back only
+    where (k - 1)·hi < units: no k' workers could make up `units`, which best_split refuses first."""
     plan = plan.copy()
-    while excess > 0:
-        room = np.flatnonzero(plan > lo)
-        if len(room) == 0:  # everyone at the minimum: park the slowest (only with minimums above a unit)
-            busy = np.flatnonzero(plan > 0)
-            slowest = busy[np.argmax(q[busy] * plan[busy] + s[busy])]
-            excess -= int(plan[slowest])
-            plan[slowest] = 0
-            continue
-        finish = q[room] * plan[room] + s[room]
-        take = room[np.argsort(-finish, kind="stable")[:excess]]
-        plan[take] -= 1
-        excess -= len(take)
-    if excess < 0:
-        raise AssertionError("trimming went below the total")
+    while (excess := int(plan.sum()) - units) != 0:
+        (_trim if excess > 0 else _fill)(q, s, plan, abs(excess), lo, hi)
     return plan
+
+
+def _trim(q: np.ndarray, s: np.ndarray, plan: np.ndarray, excess: int, lo: int, hi: int) -> None:
+    """Take up to `excess` units from `plan`: one each from the workers above their minimum that
+    finish last, or an equal share from each where `excess` outnumbers them (the caps of a level a
+    float cannot resolve overshoot by millions, one unit a pass would not end); where everyone is at
+    the minimum, park the slowest."""
+    room = np.flatnonzero(plan > lo)
+    if len(room) == 0:  # only with minimums above a unit
+        busy = np.flatnonzero(plan > 0)
+        plan[busy[np.argmax(q[busy] * plan[busy] + s[busy])]] = 0
+        return
+    order = room[np.argsort(-(q[room] * plan[room] + s[room]), kind="stable")]
+    if excess < len(order):
+        plan[order[:excess]] -= 1
+    else:
+        plan[order] -= np.minimum(plan[order] - lo, excess // len(order))
+
+
+def _fill(q: np.ndarray, s: np.ndarray, plan: np.ndarray, short: int, lo: int, hi: int) -> None:
+    """Give up to `short` units to `plan`: one each to the busy workers below `hi` that finish first
+    with it, or an equal share to each where `short` outnumbers them; where every busy one is at
+    `hi`, unpark the worker that finishes its minimum first."""
+    room = np.flatnonzero((plan > 0) & (plan < hi))
+    if len(room) == 0:
+        idle = np.flatnonzero(plan == 0)
+        plan[idle[np.argmin(q[idle] * lo + s[idle])]] = lo
+        return
+    order = room[np.argsort(q[room] * (plan[room] + 1) + s[room], kind="stable")]
+    if short < len(order):
+        plan[order[:short]] += 1
+    else:
+        plan[order] += np.minimum(hi - plan[order], short // len(order))

@@ -45,7 +45,8 @@ def _series(rows: Sequence[Row], key: str) -> tuple[list[int], list[float]]:
 def plot_rows(rows: Sequence[Row], path: str | Path | None = None) -> Figure:
     """Three panels against N (log scale): decisions to steady (solid; after the change, dashed; a
     policy not steady is marked at the panel's top), round over the optimum (solid; compute alone,
-    dotted; log scale: equal splits sit at 2-5, the adaptive policies near 1) and CPU per decision
+    dotted; log scales: equal splits sit at 2-5, the adaptive policies near 1; linear where no row
+    has one, as with the change at round 0, since a log axis needs a value) and CPU per decision
     (median solid, largest dotted; log scale), the goals in grey."""
     if not rows:
         raise ValueError("the report has no rows to plot")
@@ -76,7 +77,9 @@ def plot_rows(rows: Sequence[Row], path: str | Path | None = None) -> Figure:
     steady_ax.set(xscale="log", ylim=(0, top * 1.08), xlabel="workers")
     steady_ax.set_title("decisions to steady (dashed: after change, x: never)", fontsize="medium")
     optimum_ax.axhline(OPTIMUM_GOAL, color="grey", linewidth=0.8)
-    optimum_ax.set(xscale="log", yscale="log", xlabel="workers")
+    if any(r.get(k) for r in rows for k in ("round_over_optimum", "compute_over_optimum")):
+        optimum_ax.set(xscale="log", yscale="log")  # log axes need a value to place
+    optimum_ax.set(xlabel="workers")
     optimum_ax.set_title("round / optimum (dotted: compute alone)", fontsize="medium")
     cpu_ax.plot([n for n, _ in CPU_GOALS], [ms for _, ms in CPU_GOALS], "v", color="grey", label="goal")
     cpu_ax.set(xscale="log", yscale="log", xlabel="workers")

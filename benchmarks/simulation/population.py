@@ -19,10 +19,24 @@ MAX_SIGMA = 3.0
 """The largest lognormal σ a law takes, for the workers' speeds and for a step's noise: three
 standard deviations out is e^9 ≈ 8,000 times the median already, and a σ of hundreds sends step
 times past what a float holds."""
+MIN_Q_MS, MAX_MS = 1e-12, 1e12
+"""The range of a time per sample a law takes, and the largest fixed cost (ms; 1e12 ms is some 30
+years). With σ and noise at most MAX_SIGMA, a speed change at most engine.py's MAX_FACTOR and B at
+most its MAX_GLOBAL_BATCH, every step and round stays a finite float, as the policies require of a
+time (ps/control/checks.py `real`), and so does a round over the optimum's in the report: q = 1e306
+ms, or classes a thousand orders of magnitude apart, give steps and ratios that overflow to inf."""
 
 
 def _finite(*values: float) -> bool:
     return all(math.isfinite(v) for v in values)
+
+
+def _law_ok(q_ms: float, s_ms: float) -> bool:
+    """Whether a time per sample and a fixed cost are within [MIN_Q_MS, MAX_MS] and [0, MAX_MS]."""
+    return MIN_Q_MS <= q_ms <= MAX_MS and 0 <= s_ms <= MAX_MS
+
+
+LAW_RANGE = f"q_ms in [{MIN_Q_MS:g}, {MAX_MS:g}], s_ms in [0, {MAX_MS:g}]"
 
 
 @dataclass(frozen=True)
@@ -35,8 +49,8 @@ class DeviceClass:
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (_finite(self.q_ms, self.s_ms, self.weight) and self.q_ms > 0 and self.s_ms >= 0 and self.weight > 0):
-            raise ValueError(f"device class {self.name!r} needs finite q_ms > 0, s_ms >= 0 and weight > 0; "
+        if not (_law_ok(self.q_ms, self.s_ms) and _finite(self.weight) and self.weight > 0):
+            raise ValueError(f"device class {self.name!r} needs {LAW_RANGE} and a finite weight > 0; "
                              f"got q_ms {self.q_ms:g}, s_ms {self.s_ms:g}, weight {self.weight:g}")
 
 
@@ -60,9 +74,8 @@ class SpeedLaw:
         object.__setattr__(self, "given", tuple((float(q), float(s)) for q, s in self.given))
         if any(not (_finite(q, s) and q > 0 and s >= 0) for q, s in self.given):
             raise ValueError(f"given laws need finite q > 0 and s >= 0; got {self.given}")
-        if not (_finite(self.q_ms, self.s_ms) and self.q_ms > 0 and self.s_ms >= 0
-                and 0 <= self.sigma <= MAX_SIGMA and 0 <= self.noise <= MAX_SIGMA):
-            raise ValueError(f"a speed law needs finite q_ms > 0 and s_ms >= 0, sigma and noise in [0, {MAX_SIGMA:g}]; "
+        if not (_law_ok(self.q_ms, self.s_ms) and 0 <= self.sigma <= MAX_SIGMA and 0 <= self.noise <= MAX_SIGMA):
+            raise ValueError(f"a speed law needs {LAW_RANGE}, sigma and noise in [0, {MAX_SIGMA:g}]; "
                              f"got q_ms {self.q_ms:g}, s_ms {self.s_ms:g}, sigma {self.sigma:g}, noise {self.noise:g}")
 
     def draw(self, count: int, rng: np.random.Generator, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -72,6 +85,7 @@ class SpeedLaw:
             return np.array([q for q, _ in laws], dtype=float), np.array([s for _, s in laws], dtype=float)
         if self.classes:
             weights = np.array([c.weight for c in self.classes], dtype=float)
+            weights /= weights.max()  # weights near the largest float would sum to inf
             picked = rng.choice(len(self.classes), size=count, p=weights / weights.sum())
             q = np.array([c.q_ms for c in self.classes])[picked]
             s = np.array([c.s_ms for c in self.classes])[picked]

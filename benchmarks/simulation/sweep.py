@@ -153,26 +153,27 @@ def _goal(name: str, values: list[Any], most: float) -> dict[str, Any]:
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    """The summary as a markdown table."""
+    """The summary as a markdown table: a missing count of decisions to steady reads "not steady",
+    any other missing value "-" (no decision to time, no phase before a change at round 0)."""
     head = ("| policy | N | decisions to steady | round / optimum (compute alone) | mean round / optimum "
             "| CPU per decision, ms (median / max) | policy CPU per round, ms | after the change: steady again "
             "| round / optimum (compute alone) | mean round / optimum |\n"
             "|---|---|---|---|---|---|---|---|---|---|")
     lines = [head]
     for r in rows:
-        lines.append(f"| {r['policy']} | {r['workers']} | {_show(r.get('decisions_to_steady'))} "
+        lines.append(f"| {r['policy']} | {r['workers']} | {_show(r.get('decisions_to_steady'), 'not steady')} "
                      f"| {_show(r.get('round_over_optimum'))} ({_show(r.get('compute_over_optimum'))}) "
                      f"| {_show(r.get('mean_round_over_optimum'))} | {_show(r.get('decision_ms_median'))} / "
                      f"{_show(r.get('decision_ms_max'))} | {_show(r.get('policy_ms_per_round'))} "
-                     f"| {_show(r.get('steady_again', '-'))} | {_show(r.get('round_over_optimum_after', '-'))} "
+                     f"| {_show(r.get('steady_again', '-'), 'not steady')} | {_show(r.get('round_over_optimum_after', '-'))} "
                      f"({_show(r.get('compute_over_optimum_after', '-'))}) "
                      f"| {_show(r.get('mean_round_over_optimum_after', '-'))} |")
     return "\n".join(lines)
 
 
-def _show(value: Any) -> str:
+def _show(value: Any, missing: str = "-") -> str:
     if value is None:
-        return "not steady"
+        return missing
     if isinstance(value, float):
         return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
     return str(value)

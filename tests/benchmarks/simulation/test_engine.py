@@ -111,3 +111,18 @@ def test_the_round_is_the_slowest_push_plus_the_servers_cost() -> None:
     trace = simulate(small(policy="uniform", law=SpeedLaw(q_ms=1.0, s_ms=2.0, sigma=0.0, noise=0.0),
                            server_fixed_ms=1.0, server_per_worker_ms=0.5))
     assert trace.round_ms[0] == pytest.approx(16 * 1.0 + 2.0 + 1.0 + 0.5 * 6)
+
+
+def test_times_a_float_cannot_hold_are_refused_and_the_largest_taken_stay_finite() -> None:
+    """A fixed cost of 1e308 ms or a speed change of 1e200 sends a step or a round to inf, which the
+    policy refuses mid-run; the largest values taken give finite rounds."""
+    for bad in ({"server_fixed_ms": 1e308}, {"server_per_worker_ms": 1e300}, {"evict_ms": 1e308}, {"global_batch": 2**53 + 1}):
+        with pytest.raises(ValueError):
+            small(**bad)
+    for factors in ({"factor": 1e200}, {"scaled": (("w0", 1e-200),)}):
+        with pytest.raises(ValueError, match=r"factor must be in \[1e-06, 1e\+06\]"):
+            Event(2, "speed", fraction=1.0, **factors)
+    trace = simulate(small(workers=4, global_batch=2**53, law=SpeedLaw(q_ms=1e12, s_ms=1e12, sigma=3.0, noise=3.0),
+                           server_fixed_ms=1e12, server_per_worker_ms=1e12, evict_ms=1e12, rounds=12,
+                           events=[Event(4, "speed", fraction=1.0, factor=1e6), Event(8, "fail", count=1)]))
+    assert np.isfinite(trace.round_ms).all()

@@ -51,3 +51,21 @@ def test_a_phases_mean_round_counts_every_plan_in_force_for_the_rounds_it_ran() 
                   in zip(trace.plans, [p[0] for p in trace.plans[1:]] + [40]) if r < 40) / 40
     assert mean_round(trace, 0, 40) == pytest.approx(by_hand)
     assert whole["mean_round_over_optimum"] > 5 * whole["round_over_optimum"]
+
+
+def test_a_decision_after_an_eviction_is_judged_with_the_workers_it_planned_for() -> None:
+    """A failure is evicted as its round closes, before that round's decision: the decision plans for
+    the two workers left, so it opens the next phase, and the phase before ends with the plan of
+    three (a plan of two against the optimum of three read 0.875). With workers joining in that
+    round too, the decision's plan is never in force (the joins' replan follows it at once)."""
+    law = SpeedLaw(noise=0.0, given=[(0.01, 0.0)])
+    trace = simulate(Scenario(policy="uniform", workers=3, global_batch=6, rounds=10, adjust_every=1, law=law,
+                              server_fixed_ms=0.0, events=[Event(5, "fail", count=1)]))
+    assert phases(trace) == [(0, 6), (6, 10)]
+    before, after = (phase(trace, a, b) for a, b in phases(trace))
+    assert (before["decisions"], after["decisions"]) == (5, 4)
+    assert before["round_over_optimum"] == after["round_over_optimum"] == 1.0
+    assert trace.decisions[5].round == 5 and trace.decisions[5].workers_from == 6
+    joined = simulate(Scenario(policy="uniform", workers=3, global_batch=6, rounds=10, adjust_every=1, law=law,
+                               server_fixed_ms=0.0, events=[Event(5, "fail", count=1), Event(5, "join", count=1)]))
+    assert [phase(joined, a, b)["round_over_optimum"] for a, b in phases(joined)] == [1.0, 1.0]

@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
+from benchmarks.simulation import optimum
 from benchmarks.simulation.optimum import best_split, round_ms
 
 
@@ -58,3 +59,58 @@ def test_bounds_that_cannot_make_up_the_total_are_refused() -> None:
         best_split(np.array([1.0, 1.0]), np.array([0.0, 0.0]), 30, 1, 10)
     with pytest.raises(ValueError):
         best_split(np.array([1.0]), np.array([0.0]), 30, 1, 30, unit=7)
+
+
+def test_a_fixed_cost_that_hides_a_units_time_still_gives_a_plan_of_the_total() -> None:
+    """At s = 1e9 ms a float cannot tell q·b + s for q = 1e-9 ms from s: every level's caps jump
+    past B or fall short of it, and the plan is topped up to B."""
+    best = best_split(np.full(3, 1e-9), np.full(3, 1e9), 6, 1, 6)
+    assert int(best.batches.sum()) == 6 and all(1 <= b <= 6 for b in best.batches)
+    assert best.round_ms == pytest.approx(1e9)
+
+
+def test_caps_far_off_the_total_are_brought_to_it_in_a_few_passes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At s = 1e12 ms a float's step is 1.2e-4 ms, 1.2e8 units of q = 1e-12 ms: the caps of any level
+    are off B by up to that many, and one unit a worker a pass took B / N passes (100,000 / 2 here,
+    2**52 at B = 2**53)."""
+    passes = []
+    for name in ("_trim", "_fill"):
+        step = getattr(optimum, name)
+        monkeypatch.setattr(optimum, name, lambda *a, step=step: passes.append(a[3]) or step(*a))
+    for total, q, s in ((100_000, [1e-12] * 2, [1e12] * 2), (10_000_000, [1e-12, 3e-12, 2e-12], [1e12, 1e12, 5e11])):
+        passes.clear()
+        best = best_split(np.array(q), np.array(s), total, 1, total)
+        assert int(best.batches.sum()) == total and len(passes) <= 4, passes[:8]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_minimums_above_a_unit_give_a_plan_of_the_total_within_the_bounds(seed: int) -> None:
+    """Parking a worker at its minimum of 2 or 3 can leave the plan short of B; the rest make it up.
+    A total no count of workers makes up within the bounds is refused."""
+    rnd = np.random.default_rng(seed)
+    n = int(rnd.integers(1, 4))
+    q = rnd.lognormal(0.0, 0.7, n).round(3).tolist()
+    s = rnd.choice([0.0, 2.0, 30.0], n).tolist()
+    lo = int(rnd.integers(2, 4))
+    total = int(rnd.integers(lo, 13))
+    hi = int(rnd.integers(max(lo + 1, -(-total // n)), total + 2))
+    least = brute_force(q, s, total, lo, hi)
+    if least == np.inf:
+        with pytest.raises(ValueError):
+            best_split(np.array(q), np.array(s), total, lo, hi)
+        return
+    best = best_split(np.array(q), np.array(s), total, lo, hi)
+    assert int(best.batches.sum()) == total and all(b == 0 or lo <= b <= hi for b in best.batches)
+    assert best.round_ms >= least - 1e-9
+
+
+def test_three_equal_workers_with_a_minimum_of_two_split_five_as_three_and_two() -> None:
+    best = best_split(np.ones(3), np.zeros(3), 5, 2, 5)
+    assert sorted(best.batches.tolist()) == [0, 2, 3] and best.round_ms == brute_force([1.0] * 3, [0.0] * 3, 5, 2, 5)
+
+
+def test_bounds_with_a_gap_no_count_of_workers_makes_up_are_refused() -> None:
+    with pytest.raises(ValueError):
+        best_split(np.ones(3), np.zeros(3), 5, 2, 2)
+    with pytest.raises(ValueError):
+        best_split(np.ones(2), np.zeros(2), 5, 3, 4)

@@ -53,3 +53,11 @@ def test_a_file_that_is_no_simulate_report_is_refused(tmp_path: Path, text: str)
     with pytest.raises(SystemExit) as exit_:
         plots.main([str(bad), "--out", str(tmp_path / "plots")])
     assert exit_.value.code == 2 and not (tmp_path / "plots").exists()
+
+
+def test_rows_without_a_round_over_the_optimum_are_drawn(tmp_path: Path) -> None:
+    """--rounds 1 --change yes: the change comes at round 0, so no row has a phase before it, and no
+    value for the log axis of the round over the optimum (matplotlib refuses a log axis of none)."""
+    empty = [{**row, "round_over_optimum": None, "compute_over_optimum": None} for row in rows()]
+    fig = plots.plot_rows(empty, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:8] == PNG and fig.axes[1].get_xscale() == "linear"

@@ -25,6 +25,13 @@ def test_device_classes_by_weight() -> None:
     assert set(zip(pop.q.tolist(), pop.s.tolist())) == {(0.1, 5.0), (1.0, 20.0)}
 
 
+def test_weights_near_the_largest_float_draw_by_their_ratio() -> None:
+    """Two weights of 1e308 summed to inf, and numpy refused the probabilities (nan)."""
+    pop = Population(SpeedLaw(classes=parse_classes("gpu:0.1:5:1e308,cpu:1:20:1e308")), np.random.default_rng(0))
+    pop.add(4000)
+    assert np.mean(pop.q == 0.1) == pytest.approx(0.5, abs=0.03)
+
+
 def test_steps_carry_noise_and_a_speed_change_scales_both_costs() -> None:
     pop = Population(SpeedLaw(q_ms=1.0, s_ms=4.0, sigma=0.0, noise=0.0), np.random.default_rng(0))
     names = pop.add(3)
@@ -41,11 +48,13 @@ def test_steps_carry_noise_and_a_speed_change_scales_both_costs() -> None:
 
 
 def test_bad_laws_are_refused() -> None:
-    for bad in ({"q_ms": 0.0}, {"s_ms": float("inf")}, {"sigma": -0.1}, {"noise": 1000.0}):
+    for bad in ({"q_ms": 0.0}, {"s_ms": float("inf")}, {"sigma": -0.1}, {"noise": 1000.0},
+                {"q_ms": 1e-300}, {"q_ms": 1e300}, {"s_ms": 1e300}):  # steps or their ratios past a float
         with pytest.raises(ValueError):
             SpeedLaw(**bad)
-    with pytest.raises(ValueError):
-        parse_classes("gpu:0.1")
+    for text in ("gpu:0.1", "gpu:1e-300:0,cpu:1:0", "gpu:1:1e300"):
+        with pytest.raises(ValueError):
+            parse_classes(text)
 
 
 def test_given_laws_are_taken_in_order_and_cycled_and_bad_ones_refused() -> None:

@@ -45,7 +45,13 @@ def test_a_named_speed_change_scales_those_workers_and_a_wrong_name_is_refused()
     assert trace.round_ms[1:3] == [pytest.approx(6.0 + 1.04), pytest.approx(18.0 + 1.04)]
     with pytest.raises(ValueError, match="names w2, not among the run's workers"):
         Scenario(policy="uniform", workers=2, global_batch=8, events=(Event(2, "speed", scaled=(("w2", 3.0),)),))
-    with pytest.raises(ValueError, match="factor must be a finite number > 0"):
+    joining = Event(2, "join", count=1)  # w2, drawn at round 2's end: a speed change names it from round 3 on
+    with pytest.raises(ValueError, match=r"names w2, not among the run's workers by then \(w0 to w1\)"):
+        Scenario(policy="uniform", workers=2, global_batch=8, events=(joining, Event(2, "speed", scaled=(("w2", 3.0),))))
+    later = simulate(Scenario(policy="uniform", workers=2, global_batch=8, rounds=5, law=law,
+                              events=(joining, Event(3, "speed", scaled=(("w2", 3.0),)))))
+    assert later.speeds_at[3][0].tolist() == [1.0, 1.0, 3.0]
+    with pytest.raises(ValueError, match=r"factor must be in \[1e-06, 1e\+06\]"):
         Event(2, "speed", scaled=(("w1", 0.0),))
     with pytest.raises(ValueError, match="only a speed event"):
         Event(2, "leave", count=1, scaled=(("w1", 2.0),))

@@ -73,11 +73,13 @@ def _write(path: Path, report: dict[str, Any]) -> Path:
 def test_reports_that_are_not_one_setups_throughput_runs_are_refused(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     schedule = _write(tmp_path / "schedule.json", {"kind": "schedule", "mode": "bsp"})
+    other = _write(tmp_path / "schedule-2.json", {"kind": "schedule", "mode": "bsp"})
     garbage = tmp_path / "garbage.json"
     garbage.write_text("{not json")
-    cases = [([str(schedule), str(schedule)], "not a benchmarks.hetero BSP throughput report"),
+    cases = [([str(schedule), str(other)], "not a benchmarks.hetero BSP throughput report"),
              ([str(garbage)], "cannot read it as JSON"),
-             ([str(HL8_DYNAMIC[0])], "two real runs")]
+             ([str(HL8_DYNAMIC[0])], "two real runs"),
+             ([str(HL8_DYNAMIC[0]), str(HL8_DYNAMIC[1]), str(HL8_DYNAMIC[0])], "is given twice")]
     for argv, needle in cases:
         with pytest.raises(SystemExit) as exit_info:
             simulation_check.main(argv)

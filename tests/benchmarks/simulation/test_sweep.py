@@ -38,3 +38,12 @@ def test_a_row_reads_the_phases_at_the_speed_change_whatever_other_events_cut_th
     (row,) = summary(unchanged)
     assert plain["rounds"] == [6, 60] and row["round_over_optimum"] == plain["round_over_optimum"]
     assert [g["name"] for g in targets(summary(changed), 0.5)][2].endswith("decisions to steady after 50% change speed")
+
+
+def test_a_run_without_decisions_shows_no_cpu_and_no_phase_before_a_change_at_round_0() -> None:
+    """--rounds 1 --change yes: no decision to time, and the change at round 0 leaves no phase before
+    it; the table says "-" there, and "not steady" only of decisions to steady."""
+    base = Scenario(policy="dynamic", workers=2, global_batch=8, rounds=1)
+    (row,) = summary(grid(scenarios(base, ["dynamic"], [2], 4, "yes", 0.5, 2.0)))
+    line = table([row]).splitlines()[-1]
+    assert line.startswith("| dynamic | 2 | not steady | - (-) | - | - / - | ") and "| not steady | 1" in line
