@@ -40,7 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(model="mlp", dataset="teacher", lr=0.1)
     p.add_argument("--global-batch", type=int, default=256, help="B, split across the simulated workers")
     p.add_argument("--shares", type=ints, default=[6, 6, 4, 32], help="the workers' shares of B (HL8: 6,6,4,32)")
-    p.add_argument("--points", type=ints, default=[1, 2, 5, 10, 20], help="epochs after which to compare")
+    p.add_argument("--points", type=epochs, default=[1, 2, 5, 10, 20],
+                   help="epochs after which to compare; a fraction is a part of an epoch (0.25: a quarter of its "
+                        "steps), for the first steps, where the noise scale moves fastest")
     p.add_argument("--smoothing", type=float, default=0.98, help="the online estimator's EWMA smoothing")
     p.add_argument("--frozen-rounds", type=int, default=200, help="rounds fed to the frozen-model estimates")
     p.add_argument("--tolerance", type=float, default=0.25, help="target: |online/true - 1| <= this")
@@ -192,13 +194,51 @@ class WindowTruth:
                 "signal_min": float(signal.min()), "signal_max": float(signal.max())}
 
 
+def epochs(text: str) -> list[float]:
+    """Comma-separated epochs > 0, fractions allowed (`--points`)."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated epochs, e.g. 0.25,1,2; got {text!r}") from None
+    if not values or not all(0.0 < v < math.inf for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated epochs > 0, e.g. 0.25,1,2; got {text!r}")
+    return values
+
+
+def point_steps(points: Sequence[float], steps_per_epoch: int) -> dict[int, float]:
+    """The step after which each point is compared (an epoch's fraction of its steps, at least one),
+    with the epoch it names; two points that fall on one step are one."""
+    return {max(1, round(e * steps_per_epoch)): (int(e) if float(e).is_integer() else e) for e in sorted(points)}
+
+
+def compared(trainer: Trainer, epoch: float, step: int, window: WindowTruth, online: Any, batches: list[int],
+             equal: list[int], args: argparse.Namespace) -> dict[str, Any]:
+    """One point: the online estimate after `step` rounds against the truth over its window and at the
+    point, and the frozen model's estimates from the split and from equal batches."""
+    from ps.rounds.evaluator import evaluate
+
+    smoothed = window.result(step)
+    truth = trainer.true_noise_scale()
+    now = described(online)
+    hetero = frozen_estimate(trainer, batches, args.frozen_rounds)
+    homo = frozen_estimate(trainer, equal, args.frozen_rounds)
+    accuracy = evaluate(trainer.model, trainer.data.test)[0]
+    trainer.model.train()  # evaluate() left it in eval mode
+    error = None if now["phi"] is None else abs(now["phi"] / smoothed["b_noise"] - 1.0)
+    return {
+        "epoch": epoch, "step": step, "test_accuracy": round(accuracy, 4),
+        "true_window": smoothed, "online": now, "online_ratio": ratio(now["phi"], smoothed["b_noise"]),
+        "true_point": truth, "frozen_split": hetero, "frozen_split_ratio": ratio(hetero["phi"], truth["b_noise"]),
+        "frozen_equal": homo, "frozen_equal_ratio": ratio(homo["phi"], truth["b_noise"]),
+        "within_tolerance": error is not None and error <= args.tolerance,
+    }
+
 def check(args: argparse.Namespace) -> dict[str, Any]:
     """Train with the heterogeneous split and compare the estimates with the truth at each point."""
     import torch
 
     from ps.control.global_batch.gns import NoiseScaleEstimator
     from ps.control.split import largest_remainder
-    from ps.rounds.evaluator import evaluate
 
     trainer = Trainer(args)
     shares = {str(k): float(s) for k, s in enumerate(args.shares)}
@@ -210,35 +250,21 @@ def check(args: argparse.Namespace) -> dict[str, Any]:
     if steps_per_epoch < 1:
         raise ValueError(f"--global-batch {args.global_batch} exceeds the {len(trainer.data.train_x)} training samples")
     online = NoiseScaleEstimator(smoothing=args.smoothing)
-    window = WindowTruth(args.smoothing, [e * steps_per_epoch for e in args.points])
+    at = point_steps(args.points, steps_per_epoch)
+    window = WindowTruth(args.smoothing, list(at))
     points, step = [], 0
     started = time.perf_counter()
-    for epoch in range(1, max(args.points) + 1):
+    while step < max(at):
         order = torch.randperm(len(trainer.data.train_x), generator=trainer.rng)
-        for s in range(steps_per_epoch):
+        for s in range(min(steps_per_epoch, max(at) - step)):
             window.record(trainer, step)
             grads = trainer.worker_gradients(order[s * args.global_batch:(s + 1) * args.global_batch], batches)
             local, overall, g = round_norms(grads, batches)
             online.observe(batches, local, overall)
             trainer.step(g.float())
             step += 1
-        if epoch not in args.points:
-            continue
-        smoothed = window.result(step)
-        truth = trainer.true_noise_scale()
-        now = described(online)
-        hetero = frozen_estimate(trainer, batches, args.frozen_rounds)
-        homo = frozen_estimate(trainer, equal, args.frozen_rounds)
-        accuracy = evaluate(trainer.model, trainer.data.test)[0]
-        trainer.model.train()  # evaluate() left it in eval mode
-        error = None if now["phi"] is None else abs(now["phi"] / smoothed["b_noise"] - 1.0)
-        points.append({
-            "epoch": epoch, "step": step, "test_accuracy": round(accuracy, 4),
-            "true_window": smoothed, "online": now, "online_ratio": ratio(now["phi"], smoothed["b_noise"]),
-            "true_point": truth, "frozen_split": hetero, "frozen_split_ratio": ratio(hetero["phi"], truth["b_noise"]),
-            "frozen_equal": homo, "frozen_equal_ratio": ratio(homo["phi"], truth["b_noise"]),
-            "within_tolerance": error is not None and error <= args.tolerance,
-        })
+            if step in at:
+                points.append(compared(trainer, at[step], step, window, online, batches, equal, args))
     return {
         "benchmark": "gns_check", "date": time.strftime("%Y-%m-%d"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

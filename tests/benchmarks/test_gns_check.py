@@ -45,6 +45,22 @@ def test_a_small_check_reports_every_point_and_the_frozen_estimates_find_the_tru
         assert point["within_tolerance"] == (abs(point["online_ratio"] - 1) <= 0.25)
 
 
+def test_a_point_within_the_first_epoch_is_compared_after_that_part_of_its_steps(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [*SMALL, "--global-batch", "64", "--points", "0.2,1", "--frozen-rounds", "20", "--json"]
+    assert gns_check.main(argv) == 0
+    report, _ = json.JSONDecoder().raw_decode(capsys.readouterr().out)
+    assert [(p["epoch"], p["step"]) for p in report["points"]] == [(0.2, 5), (1, 25)]
+    assert report["points"][0]["true_window"]["rounds"] == 5
+
+
+def test_points_are_epochs_above_zero() -> None:
+    assert gns_check.point_steps([2, 0.01, 0.5], 25) == {1: 0.01, 12: 0.5, 50: 2}
+    for text in ("0,1", "-1", "x", "", "inf"):
+        with pytest.raises(Exception, match="epochs"):
+            gns_check.epochs(text)
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [
