@@ -153,7 +153,7 @@ def test_period_is_the_shortest_the_kernel_accepts(shares: list[float]) -> None:
         assert min(shares) * (period - 1) < 1000
 
 
-@pytest.mark.parametrize("shares", [[], [0.0], [-1.0], [0.0005], [float("nan")]])
+@pytest.mark.parametrize("shares", [[], [0.0], [-1.0], [0.0005], [float("nan")], [1.5e-308, 1.0], [5e-324]])
 def test_period_rejects_bad_shares(shares: list[float]) -> None:
     with pytest.raises(ValueError):
         quota_period_us(shares)
@@ -208,6 +208,9 @@ def test_unknown_name_lists_the_known_ones() -> None:
         ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5]\n", r"bsp.step_overhead_ms must be one number or a list of one per worker \(2\)"),
         ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5, -1]\n", r"bsp.step_overhead_ms\[1\] must be a number of ms >= 0, got -1"),
         ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: lots\n", r"bsp.step_overhead_ms\[0\] must be a number of ms >= 0, got 'lots'"),
+        ("bsp:\n  workers: [1.0e+308, 1.0e+308]\n", "bsp.workers add up to more cores than a float holds"),
+        ("bsp:\n  workers: [1e-2, 1]\n", r"workers\[0\].*got '1e-2' \(text: YAML reads an exponent as a number only with a dot and a sign"),
+        ("asp:\n  workers: [1]\n  server: 2E3\n", r"asp.server .*got '2E3' \(text: YAML reads"),
     ],
 )
 def test_bad_profile_files_give_clear_errors(tmp_path: Path, text: str, message: str) -> None:
