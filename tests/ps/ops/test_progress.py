@@ -186,3 +186,10 @@ def test_a_change_of_the_adaptive_global_batch_is_a_line_and_a_decision_that_kee
     assert progress_line({**moved, "phi": None, "reason": "outside the bounds"}) == (
         "global batch 64 -> 89 (outside the bounds; noise scale unknown)")
     assert progress_line({**moved, "batch": 64, "global_batch": 64, "changed": False}) is None
+
+
+def test_a_worker_turned_away_at_the_join_wait_is_a_line() -> None:
+    """A server still waiting for its workers says that it turned one away (--join-wait), which the
+    worker was told: its operator sees more than the listening line."""
+    record = {"event": "join_wait", "worker": "w1", "waited_s": 5.0}
+    assert progress_line(record) == "w1: turned away after waiting 5 s for the job to start (--join-wait)"
