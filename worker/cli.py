@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from common.job.registry import ALLOW_IMPORT_FLAG
-from common.ops.arg_types import float_at_least, host_name, host_port, int_at_least, positive_float, positive_int
+from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, host_name, host_port, int_at_least, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
@@ -117,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-worker",
         description="Join a parameter server, build the job's model and data, and train until the server ends the job.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         epilog=env_help(ENVIRONMENT) + f", {TOKEN_ENV} (--token), {HEAP_RESERVE_ENV} (--heap-reserve)",
     )
     # required, from the flag or $PS_SERVER (parse_args checks)
