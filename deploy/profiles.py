@@ -283,8 +283,8 @@ def parse_profile(data: Mapping[str, Any], source: Path) -> Profile:
     if not modes:
         raise ValueError(f"{source}: define at least one of {', '.join(MODES)} with a 'workers' list")
     return Profile(
-        name=str(data.get("name", source.stem)),
-        description=str(data.get("description", "")),
+        name=" ".join(str(data.get("name", source.stem)).split()) or source.stem,  # one line: it heads generated files
+        description=" ".join(str(data.get("description", "")).split()),  # a YAML block (|) too: comments are one line
         modes=MappingProxyType(modes),
         source=source,
     )
@@ -339,8 +339,8 @@ def load_schedule(name_or_path: str | os.PathLike[str]) -> Schedule:
             if len(set(counts.values())) > 1:
                 raise ValueError(f"{path}: every phase must have the same number of {mode} workers, got {counts}")
     return Schedule(
-        name=str(data.get("name", path.stem)),
-        description=str(data.get("description", "")),
+        name=" ".join(str(data.get("name", path.stem)).split()) or path.stem,
+        description=" ".join(str(data.get("description", "")).split()),
         phases=phases,
         every_epochs=every_epochs,
         every_seconds=every_seconds,

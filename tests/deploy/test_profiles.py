@@ -320,3 +320,20 @@ def test_a_fixed_step_cost_becomes_the_workers_flag(tmp_path: Path) -> None:
     each = load_profile(write(tmp_path, "bsp:\n  workers: [1, 2]\n  step_overhead_ms: [0, 7.5]\n")).allocation("bsp")
     assert [each.worker_args(i) for i in range(2)] == [(), ("--step-overhead-ms", "7.5")]
     assert load_profile("hl8").allocation("bsp").worker_args(0) == ()
+
+
+def test_a_many_line_name_or_description_is_read_as_one_line(tmp_path: Path) -> None:
+    """A YAML block (`description: |`) heads the files written from the profile as one comment line: its
+    second line was a line of its own in compose-env's env file (`W0_CPUS=99` set, ` (BSP), HL = 4` not
+    KEY=value), and so in the schedule's and the Slurm script's header."""
+    from deploy.compose_env import parse_env, render_env
+
+    path = write(tmp_path, "name: |\n  mine\n  two\ndescription: |\n  four workers\n  W0_CPUS=99\n"
+                           "bsp:\n  workers: [1, 2, 3, 4]\n")
+    profile = load_profile(path)
+    assert (profile.name, profile.description) == ("mine two", "four workers W0_CPUS=99")
+    assert parse_env(render_env(profile, "bsp"))["W0_CPUS"] == "1"
+    assert load_profile(write(tmp_path, "name: ' '\nbsp:\n  workers: [1]\n")).name == "custom"
+    schedule = tmp_path / "s.yaml"
+    schedule.write_text("kind: schedule\nname: |\n  a\n  b\ndescription: |\n  c\n  d\nevery_epochs: 1\nphases: [hl1]\n")
+    assert (load_schedule(schedule).name, load_schedule(schedule).description) == ("a b", "c d")
