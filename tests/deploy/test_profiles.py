@@ -223,6 +223,8 @@ def test_bad_profile_files_give_clear_errors(tmp_path: Path, text: str, message:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         load_profile(tmp_path / "nope.yaml")
+    with pytest.raises(ValueError, match=f"profile file {tmp_path} is not a file"):
+        load_profile(tmp_path)  # it exists: "does not exist" would send a person looking for it
 
 
 def test_dynamic_schedule_has_the_fig_10_phases() -> None:
