@@ -37,7 +37,7 @@ from deploy.run_plan import (
 from deploy.run_report import write_report
 from deploy.schedule_phases import SchedulePhases
 from deploy.signals import ReceivedSignals, signals_as_exceptions
-from ps.ops.progress import EpochBar, adapt_line, on_terminal, trained_alongside
+from ps.ops.progress import EpochBar, adapt_line, on_terminal, progress_line, trained_alongside
 
 __all__ = [
     "DEFAULT_DATASET_ARGS", "DEFAULT_JOB", "DEFAULT_POLICY", "QUICK_DATASET_ARGS", "QUICK_JOB", "Emulation", "RunConfig",
@@ -172,6 +172,9 @@ class Emulation:
         elif kind == "summary" and self.bar is not None:
             self.bar.close()
             self.bar = None
+        elif kind in ("evict", "leave", "end") and not event.get("done") and (line := progress_line(event)) is not None:
+            # a worker gone from the running job (ps-cluster run starts no other), a job that ended early
+            self.say(f"  {line}")
         elif kind == "eval" and (self.bar is None or not self.bar.update(event)):
             self.say(f"  test accuracy after epoch {event['epoch']}: {100 * event['accuracy']:.1f}% (loss {event['loss']:.4f})")
 

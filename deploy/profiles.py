@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -33,6 +34,7 @@ SERVER_RESERVE = 0.5
 _PROFILE_KEYS = {"kind", "name", "description", *MODES}
 _ALLOCATION_KEYS = {"workers", "server", "gpus", "step_overhead_ms"}
 _SCHEDULE_KEYS = {"kind", "name", "description", "every_epochs", "every_seconds", "phases"}
+_EXPONENT_TEXT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 @dataclass(frozen=True)
@@ -151,18 +153,17 @@ def _check_share(value: Any, where: str) -> float:
 
 
 def _shown(value: Any, limit: int = 40) -> str:
-    """`value` for an error message, cut short (a 400-digit number in a YAML file stays readable)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """`value` for an error message, cut short (a 400-digit number in a YAML file stays readable); text
+    such as 1e-3, which YAML 1.1 reads as a string, says how to write it as a number."""
+    text = repr(value) if len(repr(value)) <= limit else repr(value)[: limit - 3] + "..."
+    if isinstance(value, str) and _EXPONENT_TEXT.fullmatch(value.strip()):
+        text += " (text: YAML reads an exponent as a number only with a dot and a sign, 1.0e-3, or write 0.001)"
+    return text
 
 
 def _builtin_files() -> dict[str, tuple[str, Path]]:
     """Built-in YAML files by name: ``name -> (kind, path)``."""
-    found: dict[str, tuple[str, Path]] = {}
-    for path in sorted(PROFILE_DIR.glob("*.yaml")):
-        data = _read_yaml(path)
-        found[path.stem] = (str(data.get("kind", "profile")), path)
-    return found
+    return {path.stem: (str(_read_yaml(path).get("kind", "profile")), path) for path in sorted(PROFILE_DIR.glob("*.yaml"))}
 
 
 def builtin_profiles() -> list[str]:
@@ -205,7 +206,7 @@ def _resolve(name_or_path: str | os.PathLike[str], kind: str, base: Path | None 
         if base is not None and not path.is_absolute():
             path = base / path
         if not path.is_file():
-            raise ValueError(f"{kind} file {path} does not exist")
+            raise ValueError(f"{kind} file {path} {'is not a file' if path.exists() else 'does not exist'}")
         return path
     name = os.fspath(name_or_path).strip().lower()
     builtins = _builtin_files()
@@ -242,6 +243,8 @@ def _parse_allocation(data: Any, where: str) -> Allocation:
     if not isinstance(workers, list) or not workers:
         raise ValueError(f"{where}.workers must be a non-empty list of CPU cores, one per worker")
     shares = tuple(_check_share(w, f"{where}.workers[{i}]") for i, w in enumerate(workers))
+    if not math.isfinite(sum(shares)):  # scaling divides by the sum: every share would be 0
+        raise ValueError(f"{where}.workers add up to more cores than a float holds; keep their ratios, smaller")
     server = data.get("server")
     gpus = data.get("gpus")
     if gpus is not None:
@@ -280,8 +283,8 @@ def parse_profile(data: Mapping[str, Any], source: Path) -> Profile:
     if not modes:
         raise ValueError(f"{source}: define at least one of {', '.join(MODES)} with a 'workers' list")
     return Profile(
-        name=str(data.get("name", source.stem)),
-        description=str(data.get("description", "")),
+        name=" ".join(str(data.get("name", source.stem)).split()) or source.stem,  # one line: it heads generated files
+        description=" ".join(str(data.get("description", "")).split()),  # a YAML block (|) too: comments are one line
         modes=MappingProxyType(modes),
         source=source,
     )
@@ -334,12 +337,10 @@ def load_schedule(name_or_path: str | os.PathLike[str]) -> Schedule:
         if all(mode in p.modes for p in phases):
             counts = {p.name: len(p.modes[mode].workers) for p in phases}
             if len(set(counts.values())) > 1:
-                raise ValueError(
-                    f"{path}: every phase must have the same number of {mode} workers, got {counts}"
-                )
+                raise ValueError(f"{path}: every phase must have the same number of {mode} workers, got {counts}")
     return Schedule(
-        name=str(data.get("name", path.stem)),
-        description=str(data.get("description", "")),
+        name=" ".join(str(data.get("name", path.stem)).split()) or path.stem,
+        description=" ".join(str(data.get("description", "")).split()),
         phases=phases,
         every_epochs=every_epochs,
         every_seconds=every_seconds,
@@ -385,13 +386,11 @@ def quota_period_us(shares: Sequence[float]) -> int:
     if not shares:
         raise ValueError("shares must not be empty")
     smallest = min(_check_share(s, f"shares[{i}]") for i, s in enumerate(shares))
-    period = max(MIN_PERIOD_US, math.ceil(MIN_QUOTA_US / smallest - 1e-6))
-    if period > MAX_PERIOD_US:
-        raise ValueError(
-            f"a share of {smallest:g} core needs a CFS period of {period} us, over the kernel's 1 s "
-            "limit; give the smallest worker at least 0.001 core (raise the CPU budget)"
-        )
-    return period
+    needed = MIN_QUOTA_US / smallest - 1e-6  # infinite for a share of a few 1e-308 cores
+    if needed > MAX_PERIOD_US:
+        raise ValueError(f"a share of {smallest:g} core needs a CFS period of {needed:.10g} us, over the kernel's 1 s "
+                         "limit; give the smallest worker at least 0.001 core (raise the CPU budget)")
+    return max(MIN_PERIOD_US, math.ceil(needed))
 
 
 def default_cpu_budget() -> float:

@@ -45,8 +45,12 @@ DEFAULT_POLICY = "auto"
 solves fixed speeds from its fitted laws and follows speeds that change (docs/policies.md)."""
 QUICK_EVERY_EPOCHS = 2
 """--quick with an epoch-based schedule: phases this many epochs long (the batch policy needs one to react)."""
-RESERVED_SERVER_FLAGS = ("--port", "--port-file", "--metrics-log", "--workers", "--host")
-"""ps-server flags the emulator sets itself."""
+RESERVED_SERVER_FLAGS = {
+    "--workers": "one worker per worker of the profile",
+    "--port": "it picks a free port and tells the workers", "--port-file": "it picks a free port and tells the workers",
+    "--host": "the server listens on loopback, beside its workers", "--metrics-log": "metrics.jsonl in --out",
+}
+"""ps-server flags the emulator sets itself, and why, as a refused --server-arg names it."""
 OWN_FLAGS = (
     "--mode", "--epochs", "--model", "--dataset", "--global-batch", "--lr", "--policy", "--controller", "--adjust-every",
     "--model-arg", "--dataset-arg",
@@ -102,7 +106,7 @@ class Plan:
 def _refused(flag: str) -> str | None:
     """Why ``ps-cluster run --server-arg`` refuses ``flag``, or None."""
     if flag in RESERVED_SERVER_FLAGS:
-        return " is set by the emulator (workers come from the profile)"
+        return f" is set by the emulator ({RESERVED_SERVER_FLAGS[flag]})"
     if flag in OWN_FLAGS:
         return f": use ps-cluster run {flag} instead"
     return None

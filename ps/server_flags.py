@@ -20,8 +20,8 @@ from ps.ops.metrics_http import add_endpoint_flags
 from ps.serving.server_options import add_call_flags, add_listen_flags
 from common.job.spec import (ALLREDUCE_ALGORITHMS, BALANCE_TIMES, FAST_PATH_CHOICES, MAX_EPOCHS, MODES, OPTIMIZERS,
                              SAMPLINGS, STALENESS_LR, WIRE_DTYPES)
-from common.ops.arg_types import (epoch_or_steps, eval_interval, float_at_least, float_between, from_value_error,
-                                  increasing_ints, int_at_least, int_between, positive_float, positive_int)
+from common.ops.arg_types import (DefaultsHelpFormatter, epoch_or_steps, eval_interval, float_at_least, float_between,
+                                  from_value_error, increasing_ints, int_at_least, int_between, positive_float, positive_int)
 
 
 def parse_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server",
         description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch policy.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     job = p.add_argument_group("job")
     job.add_argument("--mode", choices=MODES, default="bsp", help="synchronous rounds or asynchronous updates")

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from common.job.registry import ALLOW_IMPORT_FLAG
-from common.ops.arg_types import float_at_least, host_name, host_port, int_at_least, positive_float, positive_int
+from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, host_name, host_port, int_at_least, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
@@ -27,6 +27,7 @@ from worker.accumulate import backward_in_micro_batches
 from worker.transport.channel import channel_credentials
 from worker.transport.client import ServerError
 from worker.connection import DEFAULT_THREADS, connect
+from worker.runtime import Session
 from worker.device import DEVICE_CHOICES, resolve_device
 from worker.env_flags import env_help, parse_with_environment
 from worker.probes.cpu_parts import PROBE
@@ -117,7 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-worker",
         description="Join a parameter server, build the job's model and data, and train until the server ends the job.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
         epilog=env_help(ENVIRONMENT) + f", {TOKEN_ENV} (--token), {HEAP_RESERVE_ENV} (--heap-reserve)",
     )
     # required, from the flag or $PS_SERVER (parse_args checks)
@@ -202,6 +203,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
 
 
+def end_line(session: Session) -> str:
+    """The worker's last line: its steps, and why the job ended where the server stopped it before its
+    epochs (the survivors of a leave cannot hold the global batch), which "job done" would hide."""
+    parked = f" ({session.parked_polls} polls while parked)" if session.parked_polls else ""
+    streamed = f", {session.streamed_replies} replies streamed in forward order" if session.streamed_replies else ""
+    reason = session.plan.reason
+    ended = "job done" if reason in ("", "finished") else f"job ended ({reason})"
+    return f"{session.name}: {ended} after {session.steps} steps{parked}{streamed}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
@@ -229,9 +240,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       file=sys.stderr, flush=True)
             train(session, args.log_every, args.quiet)
             if not args.quiet:
-                parked = f" ({session.parked_polls} polls while parked)" if session.parked_polls else ""
-                streamed = f", {session.streamed_replies} replies streamed in forward order" if session.streamed_replies else ""
-                print(f"{session.name}: job done after {session.steps} steps{parked}{streamed}", file=sys.stderr, flush=True)
+                print(end_line(session), file=sys.stderr, flush=True)
     except ServerError as exc:
         print(f"ps-worker: error: {exc}", file=sys.stderr)
         code = 1

@@ -182,3 +182,14 @@ def port_number(text: str) -> int:
     if not 0 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"expected a port in 0-65535, got {text!r}")
     return value
+
+
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """argparse's `(default: X)` after each flag's help, but not on a flag that stores False, whose default
+    True would read as the flag being on (`--no-park (default: True)`), nor where the default is None
+    (unset), which says nothing the help does not."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if isinstance(action, argparse._StoreFalseAction) or action.default is None:
+            return action.help
+        return super()._get_help_string(action)

@@ -99,6 +99,10 @@ def progress_line(record: dict[str, Any]) -> str | None:
         line = f"{record['worker']} left: {record['why']}" if record.get("why") else f"{record['worker']}: {record['reason']}"
         if record.get("workers_left") == 0 and not record.get("done"):
             line += f" ({NO_WORKER_LEFT})"
+    elif event == "end" and record["reason"] not in ("finished", "stopping"):  # the summary line does not say why
+        line = f"job ended at epoch {record['epoch']}, step {record['step']}: {record['reason']}"
+    elif event == "join_wait":
+        line = f"{record['worker']}: turned away after waiting {record['waited_s']:g} s for the job to start (--join-wait)"
     elif event == "regroup":
         line = f"group generation {record['generation']}: {record['world_size']} workers over {record['backend']}"
         if record.get("algorithm"):

@@ -21,7 +21,7 @@ import grpc
 import torch
 
 from common.ops import address
-from common.ops.arg_types import positive_int
+from common.ops.arg_types import DefaultsHelpFormatter, positive_int
 from ps.ops.health import OVERALL, SERVING, Health
 from common.ops.memory import tune_malloc
 from ps.ops.metrics_http import add_endpoint_flags
@@ -46,7 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Shard server: holds one range of the parameters for a ps-server coordinator (see ps-server --shards). "
                 "Its control calls take only the coordinator's key, from $PS_SHARD_KEY or the file $PS_SHARD_KEY_FILE "
                 "names (required; ps-server --shards N sets it for the shards it starts).",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsHelpFormatter,
     )
     add_listen_flags(p, 0)
     add_endpoint_flags(p, "this shard's gRPC message bytes")

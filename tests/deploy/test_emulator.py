@@ -320,3 +320,23 @@ def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], needle
     errors = [line for line in text.splitlines() if line.strip()]
     assert len(errors) == 1 and needle in errors[0], text
     assert run_dirs(proc.pid) == []
+
+
+def test_a_worker_the_server_evicts_and_an_early_end_are_lines(tmp_path: Path) -> None:
+    """A worker whose quota is too small for a round's deadline is evicted and the job goes on without it:
+    ps-cluster run says so (and why a job ended early), where its epoch lines only showed `w3 b=   -`."""
+    import io
+
+    from deploy.emulator import Emulation, RunConfig, resolve
+
+    out = io.StringIO()
+    emulation = Emulation(resolve(RunConfig(out=tmp_path / "x", quick=True)), out)
+    reason = "evicted at round 3's deadline (5.0 s) without its push"
+    emulation._on_event({"event": "evict", "worker": "w3", "reason": reason, "step": 3, "epoch": 0,
+                         "workers_left": 3, "done": False})
+    emulation._on_event({"event": "end", "reason": "the workers left cannot split --global-batch", "step": 9, "epoch": 1})
+    emulation._on_event({"event": "end", "reason": "finished", "step": 9, "epoch": 1})
+    emulation._on_event({"event": "leave", "worker": "w0", "reason": "left", "step": 9, "epoch": 1, "workers_left": 2,
+                         "done": True})  # a finished job's workers going: no line
+    assert out.getvalue().splitlines() == [
+        f"  w3: {reason}", "  job ended at epoch 1, step 9: the workers left cannot split --global-batch"]

@@ -153,7 +153,7 @@ def test_period_is_the_shortest_the_kernel_accepts(shares: list[float]) -> None:
         assert min(shares) * (period - 1) < 1000
 
 
-@pytest.mark.parametrize("shares", [[], [0.0], [-1.0], [0.0005], [float("nan")]])
+@pytest.mark.parametrize("shares", [[], [0.0], [-1.0], [0.0005], [float("nan")], [1.5e-308, 1.0], [5e-324]])
 def test_period_rejects_bad_shares(shares: list[float]) -> None:
     with pytest.raises(ValueError):
         quota_period_us(shares)
@@ -208,6 +208,9 @@ def test_unknown_name_lists_the_known_ones() -> None:
         ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5]\n", r"bsp.step_overhead_ms must be one number or a list of one per worker \(2\)"),
         ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5, -1]\n", r"bsp.step_overhead_ms\[1\] must be a number of ms >= 0, got -1"),
         ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: lots\n", r"bsp.step_overhead_ms\[0\] must be a number of ms >= 0, got 'lots'"),
+        ("bsp:\n  workers: [1.0e+308, 1.0e+308]\n", "bsp.workers add up to more cores than a float holds"),
+        ("bsp:\n  workers: [1e-2, 1]\n", r"workers\[0\].*got '1e-2' \(text: YAML reads an exponent as a number only with a dot and a sign"),
+        ("asp:\n  workers: [1]\n  server: 2E3\n", r"asp.server .*got '2E3' \(text: YAML reads"),
     ],
 )
 def test_bad_profile_files_give_clear_errors(tmp_path: Path, text: str, message: str) -> None:
@@ -220,6 +223,8 @@ def test_bad_profile_files_give_clear_errors(tmp_path: Path, text: str, message:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         load_profile(tmp_path / "nope.yaml")
+    with pytest.raises(ValueError, match=f"profile file {tmp_path} is not a file"):
+        load_profile(tmp_path)  # it exists: "does not exist" would send a person looking for it
 
 
 def test_dynamic_schedule_has_the_fig_10_phases() -> None:
@@ -317,3 +322,20 @@ def test_a_fixed_step_cost_becomes_the_workers_flag(tmp_path: Path) -> None:
     each = load_profile(write(tmp_path, "bsp:\n  workers: [1, 2]\n  step_overhead_ms: [0, 7.5]\n")).allocation("bsp")
     assert [each.worker_args(i) for i in range(2)] == [(), ("--step-overhead-ms", "7.5")]
     assert load_profile("hl8").allocation("bsp").worker_args(0) == ()
+
+
+def test_a_many_line_name_or_description_is_read_as_one_line(tmp_path: Path) -> None:
+    """A YAML block (`description: |`) heads the files written from the profile as one comment line: its
+    second line was a line of its own in compose-env's env file (`W0_CPUS=99` set, ` (BSP), HL = 4` not
+    KEY=value), and so in the schedule's and the Slurm script's header."""
+    from deploy.compose_env import parse_env, render_env
+
+    path = write(tmp_path, "name: |\n  mine\n  two\ndescription: |\n  four workers\n  W0_CPUS=99\n"
+                           "bsp:\n  workers: [1, 2, 3, 4]\n")
+    profile = load_profile(path)
+    assert (profile.name, profile.description) == ("mine two", "four workers W0_CPUS=99")
+    assert parse_env(render_env(profile, "bsp"))["W0_CPUS"] == "1"
+    assert load_profile(write(tmp_path, "name: ' '\nbsp:\n  workers: [1]\n")).name == "custom"
+    schedule = tmp_path / "s.yaml"
+    schedule.write_text("kind: schedule\nname: |\n  a\n  b\ndescription: |\n  c\n  d\nevery_epochs: 1\nphases: [hl1]\n")
+    assert (load_schedule(schedule).name, load_schedule(schedule).description) == ("a b", "c d")

@@ -150,3 +150,19 @@ def test_shard_flags_ps_server_refuses_are_refused_when_planned_in_its_words(
         resolve(RunConfig(out=tmp_path / "x", quick=True, server_args=args))
     assert str(refused.value) == f"ps-server would refuse these arguments: {server_line.removeprefix('ps-server: error: ')}"
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(("flag", "why"), [
+    ("--workers=3", "--server-arg --workers is set by the emulator (one worker per worker of the profile)"),
+    ("--port=5000", "--server-arg --port is set by the emulator (it picks a free port and tells the workers)"),
+    ("--port-file=p", "--server-arg --port-file is set by the emulator (it picks a free port and tells the workers)"),
+    ("--host=0.0.0.0", "--server-arg --host is set by the emulator (the server listens on loopback, beside its workers)"),
+    ("--metrics-log=m.jsonl", "--server-arg --metrics-log is set by the emulator (metrics.jsonl in --out)"),
+])
+def test_a_flag_the_emulator_sets_is_refused_with_its_own_reason(tmp_path: Path, flag: str, why: str) -> None:
+    """Each flag the emulator sets says why it does: --port's refusal does not speak of the profile's workers."""
+    from deploy.emulator import RunConfig, resolve
+
+    with pytest.raises(ValueError) as refused:
+        resolve(RunConfig(out=tmp_path / "x", quick=True, server_args=[flag]))
+    assert str(refused.value) == why

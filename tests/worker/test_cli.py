@@ -4,6 +4,9 @@ server's where the worker never steps them itself (the PS path)."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+from typing import Any
+
 import pytest
 import torch
 from torch import nn
@@ -32,3 +35,19 @@ def test_on_finite_samples_the_parameters_are_named_with_their_largest_magnitude
                               "(the largest |value| 3e+38): its learning rate diverged")
     own = str(non_finite_loss("step 4: the loss is inf", x, model(2e20), servers=False))
     assert "at parameters whose largest |value| is 2e+20: the learning rate diverged" in own and "server's" not in own
+
+
+def test_the_last_line_says_why_a_job_the_server_stopped_ended() -> None:
+    """A job the server ended before its epochs (the workers left cannot split --global-batch) is not
+    "job done" on the worker: its last line gives the server's reason."""
+    from common.transport.messages import StepHeader
+    from worker.cli import end_line
+
+    def session(reason: str) -> Any:
+        plan = StepHeader(round=9, version=9, epoch=3, batch_size=0, done=True, lr=0.1, global_batch=64, reason=reason)
+        return SimpleNamespace(name="w0", steps=9, parked_polls=0, streamed_replies=9, plan=plan)
+
+    assert end_line(session("finished")) == "w0: job done after 9 steps, 9 replies streamed in forward order"
+    assert end_line(session("the workers left cannot split --global-batch (bounds sum to [2, 60])")) == (
+        "w0: job ended (the workers left cannot split --global-batch (bounds sum to [2, 60])) after 9 steps, "
+        "9 replies streamed in forward order")

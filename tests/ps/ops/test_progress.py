@@ -186,3 +186,22 @@ def test_a_change_of_the_adaptive_global_batch_is_a_line_and_a_decision_that_kee
     assert progress_line({**moved, "phi": None, "reason": "outside the bounds"}) == (
         "global batch 64 -> 89 (outside the bounds; noise scale unknown)")
     assert progress_line({**moved, "batch": 64, "global_batch": 64, "changed": False}) is None
+
+
+def test_a_worker_turned_away_at_the_join_wait_is_a_line() -> None:
+    """A server still waiting for its workers says that it turned one away (--join-wait), which the
+    worker was told: its operator sees more than the listening line."""
+    record = {"event": "join_wait", "worker": "w1", "waited_s": 5.0}
+    assert progress_line(record) == "w1: turned away after waiting 5 s for the job to start (--join-wait)"
+
+
+def test_a_job_that_ends_before_its_epochs_says_why() -> None:
+    """A job stopped by its workers (the survivors cannot hold B) ends before its epochs: the server's
+    lines say why, where before they went from the leave to the summary without a reason. A job that
+    finished, or one stopped by a signal, adds no line."""
+    record = {"event": "end", "step": 694, "epoch": 30,
+              "reason": "the workers left cannot split --global-batch (infeasible split of 64: bounds sum to [2, 60])"}
+    assert progress_line(record) == ("job ended at epoch 30, step 694: the workers left cannot split --global-batch "
+                                     "(infeasible split of 64: bounds sum to [2, 60])")
+    assert progress_line({**record, "reason": "finished"}) is None
+    assert progress_line({**record, "reason": "stopping"}) is None
