@@ -33,7 +33,7 @@ class Sampling:
     def __init__(self, state: JobState, num_samples: int) -> None:
         self.state = state
         self.num_samples = num_samples
-        self.slices = EpochSlices(num_samples, last_epoch=state.spec.epochs)
+        self.slices = EpochSlices(num_samples, last_epoch=self._last_epoch())
         self.fingerprint: str | None = None  # the first worker's declared dataset fingerprint ("" none)
         self._declared = 0  # the joins, waiting or done, that declared it
         self._opened: int | None = None  # BSP: the round whose slices were handed out
@@ -43,6 +43,14 @@ class Sampling:
     @property
     def exact(self) -> bool:
         return self.state.spec.exact_epochs
+
+    def _last_epoch(self) -> int:
+        """The last permutation handed out: BSP's last round wraps into π_E (E = --epochs) to keep its
+        planned size; ASP has no round to fill, and stops at the job's last epoch, π_(E-1): a worker that
+        stalls on a slice of an earlier epoch would otherwise let the others train up to all of π_E, an
+        epoch the job never asked for, before its eviction served that slice again."""
+        epochs = self.state.spec.epochs
+        return epochs if self.state.spec.mode == "bsp" else epochs - 1
 
     def check_join(self, length: int, fingerprint: str) -> None:
         """A worker's declared dataset (`length` 0: not declared) is the job's, or it is refused: a
@@ -74,9 +82,9 @@ class Sampling:
     def slice_for(self, member: Member, batch: int) -> tuple[int, tuple[SliceRange, ...], tuple[SliceRange, ...]]:
         """The batch a reply tells `member` for its next step, planned at `batch`, the ranges it hands it
         (none: independent sampling), and the ranges handed ahead for the step after (none: the last
-        epoch runs out first). The batch is smaller, or 0, only where the job's last epoch (π_E, which
-        the last round wraps into) ran out: in ASP, while a stalled worker holds slices of an earlier
-        epoch until it pushes or is evicted."""
+        epoch runs out first). The batch is smaller, or 0, only where the job's last epoch ran out (BSP:
+        π_E, which the last round wraps into; ASP: π_(E-1), at the job's end and while a stalled worker
+        holds slices of an earlier epoch until it pushes or is evicted)."""
         s = self.state
         if not self.exact or s.done or member.worker_id not in s.members:
             return batch, (), ()  # a reply to a worker removed meanwhile (its push's round closed after) hands nothing
@@ -186,7 +194,9 @@ class Sampling:
 
     def restore(self, state: dict[str, Any]) -> None:
         """From a checkpoint (one without slices: the resumed epoch starts its permutation afresh)."""
-        self.slices = EpochSlices.from_state(self.num_samples, state, int(state["epoch"]), self.state.spec.epochs)
+        # an ASP checkpoint may hold a cursor in π_E, where its last epoch once wrapped
+        last = max(self._last_epoch(), int(state.get("slice_epoch", 0)))
+        self.slices = EpochSlices.from_state(self.num_samples, state, int(state["epoch"]), last)
 
     def report(self) -> dict[str, Any]:
         return {"sampling": self.state.spec.sampling if self.exact else "independent",

@@ -123,10 +123,10 @@ def test_bsp_trains_every_sample_once_per_epoch_through_plan_changes_an_eviction
 
 
 def test_asp_trains_every_sample_once_per_epoch_through_plan_changes_an_eviction_and_a_rejoin(tmp_path: Path) -> None:
-    # the others go on while w1 is frozen (its slice holds its epoch open), and must not run through the
-    # job's last epoch before the eviction serves that slice again: slower steps, and more epochs (the
-    # digits model's steps are mostly overhead, which --slowdown does not stretch: on a quiet machine the
-    # others trained 3.5 epochs' samples in the 2 s before the eviction)
+    # the others go on while w1 is frozen (its slice holds its epoch open), up to the job's last epoch at
+    # most, and wait there for the eviction to serve that slice again: slower steps and more epochs keep
+    # them training through the freeze (the digits model's steps are mostly overhead, which --slowdown does
+    # not stretch: on a quiet machine the others trained 3.5 epochs' samples in the 2 s before the eviction)
     run_with_an_eviction(tmp_path, "asp", base=4 * BASE_SLOWDOWN, epochs=4 * EPOCHS)
 
 
