@@ -81,3 +81,24 @@ def test_a_run_that_ends_before_a_schedules_phase_says_so(tmp_path: Path) -> Non
     assert phases_not_reached(plan, every) == []
     profile = resolve(RunConfig(quick=True, cpu_budget=1.5, out=tmp_path / "b"))
     assert phases_not_reached(profile, []) == []
+
+
+def test_phases_a_clock_schedule_passed_over_are_called_skipped_not_unreached(tmp_path: Path) -> None:
+    """--every-seconds shorter than the clock's checks jumps from the first phase to the last: the
+    summary said the job "ended before" the middle phases and that a shorter --every-seconds reaches
+    them, which is the wrong way round."""
+    from deploy.emulator import RunConfig, resolve
+    from deploy.run_report import phases_not_reached, phases_skipped, print_summary
+
+    plan = resolve(RunConfig(schedule="swap", every_seconds=0.001, quick=True, cpu_budget=1.5, out=tmp_path / "a"))
+    reached = [{"event": "phase", "phase": 0, "profile": "hl8"}, {"event": "phase", "phase": 3, "profile": "hl8"}]
+    assert phases_not_reached(plan, reached) == []
+    assert phases_skipped(plan, reached) == ["2 hl8-swap", "3 hl1"]
+    result = {"summary": {}, "workers": [], "accuracy": None, "samples_per_s": 1.0, "train_wall_s": 1.0,
+              "total_wall_s": 2.0, "adjustments": 0, "limiting": "cgroup-v1", "phases": reached,
+              "phases_not_reached": [], "phases_skipped": phases_skipped(plan, reached)}
+    lines: list[str] = []
+    print_summary(plan, result, lines.append)
+    assert lines[-1] == ("the schedule's phase(s) 2 hl8-swap, 3 hl1 were skipped: each was over before the clock's "
+                         "next check, every 0.1 s or more (a longer --every-seconds runs them)")
+    assert not any("ended before" in line for line in lines)
