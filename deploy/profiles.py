@@ -73,8 +73,10 @@ class Profile:
         """The allocation for ``mode``; ValueError if the mode is unknown or not defined here."""
         mode = check_mode(mode)
         if mode not in self.modes:
+            where = f" ({self.source})" if self.source is not None else ""
             raise ValueError(
-                f"profile {self.name!r} defines no {mode} allocation (it has: {', '.join(self.modes)})"
+                f"profile {self.name!r}{where} defines no {mode} allocation (it has: {', '.join(self.modes)}; "
+                f"pass --mode {next(iter(self.modes))} or add the {mode} section)"
             )
         return self.modes[mode]
 

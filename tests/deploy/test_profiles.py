@@ -83,6 +83,10 @@ def test_copied_profile_can_have_any_workers_and_one_mode(tmp_path: Path) -> Non
     assert profile.allocation("bsp").workers == (1, 2, 3, 0.5, 4, 1.25)
     with pytest.raises(ValueError, match="defines no asp allocation"):
         profile.allocation("asp")
+    with pytest.raises(ValueError) as error:
+        profile.allocation("asp")
+    assert str(error.value) == (f"profile 'six' ({path}) defines no asp allocation (it has: bsp; "
+                                "pass --mode bsp or add the asp section)")
 
 
 def test_gpus_per_worker(tmp_path: Path) -> None:
