@@ -74,10 +74,8 @@ class Profile:
         mode = check_mode(mode)
         if mode not in self.modes:
             where = f" ({self.source})" if self.source is not None else ""
-            raise ValueError(
-                f"profile {self.name!r}{where} defines no {mode} allocation (it has: {', '.join(self.modes)}; "
-                f"pass --mode {next(iter(self.modes))} or add the {mode} section)"
-            )
+            raise ValueError(f"profile {self.name!r}{where} defines no {mode} allocation (it has: "
+                             f"{', '.join(self.modes)}; pass --mode {next(iter(self.modes))} or add the {mode} section)")
         return self.modes[mode]
 
 
