@@ -73,9 +73,18 @@ class ResumeSearch:
                 )
             return path, state, changes
         if not self.skipped:
-            raise ValueError(f"--resume {self.directory}: no checkpoint there")
+            raise ValueError(f"--resume {self.directory}: {self._why_none()}")
         reasons = "; ".join(f"{name}: {reason}" for name, reason in reversed(self.skipped))
         raise ValueError(f"--resume {self.directory}: no usable checkpoint there ({reasons})")
+
+    def _why_none(self) -> str:
+        """Why the folder gave no file to try: it is a file (a checkpoint's own path), it does not exist,
+        or it holds no ckpt-*.pt."""
+        if self.directory.is_file():
+            return f"a file, not a folder; --resume takes the folder of the checkpoints (--resume {self.directory.parent})"
+        if not self.directory.exists():
+            return "no such folder"
+        return "no checkpoint there (no ckpt-<step>.pt file)"
 
     def _skip(self, path: Path, reason: str) -> None:
         warn(f"skipping checkpoint {path.name}: {reason}")
