@@ -186,3 +186,16 @@ def test_a_change_of_the_adaptive_global_batch_is_a_line_and_a_decision_that_kee
     assert progress_line({**moved, "phi": None, "reason": "outside the bounds"}) == (
         "global batch 64 -> 89 (outside the bounds; noise scale unknown)")
     assert progress_line({**moved, "batch": 64, "global_batch": 64, "changed": False}) is None
+
+
+def test_the_summary_line_of_a_job_that_stopped_early_says_why() -> None:
+    """A BSP job whose survivors' --max-batch could not make up B after a leave ended at epoch 1 of 3
+    with a summary line like a finished job's: the reason was only in the metrics log."""
+    record = {"event": "summary", "mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0,
+              "samples_per_s": 4494.06, "accuracy": 0.36, "reason": "finished"}
+    assert progress_line(record) == ('summary: {"mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0, '
+                                     '"samples_per_s": 4494.06, "accuracy": 0.36}')
+    why = "the workers left cannot split --global-batch (the workers' max_batch sum to 40 < global_batch 64)"
+    assert progress_line({**record, "reason": why}) == (
+        'summary: {"mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0, "samples_per_s": 4494.06, '
+        f'"accuracy": 0.36, "reason": "{why}"}}')
