@@ -31,7 +31,7 @@ def summary(state: JobState, start_time: float | None, end_time: float | None, a
         "adjustments": s.policy.adjustments,
         "batch_sizes": s.policy.plan(),
         "parked": s.policy.parked(),
-        "update_counts": {m.name: m.updates for m in s.members.values()},
+        "update_counts": s.membership.update_counts(),
         "reason": s.reason,
     }
 
