@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from deploy import strict_yaml
 from deploy.cgroups import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US
 from common.job.spec import MAX_EPOCHS
 from common.number_checks import real_number
@@ -184,7 +185,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read: {exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = strict_yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from exc
     if not isinstance(data, dict):
