@@ -206,7 +206,7 @@ def _resolve(name_or_path: str | os.PathLike[str], kind: str, base: Path | None 
         if base is not None and not path.is_absolute():
             path = base / path
         if not path.is_file():
-            raise ValueError(f"{kind} file {path} does not exist")
+            raise ValueError(f"{kind} file {path} " + ("is a folder, not a YAML file" if path.is_dir() else "does not exist"))
         return path
     name = os.fspath(name_or_path).strip().lower()
     builtins = _builtin_files()

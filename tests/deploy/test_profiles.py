@@ -224,6 +224,13 @@ def test_bad_profile_files_give_clear_errors(tmp_path: Path, text: str, message:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         load_profile(tmp_path / "nope.yaml")
+    with pytest.raises(ValueError) as error:  # it said a folder "does not exist"
+        load_schedule(tmp_path / "sub/")
+    assert str(error.value) == f"schedule file {tmp_path / 'sub'} does not exist"
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ValueError) as error:
+        load_schedule(f"{tmp_path / 'sub'}/")
+    assert str(error.value) == f"schedule file {tmp_path / 'sub'} is a folder, not a YAML file"
 
 
 def test_dynamic_schedule_has_the_fig_10_phases() -> None:
