@@ -100,6 +100,10 @@ def run_docker(argv: list[str]) -> None:
         ) from exc
 
 
+MAX_SLEEP_S = 86400.0
+"""The longest single sleep between phases: a long --every-seconds (1e300) waits in such steps."""
+
+
 def apply(
     phases: list[Phase],
     *,
@@ -111,9 +115,8 @@ def apply(
     """Run each phase's commands at its start time (relative to now), logging each to ``out``."""
     origin = clock()
     for phase in phases:
-        wait = origin + phase.start_s - clock()
-        if wait > 0:
-            sleep(wait)
+        while (wait := origin + phase.start_s - clock()) > 0:
+            sleep(min(wait, MAX_SLEEP_S))  # time.sleep refuses a wait past the platform's time_t
         print(f"# phase {phase.index + 1}/{len(phases)}: {phase.profile}", file=out, flush=True)
         for command in phase.commands:
             print(shlex.join(command), file=out, flush=True)

@@ -35,7 +35,7 @@ from deploy.run_plan import (
     unreached,
 )
 from deploy.run_report import write_report
-from deploy.schedule_phases import SchedulePhases
+from deploy.schedule_phases import POLL_S, SchedulePhases
 from deploy.signals import ReceivedSignals, signals_as_exceptions
 from ps.ops.progress import EpochBar, adapt_line, on_terminal, progress_line, trained_alongside
 
@@ -43,9 +43,6 @@ __all__ = [
     "DEFAULT_DATASET_ARGS", "DEFAULT_JOB", "DEFAULT_POLICY", "QUICK_DATASET_ARGS", "QUICK_JOB", "Emulation", "RunConfig",
     "RunFailed", "resolve", "run",
 ]
-
-POLL_S = 0.1
-"""How often the run reads the metrics log and checks its processes, in seconds."""
 
 
 class RunFailed(RuntimeError):

@@ -190,6 +190,21 @@ def _shade_phases(ax: Any, events: Events, phases: Sequence[Mapping[str, Any]]) 
         ax.set_ylim(top=ax.get_ylim()[1] * 1.08)
 
 
+def _eval_walls(events: Events) -> list[tuple[Mapping[str, Any], float]]:
+    """Each `eval` record with its wall time on one axis: a log that a `--resume` appended to holds a
+    second run whose `wall_s` starts again at 0, placed after the last time the run before it logged."""
+    out: list[tuple[Mapping[str, Any], float]] = []
+    offset = last = 0.0
+    for event in events:
+        if event.get("event") == "resume":
+            offset = last
+        elif event.get("wall_s") is not None and event.get("event") in ("epoch", "eval", "summary"):
+            last = max(last, offset + float(event["wall_s"]))
+            if event.get("event") == "eval":
+                out.append((event, offset + float(event["wall_s"])))
+    return out
+
+
 def plot_accuracy(
     runs: Events | Mapping[str, Events], path: str | Path | None = None, *, title: str = "Test accuracy",
 ) -> Figure:
@@ -197,10 +212,11 @@ def plot_accuracy(
     fig, ax = _figure()
     named = dict(runs) if isinstance(runs, Mapping) else {"": runs}
     for label, events in named.items():
-        evals = sorted(_of(events, "eval"), key=lambda e: float(e["wall_s"]))
-        if not evals:
+        timed = sorted(_eval_walls(events), key=lambda pair: pair[1])
+        if not timed:
             continue
-        xs = [float(e["wall_s"]) for e in evals]
+        evals = [e for e, _ in timed]
+        xs = [x for _, x in timed]
         ys = [100.0 * float(e["accuracy"]) for e in evals]
         ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.6, label=label or None)
         if len(named) == 1:

@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from deploy import strict_yaml
 from deploy.cgroups import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US
 from common.job.spec import MAX_EPOCHS
 from common.number_checks import real_number
@@ -75,9 +76,9 @@ class Profile:
         """The allocation for ``mode``; ValueError if the mode is unknown or not defined here."""
         mode = check_mode(mode)
         if mode not in self.modes:
-            raise ValueError(
-                f"profile {self.name!r} defines no {mode} allocation (it has: {', '.join(self.modes)})"
-            )
+            where = f" ({self.source})" if self.source is not None else ""
+            raise ValueError(f"profile {self.name!r}{where} defines no {mode} allocation (it has: "
+                             f"{', '.join(self.modes)}; pass --mode {next(iter(self.modes))} or add the {mode} section)")
         return self.modes[mode]
 
 
@@ -185,7 +186,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise ValueError(f"{path}: cannot read: {exc}") from exc
     try:
-        data = yaml.safe_load(text)
+        data = strict_yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ValueError(f"{path}: not valid YAML: {exc}".replace("\n", " ")) from exc
     if not isinstance(data, dict):
@@ -206,7 +207,8 @@ def _resolve(name_or_path: str | os.PathLike[str], kind: str, base: Path | None 
         if base is not None and not path.is_absolute():
             path = base / path
         if not path.is_file():
-            raise ValueError(f"{kind} file {path} {'is not a file' if path.exists() else 'does not exist'}")
+            why = "is a folder, not a YAML file" if path.is_dir() else "is not a file" if path.exists() else "does not exist"
+            raise ValueError(f"{kind} file {path} {why}")
         return path
     name = os.fspath(name_or_path).strip().lower()
     builtins = _builtin_files()

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from deploy.run_plan import Plan
+from deploy.schedule_phases import POLL_S
 
 
 def _cores(share: float) -> str:
@@ -54,6 +55,7 @@ def write_report(plan: Plan, events: list[dict[str, Any]], phases: list[dict[str
         "epochs": summary.get("epochs"),
         "phases": phases,
         "phases_not_reached": phases_not_reached(plan, phases),
+        "phases_skipped": phases_skipped(plan, phases),
         "plots": [str(p) for p in paths],
         "summary": summary,
     }
@@ -89,11 +91,26 @@ def print_summary(plan: Plan, result: dict[str, Any], say: Callable[[str], None]
         unit = "--every-epochs" if schedule is not None and schedule.every_epochs is not None else "--every-seconds"
         say(f"the job ended before the schedule's phase(s) {', '.join(missed)}: they never ran "
             f"(a shorter {unit} or more --epochs reaches them)")
+    skipped = result.get("phases_skipped") or []
+    if skipped:
+        say(f"the schedule's phase(s) {', '.join(skipped)} were skipped: each was over before the "
+            f"clock's next check, every {POLL_S:g} s or more (a longer --every-seconds runs them)")
 
 
 def phases_not_reached(plan: Plan, phases: list[dict[str, Any]]) -> list[str]:
-    """The schedule's phases a run never entered, as 'index name' (none without a schedule)."""
+    """The schedule's phases after the last one a run entered, as 'index name': the job ended before
+    them (none without a schedule)."""
+    if plan.schedule is None:
+        return []
+    last = max((int(r["phase"]) for r in phases), default=-1)
+    return [f"{i + 1} {p.name}" for i, p in enumerate(plan.profiles) if i > last]
+
+
+def phases_skipped(plan: Plan, phases: list[dict[str, Any]]) -> list[str]:
+    """The schedule's phases a run never entered although it entered a later one, as 'index name': on
+    the wall clock a phase shorter than the time between the clock's checks is passed over."""
     if plan.schedule is None:
         return []
     reached = {int(r["phase"]) for r in phases}
-    return [f"{i + 1} {p.name}" for i, p in enumerate(plan.profiles) if i not in reached]
+    last = max(reached, default=-1)
+    return [f"{i + 1} {p.name}" for i, p in enumerate(plan.profiles) if i < last and i not in reached]

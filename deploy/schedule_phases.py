@@ -12,6 +12,9 @@ from typing import Any
 from deploy.launcher import LocalCluster
 from deploy.run_plan import Plan
 
+POLL_S = 0.1
+"""How often the run reads the metrics log, checks its processes and the clock of a schedule in seconds."""
+
 
 def format_shares(names: Sequence[str], shares: Sequence[float]) -> str:
     """``w0=1 w1=0.25``: each worker's share of cores."""

@@ -115,7 +115,10 @@ def progress_line(record: dict[str, Any]) -> str | None:
     elif event == "resume":
         line = f"resumed at epoch {record['epoch']}, step {record['step']} (params sha256 {record['params_sha256'][:12]})"
     elif event == "summary":
-        line = "summary: " + json.dumps({k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")})
+        shown = {k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")}
+        if record.get("reason") not in (None, "finished"):  # it ended before its last epoch: say why
+            shown["reason"] = record["reason"]
+        line = "summary: " + json.dumps(shown)
     else:
         return None
     return line

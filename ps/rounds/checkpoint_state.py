@@ -60,14 +60,29 @@ def resume_changes(checkpoint: dict[str, Any], spec: JobSpec) -> dict[str, tuple
     differ = sorted(k for k in current if saved.get(k) != current[k])
     refused = [k for k in differ if k not in RESUMABLE_FIELDS]
     if refused:
-        values = "; ".join(f"{k}: checkpoint {saved.get(k)!r:.60}, command line {current[k]!r:.60}" for k in refused)
-        raise ValueError(f"the checkpoint was written for a different job: {', '.join(refused)} differ ({values}); "
+        values = "; ".join(f"{job_flag(k)}: checkpoint {_shown(saved.get(k), k)}, command line {_shown(current[k], k)}"
+                           for k in refused)
+        raise ValueError(f"the checkpoint was written for a different job: {', '.join(map(job_flag, refused))} "
+                         f"{'differs' if len(refused) == 1 else 'differ'} ({values}); "
                          "start the server with the job's original flags")
     return {k: (saved.get(k), current[k]) for k in differ}
 
 
-NEGATED_FLAGS = {"overlap"}
+NEGATED_FLAGS = {"overlap", "lr_scaling"}
 """Fields whose flag turns them off (--no-overlap): the flag is on where the field is False."""
+_FLAGS = {"model_options": "--model-arg", "dataset_options": "--dataset-arg", "lr_scaling": "--no-lr-scaling",
+          **RESUMABLE_FIELDS}
+"""The ps-server flag of each job spec field whose flag is not its name with dashes."""
+
+
+def job_flag(field: str) -> str:
+    """The ps-server flag that sets job spec field `field` (`global_batch`: --global-batch)."""
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def _shown(value: Any, field: str) -> str:
+    """A spec value in a refusal: a switch as on or off (as its flag reads), anything else as written, cut short."""
+    return _flag_value(value, field) if isinstance(value, bool) else f"{value!r:.60}"
 
 
 def describe_resume_changes(changes: dict[str, tuple[Any, Any]]) -> str:

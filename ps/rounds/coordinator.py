@@ -170,7 +170,8 @@ class Coordinator(CoordinatorParts):
 
     def summary(self) -> dict[str, Any]:
         e = self.evaluation
-        return {**summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss),
+        return {**summary(self, self.epochs.start_time, self.epochs.end_time, e.last_accuracy, e.last_loss,
+                          self.epochs.start_samples),
                 **self.deadlines.report(), **self.sampling.report(), **self.norms.report()}
 
     def status(self) -> JobStatus:

@@ -28,14 +28,17 @@ class Epochs:
         self.end_time: float | None = None
         self.epoch_start_time: float | None = None
         self.epoch_start_samples = 0
+        self.start_samples = 0  # the samples trained before this run's start (a resume's)
         self.steps_since_adjust = 0
         self.steps_since_checkpoint = 0
         self._first_round_logged = False
         self._last_record: dict[str, Any] | None = None  # the last `epoch` record's fields (`end_epoch`'s along)
 
     def start(self, now: float) -> None:
-        """The job (and its first epoch here) starts at `now`."""
+        """The job (and its first epoch here) starts at `now`, with the samples a resumed checkpoint had
+        trained already counted (`start_samples`: the summary's throughput is this run's alone)."""
         self.start_time = self.epoch_start_time = now
+        self.start_samples = self.state.samples
 
     def resumed(self, samples: int) -> None:
         """Before the start: a checkpoint's epoch had trained `samples` when it was written."""

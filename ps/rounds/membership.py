@@ -106,6 +106,7 @@ class Membership:
         self.active: dict[str, Member] = {}
         self.pending: dict[str, Member] = {}
         self.departed: dict[str, str] = {}  # worker id -> why it went ("left", "evicted after ...")
+        self.departed_updates: dict[str, int] = {}  # name -> the updates its departed members made
         self.names = names or Rejoins()
         self._joined = 0
 
@@ -144,6 +145,14 @@ class Membership:
     def members(self) -> list[Member]:
         return [*self.active.values(), *self.pending.values()]
 
+    def update_counts(self) -> dict[str, int]:
+        """The updates each name's pushes made in this run: the active members' and the departed ones'
+        (a worker that left, or left and rejoined, trained too)."""
+        counts = dict(self.departed_updates)
+        for m in self.active.values():
+            counts[m.name] = counts.get(m.name, 0) + m.updates
+        return counts
+
     def get(self, worker_id: str) -> Member:
         """An active member; departed ones are told to rejoin, unknown ones to join."""
         member = self.active.get(worker_id)
@@ -178,6 +187,10 @@ class Membership:
         member = self.active.pop(worker_id, None)
         if member is not None:
             self.names.departed(member.name, member.updates > 0, now)
+            if member.updates:
+                if member.name not in self.departed_updates and len(self.departed_updates) >= MAX_DEPARTED:
+                    self.departed_updates.pop(next(iter(self.departed_updates)))
+                self.departed_updates[member.name] = self.departed_updates.get(member.name, 0) + member.updates
         else:
             member = self.pending.pop(worker_id)
         if len(self.departed) >= MAX_DEPARTED:

@@ -10,8 +10,9 @@ from ps.rounds.state import JobState
 
 
 def summary(state: JobState, start_time: float | None, end_time: float | None, accuracy: float | None,
-            loss: float | None) -> dict[str, Any]:
-    """The job's totals: its rounds, updates and epochs, its throughput, its last evaluation."""
+            loss: float | None, start_samples: int = 0) -> dict[str, Any]:
+    """The job's totals: its rounds, updates and epochs, its last evaluation; its throughput over this
+    run's wall time and the samples trained in it (a resumed job's `start_samples` were trained before)."""
     s = state
     end = end_time or s.clock()
     wall = end - (start_time or end)
@@ -24,13 +25,13 @@ def summary(state: JobState, start_time: float | None, end_time: float | None, a
         "rounds": s.round,
         "updates": s.version,
         "wall_s": round(wall, 3),
-        "samples_per_s": round(s.samples / wall, 2) if wall > 0 else None,
+        "samples_per_s": round((s.samples - start_samples) / wall, 2) if wall > 0 else None,
         "accuracy": accuracy,
         "loss": loss,
         "adjustments": s.policy.adjustments,
         "batch_sizes": s.policy.plan(),
         "parked": s.policy.parked(),
-        "update_counts": {m.name: m.updates for m in s.members.values()},
+        "update_counts": s.membership.update_counts(),
         "reason": s.reason,
     }
 

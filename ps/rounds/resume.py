@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from common.job.spec import JobSpec
-from ps.checkpoint import readable_checkpoints
+from ps.checkpoint import NAME, readable_checkpoints
 from ps.ops.metrics import MetricsLog
 from ps.rounds.checkpoint_checks import InvalidCheckpoint, check_checkpoint
 
@@ -32,6 +32,17 @@ def warn(message: str) -> None:
 
 Candidate = tuple[Path, dict[str, Any], dict[str, tuple[Any, Any]]]
 """A checkpoint that passed its checks: (path, state, the job settings that differ from it)."""
+
+
+def _check_named_step(path: Path, state: dict[str, Any], spec: JobSpec) -> None:
+    """The step in the file's name is the one it holds (BSP: its round, ASP: its version): files are
+    taken newest first by that name, and pruned by it, so a renamed older file would be resumed from,
+    and outlive the newer ones, again at every later resume."""
+    named = NAME.match(path.name)
+    held = state["round"] if spec.mode == "bsp" else state["version"]
+    if named is not None and int(named.group(1)) != held:
+        raise InvalidCheckpoint(f"its name says step {int(named.group(1))} but it holds step {held}; "
+                                f"rename it ckpt-{held:010d}.pt to resume from it")
 
 
 class ResumeSearch:
@@ -62,6 +73,7 @@ class ResumeSearch:
         for path, state in self._candidates:
             try:
                 changes = check_checkpoint(state, self.spec, self.numel)
+                _check_named_step(path, state, self.spec)
             except NOT_LOADABLE as exc:
                 self.skip(path, exc)
                 continue
@@ -73,9 +85,18 @@ class ResumeSearch:
                 )
             return path, state, changes
         if not self.skipped:
-            raise ValueError(f"--resume {self.directory}: no checkpoint there")
+            raise ValueError(f"--resume {self.directory}: {self._why_none()}")
         reasons = "; ".join(f"{name}: {reason}" for name, reason in reversed(self.skipped))
         raise ValueError(f"--resume {self.directory}: no usable checkpoint there ({reasons})")
+
+    def _why_none(self) -> str:
+        """Why the folder gave no file to try: it is a file (a checkpoint's own path), it does not exist,
+        or it holds no ckpt-*.pt."""
+        if self.directory.is_file():
+            return f"a file, not a folder; --resume takes the folder of the checkpoints (--resume {self.directory.parent})"
+        if not self.directory.exists():
+            return "no such folder"
+        return "no checkpoint there (no ckpt-<step>.pt file)"
 
     def _skip(self, path: Path, reason: str) -> None:
         warn(f"skipping checkpoint {path.name}: {reason}")

@@ -83,6 +83,10 @@ def test_copied_profile_can_have_any_workers_and_one_mode(tmp_path: Path) -> Non
     assert profile.allocation("bsp").workers == (1, 2, 3, 0.5, 4, 1.25)
     with pytest.raises(ValueError, match="defines no asp allocation"):
         profile.allocation("asp")
+    with pytest.raises(ValueError) as error:
+        profile.allocation("asp")
+    assert str(error.value) == (f"profile 'six' ({path}) defines no asp allocation (it has: bsp; "
+                                "pass --mode bsp or add the asp section)")
 
 
 def test_gpus_per_worker(tmp_path: Path) -> None:
@@ -223,8 +227,15 @@ def test_bad_profile_files_give_clear_errors(tmp_path: Path, text: str, message:
 def test_missing_file_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="does not exist"):
         load_profile(tmp_path / "nope.yaml")
-    with pytest.raises(ValueError, match=f"profile file {tmp_path} is not a file"):
-        load_profile(tmp_path)  # it exists: "does not exist" would send a person looking for it
+    with pytest.raises(ValueError) as error:  # it said a folder "does not exist"
+        load_schedule(tmp_path / "sub/")
+    assert str(error.value) == f"schedule file {tmp_path / 'sub'} does not exist"
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ValueError) as error:
+        load_schedule(f"{tmp_path / 'sub'}/")
+    assert str(error.value) == f"schedule file {tmp_path / 'sub'} is a folder, not a YAML file"
+    with pytest.raises(ValueError, match="profile file /dev/null is not a file"):
+        load_profile("/dev/null")  # it exists: "does not exist" would send a person looking for it
 
 
 def test_dynamic_schedule_has_the_fig_10_phases() -> None:

@@ -81,3 +81,40 @@ def test_a_run_that_ends_before_a_schedules_phase_says_so(tmp_path: Path) -> Non
     assert phases_not_reached(plan, every) == []
     profile = resolve(RunConfig(quick=True, cpu_budget=1.5, out=tmp_path / "b"))
     assert phases_not_reached(profile, []) == []
+
+
+def test_phases_a_clock_schedule_passed_over_are_called_skipped_not_unreached(tmp_path: Path) -> None:
+    """--every-seconds shorter than the clock's checks jumps from the first phase to the last: the
+    summary said the job "ended before" the middle phases and that a shorter --every-seconds reaches
+    them, which is the wrong way round."""
+    from deploy.emulator import RunConfig, resolve
+    from deploy.run_report import phases_not_reached, phases_skipped, print_summary
+
+    plan = resolve(RunConfig(schedule="swap", every_seconds=0.001, quick=True, cpu_budget=1.5, out=tmp_path / "a"))
+    reached = [{"event": "phase", "phase": 0, "profile": "hl8"}, {"event": "phase", "phase": 3, "profile": "hl8"}]
+    assert phases_not_reached(plan, reached) == []
+    assert phases_skipped(plan, reached) == ["2 hl8-swap", "3 hl1"]
+    result = {"summary": {}, "workers": [], "accuracy": None, "samples_per_s": 1.0, "train_wall_s": 1.0,
+              "total_wall_s": 2.0, "adjustments": 0, "limiting": "cgroup-v1", "phases": reached,
+              "phases_not_reached": [], "phases_skipped": phases_skipped(plan, reached)}
+    lines: list[str] = []
+    print_summary(plan, result, lines.append)
+    assert lines[-1] == ("the schedule's phase(s) 2 hl8-swap, 3 hl1 were skipped: each was over before the clock's "
+                         "next check, every 0.1 s or more (a longer --every-seconds runs them)")
+    assert not any("ended before" in line for line in lines)
+
+
+def test_the_accuracy_plot_of_a_log_a_resume_appended_to_runs_on_in_time() -> None:
+    """Pure: the resumed run's `wall_s` starts again at 0; sorted as they were, epochs 3 and 4 landed
+    among epochs 1 and 2 and the line went back and forth (3, 1, 4, 2)."""
+    from deploy.plots import plot_accuracy
+
+    first = [{"event": "epoch", "epoch": 1, "wall_s": 0.22}, {"event": "eval", "epoch": 1, "wall_s": 0.22, "accuracy": 0.75},
+             {"event": "epoch", "epoch": 2, "wall_s": 0.56}, {"event": "eval", "epoch": 2, "wall_s": 0.56, "accuracy": 0.84},
+             {"event": "summary", "wall_s": 0.56}]
+    second = [{"event": "resume", "epoch": 2, "step": 45},
+              {"event": "epoch", "epoch": 3, "wall_s": 0.19}, {"event": "eval", "epoch": 3, "wall_s": 0.19, "accuracy": 0.92},
+              {"event": "epoch", "epoch": 4, "wall_s": 0.37}, {"event": "eval", "epoch": 4, "wall_s": 0.37, "accuracy": 0.94}]
+    ax = plot_accuracy([*first, *second]).axes[0]
+    assert list(ax.lines[0].get_xdata()) == pytest.approx([0.22, 0.56, 0.75, 0.93])
+    assert [t.get_text() for t in ax.texts] == ["1", "2", "3", "4"]

@@ -158,7 +158,7 @@ def test_a_checkpoint_resumes_with_another_balance_but_not_as_another_job() -> N
         state = jobs[0].coordinator.checkpoint_state()
         jobs[1].coordinator.restore(state)
         assert jobs[1].coordinator.spec.balance == "busy"
-        with pytest.raises(ValueError, match="written for a different job: lr differ"):
+        with pytest.raises(ValueError, match="written for a different job: --lr differs"):
             jobs[2].coordinator.restore(state)
     finally:
         for job in jobs:

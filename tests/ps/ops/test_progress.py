@@ -205,3 +205,16 @@ def test_a_job_that_ends_before_its_epochs_says_why() -> None:
                                      "(infeasible split of 64: bounds sum to [2, 60])")
     assert progress_line({**record, "reason": "finished"}) is None
     assert progress_line({**record, "reason": "stopping"}) is None
+
+
+def test_the_summary_line_of_a_job_that_stopped_early_says_why() -> None:
+    """A BSP job whose survivors' --max-batch could not make up B after a leave ended at epoch 1 of 3
+    with a summary line like a finished job's: the reason was only in the metrics log."""
+    record = {"event": "summary", "mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0,
+              "samples_per_s": 4494.06, "accuracy": 0.36, "reason": "finished"}
+    assert progress_line(record) == ('summary: {"mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0, '
+                                     '"samples_per_s": 4494.06, "accuracy": 0.36}')
+    why = "the workers left cannot split --global-batch (the workers' max_batch sum to 40 < global_batch 64)"
+    assert progress_line({**record, "reason": why}) == (
+        'summary: {"mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0, "samples_per_s": 4494.06, '
+        f'"accuracy": 0.36, "reason": "{why}"}}')

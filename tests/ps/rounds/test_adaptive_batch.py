@@ -122,7 +122,7 @@ def test_a_checkpoint_s_noise_scale_smoothing_other_than_the_server_s_is_refused
         first.evaluator.close()
         first.metrics.close()
     state["adaptive"]["gns"]["smoothing"] = 0.0
-    write_checkpoint(tmp_path / "ckpt", state, 1, keep=1)
-    with pytest.raises(ValueError, match=r"no usable checkpoint there \(ckpt-0000000001.pt: .*the checkpoint's noise-scale "
+    write_checkpoint(tmp_path / "ckpt", state, 0, keep=1)  # the step it holds
+    with pytest.raises(ValueError, match=r"no usable checkpoint there \(ckpt-0000000000.pt: .*the checkpoint's noise-scale "
                                          r"smoothing 0.0 is not this server's 0.98"):
         build_job(job_args(*flags, "--resume", str(tmp_path / "ckpt"), "--metrics-log", str(tmp_path / "m.jsonl")))

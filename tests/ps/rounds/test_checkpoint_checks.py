@@ -56,7 +56,7 @@ SPOILERS: list[tuple[str, Callable[[dict[str, Any]], Any], str]] = [
     ("spec-not-json", lambda s: s.update(spec="{"), "its job spec: the job spec is not JSON"),
     ("spec-not-a-spec", lambda s: s.update(spec='{"lr": "fast"}'), "lr must be float"),
     ("spec-unknown-field", lambda s: s.update(spec='{"layers": 3}'), "unknown job spec fields"),
-    ("another-job", lambda s: s.update(spec=s["spec"].replace('"lr": 0.1', '"lr": 0.5')), "written for a different job: lr differ (lr: checkpoint 0.5, command line 0.1)"),
+    ("another-job", lambda s: s.update(spec=s["spec"].replace('"lr": 0.1', '"lr": 0.5')), "written for a different job: --lr differs (--lr: checkpoint 0.5, command line 0.1)"),
     ("epoch-text", lambda s: s.update(epoch="abc"), "its epoch must be a whole number in [0, 1000000], got 'abc'"),
     ("epoch-float", lambda s: s.update(epoch=1.5), "its epoch must be a whole number"),
     ("epoch-bool", lambda s: s.update(epoch=True), "its epoch must be a whole number"),
@@ -116,3 +116,21 @@ def test_the_checks_change_nothing_they_read(job: Job) -> None:
     check_checkpoint(state, job.spec, numel(job))
     assert torch.equal(state["params"], before[0]) and group(state) == before[1]
     assert torch.equal(state["optimizer"]["state"][0]["momentum_buffer"], before[2])
+
+
+def test_another_jobs_checkpoint_is_refused_naming_the_flags_that_differ(job: Job) -> None:
+    """The refusal named job spec fields (micro_batch, model_options, lr_scaling) where the user has
+    flags (--micro-batch, --model-arg, --no-lr-scaling), and said "differ" of one."""
+    from ps.rounds.checkpoint_state import resume_changes
+
+    other = build_job(job_args("--epochs", "3", "--model-arg", "hidden=8", "--no-lr-scaling", "--micro-batch", "2"))
+    try:
+        with pytest.raises(ValueError) as error:
+            resume_changes(good_state(job), other.spec)
+    finally:
+        other.evaluator.close()
+        other.metrics.close()
+    assert str(error.value) == (
+        "the checkpoint was written for a different job: --no-lr-scaling, --micro-batch, --model-arg differ "
+        "(--no-lr-scaling: checkpoint off, command line on; --micro-batch: checkpoint 1, command line 2; --model-arg: "
+        "checkpoint {'hidden': 16}, command line {'hidden': 8}); start the server with the job's original flags")

@@ -67,3 +67,18 @@ def test_a_global_batch_of_the_whole_training_set_trains_each_sample_once_an_epo
     assert report["trained"] == {"0": 5, "1": 5, "2": 5} and report["exact_epochs"] == [0, 1, 2], report
     assert [(r["epoch"], r["step"]) for r in job.records] == [(1, 1), (2, 2), (3, 3)]
     assert not any("with_epoch" in r for r in job.records) and job.c.done
+
+
+def test_a_resumed_jobs_summary_throughput_counts_only_the_samples_trained_since_it_started() -> None:
+    """The summary divided every sample since the job's first start (the checkpoint's included) by this
+    run's wall time: a job resumed at half way reported twice the throughput its epochs did."""
+    job = build_job(job_args("--global-batch", "64", "--epochs", "4"))
+    c: Coordinator = job.coordinator
+    c.resume_at(45, 45, 2, 45 * 64)
+    c.epochs.start(100.0)
+    for _ in range(10):
+        c.epochs.count(64)
+    c.epochs.end_time = 101.0
+    summary = c.summary()
+    assert summary["samples_per_s"] == 640.0
+    assert (summary["rounds"], summary["epochs"]) == (45, 2)
