@@ -230,10 +230,11 @@ def _check_keys(data: Mapping[str, Any], allowed: set[str], where: str) -> None:
 
 
 def _check_kind(data: Mapping[str, Any], kind: str, path: Path) -> None:
-    """A file's optional ``kind`` must match what the caller loads."""
-    found = data.get("kind", kind)
+    """A file's ``kind`` (given, or a profile's: modes and no phases) must match what the caller loads."""
+    found = data.get("kind", "profile" if "phases" not in data and set(MODES) & set(data) else kind)
     if found != kind:
-        raise ValueError(f"{path}: kind is {found!r}, expected {kind!r}")
+        hint = f" (pass a {found} with --{found})" if found in ("profile", "schedule") else ""
+        raise ValueError(f"{path}: kind is {found!r}, expected {kind!r}{hint}")
 
 
 def _parse_allocation(data: Any, where: str) -> Allocation:
@@ -287,8 +288,7 @@ def parse_profile(data: Mapping[str, Any], source: Path) -> Profile:
     return Profile(
         name=" ".join(str(data.get("name", source.stem)).split()) or source.stem,  # one line: it heads generated files
         description=" ".join(str(data.get("description", "")).split()),  # a YAML block (|) too: comments are one line
-        modes=MappingProxyType(modes),
-        source=source,
+        modes=MappingProxyType(modes), source=source,
     )
 
 

@@ -350,3 +350,11 @@ def test_a_many_line_name_or_description_is_read_as_one_line(tmp_path: Path) -> 
     schedule = tmp_path / "s.yaml"
     schedule.write_text("kind: schedule\nname: |\n  a\n  b\ndescription: |\n  c\n  d\nevery_epochs: 1\nphases: [hl1]\n")
     assert (load_schedule(schedule).name, load_schedule(schedule).description) == ("a b", "c d")
+
+
+def test_a_profile_given_as_a_schedule_says_to_pass_it_as_a_profile(tmp_path: Path) -> None:
+    path = tmp_path / "hl2.yaml"
+    path.write_text("name: hl2\nbsp:\n  workers: [1, 2]\n")
+    with pytest.raises(ValueError, match=r"kind is 'profile', expected 'schedule' \(pass a profile with --profile\)$"):
+        load_schedule(path)  # it read "unknown key(s) bsp", as if the file were a schedule with a typo
+    assert load_profile(path).name == "hl2"
