@@ -131,6 +131,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if len(args.shares) < 2 or args.freeze_epochs < 1 or args.frozen_rounds < 1:
         parser.error("need two or more --shares, --freeze-epochs >= 1 and --frozen-rounds >= 1")
+    if not all(float(e).is_integer() for e in args.points):  # the server's --lr-milestones are whole epochs
+        parser.error(f"--points must be whole epochs here (the server freezes at an epoch's end), got {args.points}")
+    args.points = [int(e) for e in args.points]
     import torch
 
     torch.set_num_threads(1)

@@ -93,3 +93,11 @@ def test_batch_sweep_reports_accuracy_per_epoch_and_time_to_target(capsys: pytes
     assert "| 32 |" in out[end:] and "not reached" in out[end:]
     assert batch_sweep.main([*SMALL, "--batch", "100000", "--epochs", "1"]) == 2
     assert "exceeds the 1638 training samples" in capsys.readouterr().err
+
+
+def test_the_server_check_takes_whole_epochs_only(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import gns_server
+
+    with pytest.raises(SystemExit):
+        gns_server.main(["--points", "0.5"])
+    assert "--points must be whole epochs here" in capsys.readouterr().err
