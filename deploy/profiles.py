@@ -125,9 +125,8 @@ class Schedule:
 
     def every(self, *, epochs: int | None = None, seconds: float | None = None) -> Schedule:
         """The same phases with a different interval (exactly one of ``epochs`` or ``seconds``)."""
-        every_epochs, every_seconds = _interval(
-            {"every_epochs": epochs, "every_seconds": seconds}, "the interval override"
-        )
+        every_epochs, every_seconds = _interval({"every_epochs": epochs, "every_seconds": seconds},
+                                                "the interval override")
         return replace(self, every_epochs=every_epochs, every_seconds=every_seconds)
 
 
@@ -215,10 +214,8 @@ def _resolve(name_or_path: str | os.PathLike[str], kind: str, base: Path | None 
     known = [n for n, (k, _) in builtins.items() if k == kind]
     if name not in builtins or builtins[name][0] != kind:
         other = f" ({name!r} is a {builtins[name][0]})" if name in builtins else ""
-        raise ValueError(
-            f"unknown {kind} {os.fspath(name_or_path)!r}{other}; known {kind}s: {', '.join(known)} "
-            "(or pass the path of a YAML file)"
-        )
+        raise ValueError(f"unknown {kind} {os.fspath(name_or_path)!r}{other}; known {kind}s: {', '.join(known)} "
+                         "(or pass the path of a YAML file)")
     return builtins[name][1]
 
 
@@ -286,10 +283,14 @@ def parse_profile(data: Mapping[str, Any], source: Path) -> Profile:
     if not modes:
         raise ValueError(f"{source}: define at least one of {', '.join(MODES)} with a 'workers' list")
     return Profile(
-        name=" ".join(str(data.get("name", source.stem)).split()) or source.stem,  # one line: it heads generated files
-        description=" ".join(str(data.get("description", "")).split()),  # a YAML block (|) too: comments are one line
+        name=_one_line(data, "name", source.stem), description=_one_line(data, "description"),
         modes=MappingProxyType(modes), source=source,
     )
+
+
+def _one_line(data: Mapping[str, Any], key: str, default: str = "") -> str:
+    """``data[key]`` (`default` if absent or blank) on one line, a YAML block (|) too: it heads generated files."""
+    return " ".join(str(data.get(key, default)).split()) or default
 
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
@@ -341,12 +342,8 @@ def load_schedule(name_or_path: str | os.PathLike[str]) -> Schedule:
             if len(set(counts.values())) > 1:
                 raise ValueError(f"{path}: every phase must have the same number of {mode} workers, got {counts}")
     return Schedule(
-        name=" ".join(str(data.get("name", path.stem)).split()) or path.stem,
-        description=" ".join(str(data.get("description", "")).split()),
-        phases=phases,
-        every_epochs=every_epochs,
-        every_seconds=every_seconds,
-        source=path,
+        name=_one_line(data, "name", path.stem), description=_one_line(data, "description"),
+        phases=phases, every_epochs=every_epochs, every_seconds=every_seconds, source=path,
     )
 
 

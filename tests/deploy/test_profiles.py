@@ -350,6 +350,8 @@ def test_a_many_line_name_or_description_is_read_as_one_line(tmp_path: Path) -> 
     schedule = tmp_path / "s.yaml"
     schedule.write_text("kind: schedule\nname: |\n  a\n  b\ndescription: |\n  c\n  d\nevery_epochs: 1\nphases: [hl1]\n")
     assert (load_schedule(schedule).name, load_schedule(schedule).description) == ("a b", "c d")
+    schedule.write_text("kind: schedule\nname: ' '\nevery_epochs: 1\nphases: [hl1]\n")
+    assert (load_schedule(schedule).name, load_schedule(schedule).description) == ("s", "")
 
 
 def test_a_profile_given_as_a_schedule_says_to_pass_it_as_a_profile(tmp_path: Path) -> None:
