@@ -24,6 +24,7 @@ from deploy import strict_yaml
 from deploy.cgroups import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US
 from common.job.spec import MAX_EPOCHS
 from common.number_checks import real_number
+from worker.probes.resources import MAX_STEP_OVERHEAD_MS
 
 MODES = ("bsp", "asp")
 """Training modes a profile can define an allocation for."""
@@ -260,7 +261,7 @@ def _parse_allocation(data: Any, where: str) -> Allocation:
 
 
 def _step_overheads(value: Any, count: int, where: str) -> tuple[float, ...] | None:
-    """``step_overhead_ms``: one number for every worker, or a list with one per worker; each >= 0."""
+    """``step_overhead_ms``: one number for every worker, or a list with one per worker; each in [0, max]."""
     if value is None:
         return None
     values = value if isinstance(value, list) else [value] * count
@@ -269,8 +270,9 @@ def _step_overheads(value: Any, count: int, where: str) -> tuple[float, ...] | N
     out = []
     for i, item in enumerate(values):
         number = real_number(item)
-        if number is None or number < 0:
-            raise ValueError(f"{where}.step_overhead_ms[{i}] must be a number of ms >= 0, got {_shown(item)}")
+        if number is None or not 0 <= number <= MAX_STEP_OVERHEAD_MS:
+            raise ValueError(f"{where}.step_overhead_ms[{i}] must be a number of ms in [0, "
+                             f"{MAX_STEP_OVERHEAD_MS:g}], got {_shown(item)}")
         out.append(number)
     return tuple(out)
 
