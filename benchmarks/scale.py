@@ -366,14 +366,13 @@ def _raise_exit(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     global_batch = args.global_batch or 8 * args.workers
     if global_batch < args.workers:
-        print(f"scale: error: --global-batch {global_batch} is below --workers {args.workers}", file=sys.stderr)
-        return 2
+        parser.error(f"--global-batch {global_batch} is below --workers {args.workers}")  # exit 2
     if args.shards > 1 and args.mode != "bsp":
-        print(f"scale: error: --shards {args.shards} needs --mode bsp (ps-server shards BSP jobs only)", file=sys.stderr)
-        return 2
+        parser.error(f"--shards {args.shards} needs --mode bsp (ps-server shards BSP jobs only)")
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)  # run the cleanup in run()'s finally
     with contextlib.ExitStack() as stack:
