@@ -42,7 +42,8 @@ def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
     (Cannikin Appendix A.1): in the continuous limit b_i = (μ − s_i)/q_i with μ = (B + Σ s_i/q_i) /
     Σ 1/q_i. Here it is solved on integers for any nondecreasing f_i: each unit of B goes to the worker
     that would finish it soonest (exact for min-max with nondecreasing costs), after a search on T
-    has placed all but about one unit a worker at once; bounds are water levels the fill cannot cross.
+    has placed all but about one unit a worker at once (where a plateau of flat or quantised laws
+    leaves more, `fill` places the rest in bulk); bounds are water levels the fill cannot cross.
     `table`: the same times as a FinishTable, rows in the order of `times`' keys (a solve's searches
     then price every worker at once; without it, each is called).
 
@@ -103,8 +104,8 @@ def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
 
 def fill(table: FinishTable, plan: np.ndarray, upper: np.ndarray, left: int) -> np.ndarray:
     """`plan` plus the `left` units of least finish above it within `upper`, ties to the first row:
-    what handing them out one at a time to the worker that finishes the next soonest places, in
-    O(64) pricings of every row however many units are left (a flat law's plateau leaves all of B).
+    what handing them out one at a time to the worker that finishes the next soonest places (finish
+    times nondecreasing), in at most 68 pricings of every row however many units are left.
     The level of the last unit placed is the least float whose units above `plan` number `left` or
     more (a bisection over the floats' order); the units below it all go, those at it by row."""
     room = np.flatnonzero(plan < upper)
