@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cluster_run import run_in_workdir
+from benchmarks.hetero.compose import COMPOSE_SUFFIX, compose_scale
 from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_throughput, bench_tta
 from benchmarks.hetero.report import environment, render_table
 from benchmarks.hetero.runs import CASES, CONTROLLERS, OPT_IN, POLICIES
@@ -296,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # every refusal of the flags (profiles, schedules, the limiter too) as argparse's, before any folder
         s = settings(args, Path())
         limiter_backend(s)
+        if any(name.endswith(COMPOSE_SUFFIX) for name in s.controllers):  # else refused after the runs before it
+            compose_scale(s, resolve_emulation(s))
     except ValueError as exc:
         parser.error(str(exc))  # exit 2
     code, report = run_in_workdir("hetero", args.out, lambda workdir: run(replace(s, workdir=workdir)))

@@ -197,12 +197,14 @@ OVERHEAD_PAST_THE_MOST = "bsp:\n  workers: [1, 2]\n  step_overhead_ms: 1.0e+308\
     (["--dataset", "nope"], "unknown dataset 'nope'"),
     (["--limiter", "cgroup"], "--limiter cgroup: no writable cgroup CPU controller"),
     (["--schedule", "swap"], "--schedule rewrites quotas while workers run: it needs a writable cgroup"),
+    (["--policies", "dynamic,dynamic_compose", "--period-us", "5000"], "the compose run takes the profile's shares"),
 ])
 def test_bad_flags_exit_2_as_argparses_and_run_nothing(
         argv: list[str], needle: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
     """A profile, schedule, model or limiter the flags name and the run cannot take read 'hetero: error:'
-    (the limiter's with exit 1, a model's as a child's traceback) after --out was made."""
+    (the limiter's with exit 1, a model's as a child's traceback) after --out was made; a compose run's
+    after the baselines and the runs before it."""
     def ran(_: Any) -> None:
         raise AssertionError("a benchmark ran on bad flags")
 
