@@ -219,6 +219,21 @@ def test_bad_flags_exit_2_as_argparses_and_run_nothing(
     assert not (tmp_path / "out").exists()
 
 
+def test_good_flags_run_in_the_out_folder_and_emit_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flags are settled before the folder is made; the run still gets the folder as its workdir."""
+    seen: dict[str, Any] = {}
+
+    def run(s: Any) -> dict[str, Any]:
+        seen["workdir"] = s.workdir
+        return {"runs": {}}
+
+    monkeypatch.setattr(cli, "run", run)
+    monkeypatch.setattr(cli, "render_table", lambda report: "table")
+    monkeypatch.setattr(cli, "emit", lambda *a: seen.setdefault("emitted", a[2:5]))
+    assert cli.main(["--tiny", "--out", str(tmp_path / "out")]) == 0
+    assert seen == {"workdir": tmp_path / "out", "emitted": ("hetero-bsp-hl8", {"runs": {}}, "table")}
+
+
 def test_the_targets_fail_a_change_that_never_rebalanced(tmp_path: Path) -> None:
     s = resolved(tmp_path, "--schedule", "swap")
     phases = [{"phase": k, "rebalance_s": None if k == 2 else 3.0} for k in range(4)]
