@@ -58,11 +58,14 @@ from protos import ps_pb2_grpc
 from benchmarks.analysis import decision_trace, target
 from benchmarks.process_usage import cpu_fields, cpu_seconds, mean_max, peak_rss_mb, pss_mb
 from benchmarks.report_output import add_result_options, save_result
-from common.ops.arg_types import positive_float, positive_int
+from common.ops.arg_types import int_between, positive_float, positive_int
 from common.transport.proto_convert import status_request
 from deploy.proc_stat import child_pids
 from ps.ops.metrics import read_metrics
 
+MAX_SHARDS = 16
+"""The most --shards: every shard is a process on this one machine, beside the workers (and the mlp,
+87 values at the least, still splits into ranges of several values each)."""
 CHILD_ENV = {
     **os.environ,
     "PYTHONUNBUFFERED": "1",
@@ -344,8 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=positive_int, default=50, help="target: BSP rounds or ASP updates")
     p.add_argument("--global-batch", type=positive_int, default=None, help="B (unset: 8 x workers)")
     p.add_argument("--hidden", type=positive_int, default=32, help="mlp width")
-    p.add_argument("--shards", type=positive_int, default=1,
-                   help="the server's --shards: it starts K-1 ps-shard processes on loopback (1: one dense server)")
+    p.add_argument("--shards", type=int_between(1, MAX_SHARDS), default=1, help="the server's --shards: it starts "
+                   f"K-1 ps-shard processes on loopback (1: one dense server; at most {MAX_SHARDS})")
     p.add_argument("--adjust-every", type=positive_int, default=5, help="controller decision every N steps")
     p.add_argument("--evict-after", type=positive_float, default=120.0,
                    help="server's --evict-after: generous, a worker sends no heartbeat while it builds its data after Join")
@@ -363,14 +366,13 @@ def _raise_exit(signum: int, frame: object) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     global_batch = args.global_batch or 8 * args.workers
     if global_batch < args.workers:
-        print(f"scale: error: --global-batch {global_batch} is below --workers {args.workers}", file=sys.stderr)
-        return 2
+        parser.error(f"--global-batch {global_batch} is below --workers {args.workers}")  # exit 2
     if args.shards > 1 and args.mode != "bsp":
-        print(f"scale: error: --shards {args.shards} needs --mode bsp (ps-server shards BSP jobs only)", file=sys.stderr)
-        return 2
+        parser.error(f"--shards {args.shards} needs --mode bsp (ps-server shards BSP jobs only)")
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)  # run the cleanup in run()'s finally
     with contextlib.ExitStack() as stack:

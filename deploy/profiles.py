@@ -24,6 +24,7 @@ from deploy import strict_yaml
 from deploy.cgroups import MAX_PERIOD_US, MIN_PERIOD_US, MIN_QUOTA_US
 from common.job.spec import MAX_EPOCHS
 from common.number_checks import real_number
+from worker.probes.resources import MAX_STEP_OVERHEAD_MS
 
 MODES = ("bsp", "asp")
 """Training modes a profile can define an allocation for."""
@@ -125,9 +126,8 @@ class Schedule:
 
     def every(self, *, epochs: int | None = None, seconds: float | None = None) -> Schedule:
         """The same phases with a different interval (exactly one of ``epochs`` or ``seconds``)."""
-        every_epochs, every_seconds = _interval(
-            {"every_epochs": epochs, "every_seconds": seconds}, "the interval override"
-        )
+        every_epochs, every_seconds = _interval({"every_epochs": epochs, "every_seconds": seconds},
+                                                "the interval override")
         return replace(self, every_epochs=every_epochs, every_seconds=every_seconds)
 
 
@@ -215,10 +215,8 @@ def _resolve(name_or_path: str | os.PathLike[str], kind: str, base: Path | None 
     known = [n for n, (k, _) in builtins.items() if k == kind]
     if name not in builtins or builtins[name][0] != kind:
         other = f" ({name!r} is a {builtins[name][0]})" if name in builtins else ""
-        raise ValueError(
-            f"unknown {kind} {os.fspath(name_or_path)!r}{other}; known {kind}s: {', '.join(known)} "
-            "(or pass the path of a YAML file)"
-        )
+        raise ValueError(f"unknown {kind} {os.fspath(name_or_path)!r}{other}; known {kind}s: {', '.join(known)} "
+                         "(or pass the path of a YAML file)")
     return builtins[name][1]
 
 
@@ -263,7 +261,7 @@ def _parse_allocation(data: Any, where: str) -> Allocation:
 
 
 def _step_overheads(value: Any, count: int, where: str) -> tuple[float, ...] | None:
-    """``step_overhead_ms``: one number for every worker, or a list with one per worker; each >= 0."""
+    """``step_overhead_ms``: one number for every worker, or a list with one per worker; each in [0, max]."""
     if value is None:
         return None
     values = value if isinstance(value, list) else [value] * count
@@ -272,8 +270,9 @@ def _step_overheads(value: Any, count: int, where: str) -> tuple[float, ...] | N
     out = []
     for i, item in enumerate(values):
         number = real_number(item)
-        if number is None or number < 0:
-            raise ValueError(f"{where}.step_overhead_ms[{i}] must be a number of ms >= 0, got {_shown(item)}")
+        if number is None or not 0 <= number <= MAX_STEP_OVERHEAD_MS:
+            raise ValueError(f"{where}.step_overhead_ms[{i}] must be a number of ms in [0, "
+                             f"{MAX_STEP_OVERHEAD_MS:g}], got {_shown(item)}")
         out.append(number)
     return tuple(out)
 
@@ -286,10 +285,14 @@ def parse_profile(data: Mapping[str, Any], source: Path) -> Profile:
     if not modes:
         raise ValueError(f"{source}: define at least one of {', '.join(MODES)} with a 'workers' list")
     return Profile(
-        name=" ".join(str(data.get("name", source.stem)).split()) or source.stem,  # one line: it heads generated files
-        description=" ".join(str(data.get("description", "")).split()),  # a YAML block (|) too: comments are one line
+        name=_one_line(data, "name", source.stem), description=_one_line(data, "description"),
         modes=MappingProxyType(modes), source=source,
     )
+
+
+def _one_line(data: Mapping[str, Any], key: str, default: str = "") -> str:
+    """``data[key]`` (`default` if absent or blank) on one line, a YAML block (|) too: it heads generated files."""
+    return " ".join(str(data.get(key, default)).split()) or default
 
 
 def load_profile(name_or_path: str | os.PathLike[str]) -> Profile:
@@ -341,12 +344,8 @@ def load_schedule(name_or_path: str | os.PathLike[str]) -> Schedule:
             if len(set(counts.values())) > 1:
                 raise ValueError(f"{path}: every phase must have the same number of {mode} workers, got {counts}")
     return Schedule(
-        name=" ".join(str(data.get("name", path.stem)).split()) or path.stem,
-        description=" ".join(str(data.get("description", "")).split()),
-        phases=phases,
-        every_epochs=every_epochs,
-        every_seconds=every_seconds,
-        source=path,
+        name=_one_line(data, "name", path.stem), description=_one_line(data, "description"),
+        phases=phases, every_epochs=every_epochs, every_seconds=every_seconds, source=path,
     )
 
 

@@ -102,7 +102,7 @@ def phases_not_reached(plan: Plan, phases: list[dict[str, Any]]) -> list[str]:
     them (none without a schedule)."""
     if plan.schedule is None:
         return []
-    last = max((int(r["phase"]) for r in phases), default=-1)
+    last = last_entered(phases)
     return [f"{i + 1} {p.name}" for i, p in enumerate(plan.profiles) if i > last]
 
 
@@ -112,5 +112,10 @@ def phases_skipped(plan: Plan, phases: list[dict[str, Any]]) -> list[str]:
     if plan.schedule is None:
         return []
     reached = {int(r["phase"]) for r in phases}
-    last = max(reached, default=-1)
+    last = last_entered(phases)
     return [f"{i + 1} {p.name}" for i, p in enumerate(plan.profiles) if i < last and i not in reached]
+
+
+def last_entered(phases: list[dict[str, Any]]) -> int:
+    """The index of the last phase a run entered (the highest of its phase records), -1 before any."""
+    return max((int(r["phase"]) for r in phases), default=-1)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from common.job.registry import ALLOW_IMPORT_FLAG
-from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, host_name, host_port, int_at_least, positive_float, positive_int
+from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, float_between, host_name, host_port, int_at_least, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
@@ -35,7 +35,7 @@ from worker.probes.stall_hook import stall_while_asked
 from worker.data.job_build import JobSetupError
 from worker.data.loader import LoaderError, LoaderOptions
 from worker.transport.server_checks import ALLOW_SHARD_HOST_FLAG, UntrustedReply
-from worker.probes.resources import default_cores
+from worker.probes.resources import MAX_STEP_OVERHEAD_MS, default_cores
 from worker.runtime import Session
 
 ENVIRONMENT = {
@@ -134,9 +134,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "job the group uses NCCL when every worker is on its own GPU, gloo otherwise")
     p.add_argument("--slowdown", type=float_at_least(1.0), default=1.0, help="multiply compute time by F by sleeping, to emulate a slow worker (the sleep scales the CPU time the step "
                         "used, capped at its wall time, so a pause mid-step is not multiplied)")
-    p.add_argument("--step-overhead-ms", type=float_at_least(0.0), default=0.0, metavar="MS",
+    p.add_argument("--step-overhead-ms", type=float_between(0.0, MAX_STEP_OVERHEAD_MS), default=0.0, metavar="MS",
                    help="spend MS of CPU (busy work, not sleep) in every step's compute, to emulate a fixed per-step "
-                        "cost (optimizer, Python, kernel launches); a CPU quota or --slowdown stretches it like real work")
+                        "cost (optimizer, Python, kernel launches); a CPU quota or --slowdown stretches it like real "
+                        f"work; at most {MAX_STEP_OVERHEAD_MS:g}")
     p.add_argument("--max-batch", type=positive_int, default=None, metavar="N",
                    help="the most samples this worker's memory holds, told to the server at join: every plan keeps "
                         "its batch at or below N (unset: measured on the job's model before joining, from two probe "

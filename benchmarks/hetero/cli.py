@@ -11,15 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cluster_run import run_in_workdir
+from benchmarks.hetero.compose import COMPOSE_SUFFIX, compose_scale
 from benchmarks.hetero.modes import BALANCE_TOLERANCE, bench_throughput, bench_tta
 from benchmarks.hetero.report import environment, render_table
 from benchmarks.hetero.runs import CASES, CONTROLLERS, OPT_IN, POLICIES
 from benchmarks.hetero.schedules import bench_schedule
-from benchmarks.hetero.settings import Settings, log, resolve_emulation
+from benchmarks.hetero.settings import Settings, limiter_backend, log, resolve_emulation
 from benchmarks.report_output import add_report_options, emit
 from benchmarks.workload import Workload
 from deploy.profiles import builtin_schedules, default_cpu_budget, load_profile, load_schedule
 from deploy.run_plan import DEFAULT_POLICY, unreached
+from common.job.datasets import DATASETS
+from common.job.models import MODELS
+from common.job.registry import resolve
 from common.job.spec import MAX_EPOCHS
 from common.ops.arg_types import int_between, positive_float, positive_int
 
@@ -201,6 +205,8 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         global_batch=args.global_batch or workload.global_batch,
         lr=lr, momentum=args.momentum, seed=args.seed,
     )
+    resolve(workload.model, MODELS, "model")  # an unknown name is refused here, not by the first solo run's child
+    resolve(workload.dataset, DATASETS, "dataset")
     if schedule is not None:
         # on the wall clock the schedule ends the run; --epochs only bounds it
         epochs = args.epochs or (int(schedule.interval) * len(schedule.phases) if schedule.every_epochs is not None
@@ -288,18 +294,15 @@ def run(s: Settings) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
-        check_flags(args)
+    try:  # every refusal of the flags (profiles, schedules, the limiter too) as argparse's, before any folder
+        s = settings(args, Path())
+        limiter_backend(s)
+        if any(name.endswith(COMPOSE_SUFFIX) for name in s.controllers):  # else refused after the runs before it
+            compose_scale(s, resolve_emulation(s))
     except ValueError as exc:
-        parser.error(str(exc))  # exit 2, before any folder is made
-    code, done = run_in_workdir("hetero", args.out, lambda workdir: _settings_and_run(args, workdir))
-    if done is None:
+        parser.error(str(exc))  # exit 2
+    code, report = run_in_workdir("hetero", args.out, lambda workdir: run(replace(s, workdir=workdir)))
+    if report is None:
         return code
-    s, report = done
     emit(args, "hetero", report_name(s), report, render_table(report), argv)
     return 0
-
-
-def _settings_and_run(args: argparse.Namespace, workdir: Path) -> tuple[Settings, dict[str, Any]]:
-    s = settings(args, workdir)
-    return s, run(s)

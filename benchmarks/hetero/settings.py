@@ -80,18 +80,26 @@ def resolve_emulation(s: Settings) -> Emulation:
         server_share = scale_server(phases, s.mode, s.cpu_budget)[0]
     every_share = [x for phase in all_shares for x in phase] + ([server_share] if server_share else [])
     period = s.period_us if s.period_us is not None else quota_period_us(every_share)
-    backend = None
-    if s.limiter != "slowdown":
-        backend = detect_backend()
-        if backend is None and s.limiter == "cgroup":
-            raise SystemExit("hetero: error: --limiter cgroup: no writable cgroup CPU controller (run as root on Linux)")
-    if backend is None and s.schedule is not None:
-        raise SystemExit("hetero: error: --schedule rewrites quotas while workers run: it needs a writable cgroup "
-                         "CPU controller (the slowdown fallback is fixed at start)")
+    try:
+        backend = limiter_backend(s)
+    except ValueError as exc:
+        raise SystemExit(f"hetero: error: {exc}") from None
     names = [f"w{k}" for k in range(len(shares))]
     worker_args = [allocation.worker_args(i) for i in range(len(shares))]
     return Emulation(names, shares, server_share, period, backend, "cgroup" if backend is not None else "slowdown",
                      worker_args)
+
+
+def limiter_backend(s: Settings) -> CgroupBackend | None:
+    """The cgroup backend that limits the run's workers (None: the slowdown fallback); ValueError
+    where the flags need one and this machine has none (`benchmarks.hetero` checks it before it starts)."""
+    backend = None if s.limiter == "slowdown" else detect_backend()
+    if backend is None and s.limiter == "cgroup":
+        raise ValueError("--limiter cgroup: no writable cgroup CPU controller (run as root on Linux)")
+    if backend is None and s.schedule is not None:
+        raise ValueError("--schedule rewrites quotas while workers run: it needs a writable cgroup CPU controller "
+                         "(the slowdown fallback is fixed at start)")
+    return backend
 
 
 def static_split(shares: Sequence[float], total: int) -> list[int]:

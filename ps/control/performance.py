@@ -42,7 +42,8 @@ def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
     (Cannikin Appendix A.1): in the continuous limit b_i = (μ − s_i)/q_i with μ = (B + Σ s_i/q_i) /
     Σ 1/q_i. Here it is solved on integers for any nondecreasing f_i: each unit of B goes to the worker
     that would finish it soonest (exact for min-max with nondecreasing costs), after a search on T
-    has placed all but about one unit a worker at once; bounds are water levels the fill cannot cross.
+    has placed all but about one unit a worker at once (where a plateau of flat or quantised laws
+    leaves more, `fill` places the rest in bulk); bounds are water levels the fill cannot cross.
     `table`: the same times as a FinishTable, rows in the order of `times`' keys (a solve's searches
     then price every worker at once; without it, each is called).
 
@@ -81,8 +82,10 @@ def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
         else:
             ceiling, high, above = caps, level, capped - aim
             below, kept = (below / 2 if kept == -1 else below), -1
-    plan = best.tolist()
     left = total - placed
+    if left > _BISECTIONS * len(keys):  # a plateau (a flat or quantised law) left too many for the heap
+        return dict(zip(keys, fill(table, best, hi, left).tolist()))
+    plan = best.tolist()
     # the rest one unit at a time, each to the worker that finishes it soonest: the units of least
     # finish in order, from any level's caps the same plan
     room = np.flatnonzero(best < hi)
@@ -97,6 +100,49 @@ def split(times: Mapping[str, FinishTime], total: int, lower: Mapping[str, int],
         if plan[i] < bound[i]:
             heapq.heappush(heap, (funcs[i](plan[i] + 1), i))
     return dict(zip(keys, plan))
+
+
+def fill(table: FinishTable, plan: np.ndarray, upper: np.ndarray, left: int) -> np.ndarray:
+    """`plan` plus the `left` units of least finish above it within `upper`, ties to the first row:
+    what handing them out one at a time to the worker that finishes the next soonest places (finish
+    times nondecreasing), in at most 68 pricings of every row however many units are left.
+    The level of the last unit placed is the least float whose units above `plan` number `left` or
+    more (a bisection over the floats' order); the units below it all go, those at it by row."""
+    room = np.flatnonzero(plan < upper)
+    if left <= 0 or not room.size:
+        return plan.copy()
+    rows, lo, hi = table.take(room), plan[room], upper[room]
+
+    def placed(level: float) -> int:
+        return int((rows.within(level, lo, hi) - lo).sum())
+
+    # no unit finishes below the cheapest first unit, all of them by the dearest last unit
+    below, at = _ordered(float(rows.at(lo + 1).min())) - 1, _ordered(float(rows.at(hi).max()))
+    while at - below > 1:
+        mid = (below + at) // 2
+        below, at = (below, mid) if placed(_unordered(mid)) >= left else (mid, at)
+    level = _unordered(at)
+    under = rows.within(math.nextafter(level, -math.inf), lo, hi) if level > -math.inf else lo
+    tied = rows.within(level, lo, hi) - under
+    rest = left - int((under - lo).sum())
+    out = plan.copy()
+    out[room] = under + np.clip(rest - (np.cumsum(tied) - tied), 0, tied)
+    return out
+
+
+_SIGN = 1 << 63
+
+
+def _ordered(x: float) -> int:
+    """The float `x` as an integer in the floats' order (adjacent floats are adjacent integers)."""
+    bits = int(np.float64(x).view(np.int64))
+    return bits if bits >= 0 else -(bits + _SIGN) - 1
+
+
+def _unordered(i: int) -> float:
+    """The float that `_ordered` maps to `i`."""
+    bits = i if i >= 0 else -(i + 1) - _SIGN
+    return float(np.int64(bits).view(np.float64))
 
 
 class FinishTable(Protocol):

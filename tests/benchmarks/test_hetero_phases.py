@@ -180,6 +180,9 @@ def test_schedule_settings(tmp_path: Path) -> None:
         resolved(tmp_path, "--every-seconds", "5")
 
 
+OVERHEAD_PAST_THE_MOST = "bsp:\n  workers: [1, 2]\n  step_overhead_ms: 1.0e+308\n"
+
+
 @pytest.mark.parametrize(("argv", "needle"), [
     (["--schedule", ""], "unknown schedule ''"),
     (["--every-epochs", "2"], "need --schedule"),
@@ -188,19 +191,47 @@ def test_schedule_settings(tmp_path: Path) -> None:
     (["--policies", ""], "unknown empty"),
     (["--baselines", "--no-baselines"], "choose one of --baselines"),
     (["--case", "quickstart", "--mode", "asp"], "--case is a BSP throughput case"),
+    (["--profile", "nope"], "unknown profile 'nope'"),
+    (["--profile", "{tmp}/slow.yaml"], "step_overhead_ms[0] must be a number of ms in [0, 60000], got 1e+308"),
+    (["--model", "nosuch"], "unknown model 'nosuch'"),
+    (["--dataset", "nope"], "unknown dataset 'nope'"),
+    (["--limiter", "cgroup"], "--limiter cgroup: no writable cgroup CPU controller"),
+    (["--schedule", "swap"], "--schedule rewrites quotas while workers run: it needs a writable cgroup"),
+    (["--policies", "dynamic,dynamic_compose", "--period-us", "5000"], "the compose run takes the profile's shares"),
 ])
-def test_bad_flags_exit_2_and_run_nothing(argv: list[str], needle: str, tmp_path: Path,
-                                          monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_flags_exit_2_as_argparses_and_run_nothing(
+        argv: list[str], needle: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A profile, schedule, model or limiter the flags name and the run cannot take read 'hetero: error:'
+    (the limiter's with exit 1, a model's as a child's traceback) after --out was made; a compose run's
+    after the baselines and the runs before it."""
     def ran(_: Any) -> None:
         raise AssertionError("a benchmark ran on bad flags")
 
     monkeypatch.setattr(cli, "run", ran)
-    try:
-        code = cli.main(["--tiny", "--out", str(tmp_path / "out"), *argv])
-    except SystemExit as exc:  # argparse's parser.error
-        code = exc.code
-    err = capsys.readouterr().err
-    assert code == 2 and any("error: " in line and needle in line for line in err.splitlines()), err
+    monkeypatch.setattr("benchmarks.hetero.settings.detect_backend", lambda: None)  # a machine without cgroups
+    (tmp_path / "slow.yaml").write_text(OVERHEAD_PAST_THE_MOST, encoding="utf-8")
+    with pytest.raises(SystemExit) as info:
+        cli.main(["--tiny", "--out", str(tmp_path / "out"), *(a.format(tmp=tmp_path) for a in argv)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert info.value.code == 2 and err[0].startswith("usage: python -m benchmarks.hetero")
+    assert err[-1].startswith("python -m benchmarks.hetero: error: ") and needle in err[-1], err
+    assert not (tmp_path / "out").exists()
+
+
+def test_good_flags_run_in_the_out_folder_and_emit_the_report(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The flags are settled before the folder is made; the run still gets the folder as its workdir."""
+    seen: dict[str, Any] = {}
+
+    def run(s: Any) -> dict[str, Any]:
+        seen["workdir"] = s.workdir
+        return {"runs": {}}
+
+    monkeypatch.setattr(cli, "run", run)
+    monkeypatch.setattr(cli, "render_table", lambda report: "table")
+    monkeypatch.setattr(cli, "emit", lambda *a: seen.setdefault("emitted", a[2:5]))
+    assert cli.main(["--tiny", "--out", str(tmp_path / "out")]) == 0
+    assert seen == {"workdir": tmp_path / "out", "emitted": ("hetero-bsp-hl8", {"runs": {}}, "table")}
 
 
 def test_the_targets_fail_a_change_that_never_rebalanced(tmp_path: Path) -> None:

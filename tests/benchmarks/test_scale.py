@@ -37,7 +37,8 @@ def test_shards_default_to_one_server_and_reach_the_server_only_when_sharded(tmp
     assert sharded[sharded.index("--shards") + 1] == "2"
 
 
-@pytest.mark.parametrize("argv", [["--shards", "0"], ["--shards", "two"], ["--workers", "0"]])
+@pytest.mark.parametrize("argv", [["--shards", "0"], ["--shards", "two"], ["--workers", "0"], ["--shards", "17"],
+                                  ["--shards", "100000"]])
 def test_a_bad_flag_is_one_line_and_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as info:
         scale.main(argv)
@@ -45,12 +46,25 @@ def test_a_bad_flag_is_one_line_and_exit_2(argv: list[str], capsys: pytest.Captu
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("python -m benchmarks.scale: error:")
 
 
-def test_flags_the_server_would_refuse_are_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
-    assert scale.main(["--workers", "8", "--global-batch", "4"]) == 2
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--workers", "8", "--global-batch", "4"], "--global-batch 4 is below --workers 8"),
+    (["--mode", "asp", "--shards", "2"], "--shards 2 needs --mode bsp (ps-server shards BSP jobs only)"),
+])
+def test_flags_the_server_would_refuse_read_as_argparses_and_exit_2(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """They read 'scale: error: ...' with no usage line, unlike every other refusal of the flags."""
+    with pytest.raises(SystemExit) as info:
+        scale.main(argv)
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["scale: error: --global-batch 4 is below --workers 8"]
-    assert scale.main(["--mode", "asp", "--shards", "2"]) == 2
-    assert capsys.readouterr().err.strip().splitlines() == ["scale: error: --shards 2 needs --mode bsp (ps-server shards BSP jobs only)"]
+    assert info.value.code == 2 and err[0].startswith("usage: python -m benchmarks.scale")
+    assert err[-1] == f"python -m benchmarks.scale: error: {message}"
+
+
+def test_shards_are_capped_at_the_documented_most() -> None:
+    """--shards 100000 was taken: the server would have started 99,999 ps-shard processes."""
+    assert scale.build_parser().parse_args(["--shards", str(scale.MAX_SHARDS)]).shards == scale.MAX_SHARDS == 16
+    with pytest.raises(SystemExit):
+        scale.build_parser().parse_args(["--shards", str(scale.MAX_SHARDS + 1)])
 
 
 def test_the_target_counts_errors_and_evictions() -> None:

@@ -24,6 +24,7 @@ from deploy.profiles import (
     scale_phases,
     scale_server,
 )
+from worker.probes.resources import MAX_STEP_OVERHEAD_MS
 
 TABLE_I = {
     "hl1": ((12, 12, 12, 12), (10, 10, 10, 10)),
@@ -210,8 +211,10 @@ def test_unknown_name_lists_the_known_ones() -> None:
         ("bsp:\n  workers: [1, 1" + "0" * 400 + "]\n", r"workers\[1\] must be a number of CPU cores > 0, got 10+\.\.\.$"),
         ("asp:\n  workers: [1]\n  server: 1" + "0" * 400 + "\n", "asp.server must be a number of CPU cores"),
         ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5]\n", r"bsp.step_overhead_ms must be one number or a list of one per worker \(2\)"),
-        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5, -1]\n", r"bsp.step_overhead_ms\[1\] must be a number of ms >= 0, got -1"),
-        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: lots\n", r"bsp.step_overhead_ms\[0\] must be a number of ms >= 0, got 'lots'"),
+        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [5, -1]\n", r"bsp.step_overhead_ms\[1\] must be a number of ms in \[0, 60000\], got -1"),
+        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: lots\n", r"bsp.step_overhead_ms\[0\] must be a number of ms in \[0, 60000\], got 'lots'"),
+        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: 1.0e+308\n", r"bsp.step_overhead_ms\[0\] must be a number of ms in \[0, 60000\], got 1e\+308"),
+        ("bsp:\n  workers: [1, 2]\n  step_overhead_ms: [1, 60000.5]\n", r"bsp.step_overhead_ms\[1\] must be .* got 60000.5"),
         ("bsp:\n  workers: [1.0e+308, 1.0e+308]\n", "bsp.workers add up to more cores than a float holds"),
         ("bsp:\n  workers: [1e-2, 1]\n", r"workers\[0\].*got '1e-2' \(text: YAML reads an exponent as a number only with a dot and a sign"),
         ("asp:\n  workers: [1]\n  server: 2E3\n", r"asp.server .*got '2E3' \(text: YAML reads"),
@@ -333,6 +336,8 @@ def test_a_fixed_step_cost_becomes_the_workers_flag(tmp_path: Path) -> None:
     each = load_profile(write(tmp_path, "bsp:\n  workers: [1, 2]\n  step_overhead_ms: [0, 7.5]\n")).allocation("bsp")
     assert [each.worker_args(i) for i in range(2)] == [(), ("--step-overhead-ms", "7.5")]
     assert load_profile("hl8").allocation("bsp").worker_args(0) == ()
+    most = load_profile(write(tmp_path, f"bsp:\n  workers: [1]\n  step_overhead_ms: {MAX_STEP_OVERHEAD_MS}\n"))
+    assert most.allocation("bsp").worker_args(0) == ("--step-overhead-ms", repr(MAX_STEP_OVERHEAD_MS))
 
 
 def test_a_many_line_name_or_description_is_read_as_one_line(tmp_path: Path) -> None:
@@ -350,6 +355,8 @@ def test_a_many_line_name_or_description_is_read_as_one_line(tmp_path: Path) -> 
     schedule = tmp_path / "s.yaml"
     schedule.write_text("kind: schedule\nname: |\n  a\n  b\ndescription: |\n  c\n  d\nevery_epochs: 1\nphases: [hl1]\n")
     assert (load_schedule(schedule).name, load_schedule(schedule).description) == ("a b", "c d")
+    schedule.write_text("kind: schedule\nname: ' '\nevery_epochs: 1\nphases: [hl1]\n")
+    assert (load_schedule(schedule).name, load_schedule(schedule).description) == ("s", "")
 
 
 def test_a_profile_given_as_a_schedule_says_to_pass_it_as_a_profile(tmp_path: Path) -> None:

@@ -104,6 +104,14 @@ def test_phases_a_clock_schedule_passed_over_are_called_skipped_not_unreached(tm
     assert not any("ended before" in line for line in lines)
 
 
+def test_the_last_phase_entered_is_the_highest_recorded_whatever_their_order() -> None:
+    """The one answer phases_not_reached and phases_skipped both start from."""
+    from deploy.run_report import last_entered
+
+    assert last_entered([]) == -1
+    assert last_entered([{"phase": 0}, {"phase": "3"}, {"phase": 1}]) == 3
+
+
 def test_the_accuracy_plot_of_a_log_a_resume_appended_to_runs_on_in_time() -> None:
     """Pure: the resumed run's `wall_s` starts again at 0; sorted as they were, epochs 3 and 4 landed
     among epochs 1 and 2 and the line went back and forth (3, 1, 4, 2)."""

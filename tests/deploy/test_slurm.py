@@ -168,6 +168,18 @@ def test_bad_input_is_one_error_and_writes_nothing(
     assert not (tmp_path / "job").exists()
 
 
+def test_a_profile_whose_step_overhead_is_past_the_most_emulated_is_one_error(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """step_overhead_ms: 1.0e+308 was written into the script as every worker's --step-overhead-ms."""
+    profile = tmp_path / "slow.yaml"
+    profile.write_text("bsp:\n  workers: [1, 2]\n  step_overhead_ms: 1.0e+308\n", encoding="utf-8")
+    code, out, err = run_cli(capsys, "--profile", str(profile), "--out", str(tmp_path / "job"))
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "step_overhead_ms[0] must be a number of ms in [0, 60000], got 1e+308" in err
+    assert not (tmp_path / "job").exists()
+
+
 def test_submit_without_slurm_is_one_error(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))

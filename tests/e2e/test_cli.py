@@ -118,8 +118,9 @@ def test_server_error_is_one_line_from_a_real_process() -> None:
         (["--server", "127.0.0.1:1", "--heap-reserve", "-1"], "--heap-reserve"),
         (["--server", "127.0.0.1:1", "--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N"),
         (["--server", "127.0.0.1:1", "--device", "cuda:99"], "--device cuda:99"),
-        (["--server", "127.0.0.1:1", "--step-overhead-ms", "-1"], "--step-overhead-ms: expected a number >= 0, got '-1'"),
+        (["--server", "127.0.0.1:1", "--step-overhead-ms", "-1"], "--step-overhead-ms: expected a number in [0, 60000], got '-1'"),
         (["--server", "127.0.0.1:1", "--step-overhead-ms", "inf"], "--step-overhead-ms: expected a finite number"),
+        (["--server", "127.0.0.1:1", "--step-overhead-ms", "1e308"], "--step-overhead-ms: expected a number in [0, 60000], got '1e308'"),
     ],
 )
 def test_worker_rejects_bad_input(args: list[str], needle: str) -> None:

@@ -1,6 +1,6 @@
-"""The built-in loop's line for a loss that is not finite (worker/cli.py, non_finite_loss): it names a
+"""worker/cli.py: the built-in loop's line for a loss that is not finite (non_finite_loss): it names a
 sample that is not finite where there is one, else the parameters and their largest magnitude, as the
-server's where the worker never steps them itself (the PS path)."""
+server's where the worker never steps them itself (the PS path); and the bound on --step-overhead-ms."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from worker.cli import non_finite_loss
+from worker.cli import non_finite_loss, parse_args
+from worker.probes.resources import MAX_STEP_OVERHEAD_MS
 
 
 def model(scale: float) -> nn.Module:
@@ -51,3 +52,18 @@ def test_the_last_line_says_why_a_job_the_server_stopped_ended() -> None:
     assert end_line(session("the workers left cannot split --global-batch (bounds sum to [2, 60])")) == (
         "w0: job ended (the workers left cannot split --global-batch (bounds sum to [2, 60])) after 9 steps, "
         "9 replies streamed in forward order")
+
+
+@pytest.mark.parametrize("given", ["1e308", "60000.5"])
+def test_a_step_overhead_past_the_most_emulated_is_a_usage_error(
+    given: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1e308 ms was taken, and every step burned CPU forever; the flag and its variable both refuse it."""
+    assert parse_args(["--server", "127.0.0.1:1", "--step-overhead-ms", "60000"]).step_overhead_ms == MAX_STEP_OVERHEAD_MS
+    with pytest.raises(SystemExit) as flag:
+        parse_args(["--server", "127.0.0.1:1", "--step-overhead-ms", given])
+    assert flag.value.code == 2 and f"expected a number in [0, 60000], got '{given}'" in capsys.readouterr().err
+    monkeypatch.setenv("PS_STEP_OVERHEAD_MS", given)
+    with pytest.raises(SystemExit) as variable:
+        parse_args(["--server", "127.0.0.1:1"])
+    assert variable.value.code == 2 and "PS_STEP_OVERHEAD_MS" in capsys.readouterr().err

@@ -11,6 +11,10 @@ from dataclasses import dataclass
 
 from common.ops.cpu_quota import usable_cpus
 
+MAX_STEP_OVERHEAD_MS = 60_000.0
+"""The most `--step-overhead-ms` (a profile's `step_overhead_ms`) emulates: a minute of CPU a step, far
+beyond any optimizer's or launch's fixed cost; more only stalls the job (1e308 burned CPU forever)."""
+
 ComputeEnd = Callable[[float, float], float]
 """Ends the compute of a step that began at (time.perf_counter, time.process_time) seconds: its
 device's work waited for; the ms of it spent waiting rather than computing (the forward's wait for
@@ -54,8 +58,9 @@ class SlowerMachine:
     def __post_init__(self) -> None:
         if not self.slowdown >= 1.0:
             raise ValueError(f"slowdown must be >= 1, got {self.slowdown}")
-        if not 0.0 <= self.overhead_ms < float("inf"):
-            raise ValueError(f"step_overhead_ms must be a finite number >= 0, got {self.overhead_ms}")
+        if not 0.0 <= self.overhead_ms <= MAX_STEP_OVERHEAD_MS:
+            raise ValueError(f"step_overhead_ms must be a number of ms in [0, {MAX_STEP_OVERHEAD_MS:g}], "
+                             f"got {self.overhead_ms}")
 
     def around(self, end: ComputeEnd) -> ComputeEnd:
         """`end` on this machine: the overhead burned first (a slowdown stretches it too), then `end`,

@@ -40,7 +40,7 @@ def test_a_slower_machine_burns_its_overhead_and_stretches_the_compute() -> None
     assert cpu_s >= 0.020 and wall_s >= 2 * 0.020  # the overhead's CPU, then as long again asleep
 
 
-@pytest.mark.parametrize(("slowdown", "overhead_ms"), [(0.5, 0.0), (float("nan"), 0.0), (1.0, -1.0), (1.0, float("inf"))])
+@pytest.mark.parametrize(("slowdown", "overhead_ms"), [(0.5, 0.0), (float("nan"), 0.0), (1.0, -1.0), (1.0, float("inf")), (1.0, 1e308)])
 def test_a_machine_cannot_be_faster_or_take_a_negative_overhead(slowdown: float, overhead_ms: float) -> None:
     with pytest.raises(ValueError, match="slowdown|step_overhead_ms"):
         SlowerMachine(slowdown, overhead_ms)

@@ -73,6 +73,20 @@ def test_a_solve_over_the_table_plans_what_one_over_the_calls_plans(seed: int, n
 
 
 @FAST
+@given(st.integers(0, 10_000), st.integers(MIN_ROWS, 200), st.integers(1, 2_000))
+def test_a_split_placed_in_bulk_over_the_table_is_the_one_over_the_calls(seed: int, n: int, per_worker: int) -> None:
+    """Flat laws (no per-sample cost) among them: the search on T stops at their plateau and `fill`
+    places the rest through the table's `take` and `within`."""
+    rng = random.Random(seed)
+    times = {f"w{i}": Finish(Line(0.0 if rng.random() < 0.4 else rng.lognormvariate(0.0, 0.5),
+                                  rng.choice([5.0, 10.0, rng.uniform(0.0, 20.0)])), None, 0.0).at for i in range(n)}
+    calls = {k: (lambda b, t=t: t(b)) for k, t in times.items()}
+    total = per_worker * n
+    lower, upper = dict.fromkeys(times, 1), dict.fromkeys(times, total)
+    assert split(times, total, lower, upper, table_of(times)) == split(calls, total, lower, upper)
+
+
+@FAST
 @given(st.integers(0, 10_000), st.integers(MIN_ROWS, 200))
 def test_a_plans_round_over_the_table_is_the_slowest_call(seed: int, n: int) -> None:
     times = finishes(seed, n)
