@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server",
         description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch policy.",
+        epilog="exit status: 0 the job finished, or SIGTERM or Ctrl-C stopped it (checkpointed); 1 it failed while "
+               "running (a port, a file, a shard process); 2 bad input (nothing started); 3 it ended early, before "
+               "its last epoch, for the reason its `end` line on stderr and the metrics log's end and summary records "
+               "give (the workers left cannot make up --global-batch, a shard failed).",
         formatter_class=DefaultsHelpFormatter,
     )
     job = p.add_argument_group("job")

@@ -13,6 +13,8 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from ps.ops.endings import ended_early
+
 
 def on_terminal(stream: TextIO) -> bool:
     """Whether `stream` is a terminal (a bar there; plain lines elsewhere)."""
@@ -99,7 +101,7 @@ def progress_line(record: dict[str, Any]) -> str | None:
         line = f"{record['worker']} left: {record['why']}" if record.get("why") else f"{record['worker']}: {record['reason']}"
         if record.get("workers_left") == 0 and not record.get("done"):
             line += f" ({NO_WORKER_LEFT})"
-    elif event == "end" and record["reason"] not in ("finished", "stopping"):  # the summary line does not say why
+    elif event == "end" and ended_early(record["reason"]):  # a finished or stopped job has no such line
         line = f"job ended at epoch {record['epoch']}, step {record['step']}: {record['reason']}"
     elif event == "join_wait":
         line = f"{record['worker']}: turned away after waiting {record['waited_s']:g} s for the job to start (--join-wait)"
