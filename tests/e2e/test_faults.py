@@ -280,6 +280,7 @@ def test_a_leave_that_leaves_too_few_workers_for_the_global_batch_ends_the_job(t
         assert cluster.wait(60) == ENDED_EARLY, cluster.server_log()  # before: 0, as if it had finished
         (summary,) = cluster.events("summary")
         assert "cannot split --global-batch" in summary["reason"], summary
+        assert cluster.server_log().count(summary["reason"]) == 1, cluster.server_log()  # the `end` line's, once
     finally:
         for client in clients:
             client.close()
