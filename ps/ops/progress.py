@@ -103,6 +103,8 @@ def progress_line(record: dict[str, Any]) -> str | None:
             line += f" ({NO_WORKER_LEFT})"
     elif event == "end" and ended_early(record["reason"]):  # the one line that says why (not the summary's)
         line = f"job ended at epoch {record['epoch']}, step {record['step']}: {record['reason']}"
+    elif event == "join_refused":
+        line = f"{record['worker']}: refused at join: {record['reason']}"
     elif event == "join_wait":
         line = f"{record['worker']}: turned away after waiting {record['waited_s']:g} s for the job to start (--join-wait)"
     elif event == "regroup":
