@@ -306,6 +306,8 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
          "ps-server would refuse these arguments: --tls-cert /nonexistent/server.crt: cannot read (No such file or directory)"),
         (["--adjust-every", "foo"], "argument --adjust-every: expected 'epoch' or a whole number of steps > 0, got 'foo'"),
         (["--model", "resnet9000", "--quick"], "unknown model 'resnet9000'"),
+        (["--policy", "uniform", "--server-arg=--no-park"],
+         "ps-server would refuse these arguments: --no-park is for --policy model or auto"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
