@@ -24,7 +24,7 @@ from ps.server_flags import build_parser
 from ps.server_job import Job, build_job
 from ps.servicer import ParameterServerServicer
 from ps.serving.call_budget import CallBounds, calls_for_workers
-from ps.serving.call_limits import CallLimits
+from ps.serving.call_limits import CallLimits, stop_serving
 from ps.serving.handlers import SERVICES, OnMessage, register
 from ps.serving.server_options import GRPC_OPTIONS, on_stop_signal, run_loop
 from ps.shards.client import ShardFailure
@@ -112,7 +112,7 @@ async def serve(
     finally:
         await health.shut_down()
         reaper.cancel()
-        await server.stop(grace=1.0)
+        await stop_serving(server, limits)
         job.evaluator.close()
         if job.checkpointer is not None:
             job.checkpointer.close()
