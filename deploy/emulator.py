@@ -37,6 +37,7 @@ from deploy.run_plan import (
 from deploy.run_report import write_report
 from deploy.schedule_phases import POLL_S, SchedulePhases
 from deploy.signals import ReceivedSignals, signals_as_exceptions
+from ps.ops.endings import exit_status
 from ps.ops.progress import EpochBar, adapt_line, on_terminal, progress_line, trained_alongside
 
 __all__ = [
@@ -104,10 +105,10 @@ class Emulation:
                 self.bar = None
         total_s = time.monotonic() - started
         summary = next((e for e in reversed(self.events) if e.get("event") == "summary"), None)
-        if code != 0 or summary is None:
+        if summary is None or code != exit_status(summary["reason"]):  # an early end's 3 comes with its summary
             last = last_line(plan.out / "server.log")
             raise RunFailed(
-                f"the server exited with status {code} without a summary"
+                f"the server exited with status {code}{' without a summary' if summary is None else ''}"
                 + (f": {last}" if last else f" (see {plan.out / 'server.log'})")
             )
         return write_report(plan, self.events, self.phases.records, self.phases.index, summary, total_s,

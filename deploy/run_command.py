@@ -1,5 +1,6 @@
 """``ps-cluster run``: emulate a heterogeneous cluster on this machine (deploy/emulator.py) and train a job
-on it; its exit status says whether the input was bad (2), the run failed (1) or it was stopped."""
+on it; its exit status says whether the input was bad (2), the run failed (1), the job ended early (3, as
+ps-server's) or it was stopped."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from common.ops.arg_types import int_between, positive_float, positive_int
 from deploy.cli_arguments import PROG, Subcommands, profile_argument
 from deploy.profiles import MODES, builtin_schedules, default_cpu_budget
 from ps.control.registry import POLICIES
+from ps.ops.endings import ENDED_EARLY, ended_early
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -29,7 +31,7 @@ def _run(args: argparse.Namespace) -> int:
         server_args=[*args.server_arg, *([] if args.overlap else ["--no-overlap"])],
     )
     try:
-        emulator.run(config)
+        result = emulator.run(config)
     except ServerStartError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2 if exc.returncode == 2 else 1
@@ -48,6 +50,10 @@ def _run(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError) as exc:
         print(f"{PROG}: error: run failed: {exc}", file=sys.stderr)
         return 1
+    if ended_early(result["summary"]["reason"]):  # its report and plots are written: they show how far it came
+        print(f"{PROG}: error: the job ended early, after {result['epochs']} of its epochs (the 'job ended' line above "
+              "says why)", file=sys.stderr)
+        return ENDED_EARLY
     return 0
 
 
@@ -75,7 +81,8 @@ def add_run_command(subcommands: Subcommands) -> None:
         "  ps-cluster run --schedule swap --every-epochs 2 --quick   # HL8, fast and slow swapped, even, HL8\n"
         "  ps-cluster run --profile hl4 --policy uniform   # the baseline: equal batches\n"
         "  ps-cluster run --mode asp --server-arg=--staleness-bound=2   # ASP, stale-synchronous\n"
-        "exit status: 0 done, 1 the run failed (a worker or the server died), 2 bad input.",
+        "exit status: 0 done, 1 the run failed (a worker or the server died), 2 bad input, 3 the job ended early\n"
+        "(ps-server's 3: the workers left could not make up --global-batch, ...; the report and plots are written).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     where = parser.add_argument_group("cluster")

@@ -15,6 +15,7 @@ from common.ops import address
 from common.ops.memory import tune_malloc
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import ServerSecurity, load_server_security
+from ps.ops.endings import exit_status
 from ps.ops.health import NOT_SERVING, SERVING, Health
 from ps.ops.port_file import PortFile
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
@@ -23,7 +24,7 @@ from ps.server_flags import build_parser
 from ps.server_job import Job, build_job
 from ps.servicer import ParameterServerServicer
 from ps.serving.call_budget import CallBounds, calls_for_workers
-from ps.serving.call_limits import CallLimits
+from ps.serving.call_limits import CallLimits, stop_serving
 from ps.serving.handlers import SERVICES, OnMessage, register
 from ps.serving.server_options import GRPC_OPTIONS, on_stop_signal, run_loop
 from ps.shards.client import ShardFailure
@@ -111,7 +112,7 @@ async def serve(
     finally:
         await health.shut_down()
         reaper.cancel()
-        await server.stop(grace=1.0)
+        await stop_serving(server, limits)
         job.evaluator.close()
         if job.checkpointer is not None:
             job.checkpointer.close()
@@ -122,6 +123,8 @@ async def serve(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ps-server; its exit status: 0 finished or stopped, 1 failed at run time, 2 bad input, 3 the job
+    ended early (ps.ops.endings)."""
     tune_malloc()
     enable_stack_dump()
     parser = build_parser()
@@ -149,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.metrics_port is not None:
             endpoint, on_message = start_prometheus(job, args.metrics_host, args.metrics_port, metrics_port_file,
                                                     None if args.metrics_without_token else security.token)
-        run_loop(serve(job, args.host, args.port, port_file, args.grace, security, on_message))
+        summary = run_loop(serve(job, args.host, args.port, port_file, args.grace, security, on_message))
     except OSError as exc:
         job.close_shards()
         print(f"ps-server: error: {exc}", file=sys.stderr)
@@ -159,7 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if endpoint is not None:
             endpoint.close()
-    return 0
+    code = exit_status(summary["reason"])
+    if code and args.quiet:  # otherwise the `end` record's progress line has said why
+        print(f"ps-server: the job ended early: {summary['reason']}", file=sys.stderr, flush=True)
+    return code
 
 
 if __name__ == "__main__":

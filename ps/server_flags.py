@@ -63,6 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ps-server",
         description="Heterogeneity-aware parameter server: BSP/ASP training with an OmniLearn-style batch policy.",
+        epilog="exit status: 0 the job finished, or SIGTERM or Ctrl-C stopped it (checkpointed); 1 it failed while "
+               "running (a port, a file, a shard process); 2 bad input (nothing started); 3 it ended early, before "
+               "its last epoch, for the reason its `end` line on stderr and the metrics log's end and summary records "
+               "give (the workers left cannot make up --global-batch, a shard failed).",
         formatter_class=DefaultsHelpFormatter,
     )
     job = p.add_argument_group("job")
@@ -127,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "and parking after, the step again when a worker's speed changes)")
     ctl.add_argument("--no-park", dest="park", action="store_false",
                      help="--policy model or auto in BSP: never park a worker at batch 0, even when the predicted round "
-                          "is shorter without it (parking is off on the --allreduce fast path and in ASP anyway)")
+                          "is shorter without it (refused with the other policies, which never park; parking is off on "
+                          "the --allreduce fast path and in ASP anyway)")
     ctl.add_argument("--deadband", type=float_between(0.0, 1.0, high_open=True), default=0.1, help="relative change below which a batch stays (Eq. 7)")
     ctl.add_argument("--min-batch", type=positive_int, default=None, metavar="N",
                      help="per-worker lower bound (default: 1, or 2 for a model with BatchNorm, which cannot train on "

@@ -26,7 +26,7 @@ from ps.checkpoint import Checkpointer, check_no_other_job
 from ps.control.config import PolicyConfig
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, epoch_bound
 from ps.control.policy import build_policy
-from ps.control.registry import policy_class
+from ps.control.registry import POLICIES, policy_class
 from ps.ops.metrics import MetricsLog
 from ps.ops.progress import progress_echo
 from ps.rounds.adaptive_batch import AdaptiveSettings
@@ -202,6 +202,10 @@ def check_flags_together(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-workers {args.max_workers} must be >= --workers {args.workers}")
     if args.nesterov and args.momentum == 0:
         raise ValueError("--nesterov needs --momentum > 0")
+    if not args.park and not policy_class(args.policy).parks:
+        parking = " or ".join(name for name in POLICIES if policy_class(name).parks)
+        raise ValueError(f"--no-park is for --policy {parking}, the policies that park a worker; --policy {args.policy} "
+                         "never parks one")
     if args.mode != "asp" and (args.staleness_bound is not None or args.staleness_lr != "off"):
         raise ValueError(f"--staleness-bound and --staleness-lr are for --mode asp, not --mode {args.mode}")
     if (args.max_update_norm is not None or args.clip_outliers is not None) and (args.shards > 1 or args.allreduce == "on"):

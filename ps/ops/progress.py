@@ -13,6 +13,8 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from ps.ops.endings import STOPPING, ended_early
+
 
 def on_terminal(stream: TextIO) -> bool:
     """Whether `stream` is a terminal (a bar there; plain lines elsewhere)."""
@@ -99,8 +101,10 @@ def progress_line(record: dict[str, Any]) -> str | None:
         line = f"{record['worker']} left: {record['why']}" if record.get("why") else f"{record['worker']}: {record['reason']}"
         if record.get("workers_left") == 0 and not record.get("done"):
             line += f" ({NO_WORKER_LEFT})"
-    elif event == "end" and record["reason"] not in ("finished", "stopping"):  # the summary line does not say why
+    elif event == "end" and ended_early(record["reason"]):  # the one line that says why (not the summary's)
         line = f"job ended at epoch {record['epoch']}, step {record['step']}: {record['reason']}"
+    elif event == "join_refused":
+        line = f"{record['worker']}: refused at join: {record['reason']}"
     elif event == "join_wait":
         line = f"{record['worker']}: turned away after waiting {record['waited_s']:g} s for the job to start (--join-wait)"
     elif event == "regroup":
@@ -116,7 +120,7 @@ def progress_line(record: dict[str, Any]) -> str | None:
         line = f"resumed at epoch {record['epoch']}, step {record['step']} (params sha256 {record['params_sha256'][:12]})"
     elif event == "summary":
         shown = {k: record[k] for k in ("mode", "controller", "epochs", "wall_s", "samples_per_s", "accuracy")}
-        if record.get("reason") not in (None, "finished"):  # it ended before its last epoch: say why
+        if record.get("reason") == STOPPING:  # an early end's reason has its own line already (the `end` record's)
             shown["reason"] = record["reason"]
         line = "summary: " + json.dumps(shown)
     else:

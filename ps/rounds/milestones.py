@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from ps.ops.endings import FINISHED
 from ps.rounds.adaptive_batch import AdaptiveBatchSizing
 from ps.rounds.epochs import Epochs
 from ps.rounds.evaluations import Evaluations
@@ -57,7 +58,7 @@ class Milestones:
             self.evaluation.submit(s.epoch)
         s.store.set_lr(self.adaptive.lr_at(s.epoch))
         if s.epoch >= s.spec.epochs:
-            s.finish("finished")
+            s.finish(FINISHED)
             return
         self.adaptive.at_epoch_end()
         if self.epochs.adjust_every is None and not self.path_trial.holds_plan:

@@ -16,6 +16,7 @@ from ps.control.policy import BatchPolicy
 from common.job.datasets import TrainingData
 from ps.rounds.evaluator import BackgroundEvaluator
 from common.job.spec import JobSpec
+from ps.ops.endings import STOPPING
 from ps.ops.metrics import MetricsLog
 from common.params.norm_clip import NormLimits
 from common.params.store import ParameterStore
@@ -163,7 +164,7 @@ class CoordinatorParts(JobState):
     def checkpoint_state(self) -> dict[str, Any]:
         """A self-contained snapshot of everything needed to resume (tensors cloned)."""
         return self.checkpoints.state_dict()
-    def stop(self, reason: str = "stopping") -> None:
+    def stop(self, reason: str = STOPPING) -> None:
         """Graceful shutdown: drop the open round's partial sum; every worker's next call hears the job stops."""
         if self.done:
             return

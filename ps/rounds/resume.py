@@ -1,14 +1,15 @@
 """Which checkpoint a `ps-server --resume` continues from, and what a checkpoint write that fails tells.
 
 The newest checkpoint that verifies (ps.checkpoint), passes every check of its fields
-(ps.rounds.checkpoint_checks) and loads: any other is skipped with a warning naming it and why, and a
-`checkpoint_skipped` event, for the next older. Only when none is left does the resume stop, naming
-each file and its reason."""
+(ps.rounds.checkpoint_checks) and loads: any other is skipped, with a `checkpoint_skipped` event, for
+the next older; a resume from an older one warns of each skipped file and why. Only when none is left
+does the resume stop, with one error naming each file and its reason and no warnings besides, files
+skipped for the same reason under it once (flags that differ from the job's make every file fail alike)."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +46,14 @@ def _check_named_step(path: Path, state: dict[str, Any], spec: JobSpec) -> None:
                                 f"rename it ckpt-{held:010d}.pt to resume from it")
 
 
+def by_reason(skipped: Iterable[tuple[str, str]]) -> list[tuple[list[str], str]]:
+    """`(file name, reason)` pairs as `(file names, reason)`, one per reason, in the order each first comes."""
+    grouped: dict[str, list[str]] = {}
+    for name, reason in skipped:
+        grouped.setdefault(reason, []).append(name)
+    return [(names, reason) for reason, names in grouped.items()]
+
+
 class ResumeSearch:
     """The checkpoints of `--resume DIR`, newest first, each skipped with its reason until one is usable."""
 
@@ -53,6 +62,7 @@ class ResumeSearch:
         self.spec = spec
         self.numel = numel
         self.skipped: list[tuple[str, str]] = []  # (file name, why), oldest skip first
+        self._warned = 0  # of those, how many a warning has named
         self._metrics: MetricsLog | None = None
         self._candidates = readable_checkpoints(directory, self._skip)
 
@@ -77,6 +87,7 @@ class ResumeSearch:
             except NOT_LOADABLE as exc:
                 self.skip(path, exc)
                 continue
+            self._warn_skipped()
             epoch = state["epoch"]
             if epoch >= self.spec.epochs:
                 raise JobComplete(
@@ -86,8 +97,14 @@ class ResumeSearch:
             return path, state, changes
         if not self.skipped:
             raise ValueError(f"--resume {self.directory}: {self._why_none()}")
-        reasons = "; ".join(f"{name}: {reason}" for name, reason in reversed(self.skipped))
+        reasons = "; ".join(f"{', '.join(names)}: {reason}" for names, reason in by_reason(reversed(self.skipped)))
         raise ValueError(f"--resume {self.directory}: no usable checkpoint there ({reasons})")
+
+    def _warn_skipped(self) -> None:
+        """A usable checkpoint was found: one warning per reason for the files skipped since the last."""
+        for names, reason in by_reason(self.skipped[self._warned:]):
+            warn(f"skipping checkpoint{'s' if len(names) > 1 else ''} {', '.join(names)}: {reason}")
+        self._warned = len(self.skipped)
 
     def _why_none(self) -> str:
         """Why the folder gave no file to try: it is a file (a checkpoint's own path), it does not exist,
@@ -99,7 +116,6 @@ class ResumeSearch:
         return "no checkpoint there (no ckpt-<step>.pt file)"
 
     def _skip(self, path: Path, reason: str) -> None:
-        warn(f"skipping checkpoint {path.name}: {reason}")
         self.skipped.append((path.name, reason))
         if self._metrics is not None:
             self._metrics.write("checkpoint_skipped", path=str(path), reason=reason)

@@ -31,7 +31,7 @@ from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, ControlKeyI
 from ps.shards.core import ShardCore
 from ps.shards.servicer import DEFAULT_MAX_LOAD_MIB, ParameterShardServicer
 from ps.serving.call_budget import CallBounds
-from ps.serving.call_limits import CallLimits
+from ps.serving.call_limits import CallLimits, stop_serving
 from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
 from ps.serving.server_options import GRPC_OPTIONS, add_call_flags, add_listen_flags, run_loop, wait_for_stop_signal
@@ -85,7 +85,8 @@ async def serve_shard(host: str, port: int, port_file: PortFile | None, security
     Health: the server ("") is SERVING once it listens (it takes its coordinator's Load then), the
     ParameterShard service once a Load gave it its range; both NOT_SERVING from SIGTERM/SIGINT on."""
     checks = [*security.interceptors(), ControlKeyInterceptor(shard_key)]  # before the limits: refusals are not counted
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*checks, CallLimits(bounds)])
+    limits = CallLimits(bounds)
+    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*checks, limits])
     service = SERVICES["ParameterShard"].full_name
     health = Health([service])
     await health.add_to(server)
@@ -101,7 +102,7 @@ async def serve_shard(host: str, port: int, port_file: PortFile | None, security
         await wait_for_stop_signal()
     finally:
         await health.shut_down()
-        await server.stop(grace=1.0)
+        await stop_serving(server, limits)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

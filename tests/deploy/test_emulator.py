@@ -306,6 +306,8 @@ def test_schedule_under_slowdown_is_refused(tmp_path: Path) -> None:
          "ps-server would refuse these arguments: --tls-cert /nonexistent/server.crt: cannot read (No such file or directory)"),
         (["--adjust-every", "foo"], "argument --adjust-every: expected 'epoch' or a whole number of steps > 0, got 'foo'"),
         (["--model", "resnet9000", "--quick"], "unknown model 'resnet9000'"),
+        (["--policy", "uniform", "--server-arg=--no-park"],
+         "ps-server would refuse these arguments: --no-park is for --policy model or auto"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(tmp_path: Path, args: list[str], needle: str) -> None:
@@ -340,3 +342,22 @@ def test_a_worker_the_server_evicts_and_an_early_end_are_lines(tmp_path: Path) -
                          "done": True})  # a finished job's workers going: no line
     assert out.getvalue().splitlines() == [
         f"  w3: {reason}", "  job ended at epoch 1, step 9: the workers left cannot split --global-batch"]
+
+
+def test_a_job_that_ends_early_exits_3_with_its_report(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
+    """One of two workers leaves (SIGTERM: it leaves and exits 0) and the other's --max-batch cannot hold
+    B: ps-server ends the job early and exits 3; ps-cluster run writes the report and exits 3 as well,
+    with one stderr line (before: both exited 0, as after a finished job)."""
+    profile = write_profile(tmp_path / "two.yaml", [1, 1])
+    emulator = emulators(tmp_path / "early", "--profile", str(profile), "--limiter", "slowdown", *TINY_JOB,
+                         "--epochs", "200", "--policy", "uniform", "--server-arg=--max-batch=32")
+    emulator.wait_for(lambda: bool(emulator.events("epoch")), "the first epoch")
+    os.kill(worker_pid(emulator.pid, "w0"), signal.SIGTERM)
+    assert emulator.wait(timeout=60) == 3, emulator.stderr
+    (end,) = emulator.events("end")
+    assert "cannot split --global-batch" in end["reason"]
+    assert f"job ended at epoch {end['epoch']}, step {end['step']}: {end['reason']}" in emulator.stdout
+    errors = [line for line in emulator.stderr.splitlines() if line.strip()]
+    assert len(errors) == 1 and "the job ended early" in errors[0], errors
+    assert json.loads((tmp_path / "early" / "summary.json").read_text())["summary"]["reason"] == end["reason"]
+    assert children(emulator.pid) == []

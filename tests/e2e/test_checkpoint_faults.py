@@ -263,7 +263,7 @@ def test_a_resume_with_no_usable_checkpoint_stops_naming_each_file_and_why(tmp_p
     assert error.startswith(f"ps-server: error: --resume {ckpt}: no usable checkpoint there ("), error
     for name, reason in named.items():
         assert f"{name}: " in error and reason in error, (name, reason, error)
-        assert f"ps-server: warning: skipping checkpoint {name}: " in done.stderr
+    assert "warning: skipping" not in done.stderr, done.stderr  # the error names each file and why, once
     assert "listening" not in done.stdout
 
 

@@ -81,6 +81,10 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
          "model 'tests.common.job.test_models:narrow_input_model' cannot take the dataset's inputs of shape (1, 8, 8)"),
         (["--model", "tests.common.job.test_models:wrong_classes_model"], "it gave (2, 13)"),
         (["--no-park=yes"], "--no-park: ignored explicit argument 'yes'"),
+        # --no-park where the policy never parks was accepted and did nothing
+        (["--policy", "static", "--no-park"], "--no-park is for --policy model or auto, the policies that park a "
+                                              "worker; --policy static never parks one"),
+        (["--controller", "uniform", "--no-park"], "--no-park is for --policy model or auto"),
         (TINY_SET + ["--workers", "2", "--global-batch", "16"],
          "--global-batch 16 exceeds the training set's 5 samples (a step would train samples more than once and end "
          "epochs together): use --global-batch 5 or less"),

@@ -23,6 +23,7 @@ from common.job.datasets import build_dataset
 from common.job.models import build_model
 from common.transport.messages import PushMeta, PushTimes
 from ps.checkpoint import checkpoint_files, read_checkpoint
+from ps.ops.endings import ENDED_EARLY
 from ps.rounds.checkpoint_state import params_digest
 from tests.processes import ENV, Cluster, start_server
 from worker.transport.client import PSClient
@@ -256,7 +257,7 @@ def test_a_channel_close_that_hangs_is_given_up(caplog: pytest.LogCaptureFixture
 def test_a_leave_that_leaves_too_few_workers_for_the_global_batch_ends_the_job(tmp_path: Path) -> None:
     """--max-batch 64, B = 128: after one of two workers leaves, no plan can make up B. The job ends
     with that reason and the survivor's open push is answered (before: the replan raised, the round
-    never closed and the survivor waited forever)."""
+    never closed and the survivor waited forever), and ps-server exits with ENDED_EARLY."""
     cluster = start_server(tmp_path, ["--mode", "bsp", "--workers", "2", "--model-arg", "hidden=8", "--global-batch", "128",
                                       "--max-batch", "64", "--controller", "uniform", "--epochs", "100", "--grace", "1"])
     clients = [PSClient(cluster.target) for _ in range(2)]
@@ -276,9 +277,10 @@ def test_a_leave_that_leaves_too_few_workers_for_the_global_batch_ends_the_job(t
         clients[1].leave(b.worker_id)
         reply = pending()
         assert reply.done and "the workers left cannot split --global-batch" in reply.reason, reply
-        assert cluster.wait(60) == 0, cluster.server_log()
+        assert cluster.wait(60) == ENDED_EARLY, cluster.server_log()  # before: 0, as if it had finished
         (summary,) = cluster.events("summary")
         assert "cannot split --global-batch" in summary["reason"], summary
+        assert cluster.server_log().count(summary["reason"]) == 1, cluster.server_log()  # the `end` line's, once
     finally:
         for client in clients:
             client.close()

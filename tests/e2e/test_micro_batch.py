@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from ps.ops.endings import ENDED_EARLY
 from tests.processes import ENV, start_server
 
 JOB = ["--workers", "2", "--model", "cnn-bn", "--model-arg", "width=8", "--dataset", "digits", "--global-batch", "64",
@@ -73,7 +74,7 @@ def test_a_leave_that_leaves_b_unheld_ends_the_job(tmp_path: Path) -> None:
         while not cluster.events("eval") and time.monotonic() < deadline:
             time.sleep(0.2)
         big.terminate()  # leaves: a and b hold 32 of the 64
-        assert cluster.wait(120) == 0, cluster.server_log()
+        assert cluster.wait(120) == ENDED_EARLY, cluster.server_log()
     finally:
         cluster.stop()
     (summary,) = cluster.events("summary")

@@ -207,14 +207,23 @@ def test_a_job_that_ends_before_its_epochs_says_why() -> None:
     assert progress_line({**record, "reason": "stopping"}) is None
 
 
-def test_the_summary_line_of_a_job_that_stopped_early_says_why() -> None:
-    """A BSP job whose survivors' --max-batch could not make up B after a leave ended at epoch 1 of 3
-    with a summary line like a finished job's: the reason was only in the metrics log."""
+def test_the_summary_line_of_a_job_that_stopped_early_does_not_repeat_why() -> None:
+    """An early end's reason is the `end` record's line (test above); the summary line after it repeated
+    it in a `reason` field, so stderr said it twice. The summary line leaves it out (the record and
+    summary.json keep it); a stop by a signal, which has no `end` line, still says `stopping` there."""
     record = {"event": "summary", "mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0,
               "samples_per_s": 4494.06, "accuracy": 0.36, "reason": "finished"}
-    assert progress_line(record) == ('summary: {"mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0, '
-                                     '"samples_per_s": 4494.06, "accuracy": 0.36}')
+    shown = 'summary: {"mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0, "samples_per_s": 4494.06, "accuracy": 0.36'
+    assert progress_line(record) == shown + "}"
     why = "the workers left cannot split --global-batch (the workers' max_batch sum to 40 < global_batch 64)"
-    assert progress_line({**record, "reason": why}) == (
-        'summary: {"mode": "bsp", "controller": "dynamic", "epochs": 1, "wall_s": 2.0, "samples_per_s": 4494.06, '
-        f'"accuracy": 0.36, "reason": "{why}"}}')
+    assert progress_line({**record, "reason": why}) == shown + "}"
+    assert progress_line({**record, "reason": "stopping"}) == shown + ', "reason": "stopping"}'
+
+
+def test_an_early_end_says_why_once_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    """The end record and the summary record of a job that ended early, as ps-server prints them."""
+    why = "the workers left cannot split --global-batch (the workers' max_batch sum to 64 < global_batch 128)"
+    print_progress({"event": "end", "reason": why, "step": 694, "epoch": 30})
+    print_progress({"event": "summary", "mode": "bsp", "controller": "uniform", "epochs": 30, "wall_s": 9.0,
+                    "samples_per_s": 100.0, "accuracy": 0.5, "reason": why})
+    assert capsys.readouterr().err.count(why) == 1

@@ -29,3 +29,44 @@ def test_an_adaptive_batch_job_is_told_the_bounds_of_b_not_where_it_started() ->
                            "(--global-batch 48 is where it started): raise --min-global-batch to 24 or lower --min-batch")
     short = job_full(config, AdaptiveConfig(base_batch=16, min_batch=16, max_batch=20), workers=3, in_job=2, waiting=0)
     assert short.endswith("raise --min-global-batch, --global-batch, --max-global-batch to 24 or lower --min-batch")
+
+
+def test_a_join_refused_for_memory_is_logged_naming_the_worker() -> None:
+    """A worker whose memory holds less than the job's smallest batch heard why at Join and exited, and
+    the server said nothing and went on waiting for a worker. Now a `join_refused` record (and its
+    progress line) names the worker and the reason the worker heard; a join that fits writes none."""
+    import asyncio
+    from typing import Any
+
+    import pytest
+
+    from common.errors import FailedPrecondition
+    from common.transport.messages import JoinAsk
+    from ps.ops.progress import progress_line
+    from ps.server_job import build_job
+    from tests.conftest import job_args
+
+    built = build_job(job_args("--workers", "2", "--global-batch", "64", "--min-batch", "8"))
+    records: list[dict[str, Any]] = []
+    built.metrics.observe(lambda r: records.append(r) if r["event"] == "join_refused" else None)
+    c = built.coordinator
+
+    async def joins() -> None:
+        with pytest.raises(FailedPrecondition) as refused:
+            await c.join(JoinAsk("tiny", 1.0, max_batch=4))
+        waiting = asyncio.ensure_future(c.join(JoinAsk("big", 1.0, max_batch=40)))  # waits for a second worker
+        await asyncio.sleep(0)
+        with pytest.raises(FailedPrecondition) as short:  # with big's 40 the pair would hold 60 < B
+            await c.join(JoinAsk("small", 1.0, max_batch=20))
+        waiting.cancel()
+        errors.extend([str(refused.value), str(short.value)])
+
+    errors: list[str] = []
+    try:
+        asyncio.run(asyncio.wait_for(joins(), 10))
+    finally:
+        built.evaluator.close()
+        built.metrics.close()
+    assert [(r["worker"], r["reason"]) for r in records] == [("tiny", errors[0]), ("small", errors[1])]
+    assert progress_line(records[0]) == f"tiny: refused at join: {errors[0]}"
+    assert "holds at most 4 samples" in errors[0] and "below --global-batch 64" in errors[1]
