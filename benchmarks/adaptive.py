@@ -152,12 +152,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
-        print(f"adaptive: error: --tasks: unknown {unknown or 'empty'}; choose from {', '.join(TASKS)}", file=sys.stderr)
-        return 2
+        parser.error(f"--tasks: unknown {unknown or 'empty'}; choose from {', '.join(TASKS)}")
     started = time.monotonic()
     report: dict[str, Any] = {"benchmark": "adaptive", "controller": args.policy, "profile": args.profile,
                               "seeds": args.seeds, "tasks": {}}

@@ -25,11 +25,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.cli_types import distinct_ints, seeds as seed_list
 from benchmarks.hetero.cli import build_parser as hetero_parser
 from benchmarks.hetero.cli import settings
 from benchmarks.hetero.runs import run_cluster
-from benchmarks.hetero.settings import resolve_emulation
+from benchmarks.hetero.settings import limiter_backend_of, resolve_emulation
 from benchmarks.report_output import add_result_options, save_result
+from common.ops.arg_types import int_at_least, positive_float, positive_int
 
 SLOWEST = "w2"
 """HL8's slowest worker (4 of 48 cores) as the emulation names it."""
@@ -70,18 +72,31 @@ def spread(values: list[float]) -> dict[str, float | None]:
             "stdev": round(statistics.stdev(values), 4) if len(values) > 1 else None}
 
 
+def _seeds(text: str) -> list[int]:
+    """--seeds: distinct seeds >= 0, or none (empty: the throughput part only)."""
+    return seed_list(text) if text.strip() else []
+
+
+def _micro_batches(text: str) -> list[int]:
+    """--micro-batch: distinct micro-batch sizes >= 1."""
+    return distinct_ints(text, 1, "micro-batch sizes")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """`python -m benchmarks.micro_batches`'s command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.micro_batches", description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (each: uniform, variable, micro); empty: skip the accuracy part")
-    p.add_argument("--global-batch", type=int, default=48, help="B of the accuracy runs")
-    p.add_argument("--micro-batch", default="4,8", help="comma-separated m of the accuracy runs (a micro run each)")
-    p.add_argument("--epochs", type=int, default=6, help="epochs of the accuracy runs")
-    p.add_argument("--throughput-batch", type=int, default=512, help="B of the throughput runs (0: skip them)")
-    p.add_argument("--throughput-micro-batch", type=int, default=16, help="m of the throughput runs")
-    p.add_argument("--throughput-epochs", type=int, default=4)
-    p.add_argument("--throughput-repeats", type=int, default=3, help="variable/micro pairs (the median ratio is reported)")
-    p.add_argument("--cpu-budget", default=None, help="passed to the HL8 emulation (default: its own)")
+    p.add_argument("--seeds", type=_seeds, default="0,1,2",
+                   help="comma-separated seeds (each: uniform, variable, micro); empty: skip the accuracy part")
+    p.add_argument("--global-batch", type=positive_int, default=48, help="B of the accuracy runs")
+    p.add_argument("--micro-batch", type=_micro_batches, default="4,8",
+                   help="comma-separated m of the accuracy runs (a micro run each)")
+    p.add_argument("--epochs", type=positive_int, default=6, help="epochs of the accuracy runs")
+    p.add_argument("--throughput-batch", type=int_at_least(0), default=512, help="B of the throughput runs (0: skip them)")
+    p.add_argument("--throughput-micro-batch", type=positive_int, default=16, help="m of the throughput runs")
+    p.add_argument("--throughput-epochs", type=positive_int, default=4)
+    p.add_argument("--throughput-repeats", type=positive_int, default=3,
+                   help="variable/micro pairs (the median ratio is reported)")
+    p.add_argument("--cpu-budget", type=positive_float, default=None, help="passed to the HL8 emulation (default: its own)")
     p.add_argument("--limiter", choices=("auto", "cgroup", "slowdown"), default="auto",
                    help="how HL8's shares are applied (benchmarks.hetero --limiter)")
     add_result_options(p)
@@ -91,13 +106,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    seeds = [int(x) for x in args.seeds.split(",") if x.strip()]
-    budget = [*(["--cpu-budget", args.cpu_budget] if args.cpu_budget else []), "--limiter", args.limiter]
+    try:
+        limiter_backend_of(args.limiter)  # --limiter cgroup where this machine has none
+    except ValueError as exc:
+        p.error(str(exc))
+    seeds: list[int] = args.seeds
+    budget = [*(["--cpu-budget", str(args.cpu_budget)] if args.cpu_budget else []), "--limiter", args.limiter]
     workdir = Path(tempfile.mkdtemp(prefix="micro-bench-"))
     report: dict[str, Any] = {"profile": "hl8", "model": "cnn-bn", "accuracy_runs": {}, "workdir": str(workdir)}
     acc_args = ["--profile", "hl8", "--model", "cnn-bn", "--dataset", "digits", "--dataset-arg", "test_fraction=0.2", "--global-batch", str(args.global_batch),
                 "--epochs", str(args.epochs), "--lr", "0.05", "--adjust-every", "10", *budget]
-    micro = [int(x) for x in args.micro_batch.split(",") if x.strip()]
+    micro: list[int] = args.micro_batch
     runs = {"uniform": ("uniform", []), "variable": ("dynamic", []),
             **{f"micro{m}": ("dynamic", ["--micro-batch", str(m)]) for m in micro}}
     for seed in seeds:

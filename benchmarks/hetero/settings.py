@@ -93,10 +93,16 @@ def resolve_emulation(s: Settings) -> Emulation:
 def limiter_backend(s: Settings) -> CgroupBackend | None:
     """The cgroup backend that limits the run's workers (None: the slowdown fallback); ValueError
     where the flags need one and this machine has none (`benchmarks.hetero` checks it before it starts)."""
-    backend = None if s.limiter == "slowdown" else detect_backend()
-    if backend is None and s.limiter == "cgroup":
+    return limiter_backend_of(s.limiter, scheduled=s.schedule is not None)
+
+
+def limiter_backend_of(limiter: str, scheduled: bool = False) -> CgroupBackend | None:
+    """`limiter_backend` of a --limiter value and whether a schedule rewrites quotas: the benchmarks that
+    run on hetero's emulation check their --limiter with it before they start (parser.error)."""
+    backend = None if limiter == "slowdown" else detect_backend()
+    if backend is None and limiter == "cgroup":
         raise ValueError("--limiter cgroup: no writable cgroup CPU controller (run as root on Linux)")
-    if backend is None and s.schedule is not None:
+    if backend is None and scheduled:
         raise ValueError("--schedule rewrites quotas while workers run: it needs a writable cgroup CPU controller "
                          "(the slowdown fallback is fixed at start)")
     return backend

@@ -15,7 +15,7 @@ from benchmarks.cluster_run import run_in_workdir
 from benchmarks.hetero.cli import build_parser as hetero_parser
 from benchmarks.hetero.cli import settings as hetero_settings
 from benchmarks.hetero.report import environment
-from benchmarks.hetero.settings import Emulation, Settings, log, resolve_emulation
+from benchmarks.hetero.settings import Emulation, Settings, limiter_backend_of, log, resolve_emulation
 from benchmarks.report_output import add_report_options, emit
 from benchmarks.tta import arms as arms_
 from benchmarks.tta.plots import write_plots
@@ -132,6 +132,7 @@ def resolve_defaults(args: argparse.Namespace) -> None:
         raise ValueError("--min-global-batch <= every B0 (--global-batch, --sweep) <= --max-global-batch")
     if "ddp_split" in args.arms and "model" not in args.arms:
         raise ValueError("--arms: ddp_split takes model's split: add model")
+    limiter_backend_of(args.limiter or "auto")  # --limiter cgroup where this machine has none
 
 
 def run_seed(args: argparse.Namespace, s: Settings, emu: Emulation, seed: int, split: dict[str, int] | None,
