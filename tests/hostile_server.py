@@ -49,6 +49,7 @@ class Scenario:
     shard_push: dict[str, Any] = field(default_factory=dict)  # and of its push replies alone, over `shard`
     shard_push_values: list[float] | None = None  # the values its push replies carry (default: `shard_values`)
     store: dict[str, Any] = field(default_factory=dict)  # the fields of every Rendezvous reply (default: ready, nothing more)
+    join_error: str = ""  # the details of a FAILED_PRECONDITION every Join ends with ("": answered)
 
 
 class FakeServer(ps_pb2_grpc.ParameterServerServicer):
@@ -89,6 +90,8 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         self._record("Join")
         if self.scenario.hang == "Join":
             self._hang(context)
+        if self.scenario.join_error:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.scenario.join_error)
         fields: dict[str, Any] = {
             "worker_id": "w0", "job_json": self._spec_json(), "num_params": NUMEL, "batch_size": 8,
             "heartbeat_interval_s": 1.0, "secret": "s" * 32,
