@@ -37,7 +37,8 @@ class Scenario:
     pull: dict[str, Any] = field(default_factory=dict)
     values: list[float] | None = None  # the parameters a Pull sends (default NUMEL zeros)
     shards: list[tuple[str, int, int]] = field(default_factory=list)
-    hang: str = ""  # "Join": never answered; "Pull-body", "Push-body": the first such reply stops after its header
+    hang: str = ""  # "Join": never answered; "Pull-body", "Push-body": the first such reply stops after its header;
+    # "Pull-empty": the first Pull's reply sends a chunk without values every 0.2 s after its header, until cancelled
     expected_workers: int = 1  # what Status says
     status_hangs_after: float | None = None  # seconds after the first Join from which Status is never answered
     header_on: str = "first"  # which chunks of a parameter reply carry its header: "first", "data" (not the first), "both"
@@ -120,6 +121,12 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         yield next(chunks)
         if self.scenario.hang == f"{name}-body" and number == 0:
             self._hang(context)
+            return
+        if self.scenario.hang == f"{name}-empty" and number == 0:
+            seq = 1
+            while context.is_active() and not self.stopped.wait(0.2):
+                yield ps_pb2.ParamsChunk(seq=seq)
+                seq += 1
             return
         yield from chunks
 

@@ -266,6 +266,15 @@ def test_a_pull_whose_values_stall_after_the_header_ends_within_the_timeout(tmp_
     assert "Leave" in run.calls and "Push" not in run.calls
 
 
+def test_a_pull_that_sends_only_empty_chunks_after_the_header_ends_within_the_timeout(tmp_path: Path) -> None:
+    """Progress is data: a chunk without values every 0.2 s restarts no pause bound (it held the worker
+    for as long as the server kept sending them)."""
+    run = run_worker(Scenario(hang="Pull-empty"), tmp_path, "--max-batch", "16", timeout="3")
+    refused(run, "stalled: no data for 3 s after ")
+    assert run.code == 1 and after(run, "Pull") < 3 + 10, (after(run, "Pull"), run.stderr)
+    assert "Leave" in run.calls and "Push" not in run.calls
+
+
 def test_a_push_reply_that_stalls_after_its_header_is_given_up_and_the_worker_rejoins(tmp_path: Path) -> None:
     """Mid-job: the values of a push's reply stop coming; at --timeout the worker says so, rejoins
     within --retry-for and goes on (the fake's next push reply ends the job)."""

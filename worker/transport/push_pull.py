@@ -30,6 +30,11 @@ from worker.transport.stream_calls import PushCall
 from worker.transport.watchdog import Watchdog, Watched
 
 
+def carries_values(chunk: DataChunk) -> bool:
+    """A reply's chunk is progress only with values in it: empty or padding-only chunks restart no pause bound."""
+    return len(chunk.data) > 0
+
+
 class PushPull:
     """The pushes and pulls over the coordinator's stream calls (`_push`, `_pull`) and the shards'
     (`_fanout`), each call's deadlines from `bounds`."""
@@ -138,7 +143,7 @@ class PushPull:
         return Watched(call, self._watchdog, what=f"the reply to a push from {server or self.target}",
                        first_s=b.reply_s(), idle_s=b.call_s,
                        first_bound=f"--timeout {b.timeout_s:g} s + {b.round_s():.0f} s for its round to close",
-                       on_first=(lambda: b.replied(time.monotonic())) if server is None else None)
+                       on_first=(lambda: b.replied(time.monotonic())) if server is None else None, progress=carries_values)
 
     def _pull_reply(self, call: Any, long_poll: bool = False, server: str | None = None) -> Watched[DataChunk]:
         """A Pull's reply from the coordinator or the shard at `server`: the header within --timeout (a
@@ -146,4 +151,4 @@ class PushPull:
         b = self.bounds
         return Watched(call, self._watchdog, what=f"a Pull from {server or self.target}", idle_s=b.call_s,
                        first_s=b.long_poll_s if long_poll else b.call_s,
-                       first_bound="--timeout + the long poll's 5 s" if long_poll else "--timeout")
+                       first_bound="--timeout + the long poll's 5 s" if long_poll else "--timeout", progress=carries_values)

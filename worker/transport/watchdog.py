@@ -77,16 +77,21 @@ class Watched(Generic[T]):
     """A streaming call's replies, each waited for at most `first_s` (the first) or `idle_s` (the
     rest), as `watchdog` enforces; `what` names the call in the error (e.g. "the reply to a push"),
     `first_bound` and `idle_bound` say what sets each bound (e.g. "--timeout"). `on_first` hears
-    when the first message arrived. Iterate it as the call; `cancel` cancels the call."""
+    when the first message arrived. Where `progress` says a later message brings nothing (a chunk
+    without values), the wait for it counts on towards the next one's bound: progress is data, so a
+    server cannot hold the reader for ever with empty chunks. Iterate it as the call; `cancel`
+    cancels the call."""
 
     def __init__(self, call: Any, watchdog: Watchdog, *, what: str, first_s: float, idle_s: float,
                  first_bound: str = "--timeout", idle_bound: str = "--timeout",
-                 on_first: Callable[[], None] | None = None) -> None:
+                 on_first: Callable[[], None] | None = None, progress: Callable[[T], bool] | None = None) -> None:
         self.call = call
         self._watchdog = watchdog
         self.what = what
         self._bounds = ((first_s, first_bound), (idle_s, idle_bound))
         self._on_first = on_first
+        self._progress = progress
+        self._waited_s = 0.0  # the reader's waits since the last message that brought progress
         self.received = 0
         self.expired: str | None = None  # why the watchdog cancelled the call
         self._turn = 0  # the reads begun
@@ -99,7 +104,8 @@ class Watched(Generic[T]):
         seconds, _ = self._bounds[self.received > 0]
         self._turn += 1
         self._waiting = True
-        self._watchdog.arm(self, seconds, self._turn)
+        started = time.monotonic()
+        self._watchdog.arm(self, max(0.0, seconds - self._waited_s), self._turn)
         try:
             message: T = next(self.call)
         except grpc.RpcError:
@@ -112,6 +118,10 @@ class Watched(Generic[T]):
         if self.expired is not None:  # it came as the watchdog gave up: the call is cancelled all the same
             raise ServerError("DEADLINE_EXCEEDED", self.expired)
         self.received += 1
+        if self.received > 1 and self._progress is not None and not self._progress(message):
+            self._waited_s += time.monotonic() - started
+        else:
+            self._waited_s = 0.0
         if self.received == 1 and self._on_first is not None:
             self._on_first()
         return message
