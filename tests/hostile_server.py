@@ -38,7 +38,8 @@ class Scenario:
     values: list[float] | None = None  # the parameters a Pull sends (default NUMEL zeros)
     shards: list[tuple[str, int, int]] = field(default_factory=list)
     hang: str = ""  # "Join": never answered; "Pull-body", "Push-body": the first such reply stops after its header;
-    # "Pull-empty": the first Pull's reply sends a chunk without values every 0.2 s after its header, until cancelled
+    # "Pull-empty": the first Pull's reply sends a chunk without values every 0.2 s after its header, until cancelled;
+    # "Pull-trickle": one value every 0.2 s
     expected_workers: int = 1  # what Status says
     status_hangs_after: float | None = None  # seconds after the first Join from which Status is never answered
     header_on: str = "first"  # which chunks of a parameter reply carry its header: "first", "data" (not the first), "both"
@@ -122,10 +123,11 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         if self.scenario.hang == f"{name}-body" and number == 0:
             self._hang(context)
             return
-        if self.scenario.hang == f"{name}-empty" and number == 0:
+        if self.scenario.hang in (f"{name}-empty", f"{name}-trickle") and number == 0:
+            data = next(chunks).data if self.scenario.hang.endswith("trickle") else b""
             seq = 1
-            while context.is_active() and not self.stopped.wait(0.2):
-                yield ps_pb2.ParamsChunk(seq=seq)
+            while context.is_active() and not self.stopped.wait(0.2) and (not data or (seq - 1) * 4 < len(data)):
+                yield ps_pb2.ParamsChunk(seq=seq, data=data[(seq - 1) * 4:seq * 4])
                 seq += 1
             return
         yield from chunks

@@ -275,6 +275,16 @@ def test_a_pull_that_sends_only_empty_chunks_after_the_header_ends_within_the_ti
     assert "Leave" in run.calls and "Push" not in run.calls
 
 
+def test_a_pull_whose_values_trickle_ends_within_the_timeout_and_their_size(tmp_path: Path) -> None:
+    """One value every 0.2 s, each well within the pause bound: the 1,210 values would take 4 minutes
+    (a model of millions of values, days); their waits together are bounded by --timeout and a second
+    per 256 KiB."""
+    run = run_worker(Scenario(hang="Pull-trickle"), tmp_path, "--max-batch", "16", timeout="3")
+    refused(run, "too slow: its values still incomplete after ")
+    assert run.code == 1 and after(run, "Pull") < 3 + 10, (after(run, "Pull"), run.stderr)
+    assert "Leave" in run.calls and "Push" not in run.calls
+
+
 def test_a_push_reply_that_stalls_after_its_header_is_given_up_and_the_worker_rejoins(tmp_path: Path) -> None:
     """Mid-job: the values of a push's reply stop coming; at --timeout the worker says so, rejoins
     within --retry-for and goes on (the fake's next push reply ends the job)."""

@@ -113,6 +113,24 @@ def test_messages_without_progress_do_not_restart_the_pause_bound(watchdog: Watc
     assert 0.55 <= time.monotonic() - started < 3.0 and call.cancelled.is_set()
 
 
+def test_a_trickle_of_messages_each_within_the_pause_bound_ends_at_the_bound_of_the_rest(watchdog: Watchdog) -> None:
+    """The header says how long the rest may take, in the reader's waits: a message every 0.1 s,
+    within a pause bound of 5 s, ends at the rest's 0.5 s; a reader busy elsewhere spends none of it."""
+    call = FakeCall()
+    reply = Watched(call, watchdog, what="a Pull", first_s=5.0, idle_s=5.0, rest_s=lambda header: 0.5,
+                    rest_bound="--timeout + its size")
+    call.messages.put("header")
+    assert next(reply) == "header"
+    time.sleep(0.6)  # busy elsewhere: not a wait
+    started = time.monotonic()
+    with pytest.raises(ServerError, match=r"a Pull too slow: its values still incomplete after \d+ chunk\(s\) "
+                                          r"\(--timeout \+ its size\)"):
+        for i in range(40):
+            threading.Timer(0.1, call.messages.put, args=(i,)).start()
+            next(reply)
+    assert 0.45 <= time.monotonic() - started < 3.0 and call.cancelled.is_set()
+
+
 def test_one_watchdog_serves_many_calls_each_at_its_own_bound(watchdog: Watchdog) -> None:
     slow, quick = FakeCall(), FakeCall()
     outcomes: dict[str, object] = {}
