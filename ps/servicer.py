@@ -26,6 +26,7 @@ from common.transport.proto_convert import (
 )
 from common.transport.serialized import DataChunk
 from ps.serving.push_stream import receive_push
+from ps.serving.reply_stream import taken_within
 from ps.serving.status_codes import status_code
 
 
@@ -65,7 +66,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, slot.dropped)
         finally:
             slot.close()  # before the reply goes out: the worker's next push may follow it at once
-        for message in reply_messages(reply):
+        async for message in taken_within(reply_messages(reply), self.core.limits.push_idle_s):
             yield message
         self.core.note_reply_sent()
 
@@ -81,7 +82,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
                                    optimizer_state=ask.optimizer_state)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        for message in reply_messages(reply):
+        async for message in taken_within(reply_messages(reply), self.core.limits.push_idle_s):
             yield message
         self.core.note_reply_sent()
 

@@ -16,6 +16,7 @@ from common.transport.proto_convert import pull_ask_from_proto, shard_ack_to_pro
 from common.transport.serialized import DataChunk
 from ps.serving import blob
 from ps.serving.push_stream import receive_push
+from ps.serving.reply_stream import taken_within
 from ps.serving.status_codes import status_code
 
 DEFAULT_MAX_LOAD_MIB = 16384
@@ -23,7 +24,8 @@ DEFAULT_MAX_LOAD_MIB = 16384
 about 1.4 billion parameters."""
 
 PUSH_IDLE_S = 30.0
-"""A push stream that sends no chunk for this long is dropped (ps-server's --push-idle, for the shards' ranges)."""
+"""A push stream that sends no chunk for this long is dropped, and a reply whose caller takes no chunk
+for this long is cancelled (ps-server's --push-idle, for the shards' ranges)."""
 
 
 class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
@@ -48,7 +50,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
             await context.abort(status_code(exc), str(exc))
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
-        for message in reply_messages(reply):
+        async for message in taken_within(reply_messages(reply), PUSH_IDLE_S):
             yield message
 
     async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
@@ -59,7 +61,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
                                    optimizer_state=ask.optimizer_state, wait_for_batch=ask.wait_for_batch)
         except ServiceError as exc:
             await context.abort(status_code(exc), str(exc))
-        for message in reply_messages(reply):
+        async for message in taken_within(reply_messages(reply), PUSH_IDLE_S):
             yield message
 
     async def Load(self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
