@@ -8,7 +8,8 @@ import asyncio
 
 import pytest
 
-from ps.serving.reply_stream import taken_within
+from common.errors import ResourceExhausted
+from ps.serving.reply_stream import PullsHeld, taken_within
 
 
 async def take(messages: list[bytes], idle_s: float | None, pause_s: float) -> list[bytes]:
@@ -38,3 +39,13 @@ def test_a_caller_that_stops_taking_is_cancelled_at_the_bound() -> None:
 
 def test_no_bound_cancels_nothing() -> None:
     assert asyncio.run(take([b"a", b"b"], None, 0.3)) == [b"a", b"b"]
+
+
+def test_a_member_holds_at_most_its_pulls_and_each_ended_one_gives_its_place_back() -> None:
+    pulls = PullsHeld(most=2)
+    with pulls.holding("w0"), pulls.holding("w0"), pulls.holding("w1"):
+        with pytest.raises(ResourceExhausted, match="worker 'w0' holds 2 Pulls already"):
+            with pulls.holding("w0"):
+                pass
+    with pulls.holding("w0"), pulls.holding("w0"):
+        pass
