@@ -26,7 +26,7 @@ from ps.servicer import ParameterServerServicer
 from ps.serving.call_budget import CallBounds, calls_for_workers
 from ps.serving.call_limits import CallLimits, stop_serving
 from ps.serving.handlers import SERVICES, OnMessage, register
-from ps.serving.server_options import GRPC_OPTIONS, on_stop_signal, run_loop
+from ps.serving.server_options import on_stop_signal, run_loop, serving_options
 from ps.shards.client import ShardFailure
 
 
@@ -61,7 +61,7 @@ async def serve(
     `on_message`: told the size of every gRPC message (the Prometheus metrics)."""
     security = security or ServerSecurity()
     limits = CallLimits(job.calls or CallBounds.serving(calls_for_workers(job.spec.workers)))  # after the token check
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*security.interceptors(), limits])
+    server = grpc.aio.server(options=serving_options(), interceptors=[*security.interceptors(), limits])
     health = Health([SERVICES["ParameterServer"].full_name])
     await health.add_to(server)
     job.metrics.observe(functools.partial(not_serving_at_end, health))

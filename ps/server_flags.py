@@ -216,7 +216,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="--round-deadline auto: the least deadline of the job's first 3 rounds, of a worker name's "
                           "first round in the job, and of a round no push reached")
     rel.add_argument("--push-idle", type=positive_float, default=10.0, metavar="SECONDS",
-                     help="drop a push whose stream brings no data for this long (an empty chunk is none)")
+                     help="drop a push whose stream brings no data for this long (an empty chunk is none), and cancel "
+                          "a Pull's or push's reply whose caller takes none of its chunks for this long")
     rel.add_argument("--push-admit-wait", type=positive_float, default=60.0, metavar="SECONDS",
                      help="the longest a push waits for room under --push-buffer-mib; then RESOURCE_EXHAUSTED, "
                           "which a worker retries")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import grpc
@@ -26,6 +27,7 @@ from common.transport.proto_convert import (
 )
 from common.transport.serialized import DataChunk
 from ps.serving.push_stream import receive_push
+from ps.serving.reply_stream import PullsHeld, taken_within
 from ps.serving.status_codes import status_code
 
 
@@ -34,6 +36,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
 
     def __init__(self, coordinator: Coordinator) -> None:
         self.core = coordinator
+        self.pulls = PullsHeld()
         coordinator.payload.use_frame(params_chunk)
 
     async def Join(self, request: ps_pb2.JoinRequest, context: grpc.aio.ServicerContext) -> ps_pb2.JoinReply:
@@ -65,7 +68,7 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION, slot.dropped)
         finally:
             slot.close()  # before the reply goes out: the worker's next push may follow it at once
-        for message in reply_messages(reply):
+        async for message in taken_within(reply_messages(reply), self.core.limits.push_idle_s):
             yield message
         self.core.note_reply_sent()
 
@@ -73,16 +76,19 @@ class ParameterServerServicer(ps_pb2_grpc.ParameterServerServicer):
         self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[bytes]:
         ask = pull_ask_from_proto(request)
-        try:
-            ask.check()
-            if ask.wait_for_batch:
-                await self.core.wait_for_batch(ask.worker_id, ask.secret)
-            reply = self.core.pull(ask.worker_id, ask.secret, header_only=ask.header_only,
-                                   optimizer_state=ask.optimizer_state)
-        except ServiceError as exc:
-            await context.abort(status_code(exc), str(exc))
-        for message in reply_messages(reply):
-            yield message
+        with contextlib.ExitStack() as held:
+            try:
+                ask.check()
+                self.core.member(ask.worker_id, ask.secret)  # who it is, before what it holds is told
+                held.enter_context(self.pulls.holding(ask.worker_id))
+                if ask.wait_for_batch:
+                    await self.core.wait_for_batch(ask.worker_id, ask.secret)
+                reply = self.core.pull(ask.worker_id, ask.secret, header_only=ask.header_only,
+                                       optimizer_state=ask.optimizer_state)
+            except ServiceError as exc:
+                await context.abort(status_code(exc), str(exc))
+            async for message in taken_within(reply_messages(reply), self.core.limits.push_idle_s):
+                yield message
         self.core.note_reply_sent()
 
     async def Leave(self, request: ps_pb2.LeaveRequest, context: grpc.aio.ServicerContext) -> ps_pb2.LeaveReply:

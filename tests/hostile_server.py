@@ -37,7 +37,9 @@ class Scenario:
     pull: dict[str, Any] = field(default_factory=dict)
     values: list[float] | None = None  # the parameters a Pull sends (default NUMEL zeros)
     shards: list[tuple[str, int, int]] = field(default_factory=list)
-    hang: str = ""  # "Join": never answered; "Pull-body", "Push-body": the first such reply stops after its header
+    hang: str = ""  # "Join": never answered; "Pull-body", "Push-body": the first such reply stops after its header;
+    # "Pull-empty": the first Pull's reply sends a chunk without values every 0.2 s after its header, until cancelled;
+    # "Pull-trickle": one value every 0.2 s
     expected_workers: int = 1  # what Status says
     status_hangs_after: float | None = None  # seconds after the first Join from which Status is never answered
     header_on: str = "first"  # which chunks of a parameter reply carry its header: "first", "data" (not the first), "both"
@@ -49,6 +51,7 @@ class Scenario:
     shard_push: dict[str, Any] = field(default_factory=dict)  # and of its push replies alone, over `shard`
     shard_push_values: list[float] | None = None  # the values its push replies carry (default: `shard_values`)
     store: dict[str, Any] = field(default_factory=dict)  # the fields of every Rendezvous reply (default: ready, nothing more)
+    join_error: str = ""  # the details of a FAILED_PRECONDITION every Join ends with ("": answered)
 
 
 class FakeServer(ps_pb2_grpc.ParameterServerServicer):
@@ -89,6 +92,8 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         self._record("Join")
         if self.scenario.hang == "Join":
             self._hang(context)
+        if self.scenario.join_error:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION, self.scenario.join_error)
         fields: dict[str, Any] = {
             "worker_id": "w0", "job_json": self._spec_json(), "num_params": NUMEL, "batch_size": 8,
             "heartbeat_interval_s": 1.0, "secret": "s" * 32,
@@ -117,6 +122,13 @@ class FakeServer(ps_pb2_grpc.ParameterServerServicer):
         yield next(chunks)
         if self.scenario.hang == f"{name}-body" and number == 0:
             self._hang(context)
+            return
+        if self.scenario.hang in (f"{name}-empty", f"{name}-trickle") and number == 0:
+            data = next(chunks).data if self.scenario.hang.endswith("trickle") else b""
+            seq = 1
+            while context.is_active() and not self.stopped.wait(0.2) and (not data or (seq - 1) * 4 < len(data)):
+                yield ps_pb2.ParamsChunk(seq=seq, data=data[(seq - 1) * 4:seq * 4])
+                seq += 1
             return
         yield from chunks
 

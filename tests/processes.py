@@ -76,13 +76,15 @@ class Cluster:
                 proc.wait()
 
 
-def start_server(workdir: Path, args: Sequence[str], timeout: float = 60.0, port: int = 0) -> Cluster:
-    """Start ps-server (on a free port unless one is given) and wait until it listens."""
+def start_server(workdir: Path, args: Sequence[str], timeout: float = 60.0, port: int = 0,
+                 prefix: Sequence[str] = ()) -> Cluster:
+    """Start ps-server (on a free port unless one is given; `prefix`: e.g. `prlimit --nofile=N`) and wait
+    until it listens."""
     port_file = workdir / "port"
     metrics = workdir / "metrics.jsonl"
     log = open(workdir / "server.log", "w")  # noqa: SIM115
     server = subprocess.Popen(
-        [sys.executable, "-m", "ps.server", "--port", str(port), "--port-file", str(port_file), "--metrics-log", str(metrics), *args],
+        [*prefix, sys.executable, "-m", "ps.server", "--port", str(port), "--port-file", str(port_file), "--metrics-log", str(metrics), *args],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=ENV,

@@ -26,6 +26,7 @@ from common.transport.security import TOKEN_ENV, resolve_token
 from worker.accumulate import backward_in_micro_batches
 from worker.transport.channel import channel_credentials
 from worker.transport.client import ServerError
+from worker.transport.server_error import printable
 from worker.connection import DEFAULT_THREADS, connect
 from worker.runtime import Session
 from worker.device import DEVICE_CHOICES, resolve_device
@@ -209,7 +210,7 @@ def end_line(session: Session) -> str:
     epochs (the survivors of a leave cannot hold the global batch), which "job done" would hide."""
     parked = f" ({session.parked_polls} polls while parked)" if session.parked_polls else ""
     streamed = f", {session.streamed_replies} replies streamed in forward order" if session.streamed_replies else ""
-    reason = session.plan.reason
+    reason = printable(session.plan.reason)  # the server's words: no escape sequence, no line of its own
     ended = "job done" if reason in ("", "finished") else f"job ended ({reason})"
     return f"{session.name}: {ended} after {session.steps} steps{parked}{streamed}"
 
@@ -222,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = resolve_device(args.device)
         heap_reserve = heap_reserve_mib(getattr(args, "heap_reserve", None))
     except ValueError as exc:
-        print(f"ps-worker: error: {exc}", file=sys.stderr)
+        print(f"ps-worker: error: {printable(str(exc))}", file=sys.stderr)
         return 2
     tune_for_training(heap_reserve)
     show_worker_lines()
@@ -242,20 +243,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(session, args.log_every, args.quiet)
             if not args.quiet:
                 print(end_line(session), file=sys.stderr, flush=True)
-    except ServerError as exc:
-        print(f"ps-worker: error: {exc}", file=sys.stderr)
+    except ServerError as exc:  # each error line made printable: it may quote what the server said
+        print(f"ps-worker: error: {printable(str(exc))}", file=sys.stderr)
         code = 1
     except LoaderError as exc:  # the dataset failed to give a batch (a corrupt file: its name)
-        print(f"ps-worker: error: reading the job's data: {exc}", file=sys.stderr)
+        print(f"ps-worker: error: reading the job's data: {printable(str(exc))}", file=sys.stderr)
         code = 1
     except JobSetupError as exc:  # the job names a model or dataset this worker cannot build
-        print(f"ps-worker: error: {exc}", file=sys.stderr)
+        print(f"ps-worker: error: {printable(str(exc))}", file=sys.stderr)
         code = 2
     except NonFiniteLoss as exc:  # nothing it could push would be taken: it left
-        print(f"ps-worker: error: {exc}; leaving the job", file=sys.stderr)
+        print(f"ps-worker: error: {printable(str(exc))}; leaving the job", file=sys.stderr)
         code = 1
     except UntrustedReply as exc:  # the server told this worker something it does not take: it left
-        print(f"ps-worker: error: {exc}; leaving the job", file=sys.stderr)
+        print(f"ps-worker: error: {printable(str(exc))}; leaving the job", file=sys.stderr)
         code = 3
     except KeyboardInterrupt:
         code = 0

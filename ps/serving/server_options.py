@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import resource
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -18,6 +19,38 @@ GRPC_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
 ]
+# Descriptors a server keeps for its own files (checkpoints, logs, data, its shards' channels and
+# processes), which no number of connections may take; and the fewest connections it admits.
+FILE_RESERVE = 256
+MIN_CONNECTIONS = 64
+MAX_GRPC_INT = 2**31 - 1
+
+
+def raise_file_limit() -> int:
+    """Raise this process's soft limit of open files to its hard limit (as far as the kernel lets); the
+    soft limit now. Many systems start processes at 1,024: that many idle connections would be all."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return MAX_GRPC_INT if soft == resource.RLIM_INFINITY else soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):  # above the kernel's nr_open: keep the limit there is
+        return soft
+    return target
+
+
+def connection_cap(file_limit: int) -> int:
+    """The connections a server holds at once under `file_limit` open files: all but FILE_RESERVE of them
+    (at least MIN_CONNECTIONS), so that connections held open by anyone who reaches the port, token
+    or not, never leave the server without a descriptor for a checkpoint; gRPC closes one beyond it."""
+    return min(MAX_GRPC_INT, max(MIN_CONNECTIONS, file_limit - FILE_RESERVE))
+
+
+def serving_options() -> list[tuple[str, int]]:
+    """A listening server's gRPC options: GRPC_OPTIONS and connection_cap() of its open-file limit,
+    raised first (raise_file_limit)."""
+    return [*GRPC_OPTIONS, ("grpc.max_allowed_incoming_connections", connection_cap(raise_file_limit()))]
 
 
 def add_listen_flags(parser: argparse.ArgumentParser | Any, default_port: int) -> None:

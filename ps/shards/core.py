@@ -160,6 +160,11 @@ class ShardCore(ShardStaging):
                                      "size was not the one the coordinator counted); rejoin")
         return self.reply()
 
+    def caller(self, worker_id: str, secret: str) -> None:
+        """The caller holds the secret of the worker it names, at a loaded shard (else the ServiceError of a pull)."""
+        self._require_loaded()
+        self._authenticate(worker_id, secret)
+
     def pull(self, worker_id: str, secret: str, header_only: bool = False, optimizer_state: bool = False,
              wait_for_batch: bool = False) -> StepReply:
         """A worker's pull: the range's current values (`header_only`: the header alone, num_values 0,

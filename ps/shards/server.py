@@ -34,7 +34,7 @@ from ps.serving.call_budget import CallBounds
 from ps.serving.call_limits import CallLimits, stop_serving
 from ps.serving.handlers import SERVICES, OnMessage, register
 from common.transport.security import ServerSecurity, load_server_security
-from ps.serving.server_options import GRPC_OPTIONS, add_call_flags, add_listen_flags, run_loop, wait_for_stop_signal
+from ps.serving.server_options import add_call_flags, add_listen_flags, run_loop, serving_options, wait_for_stop_signal
 
 PR_SET_PDEATHSIG = 1
 DEFAULT_BOUNDS = CallBounds.serving(1024)
@@ -86,7 +86,7 @@ async def serve_shard(host: str, port: int, port_file: PortFile | None, security
     ParameterShard service once a Load gave it its range; both NOT_SERVING from SIGTERM/SIGINT on."""
     checks = [*security.interceptors(), ControlKeyInterceptor(shard_key)]  # before the limits: refusals are not counted
     limits = CallLimits(bounds)
-    server = grpc.aio.server(options=GRPC_OPTIONS, interceptors=[*checks, limits])
+    server = grpc.aio.server(options=serving_options(), interceptors=[*checks, limits])
     service = SERVICES["ParameterShard"].full_name
     health = Health([service])
     await health.add_to(server)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -16,6 +17,7 @@ from common.transport.proto_convert import pull_ask_from_proto, shard_ack_to_pro
 from common.transport.serialized import DataChunk
 from ps.serving import blob
 from ps.serving.push_stream import receive_push
+from ps.serving.reply_stream import PullsHeld, taken_within
 from ps.serving.status_codes import status_code
 
 DEFAULT_MAX_LOAD_MIB = 16384
@@ -23,7 +25,8 @@ DEFAULT_MAX_LOAD_MIB = 16384
 about 1.4 billion parameters."""
 
 PUSH_IDLE_S = 30.0
-"""A push stream that sends no chunk for this long is dropped (ps-server's --push-idle, for the shards' ranges)."""
+"""A push stream that sends no chunk for this long is dropped, and a reply whose caller takes no chunk
+for this long is cancelled (ps-server's --push-idle, for the shards' ranges)."""
 
 
 class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
@@ -36,6 +39,7 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
         self.core = core
         self.on_load = on_load
         self.max_load_bytes = max_load_bytes
+        self.pulls = PullsHeld()
         core.payload.use_frame(params_chunk)
 
     async def Push(
@@ -48,19 +52,22 @@ class ParameterShardServicer(ps_pb2_grpc.ParameterShardServicer):
             await context.abort(status_code(exc), str(exc))
         except DecodeError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"a push chunk is not a valid PushChunk message: {exc}")
-        for message in reply_messages(reply):
+        async for message in taken_within(reply_messages(reply), PUSH_IDLE_S):
             yield message
 
     async def Pull(self, request: ps_pb2.PullRequest, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         ask = pull_ask_from_proto(request)
-        try:
-            ask.check()
-            reply = self.core.pull(ask.worker_id, ask.secret, header_only=ask.header_only,
-                                   optimizer_state=ask.optimizer_state, wait_for_batch=ask.wait_for_batch)
-        except ServiceError as exc:
-            await context.abort(status_code(exc), str(exc))
-        for message in reply_messages(reply):
-            yield message
+        with contextlib.ExitStack() as held:
+            try:
+                ask.check()
+                self.core.caller(ask.worker_id, ask.secret)  # who it is, before what it holds is told
+                held.enter_context(self.pulls.holding(ask.worker_id))
+                reply = self.core.pull(ask.worker_id, ask.secret, header_only=ask.header_only,
+                                       optimizer_state=ask.optimizer_state, wait_for_batch=ask.wait_for_batch)
+            except ServiceError as exc:
+                await context.abort(status_code(exc), str(exc))
+            async for message in taken_within(reply_messages(reply), PUSH_IDLE_S):
+                yield message
 
     async def Load(self, request_iterator: AsyncIterator[DataChunk], context: grpc.aio.ServicerContext) -> ps_pb2.ShardAck:
         try:

@@ -44,13 +44,14 @@ class Run:
     ended: float  # when the worker exited (time.monotonic)
 
 
-def run_worker(scenario: Scenario, tmp_path: Path, *flags: str, timeout: str = "30", retry_for: str = "0") -> Run:
+def run_worker(scenario: Scenario, tmp_path: Path, *flags: str, timeout: str = "30", retry_for: str = "0",
+               quiet: bool = True) -> Run:
     """A real ps-worker against a fake server serving `scenario`, to its exit (`timeout`, `retry_for`:
-    its --timeout and --retry-for)."""
+    its --timeout and --retry-for; `quiet`: with --quiet)."""
     with serving(scenario) as (fake, target):
         env = {**ENV, "PYTHONPATH": f"{tmp_path}:{ENV.get('PYTHONPATH', '')}".rstrip(":")}
         proc = subprocess.run(
-            [sys.executable, "-m", "worker.cli", "--server", target, "--name", "w", "--quiet",
+            [sys.executable, "-m", "worker.cli", "--server", target, "--name", "w", *(["--quiet"] if quiet else []),
              "--timeout", timeout, "--retry-for", retry_for, *flags],
             capture_output=True, text=True, env=env, timeout=WORKER_TIMEOUT_S, cwd=ROOT,
         )
@@ -132,6 +133,23 @@ def test_numbers_beyond_the_workers_bounds_are_refused_and_the_worker_leaves(
     run = run_worker(scenario, tmp_path, "--max-batch", "8")
     refused(run, needle)
     assert run.code == 3 and "Leave" in run.calls and "Push" not in run.calls
+
+
+FORGED = "\x1b[2J\nps-worker: job done after 99 steps\r"  # clears the screen, then a line of the worker's own
+
+
+def test_a_servers_words_reach_the_terminal_as_one_printable_line(tmp_path: Path) -> None:
+    """An error's details and the reason a job ended are the server's to choose: shown as they came, an
+    escape sequence would act on the worker's terminal and a line break forge a line of its own. Each is
+    shown on the worker's line, its control characters escaped, cut to a bound."""
+    run = run_worker(Scenario(join_error="refused" + FORGED + "x" * 6_000), tmp_path, "--max-batch", "16")
+    line = refused(run, "FAILED_PRECONDITION: refused\\x1b[2J\\nps-worker: job done after 99 steps\\r")
+    assert run.code == 1 and len(line) < 4100 and line.endswith("x...")
+    assert "\x1b" not in run.stderr and "\nps-worker: job done" not in run.stderr, run.stderr
+    run = run_worker(Scenario(pull={"done": True, "reason": "stopping)" + FORGED}), tmp_path, "--max-batch", "16",
+                     quiet=False)
+    assert run.code == 0 and "job ended (stopping)\\x1b[2J\\nps-worker: job done" in run.stderr, run.stderr
+    assert "\x1b" not in run.stderr and "\nps-worker: job done" not in run.stderr, run.stderr
 
 
 class Listener:
@@ -245,6 +263,25 @@ def test_a_pull_whose_values_stall_after_the_header_ends_within_the_timeout(tmp_
     line = refused(run, "stalled: no data for 3 s after 1 chunk(s) (--timeout)")
     assert line.startswith("ps-worker: error: DEADLINE_EXCEEDED: a Pull from 127.0.0.1:") and run.code == 1, line
     assert after(run, "Pull") < 3 + 10, (after(run, "Pull"), run.stderr)
+    assert "Leave" in run.calls and "Push" not in run.calls
+
+
+def test_a_pull_that_sends_only_empty_chunks_after_the_header_ends_within_the_timeout(tmp_path: Path) -> None:
+    """Progress is data: a chunk without values every 0.2 s restarts no pause bound (it held the worker
+    for as long as the server kept sending them)."""
+    run = run_worker(Scenario(hang="Pull-empty"), tmp_path, "--max-batch", "16", timeout="3")
+    refused(run, "stalled: no data for 3 s after ")
+    assert run.code == 1 and after(run, "Pull") < 3 + 10, (after(run, "Pull"), run.stderr)
+    assert "Leave" in run.calls and "Push" not in run.calls
+
+
+def test_a_pull_whose_values_trickle_ends_within_the_timeout_and_their_size(tmp_path: Path) -> None:
+    """One value every 0.2 s, each well within the pause bound: the 1,210 values would take 4 minutes
+    (a model of millions of values, days); their waits together are bounded by --timeout and a second
+    per 256 KiB."""
+    run = run_worker(Scenario(hang="Pull-trickle"), tmp_path, "--max-batch", "16", timeout="3")
+    refused(run, "too slow: its values still incomplete after ")
+    assert run.code == 1 and after(run, "Pull") < 3 + 10, (after(run, "Pull"), run.stderr)
     assert "Leave" in run.calls and "Push" not in run.calls
 
 

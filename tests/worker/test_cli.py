@@ -52,6 +52,9 @@ def test_the_last_line_says_why_a_job_the_server_stopped_ended() -> None:
     assert end_line(session("the workers left cannot split --global-batch (bounds sum to [2, 60])")) == (
         "w0: job ended (the workers left cannot split --global-batch (bounds sum to [2, 60])) after 9 steps, "
         "9 replies streamed in forward order")
+    forged = end_line(session("stopping)\x1b[2J\nps-worker: error: forged ("))  # a hostile server's reason
+    assert forged.startswith("w0: job ended (stopping)\\x1b[2J\\nps-worker: error: forged () after 9 steps")
+    assert forged.isprintable()
 
 
 @pytest.mark.parametrize("given", ["1e308", "60000.5"])

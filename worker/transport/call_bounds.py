@@ -4,7 +4,9 @@
   its long poll (`wait_s`) plus T; a parked worker's long poll (a Pull with `wait_for_batch`) the
   server's few seconds (LONG_POLL_S) plus T.
 - A reply's values may pause at most T between two chunks, whatever its length: a body that stalls
-  after its header ends there, not the whole transfer at a fixed time.
+  after its header ends there, not the whole transfer at a fixed time. Together they may take T plus
+  a second for every MIN_VALUES_RATE bytes its header announces (at 4 bytes a value): a trickle of
+  values, each within T, ends there too.
 - A push's reply waits for its round: a BSP server holds it until every member pushed or the round's
   deadline evicted the late ones, at least 60 s while a member warms up (a newcomer's first round),
   else about ROUND_FACTOR times the recent round time (ps-server's `--round-deadline auto`). So the
@@ -34,6 +36,8 @@ LONG_POLL_S = 5.0
 MIN_PARKED_POLL_S = 1.0
 """The least time between a parked worker's long polls: a server that answers one at once with the
 unchanged plan (batch 0) is asked again after the rest of this, not in a busy loop of calls."""
+MIN_VALUES_RATE = 256 * 1024
+"""The slowest a reply's values may come in all, in bytes per second of the reader's waits."""
 RECENT_ROUNDS = 20
 """How many of the latest intervals between push replies the round time is the median of."""
 
@@ -53,6 +57,10 @@ class CallBounds:
     def call_s(self) -> float:
         """A call answered at once, and the longest pause between a reply's chunks."""
         return self.timeout_s
+
+    def values_s(self, num_values: int) -> float:
+        """The reader's waits for a reply's `num_values` values, all together."""
+        return self.timeout_s + 4 * max(0, num_values) / MIN_VALUES_RATE
 
     @property
     def long_poll_s(self) -> float:

@@ -21,13 +21,21 @@ from common.transport.messages import PullAsk, PushMeta, PushTimes, StepHeader
 from common.transport.proto_convert import pull_ask_to_proto
 from common.transport.serialized import DataChunk
 from worker.transport.bucket_stream import BucketStream, Lane, PushTiming
-from worker.transport.call_bounds import CallBounds
+from worker.transport.call_bounds import MIN_VALUES_RATE, CallBounds
 from worker.transport.ordered_push import ordered_push
 from worker.transport.reply_receiver import finish, receive
 from worker.transport.server_error import server_error
 from worker.transport.shard_fanout import ShardFanOut
 from worker.transport.stream_calls import PushCall
 from worker.transport.watchdog import Watchdog, Watched
+
+
+VALUES_BOUND = f"--timeout + 1 s per {MIN_VALUES_RATE // 1024} KiB of values"
+
+
+def carries_values(chunk: DataChunk) -> bool:
+    """A reply's chunk is progress only with values in it: empty or padding-only chunks restart no pause bound."""
+    return len(chunk.data) > 0
 
 
 class PushPull:
@@ -138,7 +146,8 @@ class PushPull:
         return Watched(call, self._watchdog, what=f"the reply to a push from {server or self.target}",
                        first_s=b.reply_s(), idle_s=b.call_s,
                        first_bound=f"--timeout {b.timeout_s:g} s + {b.round_s():.0f} s for its round to close",
-                       on_first=(lambda: b.replied(time.monotonic())) if server is None else None)
+                       on_first=(lambda: b.replied(time.monotonic())) if server is None else None, progress=carries_values,
+                       rest_s=lambda header: b.values_s(header.fields.header.num_values), rest_bound=VALUES_BOUND)
 
     def _pull_reply(self, call: Any, long_poll: bool = False, server: str | None = None) -> Watched[DataChunk]:
         """A Pull's reply from the coordinator or the shard at `server`: the header within --timeout (a
@@ -146,4 +155,5 @@ class PushPull:
         b = self.bounds
         return Watched(call, self._watchdog, what=f"a Pull from {server or self.target}", idle_s=b.call_s,
                        first_s=b.long_poll_s if long_poll else b.call_s,
-                       first_bound="--timeout + the long poll's 5 s" if long_poll else "--timeout")
+                       first_bound="--timeout + the long poll's 5 s" if long_poll else "--timeout", progress=carries_values,
+                       rest_s=lambda header: b.values_s(header.fields.header.num_values), rest_bound=VALUES_BOUND)

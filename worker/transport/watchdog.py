@@ -77,16 +77,27 @@ class Watched(Generic[T]):
     """A streaming call's replies, each waited for at most `first_s` (the first) or `idle_s` (the
     rest), as `watchdog` enforces; `what` names the call in the error (e.g. "the reply to a push"),
     `first_bound` and `idle_bound` say what sets each bound (e.g. "--timeout"). `on_first` hears
-    when the first message arrived. Iterate it as the call; `cancel` cancels the call."""
+    when the first message arrived. Where `progress` says a later message brings nothing (a chunk
+    without values), the wait for it counts on towards the next one's bound: progress is data, so a
+    server cannot hold the reader for ever with empty chunks. `rest_s`, given the first message,
+    bounds the reader's waits for all the others together (`rest_bound` says what sets it), so that
+    neither can a trickle of values, each within the pause bound. Iterate it as the call; `cancel`
+    cancels the call."""
 
     def __init__(self, call: Any, watchdog: Watchdog, *, what: str, first_s: float, idle_s: float,
                  first_bound: str = "--timeout", idle_bound: str = "--timeout",
-                 on_first: Callable[[], None] | None = None) -> None:
+                 on_first: Callable[[], None] | None = None, progress: Callable[[T], bool] | None = None,
+                 rest_s: Callable[[T], float] | None = None, rest_bound: str = "") -> None:
         self.call = call
         self._watchdog = watchdog
         self.what = what
         self._bounds = ((first_s, first_bound), (idle_s, idle_bound))
         self._on_first = on_first
+        self._progress = progress
+        self._waited_s = 0.0  # the reader's waits since the last message that brought progress
+        self._rest_s, self._rest_bound = rest_s, rest_bound
+        self._rest_left = float("inf")  # of the rest's bound, what the reader's waits left
+        self._by_rest = False  # the wait under way ends at the rest's bound, not the pause's
         self.received = 0
         self.expired: str | None = None  # why the watchdog cancelled the call
         self._turn = 0  # the reads begun
@@ -99,7 +110,10 @@ class Watched(Generic[T]):
         seconds, _ = self._bounds[self.received > 0]
         self._turn += 1
         self._waiting = True
-        self._watchdog.arm(self, seconds, self._turn)
+        started = time.monotonic()
+        pause_left = seconds - self._waited_s
+        self._by_rest = self.received > 0 and self._rest_left < pause_left
+        self._watchdog.arm(self, max(0.0, min(pause_left, self._rest_left)), self._turn)
         try:
             message: T = next(self.call)
         except grpc.RpcError:
@@ -112,6 +126,15 @@ class Watched(Generic[T]):
         if self.expired is not None:  # it came as the watchdog gave up: the call is cancelled all the same
             raise ServerError("DEADLINE_EXCEEDED", self.expired)
         self.received += 1
+        waited = time.monotonic() - started
+        if self.received > 1:
+            self._rest_left -= waited
+        elif self._rest_s is not None:
+            self._rest_left = self._rest_s(message)
+        if self.received > 1 and self._progress is not None and not self._progress(message):
+            self._waited_s += waited
+        else:
+            self._waited_s = 0.0
         if self.received == 1 and self._on_first is not None:
             self._on_first()
         return message
@@ -122,7 +145,9 @@ class Watched(Generic[T]):
         if turn != self._turn or not self._waiting:
             return
         seconds, bound = self._bounds[self.received > 0]
-        if self.received:
+        if self._by_rest and self._rest_s is not None:
+            self.expired = f"{self.what} too slow: its values still incomplete after {self.received} chunk(s) ({self._rest_bound})"
+        elif self.received:
             self.expired = f"{self.what} stalled: no data for {seconds:g} s after {self.received} chunk(s) ({bound})"
         else:
             self.expired = f"no answer to {self.what} within {seconds:g} s ({bound})"

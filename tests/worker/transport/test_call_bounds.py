@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from common.transport.messages import JobStatus, WorkerStatus
-from worker.transport.call_bounds import LONG_POLL_S, ROUND_FACTOR, ROUND_MARGIN_S, CallBounds
+from worker.transport.call_bounds import LONG_POLL_S, MIN_VALUES_RATE, ROUND_FACTOR, ROUND_MARGIN_S, CallBounds
 from worker.transport.server_error import ServerError
 
 TARGET = "10.0.0.7:50051"
@@ -25,6 +25,13 @@ def test_a_call_answered_at_once_has_the_timeout_and_a_long_poll_its_few_seconds
     assert bounds.call_s == 5.0 and bounds.long_poll_s == 5.0 + LONG_POLL_S
     with pytest.raises(ValueError):
         CallBounds(0.0)
+
+
+def test_a_replys_values_may_take_the_timeout_and_a_second_per_min_rate_in_all() -> None:
+    """A model of 100 million fp32 values (400 MB) may come at MIN_VALUES_RATE; no size is negative."""
+    bounds = CallBounds(5.0)
+    assert bounds.values_s(100_000_000) == pytest.approx(5.0 + 400_000_000 / MIN_VALUES_RATE)
+    assert bounds.values_s(0) == bounds.values_s(-7) == 5.0
 
 
 def test_a_push_reply_waits_for_a_warm_up_round_at_least_and_for_four_slow_rounds() -> None:

@@ -92,6 +92,45 @@ def test_only_the_readers_wait_counts_and_a_reply_that_keeps_coming_is_read_whol
     assert list(reply) == [] and not call.cancelled.is_set() and reply.expired is None and firsts == [1]
 
 
+def test_messages_without_progress_do_not_restart_the_pause_bound(watchdog: Watchdog) -> None:
+    """A server that sends an empty chunk every 0.1 s, within a pause bound of 0.6 s: the waits add up
+    to the bound from the last chunk with values, and the call ends there; a chunk with values
+    restarts the bound."""
+    call = FakeCall()
+    reply = Watched(call, watchdog, what="a Pull", first_s=0.6, idle_s=0.6, progress=lambda m: m != "")
+    call.messages.put("header")
+    assert next(reply) == "header"
+    for _ in range(2):
+        threading.Timer(0.1, call.messages.put, args=("",)).start()
+        assert next(reply) == ""
+    threading.Timer(0.05, call.messages.put, args=("values",)).start()
+    assert next(reply) == "values"  # 0.25 s waited for it: within the bound, which it restarts
+    started = time.monotonic()
+    with pytest.raises(ServerError, match=r"a Pull stalled: no data for 0.6 s after \d+ chunk\(s\)"):
+        for _ in range(40):
+            threading.Timer(0.1, call.messages.put, args=("",)).start()
+            next(reply)
+    assert 0.55 <= time.monotonic() - started < 3.0 and call.cancelled.is_set()
+
+
+def test_a_trickle_of_messages_each_within_the_pause_bound_ends_at_the_bound_of_the_rest(watchdog: Watchdog) -> None:
+    """The header says how long the rest may take, in the reader's waits: a message every 0.1 s,
+    within a pause bound of 5 s, ends at the rest's 0.5 s; a reader busy elsewhere spends none of it."""
+    call = FakeCall()
+    reply = Watched(call, watchdog, what="a Pull", first_s=5.0, idle_s=5.0, rest_s=lambda header: 0.5,
+                    rest_bound="--timeout + its size")
+    call.messages.put("header")
+    assert next(reply) == "header"
+    time.sleep(0.6)  # busy elsewhere: not a wait
+    started = time.monotonic()
+    with pytest.raises(ServerError, match=r"a Pull too slow: its values still incomplete after \d+ chunk\(s\) "
+                                          r"\(--timeout \+ its size\)"):
+        for i in range(40):
+            threading.Timer(0.1, call.messages.put, args=(i,)).start()
+            next(reply)
+    assert 0.45 <= time.monotonic() - started < 3.0 and call.cancelled.is_set()
+
+
 def test_one_watchdog_serves_many_calls_each_at_its_own_bound(watchdog: Watchdog) -> None:
     slow, quick = FakeCall(), FakeCall()
     outcomes: dict[str, object] = {}
