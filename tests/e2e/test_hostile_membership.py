@@ -53,7 +53,9 @@ def test_pushes_that_stall_after_their_header_neither_hold_the_round_nor_the_hon
                                       "--evict-after", "30", "--grace", "2"])
     attack = StalledPushes(cluster.target, "", count=3, every_s=1.0)
     try:
-        worker = cluster.start_worker("w0", "--retry-for", "60")
+        # steps slowed to ~0.2 s: the epoch outlasts the attack's first stalls past --push-idle on a fast
+        # machine too (unslowed, its 23 rounds took 0.22 s and ended before any push stalled)
+        worker = cluster.start_worker("w0", "--retry-for", "60", "--slowdown", "30")
         wait_for_round(cluster, 2)
         attack.start()
         summary = finished(cluster, worker)
@@ -63,7 +65,8 @@ def test_pushes_that_stall_after_their_header_neither_hold_the_round_nor_the_hon
     assert cluster.events("evict") == [] and cluster.events("deadline") == [], cluster.events("evict")
     assert {e["worker"] for e in cluster.events("probation")} == set(attack.names)
     said = attack.heard("push FAILED_PRECONDITION")
-    assert any("no data in this push for 2 s (--push-idle; an empty chunk is no progress)" in d for d in said), said
+    assert any("no data in this push for 2 s (--push-idle; an empty chunk is no progress)" in d for d in said), (
+        attack.told(), attack.tally())
     assert summary["longest_round_open_s"] < 2 + 2, summary  # a wait for room: the idle limit, slack
 
 

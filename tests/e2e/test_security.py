@@ -144,7 +144,8 @@ def test_mutual_tls_needs_a_client_certificate_from_the_ca(servers: Servers, cer
 
 def test_token_without_tls_warns_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(ps.server, "build_job", lambda args: None)
-    monkeypatch.setattr(ps.server, "run_loop", lambda coro: coro.close())  # validate, do not serve
+    # validate, do not serve: the summary a finished job's loop returns
+    monkeypatch.setattr(ps.server, "run_loop", lambda coro: coro.close() or {"reason": "finished"})
     assert ps.server.main(["--port", "0", "--token", TOKEN]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "in clear" in warnings[0] and TOKEN not in warnings[0]
