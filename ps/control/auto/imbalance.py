@@ -11,6 +11,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 
 from ps.control.auto.change import noise_and_persistence
+from ps.control.auto.many_workers import family_sds
 from ps.control.auto.pricing import proportional
 from ps.control.auto.solve import MIN_GAIN, solve
 from ps.control.model.balance import measured_early
@@ -18,7 +19,8 @@ from ps.control.model.item_rows import Item
 from ps.control.performance import FinishTime
 
 NOISE_SDS = 2.0
-"""The standard errors of two means' difference that count as noise."""
+"""The standard errors of two means' difference that count as noise (among up to
+many_workers.REFERENCE_WORKERS workers; among more, as many as keep the chance of a false alarm)."""
 
 
 def far_from_balance(times: Mapping[str, Sequence[float]], history: Mapping[str, Sequence[Item]],
@@ -48,8 +50,9 @@ def far_from_balance(times: Mapping[str, Sequence[float]], history: Mapping[str,
     # the noise is estimated only where it decides: the fastest (the least error among equal means) and
     # the workers late by more than the width alone
     level_error = min(error(k) for k in inside if stats[k][0] == level)
+    sds = family_sds(NOISE_SDS, len(stats))  # any of many workers is late by noise alone more often
     return any(plan[k] > lower[k] and mean - level > width * level
-               and mean - level > width * level + NOISE_SDS * math.hypot(error(k), level_error)
+               and mean - level > width * level + sds * math.hypot(error(k), level_error)
                for k, (mean, _) in stats.items())
 
 

@@ -30,7 +30,7 @@ import statistics
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ps.control.auto.change import ALONG_ROUNDS, ALONG_SDS, BANDS
+from ps.control.auto.change import ALONG_ROUNDS, BANDS
 from ps.control.auto.hold import bar, verdict
 from ps.control.auto.imbalance import far_from_balance, idling, measured_step
 from ps.control.auto.probes import entry_targets, far_off, probe_plan, probe_targets
@@ -214,7 +214,7 @@ class AutoPolicy(FittedPlan):
         if self._laws.changed or not measured_balanced:
             along = 1 if self._laws.quick else ALONG_ROUNDS
             found = [k for k in active if k not in self._laws.changed
-                     and self._laws.forget_before_change(k, ALONG_SDS, along)]
+                     and self._laws.forget_before_along(k, along)]
             if found:  # their times are those after the change now
                 in_force = self._laws.in_force(current)
                 means = _means(in_force)

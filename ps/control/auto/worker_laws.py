@@ -12,7 +12,9 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
+from ps.control.auto.change import (ALONG_SDS, ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts,
+                                    settled_mark)
+from ps.control.auto.many_workers import family_sds
 from ps.control.auto.law import Law, identifies_fixed_cost, law_of, laws_of
 from ps.control.model.item_rows import Item
 from ps.control.model.observations import Observations
@@ -89,18 +91,34 @@ class WorkerLaws(WorkerTimes):
         mark = self.settled[worker_id] = settled_mark(obs.items, self.settled[worker_id])
         # the decision's laxer tests too, in the same pass: unless another push comes first, a decision
         # asks them of every worker that did not change
-        tests = ((CHANGE_SDS, CHANGE_ROUNDS), *ALONG_TESTS)
-        start, *along = change_starts(obs.items, mark, self.min_samples, self.deadband, tests,
+        own, along_tests = self._tests()
+        start, *along = change_starts(obs.items, mark, self.min_samples, self.deadband, (own, *along_tests),
                                       lambda items, count: self._settled_law(worker_id, items, count))
         if start is not None:
             self._changed_at(worker_id, start, CHANGE_ROUNDS)
         else:
-            self._along[worker_id] = (obs, obs.version, mark, dict(zip(ALONG_TESTS, along, strict=True)))
+            self._along[worker_id] = (obs, obs.version, mark, dict(zip(along_tests, along, strict=True)))
         return True
 
-    def forget_before_change(self, worker_id: str, sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> bool:
-        """Whether the worker's newest times left its law (change.py); if so the points before the
-        change are forgotten and those after it settle as its law's."""
+    def _tests(self) -> tuple[tuple[float, int], tuple[tuple[float, int], ...]]:
+        """A push's own change test and the laxer ones a decision puts the others to (change.py), as
+        (sds, rounds): every worker is tested, so among more than many_workers.REFERENCE_WORKERS the
+        standard errors grow to keep the chance that noise alone makes a change anywhere."""
+        workers = len(self.obs)
+        return ((family_sds(CHANGE_SDS, workers), CHANGE_ROUNDS),
+                tuple((family_sds(sds, workers), rounds) for sds, rounds in ALONG_TESTS))
+
+    def forget_before_along(self, worker_id: str, rounds: int) -> bool:
+        """`forget_before_change` under the laxer test of a worker that may have changed along with
+        another (change.ALONG_SDS on `rounds` newest times)."""
+        return self.forget_before_change(worker_id, family_sds(ALONG_SDS, len(self.obs)), rounds)
+
+    def forget_before_change(self, worker_id: str, sds: float | None = None, rounds: int = CHANGE_ROUNDS) -> bool:
+        """Whether the worker's newest times left its law (change.py) by `sds` standard errors (None:
+        a push's own test's); if so the points before the change are forgotten and those after it
+        settle as its law's."""
+        if sds is None:
+            sds = self._tests()[0][0]
         obs, mark = self.obs[worker_id], self.settled[worker_id]
         kept = self._along.get(worker_id)
         if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == mark and (sds, rounds) in kept[3]:
