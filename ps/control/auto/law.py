@@ -8,6 +8,7 @@ two times that happen to agree would tilt the line. Pure."""
 from __future__ import annotations
 
 import operator
+from itertools import repeat
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -17,7 +18,7 @@ import numpy as np
 from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
 from ps.control.model.time_fit import Fit, fit_of
 from ps.control.model.item_rows import Item, joined
-from ps.control.model.time_fits import fits_of_rows
+from ps.control.model.time_fits import fits_of_rows, new_tuple
 
 SPREAD = 0.2
 """Two batch sizes identify a worker's fixed cost when the larger is this much above the smaller."""
@@ -68,19 +69,29 @@ def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: in
                for obs, admitted in requests]
     held = [(obs, choice) for (obs, _), choice in zip(requests, choices, strict=True) if choice is not None]
     rows = joined([obs.rows for obs, _ in held])
-    worker = np.repeat(np.arange(len(held)), [len(obs.items) for obs, _ in held])
-    # each worker's items at its chosen batch sizes (an Observations' items are held as it holds them)
-    chosen = [(w, b) for w, (_, (kept, _, _)) in enumerate(held) if kept is not None for b in kept]
+    sizes = [len(obs.items) for obs, _ in held]
+    # each worker's items at its chosen batch sizes (an Observations' items are held as it holds them);
+    # a choice of every batch size it holds keeps all its rows
+    chosen = [(w, b) for w, (obs, (kept, _, _)) in enumerate(held)
+              if kept is not None and len(kept) < len(obs.counts) for b in kept]
     if chosen:
+        worker = np.repeat(np.arange(len(held)), sizes)
         top = int(rows[:, 1].max()) + 1
-        keys = worker * top + rows[:, 1].astype(np.int64)
-        whole = np.array([kept is None for _, (kept, _, _) in held], dtype=bool)
-        keep = whole[worker] | np.isin(keys, [w * top + b for w, b in chosen])
-        rows, worker = rows[keep], worker[keep]
-    fits = iter(fits_of_rows(np.bincount(worker, minlength=len(held)), rows, min_samples))
+        part = np.zeros(len(held), dtype=bool)
+        part[[w for w, _ in chosen]] = True
+        inside = part[worker]
+        keep = ~inside
+        keep[inside] = np.isin(worker[inside] * top + rows[inside, 1].astype(np.int64), [w * top + b for w, b in chosen])
+        rows, counts = rows[keep], np.bincount(worker[keep], minlength=len(held))
+    else:
+        counts = np.array(sizes, dtype=np.int64)
+    fits = fits_of_rows(counts, rows, min_samples)
+    if len(held) == len(choices) and None not in fits:  # the laws built as time_fits builds the fits
+        return list(map(new_tuple, repeat(Law), zip(fits, [c[1] for _, c in held], [c[2] for _, c in held])))
+    fitted = iter(fits)
     laws: list[Law | None] = []
     for choice in choices:
-        fit = None if choice is None else next(fits)
+        fit = None if choice is None else next(fitted)
         laws.append(None if choice is None or fit is None else Law(fit, choice[1], choice[2]))
     return laws
 
