@@ -6,6 +6,7 @@ times after it. Pure."""
 from __future__ import annotations
 
 import math
+from functools import partial
 import statistics
 from types import MappingProxyType
 from collections.abc import Iterable, Mapping, Sequence
@@ -101,17 +102,25 @@ class WorkerLaws(WorkerTimes):
     def forget_before_change(self, worker_id: str, sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> bool:
         """Whether the worker's newest times left its law (change.py); if so the points before the
         change are forgotten and those after it settle as its law's."""
-        obs, mark = self.obs[worker_id], self.settled[worker_id]
-        kept = self._along.get(worker_id)
-        if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == mark and (sds, rounds) in kept[3]:
-            start = kept[3][(sds, rounds)]
-        else:
-            start = change_start(obs.items, mark, self.min_samples, self.deadband, sds, rounds,
-                                 lambda items, count: self._settled_law(worker_id, items, count))
-        if start is None:
-            return False
-        self._changed_at(worker_id, start, rounds)
-        return True
+        return bool(self.forget_changed([worker_id], sds, rounds))
+
+    def forget_changed(self, workers: Iterable[str], sds: float = CHANGE_SDS, rounds: int = CHANGE_ROUNDS) -> list[str]:
+        """`forget_before_change` of each of `workers`, in turn; those whose times left their law (a
+        decision tests every worker that did not change, the test its last push made mostly kept)."""
+        found = []
+        test = (sds, rounds)
+        for k in workers:
+            obs, mark = self.obs[k], self.settled[k]
+            kept = self._along.get(k)
+            if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == mark and test in kept[3]:
+                start = kept[3][test]
+            else:
+                start = change_start(obs.items, mark, self.min_samples, self.deadband, sds, rounds,
+                                     partial(self._settled_law, k))
+            if start is not None:
+                self._changed_at(k, start, rounds)
+                found.append(k)
+        return found
 
     def _changed_at(self, worker_id: str, start: int, rounds: int) -> None:
         """The worker changed speed at observation `start` (found on `rounds` times or fewer): the points

@@ -58,10 +58,12 @@ class WorkerTimes:
     def in_force(self, plan: Mapping[str, int], least: int | None = None) -> dict[str, list[float]] | None:
         """Each planned worker's times since it got its batch in `plan` (None: one has fewer than
         `least`, `min_samples` unless given)."""
+        least = self.min_samples if least is None else least
         out = {}
+        obs = self.obs
         for k, b in plan.items():
-            if b > 0:
-                recent = self.recent(k, b, least)
+            if b > 0:  # `recent` refuses a run of none, which a `least` below 1 may ask for
+                recent = obs[k].since(b, least) if least >= 1 else self.recent(k, b, least)
                 if recent is None:
                     return None
                 out[k] = recent
