@@ -119,10 +119,12 @@ def _choice(items: Sequence[Item], counts: Mapping[int, int], min_samples: int,
     if (admitted is not None and admitted in counts and admitted not in measured
             and all(max(b / admitted, admitted / b) >= spread for b in measured)):
         measured.append(admitted)
-    if identifies_fixed_cost(measured):
+    if measured and max(measured) >= (1.0 + SPREAD) * min(measured):  # identifies_fixed_cost written out
         kept = set(measured)
         return None if len(kept) == len(counts) else kept, True, None
-    newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
+    newest = items[-1][1]  # mostly measured itself: a decision asks every worker's choice
+    if newest not in measured:
+        newest = next((b for _, b, _, _ in reversed(items) if b in measured), newest)
     return {newest}, False, newest
 
 

@@ -206,7 +206,7 @@ class AutoPolicy(FittedPlan):
         return new
 
     def _measured(self, active: Sequence[str], current: Mapping[str, int]
-                  ) -> tuple[dict[str, list[float]] | None, dict[str, float] | None, bool]:
+                  ) -> tuple[dict[str, Sequence[float]] | None, dict[str, float] | None, bool]:
         """Each worker's times in force at its batch, their means, and whether they measure the plan
         balanced. One event often moves several workers, and a plan out of balance may hide a change
         under a move: the others are looked at again then, less strictly (change.ALONG_SDS)."""

@@ -274,7 +274,7 @@ def largest_error(runs: Sequence[Sequence[float]]) -> float:
     """The largest standard error of the mean over the mean among `runs` (two or more times each):
     roughly for all at once (the runs of one length as one array), exactly (stdev.py) only for those
     the rough values put within ROUGH of the largest."""
-    rough: list[tuple[float, Sequence[float]]] = []
+    rough: list[tuple[np.ndarray, list[Sequence[float]]]] = []  # each length's errors (-1: none) and runs
     by_length: dict[int, list[Sequence[float]]] = {}
     for t in runs:
         by_length.setdefault(len(t), []).append(t)
@@ -284,7 +284,9 @@ def largest_error(runs: Sequence[Sequence[float]]) -> float:
         spread = np.sqrt(((times - mean[:, None]) ** 2).sum(axis=1) / (length - 1))
         with np.errstate(divide="ignore", invalid="ignore"):
             errors = np.where(mean > 0, spread / mean / math.sqrt(length), -1.0)
-        rough += [(error, t) for error, t in zip(errors.tolist(), group, strict=True) if error >= 0.0]
-    top = max((error for error, _ in rough), default=0.0) * (1.0 - ROUGH)
-    exact = [stdev(t) / statistics.fmean(t) / float(len(t)) ** 0.5 for error, t in rough if error >= top]
+        rough.append((errors, group))
+    valid = [errors[errors >= 0.0] for errors, _ in rough]
+    top = max((float(e.max()) for e in valid if e.size), default=0.0) * (1.0 - ROUGH)
+    exact = [stdev(group[i]) / statistics.fmean(group[i]) / float(len(group[i])) ** 0.5
+             for errors, group in rough for i in np.flatnonzero((errors >= 0.0) & (errors >= top)).tolist()]
     return max(exact, default=0.0)
