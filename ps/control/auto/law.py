@@ -61,13 +61,21 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     return None if fit is None else Law(fit, pick.known, pick.batch)
 
 
-def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: int) -> list[Law | None]:
+Choice = tuple[set[int] | None, bool, int | None]
+"""What a law is fitted from (`choice`): the batch sizes (None: all), whether they make the whole law,
+the batch size of a proportional line."""
+
+
+def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: int,
+            choices: Sequence[Choice | None] | None = None) -> list[Law | None]:
     """`law_of(obs.items, min_samples, admitted)` of each (obs, admitted), fitted at once from the
     observations' rows (model/time_fits.py, model/item_rows.py): a decision refits every worker that
-    pushed since the last."""
-    choices = [_choice(obs.items, obs.counts, min_samples, admitted) if obs.items else None
-               for obs, admitted in requests]
-    held = [(obs, choice) for (obs, _), choice in zip(requests, choices, strict=True) if choice is not None]
+    pushed since the last. `choices`: each one's `choice(obs.items, obs.counts, min_samples, admitted)`
+    (None without items) where the caller keeps them."""
+    if choices is None:
+        choices = [choice(obs.items, obs.counts, min_samples, admitted) if obs.items else None
+                   for obs, admitted in requests]
+    held = [(obs, picked) for (obs, _), picked in zip(requests, choices, strict=True) if picked is not None]
     rows = joined([obs.rows for obs, _ in held])
     sizes = [len(obs.items) for obs, _ in held]
     # each worker's items at its chosen batch sizes (an Observations' items are held as it holds them);
@@ -90,26 +98,26 @@ def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: in
         return list(map(new_tuple, repeat(Law), zip(fits, [c[1] for _, c in held], [c[2] for _, c in held])))
     fitted = iter(fits)
     laws: list[Law | None] = []
-    for choice in choices:
-        fit = None if choice is None else next(fitted)
-        laws.append(None if choice is None or fit is None else Law(fit, choice[1], choice[2]))
+    for picked in choices:
+        fit = None if picked is None else next(fitted)
+        laws.append(None if picked is None or fit is None else Law(fit, picked[1], picked[2]))
     return laws
 
 
 def _pick(items: Sequence[Item], min_samples: int, admitted: int | None) -> _Pick | None:
-    """What `law_of` fits (`_choice`'s items); None without items."""
+    """What `law_of` fits (`choice`'s items); None without items."""
     if not items:
         return None
     counts: Mapping[int, int] = Counter([it[1] for it in items])
-    kept, known, batch = _choice(items, counts, min_samples, admitted)
+    kept, known, batch = choice(items, counts, min_samples, admitted)
     held = _held(items, counts)
     if kept is None:
         return _Pick(list(items), known, batch, held)
     return _Pick([it for it in items if it[1] in kept], known, batch, held)
 
 
-def _choice(items: Sequence[Item], counts: Mapping[int, int], min_samples: int,
-            admitted: int | None) -> tuple[set[int] | None, bool, int | None]:
+def choice(items: Sequence[Item], counts: Mapping[int, int], min_samples: int,
+            admitted: int | None) -> Choice:
     """The batch sizes of `items` (not empty; `counts`: how many at each) that `law_of` fits (None: all
     of them), whether they make the whole law, and the batch size of a proportional line: the batch
     sizes measured `min_samples` times (and `admitted`) where they identify the fixed cost, else the

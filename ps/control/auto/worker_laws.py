@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import numpy as np
 
 from ps.control.auto.change import ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts, settled_mark
-from ps.control.auto.law import Law, identifies_fixed_cost, law_of, laws_of
+from ps.control.auto.law import Choice, Law, choice, identifies_fixed_cost, law_of, laws_of
 from ps.control.model.item_rows import Item
 from ps.control.model.observations import Observations
 from ps.control.model.time_fit import Finish, slope_measured
@@ -53,6 +53,9 @@ class WorkerLaws(WorkerTimes):
         self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
         # each worker's settled law with what it was fitted from: its observations and the mark
         self._settled_laws: dict[str, tuple[Observations, int, Law | None]] = {}
+        # each worker's law.choice with what it was made from: its observations, their layout, the
+        # newest one's batch size and the admitted batch
+        self._choices: dict[str, tuple[Observations, int, int, int | None, Choice]] = {}
         # each worker's change_start under change.ALONG_TESTS, found by its last push's test: its
         # observations, their version and mark then, the start by test
         self._along: dict[str, tuple[Observations, int, int, dict[tuple[float, int], int | None]]] = {}
@@ -78,6 +81,7 @@ class WorkerLaws(WorkerTimes):
         self.shapes.pop(worker_id, None)
         self._laws.pop(worker_id, None)
         self._settled_laws.pop(worker_id, None)
+        self._choices.pop(worker_id, None)
         self._along.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
@@ -230,9 +234,27 @@ class WorkerLaws(WorkerTimes):
             if not self._kept(k, obs, admitted):
                 stale.append((k, obs, admitted))
         if stale:
-            laws = laws_of([(obs, admitted) for _, obs, admitted in stale], self.min_samples)
+            laws = laws_of([(obs, admitted) for _, obs, admitted in stale], self.min_samples,
+                           [self._choice(k, obs, admitted) for k, obs, admitted in stale])
             for (k, obs, admitted), law in zip(stale, laws, strict=True):
                 self._laws[k] = (obs, obs.version, admitted, law)
+
+    def _choice(self, worker_id: str, obs: Observations, admitted: int | None) -> Choice | None:
+        """law.choice of the worker's observations, kept while they hold as many times at each batch
+        size (Observations.layout), the newest at the same one, measured, and the admitted batch is
+        the same: the choice is then the same, and a worker at its batch for PER_BATCH pushes keeps it."""
+        items = obs.items
+        if not items:
+            return None
+        newest = items[-1][1]
+        kept = self._choices.get(worker_id)
+        if (kept is not None and kept[0] is obs and kept[1] == obs.layout and kept[2] == newest
+                and kept[3] == admitted):
+            return kept[4]
+        picked = choice(items, obs.counts, self.min_samples, admitted)
+        if obs.counts[newest] >= self.min_samples:  # else the newest measured batch is found among the older
+            self._choices[worker_id] = (obs, obs.layout, newest, admitted, picked)
+        return picked
 
     def finishes(self) -> Mapping[str, Finish]:
         """Each measured worker's fitted finish time: its law, or its proportional line (read-only, kept
