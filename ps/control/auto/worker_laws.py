@@ -229,9 +229,11 @@ class WorkerLaws(WorkerTimes):
     def _refit(self) -> None:
         """Fit every law whose observations or admitted batch changed, all at once (law.laws_of)."""
         stale = []
-        for k, obs in self.obs.items():
-            admitted = self.admitted.get(k)
-            if not self._kept(k, obs, admitted):
+        kept_laws, admitted_of = self._laws, self.admitted
+        for k, obs in self.obs.items():  # `_kept` written out: every worker is asked at a decision
+            admitted = admitted_of.get(k)
+            kept = kept_laws.get(k)
+            if kept is None or kept[0] is not obs or kept[1] != obs.version or kept[2] != admitted:
                 stale.append((k, obs, admitted))
         if stale:
             laws = laws_of([(obs, admitted) for _, obs, admitted in stale], self.min_samples,
