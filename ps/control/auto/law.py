@@ -8,6 +8,7 @@ two times that happen to agree would tilt the line. Pure."""
 from __future__ import annotations
 
 import operator
+from itertools import repeat
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
@@ -17,7 +18,7 @@ import numpy as np
 from ps.control.model.observations import MAX_BATCHES, PER_BATCH, Observations
 from ps.control.model.time_fit import Fit, fit_of
 from ps.control.model.item_rows import Item, joined
-from ps.control.model.time_fits import fits_of_rows
+from ps.control.model.time_fits import fits_of_rows, new_tuple
 
 SPREAD = 0.2
 """Two batch sizes identify a worker's fixed cost when the larger is this much above the smaller."""
@@ -60,45 +61,63 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     return None if fit is None else Law(fit, pick.known, pick.batch)
 
 
-def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: int) -> list[Law | None]:
+Choice = tuple[set[int] | None, bool, int | None]
+"""What a law is fitted from (`choice`): the batch sizes (None: all), whether they make the whole law,
+the batch size of a proportional line."""
+
+
+def laws_of(requests: Sequence[tuple[Observations, int | None]], min_samples: int,
+            choices: Sequence[Choice | None] | None = None) -> list[Law | None]:
     """`law_of(obs.items, min_samples, admitted)` of each (obs, admitted), fitted at once from the
     observations' rows (model/time_fits.py, model/item_rows.py): a decision refits every worker that
-    pushed since the last."""
-    choices = [_choice(obs.items, obs.counts, min_samples, admitted) if obs.items else None
-               for obs, admitted in requests]
-    held = [(obs, choice) for (obs, _), choice in zip(requests, choices, strict=True) if choice is not None]
+    pushed since the last. `choices`: each one's `choice(obs.items, obs.counts, min_samples, admitted)`
+    (None without items) where the caller keeps them."""
+    if choices is None:
+        choices = [choice(obs.items, obs.counts, min_samples, admitted) if obs.items else None
+                   for obs, admitted in requests]
+    held = [(obs, picked) for (obs, _), picked in zip(requests, choices, strict=True) if picked is not None]
     rows = joined([obs.rows for obs, _ in held])
-    worker = np.repeat(np.arange(len(held)), [len(obs.items) for obs, _ in held])
-    # each worker's items at its chosen batch sizes (an Observations' items are held as it holds them)
-    chosen = [(w, b) for w, (_, (kept, _, _)) in enumerate(held) if kept is not None for b in kept]
+    sizes = [len(obs.items) for obs, _ in held]
+    # each worker's items at its chosen batch sizes (an Observations' items are held as it holds them);
+    # a choice of every batch size it holds keeps all its rows
+    chosen = [(w, b) for w, (obs, (kept, _, _)) in enumerate(held)
+              if kept is not None and len(kept) < len(obs.counts) for b in kept]
     if chosen:
+        worker = np.repeat(np.arange(len(held)), sizes)
         top = int(rows[:, 1].max()) + 1
-        keys = worker * top + rows[:, 1].astype(np.int64)
-        whole = np.array([kept is None for _, (kept, _, _) in held], dtype=bool)
-        keep = whole[worker] | np.isin(keys, [w * top + b for w, b in chosen])
-        rows, worker = rows[keep], worker[keep]
-    fits = iter(fits_of_rows(np.bincount(worker, minlength=len(held)), rows, min_samples))
+        part = np.zeros(len(held), dtype=bool)
+        part[[w for w, _ in chosen]] = True
+        inside = part[worker]
+        keep = ~inside
+        keep[inside] = np.isin(worker[inside] * top + rows[inside, 1].astype(np.int64), [w * top + b for w, b in chosen])
+        rows, counts = rows[keep], np.bincount(worker[keep], minlength=len(held))
+    else:
+        counts = np.array(sizes, dtype=np.int64)
+    fits = fits_of_rows(counts, rows, min_samples)
+    if len(held) == len(choices) and None not in fits:  # the laws built as time_fits builds the fits
+        return list(map(new_tuple, repeat(Law), zip(fits, [c[1] for _, c in held], [c[2] for _, c in held])))
+    fitted = iter(fits)
     laws: list[Law | None] = []
-    for choice in choices:
-        fit = None if choice is None else next(fits)
-        laws.append(None if choice is None or fit is None else Law(fit, choice[1], choice[2]))
+    for picked in choices:
+        fit = None if picked is None else next(fitted)
+        laws.append(None if picked is None or fit is None else Law(fit, picked[1], picked[2]))
     return laws
 
 
 def _pick(items: Sequence[Item], min_samples: int, admitted: int | None) -> _Pick | None:
-    """What `law_of` fits (`_choice`'s items); None without items."""
+    """What `law_of` fits (`choice`'s items); None without items."""
     if not items:
         return None
     counts: Mapping[int, int] = Counter([it[1] for it in items])
-    kept, known, batch = _choice(items, counts, min_samples, admitted)
+    kept, known, batch = choice(items, counts, min_samples, admitted)
     held = _held(items, counts)
     if kept is None:
         return _Pick(list(items), known, batch, held)
     return _Pick([it for it in items if it[1] in kept], known, batch, held)
 
 
-def _choice(items: Sequence[Item], counts: Mapping[int, int], min_samples: int,
-            admitted: int | None) -> tuple[set[int] | None, bool, int | None]:
+def choice(items: Sequence[Item], counts: Mapping[int, int], min_samples: int,
+            admitted: int | None) -> Choice:
     """The batch sizes of `items` (not empty; `counts`: how many at each) that `law_of` fits (None: all
     of them), whether they make the whole law, and the batch size of a proportional line: the batch
     sizes measured `min_samples` times (and `admitted`) where they identify the fixed cost, else the
@@ -108,10 +127,12 @@ def _choice(items: Sequence[Item], counts: Mapping[int, int], min_samples: int,
     if (admitted is not None and admitted in counts and admitted not in measured
             and all(max(b / admitted, admitted / b) >= spread for b in measured)):
         measured.append(admitted)
-    if identifies_fixed_cost(measured):
+    if measured and max(measured) >= (1.0 + SPREAD) * min(measured):  # identifies_fixed_cost written out
         kept = set(measured)
         return None if len(kept) == len(counts) else kept, True, None
-    newest = next((b for _, b, _, _ in reversed(items) if b in measured), items[-1][1])
+    newest = items[-1][1]  # mostly measured itself: a decision asks every worker's choice
+    if newest not in measured:
+        newest = next((b for _, b, _, _ in reversed(items) if b in measured), newest)
     return {newest}, False, newest
 
 

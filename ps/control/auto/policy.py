@@ -26,16 +26,18 @@ rounds across another worker's change of speed (a recall's are slowed by the cha
 
 from __future__ import annotations
 
-import statistics
+import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+import numpy as np
 
 from ps.control.auto.change import ALONG_ROUNDS, BANDS
 from ps.control.auto.hold import bar, verdict
 from ps.control.auto.imbalance import far_from_balance, idling, measured_step
 from ps.control.auto.probes import entry_targets, far_off, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
-from ps.control.model.time_fit import slope_measured
+from ps.control.model.time_fit import SLOPE_SDS, Finish, slope_measured
 from ps.control.auto.pricing import priced_times
 from ps.control.auto.solve import solve
 from ps.control.auto.state import auto_part, read_auto_part
@@ -204,7 +206,7 @@ class AutoPolicy(FittedPlan):
         return new
 
     def _measured(self, active: Sequence[str], current: Mapping[str, int]
-                  ) -> tuple[dict[str, list[float]] | None, dict[str, float] | None, bool]:
+                  ) -> tuple[dict[str, Sequence[float]] | None, dict[str, float] | None, bool]:
         """Each worker's times in force at its batch, their means, and whether they measure the plan
         balanced. One event often moves several workers, and a plan out of balance may hide a change
         under a move: the others are looked at again then, less strictly (change.ALONG_SDS)."""
@@ -213,8 +215,7 @@ class AutoPolicy(FittedPlan):
         measured_balanced = self._balanced_on(in_force, current, means)
         if self._laws.changed or not measured_balanced:
             along = 1 if self._laws.quick else ALONG_ROUNDS
-            found = [k for k in active if k not in self._laws.changed
-                     and self._laws.forget_before_along(k, along)]
+            found = self._laws.forget_along([k for k in active if k not in self._laws.changed], along)
             if found:  # their times are those after the change now
                 in_force = self._laws.in_force(current)
                 means = _means(in_force)
@@ -349,9 +350,7 @@ class AutoPolicy(FittedPlan):
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:
         """The laws (q, s, whether known, whether q is measured), c, the parked workers and the predicted round of `plan`."""
         finishes, identified = self._laws.finishes(), self._identified_all()
-        fits = {k: {"q": round(f.line.q, 6), "s": round(f.line.s, 4), "law": identified(k),
-                    "slope_measured": slope_measured(f.line)} for k, f in finishes.items()}
-        return self._described(plan, fits, {k: f.at for k, f in finishes.items()})
+        return self._described(plan, _reported_fits(finishes, identified), {k: f.at for k, f in finishes.items()})
 
     # ------------------------------------------------------------------ resume and checkpoints
     def _keeps_plan_of(self, old: WorkerPlan) -> bool:
@@ -381,4 +380,20 @@ class AutoPolicy(FittedPlan):
 
 def _means(in_force: Mapping[str, Sequence[float]] | None) -> dict[str, float] | None:
     """Each worker's mean of its times in force (None without them): the decision's tests share them."""
-    return None if in_force is None else {k: statistics.fmean(t) for k, t in in_force.items()}
+    # statistics.fmean's sum over its count, as it takes them of a list (every worker's, at once)
+    return None if in_force is None else {k: math.fsum(t) / len(t) for k, t in in_force.items()}
+
+
+def _reported_fits(finishes: Mapping[str, Finish], identified: Callable[[str], bool]) -> dict[str, dict[str, Any]]:
+    """Each law as a decision reports it: q, s, whether it is known (`identified`) and whether q is
+    measured (time_fit.slope_measured), its test taken over every law at once (numpy's sqrt is
+    math.sqrt's, correctly rounded; a negative variance, which math.sqrt refuses, is left to it)."""
+    lines = [f.line for f in finishes.values()]
+    q, s = [line.q for line in lines], [line.s for line in lines]
+    var_q = np.array([line.var_q for line in lines], dtype=np.float64)
+    if (var_q >= 0).all():
+        measured = (np.array(q, dtype=np.float64) > SLOPE_SDS * np.sqrt(var_q)).tolist()
+    else:
+        measured = [slope_measured(line) for line in lines]
+    return {k: {"q": round(qk, 6), "s": round(sk, 4), "law": identified(k), "slope_measured": m}
+            for k, qk, sk, m in zip(finishes, q, s, measured, strict=True)}

@@ -6,11 +6,12 @@ time or on an unmeasured slope no flatter below the batch it runs at. Pure."""
 from __future__ import annotations
 
 import math
+from itertools import repeat
 from collections.abc import Callable, Mapping, Sequence
 
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.finish_table import Priced
-from ps.control.model.time_fit import SLOPE_SDS, Finish, Line, slope_measured
+from ps.control.model.time_fit import SLOPE_SDS, Finish, Line
 from ps.control.performance import FinishTime
 
 
@@ -42,9 +43,10 @@ def priced_times(laws: WorkerLaws, workers: Sequence[str], identified: Callable[
     workers, one fitted at a quarter of its slope was cut from 50 samples to 33 where the optimum
     gives it 47, and moved back by later decisions)."""
     finishes = laws.finishes()
-    per_sample = max((f.at(1) for f in finishes.values()), default=1.0)
+    per_sample = max(map(Finish.at, finishes.values(), repeat(1)), default=1.0)
     slowest = laws.slowest
     unmeasured = proportional(per_sample)
+    lone = laws.lone  # rests_on_lone_time is False off it: asked only of those on it
 
     times: dict[str, FinishTime] = {}
     for k in workers:
@@ -52,9 +54,9 @@ def priced_times(laws: WorkerLaws, workers: Sequence[str], identified: Callable[
             times[k] = unmeasured
         elif identified(k):
             line, batch = finishes[k].line, current.get(k, 0)
-            if batch > 0 and laws.rests_on_lone_time(k):
+            if batch > 0 and k in lone and laws.rests_on_lone_time(k):
                 times[k] = Priced(finishes[k]).steeper_below(batch)
-            elif batch > 0 and not slope_measured(line):
+            elif batch > 0 and not line.q > SLOPE_SDS * math.sqrt(line.var_q):  # slope_measured written out
                 times[k] = Priced(finishes[k]).steeper_below(batch, line.q + SLOPE_SDS * math.sqrt(line.var_q))
             else:
                 times[k] = finishes[k].cautious

@@ -6,6 +6,7 @@ times after it. Pure."""
 from __future__ import annotations
 
 import math
+from functools import partial
 import statistics
 from types import MappingProxyType
 from collections.abc import Iterable, Mapping, Sequence
@@ -14,8 +15,8 @@ import numpy as np
 
 from ps.control.auto.change import (ALONG_SDS, ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts,
                                     settled_mark)
+from ps.control.auto.law import Choice, Law, choice, identifies_fixed_cost, law_of, laws_of
 from ps.control.auto.many_workers import family_sds
-from ps.control.auto.law import Law, identifies_fixed_cost, law_of, laws_of
 from ps.control.model.item_rows import Item
 from ps.control.model.observations import Observations
 from ps.control.model.time_fit import Finish, slope_measured
@@ -54,6 +55,9 @@ class WorkerLaws(WorkerTimes):
         self._laws: dict[str, tuple[Observations, int, int | None, Law | None]] = {}
         # each worker's settled law with what it was fitted from: its observations and the mark
         self._settled_laws: dict[str, tuple[Observations, int, Law | None]] = {}
+        # each worker's law.choice with what it was made from: its observations, their layout, the
+        # newest one's batch size and the admitted batch
+        self._choices: dict[str, tuple[Observations, int, int, int | None, Choice]] = {}
         # each worker's change_start under change.ALONG_TESTS, found by its last push's test: its
         # observations, their version and mark then, the start by test
         self._along: dict[str, tuple[Observations, int, int, dict[tuple[float, int], int | None]]] = {}
@@ -79,6 +83,7 @@ class WorkerLaws(WorkerTimes):
         self.shapes.pop(worker_id, None)
         self._laws.pop(worker_id, None)
         self._settled_laws.pop(worker_id, None)
+        self._choices.pop(worker_id, None)
         self._along.pop(worker_id, None)
 
     def record(self, worker_id: str, batch: int, ms: float, exposed: float | None) -> bool:
@@ -108,28 +113,37 @@ class WorkerLaws(WorkerTimes):
         return ((family_sds(CHANGE_SDS, workers), CHANGE_ROUNDS),
                 tuple((family_sds(sds, workers), rounds) for sds, rounds in ALONG_TESTS))
 
-    def forget_before_along(self, worker_id: str, rounds: int) -> bool:
-        """`forget_before_change` under the laxer test of a worker that may have changed along with
-        another (change.ALONG_SDS on `rounds` newest times)."""
-        return self.forget_before_change(worker_id, family_sds(ALONG_SDS, len(self.obs)), rounds)
+    def forget_along(self, workers: Iterable[str], rounds: int) -> list[str]:
+        """`forget_changed` under the laxer test of workers that may have changed along with another
+        (change.ALONG_SDS on `rounds` newest times)."""
+        return self.forget_changed(workers, family_sds(ALONG_SDS, len(self.obs)), rounds)
 
     def forget_before_change(self, worker_id: str, sds: float | None = None, rounds: int = CHANGE_ROUNDS) -> bool:
         """Whether the worker's newest times left its law (change.py) by `sds` standard errors (None:
         a push's own test's); if so the points before the change are forgotten and those after it
         settle as its law's."""
+        return bool(self.forget_changed([worker_id], sds, rounds))
+
+    def forget_changed(self, workers: Iterable[str], sds: float | None = None,
+                       rounds: int = CHANGE_ROUNDS) -> list[str]:
+        """`forget_before_change` of each of `workers`, in turn; those whose times left their law (a
+        decision tests every worker that did not change, the test its last push made mostly kept)."""
         if sds is None:
             sds = self._tests()[0][0]
-        obs, mark = self.obs[worker_id], self.settled[worker_id]
-        kept = self._along.get(worker_id)
-        if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == mark and (sds, rounds) in kept[3]:
-            start = kept[3][(sds, rounds)]
-        else:
-            start = change_start(obs.items, mark, self.min_samples, self.deadband, sds, rounds,
-                                 lambda items, count: self._settled_law(worker_id, items, count))
-        if start is None:
-            return False
-        self._changed_at(worker_id, start, rounds)
-        return True
+        found = []
+        test = (sds, rounds)
+        for k in workers:
+            obs, mark = self.obs[k], self.settled[k]
+            kept = self._along.get(k)
+            if kept is not None and kept[0] is obs and kept[1] == obs.version and kept[2] == mark and test in kept[3]:
+                start = kept[3][test]
+            else:
+                start = change_start(obs.items, mark, self.min_samples, self.deadband, sds, rounds,
+                                     partial(self._settled_law, k))
+            if start is not None:
+                self._changed_at(k, start, rounds)
+                found.append(k)
+        return found
 
     def _changed_at(self, worker_id: str, start: int, rounds: int) -> None:
         """The worker changed speed at observation `start` (found on `rounds` times or fewer): the points
@@ -234,14 +248,34 @@ class WorkerLaws(WorkerTimes):
     def _refit(self) -> None:
         """Fit every law whose observations or admitted batch changed, all at once (law.laws_of)."""
         stale = []
-        for k, obs in self.obs.items():
-            admitted = self.admitted.get(k)
-            if not self._kept(k, obs, admitted):
+        kept_laws, admitted_of = self._laws, self.admitted
+        for k, obs in self.obs.items():  # `_kept` written out: every worker is asked at a decision
+            admitted = admitted_of.get(k)
+            kept = kept_laws.get(k)
+            if kept is None or kept[0] is not obs or kept[1] != obs.version or kept[2] != admitted:
                 stale.append((k, obs, admitted))
         if stale:
-            laws = laws_of([(obs, admitted) for _, obs, admitted in stale], self.min_samples)
+            laws = laws_of([(obs, admitted) for _, obs, admitted in stale], self.min_samples,
+                           [self._choice(k, obs, admitted) for k, obs, admitted in stale])
             for (k, obs, admitted), law in zip(stale, laws, strict=True):
                 self._laws[k] = (obs, obs.version, admitted, law)
+
+    def _choice(self, worker_id: str, obs: Observations, admitted: int | None) -> Choice | None:
+        """law.choice of the worker's observations, kept while they hold as many times at each batch
+        size (Observations.layout), the newest at the same one, measured, and the admitted batch is
+        the same: the choice is then the same, and a worker at its batch for PER_BATCH pushes keeps it."""
+        items = obs.items
+        if not items:
+            return None
+        newest = items[-1][1]
+        kept = self._choices.get(worker_id)
+        if (kept is not None and kept[0] is obs and kept[1] == obs.layout and kept[2] == newest
+                and kept[3] == admitted):
+            return kept[4]
+        picked = choice(items, obs.counts, self.min_samples, admitted)
+        if obs.counts[newest] >= self.min_samples:  # else the newest measured batch is found among the older
+            self._choices[worker_id] = (obs, obs.layout, newest, admitted, picked)
+        return picked
 
     def finishes(self) -> Mapping[str, Finish]:
         """Each measured worker's fitted finish time: its law, or its proportional line (read-only, kept
@@ -283,7 +317,7 @@ def largest_error(runs: Sequence[Sequence[float]]) -> float:
     """The largest standard error of the mean over the mean among `runs` (two or more times each):
     roughly for all at once (the runs of one length as one array), exactly (stdev.py) only for those
     the rough values put within ROUGH of the largest."""
-    rough: list[tuple[float, Sequence[float]]] = []
+    rough: list[tuple[np.ndarray, list[Sequence[float]]]] = []  # each length's errors (-1: none) and runs
     by_length: dict[int, list[Sequence[float]]] = {}
     for t in runs:
         by_length.setdefault(len(t), []).append(t)
@@ -293,7 +327,9 @@ def largest_error(runs: Sequence[Sequence[float]]) -> float:
         spread = np.sqrt(((times - mean[:, None]) ** 2).sum(axis=1) / (length - 1))
         with np.errstate(divide="ignore", invalid="ignore"):
             errors = np.where(mean > 0, spread / mean / math.sqrt(length), -1.0)
-        rough += [(error, t) for error, t in zip(errors.tolist(), group, strict=True) if error >= 0.0]
-    top = max((error for error, _ in rough), default=0.0) * (1.0 - ROUGH)
-    exact = [stdev(t) / statistics.fmean(t) / float(len(t)) ** 0.5 for error, t in rough if error >= top]
+        rough.append((errors, group))
+    valid = [errors[errors >= 0.0] for errors, _ in rough]
+    top = max((float(e.max()) for e in valid if e.size), default=0.0) * (1.0 - ROUGH)
+    exact = [stdev(group[i]) / statistics.fmean(group[i]) / float(len(group[i])) ** 0.5
+             for errors, group in rough for i in np.flatnonzero((errors >= 0.0) & (errors >= top)).tolist()]
     return max(exact, default=0.0)

@@ -140,23 +140,36 @@ def table_of(times: Mapping[str, FinishTime]) -> LineTable | None:
     `cautious` or a Priced time; None where one is anything else, or where they are fewer than MIN_ROWS."""
     if len(times) < MIN_ROWS:
         return None
-    finishes, rows = [], []
+    finishes: list[Finish] = []
+    caution: list[float] = []
+    priced: list[tuple[int, tuple[float, ...]]] = []
     for time in times.values():
         if isinstance(time, Priced):
-            finish, function = time.finish, Finish.cautious if time.cautious else Finish.at
-            priced = (time.factor, time.cap, float(time.below), time.fall, time.at_below)
-        else:
-            finish, function = getattr(time, "__self__", None), getattr(time, "__func__", None)
-            if not isinstance(finish, Finish) or function not in _FUNCTIONS:
-                return None
-            priced = _PLAIN
-        line, exposed = finish.line, finish.exposed
+            finishes.append(time.finish)
+            caution.append(CAUTION if time.cautious else 0.0)
+            priced.append((len(finishes) - 1, (time.factor, time.cap, float(time.below), time.fall, time.at_below)))
+            continue
+        finish, function = getattr(time, "__self__", None), getattr(time, "__func__", None)
+        if not isinstance(finish, Finish) or function not in _FUNCTIONS:
+            return None
         finishes.append(finish)
-        rows.append((line.q, line.s, 0.0 if exposed is None else exposed.q, 0.0 if exposed is None else exposed.s,
-                     finish.floor if exposed is not None else 0.0, _FUNCTIONS[function],
-                     *((line.var_s, line.cov, line.var_q, -line.cov / line.var_q if line.var_q > 0 else 0.0)
-                       if function is Finish.cautious else (0.0, 0.0, 0.0, 0.0)), *priced))
-    coef = np.ascontiguousarray(np.array(rows, dtype=np.float64).reshape(len(rows), 15).T)
-    return LineTable(coef, exposed=any(f.exposed is not None for f in finishes),
-                     cautious=any(r[5] for r in rows), scaled=any(r[10] != 1.0 for r in rows),
-                     held_below=any(r[12] > 0 for r in rows))
+        caution.append(_FUNCTIONS[function])
+    # the columns of every row at once, each value the one the row's own tuple held
+    lines = np.array([f.line for f in finishes], dtype=np.float64).reshape(len(finishes), 5)
+    q, s, var_s, cov, var_q = lines.T
+    errors = np.array(caution, dtype=np.float64)
+    cautious = errors != 0.0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        centre = np.where(var_q > 0, -cov / var_q, 0.0)
+    exposed = [(i, f.exposed, f.floor) for i, f in enumerate(finishes) if f.exposed is not None]
+    coef = np.zeros((15, len(finishes)), dtype=np.float64)
+    coef[0], coef[1], coef[5] = q, s, errors
+    for column, values in zip((6, 7, 8, 9), (var_s, cov, var_q, centre), strict=True):
+        coef[column] = np.where(cautious, values, 0.0)
+    coef[10:12] = np.array(_PLAIN[:2], dtype=np.float64)[:, None]
+    for i, line, floor in exposed:
+        coef[2, i], coef[3, i], coef[4, i] = line.q, line.s, floor
+    for i, row in priced:
+        coef[10:, i] = row
+    return LineTable(coef, exposed=bool(exposed), cautious=bool(cautious.any()), scaled=bool((coef[10] != 1.0).any()),
+                     held_below=bool((coef[12] > 0).any()))

@@ -36,6 +36,7 @@ class Observations:
         self.items: list[tuple[int, int, float, float | None]] = sorted(items)
         self.rows = ItemRows()  # `items` as rows of an array, changed with it (item_rows.py)
         self.counts: dict[int, int] = {}  # the observations held at each batch size
+        self.layout = 0  # counts the changes of `counts` (none where an add drops the oldest at its batch)
         self.seq = max(seq, self.items[-1][0] + 1 if self.items else 0)
         self._run_batch: int | None = None
         self._run: list[float] = []
@@ -54,6 +55,8 @@ class Observations:
             self._run_batch, self._run = batch, [ms + (exposed or 0.0)]
         # the others were within the limits: only the new one's batch size can be one over
         same = self.counts[batch] = self.counts.get(batch, 0) + 1
+        if same <= PER_BATCH:  # else the oldest at the batch goes, and the counts are as they were
+            self.layout += 1
         if same > PER_BATCH:
             oldest_at = next(i for i, item in enumerate(self.items) if item[1] == batch)
             del self.items[oldest_at]
@@ -84,12 +87,14 @@ class Observations:
         self.items = out[::-1]
         self.rows.reset(self.items)
         self.counts = seen
+        self.layout += 1
         self._new_run()
 
     def _count(self) -> None:
         self.counts = {}
         for _, b, _, _ in self.items:
             self.counts[b] = self.counts.get(b, 0) + 1
+        self.layout += 1
 
     def _new_run(self) -> None:
         """The newest run of observations at one batch size, as finish times (ms + exposed), and its
@@ -123,6 +128,14 @@ class Observations:
         if batch != self._run_batch or count > len(self._run):
             return None
         return self._run[len(self._run) - count:]
+
+    def since(self, batch: int, least: int) -> Sequence[float] | None:
+        """What `recent(batch, max(least, run(batch)))` copies, for `least` >= 1: the finish times of the
+        newest run if it is at `batch` and holds `least` or more, else None. The run itself, read-only
+        and changed by the next `add`: a decision reads every worker's, and thousands of copies kept
+        through it were a tenth of its time at 10,000 workers, most of it the garbage collector's."""
+        run = self._run
+        return run if batch == self._run_batch and len(run) >= least else None
 
     def drift(self, batch: int, min_samples: int, deadband: float) -> float | None:
         """The factor by which the newest run of times at `batch` (`min_samples` or more) is off the

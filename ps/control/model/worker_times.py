@@ -4,7 +4,7 @@ on. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from ps.control.model.observations import Observations
 
@@ -55,13 +55,16 @@ class WorkerTimes:
         obs = self.obs[worker_id]
         return obs.recent(batch, max(self.min_samples if least is None else least, obs.run(batch)))
 
-    def in_force(self, plan: Mapping[str, int], least: int | None = None) -> dict[str, list[float]] | None:
+    def in_force(self, plan: Mapping[str, int], least: int | None = None) -> dict[str, Sequence[float]] | None:
         """Each planned worker's times since it got its batch in `plan` (None: one has fewer than
-        `least`, `min_samples` unless given)."""
-        out = {}
+        `least`, `min_samples` unless given), read-only until the next observation
+        (Observations.since)."""
+        least = self.min_samples if least is None else least
+        out: dict[str, Sequence[float]] = {}
+        obs = self.obs
         for k, b in plan.items():
-            if b > 0:
-                recent = self.recent(k, b, least)
+            if b > 0:  # `recent` refuses a run of none, which a `least` below 1 may ask for
+                recent = obs[k].since(b, least) if least >= 1 else self.recent(k, b, least)
                 if recent is None:
                     return None
                 out[k] = recent

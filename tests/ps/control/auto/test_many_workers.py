@@ -73,7 +73,7 @@ def test_a_shift_that_moves_a_worker_along_in_a_small_job_does_not_among_a_thous
     """30% slower for three rounds (10% noise; ~3.5 standard errors): among 8 workers it changed along
     with another; among 1,024, where some worker is that far off by noise alone at most decisions,
     it did not. A doubling is a change among any number."""
-    assert _laws_after(REFERENCE_WORKERS, 0.3).forget_before_along("w0", ALONG_ROUNDS)
-    assert not _laws_after(1024, 0.3).forget_before_along("w0", ALONG_ROUNDS)
+    assert _laws_after(REFERENCE_WORKERS, 0.3).forget_along(["w0"], ALONG_ROUNDS)
+    assert not _laws_after(1024, 0.3).forget_along(["w0"], ALONG_ROUNDS)
     doubled = _laws_after(1024, 1.0)
-    assert doubled.changed == {"w0"} or doubled.forget_before_along("w0", ALONG_ROUNDS)
+    assert doubled.changed == {"w0"} or doubled.forget_along(["w0"], ALONG_ROUNDS)

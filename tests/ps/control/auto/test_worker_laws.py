@@ -9,7 +9,9 @@ import statistics
 import pytest
 
 from ps.control.auto.change import ALONG_TESTS, SETTLE_EVERY, change_start
+from ps.control.auto.law import Choice
 from ps.control.auto.worker_laws import WorkerLaws, largest_error
+from ps.control.model.observations import Observations
 from ps.control.model.worker_times import WARMUP
 
 
@@ -140,6 +142,39 @@ def test_the_finish_times_are_fitted_once_until_a_time_comes_in() -> None:
     state = auto_part(other, ParkingSchedule(), RoundLog(), False, False)
     read_auto_part(state, {"w": 100}, laws)
     assert laws.finishes() is not slower and laws.finishes() == other.finishes()
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_choices_kept_between_refits_are_those_made_afresh(seed: int) -> None:
+    """A refit keeps each worker's choice of batch sizes while its counts, its newest batch size and
+    admitted batch stay (WorkerLaws._choice): along pushes that move between batch sizes, fill and
+    overflow them and admit one, every choice a refit takes is law.choice of the observations now."""
+    from ps.control.auto.law import choice
+
+    rnd = random.Random(seed)
+    laws = WorkerLaws(3, 0.1)
+    laws.add("w")
+    taken = []
+    original = laws._choice
+
+    def checked(worker_id: str, obs: Observations, admitted: int | None) -> Choice | None:
+        picked = original(worker_id, obs, admitted)
+        assert picked == (choice(obs.items, obs.counts, 3, admitted) if obs.items else None)
+        taken.append(picked)
+        return picked
+
+    laws._choice = checked  # type: ignore[method-assign]
+    batch = 50
+    for _ in range(400):
+        if rnd.random() < 0.15:
+            batch = rnd.choice([10, 20, 24, 50, 51, 80, 90, 120, 200])
+        if rnd.random() < 0.05:
+            laws.admitted["w"] = rnd.choice([batch, 10, 200])
+        elif rnd.random() < 0.05:
+            laws.admitted.pop("w", None)
+        laws.record("w", batch, batch * 10.0 * (1 + rnd.gauss(0.0, 0.02)) + 50.0, None)
+        laws.finishes()
+    assert len(taken) > 300
 
 
 def reference_error(runs: list[list[float]]) -> float:
