@@ -112,6 +112,8 @@ async def serve(
     finally:
         await health.shut_down()
         reaper.cancel()
+        # awaited, so that the loop never closes on it pending ("Task was destroyed but it is pending!")
+        await asyncio.gather(reaper, return_exceptions=True)
         await stop_serving(server, limits)
         job.evaluator.close()
         if job.checkpointer is not None:

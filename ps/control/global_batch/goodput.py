@@ -232,20 +232,24 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
 
 def _escapes(lower: int, upper: int, current: int, measurable: Callable[[int], bool] | None) -> list[int] | None:
     """Where φ is not measurable at B now, inside the bounds: the candidates where it is, ESCAPE_STEP
-    times B now or more, else those above B now, else all (`_upward`; nearest first); None where it is
-    measurable at B now, or B now is outside the bounds."""
+    times B now or more, else those above B now, else those below it down to B now / MAX_STEP
+    (`_upward`; nearest first; empty where none is); None where it is measurable at B now, or B now is
+    outside the bounds."""
     if measurable is None or not lower <= current <= upper or measurable(current):
         return None
     return _upward([b for b in candidates(lower, upper, current) if measurable(b)], current)
 
 
 def _upward(pool: list[int], current: int) -> list[int]:
-    """Of `pool` (sorted), those ESCAPE_STEP times `current` or more, else those above it, else all."""
+    """Of `pool` (sorted), those ESCAPE_STEP times `current` or more, else those above it, else those
+    below it no further than MAX_STEP times down, the nearest first. A move away from an unmeasurable B
+    needs no gain, so one down is kept near: at the top of its range on HL8 the teacher's B went 512 → 4
+    (the one batch predicted to train two workers), where a round of 4 samples ran at 1/100 of the rate."""
     for floor in (ESCAPE_STEP * current, current + 1):
         above = [b for b in pool if b >= floor]
         if above:
             return above
-    return pool
+    return [b for b in reversed(pool) if b < current and MAX_STEP * b >= current]
 
 
 def epoch_bound(upper: int, samples_per_epoch: int, min_steps: int = MIN_STEPS_PER_EPOCH) -> int:

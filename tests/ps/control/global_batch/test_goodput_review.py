@@ -99,6 +99,20 @@ def test_an_unmeasurable_batch_is_left_upward_where_a_smaller_one_is_predicted_m
     assert below.changed and below.batch < 20
 
 
+@pytest.mark.parametrize("round_ms", [None, lambda b: 5.0 + 0.01 * b], ids=["no round time", "round time"])
+def test_an_unmeasurable_batch_at_the_top_moves_down_no_further_than_half(round_ms: object) -> None:
+    """At the top of the range with nothing measurable above, B goes to the nearest measurable batch
+    below it within MAX_STEP, or stays (a move from an unmeasurable B needs no gain: the teacher's B on
+    HL8 went 512 → 4, the smallest batch predicted to train two workers, and ran at 1/100 of the rate)."""
+    near = choose(CONFIG, 512, PHI, 16, 512, round_ms, measurable=lambda b: b <= 16 or 300 <= b <= 400)
+    assert near.changed and near.reason == UNMEASURABLE and near.batch == max(
+        b for b in candidates(16, 512, 512) if 300 <= b <= 400), near
+    far = choose(CONFIG, 512, PHI, 16, 512, round_ms, measurable=lambda b: b <= 16)
+    assert not far.changed and far.batch == 512, far
+    unknown = choose(CONFIG, 512, None, 16, 512, round_ms, measurable=lambda b: b <= 16 or 300 <= b <= 400)
+    assert unknown.changed and unknown.batch == near.batch
+
+
 def taken_back_down() -> AdaptiveBatch:
     """An AdaptiveBatch whose probe down to 32 was taken back at φ = PHI (fewer samples a second)."""
     ab = probed_to(32)
