@@ -163,7 +163,7 @@ class FittedPlan(WorkerPlan):
     def replan(self) -> dict[str, int]:
         """Split B over the current workers: solved from the fits when every worker has one that is
         identified (`_solvable`; parking included), else by measured throughputs where known
-        (`dynamic_start` for the others)."""
+        (`dynamic_start` for the others) over those not parked (all, where those cannot make B up)."""
         if not self._workers:
             return {}
         report = self._opening()
@@ -177,9 +177,14 @@ class FittedPlan(WorkerPlan):
             self._report = {**report, "phase": "replan", **({"park": compared} if compared else {}),
                             **self._describe(new)}
             return self.plan()
-        self._unpark()
         weights = self._measured_weights()
-        plan, parked = self._parked_below_break_even(lambda out: self._split_without(weights, out))
+        # those parked stay parked where the others make B up: a replan without the fits (a worker joined,
+        # or --adaptive-batch moved B before a law was fitted at it) has no evidence against their parking
+        kept = self.parked()
+        if not kept or self._split_without(weights, kept) is None:
+            self._unpark()
+            kept = []
+        plan, parked = self._parked_below_break_even(lambda out: self._split_without(weights, [*kept, *out]))
         self._parking.park(parked)
         self._apply(plan)
         self._report = {**report, "phase": "replan", **self._describe(self.plan())}

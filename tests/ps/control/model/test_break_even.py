@@ -288,3 +288,28 @@ def test_no_plan_made_without_a_solve_puts_a_worker_with_a_known_law_below_its_b
                for e in events)
     parked = [e for e in events if e.get("phase") in ("probe", "replan", "step") and e.get("parked")]
     assert name == "auto" or parked  # the model's probe or replan parked c
+
+
+@pytest.mark.parametrize("name", ["auto", "model"])
+def test_a_replan_without_the_fits_keeps_the_parked_workers_parked(name: str) -> None:
+    """A worker joining, or --adaptive-batch moving B before a law is fitted at it, replans by measured
+    speeds; the workers a solve parked stay parked where the others make B up. Brought back, the two
+    workers of 13 ms of fixed cost took a sample each and set every round at four times the fast one's
+    (seen on HL8 with the digits MLP from B = 16: B moved 56 → 70 and w0, w1 ran at 1 sample for 48 rounds)."""
+    costs = {"fast": (0.1, 1.0), "s1": (0.02, 13.0), "s2": (0.02, 13.0)}
+    ctl: Any = build_policy(PolicyConfig(policy=name, global_batch=32, break_even=True, min_samples=2))
+    for k in costs:
+        ctl.add_worker(k)
+    ctl.replan()
+    run_rounds(ctl, costs, 60, 0.03, random.Random(0))
+    assert ctl.plan() == {"fast": 32, "s1": 0, "s2": 0}
+    ctl.add_worker("new", 1.0)
+    joined = ctl.replan()
+    assert ctl.report()["phase"] == "replan" and joined["s1"] == joined["s2"] == 0 and joined["new"] > 0, joined
+    moved = with_global_batch(ctl, 40).plan()
+    assert moved["s1"] == moved["s2"] == 0 and sum(moved.values()) == 40, moved
+    # where the others cannot make B up, the parked come back
+    for k in ("fast", "new"):
+        ctl.remove_worker(k)
+    alone = ctl.replan()
+    assert alone["s1"] > 0 and alone["s2"] > 0 and sum(alone.values()) == 32, alone
