@@ -21,7 +21,7 @@ rise by half or more (model/parking.py), at a batch that measures its speed: wha
 finishes within the round measured now, not the minimum a short solved round leaves it (probes.py),
 a re-probe no further above its batches measured than in proportion where its law is flat. The next
 decision judges it, at once where its times are change.QUICK's ratio off the round it left, and not on
-rounds across another worker's change of speed (a recall's are slowed by the change that called it).
+rounds across another worker's change of speed (a recall's, slowed by its cause, are only priced).
 """
 
 from __future__ import annotations
@@ -104,7 +104,8 @@ class AutoPolicy(FittedPlan):
         active = self._active()
         if not active or any(w.batch is None for w in self._workers.values()):
             return False
-        if self._before_reprobe is not None and self._reprobe_far_off(self._before_reprobe[1]):
+        left = self._before_reprobe
+        if left is not None and left.judged and self._reprobe_far_off(left.round_ms):
             return True
         changed = bool(self._laws.changed & set(active))
         need = self._config.min_samples * (1 if changed or self._soon else FOLLOW_UP)
@@ -191,8 +192,8 @@ class AutoPolicy(FittedPlan):
         if resolve and not stepped and not entries and not far:  # a re-solve moves no more than its gain asks
             new = self._nearest(times, new, current, min_gain, early)
         self._parking.install(parked, reprobe)
-        if reprobe and not slowed:  # a recall's rounds are slower for the slowdown that called it: no judge
-            self._reprobing(current, report)
+        if reprobe:  # a recall's rounds are slower for the slowdown that called it: priced, not judged
+            self._reprobing(current, report, judged=not slowed)
         # a re-solve that moved a worker by the deadband asks for its new batch measured, as a step does
         moved = self._moves_by_deadband(new, current)
         self._follow_up = bool(reprobe or probes or entries) or not (known or (resolve and not moved))

@@ -6,7 +6,7 @@ predicted round of the plan it leaves in force. Pure."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from ps.control.checks import real
 from ps.control.config import PolicyConfig
@@ -21,6 +21,16 @@ from ps.control.model.worker_times import LONGEST_MS
 from ps.control.performance import FinishTime, FittedRounds
 from ps.control.split import fit_to_sum, reachable
 from ps.control.worker_plan import WorkerPlan
+
+
+class LeftPlan(NamedTuple):
+    """The plan a re-probe left and its measured round. `judged`: taken back where the rounds since were
+    slower; not for a recall (its cause slowed them too): those it brought back and parked again owe
+    their cost beyond that round (parking.owe), the most it can have been."""
+
+    plan: dict[str, int]
+    round_ms: float
+    judged: bool
 
 
 class FittedTimes(Protocol):
@@ -44,9 +54,8 @@ class FittedPlan(WorkerPlan):
         self._parking = ParkingSchedule()
         self._confirming = False  # the last decision found a re-solve worth it and held to confirm it
         self._report: dict[str, Any] = {}
-        self._before_reprobe: tuple[dict[str, int], float] | None = None  # the plan a re-probe left, its round
-        # while a decision judges a re-probe: the measured round of the plan that re-probe left
-        self._judged_round: float | None = None
+        self._before_reprobe: LeftPlan | None = None  # the plan a re-probe left
+        self._judged_round: float | None = None  # while a decision judges a re-probe: the round it left
 
     def observe_round(self, round_ms: float) -> None:
         """The round's overhead c (rounds.py)."""
@@ -73,7 +82,7 @@ class FittedPlan(WorkerPlan):
         judged, self._before_reprobe = self._before_reprobe, None
         parking = self._parking.state() if judged is not None else None  # to restore on a take-back
         reprobed = list(self._parking.reprobed)
-        self._judged_round = None if judged is None else judged[1]
+        self._judged_round = None if judged is None or not judged.judged else judged.round_ms
         try:
             new = self._decision()
         finally:
@@ -83,11 +92,13 @@ class FittedPlan(WorkerPlan):
         if self._report.get("phase") == "wait":  # not measured yet: the next decision judges it
             self._before_reprobe = judged
             return new
-        if set(self._report.get("speed_changed", ())) - set(reprobed):  # rounds across another's change judge nothing
-            return new
+        cost = self._reprobe_cost(judged.round_ms)
+        if not judged.judged:  # a recall: those parked again owe it
+            self._parking.owe(reprobed, cost)
+        if not judged.judged or set(self._report.get("speed_changed", ())) - set(reprobed):
+            return new  # rounds across another's change judge nothing
         back = self._taken_back(judged, self._report["previous"]["measured_round_ms"],
                                 new if new is not None else self.plan(), reprobed)
-        cost = self._reprobe_cost(judged[1])
         if back is None:
             self._parking.owe(reprobed, cost)
             return new
@@ -109,7 +120,7 @@ class FittedPlan(WorkerPlan):
         measured, rounds = previous.get("measured_round_ms"), previous.get("rounds", 0)
         return max(0.0, measured - before) * rounds if measured is not None else 0.0
 
-    def _taken_back(self, judged: tuple[dict[str, int], float], measured: float | None,
+    def _taken_back(self, judged: LeftPlan, measured: float | None,
                     outcome: Mapping[str, int], reprobed: list[str]) -> dict[str, int] | None:
         """The plan a re-probe left (with `break_even`, less the workers the laws now put below their
         break-even), where the decision that judges it keeps a re-probed worker in the
@@ -117,7 +128,7 @@ class FittedPlan(WorkerPlan):
         otherwise, and where B, the workers or their bounds changed since. The round is the judge, not
         the fits: a law fitted at larger batches misses the fixed costs of the few samples a re-probe
         runs at, and a fit through the re-probe's own times can favour the plan it made."""
-        left, before = judged
+        left, before = judged.plan, judged.round_ms
         if measured is None or not measured > before * (1.0 + self._config.deadband):
             return None
         if not any(outcome.get(k, 0) > 0 for k in reprobed):
@@ -129,11 +140,11 @@ class FittedPlan(WorkerPlan):
         # the laws have moved since that plan was made: one of its workers may now be below its break-even
         return self._with_break_even(left)[0]
 
-    def _reprobing(self, left: Mapping[str, int], report: Mapping[str, Any]) -> None:
+    def _reprobing(self, left: Mapping[str, int], report: Mapping[str, Any], judged: bool = True) -> None:
         """A re-probe is installed over `left`: remember it and its measured round (`report`'s opening)
-        for the decision that judges the re-probe."""
+        for the decision that judges the re-probe (`judged`), or, a recall, that prices it (LeftPlan)."""
         measured = report["previous"]["measured_round_ms"]
-        self._before_reprobe = None if measured is None else (dict(left), float(measured))
+        self._before_reprobe = None if measured is None else LeftPlan(dict(left), float(measured), judged)
 
     def _took_back(self) -> None:
         """Hook: a re-probe was taken back, the plan it left is in force again."""

@@ -3,7 +3,8 @@ re-probe: a parked worker's speed is not measured, so it is brought back now and
 split would give it (the auto policy: one that measures its speed, auto/probes.py), and waits twice
 as long each time it is parked again (and long enough for its re-probes to take at most REPROBE_SHARE of
 the job's time), so that a worker that got faster returns; all of them at once
-when the auto policy sees an active worker's times rise by half or more (`recall`). Pure."""
+when the auto policy sees an active worker's times rise by half or more (`recall`), which forgives
+what each owes for its last re-probe once while it stays parked. Pure."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from ps.control.model.state import nonnegative, parking_entry
 CLOCK_CAP_MS = sys.float_info.max
 """Where the schedule's clock and what a worker waits for on it stop (rounds timed at extremes): finite,
 so that the state holds them."""
-STATE_KEYS = frozenset({"parked", "reprobed", "clock_ms"})
-"""The keys of a schedule's state (clock_ms absent in a state that kept no clock: then 0)."""
+STATE_KEYS = frozenset({"parked", "reprobed", "clock_ms", "forgiven"})
+"""The keys of a schedule's state (clock_ms absent in a state that kept no clock: then 0; forgiven
+absent: none)."""
 REPROBE_FIRST = 2
 """Decisions a newly parked worker waits before its first re-probe."""
 REPROBE_MAX = 32
@@ -53,6 +55,7 @@ class ParkingSchedule:
         # back by a solve, not due (a re-probe raised the round it fits in): its schedule, for one solve
         self.returned: dict[str, Parked] = {}
         self.clock_ms = 0.0  # the rounds' ms since this schedule was made
+        self.forgiven: set[str] = set()  # parked, or back for a re-probe, since a recall forgave what they owed
 
     def tick(self) -> None:
         """A decision passed."""
@@ -83,13 +86,20 @@ class ParkingSchedule:
             was = other.parked.get(k) or other.returned.get(k)
             if was is not None:
                 entry.until_ms = was.until_ms
+        self.forgiven |= other.forgiven & set(self.parked)
 
     def recall(self) -> None:
         """Every parked worker due for a re-probe now, its backoff started over: a change of speed seen
-        elsewhere often comes with one here, unseen (a swap, a tenant that moved between machines)."""
-        for entry in self.parked.values():
+        elsewhere often comes with one here, unseen (a swap, a tenant that moved between machines).
+        What a worker owes for its last re-probe (`owe`) is forgiven once while it stays parked: where
+        quotas make the active workers' times rise and fall with the round's length, a slowdown is
+        seen every few decisions, and recalls that always forgave would re-probe a worker whose fixed
+        cost is many rounds long at each of them, far beyond REPROBE_SHARE."""
+        for k, entry in self.parked.items():
             entry.waited = entry.every = REPROBE_FIRST
-            entry.until_ms = 0.0
+            if k not in self.forgiven:
+                entry.until_ms = 0.0
+                self.forgiven.add(k)
 
     def install(self, parked: Iterable[str], reprobe: Iterable[str]) -> None:
         """Who is parked after a solve: one parked again right after its re-probe waits twice as long
@@ -108,6 +118,7 @@ class ParkingSchedule:
             else:
                 entries[k] = Parked(0, REPROBE_FIRST)
         reprobe = set(reprobe)
+        self.forgiven &= set(entries) | reprobe  # one planned in has ended its stay
         self.reprobed = {k: self.parked[k].every for k in reprobe if k in self.parked}
         self.returned = {k: e for k, e in self.parked.items() if k not in entries and k not in reprobe}
         self.parked = entries
@@ -123,16 +134,17 @@ class ParkingSchedule:
         self.parked.pop(worker_id, None)
         self.reprobed.pop(worker_id, None)
         self.returned.pop(worker_id, None)
+        self.forgiven.discard(worker_id)
 
     def clear(self) -> None:
         """Nobody is parked (a plan without the fits)."""
-        self.parked, self.reprobed, self.returned = {}, {}, {}
+        self.parked, self.reprobed, self.returned, self.forgiven = {}, {}, {}, set()
 
     def state(self) -> dict[str, Any]:
         """As plain data: {"parked": {worker: [waited, every, until ms]}, "reprobed": {worker: wait},
-        "clock_ms": the clock}."""
+        "clock_ms": the clock, "forgiven": [worker]}."""
         return {"parked": {k: [e.waited, e.every, e.until_ms] for k, e in self.parked.items()},
-                "reprobed": dict(self.reprobed), "clock_ms": self.clock_ms}
+                "reprobed": dict(self.reprobed), "clock_ms": self.clock_ms, "forgiven": sorted(self.forgiven)}
 
     @classmethod
     def from_state(cls, state: Any, workers: Iterable[str]) -> ParkingSchedule:
@@ -140,7 +152,7 @@ class ParkingSchedule:
         not in `workers`)."""
         known = set(workers)
         if not isinstance(state, Mapping) or not {"parked", "reprobed"} <= set(state) <= STATE_KEYS:
-            raise ValueError("parking state must have the keys parked and reprobed (and may have clock_ms)")
+            raise ValueError("parking state must have the keys parked and reprobed (and may have clock_ms and forgiven)")
         parked, reprobed = state["parked"], state["reprobed"]
         if not isinstance(parked, Mapping) or not set(parked) <= known:
             raise ValueError("parking state 'parked' must map workers of the policy to [waited, every, until ms]")
@@ -151,4 +163,9 @@ class ParkingSchedule:
             schedule.parked[k] = Parked(*parking_entry(k, entry))
         schedule.clock_ms = nonnegative("parking clock_ms", state.get("clock_ms", 0.0))
         schedule.reprobed = {k: integer(f"re-probe wait of {k!r}", v, minimum=1) for k, v in reprobed.items()}
+        forgiven = state.get("forgiven", [])
+        if not (isinstance(forgiven, list) and all(isinstance(k, str) for k in forgiven)
+                and set(forgiven) <= set(schedule.parked) | set(schedule.reprobed)):
+            raise ValueError("parking state 'forgiven' must list workers it holds parked or back for a re-probe")
+        schedule.forgiven = set(forgiven)
         return schedule
