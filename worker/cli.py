@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from common.job.endings import ENDED_EARLY, exit_status
 from common.job.registry import ALLOW_IMPORT_FLAG
 from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, float_between, host_name, host_port, int_at_least, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
@@ -64,6 +65,22 @@ ENVIRONMENT = {
 """Options and the environment variables they are read from when the flag is not given
 (``--token`` reads ``PS_TOKEN`` and ``--heap-reserve`` ``PS_WORKER_HEAP_RESERVE_MIB`` on their own; a
 repeatable flag's variable holds a comma-separated list)."""
+
+
+UNTRUSTED_SERVER = 4
+"""ps-worker's exit status after it refused what the server told it (worker/transport/server_checks.py)
+and left the job: a status of its own, apart from ENDED_EARLY, which the server's word decides."""
+EXIT_STATUSES = (
+    "exit status: 0 the job finished, or the server, SIGTERM or Ctrl-C stopped it; 1 it failed while running "
+    "(the server out of reach past --retry-for, or refusing a call; the job's data unreadable; a loss not finite); "
+    "2 bad input, or a job this worker cannot build (nothing trained); "
+    f"{ENDED_EARLY} the server ended the job early, before its last epoch, and exits {ENDED_EARLY} too (the "
+    "worker's last line names the reason unless --quiet); "
+    f"{UNTRUSTED_SERVER} the server told this worker something it does not take (a batch beyond its bounds, "
+    "values that are not finite, ...), and it left the job."
+)
+"""What each exit status of ps-worker says, for ``--help``: a script that runs workers alone tells an
+early end from a finished job by it, as by ps-server's."""
 
 
 class NonFiniteLoss(RuntimeError):
@@ -120,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ps-worker",
         description="Join a parameter server, build the job's model and data, and train until the server ends the job.",
         formatter_class=DefaultsHelpFormatter,
-        epilog=env_help(ENVIRONMENT) + f", {TOKEN_ENV} (--token), {HEAP_RESERVE_ENV} (--heap-reserve)",
+        epilog=env_help(ENVIRONMENT) + f", {TOKEN_ENV} (--token), {HEAP_RESERVE_ENV} (--heap-reserve). "
+        + EXIT_STATUSES,
     )
     # required, from the flag or $PS_SERVER (parse_args checks)
     p.add_argument("--server", type=host_port, default=argparse.SUPPRESS, metavar="HOST:PORT",
@@ -215,7 +233,14 @@ def end_line(session: Session) -> str:
     return f"{session.name}: {ended} after {session.steps} steps{parked}{streamed}"
 
 
+def end_status(reason: str) -> int:
+    """ps-worker's exit status once the server ended the job for `reason`: the one ps-server exits
+    with (ENDED_EARLY after an early end, 0 after a finished or stopped job); 0 where it gave none."""
+    return exit_status(reason) if reason else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ps-worker; its exit status is one of EXIT_STATUSES'."""
     args = parse_args(argv)
     try:
         token = resolve_token(args.token)
@@ -243,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(session, args.log_every, args.quiet)
             if not args.quiet:
                 print(end_line(session), file=sys.stderr, flush=True)
+            code = end_status(session.plan.reason)
     except ServerError as exc:  # each error line made printable: it may quote what the server said
         print(f"ps-worker: error: {printable(str(exc))}", file=sys.stderr)
         code = 1
@@ -257,7 +283,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 1
     except UntrustedReply as exc:  # the server told this worker something it does not take: it left
         print(f"ps-worker: error: {printable(str(exc))}; leaving the job", file=sys.stderr)
-        code = 3
+        code = UNTRUSTED_SERVER
     except KeyboardInterrupt:
         code = 0
     # Past connect(), threads of gRPC, torch and the step overlap may still be alive (a SIGTERM can

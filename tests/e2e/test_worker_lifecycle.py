@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch.nn.functional as F
 
+from common.job.endings import ENDED_EARLY
 from tests import processes
 from tests.processes import ENV, Cluster, start_server
 from worker import connect
@@ -109,6 +110,25 @@ def test_a_worker_whose_loss_is_not_finite_says_so_in_one_line_and_leaves(tmp_pa
             and "learning rate diverged" in lines[0] and lines[0].endswith("leaving the job"), worker.stderr
         wait_for(lambda: cluster.events("leave"), 10, "the leave event")
         assert [e["worker"] for e in cluster.events("leave")] == ["wild"]
+    finally:
+        cluster.stop()
+
+
+def test_a_worker_exits_with_the_servers_status_when_the_job_ends_early(tmp_path: Path) -> None:
+    """B = 64 with --max-batch 32: once one of two workers leaves (SIGTERM: it leaves and exits 0), the
+    other cannot make up B and the server ends the job early. The survivor hears the reason in its
+    reply and exits 3 as ps-server does, so a script that runs only workers tells it from a finished job."""
+    cluster = start_server(tmp_path, [*JOB, "--workers", "2", "--global-batch", "64", "--max-batch", "32",
+                                      "--controller", "uniform", "--grace", "5"])
+    try:
+        leaver = cluster.start_worker("leaver", "--max-batch", "32")
+        survivor = cluster.start_worker("survivor", "--max-batch", "32")
+        wait_for(lambda: len(cluster.events("adjust")) > 0, 120, "the job to start")
+        leaver.terminate()
+        assert cluster.wait(120) == ENDED_EARLY, cluster.server_log()
+        (end,) = cluster.events("end")
+        assert "cannot split --global-batch" in end["reason"], end
+        assert (leaver.returncode, survivor.returncode) == (0, ENDED_EARLY), cluster.worker_log("survivor")
     finally:
         cluster.stop()
 
