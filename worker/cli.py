@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from common.job.endings import ENDED_EARLY, exit_status
+from common.job.endings import ENDED_EARLY, ended_early
 from common.job.registry import ALLOW_IMPORT_FLAG
-from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, float_between, host_name, host_port, int_at_least, positive_float, positive_int
+from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, float_between, host_name, host_port, int_at_least, int_between, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
@@ -61,6 +61,7 @@ ENVIRONMENT = {
     "tls_key": "PS_TLS_KEY",
     "allow_import": "PS_ALLOW_IMPORT",
     "allow_shard_host": "PS_ALLOW_SHARD_HOST",
+    "early_end_status": "PS_EARLY_END_STATUS",
 }
 """Options and the environment variables they are read from when the flag is not given
 (``--token`` reads ``PS_TOKEN`` and ``--heap-reserve`` ``PS_WORKER_HEAP_RESERVE_MIB`` on their own; a
@@ -75,7 +76,7 @@ EXIT_STATUSES = (
     "(the server out of reach past --retry-for, or refusing a call; the job's data unreadable; a loss not finite); "
     "2 bad input, or a job this worker cannot build (nothing trained); "
     f"{ENDED_EARLY} the server ended the job early, before its last epoch, and exits {ENDED_EARLY} too (the "
-    "worker's last line names the reason unless --quiet); "
+    "worker's last line names the reason unless --quiet; --early-end-status gives another); "
     f"{UNTRUSTED_SERVER} the server told this worker something it does not take (a batch beyond its bounds, "
     "values that are not finite, ...), and it left the job."
 )
@@ -194,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="HOST",
                    help="follow the server to shard servers on HOST too (repeatable); unset: only on the host of "
                         "--server, since the worker sends its token and secret there")
+    p.add_argument("--early-end-status", type=int_between(0, 255), default=ENDED_EARLY, metavar="N",
+                   help="the exit status after the server ended the job early (ps-server's own); 0 where a supervisor "
+                        "restarts a worker on any other status (docker compose's restart: on-failure, a Kubernetes "
+                        "Job's restartPolicy: OnFailure): the server's status still says the job ended early")
     p.add_argument("--heap-reserve", type=int, default=argparse.SUPPRESS, metavar="MIB",
                    help="grow the heap by this much at start so that blocks over glibc's 32 MiB mmap threshold "
                         "(activations at large CPU batches) reuse memory instead of taking fresh pages every step; "
@@ -233,10 +238,11 @@ def end_line(session: Session) -> str:
     return f"{session.name}: {ended} after {session.steps} steps{parked}{streamed}"
 
 
-def end_status(reason: str) -> int:
-    """ps-worker's exit status once the server ended the job for `reason`: the one ps-server exits
-    with (ENDED_EARLY after an early end, 0 after a finished or stopped job); 0 where it gave none."""
-    return exit_status(reason) if reason else 0
+def end_status(reason: str, early_end_status: int = ENDED_EARLY) -> int:
+    """ps-worker's exit status once the server ended the job for `reason`: `early_end_status` after an
+    early end (--early-end-status: by default ENDED_EARLY, as ps-server exits), 0 after a finished or
+    stopped job and where the server gave no reason."""
+    return early_end_status if reason and ended_early(reason) else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -268,7 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(session, args.log_every, args.quiet)
             if not args.quiet:
                 print(end_line(session), file=sys.stderr, flush=True)
-            code = end_status(session.plan.reason)
+            code = end_status(session.plan.reason, args.early_end_status)
     except ServerError as exc:  # each error line made printable: it may quote what the server said
         print(f"ps-worker: error: {printable(str(exc))}", file=sys.stderr)
         code = 1
