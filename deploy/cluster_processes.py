@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from common.job.endings import ENDED_EARLY
 from deploy.cgroups import CpuLimiter
 from deploy.cluster_exits import WorkerFailedError, stop_all, wait_all, wait_for_port
 from deploy.run_files import last_line
@@ -69,15 +70,21 @@ class ClusterProcesses:
         """Spawn worker ``name`` (again, after it died, or for the first time)."""
         self.spawn(name, argv, limiter, functools.partial(self.processes.__setitem__, name))
 
-    def failed_workers(self) -> list[tuple[str, int]]:
-        """Workers that have exited with a non-zero status, as ``(name, status)``."""
-        return [(n, p.returncode) for n, p in self.processes.items() if p.poll() not in (None, 0)]
+    def failed_workers(self, job_ended_early: Callable[[], bool] | None = None) -> list[tuple[str, int]]:
+        """Workers that have exited with a non-zero status, as ``(name, status)``. A worker's ENDED_EARLY
+        is no failure where ``job_ended_early()`` says the server ended the job early: the worker heard
+        the end and exited with the status the server exits with once its --grace is over."""
+        exited = [(n, p.returncode) for n, p in self.processes.items() if p.poll() not in (None, 0)]
+        if job_ended_early is not None and any(code == ENDED_EARLY for _, code in exited) and job_ended_early():
+            return [(n, code) for n, code in exited if code != ENDED_EARLY]
+        return exited
 
-    def check_workers(self) -> None:
-        """Raise :class:`WorkerFailedError` if a worker died while the server still runs."""
+    def check_workers(self, job_ended_early: Callable[[], bool] | None = None) -> None:
+        """Raise :class:`WorkerFailedError` if a worker died while the server still runs (not one that
+        exited after the job ended early: see :meth:`failed_workers`)."""
         if self.server is None or self.server.poll() is not None:
             return
-        failed = self.failed_workers()
+        failed = self.failed_workers(job_ended_early)
         if failed:
             raise WorkerFailedError(failed, {n: last_line(self.workdir / f"{n}.log") for n, _ in failed})
 

@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from common.job.endings import ended_early
 from deploy.cluster_processes import ClusterProcesses
 from deploy.cluster_quotas import CpuQuotas
 from ps.ops.metrics import read_metrics
@@ -81,13 +82,20 @@ class ClusterProgress:
         """
         if self.cpu.settle_error is not None:
             raise RuntimeError(f"could not apply the workers' quotas when the job started: {self.cpu.settle_error}")
-        self.procs.check_workers()
+        self.procs.check_workers(self.job_ended_early)
+
+    def job_ended_early(self) -> bool:
+        """Whether the server ended the job early, by the last `end` record of its metrics log (written
+        before any worker hears of the end): a worker's exit status 3 then says the same, not a crash."""
+        ends = self.events("end")
+        return bool(ends) and ended_early(ends[-1]["reason"])
 
     def wait(self, timeout: float | None = None) -> int:
         """Wait for the server to exit and return its status; TimeoutError after ``timeout`` seconds.
 
         Raises :class:`WorkerFailedError` as soon as a worker exits non-zero while the server runs
         (the server would wait for it, or evict it and go on with a cluster that no longer matches
-        the profile). Workers get ``STOP_GRACE_S`` to exit after the server.
+        the profile), but for a worker's 3 after the job ended early. Workers get ``STOP_GRACE_S`` to
+        exit after the server.
         """
         return self.procs.wait(timeout, self.check_workers)

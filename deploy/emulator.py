@@ -20,6 +20,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+from common.job.endings import exit_status
 from deploy.cli_arguments import PROG
 from deploy.launcher import LocalCluster, WorkerFailedError, WorkerSpec
 from deploy.run_files import MetricsTail, last_line
@@ -37,7 +38,6 @@ from deploy.run_plan import (
 from deploy.run_report import write_report
 from deploy.schedule_phases import POLL_S, SchedulePhases
 from deploy.signals import ReceivedSignals, signals_as_exceptions
-from ps.ops.endings import exit_status
 from ps.ops.progress import EpochBar, adapt_line, on_terminal, progress_line, trained_alongside
 
 __all__ = [

@@ -12,7 +12,8 @@ docker-compose:
   path's groups meet at the server's gRPC port too);
 * one Job per worker, with the profile's CPU cores as its CPU request and limit (Guaranteed CPU)
   and its GPUs as ``nvidia.com/gpu`` limits, its settings in ``PS_*`` environment variables
-  (worker/cli.py); a worker that fails is restarted, one that ends with the job completes;
+  (worker/cli.py); a worker that fails is restarted, one that ends with the job completes (an early
+  end too: ``PS_EARLY_END_STATUS`` 0);
 * a NetworkPolicy that admits to the job's pods only traffic from the job's own pods (the server's
   gRPC port, the fast path's process group between workers); the kubelet's probes
   come from the node, which network plugins let through.
@@ -268,6 +269,9 @@ def worker_job(o: K8sOptions, index: int) -> dict[str, Any]:
         {"name": "PS_CORES", "value": f"{cores:.6g}"},
         {"name": "PS_THREADS", "value": str(max(1, math.ceil(round(cores, 4))))},
         {"name": "PS_DEVICE", "value": "cuda" if gpus else "cpu"},
+        # a job that ended early completes the worker's Job as a finished one does (restartPolicy OnFailure
+        # would restart it on 3, to rejoin a server that ended the job); the server's exit status says it
+        {"name": "PS_EARLY_END_STATUS", "value": "0"},
         _token_env(o),
     ]
     container: dict[str, Any] = {"name": "ps-worker", "image": o.image, "command": ["ps-worker"], "env": env,

@@ -9,12 +9,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+from common.job.endings import ENDED_EARLY, ended_early
 from common.job.spec import MAX_EPOCHS
 from common.ops.arg_types import int_between, positive_float, positive_int
 from deploy.cli_arguments import PROG, Subcommands, profile_argument
 from deploy.profiles import MODES, builtin_schedules, default_cpu_budget
 from ps.control.registry import POLICIES
-from ps.ops.endings import ENDED_EARLY, ended_early
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -11,11 +11,11 @@ from typing import Any
 import grpc
 import torch
 
+from common.job.endings import exit_status
 from common.ops import address
 from common.ops.memory import tune_malloc
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import ServerSecurity, load_server_security
-from ps.ops.endings import exit_status
 from ps.ops.health import NOT_SERVING, SERVING, Health
 from ps.ops.port_file import PortFile
 from ps.ops.prometheus import Endpoint, JobMetrics, MessageMetrics
@@ -126,7 +126,7 @@ async def serve(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ps-server; its exit status: 0 finished or stopped, 1 failed at run time, 2 bad input, 3 the job
-    ended early (ps.ops.endings)."""
+    ended early (common.job.endings)."""
     tune_malloc()
     enable_stack_dump()
     parser = build_parser()

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from common.job.endings import ENDED_EARLY, ended_early
 from common.job.registry import ALLOW_IMPORT_FLAG
-from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, float_between, host_name, host_port, int_at_least, positive_float, positive_int
+from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, float_between, host_name, host_port, int_at_least, int_between, positive_float, positive_int
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
@@ -60,10 +61,27 @@ ENVIRONMENT = {
     "tls_key": "PS_TLS_KEY",
     "allow_import": "PS_ALLOW_IMPORT",
     "allow_shard_host": "PS_ALLOW_SHARD_HOST",
+    "early_end_status": "PS_EARLY_END_STATUS",
 }
 """Options and the environment variables they are read from when the flag is not given
 (``--token`` reads ``PS_TOKEN`` and ``--heap-reserve`` ``PS_WORKER_HEAP_RESERVE_MIB`` on their own; a
 repeatable flag's variable holds a comma-separated list)."""
+
+
+UNTRUSTED_SERVER = 4
+"""ps-worker's exit status after it refused what the server told it (worker/transport/server_checks.py)
+and left the job: a status of its own, apart from ENDED_EARLY, which the server's word decides."""
+EXIT_STATUSES = (
+    "exit status: 0 the job finished, or the server, SIGTERM or Ctrl-C stopped it; 1 it failed while running "
+    "(the server out of reach past --retry-for, or refusing a call; the job's data unreadable; a loss not finite); "
+    "2 bad input, or a job this worker cannot build (nothing trained); "
+    f"{ENDED_EARLY} the server ended the job early, before its last epoch, and exits {ENDED_EARLY} too (the "
+    "worker's last line names the reason unless --quiet; --early-end-status gives another); "
+    f"{UNTRUSTED_SERVER} the server told this worker something it does not take (a batch beyond its bounds, "
+    "values that are not finite, ...), and it left the job."
+)
+"""What each exit status of ps-worker says, for ``--help``: a script that runs workers alone tells an
+early end from a finished job by it, as by ps-server's."""
 
 
 class NonFiniteLoss(RuntimeError):
@@ -120,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ps-worker",
         description="Join a parameter server, build the job's model and data, and train until the server ends the job.",
         formatter_class=DefaultsHelpFormatter,
-        epilog=env_help(ENVIRONMENT) + f", {TOKEN_ENV} (--token), {HEAP_RESERVE_ENV} (--heap-reserve)",
+        epilog=env_help(ENVIRONMENT) + f", {TOKEN_ENV} (--token), {HEAP_RESERVE_ENV} (--heap-reserve). "
+        + EXIT_STATUSES,
     )
     # required, from the flag or $PS_SERVER (parse_args checks)
     p.add_argument("--server", type=host_port, default=argparse.SUPPRESS, metavar="HOST:PORT",
@@ -176,6 +195,10 @@ def build_parser() -> argparse.ArgumentParser:
                    metavar="HOST",
                    help="follow the server to shard servers on HOST too (repeatable); unset: only on the host of "
                         "--server, since the worker sends its token and secret there")
+    p.add_argument("--early-end-status", type=int_between(0, 255), default=ENDED_EARLY, metavar="N",
+                   help="the exit status after the server ended the job early (ps-server's own); 0 where a supervisor "
+                        "restarts a worker on any other status (docker compose's restart: on-failure, a Kubernetes "
+                        "Job's restartPolicy: OnFailure): the server's status still says the job ended early")
     p.add_argument("--heap-reserve", type=int, default=argparse.SUPPRESS, metavar="MIB",
                    help="grow the heap by this much at start so that blocks over glibc's 32 MiB mmap threshold "
                         "(activations at large CPU batches) reuse memory instead of taking fresh pages every step; "
@@ -215,7 +238,15 @@ def end_line(session: Session) -> str:
     return f"{session.name}: {ended} after {session.steps} steps{parked}{streamed}"
 
 
+def end_status(reason: str, early_end_status: int = ENDED_EARLY) -> int:
+    """ps-worker's exit status once the server ended the job for `reason`: `early_end_status` after an
+    early end (--early-end-status: by default ENDED_EARLY, as ps-server exits), 0 after a finished or
+    stopped job and where the server gave no reason."""
+    return early_end_status if reason and ended_early(reason) else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ps-worker; its exit status is one of EXIT_STATUSES'."""
     args = parse_args(argv)
     try:
         token = resolve_token(args.token)
@@ -243,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             train(session, args.log_every, args.quiet)
             if not args.quiet:
                 print(end_line(session), file=sys.stderr, flush=True)
+            code = end_status(session.plan.reason, args.early_end_status)
     except ServerError as exc:  # each error line made printable: it may quote what the server said
         print(f"ps-worker: error: {printable(str(exc))}", file=sys.stderr)
         code = 1
@@ -257,7 +289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         code = 1
     except UntrustedReply as exc:  # the server told this worker something it does not take: it left
         print(f"ps-worker: error: {printable(str(exc))}; leaving the job", file=sys.stderr)
-        code = 3
+        code = UNTRUSTED_SERVER
     except KeyboardInterrupt:
         code = 0
     # Past connect(), threads of gRPC, torch and the step overlap may still be alive (a SIGTERM can

@@ -13,7 +13,7 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
-from ps.ops.endings import STOPPING, ended_early
+from common.job.endings import STOPPING, ended_early
 
 
 def on_terminal(stream: TextIO) -> bool:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ps.ops.endings import FINISHED
+from common.job.endings import FINISHED
 from ps.rounds.adaptive_batch import AdaptiveBatchSizing
 from ps.rounds.epochs import Epochs
 from ps.rounds.evaluations import Evaluations

@@ -14,9 +14,9 @@ import torch
 
 from ps.control.policy import BatchPolicy
 from common.job.datasets import TrainingData
+from common.job.endings import STOPPING
 from ps.rounds.evaluator import BackgroundEvaluator
 from common.job.spec import JobSpec
-from ps.ops.endings import STOPPING
 from ps.ops.metrics import MetricsLog
 from common.params.norm_clip import NormLimits
 from common.params.store import ParameterStore

@@ -96,6 +96,18 @@ def test_worker_environment_names_are_ps_workers() -> None:
         assert set(compose()["services"][worker]["environment"]) <= {*ENVIRONMENT.values(), TOKEN_FILE_ENV}
 
 
+def test_a_worker_restarted_on_failure_exits_0_after_an_early_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """restart: on-failure restarts a worker on any status but 0: one that exited 3 after an early end
+    would rejoin a server that ended the job (and exits 3 itself), again and again."""
+    from worker.cli import parse_args
+
+    for worker in WORKERS:
+        service = compose()["services"][worker]
+        assert service["restart"] == "on-failure"
+        monkeypatch.setenv("PS_EARLY_END_STATUS", service["environment"]["PS_EARLY_END_STATUS"])
+        assert parse_args(["--server", "127.0.0.1:1"]).early_end_status == 0
+
+
 def test_top_comment_documents_one_command_per_env_file() -> None:
     header = COMPOSE.read_text(encoding="utf-8").split("\nname:")[0]
     for name, mode in ENV_FILES:

@@ -347,7 +347,8 @@ def test_a_worker_the_server_evicts_and_an_early_end_are_lines(tmp_path: Path) -
 def test_a_job_that_ends_early_exits_3_with_its_report(tmp_path: Path, emulators: Callable[..., Emulator]) -> None:
     """One of two workers leaves (SIGTERM: it leaves and exits 0) and the other's --max-batch cannot hold
     B: ps-server ends the job early and exits 3; ps-cluster run writes the report and exits 3 as well,
-    with one stderr line (before: both exited 0, as after a finished job)."""
+    with one stderr line (before: both exited 0, as after a finished job). The other worker hears the
+    end and exits 3 too, while the server waits out its --grace: no worker failure for the run."""
     profile = write_profile(tmp_path / "two.yaml", [1, 1])
     emulator = emulators(tmp_path / "early", "--profile", str(profile), "--limiter", "slowdown", *TINY_JOB,
                          "--epochs", "200", "--policy", "uniform", "--server-arg=--max-batch=32")

@@ -70,6 +70,7 @@ def test_every_manifest_validates_and_limits_match_the_profile(
         env = env_of(container)
         assert (env["PS_NAME"], float(env["PS_CORES"]), env["PS_DEVICE"]) == (f"w{k}", pytest.approx(share * 0.25), "cpu")
         assert job["spec"]["template"]["spec"]["restartPolicy"] == "OnFailure"
+        assert env["PS_EARLY_END_STATUS"] == "0"  # an early end completes the Job: OnFailure would restart it on 3
     (server,) = by_kind(documents, "StatefulSet")
     (container,) = server["spec"]["template"]["spec"]["containers"]
     if mode == "asp":

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from common.job.datasets import build_dataset
+from common.job.endings import ENDED_EARLY
 from common.job.models import build_model
 from common.transport.messages import PushMeta, PushTimes
 from ps.checkpoint import checkpoint_files, read_checkpoint
-from ps.ops.endings import ENDED_EARLY
 from ps.rounds.checkpoint_state import params_digest
 from tests.processes import ENV, Cluster, start_server
 from worker.transport.client import PSClient

@@ -20,9 +20,11 @@ from typing import Any
 
 import pytest
 
+from common.job.endings import ENDED_EARLY
 from tests.hostile_server import GOOD_SPEC, NUMEL, Scenario, serving
 from tests.repo import ROOT
 from tests.processes import ENV
+from worker.cli import UNTRUSTED_SERVER
 
 WORKER_TIMEOUT_S = 90
 MARKER_MODULE = '''
@@ -106,7 +108,7 @@ def test_a_spec_with_wrong_field_types_is_refused_before_anything_runs(tmp_path:
     exec_spec = {**GOOD_SPEC, "dataset": "builtins:exec", "seed": f"open({str(marker)!r}, 'w')"}
     run = run_worker(Scenario(spec=exec_spec), tmp_path, "--max-batch", "16")
     refused(run, "seed must be int")
-    assert not marker.exists() and "Leave" in run.calls and run.code == 3
+    assert not marker.exists() and "Leave" in run.calls and run.code == UNTRUSTED_SERVER
     for wrong, needle in (({"workers": "4"}, "workers must be int"), ({"lr": "0.1"}, "lr must be float"),
                           ({"model_options": [1]}, "model_options must be dict"), ({"nesterov": 1}, "nesterov must be bool")):
         run = run_worker(Scenario(spec={**GOOD_SPEC, **wrong}), tmp_path)
@@ -132,7 +134,7 @@ def test_numbers_beyond_the_workers_bounds_are_refused_and_the_worker_leaves(
 ) -> None:
     run = run_worker(scenario, tmp_path, "--max-batch", "8")
     refused(run, needle)
-    assert run.code == 3 and "Leave" in run.calls and "Push" not in run.calls
+    assert run.code == UNTRUSTED_SERVER and "Leave" in run.calls and "Push" not in run.calls
 
 
 FORGED = "\x1b[2J\nps-worker: job done after 99 steps\r"  # clears the screen, then a line of the worker's own
@@ -148,7 +150,8 @@ def test_a_servers_words_reach_the_terminal_as_one_printable_line(tmp_path: Path
     assert "\x1b" not in run.stderr and "\nps-worker: job done" not in run.stderr, run.stderr
     run = run_worker(Scenario(pull={"done": True, "reason": "stopping)" + FORGED}), tmp_path, "--max-batch", "16",
                      quiet=False)
-    assert run.code == 0 and "job ended (stopping)\\x1b[2J\\nps-worker: job done" in run.stderr, run.stderr
+    # a reason other than finished or stopping is an early end's, whatever it says: the worker exits as ps-server would
+    assert run.code == ENDED_EARLY and "job ended (stopping)\\x1b[2J\\nps-worker: job done" in run.stderr, run.stderr
     assert "\x1b" not in run.stderr and "\nps-worker: job done" not in run.stderr, run.stderr
 
 

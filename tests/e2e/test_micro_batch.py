@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from ps.ops.endings import ENDED_EARLY
+from common.job.endings import ENDED_EARLY
 from tests.processes import ENV, start_server
 
 JOB = ["--workers", "2", "--model", "cnn-bn", "--model-arg", "width=8", "--dataset", "digits", "--global-batch", "64",

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch.nn.functional as F
 
+from common.job.endings import ENDED_EARLY
 from tests import processes
 from tests.processes import ENV, Cluster, start_server
 from worker import connect
@@ -109,6 +110,29 @@ def test_a_worker_whose_loss_is_not_finite_says_so_in_one_line_and_leaves(tmp_pa
             and "learning rate diverged" in lines[0] and lines[0].endswith("leaving the job"), worker.stderr
         wait_for(lambda: cluster.events("leave"), 10, "the leave event")
         assert [e["worker"] for e in cluster.events("leave")] == ["wild"]
+    finally:
+        cluster.stop()
+
+
+def test_a_worker_exits_with_the_servers_status_when_the_job_ends_early(tmp_path: Path) -> None:
+    """B = 96 with --max-batch 32: once one of three workers leaves (SIGTERM: it leaves and exits 0), the
+    others cannot make up B and the server ends the job early. A survivor hears the reason in its reply
+    and exits 3 as ps-server does, so a script that runs only workers tells it from a finished job;
+    one under a supervisor that restarts it on any status but 0 asks for 0 (--early-end-status 0)."""
+    cluster = start_server(tmp_path, [*JOB, "--workers", "3", "--global-batch", "96", "--max-batch", "32",
+                                      "--controller", "uniform", "--grace", "5"])
+    try:
+        leaver = cluster.start_worker("leaver", "--max-batch", "32")
+        survivor = cluster.start_worker("survivor", "--max-batch", "32")
+        supervised = cluster.start_worker("supervised", "--max-batch", "32", "--early-end-status", "0")
+        wait_for(lambda: len(cluster.events("adjust")) > 0, 120, "the job to start")
+        leaver.terminate()
+        assert cluster.wait(120) == ENDED_EARLY, cluster.server_log()
+        (end,) = cluster.events("end")
+        assert "cannot split --global-batch" in end["reason"], end
+        assert leaver.returncode == 0, cluster.worker_log("leaver")
+        assert survivor.returncode == ENDED_EARLY, cluster.worker_log("survivor")
+        assert supervised.returncode == 0, cluster.worker_log("supervised")
     finally:
         cluster.stop()
 

@@ -1,6 +1,7 @@
 """worker/cli.py: the built-in loop's line for a loss that is not finite (non_finite_loss): it names a
 sample that is not finite where there is one, else the parameters and their largest magnitude, as the
-server's where the worker never steps them itself (the PS path); and the bound on --step-overhead-ms."""
+server's where the worker never steps them itself (the PS path); the exit status after an early end;
+and the bound on --step-overhead-ms."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import pytest
 import torch
 from torch import nn
 
-from worker.cli import non_finite_loss, parse_args
+from common.job.endings import ENDED_EARLY
+from worker.cli import end_status, non_finite_loss, parse_args
 from worker.probes.resources import MAX_STEP_OVERHEAD_MS
 
 
@@ -55,6 +57,23 @@ def test_the_last_line_says_why_a_job_the_server_stopped_ended() -> None:
     forged = end_line(session("stopping)\x1b[2J\nps-worker: error: forged ("))  # a hostile server's reason
     assert forged.startswith("w0: job ended (stopping)\\x1b[2J\\nps-worker: error: forged () after 9 steps")
     assert forged.isprintable()
+
+
+def test_the_exit_status_after_an_early_end_is_the_servers_unless_told_otherwise(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """3 after an early end, as ps-server; --early-end-status (or $PS_EARLY_END_STATUS) gives another
+    for a supervisor that restarts a worker on any status but 0; a finished or stopped job is 0."""
+    early = "the workers left cannot split --global-batch (bounds sum to [2, 60])"
+    assert [end_status(reason) for reason in ("finished", "stopping", "", early)] == [0, 0, 0, ENDED_EARLY]
+    assert [end_status(reason, 0) for reason in ("finished", early)] == [0, 0]
+    assert parse_args(["--server", "127.0.0.1:1"]).early_end_status == ENDED_EARLY
+    monkeypatch.setenv("PS_EARLY_END_STATUS", "0")
+    assert parse_args(["--server", "127.0.0.1:1"]).early_end_status == 0
+    assert parse_args(["--server", "127.0.0.1:1", "--early-end-status", "5"]).early_end_status == 5  # the flag wins
+    with pytest.raises(SystemExit) as refused:
+        parse_args(["--server", "127.0.0.1:1", "--early-end-status", "256"])
+    assert refused.value.code == 2 and "expected a whole number in [0, 255], got '256'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("given", ["1e308", "60000.5"])

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from common.job.endings import FINISHED
 from common.transport.messages import StepHeader
 from worker.transport.backoff import Backoff
 from worker.transport.client import PSClient, ServerError
@@ -109,7 +110,15 @@ def told_wait(message: str) -> float:
     return min(float(found.group(1)), MAX_TOLD_WAIT_S) if found else 0.0
 
 
+def ended_reason(message: str) -> str:
+    """The reason a refusal of a job that has ended names ("the job has ended (REASON)":
+    ps/rounds/admission.py), for the worker's last line and exit status; FINISHED where it names none."""
+    found = _ENDED.search(message)
+    return found.group(1) if found else FINISHED
+
+
 _TOLD_WAIT = re.compile(r"again in (\d+(?:\.\d+)?) s")
+_ENDED = re.compile(r"has ended \((.*)\)$", re.DOTALL)
 MAX_TOLD_WAIT_S = 300.0
 """The longest wait a server's refusal can impose on a worker (a bound on what a server is trusted for)."""
 
@@ -141,7 +150,7 @@ def rejoin_with_backoff(who: str, client: PSClient, retry_for: float, error: Ser
             if exc.code not in REJOIN_CODES:
                 raise
             if "has ended" in exc.message:
-                return replace(plan, done=True, reason="finished")
+                return replace(plan, done=True, reason=ended_reason(exc.message))
             error = exc
             continue
         waiting.recovered(f"rejoined {client.target} as {joined_as()}")

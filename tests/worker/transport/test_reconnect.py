@@ -63,3 +63,17 @@ def test_a_reply_past_its_deadline_is_said_and_without_retries_ends_the_worker_w
     with pytest.raises(ServerError) as info:
         rejoin_with_backoff("w", Reachable(), 0.0, stalled, rejoin, lambda: "w", plan())  # type: ignore[arg-type]
     assert info.value.code == "DEADLINE_EXCEEDED" and info.value.message.endswith(stalled.message)
+
+
+def test_a_rejoin_refused_because_the_job_ended_keeps_the_servers_reason() -> None:
+    """A worker lost while the job ended (evicted, its connection dropped) hears of the end from its
+    rejoin's refusal: the reason in it (ps/rounds/admission.py's words) decides its last line and exit
+    status, an early end's included; a refusal that names none reads as a finished job."""
+    early = "the workers left cannot split --global-batch (the workers' max_batch sum to 64 < global_batch 128)"
+    for message, reason in ((f"the job has ended ({early})", early), ("the job has ended (stopping)", "stopping"),
+                            ("the job at 127.0.0.1:1 has ended before it admitted this worker", "finished")):
+        def rejoin(deadline: float, message: str = message) -> StepHeader:
+            raise ServerError("FAILED_PRECONDITION", message)
+
+        ended = rejoin_with_backoff("w", Reachable(), 30.0, BUSY, rejoin, lambda: "w", plan())  # type: ignore[arg-type]
+        assert ended.done and ended.reason == reason, message

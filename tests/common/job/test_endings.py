@@ -1,10 +1,10 @@
-"""How a job's end reason maps to ps-server's exit status (ps/ops/endings.py)."""
+"""How a job's end reason maps to ps-server's exit status (common/job/endings.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from ps.ops.endings import ENDED_EARLY, FINISHED, STOPPING, ended_early, exit_status
+from common.job.endings import ENDED_EARLY, FINISHED, STOPPING, ended_early, exit_status
 
 
 @pytest.mark.parametrize("reason", [FINISHED, STOPPING])
