@@ -28,6 +28,7 @@ def test_every_setting_comes_from_its_variable(monkeypatch: pytest.MonkeyPatch) 
         "PS_LOG_EVERY": "2", "PS_QUIET": "true", "PS_TLS_CA": "/ca.pem", "PS_TLS_CERT": "/c.pem",
         "PS_TLS_KEY": "/k.pem", "PS_MAX_BATCH": "24", "PS_NO_OVERLAP": "1", "PS_LOADER_WORKERS": "2",
         "PS_PREFETCH": "3", "PS_ALLOW_IMPORT": "mypkg, other.models", "PS_ALLOW_SHARD_HOST": "10.0.0.7",
+        "PS_EARLY_END_STATUS": "0",
     }
     assert set(values) == set(cli.ENVIRONMENT.values())
     for variable, value in values.items():
@@ -39,6 +40,7 @@ def test_every_setting_comes_from_its_variable(monkeypatch: pytest.MonkeyPatch) 
     assert (args.loader_workers, args.prefetch) == (2, 3)
     assert (args.tls_ca, args.tls_cert, args.tls_key) == ("/ca.pem", "/c.pem", "/k.pem")
     assert args.allow_import == ["mypkg", "other.models"] and args.allow_shard_host == ["10.0.0.7"]
+    assert args.early_end_status == 0
 
 
 def test_repeated_flags_win_over_their_list_variable(monkeypatch: pytest.MonkeyPatch) -> None:
