@@ -74,11 +74,15 @@ class Admission:
         if not s.policy.can_add(waiting + len(self.probation.probes) + 1):
             workers = len(s.policy.workers()) + waiting + len(self.probation.probes) + 1
             raise FailedPrecondition(job_full(s.policy.config, self.adaptive, workers, len(s.members), waiting))
-        try:
-            self.check_memory(max_batch)
-        except FailedPrecondition as exc:  # the worker hears why and exits; whoever watches the server hears it too
+        self.check_memory(max_batch)
+
+    def refused(self, name: str, exc: FailedPrecondition) -> None:
+        """A join was refused for `exc` (the job full, a dataset or a memory that does not fit): the worker
+        hears why and exits; whoever watches the server hears it too (a `join_refused` record and its
+        line), but for a join after the job ended, which the end's own line says."""
+        s = self.state
+        if not s.done:
             s.metrics.write("join_refused", worker=name, reason=str(exc), step=s.step, epoch=s.epoch)
-            raise
 
     def check_memory(self, max_batch: int | None) -> None:
         """A worker's own max batch must hold its minimum batch (one micro-batch at least), and in BSP

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from common.errors import InvalidArgument
+from common.errors import FailedPrecondition, InvalidArgument
 from ps.rounds.fast_path import with_optimizer_state
 from ps.rounds.membership import Member
 from ps.rounds.parts import CoordinatorParts
@@ -35,8 +35,12 @@ class Coordinator(CoordinatorParts):
         enters at the next round boundary (BSP) or at once (ASP) and gets a share of B. Its dataset is
         checked by Sampling; `ask.switch_paths`: it can follow --allreduce auto's trial (ps.rounds.path_trial)."""
         max_batch = ask.max_batch or None  # None: no bound of its own
-        self.admission.check(ask.name, ask.cores, ask.cuda_device, max_batch)
-        self.sampling.check_join(ask.dataset_length, ask.dataset_fingerprint)
+        try:
+            self.admission.check(ask.name, ask.cores, ask.cuda_device, max_batch)
+            self.sampling.check_join(ask.dataset_length, ask.dataset_fingerprint)
+        except FailedPrecondition as exc:
+            self.admission.refused(ask.name, exc)
+            raise
         try:
             member = await self.admission.admit(ask.name, ask.cores, ask.cuda_device, max_batch, ask.switch_paths)
         except BaseException:

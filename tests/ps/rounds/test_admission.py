@@ -1,11 +1,24 @@
 """The refusal of a join that the global batch has no room for: what it advises under a fixed and an
-adaptive global batch (the servicer's and the coordinator's tests check that a full job says it)."""
+adaptive global batch (the servicer's and the coordinator's tests check that a full job says it); and
+the `join_refused` record a refusal of what the job cannot take writes for whoever watches the server."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import pytest
+
+from common.errors import FailedPrecondition, InvalidArgument
+from common.transport.messages import JoinAsk
 from ps.control.config import PolicyConfig
 from ps.control.global_batch.goodput import AdaptiveConfig
+from ps.ops.progress import progress_line
 from ps.rounds.admission import job_full
+from ps.rounds.coordinator import Coordinator
+from ps.server_job import build_job
+from tests.conftest import job_args
 
 
 def test_a_fixed_batch_job_is_told_the_global_batch_that_makes_room() -> None:
@@ -31,27 +44,27 @@ def test_an_adaptive_batch_job_is_told_the_bounds_of_b_not_where_it_started() ->
     assert short.endswith("raise --min-global-batch, --global-batch, --max-global-batch to 24 or lower --min-batch")
 
 
-def test_a_join_refused_for_memory_is_logged_naming_the_worker() -> None:
-    """A worker whose memory holds less than the job's smallest batch heard why at Join and exited, and
-    the server said nothing and went on waiting for a worker. Now a `join_refused` record (and its
-    progress line) names the worker and the reason the worker heard; a join that fits writes none."""
-    import asyncio
-    from typing import Any
-
-    import pytest
-
-    from common.errors import FailedPrecondition
-    from common.transport.messages import JoinAsk
-    from ps.ops.progress import progress_line
-    from ps.server_job import build_job
-    from tests.conftest import job_args
-
-    built = build_job(job_args("--workers", "2", "--global-batch", "64", "--min-batch", "8"))
+def refusals(args: list[str], joins: Callable[[Coordinator], Coroutine[Any, Any, list[str]]]
+             ) -> tuple[list[tuple[str, str]], list[str]]:
+    """The (worker, reason) of the `join_refused` records a job of ps-server `args` writes while `joins`
+    runs against its coordinator, and what `joins` returns (the errors the workers heard)."""
+    built = build_job(job_args(*args))
     records: list[dict[str, Any]] = []
     built.metrics.observe(lambda r: records.append(r) if r["event"] == "join_refused" else None)
-    c = built.coordinator
+    try:
+        errors = asyncio.run(asyncio.wait_for(joins(built.coordinator), 10))
+    finally:
+        built.evaluator.close()
+        built.metrics.close()
+    assert all(progress_line(r) == f"{r['worker']}: refused at join: {r['reason']}" for r in records)
+    return [(r["worker"], r["reason"]) for r in records], errors
 
-    async def joins() -> None:
+
+def test_a_join_refused_for_memory_is_logged_naming_the_worker() -> None:
+    """A worker whose memory holds less than the job's smallest batch heard why at Join and exited, and
+    the server said nothing and went on waiting for a worker. A `join_refused` record (and its
+    progress line) names the worker and the reason the worker heard; a join that fits writes none."""
+    async def joins(c: Coordinator) -> list[str]:
         with pytest.raises(FailedPrecondition) as refused:
             await c.join(JoinAsk("tiny", 1.0, max_batch=4))
         waiting = asyncio.ensure_future(c.join(JoinAsk("big", 1.0, max_batch=40)))  # waits for a second worker
@@ -59,14 +72,31 @@ def test_a_join_refused_for_memory_is_logged_naming_the_worker() -> None:
         with pytest.raises(FailedPrecondition) as short:  # with big's 40 the pair would hold 60 < B
             await c.join(JoinAsk("small", 1.0, max_batch=20))
         waiting.cancel()
-        errors.extend([str(refused.value), str(short.value)])
+        return [str(refused.value), str(short.value)]
 
-    errors: list[str] = []
-    try:
-        asyncio.run(asyncio.wait_for(joins(), 10))
-    finally:
-        built.evaluator.close()
-        built.metrics.close()
-    assert [(r["worker"], r["reason"]) for r in records] == [("tiny", errors[0]), ("small", errors[1])]
-    assert progress_line(records[0]) == f"tiny: refused at join: {errors[0]}"
+    records, errors = refusals(["--workers", "2", "--global-batch", "64", "--min-batch", "8"], joins)
+    assert records == [("tiny", errors[0]), ("small", errors[1])]
     assert "holds at most 4 samples" in errors[0] and "below --global-batch 64" in errors[1]
+
+
+def test_a_join_refused_because_the_job_is_full_or_its_data_differs_is_logged_too() -> None:
+    """Past --max-workers, and with a dataset whose fingerprint is not the job's, the worker heard why and
+    exited while the server said nothing; a refusal of bad input (a name with a line break) writes none."""
+    async def joins(c: Coordinator) -> list[str]:
+        first = asyncio.ensure_future(c.join(JoinAsk("a", 1.0, dataset_fingerprint="x" * 16)))
+        await asyncio.sleep(0)
+        with pytest.raises(FailedPrecondition) as differs:
+            await c.join(JoinAsk("b", 1.0, dataset_fingerprint="y" * 16))
+        second = asyncio.ensure_future(c.join(JoinAsk("c", 1.0)))
+        await asyncio.sleep(0)
+        with pytest.raises(FailedPrecondition) as full:
+            await c.join(JoinAsk("d", 1.0))
+        with pytest.raises(InvalidArgument):
+            await c.join(JoinAsk("e\nf", 1.0))
+        first.cancel()
+        second.cancel()
+        return [str(differs.value), str(full.value)]
+
+    records, errors = refusals(["--workers", "2", "--max-workers", "2", "--global-batch", "64"], joins)
+    assert records == [("b", errors[0]), ("d", errors[1])]
+    assert "fingerprint" in errors[0] and "job full" in errors[1]
