@@ -105,6 +105,8 @@ def progress_line(record: dict[str, Any]) -> str | None:
         line = f"job ended at epoch {record['epoch']}, step {record['step']}: {record['reason']}"
     elif event == "join_refused":
         line = f"{record['worker']}: refused at join: {record['reason']}"
+        if record.get("unlogged"):
+            line += f" ({record['unlogged']} more refusals since the last line went unlogged)"
     elif event == "join_wait":
         line = f"{record['worker']}: turned away after waiting {record['waited_s']:g} s for the job to start (--join-wait)"
     elif event == "regroup":

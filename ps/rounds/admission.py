@@ -7,6 +7,7 @@ policy, kept when the same workers rejoin)."""
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 from ps.control.config import PolicyConfig
 from ps.control.global_batch.goodput import AdaptiveConfig
@@ -19,6 +20,12 @@ from ps.rounds.fast_path import FastPath
 from ps.rounds.membership import MAX_NAME, Member
 from ps.rounds.probation import Probation
 from ps.rounds.state import JobState
+
+
+REFUSALS_LOGGED_PER_MINUTE = 30
+"""The most `join_refused` records (and progress lines) a minute: a caller with the token that joins a
+full job over and over would otherwise write the metrics log and the server's stderr as fast as it
+calls; the records after the bound are counted in the next one written (`unlogged`)."""
 
 
 def own_max_batch(config: PolicyConfig, declared: int | None) -> int | None:
@@ -60,6 +67,8 @@ class Admission:
         self.bsp = bsp
         self.started = asyncio.Event()
         self.saved_policy: BatchPolicy | None = None  # a checkpoint's, until the start
+        self._refusals_logged: deque[float] = deque()  # when the refusals of the last minute were written
+        self._unlogged = 0  # refusals past REFUSALS_LOGGED_PER_MINUTE since the last one written
 
     def check(self, name: str, cores: float, cuda_device: str | None, max_batch: int | None = None) -> None:
         """Refuse a join, changing nothing. `cuda_device`: the UUID of the GPU the worker computes on
@@ -79,10 +88,21 @@ class Admission:
     def refused(self, name: str, exc: FailedPrecondition) -> None:
         """A join was refused for `exc` (the job full, a dataset or a memory that does not fit): the worker
         hears why and exits; whoever watches the server hears it too (a `join_refused` record and its
-        line), but for a join after the job ended, which the end's own line says."""
+        line; REFUSALS_LOGGED_PER_MINUTE at most), but for a join after the job ended, which the end's
+        own line says."""
         s = self.state
-        if not s.done:
-            s.metrics.write("join_refused", worker=name, reason=str(exc), step=s.step, epoch=s.epoch)
+        if s.done:
+            return
+        now, logged = s.clock(), self._refusals_logged
+        while logged and logged[0] <= now - 60.0:
+            logged.popleft()
+        if len(logged) >= REFUSALS_LOGGED_PER_MINUTE:
+            self._unlogged += 1
+            return
+        logged.append(now)
+        unlogged, self._unlogged = self._unlogged, 0
+        s.metrics.write("join_refused", worker=name, reason=str(exc), step=s.step, epoch=s.epoch,
+                        **({"unlogged": unlogged} if unlogged else {}))
 
     def check_memory(self, max_batch: int | None) -> None:
         """A worker's own max batch must hold its minimum batch (one micro-batch at least), and in BSP

@@ -15,7 +15,7 @@ from common.transport.messages import JoinAsk
 from ps.control.config import PolicyConfig
 from ps.control.global_batch.goodput import AdaptiveConfig
 from ps.ops.progress import progress_line
-from ps.rounds.admission import job_full
+from ps.rounds.admission import REFUSALS_LOGGED_PER_MINUTE, job_full
 from ps.rounds.coordinator import Coordinator
 from ps.server_job import build_job
 from tests.conftest import job_args
@@ -45,9 +45,9 @@ def test_an_adaptive_batch_job_is_told_the_bounds_of_b_not_where_it_started() ->
 
 
 def refusals(args: list[str], joins: Callable[[Coordinator], Coroutine[Any, Any, list[str]]]
-             ) -> tuple[list[tuple[str, str]], list[str]]:
-    """The (worker, reason) of the `join_refused` records a job of ps-server `args` writes while `joins`
-    runs against its coordinator, and what `joins` returns (the errors the workers heard)."""
+             ) -> tuple[list[dict[str, Any]], list[str]]:
+    """The `join_refused` records a job of ps-server `args` writes while `joins` runs against its
+    coordinator, and what `joins` returns (the errors the workers heard)."""
     built = build_job(job_args(*args))
     records: list[dict[str, Any]] = []
     built.metrics.observe(lambda r: records.append(r) if r["event"] == "join_refused" else None)
@@ -56,8 +56,8 @@ def refusals(args: list[str], joins: Callable[[Coordinator], Coroutine[Any, Any,
     finally:
         built.evaluator.close()
         built.metrics.close()
-    assert all(progress_line(r) == f"{r['worker']}: refused at join: {r['reason']}" for r in records)
-    return [(r["worker"], r["reason"]) for r in records], errors
+    assert all(progress_line(r).startswith(f"{r['worker']}: refused at join: {r['reason']}") for r in records)
+    return records, errors
 
 
 def test_a_join_refused_for_memory_is_logged_naming_the_worker() -> None:
@@ -75,7 +75,7 @@ def test_a_join_refused_for_memory_is_logged_naming_the_worker() -> None:
         return [str(refused.value), str(short.value)]
 
     records, errors = refusals(["--workers", "2", "--global-batch", "64", "--min-batch", "8"], joins)
-    assert records == [("tiny", errors[0]), ("small", errors[1])]
+    assert [(r["worker"], r["reason"]) for r in records] == [("tiny", errors[0]), ("small", errors[1])]
     assert "holds at most 4 samples" in errors[0] and "below --global-batch 64" in errors[1]
 
 
@@ -98,5 +98,27 @@ def test_a_join_refused_because_the_job_is_full_or_its_data_differs_is_logged_to
         return [str(differs.value), str(full.value)]
 
     records, errors = refusals(["--workers", "2", "--max-workers", "2", "--global-batch", "64"], joins)
-    assert records == [("b", errors[0]), ("d", errors[1])]
+    assert [(r["worker"], r["reason"]) for r in records] == [("b", errors[0]), ("d", errors[1])]
     assert "fingerprint" in errors[0] and "job full" in errors[1]
+
+
+def test_refusals_are_logged_thirty_a_minute_at_most_and_the_rest_counted() -> None:
+    """A caller that joins a full job over and over writes a record a call no longer: 30 a minute, and
+    the first after the minute says how many went unlogged."""
+    clock = [0.0]
+
+    async def joins(c: Coordinator) -> list[str]:
+        c.clock = lambda: clock[0]
+        await c.join(JoinAsk("a", 1.0))
+        for i in range(REFUSALS_LOGGED_PER_MINUTE + 10):
+            with pytest.raises(FailedPrecondition):
+                await c.join(JoinAsk(f"x{i}", 1.0))
+        clock[0] = 61.0
+        with pytest.raises(FailedPrecondition):
+            await c.join(JoinAsk("late", 1.0))
+        return []
+
+    records, _ = refusals(["--workers", "1", "--max-workers", "1", "--global-batch", "64"], joins)
+    assert len(records) == REFUSALS_LOGGED_PER_MINUTE + 1
+    assert "unlogged" not in records[0] and records[-1]["worker"] == "late" and records[-1]["unlogged"] == 10
+    assert progress_line(records[-1]).endswith("(10 more refusals since the last line went unlogged)")
