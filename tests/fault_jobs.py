@@ -47,7 +47,9 @@ def resume_after_kill(cluster: Cluster, ckpt: Path, workdir: Path, job: Sequence
                       names: Sequence[str]) -> tuple[Cluster, int]:
     """`kill -9` of `cluster`'s server, then one started in `workdir` on its port with `job`, resumed
     from `ckpt` with --epochs two past the newest checkpoint's: the workers `names`, still retrying,
-    rejoin and end with it (each exits 0). The resumed server and its --epochs."""
+    rejoin and end with it (each exits 0). The resumed server and its --epochs. The kill waits for the
+    first checkpoint's file: the server reports an epoch before its checkpoint is written in the background."""
+    wait_for(lambda: bool(checkpoint_files(ckpt)), 60, "the first checkpoint")
     cluster.server.kill()
     cluster.server.wait()
     epochs = read_checkpoint(checkpoint_files(ckpt)[-1])["epoch"] + 2
