@@ -11,7 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from deploy import cli, k8s
+from deploy import k8s
+from tests.cluster_cli import run_cli
 from deploy.compose_env import DEPLOY_DIR
 from deploy.profiles import builtin_profiles, load_profile
 from deploy.server_args import server_parser
@@ -19,15 +20,6 @@ from worker import cli as worker_cli
 
 VERSION = kubernetes_validate.latest_version()
 CASES = [(name, mode) for name in builtin_profiles() for mode in ("bsp", "asp")]
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code: Any = cli.main(list(argv))
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def manifests(capsys: pytest.CaptureFixture[str], *argv: str) -> list[dict[str, Any]]:

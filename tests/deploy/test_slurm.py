@@ -14,11 +14,11 @@ import textwrap
 from collections.abc import Sequence
 from io import StringIO
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from deploy import cli, slurm, slurm_follow
+from deploy import slurm, slurm_follow
+from tests.cluster_cli import run_cli as run_ps_cluster
 from deploy.profiles import builtin_profiles, load_profile
 
 CASES = [(name, mode) for name in builtin_profiles() for mode in ("bsp", "asp")]
@@ -32,12 +32,8 @@ bsp:
 
 
 def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    try:
-        code: Any = cli.main(["slurm", *argv])
-    except SystemExit as exc:
-        code = exc.code
-    out, err = capsys.readouterr()
-    return code, out, err
+    """`ps-cluster slurm ARGV` (cluster_cli.run_cli)."""
+    return run_ps_cluster(capsys, "slurm", *argv)
 
 
 def script(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
