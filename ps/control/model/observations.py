@@ -6,7 +6,6 @@ Pure."""
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -141,13 +140,15 @@ class Observations:
         """The factor by which the newest run of times at `batch` (`min_samples` or more) is off the
         fit of the observations before it, if it is off by the deadband or more and by more than twice
         its mean's standard error (a changed speed); else None."""
-        run = self.run(batch)
-        recent = self.recent(batch, run) if run >= min_samples else None
+        recent = self.since(batch, min_samples)  # the whole run, read-only
+        run = 0 if recent is None else len(recent)
         before = self.fit(min_samples, exclude_last=run) if recent is not None else None
         if recent is None or before is None or before.batches < 2:
             return None
-        predicted, mean = before.finish.at(batch), statistics.fmean(recent)
+        predicted, mean = before.finish.at(batch), math.fsum(recent) / run  # statistics.fmean's sum over its count
         ratio = mean / predicted if predicted > 0 else 1.0
+        if abs(ratio - 1.0) < max(deadband, 1e-9):  # within the deadband whatever the noise: its exact stdev is not needed
+            return None
         noise = 2.0 * stdev(recent) / math.sqrt(run) / mean if run > 1 and mean > 0 else 0.0
         return None if abs(ratio - 1.0) < max(deadband, noise, 1e-9) else ratio
 

@@ -92,9 +92,8 @@ class ModelPolicy(FittedPlan):
         """Whether the worker's intercept is measured (two batch sizes), or cannot be (fixed batch,
         or probed MAX_PROBES times)."""
         w = self._workers[worker_id]
-        fit = self._fits.fit(worker_id)
         return (w.min_batch == w.max_batch or self._fits.probes[worker_id] >= MAX_PROBES
-                or (fit is not None and fit.batches >= 2))
+                or self._fits.measured_batches(worker_id) >= 2)
 
     @property
     def overhead_ms(self) -> float:
@@ -121,7 +120,6 @@ class ModelPolicy(FittedPlan):
             return False
         if self._probing or not self._solved:
             return True
-        self._fits.fit_all()  # every fit the test reads, at once
         return not all(self._identified(k) for k in active)
 
     def _measured_enough(self, active: list[str]) -> bool:
@@ -211,7 +209,7 @@ class ModelPolicy(FittedPlan):
                           self._exact_sum(), self.round_for_time)
 
     def _solvable(self) -> bool:
-        return all(self._fits.fit(k) is not None and self._identified(k) for k in self._workers)
+        return all(self._fits.obs[k].items and self._identified(k) for k in self._workers)  # a fit, and two batch sizes
 
     def _solve_all(self) -> tuple[dict[str, int], list[str], dict[str, float]]:
         return self._solve(forced_in=[], min_gain=MIN_GAIN)

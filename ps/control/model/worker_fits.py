@@ -33,6 +33,13 @@ class WorkerFits(WorkerTimes):
     def fit(self, worker_id: str) -> Fit | None:
         return self.obs[worker_id].fit(self.min_samples)
 
+    def measured_batches(self, worker_id: str) -> int:
+        """The worker's fit's `batches` (the batch sizes measured `min_samples` times), read from its
+        counts: whether a worker is identified is asked every round, and its fit would be made anew
+        after every push."""
+        n = self.min_samples
+        return sum(1 for count in self.obs[worker_id].counts.values() if count >= n)
+
     def fit_all(self) -> None:
         """Fit every worker's observations that changed since their last fit, at once
         (observations.fit_each): for a decision about to read every worker's fit."""
