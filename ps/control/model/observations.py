@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,8 @@ class Observations:
     `version` counts those changes, so that what else is derived from them can be kept as long."""
 
     def __init__(self, items: Sequence[tuple[int, int, float, float | None]] = (), seq: int = 0) -> None:
-        self._fits: dict[tuple[int, int], Fit | None] = {}
+        self._fits: dict[int, Fit | None] = {}  # the fits of every observation, by min_samples
+        self._before: dict[tuple[int, int, int], Fit | None] = {}  # the fits of all but the newest (`_slot`)
         self.version = 0
         self.items: list[tuple[int, int, float, float | None]] = sorted(items)
         self.rows = ItemRows()  # `items` as rows of an array, changed with it (item_rows.py)
@@ -108,10 +110,26 @@ class Observations:
 
     def fit(self, min_samples: int, exclude_last: int = 0) -> Fit | None:
         """The fit over every observation but the newest `exclude_last`; None without any."""
-        key = (min_samples, exclude_last)
-        if key not in self._fits:
-            self._fits[key] = self._fit(min_samples, exclude_last)
-        return self._fits[key]
+        if not exclude_last:  # `_slot` written out: a decision asks for every worker's fit many times
+            if min_samples not in self._fits:
+                self._fits[min_samples] = self._fit(min_samples, 0)
+            return self._fits[min_samples]
+        kept, key = self._slot(min_samples, exclude_last)
+        if key not in kept:
+            _keep(kept, key, self._fit(min_samples, exclude_last))
+        return kept[key]
+
+    def _slot(self, min_samples: int, exclude_last: int) -> tuple[dict[Any, Fit | None], int | tuple[int, int, int]]:
+        """Where the fit over every observation but the newest `exclude_last` is kept, and its key
+        there. A fit of all of them is kept until the next `add`; one of all but the newest (the times
+        before a run, which the model policy's drift test fits at every decision) until a `rescale`,
+        under the count and the newest sequence number of what it fits: an add only appends and
+        drops, so the same count up to the same observation is the same observations, and a worker
+        that stays at its batch keeps the fit of those before its run from one decision to the next."""
+        if not exclude_last:
+            return self._fits, min_samples
+        stop = prefix_length(len(self.items), len(self.items) - exclude_last)
+        return self._before, (min_samples, stop, self.items[stop - 1][0] if stop else -1)
 
     def _fit(self, min_samples: int, exclude_last: int) -> Fit | None:
         return fit_of(self.items[: len(self.items) - exclude_last] if exclude_last else self.items, min_samples)
@@ -158,6 +176,7 @@ class Observations:
         scales the fixed cost with the per-sample cost), keep the newest `keep` of the run, and drop
         the rest of it, which may be from before the change or after."""
         self._fits.clear()
+        self._before.clear()
         self.version += 1
         run = self.run(self.items[-1][1]) if self.items else 0
         cut = len(self.items) - run
@@ -173,11 +192,26 @@ def fit_each(observations: Sequence[Observations], min_samples: int, exclude_las
     without its newest `exclude_last`, none unless given) at once from their rows (time_fits.fits_of_rows),
     where they are not kept already: a decision asks for every worker's fit, and one at a time they are
     tens of microseconds of Python a worker."""
-    excludes = [0] * len(observations) if exclude_last is None else exclude_last
-    todo = [(obs, (min_samples, n)) for obs, n in zip(observations, excludes, strict=True)
-            if (min_samples, n) not in obs._fits]
-    stops = [len(obs.items) - key[1] if key[1] else len(obs.items) for obs, key in todo]
-    counts = np.array([prefix_length(len(obs.items), stop) for (obs, _), stop in zip(todo, stops)], dtype=np.int64)
-    fits = fits_of_rows(counts, joined([obs.rows for obs, _ in todo], stops), min_samples)
-    for (obs, key), fit in zip(todo, fits, strict=True):
-        obs._fits[key] = fit
+    todo: list[tuple[Observations, int, dict[Any, Fit | None], int | tuple[int, int, int]]]
+    if exclude_last is None:  # `_slot` written out for the fits of every observation
+        todo = [(obs, 0, obs._fits, min_samples) for obs in observations if min_samples not in obs._fits]
+    else:
+        todo = [(obs, n, *slot) for obs, n in zip(observations, exclude_last, strict=True)
+                if (slot := obs._slot(min_samples, n))[1] not in slot[0]]
+    stops = [len(obs.items) - n if n else len(obs.items) for obs, n, _, _ in todo]
+    counts = np.array([prefix_length(len(obs.items), stop) for (obs, _, _, _), stop in zip(todo, stops)], dtype=np.int64)
+    fits = fits_of_rows(counts, joined([obs.rows for obs, _, _, _ in todo], stops), min_samples)
+    for (_, _, kept, key), fit in zip(todo, fits, strict=True):
+        _keep(kept, key, fit)
+
+
+FITS_KEPT = 4
+"""The fits of all but the newest kept per worker (`Observations._slot`): the one a run's decisions
+share, and a few a worker left."""
+
+
+def _keep(kept: dict[Any, Fit | None], key: int | tuple[int, int, int], fit: Fit | None) -> None:
+    """Keep `fit` under `key`, the oldest kept let go first past FITS_KEPT."""
+    if len(kept) >= FITS_KEPT:
+        del kept[next(iter(kept))]
+    kept[key] = fit
