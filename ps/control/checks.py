@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 
@@ -35,6 +35,25 @@ def positive(name: str, value: Any) -> float:
     if result <= 0:
         raise ValueError(f"{name} must be > 0, got {result}")
     return result
+
+
+def integers(what: str, values: Mapping[str, Any], keys: Iterable[str]) -> dict[str, int]:
+    """`integer` of each of `keys`' values, named "<what> of <key>": the name is written only for a
+    value that is not an int already (a plan's thousands of batches are checked at every decision)."""
+    return {k: v if type(v := values[k]) is int else integer(f"{what} of {k!r}", v) for k in keys}
+
+
+def positives(what: str, values: Mapping[str, Any]) -> dict[str, float]:
+    """`positive` of each value, named "<what> of <key>", written only for one that is not a finite
+    float above 0 already."""
+    return {k: v if type(v) is float and 0.0 < v < math.inf else positive(f"{what} of {k!r}", v)
+            for k, v in values.items()}
+
+
+def reals(what: str, values: Mapping[str, Any]) -> dict[str, float]:
+    """`real` of each value, named "<what> of <key>", written only for one that is not a finite float already."""
+    return {k: v if type(v) is float and -math.inf < v < math.inf else real(f"{what} of {k!r}", v)
+            for k, v in values.items()}
 
 
 def same_keys(**maps: Mapping[str, Any]) -> None:

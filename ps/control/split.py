@@ -8,7 +8,7 @@ import heapq
 import math
 from collections.abc import Iterable, Mapping
 
-from ps.control.checks import integer, positive, real, same_keys
+from ps.control.checks import integer, integers, positives, reals, same_keys
 
 
 def reachable(keys: Iterable[str], total: int, lower: Mapping[str, int], upper: Mapping[str, int]) -> bool:
@@ -83,7 +83,7 @@ def largest_remainder(weights: Mapping[str, float], total: int) -> dict[str, int
     parts (ties go to the first key), so each share is less than one unit from its exact value.
     """
     total = integer("total", total, minimum=0)
-    w = {k: real(f"weight of {k!r}", v) for k, v in weights.items()}
+    w = reals("weight", weights)
     if any(v < 0 for v in w.values()):
         raise ValueError("weights must be >= 0")
     if total == 0:
@@ -126,12 +126,12 @@ def water_fill(
     """Validate the inputs of `fit_to_sum` and return its real-valued solution with the integer bounds."""
     same_keys(targets=targets, lower=lower, upper=upper)
     total = integer("total", total)
-    lo = {k: integer(f"lower bound of {k!r}", lower[k]) for k in targets}
-    hi = {k: integer(f"upper bound of {k!r}", upper[k]) for k in targets}
+    lo = integers("lower bound", lower, targets)
+    hi = integers("upper bound", upper, targets)
     for k in targets:
         if lo[k] > hi[k]:
             raise ValueError(f"lower bound {lo[k]} of {k!r} exceeds its upper bound {hi[k]}")
-    t = {k: positive(f"target of {k!r}", v) for k, v in targets.items()}
+    t = positives("target", targets)
     if sum(lo.values()) > total:
         raise ValueError(f"infeasible: lower bounds sum to {sum(lo.values())} > total {total}")
     if sum(hi.values()) < total:
