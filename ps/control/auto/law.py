@@ -61,6 +61,24 @@ def law_of(items: Sequence[Item], min_samples: int, admitted: int | None = None)
     return None if fit is None else Law(fit, pick.known, pick.batch)
 
 
+def prefix_law(obs: Observations, count: int, min_samples: int) -> Law | None:
+    """`law_of(obs.items[:count], min_samples)`, as a worker's settled law is fitted after every other
+    push: the first observations of those Observations holds are held as it holds them, and their
+    counts are its counts less the rest's, so neither is taken again of the items."""
+    items = obs.items[:count]
+    if not items:
+        return None
+    counts = dict(obs.counts)
+    for _, b, _, _ in obs.items[count:]:
+        if counts[b] > 1:
+            counts[b] -= 1
+        else:
+            del counts[b]
+    kept, known, batch = choice(items, counts, min_samples, None)
+    fit = fit_of(items if kept is None else [it for it in items if it[1] in kept], min_samples)
+    return None if fit is None else Law(fit, known, batch)
+
+
 Choice = tuple[set[int] | None, bool, int | None]
 """What a law is fitted from (`choice`): the batch sizes (None: all), whether they make the whole law,
 the batch size of a proportional line."""

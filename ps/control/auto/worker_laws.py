@@ -6,7 +6,7 @@ times after it. Pure."""
 from __future__ import annotations
 
 import math
-from functools import partial
+from functools import lru_cache, partial
 import statistics
 from types import MappingProxyType
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,7 +15,7 @@ import numpy as np
 
 from ps.control.auto.change import (ALONG_SDS, ALONG_TESTS, CHANGE_ROUNDS, CHANGE_SDS, change_start, change_starts,
                                     settled_mark)
-from ps.control.auto.law import Choice, Law, choice, identifies_fixed_cost, law_of, laws_of
+from ps.control.auto.law import Choice, Law, choice, identifies_fixed_cost, law_of, laws_of, prefix_law
 from ps.control.auto.many_workers import family_sds
 from ps.control.model.item_rows import Item
 from ps.control.model.observations import Observations
@@ -109,9 +109,7 @@ class WorkerLaws(WorkerTimes):
         """A push's own change test and the laxer ones a decision puts the others to (change.py), as
         (sds, rounds): every worker is tested, so among more than many_workers.REFERENCE_WORKERS the
         standard errors grow to keep the chance that noise alone makes a change anywhere."""
-        workers = len(self.obs)
-        return ((family_sds(CHANGE_SDS, workers), CHANGE_ROUNDS),
-                tuple((family_sds(sds, workers), rounds) for sds, rounds in ALONG_TESTS))
+        return _tests_among(len(self.obs))
 
     def forget_along(self, workers: Iterable[str], rounds: int) -> list[str]:
         """`forget_changed` under the laxer test of workers that may have changed along with another
@@ -203,7 +201,7 @@ class WorkerLaws(WorkerTimes):
         kept = self._settled_laws.get(worker_id)
         if kept is not None and kept[0] is obs and kept[1] == mark:
             return kept[2]
-        law = law_of(items[:count], self.min_samples)
+        law = prefix_law(obs, count, self.min_samples) if items is obs.items else law_of(items[:count], self.min_samples)
         self._settled_laws[worker_id] = (obs, mark, law)
         return law
 
@@ -311,6 +309,13 @@ class WorkerLaws(WorkerTimes):
         else:
             runs = [in_force[k] for k, b in plan.items() if b > 0]
         return largest_error([t for t in runs if len(t) > 1])
+
+
+@lru_cache(maxsize=64)
+def _tests_among(workers: int) -> tuple[tuple[float, int], tuple[tuple[float, int], ...]]:
+    """`WorkerLaws._tests` among `workers` workers, kept: every push asks for them."""
+    return ((family_sds(CHANGE_SDS, workers), CHANGE_ROUNDS),
+            tuple((family_sds(sds, workers), rounds) for sds, rounds in ALONG_TESTS))
 
 
 def largest_error(runs: Sequence[Sequence[float]]) -> float:

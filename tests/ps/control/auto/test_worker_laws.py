@@ -72,8 +72,9 @@ def test_the_settled_law_is_fitted_when_the_mark_moves_and_shared_with_the_decis
 
     laws = laws_after(settled(random.Random(5)))
     fitted: list[int] = []
-    law_of = worker_laws.law_of
+    law_of, prefix_law = worker_laws.law_of, worker_laws.prefix_law
     monkeypatch.setattr(worker_laws, "law_of", lambda items, *a: fitted.append(len(items)) or law_of(items, *a))
+    monkeypatch.setattr(worker_laws, "prefix_law", lambda obs, count, *a: fitted.append(count) or prefix_law(obs, count, *a))
     moves = 0
     for _ in range(4 * SETTLE_EVERY):
         mark, before = laws.settled["w"], len(fitted)
@@ -234,3 +235,24 @@ def test_a_change_keeps_the_shape_of_a_known_law_and_only_of_one() -> None:
     again = laws_after([*known, (100, 2000.0), (100, 2010.0), (100, 1990.0), *after[:9], *flat,
                         (100, 3000.0), (100, 3010.0), (100, 2990.0)])
     assert "w" not in again.shapes
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_settled_law_is_the_law_of_the_first_observations(seed: int) -> None:
+    """law.prefix_law, which a push fits its worker's settled law by, is law_of of the first so many of
+    the observations held, bit for bit, at every count: whatever batch sizes come and go, with exposed
+    times or without, and with as many batch sizes as Observations drops the oldest of."""
+    from ps.control.auto.law import law_of, prefix_law
+
+    rnd = random.Random(seed)
+    obs = Observations()
+    sizes = [rnd.randint(1, 200) for _ in range(12)]
+    batch = sizes[0]
+    for step in range(150):
+        if rnd.random() < 0.15:
+            batch = rnd.choice(sizes)
+        obs.add(batch, batch * rnd.uniform(0.4, 0.6) + rnd.uniform(5, 15), None if rnd.random() < 0.8 else rnd.uniform(0, 3))
+        if step % 10 == 0:
+            for count in range(len(obs.items) + 1):
+                for min_samples in (1, 3):
+                    assert repr(prefix_law(obs, count, min_samples)) == repr(law_of(obs.items[:count], min_samples))
