@@ -6,9 +6,10 @@ Pure."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
-from ps.control.model.observations import fit_each
+from ps.control.model.observations import Observations, fit_each
 from ps.control.model.time_fit import Finish, Fit, slope_measured
 from ps.control.model.worker_times import WorkerTimes
 from ps.control.performance import FinishTime
@@ -21,6 +22,8 @@ class WorkerFits(WorkerTimes):
         super().__init__(min_samples)
         self.deadband = deadband
         self.probes: dict[str, int] = {}  # probe decisions per worker
+        # `finishes` with the workers' observations and their versions it is of
+        self._finishes: tuple[list[tuple[str, Observations]], list[int], Mapping[str, Finish]] | None = None
 
     def add(self, worker_id: str) -> None:
         super().add(worker_id)
@@ -45,15 +48,22 @@ class WorkerFits(WorkerTimes):
         (observations.fit_each): for a decision about to read every worker's fit."""
         fit_each(list(self.obs.values()), self.min_samples)
 
-    def finishes(self) -> dict[str, Finish]:
-        """Every measured worker's fitted finish time (the stale fits made at once)."""
+    def finishes(self) -> Mapping[str, Finish]:
+        """Every measured worker's fitted finish time (the stale fits made at once); read-only, and kept
+        while every worker's observations are the same, at the same version: a decision asks for them
+        several times, and no time comes in between."""
+        held = list(self.obs.items())
+        versions = [obs.version for _, obs in held]
+        if self._finishes is not None and self._finishes[0] == held and self._finishes[1] == versions:
+            return self._finishes[2]
         self.fit_all()
         out = {}
         for k in self.obs:
             fit = self.fit(k)
             if fit is not None:
                 out[k] = fit.finish
-        return out
+        self._finishes = (held, versions, MappingProxyType(out))
+        return self._finishes[2]
 
     def times(self, cautious: bool = False) -> dict[str, FinishTime]:
         """Each worker's finish time as a function of its batch (a worker not measured yet: the
