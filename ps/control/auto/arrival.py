@@ -24,8 +24,9 @@ from collections.abc import Callable, Mapping, Sequence
 
 from ps.control.model.time_fit import Finish
 
-SPAN = 0.25
-"""The most of the round that the slots together span."""
+SPAN = 0.1
+"""The most of the round that the slots together span: within it every worker still finishes within
+10% of the round, what a reader of the times (and the benchmarks) takes for balanced."""
 
 
 def slot_ms(push_ms: float, round_ms: float, workers: int) -> float:
