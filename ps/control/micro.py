@@ -109,8 +109,8 @@ class MicroBatched:
             raise ValueError(f"batch {batch!r} of {worker_id!r} is not a whole number of micro-batches of {self._m}")
         self._inner.observe(worker_id, batch // self._m, compute_ms, exposed_ms)
 
-    def observe_round(self, round_ms: float) -> None:
-        self._inner.observe_round(round_ms)
+    def observe_round(self, round_ms: float, push_ms: float = 0.0) -> None:
+        self._inner.observe_round(round_ms, push_ms)
 
     def smoothed_ms(self) -> dict[str, float | None]:
         return self._inner.smoothed_ms()

@@ -57,8 +57,9 @@ class BatchPolicy(Protocol):
         communication the worker waited for between its last backward and this forward (ms; 0 when
         not measured, as on ASP and the --allreduce fast path)."""
 
-    def observe_round(self, round_ms: float) -> None:
-        """A BSP round closed, `round_ms` after the previous one (the server's clock)."""
+    def observe_round(self, round_ms: float, push_ms: float = 0.0) -> None:
+        """A BSP round closed, `round_ms` after the previous one (the server's clock); `push_ms`: the
+        server's CPU over the round per push in it (0: not measured)."""
 
     def smoothed_ms(self) -> dict[str, float | None]:
         """Each worker's smoothed time at its current batch (None: not measured yet)."""

@@ -69,9 +69,11 @@ class WorkerPlan(WorkerRoster):
         self._apply(self._split(self._plan_weights()))
         return self.plan()
 
-    def observe_round(self, round_ms: float) -> None:
-        """A BSP round closed `round_ms` after the one before (the server's clock, close to close)."""
+    def observe_round(self, round_ms: float, push_ms: float = 0.0) -> None:
+        """A BSP round closed `round_ms` after the one before (the server's clock, close to close);
+        `push_ms`: the server's CPU a push in it (0: not measured)."""
         real("round_ms", round_ms)
+        real("push_ms", push_ms)
 
     def decision_due(self) -> bool:
         """Whether the policy wants a decision now, before the server's schedule (a probe measured)."""

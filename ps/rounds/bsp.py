@@ -8,6 +8,7 @@ long each round took, close to close."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
 from common.errors import FailedPrecondition
@@ -35,6 +36,7 @@ class BspRound:
         self.replies_sent_at: float | None = None  # --balance cycle: when the open round's replies went out
         self.replied: set[str] = set()  # --balance cycle: the workers they went to (who pushed the last round)
         self.closed_at: float | None = None  # when the last round closed (the policy's round time)
+        self.cpu_at = time.thread_time()  # the event loop's CPU time then (the policy's time a push)
         self.committing = False  # --shards: the round's commit is under way
         self.commit_task: asyncio.Task[None] | None = None  # held: the loop keeps only weak references
         self.summed: Event[[Vector | None]] = Event()  # the round's mean before its step (allreduce: None)
@@ -135,11 +137,16 @@ class BspRound:
 
     def next_round(self) -> None:
         """The open round's pushers become the last round's repliers; nobody has pushed the next. The
-        policy hears how long the round took since the one before closed."""
-        now = self.state.clock()
+        policy hears how long the round took since the one before closed, and the CPU over it of the
+        event loop it runs on (this thread), per push: the pushes queue for that loop, which takes each
+        one's parts, checks and sum, and the round's step and replies (none on the fast path, whose
+        gradients never reach the server)."""
+        now, cpu = self.state.clock(), time.thread_time()
         if self.closed_at is not None:
-            self.state.policy_calls.observe_round(max(0.0, (now - self.closed_at) * 1000.0))
-        self.closed_at = now
+            pushes = len(self.pushed) if self.accumulator is not None else 0
+            push_ms = (cpu - self.cpu_at) * 1000.0 / pushes if pushes else 0.0
+            self.state.policy_calls.observe_round(max(0.0, (now - self.closed_at) * 1000.0), max(0.0, push_ms))
+        self.closed_at, self.cpu_at = now, cpu
         self.replied = set(self.pushed)
         self.pushed.clear()
         self.contributions.clear()

@@ -35,9 +35,9 @@ class PolicyCalls:
         """The worker's time for the policy; lost if the policy fails on it."""
         self._contained("observe", lambda: self.policy_in_force().observe(worker, batch, ms, exposed_ms=exposed_ms), None)
 
-    def observe_round(self, round_ms: float) -> None:
-        """The round's time for the policy; lost if the policy fails on it."""
-        self._contained("observe_round", lambda: self.policy_in_force().observe_round(round_ms), None)
+    def observe_round(self, round_ms: float, push_ms: float = 0.0) -> None:
+        """The round's time and the server's CPU a push in it for the policy; lost if the policy fails on it."""
+        self._contained("observe_round", lambda: self.policy_in_force().observe_round(round_ms, push_ms), None)
 
     def decision_due(self) -> bool:
         """Whether the policy asks for a decision now (no, if asking fails)."""

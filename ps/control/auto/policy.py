@@ -30,14 +30,14 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-import numpy as np
-
+from ps.control.auto.arrival import planned, shifted
 from ps.control.auto.change import ALONG_ROUNDS, BANDS
 from ps.control.auto.hold import bar, verdict
+from ps.control.auto.law_report import reported_laws
 from ps.control.auto.imbalance import far_from_balance, idling, measured_step
 from ps.control.auto.probes import entry_targets, far_off, probe_plan, probe_targets
 from ps.control.model.rounds import RoundLog, prediction_error
-from ps.control.model.time_fit import SLOPE_SDS, Finish, slope_measured
+from ps.control.model.time_fit import slope_measured
 from ps.control.auto.pricing import priced_times
 from ps.control.auto.solve import solve
 from ps.control.auto.state import auto_part, read_auto_part
@@ -45,7 +45,7 @@ from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.fitted_plan import FittedPlan, vouched
 from ps.control.split import reachable
 from ps.control.model.optperf import nearest_plan
-from ps.control.model.finish_table import table_of
+from ps.control.model.finish_table import offset_by, table_of
 from ps.control.performance import FinishTable, FinishTime, FittedRounds
 from ps.control.worker_plan import WorkerPlan
 
@@ -88,8 +88,15 @@ class AutoPolicy(FittedPlan):
 
     def _times(self, straddled: Mapping[str, float] | None = None,
                current: Mapping[str, int] | None = None) -> dict[str, FinishTime]:
-        """Each worker's finish time in its batch for comparing plans (pricing.py)."""
-        return priced_times(self._laws, list(self._workers), self._identified_all(), straddled or {}, current or {})
+        """Each worker's finish time in its batch for comparing plans (pricing.py), its push's place in
+        the server's queue added (arrival.py)."""
+        times = priced_times(self._laws, list(self._workers), self._identified_all(), straddled or {}, current or {})
+        offset = self._arrivals(current or self.plan())
+        return {k: offset_by(t, offset.get(k, 0.0)) for k, t in times.items()} if offset else times
+
+    def _arrivals(self, plan: Mapping[str, int]) -> dict[str, float]:
+        """Each worker's slot offset in `plan` (arrival.py), by the server's measured time a push."""
+        return planned(plan, self._laws.finishes(), *self._rounds.push_ms())
 
     def _identified_all(self) -> Callable[[str], bool]:
         """`_identified` for every worker at once, of the laws WorkerLaws.finishes holds (fitted as the
@@ -131,8 +138,6 @@ class AutoPolicy(FittedPlan):
             self._report = {**report, "phase": "wait", **self._describe(current)}
             return None
         in_force, means, measured_balanced = self._measured(active, current)
-        if means is not None:
-            self._laws.note_slowest(current, means)
         follow, changed = self._follow_up, sorted(self._laws.changed)
         if not (follow or changed):  # a parked worker waits for the server's decisions, not those asked for
             self._parking.tick()
@@ -208,19 +213,25 @@ class AutoPolicy(FittedPlan):
 
     def _measured(self, active: Sequence[str], current: Mapping[str, int]
                   ) -> tuple[dict[str, Sequence[float]] | None, dict[str, float] | None, bool]:
-        """Each worker's times in force at its batch, their means, and whether they measure the plan
-        balanced. One event often moves several workers, and a plan out of balance may hide a change
-        under a move: the others are looked at again then, less strictly (change.ALONG_SDS)."""
-        in_force = self._laws.in_force(current)
+        """Each worker's times in force at its batch as the server's queue sees them (arrival.py), their
+        means, and whether they measure the plan balanced. One event often moves several workers, and a
+        plan out of balance may hide a change under a move: the others are looked at again then, less
+        strictly (change.ALONG_SDS)."""
+        offset = self._arrivals(current)
+        raw = self._laws.in_force(current)
+        in_force = shifted(raw, offset)
         means = _means(in_force)
         measured_balanced = self._balanced_on(in_force, current, means)
         if self._laws.changed or not measured_balanced:
             along = 1 if self._laws.quick else ALONG_ROUNDS
             found = self._laws.forget_along([k for k in active if k not in self._laws.changed], along)
             if found:  # their times are those after the change now
-                in_force = self._laws.in_force(current)
+                raw = self._laws.in_force(current)
+                in_force = shifted(raw, offset)
                 means = _means(in_force)
                 measured_balanced = self._balanced_on(in_force, current, means)
+        if (own := _means(raw)) is not None:
+            self._laws.note_slowest(current, own)
         return in_force, means, measured_balanced
 
     def _nearest(self, times: Mapping[str, FinishTime], new: Mapping[str, int], current: Mapping[str, int],
@@ -349,9 +360,11 @@ class AutoPolicy(FittedPlan):
 
     # ------------------------------------------------------------------ what the policy reports
     def _describe(self, plan: Mapping[str, int]) -> dict[str, Any]:
-        """The laws (q, s, whether known, whether q is measured), c, the parked workers and the predicted round of `plan`."""
+        """The laws (q, s, whether known, whether q is measured), c, the parked workers, the predicted round
+        of `plan` and the server's time a push that orders the arrivals (arrival.py)."""
         finishes, identified = self._laws.finishes(), self._identified_all()
-        return self._described(plan, _reported_fits(finishes, identified), {k: f.at for k, f in finishes.items()})
+        described = self._described(plan, reported_laws(finishes, identified), {k: f.at for k, f in finishes.items()})
+        return {**described, "push_ms": round(self._rounds.push_ms()[0], 3)}
 
     # ------------------------------------------------------------------ resume and checkpoints
     def _keeps_plan_of(self, old: WorkerPlan) -> bool:
@@ -384,17 +397,3 @@ def _means(in_force: Mapping[str, Sequence[float]] | None) -> dict[str, float] |
     # statistics.fmean's sum over its count, as it takes them of a list (every worker's, at once)
     return None if in_force is None else {k: math.fsum(t) / len(t) for k, t in in_force.items()}
 
-
-def _reported_fits(finishes: Mapping[str, Finish], identified: Callable[[str], bool]) -> dict[str, dict[str, Any]]:
-    """Each law as a decision reports it: q, s, whether it is known (`identified`) and whether q is
-    measured (time_fit.slope_measured), its test taken over every law at once (numpy's sqrt is
-    math.sqrt's, correctly rounded; a negative variance, which math.sqrt refuses, is left to it)."""
-    lines = [f.line for f in finishes.values()]
-    q, s = [line.q for line in lines], [line.s for line in lines]
-    var_q = np.array([line.var_q for line in lines], dtype=np.float64)
-    if (var_q >= 0).all():
-        measured = (np.array(q, dtype=np.float64) > SLOPE_SDS * np.sqrt(var_q)).tolist()
-    else:
-        measured = [slope_measured(line) for line in lines]
-    return {k: {"q": round(qk, 6), "s": round(sk, 4), "law": identified(k), "slope_measured": m}
-            for k, qk, sk, m in zip(finishes, q, s, measured, strict=True)}

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -19,7 +19,7 @@ _FUNCTIONS = {Finish.at: 0.0, Finish.cautious: CAUTION}
 """The Finish methods a row can be, with the standard errors each adds."""
 FALSE_POSITIONS = 4
 """Steps of false position before a search bisects."""
-_PLAIN = (1.0, math.inf, 0.0, 0.0, 0.0)
+_PLAIN = (1.0, math.inf, 0.0, 0.0, 0.0, 0.0)
 """Priced's columns of a plain call."""
 MIN_ROWS = 64
 """Fewer workers are priced by their calls: a numpy expression's own cost is a few of them."""
@@ -29,8 +29,9 @@ MIN_ROWS = 64
 class Priced:
     """A Finish's time (`cautious` or `at`) as a policy prices it where plans are compared: `factor`
     times slower but no slower a sample than `cap` ms (and never faster than the time itself), and
-    below the batch `below` no flatter than `fall` ms a sample from its time there. A FinishTime
-    that `table_of` can put in a row."""
+    below the batch `below` no flatter than `fall` ms a sample from its time there, then `offset` ms
+    later (the time its push waits behind those the server takes after it: auto/arrival.py). A
+    FinishTime that `table_of` can put in a row."""
 
     finish: Finish
     cautious: bool = True
@@ -39,6 +40,7 @@ class Priced:
     below: int = 0
     fall: float = 0.0
     at_below: float = 0.0
+    offset: float = 0.0
 
     def base(self, batch: float) -> float:
         time = self.finish.cautious(batch) if self.cautious else self.finish.at(batch)
@@ -48,35 +50,37 @@ class Priced:
 
     def __call__(self, batch: float) -> float:
         time = self.base(batch)
-        return time if batch >= self.below else min(time, self.at_below - self.fall * (self.below - batch))
+        time = time if batch >= self.below else min(time, self.at_below - self.fall * (self.below - batch))
+        return time + self.offset
 
     def steeper_below(self, batch: int, fall: float | None = None) -> Priced:
         """This time, below `batch` no flatter than `fall` ms a sample nor than in proportion to
         `batch` (None: in proportion), in place of any hold below a batch it had."""
         at = self.base(batch)
         return Priced(self.finish, self.cautious, self.factor, self.cap, batch,
-                      at / batch if fall is None else min(fall, at / batch), at)
+                      at / batch if fall is None else min(fall, at / batch), at, self.offset)
 
 
 @dataclass(frozen=True)
 class LineTable:
     """One column per row of `coef`: the line (q, s), the exposed communication's line and floor (0
     without it), the standard errors added (0 or CAUTION), the line's variances and covariance and
-    the batch its errors count from, then Priced's factor, cap, below, fall and time at below (1, inf,
-    0, 0, 0 for a plain call); whether any row has exposed communication, is cautious, is slowed by a
-    factor or is held below a batch (the parts no row has are not computed)."""
+    the batch its errors count from, then Priced's factor, cap, below, fall, time at below and offset
+    (1, inf, 0, 0, 0, 0 for a plain call); whether any row has exposed communication, is cautious, is
+    slowed by a factor, is held below a batch or has an offset (the parts no row has are not computed)."""
 
     coef: np.ndarray
     exposed: bool = True
     cautious: bool = True
     scaled: bool = False
     held_below: bool = False
+    offset: bool = False
 
     def at(self, batches: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
         """Finish.at's `line.q * b + line.s + max(floor, exposed.q * b + exposed.s)` (+ 0.0 without
         exposure), plus Finish.cautious' standard errors where the row is cautious (+ 0.0 where not),
-        then Priced's factor and its hold below a batch."""
-        q, s, exposed_q, exposed_s, floor, caution, var_s, cov, var_q, centre, factor, cap, below, fall, at_below = (
+        then Priced's factor, its hold below a batch and its offset."""
+        q, s, exposed_q, exposed_s, floor, caution, var_s, cov, var_q, centre, factor, cap, below, fall, at_below, offset = (
             self.coef if rows is None else self.coef[:, rows])
         b = batches.astype(np.float64)
         finish: np.ndarray = q * b + s
@@ -91,6 +95,8 @@ class LineTable:
             finish = np.where(factor != 1.0, np.fmax(finish, np.fmin(factor * finish, capped)), finish)
         if self.held_below:
             finish = np.where(b >= below, finish, np.minimum(finish, at_below - fall * (below - b)))
+        if self.offset:
+            finish = finish + offset
         return finish
 
     def within(self, level: float, lo: np.ndarray, hi: np.ndarray, rows: np.ndarray | None = None) -> np.ndarray:
@@ -132,7 +138,7 @@ class LineTable:
         return out
 
     def take(self, rows: np.ndarray) -> LineTable:
-        return LineTable(self.coef[:, rows], self.exposed, self.cautious, self.scaled, self.held_below)
+        return LineTable(self.coef[:, rows], self.exposed, self.cautious, self.scaled, self.held_below, self.offset)
 
 
 def table_of(times: Mapping[str, FinishTime]) -> LineTable | None:
@@ -147,7 +153,8 @@ def table_of(times: Mapping[str, FinishTime]) -> LineTable | None:
         if isinstance(time, Priced):
             finishes.append(time.finish)
             caution.append(CAUTION if time.cautious else 0.0)
-            priced.append((len(finishes) - 1, (time.factor, time.cap, float(time.below), time.fall, time.at_below)))
+            priced.append((len(finishes) - 1,
+                           (time.factor, time.cap, float(time.below), time.fall, time.at_below, time.offset)))
             continue
         finish, function = getattr(time, "__self__", None), getattr(time, "__func__", None)
         if not isinstance(finish, Finish) or function not in _FUNCTIONS:
@@ -162,7 +169,7 @@ def table_of(times: Mapping[str, FinishTime]) -> LineTable | None:
     with np.errstate(divide="ignore", invalid="ignore"):
         centre = np.where(var_q > 0, -cov / var_q, 0.0)
     exposed = [(i, f.exposed, f.floor) for i, f in enumerate(finishes) if f.exposed is not None]
-    coef = np.zeros((15, len(finishes)), dtype=np.float64)
+    coef = np.zeros((16, len(finishes)), dtype=np.float64)
     coef[0], coef[1], coef[5] = q, s, errors
     for column, values in zip((6, 7, 8, 9), (var_s, cov, var_q, centre), strict=True):
         coef[column] = np.where(cautious, values, 0.0)
@@ -172,4 +179,16 @@ def table_of(times: Mapping[str, FinishTime]) -> LineTable | None:
     for i, row in priced:
         coef[10:, i] = row
     return LineTable(coef, exposed=bool(exposed), cautious=bool(cautious.any()), scaled=bool((coef[10] != 1.0).any()),
-                     held_below=bool((coef[12] > 0).any()))
+                     held_below=bool((coef[12] > 0).any()), offset=bool((coef[15] != 0).any()))
+
+
+def offset_by(time: FinishTime, ms: float) -> FinishTime:
+    """`time` `ms` later, as a row `table_of` can take where `time` is one (0: `time` itself)."""
+    if ms == 0.0:
+        return time
+    if isinstance(time, Priced):
+        return replace(time, offset=time.offset + ms)
+    finish, function = getattr(time, "__self__", None), getattr(time, "__func__", None)
+    if isinstance(finish, Finish) and function in _FUNCTIONS:
+        return Priced(finish, cautious=function is Finish.cautious, offset=ms)
+    return lambda batch: time(batch) + ms

@@ -57,12 +57,12 @@ class FittedPlan(WorkerPlan):
         self._before_reprobe: LeftPlan | None = None  # the plan a re-probe left
         self._judged_round: float | None = None  # while a decision judges a re-probe: the round it left
 
-    def observe_round(self, round_ms: float) -> None:
-        """The round's overhead c (rounds.py)."""
-        ms = real("round_ms", round_ms)
-        if ms < 0:
-            raise ValueError(f"round_ms must be >= 0, got {ms}")
-        self._rounds.close(min(ms, LONGEST_MS), self._held.finishes)  # as a worker's time is kept
+    def observe_round(self, round_ms: float, push_ms: float = 0.0) -> None:
+        """The round's overhead c and the server's CPU a push (rounds.py)."""
+        ms, push = real("round_ms", round_ms), real("push_ms", push_ms)
+        if ms < 0 or push < 0:
+            raise ValueError(f"round_ms and push_ms must be >= 0, got {ms} and {push}")
+        self._rounds.close(min(ms, LONGEST_MS), self._held.finishes, min(push, LONGEST_MS))  # as a worker's time is kept
         self._parking.elapse(ms)
 
     def _settle_rounds(self) -> None:

@@ -40,14 +40,21 @@ class RoundLog:
         # the closed rounds whose c is not taken yet, and where the fits to take it against come from
         self._pending: deque[tuple[float, dict[str, int]]] = deque(maxlen=OVERHEAD_ROUNDS)
         self._finishes: Callable[[], Mapping[str, Finish]] | None = None
+        # the server's CPU a push of the recent rounds (in memory only: a resumed policy measures it again)
+        self._push: deque[float] = deque(maxlen=OVERHEAD_ROUNDS)
+        self._push_rounds: deque[float] = deque(maxlen=OVERHEAD_ROUNDS)  # those rounds' times
 
     def push(self, worker_id: str, batch: int) -> None:
         """A worker's batch went into the open round."""
         self.pushed[worker_id] = batch
 
-    def close(self, round_ms: float, finishes: Callable[[], Mapping[str, Finish]]) -> None:
+    def close(self, round_ms: float, finishes: Callable[[], Mapping[str, Finish]], push_ms: float = 0.0) -> None:
         """The round closed after `round_ms`; its c is taken when c is next read, against `finishes()`
-        then, and counts where every batch in it has a fit."""
+        then, and counts where every batch in it has a fit. `push_ms`: the server's CPU a push in it
+        (0: not measured)."""
+        if push_ms > 0.0:
+            self._push.append(push_ms)
+            self._push_rounds.append(round_ms)
         if self.pushed:
             self._pending.append((round_ms, self.pushed))
             self._finishes = finishes
@@ -83,6 +90,13 @@ class RoundLog:
         """c, the median overhead of the recent rounds (0 before any)."""
         overhead = self.overhead
         return statistics.median(overhead) if overhead else 0.0
+
+    def push_ms(self) -> tuple[float, float]:
+        """The server's CPU a push and the round, medians of the recent rounds that measured it (0, 0
+        before any)."""
+        if not self._push:
+            return 0.0, 0.0
+        return statistics.median(self._push), statistics.median(self._push_rounds)
 
     def closing(self) -> dict[str, Any]:
         """The plan in force until now, for a decision's report: its predicted and its measured median

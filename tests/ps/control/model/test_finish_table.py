@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ps.control.model.finish_table import MIN_ROWS, Priced, table_of
+from ps.control.model.finish_table import MIN_ROWS, Priced, offset_by, table_of
 from ps.control.model.optperf import best_plan
 from ps.control.model.time_fit import Finish, Line
 from ps.control.performance import FinishTime, FittedRounds, batch_within, round_time, split
@@ -22,7 +22,7 @@ FAST = settings(max_examples=40, deadline=None)
 
 def finishes(seed: int, n: int) -> dict[str, FinishTime]:
     """`n` fitted finish times of lognormal speeds: some cautious, some with exposed communication, some
-Priced."""
+Priced, some later by an offset."""
     rng = random.Random(seed)
     times: dict[str, FinishTime] = {}
     for i in range(n):
@@ -37,6 +37,8 @@ Priced."""
                             cap=rng.choice([math.inf, rng.uniform(0.5, 5.0)]))
             times[f"w{i}"] = priced.steeper_below(rng.randint(1, 400), rng.choice([None, rng.uniform(0.0, 1.0)])) \
                 if rng.random() < 0.7 else priced
+        if rng.random() < 0.3:  # its push's slot in the server's queue (auto/arrival.py)
+            times[f"w{i}"] = offset_by(times[f"w{i}"], rng.uniform(0.0, 40.0))
     return times
 
 
@@ -103,3 +105,13 @@ def test_a_plans_round_over_the_table_is_the_slowest_call(seed: int, n: int) -> 
 def test_fewer_workers_or_other_times_have_no_table() -> None:
     assert table_of(finishes(0, MIN_ROWS - 1)) is None
     assert table_of({**finishes(0, MIN_ROWS), "x": lambda b: 1.0 * b}) is None
+
+
+def test_an_offset_time_is_the_time_later_by_the_offset_and_still_a_row() -> None:
+    finish = Finish(Line(0.5, 3.0, var_s=1.0, var_q=1e-4))
+    for time in (finish.at, finish.cautious, Priced(finish, factor=2.0, cap=0.8).steeper_below(40)):
+        later = offset_by(time, 7.5)
+        assert offset_by(time, 0.0) is time
+        assert [later(b) for b in (1, 20, 40, 300)] == [time(b) + 7.5 for b in (1, 20, 40, 300)]
+        assert isinstance(later, Priced)
+    assert offset_by(offset_by(finish.at, 2.0), 3.0) == offset_by(finish.at, 5.0)
