@@ -371,11 +371,12 @@ class AutoPolicy(FittedPlan):
         return isinstance(old, AutoPolicy)
 
     def _adopted(self, old: WorkerPlan) -> None:
-        """An auto policy's laws carry over; its parking only where this one keeps the worker at 0."""
+        """An auto policy's laws carry over; its parking (and a recall's forgiving) only where this one keeps the worker at 0."""
         if isinstance(old, AutoPolicy):
             state = old._extra_state()
-            parked = state["auto"]["parking"]["parked"]
-            state["auto"]["parking"]["parked"] = {k: v for k, v in parked.items() if self._workers[k].batch == 0}
+            parking = state["auto"]["parking"]
+            parking["parked"] = {k: v for k, v in parking["parked"].items() if self._workers[k].batch == 0}
+            parking["forgiven"] = [k for k in parking["forgiven"] if k in parking["parked"] or k in parking["reprobed"]]
             self._restore_extra(state)
 
     def _extra_state(self) -> dict[str, Any]:

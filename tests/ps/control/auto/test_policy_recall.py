@@ -8,10 +8,13 @@ decision that measures it."""
 
 from __future__ import annotations
 
+import json
 import random
+from dataclasses import replace
 
 import pytest
 
+from ps.control.policy import policy_from_state, reconfigured
 from tests.simulated_workers import QUICK_START, auto_policy, parked_then, run_rounds
 
 
@@ -89,3 +92,16 @@ def test_a_recall_brings_a_worker_back_by_a_flat_law_at_its_share_not_at_most_of
                         events=(Event(150, "speed", fraction=0.2, factor=2.0),))
     trace = simulate(scenario)
     assert max(trace.round_ms[150:]) < 20 * trace.optimum_at(150).round_ms
+
+
+def test_a_forgiven_parked_worker_planned_in_by_new_settings_leaves_no_forgiving_behind() -> None:
+    """Settings that plan a parked worker in (no parking) carry the laws over, and the forgiving of
+    its debt goes with its parking: the state stays one the policy reads back."""
+    ctl = auto_policy(QUICK_START, 256)
+    run_rounds(ctl, QUICK_START, 60, rnd=random.Random(0))
+    assert ctl.parked() == ["w3"]
+    state = json.loads(json.dumps(ctl.state_dict()))
+    state["auto"]["parking"]["forgiven"] = ["w3"]
+    resumed = reconfigured(policy_from_state(state), replace(ctl.config, park=False))
+    assert resumed.plan()["w3"] > 0
+    assert policy_from_state(json.loads(json.dumps(resumed.state_dict()))).plan() == resumed.plan()
