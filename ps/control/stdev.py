@@ -13,6 +13,8 @@ import sys
 from collections.abc import Sequence
 from functools import lru_cache
 
+import numpy as np
+
 KEPT = 1 << 14
 """The standard deviations kept (one or two per worker at thousands of workers)."""
 _SQRT_BITS = 2 * sys.float_info.mant_dig + 3
@@ -61,3 +63,22 @@ def _isqrt_to_odd(n: int, m: int) -> int:
     """The integer square root of n/m, rounded to odd (an inexact root gets its last bit set)."""
     a = math.isqrt(n // m)
     return a | (a * a * m != n)
+
+
+def rough_spreads(runs: Sequence[Sequence[float]]) -> list[tuple[list[int], np.ndarray, np.ndarray, np.ndarray]]:
+    """The runs of each length (one time or more) as one float array: for each length, the runs'
+    indices in `runs`, their times, their means and their sample standard deviations (0 for one
+    time). Rough: a float sum of a few dozen times is off the exact one by a few ulps of the largest,
+    so a caller takes `stdev` again only where a rough value is too near a bound to decide (the exact
+    one of every worker's run was most of a decision at thousands of workers)."""
+    by_length: dict[int, list[int]] = {}
+    for i, t in enumerate(runs):
+        if len(t):
+            by_length.setdefault(len(t), []).append(i)
+    out = []
+    for length, index in by_length.items():
+        times = np.array([runs[i] for i in index], dtype=np.float64)
+        mean = times.mean(axis=1)
+        spread = np.sqrt(((times - mean[:, None]) ** 2).sum(axis=1) / max(length - 1, 1))
+        out.append((index, times, mean, spread))
+    return out

@@ -22,7 +22,7 @@ from ps.control.model.observations import Observations
 from ps.control.model.time_fit import Finish, slope_measured
 from ps.control.performance import FinishTime
 from ps.control.model.worker_times import WorkerTimes
-from ps.control.stdev import stdev
+from ps.control.stdev import rough_spreads, stdev
 
 SLOWED = 1.5
 """A change of speed that makes a worker's times this many times its old law's is a slowdown that may
@@ -323,16 +323,12 @@ def largest_error(runs: Sequence[Sequence[float]]) -> float:
     roughly for all at once (the runs of one length as one array), exactly (stdev.py) only for those
     the rough values put within ROUGH of the largest."""
     rough: list[tuple[np.ndarray, list[Sequence[float]]]] = []  # each length's errors (-1: none) and runs
-    by_length: dict[int, list[Sequence[float]]] = {}
-    for t in runs:
-        by_length.setdefault(len(t), []).append(t)
-    for length, group in by_length.items():
-        times = np.array(group, dtype=np.float64)
-        mean = times.mean(axis=1)
-        spread = np.sqrt(((times - mean[:, None]) ** 2).sum(axis=1) / (length - 1))
+    for index, times, mean, spread in rough_spreads(runs):
+        if times.shape[1] < 2:
+            continue
         with np.errstate(divide="ignore", invalid="ignore"):
-            errors = np.where(mean > 0, spread / mean / math.sqrt(length), -1.0)
-        rough.append((errors, group))
+            errors = np.where(mean > 0, spread / mean / math.sqrt(times.shape[1]), -1.0)
+        rough.append((errors, [runs[i] for i in index]))
     valid = [errors[errors >= 0.0] for errors, _ in rough]
     top = max((float(e.max()) for e in valid if e.size), default=0.0) * (1.0 - ROUGH)
     exact = [stdev(group[i]) / statistics.fmean(group[i]) / float(len(group[i])) ** 0.5

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ps.control.stdev import stdev
+from ps.control.stdev import rough_spreads, stdev
 
 CLOSE = 1e-9
 """A gap that a rough standard error puts nearer than this (of the values compared) to its bound is
@@ -80,19 +80,12 @@ def measured_early(times: Mapping[str, Sequence[float]], deadband: float,
 
 
 def _rough_errors(runs: Sequence[Sequence[float]]) -> tuple[list[float], list[float]]:
-    """Each run's standard error of the mean (0 for fewer than two times) in floats, the runs of one
-    length as one array, and its largest time: the exact error (`_mean_error`, in integers) of thousands
-    of workers was most of a decision at 10,000. A float sum of a few dozen times is off the exact one
-    by a few ulps of the largest, far below CLOSE of it."""
+    """Each run's rough standard error of the mean (stdev.rough_spreads'; 0 for fewer than two times)
+    and its largest time: the exact error (`_mean_error`, in integers) of thousands of workers was
+    most of a decision at 10,000."""
     errors, largest = [0.0] * len(runs), [0.0] * len(runs)
-    by_length: dict[int, list[int]] = {}
-    for i, t in enumerate(runs):
-        by_length.setdefault(len(t), []).append(i)
-    for length, index in by_length.items():
-        if length == 0:
-            continue
-        times = np.array([runs[i] for i in index], dtype=np.float64)
-        spread = np.sqrt(((times - times.mean(axis=1)[:, None]) ** 2).sum(axis=1) / max(length - 1, 1))
+    for index, times, _, spread in rough_spreads(runs):
+        length = times.shape[1]
         rough = (spread / math.sqrt(length) if length > 1 else np.zeros(len(index))).tolist()
         for i, error, big in zip(index, rough, np.abs(times).max(axis=1).tolist(), strict=True):
             errors[i], largest[i] = error, big
