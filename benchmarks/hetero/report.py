@@ -71,7 +71,8 @@ def render_table(report: dict) -> str:
     targets = report.get("targets", [])
     if targets:
         rows = [[t["name"], t["value"], f"{t['op']} {t['threshold']}",
-                 "PASS" if t["pass"] else "FAIL" if t["pass"] is False else "n/a"] for t in targets]
+                 ("PASS" if t["pass"] else "FAIL" if t["pass"] is False else "n/a")
+                 + (f" ({t['note']})" if t.get("note") else "")] for t in targets]
         parts.append(analysis.markdown_table(["target", "value", "needs", "result"], rows))
     env = report["environment"]
     parts.append(f"limiter {env['limiter']}, cpu budget {env['cpu_budget']}, period {env['period_us']} us, "

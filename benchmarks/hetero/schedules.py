@@ -44,6 +44,8 @@ TARGET_RATIOS = {"ddp_tuned_once": 1.3, "ddp_retuned": 0.95}
 """The default policy's samples/s over the schedule against these baselines must reach these."""
 MAX_PLAN_CHANGES = 2
 MAX_REBALANCE_S = 5.0
+ONE_CHANGE_SCHEDULES = ("dynamic",)
+"""Schedules re-balanced by at most one plan change after every change (OmniLearn's Fig. 10, dynamic.yaml)."""
 MAX_ASP_SKEW = 1.3
 
 
@@ -255,6 +257,13 @@ def _ratio(rate: float | None, baseline: float | None) -> float | None:
     return None if rate is None or not baseline else round(rate / baseline, 4)
 
 
+def retuned_over_once(ratios: Mapping[str, Any]) -> float | None:
+    """DDP re-tuned at every change over DDP tuned to the first phase (from a run's ratios to both): the
+    most over DDP tuned once that a run at each phase's best split reaches (None: either missing)."""
+    once, retuned = ratios.get("ddp_tuned_once"), ratios.get("ddp_retuned")
+    return round(float(once) / float(retuned), 4) if once and retuned else None
+
+
 def schedule_targets(s: Settings, record: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
     """The issue's targets, on the reference run: against DDP tuned once and re-tuned over the whole
     schedule (BSP), and after each change at most 2 plan changes and 5 s to re-balance; ASP: each phase's
@@ -267,12 +276,15 @@ def schedule_targets(s: Settings, record: Mapping[str, Any], name: str) -> list[
     targets = []
     if s.mode == "bsp":
         ratios = whole.get("ratio_to") or {}
-        targets += [
-            analysis.target(f"{head}: {name} over DDP tuned to the first phase, samples/s over the schedule",
-                            ratios.get("ddp_tuned_once"), ">=", TARGET_RATIOS["ddp_tuned_once"], SCHEDULE_SOURCE),
-            analysis.target(f"{head}: {name} over DDP re-tuned at every change, samples/s over the schedule",
-                            ratios.get("ddp_retuned"), ">=", TARGET_RATIOS["ddp_retuned"], SCHEDULE_SOURCE),
-        ]
+        once = analysis.target(f"{head}: {name} over DDP tuned to the first phase, samples/s over the schedule",
+                               ratios.get("ddp_tuned_once"), ">=", TARGET_RATIOS["ddp_tuned_once"], SCHEDULE_SOURCE)
+        ceiling = retuned_over_once(ratios)
+        if ceiling is not None and ceiling < TARGET_RATIOS["ddp_tuned_once"]:
+            once["note"] = (f"DDP re-tuned at every change runs at {ceiling:g}x DDP tuned once on this schedule: "
+                            f"{TARGET_RATIOS['ddp_tuned_once']:g}x asks for more than each phase's best split gives")
+        targets += [once,
+                    analysis.target(f"{head}: {name} over DDP re-tuned at every change, samples/s over the schedule",
+                                    ratios.get("ddp_retuned"), ">=", TARGET_RATIOS["ddp_retuned"], SCHEDULE_SOURCE)]
     after_change = [
         analysis.target(f"{head}: {s.mode.upper()} {name}, most plan changes to re-balance after a change",
                         whole["max_plan_changes_to_rebalance"], "<=", MAX_PLAN_CHANGES, SCHEDULE_SOURCE),
@@ -285,6 +297,11 @@ def schedule_targets(s: Settings, record: Mapping[str, Any], name: str) -> list[
             target["pass"] = False
             target["note"] = f"never balanced within the phase after the change to phase {', '.join(map(str, never))}"
     targets += after_change
+    changes = record["phases"][1:]
+    if sch.name in ONE_CHANGE_SCHEDULES and changes:
+        within = sum(1 for p in changes if p.get("plan_changes_to_rebalance") is not None and p["plan_changes_to_rebalance"] <= 1)
+        targets.append(analysis.target(f"{head}: {s.mode.upper()} {name}, changes re-balanced by one plan change or none",
+                                       within, ">=", len(changes), SCHEDULE_SOURCE))
     if s.mode == "asp":
         skews = [p.get("update_skew") for p in record["phases"]]
         known = [x for x in skews if x is not None]

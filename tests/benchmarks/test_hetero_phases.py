@@ -248,6 +248,43 @@ def test_the_targets_fail_a_change_that_never_rebalanced(tmp_path: Path) -> None
     assert all(t["name"].startswith("swap schedule, 20 s a phase: ") for t in targets.values())
 
 
+def test_the_tuned_once_target_says_where_no_split_reaches_it(tmp_path: Path) -> None:
+    """A schedule whose best split each phase (DDP re-tuned) runs below 1.3x DDP tuned once says so on
+    the target, which still fails; one whose re-tuned DDP is above it says nothing."""
+    s = resolved(tmp_path, "--schedule", "tenant")
+    phases = [{"phase": k, "rebalance_s": 3.0} for k in range(3)]
+
+    def once(to_once: float, to_retuned: float) -> dict[str, Any]:
+        record = {"phases": phases, "over_schedule": {"ratio_to": {"ddp_tuned_once": to_once, "ddp_retuned": to_retuned},
+                                                      "max_plan_changes_to_rebalance": 1, "max_rebalance_s": 3.0}}
+        return next(t for t in schedules.schedule_targets(s, record, "auto") if "tuned to the first phase" in t["name"])
+
+    capped = once(0.99, 0.94)
+    assert capped["pass"] is False
+    assert "runs at 1.0532x DDP tuned once" in capped["note"] and "1.3x" in capped["note"]
+    assert schedules.retuned_over_once({"ddp_tuned_once": 0.99, "ddp_retuned": 0.94}) == 1.0532
+    assert "note" not in once(1.4, 0.9) and schedules.retuned_over_once({"ddp_retuned": 0.9}) is None
+
+
+def test_fig_10_counts_the_changes_re_balanced_by_one_plan_change(tmp_path: Path) -> None:
+    """On the Fig. 10 schedule every change must re-balance by one plan change or none: one that took two,
+    or never re-balanced, is short of the count; the swap schedule has no such target."""
+    def targets(schedule: str, changes: list[int | None]) -> dict[str, dict[str, Any]]:
+        phases = [{"phase": 0, "rebalance_s": 1.0, "plan_changes_to_rebalance": 1}]
+        phases += [{"phase": k + 1, "rebalance_s": None if c is None else 2.0, "plan_changes_to_rebalance": c}
+                   for k, c in enumerate(changes)]
+        record = {"phases": phases, "over_schedule": {"ratio_to": {}, "max_plan_changes_to_rebalance": 2,
+                                                      "max_rebalance_s": 2.0}}
+        return {t["name"].split(": ", 1)[1]: t for t in schedules.schedule_targets(resolved(tmp_path, "--schedule", schedule),
+                                                                                     record, "auto")}
+
+    name = "BSP auto, changes re-balanced by one plan change or none"
+    short = targets("dynamic", [0, 1, 2, None, 1, 1, 0])[name]
+    assert (short["value"], short["threshold"], short["pass"]) == (5, 7, False)
+    assert targets("dynamic", [1, 0, 1, 1, 1, 0, 1])[name]["pass"] is True
+    assert name not in targets("swap", [1, 1, 1])
+
+
 def test_a_schedule_run_that_ends_before_a_phase_starts_says_which_at_the_start(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     s = resolved(tmp_path, "--schedule", "tenant", "--every-epochs", "10", "--epochs", "12", "--cpu-budget", "1.5")
