@@ -266,8 +266,9 @@ def retuned_over_once(ratios: Mapping[str, Any]) -> float | None:
 
 def schedule_targets(s: Settings, record: Mapping[str, Any], name: str) -> list[dict[str, Any]]:
     """The issue's targets, on the reference run: against DDP tuned once and re-tuned over the whole
-    schedule (BSP), and after each change at most 2 plan changes and 5 s to re-balance; ASP: each phase's
-    update skew."""
+    schedule (BSP; the first noted where DDP re-tuned itself stays below it), after each change at most 2
+    plan changes and 5 s to re-balance, on Fig. 10 (ONE_CHANGE_SCHEDULES) every change re-balanced by one
+    plan change or none; ASP: each phase's update skew."""
     assert s.schedule is not None
     sch = s.schedule
     every = f"{sch.interval:g} s" if sch.unit == "seconds" else f"{sch.interval:g} epoch{'s' if sch.interval != 1 else ''}"
