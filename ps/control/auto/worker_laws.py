@@ -322,15 +322,16 @@ def largest_error(runs: Sequence[Sequence[float]]) -> float:
     """The largest standard error of the mean over the mean among `runs` (two or more times each):
     roughly for all at once (the runs of one length as one array), exactly (stdev.py) only for those
     the rough values put within ROUGH of the largest."""
-    rough: list[tuple[np.ndarray, list[Sequence[float]]]] = []  # each length's errors (-1: none) and runs
+    rough: list[tuple[np.ndarray, list[int]]] = []  # each length's errors (-1: none) and its runs' indices
     for index, times, mean, spread in rough_spreads(runs):
         if times.shape[1] < 2:
             continue
         with np.errstate(divide="ignore", invalid="ignore"):
             errors = np.where(mean > 0, spread / mean / math.sqrt(times.shape[1]), -1.0)
-        rough.append((errors, [runs[i] for i in index]))
+        rough.append((errors, index))
     valid = [errors[errors >= 0.0] for errors, _ in rough]
     top = max((float(e.max()) for e in valid if e.size), default=0.0) * (1.0 - ROUGH)
-    exact = [stdev(group[i]) / statistics.fmean(group[i]) / float(len(group[i])) ** 0.5
-             for errors, group in rough for i in np.flatnonzero((errors >= 0.0) & (errors >= top)).tolist()]
+    picked = [runs[index[i]] for errors, index in rough
+              for i in np.flatnonzero((errors >= 0.0) & (errors >= top)).tolist()]
+    exact = [stdev(t) / statistics.fmean(t) / float(len(t)) ** 0.5 for t in picked]
     return max(exact, default=0.0)
