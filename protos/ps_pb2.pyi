@@ -116,7 +116,7 @@ class ShardInfo(_message.Message):
     def __init__(self, address: _Optional[str] = ..., start: _Optional[int] = ..., stop: _Optional[int] = ...) -> None: ...
 
 class PushHeader(_message.Message):
-    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret", "offsets", "exposed_ms", "own_exposed_ms", "local_sq_norm", "global_sq_norm", "data_wait_ms")
+    __slots__ = ("worker_id", "round", "version", "batch_size", "compute_ms", "wire_dtype", "num_values", "kind", "generation", "secret", "offsets", "exposed_ms", "own_exposed_ms", "local_sq_norm", "global_sq_norm", "data_wait_ms", "sub_batch", "sub_sq_norm")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -133,6 +133,8 @@ class PushHeader(_message.Message):
     LOCAL_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
     GLOBAL_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
     DATA_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    SUB_BATCH_FIELD_NUMBER: _ClassVar[int]
+    SUB_SQ_NORM_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     round: int
     version: int
@@ -149,7 +151,9 @@ class PushHeader(_message.Message):
     local_sq_norm: float
     global_sq_norm: float
     data_wait_ms: float
-    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ..., offsets: _Optional[bool] = ..., exposed_ms: _Optional[float] = ..., own_exposed_ms: _Optional[float] = ..., local_sq_norm: _Optional[float] = ..., global_sq_norm: _Optional[float] = ..., data_wait_ms: _Optional[float] = ...) -> None: ...
+    sub_batch: int
+    sub_sq_norm: float
+    def __init__(self, worker_id: _Optional[str] = ..., round: _Optional[int] = ..., version: _Optional[int] = ..., batch_size: _Optional[int] = ..., compute_ms: _Optional[float] = ..., wire_dtype: _Optional[str] = ..., num_values: _Optional[int] = ..., kind: _Optional[_Union[PushKind, str]] = ..., generation: _Optional[int] = ..., secret: _Optional[str] = ..., offsets: _Optional[bool] = ..., exposed_ms: _Optional[float] = ..., own_exposed_ms: _Optional[float] = ..., local_sq_norm: _Optional[float] = ..., global_sq_norm: _Optional[float] = ..., data_wait_ms: _Optional[float] = ..., sub_batch: _Optional[int] = ..., sub_sq_norm: _Optional[float] = ...) -> None: ...
 
 class PushEnd(_message.Message):
     __slots__ = ("compute_ms", "exposed_ms", "own_exposed_ms", "data_wait_ms")

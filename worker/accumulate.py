@@ -66,3 +66,32 @@ def backward_in_micro_batches(
             part.backward()
             total += part.detach().cpu()
     return total
+
+
+def backward_with_sub_norm(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, sub: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = F.cross_entropy,
+    first_pass: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext,
+    noted: Callable[[int, float], None] | None = None,
+) -> tuple[torch.Tensor, float]:
+    """Zero the gradients and leave in them the gradient of the mean loss over (x, y), in two passes:
+    the first `sub` samples, then the rest. Returns the mean loss, detached, and |g_s|² (float64) of
+    the mean gradient over the first `sub` samples, which the server's noise scale pairs with the whole
+    batch's (worker/session/sub_batch.py). `first_pass`: what the first pass runs within (a session's
+    paused_push, so that the bucketed push sends the whole gradient); `noted` is given (sub, |g_s|²)
+    before the second pass (a session's note_sub_norm: its push's header goes out during that pass).
+    A BatchNorm layer normalises each pass alone."""
+    n = len(x)
+    if not 1 <= sub < n:
+        raise ValueError(f"a sub-batch is part of the batch: needs 1 <= sub < {n}, got {sub}")
+    model.zero_grad(set_to_none=False)
+    with first_pass():
+        first = loss_fn(model(x[:sub]), y[:sub]) * (sub / n)
+        first.backward()
+    norms = [torch.linalg.vector_norm(p.grad, dtype=torch.float64) for p in model.parameters() if p.grad is not None]
+    sq_norm = float(torch.stack(norms).square().sum()) * (n / sub) ** 2 if norms else 0.0
+    if noted is not None:
+        noted(sub, sq_norm)
+    rest = loss_fn(model(x[sub:]), y[sub:]) * ((n - sub) / n)
+    rest.backward()
+    return first.detach() + rest.detach(), sq_norm

@@ -24,7 +24,7 @@ from common.ops.arg_types import DefaultsHelpFormatter, float_at_least, float_be
 from common.ops.memory import DEFAULT_HEAP_RESERVE_MIB, HEAP_RESERVE_ENV, heap_reserve_mib, tune_for_training
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import TOKEN_ENV, resolve_token
-from worker.accumulate import backward_in_micro_batches
+from worker.accumulate import backward_in_micro_batches, backward_with_sub_norm
 from worker.transport.channel import channel_credentials
 from worker.transport.client import ServerError
 from worker.transport.server_error import printable
@@ -116,7 +116,11 @@ def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None
     model = session.model
     last_log = -math.inf
     for x, y in session.batches():
-        loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
+        sub = session.sub_batch
+        if sub and session.spec.micro_batch == 1 and (session.pass_samples is None or session.pass_samples >= len(x)):
+            loss, _ = backward_with_sub_norm(model, x, y, sub, F.cross_entropy, session.paused_push, session.note_sub_norm)
+        else:
+            loss = backward_in_micro_batches(model, x, y, session.spec.micro_batch, F.cross_entropy, session.pass_samples)
         if not bool(torch.isfinite(loss)):
             session.wait_params()  # a reply refused while its values streamed into this forward: its own error
             raise non_finite_loss(f"step {session.steps + 1} (epoch {session.epoch}, batch {len(x)}): the loss is "

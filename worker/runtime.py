@@ -160,6 +160,23 @@ class Session:
         then pull the parameters; the plan."""
         return self._steps.wait_parked()
 
+    @property
+    def sub_batch(self) -> int:
+        """How many of the drawn batch's first samples the server's noise scale asks a gradient norm of
+        (0: none): half the batch where this worker trains alone in an --adaptive-batch job. A loop
+        measures it with worker.accumulate.backward_with_sub_norm and `note_sub_norm`; one that does
+        not leaves the server to pair rounds instead (worker/session/sub_batch.py)."""
+        return self._steps.sub_batch.size
+
+    def paused_push(self) -> contextlib.AbstractContextManager[None]:
+        """Within: backward sends no gradient bucket (the first pass over the sub-batch)."""
+        return self._steps.paused_push()
+
+    def note_sub_norm(self, size: int, sq_norm: float) -> None:
+        """|g_s|² of the mean gradient over the drawn batch's first `size` (= sub_batch) samples, for
+        this step's push."""
+        self._steps.sub_batch.note(size, sq_norm)
+
     def step(self) -> StepHeader:
         """Push this step's gradients; return once the new parameters are in the model."""
         return self._steps.step()

@@ -100,13 +100,23 @@ class PushMeta:
     offsets: bool = False  # the chunks carry their offsets and arrive in any order (buckets sent during backward)
     local_sq_norm: float = 0.0  # a report's |g_k|² (float64; 0: not measured)
     global_sq_norm: float = 0.0  # a report's |g|² of the group's mean (float64; 0: not measured)
+    sub_batch: int = 0  # a lone worker's first samples whose mean gradient's |g_s|² is sub_sq_norm (0: not measured)
+    sub_sq_norm: float = 0.0
 
     def check_norms(self) -> None:
-        """InvalidArgument unless both squared norms are finite and >= 0, on a push of any kind: a
-        report's are the noise scale's inputs, and any other push's (not read) are held to the same rule."""
-        for name, norm in (("local_sq_norm", self.local_sq_norm), ("global_sq_norm", self.global_sq_norm)):
+        """InvalidArgument unless every squared norm is finite and >= 0, on a push of any kind (a report's
+        local and global norms are the noise scale's inputs, any other push's are held to the same rule),
+        and a sub-batch, where one is said, is 1 to batch_size − 1 samples."""
+        norms = (("local_sq_norm", self.local_sq_norm), ("global_sq_norm", self.global_sq_norm),
+                 ("sub_sq_norm", self.sub_sq_norm))
+        for name, norm in norms:
             if not (math.isfinite(norm) and norm >= 0):
                 raise InvalidArgument(f"a push's {name} must be finite and >= 0 (0: not measured), got {norm}")
+        if self.sub_batch == 0 and self.sub_sq_norm != 0:
+            raise InvalidArgument(f"a push's sub_sq_norm ({self.sub_sq_norm}) needs the sub_batch it was measured on")
+        if self.sub_batch != 0 and not 1 <= self.sub_batch < self.batch_size:
+            raise InvalidArgument(f"a push's sub_batch must be 0 (not measured) or 1 to batch_size − 1 "
+                                  f"({self.batch_size - 1}), got {self.sub_batch}")
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,7 @@ def push_meta_to_proto(m: PushMeta) -> ps_pb2.PushHeader:
         compute_ms=m.times.compute_ms, exposed_ms=m.times.exposed_ms, own_exposed_ms=m.times.own_exposed_ms,
         data_wait_ms=m.times.data_wait_ms, wire_dtype=m.wire_dtype, num_values=m.num_values, kind=PUSH_KIND_NUMBERS[m.kind], generation=m.generation,
         secret=m.secret, offsets=m.offsets, local_sq_norm=m.local_sq_norm, global_sq_norm=m.global_sq_norm,
+        sub_batch=m.sub_batch, sub_sq_norm=m.sub_sq_norm,
     )
 
 
@@ -134,6 +135,7 @@ def push_meta_from_proto(p: ps_pb2.PushHeader) -> PushMeta:
         p.worker_id, p.round, p.version, p.batch_size, push_times_from_proto(p), p.wire_dtype, p.num_values,
         kind=PUSH_KIND_NAMES.get(p.kind, f"unknown ({p.kind})"), generation=p.generation, secret=p.secret,
         offsets=p.offsets, local_sq_norm=p.local_sq_norm, global_sq_norm=p.global_sq_norm,
+        sub_batch=p.sub_batch, sub_sq_norm=p.sub_sq_norm,
     )
 
 

@@ -53,6 +53,8 @@ class AdaptiveBatchSizing:
         self.estimator = NoiseScaleEstimator()
         self._batches: list[int] = []
         self._norms: list[float] = []
+        self._subs: list[tuple[str, int, float]] = []  # each push's worker, sub-batch and |g_s|² (0: not measured)
+        self._unsplit: set[str] = set()  # workers whose rounds alone came without a sub-batch's norm
         self._reported: list[float] = []  # --allreduce: the reports' |g|²
         self._rounds = 0  # since the last decision
         self._round_ms: list[float] = []
@@ -61,14 +63,15 @@ class AdaptiveBatchSizing:
         self._noise_at: dict[int, float] = {}  # B -> the relative standard error of that median
 
     # ---------------------------------------------------------------- measurement
-    def push(self, meta: PushMeta, grad: Vector) -> None:
-        """A BSP push taken into the open round's sum, or an --allreduce report with the norms its worker
+    def push(self, worker: str, meta: PushMeta, grad: Vector) -> None:
+        """`worker`'s BSP push taken into the open round's sum, or an --allreduce report with the norms it
         measured (|g|² of the group's mean the same in every report of a round)."""
         if not self.on:
             return
         report = meta.kind == "report"
         self._batches.append(meta.batch_size)
         self._norms.append(meta.local_sq_norm if report else squared_norm(grad))
+        self._subs.append((worker, meta.sub_batch, meta.sub_sq_norm))
         if report and meta.global_sq_norm > 0:
             self._reported.append(meta.global_sq_norm)
 
@@ -77,8 +80,8 @@ class AdaptiveBatchSizing:
         |g|²): one estimate from its pushes."""
         if not self.on:
             return
-        batches, norms, reported = self._batches, self._norms, self._reported
-        self._batches, self._norms, self._reported = [], [], []
+        batches, norms, reported, subs = self._batches, self._norms, self._reported, self._subs
+        self._batches, self._norms, self._reported, self._subs = [], [], [], []
         now = self.state.clock()
         if self._closed_at is not None:
             self._round_ms.append((now - self._closed_at) * 1000.0)
@@ -88,9 +91,28 @@ class AdaptiveBatchSizing:
             return  # a report without norms (a worker that does not measure them)
         if batches:
             try:
-                self.estimator.observe(batches, norms, squared_norm(mean) if mean is not None else statistics.median(reported))
+                x = squared_norm(mean) if mean is not None else statistics.median(reported)
+                if not self._observe_alone(batches, x, subs):
+                    self.estimator.observe(batches, norms, x)
             except ValueError as exc:  # a round the estimator cannot read (say, fp32 rounding of tiny norms)
                 self.state.metrics.sample("gns_skipped", step=self.state.step, why=str(exc))
+
+    def _observe_alone(self, batches: list[int], sq_norm: float, subs: list[tuple[str, int, float]]) -> bool:
+        """A round of one worker that measured a sub-batch's norm: its pair within the round (True). One
+        told to train alone (its batch the B in force) that sent none (a loop of the user's own, or the
+        fast path's report) is noted, so that `_measurable` stops counting on its rounds alone until
+        one comes with a sub-batch; a round left to one worker by another's departure is not."""
+        active = [k for k, b in enumerate(batches) if b > 0]
+        if len(active) != 1:
+            return False
+        worker, sub, sub_sq_norm = subs[active[0]]
+        if sub:
+            observed = self.estimator.observe_sub(batches[active[0]], sq_norm, sub, sub_sq_norm)
+            self._unsplit.discard(worker)
+            return observed
+        if self.decider is not None and 2 <= batches[active[0]] == self.decider.batch:
+            self._unsplit.add(worker)
+        return False
 
     # ---------------------------------------------------------------- decisions
     def lr_at(self, epoch: int) -> float:
@@ -185,13 +207,21 @@ class AdaptiveBatchSizing:
 
     def _measurable(self, batch: int) -> bool:
         """Whether φ stays measurable at `batch`: the policy's plan there trains two or more workers (a
-        job of one worker: one). At the B in force, the plan installed; at another B, the plan the
-        policy predicts (True where it has none to tell: gns.py needs a pair of batches in a round, or
-        two rounds at different batches of a lone worker)."""
+        job of one worker: one), or one that measures a sub-batch's norm (two samples or more, and not
+        seen training alone without one). At the B in force, the plan installed; at another B, the plan
+        the policy predicts (True where it has none to tell: gns.py needs a pair of batches in a round,
+        a lone worker's batch and its first part, or two rounds at different batches of a lone worker)."""
         policy = self.state.policy
         installed = policy.plan()
         plan = installed if self.decider is not None and batch == self.decider.batch else policy.predicted_plan(batch)
-        return plan is None or sum(b > 0 for b in plan.values()) >= min(2, len(installed))
+        return plan is None or self._measurable_plan(plan, len(installed))
+
+    def _measurable_plan(self, plan: dict[str, int], workers: int = 2) -> bool:
+        """Whether `plan` gives φ a pair each round (`workers`: how many the job has now)."""
+        active = [(k, b) for k, b in plan.items() if b > 0]
+        if len(active) >= min(2, workers):
+            return True
+        return len(active) == 1 and active[0][1] >= 2 and active[0][0] not in self._unsplit
 
     def _round_model(self, current: int) -> tuple[RoundModel | None, str]:
         """T(B) and what it rests on (ps/control/performance.global_round_model: the policy's fitted

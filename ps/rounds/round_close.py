@@ -57,7 +57,7 @@ class RoundClose:
             s.policy_calls.observe(member.name, meta.batch_size, ms, exposed_ms=exposed)
         self.bsp.add(member, meta, grad)
         self.sampling.pushed(member, meta.batch_size)
-        self.adaptive.push(meta, grad)
+        self.adaptive.push(member.name, meta, grad)
         self.epochs.count_push(member, ms, meta.batch_size, meta.times.exposed_ms, meta.times.data_wait_ms)
         future = self.bsp.mark_pushed(member)
         if self.bsp.all_pushed():

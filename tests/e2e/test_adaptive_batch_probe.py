@@ -62,3 +62,19 @@ def test_no_plan_puts_an_active_worker_below_its_break_even(tmp_path: Path, poli
     assert below_break_even(events) == [], [(e["step"], e["batch_sizes"], e.get("fits")) for e in decisions]
     (summary,) = cluster.events("summary")
     assert summary["reason"] == "finished", summary
+
+
+def test_a_lone_worker_measures_the_noise_scale_from_its_batch_and_its_first_half(tmp_path: Path) -> None:
+    """One worker at one B (a range of one B holds it): no second worker and no second batch to pair
+    with, so φ rests on the first half of each batch that the built-in loop measures and the push
+    carries (worker/session/sub_batch.py): every round adds one, and φ is known from the second decision
+    on (the first rounds' signal can read <= 0 from noise alone)."""
+    args = ["--workers", "1", "--model", "mlp", "--dataset", "digits", "--global-batch", "64", "--epochs", "2",
+            "--controller", "model", "--adaptive-batch", "gns", "--min-global-batch", "64", "--max-global-batch", "64",
+            "--grace", "5"]
+    cluster = finished(tmp_path, args, {"a": "1"})
+    decisions = cluster.events("adapt")
+    assert len(decisions) >= 4, cluster.server_log()
+    assert [e["rounds"] for e in decisions] == [e["step"] for e in decisions], decisions
+    assert all(e["phi"] is not None and e["phi"] > 0 and not e["changed"] for e in decisions[1:]), decisions
+    assert cluster.events("gns_skipped") == [], cluster.events("gns_skipped")

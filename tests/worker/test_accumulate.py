@@ -4,7 +4,9 @@ server's BatchNorm statistics depend on the parameters only, and the memory prob
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -16,7 +18,7 @@ from common.job.models import build_model
 from common.job.spec import JobSpec
 from worker import connect
 from worker.data import job_build
-from worker.accumulate import backward_in_micro_batches
+from worker.accumulate import backward_in_micro_batches, backward_with_sub_norm
 from worker.data.memory_probe import Declared, JobSetupError, declared_max_batch, probe_max_batch
 
 
@@ -39,6 +41,35 @@ def test_k_micro_batches_give_the_whole_batchs_gradient(digits, name: str) -> No
         loss = backward_in_micro_batches(model, x, y, m)
         assert torch.allclose(grads(model), whole, rtol=1e-5, atol=1e-6), m
         assert torch.allclose(loss, loss_whole, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("name", "n", "sub"), [("mlp", 48, 24), ("cnn", 33, 16), ("mlp", 2, 1)])
+def test_a_sub_batch_pass_gives_the_whole_batchs_gradient_and_the_first_parts_norm(digits, name: str, n: int,
+                                                                                    sub: int) -> None:
+    model = build_model(name, digits.input_shape, digits.num_classes, {}, seed=0)
+    x, y = digits.train_x[:n], digits.train_y[:n]
+    model.zero_grad()
+    F.cross_entropy(model(x[:sub]), y[:sub]).backward()
+    first = grads(model).double()
+    loss_whole = backward_in_micro_batches(model, x, y, 1)
+    whole = grads(model).clone()
+    entered: list[object] = []
+    loss, sq_norm = backward_with_sub_norm(model, x, y, sub, first_pass=lambda: _noting(entered),
+                                           noted=lambda size, norm: entered.append((size, norm)))
+    assert torch.allclose(grads(model), whole, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(loss, loss_whole, rtol=1e-5)
+    assert sq_norm == pytest.approx(float(first @ first), rel=1e-5)
+    assert entered == ["in", "out", (sub, sq_norm)]  # the first pass inside; its norm noted before the rest
+    for bad in (0, n):
+        with pytest.raises(ValueError, match="part of the batch"):
+            backward_with_sub_norm(model, x, y, bad)
+
+
+@contextlib.contextmanager
+def _noting(entered: list[str]) -> Iterator[None]:
+    entered.append("in")
+    yield
+    entered.append("out")
 
 
 def test_batchnorm_normalises_each_micro_batch_alone(digits) -> None:

@@ -11,9 +11,10 @@ step's gradient and recovers (worker/session/replica.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from functools import partial
 
 import torch
@@ -28,6 +29,7 @@ from worker.probes.resources import SlowerMachine
 from worker.session.collective_step import CollectiveStep
 from worker.session.plan_follower import PlanFollower
 from worker.session.replica import Replica
+from worker.session.sub_batch import SubBatch
 from worker.timing.step_timer import StepTimer
 from worker.transport.call_bounds import MIN_PARKED_POLL_S
 from worker.transport.cancelled_push import after_cancelled_stream
@@ -53,6 +55,7 @@ class StepRunner:
         self._drawn = 0  # the size of the batch the next step's gradients come from
         self._drawn_step: tuple[StepHeader, torch.Tensor] | None = None  # and its plan and indices
         self._probing = False  # the batch drawn is a probe's (ps.rounds.probation)
+        self.sub_batch = SubBatch()  # the drawn batch's part whose gradient norm the push carries
         self._refused = 0  # ASP: local steps refused in a row (each could overflow fp32)
 
     def _end_compute(self, started_s: float, started_cpu_s: float) -> float:
@@ -63,8 +66,9 @@ class StepRunner:
     def _meta(self, times: PushTimes) -> PushMeta:
         """The header of this step's push on the PS path."""
         plan, spec = self._follower.plan, self._replica.spec
+        sub_batch, sub_sq_norm = self.sub_batch.measured
         return PushMeta(self._replica.member.worker_id, plan.round, plan.version, self._follower.sampler.batch_size,
-                        times, spec.wire_dtype)
+                        times, spec.wire_dtype, sub_batch=sub_batch, sub_sq_norm=sub_sq_norm)
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         """One batch of the planned size; this step's compute starts."""
@@ -75,6 +79,8 @@ class StepRunner:
         self.timer.batch_drawn(self._follower.wait_ms)
         self._drawn, self._drawn_step = len(y), self._follower.drawn()
         self._probing = self._follower.plan.probe
+        self.sub_batch.draw(replica.spec, self._follower.plan, self._drawn,
+                            ps_path=replica.parts.collective is None and not self._probing)
         if replica.parts.buckets is not None:
             if self._probing:  # a probe goes whole to the coordinator after backward
                 replica.parts.buckets.disarm()
@@ -85,6 +91,20 @@ class StepRunner:
     def _open_push(self) -> Stream:
         """This step's bucketed push (opened by the first bucket backward completes; its times go at its end)."""
         return self._replica.member.client.open_push(self._meta(PushTimes()), self._replica.parts.params)
+
+    @contextlib.contextmanager
+    def paused_push(self) -> Iterator[None]:
+        """Within: a backward sends no bucket (a first pass over part of the batch); the step's
+        bucketed push resumes after it, with the gradients the next pass accumulates."""
+        buckets = self._replica.parts.buckets
+        if buckets is None or self._probing or not self.timer.computing:
+            yield
+            return
+        buckets.disarm()
+        try:
+            yield
+        finally:
+            buckets.arm(self._open_push)
 
     def step(self) -> StepHeader:
         """Push this step's gradients; return once the new parameters are in the model (or streaming in)."""

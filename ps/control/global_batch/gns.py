@@ -30,8 +30,10 @@ but g contains g_k with weight b_k/B, so it is Var(|g|²) ≈ 4GᵀΣG/B, and th
 out. On simulated gradients the weights above have the lower variance
 (tests/ps/control/global_batch/test_gns.py).
 
-One worker (b_1 = B) has no pair inside a round; two successive rounds at different batch sizes b, b'
-give one instead: S = (y − y')/(1/b − 1/b'), G = (b y − b' y')/(b − b'). Rounds are smoothed with an
+One worker (b_1 = B) has no pair of workers inside a round. It has one where it measures |g_s|² of the
+mean gradient over the first s samples of its batch too (the project's worker does: its first half), the
+pair (s, B) within the round; else two successive rounds at different batch sizes b, b' give one: in
+both, S = (y − y')/(1/b − 1/b'), G = (b y − b' y')/(b − b'). Rounds are smoothed with an
 EWMA of the S and the G separately (a ratio of noisy estimates is biased), and φ = S̄/Ḡ is reported
 only while Ḡ > 0 and S̄ >= 0: early in training, or at a minimum, G can come out negative from noise,
 and the estimate is then "unknown", never a made-up number.
@@ -160,7 +162,8 @@ def _combine(b: np.ndarray, y: np.ndarray, x: float) -> RoundEstimate:
 
 
 def successive_pair(batch: int, sq_norm: float, next_batch: int, next_sq_norm: float) -> RoundEstimate:
-    """Unbiased estimates from two rounds of one worker at different batch sizes (assumes G, Σ held)."""
+    """Unbiased estimates from the squared norms of mean gradients at two batch sizes: two rounds of one
+    worker (which assumes G and Σ held between them), or a lone worker's batch and its first part."""
     b = whole("batch size", batch, 1)
     b2 = whole("next batch size", next_batch, 1)
     if b == b2:
@@ -208,6 +211,19 @@ class NoiseScaleEstimator:
         if previous is None or previous[0] == current[0]:
             return False
         self._add(successive_pair(*previous, *current))
+        return True
+
+    def observe_sub(self, batch: int, sq_norm: float, sub_batch: int, sub_sq_norm: float) -> bool:
+        """Take one round of a lone worker that measured |g_s|² over the first `sub_batch` samples of its
+        batch besides |g|² over all of it: the pair (sub_batch, batch) of the round itself, no earlier
+        round needed. Returns True; bad input raises ValueError and changes nothing."""
+        b = whole("batch size", batch, 2)
+        sub = whole("sub-batch", sub_batch, 1)
+        if sub >= b:
+            raise ValueError(f"a sub-batch is part of the batch: needs 1 <= {sub} < {b}")
+        estimate = successive_pair(sub, sub_sq_norm, b, sq_norm)
+        self._previous_single = None
+        self._add(estimate)
         return True
 
     def _add(self, estimate: RoundEstimate) -> None:

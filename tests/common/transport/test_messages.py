@@ -68,6 +68,17 @@ def test_a_pushs_squared_norms_are_finite_and_not_negative_whatever_its_kind(kin
             bad.check_norms()
 
 
+def test_a_pushs_sub_batch_is_part_of_its_batch_and_its_norm_needs_one() -> None:
+    meta = PushMeta("w", 0, 0, 8, PushTimes(), "float32")
+    for fine in ((0, 0.0), (1, 0.0), (4, 2.5), (7, 1e-30)):
+        replace(meta, sub_batch=fine[0], sub_sq_norm=fine[1]).check_norms()
+    for sub, norm, needle in ((8, 1.0, "0 \\(not measured\\) or 1 to batch_size − 1 \\(7\\), got 8"),
+                              (-1, 1.0, "got -1"), (0, 1.0, "needs the sub_batch it was measured on"),
+                              (4, -1.0, "sub_sq_norm must be finite and >= 0"), (4, math.nan, "sub_sq_norm must be finite")):
+        with pytest.raises(InvalidArgument, match=needle):
+            replace(meta, sub_batch=sub, sub_sq_norm=norm).check_norms()
+
+
 def test_a_pull_asks_for_the_header_alone_or_the_optimizer_state_not_both() -> None:
     for header_only, optimizer_state in ((False, False), (True, False), (False, True)):
         PullAsk("w", header_only=header_only, optimizer_state=optimizer_state, wait_for_batch=True).check()

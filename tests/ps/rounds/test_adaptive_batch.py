@@ -9,13 +9,14 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 
 from ps.checkpoint import write_checkpoint
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, OUTSIDE
 from ps.control.policy import build_policy, with_global_batch
 from ps.server_job import build_job
 from tests.conftest import job_args
-from common.transport.messages import JoinAsk
+from common.transport.messages import JoinAsk, PushMeta, PushTimes
 from common.errors import FailedPrecondition
 from tests.coordinator_rounds import close_round, joined_job
 from tests.data_files import write_folder
@@ -126,3 +127,37 @@ def test_a_checkpoint_s_noise_scale_smoothing_other_than_the_server_s_is_refused
     with pytest.raises(ValueError, match=r"no usable checkpoint there \(ckpt-0000000000.pt: .*the checkpoint's noise-scale "
                                          r"smoothing 0.0 is not this server's 0.98"):
         build_job(job_args(*flags, "--resume", str(tmp_path / "ckpt"), "--metrics-log", str(tmp_path / "m.jsonl")))
+
+
+def test_a_lone_worker_s_sub_batch_measures_the_noise_scale_every_round_and_one_without_is_noted() -> None:
+    """A round of one worker gives φ a pair where its push carries a sub-batch's norm; one without (a
+    loop of the user's own) is remembered, and a plan that trains that worker alone is no longer one at
+    which φ stays measurable."""
+    async def run() -> None:
+        async with joined_job("--global-batch", "64", "--min-global-batch", "16", "--max-global-batch", "64",
+                              "--adaptive-batch", "gns") as job:
+            adaptive = job.c.adaptive
+            grad = torch.full((job.c.own_numel,), 0.5)
+            sq_norm = float(grad.double().square().sum())
+            for rounds in (1, 2):
+                adaptive.push("a", PushMeta("w-a", 0, 0, 64, PushTimes(7.0), "float32", sub_batch=32,
+                                       sub_sq_norm=sq_norm + 3.0), grad)
+                adaptive.close(grad)
+                assert adaptive.estimator.estimate().rounds == rounds
+            noise = adaptive.estimator.estimate().noise
+            assert noise == pytest.approx(3.0 / (1 / 32 - 1 / 64))  # (y_s − y)/(1/s − 1/B)
+            assert adaptive._measurable_plan({"a": 64, "b": 0}) and adaptive._measurable_plan({"a": 1, "b": 0}) is False
+            adaptive.push("a", PushMeta("w-a", 0, 0, 40, PushTimes(7.0), "float32"), grad)  # b left mid-round
+            adaptive.close(grad)
+            assert adaptive._measurable_plan({"a": 64, "b": 0})  # a was not told to train alone
+            adaptive.push("a", PushMeta("w-a", 0, 0, 64, PushTimes(7.0), "float32"), grad)  # told, and no sub-batch
+            adaptive.close(grad)
+            assert adaptive.estimator.estimate().rounds == 3  # the two lone rounds at 40 and 64: a successive pair
+            assert adaptive._measurable_plan({"a": 64, "b": 0}) is False
+            assert adaptive._measurable_plan({"a": 0, "b": 64}) and adaptive._measurable_plan({"a": 32, "b": 32})
+            adaptive.push("a", PushMeta("w-a", 0, 0, 64, PushTimes(7.0), "float32", sub_batch=32,
+                                        sub_sq_norm=sq_norm + 3.0), grad)
+            adaptive.close(grad)
+            assert adaptive.estimator.estimate().rounds == 4 and adaptive._measurable_plan({"a": 64, "b": 0})
+
+    asyncio.run(run())

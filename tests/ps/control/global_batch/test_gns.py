@@ -97,6 +97,32 @@ def test_single_worker_estimates_from_successive_rounds_at_two_batch_sizes() -> 
     assert got.phi == pytest.approx(64.0, rel=0.15)
 
 
+def test_a_lone_worker_estimates_every_round_from_its_batch_and_its_first_half() -> None:
+    """A sub-batch inside the round's own batch: no earlier round, no change of batch needed."""
+    grads = Gradients(seed=7, noise_scale=64.0)
+    est = NoiseScaleEstimator(smoothing=0.998)
+    halves = grads.worker_means((64, 64), rounds=800)  # the first 64 samples and the other 64 of a batch of 128
+    for first, second in halves:
+        whole = (first + second) / 2.0
+        assert est.observe_sub(128, float(whole @ whole), 64, float(first @ first)) is True
+    got = est.estimate()
+    assert got.rounds == 800
+    assert got.phi == pytest.approx(64.0, rel=0.15)
+
+
+def test_a_sub_batch_round_breaks_the_chain_of_single_rounds_and_bad_ones_change_nothing() -> None:
+    est = NoiseScaleEstimator()
+    est.observe([64], [2.0], 2.0)
+    est.observe_sub(64, 2.0, 32, 2.2)
+    assert est.observe([32], [3.0], 3.0) is False and est.estimate().rounds == 1
+    before = est.state_dict()
+    for batch, sub, sub_norm, needle in ((64, 64, 2.0, "part of the batch"), (64, 0, 2.0, ">= 1"),
+                                          (1, 1, 2.0, ">= 2"), (64, 32, -1.0, "squared gradient norm")):
+        with pytest.raises(ValueError, match=needle):
+            est.observe_sub(batch, 2.0, sub, sub_norm)
+    assert est.state_dict() == before
+
+
 # ---------------------------------------------------------------- the Theorem 4.1 weights
 
 
