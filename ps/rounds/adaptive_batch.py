@@ -11,6 +11,7 @@ epoch" as it was. Off (the default) it costs nothing: no norms, the job's LR sch
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -28,6 +29,13 @@ from common.transport.messages import PushMeta
 
 _ROUND_TIMES = 64
 """Round times kept since the last decision (their median is the measured round at the current B)."""
+DECISION_SHARE = 0.05
+"""The most of the job's wall time the decisions on B take: one that took d seconds of its thread's
+CPU is followed by the next no sooner than d / DECISION_SHARE seconds after it, however many rounds
+--adapt-every counts. A decision prices every candidate B's plan (the model policy: a solve each,
+5-30 ms on one core for 4 workers), and it runs in the step that closes a round: where a round takes a
+few ms (the teacher MLP on the fastest worker alone, 4-5 ms) a decision every 8 rounds took as much
+time as the rounds."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,8 @@ class AdaptiveBatchSizing:
         self._rounds = 0  # since the last decision
         self._round_ms: list[float] = []
         self._closed_at: float | None = None
+        self._decision_s = 0.0  # the last decision's CPU
+        self._decided_at = -float("inf")
         self._rounds_at: dict[int, float] = {}  # B -> median round ms measured at it (the latest stay)
         self._noise_at: dict[int, float] = {}  # B -> the relative standard error of that median
 
@@ -127,7 +137,8 @@ class AdaptiveBatchSizing:
         could keep it there, and every round at it is spent where no decision would go."""
         if self.on:
             self._rounds += 1
-            scheduled = self.settings.every is not None and self._rounds >= self.settings.every
+            scheduled = (self.settings.every is not None and self._rounds >= self.settings.every
+                         and self.state.clock() - self._decided_at >= self._decision_s / DECISION_SHARE)
             if scheduled or self._outside():
                 self.decide()
 
@@ -159,20 +170,23 @@ class AdaptiveBatchSizing:
         if not policy.plan():
             return
         current = decider.batch
+        started = time.thread_time()
         decision, basis = self._decision(current)
+        self._decision_s, self._decided_at = time.thread_time() - started, s.clock()
+        cpu_ms = round(self._decision_s * 1000.0, 3)
         if decision.changed:
             try:
                 s.replace_policy(with_global_batch(policy, decision.batch))
             except ValueError as exc:  # the workers' bounds cannot make it up after all: keep B
                 s.metrics.write("adapt", step=s.step, epoch=s.epoch, **{**decision.record(), "batch": current, "changed": False},
-                                global_batch=current, lr=self.lr_at(s.epoch), error=str(exc), basis=basis)
+                                global_batch=current, lr=self.lr_at(s.epoch), error=str(exc), basis=basis, cpu_ms=cpu_ms)
                 return
             decider.apply(decision)
             self._round_ms = []
         s.store.set_lr(self.lr_at(s.epoch))  # adascale: φ moved, even where B did not
         self._rounds = 0
         s.metrics.write("adapt", step=s.step, epoch=s.epoch, **decision.record(), lr=self.lr_at(s.epoch),
-                        global_batch=decider.batch, rounds=self.estimator.estimate().rounds, basis=basis)
+                        global_batch=decider.batch, rounds=self.estimator.estimate().rounds, basis=basis, cpu_ms=cpu_ms)
         if decision.changed:
             s.events.plan_changed.emit()
 

@@ -209,10 +209,10 @@ def choose(config: AdaptiveConfig, current: int, phi: float | None, lower: int, 
     if escapes is not None:
         pool = [b for b in escapes if b >= current or not upward_only] or [current]
     else:
+        # within MAX_STEP of B now first: `measurable` prices a plan, the window costs nothing
         pool = [b for b in candidates(lo, hi, current) if (b >= current or not (upward_only and inside))
+                and (not inside or (current <= MAX_STEP * b and b <= MAX_STEP * current))
                 and (b == current or not inside or measurable is None or measurable(b))] or [current]
-        if inside:
-            pool = [b for b in pool if current <= MAX_STEP * b and b <= MAX_STEP * current] or [current]
     best = max(pool, key=lambda b: (value(b), -abs(b - current)))
     gain = value(best) / now - 1.0 if now > 0 else None
     spread = None

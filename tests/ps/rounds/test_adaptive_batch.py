@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from ps.checkpoint import write_checkpoint
+from ps.rounds import adaptive_batch
 from ps.control.global_batch.goodput import MIN_STEPS_PER_EPOCH, OUTSIDE
 from ps.control.policy import build_policy, with_global_batch
 from ps.server_job import build_job
@@ -159,5 +160,31 @@ def test_a_lone_worker_s_sub_batch_measures_the_noise_scale_every_round_and_one_
                                         sub_sq_norm=sq_norm + 3.0), grad)
             adaptive.close(grad)
             assert adaptive.estimator.estimate().rounds == 4 and adaptive._measurable_plan({"a": 64, "b": 0})
+
+    asyncio.run(run())
+
+
+def test_a_decision_that_took_d_seconds_of_cpu_waits_d_over_the_share_before_the_next(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """--adapt-every counts rounds; where rounds are short and a decision costly, the decisions would take
+    most of the job: the next one waits until the last one's CPU is DECISION_SHARE of the time since."""
+    cpu = iter(float(k) for k in range(1000))  # every decision takes one second of its thread's CPU
+    monkeypatch.setattr(adaptive_batch.time, "thread_time", lambda: next(cpu))
+
+    async def run() -> None:
+        async with joined_job("--global-batch", "64", "--min-global-batch", "16", "--max-global-batch", "64",
+                              "--adaptive-batch", "gns", "--adapt-every", "2", events=("adapt",)) as job:
+            now = [100.0]
+            job.c.clock = lambda: now[0]
+            for _ in range(2):
+                await close_round(job.c, job.joined)
+            assert [r["cpu_ms"] for r in job.records] == [1000.0]
+            for _ in range(6):  # --adapt-every 2 rounds, three times over, within the wait
+                now[0] += 1.0
+                await close_round(job.c, job.joined)
+            assert len(job.records) == 1
+            now[0] = 100.0 + 1.0 / adaptive_batch.DECISION_SHARE
+            await close_round(job.c, job.joined)
+            assert len(job.records) == 2
 
     asyncio.run(run())
