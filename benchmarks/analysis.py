@@ -25,6 +25,8 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ps.control.model.break_even import carrying
+
 Event = Mapping[str, Any]
 
 
@@ -170,7 +172,9 @@ def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
     A law counts where it is known: ``law`` true (auto) or measured at two batch sizes or more
     (``batches``, model), and its q measured (``slope_measured``, where reported); a line through the
     origin, or one whose q is within its noise of zero, has no break-even. The break-even is the least
-    b with q·b >= s, on the report's rounded q and s (a plan within their rounding of it is not below)."""
+    b with q·b >= s, on the report's rounded q and s (a plan within their rounding of it is not below).
+    The worker with the plan's largest batch carries the round and is not judged
+    (ps.control.model.break_even.carrying)."""
     out = []
     for e in of_kind(events, "adjust"):
         if e.get("phase") == "wait":
@@ -180,6 +184,8 @@ def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
         if len(active) < 2:
             continue
         for k in active:
+            if k == carrying(plan):
+                continue
             fit = fits.get(k) or {}
             known = fit.get("law", (fit.get("batches") or 0) >= 2) and fit.get("slope_measured", True)
             q, s = float(fit.get("q") or 0.0), float(fit.get("s") or 0.0)

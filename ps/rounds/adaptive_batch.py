@@ -134,10 +134,16 @@ class AdaptiveBatchSizing:
         """--adapt-every N: decide after every N rounds; at once, whatever the schedule, where B is outside
         the range a decision may choose from (`_range`: B₀ larger than an epoch holds
         goodput.MIN_STEPS_PER_EPOCH rounds of, or than the workers' bounds make up): no measurement
-        could keep it there, and every round at it is spent where no decision would go."""
+        could keep it there, and every round at it is spent where no decision would go. While the batch
+        policy re-probes parked workers (its last decision's phase "reprobe") no decision is due and the
+        rounds are not B's measure: they time a plan that brought back workers the policy had parked,
+        until the policy's next decision judges it (docs/policies.md, "the round judges a re-probe")."""
         if self.on:
             self._rounds += 1
-            scheduled = (self.settings.every is not None and self._rounds >= self.settings.every
+            reprobing = self.state.policy.report().get("phase") == "reprobe"
+            if reprobing:
+                self._round_ms = []
+            scheduled = (self.settings.every is not None and self._rounds >= self.settings.every and not reprobing
                          and self.state.clock() - self._decided_at >= self._decision_s / DECISION_SHARE)
             if scheduled or self._outside():
                 self.decide()

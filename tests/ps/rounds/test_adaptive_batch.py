@@ -188,3 +188,21 @@ def test_a_decision_that_took_d_seconds_of_cpu_waits_d_over_the_share_before_the
             assert len(job.records) == 2
 
     asyncio.run(run())
+
+
+def test_no_decision_is_due_while_the_batch_policy_re_probes_and_its_rounds_are_not_b_s_measure() -> None:
+    """A re-probe's rounds time a plan with parked workers brought back: they measure neither B nor the
+    plan at B, so the decision waits for the policy's next decision, and their times are dropped."""
+    async def run() -> None:
+        async with joined_job("--global-batch", "64", "--min-global-batch", "16", "--max-global-batch", "64",
+                              "--adaptive-batch", "gns", "--adapt-every", "2", events=("adapt",)) as job:
+            policy = job.c.policy
+            policy.report = lambda: {"phase": "reprobe"}  # type: ignore[method-assign]
+            for _ in range(4):
+                await close_round(job.c, job.joined)
+            assert job.records == [] and job.c.adaptive._round_ms == []
+            del policy.report  # the policy judged the re-probe: its own report again
+            await close_round(job.c, job.joined)
+            assert len(job.records) == 1 and len(job.c.adaptive._round_ms) == 1
+
+    asyncio.run(run())

@@ -11,8 +11,8 @@ import pytest
 
 from ps.control.config import PolicyConfig
 from ps.control.model.policy import ModelPolicy
-from ps.control.model.break_even import (below_break_even, break_even_batch, compute_share, park_below_break_even,
-                                         raised_to_break_even)
+from ps.control.model.break_even import (below_break_even, break_even_batch, carrying, compute_share,
+                                         park_below_break_even, raised_to_break_even)
 from ps.control.performance import FinishTime, split
 from ps.control.policy import build_policy, with_global_batch
 from ps.control.worker_plan import WorkerPlan
@@ -57,9 +57,21 @@ def test_the_last_worker_and_a_rest_that_cannot_make_up_the_total_are_kept() -> 
     times = {"a": line(1.0, 100.0), "b": line(1.0, 100.0)}
     lower, upper = dict.fromkeys(times, 1), dict.fromkeys(times, 1000)
     plan, parked = park_below_break_even(times, times, {"a": 20, "b": 20}, lower, upper, list(times))
-    assert parked == ["a"] and plan == {"a": 0, "b": 40}  # one left, below its break-even still
+    # one left, below its break-even still: of two equal shares the first named carries the round
+    assert parked == ["b"] and plan == {"a": 40, "b": 0}
     capped = {"a": 1000, "b": 25}
     assert park_below_break_even(times, times, {"a": 20, "b": 20}, lower, capped, ["a"]) == ({"a": 20, "b": 20}, [])
+
+
+def test_the_worker_carrying_the_round_is_never_parked_for_its_break_even() -> None:
+    """The teacher MLP on HL8: the full-core worker's fixed cost is above its compute at most of B, and
+    parking it would leave the round to a 3/16-core worker at 40 times its time."""
+    times = {"fast": line(0.0032, 4.1), "slow": line(0.40, 2.5), "slower": line(0.18, 5.8)}
+    lower, upper = dict.fromkeys(times, 1), dict.fromkeys(times, 512)
+    plan, parked = park_below_break_even(times, times, {"fast": 486, "slow": 10, "slower": 16}, lower, upper,
+                                         list(times))
+    assert parked == ["slower"] and plan["slower"] == 0 and plan["fast"] > 400  # below its break-even of 1,282
+    assert carrying(plan) == "fast" and carrying({"a": 0, "b": 0}) is None
 
 
 COSTS = {"a": (0.2, 5.0), "b": (0.2, 5.0), "c": (0.2, 5.0), "d": (0.4, 15.0)}
