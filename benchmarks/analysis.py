@@ -183,9 +183,8 @@ def below_break_even(events: Sequence[Event]) -> list[dict[str, Any]]:
         active = [k for k, b in plan.items() if b]
         if len(active) < 2:
             continue
-        for k in active:
-            if k == carrying(plan):
-                continue
+        carrier = carrying(plan)
+        for k in (k for k in active if k != carrier):
             fit = fits.get(k) or {}
             known = fit.get("law", (fit.get("batches") or 0) >= 2) and fit.get("slope_measured", True)
             q, s = float(fit.get("q") or 0.0), float(fit.get("s") or 0.0)

@@ -75,9 +75,9 @@ def parked_one_by_one(laws: Mapping[str, FinishTime], plan_without: Callable[[li
         raise ValueError("plan_without([]) made no plan")
     plan = first
     while True:
-        active = [k for k, b in plan.items() if b > 0]
-        below = sorted((k for k in active if k in candidates and k in laws and below_break_even(laws[k], plan[k])
-                        and k != carrying(plan)), key=lambda k: compute_share(laws[k], plan[k]))
+        active, carrier = [k for k, b in plan.items() if b > 0], carrying(plan)
+        below = sorted((k for k in active if k in candidates and k != carrier and k in laws
+                        and below_break_even(laws[k], plan[k])), key=lambda k: compute_share(laws[k], plan[k]))
         if len(active) < 2 or not below:
             return plan, parked
         for k in below:
