@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
@@ -18,54 +17,9 @@ from ps.control.global_batch.gns import (
     worker_pairs,
     worker_weights,
 )
+from tests.simulated_gradients import HL8_BATCHES, Gradients, feed, norms, round_with
 
 FAST = settings(max_examples=60, deadline=None)
-HL8_BATCHES = (32, 32, 21, 171)  # 6/6/4/32 shares of B = 256
-
-
-class Gradients:
-    """Per-sample gradients G + noise in d dimensions with known |G|² and tr(Σ).
-
-    The noise is a decaying spectrum (eigenvalues ∝ 1/i, as real gradient noise is far from
-    isotropic) times unit-variance draws: Gaussian or a centred exponential (skewed, heavy-tailed)."""
-
-    def __init__(self, seed: int, noise_scale: float, dim: int = 32, kind: str = "gaussian") -> None:
-        self.rng = np.random.default_rng(seed)
-        self.spectrum = 1.0 / np.arange(1, dim + 1)
-        direction = self.rng.normal(size=dim)
-        self.mean = direction * math.sqrt(self.trace / noise_scale / (direction @ direction))
-        self.kind = kind
-
-    @property
-    def trace(self) -> float:
-        return float(self.spectrum.sum())
-
-    @property
-    def signal(self) -> float:
-        return float(self.mean @ self.mean)
-
-    def worker_means(self, batches: tuple[int, ...], rounds: int) -> np.ndarray:
-        """(rounds, workers, dim): each worker's mean over its b_k fresh per-sample gradients."""
-        means = np.empty((rounds, len(batches), len(self.mean)))
-        for k, b in enumerate(batches):
-            shape = (rounds, b, len(self.mean))
-            z = self.rng.normal(size=shape) if self.kind == "gaussian" else self.rng.exponential(size=shape) - 1.0
-            means[:, k] = self.mean + (z * np.sqrt(self.spectrum)).mean(axis=1)
-        return means
-
-
-def norms(batches: tuple[int, ...], means: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per round: the |g_k|² (rounds, workers) and |g|² of the batch-weighted mean (rounds,)."""
-    b = np.asarray(batches, dtype=np.float64)
-    overall = np.einsum("k,rkd->rd", b / b.sum(), means)
-    return (means ** 2).sum(-1), (overall ** 2).sum(-1)
-
-
-def feed(est: NoiseScaleEstimator, batches: tuple[int, ...], local: np.ndarray, overall: np.ndarray) -> None:
-    for y, x in zip(local, overall):
-        est.observe(batches, y.tolist(), float(x))
-
-
 # ---------------------------------------------------------------- convergence to the known noise scale
 
 
@@ -266,14 +220,6 @@ def test_smoothing_averages_numerator_and_denominator_not_the_ratio() -> None:
     assert got.phi != pytest.approx((0.5 * 10.0 + 2.0) / 1.5)  # the smoothed ratio would be this
 
 
-def round_with(signal: float, noise: float, batch: int = 4) -> tuple[list[int], list[float], float]:
-    """Two workers of `batch` samples whose round estimates are exactly (signal, noise)."""
-    big = 2 * batch
-    overall = signal + noise / big
-    spread = noise / batch  # Σ b_k y_k − B x = b (y1 + y2) − 2b x = noise (N − 1 = 1)
-    return [batch, batch], [overall + spread / 2, overall + spread / 2], overall
-
-
 def test_a_negative_signal_estimate_is_unknown_and_kept_in_the_sums() -> None:
     est = NoiseScaleEstimator(smoothing=0.5)
     assert est.estimate().reason == "no round observed yet" and not est.estimate().known
@@ -353,61 +299,6 @@ def test_pairs_and_weights_need_two_workers() -> None:
         worker_weights([8])
     with pytest.raises(ValueError, match="smoothing must be in"):
         NoiseScaleEstimator(smoothing=1.0)
-
-
-# ---------------------------------------------------------------- checkpoints
-
-
-def test_state_survives_json_and_continues_identically() -> None:
-    grads = Gradients(seed=2, noise_scale=30.0)
-    local, overall = norms(HL8_BATCHES, grads.worker_means(HL8_BATCHES, rounds=40))
-    est = NoiseScaleEstimator(smoothing=0.9)
-    feed(est, HL8_BATCHES, local[:20], overall[:20])
-    est.observe([64], [float(overall[20])], float(overall[20]))
-    restored = NoiseScaleEstimator.from_state_dict(json.loads(json.dumps(est.state_dict())))
-    assert restored.estimate() == est.estimate() and restored.state_dict() == est.state_dict()
-    for e in (est, restored):
-        e.observe([128], [float(overall[21])], float(overall[21]))  # pairs with the remembered round
-        feed(e, HL8_BATCHES, local[22:], overall[22:])
-    assert restored.estimate() == est.estimate()
-
-
-def good_state() -> dict:
-    est = NoiseScaleEstimator(smoothing=0.9)
-    est.observe(*round_with(1.0, 2.0))
-    est.observe([64], [2.0], 2.0)
-    return est.state_dict()
-
-
-@pytest.mark.parametrize(
-    ("change", "needle"),
-    [
-        ({"format": "gns/0"}, "unsupported GNS state format"),
-        ({"smoothing": 1.5}, "smoothing must be in"),
-        ({"rounds": -1}, "rounds must be >= 0"),
-        ({"rounds": 1.5}, "rounds must be a whole number"),
-        ({"signal_sum": float("nan")}, "signal_sum must be a finite number"),
-        ({"noise_sum": "3"}, "noise_sum must be a finite number"),
-        ({"rounds": 0}, "sums but no rounds"),
-        ({"previous_single": [64]}, "previous_single must be null or [batch, squared norm]"),
-        ({"previous_single": [0, 1.0]}, "previous batch must be >= 1"),
-        ({"previous_single": [64, -1.0]}, "previous squared norm must be in [0, inf]"),
-    ],
-)
-def test_bad_states_are_refused(change: dict, needle: str) -> None:
-    with pytest.raises(ValueError) as caught:
-        NoiseScaleEstimator.from_state_dict({**good_state(), **change})
-    assert needle in str(caught.value)
-
-
-def test_states_with_missing_or_extra_keys_are_refused() -> None:
-    state = good_state()
-    with pytest.raises(ValueError, match="exactly the keys"):
-        NoiseScaleEstimator.from_state_dict({k: v for k, v in state.items() if k != "rounds"})
-    with pytest.raises(ValueError, match="exactly the keys"):
-        NoiseScaleEstimator.from_state_dict({**state, "weight": 1.0})
-    with pytest.raises(ValueError, match="must be a mapping"):
-        NoiseScaleEstimator.from_state_dict([])  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- statistical efficiency
