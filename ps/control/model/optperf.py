@@ -138,6 +138,45 @@ def _best_prefix(times: Mapping[str, FinishTime], order: list[str], total: int, 
     return trial
 
 
+OUTLASTING_TRIALS = 4
+"""The sets of latest workers `outlasting` prices parked (the latest one, two, ... and all of them)."""
+
+
+def outlasting(means: Mapping[str, float], plan: Mapping[str, int], times: Mapping[str, FinishTime], total: int,
+               lower: Mapping[str, int], upper: Mapping[str, int], *, measured_round: float, overhead: float,
+               margin: float, share: float) -> list[str]:
+    """The workers of `plan` to price parked by the measured round: those with at most `share` of
+    `total` whose measured mean finish (`means`) is later by more than `margin` than that of the worker
+    with the largest batch (which carries the round; never among them), latest first, the fewest of
+    them whose parking predicts the round the others make without them (the best split of `total`
+    over the rest by `times`, plus `overhead`) shorter than `measured_round` by more than `margin` of
+    it; [] where none does.
+
+    A worker kept at a few samples whose fixed cost sets the round is parked by the measured round,
+    not by its fit alone: one whose time barely grows with its batch fits flat, or below what it
+    measures, and a re-solve that may only halve a batch takes one decision a halving to bring it to
+    the minimum batch it parks from. Only small shares: their samples moved to the others raise those
+    by little more than `share`, where the others' fits are measured, while a worker with a larger
+    share late after a change of speed is re-balanced, not parked (its measured round is no measure of
+    the plan that keeps it at a smaller batch)."""
+    active = [k for k, b in plan.items() if b > 0]
+    if len(active) < 2 or any(k not in means for k in active):
+        return []
+    carrying = max(active, key=plan.__getitem__)
+    late = sorted((k for k in active if means[k] > (1.0 + margin) * means[carrying] and plan[k] <= share * total),
+                  key=means.__getitem__, reverse=True)
+    sizes = sorted({*range(1, min(len(late), OUTLASTING_TRIALS) + 1), len(late)} - {0})
+    for n in sizes:
+        out = set(late[:n])
+        rest = [k for k in active if k not in out]
+        if not sum(lower[k] for k in rest) <= total <= sum(upper[k] for k in rest):
+            continue
+        without = split({k: times[k] for k in rest}, total, lower, upper)
+        if (round_time(times, without) + overhead) * (1.0 + margin) < measured_round:
+            return late[:n]
+    return []
+
+
 def nearest_plan(times: Mapping[str, FinishTime], plan: Mapping[str, int], current: Mapping[str, int],
                  lower: Mapping[str, int], upper: Mapping[str, int], slack: float,
                  idle: Collection[str] = (), band: float = 0.0) -> dict[str, int]:

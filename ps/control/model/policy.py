@@ -33,14 +33,15 @@ overhead, the balance a plan is held on, replans and reports) in fitted_plan.py;
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Mapping
 from typing import Any
 
 from ps.control.model.checkpoint import ModelPart, model_state, read_model_state
-from ps.control.model.optperf import best_plan, nearest_plan
+from ps.control.model.optperf import best_plan, nearest_plan, outlasting
 from ps.control.model.fitted_plan import FittedPlan
 from ps.control.model.probes import probe_plan
-from ps.control.model.rounds import WorkerSetRounds, prediction_error
+from ps.control.model.rounds import MIN_ERROR_ROUNDS, WorkerSetRounds, prediction_error
 from ps.control.model.trust import trusted_bounds
 from ps.control.model.worker_fits import WorkerFits
 from ps.control.performance import FittedRounds
@@ -158,13 +159,16 @@ class ModelPolicy(FittedPlan):
             return new
         reprobe = self._reprobes_due()
         breaks_even = self._breaks_even(current)
-        if self._solved and not reprobe and not self._parking.reprobed and breaks_even and self._balanced(current):
+        # the first solve's fits are new: the error of the plan they replace is not theirs
+        min_gain = max(MIN_GAIN, prediction_error(report["previous"]) if self._solved else 0.0)
+        late = self._outlasting(current, report["previous"], min_gain) if self._solved and not reprobe else []
+        if (self._solved and not reprobe and not self._parking.reprobed and breaks_even and not late
+                and self._balanced(current)):
             self._confirming = False
             self._report = {**report, "phase": "hold", "balanced": True, "drift": drifted, **self._describe(current)}
             return None
-        # the first solve's fits are new: the error of the plan they replace is not theirs
-        min_gain = max(MIN_GAIN, prediction_error(report["previous"]) if self._solved else 0.0)
-        new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain, trust=self._solved)
+        new, parked, compared = self._solve(forced_in=reprobe, min_gain=min_gain, trust=self._solved, parkable=late)
+        parks_late = any(k in parked for k in late)  # the measured round asks for it: no hold, no confirmation
         reprobe = [k for k in reprobe if k not in parked]
         finishes = self._fits.times(cautious=True)
         compare = FittedRounds(finishes)
@@ -173,13 +177,13 @@ class ModelPolicy(FittedPlan):
         # a new plan must beat the model's own error on the plan in force, parking included: where the
         # optimum is flat (a fixed cost dominates) noise in the fits must not move B back and forth, nor
         # near-equal workers swap places; the first solve and a re-probe are installed anyway
-        if self._solved and not reprobe and breaks_even and not gain > min_gain:
+        if self._solved and not reprobe and breaks_even and not gain > min_gain and not parks_late:
             self._parking.reprobed, self._confirming = {}, False
             self._report = {**report, "phase": "hold", "drift": drifted, **self._describe(current)}
             return None
         # no worker drifted: the gain must be found twice in a row, one decision's is often noise
         if (self._solved and not reprobe and not self._parking.reprobed and not drifted and breaks_even
-                and not self._confirming):
+                and not self._confirming and not parks_late):
             self._confirming = True
             self._report = {**report, "phase": "hold", "confirm": True, "drift": drifted, **self._describe(current)}
             return None
@@ -193,6 +197,7 @@ class ModelPolicy(FittedPlan):
             self._reprobing(current, report)
         self._solved = True
         self._report = {**report, "phase": "reprobe" if reprobe else "solve", "drift": drifted,
+                        **({"outlasting": late} if late else {}),
                         **({"reprobe": reprobe} if reprobe else {}), **({"park": compared} if compared else {}),
                         **self._describe(new)}
         return new
@@ -217,11 +222,13 @@ class ModelPolicy(FittedPlan):
     def _unpark(self) -> None:
         self._parking.parked = {}  # those back for a re-probe stay so until a solve judges them
 
-    def _solve(self, forced_in: list[str], min_gain: float,
-               trust: bool = False) -> tuple[dict[str, int], list[str], dict[str, float]]:
+    def _solve(self, forced_in: list[str], min_gain: float, trust: bool = False,
+               parkable: list[str] | None = None) -> tuple[dict[str, int], list[str], dict[str, float]]:
         """The best split of B over every worker (parked ones included: they are candidates like the
         others, except those brought back for a re-probe), and who is parked. `trust` (a re-solve):
-        each worker with a batch, but one re-probed, stays within trust.TRUST times of it, up or down."""
+        each worker with a batch, but one re-probed, stays within trust.TRUST times of it, up or down,
+        and parks only from its minimum batch, or where the measured round outlasts the others'
+        without it (`parkable`, `_outlasting`)."""
         times = self._fits.times(cautious=True)
         lower, upper = self._bounds()
         B = self._config.global_batch
@@ -233,7 +240,7 @@ class ModelPolicy(FittedPlan):
             now = {k: b if k not in forced_in and k not in self._parking.reprobed else 0 for k, b in self.plan().items()}
             lower, upper = trusted_bounds(now, B, lower, upper)
             # parking is a move like any other: only from the minimum batch (or parked already)
-            may_park = [k for k in may_park if now[k] <= self._workers[k].min_batch]
+            may_park = [k for k in may_park if now[k] <= self._workers[k].min_batch or k in (parkable or ())]
         lower = self._reprobe_bounds(lower, upper, forced_in)
         incumbents = [k for k in may_park if k in self._parking.parked or k in self._parking.reprobed]
         plan, parked, compared = best_plan(times, B, lower, upper, may_park=may_park, overhead=self.overhead_ms,
@@ -247,6 +254,22 @@ class ModelPolicy(FittedPlan):
             plan, below = self._break_even(solved, times, self._reprobe_bounds(lower, upper, forced_in), upper,
                                            list(self._workers))
         return plan, parked + below, compared
+
+    def _outlasting(self, current: Mapping[str, int], previous: Mapping[str, Any], margin: float) -> list[str]:
+        """The workers whose parking the plan in force's measured round asks for (optperf.outlasting:
+        shares of B up to the deadband, the deadband the least margin, c of the plan in force), where it was measured over
+        MIN_ERROR_ROUNDS rounds and more, in BSP."""
+        measured = previous.get("measured_round_ms")
+        if measured is None or previous.get("rounds", 0) < MIN_ERROR_ROUNDS or not self._may_park():
+            return []
+        times = self._held.in_force(current)
+        if times is None:
+            return []
+        lower, upper = self._bounds()
+        return outlasting({k: statistics.fmean(ms) for k, ms in times.items()}, current,
+                          self._fits.times(cautious=True), self._config.global_batch, lower, upper,
+                          measured_round=float(measured), overhead=self.overhead_ms,
+                          margin=max(margin, self._config.deadband), share=self._config.deadband)
 
     def _install_parking(self, parked: list[str], reprobe: list[str]) -> None:
         """Record who is parked after a solve (parking.py); the re-probed workers are probes until measured."""
