@@ -266,11 +266,13 @@ class AdaptiveBatchSizing:
                 "efficiency": None if decider is None else decider.efficiency(), "lr": self.lr_at(self.state.epoch)}
 
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint's `adaptive` entry (none when off). The round times measured at each B are
-        not kept: a resumed job measures them again."""
+        """The checkpoint's `adaptive` entry (none when off), with the workers noted training alone
+        without a sub-batch (`unsplit`). The round times measured at each B are not kept: a resumed job
+        measures them again."""
         if self.decider is None:
             return {}
-        return {"adaptive": {"decider": self.decider.state_dict(), "gns": self.estimator.state_dict()}}
+        return {"adaptive": {"decider": self.decider.state_dict(), "gns": self.estimator.state_dict(),
+                             "unsplit": sorted(self._unsplit)}}
 
     def restore(self, checkpoint: dict[str, Any]) -> None:
         """Before the start: the checkpoint's B, φ and estimator; the coordinator's fresh policy at
@@ -278,13 +280,18 @@ class AdaptiveBatchSizing:
         saved = checkpoint.get("adaptive")
         if self.decider is None or saved is None:
             return
-        if not isinstance(saved, dict) or set(saved) != {"decider", "gns"}:
-            raise ValueError("the checkpoint's adaptive-batch state must hold exactly 'decider' and 'gns'")
+        if not isinstance(saved, dict) or not {"decider", "gns"} <= set(saved) <= {"decider", "gns", "unsplit"}:
+            raise ValueError("the checkpoint's adaptive-batch state must hold 'decider' and 'gns' (and may hold "
+                             "'unsplit'), nothing else")
+        unsplit = saved.get("unsplit", [])
+        if not isinstance(unsplit, list) or not all(isinstance(k, str) and k for k in unsplit):
+            raise ValueError("the checkpoint's adaptive-batch 'unsplit' must be a list of worker names")
         estimator = NoiseScaleEstimator.from_state_dict(saved["gns"])
         if estimator.smoothing != self.estimator.smoothing:  # the server's constant, not the file's to set
             raise ValueError(f"the checkpoint's noise-scale smoothing {estimator.smoothing!r} is not this server's "
                              f"{self.estimator.smoothing!r}")
         self.decider.load_state_dict(saved["decider"])
         self.estimator = estimator
+        self._unsplit = set(unsplit)
         s = self.state
         s.replace_policy(build_policy(replace(s.policy.config, global_batch=self.decider.batch)))

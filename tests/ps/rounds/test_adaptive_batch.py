@@ -206,3 +206,32 @@ def test_no_decision_is_due_while_the_batch_policy_re_probes_and_its_rounds_are_
             assert len(job.records) == 1 and len(job.c.adaptive._round_ms) == 1
 
     asyncio.run(run())
+
+
+def test_the_workers_noted_training_alone_without_a_sub_batch_are_kept_in_the_checkpoint(tmp_path: Path) -> None:
+    """A resumed job still knows which worker's lone rounds give φ no pair (`unsplit`), instead of
+    learning it again from a lone round; a file whose list is not of worker names is refused, naming it."""
+    flags = ["--global-batch", "64", "--min-global-batch", "16", "--max-global-batch", "64", "--adaptive-batch", "gns"]
+
+    async def run() -> dict:
+        async with joined_job(*flags) as job:
+            adaptive = job.c.adaptive
+            grad = torch.full((job.c.own_numel,), 0.5)
+            adaptive.push("a", PushMeta("w-a", 0, 0, 64, PushTimes(7.0), "float32"), grad)  # told, and no sub-batch
+            adaptive.close(grad)
+            assert adaptive._unsplit == {"a"}
+            return job.c.checkpoint_state()
+
+    state = asyncio.run(run())
+    assert state["adaptive"]["unsplit"] == ["a"]
+    write_checkpoint(tmp_path / "ckpt", state, 0, keep=1)
+    resumed = build_job(job_args(*flags, "--resume", str(tmp_path / "ckpt"), "--metrics-log", str(tmp_path / "m.jsonl")))
+    try:
+        assert resumed.coordinator.adaptive._unsplit == {"a"}
+    finally:
+        resumed.evaluator.close()
+        resumed.metrics.close()
+    state["adaptive"]["unsplit"] = [3]
+    write_checkpoint(tmp_path / "bad", state, 0, keep=1)
+    with pytest.raises(ValueError, match="adaptive-batch 'unsplit' must be a list of worker names"):
+        build_job(job_args(*flags, "--resume", str(tmp_path / "bad"), "--metrics-log", str(tmp_path / "m2.jsonl")))
