@@ -109,8 +109,9 @@ def change_starts(items: Sequence[Item], settled: int, min_samples: int, deadban
     noise, runs = noise_and_persistence(before)
     batch = tail[-1][1]
     used = before if law.known else [it for it in before if it[1] == law.batch]
+    # the settled times may all have been dropped since their law was kept: its line's own error then
     fit_error = max(line.sd(batch) / line.at(batch),
-                    law_error(used, batch, noise, law.known) * math.sqrt(min(runs, len(used))))
+                    law_error(used, batch, noise, law.known) * math.sqrt(min(runs, len(used))) if used else 0.0)
     # by the shift's side, for each test
     needs = [(needed_rounds(residuals, -1.0, rounds), needed_rounds(residuals, 1.0, rounds)) for _, rounds in tests]
     fewest = min(min(need) for need in needs)

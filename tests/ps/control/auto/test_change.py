@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from ps.control.auto.change import CHANGE_ROUNDS, SETTLE_EVERY, WINDOW, change_start, relative_noise, settled_mark
+from ps.control.auto.change import CHANGE_ROUNDS, SETTLE_EVERY, WINDOW, change_start, change_starts, relative_noise, settled_mark
 from ps.control.auto.law import law_of
 
 Item = tuple[int, int, float, float | None]
@@ -136,3 +136,17 @@ def test_the_noise_is_estimated_per_batch_size_and_a_stall_counts_little() -> No
     stalled = items + [(len(items), 32, 3200.0, None)]
     assert relative_noise(stalled) < 0.08
     assert relative_noise([]) == pytest.approx(0.1)  # the prior alone
+
+
+def test_a_kept_law_whose_settled_times_were_all_dropped_tests_the_newest_on_its_line_alone() -> None:
+    """A worker's settled law is kept while its observations are pruned; once none of the times it was
+    fitted from is left, the newest times are tested against its line's own error (a property test of
+    the auto policy found the decision's test of them failing on an empty list, inside a push)."""
+    rnd = random.Random(0)
+    items = [(i, 32 if i % 2 else 16, (0.5 * (32 if i % 2 else 16) + 5.0) * (1.0 + rnd.gauss(0.0, 0.02)), None)
+             for i in range(10)]
+    law = law_of(items[:6], 1)
+    assert law is not None
+    newest = [(i, 32, 40.0, None) for i in range(10, 14)]  # twice the law's 21 ms: a change
+    assert change_starts(newest, 10, 1, 0.1, ((4.5, 3),), settled_law=lambda _, __: law) == [10]
+    assert change_starts(items[6:], 6, 1, 0.1, ((4.5, 3),), settled_law=lambda _, __: law) == [None]
