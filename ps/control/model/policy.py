@@ -72,6 +72,8 @@ class ModelPolicy(FittedPlan):
         self._probing: set[str] = set()  # workers whose current batch is a probe not yet measured
         self._rounds = WorkerSetRounds()
         self._solved = False
+        # a solve kept a small worker: its plan is checked once by its rounds (`_late_now`; in memory only)
+        self._checking = False
         self._since_decision = 0  # observations since the last decision
 
     # ------------------------------------------------------------------ what the policy is told
@@ -113,7 +115,9 @@ class ModelPolicy(FittedPlan):
     def decision_due(self) -> bool:
         """A probe or the first solve can be made: every worker in the plan measured at its batch
         (`min_samples` times, and as many rounds since the last decision), and someone still to be
-        probed, a probe measured, or no solve yet."""
+        probed, a probe measured, or no solve yet; or a solve that kept a small worker beside the
+        carrying one is contradicted by its rounds (`_late_now`, asked once a solve): without it that
+        plan would run until the next scheduled decision, an epoch by default."""
         active = self._active()
         if not active or any(w.batch is None for w in self._workers.values()):
             return False
@@ -121,6 +125,10 @@ class ModelPolicy(FittedPlan):
             return False
         if self._probing or not self._solved:
             return True
+        if self._checking and len(self._rounds.measured) >= MIN_ERROR_ROUNDS:
+            self._checking = False
+            if self._late_now():
+                return True
         return not all(self._identified(k) for k in active)
 
     def _measured_enough(self, active: list[str]) -> bool:
@@ -137,6 +145,7 @@ class ModelPolicy(FittedPlan):
         current = self.plan()
         report: dict[str, Any] = self._opening()
         self._since_decision = 0
+        self._checking = False
         self._parking.tick()
         if not self._measured_enough(active):
             self._report = {**report, "phase": "wait", **self._describe(current)}
@@ -161,7 +170,7 @@ class ModelPolicy(FittedPlan):
         breaks_even = self._breaks_even(current)
         # the first solve's fits are new: the error of the plan they replace is not theirs
         min_gain = max(MIN_GAIN, prediction_error(report["previous"]) if self._solved else 0.0)
-        late = self._outlasting(current, report["previous"], min_gain) if self._solved and not reprobe else []
+        late = self._outlasting(current, report["previous"]) if self._solved and not reprobe else []
         if (self._solved and not reprobe and not self._parking.reprobed and breaks_even and not late
                 and self._balanced(current)):
             self._confirming = False
@@ -196,6 +205,7 @@ class ModelPolicy(FittedPlan):
         if reprobe:
             self._reprobing(current, report)
         self._solved = True
+        self._checking = not reprobe and self._keeps_small(new)
         self._report = {**report, "phase": "reprobe" if reprobe else "solve", "drift": drifted,
                         **({"outlasting": late} if late else {}),
                         **({"reprobe": reprobe} if reprobe else {}), **({"park": compared} if compared else {}),
@@ -255,10 +265,24 @@ class ModelPolicy(FittedPlan):
                                            list(self._workers))
         return plan, parked + below, compared
 
-    def _outlasting(self, current: Mapping[str, int], previous: Mapping[str, Any], margin: float) -> list[str]:
-        """The workers whose parking the plan in force's measured round asks for (optperf.outlasting:
-        shares of B up to the deadband, the deadband the least margin, c of the plan in force), where it was measured over
-        MIN_ERROR_ROUNDS rounds and more, in BSP."""
+    def _keeps_small(self, plan: Mapping[str, int]) -> bool:
+        """Whether `plan` keeps a worker beside others at no more than the deadband of B (one that
+        `_outlasting` may park once the plan is measured)."""
+        active = [b for b in plan.values() if b > 0]
+        return len(active) > 1 and min(active) <= self._config.deadband * self._config.global_batch
+
+    def _late_now(self) -> bool:
+        """Whether the rounds of the plan in force so far ask to park a worker (`_outlasting`)."""
+        measured = self._rounds.measured
+        return bool(self._outlasting(self.plan(), {"measured_round_ms": statistics.median(measured),
+                                                   "rounds": len(measured)}))
+
+    def _outlasting(self, current: Mapping[str, int], previous: Mapping[str, Any]) -> list[str]:
+        """The workers whose parking the plan in force's measured round (`previous`, RoundLog.closing's)
+        asks for (optperf.outlasting: shares of B up to the deadband, the deadband as the margin, c of the
+        plan in force), where it was measured over MIN_ERROR_ROUNDS rounds and more, in BSP. The margin
+        is not the model's error on the plan in force: that error is the late workers' own, and the
+        round without them is priced from the others' fits."""
         measured = previous.get("measured_round_ms")
         if measured is None or previous.get("rounds", 0) < MIN_ERROR_ROUNDS or not self._may_park():
             return []
@@ -269,7 +293,7 @@ class ModelPolicy(FittedPlan):
         return outlasting({k: statistics.fmean(ms) for k, ms in times.items()}, current,
                           self._fits.times(cautious=True), self._config.global_batch, lower, upper,
                           measured_round=float(measured), overhead=self.overhead_ms,
-                          margin=max(margin, self._config.deadband), share=self._config.deadband)
+                          margin=self._config.deadband, share=self._config.deadband)
 
     def _install_parking(self, parked: list[str], reprobe: list[str]) -> None:
         """Record who is parked after a solve (parking.py); the re-probed workers are probes until measured."""

@@ -66,3 +66,21 @@ def test_the_model_policy_parks_a_small_worker_whose_time_turned_flat_at_once() 
     parked_at = next(i for i, r in enumerate(reports) if r["plan"]["slow"] == 0)
     assert parked_at <= 1, [(r["phase"], r["plan"]) for r in reports]
     assert any(r.get("outlasting") == ["slow"] for r in reports[:parked_at + 1])
+
+
+def test_a_solve_that_keeps_a_small_worker_is_checked_by_its_rounds_before_the_scheduled_decision() -> None:
+    """Decisions scheduled an epoch apart (here never): the solve after the probes keeps 'slow' at a few
+    dozen samples, and its steps turn out to take 20 ms whatever the batch. The policy asks for a
+    decision once the plan's rounds are measured, and parks it there, not an epoch later."""
+    costs = {"fast": (0.003, 1.5), "slow": (0.1, 0.0)}
+    ctl = model(costs, 1024)
+    rnd = random.Random(0)
+    phases: list[str] = []
+    while "solve" not in phases:  # a round at a time, to the first solve
+        phases += [r["phase"] for r in run_rounds(ctl, costs, 1, 0.02, rnd, 2.0, 10**6, check=check_plan)]
+        assert len(phases) < 10
+    assert 20 <= ctl.plan()["slow"] <= 80
+    flat = {"fast": (0.003, 1.5), "slow": (0.0, 20.0)}
+    reports = run_rounds(ctl, flat, 30, 0.02, rnd, 2.0, 10**6, check=check_plan)
+    assert ctl.plan()["slow"] == 0, reports
+    assert reports[0].get("outlasting") == ["slow"]
