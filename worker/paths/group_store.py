@@ -38,9 +38,12 @@ class ServerStore(dist.Store):
         self._call = call
         self.generation = generation
         self.set_timeout(timeout)
+        self._set_sizes: dict[str, int] = {}  # the size of what this rank set, by the key's parent
 
     def set(self, key: str, value: str | bytes) -> None:
-        self._ask("set", (key,), value=_bytes(value))
+        data = _bytes(value)
+        self._ask("set", (key,), value=data)
+        self._set_sizes[_parent(key)] = len(data)
 
     def get(self, key: str) -> bytes:
         """`key`'s value, never empty: no rank of a group sets one (gloo's addresses, NCCL's id, the
@@ -50,6 +53,10 @@ class ServerStore(dist.Store):
         if not value:
             raise CollectiveError(f"group generation {self.generation}'s store: the server answers {key[:80]!r} with an "
                                   "empty value, which no rank of a group sets")
+        size = self._set_sizes.get(_parent(key))
+        if size is not None and len(value) != size:  # gloo reads a peer's address as long as its own
+            raise CollectiveError(f"group generation {self.generation}'s store: the server answers {key[:80]!r} with "
+                                  f"{len(value)} bytes, where this rank set {size} under the same prefix")
         return value
 
     def add(self, key: str, amount: int) -> int:
@@ -91,6 +98,11 @@ class ServerStore(dist.Store):
                 raise CollectiveError(f"group generation {self.generation}: no peer set {shown} in the group's store "
                                       f"within {timeout}")
             time.sleep(max(0.0, min(asked + min(wait_s, MIN_STORE_POLL_S), deadline) - time.monotonic()))
+
+
+def _parent(key: str) -> str:
+    """The key without its last part: gloo sets each rank's address under the same prefix."""
+    return key.rpartition("/")[0]
 
 
 def _bytes(value: str | bytes) -> bytes:
