@@ -15,9 +15,10 @@ from collections.abc import Collection, Iterable, Mapping
 
 import numpy as np
 
+from ps.control.model.break_even import carrying
 from ps.control.model.finish_table import table_of
 from ps.control.performance import CallTable, FinishTable, FinishTime, FittedRounds, round_time, split
-from ps.control.split import fit_to_sum
+from ps.control.split import fit_to_sum, reachable
 
 
 def best_plan(
@@ -159,17 +160,16 @@ def outlasting(means: Mapping[str, float], plan: Mapping[str, int], times: Mappi
     by little more than `share`, where the others' fits are measured, while a worker with a larger
     share late after a change of speed is re-balanced, not parked (its measured round is no measure of
     the plan that keeps it at a smaller batch)."""
-    active = [k for k, b in plan.items() if b > 0]
-    if len(active) < 2 or any(k not in means for k in active):
+    active, carrier = [k for k, b in plan.items() if b > 0], carrying(plan)
+    if carrier is None or len(active) < 2 or any(k not in means for k in active):
         return []
-    carrying = max(active, key=plan.__getitem__)
-    late = sorted((k for k in active if means[k] > (1.0 + margin) * means[carrying] and plan[k] <= share * total),
+    late = sorted((k for k in active if means[k] > (1.0 + margin) * means[carrier] and plan[k] <= share * total),
                   key=means.__getitem__, reverse=True)
     sizes = sorted({*range(1, min(len(late), OUTLASTING_TRIALS) + 1), len(late)} - {0})
     for n in sizes:
         out = set(late[:n])
         rest = [k for k in active if k not in out]
-        if not sum(lower[k] for k in rest) <= total <= sum(upper[k] for k in rest):
+        if not reachable(rest, total, lower, upper):
             continue
         without = split({k: times[k] for k in rest}, total, lower, upper)
         if (round_time(times, without) + overhead) * (1.0 + margin) < measured_round:

@@ -34,7 +34,7 @@ overhead, the balance a plan is held on, replans and reports) in fitted_plan.py;
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ps.control.model.checkpoint import ModelPart, model_state, read_model_state
@@ -170,9 +170,10 @@ class ModelPolicy(FittedPlan):
         breaks_even = self._breaks_even(current)
         # the first solve's fits are new: the error of the plan they replace is not theirs
         min_gain = max(MIN_GAIN, prediction_error(report["previous"]) if self._solved else 0.0)
-        late = self._outlasting(current, report["previous"]) if self._solved and not reprobe else []
+        in_force, means = self._in_force(current) if self._solved and not reprobe else (None, None)  # for both tests
+        late = self._outlasting(current, report["previous"], in_force, means)
         if (self._solved and not reprobe and not self._parking.reprobed and breaks_even and not late
-                and self._balanced(current)):
+                and self._balanced_on(in_force, current, means)):
             self._confirming = False
             self._report = {**report, "phase": "hold", "balanced": True, "drift": drifted, **self._describe(current)}
             return None
@@ -273,24 +274,29 @@ class ModelPolicy(FittedPlan):
 
     def _late_now(self) -> bool:
         """Whether the rounds of the plan in force so far ask to park a worker (`_outlasting`)."""
-        measured = self._rounds.measured
-        return bool(self._outlasting(self.plan(), {"measured_round_ms": statistics.median(measured),
-                                                   "rounds": len(measured)}))
+        measured, plan = self._rounds.measured, self.plan()
+        return bool(self._outlasting(plan, {"measured_round_ms": statistics.median(measured), "rounds": len(measured)},
+                                     *self._in_force(plan)))
 
-    def _outlasting(self, current: Mapping[str, int], previous: Mapping[str, Any]) -> list[str]:
+    def _in_force(self, plan: Mapping[str, int]) -> tuple[dict[str, Sequence[float]] | None, dict[str, float] | None]:
+        """The plan's times in force (WorkerTimes.in_force's; None: one not measured) and their means."""
+        times = self._held.in_force(plan)
+        return times, None if times is None else {k: statistics.fmean(ms) for k, ms in times.items()}
+
+    def _outlasting(self, current: Mapping[str, int], previous: Mapping[str, Any],
+                    in_force: Mapping[str, Sequence[float]] | None, means: Mapping[str, float] | None) -> list[str]:
         """The workers whose parking the plan in force's measured round (`previous`, RoundLog.closing's)
         asks for (optperf.outlasting: shares of B up to the deadband, the deadband as the margin, c of the
-        plan in force), where it was measured over MIN_ERROR_ROUNDS rounds and more, in BSP. The margin
-        is not the model's error on the plan in force: that error is the late workers' own, and the
-        round without them is priced from the others' fits."""
+        plan in force), where it was measured over MIN_ERROR_ROUNDS rounds and more, in BSP; `in_force`
+        and `means`: the plan's times in force (None: not measured) and their means. The margin is not
+        the model's error on the plan in force: that error is the late workers' own, and the round
+        without them is priced from the others' fits."""
         measured = previous.get("measured_round_ms")
-        if measured is None or previous.get("rounds", 0) < MIN_ERROR_ROUNDS or not self._may_park():
-            return []
-        times = self._held.in_force(current)
-        if times is None:
+        if (measured is None or previous.get("rounds", 0) < MIN_ERROR_ROUNDS or not self._may_park()
+                or in_force is None or means is None):
             return []
         lower, upper = self._bounds()
-        return outlasting({k: statistics.fmean(ms) for k, ms in times.items()}, current,
+        return outlasting(means, current,
                           self._fits.times(cautious=True), self._config.global_batch, lower, upper,
                           measured_round=float(measured), overhead=self.overhead_ms,
                           margin=self._config.deadband, share=self._config.deadband)
