@@ -165,14 +165,21 @@ def outlasting(means: Mapping[str, float], plan: Mapping[str, int], times: Mappi
         return []
     late = sorted((k for k in active if means[k] > (1.0 + margin) * means[carrier] and plan[k] <= share * total),
                   key=means.__getitem__, reverse=True)
-    sizes = sorted({*range(1, min(len(late), OUTLASTING_TRIALS) + 1), len(late)} - {0})
+    if not late:
+        return []
+    sizes = sorted({*range(1, min(len(late), OUTLASTING_TRIALS) + 1), len(late)})
+    priced = {k: times[k] for k in active}
+    table = table_of(priced) or CallTable(list(priced.values()))  # every worker priced at once, once
+    row = {k: i for i, k in enumerate(priced)}
     for n in sizes:
         out = set(late[:n])
         rest = [k for k in active if k not in out]
         if not reachable(rest, total, lower, upper):
             continue
-        without = split({k: times[k] for k in rest}, total, lower, upper)
-        if (round_time(times, without) + overhead) * (1.0 + margin) < measured_round:
+        others = {k: times[k] for k in rest}
+        rows = table.take(np.array([row[k] for k in rest], dtype=np.int64))
+        without = split(others, total, lower, upper, rows)
+        if (round_time(others, without, rows) + overhead) * (1.0 + margin) < measured_round:
             return late[:n]
     return []
 
