@@ -16,8 +16,8 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, NamedTuple
 
 from benchmarks.cli_types import ints
 from benchmarks.report_output import add_result_options, save_result
@@ -51,8 +51,20 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def sweep_one(args: argparse.Namespace, batch: int) -> dict[str, Any]:
-    """Train from the seeded initial weights at one batch size; accuracy and training time per epoch."""
+class Epoch(NamedTuple):
+    """One epoch at a fixed batch: every step's training loss, its training seconds (evaluation
+    excluded) and the test accuracy after it."""
+
+    losses: list[float]
+    seconds: float
+    accuracy: float
+
+
+def fixed_batch_epochs(args: argparse.Namespace, batch: int) -> Iterator[Epoch]:
+    """Train the workload from its seeded initial weights (``args.seed``: weights, data and order) at one
+    global batch, an SGD step on the mean loss of `batch` samples (what a BSP round with batch-weighted
+    aggregation applies, whatever the split), for ``args.epochs`` epochs, each dropping the ragged last
+    batch; ValueError for a batch above the training set."""
     import torch
     import torch.nn.functional as F
 
@@ -63,11 +75,11 @@ def sweep_one(args: argparse.Namespace, batch: int) -> dict[str, Any]:
         raise ValueError(f"batch {batch} exceeds the {len(data.train_x)} training samples")
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     order_rng = torch.Generator().manual_seed(args.seed)
-    steps_per_epoch = len(data.train_x) // batch  # drop the ragged last batch, as every epoch does alike
-    accuracy, seconds, spent = [], [], 0.0
+    steps_per_epoch = len(data.train_x) // batch
     for _ in range(args.epochs):
         model.train()
         order = torch.randperm(len(data.train_x), generator=order_rng)
+        losses = []
         started = time.perf_counter()
         for step in range(steps_per_epoch):
             idx = order[step * batch:(step + 1) * batch]
@@ -75,13 +87,23 @@ def sweep_one(args: argparse.Namespace, batch: int) -> dict[str, Any]:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        spent += time.perf_counter() - started
-        accuracy.append(round(evaluate(model, data.test)[0], 4))
+            losses.append(float(loss.detach()))
+        seconds = time.perf_counter() - started
+        yield Epoch(losses, seconds, evaluate(model, data.test)[0])
+
+
+def sweep_one(args: argparse.Namespace, batch: int) -> dict[str, Any]:
+    """Train from the seeded initial weights at one batch size; accuracy and training time per epoch."""
+    accuracy, seconds, spent, steps_per_epoch = [], [], 0.0, 0
+    for epoch in fixed_batch_epochs(args, batch):
+        spent += epoch.seconds
+        steps_per_epoch = len(epoch.losses)
+        accuracy.append(round(epoch.accuracy, 4))
         seconds.append(round(spent, 3))
     reached = {}
     for target in args.target:
-        epoch = next((e for e, a in enumerate(accuracy) if a >= target), None)
-        reached[str(target)] = None if epoch is None else {"epoch": epoch + 1, "seconds": seconds[epoch]}
+        epoch_at = next((e for e, a in enumerate(accuracy) if a >= target), None)
+        reached[str(target)] = None if epoch_at is None else {"epoch": epoch_at + 1, "seconds": seconds[epoch_at]}
     return {"batch": batch, "steps_per_epoch": steps_per_epoch, "accuracy": accuracy, "seconds": seconds,
             "best": max(accuracy), "reached": reached}
 

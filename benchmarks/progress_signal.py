@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.analysis import target
-from benchmarks.cli_types import ints
+from benchmarks.batch_sweep import fixed_batch_epochs
+from benchmarks.cli_types import ints, seeds
 from benchmarks.report_output import add_report_options, emit
-from benchmarks.workload import add_child_workload_arguments, build, tune_like_a_worker
+from benchmarks.workload import add_child_workload_arguments, tune_like_a_worker
 from ps.control.global_batch.goodput import MIN_ROUNDS
 
 TREND_HALF = 20
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_child_workload_arguments(p)
     p.set_defaults(model="cnn", model_arg=["width=96"], dataset="patterns", dataset_arg=["size=4096"], lr=0.02)
     p.add_argument("--batches", type=ints, default=[16, 32, 64], help="the fixed global batches B to train at")
-    p.add_argument("--seeds", type=ints_from_zero, default=[0, 1], help="seeds (model initialisation, data, order)")
+    p.add_argument("--seeds", type=seeds, default=[0, 1], help="seeds (model initialisation, data, order)")
     p.add_argument("--epochs", type=int, default=2, help="epochs at each B (the CNN reaches 0.8 in 1-2.5)")
     p.add_argument("--windows", type=ints, default=[MIN_ROUNDS, 16, 32],
                    help=f"window lengths in rounds ({MIN_ROUNDS}: the rounds a review of a move measures; the first "
@@ -51,11 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sds", type=float, default=2.0, help="standard errors a take-back asks of that difference")
     add_report_options(p, "progress_signal")
     return p
-
-
-def ints_from_zero(text: str) -> list[int]:
-    """Comma-separated integers >= 0."""
-    return ints(text, least=0)
 
 
 def needed_snr(gap: float, sds: float) -> float:
@@ -94,28 +90,11 @@ def window_snrs(losses: Sequence[float], batch: int, window: int, sd: float) -> 
 
 def train(args: argparse.Namespace, batch: int, seed: int) -> dict[str, Any]:
     """Every step's training loss at the fixed `batch`, and the test accuracy after each epoch."""
-    import torch
-    import torch.nn.functional as F
-
-    args.seed = seed
-    model, data = build(args)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
-    order = torch.Generator().manual_seed(seed)
-    n = len(data.train_x)
-    if batch > n:
-        raise ValueError(f"B = {batch} is more than the {n} training samples")
-    losses, accuracy = [], []
-    for _ in range(args.epochs):
-        perm = torch.randperm(n, generator=order)
-        for start in range(0, n - batch + 1, batch):
-            idx = perm[start:start + batch]
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(data.train_x[idx]), data.train_y[idx])
-            loss.backward()
-            optimizer.step()
-            losses.append(float(loss.detach()))
-        with torch.no_grad():
-            accuracy.append(float((model(data.test_x).argmax(1) == data.test_y).float().mean()))
+    losses: list[float] = []
+    accuracy = []
+    for epoch in fixed_batch_epochs(argparse.Namespace(**{**vars(args), "seed": seed}), batch):
+        losses += epoch.losses
+        accuracy.append(epoch.accuracy)
     return {"losses": losses, "accuracy_by_epoch": accuracy}
 
 

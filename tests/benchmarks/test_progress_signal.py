@@ -80,4 +80,4 @@ def test_bad_flags_are_refused_with_the_flag_named(argv: list[str], said: str, c
 
 def test_a_batch_above_the_training_set_is_an_error_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
     assert progress_signal.main([*TINY, "--batches", "1000", "--seeds", "0", "--epochs", "1"]) == 2
-    assert "more than the 480 training samples" in capsys.readouterr().err
+    assert "exceeds the 480 training samples" in capsys.readouterr().err
