@@ -13,6 +13,7 @@ import torch
 
 from common.job.endings import exit_status
 from common.ops import address
+from common.ops.collector import tune_collector
 from common.ops.memory import tune_malloc
 from common.ops.stack_dump import enable_stack_dump
 from common.transport.security import ServerSecurity, load_server_security
@@ -149,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if security.warning:
         print(f"ps-server: warning: {security.warning}", file=sys.stderr, flush=True)
+    tune_collector()  # the job is built: what it holds stays out of every collection
     endpoint = on_message = None
     try:
         if args.metrics_port is not None:
