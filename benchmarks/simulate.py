@@ -6,8 +6,8 @@ for every policy of ``--policies``, with and without a speed change of ``--chang
 workers halfway through. Per run it reports the decisions to a steady plan, the final plan's round
 over the exact optimum, the policy's CPU per decision and per round, and after the change the
 decisions to steady again; every plan is checked to sum to B. The process's garbage collector is
-tuned as ps-server's (common/ops/collector.py), so a decision's CPU is the server's. A policy's own settings are
-ps-server's flags, ``--<policy>-<setting>``. The definitions are
+tuned as ps-server's (common/ops/collector.py), so a decision's CPU is the server's. A policy's own
+settings are ps-server's flags, ``--<policy>-<setting>``. The definitions are
 benchmarks/simulation/metrics.py's; the time law and its limits are docs/scaling.md's. With ``--out
 DIR`` the curves against N are drawn too, as DIR/simulate.png (benchmarks/simulation/plots.py).
 
