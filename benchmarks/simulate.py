@@ -5,9 +5,9 @@ takes t = q·b + s times lognormal noise (benchmarks/simulation/), at every N of
 for every policy of ``--policies``, with and without a speed change of ``--change-fraction`` of the
 workers halfway through. Per run it reports the decisions to a steady plan, the final plan's round
 over the exact optimum, the policy's CPU per decision and per round, and after the change the
-decisions to steady again; every plan is checked to sum to B. The process's garbage collector is
-tuned as ps-server's (common/ops/collector.py), so a decision's CPU is the server's. A policy's own
-settings are ps-server's flags, ``--<policy>-<setting>``. The definitions are
+decisions to steady again; every plan is checked to sum to B. Run as a program, its process's garbage
+collector is tuned as ps-server's (common/ops/collector.py), so a decision's CPU is the server's. A
+policy's own settings are ps-server's flags, ``--<policy>-<setting>``. The definitions are
 benchmarks/simulation/metrics.py's; the time law and its limits are docs/scaling.md's. With ``--out
 DIR`` the curves against N are drawn too, as DIR/simulate.png (benchmarks/simulation/plots.py).
 
@@ -205,7 +205,6 @@ def grid_scenarios(args: argparse.Namespace) -> list[tuple[Scenario, int | None]
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_resolved(build_parser(), argv, resolve)
-    tune_collector()  # as ps-server does: the policy's CPU a decision is priced as the server runs it
     runs = grid(args.scenarios, progress=lambda line: print(line, file=sys.stderr, flush=True))
     rows = summary(runs)
     report = {"rows": rows, "targets": targets(rows, args.change_fraction), "runs": runs}
@@ -216,4 +215,5 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    tune_collector()  # as ps-server does, in this process alone (not in a caller of main's)
     sys.exit(main())

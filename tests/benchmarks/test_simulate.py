@@ -3,6 +3,7 @@ settings given as ps-server's flags."""
 
 from __future__ import annotations
 
+import gc
 import re
 import json
 from pathlib import Path
@@ -20,7 +21,10 @@ FIELDS = [name for name in Scenario.__dataclass_fields__ if "_" in name]  # glob
 def test_a_small_grid_writes_its_report_and_result(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--workers", "4,8", "--policies", "dynamic,model", "--rounds", "30", "--join", "20:2",
             "--json", "--out", str(tmp_path / "out"), "--save-result", str(tmp_path / "results"), "--machine", "test"]
+    threshold, frozen = gc.get_threshold(), gc.get_freeze_count()
     assert simulate.main(argv) == 0
+    # the collector is tuned where it runs as a program, not in a caller's process
+    assert (gc.get_threshold(), gc.get_freeze_count()) == (threshold, frozen)
     report = json.loads((tmp_path / "out" / "simulate.json").read_text())
     assert (tmp_path / "out" / "simulate.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the curves against N
     assert [(r["policy"], r["workers"]) for r in report["rows"]] == [("dynamic", 4), ("model", 4), ("dynamic", 8), ("model", 8)]
