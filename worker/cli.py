@@ -10,8 +10,8 @@ import argparse
 import math
 import logging
 import os
-import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -38,6 +38,7 @@ from worker.data.job_build import JobSetupError
 from worker.data.loader import LoaderError, LoaderOptions
 from worker.transport.server_checks import ALLOW_SHARD_HOST_FLAG, UntrustedReply
 from worker.probes.resources import MAX_STEP_OVERHEAD_MS, default_cores
+from worker.stop_signal import StopSignal
 from worker.runtime import Session
 
 ENVIRONMENT = {
@@ -108,14 +109,17 @@ def non_finite_loss(said: str, x: torch.Tensor, model: torch.nn.Module, servers:
                          f"learning rate diverged{tail}")
 
 
-def train(session: Session, log_every: float = 5.0, quiet: bool = False) -> None:
+def train(session: Session, log_every: float = 5.0, quiet: bool = False, stop: threading.Event | None = None) -> None:
     """The built-in loop: cross-entropy on the job's data, one push per step (accumulated over the
     job's micro-batches, if it has them). A progress line after the first step, then every
     ``log_every`` seconds. NonFiniteLoss before a push whose loss is not finite, unless the reply that
-    streamed the parameters in during its forward was refused (that reply's error, UntrustedReply)."""
+    streamed the parameters in during its forward was refused (that reply's error, UntrustedReply).
+    KeyboardInterrupt before a step once `stop` is set (a stop signal: worker/stop_signal.py)."""
     model = session.model
     last_log = -math.inf
     for x, y in session.batches():
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
         sub = session.sub_batch
         if sub and session.spec.micro_batch == 1 and (session.pass_samples is None or session.pass_samples >= len(x)):
             loss, _ = backward_with_sub_norm(model, x, y, sub, F.cross_entropy, session.paused_push, session.note_sub_norm)
@@ -221,10 +225,6 @@ def show_worker_lines() -> None:
     logger.propagate = False
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command line, with :data:`ENVIRONMENT`'s variables for the flags it does not give."""
     return parse_with_environment(
@@ -262,7 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     tune_for_training(heap_reserve)
     show_worker_lines()
-    signal.signal(signal.SIGTERM, _terminate)
+    stop = StopSignal()
     enable_stack_dump()
     cores = args.cores if args.cores is not None else default_cores()
     code = 0
@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if not args.quiet:
                 print(f"{session.name}: joined as {session.worker_id} on {session.device}, batch {session.batch_size}",
                       file=sys.stderr, flush=True)
-            train(session, args.log_every, args.quiet)
+            train(session, args.log_every, args.quiet, stop.requested)
             if not args.quiet:
                 print(end_line(session), file=sys.stderr, flush=True)
             code = end_status(session.plan.reason, args.early_end_status)

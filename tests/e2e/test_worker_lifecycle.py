@@ -4,6 +4,7 @@ takes the new server's heartbeat interval (and happens also when the resync afte
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import time
@@ -114,11 +115,22 @@ def test_a_worker_whose_loss_is_not_finite_says_so_in_one_line_and_leaves(tmp_pa
         cluster.stop()
 
 
+def exit_status(worker: subprocess.Popen, timeout: float) -> int | None:
+    """`worker`'s exit status, or None if it still ran after `timeout` s: then its stacks go to its log."""
+    try:
+        return worker.wait(timeout)
+    except subprocess.TimeoutExpired:
+        worker.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        return None
+
+
 def test_a_worker_exits_with_the_servers_status_when_the_job_ends_early(tmp_path: Path) -> None:
-    """B = 96 with --max-batch 32: once one of three workers leaves (SIGTERM: it leaves and exits 0), the
-    others cannot make up B and the server ends the job early. A survivor hears the reason in its reply
-    and exits 3 as ps-server does, so a script that runs only workers tells it from a finished job;
-    one under a supervisor that restarts it on any status but 0 asks for 0 (--early-end-status 0)."""
+    """B = 96 with --max-batch 32: once one of three workers leaves (SIGTERM: it leaves at once, not by
+    the stop signal's forced exit, and exits 0), the others cannot make up B and the server ends the
+    job early. A survivor hears the reason in its reply and exits 3 as ps-server does, so a script that
+    runs only workers tells it from a finished job; one under a supervisor that restarts it on any
+    status but 0 asks for 0 (--early-end-status 0)."""
     cluster = start_server(tmp_path, [*JOB, "--workers", "3", "--global-batch", "96", "--max-batch", "32",
                                       "--controller", "uniform", "--grace", "5"])
     try:
@@ -127,10 +139,11 @@ def test_a_worker_exits_with_the_servers_status_when_the_job_ends_early(tmp_path
         supervised = cluster.start_worker("supervised", "--max-batch", "32", "--early-end-status", "0")
         wait_for(lambda: len(cluster.events("adjust")) > 0, 120, "the job to start")
         leaver.terminate()
+        assert exit_status(leaver, 45) == 0, cluster.worker_log("leaver")
+        assert "exiting without leaving" not in cluster.worker_log("leaver"), cluster.worker_log("leaver")
         assert cluster.wait(120) == ENDED_EARLY, cluster.server_log()
         (end,) = cluster.events("end")
         assert "cannot split --global-batch" in end["reason"], end
-        assert leaver.returncode == 0, cluster.worker_log("leaver")
         assert survivor.returncode == ENDED_EARLY, cluster.worker_log("survivor")
         assert supervised.returncode == 0, cluster.worker_log("supervised")
     finally:
