@@ -47,8 +47,10 @@ class Cluster:
         try:
             code = self.server.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
+            running = self.dump_stacks()
             self.stop()
-            raise AssertionError(f"server did not finish within {timeout}s; log:\n{self.server_log()}") from None
+            logs = "".join(f"\n--- {name} (still running):\n{self._log_tail(name)}" for name in running)
+            raise AssertionError(f"server did not finish within {timeout}s; log:\n{self.server_log()}{logs}") from None
         for proc in self.workers:
             try:
                 proc.wait(timeout=15)
@@ -68,6 +70,26 @@ class Cluster:
 
     def worker_log(self, name: str) -> str:
         return (self.workdir / f"{name}.log").read_text()
+
+    def dump_stacks(self) -> list[str]:
+        """SIGUSR1 to the server and every worker still running, so that each prints its threads' stacks
+        to its log (common/ops/stack_dump.py); the names of the workers that were running."""
+        running = [proc for proc in [self.server, *self.workers] if proc.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGUSR1)
+        if running:
+            time.sleep(1.0)
+        return [self._name(proc) for proc in running if proc is not self.server]
+
+    @staticmethod
+    def _name(worker: subprocess.Popen) -> str:
+        """The --name a worker was started with (start_worker gives one), else its pid."""
+        args = [str(a) for a in worker.args] if isinstance(worker.args, list) else []
+        return args[args.index("--name") + 1] if "--name" in args[:-1] else str(worker.pid)
+
+    def _log_tail(self, name: str, lines: int = 60) -> str:
+        path = self.workdir / f"{name}.log"
+        return "\n".join(path.read_text().splitlines()[-lines:]) if path.exists() else "(no log)"
 
     def stop(self) -> None:
         for proc in [*self.workers, self.server]:
