@@ -16,6 +16,17 @@ from ps.ops.metrics import read_metrics
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONWARNINGS": "ignore"}
 
 
+def exit_status(proc: subprocess.Popen, timeout: float) -> int | None:
+    """`proc`'s exit status, or None if it still runs after `timeout` s: then it has printed its threads'
+    stacks to its log (SIGUSR1, common/ops/stack_dump.py)."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(1.0)
+        return None
+
+
 @dataclass
 class Cluster:
     """A server process and its workers; stop() kills whatever is still running."""
@@ -52,11 +63,7 @@ class Cluster:
             logs = "".join(f"\n--- {name} (still running):\n{self._log_tail(name)}" for name in running)
             raise AssertionError(f"server did not finish within {timeout}s; log:\n{self.server_log()}{logs}") from None
         for proc in self.workers:
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:  # a worker that did not exit: its stacks go to its log
-                proc.send_signal(signal.SIGUSR1)
-                time.sleep(1.0)
+            if exit_status(proc, 15) is None:
                 proc.kill()
                 proc.wait()
         return code

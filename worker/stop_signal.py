@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+import time
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 GRACE_S = 30.0  # a clean leave takes a Leave call and a channel close, each bounded by CLOSE_TIMEOUT_S
@@ -64,7 +65,7 @@ class StopSignal:
                     self._leave_now(f"a second {signal.Signals(number).name}")
 
     def _grace(self) -> None:
-        threading.Event().wait(self.grace_s)
+        time.sleep(self.grace_s)
         self._leave_now(f"still running {self.grace_s:g} s after the stop signal", stacks=True)
 
     def _leave_now(self, why: str, stacks: bool = False) -> None:

@@ -4,7 +4,6 @@ takes the new server's heartbeat interval (and happens also when the resync afte
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import torch.nn.functional as F
 
 from common.job.endings import ENDED_EARLY
 from tests import processes
-from tests.processes import ENV, Cluster, start_server
+from tests.processes import ENV, Cluster, exit_status, start_server
 from worker import connect
 from worker.transport.client import ServerError
 from worker.transport.heartbeat import Heartbeat
@@ -113,16 +112,6 @@ def test_a_worker_whose_loss_is_not_finite_says_so_in_one_line_and_leaves(tmp_pa
         assert [e["worker"] for e in cluster.events("leave")] == ["wild"]
     finally:
         cluster.stop()
-
-
-def exit_status(worker: subprocess.Popen, timeout: float) -> int | None:
-    """`worker`'s exit status, or None if it still ran after `timeout` s: then its stacks go to its log."""
-    try:
-        return worker.wait(timeout)
-    except subprocess.TimeoutExpired:
-        worker.send_signal(signal.SIGUSR1)
-        time.sleep(1.0)
-        return None
 
 
 def test_a_worker_exits_with_the_servers_status_when_the_job_ends_early(tmp_path: Path) -> None:
