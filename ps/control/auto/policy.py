@@ -40,7 +40,7 @@ from ps.control.model.rounds import RoundLog, prediction_error
 from ps.control.model.time_fit import slope_measured
 from ps.control.auto.pricing import priced_times
 from ps.control.auto.solve import solve
-from ps.control.auto.state import auto_part, read_auto_part
+from ps.control.auto.state import adopted_part, auto_part, read_auto_part
 from ps.control.auto.worker_laws import WorkerLaws
 from ps.control.model.fitted_plan import FittedPlan, vouched
 from ps.control.split import reachable
@@ -116,7 +116,12 @@ class AutoPolicy(FittedPlan):
             return True
         changed = bool(self._laws.changed & set(active))
         need = self._config.min_samples * (1 if changed or self._soon else FOLLOW_UP)
-        return (self._follow_up or changed) and all(self._workers[k].samples >= need for k in active)
+        return (self._follow_up or changed) and self._measured_at(active, need)
+
+    def _measured_at(self, active: Sequence[str], need: int) -> bool:
+        """Whether each of `active` has `need` times at its batch or changed speed since the last decision
+        (its change's times price it; ASP: a step slowed in flight ends at its old batch, policies.md)."""
+        return all(self._workers[k].samples >= need or k in self._laws.changed for k in active)
 
     def _reprobe_far_off(self, before_ms: float | None) -> bool:
         """probes.far_off of the workers back for a re-probe, on their times since (`before_ms`: the
@@ -132,8 +137,7 @@ class AutoPolicy(FittedPlan):
     def _decision(self) -> dict[str, int] | None:
         active, current = self._active(), self.plan()
         report: dict[str, Any] = self._opening()
-        if not (all(self._workers[k].samples >= self._config.min_samples for k in active)
-                or self._reprobe_far_off(self._judged_round)):
+        if not (self._measured_at(active, self._config.min_samples) or self._reprobe_far_off(self._judged_round)):
             self._parking.tick()
             self._report = {**report, "phase": "wait", **self._describe(current)}
             return None
@@ -373,11 +377,7 @@ class AutoPolicy(FittedPlan):
     def _adopted(self, old: WorkerPlan) -> None:
         """An auto policy's laws carry over; its parking (and a recall's forgiving) only where this one keeps the worker at 0."""
         if isinstance(old, AutoPolicy):
-            state = old._extra_state()
-            parking = state["auto"]["parking"]
-            parking["parked"] = {k: v for k, v in parking["parked"].items() if self._workers[k].batch == 0}
-            parking["forgiven"] = [k for k in parking["forgiven"] if k in parking["parked"] or k in parking["reprobed"]]
-            self._restore_extra(state)
+            self._restore_extra({"auto": adopted_part(old._extra_state()["auto"], self.plan())})
 
     def _extra_state(self) -> dict[str, Any]:
         return {"auto": auto_part(self._laws, self._parking, self._rounds, self._follow_up, self._confirming)}

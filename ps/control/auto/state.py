@@ -50,6 +50,15 @@ def auto_part(laws: WorkerLaws, parking: ParkingSchedule, rounds: RoundLog, foll
     }
 
 
+def adopted_part(part: dict[str, Any], plan: Mapping[str, int]) -> dict[str, Any]:
+    """Another auto policy's part (`auto_part`) as the policy that takes over its workers keeps it: its
+    parking, and a recall's forgiving, only of the workers `plan` keeps at 0."""
+    parking = part["parking"]
+    parking["parked"] = {k: v for k, v in parking["parked"].items() if plan.get(k) == 0}
+    parking["forgiven"] = [k for k in parking["forgiven"] if k in parking["parked"] or k in parking["reprobed"]]
+    return part
+
+
 def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoPart:
     """`raw` read back into `laws` (of the policy's workers, whose plan is `plan`) and the rest;
     ValueError on a malformed state, or one whose parked workers are not those at batch 0."""
