@@ -97,6 +97,9 @@ def snapshot(ctl: WorkerPlan) -> str:
 
 Costs = Mapping[str, tuple[float, float]]
 """Each worker's simulated step time t(b) = q·b + s, as (q, s) in ms."""
+HL8_MEASURED: Costs = {"w0": (6.3, 200.0), "w1": (5.5, 233.0), "w2": (10.7, 212.0), "w3": (1.5, 25.0)}
+"""(q, s) the model policy fitted on HL8 here (3/16, 3/16, 1/8 and 1 core; benchmarks.hetero): the
+fixed costs grow as the share falls."""
 
 
 def run_rounds(ctl: Any, costs: Costs, rounds: int, noise: float = 0.02, rnd: random.Random | None = None,

@@ -54,9 +54,9 @@ def adopted_part(part: dict[str, Any], plan: Mapping[str, int]) -> dict[str, Any
     """Another auto policy's part (`auto_part`) as the policy that takes over its workers keeps it: its
     parking, and a recall's forgiving, only of the workers `plan` keeps at 0."""
     parking = part["parking"]
-    parking["parked"] = {k: v for k, v in parking["parked"].items() if plan.get(k) == 0}
-    parking["forgiven"] = [k for k in parking["forgiven"] if k in parking["parked"] or k in parking["reprobed"]]
-    return part
+    parked = {k: v for k, v in parking["parked"].items() if plan.get(k) == 0}
+    forgiven = [k for k in parking["forgiven"] if k in parked or k in parking["reprobed"]]
+    return {**part, "parking": {**parking, "parked": parked, "forgiven": forgiven}}
 
 
 def read_auto_part(raw: Any, plan: Mapping[str, int], laws: WorkerLaws) -> AutoPart:

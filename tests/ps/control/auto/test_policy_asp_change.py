@@ -11,10 +11,8 @@ import pytest
 
 from ps.control.config import PolicyConfig
 from ps.control.policy import build_policy
-from tests.simulated_workers import Costs
+from tests.simulated_workers import HL8_MEASURED as HL8, Costs
 
-HL8: Costs = {"w0": (6.3, 200.0), "w1": (5.5, 233.0), "w2": (10.7, 212.0), "w3": (1.5, 25.0)}
-"""(q, s) the model policy fitted on HL8 (3/16, 3/16, 1/8 and 1 core; benchmarks.hetero)."""
 SWAP: Costs = {**HL8, "w3": HL8["w2"], "w2": HL8["w3"]}
 """HL8 with the full core and the eighth of a core swapped."""
 CHANGE_MS = 30_000.0

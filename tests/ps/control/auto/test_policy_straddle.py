@@ -12,11 +12,8 @@ import pytest
 from ps.control.config import PolicyConfig
 from ps.control.model.optperf import best_plan
 from ps.control.policy import build_policy
-from tests.simulated_workers import Costs, optimum, round_of
+from tests.simulated_workers import HL8_MEASURED, Costs, optimum, round_of
 
-HL8_MEASURED = {"w0": (6.3, 200.0), "w1": (5.5, 233.0), "w2": (10.7, 212.0), "w3": (1.5, 25.0)}
-"""(q, s) the model policy fitted on HL8 here (3/16, 3/16, 1/8 and 1 core; benchmarks.hetero): the
-fixed costs grow as the share falls."""
 OVERHEAD = 55.0
 
 
