@@ -42,7 +42,7 @@ def _commands() -> list[argparse.ArgumentParser]:
     from deploy.cli import build_parser as cluster_parser
     from ps.server_flags import build_parser as server_parser
     from ps.shards.server import build_parser as shard_parser
-    from worker.cli import build_parser as worker_parser
+    from worker.flags import build_parser as worker_parser
 
     return [server_parser(), worker_parser(), cluster_parser(), shard_parser()]
 

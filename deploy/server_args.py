@@ -13,7 +13,9 @@ import shlex
 from collections.abc import Callable, Sequence
 from typing import NoReturn
 
+from ps.flag_checks import check_flags_together
 from ps.server_flags import build_parser, settle_min_batch
+from ps.shards.security_flags import read_shard_ca
 
 
 def server_parser() -> argparse.ArgumentParser:
@@ -34,8 +36,6 @@ def check_server_command(parser: argparse.ArgumentParser, argv: Sequence[str], f
     shards read are read here too, as ps-server reads them (elsewhere they are a pod's or a node's). The
     model's BatchNorm floor on --min-batch is left to ps-server, which alone builds the model."""
     from common.transport.security import load_server_security
-    from ps.server_job import check_flags_together
-    from ps.shards.setup import read_shard_ca
 
     args = parser.parse_args(list(argv))
     settle_min_batch(args, batchnorm=False)

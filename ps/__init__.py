@@ -2,8 +2,9 @@
 parameters) beside worker/, and neither imports the other. Each folder's __init__.py says what it
 holds and what it may import; tests/test_layout.py checks that every import follows the arrows:
 
-    server.py, servicer.py   the ps-server CLI (its flags: server_flags.py; its job built from them:
-                             server_job.py) and its thin gRPC servicer
+    server.py, servicer.py   the ps-server CLI (its flags: server_flags.py, checked against each other
+                             in flag_checks.py; its job built from them: server_job.py, and served:
+                             server_run.py) and its thin gRPC servicer
             |
          rounds/ -----> control/    the coordinator; batch sizing (pure: no torch, gRPC or I/O)
             |

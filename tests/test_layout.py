@@ -30,7 +30,7 @@ COMMON_PARTS = ("common.job", "common.transport", "common.params", "common.ops",
                 "common.number_checks")
 WORKER_ROOMS = ("worker.transport", "worker.paths", "worker.data", "worker.probes", "worker.timing", "worker.session")
 PS_PARTS = ("ps.control", "ps.serving", "ps.shards", "ps.rounds", "ps.ops", "ps.checkpoint", "ps.servicer",
-            "ps.server", "ps.server_flags", "ps.server_job")
+            "ps.server", "ps.server_run", "ps.server_flags", "ps.flag_checks", "ps.server_job")
 ALLOWED: dict[str, frozenset[str]] = {
     "common": frozenset(),  # the package map, a docstring
     "common.errors": frozenset(),  # leaves: they import nothing of the project
@@ -49,31 +49,37 @@ ALLOWED: dict[str, frozenset[str]] = {
     "ps.rounds": frozenset({*COMMON_PARTS, "ps.control", "ps.serving", "ps.shards", "ps.ops", "ps.checkpoint"}),
     "ps.servicer": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     "ps.server": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
+    "ps.server_run": frozenset({*COMMON_PARTS, *PS_PARTS, "protos"}),
     # ps-server's flags, parsed without building anything (the policy names from ps.control.registry,
     # the flags of the calls held at once, shared with ps-shard, from ps.serving.server_options)
     "ps.server_flags": frozenset({*COMMON_PARTS, "ps.control", "ps.ops", "ps.serving"}),
+    # ps-server's flags checked against each other, by ps-server and by the launchers before they start anything
+    "ps.flag_checks": frozenset({*COMMON_PARTS, "ps.control", "ps.shards", "ps.server_flags"}),
     # ps-server's job built from its flags (what ps.server serves; the tests build one without a process)
     "ps.server_job": frozenset({*COMMON_PARTS, "ps.control", "ps.ops", "ps.checkpoint", "ps.rounds", "ps.serving",
-                                "ps.shards", "ps.server_flags"}),
+                                "ps.shards", "ps.server_flags", "ps.flag_checks"}),
     # the worker stands beside the server on what they share: it never imports ps. Its rooms: the wire
     # (the only one that knows protos), the probes (leaves), the two paths, the data, the step's times,
     # and the session's parts that compose them; the Session, connect(), the device and the CLI at the top.
     "worker": frozenset({"worker.connection", "worker.runtime"}),  # the package's face: connect, Session
     "worker.probes": frozenset({"common.ops"}),  # the machine's CPUs, its cgroup quota included
-    "worker.transport": frozenset({*COMMON_PARTS, "protos", "worker.probes"}),
+    "worker.transport": frozenset({*COMMON_PARTS, "protos", "worker.probes", "worker.flags"}),
     "worker.timing": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
     "worker.paths": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
     "worker.data": frozenset({*COMMON_PARTS, "worker.transport", "worker.probes"}),
     "worker.session": frozenset({*COMMON_PARTS, "worker.transport", "worker.paths", "worker.data", "worker.timing",
                                  "worker.probes", "worker.device"}),
-    "worker.device": frozenset(),
+    "worker.device": frozenset({"worker.flags"}),
+    # ps-worker's flags, parsed before torch loads (the flag names the rooms' messages cite among them)
+    "worker.flags": frozenset({*COMMON_PARTS, "worker.env_flags", "worker.probes"}),
     "worker.env_flags": frozenset(),
     "worker.stop_signal": frozenset(),
     "worker.accumulate": frozenset(COMMON_PARTS),
     "worker.runtime": frozenset({*COMMON_PARTS, *WORKER_ROOMS, "worker.device", "worker"}),
     "worker.connection": frozenset({*COMMON_PARTS, *WORKER_ROOMS, "worker.runtime"}),
-    "worker.cli": frozenset({*COMMON_PARTS, *WORKER_ROOMS, "worker.runtime", "worker.connection", "worker.device",
-                             "worker.env_flags", "worker.accumulate", "worker.stop_signal"}),
+    "worker.training_loop": frozenset({*COMMON_PARTS, *WORKER_ROOMS, "worker.runtime", "worker.connection",
+                                       "worker.device", "worker.flags", "worker.accumulate", "worker.stop_signal"}),
+    "worker.cli": frozenset({"worker.flags", "worker.training_loop"}),
     "deploy": ANY,
     "benchmarks": ANY,
     "protos": frozenset(),

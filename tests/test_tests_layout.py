@@ -42,6 +42,7 @@ E2E = "e2e"
 ROOT_TESTS = {
     "test_doc_flags.py": "the flags the README and docs/ give each command, against its parser",
     "test_docs.py": "the README and docs/ as a whole",
+    "test_front_doors.py": "the command lines a person types first: --help and bad arguments before torch loads",
     "test_layout.py": "the code's import map and module lengths",
     "test_leaks.py": "the check that a session leaves no files behind (tests/leaks.py)",
     "test_tests_layout.py": "this file: where tests live",

@@ -14,13 +14,10 @@ from worker.transport.client import PSClient
 from worker.data.loader import LoaderOptions
 from worker.data.memory_probe import declared_max_batch
 from worker.transport.reconnect import Waiting, wait_for_server
-from worker.probes.resources import default_cores
+from worker.probes.resources import DEFAULT_THREADS, default_cores
 from worker.runtime import Session
 from worker.data.slices import OwnData
 
-DEFAULT_THREADS = 1
-"""torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`): one,
-as workers share cores with each other and the server (torch's thread per core makes them many times slower)."""
 
 
 def connect(

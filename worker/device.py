@@ -11,7 +11,8 @@ import re
 
 import torch
 
-DEVICE_CHOICES = "auto, cpu, cuda or cuda:N"
+from worker.flags import DEVICE_CHOICES
+
 _DEVICE = re.compile(r"(auto|cpu|cuda)(?::(\d+))?")
 
 

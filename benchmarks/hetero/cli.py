@@ -21,8 +21,6 @@ from benchmarks.report_output import add_report_options, emit
 from benchmarks.workload import Workload
 from deploy.profiles import builtin_schedules, default_cpu_budget, load_profile, load_schedule
 from deploy.run_plan import DEFAULT_POLICY, unreached
-from common.job.datasets import DATASETS
-from common.job.models import MODELS
 from common.job.registry import resolve
 from common.job.spec import MAX_EPOCHS
 from common.ops.arg_types import int_between, positive_float, positive_int
@@ -205,6 +203,10 @@ def settings(args: argparse.Namespace, workdir: Path) -> Settings:
         global_batch=args.global_batch or workload.global_batch,
         lr=lr, momentum=args.momentum, seed=args.seed,
     )
+    # torch only once the arguments are parsed: --help and bad arguments answer at once
+    from common.job.datasets import DATASETS
+    from common.job.models import MODELS
+
     resolve(workload.model, MODELS, "model")  # an unknown name is refused here, not by the first solo run's child
     resolve(workload.dataset, DATASETS, "dataset")
     if schedule is not None:

@@ -15,31 +15,11 @@ from collections.abc import Sequence
 import grpc
 
 from common.transport.security import read_pem, resolve_token
+from ps.shards.security_flags import check_shard_security, read_shard_ca
 from ps.shards.client import RemoteShards
 from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, resolve_shard_key
 from ps.shards.processes import LocalShards
 from ps.shards.ranges import split_ranges
-
-
-def check_shard_security(args: argparse.Namespace, servers: int) -> None:
-    """ValueError (one line) for --shards flags that cannot give the shards the server's security;
-    `servers`: the job's server count (--shards, or a --shard-addresses list's + 1). Reads no file:
-    the launchers run it where the paths name files of another machine (a pod, a Slurm node)."""
-    if servers <= 1:
-        if args.shard_tls_ca is not None:
-            raise ValueError("--shard-tls-ca is for --shards or --shard-addresses")
-        return
-    if args.tls_cert is not None and args.shard_tls_ca is None:
-        raise ValueError("--shards with TLS needs --shard-tls-ca: the CA that signed the shard servers' certificates "
-                         "(for --shards N, the CA of --tls-cert, which the shards it starts serve)")
-    if args.shard_tls_ca is not None and args.tls_cert is None:
-        raise ValueError("--shard-tls-ca needs --tls-cert and --tls-key: the shards speak TLS when the server does")
-
-
-def read_shard_ca(args: argparse.Namespace) -> bytes | None:
-    """--shard-tls-ca's PEM bytes (None: not given); ValueError naming the flag and file if it cannot be
-    read or is not PEM: checked before the data loads or a shard starts."""
-    return None if args.shard_tls_ca is None else read_pem("--shard-tls-ca", args.shard_tls_ca)
 
 
 def _credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:

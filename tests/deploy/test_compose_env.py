@@ -91,7 +91,7 @@ def test_commands() -> None:
 
 def test_worker_environment_names_are_ps_workers() -> None:
     from common.transport.security import TOKEN_FILE_ENV
-    from worker.cli import ENVIRONMENT
+    from worker.flags import ENVIRONMENT
 
     for worker in WORKERS:
         assert set(compose()["services"][worker]["environment"]) <= {*ENVIRONMENT.values(), TOKEN_FILE_ENV}
@@ -100,7 +100,7 @@ def test_worker_environment_names_are_ps_workers() -> None:
 def test_a_worker_restarted_on_failure_exits_0_after_an_early_end(monkeypatch: pytest.MonkeyPatch) -> None:
     """restart: on-failure restarts a worker on any status but 0: one that exited 3 after an early end
     would rejoin a server that ended the job (and exits 3 itself), again and again."""
-    from worker.cli import parse_args
+    from worker.flags import parse_args
 
     for worker in WORKERS:
         service = compose()["services"][worker]

@@ -16,7 +16,7 @@ from tests.cluster_cli import run_cli
 from deploy.compose_env import DEPLOY_DIR
 from deploy.profiles import builtin_profiles, load_profile
 from deploy.server_args import server_parser
-from worker import cli as worker_cli
+from worker import flags as worker_cli
 
 VERSION = kubernetes_validate.latest_version()
 CASES = [(name, mode) for name in builtin_profiles() for mode in ("bsp", "asp")]

@@ -16,7 +16,7 @@ from common.transport.layout import flatten_params
 from common.transport.messages import PushMeta
 from tests.processes import Cluster, start_server
 from worker import connect
-from worker.cli import train
+from worker.training_loop import train
 from worker.transport.client import PSClient, ServerError
 from tests.fast_path_jobs import JOB, TINY, finish, report
 

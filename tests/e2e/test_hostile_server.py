@@ -24,7 +24,7 @@ from common.job.endings import ENDED_EARLY
 from tests.hostile_server import GOOD_SPEC, NUMEL, Scenario, serving
 from tests.repo import ROOT
 from tests.processes import ENV
-from worker.cli import UNTRUSTED_SERVER
+from worker.flags import UNTRUSTED_SERVER
 
 WORKER_TIMEOUT_S = 90
 MARKER_MODULE = '''

@@ -13,7 +13,8 @@ import torch
 from torch import nn
 
 from common.job.endings import ENDED_EARLY
-from worker.cli import end_status, non_finite_loss, parse_args
+from worker.flags import parse_args
+from worker.training_loop import end_status, non_finite_loss
 from worker.probes.resources import MAX_STEP_OVERHEAD_MS
 
 
@@ -44,7 +45,7 @@ def test_the_last_line_says_why_a_job_the_server_stopped_ended() -> None:
     """A job the server ended before its epochs (the workers left cannot split --global-batch) is not
     "job done" on the worker: its last line gives the server's reason."""
     from common.transport.messages import StepHeader
-    from worker.cli import end_line
+    from worker.training_loop import end_line
 
     def session(reason: str) -> Any:
         plan = StepHeader(round=9, version=9, epoch=3, batch_size=0, done=True, lr=0.1, global_batch=64, reason=reason)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.processes import ENV, start_server
-from worker import cli
+from worker import flags as cli
 from worker.env_flags import parse_with_environment
 
 

@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 from common.ops.cpu_quota import usable_cpus
 
+DEFAULT_THREADS = 1
+"""torch threads a worker computes with unless told otherwise (`ps-worker --threads`, `connect(threads=)`): one,
+as workers share cores with each other and the server (torch's thread per core makes them many times slower)."""
 MAX_STEP_OVERHEAD_MS = 60_000.0
 """The most `--step-overhead-ms` (a profile's `step_overhead_ms`) emulates: a minute of CPU a step, far
 beyond any optimizer's or launch's fixed cost; more only stalls the job (1e308 burned CPU forever)."""

@@ -6,4 +6,5 @@ chunks in order (ordered_push.py) or in buckets (bucket_stream.py), a reply read
 far a streamed reply has come (arrivals.py), what the worker checks of the server's replies before
 acting on them (server_checks.py), the heartbeat, waiting for and rejoining a server (reconnect.py,
 backoff.py) and the retry after a cancelled bucket stream (cancelled_push.py). The only room of the
-worker that knows gRPC and protos. May import common, protos and worker.probes."""
+worker that knows gRPC and protos. May import common, protos, worker.probes and worker.flags (the flag
+names its messages cite)."""

@@ -20,12 +20,12 @@ from common.job.spec import INT32_MAX, JobSpec, other_job
 from common.ops import address
 from common.transport.layout import Layout
 from common.transport.messages import GroupInfo, JoinInfo, StepHeader
+from worker.flags import ALLOW_SHARD_HOST_FLAG
 
 MIN_HEARTBEAT_S = 0.01
 """The shortest heartbeat interval a worker takes (the server sends a quarter of --evict-after, at
 most 1 s): anything shorter is a busy loop of RPCs."""
 MAX_HEARTBEAT_S = 3600.0
-ALLOW_SHARD_HOST_FLAG = "--allow-shard-host"
 MAX_ID_CHARS = 256
 """The longest worker id or secret a worker takes (the project's server: a name of at most 128
 characters and 9 more; a secret of 64 hex digits): each travels with every later call."""

@@ -14,7 +14,7 @@ import pytest
 
 from protos import ps_pb2
 from tests.hostile_server import GOOD_SPEC, LAYOUT, NUMEL, Scenario, serving
-from worker.cli import NonFiniteLoss, train
+from worker.training_loop import NonFiniteLoss, train
 from worker.connection import connect
 from worker.data.slices import BadSlice
 from worker.runtime import Session
