@@ -15,7 +15,7 @@ from typing import NoReturn
 
 from ps.flag_checks import check_flags_together
 from ps.server_flags import build_parser, settle_min_batch
-from ps.shards.security_flags import read_shard_ca
+from ps.shards.flags import read_shard_ca
 
 
 def server_parser() -> argparse.ArgumentParser:

@@ -12,7 +12,7 @@ from common.ops import address
 from common.transport.security import check_tls_pairs
 from ps.control.registry import POLICIES, policy_class
 from ps.server_flags import adaptive_config, check_micro_batch_flags
-from ps.shards.security_flags import check_shard_security
+from ps.shards.flags import check_shard_security
 
 
 def check_flags_together(args: argparse.Namespace) -> None:

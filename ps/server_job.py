@@ -42,7 +42,7 @@ from ps.server_flags import (adaptive_config, describe_policy_changes, parse_opt
 from ps.serving.call_budget import CallBounds, calls_for_workers
 from ps.shards.client import RemoteShards
 from ps.shards.processes import LocalShards
-from ps.shards.security_flags import read_shard_ca
+from ps.shards.flags import read_shard_ca
 from ps.shards.setup import open_shards
 
 

@@ -1,6 +1,6 @@
-"""The front doors a person types first (ps-server, ps-worker, ps-cluster and the benchmarks they compare with)
-answer --help and refuse bad arguments before torch loads: torch's import is seconds on a small
-machine, and neither answer needs it."""
+"""The front doors a person types (ps-server, ps-shard, ps-worker, ps-cluster and the benchmarks they
+compare with) answer --help and refuse bad arguments before torch loads: torch's import is seconds on a
+small machine, and neither answer needs it."""
 
 from __future__ import annotations
 
@@ -26,6 +26,8 @@ print("torch loaded" if "torch" in sys.modules else "torch not loaded")
 DOORS = [
     ("ps.server", ["--help"], 0),
     ("ps.server", ["--workers", "0"], 2),
+    ("ps.shards.server", ["--help"], 0),
+    ("ps.shards.server", ["--threads", "0"], 2),
     ("worker.cli", ["--help"], 0),
     ("worker.cli", ["--server", "127.0.0.1:99999"], 2),
     ("deploy.cli", ["--help"], 0),

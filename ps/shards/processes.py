@@ -1,7 +1,7 @@
 """`ps-server --shards N` on one host: start N-1 `ps-shard` processes on loopback and stop them again.
 
 Each child is started with `--parent-pid`, so it is stopped by the kernel if the server dies
-without cleaning up (see ps.shards.server.exit_with_parent): no shard outlives its coordinator.
+without cleaning up (see ps.shards.shard_run.exit_with_parent): no shard outlives its coordinator.
 """
 
 from __future__ import annotations

@@ -19,10 +19,7 @@ from ps.serving import blob
 from ps.serving.push_stream import receive_push
 from ps.serving.reply_stream import PullsHeld, taken_within
 from ps.serving.status_codes import status_code
-
-DEFAULT_MAX_LOAD_MIB = 16384
-"""ps-shard --max-load-mib: a shard's range with its optimizer state (Adam: 3 values per parameter) up to
-about 1.4 billion parameters."""
+from ps.shards.flags import DEFAULT_MAX_LOAD_MIB
 
 PUSH_IDLE_S = 30.0
 """A push stream that sends no chunk for this long is dropped, and a reply whose caller takes no chunk

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import grpc
 
 from common.transport.security import read_pem, resolve_token
-from ps.shards.security_flags import check_shard_security, read_shard_ca
+from ps.shards.flags import check_shard_security, read_shard_ca
 from ps.shards.client import RemoteShards
 from ps.shards.control_key import SHARD_KEY_ENV, SHARD_KEY_FILE_ENV, resolve_shard_key
 from ps.shards.processes import LocalShards

@@ -1,12 +1,20 @@
-"""The shards' security flags checked against the server's (`check_shard_security`) and their CA read
-(`read_shard_ca`): ps-server runs both before the data loads or a shard starts, and the launchers before
-they start or write anything. Loads no transport."""
+"""The shard flags' parts that load nothing: the shards' security flags checked against the server's
+(`check_shard_security`) and their CA read (`read_shard_ca`), which ps-server runs before the data loads
+or a shard starts and the launchers before they start or write anything, and the defaults ps-shard's
+parser shows (ps/shards/server.py), so that `ps-shard --help` answers before torch loads."""
 
 from __future__ import annotations
 
 import argparse
 
 from common.transport.security import read_pem
+from ps.serving.call_budget import CallBounds
+
+DEFAULT_MAX_LOAD_MIB = 16384
+"""ps-shard --max-load-mib: a shard's range with its optimizer state (Adam: 3 values per parameter) up to
+about 1.4 billion parameters."""
+DEFAULT_BOUNDS = CallBounds.serving(1024)
+"""The calls a shard holds at once, by kind and peer, unless its flags say otherwise."""
 
 
 def check_shard_security(args: argparse.Namespace, servers: int) -> None:
