@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 import ps.server
+import ps.server_run
 from protos import ps_pb2, ps_pb2_grpc
 from common.transport.messages import PushMeta, PushTimes
 from common.transport.security import TOKEN_ENV, bearer, resolve_token
@@ -143,9 +144,9 @@ def test_mutual_tls_needs_a_client_certificate_from_the_ca(servers: Servers, cer
 
 
 def test_token_without_tls_warns_once(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(ps.server, "build_job", lambda args: None)
+    monkeypatch.setattr(ps.server_run, "build_job", lambda args: None)
     # validate, do not serve: the summary a finished job's loop returns
-    monkeypatch.setattr(ps.server, "run_loop", lambda coro: coro.close() or {"reason": "finished"})
+    monkeypatch.setattr(ps.server_run, "run_loop", lambda coro: coro.close() or {"reason": "finished"})
     assert ps.server.main(["--port", "0", "--token", TOKEN]) == 0
     warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "in clear" in warnings[0] and TOKEN not in warnings[0]
@@ -168,7 +169,7 @@ def test_bad_server_security_flags_exit_2(
     tmp_path: Path, certs: Certs, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.delenv(TOKEN_ENV, raising=False)
-    monkeypatch.setattr(ps.server, "build_job", lambda args: pytest.fail("security is checked before the job is built"))
+    monkeypatch.setattr(ps.server_run, "build_job", lambda args: pytest.fail("security is checked before the job is built"))
     missing, garbage = tmp_path / "missing.pem", tmp_path / "garbage.pem"
     garbage.write_text("not a certificate\n")
     cert, key = str(certs.server_cert), str(certs.server_key)
